@@ -1,0 +1,272 @@
+//! Every knob of ferroccl, in one place, documented in `docs/ENV.md`.
+//!
+//! This is the only module that reads the process environment. Everything else receives a
+//! `Config` (or a `LaunchEnv`) by value, which keeps tests free of global state: a test builds
+//! the `Config` it wants instead of setting variables.
+
+use crate::types::Error;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Which transport connects a pair of ranks on the host backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TransportChoice {
+    /// By topology: shared memory on one host, sockets across hosts.
+    #[default]
+    Auto,
+    /// Shared memory for every pair (all ranks must be on one host).
+    Shm,
+    /// TCP sockets for every pair, even on one host.
+    Tcp,
+}
+
+impl std::str::FromStr for TransportChoice {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(TransportChoice::Auto),
+            "shm" => Ok(TransportChoice::Shm),
+            "tcp" | "net" | "socket" => Ok(TransportChoice::Tcp),
+            _ => Err(Error::InvalidArgument(format!("transport '{s}' is not one of auto, shm, tcp"))),
+        }
+    }
+}
+
+/// Every tunable of a communicator.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// FERROCCL_TIMEOUT (seconds): deadline of every wait (bootstrap, transports, collectives).
+    pub timeout: Duration,
+    /// FERROCCL_TRANSPORT: force a transport for every peer pair (tests, debugging).
+    pub transport: TransportChoice,
+    /// FERROCCL_BOOTSTRAP_ADDR: IP address this process listens on and advertises to peers.
+    /// Unset: the first non-loopback IPv4 interface, or 127.0.0.1 when there is none.
+    pub bootstrap_addr: Option<String>,
+    /// FERROCCL_MAX_BOOTSTRAP_MSG: the largest bootstrap message accepted, in bytes.
+    pub max_bootstrap_msg: usize,
+    /// FERROCCL_CHANNELS: channels (independent rings over slices of the buffer) per collective.
+    pub channels: usize,
+    /// FERROCCL_CHUNK_BYTES: bytes one algorithm step moves at most (the pipeline unit).
+    pub chunk_bytes: usize,
+    /// FERROCCL_SLOT_BYTES: size of one FIFO slot in a connection; a chunk travels as
+    /// several slots so that the next rank can start on it before it is complete.
+    pub slot_bytes: usize,
+    /// FERROCCL_SLOTS: slots per FIFO. `slots * slot_bytes` must hold at least one chunk.
+    pub slots: usize,
+    /// FERROCCL_JOB_SECRET (32 hex digits): the job secret when ranks rendezvous from the
+    /// launcher's environment instead of a `UniqueId`.
+    pub job_secret: Option<[u8; 16]>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            timeout: Duration::from_secs(120),
+            transport: TransportChoice::Auto,
+            bootstrap_addr: None,
+            max_bootstrap_msg: 64 << 20,
+            channels: 1,
+            chunk_bytes: 1 << 20,
+            slot_bytes: 256 << 10,
+            slots: 8,
+            job_secret: None,
+        }
+    }
+}
+
+fn parse<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, Error> {
+    v.trim().parse::<T>().map_err(|_| Error::InvalidArgument(format!("{key}='{v}' is not a valid value")))
+}
+
+/// Parses a 32-hex-digit job secret.
+pub fn parse_secret(s: &str) -> Result<[u8; 16], Error> {
+    let s = s.trim();
+    if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(Error::InvalidArgument("FERROCCL_JOB_SECRET must be 32 hexadecimal digits".into()));
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("checked hex");
+    }
+    Ok(out)
+}
+
+pub fn format_secret(s: &[u8; 16]) -> String {
+    s.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Config {
+    /// Defaults overridden by the process environment.
+    pub fn from_env() -> Result<Config, Error> {
+        Config::from_vars(&std::env::vars().collect())
+    }
+
+    /// Defaults overridden by `vars` (a snapshot of an environment).
+    pub fn from_vars(vars: &HashMap<String, String>) -> Result<Config, Error> {
+        let mut c = Config::default();
+        let get = |k: &str| vars.get(k).map(|s| s.as_str()).filter(|s| !s.is_empty());
+        if let Some(v) = get("FERROCCL_TIMEOUT") {
+            let secs: f64 = parse("FERROCCL_TIMEOUT", v)?;
+            if !(secs > 0.0 && secs < 1e9) {
+                return Err(Error::InvalidArgument(format!("FERROCCL_TIMEOUT='{v}' must be a positive number of seconds")));
+            }
+            c.timeout = Duration::from_secs_f64(secs);
+        }
+        if let Some(v) = get("FERROCCL_TRANSPORT") {
+            c.transport = v.parse()?;
+        }
+        if let Some(v) = get("FERROCCL_BOOTSTRAP_ADDR") {
+            c.bootstrap_addr = Some(v.to_string());
+        }
+        if let Some(v) = get("FERROCCL_MAX_BOOTSTRAP_MSG") {
+            c.max_bootstrap_msg = parse("FERROCCL_MAX_BOOTSTRAP_MSG", v)?;
+        }
+        if let Some(v) = get("FERROCCL_CHANNELS") {
+            c.channels = parse("FERROCCL_CHANNELS", v)?;
+        }
+        if let Some(v) = get("FERROCCL_CHUNK_BYTES") {
+            c.chunk_bytes = parse("FERROCCL_CHUNK_BYTES", v)?;
+        }
+        if let Some(v) = get("FERROCCL_SLOT_BYTES") {
+            c.slot_bytes = parse("FERROCCL_SLOT_BYTES", v)?;
+        }
+        if let Some(v) = get("FERROCCL_SLOTS") {
+            c.slots = parse("FERROCCL_SLOTS", v)?;
+        }
+        if let Some(v) = get("FERROCCL_JOB_SECRET") {
+            c.job_secret = Some(parse_secret(v)?);
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks the relations between knobs.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.channels == 0 || self.channels > 64 {
+            return Err(Error::InvalidArgument(format!("channels={} must be in 1..=64", self.channels)));
+        }
+        if self.slots == 0 || self.slot_bytes < 64 || self.slot_bytes % 64 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "slots={} slot_bytes={}: need at least one slot of a multiple of 64 bytes",
+                self.slots, self.slot_bytes
+            )));
+        }
+        if self.chunk_bytes == 0 || self.chunk_bytes > self.slots * self.slot_bytes {
+            return Err(Error::InvalidArgument(format!(
+                "chunk_bytes={} must be in 1..=slots*slot_bytes={} (a chunk must fit in one FIFO)",
+                self.chunk_bytes,
+                self.slots * self.slot_bytes
+            )));
+        }
+        if self.max_bootstrap_msg < 4096 {
+            return Err(Error::InvalidArgument("max_bootstrap_msg must be at least 4096 bytes".into()));
+        }
+        Ok(())
+    }
+}
+
+/// What a launcher (torchrun, mpirun, `ferroccl run`) tells each process about the job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchEnv {
+    pub rank: usize,
+    pub world_size: usize,
+    pub local_rank: usize,
+    /// Where rank 0 runs the rendezvous (MASTER_ADDR / FERROCCL_MASTER_ADDR).
+    pub master_addr: String,
+    pub master_port: u16,
+    /// Which launcher's variables were found, for messages.
+    pub source: &'static str,
+}
+
+impl LaunchEnv {
+    pub fn from_env() -> Result<Option<LaunchEnv>, Error> {
+        LaunchEnv::from_vars(&std::env::vars().collect())
+    }
+
+    /// `Ok(None)` when no launcher variables are present; an error when they are present but
+    /// incomplete or inconsistent.
+    pub fn from_vars(vars: &HashMap<String, String>) -> Result<Option<LaunchEnv>, Error> {
+        let get = |k: &str| vars.get(k).map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
+        let (rank_k, size_k, local_k, source) = if get("RANK").is_some() || get("WORLD_SIZE").is_some() {
+            ("RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun")
+        } else if get("OMPI_COMM_WORLD_RANK").is_some() {
+            ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun")
+        } else {
+            return Ok(None);
+        };
+        let need = |k: &str| get(k).ok_or_else(|| Error::InvalidArgument(format!("{source} environment: {k} is not set")));
+        let rank: usize = parse(rank_k, &need(rank_k)?)?;
+        let world_size: usize = parse(size_k, &need(size_k)?)?;
+        let local_rank: usize = match get(local_k) {
+            Some(v) => parse(local_k, &v)?,
+            None => 0,
+        };
+        if world_size == 0 || rank >= world_size {
+            return Err(Error::InvalidArgument(format!("{source} environment: {rank_k}={rank} is not below {size_k}={world_size}")));
+        }
+        let master_addr = get("MASTER_ADDR")
+            .or_else(|| get("FERROCCL_MASTER_ADDR"))
+            .ok_or_else(|| Error::InvalidArgument(format!("{source} environment: MASTER_ADDR (or FERROCCL_MASTER_ADDR) is not set")))?;
+        let port_s = get("MASTER_PORT")
+            .or_else(|| get("FERROCCL_MASTER_PORT"))
+            .ok_or_else(|| Error::InvalidArgument(format!("{source} environment: MASTER_PORT (or FERROCCL_MASTER_PORT) is not set")))?;
+        let master_port: u16 = parse("MASTER_PORT", &port_s)?;
+        Ok(Some(LaunchEnv { rank, world_size, local_rank, master_addr, master_port, source }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(kv: &[(&str, &str)]) -> HashMap<String, String> {
+        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn env_overrides_defaults() {
+        let c = Config::from_vars(&vars(&[("FERROCCL_TIMEOUT", "2.5"), ("FERROCCL_TRANSPORT", "tcp"), ("FERROCCL_CHANNELS", "3")])).unwrap();
+        assert_eq!(c.timeout, Duration::from_millis(2500));
+        assert_eq!(c.transport, TransportChoice::Tcp);
+        assert_eq!(c.channels, 3);
+        assert!(Config::from_vars(&vars(&[("FERROCCL_TIMEOUT", "-1")])).is_err());
+        assert!(Config::from_vars(&vars(&[("FERROCCL_TRANSPORT", "carrier-pigeon")])).is_err());
+        assert!(Config::from_vars(&vars(&[("FERROCCL_CHUNK_BYTES", "999999999")])).is_err());
+    }
+
+    #[test]
+    fn secret_parses_only_32_hex_digits() {
+        let s = parse_secret("00112233445566778899aabbccddeeff").unwrap();
+        assert_eq!(s[0], 0x00);
+        assert_eq!(s[15], 0xff);
+        assert_eq!(format_secret(&s), "00112233445566778899aabbccddeeff");
+        assert!(parse_secret("0011").is_err());
+        assert!(parse_secret("zz112233445566778899aabbccddeeff").is_err());
+    }
+
+    #[test]
+    fn launcher_environments() {
+        assert_eq!(LaunchEnv::from_vars(&vars(&[])).unwrap(), None);
+        let t = LaunchEnv::from_vars(&vars(&[
+            ("RANK", "2"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "2"),
+            ("MASTER_ADDR", "10.1.2.3"),
+            ("MASTER_PORT", "29500"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!((t.rank, t.world_size, t.local_rank, t.master_port, t.source), (2, 4, 2, 29500, "torchrun"));
+        let m = LaunchEnv::from_vars(&vars(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!((m.rank, m.world_size, m.source), (1, 2, "mpirun"));
+        assert!(LaunchEnv::from_vars(&vars(&[("RANK", "4"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")])).is_err());
+        assert!(LaunchEnv::from_vars(&vars(&[("RANK", "0"), ("WORLD_SIZE", "4")])).is_err());
+    }
+}

@@ -1,0 +1,12 @@
+//! ferroccl-core: the pure logic of ferroccl. No I/O here: no sockets, files, clocks, threads or
+//! CUDA. The runtime crate (`ferroccl`) drives what is defined here.
+
+pub mod algo;
+pub mod config;
+pub mod numeric;
+pub mod plan;
+pub mod topo;
+pub mod types;
+
+pub use config::{Config, LaunchEnv, TransportChoice};
+pub use types::{CollKind, DataType, Error, Rank, ReduceOp, Result};

@@ -1,0 +1,421 @@
+//! The vocabulary every layer shares: data types, reduce operations, collective kinds, errors.
+
+use std::fmt;
+
+/// A rank inside one communicator (0-based).
+pub type Rank = usize;
+
+/// The 12 element types of NCCL, with NCCL's own numbering so that the C ABI maps 1:1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[repr(i32)]
+pub enum DataType {
+    Int8 = 0,
+    Uint8 = 1,
+    Int32 = 2,
+    Uint32 = 3,
+    Int64 = 4,
+    Uint64 = 5,
+    Float16 = 6,
+    Float32 = 7,
+    Float64 = 8,
+    Bfloat16 = 9,
+    Float8E4M3 = 10,
+    Float8E5M2 = 11,
+}
+
+impl DataType {
+    pub const ALL: [DataType; 12] = [
+        DataType::Int8,
+        DataType::Uint8,
+        DataType::Int32,
+        DataType::Uint32,
+        DataType::Int64,
+        DataType::Uint64,
+        DataType::Float16,
+        DataType::Float32,
+        DataType::Float64,
+        DataType::Bfloat16,
+        DataType::Float8E4M3,
+        DataType::Float8E5M2,
+    ];
+
+    /// Size of one element in bytes.
+    pub const fn size(self) -> usize {
+        match self {
+            DataType::Int8 | DataType::Uint8 | DataType::Float8E4M3 | DataType::Float8E5M2 => 1,
+            DataType::Float16 | DataType::Bfloat16 => 2,
+            DataType::Int32 | DataType::Uint32 | DataType::Float32 => 4,
+            DataType::Int64 | DataType::Uint64 | DataType::Float64 => 8,
+        }
+    }
+
+    pub const fn is_float(self) -> bool {
+        matches!(
+            self,
+            DataType::Float16
+                | DataType::Float32
+                | DataType::Float64
+                | DataType::Bfloat16
+                | DataType::Float8E4M3
+                | DataType::Float8E5M2
+        )
+    }
+
+    pub const fn is_signed(self) -> bool {
+        !matches!(self, DataType::Uint8 | DataType::Uint32 | DataType::Uint64)
+    }
+
+    /// The NCCL enum value (`ncclDataType_t`).
+    pub const fn nccl_id(self) -> i32 {
+        self as i32
+    }
+
+    pub fn from_nccl_id(id: i32) -> Result<Self, Error> {
+        DataType::ALL
+            .iter()
+            .copied()
+            .find(|d| d.nccl_id() == id)
+            .ok_or_else(|| Error::InvalidArgument(format!("unknown data type {id} (valid: 0..=11)")))
+    }
+
+    /// Short name as nccl-tests prints it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DataType::Int8 => "int8",
+            DataType::Uint8 => "uint8",
+            DataType::Int32 => "int32",
+            DataType::Uint32 => "uint32",
+            DataType::Int64 => "int64",
+            DataType::Uint64 => "uint64",
+            DataType::Float16 => "half",
+            DataType::Float32 => "float",
+            DataType::Float64 => "double",
+            DataType::Bfloat16 => "bfloat16",
+            DataType::Float8E4M3 => "f8e4m3",
+            DataType::Float8E5M2 => "f8e5m2",
+        }
+    }
+}
+
+impl fmt::Display for DataType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DataType {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let l = s.to_ascii_lowercase();
+        let d = match l.as_str() {
+            "int8" | "i8" | "char" => DataType::Int8,
+            "uint8" | "u8" => DataType::Uint8,
+            "int32" | "i32" | "int" => DataType::Int32,
+            "uint32" | "u32" => DataType::Uint32,
+            "int64" | "i64" => DataType::Int64,
+            "uint64" | "u64" => DataType::Uint64,
+            "float16" | "half" | "f16" | "fp16" => DataType::Float16,
+            "float32" | "float" | "f32" | "fp32" => DataType::Float32,
+            "float64" | "double" | "f64" | "fp64" => DataType::Float64,
+            "bfloat16" | "bf16" => DataType::Bfloat16,
+            "f8e4m3" | "fp8e4m3" | "float8e4m3" | "e4m3" => DataType::Float8E4M3,
+            "f8e5m2" | "fp8e5m2" | "float8e5m2" | "e5m2" => DataType::Float8E5M2,
+            _ => return Err(Error::InvalidArgument(format!("unknown data type '{s}'"))),
+        };
+        Ok(d)
+    }
+}
+
+/// A reduction. `PreMulSum` multiplies every rank's input by the scalar before summing
+/// (NCCL's `ncclRedOpCreatePreMulSum`); the scalar is converted to the element type.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum ReduceOp {
+    Sum,
+    Prod,
+    Max,
+    Min,
+    Avg,
+    PreMulSum(f64),
+}
+
+impl ReduceOp {
+    /// The five fixed ops plus a pre-multiplied sum with a representative scalar.
+    pub const BUILTIN: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg];
+
+    /// NCCL's `ncclRedOp_t` for the built-in ops; pre-multiplied sums are dynamic in NCCL (>= 5).
+    pub const fn nccl_id(self) -> i32 {
+        match self {
+            ReduceOp::Sum => 0,
+            ReduceOp::Prod => 1,
+            ReduceOp::Max => 2,
+            ReduceOp::Min => 3,
+            ReduceOp::Avg => 4,
+            ReduceOp::PreMulSum(_) => 5,
+        }
+    }
+
+    pub fn from_nccl_id(id: i32) -> Result<Self, Error> {
+        match id {
+            0 => Ok(ReduceOp::Sum),
+            1 => Ok(ReduceOp::Prod),
+            2 => Ok(ReduceOp::Max),
+            3 => Ok(ReduceOp::Min),
+            4 => Ok(ReduceOp::Avg),
+            _ => Err(Error::InvalidArgument(format!("unknown reduce op {id} (valid: 0..=4, or a created pre-mul-sum)"))),
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+            ReduceOp::Avg => "avg",
+            ReduceOp::PreMulSum(_) => "premulsum",
+        }
+    }
+
+    /// Checks that the op is meaningful for `dtype` (a pre-mul-sum scalar must be finite,
+    /// and integral and in range for integer types).
+    pub fn validate(self, dtype: DataType) -> Result<(), Error> {
+        if let ReduceOp::PreMulSum(s) = self {
+            if !s.is_finite() {
+                return Err(Error::InvalidArgument(format!("pre-mul-sum scalar {s} is not finite")));
+            }
+            if !dtype.is_float() {
+                if s.fract() != 0.0 {
+                    return Err(Error::InvalidArgument(format!(
+                        "pre-mul-sum scalar {s} is not an integer, but the data type is {dtype}"
+                    )));
+                }
+                if !dtype.is_signed() && s < 0.0 {
+                    return Err(Error::InvalidArgument(format!(
+                        "pre-mul-sum scalar {s} is negative, but the data type {dtype} is unsigned"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ReduceOp {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s.to_ascii_lowercase().as_str() {
+            "sum" => Ok(ReduceOp::Sum),
+            "prod" => Ok(ReduceOp::Prod),
+            "max" => Ok(ReduceOp::Max),
+            "min" => Ok(ReduceOp::Min),
+            "avg" => Ok(ReduceOp::Avg),
+            "premulsum" | "pre-mul-sum" | "premul" => Ok(ReduceOp::PreMulSum(2.0)),
+            _ => Err(Error::InvalidArgument(format!("unknown reduce op '{s}'"))),
+        }
+    }
+}
+
+/// The kind of a collective or point-to-point operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum CollKind {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast,
+    Reduce,
+    AllToAll,
+    Gather,
+    Scatter,
+    Send,
+    Recv,
+}
+
+impl CollKind {
+    pub const COLLECTIVES: [CollKind; 8] = [
+        CollKind::AllReduce,
+        CollKind::AllGather,
+        CollKind::ReduceScatter,
+        CollKind::Broadcast,
+        CollKind::Reduce,
+        CollKind::AllToAll,
+        CollKind::Gather,
+        CollKind::Scatter,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            CollKind::AllReduce => "all_reduce",
+            CollKind::AllGather => "all_gather",
+            CollKind::ReduceScatter => "reduce_scatter",
+            CollKind::Broadcast => "broadcast",
+            CollKind::Reduce => "reduce",
+            CollKind::AllToAll => "alltoall",
+            CollKind::Gather => "gather",
+            CollKind::Scatter => "scatter",
+            CollKind::Send => "send",
+            CollKind::Recv => "recv",
+        }
+    }
+
+    pub const fn reduces(self) -> bool {
+        matches!(self, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce)
+    }
+
+    pub const fn has_root(self) -> bool {
+        matches!(self, CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter)
+    }
+
+    /// Element counts of the send and receive buffers for a per-rank `count`, with NCCL's
+    /// conventions: all-gather's `count` is per rank (recv = count * n), reduce-scatter's is the
+    /// per-rank output (send = count * n), all-to-all / gather / scatter move `count` per peer.
+    /// `is_root` matters for gather and scatter, where only the root has the large buffer.
+    pub fn buffer_counts(self, count: usize, nranks: usize, is_root: bool) -> Option<(usize, usize)> {
+        let big = count.checked_mul(nranks)?;
+        Some(match self {
+            CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce => (count, count),
+            CollKind::AllGather => (count, big),
+            CollKind::ReduceScatter => (big, count),
+            CollKind::AllToAll => (big, big),
+            CollKind::Gather => (count, if is_root { big } else { 0 }),
+            CollKind::Scatter => (if is_root { big } else { 0 }, count),
+            CollKind::Send => (count, 0),
+            CollKind::Recv => (0, count),
+        })
+    }
+}
+
+impl fmt::Display for CollKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for CollKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let l = s.to_ascii_lowercase().replace('-', "_");
+        Ok(match l.as_str() {
+            "all_reduce" | "allreduce" => CollKind::AllReduce,
+            "all_gather" | "allgather" => CollKind::AllGather,
+            "reduce_scatter" | "reducescatter" => CollKind::ReduceScatter,
+            "broadcast" | "bcast" => CollKind::Broadcast,
+            "reduce" => CollKind::Reduce,
+            "alltoall" | "all_to_all" => CollKind::AllToAll,
+            "gather" => CollKind::Gather,
+            "scatter" => CollKind::Scatter,
+            "send" => CollKind::Send,
+            "recv" => CollKind::Recv,
+            _ => return Err(Error::InvalidArgument(format!("unknown operation '{s}'"))),
+        })
+    }
+}
+
+/// Errors of the whole library. Messages say what failed and where; callers add context
+/// (op, sequence number, rank, peer) through the variants' fields.
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum Error {
+    /// A bad argument: nothing was changed and the communicator stays usable.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A wait ran past its deadline.
+    #[error("timed out: {0}")]
+    Timeout(String),
+    /// A peer is gone (process died, connection closed) or reported its own failure.
+    #[error("remote error: {0}")]
+    Remote(String),
+    /// The communicator was aborted (by `abort()` or by an earlier failure).
+    #[error("aborted: {0}")]
+    Aborted(String),
+    /// Authentication or protocol violation on the bootstrap or a transport.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// An operating-system or resource failure (sockets, shared memory, threads).
+    #[error("system error: {0}")]
+    System(String),
+    /// Something that should not happen: a bug in ferroccl.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// The NCCL `ncclResult_t` this error maps to in the C ABI.
+    pub const fn nccl_result(&self) -> i32 {
+        match self {
+            Error::InvalidArgument(_) => 4,
+            Error::Timeout(_) | Error::Remote(_) | Error::Aborted(_) => 6,
+            Error::Protocol(_) => 6,
+            Error::System(_) => 2,
+            Error::Internal(_) => 3,
+        }
+    }
+
+    /// Prefixes the message with context such as "all_reduce #12 on rank 3".
+    pub fn context(self, ctx: impl fmt::Display) -> Error {
+        match self {
+            Error::InvalidArgument(m) => Error::InvalidArgument(format!("{ctx}: {m}")),
+            Error::Timeout(m) => Error::Timeout(format!("{ctx}: {m}")),
+            Error::Remote(m) => Error::Remote(format!("{ctx}: {m}")),
+            Error::Aborted(m) => Error::Aborted(format!("{ctx}: {m}")),
+            Error::Protocol(m) => Error::Protocol(format!("{ctx}: {m}")),
+            Error::System(m) => Error::System(format!("{ctx}: {m}")),
+            Error::Internal(m) => Error::Internal(format!("{ctx}: {m}")),
+        }
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            Error::InvalidArgument(m)
+            | Error::Timeout(m)
+            | Error::Remote(m)
+            | Error::Aborted(m)
+            | Error::Protocol(m)
+            | Error::System(m)
+            | Error::Internal(m) => m,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nccl_numbering_round_trips() {
+        for (i, d) in DataType::ALL.iter().enumerate() {
+            assert_eq!(d.nccl_id(), i as i32);
+            assert_eq!(DataType::from_nccl_id(i as i32).unwrap(), *d);
+            assert_eq!(d.name().parse::<DataType>().unwrap(), *d);
+        }
+        assert!(DataType::from_nccl_id(12).is_err());
+        assert!(DataType::from_nccl_id(-1).is_err());
+        for op in ReduceOp::BUILTIN {
+            assert_eq!(ReduceOp::from_nccl_id(op.nccl_id()).unwrap(), op);
+        }
+        assert!(ReduceOp::from_nccl_id(5).is_err());
+    }
+
+    #[test]
+    fn premulsum_scalar_is_checked_against_dtype() {
+        assert!(ReduceOp::PreMulSum(2.5).validate(DataType::Float32).is_ok());
+        assert!(ReduceOp::PreMulSum(2.5).validate(DataType::Int32).is_err());
+        assert!(ReduceOp::PreMulSum(-1.0).validate(DataType::Uint8).is_err());
+        assert!(ReduceOp::PreMulSum(f64::NAN).validate(DataType::Float64).is_err());
+    }
+
+    #[test]
+    fn buffer_counts_follow_nccl_conventions() {
+        assert_eq!(CollKind::AllGather.buffer_counts(3, 4, false), Some((3, 12)));
+        assert_eq!(CollKind::ReduceScatter.buffer_counts(3, 4, false), Some((12, 3)));
+        assert_eq!(CollKind::Gather.buffer_counts(3, 4, false), Some((3, 0)));
+        assert_eq!(CollKind::Gather.buffer_counts(3, 4, true), Some((3, 12)));
+        assert_eq!(CollKind::AllToAll.buffer_counts(usize::MAX, 2, false), None);
+    }
+}
