@@ -8,6 +8,11 @@ use crate::types::Error;
 use std::collections::HashMap;
 use std::time::Duration;
 
+/// Messages a connection must hold for plans to be deadlock-free: a ring step receives one
+/// chunk while its successor still holds the previous one (the plan simulator checks plans
+/// against exactly this capacity).
+pub const PLAN_FIFO_MESSAGES: usize = 2;
+
 /// Which transport connects a pair of ranks on the host backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum TransportChoice {
@@ -151,11 +156,11 @@ impl Config {
                 self.slots, self.slot_bytes
             )));
         }
-        if self.chunk_bytes == 0 || self.chunk_bytes > self.slots * self.slot_bytes {
+        if self.chunk_bytes == 0 || self.chunk_bytes * PLAN_FIFO_MESSAGES > self.slots * self.slot_bytes {
             return Err(Error::InvalidArgument(format!(
-                "chunk_bytes={} must be in 1..=slots*slot_bytes={} (a chunk must fit in one FIFO)",
+                "chunk_bytes={} must be in 1..=slots*slot_bytes/{PLAN_FIFO_MESSAGES}={} (a FIFO must hold {PLAN_FIFO_MESSAGES} chunks)",
                 self.chunk_bytes,
-                self.slots * self.slot_bytes
+                self.slots * self.slot_bytes / PLAN_FIFO_MESSAGES
             )));
         }
         if self.max_bootstrap_msg < 4096 {

@@ -276,14 +276,14 @@ impl CollKind {
     /// per-rank output (send = count * n), all-to-all / gather / scatter move `count` per peer.
     /// `is_root` matters for gather and scatter, where only the root has the large buffer.
     pub fn buffer_counts(self, count: usize, nranks: usize, is_root: bool) -> Option<(usize, usize)> {
-        let big = count.checked_mul(nranks)?;
+        let big = || count.checked_mul(nranks);
         Some(match self {
             CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce => (count, count),
-            CollKind::AllGather => (count, big),
-            CollKind::ReduceScatter => (big, count),
-            CollKind::AllToAll => (big, big),
-            CollKind::Gather => (count, if is_root { big } else { 0 }),
-            CollKind::Scatter => (if is_root { big } else { 0 }, count),
+            CollKind::AllGather => (count, big()?),
+            CollKind::ReduceScatter => (big()?, count),
+            CollKind::AllToAll => (big()?, big()?),
+            CollKind::Gather => (count, if is_root { big()? } else { 0 }),
+            CollKind::Scatter => (if is_root { big()? } else { 0 }, count),
             CollKind::Send => (count, 0),
             CollKind::Recv => (0, count),
         })

@@ -1,0 +1,88 @@
+//! Direct algorithms: every rank talks to the peers it has data for. Used for all-to-all,
+//! gather, scatter and point-to-point, where each byte has one source and one destination.
+
+use super::{input, loops, output, ChannelCtx, CollDesc, Tuning};
+use crate::plan::{Lane, Step};
+use crate::types::{CollKind, Rank};
+
+/// Own block input -> output at the block offsets.
+fn copy_own(lane: &mut Lane, ctx: &ChannelCtx, src_block: usize, dst_block: usize) {
+    let len = ctx.end - ctx.start;
+    if len > 0 {
+        lane.steps.push(Step::Copy {
+            src: input(ctx.op, src_block * ctx.count + ctx.start, len),
+            dst: output(ctx.op, dst_block * ctx.count + ctx.start, len),
+            pre: false,
+            post: false,
+        });
+    }
+}
+
+/// Peers in the order a rank visits them: starting after itself, so that at any moment
+/// different ranks talk to different peers.
+fn peers_after(rank: Rank, n: usize) -> impl Iterator<Item = Rank> {
+    (1..n).map(move |k| (rank + k) % n)
+}
+fn peers_before(rank: Rank, n: usize) -> impl Iterator<Item = Rank> {
+    (1..n).map(move |k| (rank + n - k) % n)
+}
+
+pub(crate) fn all_to_all(lane: &mut Lane, ctx: &ChannelCtx) {
+    let (r, n, c) = (ctx.rank, ctx.nranks, ctx.count);
+    copy_own(lane, ctx, r, r);
+    // Per loop, all sends of a range come before the receives of the same range: this keeps an
+    // in-place all-to-all correct (a block is sent before it is overwritten) and needs only one
+    // message of room per connection.
+    for (off, len) in loops(ctx.start, ctx.end, ctx.chunk) {
+        for peer in peers_after(r, n) {
+            lane.steps.push(Step::Send { to: peer, src: input(ctx.op, peer * c + off, len), pre: false });
+        }
+        for peer in peers_before(r, n) {
+            lane.steps.push(Step::Recv { from: peer, dst: output(ctx.op, peer * c + off, len) });
+        }
+    }
+}
+
+pub(crate) fn gather(lane: &mut Lane, ctx: &ChannelCtx, root: Rank) {
+    let (r, n, c) = (ctx.rank, ctx.nranks, ctx.count);
+    if r == root {
+        copy_own(lane, ctx, 0, r);
+    }
+    for (off, len) in loops(ctx.start, ctx.end, ctx.chunk) {
+        if r == root {
+            for peer in peers_after(r, n) {
+                lane.steps.push(Step::Recv { from: peer, dst: output(ctx.op, peer * c + off, len) });
+            }
+        } else {
+            lane.steps.push(Step::Send { to: root, src: input(ctx.op, off, len), pre: false });
+        }
+    }
+}
+
+pub(crate) fn scatter(lane: &mut Lane, ctx: &ChannelCtx, root: Rank) {
+    let (r, n, c) = (ctx.rank, ctx.nranks, ctx.count);
+    if r == root {
+        copy_own(lane, ctx, r, 0);
+    }
+    for (off, len) in loops(ctx.start, ctx.end, ctx.chunk) {
+        if r == root {
+            for peer in peers_after(r, n) {
+                lane.steps.push(Step::Send { to: peer, src: input(ctx.op, peer * c + off, len), pre: false });
+            }
+        } else {
+            lane.steps.push(Step::Recv { from: root, dst: output(ctx.op, off, len) });
+        }
+    }
+}
+
+/// A send or a receive: one lane per peer and direction, chunked like everything else.
+pub(crate) fn p2p(lane: &mut Lane, desc: &CollDesc, op: u16, t: &Tuning) {
+    for (off, len) in loops(0, desc.count, t.chunk_elems) {
+        let step = if desc.kind == CollKind::Send {
+            Step::Send { to: desc.root, src: input(op, off, len), pre: false }
+        } else {
+            Step::Recv { from: desc.root, dst: output(op, off, len) }
+        };
+        lane.steps.push(step);
+    }
+}

@@ -1,0 +1,185 @@
+use super::*;
+use crate::plan::sim::{simulate, SimOp};
+use crate::plan::{Plan, Step};
+use proptest::prelude::*;
+
+fn plans_for(ops: &[Vec<SimOp>], t: &Tuning) -> Vec<Plan> {
+    let n = ops.len();
+    (0..n)
+        .map(|r| {
+            let mut plan = Plan { rank: r, nranks: n, lanes: Vec::new() };
+            for (i, op) in ops[r].iter().enumerate() {
+                let desc = CollDesc { kind: op.kind, count: op.count, root: op.root };
+                validate(&desc, r, n).expect("valid description");
+                plan.append(build(&desc, i as u16, r, n, t));
+            }
+            plan
+        })
+        .collect()
+}
+
+fn run_collective(kind: CollKind, n: usize, count: usize, root: Rank, in_place: bool, t: Tuning, seed: u64) -> Result<usize, String> {
+    let ops: Vec<Vec<SimOp>> = (0..n).map(|_| vec![SimOp { kind, count, root, in_place }]).collect();
+    simulate(&ops, &plans_for(&ops, &t), CAP, seed)
+}
+
+const CAP: usize = crate::config::PLAN_FIFO_MESSAGES;
+
+const PRIMES: [usize; 8] = [2, 3, 5, 7, 13, 61, 4099, 65537];
+
+fn count_strategy() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        Just(0usize),
+        Just(1usize),
+        prop::sample::select(PRIMES.to_vec()),
+        0usize..200_000,
+        // Huge: offsets near the top of the address space must not overflow.
+        (1usize << 40)..(1usize << 44),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 600, ..ProptestConfig::default() })]
+
+    /// Every collective, any ranks/channels/sizes/chunks/roots, in place or not: every output
+    /// element gets exactly the right contributions once, inputs stay intact, no deadlock with
+    /// one message of room per connection.
+    #[test]
+    fn collectives_deliver_exactly_once_without_deadlock(
+        kind in prop::sample::select(CollKind::COLLECTIVES.to_vec()),
+        n in 1usize..=16,
+        channels in 1usize..=4,
+        count in count_strategy(),
+        chunk_div in 1usize..=6,
+        root_pick in any::<usize>(),
+        in_place in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        // Keep the number of loops small for huge sizes; tiny chunks for small sizes.
+        // Any chunk size, but never more than ~64 loops per channel: the simulation's cost grows
+        // with steps, and what it checks does not change with more of the same loop.
+        let chunk = [1, 3, 64, 1000, 4096, 1 << 20][chunk_div - 1].max(count / (64 * n) + 1);
+        let t = Tuning { channels, chunk_elems: chunk };
+        let root = root_pick % n;
+        let r = run_collective(kind, n, count, root, in_place, t, seed);
+        prop_assert!(r.is_ok(), "{kind} n={n} ch={channels} count={count} chunk={chunk} root={root} in_place={in_place}: {}", r.unwrap_err());
+    }
+
+    /// Random groups of sends and receives (any pattern, any order of issue) never deadlock and
+    /// deliver every message to the right place.
+    #[test]
+    fn p2p_groups_never_deadlock(
+        n in 2usize..=8,
+        pairs in prop::collection::vec((any::<usize>(), any::<usize>(), 0usize..5000), 1..12),
+        chunk in prop::sample::select(vec![1usize, 7, 512, 100_000]),
+        shuffle in any::<u64>(),
+    ) {
+        let mut ops: Vec<Vec<SimOp>> = vec![Vec::new(); n];
+        for (a, b, count) in pairs {
+            let (a, b) = (a % n, b % n);
+            if a == b { continue; }
+            ops[a].push(SimOp { kind: CollKind::Send, count, root: b, in_place: false });
+            ops[b].push(SimOp { kind: CollKind::Recv, count, root: a, in_place: false });
+        }
+        // Each rank may issue its sends and receives in any order relative to each other,
+        // provided the per-peer order of sends (and of receives) is kept.
+        for (r, rops) in ops.iter_mut().enumerate() {
+            let key = shuffle.rotate_left(r as u32);
+            let (mut s, mut v): (Vec<SimOp>, Vec<SimOp>) = rops.drain(..).partition(|o| o.kind == CollKind::Send);
+            if key & 1 == 1 { std::mem::swap(&mut s, &mut v); }
+            rops.extend(s);
+            rops.extend(v);
+        }
+        let t = Tuning { channels: 1, chunk_elems: chunk };
+        let r = simulate(&ops, &plans_for(&ops, &t), CAP, shuffle);
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+    }
+
+    /// A group of several collectives runs them in issue order on every channel.
+    #[test]
+    fn groups_of_collectives_compose(
+        n in 1usize..=6,
+        kinds in prop::collection::vec(prop::sample::select(CollKind::COLLECTIVES.to_vec()), 1..5),
+        counts in prop::collection::vec(0usize..3000, 5),
+        channels in 1usize..=3,
+        seed in any::<u64>(),
+    ) {
+        let ops: Vec<Vec<SimOp>> = (0..n)
+            .map(|_| kinds.iter().enumerate().map(|(i, &k)| SimOp { kind: k, count: counts[i], root: i % n, in_place: i % 2 == 0 }).collect())
+            .collect();
+        let t = Tuning { channels, chunk_elems: 97 };
+        let r = simulate(&ops, &plans_for(&ops, &t), CAP, seed);
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+    }
+
+    #[test]
+    fn channel_slices_tile_the_range(count in any::<usize>(), channels in 1usize..=64) {
+        let mut at = 0;
+        for c in 0..channels {
+            let (s, e) = channel_slice(count, channels, c);
+            prop_assert_eq!(s, at);
+            prop_assert!(e >= s);
+            at = e;
+        }
+        prop_assert_eq!(at, count);
+    }
+}
+
+#[test]
+fn the_simulator_catches_a_wrong_plan() {
+    // A ring all-reduce that forgets the final division is caught, and so is one that
+    // sends a chunk twice, and a pair that both receive first (deadlock).
+    let n = 3;
+    let ops: Vec<Vec<SimOp>> = (0..n).map(|_| vec![SimOp { kind: CollKind::AllReduce, count: 30, root: 0, in_place: false }]).collect();
+    let t = Tuning { channels: 1, chunk_elems: 10 };
+    let good = plans_for(&ops, &t);
+    assert!(simulate(&ops, &good, CAP, 1).is_ok());
+
+    let mut no_post = good.clone();
+    for lane in &mut no_post[1].lanes {
+        for s in &mut lane.steps {
+            if let Step::RecvReduce { post, .. } = s {
+                *post = false;
+            }
+        }
+    }
+    assert!(simulate(&ops, &no_post, CAP, 1).unwrap_err().contains("output"));
+
+    let mut dup = good.clone();
+    let first = dup[0].lanes[0].steps[0];
+    dup[0].lanes[0].steps.insert(0, first);
+    assert!(simulate(&ops, &dup, CAP, 1).is_err());
+
+    let two: Vec<Vec<SimOp>> = (0..2).map(|r| vec![SimOp { kind: CollKind::Recv, count: 5, root: 1 - r, in_place: false }]).collect();
+    let mut plans = plans_for(&two, &t);
+    for (r, p) in plans.iter_mut().enumerate() {
+        let send = build(&CollDesc { kind: CollKind::Send, count: 5, root: 1 - r }, 0, r, 2, &t);
+        p.lanes[0].steps.extend(send.lanes[0].steps.iter().copied());
+    }
+    let err = simulate(&two, &plans, CAP, 1).unwrap_err();
+    assert!(err.contains("deadlock") || err.contains("lanes"), "{err}");
+}
+
+#[test]
+fn ring_all_reduce_moves_the_optimal_volume() {
+    // Each rank sends 2(n-1)/n of the buffer: the bandwidth bound that busbw assumes.
+    for n in [2usize, 3, 4, 8] {
+        let count = 1 << 16;
+        let t = Tuning { channels: 2, chunk_elems: 1024 };
+        let plan = build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, 0, n, &t);
+        let sent: usize = plan.lanes.iter().flat_map(|l| l.steps.iter()).filter(|s| s.send_to().is_some()).map(|s| s.count()).sum();
+        let ideal = 2 * (n - 1) * count / n;
+        assert!(sent >= ideal && sent <= ideal + 2 * n * 64, "n={n}: sent {sent}, ideal {ideal}");
+    }
+}
+
+#[test]
+fn bad_descriptions_are_rejected() {
+    let d = |kind, count, root| CollDesc { kind, count, root };
+    assert!(validate(&d(CollKind::Broadcast, 1, 4), 0, 4).is_err());
+    assert!(validate(&d(CollKind::Send, 1, 9), 0, 4).is_err());
+    assert!(validate(&d(CollKind::AllGather, usize::MAX / 2, 0), 0, 4).is_err());
+    assert!(validate(&d(CollKind::AllReduce, 1, 0), 4, 4).is_err());
+    assert!(validate(&d(CollKind::AllReduce, 1, 0), 0, 0).is_err());
+    assert!(validate(&d(CollKind::AllReduce, usize::MAX, 0), 0, 4).is_ok());
+}
