@@ -151,7 +151,7 @@ const BLOCK: usize = 512;
 #[inline(always)]
 unsafe fn copy_out<T>(dsts: &[*mut u8], buf: &[T], first: usize) {
     for &d in dsts {
-        ptr::copy_nonoverlapping(buf.as_ptr() as *const u8, d.add(first * size_of::<T>()), buf.len() * size_of::<T>());
+        ptr::copy_nonoverlapping(buf.as_ptr() as *const u8, d.add(first * size_of::<T>()), std::mem::size_of_val(buf));
     }
 }
 

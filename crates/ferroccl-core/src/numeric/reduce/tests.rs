@@ -71,7 +71,7 @@ fn fill_random(dtype: DataType, b: &mut [u8], rng: &mut Rng) {
             let m = 1.0 + (h >> 12) as f64 / (1u64 << 52) as f64;
             let e = (h % 11) as i32 - 5;
             let s = if h & (1 << 8) != 0 { -1.0 } else { 1.0 };
-            let v = if h % 17 == 0 { 0.0 } else { s * m * 2f64.powi(e) };
+            let v = if h.is_multiple_of(17) { 0.0 } else { s * m * 2f64.powi(e) };
             store_f64(dtype, b, i, v);
         } else {
             let h = rng.next().to_ne_bytes();
@@ -84,6 +84,7 @@ fn fill_random(dtype: DataType, b: &mut [u8], rng: &mut Rng) {
 /// Expected element bytes of combine(recv, pre(local)) then post, computed independently of the
 /// kernels: i128 for integers, f64 rounded to f32 after each step for the types that compute in
 /// f32 (f64 rounding then f32 rounding equals one f32 rounding for + * /).
+#[allow(clippy::too_many_arguments)]
 fn expected(op: ReduceOp, dtype: DataType, nranks: usize, recv: &[u8], local: Option<&[u8]>, i: usize, pre: bool, post: bool, out: &mut [u8]) {
     let is_pms = matches!(op, ReduceOp::PreMulSum(_));
     let scalar = if let ReduceOp::PreMulSum(s) = op { s } else { 1.0 };
