@@ -5,6 +5,18 @@
 //! mutual HMAC handshake of `auth`, then carries length-prefixed, bounded frames (`wire`).
 //! Each process runs one listener thread per bootstrap (shared with the communicators split
 //! from it) that authenticates incoming connections and parks them by (comm_id, from, tag).
+//!
+//! Wire protocol, all integers little-endian unless noted:
+//! 1. handshake (fixed sizes, see `auth`): server MAGIC+nonce; client nonce+HMAC; server HMAC.
+//! 2. frame: u64 length (checked against a per-message bound before allocating) + payload.
+//! 3. rank -> root: hello = nranks, rank, listener addr, host_id, pid, hostname.
+//! 4. root -> rank: 0, comm_id, n, n PeerInfo  |  1, error kind, message (bad rank, duplicate,
+//!    nranks mismatch, or the list of ranks that never arrived).
+//! 5. rank -> rank listener: announce = "FCAN", comm_id, from, kind (user|ring), tag.
+//! 6. ring all-gather block: seq u64, origin rank u32, bytes.
+//!
+//! The root has no deadline before the first rank arrives (as with NCCL, ranks may take long
+//! to start); from the first arrival on, it waits `config.timeout`.
 
 mod auth;
 mod gate;
