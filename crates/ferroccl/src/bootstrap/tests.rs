@@ -424,6 +424,10 @@ fn exchange(a: &mut TcpStream, b: &mut TcpStream, tag: u64) {
 #[test]
 fn connect_and_accept_in_either_order_with_tags() {
     let bs = init_all(3, &cfg(3000));
+    // Silent and garbage connections to a rank listener do not hold up real ones.
+    let _silent = TcpStream::connect(bs[2].peers()[2].addr).unwrap();
+    let mut junk = TcpStream::connect(bs[2].peers()[2].addr).unwrap();
+    junk.write_all(&[0xFF; 100]).unwrap();
     // connect first, accept later
     let mut c = bs[0].connect(2, 1).unwrap();
     thread::sleep(Duration::from_millis(100));
