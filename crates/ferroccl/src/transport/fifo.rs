@@ -85,7 +85,7 @@ impl FifoLayout {
                 self.slot_bytes
             )));
         }
-        if self.checked_total().map_or(true, |t| t > isize::MAX as usize) {
+        if !matches!(self.checked_total(), Some(t) if t <= isize::MAX as usize) {
             return Err(Error::InvalidArgument(format!(
                 "FIFO layout {} slots x {} bytes is too large",
                 self.slots, self.slot_bytes
@@ -178,7 +178,10 @@ impl FifoMem {
         // SAFETY: len > 0 since the header alone is several hundred bytes.
         let p = unsafe { std::alloc::alloc_zeroed(alloc) };
         let base = NonNull::new(p).ok_or_else(|| {
-            Error::System(format!("out of memory allocating a {len}-byte FIFO ({} x {} bytes)", layout.slots, layout.slot_bytes))
+            Error::System(format!(
+                "out of memory allocating a {len}-byte FIFO ({} x {} bytes)",
+                layout.slots, layout.slot_bytes
+            ))
         })?;
         // SAFETY: freshly allocated, len bytes, 4096-aligned.
         let mem = unsafe { FifoMem::from_raw(base, len, layout, Backing::Heap(alloc)) };
@@ -335,7 +338,15 @@ fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
 fn futex_wake(word: &AtomicU32) {
     // SAFETY: as above; waking a word nobody sleeps on is harmless.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX, std::ptr::null::<libc::timespec>(), std::ptr::null::<u32>(), 0u32);
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0u32,
+        );
     }
 }
 
@@ -458,7 +469,11 @@ impl Producer {
     ///
     /// Panics if `len > slot_bytes` or no slot is free (commit without a successful reserve).
     pub fn commit(&mut self, len: usize) {
-        assert!(len <= self.mem.layout.slot_bytes, "commit of {len} bytes into {}-byte slots", self.mem.layout.slot_bytes);
+        assert!(
+            len <= self.mem.layout.slot_bytes,
+            "commit of {len} bytes into {}-byte slots",
+            self.mem.layout.slot_bytes
+        );
         assert!(self.has_space(self.tail_seen), "Producer::commit without a reserved slot");
         let h = self.mem.header();
         self.mem.len_word(self.idx).store(len as u32, Ordering::Relaxed);

@@ -38,7 +38,9 @@ fn sys_error(what: &str, name: &str, err: io::Error) -> Error {
         }
         Some(libc::ENOMEM) => " (out of memory or mapping limit reached: check vm.max_map_count and memory limits)",
         Some(libc::EACCES) => " (permission denied on /dev/shm: are all ranks run by the same user?)",
-        Some(libc::EEXIST) => " (a segment with this name exists: a stale one from a crashed job can be removed from /dev/shm)",
+        Some(libc::EEXIST) => {
+            " (a segment with this name exists: a stale one from a crashed job can be removed from /dev/shm)"
+        }
         _ => "",
     };
     Error::System(format!("{what} of shared-memory segment {name} failed: {err}{hint}"))
@@ -55,9 +57,8 @@ impl Drop for Fd {
 
 fn map(fd: &Fd, len: usize, name: &str) -> Result<NonNull<u8>, Error> {
     // SAFETY: a fresh shared mapping of a descriptor we own; the kernel picks the address.
-    let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.0, 0)
-    };
+    let p =
+        unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.0, 0) };
     if p == libc::MAP_FAILED {
         return Err(sys_error("mmap", name, io::Error::last_os_error()));
     }
@@ -99,7 +100,12 @@ impl FifoMem {
     }
 
     /// Sender side: attaches to the receiver's segment once it is ready, then removes its name.
-    pub fn shm_open(name: &str, layout: FifoLayout, deadline: Instant, abort: &AtomicBool) -> Result<Arc<FifoMem>, Error> {
+    pub fn shm_open(
+        name: &str,
+        layout: FifoLayout,
+        deadline: Instant,
+        abort: &AtomicBool,
+    ) -> Result<Arc<FifoMem>, Error> {
         layout.validate()?;
         let cname = c_name(name)?;
         let want = layout.total_bytes();

@@ -52,15 +52,18 @@ fn is_timeout(e: &io::Error) -> bool {
 }
 
 fn spawn(name: &str, label: &str, f: impl FnOnce() + Send + 'static) -> Result<(), Error> {
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(f)
-        .map(|_| ())
-        .map_err(|e| Error::System(format!("{label}: cannot start a transport thread: {e} (thread or memory limit reached)")))
+    std::thread::Builder::new().name(name.into()).spawn(f).map(|_| ()).map_err(|e| {
+        Error::System(format!("{label}: cannot start a transport thread: {e} (thread or memory limit reached)"))
+    })
 }
 
 /// Starts a thread that sends everything committed to the returned Producer over `stream`.
-pub fn tcp_sender(stream: TcpStream, layout: FifoLayout, label: String, abort: Arc<AtomicBool>) -> Result<Producer, Error> {
+pub fn tcp_sender(
+    stream: TcpStream,
+    layout: FifoLayout,
+    label: String,
+    abort: Arc<AtomicBool>,
+) -> Result<Producer, Error> {
     prepare(&stream, &label)?;
     let mem = FifoMem::heap(layout)?;
     let producer = Producer::new(mem.clone());
@@ -120,10 +123,9 @@ fn peer_gone(stream: &TcpStream, label: &str) -> Option<Stop> {
     };
     match r {
         0 => Some(Stop::Fail(PoisonKind::Remote, format!("{label}: connection closed by peer"))),
-        n if n > 0 => Some(Stop::Fail(
-            PoisonKind::Protocol,
-            format!("{label}: peer sent data on a send-only connection"),
-        )),
+        n if n > 0 => {
+            Some(Stop::Fail(PoisonKind::Protocol, format!("{label}: peer sent data on a send-only connection")))
+        }
         _ => {
             let e = io::Error::last_os_error();
             if is_timeout(&e) {
@@ -179,7 +181,12 @@ fn write_frame(
 }
 
 /// Starts a thread that receives frames from `stream` into the returned Consumer.
-pub fn tcp_receiver(stream: TcpStream, layout: FifoLayout, label: String, abort: Arc<AtomicBool>) -> Result<Consumer, Error> {
+pub fn tcp_receiver(
+    stream: TcpStream,
+    layout: FifoLayout,
+    label: String,
+    abort: Arc<AtomicBool>,
+) -> Result<Consumer, Error> {
     prepare(&stream, &label)?;
     let mem = FifoMem::heap(layout)?;
     let consumer = Consumer::new(mem.clone());
@@ -247,7 +254,13 @@ enum ReadEnd {
     Stop(Stop),
 }
 
-fn read_full(stream: &mut &TcpStream, buf: &mut [u8], producer: &Producer, label: &str, abort: &AtomicBool) -> Result<(), ReadEnd> {
+fn read_full(
+    stream: &mut &TcpStream,
+    buf: &mut [u8],
+    producer: &Producer,
+    label: &str,
+    abort: &AtomicBool,
+) -> Result<(), ReadEnd> {
     let mut got = 0;
     while got < buf.len() {
         match stream.read(&mut buf[got..]) {

@@ -443,7 +443,12 @@ fn shm_open_stops_on_abort() {
         a2.store(true, Ordering::Release);
         Instant::now()
     });
-    let r = FifoMem::shm_open(&name, FifoLayout { slots: 1, slot_bytes: 64 }, Instant::now() + Duration::from_secs(10), &abort);
+    let r = FifoMem::shm_open(
+        &name,
+        FifoLayout { slots: 1, slot_bytes: 64 },
+        Instant::now() + Duration::from_secs(10),
+        &abort,
+    );
     let seen = Instant::now();
     let set = setter.join().unwrap();
     assert!(matches!(r, Err(Error::Aborted(_))), "{r:?}");
@@ -455,7 +460,12 @@ fn shm_layout_mismatch_is_an_error() {
     let name = unique_name("mismatch");
     let _mem = FifoMem::shm_create(&name, FifoLayout { slots: 4, slot_bytes: 4096 }).unwrap();
     let never = AtomicBool::new(false);
-    let r = FifoMem::shm_open(&name, FifoLayout { slots: 8, slot_bytes: 4096 }, Instant::now() + Duration::from_secs(1), &never);
+    let r = FifoMem::shm_open(
+        &name,
+        FifoLayout { slots: 8, slot_bytes: 4096 },
+        Instant::now() + Duration::from_secs(1),
+        &never,
+    );
     assert!(matches!(r, Err(Error::Protocol(ref m)) if m.contains("4 slots")), "{r:?}");
     FifoMem::shm_unlink(&name);
     assert!(!dev_shm_has(&name));
