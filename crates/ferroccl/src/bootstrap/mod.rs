@@ -1,1 +1,425 @@
-//! (being written)
+//! Bootstrap: how the ranks of a job find each other, agree on a communicator, and exchange
+//! the small out-of-band messages that transports need before they can talk directly.
+//!
+//! Every TCP connection of this module (to the root, between rank listeners) starts with the
+//! mutual HMAC handshake of `auth`, then carries length-prefixed, bounded frames (`wire`).
+//! Each process runs one listener thread per bootstrap (shared with the communicators split
+//! from it) that authenticates incoming connections and parks them by (comm_id, from, tag).
+//!
+//! Wire protocol, all integers little-endian unless noted:
+//! 1. handshake (fixed sizes, see `auth`): server MAGIC+nonce; client nonce+HMAC; server HMAC.
+//! 2. frame: u64 length (checked against a per-message bound before allocating) + payload.
+//! 3. rank -> root: hello = nranks, rank, listener addr, host_id, pid, hostname.
+//! 4. root -> rank: 0, comm_id, n, n PeerInfo  |  1, error kind, message (bad rank, duplicate,
+//!    nranks mismatch, or the list of ranks that never arrived).
+//! 5. rank -> rank listener: announce = "FCAN", comm_id, from, kind (user|ring), tag.
+//! 6. ring all-gather block: seq u64, origin rank u32, bytes.
+//!
+//! The root has no deadline before the first rank arrives (as with NCCL, ranks may take long
+//! to start); from the first arrival on, it waits `config.timeout`.
+
+mod auth;
+mod gate;
+mod host;
+mod listener;
+mod root;
+mod unique_id;
+mod wire;
+
+#[cfg(test)]
+mod tests;
+
+pub use unique_id::UniqueId;
+
+use ferroccl_core::config::LaunchEnv;
+use ferroccl_core::{Config, Error};
+use listener::{Listener, KIND_RING, KIND_USER};
+use sha2::{Digest, Sha256};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use wire::{AbortSet, Dec, Enc, Wait, HANDSHAKE_MAX, POLL};
+
+/// The root may answer a little after a client's own deadline, because its deadline counts
+/// from the first arrival; this grace lets clients receive its explanation instead of a bare
+/// local timeout.
+const ROOT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Header of one all-gather block on the ring: sequence number and originating rank.
+const BLOCK_HEAD: usize = 12;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerInfo {
+    pub rank: usize,
+    /// That rank's bootstrap listener.
+    pub addr: SocketAddr,
+    pub host_id: u64,
+    pub pid: u32,
+    pub hostname: String,
+}
+
+struct Ring {
+    next: Mutex<TcpStream>,
+    prev: Mutex<TcpStream>,
+}
+
+pub struct Bootstrap {
+    rank: usize,
+    nranks: usize,
+    comm_id: u64,
+    peers: Vec<PeerInfo>,
+    secret: [u8; 16],
+    config: Config,
+    abort: AbortSet,
+    /// The flag `abort()` sets; for a split child it is the child's own, so aborting a child
+    /// leaves its parent usable while aborting the parent still stops the child's waits.
+    own_abort: Arc<AtomicBool>,
+    listener: Arc<Listener>,
+    ring: Option<Ring>,
+    /// Duplicates of the ring sockets, so `abort()` can shut them down while another thread
+    /// holds the ring locks inside a wait.
+    shutdown: Vec<TcpStream>,
+    seq: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn describe(p: &PeerInfo) -> String {
+    format!("rank {} ({})", p.rank, p.addr)
+}
+
+impl Bootstrap {
+    pub fn init(id: &UniqueId, nranks: usize, rank: usize, config: &Config, abort: Arc<AtomicBool>) -> Result<Bootstrap, Error> {
+        Bootstrap::join(id.root_addr(), id.secret(), nranks, rank, config, abort)
+    }
+
+    pub fn init_from_launch(env: &LaunchEnv, config: &Config, abort: Arc<AtomicBool>) -> Result<Bootstrap, Error> {
+        let addrs: Vec<SocketAddr> = (env.master_addr.as_str(), env.master_port)
+            .to_socket_addrs()
+            .map_err(|e| Error::InvalidArgument(format!("{} environment: cannot resolve MASTER_ADDR '{}': {e}", env.source, env.master_addr)))?
+            .collect();
+        let root = addrs
+            .iter()
+            .find(|a| a.is_ipv4())
+            .or(addrs.first())
+            .copied()
+            .ok_or_else(|| Error::InvalidArgument(format!("MASTER_ADDR '{}' resolves to no address", env.master_addr)))?;
+        let secret = config.job_secret.unwrap_or([0u8; 16]);
+        if env.rank == 0 && env.world_size > 0 {
+            // std's TcpListener sets SO_REUSEADDR on Unix, so a port left in TIME_WAIT by the
+            // previous job can be bound again right away.
+            let l = TcpListener::bind(root).map_err(|e| Error::System(format!("rank 0 cannot bind the rendezvous on {root}: {e}")))?;
+            if config.job_secret.is_none() {
+                tracing::warn!(
+                    "bootstrap root at {root}: the job is unauthenticated (all-zero secret); any process that can reach this port may join. Set FERROCCL_JOB_SECRET"
+                );
+            }
+            root::spawn(l, secret, config.clone())?;
+        }
+        Bootstrap::join(root, secret, env.world_size, env.rank, config, abort)
+    }
+
+    fn join(root: SocketAddr, secret: [u8; 16], nranks: usize, rank: usize, config: &Config, abort: Arc<AtomicBool>) -> Result<Bootstrap, Error> {
+        if nranks == 0 {
+            return Err(Error::InvalidArgument("nranks must be at least 1".into()));
+        }
+        if rank >= nranks {
+            return Err(Error::InvalidArgument(format!("rank {rank} is not below nranks={nranks}")));
+        }
+        let aset = AbortSet::new(abort.clone());
+        let w = Wait::new(config.timeout, aset.clone());
+        let ctx = |e: Error| e.context(format!("bootstrap of rank {rank} of {nranks}"));
+        let peer = format!("the bootstrap root at {root}");
+        let mut s = wire::connect_retry(root, &w, "the bootstrap root").map_err(ctx)?;
+        auth::client(&mut s, &secret, &w.capped(HANDSHAKE_MAX), &peer).map_err(ctx)?;
+        // Without an explicit address, listen where the route to the root leaves this host:
+        // that interface is known to reach at least the root's network.
+        let ip: IpAddr = match &config.bootstrap_addr {
+            Some(_) => unique_id::local_ip(config)?,
+            None => s.local_addr().map_err(|e| Error::System(format!("root connection: {e}")))?.ip(),
+        };
+        let listener = Listener::bind(ip, secret, config.timeout)?;
+        let me = PeerInfo {
+            rank,
+            addr: listener.addr(),
+            host_id: host::host_id(),
+            pid: std::process::id(),
+            hostname: host::hostname(),
+        };
+        let mut rw = w.clone();
+        rw.deadline += ROOT_GRACE;
+        let (comm_id, peers) = root::rendezvous(&mut s, root, nranks, &me, config.max_bootstrap_msg, &rw)?;
+        drop(s);
+        Bootstrap::assemble(rank, comm_id, peers, secret, config.clone(), aset, abort, listener)
+    }
+
+    /// Builds a communicator from an agreed table: connects the ring (this rank to the next).
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        rank: usize,
+        comm_id: u64,
+        peers: Vec<PeerInfo>,
+        secret: [u8; 16],
+        config: Config,
+        abort: AbortSet,
+        own_abort: Arc<AtomicBool>,
+        listener: Arc<Listener>,
+    ) -> Result<Bootstrap, Error> {
+        let mut b = Bootstrap {
+            rank,
+            nranks: peers.len(),
+            comm_id,
+            peers,
+            secret,
+            config,
+            abort,
+            own_abort,
+            listener,
+            ring: None,
+            shutdown: Vec::new(),
+            seq: AtomicU64::new(0),
+        };
+        let n = b.nranks;
+        if n > 1 {
+            let w = b.wait();
+            let next = b.connect_kind((rank + 1) % n, KIND_RING, 0, &w)?;
+            let pp = &b.peers[(rank + n - 1) % n];
+            let prev = b.listener.take((comm_id, pp.rank, KIND_RING, 0), &w, &describe(pp))?;
+            for s in [&next, &prev] {
+                let d = s.try_clone().map_err(|e| Error::System(format!("duplicating a bootstrap socket: {e}")))?;
+                b.shutdown.push(d);
+            }
+            b.ring = Some(Ring { next: Mutex::new(next), prev: Mutex::new(prev) });
+        }
+        Ok(b)
+    }
+
+    fn wait(&self) -> Wait {
+        Wait::new(self.config.timeout, self.abort.clone())
+    }
+
+    fn connect_kind(&self, peer: usize, kind: u8, tag: u64, w: &Wait) -> Result<TcpStream, Error> {
+        let p = &self.peers[peer];
+        let name = describe(p);
+        let mut s = wire::connect_retry(p.addr, w, &format!("rank {peer}"))?;
+        auth::client(&mut s, &self.secret, &w.capped(HANDSHAKE_MAX), &name)?;
+        let a = listener::encode_announce(self.comm_id, self.rank, kind, tag);
+        wire::write_frame(&mut s, &[&a], w, &name)?;
+        Ok(s)
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn nranks(&self) -> usize {
+        self.nranks
+    }
+
+    pub fn peers(&self) -> &[PeerInfo] {
+        &self.peers
+    }
+
+    pub fn comm_id(&self) -> u64 {
+        self.comm_id
+    }
+
+    /// Ring all-gather: in step s every rank forwards the block that originated s hops behind
+    /// it, so each rank sends and receives n-1 messages. Sending runs on a scoped thread so
+    /// that large blocks cannot deadlock a ring of ranks that all write before they read.
+    pub fn allgather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
+        let max = self.config.max_bootstrap_msg;
+        if mine.len() > max {
+            return Err(Error::InvalidArgument(format!(
+                "all-gather contribution of {} bytes exceeds max_bootstrap_msg={max}",
+                mine.len()
+            )));
+        }
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let (n, me) = (self.nranks, self.rank);
+        let Some(ring) = &self.ring else {
+            return Ok(vec![mine.to_vec()]);
+        };
+        let ctx = |e: Error| e.context(format!("bootstrap all-gather #{seq} on rank {me}"));
+        let mut next = lock(&ring.next);
+        let mut prev = lock(&ring.prev);
+        let failed = Arc::new(AtomicBool::new(false));
+        let w = Wait::new(self.config.timeout, self.abort.with(failed.clone()));
+        let first_err: Mutex<Option<Error>> = Mutex::new(None);
+        let fail = |e: Error| {
+            lock(&first_err).get_or_insert(e);
+            failed.store(true, Ordering::Release);
+        };
+        let next_name = describe(&self.peers[(me + 1) % n]);
+        let prev_name = describe(&self.peers[(me + n - 1) % n]);
+        let mine_arc: Arc<Vec<u8>> = Arc::new(mine.to_vec());
+        let mut out: Vec<Option<Arc<Vec<u8>>>> = vec![None; n];
+        out[me] = Some(mine_arc.clone());
+        let (tx, rx) = mpsc::channel::<Arc<Vec<u8>>>();
+
+        std::thread::scope(|sc| {
+            let (w2, next) = (&w, &mut *next);
+            let next_name = &next_name;
+            let fail_ref = &fail;
+            sc.spawn(move || {
+                let mut block = mine_arc;
+                for s in 0..n - 1 {
+                    if s > 0 {
+                        block = loop {
+                            match rx.recv_timeout(POLL) {
+                                Ok(b) => break b,
+                                Err(mpsc::RecvTimeoutError::Timeout) => {
+                                    if let Err(e) = w2.check(|| format!("forwarding to {next_name}")) {
+                                        return fail_ref(e);
+                                    }
+                                }
+                                // The reader failed and recorded why.
+                                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                            }
+                        };
+                    }
+                    let origin = (me + n - s) % n;
+                    let mut head = Enc::default();
+                    head.u64(seq).u32(origin as u32);
+                    if let Err(e) = wire::write_frame(next, &[&head.0, &block], w2, next_name) {
+                        return fail_ref(e);
+                    }
+                }
+            });
+
+            for s in 0..n - 1 {
+                let r = wire::read_frame(&mut prev, max + BLOCK_HEAD, &w, &prev_name).and_then(|mut f| {
+                    let mut d = Dec::new(&f, "all-gather block");
+                    let (got_seq, origin) = (d.u64()?, d.u32()? as usize);
+                    let want = (me + n - s - 1) % n;
+                    if got_seq != seq || origin != want {
+                        return Err(Error::Protocol(format!(
+                            "{prev_name} sent block of rank {origin} in collective #{got_seq}, expected rank {want} in #{seq} (mismatched bootstrap calls?)"
+                        )));
+                    }
+                    f.drain(..BLOCK_HEAD);
+                    Ok((origin, f))
+                });
+                match r {
+                    Ok((origin, f)) => {
+                        let b = Arc::new(f);
+                        if s + 2 < n {
+                            let _ = tx.send(b.clone());
+                        }
+                        out[origin] = Some(b);
+                    }
+                    Err(e) => {
+                        fail(e);
+                        break;
+                    }
+                }
+            }
+            drop(tx);
+        });
+
+        if let Some(e) = lock(&first_err).take() {
+            return Err(ctx(e));
+        }
+        Ok(out
+            .into_iter()
+            .map(|b| {
+                let b = b.expect("every block arrived");
+                Arc::try_unwrap(b).unwrap_or_else(|a| (*a).clone())
+            })
+            .collect())
+    }
+
+    pub fn barrier(&self) -> Result<(), Error> {
+        self.allgather(&[]).map(|_| ())
+    }
+
+    pub fn connect(&self, peer: usize, tag: u64) -> Result<TcpStream, Error> {
+        self.check_peer(peer)?;
+        let s = self
+            .connect_kind(peer, KIND_USER, tag, &self.wait())
+            .map_err(|e| e.context(format!("rank {} connecting to rank {peer} (tag {tag})", self.rank)))?;
+        wire::into_user_stream(s)
+    }
+
+    pub fn accept(&self, peer: usize, tag: u64) -> Result<TcpStream, Error> {
+        self.check_peer(peer)?;
+        let s = self
+            .listener
+            .take((self.comm_id, peer, KIND_USER, tag), &self.wait(), &describe(&self.peers[peer]))
+            .map_err(|e| e.context(format!("rank {}", self.rank)))?;
+        wire::into_user_stream(s)
+    }
+
+    fn check_peer(&self, peer: usize) -> Result<(), Error> {
+        if peer >= self.nranks {
+            return Err(Error::InvalidArgument(format!("peer {peer} is not below nranks={}", self.nranks)));
+        }
+        Ok(())
+    }
+
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Bootstrap>, Error> {
+        let nonce: [u8; 8] = auth::random_bytes()?;
+        let mut e = Enc::default();
+        e.u8(color.is_some() as u8).u32(color.unwrap_or(0)).i32(key).raw(&nonce);
+        let all = self.allgather(&e.0)?;
+        let mut members = Vec::new(); // (key, old rank, nonce)
+        for (r, b) in all.iter().enumerate() {
+            let mut d = Dec::new(b, "split request");
+            let (has, c, k, nn) = (d.u8()?, d.u32()?, d.i32()?, d.u64()?);
+            d.finish()?;
+            if has == 1 && Some(c) == color {
+                members.push((k, r, nn));
+            }
+        }
+        let Some(c) = color else {
+            return Ok(None);
+        };
+        members.sort_unstable_by_key(|&(k, r, _)| (k, r));
+        let new_rank = members.iter().position(|&(_, r, _)| r == self.rank).expect("this rank is a member");
+        // Every member hashes the same inputs, and the fresh nonces make the id unique even
+        // when the same split is repeated.
+        let mut h = Sha256::new();
+        h.update(b"ferroccl split\0");
+        h.update(self.comm_id.to_le_bytes());
+        h.update(c.to_le_bytes());
+        for &(_, _, nn) in &members {
+            h.update(nn.to_le_bytes());
+        }
+        let comm_id = u64::from_le_bytes(h.finalize()[..8].try_into().expect("8 bytes"));
+        let peers = members
+            .iter()
+            .enumerate()
+            .map(|(i, &(_, r, _))| PeerInfo { rank: i, ..self.peers[r].clone() })
+            .collect();
+        let own = Arc::new(AtomicBool::new(false));
+        Bootstrap::assemble(new_rank, comm_id, peers, self.secret, self.config.clone(), self.abort.with(own.clone()), own, self.listener.clone())
+            .map(Some)
+            .map_err(|e| e.context(format!("split of rank {} (color {c})", self.rank)))
+    }
+
+    pub fn abort(&self) {
+        self.own_abort.store(true, Ordering::Release);
+        for s in &self.shutdown {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        self.listener.close_comm(self.comm_id);
+    }
+}
+
+impl Drop for Bootstrap {
+    fn drop(&mut self) {
+        self.listener.close_comm(self.comm_id);
+    }
+}
+
+impl std::fmt::Debug for Bootstrap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bootstrap")
+            .field("rank", &self.rank)
+            .field("nranks", &self.nranks)
+            .field("comm_id", &format_args!("{:016x}", self.comm_id))
+            .finish_non_exhaustive()
+    }
+}

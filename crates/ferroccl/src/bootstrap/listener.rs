@@ -1,0 +1,156 @@
+//! Each process's bootstrap listener. A background thread accepts, authenticates and reads the
+//! announce (comm_id, from, kind, tag) of every incoming connection, then parks it under that
+//! key until `take` claims it, so connect and accept may happen in either order.
+//!
+//! announce frame: "FCAN" | comm_id u64 | from u64 | kind u8 | tag u64
+
+use super::auth;
+use super::gate::Gate;
+use super::wire::{self, AbortSet, Dec, Enc, Wait, HANDSHAKE_MAX, POLL};
+use ferroccl_core::Error;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+const ANNOUNCE_MAGIC: [u8; 4] = *b"FCAN";
+const ANNOUNCE_LEN: usize = 4 + 8 + 8 + 1 + 8;
+
+/// Connections made by `Bootstrap::connect` for its user.
+pub(crate) const KIND_USER: u8 = 0;
+/// The bootstrap's own ring; a separate kind so that user tags need no reserved values.
+pub(crate) const KIND_RING: u8 = 1;
+
+pub(crate) type Key = (u64, usize, u8, u64);
+
+#[derive(Default)]
+struct State {
+    parked: HashMap<Key, VecDeque<TcpStream>>,
+    /// Communicators that were aborted or dropped: their late arrivals are closed at once.
+    closed: HashSet<u64>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    cv: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Nothing in State can be left half-updated by a panic, so poisoning is ignored.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+pub(crate) struct Listener {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+pub(crate) fn encode_announce(comm_id: u64, from: usize, kind: u8, tag: u64) -> Vec<u8> {
+    let mut e = Enc::default();
+    e.raw(&ANNOUNCE_MAGIC).u64(comm_id).u64(from as u64).u8(kind).u64(tag);
+    e.0
+}
+
+fn decode_announce(b: &[u8]) -> Result<Key, Error> {
+    let mut d = Dec::new(b, "connection announce");
+    if d.take(4)? != ANNOUNCE_MAGIC {
+        return Err(Error::Protocol("connection announce has a bad magic".into()));
+    }
+    let k = (d.u64()?, d.usize()?, d.u8()?, d.u64()?);
+    d.finish()?;
+    Ok(k)
+}
+
+impl Listener {
+    pub fn bind(ip: IpAddr, secret: [u8; 16], timeout: Duration) -> Result<Arc<Listener>, Error> {
+        let l = TcpListener::bind((ip, 0)).map_err(|e| Error::System(format!("binding the bootstrap listener on {ip}: {e}")))?;
+        let addr = l.local_addr().map_err(|e| Error::System(format!("bootstrap listener: {e}")))?;
+        l.set_nonblocking(true).map_err(|e| Error::System(format!("bootstrap listener: {e}")))?;
+        let shared = Arc::new(Shared { state: Mutex::new(State::default()), cv: Condvar::new() });
+        let stop = Arc::new(AtomicBool::new(false));
+        let (sh, st) = (shared.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("ferroccl-listen".into())
+            .spawn(move || serve(l, secret, timeout.min(HANDSHAKE_MAX), sh, st))
+            .map_err(|e| Error::System(format!("starting the bootstrap listener thread: {e}")))?;
+        Ok(Arc::new(Listener { addr, shared, stop, thread: Some(thread) }))
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Waits for the connection parked under `key`; `peer` names its sender in errors.
+    pub fn take(&self, key: Key, w: &Wait, peer: &str) -> Result<TcpStream, Error> {
+        let mut st = self.shared.lock();
+        loop {
+            if let Some(q) = st.parked.get_mut(&key) {
+                if let Some(s) = q.pop_front() {
+                    if q.is_empty() {
+                        st.parked.remove(&key);
+                    }
+                    return Ok(s);
+                }
+            }
+            w.check(|| format!("waiting for a connection from {peer} (tag {})", key.3))?;
+            st = self.shared.cv.wait_timeout(st, POLL).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    /// Closes what is parked for `comm_id` and refuses its later arrivals, so that peers still
+    /// talking to that communicator see EOF instead of waiting for their deadline.
+    pub fn close_comm(&self, comm_id: u64) {
+        let mut st = self.shared.lock();
+        st.closed.insert(comm_id);
+        st.parked.retain(|k, _| k.0 != comm_id);
+        self.shared.cv.notify_all();
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve(l: TcpListener, secret: [u8; 16], hs_timeout: Duration, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
+    let gate = Gate::new();
+    while !stop.load(Ordering::Acquire) {
+        let (stream, from) = match wire::poll_accept(&l, POLL) {
+            Ok(Some(c)) => c,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!("bootstrap listener accept failed: {e}");
+                std::thread::sleep(POLL);
+                continue;
+            }
+        };
+        let (shared, w) = (shared.clone(), Wait::new(hs_timeout, AbortSet::new(stop.clone())));
+        gate.run(from, move || {
+            let mut stream = stream;
+            let peer = from.to_string();
+            let r = auth::server(&mut stream, &secret, &w, &peer)
+                .and_then(|_| wire::read_frame(&mut stream, ANNOUNCE_LEN, &w, &peer))
+                .and_then(|b| decode_announce(&b));
+            match r {
+                Ok(key) => {
+                    let mut st = shared.lock();
+                    if !st.closed.contains(&key.0) {
+                        st.parked.entry(key).or_default().push_back(stream);
+                        shared.cv.notify_all();
+                    }
+                }
+                Err(e) => tracing::warn!(remote = %from, "bootstrap listener dropped a connection: {e}"),
+            }
+        });
+    }
+}

@@ -1,0 +1,98 @@
+//! The 128-byte handle that one process creates and ships (by MPI, a file, a store) to all
+//! ranks of a job: where the root rendezvous listens and the secret that admits a rank.
+//!
+//! Layout (version 1):
+//!   0..8    magic "FERROCID"
+//!   8..10   version, u16 little-endian
+//!   10..29  root address: family (4|6), 16 address bytes (IPv4 in the first 4), port big-endian
+//!   29..45  job secret
+//!   45..128 zero
+
+use super::auth::random_bytes;
+use super::{host, root, wire};
+use ferroccl_core::{Config, Error};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+
+const MAGIC: [u8; 8] = *b"FERROCID";
+const VERSION: u16 = 1;
+const ADDR_AT: usize = 10;
+const SECRET_AT: usize = ADDR_AT + wire::ADDR_LEN;
+const END: usize = SECRET_AT + 16;
+
+#[derive(Clone, PartialEq, Eq)]
+pub struct UniqueId {
+    bytes: [u8; 128],
+}
+
+// The secret must not end up in logs, so Debug shows only the address.
+impl std::fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UniqueId").field("root", &self.root_addr()).finish_non_exhaustive()
+    }
+}
+
+/// The IP this process listens on and advertises when nothing says otherwise.
+pub(crate) fn local_ip(config: &Config) -> Result<IpAddr, Error> {
+    match &config.bootstrap_addr {
+        Some(a) => a
+            .trim()
+            .parse::<IpAddr>()
+            .map_err(|_| Error::InvalidArgument(format!("bootstrap address '{a}' is not an IP address"))),
+        None => Ok(IpAddr::V4(host::first_ipv4().unwrap_or(Ipv4Addr::LOCALHOST))),
+    }
+}
+
+impl UniqueId {
+    pub fn new(config: &Config) -> Result<UniqueId, Error> {
+        let ip = local_ip(config)?;
+        let l = TcpListener::bind((ip, 0)).map_err(|e| Error::System(format!("binding the bootstrap root on {ip}: {e}")))?;
+        let addr = l.local_addr().map_err(|e| Error::System(format!("bootstrap root socket: {e}")))?;
+        let secret: [u8; 16] = random_bytes()?;
+        root::spawn(l, secret, config.clone())?;
+        Ok(UniqueId::compose(addr, &secret))
+    }
+
+    pub(crate) fn compose(addr: SocketAddr, secret: &[u8; 16]) -> UniqueId {
+        let mut b = [0u8; 128];
+        b[..8].copy_from_slice(&MAGIC);
+        b[8..10].copy_from_slice(&VERSION.to_le_bytes());
+        b[ADDR_AT..SECRET_AT].copy_from_slice(&wire::encode_addr(addr));
+        b[SECRET_AT..END].copy_from_slice(secret);
+        UniqueId { bytes: b }
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 128] {
+        &self.bytes
+    }
+
+    pub fn from_bytes(b: &[u8]) -> Result<UniqueId, Error> {
+        let bytes: [u8; 128] = b
+            .try_into()
+            .map_err(|_| Error::InvalidArgument(format!("a unique id is 128 bytes, got {}", b.len())))?;
+        if bytes[..8] != MAGIC {
+            return Err(Error::InvalidArgument("not a ferroccl unique id (bad magic)".into()));
+        }
+        let v = u16::from_le_bytes([bytes[8], bytes[9]]);
+        if v != VERSION {
+            return Err(Error::InvalidArgument(format!("unique id version {v}, this build understands {VERSION}")));
+        }
+        let a: &[u8; wire::ADDR_LEN] = bytes[ADDR_AT..SECRET_AT].try_into().expect("ADDR_LEN");
+        let addr = wire::decode_addr(a).ok_or_else(|| Error::InvalidArgument("unique id holds no valid root address".into()))?;
+        if addr.port() == 0 {
+            return Err(Error::InvalidArgument("unique id holds root port 0".into()));
+        }
+        if bytes[END..].iter().any(|&x| x != 0) {
+            return Err(Error::InvalidArgument("unique id padding is not zero (corrupted?)".into()));
+        }
+        Ok(UniqueId { bytes })
+    }
+
+    pub fn root_addr(&self) -> SocketAddr {
+        let a: &[u8; wire::ADDR_LEN] = self.bytes[ADDR_AT..SECRET_AT].try_into().expect("ADDR_LEN");
+        wire::decode_addr(a).expect("validated on construction")
+    }
+
+    pub(crate) fn secret(&self) -> [u8; 16] {
+        self.bytes[SECRET_AT..END].try_into().expect("16 bytes")
+    }
+}

@@ -1,0 +1,281 @@
+//! Bridges between a local heap FIFO and a TCP socket, for ranks on different hosts.
+//!
+//! The executor only ever sees a Producer or Consumer, exactly as for shared memory; a thread
+//! per direction moves slots between the FIFO and the socket. Each socket carries one
+//! direction only: frames are a little-endian u32 length followed by that many bytes.
+
+use super::fifo::{Consumer, FifoLayout, FifoMem, PoisonKind, Producer};
+use crate::Error;
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often a bridge thread blocked on the socket or the FIFO looks at abort/close flags.
+const POLL: Duration = Duration::from_millis(10);
+
+/// After its producer is dropped, a sender keeps flushing what is queued, but gives up if the
+/// peer accepts nothing for this long, so that a hung peer cannot pin the thread forever.
+const LINGER: Duration = Duration::from_secs(10);
+
+/// Why a socket loop stopped early.
+enum Stop {
+    /// Our own side is done (local end dropped or already poisoned): exit quietly.
+    Local,
+    /// Fail the FIFO with this.
+    Fail(PoisonKind, String),
+}
+
+fn io_stop(label: &str, e: &io::Error) -> Stop {
+    let what = match e.kind() {
+        io::ErrorKind::ConnectionReset => "connection reset by peer".to_string(),
+        io::ErrorKind::BrokenPipe => "connection closed by peer (broken pipe)".to_string(),
+        io::ErrorKind::ConnectionAborted => "connection aborted".to_string(),
+        _ => format!("socket error: {e}"),
+    };
+    Stop::Fail(PoisonKind::Remote, format!("{label}: {what}"))
+}
+
+fn prepare(stream: &TcpStream, label: &str) -> Result<(), Error> {
+    let sys = |e: io::Error| Error::System(format!("{label}: configuring socket: {e}"));
+    stream.set_nodelay(true).map_err(sys)?;
+    // Timeouts turn blocking socket calls into polls of the abort/close flags.
+    stream.set_read_timeout(Some(POLL)).map_err(sys)?;
+    stream.set_write_timeout(Some(POLL)).map_err(sys)?;
+    Ok(())
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted)
+}
+
+fn spawn(name: &str, label: &str, f: impl FnOnce() + Send + 'static) -> Result<(), Error> {
+    std::thread::Builder::new().name(name.into()).spawn(f).map(|_| ()).map_err(|e| {
+        Error::System(format!("{label}: cannot start a transport thread: {e} (thread or memory limit reached)"))
+    })
+}
+
+/// Starts a thread that sends everything committed to the returned Producer over `stream`.
+pub fn tcp_sender(
+    stream: TcpStream,
+    layout: FifoLayout,
+    label: String,
+    abort: Arc<AtomicBool>,
+) -> Result<Producer, Error> {
+    prepare(&stream, &label)?;
+    let mem = FifoMem::heap(layout)?;
+    let producer = Producer::new(mem.clone());
+    let mut consumer = Consumer::new(mem);
+    spawn("ferroccl-tcp-tx", &label.clone(), move || {
+        if let Stop::Fail(kind, reason) = send_loop(&stream, &mut consumer, &label, &abort) {
+            tracing::debug!("{reason}");
+            consumer.mem().poison_kind(kind, &reason);
+        }
+        let _ = stream.shutdown(Shutdown::Both);
+    })?;
+    Ok(producer)
+}
+
+fn send_loop(stream: &TcpStream, consumer: &mut Consumer, label: &str, abort: &AtomicBool) -> Stop {
+    let mut stream = stream;
+    loop {
+        if abort.load(Ordering::Acquire) {
+            return Stop::Fail(PoisonKind::Aborted, format!("{label}: aborted"));
+        }
+        if consumer.mem().is_poisoned() {
+            return Stop::Local;
+        }
+        match consumer.try_peek() {
+            Ok(Some((p, len))) => {
+                // SAFETY: the slot holds `len` published bytes and is ours until release().
+                let payload = unsafe { std::slice::from_raw_parts(p, len) };
+                let hdr = (len as u32).to_le_bytes();
+                if let Err(s) = write_frame(&mut stream, &hdr, payload, consumer, label, abort) {
+                    return s;
+                }
+                consumer.release();
+            }
+            Ok(None) => {
+                if let Some(s) = peer_gone(stream, label) {
+                    return s;
+                }
+                consumer.wait(POLL);
+            }
+            // Drained after the producer was dropped: a clean end, which the peer sees as EOF.
+            Err(_) if consumer.peer_closed() && !consumer.mem().is_poisoned() => {
+                let _ = stream.flush();
+                return Stop::Local;
+            }
+            Err(_) => return Stop::Local,
+        }
+    }
+}
+
+/// Nothing is ever sent back on a send-only socket, so readability means EOF or reset. This
+/// is what tells an idle sender that the receiving rank went away.
+fn peer_gone(stream: &TcpStream, label: &str) -> Option<Stop> {
+    let mut b = 0u8;
+    // SAFETY: one-byte peek into a local; MSG_DONTWAIT keeps it from blocking.
+    let r = unsafe {
+        libc::recv(stream.as_raw_fd(), &mut b as *mut u8 as *mut libc::c_void, 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+    };
+    match r {
+        0 => Some(Stop::Fail(PoisonKind::Remote, format!("{label}: connection closed by peer"))),
+        n if n > 0 => {
+            Some(Stop::Fail(PoisonKind::Protocol, format!("{label}: peer sent data on a send-only connection")))
+        }
+        _ => {
+            let e = io::Error::last_os_error();
+            if is_timeout(&e) {
+                None
+            } else {
+                Some(io_stop(label, &e))
+            }
+        }
+    }
+}
+
+fn write_frame(
+    stream: &mut &TcpStream,
+    hdr: &[u8; 4],
+    payload: &[u8],
+    consumer: &Consumer,
+    label: &str,
+    abort: &AtomicBool,
+) -> Result<(), Stop> {
+    let total = hdr.len() + payload.len();
+    let mut done = 0usize;
+    let mut last_progress = Instant::now();
+    while done < total {
+        let r = if done < hdr.len() {
+            stream.write_vectored(&[IoSlice::new(&hdr[done..]), IoSlice::new(payload)])
+        } else {
+            stream.write(&payload[done - hdr.len()..])
+        };
+        match r {
+            Ok(0) => return Err(Stop::Fail(PoisonKind::Remote, format!("{label}: connection closed by peer"))),
+            Ok(n) => {
+                done += n;
+                last_progress = Instant::now();
+            }
+            Err(e) if is_timeout(&e) => {
+                if abort.load(Ordering::Acquire) {
+                    return Err(Stop::Fail(PoisonKind::Aborted, format!("{label}: aborted")));
+                }
+                if consumer.mem().is_poisoned() {
+                    return Err(Stop::Local);
+                }
+                if consumer.peer_closed() && last_progress.elapsed() > LINGER {
+                    return Err(Stop::Fail(
+                        PoisonKind::Remote,
+                        format!("{label}: peer stopped reading; dropping unsent data at shutdown"),
+                    ));
+                }
+            }
+            Err(e) => return Err(io_stop(label, &e)),
+        }
+    }
+    Ok(())
+}
+
+/// Starts a thread that receives frames from `stream` into the returned Consumer.
+pub fn tcp_receiver(
+    stream: TcpStream,
+    layout: FifoLayout,
+    label: String,
+    abort: Arc<AtomicBool>,
+) -> Result<Consumer, Error> {
+    prepare(&stream, &label)?;
+    let mem = FifoMem::heap(layout)?;
+    let consumer = Consumer::new(mem.clone());
+    let mut producer = Producer::new(mem);
+    spawn("ferroccl-tcp-rx", &label.clone(), move || {
+        if let Stop::Fail(kind, reason) = recv_loop(&stream, &mut producer, &label, &abort) {
+            tracing::debug!("{reason}");
+            producer.mem().poison_kind(kind, &reason);
+        }
+        let _ = stream.shutdown(Shutdown::Both);
+    })?;
+    Ok(consumer)
+}
+
+fn recv_loop(stream: &TcpStream, producer: &mut Producer, label: &str, abort: &AtomicBool) -> Stop {
+    let mut stream = stream;
+    let slot_bytes = producer.slot_bytes();
+    loop {
+        let mut hdr = [0u8; 4];
+        match read_full(&mut stream, &mut hdr, producer, label, abort) {
+            Ok(()) => {}
+            Err(ReadEnd::Eof(0)) => {
+                return Stop::Fail(PoisonKind::Remote, format!("{label}: connection closed by peer"));
+            }
+            Err(ReadEnd::Eof(_)) => {
+                return Stop::Fail(PoisonKind::Remote, format!("{label}: connection closed by peer in a frame header"));
+            }
+            Err(ReadEnd::Stop(s)) => return s,
+        }
+        let len = u32::from_le_bytes(hdr) as usize;
+        if len > slot_bytes {
+            return Stop::Fail(
+                PoisonKind::Protocol,
+                format!("{label}: frame of {len} bytes exceeds the slot size of {slot_bytes} bytes (peers disagree on FERROCCL_SLOT_BYTES, or the stream is corrupt)"),
+            );
+        }
+        let slot = loop {
+            if abort.load(Ordering::Acquire) {
+                return Stop::Fail(PoisonKind::Aborted, format!("{label}: aborted"));
+            }
+            match producer.try_reserve() {
+                Ok(Some(p)) => break p,
+                Ok(None) => producer.wait(POLL),
+                Err(_) => return Stop::Local,
+            }
+        };
+        // SAFETY: a reserved slot has slot_bytes >= len writable bytes that only we touch until commit.
+        let buf = unsafe { std::slice::from_raw_parts_mut(slot, len) };
+        match read_full(&mut stream, buf, producer, label, abort) {
+            Ok(()) => producer.commit(len),
+            Err(ReadEnd::Eof(got)) => {
+                return Stop::Fail(
+                    PoisonKind::Remote,
+                    format!("{label}: connection closed by peer after {got} of {len} bytes of a frame"),
+                );
+            }
+            Err(ReadEnd::Stop(s)) => return s,
+        }
+    }
+}
+
+enum ReadEnd {
+    /// EOF after this many bytes of the buffer.
+    Eof(usize),
+    Stop(Stop),
+}
+
+fn read_full(
+    stream: &mut &TcpStream,
+    buf: &mut [u8],
+    producer: &Producer,
+    label: &str,
+    abort: &AtomicBool,
+) -> Result<(), ReadEnd> {
+    let mut got = 0;
+    while got < buf.len() {
+        match stream.read(&mut buf[got..]) {
+            Ok(0) => return Err(ReadEnd::Eof(got)),
+            Ok(n) => got += n,
+            Err(e) if is_timeout(&e) => {
+                if abort.load(Ordering::Acquire) {
+                    return Err(ReadEnd::Stop(Stop::Fail(PoisonKind::Aborted, format!("{label}: aborted"))));
+                }
+                if producer.peer_closed() || producer.mem().is_poisoned() {
+                    return Err(ReadEnd::Stop(Stop::Local));
+                }
+            }
+            Err(e) => return Err(ReadEnd::Stop(io_stop(label, &e))),
+        }
+    }
+    Ok(())
+}
