@@ -150,14 +150,23 @@ fn the_simulator_catches_a_wrong_plan() {
     dup[0].lanes[0].steps.insert(0, first);
     assert!(simulate(&ops, &dup, CAP, 1).is_err());
 
-    let two: Vec<Vec<SimOp>> = (0..2).map(|r| vec![SimOp { kind: CollKind::Recv, count: 5, root: 1 - r, in_place: false }]).collect();
+    // Both ranks receive before they send, in one lane: a deadlock.
+    let two: Vec<Vec<SimOp>> = (0..2)
+        .map(|r| {
+            vec![
+                SimOp { kind: CollKind::Recv, count: 5, root: 1 - r, in_place: false },
+                SimOp { kind: CollKind::Send, count: 5, root: 1 - r, in_place: false },
+            ]
+        })
+        .collect();
     let mut plans = plans_for(&two, &t);
-    for (r, p) in plans.iter_mut().enumerate() {
-        let send = build(&CollDesc { kind: CollKind::Send, count: 5, root: 1 - r }, 0, r, 2, &t);
-        p.lanes[0].steps.extend(send.lanes[0].steps.iter().copied());
+    for p in plans.iter_mut() {
+        let send = p.lanes.pop().unwrap();
+        p.lanes[0].steps.extend(send.steps);
+        p.lanes[0].channel = 7;
     }
     let err = simulate(&two, &plans, CAP, 1).unwrap_err();
-    assert!(err.contains("deadlock") || err.contains("lanes"), "{err}");
+    assert!(err.contains("deadlock"), "{err}");
 }
 
 #[test]
