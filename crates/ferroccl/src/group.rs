@@ -23,6 +23,9 @@ pub struct Group<'a> {
     _buffers: PhantomData<&'a mut [u8]>,
 }
 
+/// How long a failing launch waits for better explanations and for its own to go out.
+const FAILURE_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// Lane id of a rank's sends to itself (plain copies, no connection).
 const SELF_LANE: u64 = u64::MAX;
 
@@ -144,12 +147,18 @@ impl<'a> Group<'a> {
             execute(&mut units, deadline)
         })();
 
-        if let Err(e) = &result {
+        let result = result.map_err(|e| {
+            // Remote peers' reports arrive a moment after the bare EOF their exit causes.
+            let e = guards.first().map(|g| g.conns.explain(e.clone(), FAILURE_GRACE)).unwrap_or(e);
             for (ci, comm) in comms.iter().enumerate() {
                 guards[ci].failed.get_or_insert_with(|| e.clone());
                 Conns::poison_all(&comm.fifos, &format!("rank {} failed: {e}", comm.info.rank));
             }
-        }
+            for g in &guards {
+                g.conns.flush_failure(FAILURE_GRACE);
+            }
+            e
+        });
         result
     }
 }

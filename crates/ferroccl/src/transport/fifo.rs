@@ -399,8 +399,9 @@ fn wake_always(w: &WaitWord) {
     futex_wake(&w.wake);
 }
 
-/// True if a process with this pid exists (zombies count as existing). 0 means "peer not
-/// attached yet", which is not evidence of death, so it reports alive.
+/// True if a process with this pid exists and is not a zombie (a killed rank stays a zombie
+/// until its launcher reaps it, which may be after the survivors gave up waiting). 0 means
+/// "peer not attached yet", which is not evidence of death, so it reports alive.
 pub fn pid_alive(pid: u32) -> bool {
     if pid == 0 {
         return true;
@@ -409,7 +410,16 @@ pub fn pid_alive(pid: u32) -> bool {
     let Ok(p) = libc::pid_t::try_from(pid) else { return false };
     // SAFETY: signal 0 only checks existence and permissions.
     let r = unsafe { libc::kill(p, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    let exists = r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    exists && !is_zombie(pid)
+}
+
+/// Reads the state field of /proc/PID/stat ("pid (comm) S ..."; comm may contain spaces and
+/// parentheses, so the state is the first field after the last ')').
+fn is_zombie(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let state = stat.rfind(')').and_then(|i| stat[i + 1..].trim_start().chars().next());
+    matches!(state, Some('Z') | Some('X'))
 }
 
 pub struct Producer {

@@ -84,7 +84,8 @@ fn send_loop(stream: &TcpStream, consumer: &mut Consumer, label: &str, abort: &A
         if abort.load(Ordering::Acquire) {
             return Stop::Fail(PoisonKind::Aborted, format!("{label}: aborted"));
         }
-        if consumer.mem().is_poisoned() {
+        if let Some(e) = consumer.mem().poison_error() {
+            send_poison(stream, &e.to_string());
             return Stop::Local;
         }
         match consumer.try_peek() {
@@ -111,6 +112,21 @@ fn send_loop(stream: &TcpStream, consumer: &mut Consumer, label: &str, abort: &A
             Err(_) => return Stop::Local,
         }
     }
+}
+
+/// Frame length that announces a failure instead of data: the reason follows (u32 length +
+/// UTF-8), so that a rank on another host learns why its peer stopped, not just that it did.
+const POISON_FRAME: u32 = u32::MAX;
+const MAX_REASON: usize = 1024;
+
+/// Best effort: the socket may already be unusable, and the peer learns of the failure by EOF.
+fn send_poison(mut stream: &TcpStream, reason: &str) {
+    let r = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
+    let mut frame = Vec::with_capacity(8 + r.len());
+    frame.extend_from_slice(&POISON_FRAME.to_le_bytes());
+    frame.extend_from_slice(&(r.len() as u32).to_le_bytes());
+    frame.extend_from_slice(r);
+    let _ = stream.write_all(&frame);
 }
 
 /// Nothing is ever sent back on a send-only socket, so readability means EOF or reset. This
@@ -215,6 +231,18 @@ fn recv_loop(stream: &TcpStream, producer: &mut Producer, label: &str, abort: &A
                 return Stop::Fail(PoisonKind::Remote, format!("{label}: connection closed by peer in a frame header"));
             }
             Err(ReadEnd::Stop(s)) => return s,
+        }
+        if u32::from_le_bytes(hdr) == POISON_FRAME {
+            let mut lb = [0u8; 4];
+            let mut reason = String::from("(no reason)");
+            if read_full(&mut stream, &mut lb, producer, label, abort).is_ok() {
+                let n = (u32::from_le_bytes(lb) as usize).min(MAX_REASON);
+                let mut b = vec![0u8; n];
+                if read_full(&mut stream, &mut b, producer, label, abort).is_ok() {
+                    reason = String::from_utf8_lossy(&b).into_owned();
+                }
+            }
+            return Stop::Fail(PoisonKind::Remote, format!("{label}: the peer failed: {reason}"));
         }
         let len = u32::from_le_bytes(hdr) as usize;
         if len > slot_bytes {

@@ -31,6 +31,8 @@ pub(crate) struct Conns {
     pub recv: HashMap<(Rank, u32), Consumer>,
     /// Shared-memory names we created, unlinked at teardown in case a peer never opened them.
     created: Vec<String>,
+    /// Send connections bridged to sockets by a thread (whose flush a failure waits for).
+    tcp_send: Vec<(Rank, u32)>,
     /// Every FIFO of the communicator, so that `abort` can poison them without taking the lock
     /// an executing operation holds.
     pub fifos: Arc<Mutex<Vec<Arc<FifoMem>>>>,
@@ -38,7 +40,7 @@ pub(crate) struct Conns {
 
 impl Conns {
     pub fn new(fifos: Arc<Mutex<Vec<Arc<FifoMem>>>>) -> Conns {
-        Conns { send: HashMap::new(), recv: HashMap::new(), created: Vec::new(), fifos }
+        Conns { send: HashMap::new(), recv: HashMap::new(), created: Vec::new(), tcp_send: Vec::new(), fifos }
     }
 
     fn layout(config: &Config) -> FifoLayout {
@@ -77,6 +79,7 @@ impl Conns {
                     let stream = ctx.boot.connect(k.peer, k.channel as u64).map_err(|e| e.context(&label))?;
                     let p = tcp_sender(stream, Self::layout(ctx.config), label, ctx.abort.clone())?;
                     self.register(p.mem());
+                    self.tcp_send.push((k.peer, k.channel));
                     self.send.insert((k.peer, k.channel), p);
                 }
                 _ => {}
@@ -117,6 +120,42 @@ impl Conns {
             for f in list.iter() {
                 f.poison(reason);
             }
+        }
+    }
+}
+
+impl Conns {
+    /// After a failure: gives the socket threads a moment to tell remote peers why (their
+    /// poison frame), so that a process exiting right after the error still informs the job.
+    pub fn flush_failure(&self, within: std::time::Duration) {
+        let until = Instant::now() + within;
+        for key in &self.tcp_send {
+            if let Some(p) = self.send.get(key) {
+                while !p.peer_closed() && Instant::now() < until {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+            }
+        }
+    }
+
+    /// The most informative failure among our FIFOs within `grace`: a peer's own report of
+    /// what went wrong (which names the rank that died) beats a bare "connection closed".
+    pub fn explain(&self, first: Error, grace: std::time::Duration) -> Error {
+        let informative = |e: &Error| e.message().contains("failed") || e.message().contains("died");
+        if informative(&first) {
+            return first;
+        }
+        let until = Instant::now() + grace;
+        loop {
+            if let Ok(list) = self.fifos.lock() {
+                if let Some(e) = list.iter().filter_map(|f| f.poison_error()).find(informative) {
+                    return first.clone().context(format!("{e}; and"));
+                }
+            }
+            if Instant::now() >= until {
+                return first;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
         }
     }
 }

@@ -1,0 +1,142 @@
+//! The correctness matrix that every rank runs, whatever the launch mode and transport.
+#![allow(dead_code)]
+
+pub mod launch;
+
+use ferroccl::{CollKind, Comm, DataType, Group, OpArgs, ReduceOp};
+use ferroccl_core::numeric::check::CheckCase;
+
+/// The operations of the matrix: every collective plus a ring of send/recv in one group.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MatrixOp {
+    Coll(CollKind),
+    SendRecv,
+}
+
+pub fn all_ops() -> Vec<MatrixOp> {
+    let mut v: Vec<MatrixOp> = CollKind::COLLECTIVES.iter().map(|&k| MatrixOp::Coll(k)).collect();
+    v.push(MatrixOp::SendRecv);
+    v
+}
+
+pub fn reduce_ops(kind: CollKind) -> Vec<ReduceOp> {
+    if kind.reduces() {
+        vec![ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg, ReduceOp::PreMulSum(2.0)]
+    } else {
+        vec![ReduceOp::Sum]
+    }
+}
+
+/// 8-byte aligned scratch memory.
+struct Buf(Vec<u64>);
+impl Buf {
+    fn new(bytes: usize) -> Buf {
+        Buf(vec![0u64; bytes.div_ceil(8).max(1)])
+    }
+    fn ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr() as *mut u8
+    }
+    fn bytes(&mut self, off: usize, len: usize) -> &mut [u8] {
+        // SAFETY: callers stay within the allocation (sized by the largest extent).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr().add(off), len) }
+    }
+}
+
+/// Runs one case on this rank; returns the number of wrong output elements (and the first).
+pub fn run_case(comm: &Comm, op: MatrixOp, dtype: DataType, redop: ReduceOp, count: usize, in_place: bool, seed: u64) -> Result<(usize, String), String> {
+    let (r, n) = (comm.rank(), comm.nranks());
+    let es = dtype.size();
+    let root = (seed as usize) % n;
+    let (kind, case_root) = match op {
+        MatrixOp::Coll(k) => (k, root),
+        MatrixOp::SendRecv => (CollKind::Recv, (r + n - 1) % n),
+    };
+    let send_case = CheckCase { kind: if op == MatrixOp::SendRecv { CollKind::Send } else { kind }, dtype, op: redop, nranks: n, rank: r, count, root: case_root, seed };
+    let recv_case = CheckCase { kind, root: case_root, ..send_case };
+    let (sc, rc) = match op {
+        MatrixOp::Coll(k) => k.buffer_counts(count, n, r == root).unwrap(),
+        MatrixOp::SendRecv => (count, count),
+    };
+    let (sb, rb) = (sc * es, rc * es);
+    // In place: one buffer laid out by NCCL's conventions.
+    let (mut mem, send_off, recv_off) = if in_place {
+        let blk = r * count * es;
+        let (so, ro) = match kind {
+            CollKind::AllGather => (blk, 0),
+            CollKind::Gather if r == root => (blk, 0),
+            CollKind::ReduceScatter => (0, blk),
+            CollKind::Scatter if r == root => (0, blk),
+            _ => (0, 0),
+        };
+        (Buf::new((so + sb).max(ro + rb)), so, ro)
+    } else {
+        (Buf::new(sb + rb), 0, sb)
+    };
+    mem.bytes(recv_off, rb).fill(0xA5);
+    send_case.fill_input(mem.bytes(send_off, sb));
+    let base = mem.ptr();
+    // SAFETY: offsets lie within `mem`.
+    let (send, recv) = unsafe { (base.add(send_off) as *const u8, base.add(recv_off)) };
+    let result = match op {
+        MatrixOp::Coll(k) => {
+            let args = OpArgs { kind: k, send, recv, count, dtype, op: redop, root };
+            // SAFETY: buffers are valid for the extents computed above.
+            unsafe { comm.run_raw(&args) }
+        }
+        MatrixOp::SendRecv => {
+            let mut g = Group::new();
+            let s = OpArgs { kind: CollKind::Send, send, recv: std::ptr::null_mut(), count, dtype, op: redop, root: (r + 1) % n };
+            let v = OpArgs { kind: CollKind::Recv, send: std::ptr::null(), recv, count, dtype, op: redop, root: (r + n - 1) % n };
+            // SAFETY: as above.
+            unsafe {
+                g.push_raw(comm, s).and_then(|_| g.push_raw(comm, v)).and_then(|_| g.launch())
+            }
+        }
+    };
+    result.map_err(|e| format!("rank {r}: {op:?} {dtype} {redop} count {count} in_place {in_place}: {e}"))?;
+    let mut first = None;
+    let wrong = recv_case.count_wrong(mem.bytes(recv_off, rb), &mut first);
+    let detail = match first {
+        Some((j, got, want)) => format!(
+            "rank {r} of {n}: {op:?} {dtype} {redop} count {count} root {root} in_place {in_place}: {wrong} wrong, first at {j}: got {got}, want {want}"
+        ),
+        None => String::new(),
+    };
+    Ok((wrong, detail))
+}
+
+/// Every op x dtype x reduce op x size x in/out of place on this rank. Returns (cases, errors).
+pub fn run_matrix(comm: &Comm, sizes: &[usize], seed: u64) -> (usize, Vec<String>) {
+    let mut cases = 0;
+    let mut errors = Vec::new();
+    let mut s = seed;
+    for op in all_ops() {
+        let kind = match op {
+            MatrixOp::Coll(k) => k,
+            MatrixOp::SendRecv => CollKind::Send,
+        };
+        for dtype in DataType::ALL {
+            for redop in reduce_ops(kind) {
+                for &count in sizes {
+                    for in_place in [false, true] {
+                        if in_place && op == MatrixOp::SendRecv {
+                            continue;
+                        }
+                        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        cases += 1;
+                        match run_case(comm, op, dtype, redop, count, in_place, s >> 16) {
+                            Ok((0, _)) => {}
+                            Ok((_, detail)) => errors.push(detail),
+                            Err(e) => {
+                                errors.push(e);
+                                // The communicator is unusable after a failure.
+                                return (cases, errors);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (cases, errors)
+}
