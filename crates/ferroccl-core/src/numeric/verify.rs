@@ -229,16 +229,29 @@ impl Inputs {
         mulhi(hi << 32 | hi >> 32, self.n)
     }
 
-    /// The sum window at an index: (contributors k, rotation, magnitude bound budget / k).
+    /// The sum window at `index` of the stream `key`: (contributors k, rotation, magnitude
+    /// bound budget / k). When every rank contributes the rotation does not matter and the
+    /// index is not hashed.
     #[inline(always)]
-    fn sum_window(&self, hi: u64) -> (u64, u64, u64) {
-        let rot = self.rotation(hi);
+    fn sum_window(&self, key: u64, index: u64) -> (u64, u64, u64) {
         if self.budget >= self.n {
-            (self.n, rot, self.q_all)
+            (self.n, 0, self.q_all)
         } else {
+            let hi = at(key, index);
             // budget < n < 2^32 here.
             let k = 1 + mulhi(hi, self.budget);
-            (k, rot, (self.budget as u32 / k as u32) as u64)
+            (k, self.rotation(hi), (self.budget as u32 / k as u32) as u64)
+        }
+    }
+
+    /// The product window's rotation at `index`; 0 (unhashed) when it does not matter, all
+    /// ranks being allowed a 2.
+    #[inline(always)]
+    fn prod_rotation(&self, key: u64, index: u64) -> u64 {
+        if self.caps.0 >= self.n {
+            0
+        } else {
+            self.rotation(at(key, index))
         }
     }
 
@@ -284,14 +297,14 @@ impl Inputs {
     fn value_keyed(&self, key: u64, rkey: u64, rank: u64, index: u64) -> f64 {
         match self.op {
             ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => {
-                let (k, rot, q) = self.sum_window(at(key, index));
+                let (k, rot, q) = self.sum_window(key, index);
                 if self.pos(rank, rot) >= k {
                     return 0.0;
                 }
                 self.sum_value(at(rkey, index), q) as f64
             }
             ReduceOp::Prod => {
-                let rot = self.rotation(at(key, index));
+                let rot = self.prod_rotation(key, index);
                 self.prod_value(self.pos(rank, rot), at(rkey, index))
             }
             ReduceOp::Max | ReduceOp::Min => random_value_in(self.dtype, self.mask, at(rkey, index)),
@@ -332,12 +345,12 @@ pub fn fill_input(dtype: DataType, op: ReduceOp, nranks: usize, rank: usize, fir
     let rkey = rank_key(key, rank);
     match op {
         ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => fill_with(dtype, first_index, out, |i| {
-            let (k, rot, q) = inp.sum_window(at(key, i));
+            let (k, rot, q) = inp.sum_window(key, i);
             let v = inp.sum_value(at(rkey, i), q);
             (v * (inp.pos(rank, rot) < k) as i64) as f64
         }),
         ReduceOp::Prod => fill_with(dtype, first_index, out, |i| {
-            let rot = inp.rotation(at(key, i));
+            let rot = inp.prod_rotation(key, i);
             inp.prod_value(inp.pos(rank, rot), at(rkey, i))
         }),
         ReduceOp::Max | ReduceOp::Min => {
@@ -440,7 +453,7 @@ pub fn expected_reduced_into(dtype: DataType, op: ReduceOp, nranks: usize, first
             let premul = matches!(op, ReduceOp::PreMulSum(_));
             let si = s as i128;
             for (o, i) in out.iter_mut().zip(first..) {
-                let (k, rot, q) = inp.sum_window(at(key, i));
+                let (k, rot, q) = inp.sum_window(key, i);
                 let (rot, k) = (rot as usize, k as usize);
                 // The window in rank order: 0..wrapped, then rot..end.
                 let end = (rot + k).min(n);
@@ -471,11 +484,13 @@ pub fn expected_reduced_into(dtype: DataType, op: ReduceOp, nranks: usize, first
                         acc as f64
                     }
                 } else {
-                    // Wrapping arithmetic is associative: sum exactly, then wrap once.
-                    let acc = acc as i128;
-                    let acc = if premul { wrap(dtype, acc.wrapping_mul(si)) } else { wrap(dtype, acc) };
-                    if op == ReduceOp::Avg {
-                        (acc / n as i128) as f64
+                    // |acc| <= budget, inside the type's range (unsigned: no negative values),
+                    // so only the scaled sum can wrap; and wrapping arithmetic is associative:
+                    // scale the exact sum, then wrap once.
+                    if premul {
+                        wrap(dtype, (acc as i128).wrapping_mul(si)) as f64
+                    } else if op == ReduceOp::Avg {
+                        (acc / n as i64) as f64
                     } else {
                         acc as f64
                     }
@@ -484,7 +499,7 @@ pub fn expected_reduced_into(dtype: DataType, op: ReduceOp, nranks: usize, first
         }
         ReduceOp::Prod => {
             for (o, i) in out.iter_mut().zip(first..) {
-                let rot = inp.rotation(at(key, i));
+                let rot = inp.prod_rotation(key, i);
                 // The values are ±1, 2 and 1/2: count them.
                 let (mut exp, mut neg) = (0i64, 0u64);
                 for (r, &rk) in rkeys.iter().enumerate() {
@@ -492,13 +507,14 @@ pub fn expected_reduced_into(dtype: DataType, op: ReduceOp, nranks: usize, first
                     exp += e;
                     neg += ng;
                 }
-                let exp = exp as i32;
-                let sign = if neg & 1 == 1 { -1.0 } else { 1.0 };
+                let (exp, neg) = (exp as i32, neg & 1);
                 *o = if float {
-                    sign * pow2(exp)
+                    // Branch-free: the sign is a coin flip.
+                    f64::from_bits(pow2(exp).to_bits() | neg << 63)
                 } else {
                     // exp >= 0 here (integers have no halves caps) and below the type's width.
-                    wrap(dtype, if neg & 1 == 1 { -(1i128 << exp) } else { 1i128 << exp }) as f64
+                    let m = -(neg as i128);
+                    wrap(dtype, ((1i128 << exp) ^ m) - m) as f64
                 };
             }
         }
