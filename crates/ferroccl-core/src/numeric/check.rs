@@ -1,9 +1,22 @@
 //! What every rank puts in and must get out of each operation, element by element, for the
 //! correctness tests and `ferroccl bench --check` (nccl-tests' verifiable mode, for every op).
 
-use super::element::{load_f64, store_f64};
-use super::verify::{data_value, expected_reduced, input_value, matches};
+use super::element::Element;
+#[cfg(test)]
+use super::element::store_f64;
+use super::verify::{data_value, data_values_into, expected_reduced, expected_reduced_into, fill_data, fill_input, input_value, Matcher};
 use crate::types::{CollKind, DataType, Rank, ReduceOp};
+
+/// Elements whose expected values `count_wrong` works out at a time.
+const BLOCK: usize = 1024;
+
+/// Where a run of output elements comes from: reduced at consecutive indices, or one rank's
+/// data at consecutive indices.
+#[derive(Clone, Copy)]
+enum Source {
+    Reduced(usize),
+    Data(Rank, usize),
+}
 
 /// One operation as one rank sees it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -31,45 +44,79 @@ impl CheckCase {
 
     /// Fills `buf` (the input, `buf.len() / dtype.size()` elements).
     pub fn fill_input(&self, buf: &mut [u8]) {
-        for i in 0..buf.len() / self.dtype.size() {
-            store_f64(self.dtype, buf, i, self.input(i));
+        if self.kind.reduces() {
+            fill_input(self.dtype, self.op, self.nranks, self.rank, 0, self.seed, buf)
+        } else {
+            fill_data(self.dtype, self.rank, 0, self.seed, buf)
         }
+    }
+
+    /// Where output elements `j..` come from, and for how many elements that run goes on
+    /// (None where the operation leaves the output alone).
+    fn source(&self, j: usize) -> Option<(Source, usize)> {
+        let (c, r) = (self.count.max(1), self.rank);
+        let all = usize::MAX;
+        let seg = c - j % c;
+        Some(match self.kind {
+            CollKind::AllReduce => (Source::Reduced(j), all),
+            CollKind::ReduceScatter => (Source::Reduced(r * self.count + j), all),
+            CollKind::Reduce if r == self.root => (Source::Reduced(j), all),
+            CollKind::Broadcast | CollKind::Recv => (Source::Data(self.root, j), all),
+            CollKind::AllGather => (Source::Data(j / c, j % c), seg),
+            CollKind::AllToAll => (Source::Data(j / c, r * self.count + j % c), seg),
+            CollKind::Gather if r == self.root => (Source::Data(j / c, j % c), seg),
+            CollKind::Scatter => (Source::Data(self.root, r * self.count + j), all),
+            CollKind::Reduce | CollKind::Gather | CollKind::Send => return None,
+        })
     }
 
     /// The value output element `j` must hold, or None where the operation leaves it alone.
     pub fn expected(&self, j: usize) -> Option<f64> {
-        let (c, r, d) = (self.count.max(1), self.rank, self.dtype);
-        let red = |idx| expected_reduced(d, self.op, self.nranks, idx, self.seed);
-        Some(match self.kind {
-            CollKind::AllReduce => red(j),
-            CollKind::ReduceScatter => red(r * self.count + j),
-            CollKind::Reduce if r == self.root => red(j),
-            CollKind::Broadcast => data_value(d, self.root, j, self.seed),
-            CollKind::AllGather => data_value(d, j / c, j % c, self.seed),
-            CollKind::AllToAll => data_value(d, j / c, r * self.count + j % c, self.seed),
-            CollKind::Gather if r == self.root => data_value(d, j / c, j % c, self.seed),
-            CollKind::Scatter => data_value(d, self.root, r * self.count + j, self.seed),
-            CollKind::Recv => data_value(d, self.root, j, self.seed),
-            CollKind::Reduce | CollKind::Gather | CollKind::Send => return None,
+        Some(match self.source(j)?.0 {
+            Source::Reduced(idx) => expected_reduced(self.dtype, self.op, self.nranks, idx, self.seed),
+            Source::Data(rank, idx) => data_value(self.dtype, rank, idx, self.seed),
         })
     }
 
     /// Counts the wrong elements of `out`; `first_bad` gets the first one (index, got, want).
     pub fn count_wrong(&self, out: &[u8], first_bad: &mut Option<(usize, f64, f64)>) -> usize {
+        let len = out.len() / self.dtype.size();
+        let matcher = if self.kind.reduces() { Matcher::new(self.dtype, self.op, self.nranks) } else { Matcher::Exact };
+        let mut want = [0.0f64; BLOCK];
         let mut wrong = 0;
-        for j in 0..out.len() / self.dtype.size() {
-            let Some(want) = self.expected(j) else { continue };
-            let got = load_f64(self.dtype, out, j);
-            let ok = if self.kind.reduces() { matches(self.dtype, self.op, self.nranks, got, want) } else { got == want };
-            if !ok {
-                wrong += 1;
-                if first_bad.is_none() {
-                    *first_bad = Some((j, got, want));
-                }
+        let mut j = 0;
+        while j < len {
+            let Some((src, run)) = self.source(j) else { break };
+            let m = run.min(BLOCK).min(len - j);
+            let want = &mut want[..m];
+            match src {
+                Source::Reduced(idx) => expected_reduced_into(self.dtype, self.op, self.nranks, idx, self.seed, want),
+                Source::Data(rank, idx) => data_values_into(self.dtype, rank, idx, self.seed, want),
             }
+            wrong += compare(self.dtype, matcher, &out[j * self.dtype.size()..(j + m) * self.dtype.size()], want, j, first_bad);
+            j += m;
         }
         wrong
     }
+}
+
+/// Counts the elements of `got` (native endian) that do not match `want`; the first is reported
+/// (with its index offset by `base`) unless one already was.
+fn compare(dtype: DataType, matcher: Matcher, got: &[u8], want: &[f64], base: usize, first_bad: &mut Option<(usize, f64, f64)>) -> usize {
+    let mut wrong = 0;
+    with_element_type!(dtype, T => {
+        for (i, (chunk, &w)) in got.chunks_exact(std::mem::size_of::<T>()).zip(want).enumerate() {
+            // SAFETY: the chunk holds exactly one element of T, valid for any bit pattern.
+            let g = unsafe { std::ptr::read_unaligned(chunk.as_ptr() as *const T) }.to_f64();
+            if !matcher.ok(g, w) {
+                wrong += 1;
+                if first_bad.is_none() {
+                    *first_bad = Some((base + i, g, w));
+                }
+            }
+        }
+    });
+    wrong
 }
 
 #[cfg(test)]

@@ -15,6 +15,11 @@ pub trait Element: Copy + Send + Sync + 'static + Default {
     const DTYPE: DataType;
     fn to_f64(self) -> f64;
     fn from_f64(v: f64) -> Self;
+    /// `from_f64` for a `v` already exact in the type: the same result, possibly faster.
+    #[inline]
+    fn from_f64_exact(v: f64) -> Self {
+        Self::from_f64(v)
+    }
 }
 
 macro_rules! int_element {
@@ -67,6 +72,19 @@ fn ieee_from_f64(v: f64, m: u32, emin: i32, emax: i32, inf: u16, qnan: u16, sign
     sign | code.min(inf as u64) as u16
 }
 
+/// The code of a normal `v` whose exponent is in `emin..emax` and whose mantissa fits in `m`
+/// bits (sign at bit `sign_shift`), or None: a fast path for values exact in the format.
+#[inline(always)]
+fn exact_code(v: f64, m: u32, emin: i32, emax: i32, sign_shift: u32) -> Option<u16> {
+    let bits = v.to_bits();
+    let e = ((bits >> 52) & 0x7ff) as i32 - 1023;
+    if e < emin || e >= emax {
+        return None;
+    }
+    let sign = ((bits >> 63) as u16) << sign_shift;
+    Some(sign | (((e - emin + 1) as u16) << m) | ((bits >> (52 - m)) as u16 & ((1u16 << m) - 1)))
+}
+
 impl Element for f16 {
     const DTYPE: DataType = DataType::Float16;
     #[inline]
@@ -76,6 +94,13 @@ impl Element for f16 {
     #[inline]
     fn from_f64(v: f64) -> Self {
         f16::from_bits(ieee_from_f64(v, 10, -14, 15, 0x7c00, 0x7e00, 15))
+    }
+    #[inline]
+    fn from_f64_exact(v: f64) -> Self {
+        match exact_code(v, 10, -14, 15, 15) {
+            Some(c) => f16::from_bits(c),
+            None => <f16 as Element>::from_f64(v),
+        }
     }
 }
 
@@ -89,6 +114,11 @@ impl Element for bf16 {
     fn from_f64(v: f64) -> Self {
         bf16::from_bits(ieee_from_f64(v, 7, -126, 127, 0x7f80, 0x7fc0, 15))
     }
+    #[inline]
+    fn from_f64_exact(v: f64) -> Self {
+        // Exact in bf16 means exact in f32 too, with the low 16 bits zero.
+        bf16::from_bits(((v as f32).to_bits() >> 16) as u16)
+    }
 }
 
 impl Element for F8E4M3 {
@@ -101,6 +131,13 @@ impl Element for F8E4M3 {
     fn from_f64(v: f64) -> Self {
         F8E4M3::from_f64(v)
     }
+    #[inline]
+    fn from_f64_exact(v: f64) -> Self {
+        match exact_code(v, 3, -6, 8, 7) {
+            Some(c) => F8E4M3::from_bits(c as u8),
+            None => F8E4M3::from_f64(v),
+        }
+    }
 }
 
 impl Element for F8E5M2 {
@@ -112,6 +149,13 @@ impl Element for F8E5M2 {
     #[inline]
     fn from_f64(v: f64) -> Self {
         F8E5M2::from_f64(v)
+    }
+    #[inline]
+    fn from_f64_exact(v: f64) -> Self {
+        match exact_code(v, 2, -14, 15, 7) {
+            Some(c) => F8E5M2::from_bits(c as u8),
+            None => F8E5M2::from_f64(v),
+        }
     }
 }
 
@@ -216,6 +260,32 @@ mod tests {
         assert_eq!(<f16 as Element>::from_f64(v).to_bits(), 0x3c01);
         let v = 1.0 + 2f64.powi(-8) + 2f64.powi(-40);
         assert_eq!(<bf16 as Element>::from_f64(v).to_bits(), 0x3f81);
+    }
+
+    #[test]
+    fn from_f64_exact_agrees_on_exact_values() {
+        fn check<T: Element>() {
+            for bits in 0..=u16::MAX {
+                let v = if T::DTYPE.size() == 1 {
+                    if bits > 0xff {
+                        break;
+                    }
+                    load_f64(T::DTYPE, &[bits as u8], 0)
+                } else {
+                    load_f64(T::DTYPE, &bits.to_ne_bytes(), 0)
+                };
+                if v.is_nan() {
+                    continue;
+                }
+                let a = T::from_f64_exact(v).to_f64();
+                let b = T::from_f64(v).to_f64();
+                assert!(a == b && a.is_sign_negative() == b.is_sign_negative(), "{}: {v}", T::DTYPE);
+            }
+        }
+        check::<f16>();
+        check::<bf16>();
+        check::<F8E4M3>();
+        check::<F8E5M2>();
     }
 
     proptest! {

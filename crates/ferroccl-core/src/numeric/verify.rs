@@ -25,17 +25,38 @@ const TAG_PROD: u64 = 2;
 const TAG_MINMAX: u64 = 3;
 const TAG_DATA: u64 = 4;
 const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+const RANK_MUL: u64 = 0xd6e8_feb8_6659_fd93;
 
+/// SplitMix64's finalizer.
+#[inline(always)]
 fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
 }
 
-fn hash(seed: u64, tag: u64, index: u64, rank: u64) -> u64 {
-    let h = mix(seed ^ tag.wrapping_mul(GOLDEN));
-    let h = mix(h ^ index.wrapping_add(1).wrapping_mul(GOLDEN));
-    mix(h ^ rank.wrapping_add(1).wrapping_mul(0xd6e8_feb8_6659_fd93))
+/// `floor(h * m / 2^64)`: a value in `0..m` from the high bits of `h` (no division).
+#[inline(always)]
+fn mulhi(h: u64, m: u64) -> u64 {
+    ((h as u128 * m as u128) >> 64) as u64
+}
+
+/// Key of one stream of values (seed and what the values are for).
+#[inline]
+fn tag_key(seed: u64, tag: u64) -> u64 {
+    mix(seed ^ tag.wrapping_mul(GOLDEN))
+}
+
+/// Key of one rank's values within a stream.
+#[inline]
+fn rank_key(key: u64, rank: u64) -> u64 {
+    mix(key ^ rank.wrapping_add(1).wrapping_mul(RANK_MUL))
+}
+
+/// The hash of element `index` of the stream `key` (SplitMix64: one mix per element).
+#[inline(always)]
+fn at(key: u64, index: u64) -> u64 {
+    mix(key.wrapping_add(index.wrapping_add(1).wrapping_mul(GOLDEN)))
 }
 
 /// The largest integer such that all integers of at most that magnitude are exact in the dtype
@@ -68,12 +89,28 @@ fn float_format(dtype: DataType) -> (i32, i32) {
     }
 }
 
+/// 2^e, exactly (0 below f64's subnormals, inf above its range).
+#[inline]
+fn pow2(e: i32) -> f64 {
+    if (-1022..=1023).contains(&e) {
+        f64::from_bits(((e + 1023) as u64) << 52)
+    } else {
+        2f64.powi(e)
+    }
+}
+
+/// Spacing of the dtype's values around |x|.
+#[inline]
+fn ulp_in(p: i32, emin: i32, x: f64) -> f64 {
+    let a = x.abs();
+    let e = if a == 0.0 || !a.is_normal() { emin } else { (((a.to_bits() >> 52) as i32) - 1023).max(emin) };
+    pow2(e - p + 1)
+}
+
 /// Spacing of the dtype's values around |x|.
 fn ulp(dtype: DataType, x: f64) -> f64 {
     let (p, emin) = float_format(dtype);
-    let a = x.abs();
-    let e = if a == 0.0 || !a.is_normal() { emin } else { (((a.to_bits() >> 52) as i32) - 1023).max(emin) };
-    2f64.powi(e - p + 1)
+    ulp_in(p, emin, x)
 }
 
 fn is_pow2(x: f64) -> bool {
@@ -115,8 +152,18 @@ fn prod_caps(dtype: DataType) -> (u64, u64) {
     }
 }
 
-/// An arbitrary value exact in the dtype.
-fn random_value(dtype: DataType, h: u64) -> f64 {
+/// Mask of the f64 mantissa bits that a float dtype keeps (its top p - 1 fraction bits).
+fn mantissa_mask(dtype: DataType) -> u64 {
+    let (p, _) = float_format(dtype);
+    let frac = (1u64 << 52) - 1;
+    frac & !((1u64 << (53 - p)) - 1)
+}
+
+/// An arbitrary value exact in the dtype: integers over the type's range (64-bit ones within
+/// ±2^53), floats ±(1 + f) * 2^e with e in -4..=4 and f truncated to the dtype's precision
+/// (`mask` from `mantissa_mask`), so no rounding is needed.
+#[inline(always)]
+fn random_value_in(dtype: DataType, mask: u64, h: u64) -> f64 {
     match dtype {
         DataType::Int8 => h as u8 as i8 as f64,
         DataType::Uint8 => h as u8 as f64,
@@ -124,13 +171,19 @@ fn random_value(dtype: DataType, h: u64) -> f64 {
         DataType::Uint32 => h as u32 as f64,
         DataType::Int64 => ((h >> 10) as i64 - (1i64 << 53)) as f64,
         DataType::Uint64 => (h >> 11) as f64,
-        _ => {
-            let m = 1.0 + (h >> 12) as f64 * 2f64.powi(-52);
-            let e = (h.rotate_left(7) % 9) as i32 - 4;
-            let s = if h & 1 == 1 { -1.0 } else { 1.0 };
-            round_to(dtype, s * m * 2f64.powi(e))
-        }
+        _ => random_float(mask, h),
     }
+}
+
+#[inline(always)]
+fn random_float(mask: u64, h: u64) -> f64 {
+    // Sign from bit 0, exponent from bits 1..11, fraction from the top bits.
+    let e = ((((h >> 1) & 0x3ff) * 9) >> 10) + 1023 - 4;
+    f64::from_bits((h << 63) | (e << 52) | ((h >> 12) & mask))
+}
+
+fn random_value(dtype: DataType, h: u64) -> f64 {
+    random_value_in(dtype, mantissa_mask(dtype), h)
 }
 
 /// Everything about the inputs that does not depend on rank and index, computed once per buffer.
@@ -140,55 +193,128 @@ struct Inputs {
     n: u64,
     budget: u64,
     caps: (u64, u64),
+    signed: bool,
+    /// budget / n: the magnitude bound of each contributor when all n contribute.
+    q_all: u64,
+    mask: u64,
 }
 
 impl Inputs {
     fn new(dtype: DataType, op: ReduceOp, nranks: usize) -> Inputs {
-        Inputs { dtype, op, n: nranks.max(1) as u64, budget: sum_budget(dtype, op, nranks), caps: prod_caps(dtype) }
+        let n = nranks.max(1) as u64;
+        let budget = sum_budget(dtype, op, nranks);
+        Inputs {
+            dtype,
+            op,
+            n,
+            budget,
+            caps: prod_caps(dtype),
+            signed: dtype.is_signed(),
+            q_all: budget / n,
+            mask: mantissa_mask(dtype),
+        }
+    }
+
+    fn tag(&self) -> u64 {
+        match self.op {
+            ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => TAG_SUM,
+            ReduceOp::Prod => TAG_PROD,
+            ReduceOp::Max | ReduceOp::Min => TAG_MINMAX,
+        }
+    }
+
+    /// Rotation of the per-index window, in 0..n.
+    #[inline(always)]
+    fn rotation(&self, hi: u64) -> u64 {
+        mulhi(hi << 32 | hi >> 32, self.n)
+    }
+
+    /// The sum window at `index` of the stream `key`: (contributors k, rotation, magnitude
+    /// bound budget / k). When every rank contributes the rotation does not matter and the
+    /// index is not hashed.
+    #[inline(always)]
+    fn sum_window(&self, key: u64, index: u64) -> (u64, u64, u64) {
+        if self.budget >= self.n {
+            (self.n, 0, self.q_all)
+        } else {
+            let hi = at(key, index);
+            // budget < n < 2^32 here.
+            let k = 1 + mulhi(hi, self.budget);
+            (k, self.rotation(hi), (self.budget as u32 / k as u32) as u64)
+        }
+    }
+
+    /// The product window's rotation at `index`; 0 (unhashed) when it does not matter, all
+    /// ranks being allowed a 2.
+    #[inline(always)]
+    fn prod_rotation(&self, key: u64, index: u64) -> u64 {
+        if self.caps.0 >= self.n {
+            0
+        } else {
+            self.rotation(at(key, index))
+        }
+    }
+
+    /// Position of `rank` (< n) in the window rotated by `rot` (< n).
+    #[inline(always)]
+    fn pos(&self, rank: u64, rot: u64) -> u64 {
+        let p = rank + self.n - rot;
+        if p >= self.n {
+            p - self.n
+        } else {
+            p
+        }
+    }
+
+    /// A contributor's value: magnitude in 1..=q, negative (for signed types) when the rank's
+    /// hash is odd. Branch-free: the sign is a coin flip.
+    #[inline(always)]
+    fn sum_value(&self, hr: u64, q: u64) -> i64 {
+        let mag = 1 + mulhi(hr, q) as i64;
+        let neg = (hr & 1 & self.signed as u64) as i64;
+        (mag ^ -neg) + neg
+    }
+
+    /// A product contribution as (exponent in -1..=1, negative): 2, 1/2 or 1, times -1 for
+    /// signed types when the rank's hash is odd. Branch-free.
+    #[inline(always)]
+    fn prod_parts(&self, pos: u64, hr: u64) -> (i64, u64) {
+        let (twos, halves) = self.caps;
+        let special = (hr >> 1) & 1;
+        let two = special & (pos < twos) as u64;
+        let half = special & (pos >= twos && pos < twos + halves) as u64;
+        (two as i64 - half as i64, hr & 1 & self.signed as u64)
+    }
+
+    #[inline(always)]
+    fn prod_value(&self, pos: u64, hr: u64) -> f64 {
+        let (e, neg) = self.prod_parts(pos, hr);
+        f64::from_bits((neg << 63) | (((1023 + e) as u64) << 52))
+    }
+
+    /// Rank `rank`'s value at `index`, given the stream key and the rank's key.
+    #[inline(always)]
+    fn value_keyed(&self, key: u64, rkey: u64, rank: u64, index: u64) -> f64 {
+        match self.op {
+            ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => {
+                let (k, rot, q) = self.sum_window(key, index);
+                if self.pos(rank, rot) >= k {
+                    return 0.0;
+                }
+                self.sum_value(at(rkey, index), q) as f64
+            }
+            ReduceOp::Prod => {
+                let rot = self.prod_rotation(key, index);
+                self.prod_value(self.pos(rank, rot), at(rkey, index))
+            }
+            ReduceOp::Max | ReduceOp::Min => random_value_in(self.dtype, self.mask, at(rkey, index)),
+        }
     }
 
     fn value(&self, rank: usize, index: usize, seed: u64) -> f64 {
-        let (rank, index) = (rank as u64, index as u64);
-        let signed = self.dtype.is_signed();
-        match self.op {
-            ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => {
-                let (n, b) = (self.n, self.budget);
-                let h = hash(seed, TAG_SUM, index, u64::MAX);
-                let k = if b >= n { n } else { 1 + h % b };
-                let pos = (rank % n + n - (h >> 32) % n) % n;
-                if pos >= k {
-                    return 0.0;
-                }
-                let hr = hash(seed, TAG_SUM, index, rank);
-                let mag = (1 + (hr >> 1) % (b / k)) as f64;
-                if signed && hr & 1 == 1 {
-                    -mag
-                } else {
-                    mag
-                }
-            }
-            ReduceOp::Prod => {
-                let n = self.n;
-                let (twos, halves) = self.caps;
-                let h = hash(seed, TAG_PROD, index, u64::MAX);
-                let pos = (rank % n + n - h % n) % n;
-                let hr = hash(seed, TAG_PROD, index, rank);
-                let special = hr & 2 != 0;
-                let mag = if special && pos < twos {
-                    2.0
-                } else if special && pos < twos + halves {
-                    0.5
-                } else {
-                    1.0
-                };
-                if signed && hr & 1 == 1 {
-                    -mag
-                } else {
-                    mag
-                }
-            }
-            ReduceOp::Max | ReduceOp::Min => random_value(self.dtype, hash(seed, TAG_MINMAX, index, rank)),
-        }
+        let rank = rank as u64 % self.n;
+        let key = tag_key(seed, self.tag());
+        self.value_keyed(key, rank_key(key, rank), rank, index as u64)
     }
 }
 
@@ -198,17 +324,74 @@ pub fn input_value(dtype: DataType, op: ReduceOp, nranks: usize, rank: usize, in
     Inputs::new(dtype, op, nranks).value(rank, index, seed)
 }
 
-/// Fill a whole buffer (`out.len() / dtype.size()` elements, native endian) with `input_value`
-/// for element offsets starting at `first_index`.
-pub fn fill_input(dtype: DataType, op: ReduceOp, nranks: usize, rank: usize, first_index: usize, seed: u64, out: &mut [u8]) {
-    let inputs = Inputs::new(dtype, op, nranks);
+/// Stores `f(first_index + i)` as element i of `out` (native endian, `out.len() / size` elements).
+#[inline(always)]
+fn fill_with(dtype: DataType, first_index: usize, out: &mut [u8], f: impl Fn(u64) -> f64) {
     with_element_type!(dtype, T => {
-        for (i, chunk) in out.chunks_exact_mut(dtype.size()).enumerate() {
-            let v = T::from_f64(inputs.value(rank, first_index + i, seed));
+        for (i, chunk) in out.chunks_exact_mut(std::mem::size_of::<T>()).enumerate() {
+            let v = <T as Element>::from_f64_exact(f((first_index + i) as u64));
             // SAFETY: the chunk holds exactly one element of T, a plain-old-data type.
             unsafe { std::ptr::write_unaligned(chunk.as_mut_ptr() as *mut T, v) };
         }
     })
+}
+
+/// Fill a whole buffer (`out.len() / dtype.size()` elements, native endian) with `input_value`
+/// for element offsets starting at `first_index`.
+pub fn fill_input(dtype: DataType, op: ReduceOp, nranks: usize, rank: usize, first_index: usize, seed: u64, out: &mut [u8]) {
+    let inp = Inputs::new(dtype, op, nranks);
+    let rank = rank as u64 % inp.n;
+    let key = tag_key(seed, inp.tag());
+    let rkey = rank_key(key, rank);
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => fill_with(dtype, first_index, out, |i| {
+            let (k, rot, q) = inp.sum_window(key, i);
+            let v = inp.sum_value(at(rkey, i), q);
+            (v * (inp.pos(rank, rot) < k) as i64) as f64
+        }),
+        ReduceOp::Prod => fill_with(dtype, first_index, out, |i| {
+            let rot = inp.prod_rotation(key, i);
+            inp.prod_value(inp.pos(rank, rot), at(rkey, i))
+        }),
+        ReduceOp::Max | ReduceOp::Min => {
+            let mask = inp.mask;
+            fill_with(dtype, first_index, out, |i| random_value_in(dtype, mask, at(rkey, i)))
+        }
+    }
+}
+
+/// Fill a whole buffer with `data_value(dtype, rank, first_index + i, seed)`.
+pub fn fill_data(dtype: DataType, rank: usize, first_index: usize, seed: u64, out: &mut [u8]) {
+    let rkey = rank_key(tag_key(seed, TAG_DATA), rank as u64);
+    let mask = mantissa_mask(dtype);
+    fill_with(dtype, first_index, out, |i| random_value_in(dtype, mask, at(rkey, i)))
+}
+
+/// `data_value(dtype, rank, first_index + i, seed)` into `out[i]`.
+pub fn data_values_into(dtype: DataType, rank: usize, first_index: usize, seed: u64, out: &mut [f64]) {
+    let rkey = rank_key(tag_key(seed, TAG_DATA), rank as u64);
+    let mask = mantissa_mask(dtype);
+    macro_rules! go {
+        ($d:expr) => {
+            for (o, i) in out.iter_mut().zip(first_index as u64..) {
+                *o = random_value_in($d, mask, at(rkey, i));
+            }
+        };
+    }
+    if dtype.is_float() {
+        for (o, i) in out.iter_mut().zip(first_index as u64..) {
+            *o = random_float(mask, at(rkey, i));
+        }
+    } else {
+        match dtype {
+            DataType::Int8 => go!(DataType::Int8),
+            DataType::Uint8 => go!(DataType::Uint8),
+            DataType::Int32 => go!(DataType::Int32),
+            DataType::Uint32 => go!(DataType::Uint32),
+            DataType::Int64 => go!(DataType::Int64),
+            _ => go!(DataType::Uint64),
+        }
+    }
 }
 
 fn wrap(dtype: DataType, v: i128) -> i128 {
@@ -227,37 +410,170 @@ fn wrap(dtype: DataType, v: i128) -> i128 {
 /// arithmetic, PreMulSum with the scalar as converted to the dtype, Avg as sum / nranks
 /// unrounded.
 pub fn expected_reduced(dtype: DataType, op: ReduceOp, nranks: usize, index: usize, seed: u64) -> f64 {
-    let inputs = Inputs::new(dtype, op, nranks);
-    let vals = (0..nranks).map(|r| inputs.value(r, index, seed));
-    if !dtype.is_float() {
-        let s = scalar_in(dtype, op) as i128;
-        let mut it = vals.map(|v| v as i128);
-        let first = it.next().unwrap_or(0);
-        let first = if matches!(op, ReduceOp::PreMulSum(_)) { wrap(dtype, first.wrapping_mul(s)) } else { first };
-        let acc = it.fold(first, |acc, x| {
-            wrap(
-                dtype,
-                match op {
-                    ReduceOp::Sum | ReduceOp::Avg => acc + x,
-                    ReduceOp::Prod => acc.wrapping_mul(x),
-                    ReduceOp::Max => acc.max(x),
-                    ReduceOp::Min => acc.min(x),
-                    ReduceOp::PreMulSum(_) => acc + wrap(dtype, x.wrapping_mul(s)),
-                },
-            )
-        });
-        let acc = if op == ReduceOp::Avg { acc / nranks.max(1) as i128 } else { acc };
-        return acc as f64;
+    let mut out = [0.0];
+    expected_reduced_into(dtype, op, nranks, index, seed, &mut out);
+    out[0]
+}
+
+/// `expected_reduced(dtype, op, nranks, first_index + i, seed)` into `out[i]`, hashing each
+/// rank's key and each index's window once.
+pub fn expected_reduced_into(dtype: DataType, op: ReduceOp, nranks: usize, first_index: usize, seed: u64, out: &mut [f64]) {
+    if nranks == 0 {
+        // No contributions: the folds' identities (the integer accumulator starts at 0).
+        let v = match op {
+            ReduceOp::Prod => 1.0,
+            ReduceOp::Max if dtype.is_float() => f64::NEG_INFINITY,
+            ReduceOp::Min if dtype.is_float() => f64::INFINITY,
+            _ => 0.0,
+        };
+        let v = if !dtype.is_float() { 0.0 } else { v };
+        out.fill(v);
+        return;
     }
+    let inp = Inputs::new(dtype, op, nranks);
+    let n = inp.n as usize;
+    let key = tag_key(seed, inp.tag());
+    let mut small = [0u64; 64];
+    let mut big = Vec::new();
+    let rkeys: &mut [u64] = if n <= small.len() {
+        &mut small[..n]
+    } else {
+        big.resize(n, 0);
+        &mut big
+    };
+    for (r, k) in rkeys.iter_mut().enumerate() {
+        *k = rank_key(key, r as u64);
+    }
+    let rkeys = &*rkeys;
+    let float = dtype.is_float();
+    let first = first_index as u64;
     match op {
-        ReduceOp::Sum => vals.sum(),
-        ReduceOp::Avg => vals.sum::<f64>() / nranks.max(1) as f64,
-        ReduceOp::Prod => vals.product(),
-        ReduceOp::Max => vals.fold(f64::NEG_INFINITY, f64::max),
-        ReduceOp::Min => vals.fold(f64::INFINITY, f64::min),
-        ReduceOp::PreMulSum(_) => {
+        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => {
             let s = scalar_in(dtype, op);
-            vals.map(|v| s * v).sum()
+            let premul = matches!(op, ReduceOp::PreMulSum(_));
+            let si = s as i128;
+            for (o, i) in out.iter_mut().zip(first..) {
+                let (k, rot, q) = inp.sum_window(key, i);
+                let (rot, k) = (rot as usize, k as usize);
+                // The window in rank order: 0..wrapped, then rot..end.
+                let end = (rot + k).min(n);
+                let wrapped = rot + k - end;
+                if float && premul {
+                    let mut acc = 0.0;
+                    for r in 0..wrapped {
+                        acc += s * inp.sum_value(at(rkeys[r], i), q) as f64;
+                    }
+                    for r in rot..end {
+                        acc += s * inp.sum_value(at(rkeys[r], i), q) as f64;
+                    }
+                    *o = acc;
+                    continue;
+                }
+                // Exact: |sum| <= budget <= 2^53.
+                let mut acc = 0i64;
+                for r in 0..wrapped {
+                    acc += inp.sum_value(at(rkeys[r], i), q);
+                }
+                for r in rot..end {
+                    acc += inp.sum_value(at(rkeys[r], i), q);
+                }
+                *o = if float {
+                    if op == ReduceOp::Avg {
+                        acc as f64 / n as f64
+                    } else {
+                        acc as f64
+                    }
+                } else {
+                    // |acc| <= budget, inside the type's range (unsigned: no negative values),
+                    // so only the scaled sum can wrap; and wrapping arithmetic is associative:
+                    // scale the exact sum, then wrap once.
+                    if premul {
+                        wrap(dtype, (acc as i128).wrapping_mul(si)) as f64
+                    } else if op == ReduceOp::Avg {
+                        (acc / n as i64) as f64
+                    } else {
+                        acc as f64
+                    }
+                };
+            }
+        }
+        ReduceOp::Prod => {
+            for (o, i) in out.iter_mut().zip(first..) {
+                let rot = inp.prod_rotation(key, i);
+                // The values are ±1, 2 and 1/2: count them.
+                let (mut exp, mut neg) = (0i64, 0u64);
+                for (r, &rk) in rkeys.iter().enumerate() {
+                    let (e, ng) = inp.prod_parts(inp.pos(r as u64, rot), at(rk, i));
+                    exp += e;
+                    neg += ng;
+                }
+                let (exp, neg) = (exp as i32, neg & 1);
+                *o = if float {
+                    // Branch-free: the sign is a coin flip.
+                    f64::from_bits(pow2(exp).to_bits() | neg << 63)
+                } else {
+                    // exp >= 0 here (integers have no halves caps) and below the type's width.
+                    let m = -(neg as i128);
+                    wrap(dtype, ((1i128 << exp) ^ m) - m) as f64
+                };
+            }
+        }
+        ReduceOp::Max | ReduceOp::Min => {
+            let max = op == ReduceOp::Max;
+            let mask = inp.mask;
+            for (o, i) in out.iter_mut().zip(first..) {
+                let mut acc = if max { f64::NEG_INFINITY } else { f64::INFINITY };
+                for &rk in rkeys {
+                    let v = random_value_in(dtype, mask, at(rk, i));
+                    acc = if max { acc.max(v) } else { acc.min(v) };
+                }
+                *o = acc;
+            }
+        }
+    }
+}
+
+/// How `matches` compares, with its per-buffer constants worked out once.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Matcher {
+    Exact,
+    /// |got - want| <= 2 ulp(want) for a format with p significant bits, minimum exponent emin.
+    Avg { p: i32, emin: i32 },
+    /// |got - want| <= tol.
+    Within(f64),
+}
+
+impl Matcher {
+    pub(crate) fn new(dtype: DataType, op: ReduceOp, nranks: usize) -> Matcher {
+        if !dtype.is_float() {
+            return Matcher::Exact;
+        }
+        match op {
+            ReduceOp::Avg => {
+                let (p, emin) = float_format(dtype);
+                Matcher::Avg { p, emin }
+            }
+            ReduceOp::PreMulSum(_) => {
+                let s = scalar_in(dtype, op);
+                if s == 0.0 || is_pow2(s.abs()) {
+                    return Matcher::Exact;
+                }
+                let budget = sum_budget(dtype, op, nranks);
+                let contributors = (nranks as u64).min(budget) as f64;
+                let largest = s.abs() * budget as f64;
+                Matcher::Within((contributors + 1.0) * ulp(dtype, 2.0 * largest))
+            }
+            _ => Matcher::Exact,
+        }
+    }
+
+    /// NaN never matches (every comparison with NaN is false).
+    #[inline(always)]
+    pub(crate) fn ok(self, got: f64, want: f64) -> bool {
+        match self {
+            Matcher::Exact => got == want,
+            Matcher::Avg { p, emin } => (got - want).abs() <= 2.0 * ulp_in(p, emin, want),
+            Matcher::Within(tol) => (got - want).abs() <= tol,
         }
     }
 }
@@ -277,30 +593,14 @@ pub fn matches(dtype: DataType, op: ReduceOp, nranks: usize, got: f64, expected:
     if got.is_nan() || expected.is_nan() {
         return false;
     }
-    if !dtype.is_float() {
-        return got == expected;
-    }
-    match op {
-        ReduceOp::Avg => (got - expected).abs() <= 2.0 * ulp(dtype, expected),
-        ReduceOp::PreMulSum(_) => {
-            let s = scalar_in(dtype, op);
-            if s == 0.0 || is_pow2(s.abs()) {
-                return got == expected;
-            }
-            let budget = sum_budget(dtype, op, nranks);
-            let contributors = (nranks as u64).min(budget) as f64;
-            let largest = s.abs() * budget as f64;
-            (got - expected).abs() <= (contributors + 1.0) * ulp(dtype, 2.0 * largest)
-        }
-        _ => got == expected,
-    }
+    Matcher::new(dtype, op, nranks).ok(got, expected)
 }
 
 /// For non-reducing ops (all-gather, broadcast, ...): the value of rank's element `index`, any
 /// dtype; exact in dtype, arbitrary (floats in ±[2^-4, 2^5), integers over the type's range,
 /// 64-bit ones within ±2^53).
 pub fn data_value(dtype: DataType, rank: usize, index: usize, seed: u64) -> f64 {
-    random_value(dtype, hash(seed, TAG_DATA, index as u64, rank as u64))
+    random_value(dtype, at(rank_key(tag_key(seed, TAG_DATA), rank as u64), index as u64))
 }
 
 #[cfg(test)]
