@@ -49,6 +49,6 @@ matrix_tests! {
     shm_processes_4: "shm", 4;
     shm_processes_5: "shm", 5;
     shm_processes_8: "shm", 8;
-    tcp_processes_2: "tcp", 2;
     tcp_processes_4: "tcp", 4;
+    tcp_processes_8: "tcp", 8;
 }

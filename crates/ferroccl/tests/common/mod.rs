@@ -27,18 +27,34 @@ pub fn reduce_ops(kind: CollKind) -> Vec<ReduceOp> {
     }
 }
 
-/// 8-byte aligned scratch memory.
+/// 8-byte aligned scratch memory, reused across cases (fresh pages for every case would cost
+/// more in page faults than the collectives themselves).
 struct Buf(Vec<u64>);
+thread_local! {
+    static ARENA: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 impl Buf {
     fn new(bytes: usize) -> Buf {
-        Buf(vec![0u64; bytes.div_ceil(8).max(1)])
+        let words = bytes.div_ceil(8).max(1);
+        let mut v = ARENA.with(|a| std::mem::take(&mut *a.borrow_mut()));
+        if v.len() < words {
+            v.resize(words, 0);
+        }
+        Buf(v)
     }
     fn ptr(&mut self) -> *mut u8 {
         self.0.as_mut_ptr() as *mut u8
     }
     fn bytes(&mut self, off: usize, len: usize) -> &mut [u8] {
-        // SAFETY: callers stay within the allocation (sized by the largest extent).
+        assert!(off + len <= self.0.len() * 8);
+        // SAFETY: checked to lie within the allocation.
         unsafe { std::slice::from_raw_parts_mut(self.ptr().add(off), len) }
+    }
+}
+impl Drop for Buf {
+    fn drop(&mut self) {
+        let v = std::mem::take(&mut self.0);
+        ARENA.with(|a| *a.borrow_mut() = v);
     }
 }
 
