@@ -1,6 +1,29 @@
 //! ferroccl: collective communication for GPUs and hosts.
+//!
+//! ```no_run
+//! use ferroccl::{Comm, Config, ReduceOp};
+//! let comms = Comm::init_all(4, &Config::default()).unwrap();
+//! std::thread::scope(|s| {
+//!     for c in &comms {
+//!         s.spawn(move || {
+//!             let mut v = vec![c.rank() as f32; 1024];
+//!             c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+//!             assert_eq!(v[0], 6.0);
+//!         });
+//!     }
+//! });
+//! ```
 
+mod backend;
 pub mod bootstrap;
+mod comm;
+mod group;
+mod ops;
 pub mod transport;
 
-pub use ferroccl_core::{CollKind, Config, DataType, Error, Rank, ReduceOp, Result, TransportChoice};
+pub use bootstrap::UniqueId;
+pub use comm::{Comm, Device};
+pub use ferroccl_core::numeric::{Element, F8E4M3, F8E5M2};
+pub use ferroccl_core::{CollKind, Config, DataType, Error, LaunchEnv, Rank, ReduceOp, Result, TransportChoice};
+pub use group::Group;
+pub use ops::OpArgs;

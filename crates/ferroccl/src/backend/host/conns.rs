@@ -1,0 +1,130 @@
+//! The connections of one communicator on the host backend, made the first time a plan needs
+//! them and kept for the communicator's life.
+//!
+//! Setup runs in two phases over every communicator of a launch, so that one thread driving
+//! several ranks (or ranks that reach a collective at different times) never waits on itself:
+//! phase 1 does what needs no peer (create the shared-memory FIFOs we receive on, connect the
+//! sockets we send on: a peer's listener accepts in the background); phase 2 does what waits for
+//! a peer's phase 1 (map the peers' FIFOs, take the accepted sockets).
+
+use crate::bootstrap::Bootstrap;
+use crate::transport::{tcp_receiver, tcp_sender, Consumer, FifoLayout, FifoMem, Producer};
+use ferroccl_core::plan::{ConnKey, Dir};
+use ferroccl_core::topo::{Topology, TransportKind};
+use ferroccl_core::{Config, Error, Rank};
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Everything a connection setup needs to know about its communicator.
+pub(crate) struct ConnCtx<'a> {
+    pub boot: &'a Bootstrap,
+    pub topo: &'a Topology,
+    pub config: &'a Config,
+    pub abort: &'a Arc<AtomicBool>,
+    pub deadline: Instant,
+}
+
+pub(crate) struct Conns {
+    pub send: HashMap<(Rank, u32), Producer>,
+    pub recv: HashMap<(Rank, u32), Consumer>,
+    /// Shared-memory names we created, unlinked at teardown in case a peer never opened them.
+    created: Vec<String>,
+    /// Every FIFO of the communicator, so that `abort` can poison them without taking the lock
+    /// an executing operation holds.
+    pub fifos: Arc<Mutex<Vec<Arc<FifoMem>>>>,
+}
+
+impl Conns {
+    pub fn new(fifos: Arc<Mutex<Vec<Arc<FifoMem>>>>) -> Conns {
+        Conns { send: HashMap::new(), recv: HashMap::new(), created: Vec::new(), fifos }
+    }
+
+    fn layout(config: &Config) -> FifoLayout {
+        FifoLayout { slots: config.slots as u32, slot_bytes: config.slot_bytes }
+    }
+
+    fn shm_name(boot: &Bootstrap, from: Rank, to: Rank, channel: u32) -> String {
+        format!("/ferroccl-{:016x}-{from}-{to}-{channel}", boot.comm_id())
+    }
+
+    fn label(ctx: &ConnCtx, peer: Rank, channel: u32, kind: TransportKind) -> String {
+        let p = &ctx.boot.peers()[peer];
+        format!("rank {peer} ({}, pid {}, {}) channel {channel} over {}", p.hostname, p.pid, p.addr, kind.name())
+    }
+
+    fn register(&self, mem: &Arc<FifoMem>) {
+        self.fifos.lock().expect("fifo list").push(mem.clone());
+    }
+
+    /// Phase 1 for `keys`: what needs nothing from the peer.
+    pub fn setup_phase1(&mut self, keys: &[ConnKey], ctx: &ConnCtx) -> Result<(), Error> {
+        let me = ctx.boot.rank();
+        for k in keys {
+            let kind = ctx.topo.transport(me, k.peer, ctx.config.transport)?;
+            match (k.dir, kind) {
+                (Dir::Recv, TransportKind::Shm) if !self.recv.contains_key(&(k.peer, k.channel)) => {
+                    let name = Self::shm_name(ctx.boot, k.peer, me, k.channel);
+                    let mem = FifoMem::shm_create(&name, Self::layout(ctx.config))
+                        .map_err(|e| e.context(Self::label(ctx, k.peer, k.channel, kind)))?;
+                    self.created.push(name);
+                    self.register(&mem);
+                    self.recv.insert((k.peer, k.channel), Consumer::new(mem));
+                }
+                (Dir::Send, TransportKind::Tcp) if !self.send.contains_key(&(k.peer, k.channel)) => {
+                    let label = Self::label(ctx, k.peer, k.channel, kind);
+                    let stream = ctx.boot.connect(k.peer, k.channel as u64).map_err(|e| e.context(&label))?;
+                    let p = tcp_sender(stream, Self::layout(ctx.config), label, ctx.abort.clone())?;
+                    self.register(p.mem());
+                    self.send.insert((k.peer, k.channel), p);
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Phase 2 for `keys`: what waits for the peer's phase 1.
+    pub fn setup_phase2(&mut self, keys: &[ConnKey], ctx: &ConnCtx) -> Result<(), Error> {
+        let me = ctx.boot.rank();
+        for k in keys {
+            let kind = ctx.topo.transport(me, k.peer, ctx.config.transport)?;
+            match (k.dir, kind) {
+                (Dir::Send, TransportKind::Shm) if !self.send.contains_key(&(k.peer, k.channel)) => {
+                    let name = Self::shm_name(ctx.boot, me, k.peer, k.channel);
+                    let mem = FifoMem::shm_open(&name, Self::layout(ctx.config), ctx.deadline, ctx.abort)
+                        .map_err(|e| e.context(Self::label(ctx, k.peer, k.channel, kind)))?;
+                    self.register(&mem);
+                    self.send.insert((k.peer, k.channel), Producer::new(mem));
+                }
+                (Dir::Recv, TransportKind::Tcp) if !self.recv.contains_key(&(k.peer, k.channel)) => {
+                    let label = Self::label(ctx, k.peer, k.channel, kind);
+                    let stream = ctx.boot.accept(k.peer, k.channel as u64).map_err(|e| e.context(&label))?;
+                    let c = tcp_receiver(stream, Self::layout(ctx.config), label, ctx.abort.clone())?;
+                    self.register(c.mem());
+                    self.recv.insert((k.peer, k.channel), c);
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks every FIFO failed so that peers stop waiting for us.
+    pub fn poison_all(fifos: &Mutex<Vec<Arc<FifoMem>>>, reason: &str) {
+        if let Ok(list) = fifos.lock() {
+            for f in list.iter() {
+                f.poison(reason);
+            }
+        }
+    }
+}
+
+impl Drop for Conns {
+    fn drop(&mut self) {
+        for name in &self.created {
+            FifoMem::shm_unlink(name);
+        }
+    }
+}

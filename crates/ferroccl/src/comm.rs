@@ -1,0 +1,326 @@
+//! The communicator: who we are (`CommInfo`), what we own (connections), and the calls.
+
+use crate::backend::host::conns::Conns;
+use crate::bootstrap::{Bootstrap, UniqueId};
+use crate::group::Group;
+use crate::ops::OpArgs;
+use crate::transport::FifoMem;
+use ferroccl_core::numeric::Element;
+use ferroccl_core::topo::{RankLocation, Topology, TransportKind};
+use ferroccl_core::{CollKind, Config, DataType, Error, LaunchEnv, Rank, ReduceOp};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Where a rank's buffers live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// Host memory (the host backend).
+    Host,
+}
+
+/// What a communicator is, fixed at creation.
+#[derive(Debug)]
+pub(crate) struct CommInfo {
+    pub rank: Rank,
+    pub nranks: usize,
+    pub config: Config,
+    pub topo: Topology,
+    /// "rank 2 (host, pid 123)" for each rank, for messages.
+    pub peer_names: Vec<String>,
+    /// Each rank's process id where it shares our host, else 0 (for liveness checks).
+    pub peer_pids: Vec<u32>,
+}
+
+/// What a communicator owns and changes while it runs operations.
+pub(crate) struct CommState {
+    pub conns: Conns,
+    /// Launches so far, named in errors so that one can tell which call failed.
+    pub seq: u64,
+    /// Set by the first failure that may have left peers or buffers half-way: later calls fail.
+    pub failed: Option<Error>,
+}
+
+/// A communicator: a set of ranks that run collectives together.
+pub struct Comm {
+    pub(crate) info: CommInfo,
+    pub(crate) boot: Bootstrap,
+    pub(crate) state: Mutex<CommState>,
+    pub(crate) fifos: Arc<Mutex<Vec<Arc<FifoMem>>>>,
+    pub(crate) abort: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Comm(rank {} of {}, id {:016x})", self.info.rank, self.info.nranks, self.boot.comm_id())
+    }
+}
+
+impl Comm {
+    /// Joins the communicator `id` as `rank` of `nranks` (every rank calls this, typically one
+    /// per process or thread).
+    pub fn init_rank(id: &UniqueId, nranks: usize, rank: Rank, device: Device, config: &Config) -> Result<Comm, Error> {
+        config.validate()?;
+        let abort = Arc::new(AtomicBool::new(false));
+        let boot = Bootstrap::init(id, nranks, rank, config, abort.clone())?;
+        Comm::from_bootstrap(boot, device, config.clone(), abort)
+    }
+
+    /// One process driving `nranks` ranks: returns the communicators indexed by rank. Use a
+    /// [`Group`] to issue an operation on all of them from one thread.
+    pub fn init_all(nranks: usize, config: &Config) -> Result<Vec<Comm>, Error> {
+        if nranks == 0 {
+            return Err(Error::InvalidArgument("init_all: nranks must be at least 1".into()));
+        }
+        let id = UniqueId::new(config)?;
+        let results: Vec<Result<Comm, Error>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..nranks)
+                .map(|r| {
+                    let id = &id;
+                    std::thread::Builder::new()
+                        .name(format!("ferroccl-init-{r}"))
+                        .spawn_scoped(s, move || Comm::init_rank(id, nranks, r, Device::Host, config))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| match h {
+                    Ok(h) => h.join().unwrap_or_else(|_| Err(Error::Internal("init thread panicked".into()))),
+                    Err(e) => Err(Error::System(format!("cannot start an init thread: {e}"))),
+                })
+                .collect()
+        });
+        results.into_iter().collect()
+    }
+
+    /// Joins the job described by the launcher's environment (torchrun, mpirun, `ferroccl run`).
+    pub fn from_env(config: &Config) -> Result<Comm, Error> {
+        let env = LaunchEnv::from_env()?.ok_or_else(|| {
+            Error::InvalidArgument("no launcher environment: set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, or use `ferroccl run`".into())
+        })?;
+        Comm::from_launch(&env, config)
+    }
+
+    /// Joins the job described by `env`.
+    pub fn from_launch(env: &LaunchEnv, config: &Config) -> Result<Comm, Error> {
+        config.validate()?;
+        let abort = Arc::new(AtomicBool::new(false));
+        let boot = Bootstrap::init_from_launch(env, config, abort.clone())?;
+        Comm::from_bootstrap(boot, Device::Host, config.clone(), abort)
+    }
+
+    fn from_bootstrap(boot: Bootstrap, _device: Device, config: Config, abort: Arc<AtomicBool>) -> Result<Comm, Error> {
+        let peers = boot.peers();
+        let me = &peers[boot.rank()];
+        let topo = Topology {
+            ranks: peers.iter().map(|p| RankLocation { host_id: p.host_id, hostname: p.hostname.clone(), pid: p.pid }).collect(),
+        };
+        let peer_names = peers.iter().map(|p| format!("rank {} ({}, pid {}, {})", p.rank, p.hostname, p.pid, p.addr)).collect();
+        let peer_pids = peers.iter().map(|p| if p.host_id == me.host_id { p.pid } else { 0 }).collect();
+        // A forced transport that cannot work fails now, not at the first collective.
+        for p in 0..boot.nranks() {
+            topo.transport(boot.rank(), p, config.transport)?;
+        }
+        let info = CommInfo { rank: boot.rank(), nranks: boot.nranks(), config, topo, peer_names, peer_pids };
+        let fifos = Arc::new(Mutex::new(Vec::new()));
+        let state = Mutex::new(CommState { conns: Conns::new(fifos.clone()), seq: 0, failed: None });
+        Ok(Comm { info, boot, state, fifos, abort })
+    }
+
+    pub fn rank(&self) -> Rank {
+        self.info.rank
+    }
+    pub fn nranks(&self) -> usize {
+        self.info.nranks
+    }
+    pub fn config(&self) -> &Config {
+        &self.info.config
+    }
+    pub fn topology(&self) -> &Topology {
+        &self.info.topo
+    }
+    /// A random id shared by all ranks of this communicator.
+    pub fn id(&self) -> u64 {
+        self.boot.comm_id()
+    }
+
+    /// The transport used between this rank and `peer`.
+    pub fn transport_to(&self, peer: Rank) -> Result<TransportKind, Error> {
+        if peer >= self.info.nranks {
+            return Err(Error::InvalidArgument(format!("peer {peer} is not below nranks {}", self.info.nranks)));
+        }
+        self.info.topo.transport(self.info.rank, peer, self.info.config.transport)
+    }
+
+    /// Out-of-band barrier over the bootstrap connections.
+    pub fn barrier(&self) -> Result<(), Error> {
+        self.boot.barrier()
+    }
+
+    /// Out-of-band all-gather of small byte strings (setup, benchmarks' timing exchange).
+    pub fn allgather_bytes(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
+        self.boot.allgather(mine)
+    }
+
+    /// Runs one operation on raw host buffers.
+    ///
+    /// # Safety
+    /// `args.send` and `args.recv` must be valid for reads / writes of the extents the operation
+    /// implies (see [`OpArgs`]) until the call returns, and not be accessed by others meanwhile.
+    pub unsafe fn run_raw(&self, args: &OpArgs) -> Result<(), Error> {
+        let mut g = Group::new();
+        g.push_raw(self, *args)?;
+        g.launch()
+    }
+
+    /// Runs `kind` with typed buffers; the count comes from the buffer sizes (see
+    /// [`CollKind::buffer_counts`]): all-reduce, broadcast, reduce, send: `send.len()`;
+    /// recv: `recv.len()`; all-gather, gather: `send.len()` per rank; reduce-scatter, scatter:
+    /// `recv.len()` per rank; all-to-all: `send.len() / nranks` per peer.
+    pub fn run<T: Element>(&self, kind: CollKind, send: &[T], recv: &mut [T], op: ReduceOp, root: Rank) -> Result<(), Error> {
+        let args = self.typed_args(kind, send, recv, op, root)?;
+        // SAFETY: the slices are valid and exclusively borrowed for the call, and their lengths
+        // were checked against the operation's extents.
+        unsafe { self.run_raw(&args) }
+    }
+
+    /// Runs `kind` in place on `buf` (NCCL's in-place conventions: all-gather and gather read
+    /// this rank's block of `buf`; reduce-scatter and scatter write it).
+    pub fn run_in_place<T: Element>(&self, kind: CollKind, buf: &mut [T], op: ReduceOp, root: Rank) -> Result<(), Error> {
+        let args = self.in_place_args(kind, buf, op, root)?;
+        // SAFETY: as in `run`.
+        unsafe { self.run_raw(&args) }
+    }
+
+    pub(crate) fn typed_args<T: Element>(&self, kind: CollKind, send: &[T], recv: &mut [T], op: ReduceOp, root: Rank) -> Result<OpArgs, Error> {
+        let n = self.info.nranks;
+        let count = match kind {
+            CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce | CollKind::Send => send.len(),
+            CollKind::AllGather | CollKind::Gather => send.len(),
+            CollKind::ReduceScatter | CollKind::Scatter | CollKind::Recv => recv.len(),
+            CollKind::AllToAll => {
+                if send.len() % n != 0 {
+                    return Err(Error::InvalidArgument(format!("alltoall: send length {} is not a multiple of {n} ranks", send.len())));
+                }
+                send.len() / n
+            }
+        };
+        let (sc, rc) = kind
+            .buffer_counts(count, n, root == self.info.rank)
+            .ok_or_else(|| Error::InvalidArgument(format!("{kind}: count {count} times {n} ranks overflows")))?;
+        if send.len() < sc || recv.len() < rc {
+            return Err(Error::InvalidArgument(format!(
+                "{kind}: buffers hold {} and {} elements, the operation needs {sc} and {rc}",
+                send.len(),
+                recv.len()
+            )));
+        }
+        Ok(OpArgs { kind, send: send.as_ptr() as *const u8, recv: recv.as_mut_ptr() as *mut u8, count, dtype: T::DTYPE, op, root })
+    }
+
+    pub(crate) fn in_place_args<T: Element>(&self, kind: CollKind, buf: &mut [T], op: ReduceOp, root: Rank) -> Result<OpArgs, Error> {
+        let (n, r) = (self.info.nranks, self.info.rank);
+        let es = std::mem::size_of::<T>();
+        let blocked = matches!(kind, CollKind::AllGather | CollKind::ReduceScatter | CollKind::AllToAll)
+            || (matches!(kind, CollKind::Gather | CollKind::Scatter) && r == root);
+        if matches!(kind, CollKind::Send | CollKind::Recv) {
+            return Err(Error::InvalidArgument(format!("{kind} has no in-place form")));
+        }
+        let count = if blocked {
+            if buf.len() % n != 0 {
+                return Err(Error::InvalidArgument(format!("{kind} in place: length {} is not a multiple of {n} ranks", buf.len())));
+            }
+            buf.len() / n
+        } else {
+            buf.len()
+        };
+        let base = buf.as_mut_ptr() as *mut u8;
+        // SAFETY: offsets stay within `buf` (block `r` of `n`).
+        let block = unsafe { base.add(r * count * es) };
+        let (send, recv) = match kind {
+            CollKind::AllGather => (block as *const u8, base),
+            CollKind::Gather if r == root => (block as *const u8, base),
+            CollKind::ReduceScatter => (base as *const u8, block),
+            CollKind::Scatter if r == root => (base as *const u8, block),
+            _ => (base as *const u8, base),
+        };
+        Ok(OpArgs { kind, send, recv, count, dtype: T::DTYPE, op, root })
+    }
+
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<(), Error> {
+        self.run(CollKind::AllReduce, send, recv, op, 0)
+    }
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<(), Error> {
+        self.run_in_place(CollKind::AllReduce, buf, op, 0)
+    }
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), Error> {
+        self.run(CollKind::AllGather, send, recv, ReduceOp::Sum, 0)
+    }
+    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<(), Error> {
+        self.run(CollKind::ReduceScatter, send, recv, op, 0)
+    }
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: Rank) -> Result<(), Error> {
+        self.run_in_place(CollKind::Broadcast, buf, ReduceOp::Sum, root)
+    }
+    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: Rank) -> Result<(), Error> {
+        self.run(CollKind::Reduce, send, recv, op, root)
+    }
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), Error> {
+        self.run(CollKind::AllToAll, send, recv, ReduceOp::Sum, 0)
+    }
+    pub fn gather<T: Element>(&self, send: &[T], recv: &mut [T], root: Rank) -> Result<(), Error> {
+        self.run(CollKind::Gather, send, recv, ReduceOp::Sum, root)
+    }
+    pub fn scatter<T: Element>(&self, send: &[T], recv: &mut [T], root: Rank) -> Result<(), Error> {
+        self.run(CollKind::Scatter, send, recv, ReduceOp::Sum, root)
+    }
+    pub fn send<T: Element>(&self, buf: &[T], peer: Rank) -> Result<(), Error> {
+        self.run(CollKind::Send, buf, &mut [], ReduceOp::Sum, peer)
+    }
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: Rank) -> Result<(), Error> {
+        self.run(CollKind::Recv, &[], buf, ReduceOp::Sum, peer)
+    }
+
+    /// Collective: ranks passing the same `Some(color)` form a new communicator, ordered by
+    /// `key` then by rank here; `None` joins none and returns `Ok(None)`.
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Comm>, Error> {
+        self.check_usable()?;
+        let Some(boot) = self.boot.split(color, key)? else { return Ok(None) };
+        let abort = Arc::new(AtomicBool::new(false));
+        Comm::from_bootstrap(boot, Device::Host, self.info.config.clone(), abort).map(Some)
+    }
+
+    /// Stops every operation of this communicator, from any thread: waiting calls return
+    /// `Error::Aborted` promptly, peers waiting on us see the failure, and later calls fail.
+    pub fn abort(&self) {
+        self.abort.store(true, Ordering::Release);
+        Conns::poison_all(&self.fifos, &format!("rank {} aborted its communicator", self.info.rank));
+        self.boot.abort();
+    }
+
+    /// The DataType of `T`, for callers building raw arguments.
+    pub fn dtype_of<T: Element>() -> DataType {
+        T::DTYPE
+    }
+
+    pub(crate) fn check_usable(&self) -> Result<(), Error> {
+        if self.abort.load(Ordering::Acquire) {
+            return Err(Error::Aborted(format!("rank {}: the communicator was aborted", self.info.rank)));
+        }
+        let st = self.state.lock().map_err(|_| Error::Internal("communicator state poisoned".into()))?;
+        if let Some(e) = &st.failed {
+            return Err(Error::Aborted(format!("rank {}: the communicator failed earlier and cannot be used: {e}", self.info.rank)));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        // Peers still reading what we sent keep their mapping; closing our ends tells them we
+        // are gone rather than slow.
+        if let Ok(mut st) = self.state.lock() {
+            st.conns.send.clear();
+            st.conns.recv.clear();
+        }
+    }
+}

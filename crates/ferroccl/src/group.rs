@@ -1,0 +1,212 @@
+//! Groups: several operations, on one or several communicators, launched as one.
+//!
+//! Within a group, sends and receives between any ranks in any order cannot deadlock (each peer
+//! direction is its own lane), collectives run in issue order, and one thread can drive every
+//! rank of a communicator (`Comm::init_all`) because all their plans run in one executor.
+
+use crate::backend::host::conns::{ConnCtx, Conns};
+use crate::backend::host::exec::{execute, OpBufs, Unit};
+use crate::comm::{Comm, CommState};
+use crate::ops::OpArgs;
+use ferroccl_core::algo::{build, CollDesc, Tuning};
+use ferroccl_core::numeric::{Element, Reducer};
+use ferroccl_core::plan::{BufKind, Lane, Plan, Region, Step};
+use ferroccl_core::{CollKind, Error, Rank, ReduceOp};
+use std::marker::PhantomData;
+use std::sync::MutexGuard;
+use std::time::Instant;
+
+/// Operations collected for one launch. The lifetime ties the group to the buffers it holds.
+#[derive(Default)]
+pub struct Group<'a> {
+    items: Vec<(&'a Comm, OpArgs)>,
+    _buffers: PhantomData<&'a mut [u8]>,
+}
+
+/// Lane id of a rank's sends to itself (plain copies, no connection).
+const SELF_LANE: u64 = u64::MAX;
+
+impl<'a> Group<'a> {
+    pub fn new() -> Group<'a> {
+        Group { items: Vec::new(), _buffers: PhantomData }
+    }
+
+    /// Adds an operation on raw buffers, checking its arguments now (an invalid one is
+    /// rejected and the group is unchanged).
+    ///
+    /// # Safety
+    /// The buffers must stay valid, and untouched by others, until `launch` returns.
+    pub unsafe fn push_raw(&mut self, comm: &'a Comm, args: OpArgs) -> Result<(), Error> {
+        args.validate(comm.info.rank, comm.info.nranks)
+            .map_err(|e| e.context(format!("rank {} of {}", comm.info.rank, comm.info.nranks)))?;
+        comm.check_usable()?;
+        self.items.push((comm, args));
+        Ok(())
+    }
+
+    /// Adds a typed operation (see [`Comm::run`] for how the count follows from the buffers).
+    pub fn push<T: Element>(&mut self, comm: &'a Comm, kind: CollKind, send: &'a [T], recv: &'a mut [T], op: ReduceOp, root: Rank) -> Result<(), Error> {
+        let args = comm.typed_args(kind, send, recv, op, root)?;
+        // SAFETY: the slices are borrowed for 'a, which outlives the group.
+        unsafe { self.push_raw(comm, args) }
+    }
+
+    /// Adds a typed in-place operation.
+    pub fn push_in_place<T: Element>(&mut self, comm: &'a Comm, kind: CollKind, buf: &'a mut [T], op: ReduceOp, root: Rank) -> Result<(), Error> {
+        let args = comm.in_place_args(kind, buf, op, root)?;
+        // SAFETY: as in `push`.
+        unsafe { self.push_raw(comm, args) }
+    }
+
+    pub fn send<T: Element>(&mut self, comm: &'a Comm, buf: &'a [T], peer: Rank) -> Result<(), Error> {
+        self.push(comm, CollKind::Send, buf, &mut [], ReduceOp::Sum, peer)
+    }
+    pub fn recv<T: Element>(&mut self, comm: &'a Comm, buf: &'a mut [T], peer: Rank) -> Result<(), Error> {
+        self.push(comm, CollKind::Recv, &[], buf, ReduceOp::Sum, peer)
+    }
+    pub fn all_reduce<T: Element>(&mut self, comm: &'a Comm, send: &'a [T], recv: &'a mut [T], op: ReduceOp) -> Result<(), Error> {
+        self.push(comm, CollKind::AllReduce, send, recv, op, 0)
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Runs every operation of the group and returns when all are complete.
+    pub fn launch(self) -> Result<(), Error> {
+        if self.items.is_empty() {
+            return Ok(());
+        }
+        // One entry per communicator, in first-use order; locks taken in address order so that
+        // two groups over the same communicators cannot deadlock each other.
+        let mut comms: Vec<&Comm> = Vec::new();
+        for (c, _) in &self.items {
+            if !comms.iter().any(|x| std::ptr::eq(*x, *c)) {
+                comms.push(c);
+            }
+        }
+        let mut order: Vec<usize> = (0..comms.len()).collect();
+        order.sort_by_key(|&i| comms[i] as *const Comm as usize);
+        let mut guards: Vec<Option<MutexGuard<CommState>>> = (0..comms.len()).map(|_| None).collect();
+        for &i in &order {
+            guards[i] = Some(comms[i].state.lock().map_err(|_| Error::Internal("communicator state poisoned".into()))?);
+        }
+        let mut guards: Vec<MutexGuard<CommState>> = guards.into_iter().map(|g| g.expect("locked")).collect();
+
+        // Plans (pure) first: any inconsistency is an argument error before anything moves.
+        let mut plans = Vec::with_capacity(comms.len());
+        let mut bufs = Vec::with_capacity(comms.len());
+        for (ci, comm) in comms.iter().enumerate() {
+            if let Some(e) = &guards[ci].failed {
+                return Err(Error::Aborted(format!("rank {}: the communicator failed earlier: {e}", comm.info.rank)));
+            }
+            let args: Vec<OpArgs> = self.items.iter().filter(|(c, _)| std::ptr::eq(*c, *comm)).map(|(_, a)| *a).collect();
+            let (plan, ops) = plan_for(comm, &args)?;
+            plans.push(plan);
+            bufs.push(ops);
+        }
+
+        let deadline = Instant::now() + comms.iter().map(|c| c.info.config.timeout).min().expect("a communicator");
+        let mut labels = Vec::new();
+        for (ci, comm) in comms.iter().enumerate() {
+            guards[ci].seq += 1;
+            let args: Vec<&OpArgs> = self.items.iter().filter(|(c, _)| std::ptr::eq(*c, *comm)).map(|(_, a)| a).collect();
+            let what = if args.len() == 1 { args[0].kind.name().to_string() } else { format!("group of {} operations", args.len()) };
+            labels.push(format!("{what} #{} on rank {} of {}", guards[ci].seq, comm.info.rank, comm.info.nranks));
+        }
+
+        let result = (|| {
+            for phase in 0..2 {
+                for (ci, comm) in comms.iter().enumerate() {
+                    let keys = plans[ci].connections();
+                    let ctx = ConnCtx { boot: &comm.boot, topo: &comm.info.topo, config: &comm.info.config, abort: &comm.abort, deadline };
+                    let conns = &mut guards[ci].conns;
+                    let r = if phase == 0 { conns.setup_phase1(&keys, &ctx) } else { conns.setup_phase2(&keys, &ctx) };
+                    r.map_err(|e| e.context(&labels[ci]))?;
+                }
+            }
+            let mut units: Vec<Unit> = Vec::with_capacity(comms.len());
+            for ((g, (comm, plan)), (ops, label)) in guards.iter_mut().zip(comms.iter().zip(plans.iter())).zip(bufs.drain(..).zip(labels.iter())) {
+                units.push(Unit {
+                    plan,
+                    ops,
+                    conns: &mut g.conns,
+                    abort: &comm.abort,
+                    label: label.clone(),
+                    peer_names: &comm.info.peer_names,
+                    peer_pids: &comm.info.peer_pids,
+                    slot_bytes: comm.info.config.slot_bytes,
+                });
+            }
+            execute(&mut units, deadline)
+        })();
+
+        if let Err(e) = &result {
+            for (ci, comm) in comms.iter().enumerate() {
+                guards[ci].failed.get_or_insert_with(|| e.clone());
+                Conns::poison_all(&comm.fifos, &format!("rank {} failed: {e}", comm.info.rank));
+            }
+        }
+        result
+    }
+}
+
+/// The plan of one communicator's share of a group, and the buffers of its operations.
+fn plan_for(comm: &Comm, args: &[OpArgs]) -> Result<(Plan, Vec<OpBufs>), Error> {
+    let (rank, n) = (comm.info.rank, comm.info.nranks);
+    let cfg = &comm.info.config;
+    let mut plan = Plan { rank, nranks: n, lanes: Vec::new() };
+    let mut ops = Vec::with_capacity(args.len());
+    let mut self_sends = Vec::new();
+    let mut self_recvs = Vec::new();
+    for (i, a) in args.iter().enumerate() {
+        let i16 = u16::try_from(i).map_err(|_| Error::InvalidArgument("a group holds at most 65536 operations".into()))?;
+        let op = if a.kind.reduces() { a.op } else { ReduceOp::Sum };
+        ops.push(OpBufs { send: a.send, recv: a.recv, reducer: Reducer::new(a.dtype, op, n)? });
+        let p2p = matches!(a.kind, CollKind::Send | CollKind::Recv);
+        if p2p && a.root == rank {
+            if a.kind == CollKind::Send { self_sends.push(i) } else { self_recvs.push(i) }
+            continue;
+        }
+        let t = Tuning::for_elem_size(if p2p { 1 } else { cfg.channels }, cfg.chunk_bytes, a.dtype.size());
+        plan.append(build(&CollDesc { kind: a.kind, count: a.count, root: a.root }, i16, rank, n, &t));
+    }
+    // A send to oneself is a copy into the matching receive from oneself.
+    if self_sends.len() != self_recvs.len() {
+        return Err(Error::InvalidArgument(format!(
+            "rank {rank}: {} sends to itself but {} receives from itself in one group",
+            self_sends.len(),
+            self_recvs.len()
+        )));
+    }
+    let mut lane = Lane { id: SELF_LANE, channel: 0, steps: Vec::new() };
+    for (&s, &r) in self_sends.iter().zip(&self_recvs) {
+        let (a, b) = (&args[s], &args[r]);
+        if a.count != b.count || a.dtype != b.dtype {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank}: a send to itself of {} x {} meets a receive of {} x {}",
+                a.count, a.dtype, b.count, b.dtype
+            )));
+        }
+        if a.count > 0 {
+            lane.steps.push(Step::Copy {
+                src: Region::new(s as u16, BufKind::Input, 0, a.count),
+                dst: Region::new(r as u16, BufKind::Output, 0, a.count),
+                pre: false,
+                post: false,
+            });
+        }
+    }
+    if !lane.steps.is_empty() {
+        plan.lanes.push(lane);
+    }
+    if cfg!(debug_assertions) {
+        let sizes: Vec<(usize, usize)> =
+            args.iter().map(|a| a.kind.buffer_counts(a.count, n, a.root == rank).expect("validated")).collect();
+        plan.validate(&sizes).map_err(Error::Internal)?;
+    }
+    Ok((plan, ops))
+}

@@ -1,0 +1,145 @@
+//! One operation's arguments, and their validation before anything is touched.
+
+use ferroccl_core::{CollKind, DataType, Error, Rank, ReduceOp};
+
+/// An operation on raw buffers, with NCCL's conventions: `count` is per rank for all-gather,
+/// the per-rank output for reduce-scatter, per peer for all-to-all, gather and scatter; `root`
+/// is the root of rooted collectives and the peer of a send or receive. In place means
+/// `send == recv` (all-reduce, broadcast, reduce, all-to-all), `send == recv + rank * count`
+/// elements (all-gather, gather at the root), `recv == send + rank * count` elements
+/// (reduce-scatter, scatter at the root).
+#[derive(Clone, Copy, Debug)]
+pub struct OpArgs {
+    pub kind: CollKind,
+    pub send: *const u8,
+    pub recv: *mut u8,
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub root: Rank,
+}
+
+// SAFETY: the pointers are only dereferenced by the executor while the caller's unsafe
+// contract (buffers valid for the operation's duration) holds.
+unsafe impl Send for OpArgs {}
+unsafe impl Sync for OpArgs {}
+
+impl OpArgs {
+    /// Checks everything that can be checked locally: ranks, sizes, overflow, pointers,
+    /// alignment and aliasing. An error here changes nothing.
+    pub(crate) fn validate(&self, rank: Rank, nranks: usize) -> Result<(), Error> {
+        let k = self.kind;
+        if (k.has_root() || matches!(k, CollKind::Send | CollKind::Recv)) && self.root >= nranks {
+            let what = if k.has_root() { "root" } else { "peer" };
+            return Err(Error::InvalidArgument(format!("{k}: {what} {} is not a rank of this communicator of {nranks}", self.root)));
+        }
+        if k.reduces() {
+            self.op.validate(self.dtype).map_err(|e| e.context(k))?;
+        }
+        let (sc, rc) = k
+            .buffer_counts(self.count, nranks, self.root == rank)
+            .ok_or_else(|| Error::InvalidArgument(format!("{k}: count {} times {nranks} ranks overflows", self.count)))?;
+        let es = self.dtype.size();
+        let bytes = |c: usize, which: &str| -> Result<usize, Error> {
+            c.checked_mul(es).filter(|&b| b <= isize::MAX as usize).ok_or_else(|| {
+                Error::InvalidArgument(format!("{k}: {which} buffer of {c} x {} bytes exceeds isize::MAX", self.dtype))
+            })
+        };
+        let send_bytes = bytes(sc, "send")?;
+        let recv_bytes = bytes(rc, "recv")?;
+        for (p, b, which) in [(self.send, send_bytes, "send"), (self.recv as *const u8, recv_bytes, "recv")] {
+            if b == 0 {
+                continue;
+            }
+            if p.is_null() {
+                return Err(Error::InvalidArgument(format!("{k}: {which} buffer is null but holds {b} bytes")));
+            }
+            if (p as usize) % es != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "{k}: {which} buffer {p:p} is not aligned to its {}-byte element type {}",
+                    es, self.dtype
+                )));
+            }
+            if (p as usize).checked_add(b).is_none() {
+                return Err(Error::InvalidArgument(format!("{k}: {which} buffer {p:p} + {b} bytes wraps the address space")));
+            }
+        }
+        if send_bytes > 0 && recv_bytes > 0 {
+            let (s, r) = (self.send as usize, self.recv as usize);
+            let overlap = s < r + recv_bytes && r < s + send_bytes;
+            if overlap && !self.is_in_place(rank) {
+                return Err(Error::InvalidArgument(format!(
+                    "{k}: send [{s:#x}, +{send_bytes}) and recv [{r:#x}, +{recv_bytes}) overlap without being in place \
+                     (in place means {})",
+                    in_place_rule(k)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// True when the buffers follow NCCL's in-place convention for this operation.
+    pub fn is_in_place(&self, rank: Rank) -> bool {
+        let off = rank.wrapping_mul(self.count).wrapping_mul(self.dtype.size());
+        let (s, r) = (self.send as usize, self.recv as usize);
+        match self.kind {
+            CollKind::AllGather => s == r.wrapping_add(off),
+            CollKind::Gather if rank == self.root => s == r.wrapping_add(off),
+            CollKind::ReduceScatter => r == s.wrapping_add(off),
+            CollKind::Scatter if rank == self.root => r == s.wrapping_add(off),
+            _ => s == r,
+        }
+    }
+}
+
+fn in_place_rule(k: CollKind) -> &'static str {
+    match k {
+        CollKind::AllGather | CollKind::Gather => "send == recv + rank * count elements",
+        CollKind::ReduceScatter | CollKind::Scatter => "recv == send + rank * count elements",
+        _ => "send == recv",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(kind: CollKind, send: usize, recv: usize, count: usize, dtype: DataType) -> OpArgs {
+        OpArgs { kind, send: send as *const u8, recv: recv as *mut u8, count, dtype, op: ReduceOp::Sum, root: 0 }
+    }
+
+    #[test]
+    fn null_misaligned_overflowing_and_overlapping_buffers_are_rejected() {
+        let f = DataType::Float32;
+        assert!(args(CollKind::AllReduce, 0x1000, 0x2000, 4, f).validate(0, 2).is_ok());
+        let e = args(CollKind::AllReduce, 0, 0x2000, 4, f).validate(0, 2).unwrap_err();
+        assert!(e.to_string().contains("send buffer is null"), "{e}");
+        // A null buffer of zero bytes is fine (NCCL allows count 0 with null pointers).
+        assert!(args(CollKind::AllReduce, 0, 0, 0, f).validate(0, 2).is_ok());
+        let e = args(CollKind::AllReduce, 0x1001, 0x2000, 4, f).validate(0, 2).unwrap_err();
+        assert!(e.to_string().contains("not aligned"), "{e}");
+        let e = args(CollKind::AllReduce, 0x1000, 0x2000, usize::MAX / 2, f).validate(0, 2).unwrap_err();
+        assert!(e.to_string().contains("isize::MAX"), "{e}");
+        let e = args(CollKind::AllGather, 0x1000, 0x2000, usize::MAX / 2, f).validate(0, 4).unwrap_err();
+        assert!(e.to_string().contains("overflows"), "{e}");
+        let e = args(CollKind::AllReduce, 0x1000, 0x1004, 4, f).validate(0, 2).unwrap_err();
+        assert!(e.to_string().contains("overlap"), "{e}");
+        // In place by NCCL's conventions.
+        assert!(args(CollKind::AllReduce, 0x1000, 0x1000, 4, f).validate(0, 2).is_ok());
+        assert!(args(CollKind::AllGather, 0x1000 + 16, 0x1000, 4, f).validate(1, 2).is_ok());
+        assert!(args(CollKind::ReduceScatter, 0x1000, 0x1000 + 16, 4, f).validate(1, 2).is_ok());
+        assert!(args(CollKind::AllGather, 0x1000, 0x1000, 4, f).validate(1, 2).is_err());
+    }
+
+    #[test]
+    fn bad_roots_peers_and_ops_are_rejected() {
+        let mut a = args(CollKind::Broadcast, 0x1000, 0x2000, 4, DataType::Int32);
+        a.root = 2;
+        assert!(a.validate(0, 2).unwrap_err().to_string().contains("root 2"));
+        a.kind = CollKind::Send;
+        assert!(a.validate(0, 2).unwrap_err().to_string().contains("peer 2"));
+        let mut a = args(CollKind::AllReduce, 0x1000, 0x2000, 4, DataType::Int32);
+        a.op = ReduceOp::PreMulSum(0.5);
+        assert!(a.validate(0, 2).unwrap_err().to_string().contains("not an integer"));
+    }
+}
