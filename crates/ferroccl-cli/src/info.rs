@@ -28,7 +28,7 @@ fn transport_table(topo: &Topology, pair: impl Fn(usize, usize) -> String) -> St
     s
 }
 
-pub fn main(a: &InfoArgs, config: &Config) -> Result<(), String> {
+fn print_machine(config: &Config) {
     let m = Machine::probe();
     println!("ferroccl {} (commit {GIT_COMMIT})", env!("CARGO_PKG_VERSION"));
     println!("host:      {}", m.hostname);
@@ -39,8 +39,14 @@ pub fn main(a: &InfoArgs, config: &Config) -> Result<(), String> {
     println!("/dev/shm:  {}", gib(m.shm_bytes));
     println!("GPUs:      none (CUDA backend not built yet)");
     println!("transport: {:?} (FERROCCL_TRANSPORT), timeout {:?}", config.transport, config.timeout);
+}
 
+pub fn main(a: &InfoArgs, config: &Config) -> Result<(), String> {
     let launched = crate::launcher_env()?;
+    // Under a launcher every rank runs this; one copy of the machine is enough.
+    if launched.as_ref().map_or(true, |e| e.rank == 0) {
+        print_machine(config);
+    }
     let comms = match &launched {
         Some(env) => vec![Comm::from_env(config).map_err(|e| format!("joining the {} job: {e}", env.source))?],
         None => Comm::init_all(a.ranks.max(1), config).map_err(|e| format!("creating {} ranks: {e}", a.ranks))?,
@@ -79,5 +85,8 @@ pub fn main(a: &InfoArgs, config: &Config) -> Result<(), String> {
         })
     };
     print!("{table}");
-    c0.barrier().map_err(|e| e.to_string())
+    if launched.is_some() {
+        c0.barrier().map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }

@@ -43,6 +43,12 @@ pub fn launcher_env() -> Result<Option<ferroccl_core::LaunchEnv>, String> {
 }
 
 fn main() -> ExitCode {
+    // Rust ignores SIGPIPE, which turns `ferroccl bench ... | head` into a panic; a command-line
+    // tool should end quietly like any other when its reader goes away.
+    // SAFETY: setting a signal disposition to the default before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     init_tracing();
     let cli = Cli::parse();
     let config = match ferroccl_core::Config::from_env() {

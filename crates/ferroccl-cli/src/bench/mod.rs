@@ -24,7 +24,7 @@ pub struct BenchArgs {
     #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = parse_size)]
     pub min: usize,
     /// Largest size in bytes
-    #[arg(short = 'e', long = "maxbytes", default_value = "32M", value_parser = parse_size)]
+    #[arg(short = 'e', long = "maxbytes", default_value = "8M", value_parser = parse_size)]
     pub max: usize,
     /// Multiply the size by this from one row to the next (1: add --stepbytes instead)
     #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]

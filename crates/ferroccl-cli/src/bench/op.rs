@@ -90,10 +90,11 @@ impl BenchOp {
         self.kind().has_root()
     }
 
-    /// All-to-all and the send/recv ring have no in-place form whose result is defined (a rank
-    /// would overwrite data it has yet to send), so their in-place columns stay empty.
+    /// The send/recv ring has no in-place form whose result is defined (a rank would overwrite
+    /// data it has yet to send), so its in-place columns stay empty. All-to-all in place is
+    /// defined by ferroccl (send == recv) and measured.
     pub const fn has_in_place(self) -> bool {
-        !matches!(self, BenchOp::AllToAll | BenchOp::SendRecv)
+        !matches!(self, BenchOp::SendRecv)
     }
 
     /// nccl-tests' bus-bandwidth factor: busbw = algbw * factor, the fraction of the data each
