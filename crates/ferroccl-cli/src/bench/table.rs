@@ -147,7 +147,7 @@ mod tests {
         assert_eq!(lines.len(), 3);
         let r = format_row(&row());
         assert_eq!(lines[1].len(), r.len());
-        assert_eq!(lines[2].trim_end().len() <= r.len(), true);
+        assert!(lines[2].trim_end().len() <= r.len());
         // "busbw" ends where the busbw numbers end.
         let end = lines[1].find("busbw").unwrap() + 5;
         assert_eq!(&r[end - 5..end], "12.74");
