@@ -44,7 +44,7 @@ fn print_machine(config: &Config) {
 pub fn main(a: &InfoArgs, config: &Config) -> Result<(), String> {
     let launched = crate::launcher_env()?;
     // Under a launcher every rank runs this; one copy of the machine is enough.
-    if launched.as_ref().is_none_or(|e| e.rank == 0) {
+    if launched.as_ref().map_or(0, |e| e.rank) == 0 {
         print_machine(config);
     }
     let comms = match &launched {
