@@ -1,1 +1,70 @@
-fn main() {}
+//! The `ferroccl` command: benchmarks (nccl-tests style), a local launcher, machine info.
+
+mod api;
+mod bench;
+mod info;
+mod launch;
+mod machine;
+mod size;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(name = "ferroccl", version, about = "ferroccl: collective communication, measured and launched")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Measure an operation over a sweep of sizes, printing nccl-tests' table
+    Bench(bench::BenchArgs),
+    /// Start N local processes with launcher variables (RANK, WORLD_SIZE, MASTER_ADDR, ...)
+    Run(launch::RunArgs),
+    /// Print the machine and the transports a communicator would use
+    Info(info::InfoArgs),
+}
+
+/// Logging for the whole process, library included. The CLI, not the library, reads these
+/// variables: FERROCCL_LOG wins over RUST_LOG so ferroccl can be tuned inside a program that
+/// uses RUST_LOG for itself.
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let spec = std::env::var("FERROCCL_LOG").ok().filter(|s| !s.is_empty()).or_else(|| std::env::var("RUST_LOG").ok());
+    let filter = spec.and_then(|s| EnvFilter::try_new(s).ok()).unwrap_or_else(|| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+/// The launcher's description of this process, if one started it.
+pub fn launcher_env() -> Result<Option<ferroccl_core::LaunchEnv>, String> {
+    ferroccl_core::LaunchEnv::from_env().map_err(|e| e.to_string())
+}
+
+fn main() -> ExitCode {
+    // Rust ignores SIGPIPE, which turns `ferroccl bench ... | head` into a panic; a command-line
+    // tool should end quietly like any other when its reader goes away.
+    // SAFETY: setting a signal disposition to the default before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    init_tracing();
+    let cli = Cli::parse();
+    let config = match ferroccl_core::Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ferroccl: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let r = match &cli.cmd {
+        Cmd::Bench(a) => bench::main(a, &config),
+        Cmd::Run(a) => launch::main(a).map(ExitCode::from),
+        Cmd::Info(a) => info::main(a, &config).map(|()| ExitCode::SUCCESS),
+    };
+    r.unwrap_or_else(|e| {
+        eprintln!("ferroccl: {e}");
+        ExitCode::from(2)
+    })
+}

@@ -1,0 +1,664 @@
+//! `ferroccl bench`: nccl-tests' perf tests for every operation, on ferroccl.
+
+pub mod op;
+pub mod table;
+
+use crate::api::{CollKind, Comm, Config, DataType, Error, Group, OpArgs, ReduceOp};
+use crate::machine::{Machine, GIT_COMMIT};
+use crate::size::{human, parse_size, sweep};
+use ferroccl_core::numeric::check::CheckCase;
+use indicatif::{ProgressBar, ProgressStyle};
+use op::{bandwidths, BenchOp, Layout};
+use serde::Serialize;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Instant;
+use table::{Measure, Row};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// all-reduce, all-gather, reduce-scatter, broadcast, reduce, alltoall, gather, scatter,
+    /// sendrecv, or all
+    pub op: String,
+    /// Smallest size in bytes (K, M, G suffixes; the largest buffer, as in nccl-tests)
+    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = parse_size)]
+    pub min: usize,
+    /// Largest size in bytes
+    #[arg(short = 'e', long = "maxbytes", default_value = "8M", value_parser = parse_size)]
+    pub max: usize,
+    /// Multiply the size by this from one row to the next (1: add --stepbytes instead)
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    pub factor: usize,
+    /// Bytes added from one row to the next when the factor is 1
+    #[arg(short = 'i', long = "stepbytes", default_value = "1M", value_parser = parse_size)]
+    pub step: usize,
+    /// Timed iterations per row
+    #[arg(short = 'n', long = "iters", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub iters: u64,
+    /// Untimed iterations before them
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    pub warmup: u64,
+    /// Element type (float, half, bfloat16, int32, ...; all for the 12 types)
+    #[arg(short = 'd', long = "datatype", default_value = "float")]
+    pub dtype: String,
+    /// Reduction (sum, prod, max, min, avg, premulsum; all for the first five)
+    #[arg(short = 'o', long = "redop", default_value = "sum")]
+    pub redop: String,
+    /// Root of broadcast, reduce, gather and scatter
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    pub root: usize,
+    /// Fill inputs with verifiable data and count wrong output elements after every iteration
+    #[arg(long)]
+    pub check: bool,
+    /// Ranks (threads of this process) when no launcher started us
+    #[arg(long, default_value_t = 4)]
+    pub ranks: usize,
+    /// Also write every row, the machine and the commit to this JSON file
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// Everything every rank must agree on, derived from the arguments.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub ops: Vec<BenchOp>,
+    pub sizes: Vec<usize>,
+    pub dtypes: Vec<DataType>,
+    pub redops: Vec<ReduceOp>,
+    pub root: usize,
+    pub iters: u64,
+    pub warmup: u64,
+    pub check: bool,
+}
+
+/// One row of the table before it is measured.
+#[derive(Clone, Copy, Debug)]
+struct RowSpec {
+    op: BenchOp,
+    size: usize,
+    dtype: DataType,
+    /// None for operations that do not reduce.
+    redop: Option<ReduceOp>,
+    /// Position in the whole run, so that every row gets its own check seeds.
+    index: u64,
+}
+
+impl Spec {
+    pub fn from_args(a: &BenchArgs) -> Result<Spec, String> {
+        let dtypes = if a.dtype.eq_ignore_ascii_case("all") {
+            DataType::ALL.to_vec()
+        } else {
+            vec![a.dtype.parse::<DataType>().map_err(|e| e.to_string())?]
+        };
+        let redops = if a.redop.eq_ignore_ascii_case("all") {
+            ReduceOp::BUILTIN.to_vec()
+        } else {
+            vec![a.redop.parse::<ReduceOp>().map_err(|e| e.to_string())?]
+        };
+        for &d in &dtypes {
+            for &o in &redops {
+                o.validate(d).map_err(|e| e.to_string())?;
+            }
+        }
+        if a.min > a.max {
+            return Err(format!("-b {} is larger than -e {}", a.min, a.max));
+        }
+        Ok(Spec {
+            ops: BenchOp::parse(&a.op)?,
+            sizes: sweep(a.min, a.max, a.factor, a.step),
+            dtypes,
+            redops,
+            root: a.root,
+            iters: a.iters,
+            warmup: a.warmup,
+            check: a.check,
+        })
+    }
+
+    /// nccl-tests' loop order: size, then type, then reduction.
+    fn rows(&self, op: BenchOp) -> Vec<RowSpec> {
+        let base = self.ops.iter().position(|&o| o == op).unwrap_or(0) as u64 * 1_000_000;
+        let redops: Vec<Option<ReduceOp>> = if op.reduces() { self.redops.iter().copied().map(Some).collect() } else { vec![None] };
+        let mut out = Vec::new();
+        for &size in &self.sizes {
+            for &dtype in &self.dtypes {
+                for &redop in &redops {
+                    out.push(RowSpec { op, size, dtype, redop, index: base + out.len() as u64 });
+                }
+            }
+        }
+        out
+    }
+
+    fn total_rows(&self) -> usize {
+        self.ops.iter().map(|&o| self.rows(o).len()).sum()
+    }
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A byte buffer aligned for every element type (8 bytes).
+struct Buf {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl Buf {
+    fn new(len: usize) -> Buf {
+        Buf { words: vec![0u64; len.div_ceil(8)], len }
+    }
+    fn ptr(&mut self, off: usize) -> *mut u8 {
+        assert!(off <= self.len);
+        // SAFETY: off is within the allocation (or one past its end for empty regions).
+        unsafe { (self.words.as_mut_ptr() as *mut u8).add(off) }
+    }
+    fn bytes(&self, off: usize, len: usize) -> &[u8] {
+        assert!(off + len <= self.len);
+        // SAFETY: in bounds, and u64 storage is valid as bytes.
+        unsafe { std::slice::from_raw_parts((self.words.as_ptr() as *const u8).add(off), len) }
+    }
+    fn bytes_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
+        assert!(off + len <= self.len);
+        // SAFETY: as in bytes, and the borrow is unique.
+        unsafe { std::slice::from_raw_parts_mut((self.words.as_mut_ptr() as *mut u8).add(off), len) }
+    }
+}
+
+/// The buffers of one operation on one rank: out of place two buffers, in place one buffer
+/// with the input and output regions at NCCL's offsets.
+struct Buffers {
+    send: Buf,
+    /// None in place: the output lives in `send`.
+    recv: Option<Buf>,
+    send_off: usize,
+    send_len: usize,
+    recv_off: usize,
+    recv_len: usize,
+}
+
+impl Buffers {
+    fn new(op: BenchOp, count: usize, dtype: DataType, nranks: usize, rank: usize, root: usize, in_place: bool) -> Result<Buffers, Error> {
+        let w = dtype.size();
+        let is_root = op.has_root() && rank == root;
+        let (sc, rc) = match op {
+            BenchOp::SendRecv => (count, count),
+            _ => op
+                .kind()
+                .buffer_counts(count, nranks, is_root)
+                .ok_or_else(|| Error::InvalidArgument(format!("{count} elements per rank overflow on {nranks} ranks")))?,
+        };
+        let (sl, rl) = (sc * w, rc * w);
+        if !in_place {
+            return Ok(Buffers { send: Buf::new(sl), recv: Some(Buf::new(rl)), send_off: 0, send_len: sl, recv_off: 0, recv_len: rl });
+        }
+        // NCCL's in-place conventions: the small buffer is this rank's slot of the large one.
+        let slot = rank * count * w;
+        let (so, ro) = match op {
+            BenchOp::AllGather => (slot, 0),
+            BenchOp::ReduceScatter => (0, slot),
+            BenchOp::Gather if is_root => (slot, 0),
+            BenchOp::Scatter if is_root => (0, slot),
+            _ => (0, 0),
+        };
+        Ok(Buffers { send: Buf::new(sl.max(rl)), recv: None, send_off: so, send_len: sl, recv_off: ro, recv_len: rl })
+    }
+
+    fn send_ptr(&mut self) -> *const u8 {
+        self.send.ptr(self.send_off)
+    }
+
+    fn recv_ptr(&mut self) -> *mut u8 {
+        let off = self.recv_off;
+        self.recv.as_mut().unwrap_or(&mut self.send).ptr(off)
+    }
+
+    fn input_mut(&mut self) -> &mut [u8] {
+        self.send.bytes_mut(self.send_off, self.send_len)
+    }
+
+    fn output_mut(&mut self) -> &mut [u8] {
+        let (o, l) = (self.recv_off, self.recv_len);
+        self.recv.as_mut().unwrap_or(&mut self.send).bytes_mut(o, l)
+    }
+
+    fn output(&self) -> &[u8] {
+        self.recv.as_ref().unwrap_or(&self.send).bytes(self.recv_off, self.recv_len)
+    }
+}
+
+/// Poison byte for outputs: 0xA5A5... is a large or NaN-free odd value in every type, unlikely
+/// to be a right answer by chance.
+const POISON: u8 = 0xA5;
+
+struct RowRun<'a> {
+    comm: &'a Comm,
+    rs: RowSpec,
+    lay: Layout,
+    root: usize,
+}
+
+impl RowRun<'_> {
+    fn cases(&self, seed: u64) -> (CheckCase, CheckCase) {
+        let (n, me) = (self.comm.nranks(), self.comm.rank());
+        let base = CheckCase {
+            kind: self.rs.op.kind(),
+            dtype: self.rs.dtype,
+            op: self.rs.redop.unwrap_or(ReduceOp::Sum),
+            nranks: n,
+            rank: me,
+            count: self.lay.count,
+            root: if self.rs.op.has_root() { self.root } else { 0 },
+            seed,
+        };
+        match self.rs.op {
+            BenchOp::SendRecv => (
+                CheckCase { kind: CollKind::Send, root: (me + 1) % n, ..base },
+                CheckCase { kind: CollKind::Recv, root: (me + n - 1) % n, ..base },
+            ),
+            _ => (base, base),
+        }
+    }
+
+    fn launch(&self, b: &mut Buffers) -> Result<(), Error> {
+        let (n, me) = (self.comm.nranks(), self.comm.rank());
+        let args = OpArgs {
+            kind: self.rs.op.kind(),
+            send: b.send_ptr(),
+            recv: b.recv_ptr(),
+            count: self.lay.count,
+            dtype: self.rs.dtype,
+            op: self.rs.redop.unwrap_or(ReduceOp::Sum),
+            root: self.root,
+        };
+        // SAFETY: Buffers sized the regions with CollKind::buffer_counts for this count, rank
+        // and root, and they outlive the call, which completes before returning.
+        unsafe {
+            match self.rs.op {
+                BenchOp::SendRecv => {
+                    let mut g = Group::new();
+                    g.push_raw(self.comm, OpArgs { kind: CollKind::Send, recv: std::ptr::null_mut(), root: (me + 1) % n, ..args })?;
+                    g.push_raw(self.comm, OpArgs { kind: CollKind::Recv, send: std::ptr::null(), root: (me + n - 1) % n, ..args })?;
+                    g.launch()
+                }
+                _ => self.comm.run_raw(&args),
+            }
+        }
+    }
+
+    /// This rank's average time per iteration (us) and wrong elements.
+    fn measure(&self, in_place: bool, iters: u64, warmup: u64, check: bool) -> Result<(f64, u64), Error> {
+        let (n, me) = (self.comm.nranks(), self.comm.rank());
+        let mut b = Buffers::new(self.rs.op, self.lay.count, self.rs.dtype, n, me, self.root, in_place)?;
+        let seed_of = |it: u64| mix(mix(self.rs.index) ^ (it << 1 | in_place as u64));
+        // Without --check any non-zero data will do; the check inputs are that.
+        self.cases(seed_of(u64::MAX)).0.fill_input(b.input_mut());
+        for _ in 0..warmup {
+            self.launch(&mut b)?;
+        }
+        if !check {
+            self.comm.barrier()?;
+            let t = Instant::now();
+            for _ in 0..iters {
+                self.launch(&mut b)?;
+            }
+            return Ok((t.elapsed().as_secs_f64() * 1e6 / iters as f64, 0));
+        }
+        // Checked iterations are timed one by one, so that filling and checking stay out of
+        // the figure; the time then includes no pipelining between iterations.
+        let (mut total, mut wrong) = (0.0, 0u64);
+        for it in 0..iters {
+            let (input, output) = self.cases(seed_of(it));
+            // Poison first, then fill: in place the input lies inside the output and must
+            // keep its values.
+            b.output_mut().fill(POISON);
+            input.fill_input(b.input_mut());
+            self.comm.barrier()?;
+            let t = Instant::now();
+            self.launch(&mut b)?;
+            total += t.elapsed().as_secs_f64() * 1e6;
+            let mut first = None;
+            let w = output.count_wrong(b.output(), &mut first) as u64;
+            if let Some((j, got, want)) = first {
+                tracing::warn!(
+                    "{} {} {} count {} {}: rank {me} element {j} is {got}, expected {want} ({w} wrong)",
+                    self.rs.op.name(),
+                    self.rs.dtype,
+                    self.rs.redop.map_or("none", |o| o.name()),
+                    self.lay.count,
+                    if in_place { "in place" } else { "out of place" },
+                );
+            }
+            wrong += w;
+        }
+        Ok((total / iters as f64, wrong))
+    }
+}
+
+/// Max of `v` over ranks, through the communicator.
+fn allreduce_max_f64(comm: &Comm, v: &mut [f64]) -> Result<(), Error> {
+    let p = v.as_mut_ptr() as *mut u8;
+    let args = OpArgs { kind: CollKind::AllReduce, send: p, recv: p, count: v.len(), dtype: DataType::Float64, op: ReduceOp::Max, root: 0 };
+    // SAFETY: v holds count f64 elements for the duration of the call.
+    unsafe { comm.run_raw(&args) }
+}
+
+fn allreduce_sum_u64(comm: &Comm, v: &mut [u64]) -> Result<(), Error> {
+    let p = v.as_mut_ptr() as *mut u8;
+    let args = OpArgs { kind: CollKind::AllReduce, send: p, recv: p, count: v.len(), dtype: DataType::Uint64, op: ReduceOp::Sum, root: 0 };
+    // SAFETY: as above.
+    unsafe { comm.run_raw(&args) }
+}
+
+/// Rank 0's side: prints the table and keeps the rows.
+pub struct Reporter {
+    rows: Vec<Row>,
+    section_start: usize,
+    pb: Option<ProgressBar>,
+    check: bool,
+}
+
+impl Reporter {
+    fn new(total_rows: usize, check: bool) -> Reporter {
+        // A bar only helps a person watching a long sweep; logs and pipes get none.
+        let pb = (std::io::stderr().is_terminal() && total_rows >= 12).then(|| {
+            let pb = ProgressBar::new(total_rows as u64);
+            if let Ok(s) = ProgressStyle::with_template("{bar:40} {pos}/{len} rows {elapsed_precise} {msg}") {
+                pb.set_style(s);
+            }
+            pb
+        });
+        Reporter { rows: Vec::new(), section_start: 0, pb, check }
+    }
+
+    fn print(&self, s: &str) {
+        match &self.pb {
+            Some(pb) => pb.suspend(|| println!("{s}")),
+            None => println!("{s}"),
+        }
+    }
+
+    fn begin(&mut self, op: BenchOp) {
+        self.section_start = self.rows.len();
+        self.print(&format!("#\n# {}\n{}", op.name(), table::header()));
+        if let Some(pb) = &self.pb {
+            pb.set_message(op.name());
+        }
+    }
+
+    fn row(&mut self, r: Row) {
+        self.print(&table::format_row(&r));
+        self.rows.push(r);
+        if let Some(pb) = &self.pb {
+            pb.inc(1);
+        }
+    }
+
+    fn end(&mut self) {
+        self.print(&table::footer(&self.rows[self.section_start..], self.check));
+    }
+
+    fn finish(&self) {
+        if let Some(pb) = &self.pb {
+            pb.finish_and_clear();
+        }
+    }
+}
+
+/// What one rank learned: its own wrong elements and the job's.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RankOutcome {
+    pub local_wrong: u64,
+    pub global_wrong: u64,
+}
+
+pub fn run_rank(comm: &Comm, spec: &Spec, mut report: Option<&mut Reporter>) -> Result<RankOutcome, Error> {
+    let n = comm.nranks();
+    let mut out = RankOutcome::default();
+    if spec.root >= n && spec.ops.iter().any(|o| o.has_root()) {
+        return Err(Error::InvalidArgument(format!("root {} is not below the {n} ranks", spec.root)));
+    }
+    for &op in &spec.ops {
+        if let Some(r) = report.as_deref_mut() {
+            r.begin(op);
+        }
+        for rs in spec.rows(op) {
+            let lay = op.layout(rs.size, rs.dtype, n);
+            let run = RowRun { comm, rs, lay, root: spec.root };
+            let oop = run.measure(false, spec.iters, spec.warmup, spec.check)?;
+            let ip = if op.has_in_place() { Some(run.measure(true, spec.iters, spec.warmup, spec.check)?) } else { None };
+            out.local_wrong += oop.1 + ip.map_or(0, |m| m.1);
+            let mut times = [oop.0, ip.map_or(0.0, |m| m.0)];
+            let mut wrong = [oop.1, ip.map_or(0, |m| m.1)];
+            allreduce_max_f64(comm, &mut times)?;
+            allreduce_sum_u64(comm, &mut wrong)?;
+            out.global_wrong += wrong[0] + wrong[1];
+            if let Some(r) = report.as_deref_mut() {
+                let m = |t: f64, w: u64| {
+                    let (algbw, busbw) = bandwidths(op, lay.bytes, t, n);
+                    Measure { time_us: t, algbw, busbw, wrong: spec.check.then_some(w) }
+                };
+                r.row(Row {
+                    op: op.name(),
+                    size: lay.bytes,
+                    count: lay.count,
+                    dtype: rs.dtype.name(),
+                    redop: rs.redop.map_or("none", |o| o.name()),
+                    root: if op.has_root() { spec.root as i64 } else { -1 },
+                    out_of_place: m(times[0], wrong[0]),
+                    in_place: ip.map(|_| m(times[1], wrong[1])),
+                });
+            }
+        }
+        if let Some(r) = report.as_deref_mut() {
+            r.end();
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    tool: &'static str,
+    version: &'static str,
+    commit: &'static str,
+    command: Vec<String>,
+    mode: &'a str,
+    nranks: usize,
+    machine: Machine,
+    ops: Vec<&'static str>,
+    iters: u64,
+    warmup: u64,
+    check: bool,
+    wrong: u64,
+    /// Per operation: the mean bus bandwidth over its rows (both halves), as in the footer.
+    avg_busbw: Vec<(&'static str, f64)>,
+    rows: &'a [Row],
+}
+
+fn preamble(comm: &Comm, spec: &Spec, mode: &str) -> String {
+    let topo = comm.topology();
+    let mut s = format!(
+        "# ferroccl bench {} (commit {})\n#  ranks: {} ({mode}), backend: host\n#  minBytes {} ({}) maxBytes {} ({}) sizes {} warmup iters: {} iters: {} check: {}\n#\n# Using devices\n",
+        env!("CARGO_PKG_VERSION"),
+        &GIT_COMMIT[..GIT_COMMIT.len().min(12)],
+        comm.nranks(),
+        spec.sizes.first().copied().unwrap_or(0),
+        human(spec.sizes.first().copied().unwrap_or(0)),
+        spec.sizes.last().copied().unwrap_or(0),
+        human(spec.sizes.last().copied().unwrap_or(0)),
+        spec.sizes.len(),
+        spec.warmup,
+        spec.iters,
+        spec.check as u8
+    );
+    for (r, loc) in topo.ranks.iter().enumerate() {
+        s += &format!("#  Rank {r:>3} Pid {:>7} on {:>12} device host memory\n", loc.pid, loc.hostname);
+    }
+    s.pop();
+    s
+}
+
+fn write_json(path: &PathBuf, spec: &Spec, rows: &[Row], mode: &str, nranks: usize) -> Result<(), String> {
+    let avg = spec
+        .ops
+        .iter()
+        .map(|&op| {
+            let bws: Vec<f64> = rows
+                .iter()
+                .filter(|r| r.op == op.name())
+                .flat_map(|r| std::iter::once(r.out_of_place.busbw).chain(r.in_place.map(|m| m.busbw)))
+                .collect();
+            (op.name(), if bws.is_empty() { 0.0 } else { bws.iter().sum::<f64>() / bws.len() as f64 })
+        })
+        .collect();
+    let rep = JsonReport {
+        tool: "ferroccl bench",
+        version: env!("CARGO_PKG_VERSION"),
+        commit: GIT_COMMIT,
+        command: std::env::args().collect(),
+        mode,
+        nranks,
+        machine: Machine::probe(),
+        ops: spec.ops.iter().map(|o| o.name()).collect(),
+        iters: spec.iters,
+        warmup: spec.warmup,
+        check: spec.check,
+        wrong: table::total_wrong(rows),
+        avg_busbw: avg,
+        rows,
+    };
+    let text = serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?;
+    std::fs::write(path, text + "\n").map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+/// Runs the benchmark; the exit code says whether it ran and every element was right.
+pub fn main(args: &BenchArgs, config: &Config) -> Result<std::process::ExitCode, String> {
+    let spec = Spec::from_args(args)?;
+    let launched = crate::launcher_env()?;
+    let (mode, comms) = match &launched {
+        Some(env) => {
+            let comm = Comm::from_env(config).map_err(|e| format!("joining the {} job: {e}", env.source))?;
+            (format!("one process per rank, {} launcher", env.source), vec![comm])
+        }
+        None => {
+            if args.ranks == 0 {
+                return Err("--ranks must be at least 1".into());
+            }
+            let comms = Comm::init_all(args.ranks, config).map_err(|e| format!("creating {} ranks: {e}", args.ranks))?;
+            ("threads of one process".to_string(), comms)
+        }
+    };
+    let nranks = comms[0].nranks();
+    let total_rows = spec.total_rows();
+    let mut reporter = (comms[0].rank() == 0).then(|| Reporter::new(total_rows, spec.check));
+    if reporter.is_some() {
+        println!("{}", preamble(&comms[0], &spec, &mode));
+    }
+
+    // Every rank on its own thread; the first failure aborts the others so that they fail
+    // fast instead of waiting for the timeout.
+    let results: Vec<Result<RankOutcome, Error>> = std::thread::scope(|s| {
+        let comms = &comms;
+        let spec = &spec;
+        let handles: Vec<_> = comms
+            .iter()
+            .map(|comm| {
+                let rep = if comm.rank() == 0 { reporter.take() } else { None };
+                s.spawn(move || {
+                    let mut rep = rep;
+                    let r = run_rank(comm, spec, rep.as_mut());
+                    if r.is_err() {
+                        for c in comms {
+                            c.abort();
+                        }
+                    }
+                    (r, rep)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                let (r, rep) = h.join().unwrap_or_else(|_| (Err(Error::Internal("a rank thread panicked".into())), None));
+                if rep.is_some() {
+                    reporter = rep;
+                }
+                r
+            })
+            .collect()
+    });
+    if let Some(r) = &reporter {
+        r.finish();
+    }
+    let mut failed = Vec::new();
+    let mut bad = false;
+    for (i, r) in results.iter().enumerate() {
+        match r {
+            Ok(o) => bad |= o.local_wrong > 0 || o.global_wrong > 0,
+            Err(e) => failed.push(format!("rank {}: {e}", comms[i].rank())),
+        }
+    }
+    if let (Some(rep), Some(path)) = (&reporter, &args.json) {
+        write_json(path, &spec, &rep.rows, &mode, nranks)?;
+    }
+    if !failed.is_empty() {
+        return Err(failed.join("\n"));
+    }
+    if bad {
+        eprintln!("ferroccl bench: wrong results (see '#wrong' above)");
+        return Ok(std::process::ExitCode::from(1));
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_place_regions_follow_nccl() {
+        let f = DataType::Float32;
+        let b = Buffers::new(BenchOp::AllGather, 3, f, 4, 2, 0, true).unwrap();
+        assert_eq!((b.send_off, b.send_len, b.recv_off, b.recv_len, b.send.len), (24, 12, 0, 48, 48));
+        let b = Buffers::new(BenchOp::ReduceScatter, 3, f, 4, 1, 0, true).unwrap();
+        assert_eq!((b.send_off, b.send_len, b.recv_off, b.recv_len), (0, 48, 12, 12));
+        let b = Buffers::new(BenchOp::Gather, 3, f, 4, 1, 1, true).unwrap();
+        assert_eq!((b.send_off, b.recv_len), (12, 48));
+        let b = Buffers::new(BenchOp::Gather, 3, f, 4, 2, 1, true).unwrap();
+        assert_eq!((b.send_off, b.send_len, b.recv_len), (0, 12, 0));
+        let b = Buffers::new(BenchOp::AllReduce, 3, f, 4, 2, 0, false).unwrap();
+        assert!(b.recv.is_some());
+    }
+
+    #[test]
+    fn rows_get_distinct_seed_indices() {
+        let a = BenchArgs {
+            op: "all".into(),
+            min: 8,
+            max: 64,
+            factor: 2,
+            step: 1,
+            iters: 1,
+            warmup: 0,
+            dtype: "all".into(),
+            redop: "all".into(),
+            root: 0,
+            check: true,
+            ranks: 2,
+            json: None,
+        };
+        let spec = Spec::from_args(&a).unwrap();
+        let mut idx: Vec<u64> = spec.ops.iter().flat_map(|&o| spec.rows(o)).map(|r| r.index).collect();
+        let n = idx.len();
+        // 4 sizes x 12 types x (5 reductions for 3 ops + 1 for 6 ops).
+        assert_eq!(n, 4 * 12 * (3 * 5 + 6));
+        idx.sort();
+        idx.dedup();
+        assert_eq!(idx.len(), n);
+    }
+}

@@ -1,0 +1,92 @@
+//! `ferroccl info`: the machine, and how a communicator on it would connect its ranks.
+
+use crate::api::{Comm, Config};
+use crate::machine::{gib, Machine, GIT_COMMIT};
+use ferroccl_core::topo::Topology;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct InfoArgs {
+    /// Ranks (threads of this process) of the example communicator when no launcher started us
+    #[arg(long, default_value_t = 4)]
+    pub ranks: usize,
+}
+
+fn transport_table(topo: &Topology, pair: impl Fn(usize, usize) -> String) -> String {
+    let n = topo.ranks.len();
+    let mut s = format!("{:>8}", "");
+    for b in 0..n {
+        s += &format!(" {:>5}", b);
+    }
+    s.push('\n');
+    for a in 0..n {
+        s += &format!("{:>8}", format!("rank {a}"));
+        for b in 0..n {
+            s += &format!(" {:>5}", if a == b { "-".to_string() } else { pair(a, b) });
+        }
+        s.push('\n');
+    }
+    s
+}
+
+fn print_machine(config: &Config) {
+    let m = Machine::probe();
+    println!("ferroccl {} (commit {GIT_COMMIT})", env!("CARGO_PKG_VERSION"));
+    println!("host:      {}", m.hostname);
+    println!("os:        {}", m.os);
+    println!("cpu:       {}", m.cpu_model);
+    println!("cores:     {} usable ({} online)", m.cores, m.cpus_online);
+    println!("memory:    {}", gib(m.mem_total_bytes));
+    println!("/dev/shm:  {}", gib(m.shm_bytes));
+    println!("GPUs:      none (CUDA backend not built yet)");
+    println!("transport: {:?} (FERROCCL_TRANSPORT), timeout {:?}", config.transport, config.timeout);
+}
+
+pub fn main(a: &InfoArgs, config: &Config) -> Result<(), String> {
+    let launched = crate::launcher_env()?;
+    // Under a launcher every rank runs this; one copy of the machine is enough.
+    if launched.as_ref().map_or(0, |e| e.rank) == 0 {
+        print_machine(config);
+    }
+    let comms = match &launched {
+        Some(env) => vec![Comm::from_env(config).map_err(|e| format!("joining the {} job: {e}", env.source))?],
+        None => Comm::init_all(a.ranks.max(1), config).map_err(|e| format!("creating {} ranks: {e}", a.ranks))?,
+    };
+    let c0 = &comms[0];
+    if c0.rank() != 0 {
+        // Rank 0 prints for the whole job; the others only had to take part in the rendezvous.
+        return c0.barrier().map_err(|e| e.to_string());
+    }
+    let topo = c0.topology();
+    println!();
+    println!(
+        "communicator: {} ranks on {} host(s), {}",
+        c0.nranks(),
+        topo.hosts(),
+        match &launched {
+            Some(env) => format!("one process per rank ({} launcher)", env.source),
+            None => "threads of this process".into(),
+        }
+    );
+    for (r, loc) in topo.ranks.iter().enumerate() {
+        println!("  rank {r:>3}: {} pid {}", loc.hostname, loc.pid);
+    }
+    println!("transport between ranks (row -> column):");
+    // In thread mode every rank's own communicator answers; under a launcher this process
+    // holds rank 0 only, and the others follow the same rule over the same topology.
+    let table = if comms.len() > 1 {
+        transport_table(topo, |a, b| comms[a].transport_to(b).map_or_else(|e| format!("err: {e}"), |t| t.name().to_string()))
+    } else {
+        transport_table(topo, |a, b| {
+            if a == 0 {
+                c0.transport_to(b).map_or_else(|e| format!("err: {e}"), |t| t.name().to_string())
+            } else {
+                topo.transport(a, b, config.transport).map_or_else(|_| "err".into(), |t| t.name().to_string())
+            }
+        })
+    };
+    print!("{table}");
+    if launched.is_some() {
+        c0.barrier().map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
