@@ -1,0 +1,685 @@
+//! A [`Plan`] as the tables the plan-execution kernel reads (`kernels/types.cuh`).
+//!
+//! The kernel trusts these tables for addresses, so [`encode`] is where a plan is checked
+//! against its buffers and connections: it is pure (no CUDA), and everything it accepts is safe
+//! to launch. The kernel re-checks indices and roles cheaply and reports an `FC_ERR_PLAN` record
+//! instead of touching memory when they are off, in case tables and conns come from different
+//! launches.
+//!
+//! The step table depends only on the plan and the connection numbering; buffer addresses live
+//! in the op table. So a plan cache can keep uploaded steps and lanes and rewrite only the ops
+//! when the same operation shape comes back with other buffers.
+
+use ferroccl_core::numeric::{Element, F8E4M3, F8E5M2};
+use ferroccl_core::plan::{BufKind, ConnKey, Dir, Plan, Region, Step};
+use ferroccl_core::{DataType, Error, ReduceOp};
+use half::{bf16, f16};
+
+pub(crate) const STEP_SEND: u32 = 0;
+pub(crate) const STEP_RECV: u32 = 1;
+pub(crate) const STEP_RECV_REDUCE: u32 = 2;
+pub(crate) const STEP_RECV_COPY: u32 = 3;
+pub(crate) const STEP_COPY: u32 = 4;
+
+pub(crate) const FLAG_PRE: u32 = 1;
+pub(crate) const FLAG_POST: u32 = 2;
+pub(crate) const FLAG_PRE_LOCAL: u32 = 4;
+pub(crate) const FLAG_HAS_DST: u32 = 8;
+pub(crate) const FLAG_HAS_TO: u32 = 16;
+
+pub(crate) const BUF_INPUT: u32 = 0;
+pub(crate) const BUF_OUTPUT: u32 = 1;
+
+pub(crate) const CONN_SEND: u32 = 0;
+pub(crate) const CONN_RECV: u32 = 1;
+
+/// `FcError::code` values.
+pub(crate) const ERR_ABORTED: u32 = 1;
+pub(crate) const ERR_TIMEOUT: u32 = 2;
+pub(crate) const ERR_LENGTH: u32 = 3;
+pub(crate) const ERR_PLAN: u32 = 4;
+
+/// `FcError::what` values.
+pub(crate) const WHAT_DATA: u32 = 1;
+pub(crate) const WHAT_ROOM: u32 = 2;
+pub(crate) const WHAT_LENGTH: u32 = 3;
+pub(crate) const WHAT_PLAN: u32 = 4;
+
+/// The kernel's only parameter, passed by value. Addresses are device addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FcLaunch {
+    pub steps: u64,
+    pub lanes: u64,
+    pub ops: u64,
+    pub conns: u64,
+    /// An `int`, non-zero = abort; may be host-mapped memory. 0 = no abort word.
+    pub abort: u64,
+    /// An [`FcError`] in device memory (the kernel uses atomicCAS on it). Required.
+    pub error: u64,
+    /// Longest time one wait may go without progress; 0 = forever.
+    pub timeout_ns: u64,
+    pub nlanes: u32,
+    pub rank: u32,
+    pub nsteps: u32,
+    pub nops: u32,
+    pub nconns: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FcLane {
+    pub first_step: u32,
+    pub nsteps: u32,
+}
+
+/// One [`Step`]. Regions are (buffer, element offset) of `op`, all `count` elements long.
+/// Send: src. Recv: dst. RecvReduce: src = local, dst when HAS_DST. RecvCopy: dst when HAS_DST.
+/// Copy: src and dst. Unused fields are zero, unused connections -1.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FcStep {
+    pub kind: u32,
+    pub flags: u32,
+    pub recv_conn: i32,
+    pub send_conn: i32,
+    pub op: u32,
+    pub src_buf: u32,
+    pub src_off: u64,
+    pub dst_buf: u32,
+    pub reserved: u32,
+    pub dst_off: u64,
+    pub count: u64,
+}
+
+/// One operation: buffers and arithmetic. The PreMulSum scalar is stored already converted to
+/// the element type, exactly as the host `Reducer` converts it, so both backends multiply by the
+/// same number: `scalar_f64` for float types (exact in the type), `scalar_i64` for integers.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct FcOp {
+    pub send: u64,
+    pub recv: u64,
+    pub dtype: u32,
+    pub redop: u32,
+    pub scalar_f64: f64,
+    pub scalar_i64: i64,
+    pub nranks: u32,
+    pub elem_size: u32,
+}
+
+/// One end of a slot FIFO as this GPU addresses it (see `types.cuh` for the protocol).
+/// `dir == CONN_RECV`: data, lens, head are local, tail is the sender's (peer-mapped), counter =
+/// slots consumed. `dir == CONN_SEND`: data, lens, head are the receiver's (peer-mapped), tail is
+/// local, counter = slots produced. The counter words persist between launches; all words
+/// start at zero.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FcConn {
+    pub data: u64,
+    pub lens: u64,
+    pub head: u64,
+    pub tail: u64,
+    pub counter: u64,
+    pub slots: u32,
+    pub slot_bytes: u32,
+    pub peer: u32,
+    pub dir: u32,
+}
+
+/// What the kernel reports when a lane fails; `code != 0` means the record is complete.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FcError {
+    pub claimed: u32,
+    pub code: u32,
+    pub lane: u32,
+    /// Index of the step within its lane.
+    pub step: u32,
+    /// Peer of `conn`, u32::MAX when none.
+    pub peer: u32,
+    pub what: u32,
+    pub conn: i32,
+    pub rank: u32,
+    /// Length check: the bytes expected; timeout: the timeout.
+    pub expected: u64,
+    /// Length check: the bytes received; timeout: how long the wait lasted.
+    pub got: u64,
+}
+
+macro_rules! layout {
+    ($($t:ident: $size:literal { $($f:ident @ $off:literal),* $(,)? })*) => {
+        $(
+            const _: () = assert!(std::mem::size_of::<$t>() == $size);
+            $( const _: () = assert!(std::mem::offset_of!($t, $f) == $off); )*
+        )*
+        /// (struct, field or "" for the size, bytes) for every pinned number, so a test can
+        /// compare them with the FC_CHECK_* lines of types.cuh.
+        #[cfg(test)]
+        pub(crate) const LAYOUT: &[(&str, &str, usize)] = &[
+            $( (stringify!($t), "", $size), $( (stringify!($t), stringify!($f), $off), )* )*
+        ];
+    };
+}
+
+layout! {
+    FcLaunch: 80 { steps @ 0, lanes @ 8, ops @ 16, conns @ 24, abort @ 32, error @ 40, timeout_ns @ 48,
+                   nlanes @ 56, rank @ 60, nsteps @ 64, nops @ 68, nconns @ 72, reserved @ 76 }
+    FcLane: 8 { first_step @ 0, nsteps @ 4 }
+    FcStep: 56 { kind @ 0, flags @ 4, recv_conn @ 8, send_conn @ 12, op @ 16, src_buf @ 20, src_off @ 24,
+                 dst_buf @ 32, reserved @ 36, dst_off @ 40, count @ 48 }
+    FcOp: 48 { send @ 0, recv @ 8, dtype @ 16, redop @ 20, scalar_f64 @ 24, scalar_i64 @ 32, nranks @ 40,
+               elem_size @ 44 }
+    FcConn: 56 { data @ 0, lens @ 8, head @ 16, tail @ 24, counter @ 32, slots @ 40, slot_bytes @ 44, peer @ 48,
+                 dir @ 52 }
+    FcError: 48 { claimed @ 0, code @ 4, lane @ 8, step @ 12, peer @ 16, what @ 20, conn @ 24, rank @ 28,
+                  expected @ 32, got @ 40 }
+}
+
+/// One operation of a launch as the device sees it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct OpDesc {
+    /// Device address of the input buffer (0 only when it has no elements).
+    pub send: u64,
+    /// Device address of the output buffer (0 only when it has no elements).
+    pub recv: u64,
+    /// Elements of the input and output buffers, to check every region against.
+    pub send_count: usize,
+    pub recv_count: usize,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+}
+
+/// The tables of one launch, ready to upload.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Encoded {
+    pub lanes: Vec<FcLane>,
+    pub steps: Vec<FcStep>,
+    pub ops: Vec<FcOp>,
+    pub rank: u32,
+}
+
+/// Where the tables of an [`Encoded`] and the launch's other words were put on the device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct DeviceTables {
+    pub steps: u64,
+    pub lanes: u64,
+    pub ops: u64,
+    pub conns: u64,
+    pub nconns: u32,
+    pub abort: u64,
+    pub error: u64,
+    pub timeout_ns: u64,
+}
+
+impl Encoded {
+    /// The kernel parameter for these tables at `at`; the grid is `lanes.len()` blocks.
+    pub fn launch(&self, at: &DeviceTables) -> FcLaunch {
+        FcLaunch {
+            steps: at.steps,
+            lanes: at.lanes,
+            ops: at.ops,
+            conns: at.conns,
+            abort: at.abort,
+            error: at.error,
+            timeout_ns: at.timeout_ns,
+            nlanes: self.lanes.len() as u32,
+            rank: self.rank,
+            nsteps: self.steps.len() as u32,
+            nops: self.ops.len() as u32,
+            nconns: at.nconns,
+            reserved: 0,
+        }
+    }
+}
+
+fn redop_code(op: ReduceOp) -> u32 {
+    op.nccl_id() as u32
+}
+
+fn rounded<T: Element>(s: f64) -> f64 {
+    T::from_f64(s).to_f64()
+}
+
+/// The PreMulSum scalar in the element type, as (float value, integer value).
+fn scalar_of(dtype: DataType, op: ReduceOp) -> (f64, i64) {
+    let ReduceOp::PreMulSum(s) = op else { return (0.0, 0) };
+    match dtype {
+        DataType::Int8 => (0.0, i8::from_f64(s) as i64),
+        DataType::Uint8 => (0.0, u8::from_f64(s) as i64),
+        DataType::Int32 => (0.0, i32::from_f64(s) as i64),
+        DataType::Uint32 => (0.0, u32::from_f64(s) as i64),
+        DataType::Int64 => (0.0, i64::from_f64(s)),
+        DataType::Uint64 => (0.0, u64::from_f64(s) as i64),
+        DataType::Float16 => (rounded::<f16>(s), 0),
+        DataType::Float32 => (rounded::<f32>(s), 0),
+        DataType::Float64 => (s, 0),
+        DataType::Bfloat16 => (rounded::<bf16>(s), 0),
+        DataType::Float8E4M3 => (rounded::<F8E4M3>(s), 0),
+        DataType::Float8E5M2 => (rounded::<F8E5M2>(s), 0),
+    }
+}
+
+fn to_u32(v: usize, what: &str) -> Result<u32, Error> {
+    u32::try_from(v).map_err(|_| Error::InvalidArgument(format!("{what} {v} does not fit the kernel's 32-bit tables")))
+}
+
+fn buf_code(b: BufKind) -> u32 {
+    match b {
+        BufKind::Input => BUF_INPUT,
+        BufKind::Output => BUF_OUTPUT,
+    }
+}
+
+/// Encodes `plan` for the kernel. `ops[i]` is operation `i` of the plan's regions;
+/// `conn_index` numbers the connections (the index into the launch's `FcConn` table) and returns
+/// None for one that was never set up, which is an error here rather than a hang on the device.
+pub(crate) fn encode(plan: &Plan, ops: &[OpDesc], conn_index: impl Fn(ConnKey) -> Option<u32>) -> Result<Encoded, Error> {
+    let nranks = to_u32(plan.nranks, "rank count")?;
+    if nranks == 0 {
+        return Err(Error::InvalidArgument("a plan for a communicator of 0 ranks".into()));
+    }
+    let sizes: Vec<(usize, usize)> = ops.iter().map(|o| (o.send_count, o.recv_count)).collect();
+    plan.validate(&sizes).map_err(Error::Internal)?;
+
+    let mut fc_ops = Vec::with_capacity(ops.len());
+    for (i, o) in ops.iter().enumerate() {
+        o.op.validate(o.dtype).map_err(|e| e.context(format!("operation {i}")))?;
+        let es = o.dtype.size();
+        for (what, addr, count) in [("input", o.send, o.send_count), ("output", o.recv, o.recv_count)] {
+            let bytes = count
+                .checked_mul(es)
+                .and_then(|b| u64::try_from(b).ok())
+                .ok_or_else(|| Error::InvalidArgument(format!("operation {i}: {what} of {count} elements overflows")))?;
+            if count > 0 && addr == 0 {
+                return Err(Error::InvalidArgument(format!("operation {i}: null {what} buffer of {count} elements")));
+            }
+            if addr.checked_add(bytes).is_none() {
+                return Err(Error::InvalidArgument(format!("operation {i}: {what} buffer wraps the address space")));
+            }
+        }
+        let (scalar_f64, scalar_i64) = scalar_of(o.dtype, o.op);
+        fc_ops.push(FcOp {
+            send: o.send,
+            recv: o.recv,
+            dtype: o.dtype.nccl_id() as u32,
+            redop: redop_code(o.op),
+            scalar_f64,
+            scalar_i64,
+            nranks,
+            elem_size: es as u32,
+        });
+    }
+    to_u32(fc_ops.len(), "operation count")?;
+
+    let mut lanes = Vec::with_capacity(plan.lanes.len());
+    let mut steps = Vec::with_capacity(plan.step_count());
+    for (li, lane) in plan.lanes.iter().enumerate() {
+        let first_step = to_u32(steps.len(), "step count")?;
+        for (si, step) in lane.steps.iter().enumerate() {
+            let at = |e: Error| e.context(format!("rank {} lane {li} step {si} ({step:?})", plan.rank));
+            let conn = |peer: Option<usize>, dir: Dir| -> Result<i32, Error> {
+                let Some(peer) = peer else { return Ok(-1) };
+                let key = ConnKey { peer, channel: lane.channel, dir };
+                let i = conn_index(key).ok_or_else(|| at(Error::Internal(format!("no connection {key:?}"))))?;
+                i32::try_from(i).map_err(|_| at(Error::Internal(format!("connection index {i} out of range"))))
+            };
+            let op = step.op();
+            if op as usize >= ops.len() {
+                return Err(at(Error::Internal(format!("operation {op} of {}", ops.len()))));
+            }
+            let mut s = FcStep {
+                kind: 0,
+                flags: 0,
+                recv_conn: conn(step.recv_from(), Dir::Recv)?,
+                send_conn: conn(step.send_to(), Dir::Send)?,
+                op: op as u32,
+                count: step.count() as u64,
+                ..Default::default()
+            };
+            let mut src = |r: Region| {
+                s.src_buf = buf_code(r.buf);
+                s.src_off = r.offset as u64;
+            };
+            match *step {
+                Step::Send { src: r, pre, .. } => {
+                    src(r);
+                    s.kind = STEP_SEND;
+                    s.flags = if pre { FLAG_PRE } else { 0 };
+                }
+                Step::Recv { dst, .. } => {
+                    s.kind = STEP_RECV;
+                    s.dst_buf = buf_code(dst.buf);
+                    s.dst_off = dst.offset as u64;
+                }
+                Step::RecvReduce { local, pre_local, post, dst, to, .. } => {
+                    src(local);
+                    s.kind = STEP_RECV_REDUCE;
+                    s.flags = if pre_local { FLAG_PRE_LOCAL } else { 0 } | if post { FLAG_POST } else { 0 };
+                    if let Some(d) = dst {
+                        s.flags |= FLAG_HAS_DST;
+                        s.dst_buf = buf_code(d.buf);
+                        s.dst_off = d.offset as u64;
+                    }
+                    if to.is_some() {
+                        s.flags |= FLAG_HAS_TO;
+                    }
+                }
+                Step::RecvCopy { dst, to, .. } => {
+                    s.kind = STEP_RECV_COPY;
+                    if let Some(d) = dst {
+                        s.flags |= FLAG_HAS_DST;
+                        s.dst_buf = buf_code(d.buf);
+                        s.dst_off = d.offset as u64;
+                    }
+                    if to.is_some() {
+                        s.flags |= FLAG_HAS_TO;
+                    }
+                }
+                Step::Copy { src: r, dst, pre, post } => {
+                    src(r);
+                    s.kind = STEP_COPY;
+                    s.flags = if pre { FLAG_PRE } else { 0 } | if post { FLAG_POST } else { 0 };
+                    s.dst_buf = buf_code(dst.buf);
+                    s.dst_off = dst.offset as u64;
+                }
+            }
+            steps.push(s);
+        }
+        let nsteps = to_u32(lane.steps.len(), "steps in a lane")?;
+        lanes.push(FcLane { first_step, nsteps });
+    }
+    to_u32(steps.len(), "step count")?;
+    to_u32(lanes.len(), "lane count")?;
+    Ok(Encoded { lanes, steps, ops: fc_ops, rank: to_u32(plan.rank, "rank")? })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferroccl_core::algo::{build, CollDesc, Tuning};
+    use ferroccl_core::CollKind;
+
+    const TYPES_CUH: &str = include_str!("kernels/types.cuh");
+
+    /// Every FC_CHECK_SIZE / FC_CHECK_OFFSET line of types.cuh, as (struct, field, bytes).
+    fn cuda_layout() -> Vec<(String, String, usize)> {
+        let mut v = Vec::new();
+        for line in TYPES_CUH.lines() {
+            let line = line.trim();
+            let (field, args) = if let Some(a) = line.strip_prefix("FC_CHECK_SIZE(") {
+                (false, a)
+            } else if let Some(a) = line.strip_prefix("FC_CHECK_OFFSET(") {
+                (true, a)
+            } else {
+                continue;
+            };
+            let args: Vec<&str> = args.trim_end_matches(");").split(',').map(str::trim).collect();
+            let (t, f, n) = if field { (args[0], args[1], args[2]) } else { (args[0], "", args[1]) };
+            v.push((t.to_string(), f.to_string(), n.parse().unwrap()));
+        }
+        v
+    }
+
+    #[test]
+    fn cuda_header_pins_the_same_layout() {
+        let mut cuda = cuda_layout();
+        let mut rust: Vec<(String, String, usize)> =
+            LAYOUT.iter().map(|&(t, f, n)| (t.to_string(), f.to_string(), n)).collect();
+        cuda.sort();
+        rust.sort();
+        assert_eq!(cuda, rust);
+        // Every field of every struct is pinned: the offsets plus the last field's size fill it.
+        assert_eq!(LAYOUT.iter().filter(|e| e.1.is_empty()).count(), 6);
+    }
+
+    #[test]
+    fn constants_match_the_header() {
+        let defs: Vec<(&str, u32)> = TYPES_CUH
+            .lines()
+            .filter_map(|l| {
+                let mut w = l.strip_prefix("#define ")?.split_whitespace();
+                let (name, val) = (w.next()?, w.next()?);
+                Some((name, val.strip_suffix('u')?.parse().ok()?))
+            })
+            .collect();
+        let get = |n: &str| defs.iter().find(|d| d.0 == n).unwrap_or_else(|| panic!("{n} not in types.cuh")).1;
+        for (n, v) in [
+            ("FC_STEP_SEND", STEP_SEND),
+            ("FC_STEP_RECV", STEP_RECV),
+            ("FC_STEP_RECV_REDUCE", STEP_RECV_REDUCE),
+            ("FC_STEP_RECV_COPY", STEP_RECV_COPY),
+            ("FC_STEP_COPY", STEP_COPY),
+            ("FC_FLAG_PRE", FLAG_PRE),
+            ("FC_FLAG_POST", FLAG_POST),
+            ("FC_FLAG_PRE_LOCAL", FLAG_PRE_LOCAL),
+            ("FC_FLAG_HAS_DST", FLAG_HAS_DST),
+            ("FC_FLAG_HAS_TO", FLAG_HAS_TO),
+            ("FC_BUF_INPUT", BUF_INPUT),
+            ("FC_BUF_OUTPUT", BUF_OUTPUT),
+            ("FC_CONN_SEND", CONN_SEND),
+            ("FC_CONN_RECV", CONN_RECV),
+            ("FC_ERR_ABORTED", ERR_ABORTED),
+            ("FC_ERR_TIMEOUT", ERR_TIMEOUT),
+            ("FC_ERR_LENGTH", ERR_LENGTH),
+            ("FC_ERR_PLAN", ERR_PLAN),
+            ("FC_WHAT_DATA", WHAT_DATA),
+            ("FC_WHAT_ROOM", WHAT_ROOM),
+            ("FC_WHAT_LENGTH", WHAT_LENGTH),
+            ("FC_WHAT_PLAN", WHAT_PLAN),
+        ] {
+            assert_eq!(get(n), v, "{n}");
+        }
+        let dtypes = ["INT8", "UINT8", "INT32", "UINT32", "INT64", "UINT64", "FLOAT16", "FLOAT32", "FLOAT64", "BFLOAT16"];
+        for (i, n) in dtypes.iter().enumerate() {
+            assert_eq!(get(&format!("FC_{n}")) as i32, DataType::ALL[i].nccl_id());
+        }
+        assert_eq!(get("FC_FP8E4M3") as i32, DataType::Float8E4M3.nccl_id());
+        assert_eq!(get("FC_FP8E5M2") as i32, DataType::Float8E5M2.nccl_id());
+        for (n, op) in [
+            ("FC_OP_SUM", ReduceOp::Sum),
+            ("FC_OP_PROD", ReduceOp::Prod),
+            ("FC_OP_MAX", ReduceOp::Max),
+            ("FC_OP_MIN", ReduceOp::Min),
+            ("FC_OP_AVG", ReduceOp::Avg),
+            ("FC_OP_PREMULSUM", ReduceOp::PreMulSum(1.0)),
+        ] {
+            assert_eq!(get(n), redop_code(op), "{n}");
+        }
+    }
+
+    fn op_desc(dtype: DataType, op: ReduceOp, send_count: usize, recv_count: usize) -> OpDesc {
+        OpDesc { send: 0x7000_0000_0000, recv: 0x7100_0000_0000, send_count, recv_count, dtype, op }
+    }
+
+    fn numbering(plan: &Plan) -> impl Fn(ConnKey) -> Option<u32> {
+        let conns = plan.connections();
+        move |k| conns.iter().position(|c| *c == k).map(|i| i as u32)
+    }
+
+    /// The encoded steps say exactly what the plan's steps say.
+    fn assert_one_to_one(plan: &Plan, e: &Encoded) {
+        let conns = plan.connections();
+        let idx = |k: ConnKey| conns.iter().position(|c| *c == k).unwrap() as i32;
+        assert_eq!(e.lanes.len(), plan.lanes.len());
+        assert_eq!(e.rank as usize, plan.rank);
+        let mut next = 0u32;
+        for (lane, fl) in plan.lanes.iter().zip(&e.lanes) {
+            assert_eq!(fl.first_step, next);
+            assert_eq!(fl.nsteps as usize, lane.steps.len());
+            next += fl.nsteps;
+            for (i, step) in lane.steps.iter().enumerate() {
+                let s = e.steps[(fl.first_step as usize) + i];
+                let rc = step.recv_from().map_or(-1, |p| idx(ConnKey { peer: p, channel: lane.channel, dir: Dir::Recv }));
+                let sc = step.send_to().map_or(-1, |p| idx(ConnKey { peer: p, channel: lane.channel, dir: Dir::Send }));
+                assert_eq!((s.recv_conn, s.send_conn), (rc, sc), "{step:?}");
+                assert_eq!(s.count, step.count() as u64);
+                assert_eq!(s.op, step.op() as u32);
+                let reg = |b: u32, o: u64| (b, o);
+                let r = |r: Region| (buf_code(r.buf), r.offset as u64);
+                match *step {
+                    Step::Send { src, pre, .. } => {
+                        assert_eq!(s.kind, STEP_SEND);
+                        assert_eq!(s.flags, if pre { FLAG_PRE } else { 0 });
+                        assert_eq!(reg(s.src_buf, s.src_off), r(src));
+                    }
+                    Step::Recv { dst, .. } => {
+                        assert_eq!(s.kind, STEP_RECV);
+                        assert_eq!(s.flags, 0);
+                        assert_eq!(reg(s.dst_buf, s.dst_off), r(dst));
+                    }
+                    Step::RecvReduce { local, pre_local, post, dst, to, .. } => {
+                        assert_eq!(s.kind, STEP_RECV_REDUCE);
+                        assert_eq!(s.flags & FLAG_PRE_LOCAL != 0, pre_local);
+                        assert_eq!(s.flags & FLAG_POST != 0, post);
+                        assert_eq!(s.flags & FLAG_HAS_DST != 0, dst.is_some());
+                        assert_eq!(s.flags & FLAG_HAS_TO != 0, to.is_some());
+                        assert_eq!(s.flags & FLAG_PRE, 0);
+                        assert_eq!(reg(s.src_buf, s.src_off), r(local));
+                        if let Some(d) = dst {
+                            assert_eq!(reg(s.dst_buf, s.dst_off), r(d));
+                        }
+                    }
+                    Step::RecvCopy { dst, to, .. } => {
+                        assert_eq!(s.kind, STEP_RECV_COPY);
+                        assert_eq!(s.flags & FLAG_HAS_DST != 0, dst.is_some());
+                        assert_eq!(s.flags & FLAG_HAS_TO != 0, to.is_some());
+                        assert_eq!(s.flags & !(FLAG_HAS_DST | FLAG_HAS_TO), 0);
+                        if let Some(d) = dst {
+                            assert_eq!(reg(s.dst_buf, s.dst_off), r(d));
+                        }
+                    }
+                    Step::Copy { src, dst, pre, post } => {
+                        assert_eq!(s.kind, STEP_COPY);
+                        assert_eq!(s.flags, if pre { FLAG_PRE } else { 0 } | if post { FLAG_POST } else { 0 });
+                        assert_eq!(reg(s.src_buf, s.src_off), r(src));
+                        assert_eq!(reg(s.dst_buf, s.dst_off), r(dst));
+                    }
+                }
+            }
+        }
+        assert_eq!(next as usize, e.steps.len());
+    }
+
+    #[test]
+    fn ring_all_reduce_encodes_one_to_one() {
+        for (nranks, channels, count, chunk) in [(4, 2, 10_000, 512), (3, 1, 7, 2), (8, 4, 1 << 16, 4096), (1, 2, 100, 16)] {
+            for rank in 0..nranks {
+                let desc = CollDesc { kind: CollKind::AllReduce, count, root: 0 };
+                let plan = build(&desc, 0, rank, nranks, &Tuning { channels, chunk_elems: chunk });
+                let ops = [op_desc(DataType::Float32, ReduceOp::Avg, count, count)];
+                let e = encode(&plan, &ops, numbering(&plan)).unwrap();
+                assert_one_to_one(&plan, &e);
+                assert!(plan.step_count() > 0);
+                assert_eq!(e.ops[0].nranks as usize, nranks);
+                assert_eq!(e.ops[0].redop, 4);
+                assert_eq!(e.ops[0].dtype, 7);
+                assert_eq!(e.ops[0].elem_size, 4);
+                if nranks > 1 {
+                    // The ring's shape: a first send with pre, reductions forwarding, the last
+                    // reduction posting into the output, then copies.
+                    let lane0 = &e.steps[..e.lanes[0].nsteps as usize];
+                    assert_eq!(lane0[0].kind, STEP_SEND);
+                    assert_eq!(lane0[0].flags, FLAG_PRE);
+                    let last_red = lane0.iter().position(|s| s.kind == STEP_RECV_REDUCE && s.flags & FLAG_POST != 0).unwrap();
+                    assert_eq!(lane0[last_red].flags & (FLAG_HAS_DST | FLAG_HAS_TO), FLAG_HAS_DST | FLAG_HAS_TO);
+                    assert_eq!(lane0[last_red].dst_buf, BUF_OUTPUT);
+                    assert_eq!(lane0[last_red + 1].kind, STEP_RECV_COPY);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_collective_encodes() {
+        let kinds = CollKind::COLLECTIVES.iter().chain([CollKind::Send, CollKind::Recv].iter());
+        for &kind in kinds {
+            for nranks in [1, 2, 5] {
+                for rank in 0..nranks {
+                    let count = 1000;
+                    let root = if matches!(kind, CollKind::Send | CollKind::Recv) { (rank + 1) % nranks } else { nranks - 1 };
+                    if matches!(kind, CollKind::Send | CollKind::Recv) && root == rank {
+                        continue;
+                    }
+                    let desc = CollDesc { kind, count, root };
+                    let plan = build(&desc, 0, rank, nranks, &Tuning { channels: 2, chunk_elems: 64 });
+                    let (i, o) = kind.buffer_counts(count, nranks, rank == root).unwrap();
+                    let ops = [op_desc(DataType::Bfloat16, ReduceOp::Sum, i, o)];
+                    let e = encode(&plan, &ops, numbering(&plan)).unwrap_or_else(|err| panic!("{kind} {rank}/{nranks}: {err}"));
+                    assert_one_to_one(&plan, &e);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn group_of_two_ops_keeps_op_indices() {
+        let t = Tuning { channels: 2, chunk_elems: 64 };
+        let mut plan = build(&CollDesc { kind: CollKind::AllReduce, count: 300, root: 0 }, 0, 1, 3, &t);
+        plan.append(build(&CollDesc { kind: CollKind::AllGather, count: 100, root: 0 }, 1, 1, 3, &t));
+        let ops = [
+            op_desc(DataType::Int32, ReduceOp::Max, 300, 300),
+            OpDesc { send: 0x10_0000, recv: 0x20_0000, ..op_desc(DataType::Uint8, ReduceOp::Sum, 100, 300) },
+        ];
+        let e = encode(&plan, &ops, numbering(&plan)).unwrap();
+        assert_one_to_one(&plan, &e);
+        assert!(e.steps.iter().any(|s| s.op == 1));
+        assert_eq!(e.ops[1].send, 0x10_0000);
+        assert_eq!(e.ops[1].elem_size, 1);
+    }
+
+    #[test]
+    fn premulsum_scalar_is_converted_like_the_host() {
+        let f = |d, s| scalar_of(d, ReduceOp::PreMulSum(s));
+        assert_eq!(f(DataType::Float32, 0.1), ((0.1f32) as f64, 0));
+        assert_eq!(f(DataType::Float64, 0.1), (0.1, 0));
+        // 1 + 2^-11 ties to even in f16 (1.0); in bf16, 1/3 rounds to 0x3eab.
+        assert_eq!(f(DataType::Float16, 1.0 + 2f64.powi(-11)).0, 1.0);
+        assert_eq!(f(DataType::Bfloat16, 1.0 / 3.0).0, bf16::from_bits(0x3eab).to_f64());
+        assert_eq!(f(DataType::Float8E4M3, 1000.0).0, 448.0);
+        assert_eq!(f(DataType::Float8E5M2, -1e9).0, -57344.0);
+        assert_eq!(f(DataType::Int8, -3.0), (0.0, -3));
+        assert_eq!(f(DataType::Int8, 300.0), (0.0, 127));
+        assert_eq!(f(DataType::Uint64, 3.0), (0.0, 3));
+        assert_eq!(f(DataType::Uint64, 1.8e19).1 as u64, 18_000_000_000_000_000_000);
+        assert_eq!(scalar_of(DataType::Float32, ReduceOp::Sum), (0.0, 0));
+    }
+
+    #[test]
+    fn missing_connection_is_an_error() {
+        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 64, root: 0 }, 0, 0, 2, &Tuning { channels: 1, chunk_elems: 8 });
+        let ops = [op_desc(DataType::Float32, ReduceOp::Sum, 64, 64)];
+        let only_recv = |k: ConnKey| (k.dir == Dir::Recv).then_some(0);
+        let err = encode(&plan, &ops, only_recv).unwrap_err();
+        assert!(matches!(err, Error::Internal(ref m) if m.contains("no connection")), "{err}");
+    }
+
+    #[test]
+    fn bad_tables_are_rejected() {
+        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 64, root: 0 }, 0, 0, 2, &Tuning { channels: 1, chunk_elems: 8 });
+        let n = numbering(&plan);
+        // Regions beyond the buffers the caller gave.
+        assert!(encode(&plan, &[op_desc(DataType::Float32, ReduceOp::Sum, 63, 64)], &n).is_err());
+        // No op for the plan's op 0.
+        assert!(encode(&plan, &[], &n).is_err());
+        // A null buffer with elements.
+        let null = OpDesc { send: 0, ..op_desc(DataType::Float32, ReduceOp::Sum, 64, 64) };
+        assert!(matches!(encode(&plan, &[null], &n), Err(Error::InvalidArgument(_))));
+        // An op the dtype cannot do.
+        assert!(matches!(encode(&plan, &[op_desc(DataType::Int32, ReduceOp::PreMulSum(0.5), 64, 64)], &n), Err(Error::InvalidArgument(_))));
+        // A buffer running off the end of the address space.
+        let wrap = OpDesc { recv: u64::MAX - 16, ..op_desc(DataType::Float32, ReduceOp::Sum, 64, 64) };
+        assert!(encode(&plan, &[wrap], &n).is_err());
+    }
+
+    #[test]
+    fn launch_carries_table_sizes() {
+        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 1000, root: 0 }, 0, 2, 4, &Tuning { channels: 3, chunk_elems: 50 });
+        let e = encode(&plan, &[op_desc(DataType::Float32, ReduceOp::Sum, 1000, 1000)], numbering(&plan)).unwrap();
+        let at = DeviceTables { steps: 1, lanes: 2, ops: 3, conns: 4, nconns: 6, abort: 5, error: 6, timeout_ns: 7 };
+        let l = e.launch(&at);
+        assert_eq!((l.nlanes, l.nsteps, l.nops, l.nconns, l.rank), (3, e.steps.len() as u32, 1, 6, 2));
+        assert_eq!((l.steps, l.lanes, l.ops, l.conns, l.abort, l.error, l.timeout_ns), (1, 2, 3, 4, 5, 6, 7));
+    }
+}

@@ -1,0 +1,172 @@
+// The two ends of a slot FIFO, as thread 0 of a lane's block drives them, plus the error record.
+//
+// Memory ordering (PTX memory model, system scope because the peer is another GPU or the host):
+//  producer: all threads store the slot -> __syncthreads -> thread 0: fence.sc.sys, lens[k] =
+//            bytes, st.release.sys head = k + 1. The barrier puts the other threads' stores in
+//            causality order before thread 0's fence, and the release orders lens before head.
+//  consumer: thread 0 polls head with ld.acquire.sys -> reads lens -> __syncthreads -> all
+//            threads load the slot with ld.global.cg (L2; the producer's stores land in this
+//            GPU's L2, and L1 could still hold the slot's previous contents).
+//  freeing:  all threads finish loading the slot -> __syncthreads -> thread 0: st.release.sys
+//            tail = k + 1. The release keeps the loads before the store that lets the producer
+//            overwrite the slot; the producer polls tail with ld.acquire.sys before writing.
+// Only thread 0 ever touches head, tail, lens and the counters.
+#pragma once
+#include "types.cuh"
+
+namespace fc {
+
+__device__ __forceinline__ fc_u64 ld_acquire_sys(const fc_u64* p) {
+    fc_u64 v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void st_release_sys(fc_u64* p, fc_u64 v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ fc_u64 globaltimer() {
+    fc_u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Polls between checks of the abort word, the error record and the clock: the abort word may
+// sit in host memory, a PCIe round trip, while a poll of head or tail is an L2 or NVLink one.
+#define FC_POLLS_PER_CHECK 256u
+
+// Thread 0's view of one lane: which connections it is bound to and their positions. The
+// counters are read from their persistent words when a step first uses a connection and
+// written back when the lane moves to another connection or ends, so a lane that stays on one
+// pair of connections (every ring lane) touches them once per launch.
+struct Lane {
+    const FcLaunch* L;
+    fc_u32 lane;
+    fc_u32 step;  // index within the lane, for error records
+    fc_i32 rc;    // bound receive connection, -1 = none
+    fc_u64 consumed;
+    fc_u64 head_seen;  // a lower bound of head (it only grows)
+    fc_i32 sc;         // bound send connection, -1 = none
+    fc_u64 produced;
+    fc_u64 tail_seen;  // a lower bound of tail
+};
+
+__device__ __forceinline__ const FcConn* conn_at(const Lane& x, fc_i32 i) {
+    return ((const FcConn*)x.L->conns) + i;
+}
+
+// First failure wins the record; later ones (and blocks that merely noticed it) only leave.
+__device__ void record_error(const Lane& x, fc_u32 code, fc_u32 what, fc_i32 conn, fc_u64 expected, fc_u64 got) {
+    FcError* e = (FcError*)x.L->error;
+    if (e == nullptr) return;
+    if (atomicCAS(&e->claimed, 0u, 1u) != 0u) return;
+    volatile FcError* v = e;
+    v->lane = x.lane;
+    v->step = x.step;
+    v->peer = (conn >= 0 && (fc_u32)conn < x.L->nconns) ? conn_at(x, conn)->peer : 0xffffffffu;
+    v->what = what;
+    v->conn = conn;
+    v->rank = x.L->rank;
+    v->expected = expected;
+    v->got = got;
+    __threadfence_system();
+    v->code = code;
+}
+
+__device__ __forceinline__ bool failed_elsewhere(const Lane& x) {
+    const volatile FcError* e = (const volatile FcError*)x.L->error;
+    return e != nullptr && e->claimed != 0u;
+}
+
+// Called on every unsuccessful poll; true while the wait may go on.
+__device__ __forceinline__ bool keep_waiting(const Lane& x, fc_u32& polls, fc_u64& since, fc_u32 what, fc_i32 conn) {
+    if ((++polls % FC_POLLS_PER_CHECK) != 0u) return true;
+    const volatile int* ab = (const volatile int*)x.L->abort;
+    if (ab != nullptr && *ab != 0) {
+        record_error(x, FC_ERR_ABORTED, what, conn, 0, 0);
+        return false;
+    }
+    if (failed_elsewhere(x)) return false;
+    const fc_u64 now = globaltimer();
+    if (since == 0) since = now;
+    if (x.L->timeout_ns != 0 && now - since > x.L->timeout_ns) {
+        record_error(x, FC_ERR_TIMEOUT, what, conn, x.L->timeout_ns, now - since);
+        return false;
+    }
+    return true;
+}
+
+__device__ __forceinline__ void unbind_recv(Lane& x) {
+    if (x.rc >= 0) *(fc_u64*)conn_at(x, x.rc)->counter = x.consumed;
+    x.rc = -1;
+}
+__device__ __forceinline__ void unbind_send(Lane& x) {
+    if (x.sc >= 0) *(fc_u64*)conn_at(x, x.sc)->counter = x.produced;
+    x.sc = -1;
+}
+
+__device__ __forceinline__ void bind_recv(Lane& x, fc_i32 c) {
+    if (x.rc == c) return;
+    unbind_recv(x);
+    x.rc = c;
+    x.consumed = *(const volatile fc_u64*)conn_at(x, c)->counter;
+    x.head_seen = x.consumed;
+}
+__device__ __forceinline__ void bind_send(Lane& x, fc_i32 c) {
+    if (x.sc == c) return;
+    unbind_send(x);
+    x.sc = c;
+    x.produced = *(const volatile fc_u64*)conn_at(x, c)->counter;
+    x.tail_seen = 0;
+}
+
+// Waits for a free slot on the bound send connection; returns its address, or null on failure.
+__device__ fc_u8* wait_room(Lane& x, const FcConn& c) {
+    if (x.produced - x.tail_seen >= c.slots) {
+        fc_u32 polls = 0;
+        fc_u64 since = 0;
+        for (;;) {
+            x.tail_seen = ld_acquire_sys((const fc_u64*)c.tail);
+            if (x.produced - x.tail_seen < c.slots) break;
+            if (!keep_waiting(x, polls, since, FC_WHAT_ROOM, x.sc)) return nullptr;
+        }
+    }
+    return (fc_u8*)c.data + (x.produced % c.slots) * (fc_u64)c.slot_bytes;
+}
+
+// Waits for the next slot on the bound receive connection and checks that it holds `bytes`;
+// returns its address, or null on failure.
+__device__ const fc_u8* wait_data(Lane& x, const FcConn& c, fc_u32 bytes) {
+    if (x.head_seen <= x.consumed) {
+        fc_u32 polls = 0;
+        fc_u64 since = 0;
+        for (;;) {
+            x.head_seen = ld_acquire_sys((const fc_u64*)c.head);
+            if (x.head_seen > x.consumed) break;
+            if (!keep_waiting(x, polls, since, FC_WHAT_DATA, x.rc)) return nullptr;
+        }
+    }
+    const fc_u64 k = x.consumed % c.slots;
+    const fc_u32 len = ((const volatile fc_u32*)c.lens)[k];
+    if (len != bytes) {
+        record_error(x, FC_ERR_LENGTH, FC_WHAT_LENGTH, x.rc, bytes, len);
+        return nullptr;
+    }
+    return (const fc_u8*)c.data + k * (fc_u64)c.slot_bytes;
+}
+
+// After the block's __syncthreads that ends the piece.
+__device__ __forceinline__ void publish(Lane& x, const FcConn& c, fc_u32 bytes) {
+    __threadfence_system();
+    ((volatile fc_u32*)c.lens)[x.produced % c.slots] = bytes;
+    x.produced += 1;
+    st_release_sys((fc_u64*)c.head, x.produced);
+}
+
+__device__ __forceinline__ void release(Lane& x, const FcConn& c) {
+    x.consumed += 1;
+    st_release_sys((fc_u64*)c.tail, x.consumed);
+}
+
+}  // namespace fc

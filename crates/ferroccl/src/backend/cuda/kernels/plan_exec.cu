@@ -1,0 +1,198 @@
+// ferroccl_plan_exec: the GPU twin of backend/host/exec.rs. One block per lane of the plan; a
+// block runs its lane's steps in order, each step one FIFO slot (a piece) at a time, exactly
+// as the host executor does, so both backends move the same bytes in the same messages and
+// a GPU rank can talk to a host rank's FIFO layout.
+//
+// Thread 0 does all waiting and signalling; the other threads wait at __syncthreads, then the
+// whole block moves the piece. All blocks of a launch must be resident at once (grid = lanes,
+// a few dozen at most), since a lane may wait for another lane of the same GPU.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include "types.cuh"
+#include "fifo.cuh"
+#include "reduce.cuh"
+
+#ifndef FC_MAX_THREADS
+#define FC_MAX_THREADS 1024
+#endif
+
+namespace fc {
+
+// What thread 0 hands the block for one piece.
+struct Shared {
+    const fc_u8* in;  // the received slot
+    fc_u8* out;       // the slot being filled
+    fc_u64 n;         // elements in this piece
+    int exit;
+};
+
+__device__ __forceinline__ fc_u8* region(const FcOp& op, fc_u32 buf, fc_u64 off) {
+    return (fc_u8*)(buf == FC_BUF_INPUT ? op.send : op.recv) + off * op.elem_size;
+}
+
+__device__ __forceinline__ bool step_has_recv(fc_u32 kind) {
+    return kind == FC_STEP_RECV || kind == FC_STEP_RECV_REDUCE || kind == FC_STEP_RECV_COPY;
+}
+__device__ __forceinline__ bool step_has_send(const FcStep& s) {
+    return s.kind == FC_STEP_SEND || ((s.kind == FC_STEP_RECV_REDUCE || s.kind == FC_STEP_RECV_COPY) &&
+                                      (s.flags & FC_FLAG_HAS_TO) != 0u);
+}
+
+// Thread 0, at a step's first piece: the connections named by the step exist and play the
+// role the step gives them, and both agree on the piece size (the peers cut messages by it).
+__device__ bool check_conns(const Lane& x, const FcStep& s, const FcOp& op) {
+    const fc_u32 n = x.L->nconns;
+    fc_u32 slot_bytes = 0;
+    if (step_has_recv(s.kind)) {
+        if (s.recv_conn < 0 || (fc_u32)s.recv_conn >= n) return false;
+        const FcConn* c = conn_at(x, s.recv_conn);
+        if (c->dir != FC_CONN_RECV || c->slots == 0 || c->slot_bytes < op.elem_size) return false;
+        slot_bytes = c->slot_bytes;
+    }
+    if (step_has_send(s)) {
+        if (s.send_conn < 0 || (fc_u32)s.send_conn >= n) return false;
+        const FcConn* c = conn_at(x, s.send_conn);
+        if (c->dir != FC_CONN_SEND || c->slots == 0 || c->slot_bytes < op.elem_size) return false;
+        if (slot_bytes != 0 && slot_bytes != c->slot_bytes) return false;
+    }
+    return true;
+}
+
+// All threads, uniformly (they read the same words), so no barrier is needed to agree.
+__device__ __forceinline__ bool op_ok(const FcLaunch& L, const FcStep& s) {
+    if (s.op >= L.nops || s.kind > FC_STEP_COPY) return false;
+    const FcOp& op = ((const FcOp*)L.ops)[s.op];
+    return dtype_valid(op.dtype) && redop_valid(op.redop) && op.elem_size == dtype_size(op.dtype) && op.nranks != 0;
+}
+
+__device__ void run_lane(const FcLaunch& L) {
+    __shared__ Shared sh;
+    const bool t0 = threadIdx.x == 0;
+    Lane x;
+    x.L = &L;
+    x.lane = blockIdx.x;
+    x.step = 0;
+    x.rc = -1;
+    x.sc = -1;
+    x.consumed = x.head_seen = x.produced = x.tail_seen = 0;
+
+    const FcLane ln = ((const FcLane*)L.lanes)[blockIdx.x];
+    if ((fc_u64)ln.first_step + ln.nsteps > L.nsteps) {
+        if (t0) record_error(x, FC_ERR_PLAN, FC_WHAT_PLAN, -1, L.nsteps, (fc_u64)ln.first_step + ln.nsteps);
+        return;
+    }
+    const FcStep* steps = (const FcStep*)L.steps + ln.first_step;
+    bool stop = false;
+    for (fc_u32 si = 0; si < ln.nsteps && !stop; ++si) {
+        const FcStep s = steps[si];
+        x.step = si;
+        if (!op_ok(L, s)) {
+            if (t0) record_error(x, FC_ERR_PLAN, FC_WHAT_PLAN, -1, 0, s.op);
+            break;
+        }
+        const FcOp op = ((const FcOp*)L.ops)[s.op];
+
+        if (s.kind == FC_STEP_COPY) {
+            // Local, whole region at once (no FIFO, so no pieces), like the host.
+            fc_u8* src = region(op, s.src_buf, s.src_off);
+            fc_u8* dst = region(op, s.dst_buf, s.dst_off);
+            transform(op, dst, src, s.count, (s.flags & FC_FLAG_PRE) != 0u, (s.flags & FC_FLAG_POST) != 0u);
+            // A later step may read what this one wrote, through other threads.
+            __syncthreads();
+            continue;
+        }
+
+        const bool has_recv = step_has_recv(s.kind);
+        const bool has_send = step_has_send(s);
+        const bool has_dst = s.kind == FC_STEP_RECV || (s.flags & FC_FLAG_HAS_DST) != 0u;
+        FcConn rc, sc;  // thread 0's copies, read once per step
+        fc_u64 piece = 0;
+        if (t0) {
+            bool ok = check_conns(x, s, op);
+            if (ok) {
+                if (has_recv) {
+                    rc = *conn_at(x, s.recv_conn);
+                    bind_recv(x, s.recv_conn);
+                }
+                if (has_send) {
+                    sc = *conn_at(x, s.send_conn);
+                    bind_send(x, s.send_conn);
+                }
+                piece = (has_recv ? rc.slot_bytes : sc.slot_bytes) / op.elem_size;
+            } else {
+                record_error(x, FC_ERR_PLAN, FC_WHAT_PLAN, has_recv ? s.recv_conn : s.send_conn, 0, 0);
+                piece = 0;
+            }
+        }
+
+        for (fc_u64 done = 0; done < s.count;) {
+            if (t0) {
+                bool ok = piece != 0;
+                const fc_u64 n = s.count - done < piece ? s.count - done : piece;
+                const fc_u32 bytes = (fc_u32)(n * op.elem_size);
+                fc_u8* out = nullptr;
+                const fc_u8* in = nullptr;
+                // The outgoing slot first, as on the host: a full peer must not make this rank
+                // hold an incoming slot it cannot pass on.
+                if (ok && has_send) ok = (out = wait_room(x, sc)) != nullptr;
+                if (ok && has_recv) ok = (in = wait_data(x, rc, bytes)) != nullptr;
+                sh.in = in;
+                sh.out = out;
+                sh.n = n;
+                sh.exit = !ok;
+            }
+            __syncthreads();
+            if (sh.exit) {
+                stop = true;
+                break;
+            }
+            const fc_u64 n = sh.n;
+            const fc_u8* in = sh.in;
+            fc_u8* out = sh.out;
+            fc_u8* dst = has_dst ? region(op, s.dst_buf, s.dst_off + done) : nullptr;
+            switch (s.kind) {
+                case FC_STEP_SEND:
+                    transform(op, out, region(op, s.src_buf, s.src_off + done), n, (s.flags & FC_FLAG_PRE) != 0u, false);
+                    break;
+                case FC_STEP_RECV:
+                    copy_bytes(dst, nullptr, in, n * op.elem_size);
+                    break;
+                case FC_STEP_RECV_REDUCE: {
+                    fc_u8* d0 = dst != nullptr ? dst : out;
+                    fc_u8* d1 = dst != nullptr ? out : nullptr;
+                    if (d0 != nullptr)
+                        reduce(op, d0, d1, in, region(op, s.src_buf, s.src_off + done), n,
+                               (s.flags & FC_FLAG_PRE_LOCAL) != 0u, (s.flags & FC_FLAG_POST) != 0u);
+                    break;
+                }
+                default: {  // FC_STEP_RECV_COPY
+                    fc_u8* d0 = dst != nullptr ? dst : out;
+                    fc_u8* d1 = dst != nullptr ? out : nullptr;
+                    if (d0 != nullptr) copy_bytes(d0, d1, in, n * op.elem_size);
+                    break;
+                }
+            }
+            // Ends the piece for every thread: the slot is fully read and written before thread 0
+            // signals, and sh may be overwritten for the next piece.
+            __syncthreads();
+            if (t0) {
+                if (has_send) publish(x, sc, (fc_u32)(n * op.elem_size));
+                if (has_recv) release(x, rc);
+            }
+            done += n;
+        }
+    }
+    if (t0) {
+        unbind_recv(x);
+        unbind_send(x);
+    }
+}
+
+}  // namespace fc
+
+extern "C" __global__ void __launch_bounds__(FC_MAX_THREADS, 1) ferroccl_plan_exec(const __grid_constant__ FcLaunch L) {
+    if (blockIdx.x >= L.nlanes) return;
+    fc::run_lane(L);
+}

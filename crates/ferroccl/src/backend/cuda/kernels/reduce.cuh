@@ -1,0 +1,398 @@
+// Element arithmetic and the block-wide loops that move and reduce one piece.
+//
+// The results must equal ferroccl_core::numeric::reduce bit for bit, so:
+//  - integers wrap (computed in the unsigned type: signed overflow is undefined in C++);
+//  - f32/f64 use the _rn intrinsics, which the compiler never contracts into FMAs (the host
+//    rounds the pre-multiplication and the sum separately);
+//  - f16, bf16 and fp8 compute in f32 and round to nearest even on each store; fp8 stores
+//    saturate to the largest finite value, and NaN keeps its sign as on the host;
+//  - max/min return the received operand when it is NaN or strictly greater/smaller, else the
+//    local one (the host's exact rule, which also fixes -0 vs +0 and NaN propagation);
+//  - Avg divides once, after the full sum (the plan's post flag), truncating for integers.
+//
+// Elements are handled as raw storage words (S) converted to a compute type (C), so that
+// packs of 16 bytes can be reinterpreted through a union without non-trivial members.
+#pragma once
+#include "types.cuh"
+
+namespace fc {
+
+// ---- arithmetic per compute type ---------------------------------------------------------
+
+__device__ __forceinline__ fc_i8 add(fc_i8 a, fc_i8 b) { return (fc_i8)(fc_u8)((fc_u32)a + (fc_u32)b); }
+__device__ __forceinline__ fc_u8 add(fc_u8 a, fc_u8 b) { return (fc_u8)((fc_u32)a + (fc_u32)b); }
+__device__ __forceinline__ fc_i32 add(fc_i32 a, fc_i32 b) { return (fc_i32)((fc_u32)a + (fc_u32)b); }
+__device__ __forceinline__ fc_u32 add(fc_u32 a, fc_u32 b) { return a + b; }
+__device__ __forceinline__ fc_i64 add(fc_i64 a, fc_i64 b) { return (fc_i64)((fc_u64)a + (fc_u64)b); }
+__device__ __forceinline__ fc_u64 add(fc_u64 a, fc_u64 b) { return a + b; }
+__device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add(double a, double b) { return __dadd_rn(a, b); }
+
+__device__ __forceinline__ fc_i8 mul(fc_i8 a, fc_i8 b) { return (fc_i8)(fc_u8)((fc_u32)a * (fc_u32)b); }
+__device__ __forceinline__ fc_u8 mul(fc_u8 a, fc_u8 b) { return (fc_u8)((fc_u32)a * (fc_u32)b); }
+__device__ __forceinline__ fc_i32 mul(fc_i32 a, fc_i32 b) { return (fc_i32)((fc_u32)a * (fc_u32)b); }
+__device__ __forceinline__ fc_u32 mul(fc_u32 a, fc_u32 b) { return a * b; }
+__device__ __forceinline__ fc_i64 mul(fc_i64 a, fc_i64 b) { return (fc_i64)((fc_u64)a * (fc_u64)b); }
+__device__ __forceinline__ fc_u64 mul(fc_u64 a, fc_u64 b) { return a * b; }
+__device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul(double a, double b) { return __dmul_rn(a, b); }
+
+template <typename C> __device__ __forceinline__ C max_int(C a, C b) { return a > b ? a : b; }
+template <typename C> __device__ __forceinline__ C min_int(C a, C b) { return a < b ? a : b; }
+// a != a is the NaN test; no fast-math flag is ever passed, so it is not folded away.
+template <typename C> __device__ __forceinline__ C max_flt(C a, C b) { return ((a != a) | (a > b)) ? a : b; }
+template <typename C> __device__ __forceinline__ C min_flt(C a, C b) { return ((a != a) | (a < b)) ? a : b; }
+
+__device__ __forceinline__ fc_i8 vmax(fc_i8 a, fc_i8 b) { return max_int(a, b); }
+__device__ __forceinline__ fc_u8 vmax(fc_u8 a, fc_u8 b) { return max_int(a, b); }
+__device__ __forceinline__ fc_i32 vmax(fc_i32 a, fc_i32 b) { return max_int(a, b); }
+__device__ __forceinline__ fc_u32 vmax(fc_u32 a, fc_u32 b) { return max_int(a, b); }
+__device__ __forceinline__ fc_i64 vmax(fc_i64 a, fc_i64 b) { return max_int(a, b); }
+__device__ __forceinline__ fc_u64 vmax(fc_u64 a, fc_u64 b) { return max_int(a, b); }
+__device__ __forceinline__ float vmax(float a, float b) { return max_flt(a, b); }
+__device__ __forceinline__ double vmax(double a, double b) { return max_flt(a, b); }
+
+__device__ __forceinline__ fc_i8 vmin(fc_i8 a, fc_i8 b) { return min_int(a, b); }
+__device__ __forceinline__ fc_u8 vmin(fc_u8 a, fc_u8 b) { return min_int(a, b); }
+__device__ __forceinline__ fc_i32 vmin(fc_i32 a, fc_i32 b) { return min_int(a, b); }
+__device__ __forceinline__ fc_u32 vmin(fc_u32 a, fc_u32 b) { return min_int(a, b); }
+__device__ __forceinline__ fc_i64 vmin(fc_i64 a, fc_i64 b) { return min_int(a, b); }
+__device__ __forceinline__ fc_u64 vmin(fc_u64 a, fc_u64 b) { return min_int(a, b); }
+__device__ __forceinline__ float vmin(float a, float b) { return min_flt(a, b); }
+__device__ __forceinline__ double vmin(double a, double b) { return min_flt(a, b); }
+
+// Widened like the host (i8 -128 / 128 must be -1, not a wrapped quotient).
+__device__ __forceinline__ fc_i8 divn(fc_i8 a, fc_u32 n) { return (fc_i8)((fc_i64)a / (fc_i64)n); }
+__device__ __forceinline__ fc_u8 divn(fc_u8 a, fc_u32 n) { return (fc_u8)((fc_u64)a / (fc_u64)n); }
+__device__ __forceinline__ fc_i32 divn(fc_i32 a, fc_u32 n) { return (fc_i32)((fc_i64)a / (fc_i64)n); }
+__device__ __forceinline__ fc_u32 divn(fc_u32 a, fc_u32 n) { return (fc_u32)((fc_u64)a / (fc_u64)n); }
+__device__ __forceinline__ fc_i64 divn(fc_i64 a, fc_u32 n) { return a / (fc_i64)n; }
+__device__ __forceinline__ fc_u64 divn(fc_u64 a, fc_u32 n) { return a / (fc_u64)n; }
+__device__ __forceinline__ float divn(float a, fc_u32 n) { return __fdiv_rn(a, (float)n); }
+__device__ __forceinline__ double divn(double a, fc_u32 n) { return __ddiv_rn(a, (double)n); }
+
+// ---- element types: storage S, compute C ---------------------------------------------------
+
+template <typename T>
+struct Native {
+    typedef T S;
+    typedef T C;
+    static __device__ __forceinline__ C load(S s) { return s; }
+    static __device__ __forceinline__ S store(C c) { return c; }
+};
+struct DI8 : Native<fc_i8> {
+    static __device__ __forceinline__ C scalar(const FcOp& op) { return (C)op.scalar_i64; }
+};
+struct DU8 : Native<fc_u8> {
+    static __device__ __forceinline__ C scalar(const FcOp& op) { return (C)op.scalar_i64; }
+};
+struct DI32 : Native<fc_i32> {
+    static __device__ __forceinline__ C scalar(const FcOp& op) { return (C)op.scalar_i64; }
+};
+struct DU32 : Native<fc_u32> {
+    static __device__ __forceinline__ C scalar(const FcOp& op) { return (C)op.scalar_i64; }
+};
+struct DI64 : Native<fc_i64> {
+    static __device__ __forceinline__ C scalar(const FcOp& op) { return op.scalar_i64; }
+};
+struct DU64 : Native<fc_u64> {
+    static __device__ __forceinline__ C scalar(const FcOp& op) { return (C)op.scalar_i64; }
+};
+struct DF32 : Native<float> {
+    static __device__ __forceinline__ C scalar(const FcOp& op) { return (C)op.scalar_f64; }
+};
+struct DF64 : Native<double> {
+    static __device__ __forceinline__ C scalar(const FcOp& op) { return op.scalar_f64; }
+};
+
+// The host stores the scalar already rounded to the element type, so widening to f32 is exact.
+struct Narrow {
+    typedef float C;
+    static __device__ __forceinline__ C scalar(const FcOp& op) { return (float)op.scalar_f64; }
+};
+struct DF16 : Narrow {
+    typedef fc_u16 S;
+    static __device__ __forceinline__ C load(S s) { return __half2float(__ushort_as_half(s)); }
+    static __device__ __forceinline__ S store(C c) { return __half_as_ushort(__float2half_rn(c)); }
+};
+struct DBF16 : Narrow {
+    typedef fc_u16 S;
+    static __device__ __forceinline__ C load(S s) { return __bfloat162float(__ushort_as_bfloat16(s)); }
+    static __device__ __forceinline__ S store(C c) { return __bfloat16_as_ushort(__float2bfloat16_rn(c)); }
+};
+template <int KIND>
+struct DF8 : Narrow {
+    typedef fc_u8 S;
+    static __device__ __forceinline__ C load(S s) {
+        __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)s, (__nv_fp8_interpretation_t)KIND);
+        return __half2float(__half(h));
+    }
+    static __device__ __forceinline__ S store(C c) {
+        // The hardware conversion drops a NaN's sign; the host keeps it (S.1111111), and fp8 NaNs
+        // have no payload, so this one case can match the host bit for bit.
+        if (c != c) return (S)(((__float_as_uint(c) >> 24) & 0x80u) | 0x7fu);
+        return (S)__nv_cvt_float_to_fp8(c, __NV_SATFINITE, (__nv_fp8_interpretation_t)KIND);
+    }
+};
+typedef DF8<__NV_E4M3> DE4M3;
+typedef DF8<__NV_E5M2> DE5M2;
+
+// ---- combining function (Avg and PreMulSum combine as Sum) ---------------------------------
+// Chosen per element at run time rather than by template: the loops are bound by memory (and
+// NVLink), with ALU time to spare, while one template instance per (dtype, op) multiplied
+// NVRTC's compile time by four. `k` is uniform across the block, so this never diverges.
+
+template <typename C>
+__device__ __forceinline__ C combine(C a, C b, fc_u32 k) {
+    switch (k) {
+        case FC_OP_PROD: return mul(a, b);
+        case FC_OP_MAX: return vmax(a, b);
+        case FC_OP_MIN: return vmin(a, b);
+        default: return add(a, b);
+    }
+}
+
+// ---- cache-global loads ----------------------------------------------------------------------
+// Slots are written by another GPU: reading them through L2 (.cg) keeps a line cached in L1 by
+// an earlier use of the same slot from being returned. User buffers are streamed once, so the
+// same loads cost nothing there.
+
+__device__ __forceinline__ uint4 ldcg(const uint4* p) { return __ldcg(p); }
+__device__ __forceinline__ fc_u64 ldcg(const fc_u64* p) { return __ldcg((const unsigned long long*)p); }
+__device__ __forceinline__ fc_u32 ldcg(const fc_u32* p) { return __ldcg((const unsigned int*)p); }
+__device__ __forceinline__ fc_u16 ldcg(const fc_u16* p) { return __ldcg((const unsigned short*)p); }
+__device__ __forceinline__ fc_u8 ldcg(const fc_u8* p) { return __ldcg((const unsigned char*)p); }
+
+template <typename S> struct Bits;
+template <> struct Bits<fc_i8> { typedef fc_u8 U; };
+template <> struct Bits<fc_u8> { typedef fc_u8 U; };
+template <> struct Bits<fc_u16> { typedef fc_u16 U; };
+template <> struct Bits<fc_i32> { typedef fc_u32 U; };
+template <> struct Bits<fc_u32> { typedef fc_u32 U; };
+template <> struct Bits<float> { typedef fc_u32 U; };
+template <> struct Bits<fc_i64> { typedef fc_u64 U; };
+template <> struct Bits<fc_u64> { typedef fc_u64 U; };
+template <> struct Bits<double> { typedef fc_u64 U; };
+
+template <typename S>
+__device__ __forceinline__ S ld_elem(const S* p) {
+    typedef typename Bits<S>::U U;
+    union { U u; S s; } x;
+    x.u = ldcg((const U*)p);
+    return x.s;
+}
+
+// ---- block-wide loops over one piece -------------------------------------------------------
+
+__device__ __forceinline__ bool aligned16(fc_u64 a) { return (a & 15u) == 0; }
+
+// dst0[i] (and dst1[i] when non-null) = src[i] for `bytes` bytes, in the widest words that every
+// pointer's alignment allows, then the odd tail bytewise.
+template <typename W, int U>
+__device__ __forceinline__ void copy_words(fc_u8* d0, fc_u8* d1, const fc_u8* src, fc_u64 bytes) {
+    const fc_u64 nw = bytes / sizeof(W);
+    const W* s = (const W*)src;
+    W* a = (W*)d0;
+    W* b = (W*)d1;
+    const fc_u32 nt = blockDim.x;
+    fc_u64 i = threadIdx.x;
+    // U loads in flight per thread before the first store: over NVLink latency, not bandwidth,
+    // limits a single load stream.
+    for (; i + (fc_u64)(U - 1) * nt < nw; i += (fc_u64)U * nt) {
+        W v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) v[u] = ldcg(s + i + (fc_u64)u * nt);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            a[i + (fc_u64)u * nt] = v[u];
+            if (b) b[i + (fc_u64)u * nt] = v[u];
+        }
+    }
+    for (; i < nw; i += nt) {
+        W v = ldcg(s + i);
+        a[i] = v;
+        if (b) b[i] = v;
+    }
+    for (fc_u64 j = nw * sizeof(W) + threadIdx.x; j < bytes; j += nt) {
+        fc_u8 v = ldcg(src + j);
+        d0[j] = v;
+        if (d1) d1[j] = v;
+    }
+}
+
+// Not inlined, here and in reduce/transform below: the kernel calls each from several places,
+// and inlined copies of these unrolled loops doubled NVRTC's time for a call per piece saved.
+// Only the 16-byte path is unrolled; the narrower ones serve odd offsets, which plans avoid.
+__device__ __noinline__ void copy_bytes(fc_u8* d0, fc_u8* d1, const fc_u8* src, fc_u64 bytes) {
+    const fc_u64 a = (fc_u64)d0 | (fc_u64)src | (fc_u64)d1;
+    if ((a & 15u) == 0) copy_words<uint4, 4>(d0, d1, src, bytes);
+    else if ((a & 7u) == 0) copy_words<fc_u64, 1>(d0, d1, src, bytes);
+    else if ((a & 3u) == 0) copy_words<fc_u32, 1>(d0, d1, src, bytes);
+    else if ((a & 1u) == 0) copy_words<fc_u16, 1>(d0, d1, src, bytes);
+    else copy_words<fc_u8, 1>(d0, d1, src, bytes);
+}
+
+// For i < n: l = local[i]; if pre l *= scalar; v = O(recv[i], l); if post v /= nranks;
+// dst0[i] = v (and dst1[i]). dst0 may be exactly local (in place); recv is a slot.
+template <typename D>
+__device__ void reduce_piece(fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u8* local, fc_u64 n, fc_u32 k,
+                             bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
+    typedef typename D::S S;
+    typedef typename D::C C;
+    const fc_u32 nt = blockDim.x;
+    fc_u64 done = 0;
+    if (aligned16((fc_u64)d0 | (fc_u64)d1 | (fc_u64)recv | (fc_u64)local)) {
+        const int E = 16 / sizeof(S);
+        union Pack { uint4 v; S e[16 / sizeof(S)]; };
+        const fc_u64 nv = n / E;
+        const uint4* r4 = (const uint4*)recv;
+        const uint4* l4 = (const uint4*)local;
+        uint4* a4 = (uint4*)d0;
+        uint4* b4 = (uint4*)d1;
+        for (fc_u64 i = threadIdx.x; i < nv; i += nt) {
+            Pack r, l, o;
+            r.v = ldcg(r4 + i);
+            l.v = ldcg(l4 + i);
+#pragma unroll
+            for (int j = 0; j < E; ++j) {
+                C lv = D::load(l.e[j]);
+                if (pre) lv = mul(lv, scalar);
+                C v = combine(D::load(r.e[j]), lv, k);
+                if (post) v = divn(v, nranks);
+                o.e[j] = D::store(v);
+            }
+            a4[i] = o.v;
+            if (b4) b4[i] = o.v;
+        }
+        done = nv * E;
+    }
+    const S* r = (const S*)recv;
+    const S* l = (const S*)local;
+    S* a = (S*)d0;
+    S* b = (S*)d1;
+    for (fc_u64 i = done + threadIdx.x; i < n; i += nt) {
+        C lv = D::load(ld_elem(l + i));
+        if (pre) lv = mul(lv, scalar);
+        C v = combine(D::load(ld_elem(r + i)), lv, k);
+        if (post) v = divn(v, nranks);
+        S o = D::store(v);
+        a[i] = o;
+        if (b) b[i] = o;
+    }
+}
+
+// For i < n: v = src[i]; if pre v *= scalar; if post v /= nranks; dst[i] = v.
+template <typename D>
+__device__ void transform_piece(fc_u8* d0, const fc_u8* src, fc_u64 n, bool pre, bool post, typename D::C scalar,
+                                fc_u32 nranks) {
+    typedef typename D::S S;
+    typedef typename D::C C;
+    const fc_u32 nt = blockDim.x;
+    fc_u64 done = 0;
+    if (aligned16((fc_u64)d0 | (fc_u64)src)) {
+        const int E = 16 / sizeof(S);
+        union Pack { uint4 v; S e[16 / sizeof(S)]; };
+        const fc_u64 nv = n / E;
+        const uint4* s4 = (const uint4*)src;
+        uint4* a4 = (uint4*)d0;
+        for (fc_u64 i = threadIdx.x; i < nv; i += nt) {
+            Pack s, o;
+            s.v = ldcg(s4 + i);
+#pragma unroll
+            for (int k = 0; k < E; ++k) {
+                C v = D::load(s.e[k]);
+                if (pre) v = mul(v, scalar);
+                if (post) v = divn(v, nranks);
+                o.e[k] = D::store(v);
+            }
+            a4[i] = o.v;
+        }
+        done = nv * E;
+    }
+    const S* s = (const S*)src;
+    S* a = (S*)d0;
+    for (fc_u64 i = done + threadIdx.x; i < n; i += nt) {
+        C v = D::load(ld_elem(s + i));
+        if (pre) v = mul(v, scalar);
+        if (post) v = divn(v, nranks);
+        a[i] = D::store(v);
+    }
+}
+
+// ---- runtime dispatch: one switch per piece, 12 reduce and 12 transform instances ----------
+
+__device__ __forceinline__ bool dtype_valid(fc_u32 dtype) { return dtype <= FC_FP8E5M2; }
+__device__ __forceinline__ bool redop_valid(fc_u32 redop) { return redop <= FC_OP_PREMULSUM; }
+
+__device__ __forceinline__ fc_u32 dtype_size(fc_u32 dtype) {
+    switch (dtype) {
+        case FC_INT32: case FC_UINT32: case FC_FLOAT32: return 4;
+        case FC_INT64: case FC_UINT64: case FC_FLOAT64: return 8;
+        case FC_FLOAT16: case FC_BFLOAT16: return 2;
+        default: return 1;
+    }
+}
+
+template <typename D>
+__device__ void reduce_redop(const FcOp& op, fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u8* local, fc_u64 n,
+                             bool pre, bool post) {
+    reduce_piece<D>(d0, d1, recv, local, n, op.redop, pre, post, D::scalar(op), op.nranks);
+}
+
+// pre/post are the step's flags; they take effect only for the ops they belong to, exactly as
+// in the host Reducer. The caller has checked dtype and redop.
+__device__ __noinline__ void reduce(const FcOp& op, fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u8* local, fc_u64 n,
+                       bool pre_flag, bool post_flag) {
+    const bool pre = pre_flag && op.redop == FC_OP_PREMULSUM;
+    const bool post = post_flag && op.redop == FC_OP_AVG;
+    switch (op.dtype) {
+        case FC_INT8: reduce_redop<DI8>(op, d0, d1, recv, local, n, pre, post); break;
+        case FC_UINT8: reduce_redop<DU8>(op, d0, d1, recv, local, n, pre, post); break;
+        case FC_INT32: reduce_redop<DI32>(op, d0, d1, recv, local, n, pre, post); break;
+        case FC_UINT32: reduce_redop<DU32>(op, d0, d1, recv, local, n, pre, post); break;
+        case FC_INT64: reduce_redop<DI64>(op, d0, d1, recv, local, n, pre, post); break;
+        case FC_UINT64: reduce_redop<DU64>(op, d0, d1, recv, local, n, pre, post); break;
+        case FC_FLOAT16: reduce_redop<DF16>(op, d0, d1, recv, local, n, pre, post); break;
+        case FC_FLOAT32: reduce_redop<DF32>(op, d0, d1, recv, local, n, pre, post); break;
+        case FC_FLOAT64: reduce_redop<DF64>(op, d0, d1, recv, local, n, pre, post); break;
+        case FC_BFLOAT16: reduce_redop<DBF16>(op, d0, d1, recv, local, n, pre, post); break;
+        case FC_FP8E4M3: reduce_redop<DE4M3>(op, d0, d1, recv, local, n, pre, post); break;
+        default: reduce_redop<DE5M2>(op, d0, d1, recv, local, n, pre, post); break;
+    }
+}
+
+__device__ __forceinline__ bool transform_needed(const FcOp& op, bool pre_flag, bool post_flag) {
+    return (pre_flag && op.redop == FC_OP_PREMULSUM) || (post_flag && op.redop == FC_OP_AVG);
+}
+
+template <typename D>
+__device__ __forceinline__ void transform_t(const FcOp& op, fc_u8* d0, const fc_u8* src, fc_u64 n, bool pre, bool post) {
+    transform_piece<D>(d0, src, n, pre, post, D::scalar(op), op.nranks);
+}
+
+// Moves n elements src -> d0 with the pre/post transforms of the op; a plain byte copy when
+// neither applies (which also keeps NaN payloads, as the host's memcpy does).
+__device__ __noinline__ void transform(const FcOp& op, fc_u8* d0, const fc_u8* src, fc_u64 n, bool pre_flag, bool post_flag) {
+    const bool pre = pre_flag && op.redop == FC_OP_PREMULSUM;
+    const bool post = post_flag && op.redop == FC_OP_AVG;
+    if (!pre && !post) {
+        if (d0 != src) copy_bytes(d0, nullptr, src, n * op.elem_size);
+        return;
+    }
+    switch (op.dtype) {
+        case FC_INT8: transform_t<DI8>(op, d0, src, n, pre, post); break;
+        case FC_UINT8: transform_t<DU8>(op, d0, src, n, pre, post); break;
+        case FC_INT32: transform_t<DI32>(op, d0, src, n, pre, post); break;
+        case FC_UINT32: transform_t<DU32>(op, d0, src, n, pre, post); break;
+        case FC_INT64: transform_t<DI64>(op, d0, src, n, pre, post); break;
+        case FC_UINT64: transform_t<DU64>(op, d0, src, n, pre, post); break;
+        case FC_FLOAT16: transform_t<DF16>(op, d0, src, n, pre, post); break;
+        case FC_FLOAT32: transform_t<DF32>(op, d0, src, n, pre, post); break;
+        case FC_FLOAT64: transform_t<DF64>(op, d0, src, n, pre, post); break;
+        case FC_BFLOAT16: transform_t<DBF16>(op, d0, src, n, pre, post); break;
+        case FC_FP8E4M3: transform_t<DE4M3>(op, d0, src, n, pre, post); break;
+        default: transform_t<DE5M2>(op, d0, src, n, pre, post); break;
+    }
+}
+
+}  // namespace fc

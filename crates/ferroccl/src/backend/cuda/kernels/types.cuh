@@ -1,0 +1,232 @@
+// Structures shared between the host (crates/ferroccl/src/backend/cuda/devplan.rs) and the
+// plan-execution kernel. Every layout is pinned twice: static_asserts here, const asserts and a
+// test that re-reads the FC_CHECK_* lines of this file on the Rust side. Change both together.
+//
+// NVRTC has no C library headers, so the fixed-width names are spelled out here.
+#pragma once
+
+typedef signed char fc_i8;
+typedef unsigned char fc_u8;
+typedef unsigned short fc_u16;
+typedef int fc_i32;
+typedef unsigned int fc_u32;
+typedef long long fc_i64;
+typedef unsigned long long fc_u64;
+
+#define FC_CHECK_SIZE(T, n) static_assert(sizeof(T) == (n), "layout of " #T " differs from devplan.rs")
+// NVRTC's front end has no __builtin_offsetof (nor <cstddef>); __INTADDR__ is its constant
+// folding of an address, which gives the same number.
+#if defined(__CUDACC_RTC__)
+#define FC_OFFSETOF(T, f) __INTADDR__(&((T*)0)->f)
+#else
+#define FC_OFFSETOF(T, f) __builtin_offsetof(T, f)
+#endif
+#define FC_CHECK_OFFSET(T, f, n) static_assert(FC_OFFSETOF(T, f) == (n), "offset of " #T "." #f " differs from devplan.rs")
+
+// Step kinds: the variants of ferroccl_core::plan::Step, in declaration order.
+#define FC_STEP_SEND 0u
+#define FC_STEP_RECV 1u
+#define FC_STEP_RECV_REDUCE 2u
+#define FC_STEP_RECV_COPY 3u
+#define FC_STEP_COPY 4u
+
+// Step flags.
+#define FC_FLAG_PRE 1u        // Send, Copy: pre-multiply the source (PreMulSum only)
+#define FC_FLAG_POST 2u       // RecvReduce, Copy: divide by nranks (Avg only)
+#define FC_FLAG_PRE_LOCAL 4u  // RecvReduce: pre-multiply the local operand (PreMulSum only)
+#define FC_FLAG_HAS_DST 8u    // RecvReduce, RecvCopy: dst is meaningful
+#define FC_FLAG_HAS_TO 16u    // RecvReduce, RecvCopy: send_conn is meaningful
+
+#define FC_BUF_INPUT 0u
+#define FC_BUF_OUTPUT 1u
+
+// Reduction ops, NCCL numbering (PreMulSum is dynamic in NCCL; 5 here).
+#define FC_OP_SUM 0u
+#define FC_OP_PROD 1u
+#define FC_OP_MAX 2u
+#define FC_OP_MIN 3u
+#define FC_OP_AVG 4u
+#define FC_OP_PREMULSUM 5u
+
+// Data types, NCCL numbering.
+#define FC_INT8 0u
+#define FC_UINT8 1u
+#define FC_INT32 2u
+#define FC_UINT32 3u
+#define FC_INT64 4u
+#define FC_UINT64 5u
+#define FC_FLOAT16 6u
+#define FC_FLOAT32 7u
+#define FC_FLOAT64 8u
+#define FC_BFLOAT16 9u
+#define FC_FP8E4M3 10u
+#define FC_FP8E5M2 11u
+
+#define FC_CONN_SEND 0u
+#define FC_CONN_RECV 1u
+
+// Error codes (FcError::code).
+#define FC_ERR_ABORTED 1u  // the abort word became non-zero
+#define FC_ERR_TIMEOUT 2u  // one wait saw no progress for timeout_ns
+#define FC_ERR_LENGTH 3u   // a received slot's length differs from what this rank expects
+#define FC_ERR_PLAN 4u     // the tables are inconsistent (index out of range, wrong role, ...)
+
+// What the failing lane was doing (FcError::what).
+#define FC_WHAT_DATA 1u   // waiting for data from the peer
+#define FC_WHAT_ROOM 2u   // waiting for a free slot towards the peer
+#define FC_WHAT_LENGTH 3u // checking a received length
+#define FC_WHAT_PLAN 4u   // checking the tables
+
+// Passed by value (__grid_constant__), so a launch needs no upload of its own and the kernel
+// reaches its tables one dependent load sooner.
+struct FcLaunch {
+    fc_u64 steps;       // FcStep[nsteps]
+    fc_u64 lanes;       // FcLane[nlanes]
+    fc_u64 ops;         // FcOp[nops]
+    fc_u64 conns;       // FcConn[nconns]
+    fc_u64 abort;       // int, non-zero = abort; may be host-mapped; 0 = none
+    fc_u64 error;       // FcError, device memory (atomicCAS on it); must not be 0
+    fc_u64 timeout_ns;  // longest wait without progress; 0 = wait forever
+    fc_u32 nlanes;
+    fc_u32 rank;
+    fc_u32 nsteps;
+    fc_u32 nops;
+    fc_u32 nconns;
+    fc_u32 reserved;
+};
+FC_CHECK_SIZE(FcLaunch, 80);
+FC_CHECK_OFFSET(FcLaunch, steps, 0);
+FC_CHECK_OFFSET(FcLaunch, lanes, 8);
+FC_CHECK_OFFSET(FcLaunch, ops, 16);
+FC_CHECK_OFFSET(FcLaunch, conns, 24);
+FC_CHECK_OFFSET(FcLaunch, abort, 32);
+FC_CHECK_OFFSET(FcLaunch, error, 40);
+FC_CHECK_OFFSET(FcLaunch, timeout_ns, 48);
+FC_CHECK_OFFSET(FcLaunch, nlanes, 56);
+FC_CHECK_OFFSET(FcLaunch, rank, 60);
+FC_CHECK_OFFSET(FcLaunch, nsteps, 64);
+FC_CHECK_OFFSET(FcLaunch, nops, 68);
+FC_CHECK_OFFSET(FcLaunch, nconns, 72);
+FC_CHECK_OFFSET(FcLaunch, reserved, 76);
+
+struct FcLane {
+    fc_u32 first_step;
+    fc_u32 nsteps;
+};
+FC_CHECK_SIZE(FcLane, 8);
+FC_CHECK_OFFSET(FcLane, first_step, 0);
+FC_CHECK_OFFSET(FcLane, nsteps, 4);
+
+// Regions are (buffer, element offset) of op `op`; the element count is `count` for every region
+// of a step (the plan guarantees it). Send: src. Recv: dst. RecvReduce: src = local, dst if
+// HAS_DST. RecvCopy: dst if HAS_DST. Copy: src and dst.
+struct FcStep {
+    fc_u32 kind;
+    fc_u32 flags;
+    fc_i32 recv_conn;  // index into FcConn[], -1 = none
+    fc_i32 send_conn;  // index into FcConn[], -1 = none
+    fc_u32 op;
+    fc_u32 src_buf;
+    fc_u64 src_off;
+    fc_u32 dst_buf;
+    fc_u32 reserved;
+    fc_u64 dst_off;
+    fc_u64 count;
+};
+FC_CHECK_SIZE(FcStep, 56);
+FC_CHECK_OFFSET(FcStep, kind, 0);
+FC_CHECK_OFFSET(FcStep, flags, 4);
+FC_CHECK_OFFSET(FcStep, recv_conn, 8);
+FC_CHECK_OFFSET(FcStep, send_conn, 12);
+FC_CHECK_OFFSET(FcStep, op, 16);
+FC_CHECK_OFFSET(FcStep, src_buf, 20);
+FC_CHECK_OFFSET(FcStep, src_off, 24);
+FC_CHECK_OFFSET(FcStep, dst_buf, 32);
+FC_CHECK_OFFSET(FcStep, reserved, 36);
+FC_CHECK_OFFSET(FcStep, dst_off, 40);
+FC_CHECK_OFFSET(FcStep, count, 48);
+
+// The scalar of PreMulSum is stored already converted to the element type (as the host
+// Reducer converts it), so the kernel only widens it: scalar_f64 for float types, scalar_i64
+// (two's complement bits) for integer types.
+struct FcOp {
+    fc_u64 send;  // input buffer (device address)
+    fc_u64 recv;  // output buffer
+    fc_u32 dtype;
+    fc_u32 redop;
+    double scalar_f64;
+    fc_i64 scalar_i64;
+    fc_u32 nranks;
+    fc_u32 elem_size;
+};
+FC_CHECK_SIZE(FcOp, 48);
+FC_CHECK_OFFSET(FcOp, send, 0);
+FC_CHECK_OFFSET(FcOp, recv, 8);
+FC_CHECK_OFFSET(FcOp, dtype, 16);
+FC_CHECK_OFFSET(FcOp, redop, 20);
+FC_CHECK_OFFSET(FcOp, scalar_f64, 24);
+FC_CHECK_OFFSET(FcOp, scalar_i64, 32);
+FC_CHECK_OFFSET(FcOp, nranks, 40);
+FC_CHECK_OFFSET(FcOp, elem_size, 44);
+
+// One end of a single-producer single-consumer FIFO, as this GPU addresses it. The FIFO's
+// data, lens and head live in the receiver's memory, tail in the sender's; each side also has a
+// private counter word in its own memory that carries its position from launch to launch.
+//
+//   dir = FC_CONN_RECV: data, lens, head local; tail = the sender's tail (peer mapping);
+//                       counter = slots consumed so far.
+//   dir = FC_CONN_SEND: data, lens, head = the receiver's (peer mapping); tail local;
+//                       counter = slots produced so far.
+//
+// head counts slots published, tail slots freed; both only grow (64 bits never wrap). Slot k
+// of the stream lives at data + (k % slots) * slot_bytes with its byte length at lens[k % slots].
+// All words start at zero when the connection is made.
+struct FcConn {
+    fc_u64 data;
+    fc_u64 lens;
+    fc_u64 head;
+    fc_u64 tail;
+    fc_u64 counter;
+    fc_u32 slots;
+    fc_u32 slot_bytes;
+    fc_u32 peer;  // for error records only
+    fc_u32 dir;
+};
+FC_CHECK_SIZE(FcConn, 56);
+FC_CHECK_OFFSET(FcConn, data, 0);
+FC_CHECK_OFFSET(FcConn, lens, 8);
+FC_CHECK_OFFSET(FcConn, head, 16);
+FC_CHECK_OFFSET(FcConn, tail, 24);
+FC_CHECK_OFFSET(FcConn, counter, 32);
+FC_CHECK_OFFSET(FcConn, slots, 40);
+FC_CHECK_OFFSET(FcConn, slot_bytes, 44);
+FC_CHECK_OFFSET(FcConn, peer, 48);
+FC_CHECK_OFFSET(FcConn, dir, 52);
+
+// Written once per failure: the first block to win `claimed` fills the record and then sets
+// `code` (after a system fence), so a reader that sees code != 0 sees the whole record. Other
+// blocks leave at their next wait when `claimed` is set. The host zeroes it to reuse the
+// communicator (it normally does not: a failed launch leaves the FIFOs in an unknown state).
+struct FcError {
+    fc_u32 claimed;
+    fc_u32 code;
+    fc_u32 lane;
+    fc_u32 step;  // index within the lane
+    fc_u32 peer;
+    fc_u32 what;
+    fc_i32 conn;
+    fc_u32 rank;
+    fc_u64 expected;  // length check: expected bytes; timeout: timeout_ns
+    fc_u64 got;       // length check: received bytes; timeout: ns waited
+};
+FC_CHECK_SIZE(FcError, 48);
+FC_CHECK_OFFSET(FcError, claimed, 0);
+FC_CHECK_OFFSET(FcError, code, 4);
+FC_CHECK_OFFSET(FcError, lane, 8);
+FC_CHECK_OFFSET(FcError, step, 12);
+FC_CHECK_OFFSET(FcError, peer, 16);
+FC_CHECK_OFFSET(FcError, what, 20);
+FC_CHECK_OFFSET(FcError, conn, 24);
+FC_CHECK_OFFSET(FcError, rank, 28);
+FC_CHECK_OFFSET(FcError, expected, 32);
+FC_CHECK_OFFSET(FcError, got, 40);
