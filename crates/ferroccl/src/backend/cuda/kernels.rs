@@ -148,3 +148,310 @@ mod tests {
         assert!(ptx.contains("%globaltimer"));
     }
 }
+
+/// Runs the kernel for real: several ranks of a ring all-reduce as concurrent launches on one
+/// GPU, their FIFOs in that GPU's memory, checked byte for byte against the host Reducer for
+/// every dtype and op; then a lone rank that must time out with a complete error record.
+/// Skips unless FERROCCL_GPU_TEST=1 (needs a GPU, libcuda, libnvrtc, FERROCCL_CUDA_INCLUDE).
+#[cfg(test)]
+mod gpu_tests {
+    use super::*;
+    use crate::backend::devplan::*;
+    use cudarc::driver::{result as drv, CudaContext, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+    use ferroccl_core::algo::{build, CollDesc, Tuning};
+    use ferroccl_core::numeric::{Element, Reducer};
+    use ferroccl_core::plan::{ConnKey, Dir, Plan};
+    use ferroccl_core::{CollKind, DataType, ReduceOp};
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    // SAFETY: plain #[repr(C)] data of integers, passed by value as the kernel's parameter.
+    unsafe impl DeviceRepr for FcLaunch {}
+
+    /// Bump allocator over one device allocation, so that no per-buffer tracking by cudarc
+    /// orders the ranks' streams against each other.
+    struct Arena {
+        base: u64,
+        used: u64,
+        cap: u64,
+    }
+    impl Arena {
+        fn take(&mut self, bytes: usize) -> u64 {
+            let at = self.base + self.used;
+            self.used += (bytes as u64).div_ceil(256) * 256;
+            assert!(self.used <= self.cap);
+            at
+        }
+        fn put<T>(&mut self, v: &[T]) -> u64 {
+            let at = self.take(std::mem::size_of_val(v).max(1));
+            unsafe { drv::memcpy_htod_sync(at, v) }.unwrap();
+            at
+        }
+    }
+
+    fn bytes_of<T: Element>(vals: &[f64]) -> Vec<u8> {
+        let v: Vec<T> = vals.iter().map(|&x| T::from_f64(x)).collect();
+        // SAFETY: element types are plain data.
+        unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(&v[..])) }.to_vec()
+    }
+    fn to_bytes(d: DataType, vals: &[f64]) -> Vec<u8> {
+        use ferroccl_core::numeric::{F8E4M3, F8E5M2};
+        match d {
+            DataType::Int8 => bytes_of::<i8>(vals),
+            DataType::Uint8 => bytes_of::<u8>(vals),
+            DataType::Int32 => bytes_of::<i32>(vals),
+            DataType::Uint32 => bytes_of::<u32>(vals),
+            DataType::Int64 => bytes_of::<i64>(vals),
+            DataType::Uint64 => bytes_of::<u64>(vals),
+            DataType::Float16 => bytes_of::<half::f16>(vals),
+            DataType::Float32 => bytes_of::<f32>(vals),
+            DataType::Float64 => bytes_of::<f64>(vals),
+            DataType::Bfloat16 => bytes_of::<half::bf16>(vals),
+            DataType::Float8E4M3 => bytes_of::<F8E4M3>(vals),
+            DataType::Float8E5M2 => bytes_of::<F8E5M2>(vals),
+        }
+    }
+
+    struct Gpu {
+        ctx: Arc<CudaContext>,
+        func: cudarc::driver::CudaFunction,
+    }
+
+    fn gpu() -> Option<Gpu> {
+        if std::env::var("FERROCCL_GPU_TEST").ok().as_deref() != Some("1") {
+            eprintln!("gpu test skipped: FERROCCL_GPU_TEST is not 1");
+            return None;
+        }
+        let include = std::env::var("FERROCCL_CUDA_INCLUDE").unwrap_or_else(|_| "/usr/local/cuda/include".into());
+        let ctx = CudaContext::new(0).unwrap();
+        // SAFETY: the test orders everything itself (synchronous copies, explicit syncs).
+        unsafe { ctx.disable_event_tracking() };
+        let t = std::time::Instant::now();
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(plan_exec_source(), compile_options("sm_90", Some(&include)))
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let t_nvrtc = t.elapsed();
+        let module = ctx.load_module(ptx).unwrap();
+        let func = module.load_function(PLAN_EXEC_KERNEL).unwrap();
+        eprintln!("NVRTC {t_nvrtc:?}, module load {:?}", t.elapsed() - t_nvrtc);
+        Some(Gpu { ctx, func })
+    }
+
+    const SLOTS: u32 = 4;
+    const SLOT_BYTES: u32 = 256;
+
+    /// FIFOs for every connection of every plan, laid out in `arena`; returns each rank's
+    /// FcConn table and numbering.
+    fn make_conns(arena: &mut Arena, plans: &[Plan], slot_bytes: u32) -> Vec<(Vec<FcConn>, Vec<ConnKey>)> {
+        // One FIFO per (sender, receiver, channel).
+        let mut fifos: HashMap<(usize, usize, u32), FcConn> = HashMap::new();
+        for p in plans {
+            for k in p.connections() {
+                let (s, r) = if k.dir == Dir::Send { (p.rank, k.peer) } else { (k.peer, p.rank) };
+                fifos.entry((s, r, k.channel)).or_insert_with(|| FcConn {
+                    data: arena.take((SLOTS * slot_bytes) as usize),
+                    lens: arena.put(&[0u32; SLOTS as usize]),
+                    head: arena.put(&[0u64]),
+                    tail: arena.put(&[0u64]),
+                    counter: 0,
+                    slots: SLOTS,
+                    slot_bytes,
+                    peer: 0,
+                    dir: 0,
+                });
+            }
+        }
+        let mut counters: HashMap<(usize, usize, u32, Dir), u64> = HashMap::new();
+        plans
+            .iter()
+            .map(|p| {
+                let keys = p.connections();
+                let table = keys
+                    .iter()
+                    .map(|k| {
+                        let (s, r) = if k.dir == Dir::Send { (p.rank, k.peer) } else { (k.peer, p.rank) };
+                        let mut c = fifos[&(s, r, k.channel)];
+                        c.peer = k.peer as u32;
+                        c.dir = if k.dir == Dir::Send { CONN_SEND } else { CONN_RECV };
+                        c.counter = *counters.entry((s, r, k.channel, k.dir)).or_insert_with(|| arena.put(&[0u64]));
+                        c
+                    })
+                    .collect();
+                (table, keys)
+            })
+            .collect()
+    }
+
+    struct RankRun {
+        launch: FcLaunch,
+        nlanes: u32,
+        out: u64,
+        error: u64,
+    }
+
+    fn launch_all(g: &Gpu, streams: &[Arc<CudaStream>], runs: &[RankRun]) {
+        // Synchronous copies from pageable memory may still be in flight on the legacy stream,
+        // which the ranks' streams do not wait for.
+        g.ctx.synchronize().unwrap();
+        for (r, s) in runs.iter().zip(streams) {
+            let cfg = LaunchConfig { grid_dim: (r.nlanes, 1, 1), block_dim: (PLAN_EXEC_DEFAULT_THREADS, 1, 1), shared_mem_bytes: 0 };
+            let mut b = s.launch_builder(&g.func);
+            b.arg(&r.launch);
+            unsafe { b.launch(cfg) }.unwrap();
+        }
+        for s in streams {
+            s.synchronize().unwrap();
+        }
+    }
+
+    fn read_error(at: u64) -> FcError {
+        let mut e = [FcError::default()];
+        unsafe { drv::memcpy_dtoh_sync(&mut e, at) }.unwrap();
+        e[0]
+    }
+
+    #[test]
+    fn gpu_ring_all_reduce_matches_host() {
+        let Some(g) = gpu() else { return };
+        let nranks = 3;
+        let count = 4099; // odd: exercises scalar tails and uneven chunks
+        let streams: Vec<_> = (0..nranks).map(|_| g.ctx.new_stream().unwrap()).collect();
+        let mut ops: Vec<ReduceOp> = ReduceOp::BUILTIN.to_vec();
+        ops.push(ReduceOp::PreMulSum(2.0));
+        let mut checked = 0;
+        let arena_bytes = 64 << 20;
+        let arena_alloc = g.ctx.default_stream().alloc_zeros::<u8>(arena_bytes).unwrap();
+        let arena_base = {
+            use cudarc::driver::DevicePtr;
+            arena_alloc.device_ptr(&g.ctx.default_stream()).0
+        };
+        for dtype in DataType::ALL {
+            for &op in &ops {
+                if op.validate(dtype).is_err() {
+                    continue;
+                }
+                let es = dtype.size();
+                // Fresh zeroes for every combination: FIFO words and counters start at zero.
+                unsafe { drv::memset_d8_sync(arena_base, 0, arena_bytes) }.unwrap();
+                let mut arena = Arena { base: arena_base, used: 0, cap: arena_bytes as u64 };
+                // A FIFO must hold PLAN_FIFO_MESSAGES chunks, as config.rs demands on the host: a
+                // ring step forwards into a FIFO that may still hold the previous chunk.
+                let chunk_bytes = (SLOTS * SLOT_BYTES) as usize / ferroccl_core::config::PLAN_FIFO_MESSAGES;
+                let t = Tuning::for_elem_size(2, chunk_bytes, es);
+                let plans: Vec<Plan> = (0..nranks)
+                    .map(|r| build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, r, nranks, &t))
+                    .collect();
+                let tables = make_conns(&mut arena, &plans, SLOT_BYTES);
+                // Values whose sums, products and averages are exact in every type (so the ring's
+                // order of reduction cannot matter), positive for unsigned types.
+                let val = |r: usize, i: usize| -> f64 {
+                    let k = ((i * 7 + r * 3) % 5) as f64;
+                    match (op, dtype.is_signed()) {
+                        (ReduceOp::Prod, true) => [1.0, -1.0, 2.0, 1.0, -2.0][k as usize],
+                        (ReduceOp::Prod, false) => [1.0, 1.0, 2.0, 1.0, 2.0][k as usize],
+                        (_, true) => k - 2.0,
+                        (_, false) => k,
+                    }
+                };
+                let inputs: Vec<Vec<u8>> =
+                    (0..nranks).map(|r| to_bytes(dtype, &(0..count).map(|i| val(r, i)).collect::<Vec<_>>())).collect();
+                // The host's answer: the same transforms, folded in rank order.
+                let red = Reducer::new(dtype, op, nranks).unwrap();
+                let mut want = inputs[0].clone();
+                unsafe {
+                    let p = want.as_mut_ptr();
+                    red.transform(&[p], p, count, true, false);
+                    for (r, inp) in inputs.iter().enumerate().skip(1) {
+                        red.reduce(&[p], p, inp.as_ptr(), count, true, r == nranks - 1);
+                    }
+                }
+                let mut runs = Vec::new();
+                for (r, plan) in plans.iter().enumerate() {
+                    let (conns, keys) = &tables[r];
+                    let send = arena.put(&inputs[r]);
+                    let recv = arena.take(count * es);
+                    let desc = OpDesc { send, recv, send_count: count, recv_count: count, dtype, op };
+                    let e = encode(plan, &[desc], |k| keys.iter().position(|c| *c == k).map(|i| i as u32)).unwrap();
+                    let at = DeviceTables {
+                        steps: arena.put(&e.steps),
+                        lanes: arena.put(&e.lanes),
+                        ops: arena.put(&e.ops),
+                        conns: arena.put(conns),
+                        nconns: conns.len() as u32,
+                        abort: 0,
+                        error: arena.put(&[FcError::default()]),
+                        timeout_ns: 5_000_000_000,
+                    };
+                    runs.push(RankRun { launch: e.launch(&at), nlanes: e.lanes.len() as u32, out: recv, error: at.error });
+                }
+                // Twice: the second launch starts from the counters the first one left.
+                for round in 0..2 {
+                    let t0 = std::time::Instant::now();
+                    launch_all(&g, &streams, &runs);
+                    let took = t0.elapsed();
+                    for (r, run) in runs.iter().enumerate() {
+                        let e = read_error(run.error);
+                        assert_eq!(e.code, 0, "{dtype} {op:?} round {round} rank {r}: kernel error {e:?}");
+                        let mut got = vec![0u8; count * es];
+                        unsafe { drv::memcpy_dtoh_sync(&mut got, run.out) }.unwrap();
+                        if let Some(i) = (0..count).find(|&i| got[i * es..(i + 1) * es] != want[i * es..(i + 1) * es]) {
+                            panic!(
+                                "{dtype} {op:?} round {round} rank {r}: element {i}: got {:?} want {:?}",
+                                &got[i * es..(i + 1) * es],
+                                &want[i * es..(i + 1) * es]
+                            );
+                        }
+                    }
+                    if dtype == DataType::Float32 && op == ReduceOp::Sum {
+                        eprintln!("f32 sum, {nranks} ranks x {count}: round {round} {took:?}");
+                    }
+                }
+                checked += 1;
+            }
+        }
+        drop(arena_alloc);
+        eprintln!("checked {checked} dtype x op combinations");
+    }
+
+    #[test]
+    fn gpu_lone_rank_times_out_with_a_record() {
+        let Some(g) = gpu() else { return };
+        let s = g.ctx.default_stream();
+        let arena_alloc = s.alloc_zeros::<u8>(1 << 20).unwrap();
+        let base = {
+            use cudarc::driver::DevicePtr;
+            arena_alloc.device_ptr(&s).0
+        };
+        let mut arena = Arena { base, used: 0, cap: 1 << 20 };
+        let plans: Vec<Plan> = (0..2)
+            .map(|r| build(&CollDesc { kind: CollKind::AllReduce, count: 1000, root: 0 }, 0, r, 2, &Tuning { channels: 2, chunk_elems: 100 }))
+            .collect();
+        let tables = make_conns(&mut arena, &plans, 256);
+        let (conns, keys) = &tables[0];
+        let send = arena.take(4000);
+        let recv = arena.take(4000);
+        let desc = OpDesc { send, recv, send_count: 1000, recv_count: 1000, dtype: DataType::Float32, op: ReduceOp::Sum };
+        let e = encode(&plans[0], &[desc], |k| keys.iter().position(|c| *c == k).map(|i| i as u32)).unwrap();
+        let at = DeviceTables {
+            steps: arena.put(&e.steps),
+            lanes: arena.put(&e.lanes),
+            ops: arena.put(&e.ops),
+            conns: arena.put(conns),
+            nconns: conns.len() as u32,
+            abort: 0,
+            error: arena.put(&[FcError::default()]),
+            timeout_ns: 50_000_000,
+        };
+        let t0 = std::time::Instant::now();
+        launch_all(&g, std::slice::from_ref(&s), &[RankRun { launch: e.launch(&at), nlanes: 2, out: recv, error: at.error }]);
+        let took = t0.elapsed();
+        let rec = read_error(at.error);
+        eprintln!("lone rank: {rec:?} after {took:?}");
+        assert_eq!(rec.code, ERR_TIMEOUT);
+        assert_eq!(rec.claimed, 1);
+        assert_eq!(rec.peer, 1);
+        assert!(rec.what == WHAT_DATA || rec.what == WHAT_ROOM);
+        assert!(rec.got >= 50_000_000);
+        assert!(took < std::time::Duration::from_secs(5), "{took:?}");
+        drop(arena_alloc);
+    }
+}
