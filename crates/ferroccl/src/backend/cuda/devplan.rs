@@ -275,7 +275,11 @@ fn buf_code(b: BufKind) -> u32 {
 /// Encodes `plan` for the kernel. `ops[i]` is operation `i` of the plan's regions;
 /// `conn_index` numbers the connections (the index into the launch's `FcConn` table) and returns
 /// None for one that was never set up, which is an error here rather than a hang on the device.
-pub(crate) fn encode(plan: &Plan, ops: &[OpDesc], conn_index: impl Fn(ConnKey) -> Option<u32>) -> Result<Encoded, Error> {
+pub(crate) fn encode(
+    plan: &Plan,
+    ops: &[OpDesc],
+    conn_index: impl Fn(ConnKey) -> Option<u32>,
+) -> Result<Encoded, Error> {
     let nranks = to_u32(plan.nranks, "rank count")?;
     if nranks == 0 {
         return Err(Error::InvalidArgument("a plan for a communicator of 0 ranks".into()));
@@ -288,10 +292,9 @@ pub(crate) fn encode(plan: &Plan, ops: &[OpDesc], conn_index: impl Fn(ConnKey) -
         o.op.validate(o.dtype).map_err(|e| e.context(format!("operation {i}")))?;
         let es = o.dtype.size();
         for (what, addr, count) in [("input", o.send, o.send_count), ("output", o.recv, o.recv_count)] {
-            let bytes = count
-                .checked_mul(es)
-                .and_then(|b| u64::try_from(b).ok())
-                .ok_or_else(|| Error::InvalidArgument(format!("operation {i}: {what} of {count} elements overflows")))?;
+            let bytes = count.checked_mul(es).and_then(|b| u64::try_from(b).ok()).ok_or_else(|| {
+                Error::InvalidArgument(format!("operation {i}: {what} of {count} elements overflows"))
+            })?;
             if count > 0 && addr == 0 {
                 return Err(Error::InvalidArgument(format!("operation {i}: null {what} buffer of {count} elements")));
             }
@@ -471,7 +474,8 @@ mod tests {
         ] {
             assert_eq!(get(n), v, "{n}");
         }
-        let dtypes = ["INT8", "UINT8", "INT32", "UINT32", "INT64", "UINT64", "FLOAT16", "FLOAT32", "FLOAT64", "BFLOAT16"];
+        let dtypes =
+            ["INT8", "UINT8", "INT32", "UINT32", "INT64", "UINT64", "FLOAT16", "FLOAT32", "FLOAT64", "BFLOAT16"];
         for (i, n) in dtypes.iter().enumerate() {
             assert_eq!(get(&format!("FC_{n}")) as i32, DataType::ALL[i].nccl_id());
         }
@@ -511,7 +515,8 @@ mod tests {
             next += fl.nsteps;
             for (i, step) in lane.steps.iter().enumerate() {
                 let s = e.steps[(fl.first_step as usize) + i];
-                let rc = step.recv_from().map_or(-1, |p| idx(ConnKey { peer: p, channel: lane.channel, dir: Dir::Recv }));
+                let rc =
+                    step.recv_from().map_or(-1, |p| idx(ConnKey { peer: p, channel: lane.channel, dir: Dir::Recv }));
                 let sc = step.send_to().map_or(-1, |p| idx(ConnKey { peer: p, channel: lane.channel, dir: Dir::Send }));
                 assert_eq!((s.recv_conn, s.send_conn), (rc, sc), "{step:?}");
                 assert_eq!(s.count, step.count() as u64);
@@ -564,7 +569,9 @@ mod tests {
 
     #[test]
     fn ring_all_reduce_encodes_one_to_one() {
-        for (nranks, channels, count, chunk) in [(4, 2, 10_000, 512), (3, 1, 7, 2), (8, 4, 1 << 16, 4096), (1, 2, 100, 16)] {
+        for (nranks, channels, count, chunk) in
+            [(4, 2, 10_000, 512), (3, 1, 7, 2), (8, 4, 1 << 16, 4096), (1, 2, 100, 16)]
+        {
             for rank in 0..nranks {
                 let desc = CollDesc { kind: CollKind::AllReduce, count, root: 0 };
                 let plan = build(&desc, 0, rank, nranks, &Tuning { channels, chunk_elems: chunk });
@@ -582,7 +589,8 @@ mod tests {
                     let lane0 = &e.steps[..e.lanes[0].nsteps as usize];
                     assert_eq!(lane0[0].kind, STEP_SEND);
                     assert_eq!(lane0[0].flags, FLAG_PRE);
-                    let last_red = lane0.iter().position(|s| s.kind == STEP_RECV_REDUCE && s.flags & FLAG_POST != 0).unwrap();
+                    let last_red =
+                        lane0.iter().position(|s| s.kind == STEP_RECV_REDUCE && s.flags & FLAG_POST != 0).unwrap();
                     assert_eq!(lane0[last_red].flags & (FLAG_HAS_DST | FLAG_HAS_TO), FLAG_HAS_DST | FLAG_HAS_TO);
                     assert_eq!(lane0[last_red].dst_buf, BUF_OUTPUT);
                     assert_eq!(lane0[last_red + 1].kind, STEP_RECV_COPY);
@@ -598,7 +606,8 @@ mod tests {
             for nranks in [1, 2, 5] {
                 for rank in 0..nranks {
                     let count = 1000;
-                    let root = if matches!(kind, CollKind::Send | CollKind::Recv) { (rank + 1) % nranks } else { nranks - 1 };
+                    let root =
+                        if matches!(kind, CollKind::Send | CollKind::Recv) { (rank + 1) % nranks } else { nranks - 1 };
                     if matches!(kind, CollKind::Send | CollKind::Recv) && root == rank {
                         continue;
                     }
@@ -606,7 +615,8 @@ mod tests {
                     let plan = build(&desc, 0, rank, nranks, &Tuning { channels: 2, chunk_elems: 64 });
                     let (i, o) = kind.buffer_counts(count, nranks, rank == root).unwrap();
                     let ops = [op_desc(DataType::Bfloat16, ReduceOp::Sum, i, o)];
-                    let e = encode(&plan, &ops, numbering(&plan)).unwrap_or_else(|err| panic!("{kind} {rank}/{nranks}: {err}"));
+                    let e = encode(&plan, &ops, numbering(&plan))
+                        .unwrap_or_else(|err| panic!("{kind} {rank}/{nranks}: {err}"));
                     assert_one_to_one(&plan, &e);
                 }
             }
@@ -648,7 +658,13 @@ mod tests {
 
     #[test]
     fn missing_connection_is_an_error() {
-        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 64, root: 0 }, 0, 0, 2, &Tuning { channels: 1, chunk_elems: 8 });
+        let plan = build(
+            &CollDesc { kind: CollKind::AllReduce, count: 64, root: 0 },
+            0,
+            0,
+            2,
+            &Tuning { channels: 1, chunk_elems: 8 },
+        );
         let ops = [op_desc(DataType::Float32, ReduceOp::Sum, 64, 64)];
         let only_recv = |k: ConnKey| (k.dir == Dir::Recv).then_some(0);
         let err = encode(&plan, &ops, only_recv).unwrap_err();
@@ -657,7 +673,13 @@ mod tests {
 
     #[test]
     fn bad_tables_are_rejected() {
-        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 64, root: 0 }, 0, 0, 2, &Tuning { channels: 1, chunk_elems: 8 });
+        let plan = build(
+            &CollDesc { kind: CollKind::AllReduce, count: 64, root: 0 },
+            0,
+            0,
+            2,
+            &Tuning { channels: 1, chunk_elems: 8 },
+        );
         let n = numbering(&plan);
         // Regions beyond the buffers the caller gave.
         assert!(encode(&plan, &[op_desc(DataType::Float32, ReduceOp::Sum, 63, 64)], &n).is_err());
@@ -667,7 +689,10 @@ mod tests {
         let null = OpDesc { send: 0, ..op_desc(DataType::Float32, ReduceOp::Sum, 64, 64) };
         assert!(matches!(encode(&plan, &[null], &n), Err(Error::InvalidArgument(_))));
         // An op the dtype cannot do.
-        assert!(matches!(encode(&plan, &[op_desc(DataType::Int32, ReduceOp::PreMulSum(0.5), 64, 64)], &n), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            encode(&plan, &[op_desc(DataType::Int32, ReduceOp::PreMulSum(0.5), 64, 64)], &n),
+            Err(Error::InvalidArgument(_))
+        ));
         // A buffer running off the end of the address space.
         let wrap = OpDesc { recv: u64::MAX - 16, ..op_desc(DataType::Float32, ReduceOp::Sum, 64, 64) };
         assert!(encode(&plan, &[wrap], &n).is_err());
@@ -675,7 +700,13 @@ mod tests {
 
     #[test]
     fn launch_carries_table_sizes() {
-        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 1000, root: 0 }, 0, 2, 4, &Tuning { channels: 3, chunk_elems: 50 });
+        let plan = build(
+            &CollDesc { kind: CollKind::AllReduce, count: 1000, root: 0 },
+            0,
+            2,
+            4,
+            &Tuning { channels: 3, chunk_elems: 50 },
+        );
         let e = encode(&plan, &[op_desc(DataType::Float32, ReduceOp::Sum, 1000, 1000)], numbering(&plan)).unwrap();
         let at = DeviceTables { steps: 1, lanes: 2, ops: 3, conns: 4, nconns: 6, abort: 5, error: 6, timeout_ns: 7 };
         let l = e.launch(&at);

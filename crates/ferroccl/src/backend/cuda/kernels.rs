@@ -293,7 +293,11 @@ mod gpu_tests {
         // which the ranks' streams do not wait for.
         g.ctx.synchronize().unwrap();
         for (r, s) in runs.iter().zip(streams) {
-            let cfg = LaunchConfig { grid_dim: (r.nlanes, 1, 1), block_dim: (PLAN_EXEC_DEFAULT_THREADS, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig {
+                grid_dim: (r.nlanes, 1, 1),
+                block_dim: (PLAN_EXEC_DEFAULT_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
             let mut b = s.launch_builder(&g.func);
             b.arg(&r.launch);
             unsafe { b.launch(cfg) }.unwrap();
@@ -381,7 +385,12 @@ mod gpu_tests {
                         error: arena.put(&[FcError::default()]),
                         timeout_ns: 5_000_000_000,
                     };
-                    runs.push(RankRun { launch: e.launch(&at), nlanes: e.lanes.len() as u32, out: recv, error: at.error });
+                    runs.push(RankRun {
+                        launch: e.launch(&at),
+                        nlanes: e.lanes.len() as u32,
+                        out: recv,
+                        error: at.error,
+                    });
                 }
                 // Twice: the second launch starts from the counters the first one left.
                 for round in 0..2 {
@@ -423,13 +432,22 @@ mod gpu_tests {
         };
         let mut arena = Arena { base, used: 0, cap: 1 << 20 };
         let plans: Vec<Plan> = (0..2)
-            .map(|r| build(&CollDesc { kind: CollKind::AllReduce, count: 1000, root: 0 }, 0, r, 2, &Tuning { channels: 2, chunk_elems: 100 }))
+            .map(|r| {
+                build(
+                    &CollDesc { kind: CollKind::AllReduce, count: 1000, root: 0 },
+                    0,
+                    r,
+                    2,
+                    &Tuning { channels: 2, chunk_elems: 100 },
+                )
+            })
             .collect();
         let tables = make_conns(&mut arena, &plans, 256);
         let (conns, keys) = &tables[0];
         let send = arena.take(4000);
         let recv = arena.take(4000);
-        let desc = OpDesc { send, recv, send_count: 1000, recv_count: 1000, dtype: DataType::Float32, op: ReduceOp::Sum };
+        let desc =
+            OpDesc { send, recv, send_count: 1000, recv_count: 1000, dtype: DataType::Float32, op: ReduceOp::Sum };
         let e = encode(&plans[0], &[desc], |k| keys.iter().position(|c| *c == k).map(|i| i as u32)).unwrap();
         let at = DeviceTables {
             steps: arena.put(&e.steps),
@@ -442,7 +460,11 @@ mod gpu_tests {
             timeout_ns: 50_000_000,
         };
         let t0 = std::time::Instant::now();
-        launch_all(&g, std::slice::from_ref(&s), &[RankRun { launch: e.launch(&at), nlanes: 2, out: recv, error: at.error }]);
+        launch_all(
+            &g,
+            std::slice::from_ref(&s),
+            &[RankRun { launch: e.launch(&at), nlanes: 2, out: recv, error: at.error }],
+        );
         let took = t0.elapsed();
         let rec = read_error(at.error);
         eprintln!("lone rank: {rec:?} after {took:?}");
