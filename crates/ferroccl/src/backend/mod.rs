@@ -1,1 +1,2 @@
+pub(crate) mod cuda;
 pub(crate) mod host;
