@@ -25,6 +25,7 @@ pub mod transport;
 /// cuMem buffers, NVRTC compilation and fd passing between processes.
 pub mod cuda {
     pub use crate::backend::cuda::{device, fdpass, mem, nvrtc};
+    pub use crate::backend::cuda::check;
     pub use crate::backend::cuda::device::{gpu_count, Gpu};
 }
 

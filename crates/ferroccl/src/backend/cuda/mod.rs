@@ -17,7 +17,7 @@ use ferroccl_core::{Error, Result};
 
 /// Turns a driver status into ferroccl's error, naming the call and CUDA's own error name
 /// so that a failure on a remote GPU machine can be read from the message alone.
-pub(crate) fn check(call: &str, status: sys::CUresult) -> Result<()> {
+pub fn check(call: &str, status: sys::CUresult) -> Result<()> {
     match status {
         sys::CUresult::CUDA_SUCCESS => Ok(()),
         s => Err(Error::System(format!("{call} failed: {}", describe(s)))),
