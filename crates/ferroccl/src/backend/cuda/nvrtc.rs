@@ -165,15 +165,25 @@ fn compile_as(req: &CompileRequest<'_>, kind: ImageKind) -> std::result::Result<
         );
         return Err((r, Error::System(msg)));
     }
-    let (size_fn, get_fn, what): (unsafe fn(_, *mut usize) -> _, unsafe fn(_, *mut std::ffi::c_char) -> _, _) = match kind {
-        ImageKind::Cubin => (sys::nvrtcGetCUBINSize, sys::nvrtcGetCUBIN, "nvrtcGetCUBIN"),
-        ImageKind::Ptx => (sys::nvrtcGetPTXSize, sys::nvrtcGetPTX, "nvrtcGetPTX"),
+    let what = match kind {
+        ImageKind::Cubin => "nvrtcGetCUBIN",
+        ImageKind::Ptx => "nvrtcGetPTX",
     };
     let mut n = 0usize;
-    let r = unsafe { size_fn(prog.0, &mut n) };
+    let r = unsafe {
+        match kind {
+            ImageKind::Cubin => sys::nvrtcGetCUBINSize(prog.0, &mut n),
+            ImageKind::Ptx => sys::nvrtcGetPTXSize(prog.0, &mut n),
+        }
+    };
     nv(what, r).map_err(|e| (r, e))?;
     let mut bytes = vec![0u8; n];
-    let r = unsafe { get_fn(prog.0, bytes.as_mut_ptr().cast()) };
+    let r = unsafe {
+        match kind {
+            ImageKind::Cubin => sys::nvrtcGetCUBIN(prog.0, bytes.as_mut_ptr().cast()),
+            ImageKind::Ptx => sys::nvrtcGetPTX(prog.0, bytes.as_mut_ptr().cast()),
+        }
+    };
     nv(what, r).map_err(|e| (r, e))?;
     if bytes.is_empty() {
         return Err((sys::nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR, Error::System(format!("{what} returned an empty image"))));
