@@ -21,6 +21,22 @@ mod group;
 mod ops;
 pub mod transport;
 
+/// The CUDA backend's foundation, for tools and tests that drive it directly: devices,
+/// cuMem buffers, NVRTC compilation and fd passing between processes.
+pub mod cuda {
+    pub use crate::backend::cuda::{device, fdpass, mem, nvrtc};
+    pub use crate::backend::cuda::check;
+    pub use crate::backend::cuda::device::{gpu_count, Gpu};
+}
+
+/// GPU memory for users: the counterpart of `ncclMemAlloc` / `ncclMemFree`. Buffers come
+/// from the cuMem API, are mapped for every GPU that can reach them, and are counted in
+/// the [`mem::MemStats`] passed in.
+pub mod mem {
+    pub use crate::backend::cuda::device::Gpu;
+    pub use crate::backend::cuda::mem::{alloc, free, DeviceBuffer, MemStats, MemStatsSnapshot, Origin};
+}
+
 pub use bootstrap::UniqueId;
 pub use comm::{Comm, Device};
 pub use ferroccl_core::numeric::{Element, F8E4M3, F8E5M2};

@@ -1,3 +1,4 @@
+pub(crate) mod cuda;
 pub(crate) mod host;
 // TEMPORARY (cuda-kern branch): until backend/cuda/mod.rs lands, these two files hang here.
 #[path = "cuda/devplan.rs"]

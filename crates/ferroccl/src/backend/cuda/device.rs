@@ -1,0 +1,329 @@
+//! GPUs and their primary contexts, over cudarc's `sys` layer.
+//!
+//! The primary context (the one the runtime API and every framework share) is used rather
+//! than a context of our own: a library that creates contexts doubles the per-GPU memory
+//! overhead of its host application and cannot exchange pointers with it.
+
+use std::ffi::{c_void, CStr};
+use std::mem::MaybeUninit;
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::sys;
+use ferroccl_core::{Error, Result};
+
+use super::check;
+
+/// What loading and initialising the driver found, decided once per process: neither
+/// outcome can change while the process lives.
+enum Driver {
+    /// `libcuda` could not be loaded (a machine without the NVIDIA driver).
+    Absent,
+    /// The driver loaded but reports no GPU (`CUDA_ERROR_NO_DEVICE`).
+    NoDevice,
+    Ready,
+    Failed(String),
+}
+
+fn driver() -> &'static Driver {
+    static DRIVER: OnceLock<Driver> = OnceLock::new();
+    DRIVER.get_or_init(|| {
+        // cudarc panics, rather than returning an error, when the library or a symbol is
+        // missing; a panic must never be how a CPU-only machine learns it has no GPU.
+        let present = std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
+        if !present {
+            return Driver::Absent;
+        }
+        match std::panic::catch_unwind(|| unsafe { sys::cuInit(0) }) {
+            Ok(sys::CUresult::CUDA_SUCCESS) => Driver::Ready,
+            Ok(sys::CUresult::CUDA_ERROR_NO_DEVICE) => Driver::NoDevice,
+            Ok(s) => Driver::Failed(format!("cuInit failed: {}", super::describe(s))),
+            Err(_) => Driver::Failed("cuInit failed: the CUDA driver library lacks cuInit".into()),
+        }
+    })
+}
+
+/// Whether the CUDA driver library can be loaded on this machine.
+pub fn driver_present() -> bool {
+    !matches!(driver(), Driver::Absent)
+}
+
+/// Initialises the driver, or says why it cannot be used.
+pub fn init() -> Result<()> {
+    match driver() {
+        Driver::Ready => Ok(()),
+        Driver::Absent => Err(Error::System("CUDA driver library (libcuda.so) not found".into())),
+        Driver::NoDevice => Err(Error::System("cuInit failed: CUDA_ERROR_NO_DEVICE (no CUDA-capable device)".into())),
+        Driver::Failed(m) => Err(Error::System(m.clone())),
+    }
+}
+
+/// How many GPUs this process can use: 0, not an error, where there is no driver or no GPU,
+/// so that callers can pick the host backend without special cases.
+pub fn gpu_count() -> Result<usize> {
+    match driver() {
+        Driver::Absent | Driver::NoDevice => Ok(0),
+        Driver::Failed(m) => Err(Error::System(m.clone())),
+        Driver::Ready => {
+            let mut n = 0;
+            check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })?;
+            Ok(n.max(0) as usize)
+        }
+    }
+}
+
+/// How two GPUs reach each other, as far as the driver says cheaply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerLink {
+    /// Loads and stores through peer-mapped memory work (`cuDeviceCanAccessPeer`).
+    pub access: bool,
+    /// Atomics on peer memory are native; true over NVLink, usually false over PCIe, so it
+    /// stands in for "NVLink" until topology detection reads NVML.
+    pub native_atomics: bool,
+    /// The driver's relative performance rank of the link (lower is better).
+    pub perf_rank: i32,
+}
+
+/// One GPU with its retained primary context. Cheap to clone; the context is released
+/// when the last clone (and every buffer and module made on it) is gone.
+#[derive(Clone)]
+pub struct Gpu(Arc<GpuInner>);
+
+struct GpuInner {
+    ordinal: usize,
+    dev: sys::CUdevice,
+    ctx: sys::CUcontext,
+    name: String,
+    cc: (u32, u32),
+    total_mem: usize,
+}
+
+// SAFETY: a CUcontext is a handle the driver lets any thread make current; the struct
+// holds nothing thread-bound.
+unsafe impl Send for GpuInner {}
+unsafe impl Sync for GpuInner {}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gpu({}: {}, sm_{}{})", self.0.ordinal, self.0.name, self.0.cc.0, self.0.cc.1)
+    }
+}
+
+impl Gpu {
+    pub fn open(ordinal: usize) -> Result<Gpu> {
+        init()?;
+        let count = gpu_count()?;
+        if ordinal >= count {
+            return Err(Error::InvalidArgument(format!("GPU {ordinal} does not exist ({count} visible)")));
+        }
+        let mut dev = 0;
+        check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) })?;
+        let mut name = [0u8; 256];
+        check("cuDeviceGetName", unsafe { sys::cuDeviceGetName(name.as_mut_ptr().cast(), name.len() as i32, dev) })?;
+        let name = CStr::from_bytes_until_nul(&name).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
+        let mut total_mem = 0usize;
+        check("cuDeviceTotalMem", unsafe { sys::cuDeviceTotalMem_v2(&mut total_mem, dev) })?;
+        let major = attribute(dev, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = attribute(dev, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let mut ctx = std::ptr::null_mut();
+        check("cuDevicePrimaryCtxRetain", unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) })?;
+        let gpu = Gpu(Arc::new(GpuInner {
+            ordinal,
+            dev,
+            ctx,
+            name,
+            cc: (major as u32, minor as u32),
+            total_mem,
+        }));
+        gpu.bind()?;
+        Ok(gpu)
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.0.ordinal
+    }
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+    /// (major, minor), e.g. (9, 0) on Hopper.
+    pub fn compute_capability(&self) -> (u32, u32) {
+        self.0.cc
+    }
+    /// The NVRTC architecture for this GPU's own machine code, e.g. `sm_90`.
+    pub fn arch(&self) -> String {
+        format!("sm_{}{}", self.0.cc.0, self.0.cc.1)
+    }
+    pub fn total_memory(&self) -> usize {
+        self.0.total_mem
+    }
+
+    /// Makes this GPU's context current on the calling thread. Every call that touches the
+    /// GPU does this first, so callers never depend on which thread last used which GPU.
+    pub fn bind(&self) -> Result<()> {
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.0.ctx) })
+    }
+
+    pub fn attribute(&self, attr: sys::CUdevice_attribute) -> Result<i32> {
+        attribute(self.0.dev, attr)
+    }
+
+    /// Whether this GPU can map cuMem allocations and exchange them as POSIX file
+    /// descriptors: the two things the p2p transport needs.
+    pub fn supports_cumem_fd(&self) -> Result<bool> {
+        use sys::CUdevice_attribute::*;
+        Ok(self.attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED)? != 0
+            && self.attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)? != 0)
+    }
+
+    /// How this GPU reaches `peer` (by ordinal). A GPU reaches itself trivially.
+    pub fn peer_link(&self, peer: usize) -> Result<PeerLink> {
+        if peer == self.0.ordinal {
+            return Ok(PeerLink { access: true, native_atomics: true, perf_rank: 0 });
+        }
+        let mut pdev = 0;
+        check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut pdev, peer as i32) })?;
+        let mut can = 0;
+        check("cuDeviceCanAccessPeer", unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.0.dev, pdev) })?;
+        let p2p = |a| -> Result<i32> {
+            let mut v = 0;
+            check("cuDeviceGetP2PAttribute", unsafe { sys::cuDeviceGetP2PAttribute(&mut v, a, self.0.dev, pdev) })?;
+            Ok(v)
+        };
+        use sys::CUdevice_P2PAttribute::*;
+        Ok(PeerLink {
+            access: can != 0,
+            native_atomics: p2p(CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED)? != 0,
+            perf_rank: p2p(CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK)?,
+        })
+    }
+
+    /// Waits for all work on this GPU's context.
+    pub fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+    }
+
+    /// Loads a cubin or PTX image (as `nvrtc::compile` returns it) into this GPU's context.
+    pub fn load_module(&self, image: &[u8]) -> Result<Module> {
+        self.bind()?;
+        // PTX is text the driver reads up to its NUL; a cubin is an ELF image with its own
+        // length, and must not be touched.
+        let data: std::borrow::Cow<[u8]> = if !image.starts_with(b"\x7fELF") && image.last() != Some(&0) {
+            let mut v = image.to_vec();
+            v.push(0);
+            v.into()
+        } else {
+            image.into()
+        };
+        let mut module = std::ptr::null_mut();
+        check("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut module, data.as_ptr().cast()) })?;
+        Ok(Module { gpu: self.clone(), module })
+    }
+}
+
+impl Drop for GpuInner {
+    fn drop(&mut self) {
+        let s = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
+        if s != sys::CUresult::CUDA_SUCCESS {
+            tracing::warn!("cuDevicePrimaryCtxRelease failed: {}", super::describe(s));
+        }
+    }
+}
+
+fn attribute(dev: sys::CUdevice, attr: sys::CUdevice_attribute) -> Result<i32> {
+    let mut v = MaybeUninit::uninit();
+    check("cuDeviceGetAttribute", unsafe { sys::cuDeviceGetAttribute(v.as_mut_ptr(), attr, dev) })?;
+    Ok(unsafe { v.assume_init() })
+}
+
+/// Code loaded on one GPU; unloaded on drop.
+pub struct Module {
+    gpu: Gpu,
+    module: sys::CUmodule,
+}
+
+// SAFETY: module handles are context-wide, not thread-bound.
+unsafe impl Send for Module {}
+unsafe impl Sync for Module {}
+
+impl Module {
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// An `extern "C"` kernel of this module.
+    pub fn kernel(&self, name: &str) -> Result<Kernel<'_>> {
+        let cname = std::ffi::CString::new(name).map_err(|_| Error::InvalidArgument(format!("kernel name {name:?}")))?;
+        let mut f = std::ptr::null_mut();
+        check(&format!("cuModuleGetFunction({name})"), unsafe {
+            sys::cuModuleGetFunction(&mut f, self.module, cname.as_ptr())
+        })?;
+        Ok(Kernel { f, module: self })
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        let _ = self.gpu.bind();
+        let s = unsafe { sys::cuModuleUnload(self.module) };
+        if s != sys::CUresult::CUDA_SUCCESS {
+            tracing::warn!("cuModuleUnload failed: {}", super::describe(s));
+        }
+    }
+}
+
+/// A kernel, valid while its module is loaded.
+pub struct Kernel<'m> {
+    f: sys::CUfunction,
+    module: &'m Module,
+}
+
+/// Launch geometry.
+#[derive(Debug, Clone, Copy)]
+pub struct LaunchDims {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub shared_bytes: u32,
+}
+
+impl Kernel<'_> {
+    /// Launches on `stream` (null: the context's default stream).
+    ///
+    /// # Safety
+    /// `params` must point to one value per kernel parameter, of the kernel's parameter
+    /// types, and every pointer the kernel dereferences must be valid on this GPU.
+    pub unsafe fn launch(&self, dims: LaunchDims, stream: sys::CUstream, params: &mut [*mut c_void]) -> Result<()> {
+        self.module.gpu.bind()?;
+        let (g, b) = (dims.grid, dims.block);
+        check("cuLaunchKernel", unsafe {
+            sys::cuLaunchKernel(
+                self.f,
+                g.0,
+                g.1,
+                g.2,
+                b.0,
+                b.1,
+                b.2,
+                dims.shared_bytes,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_count_never_panics() {
+        // On CI (no driver) this is Ok(0); on a GPU machine, the number of GPUs.
+        let n = gpu_count().expect("gpu_count");
+        if !driver_present() {
+            assert_eq!(n, 0);
+            assert!(init().is_err());
+            assert!(Gpu::open(0).is_err());
+        }
+    }
+}

@@ -1,0 +1,473 @@
+//! GPU memory through the cuMem virtual-memory API, and nothing else.
+//!
+//! Why cuMem rather than cudaMalloc: the physical allocation, its virtual address range and
+//! who may access it are separate objects. That lets one allocation be exported as a POSIX
+//! file descriptor and mapped by another process (the p2p transport between processes),
+//! lets peers be granted access per buffer instead of per context (cuCtxEnablePeerAccess
+//! maps *every* allocation into every peer), and keeps the caching allocators of PyTorch
+//! and friends out of ferroccl's buffers.
+//!
+//! Every buffer reports its size to a [`MemStats`] its creator passes in: there is no
+//! process-wide counter, so two communicators (or a test and the code it tests) each see
+//! their own usage.
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+use ferroccl_core::{Error, Result};
+
+use super::check;
+use super::device::{gpu_count, Gpu};
+
+/// Bytes of GPU memory held through one set of buffers. Allocated bytes are physical memory
+/// this process created; imported bytes are other processes' memory mapped here, which
+/// costs address space but no memory of ours, and so is counted apart.
+#[derive(Debug, Default)]
+pub struct MemStats {
+    allocated: AtomicU64,
+    imported: AtomicU64,
+    peak_allocated: AtomicU64,
+    buffers: AtomicU64,
+}
+
+/// A consistent-enough copy of [`MemStats`] for printing (each counter is read once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemStatsSnapshot {
+    pub allocated_bytes: u64,
+    pub imported_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    pub live_buffers: u64,
+}
+
+impl MemStats {
+    pub fn new() -> Arc<MemStats> {
+        Arc::new(MemStats::default())
+    }
+    pub fn allocated_bytes(&self) -> u64 {
+        self.allocated.load(Ordering::Relaxed)
+    }
+    pub fn imported_bytes(&self) -> u64 {
+        self.imported.load(Ordering::Relaxed)
+    }
+    /// The most bytes allocated at once since creation.
+    pub fn peak_allocated_bytes(&self) -> u64 {
+        self.peak_allocated.load(Ordering::Relaxed)
+    }
+    pub fn snapshot(&self) -> MemStatsSnapshot {
+        MemStatsSnapshot {
+            allocated_bytes: self.allocated_bytes(),
+            imported_bytes: self.imported_bytes(),
+            peak_allocated_bytes: self.peak_allocated_bytes(),
+            live_buffers: self.buffers.load(Ordering::Relaxed),
+        }
+    }
+
+    fn add(&self, origin: Origin, bytes: u64) {
+        self.buffers.fetch_add(1, Ordering::Relaxed);
+        match origin {
+            Origin::Allocated => {
+                let now = self.allocated.fetch_add(bytes, Ordering::Relaxed) + bytes;
+                self.peak_allocated.fetch_max(now, Ordering::Relaxed);
+            }
+            Origin::Imported => {
+                self.imported.fetch_add(bytes, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn sub(&self, origin: Origin, bytes: u64) {
+        self.buffers.fetch_sub(1, Ordering::Relaxed);
+        match origin {
+            Origin::Allocated => self.allocated.fetch_sub(bytes, Ordering::Relaxed),
+            Origin::Imported => self.imported.fetch_sub(bytes, Ordering::Relaxed),
+        };
+    }
+}
+
+/// Where a buffer's physical memory came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Allocated,
+    Imported,
+}
+
+/// Rounds a request up to the allocation granularity. Zero bytes is refused rather than
+/// rounded to one granule: a zero-sized collective buffer is a caller bug worth seeing.
+pub(crate) fn round_up(bytes: usize, granularity: usize) -> Result<usize> {
+    if bytes == 0 {
+        return Err(Error::InvalidArgument("GPU buffer of 0 bytes".into()));
+    }
+    if granularity == 0 || !granularity.is_power_of_two() {
+        return Err(Error::Internal(format!("allocation granularity {granularity} is not a power of two")));
+    }
+    bytes
+        .checked_add(granularity - 1)
+        .map(|b| b & !(granularity - 1))
+        .ok_or_else(|| Error::InvalidArgument(format!("GPU buffer of {bytes} bytes overflows the address space")))
+}
+
+/// The GPUs to grant read/write access: the owner first (a mapping its own GPU cannot
+/// touch is useless, so it is always included), then each listed peer once.
+pub(crate) fn access_ordinals(owner: usize, peers: &[usize], gpu_count: usize) -> Result<Vec<usize>> {
+    let mut out = vec![owner];
+    for &p in peers {
+        if p >= gpu_count {
+            return Err(Error::InvalidArgument(format!("access for GPU {p}, but only {gpu_count} are visible")));
+        }
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    Ok(out)
+}
+
+fn device_location(ordinal: usize) -> sys::CUmemLocation {
+    sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal as i32 }
+}
+
+pub(crate) fn access_descs(ordinals: &[usize]) -> Vec<sys::CUmemAccessDesc> {
+    ordinals
+        .iter()
+        .map(|&o| sys::CUmemAccessDesc {
+            location: device_location(o),
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        })
+        .collect()
+}
+
+/// Pinned device memory on `ordinal`, exportable as a POSIX file descriptor.
+pub(crate) fn alloc_prop(ordinal: usize) -> sys::CUmemAllocationProp {
+    // SAFETY: a plain C struct for which all-zero is the documented "no extra flags" value.
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.location = device_location(ordinal);
+    prop
+}
+
+/// The recommended granularity of `gpu` for fd-exportable allocations, which is also what
+/// every size and address is aligned to.
+pub fn granularity(gpu: &Gpu) -> Result<usize> {
+    let prop = alloc_prop(gpu.ordinal());
+    let mut g = 0usize;
+    check("cuMemGetAllocationGranularity", unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut g,
+            &prop,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+        )
+    })?;
+    Ok(g)
+}
+
+/// A range of device memory mapped in this process, from cuMemCreate or imported from
+/// another process. Drop unmaps it, frees its addresses and releases the allocation.
+pub struct DeviceBuffer {
+    gpu: Gpu,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    mapped: usize,
+    handle: sys::CUmemGenericAllocationHandle,
+    origin: Origin,
+    stats: Arc<MemStats>,
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("gpu", &self.gpu.ordinal())
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("len", &self.len)
+            .field("mapped", &self.mapped)
+            .field("origin", &self.origin)
+            .finish()
+    }
+}
+
+impl DeviceBuffer {
+    /// At least `bytes` of memory on `gpu`, readable and writable by `gpu` and every GPU in
+    /// `access` (ordinals). The size is rounded up to the allocation granularity.
+    pub fn alloc(gpu: &Gpu, bytes: usize, access: &[usize], stats: &Arc<MemStats>) -> Result<DeviceBuffer> {
+        gpu.bind()?;
+        let who = access_ordinals(gpu.ordinal(), access, gpu_count()?)?;
+        let gran = granularity(gpu)?;
+        let mapped = round_up(bytes, gran)?;
+        let prop = alloc_prop(gpu.ordinal());
+        let mut handle = 0;
+        check(&format!("cuMemCreate({mapped} bytes on GPU {})", gpu.ordinal()), unsafe {
+            sys::cuMemCreate(&mut handle, mapped, &prop, 0)
+        })?;
+        match map_handle(handle, mapped, gran, &who) {
+            Ok(ptr) => Ok(Self::adopt(gpu, ptr, bytes, mapped, handle, Origin::Allocated, stats)),
+            Err(e) => {
+                unsafe { sys::cuMemRelease(handle) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Maps memory another process exported (see [`DeviceBuffer::export_fd`]) on `gpu`,
+    /// with access for `gpu` and `access`. `bytes` is at most the exporter's size; the fd
+    /// stays the caller's and may be closed once this returns.
+    pub fn import(fd: BorrowedFd<'_>, bytes: usize, gpu: &Gpu, access: &[usize], stats: &Arc<MemStats>) -> Result<DeviceBuffer> {
+        gpu.bind()?;
+        let who = access_ordinals(gpu.ordinal(), access, gpu_count()?)?;
+        let gran = granularity(gpu)?;
+        let mapped = round_up(bytes, gran)?;
+        let mut handle = 0;
+        check("cuMemImportFromShareableHandle", unsafe {
+            // The driver takes a POSIX fd as an integer smuggled in the pointer argument.
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd.as_raw_fd() as usize as *mut std::ffi::c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        })?;
+        match map_handle(handle, mapped, gran, &who) {
+            Ok(ptr) => Ok(Self::adopt(gpu, ptr, bytes, mapped, handle, Origin::Imported, stats)),
+            Err(e) => {
+                unsafe { sys::cuMemRelease(handle) };
+                Err(e)
+            }
+        }
+    }
+
+    fn adopt(
+        gpu: &Gpu,
+        ptr: sys::CUdeviceptr,
+        len: usize,
+        mapped: usize,
+        handle: sys::CUmemGenericAllocationHandle,
+        origin: Origin,
+        stats: &Arc<MemStats>,
+    ) -> DeviceBuffer {
+        stats.add(origin, mapped as u64);
+        DeviceBuffer { gpu: gpu.clone(), ptr, len, mapped, handle, origin, stats: stats.clone() }
+    }
+
+    /// A new file descriptor for this allocation, for another process to
+    /// [`import`](DeviceBuffer::import) after receiving it through `fdpass`.
+    pub fn export_fd(&self) -> Result<OwnedFd> {
+        self.gpu.bind()?;
+        let mut fd: i32 = -1;
+        check("cuMemExportToShareableHandle", unsafe {
+            sys::cuMemExportToShareableHandle(
+                (&mut fd as *mut i32).cast(),
+                self.handle,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        })?;
+        if fd < 0 {
+            return Err(Error::System("cuMemExportToShareableHandle returned no file descriptor".into()));
+        }
+        // SAFETY: the driver just created this descriptor for us to own.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Grants read/write access to more GPUs (ordinals); earlier grants stay.
+    pub fn grant_access(&self, peers: &[usize]) -> Result<()> {
+        self.gpu.bind()?;
+        let who = access_ordinals(self.gpu.ordinal(), peers, gpu_count()?)?;
+        set_access(self.ptr, self.mapped, &who)
+    }
+
+    /// The device address, valid on every GPU granted access.
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+    /// The bytes asked for.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The bytes mapped (the request rounded up to the granularity); all of it is usable.
+    pub fn mapped_len(&self) -> usize {
+        self.mapped
+    }
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+    pub fn origin(&self) -> Origin {
+        self.origin
+    }
+
+    fn range_check(&self, offset: usize, n: usize) -> Result<()> {
+        match offset.checked_add(n) {
+            Some(end) if end <= self.mapped => Ok(()),
+            _ => Err(Error::InvalidArgument(format!(
+                "copy of {n} bytes at offset {offset} outside a buffer of {} bytes",
+                self.mapped
+            ))),
+        }
+    }
+
+    /// Synchronous copy from host memory, for setup and checks (not the data path).
+    pub fn copy_from_host(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.range_check(offset, src.len())?;
+        self.gpu.bind()?;
+        check("cuMemcpyHtoD", unsafe {
+            sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, src.as_ptr().cast(), src.len())
+        })
+    }
+
+    /// Synchronous copy to host memory, for setup and checks (not the data path).
+    pub fn copy_to_host(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.range_check(offset, dst.len())?;
+        self.gpu.bind()?;
+        check("cuMemcpyDtoH", unsafe {
+            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), self.ptr + offset as u64, dst.len())
+        })
+    }
+
+    /// Releases the buffer now, reporting failures that Drop can only log.
+    pub fn free(mut self) -> Result<()> {
+        let r = self.release();
+        std::mem::forget(self);
+        r
+    }
+
+    fn release(&mut self) -> Result<()> {
+        self.stats.sub(self.origin, self.mapped as u64);
+        let _ = self.gpu.bind();
+        // Unmap before freeing the addresses, and release the handle last: the order the
+        // driver documents, and the one that leaves nothing half-torn-down on an error.
+        let a = check("cuMemUnmap", unsafe { sys::cuMemUnmap(self.ptr, self.mapped) });
+        let b = check("cuMemAddressFree", unsafe { sys::cuMemAddressFree(self.ptr, self.mapped) });
+        let c = check("cuMemRelease", unsafe { sys::cuMemRelease(self.handle) });
+        a.and(b).and(c)
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // Stats (an Arc field) would drop after this: release() still sees them.
+        if let Err(e) = self.release() {
+            tracing::warn!("freeing a GPU buffer: {e}");
+        }
+    }
+}
+
+// SAFETY: the buffer is a device address plus driver handles, usable from any thread once
+// the owning GPU's context is bound (every method binds it).
+unsafe impl Send for DeviceBuffer {}
+unsafe impl Sync for DeviceBuffer {}
+
+/// Reserves addresses for `handle`, maps it and sets access; undoes its own steps on error.
+fn map_handle(handle: sys::CUmemGenericAllocationHandle, size: usize, align: usize, who: &[usize]) -> Result<sys::CUdeviceptr> {
+    let mut ptr = 0;
+    check("cuMemAddressReserve", unsafe { sys::cuMemAddressReserve(&mut ptr, size, align, 0, 0) })?;
+    if let Err(e) = check("cuMemMap", unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) }) {
+        unsafe { sys::cuMemAddressFree(ptr, size) };
+        return Err(e);
+    }
+    if let Err(e) = set_access(ptr, size, who) {
+        unsafe {
+            sys::cuMemUnmap(ptr, size);
+            sys::cuMemAddressFree(ptr, size);
+        }
+        return Err(e);
+    }
+    Ok(ptr)
+}
+
+fn set_access(ptr: sys::CUdeviceptr, size: usize, who: &[usize]) -> Result<()> {
+    let descs = access_descs(who);
+    check(&format!("cuMemSetAccess(GPUs {who:?})"), unsafe {
+        sys::cuMemSetAccess(ptr, size, descs.as_ptr(), descs.len())
+    })
+}
+
+/// ferroccl's counterpart of `ncclMemAlloc`: `bytes` on `gpu`, mapped for `gpu` and for
+/// every other GPU that can reach it peer-to-peer, counted in `stats`.
+pub fn alloc(gpu: &Gpu, bytes: usize, stats: &Arc<MemStats>) -> Result<DeviceBuffer> {
+    let mut peers = Vec::new();
+    for p in 0..gpu_count()? {
+        if p != gpu.ordinal() && gpu.peer_link(p)?.access {
+            peers.push(p);
+        }
+    }
+    DeviceBuffer::alloc(gpu, bytes, &peers, stats)
+}
+
+/// The counterpart of `ncclMemFree`: frees now and reports any driver error.
+pub fn free(buf: DeviceBuffer) -> Result<()> {
+    buf.free()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB2: usize = 2 << 20;
+
+    #[test]
+    fn round_up_to_granularity() {
+        assert_eq!(round_up(1, MIB2).unwrap(), MIB2);
+        assert_eq!(round_up(MIB2, MIB2).unwrap(), MIB2);
+        assert_eq!(round_up(MIB2 + 1, MIB2).unwrap(), 2 * MIB2);
+        assert_eq!(round_up(64 << 20, MIB2).unwrap(), 64 << 20);
+        assert!(matches!(round_up(0, MIB2), Err(Error::InvalidArgument(_))));
+        assert!(matches!(round_up(usize::MAX - 5, MIB2), Err(Error::InvalidArgument(_))));
+        assert!(matches!(round_up(10, 3), Err(Error::Internal(_))));
+        assert!(matches!(round_up(10, 0), Err(Error::Internal(_))));
+        // The largest size that still fits.
+        let top = usize::MAX & !(MIB2 - 1);
+        assert_eq!(round_up(top, MIB2).unwrap(), top);
+    }
+
+    #[test]
+    fn access_list_owner_first_and_deduplicated() {
+        assert_eq!(access_ordinals(2, &[], 4).unwrap(), vec![2]);
+        assert_eq!(access_ordinals(2, &[0, 2, 3, 0, 1], 4).unwrap(), vec![2, 0, 3, 1]);
+        assert!(matches!(access_ordinals(0, &[4], 4), Err(Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn access_descriptors_grant_read_write_per_device() {
+        let d = access_descs(&[1, 0]);
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[0].location.id, 1);
+        assert_eq!(d[1].location.id, 0);
+        for x in &d {
+            assert_eq!(x.location.type_, sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE);
+            assert_eq!(x.flags, sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+        }
+    }
+
+    #[test]
+    fn allocation_props_request_posix_fds() {
+        let p = alloc_prop(3);
+        assert_eq!(p.type_, sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED);
+        assert_eq!(p.requestedHandleTypes, sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        assert_eq!(p.location.id, 3);
+        assert_eq!(p.allocFlags.gpuDirectRDMACapable, 0);
+    }
+
+    #[test]
+    fn stats_track_peak_and_split_imports() {
+        let s = MemStats::new();
+        s.add(Origin::Allocated, 100);
+        s.add(Origin::Allocated, 50);
+        s.add(Origin::Imported, 7);
+        s.sub(Origin::Allocated, 100);
+        s.add(Origin::Allocated, 20);
+        assert_eq!(
+            s.snapshot(),
+            MemStatsSnapshot { allocated_bytes: 70, imported_bytes: 7, peak_allocated_bytes: 150, live_buffers: 3 }
+        );
+        s.sub(Origin::Imported, 7);
+        assert_eq!(s.imported_bytes(), 0);
+    }
+
+    #[test]
+    fn alloc_without_gpu_is_an_error_not_a_panic() {
+        if gpu_count().unwrap() == 0 {
+            assert!(Gpu::open(0).is_err());
+        }
+    }
+}
