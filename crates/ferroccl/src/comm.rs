@@ -1,5 +1,6 @@
 //! The communicator: who we are (`CommInfo`), what we own (connections), and the calls.
 
+use crate::backend::cuda::rank::CudaRank;
 use crate::backend::host::conns::Conns;
 use crate::bootstrap::{Bootstrap, UniqueId};
 use crate::group::Group;
@@ -16,6 +17,9 @@ use std::sync::{Arc, Mutex};
 pub enum Device {
     /// Host memory (the host backend).
     Host,
+    /// A GPU of this host, by CUDA ordinal: buffers are device memory, operations are enqueued
+    /// on the communicator's stream and return at once.
+    Cuda(usize),
 }
 
 /// What a communicator is, fixed at creation.
@@ -47,6 +51,8 @@ pub struct Comm {
     pub(crate) state: Mutex<CommState>,
     pub(crate) fifos: Arc<Mutex<Vec<Arc<FifoMem>>>>,
     pub(crate) abort: Arc<AtomicBool>,
+    /// The GPU side, for a communicator on `Device::Cuda`.
+    pub(crate) cuda: Option<CudaRank>,
 }
 
 impl std::fmt::Debug for Comm {
@@ -65,20 +71,40 @@ impl Comm {
         Comm::from_bootstrap(boot, device, config.clone(), abort)
     }
 
+    /// Joins the job described by the launcher's environment on GPU `LOCAL_RANK`.
+    pub fn from_env_gpu(config: &Config) -> Result<Comm, Error> {
+        let env = LaunchEnv::from_env()?.ok_or_else(|| Error::InvalidArgument("no launcher environment".into()))?;
+        config.validate()?;
+        let abort = Arc::new(AtomicBool::new(false));
+        let boot = Bootstrap::init_from_launch(&env, config, abort.clone())?;
+        Comm::from_bootstrap(boot, Device::Cuda(env.local_rank), config.clone(), abort)
+    }
+
     /// One process driving `nranks` ranks: returns the communicators indexed by rank. Use a
     /// [`Group`] to issue an operation on all of them from one thread.
     pub fn init_all(nranks: usize, config: &Config) -> Result<Vec<Comm>, Error> {
         if nranks == 0 {
             return Err(Error::InvalidArgument("init_all: nranks must be at least 1".into()));
         }
+        Comm::init_devices(&vec![Device::Host; nranks], config)
+    }
+
+    /// One process driving one rank per entry of `devices` (e.g. every GPU of the host):
+    /// returns the communicators indexed by rank.
+    pub fn init_devices(devices: &[Device], config: &Config) -> Result<Vec<Comm>, Error> {
+        let nranks = devices.len();
+        if nranks == 0 {
+            return Err(Error::InvalidArgument("init_devices: at least one device is needed".into()));
+        }
         let id = UniqueId::new(config)?;
         let results: Vec<Result<Comm, Error>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..nranks)
                 .map(|r| {
                     let id = &id;
+                    let dev = devices[r];
                     std::thread::Builder::new()
                         .name(format!("ferroccl-init-{r}"))
-                        .spawn_scoped(s, move || Comm::init_rank(id, nranks, r, Device::Host, config))
+                        .spawn_scoped(s, move || Comm::init_rank(id, nranks, r, dev, config))
                 })
                 .collect();
             handles
@@ -108,7 +134,7 @@ impl Comm {
         Comm::from_bootstrap(boot, Device::Host, config.clone(), abort)
     }
 
-    fn from_bootstrap(boot: Bootstrap, _device: Device, config: Config, abort: Arc<AtomicBool>) -> Result<Comm, Error> {
+    fn from_bootstrap(boot: Bootstrap, device: Device, config: Config, abort: Arc<AtomicBool>) -> Result<Comm, Error> {
         let peers = boot.peers();
         let me = &peers[boot.rank()];
         let topo = Topology {
@@ -123,7 +149,11 @@ impl Comm {
         let info = CommInfo { rank: boot.rank(), nranks: boot.nranks(), config, topo, peer_names, peer_pids };
         let fifos = Arc::new(Mutex::new(Vec::new()));
         let state = Mutex::new(CommState { conns: Conns::new(fifos.clone()), seq: 0, failed: None });
-        Ok(Comm { info, boot, state, fifos, abort })
+        let cuda = match device {
+            Device::Host => None,
+            Device::Cuda(ordinal) => Some(CudaRank::new(ordinal, &boot, &info.config, &abort)?),
+        };
+        Ok(Comm { info, boot, state, fifos, abort, cuda })
     }
 
     pub fn rank(&self) -> Rank {
@@ -149,6 +179,30 @@ impl Comm {
             return Err(Error::InvalidArgument(format!("peer {peer} is not below nranks {}", self.info.nranks)));
         }
         self.info.topo.transport(self.info.rank, peer, self.info.config.transport)
+    }
+
+    /// GPU communicators: waits until every operation enqueued so far completed, and reports
+    /// a failure the kernels recorded. Host communicators: nothing to wait for.
+    pub fn synchronize(&self) -> Result<(), Error> {
+        match &self.cuda {
+            Some(c) => c.synchronize(),
+            None => Ok(()),
+        }
+    }
+
+    /// The CUDA stream operations of a GPU communicator are enqueued on (null for host ones).
+    pub fn cuda_stream(&self) -> *mut std::ffi::c_void {
+        self.cuda.as_ref().map(|c| c.stream() as *mut std::ffi::c_void).unwrap_or(std::ptr::null_mut())
+    }
+
+    /// GPU memory this communicator holds (its own allocations and imported peer memory).
+    pub fn device_memory_bytes(&self) -> u64 {
+        self.cuda.as_ref().map(|c| c.memory_bytes()).unwrap_or(0)
+    }
+
+    /// The GPU of a GPU communicator.
+    pub fn gpu(&self) -> Option<&crate::backend::cuda::device::Gpu> {
+        self.cuda.as_ref().map(|c| &c.gpu)
     }
 
     /// Out-of-band barrier over the bootstrap connections.
@@ -286,7 +340,8 @@ impl Comm {
         self.check_usable()?;
         let Some(boot) = self.boot.split(color, key)? else { return Ok(None) };
         let abort = Arc::new(AtomicBool::new(false));
-        Comm::from_bootstrap(boot, Device::Host, self.info.config.clone(), abort).map(Some)
+        let device = self.cuda.as_ref().map(|c| Device::Cuda(c.gpu.ordinal())).unwrap_or(Device::Host);
+        Comm::from_bootstrap(boot, device, self.info.config.clone(), abort).map(Some)
     }
 
     /// Stops every operation of this communicator, from any thread: waiting calls return

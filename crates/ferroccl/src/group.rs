@@ -5,6 +5,7 @@
 //! rank of a communicator (`Comm::init_all`) because all their plans run in one executor.
 
 use crate::backend::host::conns::{ConnCtx, Conns};
+use crate::backend::cuda::devplan::OpDesc;
 use crate::backend::host::exec::{execute, OpBufs, Unit};
 use crate::comm::{Comm, CommState};
 use crate::ops::OpArgs;
@@ -107,10 +108,46 @@ impl<'a> Group<'a> {
                 return Err(Error::Aborted(format!("rank {}: the communicator failed earlier: {e}", comm.info.rank)));
             }
             let args: Vec<OpArgs> = self.items.iter().filter(|(c, _)| std::ptr::eq(*c, *comm)).map(|(_, a)| *a).collect();
-            let (plan, ops) = plan_for(comm, &args)?;
-            plans.push(plan);
-            bufs.push(ops);
+            plans.push(plan_for(comm, &args)?);
+            bufs.push(args);
         }
+
+        // GPU communicators: each plan goes to its GPU's stream, and the call returns; launches
+        // to several GPUs from one thread are back to back, none waits for another's completion.
+        if comms.iter().any(|c| c.cuda.is_some()) {
+            if comms.iter().any(|c| c.cuda.is_none()) {
+                return Err(Error::InvalidArgument("a group cannot mix GPU and host communicators".into()));
+            }
+            for (ci, comm) in comms.iter().enumerate() {
+                guards[ci].seq += 1;
+                let n = comm.info.nranks;
+                let ops: Vec<OpDesc> = bufs[ci]
+                    .iter()
+                    .map(|a| {
+                        let (sc, rc) = a.kind.buffer_counts(a.count, n, a.root == comm.info.rank).expect("validated");
+                        OpDesc { send: a.send as u64, recv: a.recv as u64, send_count: sc, recv_count: rc, dtype: a.dtype, op: if a.kind.reduces() { a.op } else { ReduceOp::Sum } }
+                    })
+                    .collect();
+                let cuda = comm.cuda.as_ref().expect("checked");
+                if let Err(e) = cuda.launch(&plans[ci], &ops) {
+                    guards[ci].failed.get_or_insert_with(|| e.clone());
+                    return Err(e.context(format!("rank {} of {}", comm.info.rank, n)));
+                }
+            }
+            return Ok(());
+        }
+        let mut bufs: Vec<Vec<OpBufs>> = bufs
+            .iter()
+            .zip(&comms)
+            .map(|(args, comm)| {
+                args.iter()
+                    .map(|a| {
+                        let op = if a.kind.reduces() { a.op } else { ReduceOp::Sum };
+                        Ok(OpBufs { send: a.send, recv: a.recv, reducer: Reducer::new(a.dtype, op, comm.info.nranks)? })
+                    })
+                    .collect::<Result<Vec<_>, Error>>()
+            })
+            .collect::<Result<_, _>>()?;
 
         let deadline = Instant::now() + comms.iter().map(|c| c.info.config.timeout).min().expect("a communicator");
         let mut labels = Vec::new();
@@ -163,18 +200,15 @@ impl<'a> Group<'a> {
     }
 }
 
-/// The plan of one communicator's share of a group, and the buffers of its operations.
-fn plan_for(comm: &Comm, args: &[OpArgs]) -> Result<(Plan, Vec<OpBufs>), Error> {
+/// The plan of one communicator's share of a group.
+fn plan_for(comm: &Comm, args: &[OpArgs]) -> Result<Plan, Error> {
     let (rank, n) = (comm.info.rank, comm.info.nranks);
     let cfg = &comm.info.config;
     let mut plan = Plan { rank, nranks: n, lanes: Vec::new() };
-    let mut ops = Vec::with_capacity(args.len());
     let mut self_sends = Vec::new();
     let mut self_recvs = Vec::new();
     for (i, a) in args.iter().enumerate() {
         let i16 = u16::try_from(i).map_err(|_| Error::InvalidArgument("a group holds at most 65536 operations".into()))?;
-        let op = if a.kind.reduces() { a.op } else { ReduceOp::Sum };
-        ops.push(OpBufs { send: a.send, recv: a.recv, reducer: Reducer::new(a.dtype, op, n)? });
         let p2p = matches!(a.kind, CollKind::Send | CollKind::Recv);
         if p2p && a.root == rank {
             if a.kind == CollKind::Send { self_sends.push(i) } else { self_recvs.push(i) }
@@ -217,5 +251,5 @@ fn plan_for(comm: &Comm, args: &[OpArgs]) -> Result<(Plan, Vec<OpBufs>), Error> 
             args.iter().map(|a| a.kind.buffer_counts(a.count, n, a.root == rank).expect("validated")).collect();
         plan.validate(&sizes).map_err(Error::Internal)?;
     }
-    Ok((plan, ops))
+    Ok(plan)
 }

@@ -3,7 +3,9 @@
 pub mod op;
 pub mod table;
 
-use crate::api::{CollKind, Comm, Config, DataType, Error, Group, OpArgs, ReduceOp};
+use crate::api::{CollKind, Comm, Config, DataType, Device, Error, Group, OpArgs, ReduceOp};
+use ferroccl::mem::{DeviceBuffer, MemStats};
+use std::sync::Arc;
 use crate::machine::{Machine, GIT_COMMIT};
 use crate::size::{human, parse_size, sweep};
 use ferroccl_core::numeric::check::CheckCase;
@@ -53,6 +55,10 @@ pub struct BenchArgs {
     /// Ranks (threads of this process) when no launcher started us
     #[arg(long, default_value_t = 4)]
     pub ranks: usize,
+    /// Run on this many GPUs of this host (one rank each, driven by this process); under a
+    /// launcher, any value above 0 puts each process on GPU LOCAL_RANK. 0: host memory.
+    #[arg(short = 'g', long = "gpus", default_value_t = 0)]
+    pub gpus: usize,
     /// Also write every row, the machine and the commit to this JSON file
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -175,6 +181,9 @@ struct Buffers {
     send: Buf,
     /// None in place: the output lives in `send`.
     recv: Option<Buf>,
+    /// GPU communicators: device copies of `send` and `recv`, which the operations use; the
+    /// host buffers stage inputs and checks.
+    dev: Option<(DeviceBuffer, Option<DeviceBuffer>)>,
     send_off: usize,
     send_len: usize,
     recv_off: usize,
@@ -194,7 +203,7 @@ impl Buffers {
         };
         let (sl, rl) = (sc * w, rc * w);
         if !in_place {
-            return Ok(Buffers { send: Buf::new(sl), recv: Some(Buf::new(rl)), send_off: 0, send_len: sl, recv_off: 0, recv_len: rl });
+            return Ok(Buffers { send: Buf::new(sl), recv: Some(Buf::new(rl)), dev: None, send_off: 0, send_len: sl, recv_off: 0, recv_len: rl });
         }
         // NCCL's in-place conventions: the small buffer is this rank's slot of the large one.
         let slot = rank * count * w;
@@ -205,16 +214,56 @@ impl Buffers {
             BenchOp::Scatter if is_root => (0, slot),
             _ => (0, 0),
         };
-        Ok(Buffers { send: Buf::new(sl.max(rl)), recv: None, send_off: so, send_len: sl, recv_off: ro, recv_len: rl })
+        Ok(Buffers { send: Buf::new(sl.max(rl)), recv: None, dev: None, send_off: so, send_len: sl, recv_off: ro, recv_len: rl })
+    }
+
+    /// Mirrors the buffers in `comm`'s GPU memory (cuMem), when it has a GPU.
+    fn on_device_of(mut self, comm: &Comm, stats: &Arc<MemStats>) -> Result<Buffers, Error> {
+        let Some(gpu) = comm.gpu() else { return Ok(self) };
+        let send = DeviceBuffer::alloc(gpu, self.send.len.max(1), &[], stats)?;
+        let recv = match &self.recv {
+            Some(r) => Some(DeviceBuffer::alloc(gpu, r.len.max(1), &[], stats)?),
+            None => None,
+        };
+        self.dev = Some((send, recv));
+        Ok(self)
+    }
+
+    /// Host staging -> device (whole buffers: the poisoned output too).
+    fn upload(&self) -> Result<(), Error> {
+        if let Some((ds, dr)) = &self.dev {
+            ds.copy_from_host(0, self.send.bytes(0, self.send.len))?;
+            if let (Some(d), Some(h)) = (dr, &self.recv) {
+                d.copy_from_host(0, h.bytes(0, h.len))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Device output -> host staging, for the check.
+    fn download_output(&mut self) -> Result<(), Error> {
+        let (o, l) = (self.recv_off, self.recv_len);
+        if let Some((ds, dr)) = &self.dev {
+            let d = dr.as_ref().unwrap_or(ds);
+            let host = self.recv.as_mut().unwrap_or(&mut self.send).bytes_mut(o, l);
+            d.copy_to_host(o, host)?;
+        }
+        Ok(())
     }
 
     fn send_ptr(&mut self) -> *const u8 {
-        self.send.ptr(self.send_off)
+        match &self.dev {
+            Some((ds, _)) => (ds.device_ptr() as usize + self.send_off) as *const u8,
+            None => self.send.ptr(self.send_off),
+        }
     }
 
     fn recv_ptr(&mut self) -> *mut u8 {
         let off = self.recv_off;
-        self.recv.as_mut().unwrap_or(&mut self.send).ptr(off)
+        match &self.dev {
+            Some((ds, dr)) => (dr.as_ref().unwrap_or(ds).device_ptr() as usize + off) as *mut u8,
+            None => self.recv.as_mut().unwrap_or(&mut self.send).ptr(off),
+        }
     }
 
     fn input_mut(&mut self) -> &mut [u8] {
@@ -237,6 +286,7 @@ const POISON: u8 = 0xA5;
 
 struct RowRun<'a> {
     comm: &'a Comm,
+    stats: Arc<MemStats>,
     rs: RowSpec,
     lay: Layout,
     root: usize,
@@ -293,19 +343,23 @@ impl RowRun<'_> {
     /// This rank's average time per iteration (us) and wrong elements.
     fn measure(&self, in_place: bool, iters: u64, warmup: u64, check: bool) -> Result<(f64, u64), Error> {
         let (n, me) = (self.comm.nranks(), self.comm.rank());
-        let mut b = Buffers::new(self.rs.op, self.lay.count, self.rs.dtype, n, me, self.root, in_place)?;
+        let mut b = Buffers::new(self.rs.op, self.lay.count, self.rs.dtype, n, me, self.root, in_place)?.on_device_of(self.comm, &self.stats)?;
         let seed_of = |it: u64| mix(mix(self.rs.index) ^ (it << 1 | in_place as u64));
         // Without --check any non-zero data will do; the check inputs are that.
         self.cases(seed_of(u64::MAX)).0.fill_input(b.input_mut());
+        b.upload()?;
         for _ in 0..warmup {
             self.launch(&mut b)?;
         }
+        self.comm.synchronize()?;
         if !check {
             self.comm.barrier()?;
             let t = Instant::now();
             for _ in 0..iters {
                 self.launch(&mut b)?;
             }
+            // GPU operations return once enqueued: the time is until they all completed.
+            self.comm.synchronize()?;
             return Ok((t.elapsed().as_secs_f64() * 1e6 / iters as f64, 0));
         }
         // Checked iterations are timed one by one, so that filling and checking stay out of
@@ -317,10 +371,13 @@ impl RowRun<'_> {
             // keep its values.
             b.output_mut().fill(POISON);
             input.fill_input(b.input_mut());
+            b.upload()?;
             self.comm.barrier()?;
             let t = Instant::now();
             self.launch(&mut b)?;
+            self.comm.synchronize()?;
             total += t.elapsed().as_secs_f64() * 1e6;
+            b.download_output()?;
             let mut first = None;
             let w = output.count_wrong(b.output(), &mut first) as u64;
             if let Some((j, got, want)) = first {
@@ -341,17 +398,25 @@ impl RowRun<'_> {
 
 /// Max of `v` over ranks, through the communicator.
 fn allreduce_max_f64(comm: &Comm, v: &mut [f64]) -> Result<(), Error> {
-    let p = v.as_mut_ptr() as *mut u8;
-    let args = OpArgs { kind: CollKind::AllReduce, send: p, recv: p, count: v.len(), dtype: DataType::Float64, op: ReduceOp::Max, root: 0 };
-    // SAFETY: v holds count f64 elements for the duration of the call.
-    unsafe { comm.run_raw(&args) }
+    let mine: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    for other in comm.allgather_bytes(&mine)? {
+        for (i, c) in other.chunks_exact(8).enumerate().take(v.len()) {
+            v[i] = v[i].max(f64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+    }
+    Ok(())
 }
 
 fn allreduce_sum_u64(comm: &Comm, v: &mut [u64]) -> Result<(), Error> {
-    let p = v.as_mut_ptr() as *mut u8;
-    let args = OpArgs { kind: CollKind::AllReduce, send: p, recv: p, count: v.len(), dtype: DataType::Uint64, op: ReduceOp::Sum, root: 0 };
-    // SAFETY: as above.
-    unsafe { comm.run_raw(&args) }
+    let mine: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mut acc = vec![0u64; v.len()];
+    for other in comm.allgather_bytes(&mine)? {
+        for (i, c) in other.chunks_exact(8).enumerate().take(v.len()) {
+            acc[i] = acc[i].wrapping_add(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+    }
+    v.copy_from_slice(&acc);
+    Ok(())
 }
 
 /// Rank 0's side: prints the table and keeps the rows.
@@ -418,6 +483,7 @@ pub struct RankOutcome {
 
 pub fn run_rank(comm: &Comm, spec: &Spec, mut report: Option<&mut Reporter>) -> Result<RankOutcome, Error> {
     let n = comm.nranks();
+    let stats = MemStats::new();
     let mut out = RankOutcome::default();
     if spec.root >= n && spec.ops.iter().any(|o| o.has_root()) {
         return Err(Error::InvalidArgument(format!("root {} is not below the {n} ranks", spec.root)));
@@ -428,7 +494,7 @@ pub fn run_rank(comm: &Comm, spec: &Spec, mut report: Option<&mut Reporter>) -> 
         }
         for rs in spec.rows(op) {
             let lay = op.layout(rs.size, rs.dtype, n);
-            let run = RowRun { comm, rs, lay, root: spec.root };
+            let run = RowRun { comm, stats: stats.clone(), rs, lay, root: spec.root };
             let oop = run.measure(false, spec.iters, spec.warmup, spec.check)?;
             let ip = if op.has_in_place() { Some(run.measure(true, spec.iters, spec.warmup, spec.check)?) } else { None };
             out.local_wrong += oop.1 + ip.map_or(0, |m| m.1);
@@ -541,9 +607,18 @@ pub fn main(args: &BenchArgs, config: &Config) -> Result<std::process::ExitCode,
     let spec = Spec::from_args(args)?;
     let launched = crate::launcher_env()?;
     let (mode, comms) = match &launched {
+        Some(env) if args.gpus > 0 => {
+            let comm = Comm::from_env_gpu(config).map_err(|e| format!("joining the {} job on GPU {}: {e}", env.source, env.local_rank))?;
+            (format!("one process per GPU, {} launcher", env.source), vec![comm])
+        }
         Some(env) => {
             let comm = Comm::from_env(config).map_err(|e| format!("joining the {} job: {e}", env.source))?;
             (format!("one process per rank, {} launcher", env.source), vec![comm])
+        }
+        None if args.gpus > 0 => {
+            let devices: Vec<Device> = (0..args.gpus).map(Device::Cuda).collect();
+            let comms = Comm::init_devices(&devices, config).map_err(|e| format!("creating {} GPU ranks: {e}", args.gpus))?;
+            (format!("{} GPUs driven by one process (a thread each)", args.gpus), comms)
         }
         None => {
             if args.ranks == 0 {

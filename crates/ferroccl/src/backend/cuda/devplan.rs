@@ -37,12 +37,14 @@ pub(crate) const CONN_RECV: u32 = 1;
 pub(crate) const ERR_ABORTED: u32 = 1;
 pub(crate) const ERR_TIMEOUT: u32 = 2;
 pub(crate) const ERR_LENGTH: u32 = 3;
+#[allow(dead_code)] // named for readers of error records; the kernel writes it
 pub(crate) const ERR_PLAN: u32 = 4;
 
 /// `FcError::what` values.
 pub(crate) const WHAT_DATA: u32 = 1;
 pub(crate) const WHAT_ROOM: u32 = 2;
 pub(crate) const WHAT_LENGTH: u32 = 3;
+#[allow(dead_code)] // as ERR_PLAN
 pub(crate) const WHAT_PLAN: u32 = 4;
 
 /// The kernel's only parameter, passed by value. Addresses are device addresses.

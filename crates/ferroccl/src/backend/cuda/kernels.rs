@@ -6,6 +6,7 @@
 //! line. System headers (`<cuda_fp16.h>` ...) are left to NVRTC and its include path. Splicing
 //! keeps the whole program in one string, which is also what the on-disk kernel cache hashes.
 
+#[cfg(test)]
 use cudarc::nvrtc::CompileOptions;
 
 /// Name of the plan-execution kernel (`extern "C"`, so unmangled).
@@ -59,12 +60,23 @@ fn splice(out: &mut String, name: &str, text: &str, seen: &mut Vec<&'static str>
     }
 }
 
+/// The flags of [`compile_options`] as NVRTC command-line options, for `nvrtc::compile`
+/// (which adds the architecture and include directories itself).
+pub(crate) fn nvrtc_flags() -> Vec<String> {
+    ["--ftz=false", "--prec-div=true", "--prec-sqrt=true", "--fmad=false", "--std=c++17", "-default-device"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(std::iter::once(format!("-DFC_MAX_THREADS={PLAN_EXEC_MAX_THREADS}")))
+        .collect()
+}
+
 /// NVRTC options for `arch` (e.g. "sm_90"). `cuda_include` is the folder holding
 /// `cuda_fp16.h`, `cuda_bf16.h` and `cuda_fp8.h` (`/usr/local/cuda/include` on a CUDA machine);
 /// the caller finds it (config.rs owns the environment).
 ///
 /// No fast-math, no flush-to-zero, no FMA contraction: results must equal the host reduction
 /// bit for bit (the kernel also uses the `_rn` intrinsics, so this is belt and braces).
+#[cfg(test)]
 pub(crate) fn compile_options(arch: &'static str, cuda_include: Option<&str>) -> CompileOptions {
     CompileOptions {
         ftz: Some(false),

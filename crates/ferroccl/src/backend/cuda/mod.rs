@@ -7,10 +7,14 @@
 //! needs them first checks that they can be loaded, so a machine without them gets an
 //! error (or zero GPUs), never a panic.
 
+pub(crate) mod devplan;
 pub mod device;
+pub(crate) mod fabric;
 pub mod fdpass;
+pub(crate) mod kernels;
 pub mod mem;
 pub mod nvrtc;
+pub(crate) mod rank;
 
 use cudarc::driver::sys;
 use ferroccl_core::{Error, Result};

@@ -1,0 +1,178 @@
+//! One rank's GPU side: its device, the compiled plan kernel, its connections, its stream,
+//! and the launch of plans on that stream.
+
+use super::devplan::{encode, DeviceTables, FcError, OpDesc, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA, WHAT_LENGTH, WHAT_ROOM};
+use super::device::{Gpu, LaunchDims, Module};
+use super::fabric::Fabric;
+use super::mem::{DeviceBuffer, MemStats};
+use super::{check, kernels, nvrtc};
+use crate::bootstrap::Bootstrap;
+use cudarc::driver::sys;
+use ferroccl_core::plan::Plan;
+use ferroccl_core::{Config, Error};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+/// Threads per block of the plan kernel: one block per lane.
+const BLOCK_THREADS: u32 = kernels::PLAN_EXEC_DEFAULT_THREADS;
+
+pub(crate) struct CudaRank {
+    pub gpu: Gpu,
+    module: Module,
+    pub stats: Arc<MemStats>,
+    fabric: Fabric,
+    stream: sys::CUstream,
+    /// Steps, lanes and ops of the launch in flight (rewritten only after the stream drained).
+    tables: Mutex<Option<DeviceBuffer>>,
+    /// FcError record, then the abort word.
+    status: DeviceBuffer,
+    timeout_ns: u64,
+    rank: usize,
+}
+
+// SAFETY: the stream handle is only used with the context bound and through the driver,
+// which is thread-safe; the tables are behind a mutex.
+unsafe impl Send for CudaRank {}
+unsafe impl Sync for CudaRank {}
+
+const ABORT_OFF: usize = 64;
+
+impl CudaRank {
+    pub fn new(ordinal: usize, boot: &Bootstrap, config: &Config, abort: &AtomicBool) -> Result<CudaRank, Error> {
+        let gpu = Gpu::open(ordinal)?;
+        let source = kernels::plan_exec_source();
+        let arch = gpu.arch();
+        let include_dirs = nvrtc::include_dirs_from_env();
+        let options = kernels::nvrtc_flags();
+        let req = nvrtc::CompileRequest { name: "plan_exec.cu", source: &source, arch: &arch, include_dirs: &include_dirs, options: &options };
+        let cache = nvrtc::default_cache_dir().map(nvrtc::KernelCache::new);
+        let image = nvrtc::compile_cached(&req, cache.as_ref())?;
+        let module = gpu.load_module(&image.bytes)?;
+        module.kernel(kernels::PLAN_EXEC_KERNEL)?;
+        let stats = MemStats::new();
+        let fabric = Fabric::new(&gpu, boot, config, &stats, abort)?;
+        let status = DeviceBuffer::alloc(&gpu, 128, &[], &stats)?;
+        status.copy_from_host(0, &[0u8; 128])?;
+        let mut stream = std::ptr::null_mut();
+        gpu.bind()?;
+        check("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
+        Ok(CudaRank {
+            gpu,
+            module,
+            stats,
+            fabric,
+            stream,
+            tables: Mutex::new(None),
+            status,
+            timeout_ns: config.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            rank: boot.rank(),
+        })
+    }
+
+    pub fn stream(&self) -> sys::CUstream {
+        self.stream
+    }
+
+    /// Enqueues `plan` on the stream and returns.
+    pub fn launch(&self, plan: &Plan, ops: &[OpDesc]) -> Result<(), Error> {
+        let geo = self.fabric.geo;
+        let enc = encode(plan, ops, |k| geo.conn_index(k))?;
+        if enc.lanes.is_empty() {
+            return Ok(());
+        }
+        let as_bytes = |p: *const u8, n: usize| unsafe { std::slice::from_raw_parts(p, n) };
+        let parts = [
+            as_bytes(enc.steps.as_ptr() as *const u8, std::mem::size_of_val(&enc.steps[..])),
+            as_bytes(enc.lanes.as_ptr() as *const u8, std::mem::size_of_val(&enc.lanes[..])),
+            as_bytes(enc.ops.as_ptr() as *const u8, std::mem::size_of_val(&enc.ops[..])),
+        ];
+        let mut offs = [0usize; 3];
+        let mut total = 0;
+        for (i, p) in parts.iter().enumerate() {
+            offs[i] = total;
+            total = (total + p.len()).div_ceil(64) * 64;
+        }
+        let mut blob = vec![0u8; total];
+        for (i, p) in parts.iter().enumerate() {
+            blob[offs[i]..offs[i] + p.len()].copy_from_slice(p);
+        }
+        let mut tables = self.tables.lock().map_err(|_| Error::Internal("GPU tables lock poisoned".into()))?;
+        // The previous launch may still read its tables: wait for it before overwriting them.
+        self.gpu.bind()?;
+        check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(self.stream) })?;
+        if tables.as_ref().is_none_or(|t| t.len() < total) {
+            *tables = Some(DeviceBuffer::alloc(&self.gpu, total.max(4096), &[], &self.stats)?);
+        }
+        let t = tables.as_ref().expect("allocated");
+        t.copy_from_host(0, &blob)?;
+        let base = t.device_ptr();
+        let at = DeviceTables {
+            steps: base + offs[0] as u64,
+            lanes: base + offs[1] as u64,
+            ops: base + offs[2] as u64,
+            conns: self.fabric.table.device_ptr(),
+            nconns: self.fabric.nconns,
+            abort: self.status.device_ptr() + ABORT_OFF as u64,
+            error: self.status.device_ptr(),
+            timeout_ns: self.timeout_ns,
+        };
+        let mut param = enc.launch(&at);
+        let kernel = self.module.kernel(kernels::PLAN_EXEC_KERNEL)?;
+        let dims = LaunchDims { grid: (enc.lanes.len() as u32, 1, 1), block: (BLOCK_THREADS, 1, 1), shared_bytes: 0 };
+        let mut params = [&mut param as *mut _ as *mut std::ffi::c_void];
+        // SAFETY: the kernel takes one FcLaunch by value; every address in it is device memory
+        // of this GPU or mapped for it, valid until the stream drains (tables) or the
+        // communicator is dropped (connections, status).
+        unsafe { kernel.launch(dims, self.stream, &mut params) }
+    }
+
+    /// Waits for everything enqueued, then reports a failure the kernel recorded.
+    pub fn synchronize(&self) -> Result<(), Error> {
+        self.gpu.bind()?;
+        check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(self.stream) })?;
+        let mut rec = [0u8; std::mem::size_of::<FcError>()];
+        self.status.copy_to_host(0, &mut rec)?;
+        // SAFETY: FcError is plain old data of exactly this size.
+        let e: FcError = unsafe { std::ptr::read_unaligned(rec.as_ptr() as *const FcError) };
+        if e.code == 0 {
+            return Ok(());
+        }
+        let what = match e.what {
+            WHAT_DATA => "data from",
+            WHAT_ROOM => "room in the connection to",
+            WHAT_LENGTH => "a length check on data from",
+            _ => "a consistent plan with",
+        };
+        let msg = format!(
+            "GPU {} rank {}: lane {} step {} waiting for {what} rank {} (connection {}): expected {} got {}",
+            self.gpu.ordinal(),
+            self.rank,
+            e.lane,
+            e.step,
+            e.peer,
+            e.conn,
+            e.expected,
+            e.got
+        );
+        Err(match e.code {
+            ERR_ABORTED => Error::Aborted(msg),
+            ERR_TIMEOUT => Error::Timeout(msg),
+            ERR_LENGTH => Error::Protocol(msg),
+            _ => Error::Internal(msg),
+        })
+    }
+
+    pub fn memory_bytes(&self) -> u64 {
+        self.stats.allocated_bytes() + self.stats.imported_bytes()
+    }
+}
+
+impl Drop for CudaRank {
+    fn drop(&mut self) {
+        let _ = self.gpu.bind();
+        unsafe {
+            sys::cuStreamSynchronize(self.stream);
+            sys::cuStreamDestroy_v2(self.stream);
+        }
+    }
+}
