@@ -134,7 +134,11 @@ impl Comm {
         Comm::from_bootstrap(boot, Device::Host, config.clone(), abort)
     }
 
-    fn from_bootstrap(boot: Bootstrap, device: Device, config: Config, abort: Arc<AtomicBool>) -> Result<Comm, Error> {
+    fn from_bootstrap(boot: Bootstrap, device: Device, mut config: Config, abort: Arc<AtomicBool>) -> Result<Comm, Error> {
+        if matches!(device, Device::Cuda(_)) {
+            // Plans and the GPU fabric agree on channels through the one config.
+            config.channels = config.gpu_channels;
+        }
         let peers = boot.peers();
         let me = &peers[boot.rank()];
         let topo = Topology {

@@ -549,10 +549,15 @@ struct JsonReport<'a> {
 fn preamble(comm: &Comm, spec: &Spec, mode: &str) -> String {
     let topo = comm.topology();
     let mut s = format!(
-        "# ferroccl bench {} (commit {})\n#  ranks: {} ({mode}), backend: host\n#  minBytes {} ({}) maxBytes {} ({}) sizes {} warmup iters: {} iters: {} check: {}\n#\n# Using devices\n",
+        "# ferroccl bench {} (commit {})\n#  ranks: {} ({mode}), backend: {}, channels {}\n#  minBytes {} ({}) maxBytes {} ({}) sizes {} warmup iters: {} iters: {} check: {}\n#\n# Using devices\n",
         env!("CARGO_PKG_VERSION"),
         &GIT_COMMIT[..GIT_COMMIT.len().min(12)],
         comm.nranks(),
+        match comm.gpu() {
+            Some(g) => format!("CUDA ({})", g.name()),
+            None => "host".to_string(),
+        },
+        comm.config().channels,
         spec.sizes.first().copied().unwrap_or(0),
         human(spec.sizes.first().copied().unwrap_or(0)),
         spec.sizes.last().copied().unwrap_or(0),
@@ -562,8 +567,17 @@ fn preamble(comm: &Comm, spec: &Spec, mode: &str) -> String {
         spec.iters,
         spec.check as u8
     );
+    // Every rank's own device is known only to that rank: this one's is shown for all
+    // of its process (one GPU per rank in rank order with -g; LOCAL_RANK under a launcher).
+    let device = |r: usize| match comm.gpu() {
+        Some(_) if topo.ranks[r].pid == topo.ranks[comm.rank()].pid => {
+            format!("GPU {}", comm.gpu().map(|g| g.ordinal()).unwrap_or(0) + r - comm.rank())
+        }
+        Some(_) => "a GPU".to_string(),
+        None => "host memory".to_string(),
+    };
     for (r, loc) in topo.ranks.iter().enumerate() {
-        s += &format!("#  Rank {r:>3} Pid {:>7} on {:>12} device host memory\n", loc.pid, loc.hostname);
+        s += &format!("#  Rank {r:>3} Pid {:>7} on {:>12} device {}\n", loc.pid, loc.hostname, device(r));
     }
     s.pop();
     s
