@@ -168,7 +168,7 @@ mod tests {
 #[cfg(test)]
 mod gpu_tests {
     use super::*;
-    use crate::backend::devplan::*;
+    use crate::backend::cuda::devplan::*;
     use cudarc::driver::{result as drv, CudaContext, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
     use ferroccl_core::algo::{build, CollDesc, Tuning};
     use ferroccl_core::numeric::{Element, Reducer};
