@@ -738,6 +738,7 @@ mod tests {
             redop: "all".into(),
             root: 0,
             check: true,
+            gpus: 0,
             ranks: 2,
             json: None,
         };
