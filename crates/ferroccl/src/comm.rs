@@ -199,6 +199,17 @@ impl Comm {
         self.cuda.as_ref().map(|c| c.stream() as *mut std::ffi::c_void).unwrap_or(std::ptr::null_mut())
     }
 
+    /// GPU communicators: later operations are enqueued on `stream` (a `CUstream`; null: the
+    /// communicator's own stream again).
+    ///
+    /// # Safety
+    /// `stream` must be a stream of this communicator's GPU context that outlives its use.
+    pub unsafe fn set_stream(&self, stream: *mut std::ffi::c_void) {
+        if let Some(c) = &self.cuda {
+            c.set_stream(stream as _);
+        }
+    }
+
     /// GPU memory this communicator holds (its own allocations and imported peer memory).
     pub fn device_memory_bytes(&self) -> u64 {
         self.cuda.as_ref().map(|c| c.memory_bytes()).unwrap_or(0)
@@ -352,6 +363,9 @@ impl Comm {
     /// `Error::Aborted` promptly, peers waiting on us see the failure, and later calls fail.
     pub fn abort(&self) {
         self.abort.store(true, Ordering::Release);
+        if let Some(c) = &self.cuda {
+            c.abort();
+        }
         Conns::poison_all(&self.fifos, &format!("rank {} aborted its communicator", self.info.rank));
         self.boot.abort();
     }

@@ -121,15 +121,30 @@ impl<'a> Group<'a> {
             for (ci, comm) in comms.iter().enumerate() {
                 guards[ci].seq += 1;
                 let n = comm.info.nranks;
-                let ops: Vec<OpDesc> = bufs[ci]
+                let args = &bufs[ci];
+                let key: Vec<u64> = args
                     .iter()
-                    .map(|a| {
-                        let (sc, rc) = a.kind.buffer_counts(a.count, n, a.root == comm.info.rank).expect("validated");
-                        OpDesc { send: a.send as u64, recv: a.recv as u64, send_count: sc, recv_count: rc, dtype: a.dtype, op: if a.kind.reduces() { a.op } else { ReduceOp::Sum } }
+                    .flat_map(|a| {
+                        let op = match a.op {
+                            ReduceOp::PreMulSum(s) => s.to_bits(),
+                            o => o.nccl_id() as u64,
+                        };
+                        [a.kind as u64, a.count as u64, a.dtype.nccl_id() as u64, op, a.root as u64, a.send as u64, a.recv as u64]
                     })
                     .collect();
+                let plan = std::mem::take(&mut plans[ci]);
+                let build = || {
+                    let ops: Vec<OpDesc> = args
+                        .iter()
+                        .map(|a| {
+                            let (sc, rc) = a.kind.buffer_counts(a.count, n, a.root == comm.info.rank).expect("validated");
+                            OpDesc { send: a.send as u64, recv: a.recv as u64, send_count: sc, recv_count: rc, dtype: a.dtype, op: if a.kind.reduces() { a.op } else { ReduceOp::Sum } }
+                        })
+                        .collect();
+                    Ok((plan, ops))
+                };
                 let cuda = comm.cuda.as_ref().expect("checked");
-                if let Err(e) = cuda.launch(&plans[ci], &ops) {
+                if let Err(e) = cuda.launch(key, build) {
                     guards[ci].failed.get_or_insert_with(|| e.clone());
                     return Err(e.context(format!("rank {} of {}", comm.info.rank, n)));
                 }
@@ -214,7 +229,9 @@ fn plan_for(comm: &Comm, args: &[OpArgs]) -> Result<Plan, Error> {
             if a.kind == CollKind::Send { self_sends.push(i) } else { self_recvs.push(i) }
             continue;
         }
-        let t = Tuning::for_elem_size(if p2p { 1 } else { cfg.channels }, cfg.chunk_bytes, a.dtype.size());
+        // The host backend moves point-to-point data on one thread anyway; GPUs need blocks.
+        let p2p_ch = if comm.cuda.is_some() { crate::backend::cuda::fabric::p2p_channels(cfg.channels) } else { 1 };
+        let t = Tuning::for_elem_size(if p2p { p2p_ch } else { cfg.channels }, cfg.chunk_bytes, a.dtype.size());
         plan.append(build(&CollDesc { kind: a.kind, count: a.count, root: a.root }, i16, rank, n, &t));
     }
     // A send to oneself is a copy into the matching receive from oneself.

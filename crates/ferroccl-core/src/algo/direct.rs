@@ -75,9 +75,9 @@ pub(crate) fn scatter(lane: &mut Lane, ctx: &ChannelCtx, root: Rank) {
     }
 }
 
-/// A send or a receive: one lane per peer and direction, chunked like everything else.
-pub(crate) fn p2p(lane: &mut Lane, desc: &CollDesc, op: u16, t: &Tuning) {
-    for (off, len) in loops(0, desc.count, t.chunk_elems) {
+/// One channel's slice of a send or a receive: one lane per peer, direction and channel.
+pub(crate) fn p2p(lane: &mut Lane, desc: &CollDesc, op: u16, t: &Tuning, (start, end): (usize, usize)) {
+    for (off, len) in loops(start, end, t.chunk_elems) {
         let step = if desc.kind == CollKind::Send {
             Step::Send { to: desc.root, src: input(op, off, len), pre: false }
         } else {

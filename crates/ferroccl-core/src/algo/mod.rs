@@ -117,9 +117,12 @@ pub fn build(desc: &CollDesc, op: u16, rank: Rank, nranks: usize, t: &Tuning) ->
     match desc.kind {
         CollKind::Send | CollKind::Recv => {
             let dir = if desc.kind == CollKind::Send { Dir::Send } else { Dir::Recv };
-            let mut lane = Lane::p2p(desc.root, dir);
-            direct::p2p(&mut lane, desc, op, t);
-            plan.lanes.push(lane);
+            // Like a collective, the message is cut into channel slices, each its own lane.
+            for c in 0..t.channels {
+                let mut lane = Lane::p2p(desc.root, dir, c);
+                direct::p2p(&mut lane, desc, op, t, channel_slice(desc.count, t.channels, c));
+                plan.lanes.push(lane);
+            }
             return plan;
         }
         _ => {}

@@ -90,7 +90,7 @@ proptest! {
             rops.extend(s);
             rops.extend(v);
         }
-        let t = Tuning { channels: 1, chunk_elems: chunk };
+        let t = Tuning { channels: 1 + (shuffle % 3) as usize, chunk_elems: chunk };
         let r = simulate(&ops, &plans_for(&ops, &t), CAP, shuffle);
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }

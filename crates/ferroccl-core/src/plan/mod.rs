@@ -113,15 +113,16 @@ impl Lane {
     pub fn collective(c: usize) -> Lane {
         Lane { id: c as u64, channel: c as u32, steps: Vec::new() }
     }
-    /// The lane of the sends to (`dir == Send`) or receives from `peer` of a group.
-    pub fn p2p(peer: Rank, dir: Dir) -> Lane {
+    /// The lane of point-to-point channel `c` of the sends to (`dir == Send`) or receives from
+    /// `peer` of a group.
+    pub fn p2p(peer: Rank, dir: Dir, c: usize) -> Lane {
         let d = if dir == Dir::Send { 0 } else { 1 };
-        Lane { id: (1 << 40) | ((peer as u64) << 1) | d, channel: P2P_CHANNEL_BASE, steps: Vec::new() }
+        Lane { id: (1 << 40) | ((c as u64) << 32) | ((peer as u64) << 1) | d, channel: P2P_CHANNEL_BASE + c as u32, steps: Vec::new() }
     }
 }
 
-/// Channel numbers at or above this are used by point-to-point lanes, so that sends and receives
-/// in a group never share a connection with a collective's ring.
+/// Channel numbers at or above this are used by point-to-point lanes (base + channel), so that
+/// sends and receives in a group never share a connection with a collective's ring.
 pub const P2P_CHANNEL_BASE: u32 = 1 << 16;
 
 /// Direction of a connection, seen from the rank that owns the plan.

@@ -22,12 +22,20 @@ use std::time::Instant;
 
 const LINE: usize = 128;
 
+/// Point-to-point channels of a GPU communicator with `channels` collective channels: enough
+/// blocks to fill NVLink, without doubling the FIFO memory.
+pub(crate) fn p2p_channels(channels: usize) -> usize {
+    channels.clamp(1, 8)
+}
+
 /// Where things are inside one FIFO and one counter pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Geometry {
     pub slots: usize,
     pub slot_bytes: usize,
-    /// Channels per peer, the point-to-point channel included.
+    /// Collective channels per peer; the point-to-point channels follow them.
+    pub coll: usize,
+    /// Channels per peer in all.
     pub nchan: usize,
 }
 
@@ -51,13 +59,8 @@ impl Geometry {
     }
     /// Channel index of a plan channel: collective channels first, point-to-point last.
     pub fn chan_index(&self, channel: u32) -> Option<usize> {
-        if channel >= P2P_CHANNEL_BASE {
-            Some(self.nchan - 1)
-        } else if (channel as usize) < self.nchan - 1 {
-            Some(channel as usize)
-        } else {
-            None
-        }
+        let i = if channel >= P2P_CHANNEL_BASE { self.coll + (channel - P2P_CHANNEL_BASE) as usize } else if (channel as usize) < self.coll { channel as usize } else { return None };
+        (i < self.nchan).then_some(i)
     }
     /// Index of a connection in the kernel's table.
     pub fn conn_index(&self, key: ConnKey) -> Option<u32> {
@@ -89,7 +92,12 @@ pub(crate) struct Fabric {
 impl Fabric {
     pub fn new(gpu: &Gpu, boot: &Bootstrap, config: &Config, stats: &Arc<MemStats>, abort: &AtomicBool) -> Result<Fabric, Error> {
         let (me, n) = (boot.rank(), boot.nranks());
-        let geo = Geometry { slots: config.slots, slot_bytes: config.slot_bytes, nchan: config.channels + 1 };
+        let geo = Geometry {
+            slots: config.slots,
+            slot_bytes: config.slot_bytes,
+            coll: config.channels,
+            nchan: config.channels + p2p_channels(config.channels),
+        };
         let entries = n * geo.nchan;
         let recv_arena = DeviceBuffer::alloc(gpu, entries * geo.fifo_stride(), &[], stats)?;
         let send_arena = DeviceBuffer::alloc(gpu, entries * Geometry::COUNTER_STRIDE, &[], stats)?;
@@ -209,7 +217,7 @@ mod tests {
 
     #[test]
     fn geometry_keeps_words_on_their_own_lines_and_indexes_every_connection_once() {
-        let g = Geometry { slots: 8, slot_bytes: 1 << 18, nchan: 3 };
+        let g = Geometry { slots: 8, slot_bytes: 1 << 18, coll: 2, nchan: 3 };
         assert_eq!(g.head_off() % LINE, 0);
         assert!(g.head_off() >= g.lens_off() + 8 * 4);
         assert_eq!(g.consumed_off() - g.head_off(), LINE);
@@ -217,6 +225,7 @@ mod tests {
         assert_eq!(g.chan_index(1), Some(1));
         assert_eq!(g.chan_index(2), None);
         assert_eq!(g.chan_index(P2P_CHANNEL_BASE), Some(2));
+        assert_eq!(g.chan_index(P2P_CHANNEL_BASE + 1), None);
         let mut seen = std::collections::HashSet::new();
         for peer in 0..4 {
             for ch in [0, 1, P2P_CHANNEL_BASE] {

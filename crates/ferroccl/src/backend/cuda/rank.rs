@@ -10,7 +10,8 @@ use crate::bootstrap::Bootstrap;
 use cudarc::driver::sys;
 use ferroccl_core::plan::Plan;
 use ferroccl_core::{Config, Error};
-use std::sync::atomic::AtomicBool;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Threads per block of the plan kernel: one block per lane.
@@ -22,8 +23,10 @@ pub(crate) struct CudaRank {
     pub stats: Arc<MemStats>,
     fabric: Fabric,
     stream: sys::CUstream,
-    /// Steps, lanes and ops of the launch in flight (rewritten only after the stream drained).
-    tables: Mutex<Option<DeviceBuffer>>,
+    /// Encoded plans on the GPU, by operation key.
+    tables: Mutex<HashMap<Vec<u64>, Tables>>,
+    /// A caller's stream, when set (else `stream`).
+    user_stream: AtomicPtr<std::ffi::c_void>,
     /// FcError record, then the abort word.
     status: DeviceBuffer,
     timeout_ns: u64,
@@ -36,6 +39,16 @@ unsafe impl Send for CudaRank {}
 unsafe impl Sync for CudaRank {}
 
 const ABORT_OFF: usize = 64;
+
+/// Distinct operations whose tables stay on the GPU (a training loop has a handful).
+const TABLE_CACHE: usize = 256;
+
+/// One encoded plan on the GPU and the launch parameter that points at it.
+struct Tables {
+    param: super::devplan::FcLaunch,
+    nlanes: u32,
+    _buf: DeviceBuffer,
+}
 
 impl CudaRank {
     pub fn new(ordinal: usize, boot: &Bootstrap, config: &Config, abort: &AtomicBool) -> Result<CudaRank, Error> {
@@ -62,7 +75,8 @@ impl CudaRank {
             stats,
             fabric,
             stream,
-            tables: Mutex::new(None),
+            tables: Mutex::new(HashMap::new()),
+            user_stream: AtomicPtr::new(std::ptr::null_mut()),
             status,
             timeout_ns: config.timeout.as_nanos().min(u64::MAX as u128) as u64,
             rank: boot.rank(),
@@ -73,13 +87,43 @@ impl CudaRank {
         self.stream
     }
 
-    /// Enqueues `plan` on the stream and returns.
-    pub fn launch(&self, plan: &Plan, ops: &[OpDesc]) -> Result<(), Error> {
-        let geo = self.fabric.geo;
-        let enc = encode(plan, ops, |k| geo.conn_index(k))?;
-        if enc.lanes.is_empty() {
+    /// Enqueues an operation on the stream (the communicator's, or the one set with
+    /// `set_stream`) and returns. `key` identifies the operation and its buffers: the tables of
+    /// a key seen before are already on the GPU, so a repeated call is one kernel launch (no
+    /// host-device copy, nothing synchronous: legal inside CUDA graph capture). `build` makes
+    /// the plan for a key seen for the first time.
+    pub fn launch(&self, key: Vec<u64>, build: impl FnOnce() -> Result<(Plan, Vec<OpDesc>), Error>) -> Result<(), Error> {
+        let stream = self.current_stream();
+        let mut cache = self.tables.lock().map_err(|_| Error::Internal("GPU tables lock poisoned".into()))?;
+        if !cache.contains_key(&key) {
+            if cache.len() >= TABLE_CACHE {
+                // Tables in use by queued kernels must outlive them: drain before freeing.
+                self.gpu.bind()?;
+                check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(stream) })?;
+                cache.clear();
+            }
+            let (plan, ops) = build()?;
+            let entry = self.upload(&plan, &ops)?;
+            cache.insert(key.clone(), entry);
+        }
+        let entry = cache.get(&key).expect("present");
+        if entry.nlanes == 0 {
             return Ok(());
         }
+        let mut param = entry.param;
+        let kernel = self.module.kernel(kernels::PLAN_EXEC_KERNEL)?;
+        let dims = LaunchDims { grid: (entry.nlanes, 1, 1), block: (BLOCK_THREADS, 1, 1), shared_bytes: 0 };
+        let mut params = [&mut param as *mut _ as *mut std::ffi::c_void];
+        // SAFETY: the kernel takes one FcLaunch by value; every address in it is device memory
+        // of this GPU or mapped for it, valid while the cache entry (tables) and the
+        // communicator (connections, status) live.
+        unsafe { kernel.launch(dims, stream, &mut params) }
+    }
+
+    /// Encodes a plan and puts its tables on the GPU.
+    fn upload(&self, plan: &Plan, ops: &[OpDesc]) -> Result<Tables, Error> {
+        let geo = self.fabric.geo;
+        let enc = encode(plan, ops, |k| geo.conn_index(k))?;
         let as_bytes = |p: *const u8, n: usize| unsafe { std::slice::from_raw_parts(p, n) };
         let parts = [
             as_bytes(enc.steps.as_ptr() as *const u8, std::mem::size_of_val(&enc.steps[..])),
@@ -92,20 +136,13 @@ impl CudaRank {
             offs[i] = total;
             total = (total + p.len()).div_ceil(64) * 64;
         }
-        let mut blob = vec![0u8; total];
+        let mut blob = vec![0u8; total.max(64)];
         for (i, p) in parts.iter().enumerate() {
             blob[offs[i]..offs[i] + p.len()].copy_from_slice(p);
         }
-        let mut tables = self.tables.lock().map_err(|_| Error::Internal("GPU tables lock poisoned".into()))?;
-        // The previous launch may still read its tables: wait for it before overwriting them.
-        self.gpu.bind()?;
-        check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(self.stream) })?;
-        if tables.as_ref().is_none_or(|t| t.len() < total) {
-            *tables = Some(DeviceBuffer::alloc(&self.gpu, total.max(4096), &[], &self.stats)?);
-        }
-        let t = tables.as_ref().expect("allocated");
-        t.copy_from_host(0, &blob)?;
-        let base = t.device_ptr();
+        let buf = DeviceBuffer::alloc(&self.gpu, blob.len(), &[], &self.stats)?;
+        buf.copy_from_host(0, &blob)?;
+        let base = buf.device_ptr();
         let at = DeviceTables {
             steps: base + offs[0] as u64,
             lanes: base + offs[1] as u64,
@@ -116,20 +153,31 @@ impl CudaRank {
             error: self.status.device_ptr(),
             timeout_ns: self.timeout_ns,
         };
-        let mut param = enc.launch(&at);
-        let kernel = self.module.kernel(kernels::PLAN_EXEC_KERNEL)?;
-        let dims = LaunchDims { grid: (enc.lanes.len() as u32, 1, 1), block: (BLOCK_THREADS, 1, 1), shared_bytes: 0 };
-        let mut params = [&mut param as *mut _ as *mut std::ffi::c_void];
-        // SAFETY: the kernel takes one FcLaunch by value; every address in it is device memory
-        // of this GPU or mapped for it, valid until the stream drains (tables) or the
-        // communicator is dropped (connections, status).
-        unsafe { kernel.launch(dims, self.stream, &mut params) }
+        Ok(Tables { param: enc.launch(&at), nlanes: enc.lanes.len() as u32, _buf: buf })
+    }
+
+    /// Makes later operations go to `stream` (null: back to the communicator's own).
+    pub fn set_stream(&self, stream: sys::CUstream) {
+        self.user_stream.store(stream as *mut std::ffi::c_void, Ordering::Release);
+    }
+
+    fn current_stream(&self) -> sys::CUstream {
+        let s = self.user_stream.load(Ordering::Acquire);
+        if s.is_null() { self.stream } else { s as sys::CUstream }
+    }
+
+    /// Raises the abort word that every waiting block polls, so that kernels stuck on a dead
+    /// or aborted peer leave and release the stream.
+    pub fn abort(&self) {
+        // The copy is synchronous on the legacy stream, which our non-blocking streams do not
+        // wait for, so it lands while the kernel still runs.
+        let _ = self.status.copy_from_host(ABORT_OFF, &1u32.to_le_bytes());
     }
 
     /// Waits for everything enqueued, then reports a failure the kernel recorded.
     pub fn synchronize(&self) -> Result<(), Error> {
         self.gpu.bind()?;
-        check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(self.stream) })?;
+        check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(self.current_stream()) })?;
         let mut rec = [0u8; std::mem::size_of::<FcError>()];
         self.status.copy_to_host(0, &mut rec)?;
         // SAFETY: FcError is plain old data of exactly this size.
