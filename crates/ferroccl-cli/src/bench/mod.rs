@@ -59,6 +59,10 @@ pub struct BenchArgs {
     /// launcher, any value above 0 puts each process on GPU LOCAL_RANK. 0: host memory.
     #[arg(short = 'g', long = "gpus", default_value_t = 0)]
     pub gpus: usize,
+    /// One thread drives every rank of this process: each iteration is one group over all
+    /// communicators (nccl-tests' -g). Default: a thread per rank (nccl-tests' -t).
+    #[arg(long)]
+    pub one_thread: bool,
     /// Also write every row, the machine and the commit to this JSON file
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -314,7 +318,8 @@ impl RowRun<'_> {
         }
     }
 
-    fn launch(&self, b: &mut Buffers) -> Result<(), Error> {
+    /// The operations of one iteration on this rank (two for the sendrecv ring).
+    fn args(&self, b: &mut Buffers) -> Vec<OpArgs> {
         let (n, me) = (self.comm.nranks(), self.comm.rank());
         let args = OpArgs {
             kind: self.rs.op.kind(),
@@ -325,19 +330,23 @@ impl RowRun<'_> {
             op: self.rs.redop.unwrap_or(ReduceOp::Sum),
             root: self.root,
         };
-        // SAFETY: Buffers sized the regions with CollKind::buffer_counts for this count, rank
-        // and root, and they outlive the call, which completes before returning.
-        unsafe {
-            match self.rs.op {
-                BenchOp::SendRecv => {
-                    let mut g = Group::new();
-                    g.push_raw(self.comm, OpArgs { kind: CollKind::Send, recv: std::ptr::null_mut(), root: (me + 1) % n, ..args })?;
-                    g.push_raw(self.comm, OpArgs { kind: CollKind::Recv, send: std::ptr::null(), root: (me + n - 1) % n, ..args })?;
-                    g.launch()
-                }
-                _ => self.comm.run_raw(&args),
-            }
+        match self.rs.op {
+            BenchOp::SendRecv => vec![
+                OpArgs { kind: CollKind::Send, recv: std::ptr::null_mut(), root: (me + 1) % n, ..args },
+                OpArgs { kind: CollKind::Recv, send: std::ptr::null(), root: (me + n - 1) % n, ..args },
+            ],
+            _ => vec![args],
         }
+    }
+
+    fn launch(&self, b: &mut Buffers) -> Result<(), Error> {
+        let mut g = Group::new();
+        for a in self.args(b) {
+            // SAFETY: Buffers sized the regions with CollKind::buffer_counts for this count,
+            // rank and root, and they outlive the operation (synchronize before they drop).
+            unsafe { g.push_raw(self.comm, a)? };
+        }
+        g.launch()
     }
 
     /// This rank's average time per iteration (us) and wrong elements.
@@ -394,6 +403,96 @@ impl RowRun<'_> {
         }
         Ok((total / iters as f64, wrong))
     }
+}
+
+/// One thread, every rank: each iteration is one group over all communicators. Returns the
+/// average time per iteration (us) and the wrong elements of all ranks.
+fn measure_group(runs: &[RowRun], in_place: bool, iters: u64, warmup: u64, check: bool) -> Result<(f64, u64), Error> {
+    let mut bufs = Vec::with_capacity(runs.len());
+    for r in runs {
+        let (n, me) = (r.comm.nranks(), r.comm.rank());
+        bufs.push(Buffers::new(r.rs.op, r.lay.count, r.rs.dtype, n, me, r.root, in_place)?.on_device_of(r.comm, &r.stats)?);
+    }
+    let seed_of = |r: &RowRun, it: u64| mix(mix(r.rs.index) ^ (it << 1 | in_place as u64));
+    let launch = |bufs: &mut Vec<Buffers>| -> Result<(), Error> {
+        let mut g = Group::new();
+        for (r, b) in runs.iter().zip(bufs.iter_mut()) {
+            for a in r.args(b) {
+                // SAFETY: as in RowRun::launch.
+                unsafe { g.push_raw(r.comm, a)? };
+            }
+        }
+        g.launch()
+    };
+    let sync = || runs.iter().try_for_each(|r| r.comm.synchronize());
+    for (r, b) in runs.iter().zip(bufs.iter_mut()) {
+        r.cases(seed_of(r, u64::MAX)).0.fill_input(b.input_mut());
+        b.upload()?;
+    }
+    for _ in 0..warmup {
+        launch(&mut bufs)?;
+    }
+    sync()?;
+    if !check {
+        let t = Instant::now();
+        for _ in 0..iters {
+            launch(&mut bufs)?;
+        }
+        sync()?;
+        return Ok((t.elapsed().as_secs_f64() * 1e6 / iters as f64, 0));
+    }
+    let (mut total, mut wrong) = (0.0, 0u64);
+    for it in 0..iters {
+        for (r, b) in runs.iter().zip(bufs.iter_mut()) {
+            b.output_mut().fill(POISON);
+            r.cases(seed_of(r, it)).0.fill_input(b.input_mut());
+            b.upload()?;
+        }
+        let t = Instant::now();
+        launch(&mut bufs)?;
+        sync()?;
+        total += t.elapsed().as_secs_f64() * 1e6;
+        for (r, b) in runs.iter().zip(bufs.iter_mut()) {
+            b.download_output()?;
+            let mut first = None;
+            wrong += r.cases(seed_of(r, it)).1.count_wrong(b.output(), &mut first) as u64;
+        }
+    }
+    Ok((total / iters as f64, wrong))
+}
+
+/// The whole sweep with one thread driving every rank of this process.
+fn run_one_thread(comms: &[Comm], spec: &Spec, report: &mut Reporter) -> Result<RankOutcome, Error> {
+    let n = comms[0].nranks();
+    let stats = MemStats::new();
+    let mut out = RankOutcome::default();
+    for &op in &spec.ops {
+        report.begin(op);
+        for rs in spec.rows(op) {
+            let lay = op.layout(rs.size, rs.dtype, n);
+            let runs: Vec<RowRun> = comms.iter().map(|comm| RowRun { comm, stats: stats.clone(), rs, lay, root: spec.root }).collect();
+            let oop = measure_group(&runs, false, spec.iters, spec.warmup, spec.check)?;
+            let ip = if op.has_in_place() { Some(measure_group(&runs, true, spec.iters, spec.warmup, spec.check)?) } else { None };
+            out.local_wrong += oop.1 + ip.map_or(0, |m| m.1);
+            let m = |t: f64, w: u64| {
+                let (algbw, busbw) = bandwidths(op, lay.bytes, t, n);
+                Measure { time_us: t, algbw, busbw, wrong: spec.check.then_some(w) }
+            };
+            report.row(Row {
+                op: op.name(),
+                size: lay.bytes,
+                count: lay.count,
+                dtype: rs.dtype.name(),
+                redop: rs.redop.map_or("none", |o| o.name()),
+                root: if op.has_root() { spec.root as i64 } else { -1 },
+                out_of_place: m(oop.0, oop.1),
+                in_place: ip.map(|(t, w)| m(t, w)),
+            });
+        }
+        report.end();
+    }
+    out.global_wrong = out.local_wrong;
+    Ok(out)
 }
 
 /// Max of `v` over ranks, through the communicator.
@@ -649,6 +748,25 @@ pub fn main(args: &BenchArgs, config: &Config) -> Result<std::process::ExitCode,
         println!("{}", preamble(&comms[0], &spec, &mode));
     }
 
+    if args.one_thread {
+        let mode = format!("{mode}, one thread driving all");
+        let mut rep = reporter.take().ok_or("one thread needs every rank in this process (no launcher)")?;
+        if comms.len() != nranks {
+            return Err("--one-thread needs every rank in this process (not under a launcher)".into());
+        }
+        let r = run_one_thread(&comms, &spec, &mut rep);
+        rep.finish();
+        if let Some(path) = &args.json {
+            write_json(path, &spec, &rep.rows, &mode, nranks)?;
+        }
+        let o = r.map_err(|e| e.to_string())?;
+        if o.local_wrong > 0 {
+            eprintln!("ferroccl bench: wrong results (see '#wrong' above)");
+            return Ok(std::process::ExitCode::from(1));
+        }
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+
     // Every rank on its own thread; the first failure aborts the others so that they fail
     // fast instead of waiting for the timeout.
     let results: Vec<Result<RankOutcome, Error>> = std::thread::scope(|s| {
@@ -739,6 +857,7 @@ mod tests {
             root: 0,
             check: true,
             gpus: 0,
+            one_thread: false,
             ranks: 2,
             json: None,
         };
