@@ -461,6 +461,24 @@ fn measure_group(runs: &[RowRun], in_place: bool, iters: u64, warmup: u64, check
     Ok((total / iters as f64, wrong))
 }
 
+/// One row of the table from the (time us, wrong) of the out-of-place and in-place runs.
+fn table_row(spec: &Spec, op: BenchOp, rs: RowSpec, lay: Layout, n: usize, oop: (f64, u64), ip: Option<(f64, u64)>) -> Row {
+    let m = |(t, w): (f64, u64)| {
+        let (algbw, busbw) = bandwidths(op, lay.bytes, t, n);
+        Measure { time_us: t, algbw, busbw, wrong: spec.check.then_some(w) }
+    };
+    Row {
+        op: op.name(),
+        size: lay.bytes,
+        count: lay.count,
+        dtype: rs.dtype.name(),
+        redop: rs.redop.map_or("none", |o| o.name()),
+        root: if op.has_root() { spec.root as i64 } else { -1 },
+        out_of_place: m(oop),
+        in_place: ip.map(m),
+    }
+}
+
 /// The whole sweep with one thread driving every rank of this process.
 fn run_one_thread(comms: &[Comm], spec: &Spec, report: &mut Reporter) -> Result<RankOutcome, Error> {
     let n = comms[0].nranks();
@@ -474,20 +492,7 @@ fn run_one_thread(comms: &[Comm], spec: &Spec, report: &mut Reporter) -> Result<
             let oop = measure_group(&runs, false, spec.iters, spec.warmup, spec.check)?;
             let ip = if op.has_in_place() { Some(measure_group(&runs, true, spec.iters, spec.warmup, spec.check)?) } else { None };
             out.local_wrong += oop.1 + ip.map_or(0, |m| m.1);
-            let m = |t: f64, w: u64| {
-                let (algbw, busbw) = bandwidths(op, lay.bytes, t, n);
-                Measure { time_us: t, algbw, busbw, wrong: spec.check.then_some(w) }
-            };
-            report.row(Row {
-                op: op.name(),
-                size: lay.bytes,
-                count: lay.count,
-                dtype: rs.dtype.name(),
-                redop: rs.redop.map_or("none", |o| o.name()),
-                root: if op.has_root() { spec.root as i64 } else { -1 },
-                out_of_place: m(oop.0, oop.1),
-                in_place: ip.map(|(t, w)| m(t, w)),
-            });
+            report.row(table_row(spec, op, rs, lay, n, oop, ip));
         }
         report.end();
     }
@@ -603,20 +608,7 @@ pub fn run_rank(comm: &Comm, spec: &Spec, mut report: Option<&mut Reporter>) -> 
             allreduce_sum_u64(comm, &mut wrong)?;
             out.global_wrong += wrong[0] + wrong[1];
             if let Some(r) = report.as_deref_mut() {
-                let m = |t: f64, w: u64| {
-                    let (algbw, busbw) = bandwidths(op, lay.bytes, t, n);
-                    Measure { time_us: t, algbw, busbw, wrong: spec.check.then_some(w) }
-                };
-                r.row(Row {
-                    op: op.name(),
-                    size: lay.bytes,
-                    count: lay.count,
-                    dtype: rs.dtype.name(),
-                    redop: rs.redop.map_or("none", |o| o.name()),
-                    root: if op.has_root() { spec.root as i64 } else { -1 },
-                    out_of_place: m(times[0], wrong[0]),
-                    in_place: ip.map(|_| m(times[1], wrong[1])),
-                });
+                r.row(table_row(spec, op, rs, lay, n, (times[0], wrong[0]), ip.map(|_| (times[1], wrong[1]))));
             }
         }
         if let Some(r) = report.as_deref_mut() {
@@ -741,6 +733,7 @@ pub fn main(args: &BenchArgs, config: &Config) -> Result<std::process::ExitCode,
             ("threads of one process".to_string(), comms)
         }
     };
+    let mode = if args.one_thread { format!("{mode}, one thread driving all") } else { mode };
     let nranks = comms[0].nranks();
     let total_rows = spec.total_rows();
     let mut reporter = (comms[0].rank() == 0).then(|| Reporter::new(total_rows, spec.check));
@@ -749,7 +742,6 @@ pub fn main(args: &BenchArgs, config: &Config) -> Result<std::process::ExitCode,
     }
 
     if args.one_thread {
-        let mode = format!("{mode}, one thread driving all");
         let mut rep = reporter.take().ok_or("one thread needs every rank in this process (no launcher)")?;
         if comms.len() != nranks {
             return Err("--one-thread needs every rank in this process (not under a launcher)".into());
