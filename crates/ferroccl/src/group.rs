@@ -108,7 +108,9 @@ impl<'a> Group<'a> {
                 return Err(Error::Aborted(format!("rank {}: the communicator failed earlier: {e}", comm.info.rank)));
             }
             let args: Vec<OpArgs> = self.items.iter().filter(|(c, _)| std::ptr::eq(*c, *comm)).map(|(_, a)| *a).collect();
-            plans.push(plan_for(comm, &args)?);
+            // A GPU communicator plans an operation only the first time it sees it (the plan's
+            // tables then stay on the GPU); the host executor needs the plan every call.
+            plans.push(if comm.cuda.is_some() { Plan::default() } else { plan_for(comm, &args)? });
             bufs.push(args);
         }
 
@@ -132,8 +134,8 @@ impl<'a> Group<'a> {
                         [a.kind as u64, a.count as u64, a.dtype.nccl_id() as u64, op, a.root as u64, a.send as u64, a.recv as u64]
                     })
                     .collect();
-                let plan = std::mem::take(&mut plans[ci]);
                 let build = || {
+                    let plan = plan_for(comm, args)?;
                     let ops: Vec<OpDesc> = args
                         .iter()
                         .map(|a| {
