@@ -34,23 +34,23 @@ impl BenchOp {
 
     pub fn parse(s: &str) -> Result<Vec<BenchOp>, String> {
         let l = s.to_ascii_lowercase().replace('_', "-");
-        Ok(vec![match l.as_str() {
+        match l.as_str() {
             "all" => return Ok(BenchOp::ALL.to_vec()),
-            "all-reduce" | "allreduce" => BenchOp::AllReduce,
-            "all-gather" | "allgather" => BenchOp::AllGather,
-            "reduce-scatter" | "reducescatter" => BenchOp::ReduceScatter,
-            "broadcast" | "bcast" => BenchOp::Broadcast,
-            "reduce" => BenchOp::Reduce,
-            "alltoall" | "all-to-all" => BenchOp::AllToAll,
-            "gather" => BenchOp::Gather,
-            "scatter" => BenchOp::Scatter,
-            "sendrecv" | "send-recv" => BenchOp::SendRecv,
-            _ => {
-                return Err(format!(
+            "sendrecv" | "send-recv" => return Ok(vec![BenchOp::SendRecv]),
+            _ => {}
+        }
+        // The collectives' names are the library's (CollKind); send and recv alone are not
+        // benchmarks.
+        let kind: Option<CollKind> = l.parse().ok();
+        BenchOp::ALL
+            .iter()
+            .find(|b| **b != BenchOp::SendRecv && Some(b.kind()) == kind)
+            .map(|b| vec![*b])
+            .ok_or_else(|| {
+                format!(
                     "unknown operation '{s}' (one of all-reduce, all-gather, reduce-scatter, broadcast, reduce, alltoall, gather, scatter, sendrecv, all)"
-                ))
-            }
-        }])
+                )
+            })
     }
 
     pub const fn name(self) -> &'static str {
