@@ -283,7 +283,7 @@ impl Comm {
                 recv.len()
             )));
         }
-        Ok(OpArgs { kind, send: send.as_ptr() as *const u8, recv: recv.as_mut_ptr() as *mut u8, count, dtype: T::DTYPE, op, root })
+        Ok(OpArgs { kind, send: send.as_ptr() as *const u8, recv: recv.as_mut_ptr() as *mut u8, count, dtype: T::DTYPE, op, root, device_scalar: None })
     }
 
     pub(crate) fn in_place_args<T: Element>(&self, kind: CollKind, buf: &mut [T], op: ReduceOp, root: Rank) -> Result<OpArgs, Error> {
@@ -312,7 +312,7 @@ impl Comm {
             CollKind::Scatter if r == root => (base as *const u8, block),
             _ => (base as *const u8, base),
         };
-        Ok(OpArgs { kind, send, recv, count, dtype: T::DTYPE, op, root })
+        Ok(OpArgs { kind, send, recv, count, dtype: T::DTYPE, op, root, device_scalar: None })
     }
 
     pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<(), Error> {

@@ -43,6 +43,12 @@ impl<'a> Group<'a> {
     pub unsafe fn push_raw(&mut self, comm: &'a Comm, args: OpArgs) -> Result<(), Error> {
         args.validate(comm.info.rank, comm.info.nranks)
             .map_err(|e| e.context(format!("rank {} of {}", comm.info.rank, comm.info.nranks)))?;
+        if args.device_scalar.is_some() && comm.cuda.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "{}: a device pre-mul-sum scalar needs a GPU communicator; rank {} runs on the host (use ReduceOp::PreMulSum(value))",
+                args.kind, comm.info.rank
+            )));
+        }
         comm.check_usable()?;
         self.items.push((comm, args));
         Ok(())
@@ -127,11 +133,22 @@ impl<'a> Group<'a> {
                 let key: Vec<u64> = args
                     .iter()
                     .flat_map(|a| {
-                        let op = match a.op {
+                        // The scalar apart from the op id: PreMulSum(0.0) must not look like Sum.
+                        let scalar = match a.op {
                             ReduceOp::PreMulSum(s) => s.to_bits(),
-                            o => o.nccl_id() as u64,
+                            _ => 0,
                         };
-                        [a.kind as u64, a.count as u64, a.dtype.nccl_id() as u64, op, a.root as u64, a.send as u64, a.recv as u64]
+                        [
+                            a.kind as u64,
+                            a.count as u64,
+                            a.dtype.nccl_id() as u64,
+                            a.op.nccl_id() as u64,
+                            scalar,
+                            a.device_scalar.unwrap_or(0),
+                            a.root as u64,
+                            a.send as u64,
+                            a.recv as u64,
+                        ]
                     })
                     .collect();
                 let build = || {
@@ -140,7 +157,10 @@ impl<'a> Group<'a> {
                         .iter()
                         .map(|a| {
                             let (sc, rc) = a.kind.buffer_counts(a.count, n, a.root == comm.info.rank).expect("validated");
-                            OpDesc { send: a.send as u64, recv: a.recv as u64, send_count: sc, recv_count: rc, dtype: a.dtype, op: if a.kind.reduces() { a.op } else { ReduceOp::Sum } }
+                            OpDesc { send: a.send as u64, recv: a.recv as u64, send_count: sc, recv_count: rc, dtype: a.dtype,
+                                op: if a.kind.reduces() { a.op } else { ReduceOp::Sum },
+                                scalar_dev: if a.kind.reduces() { a.device_scalar.unwrap_or(0) } else { 0 },
+                            }
                         })
                         .collect();
                     Ok((plan, ops))

@@ -17,6 +17,11 @@ pub struct OpArgs {
     pub dtype: DataType,
     pub op: ReduceOp,
     pub root: Rank,
+    /// With `op = PreMulSum(_)`: the device address of the scalar, one element of `dtype`, read
+    /// by the GPU when the operation runs rather than when it is enqueued (NCCL's
+    /// `ncclScalarDevice`), so a captured graph replays with the scalar's current value. The
+    /// value inside `PreMulSum` is then ignored. GPU communicators only.
+    pub device_scalar: Option<u64>,
 }
 
 // SAFETY: the pointers are only dereferenced by the executor while the caller's unsafe
@@ -35,6 +40,18 @@ impl OpArgs {
         }
         if k.reduces() {
             self.op.validate(self.dtype).map_err(|e| e.context(k))?;
+        }
+        if let Some(p) = self.device_scalar {
+            if !k.reduces() || !matches!(self.op, ReduceOp::PreMulSum(_)) {
+                return Err(Error::InvalidArgument(format!("{k}: a device scalar is only meaningful for a pre-mul-sum reduction, not {}", self.op)));
+            }
+            if p == 0 || p % self.dtype.size() as u64 != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "{k}: device scalar address {p:#x} is null or not aligned to its {}-byte type {}",
+                    self.dtype.size(),
+                    self.dtype
+                )));
+            }
         }
         let (sc, rc) = k
             .buffer_counts(self.count, nranks, self.root == rank)
@@ -105,7 +122,7 @@ mod tests {
     use super::*;
 
     fn args(kind: CollKind, send: usize, recv: usize, count: usize, dtype: DataType) -> OpArgs {
-        OpArgs { kind, send: send as *const u8, recv: recv as *mut u8, count, dtype, op: ReduceOp::Sum, root: 0 }
+        OpArgs { kind, send: send as *const u8, recv: recv as *mut u8, count, dtype, op: ReduceOp::Sum, root: 0, device_scalar: None }
     }
 
     #[test]
@@ -141,5 +158,20 @@ mod tests {
         let mut a = args(CollKind::AllReduce, 0x1000, 0x2000, 4, DataType::Int32);
         a.op = ReduceOp::PreMulSum(0.5);
         assert!(a.validate(0, 2).unwrap_err().to_string().contains("not an integer"));
+    }
+
+    #[test]
+    fn a_device_scalar_needs_a_premulsum_and_an_aligned_address() {
+        let base = args(CollKind::AllReduce, 0x1000, 0x2000, 4, DataType::Float32);
+        let with = |op, p| OpArgs { op, device_scalar: Some(p), ..base };
+        assert!(with(ReduceOp::PreMulSum(0.0), 0x3000).validate(0, 2).is_ok());
+        let e = with(ReduceOp::Sum, 0x3000).validate(0, 2).unwrap_err();
+        assert!(e.to_string().contains("only meaningful for a pre-mul-sum"), "{e}");
+        let e = with(ReduceOp::PreMulSum(1.0), 0).validate(0, 2).unwrap_err();
+        assert!(e.to_string().contains("null or not aligned"), "{e}");
+        let e = with(ReduceOp::PreMulSum(1.0), 0x3002).validate(0, 2).unwrap_err();
+        assert!(e.to_string().contains("4-byte type float"), "{e}");
+        let e = OpArgs { kind: CollKind::AllGather, ..with(ReduceOp::PreMulSum(1.0), 0x3000) }.validate(0, 2).unwrap_err();
+        assert!(e.to_string().contains("only meaningful"), "{e}");
     }
 }

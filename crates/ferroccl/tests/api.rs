@@ -34,7 +34,7 @@ fn bad_arguments_fail_cleanly_and_the_communicator_stays_usable() {
         let send = vec![1f32; 64];
         let mut errs: Vec<Error> = Vec::new();
         let out_ptr = out.as_mut_ptr() as *mut u8;
-        let base = |kind| OpArgs { kind, send: send.as_ptr() as *const u8, recv: out_ptr, count: 64, dtype: DataType::Float32, op: ReduceOp::Sum, root: 0 };
+        let base = |kind| OpArgs { kind, send: send.as_ptr() as *const u8, recv: out_ptr, count: 64, dtype: DataType::Float32, op: ReduceOp::Sum, root: 0, device_scalar: None };
         // SAFETY (all below): the calls must be rejected before touching any buffer.
         unsafe {
             errs.push(c.run_raw(&OpArgs { send: std::ptr::null(), ..base(CollKind::AllReduce) }).unwrap_err());
@@ -45,6 +45,9 @@ fn bad_arguments_fail_cleanly_and_the_communicator_stays_usable() {
             errs.push(c.run_raw(&OpArgs { root: 7, ..base(CollKind::Send) }).unwrap_err());
             errs.push(c.run_raw(&OpArgs { dtype: DataType::Int32, op: ReduceOp::PreMulSum(0.5), ..base(CollKind::AllReduce) }).unwrap_err());
             errs.push(c.run_raw(&OpArgs { recv: (send.as_ptr() as *mut u8).add(4), ..base(CollKind::AllReduce) }).unwrap_err());
+            // A device scalar on a host communicator: well-formed, but only a GPU can read it.
+            let dev = send.as_ptr() as u64;
+            errs.push(c.run_raw(&OpArgs { op: ReduceOp::PreMulSum(1.0), device_scalar: Some(dev), ..base(CollKind::AllReduce) }).unwrap_err());
         }
         // Typed API: lengths that do not fit the operation.
         let mut small = vec![0f32; 10];
@@ -58,7 +61,7 @@ fn bad_arguments_fail_cleanly_and_the_communicator_stays_usable() {
             assert!(matches!(e, Error::InvalidArgument(_)), "rank {r}: {e}");
         }
         let text: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
-        for needle in ["null", "aligned", "isize::MAX", "overflows", "root 3", "peer 7", "not an integer", "overlap", "need", "multiple"] {
+        for needle in ["null", "aligned", "isize::MAX", "overflows", "root 3", "peer 7", "not an integer", "overlap", "need", "multiple", "needs a GPU communicator"] {
             assert!(text.iter().any(|t| t.contains(needle)), "rank {r}: no error mentions '{needle}': {text:#?}");
         }
         assert!(untouched, "rank {r}: a rejected call wrote into the output");

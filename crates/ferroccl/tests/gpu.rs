@@ -36,6 +36,7 @@ fn all_reduce_args(send: &DeviceBuffer, recv: &DeviceBuffer, count: usize) -> Op
         dtype: ferroccl::DataType::Float32,
         op: ReduceOp::Sum,
         root: 0,
+        device_scalar: None,
     }
 }
 
@@ -140,6 +141,88 @@ fn operations_can_be_captured_in_a_cuda_graph() {
                         None => Ok(()),
                         Some(i) => Err(format!("rank {r}: element {i} is {}, expected {want}", out[i])),
                     }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in results {
+        r.unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn a_device_scalar_is_read_when_the_graph_replays() {
+    let Some(n) = gpus_for_test() else { return };
+    let comms = Comm::init_devices(&(0..n).map(Device::Cuda).collect::<Vec<_>>(), &Config::default()).unwrap();
+    let stats = MemStats::new();
+    let count = 300_007; // odd: vector bodies and scalar tails
+    let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                let stats = &stats;
+                s.spawn(move || -> Result<(), String> {
+                    let e = |e: Error| e.to_string();
+                    let gpu = c.gpu().unwrap();
+                    let send = DeviceBuffer::alloc(gpu, count * 4, &[], stats).map_err(e)?;
+                    let recv = DeviceBuffer::alloc(gpu, count * 4, &[], stats).map_err(e)?;
+                    let scalar = DeviceBuffer::alloc(gpu, 4, &[], stats).map_err(e)?;
+                    let input: Vec<f32> = (0..count).map(|i| ((i * 7 + r * 3) % 101) as f32).collect();
+                    send.copy_from_host(0, f32_bytes(&input)).map_err(e)?;
+                    let args = OpArgs {
+                        op: ReduceOp::PreMulSum(123.0), // ignored: the device scalar rules
+                        device_scalar: Some(scalar.device_ptr()),
+                        ..all_reduce_args(&send, &recv, count)
+                    };
+                    let stream = c.cuda_stream() as sys::CUstream;
+                    scalar.copy_from_host(0, f32_bytes(&[2.0])).map_err(e)?;
+                    unsafe { c.run_raw(&args) }.map_err(e)?;
+                    c.synchronize().map_err(e)?;
+                    gpu.bind().map_err(e)?;
+                    let exec = unsafe {
+                        check("cuStreamBeginCapture", sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)).map_err(e)?;
+                        c.run_raw(&args).map_err(e)?;
+                        let mut graph = std::ptr::null_mut();
+                        check("cuStreamEndCapture", sys::cuStreamEndCapture(stream, &mut graph)).map_err(e)?;
+                        let mut exec = std::ptr::null_mut();
+                        check("cuGraphInstantiate", sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)).map_err(e)?;
+                        sys::cuGraphDestroy(graph);
+                        exec
+                    };
+                    let mut outs = Vec::new();
+                    // Eager with 2, then the same graph replayed with 2 and after a change to -0.5.
+                    let mut out = vec![0f32; count];
+                    let read = |out: &mut Vec<f32>| -> Result<(), String> {
+                        let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, count * 4) };
+                        recv.copy_to_host(0, bytes).map_err(e)
+                    };
+                    read(&mut out)?;
+                    outs.push((2.0f32, out.clone()));
+                    for k in [2.0f32, -0.5] {
+                        // Every rank has set its scalar before any replays: the ranks agree.
+                        c.barrier().map_err(e)?;
+                        scalar.copy_from_host(0, f32_bytes(&[k])).map_err(e)?;
+                        recv.copy_from_host(0, &vec![0xAB; count * 4]).map_err(e)?;
+                        c.barrier().map_err(e)?;
+                        unsafe { check("cuGraphLaunch", sys::cuGraphLaunch(exec, stream)).map_err(e)? };
+                        c.synchronize().map_err(e)?;
+                        read(&mut out)?;
+                        outs.push((k, out.clone()));
+                    }
+                    unsafe { sys::cuGraphExecDestroy(exec) };
+                    for (k, out) in outs {
+                        for (i, v) in out.iter().enumerate() {
+                            let sum: usize = (0..n).map(|q| (i * 7 + q * 3) % 101).sum();
+                            let want = k * sum as f32; // small integers times 2 or -0.5: exact
+                            if *v != want {
+                                return Err(format!("rank {r}, scalar {k}: element {i} is {v}, expected {want}"));
+                            }
+                        }
+                    }
+                    Ok(())
                 })
             })
             .collect();

@@ -329,6 +329,7 @@ impl RowRun<'_> {
             dtype: self.rs.dtype,
             op: self.rs.redop.unwrap_or(ReduceOp::Sum),
             root: self.root,
+            device_scalar: None,
         };
         match self.rs.op {
             BenchOp::SendRecv => vec![

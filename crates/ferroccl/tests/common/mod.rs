@@ -95,14 +95,14 @@ pub fn run_case(comm: &Comm, op: MatrixOp, dtype: DataType, redop: ReduceOp, cou
     let (send, recv) = unsafe { (base.add(send_off) as *const u8, base.add(recv_off)) };
     let result = match op {
         MatrixOp::Coll(k) => {
-            let args = OpArgs { kind: k, send, recv, count, dtype, op: redop, root };
+            let args = OpArgs { kind: k, send, recv, count, dtype, op: redop, root, device_scalar: None };
             // SAFETY: buffers are valid for the extents computed above.
             unsafe { comm.run_raw(&args) }
         }
         MatrixOp::SendRecv => {
             let mut g = Group::new();
-            let s = OpArgs { kind: CollKind::Send, send, recv: std::ptr::null_mut(), count, dtype, op: redop, root: (r + 1) % n };
-            let v = OpArgs { kind: CollKind::Recv, send: std::ptr::null(), recv, count, dtype, op: redop, root: (r + n - 1) % n };
+            let s = OpArgs { kind: CollKind::Send, send, recv: std::ptr::null_mut(), count, dtype, op: redop, root: (r + 1) % n, device_scalar: None };
+            let v = OpArgs { kind: CollKind::Recv, send: std::ptr::null(), recv, count, dtype, op: redop, root: (r + n - 1) % n, device_scalar: None };
             // SAFETY: as above.
             unsafe {
                 g.push_raw(comm, s).and_then(|_| g.push_raw(comm, v)).and_then(|_| g.launch())

@@ -109,6 +109,9 @@ pub(crate) struct FcOp {
     pub scalar_i64: i64,
     pub nranks: u32,
     pub elem_size: u32,
+    /// Device address of a PreMulSum scalar of the op's type, read when the op runs (NCCL's
+    /// `ncclScalarDevice`), else 0 and the scalar fields hold it.
+    pub scalar_dev: u64,
 }
 
 /// One end of a slot FIFO as this GPU addresses it (see `types.cuh` for the protocol).
@@ -171,8 +174,8 @@ layout! {
     FcLane: 8 { first_step @ 0, nsteps @ 4 }
     FcStep: 56 { kind @ 0, flags @ 4, recv_conn @ 8, send_conn @ 12, op @ 16, src_buf @ 20, src_off @ 24,
                  dst_buf @ 32, reserved @ 36, dst_off @ 40, count @ 48 }
-    FcOp: 48 { send @ 0, recv @ 8, dtype @ 16, redop @ 20, scalar_f64 @ 24, scalar_i64 @ 32, nranks @ 40,
-               elem_size @ 44 }
+    FcOp: 56 { send @ 0, recv @ 8, dtype @ 16, redop @ 20, scalar_f64 @ 24, scalar_i64 @ 32, nranks @ 40,
+               elem_size @ 44, scalar_dev @ 48 }
     FcConn: 56 { data @ 0, lens @ 8, head @ 16, tail @ 24, counter @ 32, slots @ 40, slot_bytes @ 44, peer @ 48,
                  dir @ 52 }
     FcError: 48 { claimed @ 0, code @ 4, lane @ 8, step @ 12, peer @ 16, what @ 20, conn @ 24, rank @ 28,
@@ -191,6 +194,8 @@ pub(crate) struct OpDesc {
     pub recv_count: usize,
     pub dtype: DataType,
     pub op: ReduceOp,
+    /// Device address of the PreMulSum scalar when it lives on the GPU (0: `op` carries it).
+    pub scalar_dev: u64,
 }
 
 /// The tables of one launch, ready to upload.
@@ -304,6 +309,12 @@ pub(crate) fn encode(
                 return Err(Error::InvalidArgument(format!("operation {i}: {what} buffer wraps the address space")));
             }
         }
+        if o.scalar_dev != 0 && (!matches!(o.op, ReduceOp::PreMulSum(_)) || o.scalar_dev % es as u64 != 0) {
+            return Err(Error::InvalidArgument(format!(
+                "operation {i}: a device scalar ({:#x}) needs a pre-mul-sum and {es}-byte alignment for {}",
+                o.scalar_dev, o.dtype
+            )));
+        }
         let (scalar_f64, scalar_i64) = scalar_of(o.dtype, o.op);
         fc_ops.push(FcOp {
             send: o.send,
@@ -314,6 +325,7 @@ pub(crate) fn encode(
             scalar_i64,
             nranks,
             elem_size: es as u32,
+            scalar_dev: o.scalar_dev,
         });
     }
     to_u32(fc_ops.len(), "operation count")?;
@@ -496,7 +508,7 @@ mod tests {
     }
 
     fn op_desc(dtype: DataType, op: ReduceOp, send_count: usize, recv_count: usize) -> OpDesc {
-        OpDesc { send: 0x7000_0000_0000, recv: 0x7100_0000_0000, send_count, recv_count, dtype, op }
+        OpDesc { send: 0x7000_0000_0000, recv: 0x7100_0000_0000, send_count, recv_count, dtype, op, scalar_dev: 0 }
     }
 
     fn numbering(plan: &Plan) -> impl Fn(ConnKey) -> Option<u32> {
@@ -656,6 +668,20 @@ mod tests {
         assert_eq!(f(DataType::Uint64, 3.0), (0.0, 3));
         assert_eq!(f(DataType::Uint64, 1.8e19).1 as u64, 18_000_000_000_000_000_000);
         assert_eq!(scalar_of(DataType::Float32, ReduceOp::Sum), (0.0, 0));
+    }
+
+    #[test]
+    fn a_device_scalar_reaches_the_op_table() {
+        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 64, root: 0 }, 0, 0, 2, &Tuning { channels: 1, chunk_elems: 8 });
+        let n = numbering(&plan);
+        let dev = |op, at| OpDesc { scalar_dev: at, ..op_desc(DataType::Float16, op, 64, 64) };
+        let e = encode(&plan, &[dev(ReduceOp::PreMulSum(0.0), 0x5000)], &n).unwrap();
+        assert_eq!(e.ops[0].scalar_dev, 0x5000);
+        assert_eq!(e.ops[0].redop, 5);
+        assert_eq!(encode(&plan, &[dev(ReduceOp::PreMulSum(3.0), 0)], &n).unwrap().ops[0].scalar_dev, 0);
+        // Not a pre-mul-sum, or an address the kernel cannot load an f16 from.
+        assert!(matches!(encode(&plan, &[dev(ReduceOp::Sum, 0x5000)], &n), Err(Error::InvalidArgument(_))));
+        assert!(matches!(encode(&plan, &[dev(ReduceOp::PreMulSum(1.0), 0x5001)], &n), Err(Error::InvalidArgument(_))));
     }
 
     #[test]

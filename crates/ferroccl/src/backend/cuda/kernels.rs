@@ -385,7 +385,7 @@ mod gpu_tests {
                     let (conns, keys) = &tables[r];
                     let send = arena.put(&inputs[r]);
                     let recv = arena.take(count * es);
-                    let desc = OpDesc { send, recv, send_count: count, recv_count: count, dtype, op };
+                    let desc = OpDesc { send, recv, send_count: count, recv_count: count, dtype, op, scalar_dev: 0 };
                     let e = encode(plan, &[desc], |k| keys.iter().position(|c| *c == k).map(|i| i as u32)).unwrap();
                     let at = DeviceTables {
                         steps: arena.put(&e.steps),
@@ -459,7 +459,7 @@ mod gpu_tests {
         let send = arena.take(4000);
         let recv = arena.take(4000);
         let desc =
-            OpDesc { send, recv, send_count: 1000, recv_count: 1000, dtype: DataType::Float32, op: ReduceOp::Sum };
+            OpDesc { send, recv, send_count: 1000, recv_count: 1000, dtype: DataType::Float32, op: ReduceOp::Sum, scalar_dev: 0 };
         let e = encode(&plans[0], &[desc], |k| keys.iter().position(|c| *c == k).map(|i| i as u32)).unwrap();
         let at = DeviceTables {
             steps: arena.put(&e.steps),

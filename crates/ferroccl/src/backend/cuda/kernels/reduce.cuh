@@ -333,10 +333,17 @@ __device__ __forceinline__ fc_u32 dtype_size(fc_u32 dtype) {
     }
 }
 
+// A device scalar is read when the op runs, so a graph replays with the scalar's current value.
+template <typename D>
+__device__ __forceinline__ typename D::C scalar_of(const FcOp& op) {
+    if (op.scalar_dev != 0) return D::load(*(const typename D::S*)op.scalar_dev);
+    return D::scalar(op);
+}
+
 template <typename D>
 __device__ void reduce_redop(const FcOp& op, fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u8* local, fc_u64 n,
                              bool pre, bool post) {
-    reduce_piece<D>(d0, d1, recv, local, n, op.redop, pre, post, D::scalar(op), op.nranks);
+    reduce_piece<D>(d0, d1, recv, local, n, op.redop, pre, post, scalar_of<D>(op), op.nranks);
 }
 
 // pre/post are the step's flags; they take effect only for the ops they belong to, exactly as
@@ -367,7 +374,7 @@ __device__ __forceinline__ bool transform_needed(const FcOp& op, bool pre_flag, 
 
 template <typename D>
 __device__ __forceinline__ void transform_t(const FcOp& op, fc_u8* d0, const fc_u8* src, fc_u64 n, bool pre, bool post) {
-    transform_piece<D>(d0, src, n, pre, post, D::scalar(op), op.nranks);
+    transform_piece<D>(d0, src, n, pre, post, scalar_of<D>(op), op.nranks);
 }
 
 // Moves n elements src -> d0 with the pre/post transforms of the op; a plain byte copy when

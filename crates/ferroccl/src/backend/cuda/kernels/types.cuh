@@ -158,8 +158,9 @@ struct FcOp {
     fc_i64 scalar_i64;
     fc_u32 nranks;
     fc_u32 elem_size;
+    fc_u64 scalar_dev;  // non-zero: the PreMulSum scalar, of the op's type, at this device address
 };
-FC_CHECK_SIZE(FcOp, 48);
+FC_CHECK_SIZE(FcOp, 56);
 FC_CHECK_OFFSET(FcOp, send, 0);
 FC_CHECK_OFFSET(FcOp, recv, 8);
 FC_CHECK_OFFSET(FcOp, dtype, 16);
@@ -168,6 +169,7 @@ FC_CHECK_OFFSET(FcOp, scalar_f64, 24);
 FC_CHECK_OFFSET(FcOp, scalar_i64, 32);
 FC_CHECK_OFFSET(FcOp, nranks, 40);
 FC_CHECK_OFFSET(FcOp, elem_size, 44);
+FC_CHECK_OFFSET(FcOp, scalar_dev, 48);
 
 // One end of a single-producer single-consumer FIFO, as this GPU addresses it. The FIFO's
 // data, lens and head live in the receiver's memory, tail in the sender's; each side also has a
