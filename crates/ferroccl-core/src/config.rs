@@ -61,6 +61,10 @@ pub struct Config {
     pub slot_bytes: usize,
     /// FERROCCL_SLOTS: slots per FIFO. `slots * slot_bytes` must hold at least one chunk.
     pub slots: usize,
+    /// FERROCCL_LL_MAX_BYTES: GPU operations up to this size (their largest buffer) use the LL
+    /// protocol, where every 8-byte store carries its own flag, so no fence or separate flag
+    /// store sits between a send and its receipt; 0 turns LL off. Every rank must agree.
+    pub ll_max_bytes: usize,
     /// FERROCCL_JOB_SECRET (32 hex digits): the job secret when ranks rendezvous from the
     /// launcher's environment instead of a `UniqueId`.
     pub job_secret: Option<[u8; 16]>,
@@ -78,6 +82,7 @@ impl Default for Config {
             chunk_bytes: 1 << 20,
             slot_bytes: 256 << 10,
             slots: 8,
+            ll_max_bytes: 128 << 10,
             job_secret: None,
         }
     }
@@ -144,6 +149,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_SLOTS") {
             c.slots = parse("FERROCCL_SLOTS", v)?;
+        }
+        if let Some(v) = get("FERROCCL_LL_MAX_BYTES") {
+            c.ll_max_bytes = parse("FERROCCL_LL_MAX_BYTES", v)?;
         }
         if let Some(v) = get("FERROCCL_JOB_SECRET") {
             c.job_secret = Some(parse_secret(v)?);
@@ -241,6 +249,9 @@ mod tests {
     #[test]
     fn env_overrides_defaults() {
         let c = Config::from_vars(&vars(&[("FERROCCL_TIMEOUT", "2.5"), ("FERROCCL_TRANSPORT", "tcp"), ("FERROCCL_CHANNELS", "3")])).unwrap();
+        assert_eq!(c.ll_max_bytes, 128 << 10);
+        assert_eq!(Config::from_vars(&vars(&[("FERROCCL_LL_MAX_BYTES", "0")])).unwrap().ll_max_bytes, 0);
+        assert!(Config::from_vars(&vars(&[("FERROCCL_LL_MAX_BYTES", "-1")])).is_err());
         assert_eq!(c.timeout, Duration::from_millis(2500));
         assert_eq!(c.transport, TransportChoice::Tcp);
         assert_eq!(c.channels, 3);

@@ -12,7 +12,7 @@
 
 use ferroccl_core::numeric::{Element, F8E4M3, F8E5M2};
 use ferroccl_core::plan::{BufKind, ConnKey, Dir, Plan, Region, Step};
-use ferroccl_core::{DataType, Error, ReduceOp};
+use ferroccl_core::{CollKind, DataType, Error, ReduceOp};
 use half::{bf16, f16};
 
 pub(crate) const STEP_SEND: u32 = 0;
@@ -26,6 +26,11 @@ pub(crate) const FLAG_POST: u32 = 2;
 pub(crate) const FLAG_PRE_LOCAL: u32 = 4;
 pub(crate) const FLAG_HAS_DST: u32 = 8;
 pub(crate) const FLAG_HAS_TO: u32 = 16;
+/// The step's messages travel in the LL format (see `fifo.cuh`); set on every step of an op.
+pub(crate) const FLAG_LL: u32 = 32;
+
+/// Data bytes one LL message carries at most (it occupies twice that in the LL slots).
+pub(crate) const LL_DATA_BYTES: usize = 8192;
 
 pub(crate) const BUF_INPUT: u32 = 0;
 pub(crate) const BUF_OUTPUT: u32 = 1;
@@ -131,6 +136,9 @@ pub(crate) struct FcConn {
     pub slot_bytes: u32,
     pub peer: u32,
     pub dir: u32,
+    /// The LL slots (`slots` of `2 * LL_DATA_BYTES`), apart from the data slots: a stale
+    /// simple-protocol payload must never pass for an LL flag.
+    pub ll: u64,
 }
 
 /// What the kernel reports when a lane fails; `code != 0` means the record is complete.
@@ -176,8 +184,8 @@ layout! {
                  dst_buf @ 32, reserved @ 36, dst_off @ 40, count @ 48 }
     FcOp: 56 { send @ 0, recv @ 8, dtype @ 16, redop @ 20, scalar_f64 @ 24, scalar_i64 @ 32, nranks @ 40,
                elem_size @ 44, scalar_dev @ 48 }
-    FcConn: 56 { data @ 0, lens @ 8, head @ 16, tail @ 24, counter @ 32, slots @ 40, slot_bytes @ 44, peer @ 48,
-                 dir @ 52 }
+    FcConn: 64 { data @ 0, lens @ 8, head @ 16, tail @ 24, counter @ 32, slots @ 40, slot_bytes @ 44, peer @ 48,
+                 dir @ 52, ll @ 56 }
     FcError: 48 { claimed @ 0, code @ 4, lane @ 8, step @ 12, peer @ 16, what @ 20, conn @ 24, rank @ 28,
                   expected @ 32, got @ 40 }
 }
@@ -196,6 +204,8 @@ pub(crate) struct OpDesc {
     pub op: ReduceOp,
     /// Device address of the PreMulSum scalar when it lives on the GPU (0: `op` carries it).
     pub scalar_dev: u64,
+    /// Messages of this op use the LL protocol; every rank must decide alike (see `use_ll`).
+    pub ll: bool,
 }
 
 /// The tables of one launch, ready to upload.
@@ -266,6 +276,13 @@ fn scalar_of(dtype: DataType, op: ReduceOp) -> (f64, i64) {
         DataType::Float8E4M3 => (rounded::<F8E4M3>(s), 0),
         DataType::Float8E5M2 => (rounded::<F8E5M2>(s), 0),
     }
+}
+
+/// Whether an op of `kind` with NCCL count `count` goes by LL: from values every rank shares
+/// (not this rank's own buffer sizes, which differ between a root and the others).
+pub(crate) fn use_ll(kind: CollKind, count: usize, dtype: DataType, nranks: usize, ll_max_bytes: usize) -> bool {
+    let Some((s, r)) = kind.buffer_counts(count, nranks, true) else { return false };
+    ll_max_bytes > 0 && s.max(r).saturating_mul(dtype.size()) <= ll_max_bytes
 }
 
 fn to_u32(v: usize, what: &str) -> Result<u32, Error> {
@@ -402,6 +419,9 @@ pub(crate) fn encode(
                     s.dst_off = dst.offset as u64;
                 }
             }
+            if ops[op as usize].ll {
+                s.flags |= FLAG_LL;
+            }
             steps.push(s);
         }
         let nsteps = to_u32(lane.steps.len(), "steps in a lane")?;
@@ -473,6 +493,8 @@ mod tests {
             ("FC_FLAG_PRE_LOCAL", FLAG_PRE_LOCAL),
             ("FC_FLAG_HAS_DST", FLAG_HAS_DST),
             ("FC_FLAG_HAS_TO", FLAG_HAS_TO),
+            ("FC_FLAG_LL", FLAG_LL),
+            ("FC_LL_DATA", LL_DATA_BYTES as u32),
             ("FC_BUF_INPUT", BUF_INPUT),
             ("FC_BUF_OUTPUT", BUF_OUTPUT),
             ("FC_CONN_SEND", CONN_SEND),
@@ -508,7 +530,7 @@ mod tests {
     }
 
     fn op_desc(dtype: DataType, op: ReduceOp, send_count: usize, recv_count: usize) -> OpDesc {
-        OpDesc { send: 0x7000_0000_0000, recv: 0x7100_0000_0000, send_count, recv_count, dtype, op, scalar_dev: 0 }
+        OpDesc { send: 0x7000_0000_0000, recv: 0x7100_0000_0000, send_count, recv_count, dtype, op, scalar_dev: 0, ll: false }
     }
 
     fn numbering(plan: &Plan) -> impl Fn(ConnKey) -> Option<u32> {
@@ -668,6 +690,29 @@ mod tests {
         assert_eq!(f(DataType::Uint64, 3.0), (0.0, 3));
         assert_eq!(f(DataType::Uint64, 1.8e19).1 as u64, 18_000_000_000_000_000_000);
         assert_eq!(scalar_of(DataType::Float32, ReduceOp::Sum), (0.0, 0));
+    }
+
+    #[test]
+    fn ll_is_decided_from_what_every_rank_shares_and_marks_every_step() {
+        let f = DataType::Float32;
+        // A gather's root holds n times the buffer of the others: all decide by the root's.
+        assert!(use_ll(CollKind::Gather, 1024, f, 4, 16 << 10));
+        assert!(!use_ll(CollKind::Gather, 1025, f, 4, 16 << 10));
+        assert!(use_ll(CollKind::AllReduce, 4096, f, 8, 16 << 10));
+        assert!(!use_ll(CollKind::AllReduce, 4097, f, 8, 16 << 10));
+        assert!(use_ll(CollKind::Send, 4096, f, 2, 16 << 10) && use_ll(CollKind::Recv, 4096, f, 2, 16 << 10));
+        assert!(!use_ll(CollKind::AllReduce, 1, f, 2, 0), "0 turns LL off");
+        assert!(!use_ll(CollKind::AllGather, usize::MAX / 2, f, 4, usize::MAX), "an overflowing size is not small");
+
+        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 300, root: 0 }, 0, 1, 3, &Tuning { channels: 2, chunk_elems: 64 });
+        let n = numbering(&plan);
+        let on = encode(&plan, &[OpDesc { ll: true, ..op_desc(f, ReduceOp::Sum, 300, 300) }], &n).unwrap();
+        let off = encode(&plan, &[op_desc(f, ReduceOp::Sum, 300, 300)], &n).unwrap();
+        assert!(on.steps.iter().all(|s| s.flags & FLAG_LL != 0));
+        assert!(off.steps.iter().all(|s| s.flags & FLAG_LL == 0));
+        // Nothing else differs.
+        let strip = |e: &Encoded| e.steps.iter().map(|s| FcStep { flags: s.flags & !FLAG_LL, ..*s }).collect::<Vec<_>>();
+        assert_eq!(strip(&on), strip(&off));
     }
 
     #[test]

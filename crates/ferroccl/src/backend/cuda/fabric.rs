@@ -8,7 +8,7 @@
 //! the send arena `tail` (written by the receiver over NVLink) and `produced` (ours). Each word
 //! has its own 128-byte line so that remote writes never share a line with local spins.
 
-use super::devplan::{FcConn, CONN_RECV, CONN_SEND};
+use super::devplan::{FcConn, CONN_RECV, CONN_SEND, LL_DATA_BYTES};
 use super::device::Gpu;
 use super::fdpass::{FdChannel, FdListener};
 use super::mem::{DeviceBuffer, MemStats};
@@ -49,8 +49,13 @@ impl Geometry {
     pub fn consumed_off(&self) -> usize {
         self.head_off() + LINE
     }
-    pub fn fifo_stride(&self) -> usize {
+    /// The LL slots (`slots` of `2 * LL_DATA_BYTES`): apart from the data slots, so that no
+    /// simple-protocol payload left in a slot can pass for an LL flag.
+    pub fn ll_off(&self) -> usize {
         self.consumed_off() + LINE
+    }
+    pub fn fifo_stride(&self) -> usize {
+        self.ll_off() + self.slots * 2 * LL_DATA_BYTES
     }
     pub const COUNTER_STRIDE: usize = 2 * LINE;
     /// Slot of (peer, channel index) in either arena.
@@ -185,6 +190,7 @@ impl Fabric {
                     slot_bytes: geo.slot_bytes as u32,
                     peer: q as u32,
                     dir: CONN_RECV,
+                    ll: rbase + geo.ll_off() as u64,
                 };
                 // Sending to q: q's FIFO for us; our counters for q.
                 let sbase = fifo(arenas[q].recv, me);
@@ -199,6 +205,7 @@ impl Fabric {
                     slot_bytes: geo.slot_bytes as u32,
                     peer: q as u32,
                     dir: CONN_SEND,
+                    ll: sbase + geo.ll_off() as u64,
                 };
             }
         }
@@ -221,6 +228,10 @@ mod tests {
         assert_eq!(g.head_off() % LINE, 0);
         assert!(g.head_off() >= g.lens_off() + 8 * 4);
         assert_eq!(g.consumed_off() - g.head_off(), LINE);
+        // LL slots after the counters' lines, each as large as the kernel's LL stride.
+        assert_eq!(g.ll_off() % LINE, 0);
+        assert!(g.ll_off() >= g.consumed_off() + LINE);
+        assert_eq!(g.fifo_stride() - g.ll_off(), 8 * 2 * LL_DATA_BYTES);
         assert_eq!(g.chan_index(0), Some(0));
         assert_eq!(g.chan_index(1), Some(1));
         assert_eq!(g.chan_index(2), None);

@@ -269,6 +269,7 @@ mod gpu_tests {
                     slot_bytes,
                     peer: 0,
                     dir: 0,
+                    ll: arena.take(SLOTS as usize * 2 * LL_DATA_BYTES),
                 });
             }
         }
@@ -340,7 +341,7 @@ mod gpu_tests {
             use cudarc::driver::DevicePtr;
             arena_alloc.device_ptr(&g.ctx.default_stream()).0
         };
-        for dtype in DataType::ALL {
+        for (dtype, ll) in DataType::ALL.into_iter().flat_map(|d| [(d, false), (d, true)]) {
             for &op in &ops {
                 if op.validate(dtype).is_err() {
                     continue;
@@ -385,7 +386,7 @@ mod gpu_tests {
                     let (conns, keys) = &tables[r];
                     let send = arena.put(&inputs[r]);
                     let recv = arena.take(count * es);
-                    let desc = OpDesc { send, recv, send_count: count, recv_count: count, dtype, op, scalar_dev: 0 };
+                    let desc = OpDesc { send, recv, send_count: count, recv_count: count, dtype, op, scalar_dev: 0, ll };
                     let e = encode(plan, &[desc], |k| keys.iter().position(|c| *c == k).map(|i| i as u32)).unwrap();
                     let at = DeviceTables {
                         steps: arena.put(&e.steps),
@@ -411,19 +412,19 @@ mod gpu_tests {
                     let took = t0.elapsed();
                     for (r, run) in runs.iter().enumerate() {
                         let e = read_error(run.error);
-                        assert_eq!(e.code, 0, "{dtype} {op:?} round {round} rank {r}: kernel error {e:?}");
+                        assert_eq!(e.code, 0, "{dtype} {op:?} ll {ll} round {round} rank {r}: kernel error {e:?}");
                         let mut got = vec![0u8; count * es];
                         unsafe { drv::memcpy_dtoh_sync(&mut got, run.out) }.unwrap();
                         if let Some(i) = (0..count).find(|&i| got[i * es..(i + 1) * es] != want[i * es..(i + 1) * es]) {
                             panic!(
-                                "{dtype} {op:?} round {round} rank {r}: element {i}: got {:?} want {:?}",
+                                "{dtype} {op:?} ll {ll} round {round} rank {r}: element {i}: got {:?} want {:?}",
                                 &got[i * es..(i + 1) * es],
                                 &want[i * es..(i + 1) * es]
                             );
                         }
                     }
                     if dtype == DataType::Float32 && op == ReduceOp::Sum {
-                        eprintln!("f32 sum, {nranks} ranks x {count}: round {round} {took:?}");
+                        eprintln!("f32 sum, ll {ll}, {nranks} ranks x {count}: round {round} {took:?}");
                     }
                 }
                 checked += 1;
@@ -459,7 +460,7 @@ mod gpu_tests {
         let send = arena.take(4000);
         let recv = arena.take(4000);
         let desc =
-            OpDesc { send, recv, send_count: 1000, recv_count: 1000, dtype: DataType::Float32, op: ReduceOp::Sum, scalar_dev: 0 };
+            OpDesc { send, recv, send_count: 1000, recv_count: 1000, dtype: DataType::Float32, op: ReduceOp::Sum, scalar_dev: 0, ll: false };
         let e = encode(&plans[0], &[desc], |k| keys.iter().position(|c| *c == k).map(|i| i as u32)).unwrap();
         let at = DeviceTables {
             steps: arena.put(&e.steps),

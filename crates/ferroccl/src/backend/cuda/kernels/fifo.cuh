@@ -156,6 +156,62 @@ __device__ const fc_u8* wait_data(Lane& x, const FcConn& c, fc_u32 bytes) {
     return (const fc_u8*)c.data + k * (fc_u64)c.slot_bytes;
 }
 
+// ---- LL protocol ------------------------------------------------------------------------------
+// For small messages the fence and the separate head store of the simple protocol, and the
+// receiver's poll-then-read, cost more than the data. In LL every 16-byte line carries 8 data
+// bytes as two {4 data bytes, flag} halves, each written by one 8-byte-atomic part of a vector
+// store; a reader that sees both flags equal to the message's flag has the line's data, with no
+// fence on either side. The flag is the message's sequence number on the connection (+1, never
+// 0, the value of fresh memory), so a line left from an earlier use of the slot never matches.
+// LL slots live apart from the data slots: simple payloads must never pass for flags. Messages
+// still take slots in the same sequence (the same counters), and the consumer still frees each
+// slot through `tail`, so the producer never overwrites a line that is being read.
+
+__device__ __forceinline__ fc_u32 ll_flag(fc_u64 seq) { return (fc_u32)(seq % 0xffffffffull) + 1u; }
+
+__device__ __forceinline__ fc_u64 ll_piece_bytes(const FcConn& c) {
+    const fc_u64 b = c.slot_bytes < FC_LL_DATA ? c.slot_bytes : FC_LL_DATA;
+    return b & ~(fc_u64)7;
+}
+
+__device__ __forceinline__ fc_u8* ll_slot(const FcConn& c, fc_u64 seq) {
+    return (fc_u8*)c.ll + (seq % c.slots) * (fc_u64)(2u * FC_LL_DATA);
+}
+
+// All threads: writes `bytes` of staged data (shared memory) as LL lines into a peer's slot.
+__device__ __forceinline__ void ll_pack(fc_u8* slot, const fc_u8* stage, fc_u64 bytes, fc_u32 flag) {
+    const fc_u64 lines = (bytes + 7) / 8;
+    for (fc_u64 i = threadIdx.x; i < lines; i += blockDim.x) {
+        const fc_u32 d0 = *(const fc_u32*)(stage + i * 8);
+        const fc_u32 d1 = *(const fc_u32*)(stage + i * 8 + 4);
+        asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(slot + i * 16), "r"(d0), "r"(flag), "r"(d1),
+                     "r"(flag)
+                     : "memory");
+    }
+}
+
+// All threads: waits for the lines of an LL message and unpacks its data into shared memory.
+// False when the wait ends by abort, deadline, or another block's failure.
+__device__ bool ll_unpack(const Lane& x, fc_i32 conn, fc_u8* stage, const fc_u8* slot, fc_u64 bytes, fc_u32 flag) {
+    const fc_u64 lines = (bytes + 7) / 8;
+    fc_u32 polls = 0;
+    fc_u64 since = 0;
+    for (fc_u64 i = threadIdx.x; i < lines; i += blockDim.x) {
+        fc_u32 d0, f0, d1, f1;
+        for (;;) {
+            asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+                         : "l"(slot + i * 16)
+                         : "memory");
+            if (f0 == flag && f1 == flag) break;
+            if (!keep_waiting(x, polls, since, FC_WHAT_DATA, conn)) return false;
+        }
+        *(fc_u32*)(stage + i * 8) = d0;
+        *(fc_u32*)(stage + i * 8 + 4) = d1;
+    }
+    return true;
+}
+
 // After the block's __syncthreads that ends the piece.
 __device__ __forceinline__ void publish(Lane& x, const FcConn& c, fc_u32 bytes) {
     __threadfence_system();

@@ -22,10 +22,18 @@ namespace fc {
 
 // What thread 0 hands the block for one piece.
 struct Shared {
-    const fc_u8* in;  // the received slot
-    fc_u8* out;       // the slot being filled
+    const fc_u8* in;  // the received slot (LL: its lines)
+    fc_u8* out;       // the slot being filled (LL: its lines)
     fc_u64 n;         // elements in this piece
+    fc_u32 rflag;     // LL flags of the incoming and outgoing messages
+    fc_u32 sflag;
     int exit;
+};
+
+// LL messages pass through shared memory: unpacked here on receipt, composed here for sending.
+struct LLStage {
+    fc_u8 in[FC_LL_DATA];
+    fc_u8 out[FC_LL_DATA];
 };
 
 __device__ __forceinline__ fc_u8* region(const FcOp& op, fc_u32 buf, fc_u64 off) {
@@ -69,6 +77,7 @@ __device__ __forceinline__ bool op_ok(const FcLaunch& L, const FcStep& s) {
 
 __device__ void run_lane(const FcLaunch& L) {
     __shared__ Shared sh;
+    __shared__ __align__(16) LLStage st;
     const bool t0 = threadIdx.x == 0;
     Lane x;
     x.L = &L;
@@ -107,6 +116,7 @@ __device__ void run_lane(const FcLaunch& L) {
         const bool has_recv = step_has_recv(s.kind);
         const bool has_send = step_has_send(s);
         const bool has_dst = s.kind == FC_STEP_RECV || (s.flags & FC_FLAG_HAS_DST) != 0u;
+        const bool ll = (s.flags & FC_FLAG_LL) != 0u;
         FcConn rc, sc;  // thread 0's copies, read once per step
         fc_u64 piece = 0;
         if (t0) {
@@ -120,7 +130,7 @@ __device__ void run_lane(const FcLaunch& L) {
                     sc = *conn_at(x, s.send_conn);
                     bind_send(x, s.send_conn);
                 }
-                piece = (has_recv ? rc.slot_bytes : sc.slot_bytes) / op.elem_size;
+                piece = (ll ? ll_piece_bytes(has_recv ? rc : sc) : (has_recv ? rc.slot_bytes : sc.slot_bytes)) / op.elem_size;
             } else {
                 record_error(x, FC_ERR_PLAN, FC_WHAT_PLAN, has_recv ? s.recv_conn : s.send_conn, 0, 0);
                 piece = 0;
@@ -137,7 +147,15 @@ __device__ void run_lane(const FcLaunch& L) {
                 // The outgoing slot first, as on the host: a full peer must not make this rank
                 // hold an incoming slot it cannot pass on.
                 if (ok && has_send) ok = (out = wait_room(x, sc)) != nullptr;
-                if (ok && has_recv) ok = (in = wait_data(x, rc, bytes)) != nullptr;
+                if (ll) {
+                    // The lines carry their own flags: every thread waits for its own below.
+                    if (ok && has_send) out = ll_slot(sc, x.produced);
+                    if (ok && has_recv) in = ll_slot(rc, x.consumed);
+                    sh.sflag = ll_flag(x.produced);
+                    sh.rflag = ll_flag(x.consumed);
+                } else if (ok && has_recv) {
+                    ok = (in = wait_data(x, rc, bytes)) != nullptr;
+                }
                 sh.in = in;
                 sh.out = out;
                 sh.n = n;
@@ -151,6 +169,17 @@ __device__ void run_lane(const FcLaunch& L) {
             const fc_u64 n = sh.n;
             const fc_u8* in = sh.in;
             fc_u8* out = sh.out;
+            fc_u8* ll_lines = out;
+            if (ll) {
+                bool ok = true;
+                if (has_recv) ok = ll_unpack(x, s.recv_conn, st.in, in, n * op.elem_size, sh.rflag);
+                if (__syncthreads_or(!ok)) {
+                    stop = true;
+                    break;
+                }
+                in = st.in;
+                if (has_send) out = st.out;
+            }
             fc_u8* dst = has_dst ? region(op, s.dst_buf, s.dst_off + done) : nullptr;
             switch (s.kind) {
                 case FC_STEP_SEND:
@@ -177,8 +206,16 @@ __device__ void run_lane(const FcLaunch& L) {
             // Ends the piece for every thread: the slot is fully read and written before thread 0
             // signals, and sh may be overwritten for the next piece.
             __syncthreads();
+            if (ll && has_send) {
+                ll_pack(ll_lines, st.out, n * op.elem_size, sh.sflag);
+                // st.out and sh are reused by the next piece.
+                __syncthreads();
+            }
             if (t0) {
-                if (has_send) publish(x, sc, (fc_u32)(n * op.elem_size));
+                if (has_send) {
+                    if (ll) x.produced += 1;
+                    else publish(x, sc, (fc_u32)(n * op.elem_size));
+                }
                 if (has_recv) release(x, rc);
             }
             done += n;

@@ -157,11 +157,13 @@ __device__ __forceinline__ C combine(C a, C b, fc_u32 k) {
 // an earlier use of the same slot from being returned. User buffers are streamed once, so the
 // same loads cost nothing there.
 
-__device__ __forceinline__ uint4 ldcg(const uint4* p) { return __ldcg(p); }
-__device__ __forceinline__ fc_u64 ldcg(const fc_u64* p) { return __ldcg((const unsigned long long*)p); }
-__device__ __forceinline__ fc_u32 ldcg(const fc_u32* p) { return __ldcg((const unsigned int*)p); }
-__device__ __forceinline__ fc_u16 ldcg(const fc_u16* p) { return __ldcg((const unsigned short*)p); }
-__device__ __forceinline__ fc_u8 ldcg(const fc_u8* p) { return __ldcg((const unsigned char*)p); }
+// An LL message is unpacked into shared memory, which a global-space load must not be given:
+// shared addresses take a plain load. The test is uniform across a piece, so it never diverges.
+__device__ __forceinline__ uint4 ldcg(const uint4* p) { return __isGlobal(p) ? __ldcg(p) : *p; }
+__device__ __forceinline__ fc_u64 ldcg(const fc_u64* p) { return __isGlobal(p) ? __ldcg((const unsigned long long*)p) : *p; }
+__device__ __forceinline__ fc_u32 ldcg(const fc_u32* p) { return __isGlobal(p) ? __ldcg((const unsigned int*)p) : *p; }
+__device__ __forceinline__ fc_u16 ldcg(const fc_u16* p) { return __isGlobal(p) ? __ldcg((const unsigned short*)p) : *p; }
+__device__ __forceinline__ fc_u8 ldcg(const fc_u8* p) { return __isGlobal(p) ? __ldcg((const unsigned char*)p) : *p; }
 
 template <typename S> struct Bits;
 template <> struct Bits<fc_i8> { typedef fc_u8 U; };

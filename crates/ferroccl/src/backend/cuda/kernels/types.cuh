@@ -36,6 +36,10 @@ typedef unsigned long long fc_u64;
 #define FC_FLAG_PRE_LOCAL 4u  // RecvReduce: pre-multiply the local operand (PreMulSum only)
 #define FC_FLAG_HAS_DST 8u    // RecvReduce, RecvCopy: dst is meaningful
 #define FC_FLAG_HAS_TO 16u    // RecvReduce, RecvCopy: send_conn is meaningful
+#define FC_FLAG_LL 32u        // the step's messages use the LL protocol (fifo.cuh)
+
+// Data bytes of one LL message at most; an LL slot is twice that (a flag per 4 data bytes).
+#define FC_LL_DATA 8192u
 
 #define FC_BUF_INPUT 0u
 #define FC_BUF_OUTPUT 1u
@@ -193,8 +197,9 @@ struct FcConn {
     fc_u32 slot_bytes;
     fc_u32 peer;  // for error records only
     fc_u32 dir;
+    fc_u64 ll;  // the LL slots: `slots` of 2 * FC_LL_DATA bytes, where data would be
 };
-FC_CHECK_SIZE(FcConn, 56);
+FC_CHECK_SIZE(FcConn, 64);
 FC_CHECK_OFFSET(FcConn, data, 0);
 FC_CHECK_OFFSET(FcConn, lens, 8);
 FC_CHECK_OFFSET(FcConn, head, 16);
@@ -204,6 +209,7 @@ FC_CHECK_OFFSET(FcConn, slots, 40);
 FC_CHECK_OFFSET(FcConn, slot_bytes, 44);
 FC_CHECK_OFFSET(FcConn, peer, 48);
 FC_CHECK_OFFSET(FcConn, dir, 52);
+FC_CHECK_OFFSET(FcConn, ll, 56);
 
 // Written once per failure: the first block to win `claimed` fills the record and then sets
 // `code` (after a system fence), so a reader that sees code != 0 sees the whole record. Other
