@@ -130,27 +130,7 @@ impl<'a> Group<'a> {
                 guards[ci].seq += 1;
                 let n = comm.info.nranks;
                 let args = &bufs[ci];
-                let key: Vec<u64> = args
-                    .iter()
-                    .flat_map(|a| {
-                        // The scalar apart from the op id: PreMulSum(0.0) must not look like Sum.
-                        let scalar = match a.op {
-                            ReduceOp::PreMulSum(s) => s.to_bits(),
-                            _ => 0,
-                        };
-                        [
-                            a.kind as u64,
-                            a.count as u64,
-                            a.dtype.nccl_id() as u64,
-                            a.op.nccl_id() as u64,
-                            scalar,
-                            a.device_scalar.unwrap_or(0),
-                            a.root as u64,
-                            a.send as u64,
-                            a.recv as u64,
-                        ]
-                    })
-                    .collect();
+                let key = op_key(args);
                 let build = || {
                     let plan = plan_for(comm, args)?;
                     let ops: Vec<OpDesc> = args
@@ -239,6 +219,31 @@ impl<'a> Group<'a> {
 }
 
 /// The plan of one communicator's share of a group.
+/// What identifies a launch's plan tables on the GPU: everything the encoded tables depend on
+/// (the communicator's config is fixed for its life).
+fn op_key(args: &[OpArgs]) -> Vec<u64> {
+    args.iter()
+        .flat_map(|a| {
+            // The scalar apart from the op id: PreMulSum(0.0) must not look like Sum.
+            let scalar = match a.op {
+                ReduceOp::PreMulSum(s) => s.to_bits(),
+                _ => 0,
+            };
+            [
+                a.kind as u64,
+                a.count as u64,
+                a.dtype.nccl_id() as u64,
+                a.op.nccl_id() as u64,
+                scalar,
+                a.device_scalar.unwrap_or(0),
+                a.root as u64,
+                a.send as u64,
+                a.recv as u64,
+            ]
+        })
+        .collect()
+}
+
 fn plan_for(comm: &Comm, args: &[OpArgs]) -> Result<Plan, Error> {
     let (rank, n) = (comm.info.rank, comm.info.nranks);
     let cfg = &comm.info.config;
@@ -292,4 +297,47 @@ fn plan_for(comm: &Comm, args: &[OpArgs]) -> Result<Plan, Error> {
         plan.validate(&sizes).map_err(Error::Internal)?;
     }
     Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferroccl_core::DataType;
+
+    #[test]
+    fn op_keys_differ_whenever_the_tables_would() {
+        let base = OpArgs {
+            kind: CollKind::AllReduce,
+            send: 0x1000 as *const u8,
+            recv: 0x2000 as *mut u8,
+            count: 64,
+            dtype: DataType::Float32,
+            op: ReduceOp::Sum,
+            root: 0,
+            device_scalar: None,
+        };
+        let variants = [
+            base,
+            OpArgs { op: ReduceOp::PreMulSum(0.0), ..base },
+            OpArgs { op: ReduceOp::PreMulSum(1.0), ..base },
+            OpArgs { op: ReduceOp::PreMulSum(1.0), device_scalar: Some(0x3000), ..base },
+            OpArgs { op: ReduceOp::PreMulSum(1.0), device_scalar: Some(0x3004), ..base },
+            OpArgs { op: ReduceOp::Prod, ..base },
+            OpArgs { kind: CollKind::Reduce, ..base },
+            OpArgs { kind: CollKind::Reduce, root: 1, ..base },
+            OpArgs { count: 65, ..base },
+            OpArgs { dtype: DataType::Int32, ..base },
+            OpArgs { send: 0x1100 as *const u8, ..base },
+            OpArgs { recv: 0x2100 as *mut u8, ..base },
+        ];
+        let keys: Vec<Vec<u64>> = variants.iter().map(|a| op_key(std::slice::from_ref(a))).collect();
+        for i in 0..keys.len() {
+            for j in 0..i {
+                assert_ne!(keys[i], keys[j], "{:?} and {:?} share tables", variants[i], variants[j]);
+            }
+        }
+        // A group is keyed by all its operations, in order.
+        assert_ne!(op_key(&[variants[0], variants[5]]), op_key(&[variants[5], variants[0]]));
+        assert_eq!(op_key(&[base]), op_key(&[OpArgs { ..base }]));
+    }
 }

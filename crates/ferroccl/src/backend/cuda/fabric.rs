@@ -113,30 +113,18 @@ impl Fabric {
         let listener = FdListener::bind(boot.comm_id(), me as u32)?;
 
         let pid = std::process::id();
-        let mut mine = Vec::with_capacity(32);
-        mine.extend_from_slice(&pid.to_le_bytes());
-        mine.extend_from_slice(&(gpu.ordinal() as u32).to_le_bytes());
-        mine.extend_from_slice(&recv_arena.device_ptr().to_le_bytes());
-        mine.extend_from_slice(&send_arena.device_ptr().to_le_bytes());
-        let all = boot.allgather(&mine)?;
-        let parse = |b: &Vec<u8>| -> Result<(u32, u32, u64, u64), Error> {
-            if b.len() != 24 {
-                return Err(Error::Protocol(format!("GPU fabric: a peer sent {} bytes of arena description, expected 24", b.len())));
-            }
-            let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-            let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-            Ok((u32_at(0), u32_at(4), u64_at(8), u64_at(16)))
-        };
-        let peers: Vec<(u32, u32, u64, u64)> = all.iter().map(parse).collect::<Result<_, _>>()?;
+        let mine = ArenaDesc { pid, gpu: gpu.ordinal() as u32, recv: recv_arena.device_ptr(), send: send_arena.device_ptr() };
+        let all = boot.allgather(&mine.encode())?;
+        let peers: Vec<ArenaDesc> = all.iter().map(|b| ArenaDesc::parse(b)).collect::<Result<_, _>>()?;
         let same_host = |q: Rank| boot.peers()[q].host_id == boot.peers()[me].host_id;
         // Peers in this process reach our arenas at the same addresses once access is granted.
-        let local_gpus: Vec<usize> = (0..n).filter(|&q| q != me && peers[q].0 == pid && same_host(q)).map(|q| peers[q].1 as usize).collect();
+        let local_gpus: Vec<usize> = (0..n).filter(|&q| q != me && peers[q].pid == pid && same_host(q)).map(|q| peers[q].gpu as usize).collect();
         recv_arena.grant_access(&local_gpus)?;
         send_arena.grant_access(&local_gpus)?;
         let mut arenas = vec![Arenas::default(); n];
         for q in 0..n {
-            if peers[q].0 == pid && same_host(q) {
-                arenas[q] = Arenas { recv: peers[q].2, send: peers[q].3 };
+            if peers[q].pid == pid && same_host(q) {
+                arenas[q] = Arenas { recv: peers[q].recv, send: peers[q].send };
             } else if !same_host(q) {
                 return Err(Error::InvalidArgument(format!(
                     "rank {q} is on another host ({}): the GPU backend reaches peers through NVLink on one host only for now",
@@ -145,8 +133,9 @@ impl Fabric {
             }
         }
         // Other processes get our arenas as file descriptors, and we theirs.
-        let remote: Vec<Rank> = (0..n).filter(|&q| q != me && peers[q].0 != pid).collect();
+        let remote: Vec<Rank> = (0..n).filter(|&q| q != me && peers[q].pid != pid).collect();
         let mut imported = Vec::new();
+        let mut imported_ranks: Vec<Rank> = Vec::new();
         if !remote.is_empty() {
             let (rfd, sfd) = (recv_arena.export_fd()?, send_arena.export_fd()?);
             for &q in &remote {
@@ -156,13 +145,8 @@ impl Fabric {
             for _ in &remote {
                 let ch = listener.accept(deadline, abort)?;
                 let (fds, payload) = ch.recv_fds(deadline, abort)?;
-                if fds.len() != 2 || payload.len() != 4 {
-                    return Err(Error::Protocol("GPU fabric: a peer sent a malformed arena descriptor".into()));
-                }
-                let q = u32::from_le_bytes(payload[..4].try_into().expect("4 bytes")) as usize;
-                if !remote.contains(&q) {
-                    return Err(Error::Protocol(format!("GPU fabric: descriptors from unexpected rank {q}")));
-                }
+                let q = check_fd_message(fds.len(), &payload, &remote, &arenas, &imported_ranks)?;
+                imported_ranks.push(q);
                 let r = DeviceBuffer::import(fds[0].as_fd(), entries * geo.fifo_stride(), gpu, &[], stats)?;
                 let s = DeviceBuffer::import(fds[1].as_fd(), entries * Geometry::COUNTER_STRIDE, gpu, &[], stats)?;
                 arenas[q] = Arenas { recv: r.device_ptr(), send: s.device_ptr() };
@@ -173,42 +157,8 @@ impl Fabric {
         // Nobody may write into a peer's arena before that peer granted access.
         boot.barrier()?;
 
-        let mut conns = vec![FcConn::default(); entries * 2];
-        for q in (0..n).filter(|&q| q != me) {
-            for c in 0..geo.nchan {
-                let fifo = |base: u64, of: Rank| base + (geo.index(of, c) * geo.fifo_stride()) as u64;
-                let ctr = |base: u64, of: Rank| base + (geo.index(of, c) * Geometry::COUNTER_STRIDE) as u64;
-                // Receiving from q: our FIFO for q; q's send counters for us.
-                let rbase = fifo(recv_arena.device_ptr(), q);
-                conns[geo.index(q, c) * 2 + 1] = FcConn {
-                    data: rbase,
-                    lens: rbase + geo.lens_off() as u64,
-                    head: rbase + geo.head_off() as u64,
-                    tail: ctr(arenas[q].send, me),
-                    counter: rbase + geo.consumed_off() as u64,
-                    slots: geo.slots as u32,
-                    slot_bytes: geo.slot_bytes as u32,
-                    peer: q as u32,
-                    dir: CONN_RECV,
-                    ll: rbase + geo.ll_off() as u64,
-                };
-                // Sending to q: q's FIFO for us; our counters for q.
-                let sbase = fifo(arenas[q].recv, me);
-                let mine = ctr(send_arena.device_ptr(), q);
-                conns[geo.index(q, c) * 2] = FcConn {
-                    data: sbase,
-                    lens: sbase + geo.lens_off() as u64,
-                    head: sbase + geo.head_off() as u64,
-                    tail: mine,
-                    counter: mine + LINE as u64,
-                    slots: geo.slots as u32,
-                    slot_bytes: geo.slot_bytes as u32,
-                    peer: q as u32,
-                    dir: CONN_SEND,
-                    ll: sbase + geo.ll_off() as u64,
-                };
-            }
-        }
+        arenas[me] = Arenas { recv: recv_arena.device_ptr(), send: send_arena.device_ptr() };
+        let conns = conn_table(&geo, me, &arenas);
         let bytes = conns.len() * std::mem::size_of::<FcConn>();
         let table = DeviceBuffer::alloc(gpu, bytes.max(1), &[], stats)?;
         // SAFETY: FcConn is plain old data (repr(C), integers only).
@@ -216,6 +166,100 @@ impl Fabric {
         table.copy_from_host(0, raw)?;
         Ok(Fabric { geo, _recv_arena: recv_arena, _send_arena: send_arena, _imported: imported, table, nconns: conns.len() as u32 })
     }
+}
+
+/// What each rank tells the others about its arenas: enough to map them in this process (pid,
+/// GPU) and the addresses they have there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ArenaDesc {
+    pid: u32,
+    gpu: u32,
+    recv: u64,
+    send: u64,
+}
+
+impl ArenaDesc {
+    const LEN: usize = 24;
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(Self::LEN);
+        v.extend_from_slice(&self.pid.to_le_bytes());
+        v.extend_from_slice(&self.gpu.to_le_bytes());
+        v.extend_from_slice(&self.recv.to_le_bytes());
+        v.extend_from_slice(&self.send.to_le_bytes());
+        v
+    }
+    fn parse(b: &[u8]) -> Result<ArenaDesc, Error> {
+        if b.len() != Self::LEN {
+            return Err(Error::Protocol(format!("GPU fabric: a peer sent {} bytes of arena description, expected {}", b.len(), Self::LEN)));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let d = ArenaDesc { pid: u32_at(0), gpu: u32_at(4), recv: u64_at(8), send: u64_at(16) };
+        if d.recv == 0 || d.send == 0 {
+            return Err(Error::Protocol("GPU fabric: a peer described a null arena".into()));
+        }
+        Ok(d)
+    }
+}
+
+/// Checks one message of arena file descriptors from another process: two descriptors and the
+/// sender's rank, a rank that is expected to send them and has not yet. Returns the rank.
+fn check_fd_message(nfds: usize, payload: &[u8], expected: &[Rank], arenas: &[Arenas], seen: &[Rank]) -> Result<Rank, Error> {
+    if nfds != 2 || payload.len() != 4 {
+        return Err(Error::Protocol(format!(
+            "GPU fabric: a peer sent a malformed arena descriptor ({nfds} descriptors, {} payload bytes; expected 2 and 4)",
+            payload.len()
+        )));
+    }
+    let q = u32::from_le_bytes(payload[..4].try_into().expect("4 bytes")) as usize;
+    if !expected.contains(&q) || seen.contains(&q) || arenas.get(q).is_some_and(|a| a.recv != 0) {
+        return Err(Error::Protocol(format!("GPU fabric: arena descriptors from unexpected rank {q} (expected one each from {expected:?})")));
+    }
+    Ok(q)
+}
+
+/// The kernel's connection table of rank `me`, given every rank's arenas as this process
+/// addresses them: for each peer and channel, a send end (the peer's FIFO for us, our counters
+/// for the peer) and a receive end (our FIFO for the peer, the peer's counters for us).
+fn conn_table(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> Vec<FcConn> {
+    let n = arenas.len();
+    let mut conns = vec![FcConn::default(); n * geo.nchan * 2];
+    for q in (0..n).filter(|&q| q != me) {
+        for c in 0..geo.nchan {
+            let fifo = |base: u64, of: Rank| base + (geo.index(of, c) * geo.fifo_stride()) as u64;
+            let ctr = |base: u64, of: Rank| base + (geo.index(of, c) * Geometry::COUNTER_STRIDE) as u64;
+            // Receiving from q: our FIFO for q; q's send counters for us.
+            let rbase = fifo(arenas[me].recv, q);
+            conns[geo.index(q, c) * 2 + 1] = FcConn {
+                data: rbase,
+                lens: rbase + geo.lens_off() as u64,
+                head: rbase + geo.head_off() as u64,
+                tail: ctr(arenas[q].send, me),
+                counter: rbase + geo.consumed_off() as u64,
+                slots: geo.slots as u32,
+                slot_bytes: geo.slot_bytes as u32,
+                peer: q as u32,
+                dir: CONN_RECV,
+                ll: rbase + geo.ll_off() as u64,
+            };
+            // Sending to q: q's FIFO for us; our counters for q.
+            let sbase = fifo(arenas[q].recv, me);
+            let mine = ctr(arenas[me].send, q);
+            conns[geo.index(q, c) * 2] = FcConn {
+                data: sbase,
+                lens: sbase + geo.lens_off() as u64,
+                head: sbase + geo.head_off() as u64,
+                tail: mine,
+                counter: mine + LINE as u64,
+                slots: geo.slots as u32,
+                slot_bytes: geo.slot_bytes as u32,
+                peer: q as u32,
+                dir: CONN_SEND,
+                ll: sbase + geo.ll_off() as u64,
+            };
+    }
+}
+    conns
 }
 
 #[cfg(test)]
@@ -247,5 +291,63 @@ mod tests {
         }
         assert_eq!(seen.len(), 4 * 3 * 2);
         assert!(seen.iter().all(|&i| (i as usize) < 4 * 3 * 2));
+    }
+
+    fn fake_arenas(g: &Geometry, n: usize) -> Vec<Arenas> {
+        // Disjoint ranges, as if every rank's arenas were mapped in one process.
+        let (r, s) = ((n * g.nchan * g.fifo_stride()) as u64, (n * g.nchan * Geometry::COUNTER_STRIDE) as u64);
+        (0..n as u64).map(|q| Arenas { recv: 0x1000_0000_0000 + q * (r + s + (1 << 21)), send: 0x1000_0000_0000 + q * (r + s + (1 << 21)) + r }).collect()
+    }
+
+    #[test]
+    fn both_ends_of_every_connection_agree_and_no_word_is_shared() {
+        let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3 };
+        let n = 4;
+        let arenas = fake_arenas(&g, n);
+        let tables: Vec<Vec<FcConn>> = (0..n).map(|me| conn_table(&g, me, &arenas)).collect();
+        let mut words = std::collections::HashSet::new();
+        for a in 0..n {
+            for b in (0..n).filter(|&b| b != a) {
+                for ch in [0, 1, P2P_CHANNEL_BASE] {
+                    let at = |me: usize, peer: usize, dir| tables[me][g.conn_index(ConnKey { peer, channel: ch, dir }).unwrap() as usize];
+                    let (s, r) = (at(a, b, Dir::Send), at(b, a, Dir::Recv));
+                    assert_eq!((s.dir, r.dir, s.peer, r.peer), (CONN_SEND, CONN_RECV, b as u32, a as u32));
+                    // One FIFO, seen from both ends: the receiver's memory.
+                    assert_eq!((s.data, s.lens, s.head, s.ll, s.tail), (r.data, r.lens, r.head, r.ll, r.tail));
+                    let in_recv_arena = |x: u64| {
+                        x >= arenas[b].recv && x < arenas[b].recv + (n * g.nchan * g.fifo_stride()) as u64
+                    };
+                    assert!([s.data, s.lens, s.head, s.ll, r.counter].into_iter().all(in_recv_arena));
+                    // tail and the producer's counter live with the sender.
+                    let in_send_arena = |x: u64| x >= arenas[a].send && x < arenas[a].send + (n * g.nchan * Geometry::COUNTER_STRIDE) as u64;
+                    assert!(in_send_arena(s.tail) && in_send_arena(s.counter));
+                    assert!(s.ll >= s.data + (g.slots * g.slot_bytes) as u64, "LL slots overlap the data slots");
+                    for w in [s.head, s.tail, s.counter, r.counter] {
+                        assert!(words.insert(w), "word {w:#x} belongs to two connections");
+                    }
+                    assert_eq!((s.slots, s.slot_bytes), (4, 1 << 12));
+                }
+            }
+            // No connection to oneself.
+            assert!(tables[a][g.index(a, 0) * 2].data == 0 && tables[a][g.index(a, 0) * 2 + 1].data == 0);
+        }
+    }
+
+    #[test]
+    fn arena_messages_are_checked() {
+        let d = ArenaDesc { pid: 7, gpu: 3, recv: 0x7f00_0000_0000, send: 0x7f10_0000_0000 };
+        assert_eq!(ArenaDesc::parse(&d.encode()).unwrap(), d);
+        assert!(matches!(ArenaDesc::parse(&d.encode()[..23]), Err(Error::Protocol(_))));
+        assert!(matches!(ArenaDesc::parse(&ArenaDesc { recv: 0, ..d }.encode()), Err(Error::Protocol(_))));
+        let arenas = vec![Arenas::default(); 4];
+        let from = |q: u32| q.to_le_bytes();
+        assert_eq!(check_fd_message(2, &from(2), &[1, 2], &arenas, &[]).unwrap(), 2);
+        let e = check_fd_message(1, &from(2), &[1, 2], &arenas, &[]).unwrap_err();
+        assert!(e.to_string().contains("1 descriptors"), "{e}");
+        assert!(check_fd_message(2, &[2, 0], &[1, 2], &arenas, &[]).is_err());
+        // A rank in this process, an unknown rank, and a second message from one rank.
+        assert!(check_fd_message(2, &from(3), &[1, 2], &arenas, &[]).is_err());
+        assert!(check_fd_message(2, &from(99), &[1, 2], &arenas, &[]).is_err());
+        assert!(check_fd_message(2, &from(1), &[1, 2], &arenas, &[1]).is_err());
     }
 }
