@@ -43,7 +43,7 @@ pub struct BenchArgs {
     /// Element type (float, half, bfloat16, int32, ...; all for the 12 types)
     #[arg(short = 'd', long = "datatype", default_value = "float")]
     pub dtype: String,
-    /// Reduction (sum, prod, max, min, avg, premulsum; all for the first five)
+    /// Reduction (sum, prod, max, min, avg, premulsum (by 2); all for the six, as nccl-tests)
     #[arg(short = 'o', long = "redop", default_value = "sum")]
     pub redop: String,
     /// Root of broadcast, reduce, gather and scatter
@@ -101,7 +101,8 @@ impl Spec {
             vec![a.dtype.parse::<DataType>().map_err(|e| e.to_string())?]
         };
         let redops = if a.redop.eq_ignore_ascii_case("all") {
-            ReduceOp::BUILTIN.to_vec()
+            // premulsum by 2: a scalar valid for every type, integers included.
+            ReduceOp::BUILTIN.iter().copied().chain([ReduceOp::PreMulSum(2.0)]).collect()
         } else {
             vec![a.redop.parse::<ReduceOp>().map_err(|e| e.to_string())?]
         };
@@ -857,8 +858,8 @@ mod tests {
         let spec = Spec::from_args(&a).unwrap();
         let mut idx: Vec<u64> = spec.ops.iter().flat_map(|&o| spec.rows(o)).map(|r| r.index).collect();
         let n = idx.len();
-        // 4 sizes x 12 types x (5 reductions for 3 ops + 1 for 6 ops).
-        assert_eq!(n, 4 * 12 * (3 * 5 + 6));
+        // 4 sizes x 12 types x (6 reductions, pre-mul-sum included, for 3 ops + 1 for 6 ops).
+        assert_eq!(n, 4 * 12 * (3 * 6 + 6));
         idx.sort();
         idx.dedup();
         assert_eq!(idx.len(), n);
