@@ -5,6 +5,7 @@ mod bench;
 mod info;
 mod launch;
 mod machine;
+mod nccl;
 mod size;
 
 use clap::{Parser, Subcommand};
