@@ -36,7 +36,6 @@ pub const REQUIRED: &[&str] = &[
 
 /// The resolved entry points. Optional ones are None where this NCCL lacks them.
 struct Fns {
-    get_version: GetVersionFn,
     get_unique_id: GetUniqueIdFn,
     comm_init_rank: CommInitRankFn,
     comm_init_all: CommInitAllFn,
@@ -215,7 +214,6 @@ impl Nccl {
             };
         }
         let f = Fns {
-            get_version,
             get_unique_id: req!("ncclGetUniqueId"),
             comm_init_rank: req!("ncclCommInitRank"),
             comm_init_all: req!("ncclCommInitAll"),
@@ -271,13 +269,6 @@ impl Nccl {
     }
     pub fn has_mem_alloc(&self) -> bool {
         self.f.mem_alloc.is_some() && self.f.mem_free.is_some()
-    }
-
-    /// Calls `ncclGetVersion` again (it reads no state; a cheap liveness check for tests).
-    pub fn query_version(&self) -> Result<i32, Error> {
-        let mut v = 0;
-        self.check("ncclGetVersion", unsafe { (self.f.get_version)(&mut v) }, None)?;
-        Ok(v)
     }
 
     /// Turns a result into ferroccl's error, with NCCL's own text and, where a communicator
