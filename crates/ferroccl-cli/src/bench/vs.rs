@@ -838,6 +838,7 @@ mod tests {
     #[test]
     fn buffers_are_whole_granules_that_hold_the_largest_row() {
         let mut a = crate::bench::tests::args();
+        a.min = 3 << 20;
         a.max = 3 << 20;
         let spec = Spec::from_args(&a).unwrap();
         assert_eq!(buffer_bytes(&spec), 4 << 20);

@@ -13,7 +13,7 @@ const W_TIME: usize = 8;
 const W_BW: usize = 7;
 const W_RATIO: usize = 6;
 const W_BLOCKS: usize = 7;
-const W_WRONG: usize = 7;
+const W_WRONG: usize = 8;
 
 fn time(m: Option<&Measure>) -> String {
     m.map_or(format!("{:>W_TIME$}", "n/a"), |m| format!("{:>W_TIME$}", time_str(m.time_us).trim()))
