@@ -28,8 +28,9 @@ pub struct PlotArgs {
 pub struct Series {
     pub name: String,
     pub nccl: bool,
-    /// Index of the record it came from (its colour).
-    pub source: usize,
+    /// Which record and type it came from: its colour, shared by both libraries' lines (solid
+    /// ferroccl, dashed NCCL).
+    pub variant: usize,
     /// (size in bytes, busbw GB/s, time us), by size.
     pub points: Vec<(f64, f64, f64)>,
 }
@@ -37,6 +38,9 @@ pub struct Series {
 /// Rows of one record, reduced to what the plot needs: (library is NCCL, op, dtype, size,
 /// busbw, time).
 type Flat = Vec<(bool, String, String, f64, f64, f64)>;
+
+/// (size, busbw, time) of one line.
+type Points = Vec<(f64, f64, f64)>;
 
 fn flatten(path: &Path) -> Result<(String, Flat), String> {
     if let Ok(rec) = record::read(path) {
@@ -72,13 +76,14 @@ pub fn collect(files: &[PathBuf]) -> Result<BTreeMap<String, Vec<Series>>, Strin
         recs.push((label, flat, f));
     }
     let mut out: BTreeMap<String, Vec<Series>> = BTreeMap::new();
-    for (i, (label, flat, path)) in recs.iter().enumerate() {
+    let mut variant = 0;
+    for (label, flat, path) in &recs {
         let shared = recs.iter().filter(|r| &r.0 == label).count() > 1;
         let label = if shared { format!("{label} ({})", path.file_stem().map_or(String::new(), |s| s.to_string_lossy().into_owned())) } else { label.clone() };
         let mut dtypes: Vec<&String> = flat.iter().map(|r| &r.2).collect();
         dtypes.sort();
         dtypes.dedup();
-        let mut lines: BTreeMap<(String, bool, String), Vec<(f64, f64, f64)>> = BTreeMap::new();
+        let mut lines: BTreeMap<(String, bool, String), Points> = BTreeMap::new();
         for (nccl, op, dt, size, bw, t) in flat {
             lines.entry((op.clone(), *nccl, dt.clone())).or_default().push((*size, *bw, *t));
         }
@@ -86,21 +91,34 @@ pub fn collect(files: &[PathBuf]) -> Result<BTreeMap<String, Vec<Series>>, Strin
             points.sort_by(|a, b| a.0.total_cmp(&b.0));
             let lib = if nccl { "NCCL" } else { "ferroccl" };
             let name = if dtypes.len() > 1 { format!("{lib} {label} {dt}") } else { format!("{lib} {label}") };
-            out.entry(op).or_default().push(Series { name, nccl, source: i, points });
+            let v = variant + dtypes.iter().position(|d| *d == &dt).unwrap_or(0);
+            out.entry(op).or_default().push(Series { name, nccl, variant: v, points });
         }
+        variant += dtypes.len();
     }
     Ok(out)
 }
 
+/// Axis labels at powers of two: "8", "1K", "64M", "2G".
 fn size_label(x: &f64) -> String {
-    human(x.round() as usize)
+    let x = x.round();
+    for (u, s) in [(1u64 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")] {
+        if x >= u as f64 {
+            let v = x / u as f64;
+            return if v.fract() == 0.0 { format!("{v}{s}") } else { format!("{v:.1}{s}") };
+        }
+    }
+    format!("{x}")
 }
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
 /// One panel: `y` picks busbw or time; points outside `max_size` or not positive are left out
 /// (a log axis has no zero).
-fn panel(area: &Area, title: &str, series: &[Series], max_size: f64, y_label: &str, y: fn(&(f64, f64, f64)) -> f64, log_y: bool) -> Result<(), String> {
+/// The legend goes in the bandwidth panel only: the latency panel beside it uses the same
+/// colours, and its lines would be hidden under a second legend.
+#[allow(clippy::too_many_arguments)]
+fn panel(area: &Area, title: &str, series: &[Series], max_size: f64, y_label: &str, y: fn(&(f64, f64, f64)) -> f64, log_y: bool, legend: bool) -> Result<(), String> {
     let pts = |s: &Series| -> Vec<(f64, f64)> { s.points.iter().filter(|p| p.0 > 0.0 && p.0 <= max_size && y(p) > 0.0).map(|p| (p.0, y(p))).collect() };
     let all: Vec<(f64, f64)> = series.iter().flat_map(pts).collect();
     if all.is_empty() {
@@ -123,7 +141,7 @@ fn panel(area: &Area, title: &str, series: &[Series], max_size: f64, y_label: &s
                 .draw()
                 .map_err(|x| e(&x))?;
             for s in series {
-                let c = Palette99::pick(s.source * 2 + s.nccl as usize).to_rgba();
+                let c = Palette99::pick(s.variant).to_rgba();
                 let p = pts(s);
                 if s.nccl {
                     chart.draw_series(DashedLineSeries::new(p.clone(), 6, 4, c.stroke_width(2))).map_err(|x| e(&x))?.label(&s.name).legend(move |(x, y)| {
@@ -137,16 +155,18 @@ fn panel(area: &Area, title: &str, series: &[Series], max_size: f64, y_label: &s
                     chart.draw_series(p.iter().map(|&q| Circle::new(q, 3, c.filled()))).map_err(|x| e(&x))?;
                 }
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperLeft)
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .draw()
-                .map_err(|x| e(&x))?;
+            if legend {
+                chart
+                    .configure_series_labels()
+                    .position(SeriesLabelPosition::UpperLeft)
+                    .background_style(WHITE.mix(0.8))
+                    .border_style(BLACK)
+                    .draw()
+                    .map_err(|x| e(&x))?;
+            }
         }};
     }
-    let xr = (x0..x1).log_scale();
+    let xr = (x0..x1).log_scale().base(2.0);
     if log_y {
         draw!(b.build_cartesian_2d(xr, (y0 * 0.8..y1 * 1.25).log_scale()).map_err(|x| e(&x))?);
     } else {
@@ -165,8 +185,8 @@ pub fn render(by_op: &BTreeMap<String, Vec<Series>>, out: &Path, latency_max: us
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let rows = root.split_evenly((by_op.len(), 2));
     for (i, (op, series)) in by_op.iter().enumerate() {
-        panel(&rows[2 * i], &format!("{op}: bus bandwidth (out of place)"), series, f64::MAX, "busbw (GB/s)", |p| p.1, false)?;
-        panel(&rows[2 * i + 1], &format!("{op}: time up to {}", human(latency_max)), series, latency_max as f64, "time (us)", |p| p.2, true)?;
+        panel(&rows[2 * i], &format!("{op}: bus bandwidth (out of place)"), series, f64::MAX, "busbw (GB/s)", |p| p.1, false, true)?;
+        panel(&rows[2 * i + 1], &format!("{op}: time up to {}", human(latency_max)), series, latency_max as f64, "time (us)", |p| p.2, true, false)?;
     }
     root.present().map_err(|e| format!("writing {}: {e}", out.display()))
 }

@@ -6,6 +6,10 @@
 //! Everything here is the benchmark's view of NCCL: blocking communicators, the calls
 //! nccl-tests makes, and the registration calls its `-R` option uses.
 
+// The wrappers mirror NCCL's C signatures argument for argument, so that each call reads
+// like the header's.
+#![allow(clippy::too_many_arguments)]
+
 pub mod find;
 pub mod sys;
 
@@ -201,45 +205,45 @@ impl Nccl {
             ));
         }
         macro_rules! req {
-            ($name:literal) => {
+            ($name:literal, $t:ty) => {
                 // SAFETY: the symbol exists (checked above) and has the type nccl.h declares,
-                // which the field's type spells out.
-                unsafe { std::mem::transmute::<*mut c_void, _>(h.sym($name).expect("checked")) }
+                // which `$t` spells out.
+                unsafe { std::mem::transmute::<*mut c_void, $t>(h.sym($name).expect("checked")) }
             };
         }
         macro_rules! opt {
-            ($name:literal) => {
+            ($name:literal, $t:ty) => {
                 // SAFETY: as above, where present.
-                h.sym($name).map(|p| unsafe { std::mem::transmute::<*mut c_void, _>(p) })
+                h.sym($name).map(|p| unsafe { std::mem::transmute::<*mut c_void, $t>(p) })
             };
         }
         let f = Fns {
-            get_unique_id: req!("ncclGetUniqueId"),
-            comm_init_rank: req!("ncclCommInitRank"),
-            comm_init_all: req!("ncclCommInitAll"),
-            comm_destroy: req!("ncclCommDestroy"),
-            comm_get_async_error: req!("ncclCommGetAsyncError"),
-            get_error_string: req!("ncclGetErrorString"),
-            group_start: req!("ncclGroupStart"),
-            group_end: req!("ncclGroupEnd"),
-            all_reduce: req!("ncclAllReduce"),
-            all_gather: req!("ncclAllGather"),
-            reduce_scatter: req!("ncclReduceScatter"),
-            broadcast: req!("ncclBroadcast"),
-            reduce: req!("ncclReduce"),
-            send: req!("ncclSend"),
-            recv: req!("ncclRecv"),
-            all_to_all: opt!("ncclAlltoAll"),
-            gather: opt!("ncclGather"),
-            scatter: opt!("ncclScatter"),
-            comm_abort: opt!("ncclCommAbort"),
-            get_last_error: opt!("ncclGetLastError"),
-            comm_register: opt!("ncclCommRegister"),
-            comm_deregister: opt!("ncclCommDeregister"),
-            mem_alloc: opt!("ncclMemAlloc"),
-            mem_free: opt!("ncclMemFree"),
-            window_register: opt!("ncclCommWindowRegister"),
-            window_deregister: opt!("ncclCommWindowDeregister"),
+            get_unique_id: req!("ncclGetUniqueId", GetUniqueIdFn),
+            comm_init_rank: req!("ncclCommInitRank", CommInitRankFn),
+            comm_init_all: req!("ncclCommInitAll", CommInitAllFn),
+            comm_destroy: req!("ncclCommDestroy", CommFn),
+            comm_get_async_error: req!("ncclCommGetAsyncError", CommGetAsyncErrorFn),
+            get_error_string: req!("ncclGetErrorString", GetErrorStringFn),
+            group_start: req!("ncclGroupStart", GroupFn),
+            group_end: req!("ncclGroupEnd", GroupFn),
+            all_reduce: req!("ncclAllReduce", AllReduceFn),
+            all_gather: req!("ncclAllGather", AllGatherFn),
+            reduce_scatter: req!("ncclReduceScatter", ReduceScatterFn),
+            broadcast: req!("ncclBroadcast", BroadcastFn),
+            reduce: req!("ncclReduce", ReduceFn),
+            send: req!("ncclSend", SendFn),
+            recv: req!("ncclRecv", RecvFn),
+            all_to_all: opt!("ncclAlltoAll", AllGatherFn),
+            gather: opt!("ncclGather", BroadcastFn),
+            scatter: opt!("ncclScatter", BroadcastFn),
+            comm_abort: opt!("ncclCommAbort", CommFn),
+            get_last_error: opt!("ncclGetLastError", GetLastErrorFn),
+            comm_register: opt!("ncclCommRegister", CommRegisterFn),
+            comm_deregister: opt!("ncclCommDeregister", CommDeregisterFn),
+            mem_alloc: opt!("ncclMemAlloc", MemAllocFn),
+            mem_free: opt!("ncclMemFree", MemFreeFn),
+            window_register: opt!("ncclCommWindowRegister", CommWindowRegisterFn),
+            window_deregister: opt!("ncclCommWindowDeregister", CommWindowDeregisterFn),
         };
         let path = loaded_path(&h, "ncclGetVersion").unwrap_or_else(|| name.to_string());
         h.keep();
@@ -363,7 +367,6 @@ impl Nccl {
     pub unsafe fn broadcast(&self, s: *const c_void, r: *mut c_void, count: usize, dt: i32, root: usize, c: NcclComm, st: RawStream) -> Result<(), Error> {
         self.check("ncclBroadcast", unsafe { (self.f.broadcast)(s, r, count, dt, root as c_int, c.0, st) }, Some(c.0))
     }
-    #[allow(clippy::too_many_arguments)]
     pub unsafe fn reduce(&self, s: *const c_void, r: *mut c_void, count: usize, dt: i32, op: i32, root: usize, c: NcclComm, st: RawStream) -> Result<(), Error> {
         self.check("ncclReduce", unsafe { (self.f.reduce)(s, r, count, dt, op, root as c_int, c.0, st) }, Some(c.0))
     }

@@ -30,7 +30,7 @@ impl UniqueId {
     pub fn zeroed() -> UniqueId {
         UniqueId { internal: [0; UNIQUE_ID_BYTES] }
     }
-    pub fn to_bytes(&self) -> Vec<u8> {
+    pub fn to_bytes(self) -> Vec<u8> {
         self.internal.iter().map(|&c| c as u8).collect()
     }
     pub fn from_bytes(b: &[u8]) -> Option<UniqueId> {
