@@ -293,14 +293,17 @@ impl Runner<'_> {
         if self.spec.check {
             half.wrong = self.check(lib, rs, lay, &regs, mix(mix(rs.index) ^ in_place as u64))?;
         }
+        // Rows whose count rounds down to 0 launch nothing in either library: there is no
+        // graph to capture and no grid to read.
+        let graph = if lay.count > 0 { self.graph } else { 0 };
         // A graph may hold only launches seen before: ferroccl uploads an operation's tables
         // (a synchronous copy) on its first call.
-        let warmup = if self.graph > 0 { warmup.max(1) } else { warmup };
+        let warmup = if graph > 0 { warmup.max(1) } else { warmup };
         for _ in 0..warmup {
             self.launch(lib, rs, lay, &regs)?;
         }
         self.sync()?;
-        half.time_us = if self.graph > 0 {
+        half.time_us = if graph > 0 {
             let caps = self.capture(lib, rs, lay, &regs, iters)?;
             if lib == Lib::Nccl {
                 for c in &caps {
@@ -315,15 +318,15 @@ impl Runner<'_> {
             self.sync()?;
             self.barrier()?;
             let t = Instant::now();
-            for _ in 0..self.graph {
+            for _ in 0..graph {
                 for (r, g) in self.ranks.iter().zip(&graphs) {
                     g.launch(r.stream)?;
                 }
             }
             self.sync()?;
-            t.elapsed().as_secs_f64() * 1e6 / (self.graph * iters) as f64
+            t.elapsed().as_secs_f64() * 1e6 / (graph * iters) as f64
         } else {
-            if lib == Lib::Nccl {
+            if lib == Lib::Nccl && lay.count > 0 {
                 half.blocks = self.nccl_blocks_probe(rs, lay, &regs)?;
             }
             self.barrier()?;
@@ -635,6 +638,7 @@ pub fn main(args: &BenchArgs, config: &Config, spec: &Spec) -> Result<std::proce
         );
     }
 
+    let nccl_aborted = std::sync::atomic::AtomicBool::new(false);
     let result: Result<(u64, u64), Error> = if args.one_thread || ctxs.len() == 1 {
         let r = Runner { lib: &lib, ranks: &ctxs, nranks, spec, graph: args.graph };
         r.sweep(reporter.as_mut())
@@ -645,14 +649,20 @@ pub fn main(args: &BenchArgs, config: &Config, spec: &Spec) -> Result<std::proce
                 .enumerate()
                 .map(|(i, ctx)| {
                     let mut rep = if ctx.comm.rank() == 0 { reporter.take() } else { None };
-                    let (lib, ctxs, spec) = (&lib, &ctxs, spec);
+                    let (lib, ctxs, spec, nccl_aborted) = (&lib, &ctxs, spec, &nccl_aborted);
                     s.spawn(move || {
                         let r = Runner { lib, ranks: std::slice::from_ref(&ctxs[i]), nranks, spec, graph: args.graph };
                         let out = r.sweep(rep.as_mut());
                         if out.is_err() {
-                            // The others would wait for this rank until the deadline.
+                            // The others would wait for this rank until the deadline (ferroccl)
+                            // or for ever (NCCL): stop both libraries' kernels.
                             for c in ctxs {
                                 c.comm.abort();
+                            }
+                            if !nccl_aborted.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                                for c in ctxs {
+                                    let _ = lib.abort(c.nc);
+                                }
                             }
                         }
                         (out, rep)
@@ -678,8 +688,10 @@ pub fn main(args: &BenchArgs, config: &Config, spec: &Spec) -> Result<std::proce
         Ok(w) => w,
         Err(e) => {
             // NCCL kernels may wait for a peer that stopped: abort rather than destroy.
-            for c in &ncomms {
-                let _ = lib.abort(*c);
+            if !nccl_aborted.load(std::sync::atomic::Ordering::Acquire) {
+                for c in &ncomms {
+                    let _ = lib.abort(*c);
+                }
             }
             return Err(e.to_string());
         }
