@@ -1,9 +1,9 @@
 //! What this machine is, for `ferroccl info` and for the records `bench --json` writes: a
 //! figure is worthless without the hardware and the commit that produced it.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Machine {
     pub hostname: String,
     pub cpu_model: String,
@@ -75,6 +75,41 @@ impl Machine {
     }
 }
 
+/// The GPU side of a machine, for records that compare GPU libraries.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuMachine {
+    /// Model of each visible GPU, by CUDA ordinal.
+    pub gpus: Vec<String>,
+    pub driver: Option<String>,
+    /// The CUDA version the driver implements (cuDriverGetVersion), e.g. "13.0".
+    pub cuda: Option<String>,
+    /// `nvidia-smi topo -m` as printed (the NVLink matrix), when nvidia-smi is there.
+    pub topology: Option<String>,
+}
+
+fn nvidia_smi(args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new("nvidia-smi").args(args).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim_end().to_string())
+}
+
+/// The first line of `nvidia-smi --query-gpu=driver_version` output.
+fn first_line(s: &str) -> Option<String> {
+    s.lines().map(str::trim).find(|l| !l.is_empty()).map(str::to_string)
+}
+
+impl GpuMachine {
+    /// What nvidia-smi and the driver say; fields stay empty where they cannot be asked.
+    pub fn probe(cuda_version: Option<String>) -> GpuMachine {
+        let names = nvidia_smi(&["--query-gpu=name", "--format=csv,noheader"]).unwrap_or_default();
+        GpuMachine {
+            gpus: names.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect(),
+            driver: nvidia_smi(&["--query-gpu=driver_version", "--format=csv,noheader"]).as_deref().and_then(first_line),
+            cuda: cuda_version,
+            topology: nvidia_smi(&["topo", "-m"]),
+        }
+    }
+}
+
 pub fn gib(b: Option<u64>) -> String {
     b.map_or("unknown".into(), |b| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64))
 }
@@ -88,5 +123,6 @@ mod tests {
         assert_eq!(cpu_model("processor\t: 0\nmodel name\t: AMD EPYC 9654 96-Core Processor\n").unwrap(), "AMD EPYC 9654 96-Core Processor");
         assert_eq!(mem_total("MemTotal:       131072 kB\nMemFree: 1 kB\n"), Some(131072 * 1024));
         assert_eq!(mem_total("nothing"), None);
+        assert_eq!(first_line("\n 580.65.06\n580.65.06\n").as_deref(), Some("580.65.06"));
     }
 }

@@ -5,6 +5,8 @@ mod bench;
 mod info;
 mod launch;
 mod machine;
+mod nccl;
+mod plot;
 mod size;
 
 use clap::{Parser, Subcommand};
@@ -17,6 +19,8 @@ struct Cli {
     cmd: Cmd,
 }
 
+// Parsed once per process: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Measure an operation over a sweep of sizes, printing nccl-tests' table
@@ -25,6 +29,8 @@ enum Cmd {
     Run(launch::RunArgs),
     /// Print the machine and the transports a communicator would use
     Info(info::InfoArgs),
+    /// Draw bus bandwidth and latency against size from `bench --json` records (SVG)
+    Plot(plot::PlotArgs),
 }
 
 /// Logging for the whole process, library included. The CLI, not the library, reads these
@@ -62,6 +68,7 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => bench::main(a, &config),
         Cmd::Run(a) => launch::main(a).map(ExitCode::from),
         Cmd::Info(a) => info::main(a, &config).map(|()| ExitCode::SUCCESS),
+        Cmd::Plot(a) => plot::main(a).map(|()| ExitCode::SUCCESS),
     };
     r.unwrap_or_else(|e| {
         eprintln!("ferroccl: {e}");

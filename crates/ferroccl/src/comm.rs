@@ -215,6 +215,14 @@ impl Comm {
         self.cuda.as_ref().map(|c| c.memory_bytes()).unwrap_or(0)
     }
 
+    /// GPU communicators: the thread blocks (one per plan lane, each on its own SM while it
+    /// runs) of this communicator's latest kernel launch; None for host communicators. A
+    /// group launches one kernel per communicator, so this counts every operation of the
+    /// group on this rank.
+    pub fn last_launch_blocks(&self) -> Option<u32> {
+        self.cuda.as_ref().map(|c| c.last_blocks())
+    }
+
     /// The GPU of a GPU communicator.
     pub fn gpu(&self) -> Option<&crate::backend::cuda::device::Gpu> {
         self.cuda.as_ref().map(|c| &c.gpu)

@@ -1,7 +1,11 @@
 //! `ferroccl bench`: nccl-tests' perf tests for every operation, on ferroccl.
 
+mod cuda;
 pub mod op;
+pub mod record;
 pub mod table;
+mod vs;
+mod vs_table;
 
 use crate::api::{CollKind, Comm, Config, DataType, Device, Error, Group, OpArgs, ReduceOp};
 use ferroccl::mem::{DeviceBuffer, MemStats};
@@ -66,6 +70,27 @@ pub struct BenchArgs {
     /// Also write every row, the machine and the commit to this JSON file
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Time NVIDIA's NCCL beside ferroccl on the same GPUs, buffers and streams (needs -g).
+    /// PATH: libnccl.so.2 or its folder; default: the system loader's, then the Python
+    /// package nvidia-nccl's
+    #[arg(long = "vs-nccl", value_name = "PATH", num_args = 0..=1, default_missing_value = "")]
+    pub vs_nccl: Option<String>,
+    /// With --vs-nccl: capture each row's iterations in a CUDA graph and time N replays of
+    /// it (nccl-tests' -G N), for both libraries
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub graph: u64,
+    /// With --vs-nccl: registered buffers (nccl-tests' -R): NCCL's from ncclMemAlloc,
+    /// registered as symmetric windows (default where NCCL has them) or with
+    /// ncclCommRegister ("local"); ferroccl's from its cuMem allocator
+    #[arg(long, value_name = "KIND", num_args = 0..=1, default_missing_value = "auto")]
+    pub register: Option<String>,
+    /// Run ferroccl with at most N thread blocks per collective (its GPU channels)
+    #[arg(long = "max-ctas", value_name = "N")]
+    pub max_ctas: Option<usize>,
+    /// Fewer iterations for large rows: a row of S bytes runs min(-n, max(1, BYTES / S))
+    /// timed iterations (and no more warm-ups than that)
+    #[arg(long = "iter-budget", value_name = "BYTES", value_parser = parse_size)]
+    pub iter_budget: Option<usize>,
 }
 
 /// Everything every rank must agree on, derived from the arguments.
@@ -79,6 +104,7 @@ pub struct Spec {
     pub iters: u64,
     pub warmup: u64,
     pub check: bool,
+    pub iter_budget: Option<usize>,
 }
 
 /// One row of the table before it is measured.
@@ -98,7 +124,8 @@ impl Spec {
         let dtypes = if a.dtype.eq_ignore_ascii_case("all") {
             DataType::ALL.to_vec()
         } else {
-            vec![a.dtype.parse::<DataType>().map_err(|e| e.to_string())?]
+            // A comma list runs several types in one sweep (e.g. `-d float,bfloat16`).
+            a.dtype.split(',').map(|d| d.trim().parse::<DataType>().map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?
         };
         let redops = if a.redop.eq_ignore_ascii_case("all") {
             // premulsum by 2: a scalar valid for every type, integers included.
@@ -123,7 +150,17 @@ impl Spec {
             iters: a.iters,
             warmup: a.warmup,
             check: a.check,
+            iter_budget: a.iter_budget,
         })
+    }
+
+    /// (timed, warm-up) iterations for a row of `size` bytes (see --iter-budget).
+    fn iters_for(&self, size: usize) -> (u64, u64) {
+        let iters = match self.iter_budget {
+            Some(b) => self.iters.min((b / size.max(1)).max(1) as u64),
+            None => self.iters,
+        };
+        (iters, self.warmup.min(iters))
     }
 
     /// nccl-tests' loop order: size, then type, then reduction.
@@ -195,8 +232,19 @@ struct Buffers {
     recv_len: usize,
 }
 
-impl Buffers {
-    fn new(op: BenchOp, count: usize, dtype: DataType, nranks: usize, rank: usize, root: usize, in_place: bool) -> Result<Buffers, Error> {
+/// Where one rank's input and output lie, in bytes: out of place each at the start of its own
+/// buffer; in place both in one buffer, at NCCL's offsets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Regions {
+    pub send_off: usize,
+    pub send_len: usize,
+    pub recv_off: usize,
+    pub recv_len: usize,
+    pub in_place: bool,
+}
+
+impl Regions {
+    pub fn new(op: BenchOp, count: usize, dtype: DataType, nranks: usize, rank: usize, root: usize, in_place: bool) -> Result<Regions, Error> {
         let w = dtype.size();
         let is_root = op.has_root() && rank == root;
         let (sc, rc) = match op {
@@ -208,7 +256,7 @@ impl Buffers {
         };
         let (sl, rl) = (sc * w, rc * w);
         if !in_place {
-            return Ok(Buffers { send: Buf::new(sl), recv: Some(Buf::new(rl)), dev: None, send_off: 0, send_len: sl, recv_off: 0, recv_len: rl });
+            return Ok(Regions { send_off: 0, send_len: sl, recv_off: 0, recv_len: rl, in_place });
         }
         // NCCL's in-place conventions: the small buffer is this rank's slot of the large one.
         let slot = rank * count * w;
@@ -219,7 +267,20 @@ impl Buffers {
             BenchOp::Scatter if is_root => (0, slot),
             _ => (0, 0),
         };
-        Ok(Buffers { send: Buf::new(sl.max(rl)), recv: None, dev: None, send_off: so, send_len: sl, recv_off: ro, recv_len: rl })
+        Ok(Regions { send_off: so, send_len: sl, recv_off: ro, recv_len: rl, in_place })
+    }
+
+    /// Bytes of the one in-place buffer, or of the send buffer out of place.
+    pub fn send_buffer_len(&self) -> usize {
+        if self.in_place { (self.send_off + self.send_len).max(self.recv_off + self.recv_len) } else { self.send_len }
+    }
+}
+
+impl Buffers {
+    fn new(op: BenchOp, count: usize, dtype: DataType, nranks: usize, rank: usize, root: usize, in_place: bool) -> Result<Buffers, Error> {
+        let g = Regions::new(op, count, dtype, nranks, rank, root, in_place)?;
+        let recv = (!in_place).then(|| Buf::new(g.recv_len));
+        Ok(Buffers { send: Buf::new(g.send_buffer_len()), recv, dev: None, send_off: g.send_off, send_len: g.send_len, recv_off: g.recv_off, recv_len: g.recv_len })
     }
 
     /// Mirrors the buffers in `comm`'s GPU memory (cuMem), when it has a GPU.
@@ -297,26 +358,31 @@ struct RowRun<'a> {
     root: usize,
 }
 
+/// The verifiable input of a rank and the output it must get (they differ for the send/recv
+/// ring, whose input is a send and whose output a receive).
+fn check_cases(rs: &RowSpec, lay: Layout, root: usize, n: usize, me: usize, seed: u64) -> (CheckCase, CheckCase) {
+    let base = CheckCase {
+        kind: rs.op.kind(),
+        dtype: rs.dtype,
+        op: rs.redop.unwrap_or(ReduceOp::Sum),
+        nranks: n,
+        rank: me,
+        count: lay.count,
+        root: if rs.op.has_root() { root } else { 0 },
+        seed,
+    };
+    match rs.op {
+        BenchOp::SendRecv => (
+            CheckCase { kind: CollKind::Send, root: (me + 1) % n, ..base },
+            CheckCase { kind: CollKind::Recv, root: (me + n - 1) % n, ..base },
+        ),
+        _ => (base, base),
+    }
+}
+
 impl RowRun<'_> {
     fn cases(&self, seed: u64) -> (CheckCase, CheckCase) {
-        let (n, me) = (self.comm.nranks(), self.comm.rank());
-        let base = CheckCase {
-            kind: self.rs.op.kind(),
-            dtype: self.rs.dtype,
-            op: self.rs.redop.unwrap_or(ReduceOp::Sum),
-            nranks: n,
-            rank: me,
-            count: self.lay.count,
-            root: if self.rs.op.has_root() { self.root } else { 0 },
-            seed,
-        };
-        match self.rs.op {
-            BenchOp::SendRecv => (
-                CheckCase { kind: CollKind::Send, root: (me + 1) % n, ..base },
-                CheckCase { kind: CollKind::Recv, root: (me + n - 1) % n, ..base },
-            ),
-            _ => (base, base),
-        }
+        check_cases(&self.rs, self.lay, self.root, self.comm.nranks(), self.comm.rank(), seed)
     }
 
     /// The operations of one iteration on this rank (two for the sendrecv ring).
@@ -491,8 +557,9 @@ fn run_one_thread(comms: &[Comm], spec: &Spec, report: &mut Reporter) -> Result<
         for rs in spec.rows(op) {
             let lay = op.layout(rs.size, rs.dtype, n);
             let runs: Vec<RowRun> = comms.iter().map(|comm| RowRun { comm, stats: stats.clone(), rs, lay, root: spec.root }).collect();
-            let oop = measure_group(&runs, false, spec.iters, spec.warmup, spec.check)?;
-            let ip = if op.has_in_place() { Some(measure_group(&runs, true, spec.iters, spec.warmup, spec.check)?) } else { None };
+            let (iters, warmup) = spec.iters_for(rs.size);
+            let oop = measure_group(&runs, false, iters, warmup, spec.check)?;
+            let ip = if op.has_in_place() { Some(measure_group(&runs, true, iters, warmup, spec.check)?) } else { None };
             out.local_wrong += oop.1 + ip.map_or(0, |m| m.1);
             report.row(table_row(spec, op, rs, lay, n, oop, ip));
         }
@@ -601,8 +668,9 @@ pub fn run_rank(comm: &Comm, spec: &Spec, mut report: Option<&mut Reporter>) -> 
         for rs in spec.rows(op) {
             let lay = op.layout(rs.size, rs.dtype, n);
             let run = RowRun { comm, stats: stats.clone(), rs, lay, root: spec.root };
-            let oop = run.measure(false, spec.iters, spec.warmup, spec.check)?;
-            let ip = if op.has_in_place() { Some(run.measure(true, spec.iters, spec.warmup, spec.check)?) } else { None };
+            let (iters, warmup) = spec.iters_for(rs.size);
+            let oop = run.measure(false, iters, warmup, spec.check)?;
+            let ip = if op.has_in_place() { Some(run.measure(true, iters, warmup, spec.check)?) } else { None };
             out.local_wrong += oop.1 + ip.map_or(0, |m| m.1);
             let mut times = [oop.0, ip.map_or(0.0, |m| m.0)];
             let mut wrong = [oop.1, ip.map_or(0, |m| m.1)];
@@ -709,11 +777,11 @@ fn write_json(path: &PathBuf, spec: &Spec, rows: &[Row], mode: &str, nranks: usi
     std::fs::write(path, text + "\n").map_err(|e| format!("writing {}: {e}", path.display()))
 }
 
-/// Runs the benchmark; the exit code says whether it ran and every element was right.
-pub fn main(args: &BenchArgs, config: &Config) -> Result<std::process::ExitCode, String> {
-    let spec = Spec::from_args(args)?;
+/// The communicators of this process for the launch mode the arguments and the environment
+/// say, with a description of the mode.
+fn make_comms(args: &BenchArgs, config: &Config) -> Result<(String, Vec<Comm>), String> {
     let launched = crate::launcher_env()?;
-    let (mode, comms) = match &launched {
+    Ok(match &launched {
         Some(env) if args.gpus > 0 => {
             let comm = Comm::from_env_gpu(config).map_err(|e| format!("joining the {} job on GPU {}: {e}", env.source, env.local_rank))?;
             (format!("one process per GPU, {} launcher", env.source), vec![comm])
@@ -734,7 +802,32 @@ pub fn main(args: &BenchArgs, config: &Config) -> Result<std::process::ExitCode,
             let comms = Comm::init_all(args.ranks, config).map_err(|e| format!("creating {} ranks: {e}", args.ranks))?;
             ("threads of one process".to_string(), comms)
         }
-    };
+    })
+}
+
+/// The configuration with the command's own limits applied (--max-ctas).
+fn bench_config(args: &BenchArgs, config: &Config) -> Result<Config, String> {
+    let mut c = config.clone();
+    if let Some(n) = args.max_ctas {
+        // One thread block per channel and lane: the channel count is the block budget of a
+        // collective (point-to-point uses min(N, 8) per direction).
+        c.gpu_channels = n;
+        c.validate().map_err(|e| format!("--max-ctas {n}: {e}"))?;
+    }
+    Ok(c)
+}
+
+/// Runs the benchmark; the exit code says whether it ran and every element was right.
+pub fn main(args: &BenchArgs, config: &Config) -> Result<std::process::ExitCode, String> {
+    let spec = Spec::from_args(args)?;
+    let config = &bench_config(args, config)?;
+    if args.vs_nccl.is_some() {
+        return vs::main(args, config, &spec);
+    }
+    if args.graph > 0 || args.register.is_some() {
+        return Err("--graph and --register are options of the comparison with NCCL: add --vs-nccl".into());
+    }
+    let (mode, comms) = make_comms(args, config)?;
     let mode = if args.one_thread { format!("{mode}, one thread driving all") } else { mode };
     let nranks = comms[0].nranks();
     let total_rows = spec.total_rows();
@@ -818,7 +911,7 @@ pub fn main(args: &BenchArgs, config: &Config) -> Result<std::process::ExitCode,
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -834,6 +927,40 @@ mod tests {
         assert_eq!((b.send_off, b.send_len, b.recv_len), (0, 12, 0));
         let b = Buffers::new(BenchOp::AllReduce, 3, f, 4, 2, 0, false).unwrap();
         assert!(b.recv.is_some());
+    }
+
+    /// Arguments as clap gives them with no options, for tests to adjust.
+    pub fn args() -> BenchArgs {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct P {
+            #[command(flatten)]
+            a: BenchArgs,
+        }
+        P::parse_from(["bench", "all-reduce"]).a
+    }
+
+    #[test]
+    fn iteration_budget_shrinks_large_rows_only() {
+        let mut a = args();
+        a.iters = 20;
+        a.warmup = 5;
+        a.iter_budget = Some(1 << 30);
+        let spec = Spec::from_args(&a).unwrap();
+        assert_eq!(spec.iters_for(8), (20, 5));
+        assert_eq!(spec.iters_for(256 << 20), (4, 4));
+        assert_eq!(spec.iters_for(2 << 30), (1, 1));
+        a.iter_budget = None;
+        assert_eq!(Spec::from_args(&a).unwrap().iters_for(2 << 30), (20, 5));
+    }
+
+    #[test]
+    fn data_types_may_be_a_list() {
+        let mut a = args();
+        a.dtype = "float, bfloat16".into();
+        assert_eq!(Spec::from_args(&a).unwrap().dtypes, vec![DataType::Float32, DataType::Bfloat16]);
+        a.dtype = "float,nonsense".into();
+        assert!(Spec::from_args(&a).is_err());
     }
 
     #[test]
@@ -854,6 +981,11 @@ mod tests {
             one_thread: false,
             ranks: 2,
             json: None,
+            vs_nccl: None,
+            graph: 0,
+            register: None,
+            max_ctas: None,
+            iter_budget: None,
         };
         let spec = Spec::from_args(&a).unwrap();
         let mut idx: Vec<u64> = spec.ops.iter().flat_map(|&o| spec.rows(o)).map(|r| r.index).collect();

@@ -1,10 +1,10 @@
 //! The nccl-tests table, so that people (and their scripts) can read ferroccl's results the way
 //! they read nccl-tests'.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One half of a row: out-of-place or in-place.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Measure {
     pub time_us: f64,
     pub algbw: f64,
@@ -38,7 +38,7 @@ const W_BW: usize = 6;
 const W_WRONG: usize = 6;
 
 /// Fewer decimals as times grow, keeping the column width fixed.
-fn time_str(us: f64) -> String {
+pub fn time_str(us: f64) -> String {
     if us >= 10000.0 {
         format!("{us:>W_TIME$.0}")
     } else if us >= 100.0 {

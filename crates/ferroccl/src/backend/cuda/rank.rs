@@ -11,7 +11,7 @@ use cudarc::driver::sys;
 use ferroccl_core::plan::Plan;
 use ferroccl_core::{Config, Error};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Threads per block of the plan kernel: one block per lane.
@@ -31,6 +31,9 @@ pub(crate) struct CudaRank {
     status: DeviceBuffer,
     timeout_ns: u64,
     rank: usize,
+    /// Thread blocks (one per lane) of the latest launch, for tools that report how many SMs
+    /// an operation occupied.
+    last_blocks: AtomicU32,
 }
 
 // SAFETY: the stream handle is only used with the context bound and through the driver,
@@ -80,6 +83,7 @@ impl CudaRank {
             status,
             timeout_ns: config.timeout.as_nanos().min(u64::MAX as u128) as u64,
             rank: boot.rank(),
+            last_blocks: AtomicU32::new(0),
         })
     }
 
@@ -107,6 +111,7 @@ impl CudaRank {
             cache.insert(key.clone(), entry);
         }
         let entry = cache.get(&key).expect("present");
+        self.last_blocks.store(entry.nlanes, Ordering::Relaxed);
         if entry.nlanes == 0 {
             return Ok(());
         }
@@ -208,6 +213,11 @@ impl CudaRank {
             ERR_LENGTH => Error::Protocol(msg),
             _ => Error::Internal(msg),
         })
+    }
+
+    /// Thread blocks of the latest launch (0 before the first, or when it had no lanes).
+    pub fn last_blocks(&self) -> u32 {
+        self.last_blocks.load(Ordering::Relaxed)
     }
 
     pub fn memory_bytes(&self) -> u64 {

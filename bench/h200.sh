@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# ferroccl against NCCL on one GPU machine, in one go: every operation, float32 and bfloat16,
+# 8 B to 2 GiB, the three launch modes (one thread driving every GPU, a thread per GPU, a
+# process per GPU), without and with CUDA graphs; plus a short checked pass in which both
+# libraries' outputs are verified element by element. Writes one JSON record and one log per
+# run, and SVG plots, into OUTDIR. Fits in 10 minutes on 4 x H200 (the iteration budget gives
+# large sizes fewer iterations; a run that would pass the deadline is cut short and named).
+#
+# Needs no Rust: copy the release binary over (target/release/ferroccl) and run
+#   bench/h200.sh OUTDIR [path/to/ferroccl]
+# NCCL is found as `ferroccl bench --vs-nccl` finds it (the loader's libnccl.so.2, then the
+# Python package nvidia-nccl); NCCL=/path/to/libnccl.so.2 overrides. GPUS (default: all
+# visible, at most 8) and TOTAL (seconds, default 570) adjust it.
+set -euo pipefail
+
+OUT=${1:?usage: bench/h200.sh OUTDIR [ferroccl binary]}
+here=$(cd "$(dirname "$0")" && pwd)
+BIN=${2:-}
+if [[ -z $BIN ]]; then
+    for c in "$here/../target/release/ferroccl" "$here/ferroccl" "$(command -v ferroccl || true)"; do
+        [[ -n $c && -x $c ]] && { BIN=$c; break; }
+    done
+fi
+[[ -n $BIN && -x $BIN ]] || { echo "h200.sh: no ferroccl binary (pass its path as the second argument)" >&2; exit 2; }
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+
+if [[ -z ${GPUS:-} ]]; then
+    GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+    (( GPUS > 8 )) && GPUS=8
+fi
+(( GPUS >= 2 )) || { echo "h200.sh: needs at least 2 GPUs (found ${GPUS:-0})" >&2; exit 2; }
+TOTAL=${TOTAL:-570}
+# Never NVLink multicast on these hosts; ferroccl bench refuses anything but 0.
+export NCCL_NVLS_ENABLE=0
+VS=(--vs-nccl ${NCCL:+"$NCCL"})
+
+mkdir -p "$OUT"
+start=$(date +%s)
+elapsed() { echo $(( $(date +%s) - start )); }
+
+SWEEP=(all -b 8 -e 2G -f 2 -d float,bfloat16 -n 20 -w 5)
+# Eager rows: at most 4 GiB of data per half (2 GiB: 2 iterations); graphs replay 4 times, so
+# they get half that.
+EAGER=(--iter-budget 4G)
+GRAPH=(--graph 4 --iter-budget 2G)
+
+runs=(
+    "check|threads, checked to 1 MiB|bench all -b 8 -e 1M -f 4 -d float,bfloat16 -n 2 -w 1 --check -g $GPUS"
+    "onethread|one thread, host launches|bench ${SWEEP[*]} ${EAGER[*]} -g $GPUS --one-thread"
+    "threads|a thread per GPU, host launches|bench ${SWEEP[*]} ${EAGER[*]} -g $GPUS"
+    "procs|a process per GPU, host launches|run -n $GPUS $BIN bench ${SWEEP[*]} ${EAGER[*]} -g 1"
+    "onethread-graph|one thread, CUDA graphs|bench ${SWEEP[*]} ${GRAPH[*]} -g $GPUS --one-thread"
+    "threads-graph|a thread per GPU, CUDA graphs|bench ${SWEEP[*]} ${GRAPH[*]} -g $GPUS"
+    "procs-graph|a process per GPU, CUDA graphs|run -n $GPUS $BIN bench ${SWEEP[*]} ${GRAPH[*]} -g 1"
+)
+
+echo "# ferroccl vs NCCL on $GPUS GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+echo "# binary $BIN ($("$BIN" --version)); results in $OUT; deadline ${TOTAL}s"
+failed=()
+i=0
+for r in "${runs[@]}"; do
+    i=$((i + 1))
+    IFS='|' read -r name what cmd <<<"$r"
+    # 20 s stay for the plots, 10 s for each run still to come.
+    left=$(( TOTAL - $(elapsed) - 20 - 10 * (${#runs[@]} - i) ))
+    # No run may starve the ones after it (each takes well under this on 4 x H200).
+    if [[ $name == check ]]; then cap=60; else cap=150; fi
+    (( left > cap )) && left=$cap
+    if (( left < 20 )); then
+        echo "[$i/${#runs[@]}] $name: skipped, the deadline is near ($(elapsed) s)"
+        failed+=("$name (skipped)")
+        continue
+    fi
+    echo "[$i/${#runs[@]}] $name: $what (at $(elapsed) s, at most $left s)"
+    # shellcheck disable=SC2206
+    args=($cmd)
+    json=("--json" "$OUT/$name.json")
+    set +e
+    # The launcher form passes the bench options through to every rank.
+    timeout --signal=INT --kill-after=15 "$left" "$BIN" "${args[@]}" "${VS[@]}" "${json[@]}" >"$OUT/$name.log" 2>&1
+    rc=$?
+    set -e
+    grep -E '^# (Avg bus|GPU memory, rank 0|Wrong|NCCL )' "$OUT/$name.log" | sed 's/^/    /' || true
+    if (( rc != 0 )); then
+        echo "    FAILED (exit $rc; $( ((rc == 124)) && echo 'out of time' || tail -n 2 "$OUT/$name.log" | tr '\n' ' '))"
+        failed+=("$name (exit $rc)")
+    fi
+done
+
+jsons=()
+for f in "$OUT"/*.json; do [[ -e $f ]] && jsons+=("$f"); done
+if (( ${#jsons[@]} > 0 )); then
+    eager=(); graph=()
+    for f in "${jsons[@]}"; do
+        case $f in *-graph.json) graph+=("$f") ;; */check.json) ;; *) eager+=("$f") ;; esac
+    done
+    (( ${#eager[@]} )) && "$BIN" plot "${eager[@]}" -o "$OUT/host-launches.svg"
+    (( ${#graph[@]} )) && "$BIN" plot "${graph[@]}" -o "$OUT/cuda-graphs.svg"
+    for f in "${eager[@]}" "${graph[@]}"; do "$BIN" plot "$f" -o "${f%.json}.svg" >/dev/null; done
+fi
+echo "# done in $(elapsed) s; files in $OUT"
+if (( ${#failed[@]} )); then
+    echo "# not complete: ${failed[*]}"
+    exit 1
+fi

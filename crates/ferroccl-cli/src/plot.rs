@@ -1,0 +1,248 @@
+//! `ferroccl plot FILE... -o out.svg`: bus bandwidth against size (log scale) for each
+//! operation, one line per library and record, with the small sizes' latency beside it.
+//!
+//! Reads the records `bench --vs-nccl --json` writes (both libraries) and plain `bench --json`
+//! files (ferroccl alone). Out-of-place figures are drawn; in-place ones stay in the JSON.
+
+use crate::bench::record;
+use crate::size::{human, parse_size};
+use plotters::prelude::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct PlotArgs {
+    /// JSON records from `ferroccl bench --json` (with or without --vs-nccl)
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// The SVG file to write
+    #[arg(short = 'o', long = "output", default_value = "bench.svg")]
+    pub output: PathBuf,
+    /// Largest size in the latency panels
+    #[arg(long = "latency-max", default_value = "1M", value_parser = parse_size)]
+    pub latency_max: usize,
+}
+
+/// One line of a panel: a library's out-of-place figures from one record.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Series {
+    pub name: String,
+    pub nccl: bool,
+    /// Which record and type it came from: its colour, shared by both libraries' lines (solid
+    /// ferroccl, dashed NCCL).
+    pub variant: usize,
+    /// (size in bytes, busbw GB/s, time us), by size.
+    pub points: Vec<(f64, f64, f64)>,
+}
+
+/// Rows of one record, reduced to what the plot needs: (library is NCCL, op, dtype, size,
+/// busbw, time).
+type Flat = Vec<(bool, String, String, f64, f64, f64)>;
+
+/// (size, busbw, time) of one line.
+type Points = Vec<(f64, f64, f64)>;
+
+fn flatten(path: &Path) -> Result<(String, Flat), String> {
+    if let Ok(rec) = record::read(path) {
+        let mut v = Flat::new();
+        for r in &rec.rows {
+            for (nccl, m) in [(false, &r.ferroccl.out_of_place), (true, &r.nccl.out_of_place)] {
+                v.push((nccl, r.op.clone(), r.dtype.clone(), r.size as f64, m.busbw, m.time_us));
+            }
+        }
+        return Ok((rec.label, v));
+    }
+    // A plain `bench --json` record: ferroccl only.
+    let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let j: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+    let rows = j["rows"].as_array().ok_or_else(|| format!("{}: no rows (not a `ferroccl bench --json` record)", path.display()))?;
+    let mut v = Flat::new();
+    for r in rows {
+        let (Some(op), Some(dt), Some(size)) = (r["op"].as_str(), r["dtype"].as_str(), r["size"].as_f64()) else {
+            return Err(format!("{}: a row lacks op, dtype or size", path.display()));
+        };
+        let m = &r["out_of_place"];
+        v.push((false, op.into(), dt.into(), size, m["busbw"].as_f64().unwrap_or(0.0), m["time_us"].as_f64().unwrap_or(0.0)));
+    }
+    Ok((j["mode"].as_str().unwrap_or("ferroccl bench").to_string(), v))
+}
+
+/// Per operation, its lines. Names carry the record's label, made unique with the file name
+/// where two records share one, and the type where a record has several.
+pub fn collect(files: &[PathBuf]) -> Result<BTreeMap<String, Vec<Series>>, String> {
+    let mut recs = Vec::new();
+    for f in files {
+        let (label, flat) = flatten(f)?;
+        recs.push((label, flat, f));
+    }
+    let mut out: BTreeMap<String, Vec<Series>> = BTreeMap::new();
+    let mut variant = 0;
+    for (label, flat, path) in &recs {
+        let shared = recs.iter().filter(|r| &r.0 == label).count() > 1;
+        let label = if shared { format!("{label} ({})", path.file_stem().map_or(String::new(), |s| s.to_string_lossy().into_owned())) } else { label.clone() };
+        let mut dtypes: Vec<&String> = flat.iter().map(|r| &r.2).collect();
+        dtypes.sort();
+        dtypes.dedup();
+        let mut lines: BTreeMap<(String, bool, String), Points> = BTreeMap::new();
+        for (nccl, op, dt, size, bw, t) in flat {
+            lines.entry((op.clone(), *nccl, dt.clone())).or_default().push((*size, *bw, *t));
+        }
+        for ((op, nccl, dt), mut points) in lines {
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let lib = if nccl { "NCCL" } else { "ferroccl" };
+            let name = if dtypes.len() > 1 { format!("{lib} {label} {dt}") } else { format!("{lib} {label}") };
+            let v = variant + dtypes.iter().position(|d| *d == &dt).unwrap_or(0);
+            out.entry(op).or_default().push(Series { name, nccl, variant: v, points });
+        }
+        variant += dtypes.len();
+    }
+    Ok(out)
+}
+
+/// Axis labels at powers of two: "8", "1K", "64M", "2G".
+fn size_label(x: &f64) -> String {
+    let x = x.round();
+    for (u, s) in [(1u64 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")] {
+        if x >= u as f64 {
+            let v = x / u as f64;
+            return if v.fract() == 0.0 { format!("{v}{s}") } else { format!("{v:.1}{s}") };
+        }
+    }
+    format!("{x}")
+}
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+/// One panel: `y` picks busbw or time; points outside `max_size` or not positive are left out
+/// (a log axis has no zero).
+/// The legend goes in the bandwidth panel only: the latency panel beside it uses the same
+/// colours, and its lines would be hidden under a second legend.
+#[allow(clippy::too_many_arguments)]
+fn panel(area: &Area, title: &str, series: &[Series], max_size: f64, y_label: &str, y: fn(&(f64, f64, f64)) -> f64, log_y: bool, legend: bool) -> Result<(), String> {
+    let pts = |s: &Series| -> Vec<(f64, f64)> { s.points.iter().filter(|p| p.0 > 0.0 && p.0 <= max_size && y(p) > 0.0).map(|p| (p.0, y(p))).collect() };
+    let all: Vec<(f64, f64)> = series.iter().flat_map(pts).collect();
+    if all.is_empty() {
+        return Ok(());
+    }
+    let (x0, x1) = all.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
+    let (y0, y1) = all.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    let x1 = if x1 <= x0 { x0 * 2.0 } else { x1 };
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let mut b = ChartBuilder::on(area);
+    b.caption(title, ("sans-serif", 18)).margin(8).x_label_area_size(32).y_label_area_size(56);
+    macro_rules! draw {
+        ($chart:expr) => {{
+            let mut chart = $chart;
+            chart
+                .configure_mesh()
+                .x_desc("size")
+                .y_desc(y_label)
+                .x_label_formatter(&size_label)
+                .draw()
+                .map_err(|x| e(&x))?;
+            for s in series {
+                let c = Palette99::pick(s.variant).to_rgba();
+                let p = pts(s);
+                if s.nccl {
+                    chart.draw_series(DashedLineSeries::new(p.clone(), 6, 4, c.stroke_width(2))).map_err(|x| e(&x))?.label(&s.name).legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                    });
+                    chart.draw_series(p.iter().map(|&q| TriangleMarker::new(q, 4, c.filled()))).map_err(|x| e(&x))?;
+                } else {
+                    chart.draw_series(LineSeries::new(p.clone(), c.stroke_width(3))).map_err(|x| e(&x))?.label(&s.name).legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3))
+                    });
+                    chart.draw_series(p.iter().map(|&q| Circle::new(q, 3, c.filled()))).map_err(|x| e(&x))?;
+                }
+            }
+            if legend {
+                chart
+                    .configure_series_labels()
+                    .position(SeriesLabelPosition::UpperLeft)
+                    .background_style(WHITE.mix(0.8))
+                    .border_style(BLACK)
+                    .draw()
+                    .map_err(|x| e(&x))?;
+            }
+        }};
+    }
+    let xr = (x0..x1).log_scale().base(2.0);
+    if log_y {
+        draw!(b.build_cartesian_2d(xr, (y0 * 0.8..y1 * 1.25).log_scale()).map_err(|x| e(&x))?);
+    } else {
+        draw!(b.build_cartesian_2d(xr, 0.0..y1 * 1.1).map_err(|x| e(&x))?);
+    }
+    Ok(())
+}
+
+/// Draws every operation's panels into `out`.
+pub fn render(by_op: &BTreeMap<String, Vec<Series>>, out: &Path, latency_max: usize) -> Result<(), String> {
+    if by_op.is_empty() {
+        return Err("nothing to plot: the records have no rows".into());
+    }
+    let (w, h) = (1400u32, 420 * by_op.len() as u32);
+    let root = SVGBackend::new(out, (w, h)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let rows = root.split_evenly((by_op.len(), 2));
+    for (i, (op, series)) in by_op.iter().enumerate() {
+        panel(&rows[2 * i], &format!("{op}: bus bandwidth (out of place)"), series, f64::MAX, "busbw (GB/s)", |p| p.1, false, true)?;
+        panel(&rows[2 * i + 1], &format!("{op}: time up to {}", human(latency_max)), series, latency_max as f64, "time (us)", |p| p.2, true, false)?;
+    }
+    root.present().map_err(|e| format!("writing {}: {e}", out.display()))
+}
+
+pub fn main(a: &PlotArgs) -> Result<(), String> {
+    let by_op = collect(&a.files)?;
+    render(&by_op, &a.output, a.latency_max)?;
+    println!("wrote {}", a.output.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::record::{tests::sample, write};
+
+    #[test]
+    fn sample_record_plots_with_every_series_named() {
+        let dir = std::env::temp_dir().join(format!("ferroccl-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = dir.join("threads.json");
+        write(&a, &sample()).unwrap();
+        let mut other = sample();
+        other.label = "processes, graph".into();
+        let b = dir.join("procs.json");
+        write(&b, &other).unwrap();
+        let by_op = collect(&[a.clone(), b.clone()]).unwrap();
+        assert_eq!(by_op.keys().collect::<Vec<_>>(), ["all-reduce", "alltoall"]);
+        let names: Vec<&str> = by_op["all-reduce"].iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["ferroccl threads", "NCCL threads", "ferroccl processes, graph", "NCCL processes, graph"]);
+        let out = dir.join("out.svg");
+        render(&by_op, &out, 1 << 20).unwrap();
+        let svg = std::fs::read_to_string(&out).unwrap();
+        assert!(svg.starts_with("<svg"), "{}", &svg[..100.min(svg.len())]);
+        // Titles, legends and axis labels are SVG text, drawn without any font file.
+        for s in ["all-reduce: bus bandwidth", "alltoall: time up to 1 MiB", "ferroccl threads", "NCCL processes, graph", "busbw (GB/s)"] {
+            assert!(svg.contains(s), "missing {s:?}");
+        }
+        assert!(svg.contains("<polyline") || svg.contains("<path"), "no lines drawn");
+        // The same label twice gets the file names.
+        let by_op = collect(&[a.clone(), a.clone()]).unwrap();
+        assert!(by_op["alltoall"][0].name.ends_with("(threads)"), "{}", by_op["alltoall"][0].name);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn plain_bench_records_plot_as_ferroccl_only() {
+        let dir = std::env::temp_dir().join(format!("ferroccl-plot-plain-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("plain.json");
+        std::fs::write(&p, r#"{"mode":"threads of one process","rows":[{"op":"all-reduce","size":1024,"dtype":"float","out_of_place":{"time_us":10.0,"busbw":0.2}}]}"#).unwrap();
+        let by_op = collect(std::slice::from_ref(&p)).unwrap();
+        assert_eq!(by_op["all-reduce"].len(), 1);
+        assert!(!by_op["all-reduce"][0].nccl);
+        std::fs::write(&p, "{}").unwrap();
+        assert!(collect(std::slice::from_ref(&p)).unwrap_err().contains("no rows"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
