@@ -10,7 +10,7 @@
 #   bench/h200.sh OUTDIR [path/to/ferroccl]
 # NCCL is found as `ferroccl bench --vs-nccl` finds it (the loader's libnccl.so.2, then the
 # Python package nvidia-nccl); NCCL=/path/to/libnccl.so.2 overrides. GPUS (default: all
-# visible, at most 8) and TOTAL (seconds, default 570) adjust it.
+# visible, at most 8), TOTAL (seconds, default 570) and FACTOR (size step, default 2) adjust it.
 set -euo pipefail
 
 OUT=${1:?usage: bench/h200.sh OUTDIR [ferroccl binary]}
@@ -38,7 +38,7 @@ mkdir -p "$OUT"
 start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - start )); }
 
-SWEEP=(all -b 8 -e 2G -f 2 -d float,bfloat16 -n 20 -w 5)
+SWEEP=(all -b 8 -e 2G -f "${FACTOR:-2}" -d float,bfloat16 -n 20 -w 5)
 # Eager rows: at most 4 GiB of data per half (2 GiB: 2 iterations); graphs replay 4 times, so
 # they get half that.
 EAGER=(--iter-budget 4G)
