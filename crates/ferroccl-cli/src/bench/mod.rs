@@ -61,7 +61,11 @@ pub struct BenchArgs {
     pub ranks: usize,
     /// Run on this many GPUs of this host (one rank each, driven by this process); under a
     /// launcher, any value above 0 puts each process on GPU LOCAL_RANK. 0: host memory.
-    #[arg(short = 'g', long = "gpus", default_value_t = 0)]
+    /// Default: every GPU there is (under a launcher: GPU LOCAL_RANK), else host memory.
+    #[arg(short = 'g', long = "gpus")]
+    pub gpus_arg: Option<usize>,
+    /// What `-g` resolved to (`BenchArgs::resolve`).
+    #[arg(skip)]
     pub gpus: usize,
     /// One thread drives every rank of this process: each iteration is one group over all
     /// communicators (nccl-tests' -g). Default: a thread per rank (nccl-tests' -t).
@@ -818,7 +822,18 @@ fn bench_config(args: &BenchArgs, config: &Config) -> Result<Config, String> {
 }
 
 /// Runs the benchmark; the exit code says whether it ran and every element was right.
+impl BenchArgs {
+    /// Fills `gpus`: `-g` when given, else the GPUs this host has (`visible`), so the main job
+    /// runs on GPUs wherever there are some and on the host backend elsewhere.
+    pub fn resolve(mut self, visible: impl FnOnce() -> usize) -> BenchArgs {
+        self.gpus = self.gpus_arg.unwrap_or_else(visible);
+        self
+    }
+}
+
 pub fn main(args: &BenchArgs, config: &Config) -> Result<std::process::ExitCode, String> {
+    // No driver, or no GPU: the host backend.
+    let args = &args.clone().resolve(|| ferroccl::cuda::gpu_count().unwrap_or(0));
     let spec = Spec::from_args(args)?;
     let config = &bench_config(args, config)?;
     if args.vs_nccl.is_some() {
@@ -964,6 +979,21 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn gpus_default_to_what_the_host_has() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            b: BenchArgs,
+        }
+        let parse = |v: &[&str]| Cli::try_parse_from(std::iter::once("bench").chain(v.iter().copied())).unwrap().b;
+        assert_eq!(parse(&["all-reduce"]).resolve(|| 4).gpus, 4);
+        assert_eq!(parse(&["all-reduce"]).resolve(|| 0).gpus, 0, "no GPU: the host backend");
+        assert_eq!(parse(&["all-reduce", "-g", "0"]).resolve(|| 4).gpus, 0, "-g 0 forces the host");
+        assert_eq!(parse(&["all-reduce", "-g", "2"]).resolve(|| 4).gpus, 2);
+    }
+
+    #[test]
     fn rows_get_distinct_seed_indices() {
         let a = BenchArgs {
             op: "all".into(),
@@ -977,6 +1007,7 @@ pub(crate) mod tests {
             redop: "all".into(),
             root: 0,
             check: true,
+            gpus_arg: None,
             gpus: 0,
             one_thread: false,
             ranks: 2,
