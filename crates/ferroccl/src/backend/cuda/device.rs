@@ -286,6 +286,18 @@ pub struct LaunchDims {
 }
 
 impl Kernel<'_> {
+    /// How many blocks of `threads` threads the whole GPU keeps resident at once: a launch whose
+    /// blocks wait for each other (through peers) must not be larger.
+    pub fn resident_blocks(&self, threads: u32) -> Result<u32> {
+        self.module.gpu.bind()?;
+        let mut per_sm = 0i32;
+        check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, self.f, threads as i32, 0)
+        })?;
+        let sms = self.module.gpu.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        Ok((per_sm.max(0) as u32).saturating_mul(sms.max(0) as u32))
+    }
+
     /// Launches on `stream` (null: the context's default stream).
     ///
     /// # Safety

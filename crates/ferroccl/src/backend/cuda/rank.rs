@@ -34,6 +34,8 @@ pub(crate) struct CudaRank {
     /// Thread blocks (one per lane) of the latest launch, for tools that report how many SMs
     /// an operation occupied.
     last_blocks: AtomicU32,
+    /// Blocks of the plan kernel the GPU holds at once: the most lanes one launch may have.
+    resident: u32,
 }
 
 // SAFETY: the stream handle is only used with the context bound and through the driver,
@@ -64,7 +66,7 @@ impl CudaRank {
         let cache = nvrtc::default_cache_dir().map(nvrtc::KernelCache::new);
         let image = nvrtc::compile_cached(&req, cache.as_ref())?;
         let module = gpu.load_module(&image.bytes)?;
-        module.kernel(kernels::PLAN_EXEC_KERNEL)?;
+        let resident = module.kernel(kernels::PLAN_EXEC_KERNEL)?.resident_blocks(BLOCK_THREADS)?;
         let stats = MemStats::new();
         let fabric = Fabric::new(&gpu, boot, config, &stats, abort)?;
         let status = DeviceBuffer::alloc(&gpu, 128, &[], &stats)?;
@@ -84,6 +86,7 @@ impl CudaRank {
             timeout_ns: config.timeout.as_nanos().min(u64::MAX as u128) as u64,
             rank: boot.rank(),
             last_blocks: AtomicU32::new(0),
+            resident,
         })
     }
 
@@ -115,6 +118,7 @@ impl CudaRank {
         if entry.nlanes == 0 {
             return Ok(());
         }
+        check_residency(entry.nlanes, self.resident)?;
         let mut param = entry.param;
         let kernel = self.module.kernel(kernels::PLAN_EXEC_KERNEL)?;
         let dims = LaunchDims { grid: (entry.nlanes, 1, 1), block: (BLOCK_THREADS, 1, 1), shared_bytes: 0 };
@@ -225,6 +229,18 @@ impl CudaRank {
     }
 }
 
+/// Every lane of a launch may wait on a peer that waits on another lane of ours, so all of them
+/// must run at once: a launch the GPU cannot hold whole would hang, and is refused instead.
+fn check_residency(lanes: u32, resident: u32) -> Result<(), Error> {
+    if lanes > resident {
+        return Err(Error::InvalidArgument(format!(
+            "this launch needs {lanes} thread blocks at once but the GPU holds {resident}: \
+             lower FERROCCL_GPU_CHANNELS, or split the group"
+        )));
+    }
+    Ok(())
+}
+
 impl Drop for CudaRank {
     fn drop(&mut self) {
         let _ = self.gpu.bind();
@@ -232,5 +248,18 @@ impl Drop for CudaRank {
             sys::cuStreamSynchronize(self.stream);
             sys::cuStreamDestroy_v2(self.stream);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_launch_larger_than_the_gpu_holds_is_refused_with_the_knob() {
+        assert!(check_residency(132, 132).is_ok());
+        let e = check_residency(133, 132).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)));
+        assert!(e.to_string().contains("133 thread blocks") && e.to_string().contains("FERROCCL_GPU_CHANNELS"), "{e}");
     }
 }
