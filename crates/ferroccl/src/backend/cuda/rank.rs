@@ -5,7 +5,7 @@ use super::devplan::{encode, DeviceTables, FcError, OpDesc, ERR_ABORTED, ERR_LEN
 use super::device::{Gpu, LaunchDims, Module};
 use super::fabric::Fabric;
 use super::mem::{DeviceBuffer, MemStats};
-use super::{check, kernels, nvrtc};
+use super::{check, gpucheck, kernels, nvrtc};
 use crate::bootstrap::Bootstrap;
 use cudarc::driver::sys;
 use ferroccl_core::plan::Plan;
@@ -31,6 +31,8 @@ pub(crate) struct CudaRank {
     status: DeviceBuffer,
     timeout_ns: u64,
     rank: usize,
+    /// The verifiable mode's kernels, loaded on first use (gpucheck.rs).
+    pub(crate) check: gpucheck::CheckSlot,
 }
 
 // SAFETY: the stream handle is only used with the context bound and through the driver,
@@ -80,6 +82,7 @@ impl CudaRank {
             status,
             timeout_ns: config.timeout.as_nanos().min(u64::MAX as u128) as u64,
             rank: boot.rank(),
+            check: gpucheck::CheckSlot::new(),
         })
     }
 
@@ -161,7 +164,7 @@ impl CudaRank {
         self.user_stream.store(stream as *mut std::ffi::c_void, Ordering::Release);
     }
 
-    fn current_stream(&self) -> sys::CUstream {
+    pub(crate) fn current_stream(&self) -> sys::CUstream {
         let s = self.user_stream.load(Ordering::Acquire);
         if s.is_null() { self.stream } else { s as sys::CUstream }
     }
