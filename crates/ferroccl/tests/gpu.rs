@@ -1,7 +1,8 @@
 //! GPU tests: ignored by default (CI has no GPU); on a GPU machine run them with
 //! `FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored`. What they check: one thread driving every GPU with
 //! one group (launches not serialised behind each other's completion), CUDA-graph capture of
-//! operations, and a killed process making its peer's kernels fail by deadline, not hang.
+//! operations, a killed process making its peer's kernels fail by deadline, not hang, and the
+//! GPU checker (`Comm::gpu_check`) agreeing with `CheckCase` on the host.
 
 mod common;
 
