@@ -228,6 +228,13 @@ impl Comm {
         self.cuda.as_ref().map(|c| &c.gpu)
     }
 
+    /// GPU communicators: the verifiable mode on this communicator's GPU and stream, its
+    /// kernels compiled on the first call. Host communicators: None (check host buffers with
+    /// `CheckCase` directly).
+    pub fn gpu_check(&self) -> Result<Option<crate::check::GpuCheck<'_>>, Error> {
+        self.cuda.as_ref().map(|c| c.gpu_check()).transpose()
+    }
+
     /// Out-of-band barrier over the bootstrap connections.
     pub fn barrier(&self) -> Result<(), Error> {
         self.boot.barrier()

@@ -29,6 +29,12 @@ pub mod cuda {
     pub use crate::backend::cuda::device::{gpu_count, Gpu};
 }
 
+/// The verifiable mode (`ferroccl bench --check`) on GPUs: inputs filled and outputs checked by
+/// kernels, with the values of `ferroccl_core::numeric::check::CheckCase`. See [`Comm::gpu_check`].
+pub mod check {
+    pub use crate::backend::cuda::gpucheck::{GpuCheck, Wrong};
+}
+
 /// GPU memory for users: the counterpart of `ncclMemAlloc` / `ncclMemFree`. Buffers come
 /// from the cuMem API, are mapped for every GPU that can reach them, and are counted in
 /// the [`mem::MemStats`] passed in.

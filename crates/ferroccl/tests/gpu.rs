@@ -1,7 +1,8 @@
 //! GPU tests: ignored by default (CI has no GPU); on a GPU machine run them with
 //! `FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored`. What they check: one thread driving every GPU with
 //! one group (launches not serialised behind each other's completion), CUDA-graph capture of
-//! operations, and a killed process making its peer's kernels fail by deadline, not hang.
+//! operations, a killed process making its peer's kernels fail by deadline, not hang, and the
+//! GPU checker (`Comm::gpu_check`) agreeing with `CheckCase` on the host.
 
 mod common;
 
@@ -277,4 +278,135 @@ fn a_killed_gpu_process_fails_its_peers_by_deadline() {
     assert!(!ok && text.contains("ERROR"), "{text}");
     assert!(text.contains("rank 1"), "the error does not name the dead rank: {text}");
     assert!(took < Duration::from_secs(15), "{took:?}");
+}
+
+mod gpu_check {
+    use super::gpus_for_test;
+    use ferroccl::mem::{DeviceBuffer, MemStats};
+    use ferroccl::{CollKind, Comm, Config, DataType, Device, ReduceOp};
+    use ferroccl_core::numeric::check::CheckCase;
+    use ferroccl_core::numeric::element::store_f64;
+    use std::time::Instant;
+
+    fn same(a: f64, b: f64) -> bool {
+        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+    }
+
+    fn ops(d: DataType) -> Vec<ReduceOp> {
+        let mut v = ReduceOp::BUILTIN.to_vec();
+        v.push(ReduceOp::PreMulSum(if d.is_float() { 0.3 } else { 3.0 }));
+        v
+    }
+
+    /// Fills on the GPU equal CheckCase::fill_input byte for byte (every dtype, every value
+    /// stream, aligned and not); counts find exactly the planted wrong elements and report the
+    /// first as the host does; and both run at a useful speed on 256 MiB.
+    #[test]
+    #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+    fn gpu_check_matches_the_host_reference() {
+        let Some(_) = gpus_for_test() else { return };
+        let comms = Comm::init_devices(&[Device::Cuda(0)], &Config::default()).unwrap();
+        let comm = &comms[0];
+        let t = Instant::now();
+        let chk = comm.gpu_check().unwrap().expect("a GPU communicator has a checker");
+        eprintln!("checker ready in {:?}", t.elapsed());
+        let gpu = comm.gpu().unwrap();
+        let stats = MemStats::new();
+        let mut seed = 1u64;
+        for dtype in DataType::ALL {
+            let w = dtype.size();
+            // Odd: a tail after the packs; large enough for many blocks.
+            let len = 300_007usize;
+            let buf = DeviceBuffer::alloc(gpu, (len + 1) * w, &[], &stats).unwrap();
+            let mut inputs: Vec<(CollKind, ReduceOp)> = ops(dtype).into_iter().map(|o| (CollKind::AllReduce, o)).collect();
+            inputs.push((CollKind::AllGather, ReduceOp::Sum));
+            for (kind, op) in inputs {
+                for shift in [0, w] {
+                    seed += 1;
+                    let case = CheckCase { kind, dtype, op, nranks: 5, rank: 3, count: len, root: 0, seed };
+                    let ptr = (buf.device_ptr() as usize + shift) as *mut u8;
+                    unsafe { chk.fill(&case, ptr, len) }.unwrap();
+                    comm.synchronize().unwrap();
+                    let mut got = vec![0u8; len * w];
+                    buf.copy_to_host(shift, &mut got).unwrap();
+                    let mut want = vec![0u8; len * w];
+                    case.fill_input(&mut want);
+                    if let Some(i) = (0..len).find(|&i| got[i * w..(i + 1) * w] != want[i * w..(i + 1) * w]) {
+                        panic!("{case:?} at +{shift}: element {i} is {:x?}, host {:x?}", &got[i * w..(i + 1) * w], &want[i * w..(i + 1) * w]);
+                    }
+                }
+            }
+
+            let count = 7001;
+            let outs = [
+                CheckCase { kind: CollKind::AllReduce, dtype, op: ReduceOp::Sum, nranks: 4, rank: 1, count, root: 0, seed },
+                CheckCase { kind: CollKind::AllReduce, dtype, op: ReduceOp::Avg, nranks: 3, rank: 0, count, root: 0, seed },
+                CheckCase { kind: CollKind::ReduceScatter, dtype, op: ReduceOp::Prod, nranks: 4, rank: 2, count, root: 0, seed },
+                CheckCase { kind: CollKind::Reduce, dtype, op: ReduceOp::Min, nranks: 5, rank: 2, count, root: 2, seed },
+                CheckCase { kind: CollKind::AllReduce, dtype, op: ops(dtype)[5], nranks: 6, rank: 5, count, root: 0, seed },
+                CheckCase { kind: CollKind::AllGather, dtype, op: ReduceOp::Sum, nranks: 4, rank: 3, count, root: 0, seed },
+                CheckCase { kind: CollKind::AllToAll, dtype, op: ReduceOp::Sum, nranks: 3, rank: 1, count, root: 0, seed },
+                CheckCase { kind: CollKind::Recv, dtype, op: ReduceOp::Sum, nranks: 2, rank: 1, count, root: 0, seed },
+            ];
+            for case in outs {
+                let len = case.kind.buffer_counts(count, case.nranks, case.rank == case.root).unwrap().1;
+                let mut out = vec![0u8; len * w];
+                for j in 0..len {
+                    store_f64(dtype, &mut out, j, case.expected(j).unwrap());
+                }
+                // Planted: distinct indices, the first of them odd so that it is not a pack's first.
+                let planted: Vec<usize> = (0..37).map(|k| (101 + k * 7919) % len).collect();
+                for &j in &planted {
+                    let x = case.expected(j).unwrap();
+                    store_f64(dtype, &mut out, j, if x.abs() < 1.0 { 100.0 } else { -3.0 * x });
+                }
+                let mut host_first = None;
+                let host = case.count_wrong(&out, &mut host_first) as u64;
+                assert_eq!(host, planted.len() as u64, "{case:?}: the host reference does not see the planted elements");
+                for shift in [0, w] {
+                    buf.copy_from_host(shift, &out).unwrap();
+                    let ptr = (buf.device_ptr() as usize + shift) as *const u8;
+                    let got = unsafe { chk.count_wrong(&case, ptr, len) }.unwrap();
+                    assert_eq!(got.count, host, "{case:?} at +{shift}");
+                    let ((gj, gg, gw), (hj, hg, hw)) = (got.first.unwrap(), host_first.unwrap());
+                    assert!(gj == hj && same(gg, hg) && same(gw, hw), "{case:?}: first {:?}, host {:?}", got.first, host_first);
+                }
+            }
+            // A rank whose output the operation leaves alone has nothing wrong, whatever it holds.
+            let idle = CheckCase { kind: CollKind::Gather, dtype, op: ReduceOp::Sum, nranks: 3, rank: 1, count, root: 0, seed };
+            assert_eq!(unsafe { chk.count_wrong(&idle, buf.device_ptr() as *const u8, count) }.unwrap().count, 0);
+        }
+
+        // Speed on 256 MiB: a broadcast's output is the root's data, an all-reduce over one rank
+        // its own input, so filling as the source and counting as the receiver finds nothing.
+        let bytes = 256usize << 20;
+        let buf = DeviceBuffer::alloc(gpu, bytes, &[], &stats).unwrap();
+        for dtype in [DataType::Float32, DataType::Bfloat16, DataType::Float8E4M3, DataType::Int64] {
+            let len = bytes / dtype.size();
+            for (src, dst) in [
+                (
+                    CheckCase { kind: CollKind::Broadcast, dtype, op: ReduceOp::Sum, nranks: 4, rank: 0, count: len, root: 0, seed: 9 },
+                    CheckCase { kind: CollKind::Broadcast, dtype, op: ReduceOp::Sum, nranks: 4, rank: 2, count: len, root: 0, seed: 9 },
+                ),
+                (
+                    CheckCase { kind: CollKind::AllReduce, dtype, op: ReduceOp::Sum, nranks: 1, rank: 0, count: len, root: 0, seed: 9 },
+                    CheckCase { kind: CollKind::AllReduce, dtype, op: ReduceOp::Sum, nranks: 1, rank: 0, count: len, root: 0, seed: 9 },
+                ),
+            ] {
+                let ptr = buf.device_ptr() as *mut u8;
+                unsafe { chk.fill(&src, ptr, len) }.unwrap();
+                comm.synchronize().unwrap();
+                let t = Instant::now();
+                unsafe { chk.fill(&src, ptr, len) }.unwrap();
+                comm.synchronize().unwrap();
+                let fill = t.elapsed();
+                let t = Instant::now();
+                let w = unsafe { chk.count_wrong(&dst, ptr, len) }.unwrap();
+                let count = t.elapsed();
+                assert_eq!(w.count, 0, "{dst:?}: {w:?}");
+                let gbs = |d: std::time::Duration| bytes as f64 / d.as_secs_f64() / 1e9;
+                eprintln!("{dtype} {:?}: fill {fill:?} ({:.0} GB/s), count {count:?} ({:.0} GB/s)", src.kind, gbs(fill), gbs(count));
+            }
+        }
+    }
 }

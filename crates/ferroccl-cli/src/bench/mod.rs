@@ -227,8 +227,8 @@ struct Buffers {
     send: Buf,
     /// None in place: the output lives in `send`.
     recv: Option<Buf>,
-    /// GPU communicators: device copies of `send` and `recv`, which the operations use; the
-    /// host buffers stage inputs and checks.
+    /// GPU communicators: device twins of `send` and `recv`, which the operations use and the
+    /// GPU checker fills and checks (the host buffers stay untouched).
     dev: Option<(DeviceBuffer, Option<DeviceBuffer>)>,
     send_off: usize,
     send_len: usize,
@@ -299,26 +299,38 @@ impl Buffers {
         Ok(self)
     }
 
-    /// Host staging -> device (whole buffers: the poisoned output too).
-    fn upload(&self) -> Result<(), Error> {
-        if let Some((ds, dr)) = &self.dev {
-            ds.copy_from_host(0, self.send.bytes(0, self.send.len))?;
-            if let (Some(d), Some(h)) = (dr, &self.recv) {
-                d.copy_from_host(0, h.bytes(0, h.len))?;
+    /// Fills the input with `case`'s data, after poisoning the output when asked (first: in
+    /// place the input lies inside the output). GPU buffers are written by the GPU checker on
+    /// the communicator's stream, with nothing staged through the host; this returns once done.
+    fn fill(&mut self, comm: &Comm, case: &CheckCase, poison: bool) -> Result<(), Error> {
+        let Some(chk) = comm.gpu_check()? else {
+            if poison {
+                self.output_mut().fill(POISON);
             }
+            case.fill_input(self.input_mut());
+            return Ok(());
+        };
+        let (out, inp) = (self.recv_ptr(), self.send_ptr() as *mut u8);
+        // SAFETY: device regions of this rank sized by Buffers::new; no operation is in flight.
+        unsafe {
+            if poison {
+                chk.poison(out, self.recv_len, POISON)?;
+            }
+            chk.fill(case, inp, self.send_len / case.dtype.size())?;
         }
-        Ok(())
+        comm.synchronize()
     }
 
-    /// Device output -> host staging, for the check.
-    fn download_output(&mut self) -> Result<(), Error> {
-        let (o, l) = (self.recv_off, self.recv_len);
-        if let Some((ds, dr)) = &self.dev {
-            let d = dr.as_ref().unwrap_or(ds);
-            let host = self.recv.as_mut().unwrap_or(&mut self.send).bytes_mut(o, l);
-            d.copy_to_host(o, host)?;
-        }
-        Ok(())
+    /// The wrong elements of the output for `case`, counted on the GPU for GPU buffers.
+    fn count_wrong(&mut self, comm: &Comm, case: &CheckCase, first: &mut Option<(usize, f64, f64)>) -> Result<u64, Error> {
+        let Some(chk) = comm.gpu_check()? else {
+            return Ok(case.count_wrong(self.output(), first) as u64);
+        };
+        let out = self.recv_ptr();
+        // SAFETY: the output region of this rank, on its GPU.
+        let w = unsafe { chk.count_wrong(case, out, self.recv_len / case.dtype.size()) }?;
+        *first = w.first;
+        Ok(w.count)
     }
 
     fn send_ptr(&mut self) -> *const u8 {
@@ -427,8 +439,7 @@ impl RowRun<'_> {
         let mut b = Buffers::new(self.rs.op, self.lay.count, self.rs.dtype, n, me, self.root, in_place)?.on_device_of(self.comm, &self.stats)?;
         let seed_of = |it: u64| mix(mix(self.rs.index) ^ (it << 1 | in_place as u64));
         // Without --check any non-zero data will do; the check inputs are that.
-        self.cases(seed_of(u64::MAX)).0.fill_input(b.input_mut());
-        b.upload()?;
+        b.fill(self.comm, &self.cases(seed_of(u64::MAX)).0, false)?;
         for _ in 0..warmup {
             self.launch(&mut b)?;
         }
@@ -448,19 +459,14 @@ impl RowRun<'_> {
         let (mut total, mut wrong) = (0.0, 0u64);
         for it in 0..iters {
             let (input, output) = self.cases(seed_of(it));
-            // Poison first, then fill: in place the input lies inside the output and must
-            // keep its values.
-            b.output_mut().fill(POISON);
-            input.fill_input(b.input_mut());
-            b.upload()?;
+            b.fill(self.comm, &input, true)?;
             self.comm.barrier()?;
             let t = Instant::now();
             self.launch(&mut b)?;
             self.comm.synchronize()?;
             total += t.elapsed().as_secs_f64() * 1e6;
-            b.download_output()?;
             let mut first = None;
-            let w = output.count_wrong(b.output(), &mut first) as u64;
+            let w = b.count_wrong(self.comm, &output, &mut first)?;
             if let Some((j, got, want)) = first {
                 tracing::warn!(
                     "{} {} {} count {} {}: rank {me} element {j} is {got}, expected {want} ({w} wrong)",
@@ -498,8 +504,7 @@ fn measure_group(runs: &[RowRun], in_place: bool, iters: u64, warmup: u64, check
     };
     let sync = || runs.iter().try_for_each(|r| r.comm.synchronize());
     for (r, b) in runs.iter().zip(bufs.iter_mut()) {
-        r.cases(seed_of(r, u64::MAX)).0.fill_input(b.input_mut());
-        b.upload()?;
+        b.fill(r.comm, &r.cases(seed_of(r, u64::MAX)).0, false)?;
     }
     for _ in 0..warmup {
         launch(&mut bufs)?;
@@ -516,18 +521,15 @@ fn measure_group(runs: &[RowRun], in_place: bool, iters: u64, warmup: u64, check
     let (mut total, mut wrong) = (0.0, 0u64);
     for it in 0..iters {
         for (r, b) in runs.iter().zip(bufs.iter_mut()) {
-            b.output_mut().fill(POISON);
-            r.cases(seed_of(r, it)).0.fill_input(b.input_mut());
-            b.upload()?;
+            b.fill(r.comm, &r.cases(seed_of(r, it)).0, true)?;
         }
         let t = Instant::now();
         launch(&mut bufs)?;
         sync()?;
         total += t.elapsed().as_secs_f64() * 1e6;
         for (r, b) in runs.iter().zip(bufs.iter_mut()) {
-            b.download_output()?;
             let mut first = None;
-            wrong += r.cases(seed_of(r, it)).1.count_wrong(b.output(), &mut first) as u64;
+            wrong += b.count_wrong(r.comm, &r.cases(seed_of(r, it)).1, &mut first)?;
         }
     }
     Ok((total / iters as f64, wrong))

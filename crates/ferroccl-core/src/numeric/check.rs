@@ -78,10 +78,19 @@ impl CheckCase {
         })
     }
 
+    /// How an output element is compared with its expected value: moved data must be exact.
+    pub fn matcher(&self) -> Matcher {
+        if self.kind.reduces() {
+            Matcher::new(self.dtype, self.op, self.nranks)
+        } else {
+            Matcher::Exact
+        }
+    }
+
     /// Counts the wrong elements of `out`; `first_bad` gets the first one (index, got, want).
     pub fn count_wrong(&self, out: &[u8], first_bad: &mut Option<(usize, f64, f64)>) -> usize {
         let len = out.len() / self.dtype.size();
-        let matcher = if self.kind.reduces() { Matcher::new(self.dtype, self.op, self.nranks) } else { Matcher::Exact };
+        let matcher = self.matcher();
         let mut want = [0.0f64; BLOCK];
         let mut wrong = 0;
         let mut j = 0;

@@ -186,6 +186,52 @@ fn random_value(dtype: DataType, h: u64) -> f64 {
     random_value_in(dtype, mantissa_mask(dtype), h)
 }
 
+/// The stream tag of `data_value` (see [`ValueParams::tag`]).
+pub const DATA_TAG: u64 = TAG_DATA;
+
+/// The per-buffer constants behind the values, for a second implementation of the per-element
+/// functions (the GPU checker's, `kernels/check.cuh` in the ferroccl crate). Whatever needs the
+/// dtype's tables or rounding is worked out here, by the reference itself, so that the other
+/// implementation only repeats integer hashing and exact arithmetic.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ValueParams {
+    /// Ranks, at least 1.
+    pub n: u64,
+    /// Stream tag of the reduction's inputs (hashed with the seed); [`DATA_TAG`] is data's.
+    pub tag: u64,
+    pub budget: u64,
+    /// budget / n.
+    pub q_all: u64,
+    /// Ranks per index that may contribute 2, and 1/2, to a product.
+    pub twos: u64,
+    pub halves: u64,
+    /// The f64 mantissa bits a float dtype keeps.
+    pub mask: u64,
+    pub signed: bool,
+    /// The PreMulSum scalar as the dtype holds it (1 for other ops).
+    pub scalar: f64,
+    /// `scalar as i128`, low 64 bits: all that wrapping integer arithmetic uses of it.
+    pub scalar_wrap: u64,
+}
+
+/// The constants of `input_value` / `expected_reduced` for (dtype, op, nranks).
+pub fn value_params(dtype: DataType, op: ReduceOp, nranks: usize) -> ValueParams {
+    let inp = Inputs::new(dtype, op, nranks);
+    let scalar = scalar_in(dtype, op);
+    ValueParams {
+        n: inp.n,
+        tag: inp.tag(),
+        budget: inp.budget,
+        q_all: inp.q_all,
+        twos: inp.caps.0,
+        halves: inp.caps.1,
+        mask: inp.mask,
+        signed: inp.signed,
+        scalar,
+        scalar_wrap: scalar as i128 as u64,
+    }
+}
+
 /// Everything about the inputs that does not depend on rank and index, computed once per buffer.
 struct Inputs {
     dtype: DataType,
@@ -534,8 +580,8 @@ pub fn expected_reduced_into(dtype: DataType, op: ReduceOp, nranks: usize, first
 }
 
 /// How `matches` compares, with its per-buffer constants worked out once.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Matcher {
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Matcher {
     Exact,
     /// |got - want| <= 2 ulp(want) for a format with p significant bits, minimum exponent emin.
     Avg { p: i32, emin: i32 },
@@ -544,7 +590,7 @@ pub(crate) enum Matcher {
 }
 
 impl Matcher {
-    pub(crate) fn new(dtype: DataType, op: ReduceOp, nranks: usize) -> Matcher {
+    pub fn new(dtype: DataType, op: ReduceOp, nranks: usize) -> Matcher {
         if !dtype.is_float() {
             return Matcher::Exact;
         }
@@ -569,7 +615,7 @@ impl Matcher {
 
     /// NaN never matches (every comparison with NaN is false).
     #[inline(always)]
-    pub(crate) fn ok(self, got: f64, want: f64) -> bool {
+    pub fn ok(self, got: f64, want: f64) -> bool {
         match self {
             Matcher::Exact => got == want,
             Matcher::Avg { p, emin } => (got - want).abs() <= 2.0 * ulp_in(p, emin, want),

@@ -15,11 +15,15 @@ pub(crate) const PLAN_EXEC_KERNEL: &str = "ferroccl_plan_exec";
 /// The `.cu` file of the plan-execution kernel, before its headers are spliced in.
 pub(crate) const PLAN_EXEC_SRC: &str = include_str!("kernels/plan_exec.cu");
 
+/// The `.cu` file of the GPU checker's kernels (`gpucheck.rs`).
+pub(crate) const CHECK_SRC: &str = include_str!("kernels/check.cu");
+
 /// Our headers, by the name the sources include them with.
 pub(crate) const HEADERS: &[(&str, &str)] = &[
     ("types.cuh", include_str!("kernels/types.cuh")),
     ("fifo.cuh", include_str!("kernels/fifo.cuh")),
     ("reduce.cuh", include_str!("kernels/reduce.cuh")),
+    ("check.cuh", include_str!("kernels/check.cuh")),
 ];
 
 /// Threads per block the kernel is compiled to allow (`__launch_bounds__`); launch with at most
@@ -30,9 +34,18 @@ pub(crate) const PLAN_EXEC_DEFAULT_THREADS: u32 = 512;
 
 /// The plan-execution kernel as one self-contained source for NVRTC.
 pub(crate) fn plan_exec_source() -> String {
-    let mut out = String::with_capacity(PLAN_EXEC_SRC.len() + HEADERS.iter().map(|h| h.1.len() + 64).sum::<usize>());
+    spliced("plan_exec.cu", PLAN_EXEC_SRC)
+}
+
+/// The GPU checker's kernels as one self-contained source for NVRTC.
+pub(crate) fn check_source() -> String {
+    spliced("check.cu", CHECK_SRC)
+}
+
+fn spliced(name: &str, text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + HEADERS.iter().map(|h| h.1.len() + 64).sum::<usize>());
     let mut seen = Vec::new();
-    splice(&mut out, "plan_exec.cu", PLAN_EXEC_SRC, &mut seen);
+    splice(&mut out, name, text, &mut seen);
     out
 }
 
@@ -102,12 +115,20 @@ mod tests {
 
     #[test]
     fn splicing_inlines_each_header_once() {
-        let src = plan_exec_source();
-        assert!(!src.lines().any(|l| quoted_include(l).is_some()), "a quoted include survived");
-        for (name, body) in HEADERS {
-            assert_eq!(src.matches(&format!("#line 1 \"{name}\"")).count(), 1, "{name}");
-            assert!(src.contains(body.lines().find(|l| l.starts_with("#pragma once")).unwrap_or("")));
+        for (src, uses) in [
+            (plan_exec_source(), &["types.cuh", "fifo.cuh", "reduce.cuh"][..]),
+            (check_source(), &["check.cuh"][..]),
+        ] {
+            assert!(!src.lines().any(|l| quoted_include(l).is_some()), "a quoted include survived");
+            for (name, body) in HEADERS {
+                let want = uses.contains(name) as usize;
+                assert_eq!(src.matches(&format!("#line 1 \"{name}\"")).count(), want, "{name}");
+                if want == 1 {
+                    assert!(src.contains(body.lines().find(|l| l.starts_with("#pragma once")).unwrap_or("")));
+                }
+            }
         }
+        let src = plan_exec_source();
         assert!(src.contains("#include <cuda_fp8.h>"));
         assert!(src.contains(&format!("void __launch_bounds__(FC_MAX_THREADS, 1) {PLAN_EXEC_KERNEL}(")));
     }

@@ -11,6 +11,7 @@ pub(crate) mod devplan;
 pub mod device;
 pub(crate) mod fabric;
 pub mod fdpass;
+pub(crate) mod gpucheck;
 pub(crate) mod kernels;
 pub mod mem;
 pub mod nvrtc;

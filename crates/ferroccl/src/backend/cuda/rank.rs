@@ -5,7 +5,7 @@ use super::devplan::{encode, DeviceTables, FcError, OpDesc, ERR_ABORTED, ERR_LEN
 use super::device::{Gpu, LaunchDims, Module};
 use super::fabric::Fabric;
 use super::mem::{DeviceBuffer, MemStats};
-use super::{check, kernels, nvrtc};
+use super::{check, gpucheck, kernels, nvrtc};
 use crate::bootstrap::Bootstrap;
 use cudarc::driver::sys;
 use ferroccl_core::plan::Plan;
@@ -36,6 +36,8 @@ pub(crate) struct CudaRank {
     last_blocks: AtomicU32,
     /// Blocks of the plan kernel the GPU holds at once: the most lanes one launch may have.
     resident: u32,
+    /// The verifiable mode's kernels, loaded on first use (gpucheck.rs).
+    pub(crate) check: gpucheck::CheckSlot,
 }
 
 // SAFETY: the stream handle is only used with the context bound and through the driver,
@@ -87,6 +89,7 @@ impl CudaRank {
             rank: boot.rank(),
             last_blocks: AtomicU32::new(0),
             resident,
+            check: gpucheck::CheckSlot::new(),
         })
     }
 
@@ -170,7 +173,7 @@ impl CudaRank {
         self.user_stream.store(stream as *mut std::ffi::c_void, Ordering::Release);
     }
 
-    fn current_stream(&self) -> sys::CUstream {
+    pub(crate) fn current_stream(&self) -> sys::CUstream {
         let s = self.user_stream.load(Ordering::Acquire);
         if s.is_null() { self.stream } else { s as sys::CUstream }
     }
