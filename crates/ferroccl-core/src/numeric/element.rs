@@ -185,18 +185,34 @@ pub fn store_f64(dtype: DataType, bytes: &mut [u8], index: usize, v: f64) {
     let r = element_range(dtype, bytes.len(), index);
     let p = bytes[r].as_mut_ptr();
     // SAFETY: as in load_f64.
-    with_element_type!(dtype, T => unsafe { std::ptr::write_unaligned(p as *mut T, T::from_f64(v)) })
+    // Through the trait: inside the macro T is concrete, and half's inherent from_f64 would win
+    // (it is not correctly rounded: 352.6250116 gives f16 0x5d82, not 0x5d83).
+    with_element_type!(dtype, T => unsafe { std::ptr::write_unaligned(p as *mut T, <T as Element>::from_f64(v)) })
 }
 
 /// `v` rounded to `dtype` and back.
 pub(crate) fn round_to(dtype: DataType, v: f64) -> f64 {
-    with_element_type!(dtype, T => T::from_f64(v).to_f64())
+    with_element_type!(dtype, T => <T as Element>::to_f64(<T as Element>::from_f64(v)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn dynamic_conversions_round_like_the_element_trait() {
+        // half's own f64 conversion rounds this one down; the trait's (and the GPU's) to nearest.
+        let v = 352.6250116;
+        assert_eq!(round_to(DataType::Float16, v), <f16 as Element>::from_f64(v).to_f64());
+        assert_eq!(<f16 as Element>::from_f64(v).to_bits(), 0x5d83);
+        let mut b = [0u8; 2];
+        store_f64(DataType::Float16, &mut b, 0, v);
+        assert_eq!(u16::from_ne_bytes(b), 0x5d83);
+        for x in [1.0 / 3.0, 352.6250116, -1.0e-5, 65519.99] {
+            assert_eq!(round_to(DataType::Bfloat16, x), <bf16 as Element>::from_f64(x).to_f64());
+        }
+    }
 
     #[test]
     fn dtype_constants_match_sizes() {
