@@ -163,7 +163,7 @@ fn abort_leaks_nothing_over_a_thousand_inits() {
     let one = |i: usize| -> u64 {
         let transport = if i % 4 == 3 { TransportChoice::Tcp } else { TransportChoice::Shm };
         let comms = Comm::init_all(2, &cfg(10_000, transport)).unwrap();
-        let sends: Vec<Vec<i32>> = (0..2).map(|r| vec![r as i32 + 1; 64]).collect();
+        let sends: Vec<Vec<i32>> = (0..2).map(|r| vec![r + 1; 64]).collect();
         let mut recvs = vec![vec![0i32; 64]; 2];
         let mut g = Group::new();
         for ((c, s), r) in comms.iter().zip(&sends).zip(recvs.iter_mut()) {

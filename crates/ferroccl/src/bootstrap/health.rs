@@ -95,11 +95,6 @@ impl Health {
         }
     }
 
-    /// Whether `rank` destroyed its communicator cleanly.
-    pub fn has_left(&self, rank: Rank) -> bool {
-        self.lock().left.contains(&rank)
-    }
-
     pub fn dead(&self) -> Vec<Rank> {
         self.lock().dead.iter().copied().collect()
     }
@@ -113,9 +108,9 @@ mod tests {
     fn first_report_wins_and_dead_outranks_aborted() {
         let h = Health::default();
         assert!(h.failure().is_none() && !h.is_failed());
-        h.report_left(3);
+        assert!(h.report_left(3) && !h.report_left(3));
         assert!(!h.is_failed(), "a clean goodbye is not a failure");
-        assert!(h.has_left(3) && h.gone(3).is_none());
+        assert!(h.gone(3).is_none(), "data sent before a goodbye may still be on its way");
         assert!(h.report_aborted(1, "rank 1 aborted"));
         assert!(h.report_dead(2, "rank 2 died"));
         assert!(!h.report_dead(2, "rank 2 died again"));

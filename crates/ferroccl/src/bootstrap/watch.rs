@@ -142,6 +142,14 @@ impl Watcher {
             for i in 0..self.links.len() {
                 let l = &self.links[i];
                 if l.open && !l.leaving && now.duration_since(l.heard) >= silence {
+                    // What already arrived counts: if this thread itself was not scheduled for
+                    // a while, the neighbour's heartbeats are waiting in the socket.
+                    for ev in read_link(&mut self.links[i]) {
+                        self.handle(i, ev);
+                    }
+                }
+                let l = &self.links[i];
+                if l.open && !l.leaving && now.duration_since(l.heard) >= silence {
                     let why = format!(
                         "no heartbeat for {silence:?} (FERROCCL_HEARTBEAT_INTERVAL {:?} x FERROCCL_HEARTBEAT_MISSES {}): \
                          its process is hung or its host or network is down",

@@ -243,7 +243,7 @@ pub(crate) fn execute(units: &mut [Unit], deadline: Instant) -> Result<(), Error
         if idle_rounds == 1 {
             last_progress = now;
         }
-        if now.duration_since(last_check) >= Duration::from_millis(20) || idle_rounds % 64 == 0 {
+        if now.duration_since(last_check) >= Duration::from_millis(20) || idle_rounds.is_multiple_of(64) {
             last_check = now;
             for &(ui, b) in &blocked {
                 check_health(&units[ui], b, now.duration_since(last_progress)).map_err(|e| e.context(&units[ui].label))?;
