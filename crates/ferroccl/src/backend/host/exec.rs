@@ -69,10 +69,10 @@ fn region_ptr(ops: &[OpBufs], r: &Region, skip: usize) -> *mut u8 {
     unsafe { base.add((r.offset + skip) * es) }
 }
 
-fn recv_port<'c>(conns: &'c mut Conns, peer: Rank, ch: u32) -> Result<&'c mut Consumer, Error> {
+fn recv_port(conns: &mut Conns, peer: Rank, ch: u32) -> Result<&mut Consumer, Error> {
     conns.recv.get_mut(&(peer, ch)).ok_or_else(|| Error::Internal(format!("no receive connection from rank {peer} channel {ch}")))
 }
-fn send_port<'c>(conns: &'c mut Conns, peer: Rank, ch: u32) -> Result<&'c mut Producer, Error> {
+fn send_port(conns: &mut Conns, peer: Rank, ch: u32) -> Result<&mut Producer, Error> {
     conns.send.get_mut(&(peer, ch)).ok_or_else(|| Error::Internal(format!("no send connection to rank {peer} channel {ch}")))
 }
 
@@ -81,21 +81,18 @@ fn try_piece(u: &mut Unit, ch: u32, step: &Step, cur: &mut Cursor) -> Result<Mov
     let es = u.ops[step.op() as usize].reducer.dtype().size();
     let piece_elems = (u.slot_bytes / es).max(1);
     let left = step.count() - cur.done;
-    match *step {
-        Step::Copy { src, dst, pre, post } => {
-            let (s, d) = (region_ptr(&u.ops, &src, 0), region_ptr(&u.ops, &dst, 0));
-            if pre || post {
-                let red = &u.ops[src.op as usize].reducer;
-                // SAFETY: both regions lie inside validated buffers; equal pointers are allowed.
-                unsafe { red.transform(&[d], s, src.count, pre, post) };
-            } else if s != d {
-                // SAFETY: as above; `copy` tolerates overlap.
-                unsafe { std::ptr::copy(s, d, src.count * es) };
-            }
-            cur.done = step.count();
-            return Ok(Moved::Yes);
+    if let Step::Copy { src, dst, pre, post } = *step {
+        let (s, d) = (region_ptr(&u.ops, &src, 0), region_ptr(&u.ops, &dst, 0));
+        if pre || post {
+            let red = &u.ops[src.op as usize].reducer;
+            // SAFETY: both regions lie inside validated buffers; equal pointers are allowed.
+            unsafe { red.transform(&[d], s, src.count, pre, post) };
+        } else if s != d {
+            // SAFETY: as above; `copy` tolerates overlap.
+            unsafe { std::ptr::copy(s, d, src.count * es) };
         }
-        _ => {}
+        cur.done = step.count();
+        return Ok(Moved::Yes);
     }
     let n = left.min(piece_elems);
     let bytes = n * es;
