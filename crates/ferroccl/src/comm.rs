@@ -358,7 +358,7 @@ impl Comm {
     /// Collective: ranks passing the same `Some(color)` form a new communicator, ordered by
     /// `key` then by rank here; `None` joins none and returns `Ok(None)`.
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Comm>, Error> {
-        self.check_usable()?;
+        self.check_usable("split")?;
         let Some(boot) = self.boot.split(color, key)? else { return Ok(None) };
         let abort = Arc::new(AtomicBool::new(false));
         let device = self.cuda.as_ref().map(|c| Device::Cuda(c.gpu.ordinal())).unwrap_or(Device::Host);
@@ -415,16 +415,24 @@ impl Comm {
         T::DTYPE
     }
 
-    pub(crate) fn check_usable(&self) -> Result<(), Error> {
+    /// Refuses a call (`what`: "all_reduce", "split") on an aborted or failed communicator,
+    /// naming the call as its launch would have ("all_reduce #13 on rank 1 of 4").
+    pub(crate) fn check_usable(&self, what: &str) -> Result<(), Error> {
+        let (rank, n) = (self.info.rank, self.info.nranks);
+        // Another thread may be inside an operation: then the number is left out, not waited for.
+        let label = match self.state.try_lock() {
+            Ok(st) => format!("{what} #{} on rank {rank} of {n}", st.seq + 1),
+            Err(_) => format!("{what} on rank {rank} of {n}"),
+        };
         if self.abort.load(Ordering::Acquire) {
-            return Err(Error::Aborted(format!("rank {}: the communicator was aborted", self.info.rank)));
+            return Err(Error::Aborted(format!("{label}: the communicator was aborted (Comm::abort); drop it")));
         }
         if let Some(e) = self.boot.health().failure() {
-            return Err(e.context(format!("rank {} of {}", self.info.rank, self.info.nranks)));
+            return Err(e.context(label));
         }
         let st = self.state.lock().map_err(|_| Error::Internal("communicator state poisoned".into()))?;
         if let Some(e) = &st.failed {
-            return Err(Error::Aborted(format!("rank {}: the communicator failed earlier and cannot be used: {e}", self.info.rank)));
+            return Err(Error::Aborted(format!("{label}: the communicator failed earlier and cannot be used: {e}")));
         }
         Ok(())
     }

@@ -43,7 +43,7 @@ impl<'a> Group<'a> {
     pub unsafe fn push_raw(&mut self, comm: &'a Comm, args: OpArgs) -> Result<(), Error> {
         args.validate(comm.info.rank, comm.info.nranks)
             .map_err(|e| e.context(format!("rank {} of {}", comm.info.rank, comm.info.nranks)))?;
-        comm.check_usable()?;
+        comm.check_usable(args.kind.name())?;
         self.items.push((comm, args));
         Ok(())
     }

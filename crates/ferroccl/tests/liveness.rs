@@ -534,6 +534,7 @@ fn killed_peer_fails_the_next_call_of_an_idle_rank() {
     for r in [0, 2] {
         let line = &job.first(r, "ERR").unwrap().1;
         assert!(line.contains("rank 1 (") && line.contains("died"), "{line}");
+        assert!(line.contains("all_reduce #1 on rank"), "the refused call is not named: {line}");
         // "ERR after 12µs in the call": the call fails without waiting.
         let ms: f64 = line.split_whitespace().nth(2).map(parse_ms).unwrap();
         assert!(ms < 50.0, "{line}");

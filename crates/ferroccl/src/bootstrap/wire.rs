@@ -120,7 +120,7 @@ pub(crate) fn read_exact(s: &mut TcpStream, buf: &mut [u8], w: &Wait, peer: &str
                 return Err(w.aborted_or(
                     || format!("reading from {peer}"),
                     Error::Remote(format!(
-                        "{peer} closed the connection (truncated message: got {got} of {} bytes)",
+                        "{peer} closed the connection (it failed, aborted or exited; truncated message: got {got} of {} bytes)",
                         buf.len()
                     )),
                 ))
