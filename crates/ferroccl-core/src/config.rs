@@ -68,6 +68,13 @@ pub struct Config {
     /// FERROCCL_JOB_SECRET (32 hex digits): the job secret when ranks rendezvous from the
     /// launcher's environment instead of a `UniqueId`.
     pub job_secret: Option<[u8; 16]>,
+    /// FERROCCL_HEARTBEAT_INTERVAL (seconds): how often a rank tells its ring neighbours it is
+    /// alive. A peer whose process dies is noticed at once (its connection closes); this only
+    /// bounds how long a hung process or an unreachable host goes unnoticed.
+    pub heartbeat_interval: Duration,
+    /// FERROCCL_HEARTBEAT_MISSES: heartbeat intervals of silence after which a neighbour is
+    /// declared dead.
+    pub heartbeat_misses: u32,
 }
 
 impl Default for Config {
@@ -84,6 +91,8 @@ impl Default for Config {
             slots: 8,
             ll_max_bytes: 128 << 10,
             job_secret: None,
+            heartbeat_interval: Duration::from_millis(500),
+            heartbeat_misses: 6,
         }
     }
 }
@@ -153,6 +162,18 @@ impl Config {
         if let Some(v) = get("FERROCCL_LL_MAX_BYTES") {
             c.ll_max_bytes = parse("FERROCCL_LL_MAX_BYTES", v)?;
         }
+        if let Some(v) = get("FERROCCL_HEARTBEAT_INTERVAL") {
+            let secs: f64 = parse("FERROCCL_HEARTBEAT_INTERVAL", v)?;
+            if !(secs > 0.0 && secs < 1e6) {
+                return Err(Error::InvalidArgument(format!(
+                    "FERROCCL_HEARTBEAT_INTERVAL='{v}' must be a positive number of seconds"
+                )));
+            }
+            c.heartbeat_interval = Duration::from_secs_f64(secs);
+        }
+        if let Some(v) = get("FERROCCL_HEARTBEAT_MISSES") {
+            c.heartbeat_misses = parse("FERROCCL_HEARTBEAT_MISSES", v)?;
+        }
         if let Some(v) = get("FERROCCL_JOB_SECRET") {
             c.job_secret = Some(parse_secret(v)?);
         }
@@ -168,7 +189,7 @@ impl Config {
         if self.gpu_channels == 0 || self.gpu_channels > 128 {
             return Err(Error::InvalidArgument(format!("gpu_channels={} must be in 1..=128", self.gpu_channels)));
         }
-        if self.slots == 0 || self.slot_bytes < 64 || self.slot_bytes % 64 != 0 {
+        if self.slots == 0 || self.slot_bytes < 64 || !self.slot_bytes.is_multiple_of(64) {
             return Err(Error::InvalidArgument(format!(
                 "slots={} slot_bytes={}: need at least one slot of a multiple of 64 bytes",
                 self.slots, self.slot_bytes
@@ -179,6 +200,12 @@ impl Config {
                 "chunk_bytes={} must be in 1..=slots*slot_bytes/{PLAN_FIFO_MESSAGES}={} (a FIFO must hold {PLAN_FIFO_MESSAGES} chunks)",
                 self.chunk_bytes,
                 self.slots * self.slot_bytes / PLAN_FIFO_MESSAGES
+            )));
+        }
+        if self.heartbeat_interval < Duration::from_millis(1) || self.heartbeat_misses == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "heartbeat_interval={:?} must be at least 1 ms and heartbeat_misses={} at least 1",
+                self.heartbeat_interval, self.heartbeat_misses
             )));
         }
         if self.max_bootstrap_msg < 4096 {
@@ -258,6 +285,10 @@ mod tests {
         assert!(Config::from_vars(&vars(&[("FERROCCL_TIMEOUT", "-1")])).is_err());
         assert!(Config::from_vars(&vars(&[("FERROCCL_TRANSPORT", "carrier-pigeon")])).is_err());
         assert!(Config::from_vars(&vars(&[("FERROCCL_CHUNK_BYTES", "999999999")])).is_err());
+        let h = Config::from_vars(&vars(&[("FERROCCL_HEARTBEAT_INTERVAL", "0.25"), ("FERROCCL_HEARTBEAT_MISSES", "3")])).unwrap();
+        assert_eq!((h.heartbeat_interval, h.heartbeat_misses), (Duration::from_millis(250), 3));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_HEARTBEAT_INTERVAL", "0")])).is_err());
+        assert!(Config::from_vars(&vars(&[("FERROCCL_HEARTBEAT_MISSES", "0")])).is_err());
     }
 
     #[test]

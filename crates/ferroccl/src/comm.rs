@@ -12,6 +12,9 @@ use ferroccl_core::{CollKind, Config, DataType, Error, LaunchEnv, Rank, ReduceOp
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// How long `abort` waits for another thread's call to let go of the connections.
+const ABORT_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Where a rank's buffers live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Device {
@@ -33,6 +36,8 @@ pub(crate) struct CommInfo {
     pub peer_names: Vec<String>,
     /// Each rank's process id where it shares our host, else 0 (for liveness checks).
     pub peer_pids: Vec<u32>,
+    /// The transport to each rank ("shm", "tcp"), for messages.
+    pub peer_via: Vec<&'static str>,
 }
 
 /// What a communicator owns and changes while it runs operations.
@@ -147,10 +152,11 @@ impl Comm {
         let peer_names = peers.iter().map(|p| format!("rank {} ({}, pid {}, {})", p.rank, p.hostname, p.pid, p.addr)).collect();
         let peer_pids = peers.iter().map(|p| if p.host_id == me.host_id { p.pid } else { 0 }).collect();
         // A forced transport that cannot work fails now, not at the first collective.
+        let mut peer_via = Vec::with_capacity(boot.nranks());
         for p in 0..boot.nranks() {
-            topo.transport(boot.rank(), p, config.transport)?;
+            peer_via.push(topo.transport(boot.rank(), p, config.transport)?.name());
         }
-        let info = CommInfo { rank: boot.rank(), nranks: boot.nranks(), config, topo, peer_names, peer_pids };
+        let info = CommInfo { rank: boot.rank(), nranks: boot.nranks(), config, topo, peer_names, peer_pids, peer_via };
         let fifos = Arc::new(Mutex::new(Vec::new()));
         let state = Mutex::new(CommState { conns: Conns::new(fifos.clone()), seq: 0, failed: None });
         let cuda = match device {
@@ -282,7 +288,7 @@ impl Comm {
             CollKind::AllGather | CollKind::Gather => send.len(),
             CollKind::ReduceScatter | CollKind::Scatter | CollKind::Recv => recv.len(),
             CollKind::AllToAll => {
-                if send.len() % n != 0 {
+                if !send.len().is_multiple_of(n) {
                     return Err(Error::InvalidArgument(format!("alltoall: send length {} is not a multiple of {n} ranks", send.len())));
                 }
                 send.len() / n
@@ -310,7 +316,7 @@ impl Comm {
             return Err(Error::InvalidArgument(format!("{kind} has no in-place form")));
         }
         let count = if blocked {
-            if buf.len() % n != 0 {
+            if !buf.len().is_multiple_of(n) {
                 return Err(Error::InvalidArgument(format!("{kind} in place: length {} is not a multiple of {n} ranks", buf.len())));
             }
             buf.len() / n
@@ -367,15 +373,37 @@ impl Comm {
     /// Collective: ranks passing the same `Some(color)` form a new communicator, ordered by
     /// `key` then by rank here; `None` joins none and returns `Ok(None)`.
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Comm>, Error> {
-        self.check_usable()?;
+        self.check_usable("split")?;
         let Some(boot) = self.boot.split(color, key)? else { return Ok(None) };
         let abort = Arc::new(AtomicBool::new(false));
         let device = self.cuda.as_ref().map(|c| Device::Cuda(c.gpu.ordinal())).unwrap_or(Device::Host);
         Comm::from_bootstrap(boot, device, self.info.config.clone(), abort).map(Some)
     }
 
+    /// Collective over the survivors: a new communicator of every rank not in `exclude`
+    /// (NCCL's `ncclCommShrink`), ranks renumbered densely in the old order. Works on a failed
+    /// or aborted communicator: the survivors connect afresh from what this one learnt at init,
+    /// needing nothing from the excluded ranks. Every survivor must pass the same list
+    /// (typically [`Comm::dead_ranks`]), and excluded ranks do not call it.
+    pub fn shrink(&self, exclude: &[Rank]) -> Result<Comm, Error> {
+        let boot = self.boot.shrink(exclude)?;
+        let abort = boot.abort_flag().clone();
+        let device = self.cuda.as_ref().map(|c| Device::Cuda(c.gpu.ordinal())).unwrap_or(Device::Host);
+        Comm::from_bootstrap(boot, device, self.info.config.clone(), abort)
+    }
+
+    /// Ranks this communicator knows to have died (their process ended or went silent), in
+    /// increasing order: what every survivor passes to [`Comm::shrink`]. News of a death
+    /// crosses the job within milliseconds, so a rank that just failed may briefly see fewer.
+    pub fn dead_ranks(&self) -> Vec<Rank> {
+        self.boot.health().dead()
+    }
+
     /// Stops every operation of this communicator, from any thread: waiting calls return
     /// `Error::Aborted` promptly, peers waiting on us see the failure, and later calls fail.
+    /// Its connections (shared memory, sockets, threads) are freed before this returns,
+    /// except while another thread's call still holds them after `ABORT_RELEASE_WAIT`: then
+    /// they go when the communicator is dropped.
     pub fn abort(&self) {
         self.abort.store(true, Ordering::Release);
         if let Some(c) = &self.cuda {
@@ -383,6 +411,18 @@ impl Comm {
         }
         Conns::poison_all(&self.fifos, &format!("rank {} aborted its communicator", self.info.rank));
         self.boot.abort();
+        // Waiters see the flag within milliseconds and let go of the state.
+        let until = std::time::Instant::now() + ABORT_RELEASE_WAIT;
+        loop {
+            match self.state.try_lock() {
+                Ok(mut st) => return st.conns.release(),
+                Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner().conns.release(),
+                Err(std::sync::TryLockError::WouldBlock) if std::time::Instant::now() < until => {
+                    std::thread::sleep(std::time::Duration::from_millis(1))
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            }
+        }
     }
 
     /// The DataType of `T`, for callers building raw arguments.
@@ -390,13 +430,24 @@ impl Comm {
         T::DTYPE
     }
 
-    pub(crate) fn check_usable(&self) -> Result<(), Error> {
+    /// Refuses a call (`what`: "all_reduce", "split") on an aborted or failed communicator,
+    /// naming the call as its launch would have ("all_reduce #13 on rank 1 of 4").
+    pub(crate) fn check_usable(&self, what: &str) -> Result<(), Error> {
+        let (rank, n) = (self.info.rank, self.info.nranks);
+        // Another thread may be inside an operation: then the number is left out, not waited for.
+        let label = match self.state.try_lock() {
+            Ok(st) => format!("{what} #{} on rank {rank} of {n}", st.seq + 1),
+            Err(_) => format!("{what} on rank {rank} of {n}"),
+        };
         if self.abort.load(Ordering::Acquire) {
-            return Err(Error::Aborted(format!("rank {}: the communicator was aborted", self.info.rank)));
+            return Err(Error::Aborted(format!("{label}: the communicator was aborted (Comm::abort); drop it")));
+        }
+        if let Some(e) = self.boot.health().failure() {
+            return Err(e.context(label));
         }
         let st = self.state.lock().map_err(|_| Error::Internal("communicator state poisoned".into()))?;
         if let Some(e) = &st.failed {
-            return Err(Error::Aborted(format!("rank {}: the communicator failed earlier and cannot be used: {e}", self.info.rank)));
+            return Err(Error::Aborted(format!("{label}: the communicator failed earlier and cannot be used: {e}")));
         }
         Ok(())
     }

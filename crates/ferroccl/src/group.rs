@@ -49,7 +49,7 @@ impl<'a> Group<'a> {
                 args.kind, comm.info.rank
             )));
         }
-        comm.check_usable()?;
+        comm.check_usable(args.kind.name())?;
         self.items.push((comm, args));
         Ok(())
     }
@@ -181,6 +181,9 @@ impl<'a> Group<'a> {
                 for (ci, comm) in comms.iter().enumerate() {
                     let keys = plans[ci].connections();
                     let ctx = ConnCtx { boot: &comm.boot, topo: &comm.info.topo, config: &comm.info.config, abort: &comm.abort, deadline };
+                    if let Some(e) = comm.boot.health().failure() {
+                        return Err(e.context(&labels[ci]));
+                    }
                     let conns = &mut guards[ci].conns;
                     let r = if phase == 0 { conns.setup_phase1(&keys, &ctx) } else { conns.setup_phase2(&keys, &ctx) };
                     r.map_err(|e| e.context(&labels[ci]))?;
@@ -196,6 +199,8 @@ impl<'a> Group<'a> {
                     label: label.clone(),
                     peer_names: &comm.info.peer_names,
                     peer_pids: &comm.info.peer_pids,
+                    peer_via: &comm.info.peer_via,
+                    health: comm.boot.health(),
                     slot_bytes: comm.info.config.slot_bytes,
                 });
             }
@@ -203,8 +208,18 @@ impl<'a> Group<'a> {
         })();
 
         let result = result.map_err(|e| {
-            // Remote peers' reports arrive a moment after the bare EOF their exit causes.
-            let e = guards.first().map(|g| g.conns.explain(e.clone(), FAILURE_GRACE)).unwrap_or(e);
+            // A dead peer is the cause that matters, whichever symptom showed first here; the
+            // heartbeats name it within milliseconds of a death, so wait for them a moment.
+            let aborted = comms.iter().zip(&labels).find(|(c, _)| c.abort.load(std::sync::atomic::Ordering::Acquire));
+            let e = if let Some((_, label)) = aborted {
+                // Our own abort explains everything, including the poison it spread.
+                Error::Aborted(format!("{label}: the communicator was aborted (Comm::abort)"))
+            } else if let Some(d) = dead_peer_error(&comms, &labels, &e) {
+                d
+            } else {
+                // Remote peers' reports arrive a moment after the bare EOF their exit causes.
+                guards.first().map(|g| g.conns.explain(e.clone(), FAILURE_GRACE)).unwrap_or(e)
+            };
             for (ci, comm) in comms.iter().enumerate() {
                 guards[ci].failed.get_or_insert_with(|| e.clone());
                 Conns::poison_all(&comm.fifos, &format!("rank {} failed: {e}", comm.info.rank));
@@ -215,6 +230,26 @@ impl<'a> Group<'a> {
             e
         });
         result
+    }
+}
+
+/// The failure the heartbeats report for one of `comms`, as the error of this launch, when
+/// `e` is the kind of error a dead peer causes (not a bad argument, not our own abort).
+fn dead_peer_error(comms: &[&Comm], labels: &[String], e: &Error) -> Option<Error> {
+    if !matches!(e, Error::Remote(_) | Error::Timeout(_) | Error::Protocol(_)) {
+        return None;
+    }
+    let until = Instant::now() + FAILURE_GRACE;
+    loop {
+        for (c, label) in comms.iter().zip(labels) {
+            if let Some(h) = c.boot.health().failure() {
+                return Some(h.context(label));
+            }
+        }
+        if Instant::now() >= until || matches!(e, Error::Timeout(_)) {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }
 

@@ -71,7 +71,7 @@ impl OpArgs {
             if p.is_null() {
                 return Err(Error::InvalidArgument(format!("{k}: {which} buffer is null but holds {b} bytes")));
             }
-            if (p as usize) % es != 0 {
+            if !(p as usize).is_multiple_of(es) {
                 return Err(Error::InvalidArgument(format!(
                     "{k}: {which} buffer {p:p} is not aligned to its {}-byte element type {}",
                     es, self.dtype

@@ -259,13 +259,14 @@ fn a_killed_peer_process_fails_every_survivor_promptly() {
         let killed_at = Instant::now();
         let out = wait_all(kids);
         let took = killed_at.elapsed();
-        assert!(took < Duration::from_secs(10), "{transport}: survivors took {took:?}");
+        // Heartbeats name the dead rank within milliseconds; 2 s covers the survivors' exit too.
+        assert!(took < Duration::from_secs(2), "{transport}: survivors took {took:?}");
         for (r, (ok, text)) in out.iter().enumerate() {
             if r == 2 {
                 continue;
             }
             assert!(!ok && text.contains("ERROR"), "{transport} rank {r}: {text}");
-            assert!(text.contains("rank 2") || text.contains("failed"), "{transport} rank {r} does not say who died: {text}");
+            assert!(text.contains("rank 2 (") && text.contains("died"), "{transport} rank {r} does not say who died: {text}");
         }
     }
 }

@@ -93,16 +93,14 @@ pub fn validate(desc: &CollDesc, rank: Rank, nranks: usize) -> Result<(), Error>
         return Err(Error::InvalidArgument(format!("rank {rank} is not below nranks {nranks}")));
     }
     match desc.kind {
-        CollKind::Send | CollKind::Recv => {
-            if desc.root >= nranks {
+        CollKind::Send | CollKind::Recv
+            if desc.root >= nranks => {
                 return Err(Error::InvalidArgument(format!("{} peer {} is not below nranks {nranks}", desc.kind, desc.root)));
             }
-        }
-        k if k.has_root() => {
-            if desc.root >= nranks {
+        k if k.has_root()
+            && desc.root >= nranks => {
                 return Err(Error::InvalidArgument(format!("{k} root {} is not below nranks {nranks}", desc.root)));
             }
-        }
         _ => {}
     }
     if desc.kind.buffer_counts(desc.count, nranks, true).is_none() {

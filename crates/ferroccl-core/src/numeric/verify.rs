@@ -272,7 +272,7 @@ impl Inputs {
     /// Rotation of the per-index window, in 0..n.
     #[inline(always)]
     fn rotation(&self, hi: u64) -> u64 {
-        mulhi(hi << 32 | hi >> 32, self.n)
+        mulhi(hi.rotate_right(32), self.n)
     }
 
     /// The sum window at `index` of the stream `key`: (contributors k, rotation, magnitude
@@ -506,22 +506,16 @@ pub fn expected_reduced_into(dtype: DataType, op: ReduceOp, nranks: usize, first
                 let wrapped = rot + k - end;
                 if float && premul {
                     let mut acc = 0.0;
-                    for r in 0..wrapped {
-                        acc += s * inp.sum_value(at(rkeys[r], i), q) as f64;
-                    }
-                    for r in rot..end {
-                        acc += s * inp.sum_value(at(rkeys[r], i), q) as f64;
+                    for &rk in rkeys[..wrapped].iter().chain(&rkeys[rot..end]) {
+                        acc += s * inp.sum_value(at(rk, i), q) as f64;
                     }
                     *o = acc;
                     continue;
                 }
                 // Exact: |sum| <= budget <= 2^53.
                 let mut acc = 0i64;
-                for r in 0..wrapped {
-                    acc += inp.sum_value(at(rkeys[r], i), q);
-                }
-                for r in rot..end {
-                    acc += inp.sum_value(at(rkeys[r], i), q);
+                for &rk in rkeys[..wrapped].iter().chain(&rkeys[rot..end]) {
+                    acc += inp.sum_value(at(rk, i), q);
                 }
                 *o = if float {
                     if op == ReduceOp::Avg {

@@ -175,8 +175,11 @@ pub struct SimOp {
     pub in_place: bool,
 }
 
+/// (memory size, input offset, input count, output offset, output count).
+type Layout = (usize, usize, usize, usize, usize);
+
 /// Where the input and output of an operation lie in the rank's memory for it.
-fn layout(op: &SimOp, rank: Rank, n: usize) -> (usize, usize, usize, usize, usize) {
+fn layout(op: &SimOp, rank: Rank, n: usize) -> Layout {
     let (inp, out) = op.kind.buffer_counts(op.count, n, rank == op.root).expect("sizes fit");
     if !op.in_place {
         return (inp + out, 0, inp, inp, out);
@@ -223,7 +226,7 @@ pub fn simulate(ops: &[Vec<SimOp>], plans: &[Plan], capacity: usize, seed: u64) 
     assert!(n <= 32 && ops.len() == n);
     // mems[r][op]; input and output offsets per (r, op).
     let mut mems: Vec<Vec<Mem>> = Vec::new();
-    let mut lay: Vec<Vec<(usize, usize, usize, usize, usize)>> = Vec::new();
+    let mut lay: Vec<Vec<Layout>> = Vec::new();
     for (r, rops) in ops.iter().enumerate() {
         let mut m = Vec::new();
         let mut l = Vec::new();
@@ -244,7 +247,7 @@ pub fn simulate(ops: &[Vec<SimOp>], plans: &[Plan], capacity: usize, seed: u64) 
             return Err(format!("plan {r} is for rank {} of {}", plans[r].rank, plans[r].nranks));
         }
     }
-    let addr = |lay: &Vec<Vec<(usize, usize, usize, usize, usize)>>, r: Rank, reg: &Region| -> usize {
+    let addr = |lay: &Vec<Vec<Layout>>, r: Rank, reg: &Region| -> usize {
         let l = lay[r][reg.op as usize];
         (if reg.buf == BufKind::Input { l.1 } else { l.3 }) + reg.offset
     };

@@ -10,6 +10,7 @@ use super::wire::{self, AbortSet, Dec, Enc, Wait, HANDSHAKE_MAX, POLL};
 use ferroccl_core::Error;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -22,6 +23,8 @@ const ANNOUNCE_LEN: usize = 4 + 8 + 8 + 1 + 8;
 pub(crate) const KIND_USER: u8 = 0;
 /// The bootstrap's own ring; a separate kind so that user tags need no reserved values.
 pub(crate) const KIND_RING: u8 = 1;
+/// Heartbeat links between ring neighbours (`watch`).
+pub(crate) const KIND_WATCH: u8 = 2;
 
 pub(crate) type Key = (u64, usize, u8, u64);
 
@@ -46,6 +49,8 @@ impl Shared {
 
 pub(crate) struct Listener {
     addr: SocketAddr,
+    /// The listening socket's twin, shut down at drop to wake the accept loop at once.
+    wake: TcpListener,
     shared: Arc<Shared>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -74,12 +79,13 @@ impl Listener {
         l.set_nonblocking(true).map_err(|e| Error::System(format!("bootstrap listener: {e}")))?;
         let shared = Arc::new(Shared { state: Mutex::new(State::default()), cv: Condvar::new() });
         let stop = Arc::new(AtomicBool::new(false));
+        let wake = l.try_clone().map_err(|e| Error::System(format!("bootstrap listener: {e}")))?;
         let (sh, st) = (shared.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name("ferroccl-listen".into())
             .spawn(move || serve(l, secret, timeout.min(HANDSHAKE_MAX), sh, st))
             .map_err(|e| Error::System(format!("starting the bootstrap listener thread: {e}")))?;
-        Ok(Arc::new(Listener { addr, shared, stop, thread: Some(thread) }))
+        Ok(Arc::new(Listener { addr, wake, shared, stop, thread: Some(thread) }))
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -103,6 +109,33 @@ impl Listener {
         }
     }
 
+    /// Like `take`, for connections whose tag every rank must agree on (ring and heartbeat
+    /// links): one parked under the same communicator and kind with another tag means that
+    /// its sender disagrees with us (a shrink with another exclude list), which fails now
+    /// rather than at the deadline.
+    pub fn take_exact(&self, key: Key, w: &Wait, peer: &str) -> Result<TcpStream, Error> {
+        let mut st = self.shared.lock();
+        loop {
+            if let Some(q) = st.parked.get_mut(&key) {
+                if let Some(s) = q.pop_front() {
+                    if q.is_empty() {
+                        st.parked.remove(&key);
+                    }
+                    return Ok(s);
+                }
+            }
+            if let Some(k) = st.parked.keys().find(|k| k.0 == key.0 && k.2 == key.2 && k.3 != key.3) {
+                return Err(Error::InvalidArgument(format!(
+                    "rank {} joined this communicator with a different set of members than ours (waiting for {peer}): \
+                     every survivor of a shrink must pass the same exclude list",
+                    k.1
+                )));
+            }
+            w.check(|| format!("waiting for a connection from {peer}"))?;
+            st = self.shared.cv.wait_timeout(st, POLL).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
     /// Closes what is parked for `comm_id` and refuses its later arrivals, so that peers still
     /// talking to that communicator see EOF instead of waiting for their deadline.
     pub fn close_comm(&self, comm_id: u64) {
@@ -116,6 +149,8 @@ impl Listener {
 impl Drop for Listener {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        // SAFETY: shutdown(2) on a socket we own; poll() in the accept loop returns at once.
+        unsafe { libc::shutdown(self.wake.as_raw_fd(), libc::SHUT_RDWR) };
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -126,8 +161,10 @@ fn serve(l: TcpListener, secret: [u8; 16], hs_timeout: Duration, shared: Arc<Sha
     let gate = Gate::new();
     while !stop.load(Ordering::Acquire) {
         let (stream, from) = match wire::poll_accept(&l, POLL) {
+            Ok(Some(_)) if stop.load(Ordering::Acquire) => break,
             Ok(Some(c)) => c,
             Ok(None) => continue,
+            Err(_) if stop.load(Ordering::Acquire) => break,
             Err(e) => {
                 tracing::warn!("bootstrap listener accept failed: {e}");
                 std::thread::sleep(POLL);

@@ -20,10 +20,12 @@
 
 mod auth;
 mod gate;
+pub(crate) mod health;
 mod host;
 mod listener;
 mod root;
 mod unique_id;
+mod watch;
 mod wire;
 
 #[cfg(test)]
@@ -33,7 +35,8 @@ pub use unique_id::UniqueId;
 
 use ferroccl_core::config::LaunchEnv;
 use ferroccl_core::{Config, Error};
-use listener::{Listener, KIND_RING, KIND_USER};
+use health::Health;
+use listener::{Listener, KIND_RING, KIND_USER, KIND_WATCH};
 use sha2::{Digest, Sha256};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -80,6 +83,12 @@ pub struct Bootstrap {
     /// holds the ring locks inside a wait.
     shutdown: Vec<TcpStream>,
     seq: AtomicU64,
+    /// What this communicator knows about its peers' liveness; every wait here reads it.
+    health: Arc<Health>,
+    /// The heartbeat thread (none for a single rank).
+    watch: Mutex<Option<watch::Watch>>,
+    /// Shrinks made from this communicator so far: each gets its own communicator id.
+    shrinks: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -88,6 +97,24 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn describe(p: &PeerInfo) -> String {
     format!("rank {} ({})", p.rank, p.addr)
+}
+
+/// The long form, for failures: "rank 2 (host, pid 123, 10.0.0.2:41234)".
+fn name_of(p: &PeerInfo) -> String {
+    format!("rank {} ({}, pid {}, {})", p.rank, p.hostname, p.pid, p.addr)
+}
+
+/// What a new communicator's bootstrap inherits or gets fresh (see `assemble`).
+struct Parts {
+    secret: [u8; 16],
+    config: Config,
+    abort: AbortSet,
+    own_abort: Arc<AtomicBool>,
+    listener: Arc<Listener>,
+    health: Arc<Health>,
+    /// Tag of the ring and heartbeat connections: 0, or for a shrink a hash of the survivors,
+    /// so that ranks disagreeing on who survives never connect to each other.
+    tag: u64,
 }
 
 impl Bootstrap {
@@ -128,7 +155,8 @@ impl Bootstrap {
         if rank >= nranks {
             return Err(Error::InvalidArgument(format!("rank {rank} is not below nranks={nranks}")));
         }
-        let aset = AbortSet::new(abort.clone());
+        let health = Arc::new(Health::default());
+        let aset = AbortSet::new(abort.clone()).with_health(health.clone());
         let w = Wait::new(config.timeout, aset.clone());
         let ctx = |e: Error| e.context(format!("bootstrap of rank {rank} of {nranks}"));
         let peer = format!("the bootstrap root at {root}");
@@ -152,46 +180,52 @@ impl Bootstrap {
         rw.deadline += ROOT_GRACE;
         let (comm_id, peers) = root::rendezvous(&mut s, root, nranks, &me, config.max_bootstrap_msg, &rw)?;
         drop(s);
-        Bootstrap::assemble(rank, comm_id, peers, secret, config.clone(), aset, abort, listener)
+        let parts = Parts { secret, config: config.clone(), abort: aset, own_abort: abort, listener, health, tag: 0 };
+        Bootstrap::assemble(rank, comm_id, peers, parts)
     }
 
-    /// Builds a communicator from an agreed table: connects the ring (this rank to the next).
-    #[allow(clippy::too_many_arguments)]
-    fn assemble(
-        rank: usize,
-        comm_id: u64,
-        peers: Vec<PeerInfo>,
-        secret: [u8; 16],
-        config: Config,
-        abort: AbortSet,
-        own_abort: Arc<AtomicBool>,
-        listener: Arc<Listener>,
-    ) -> Result<Bootstrap, Error> {
+    /// Builds a communicator from an agreed table: connects the ring (this rank to the next)
+    /// and the heartbeat links to both ring neighbours.
+    fn assemble(rank: usize, comm_id: u64, peers: Vec<PeerInfo>, p: Parts) -> Result<Bootstrap, Error> {
         let mut b = Bootstrap {
             rank,
             nranks: peers.len(),
             comm_id,
             peers,
-            secret,
-            config,
-            abort,
-            own_abort,
-            listener,
+            secret: p.secret,
+            config: p.config,
+            abort: p.abort,
+            own_abort: p.own_abort,
+            listener: p.listener,
             ring: None,
             shutdown: Vec::new(),
             seq: AtomicU64::new(0),
+            health: p.health,
+            watch: Mutex::new(None),
+            shrinks: AtomicU64::new(0),
         };
         let n = b.nranks;
         if n > 1 {
             let w = b.wait();
-            let next = b.connect_kind((rank + 1) % n, KIND_RING, 0, &w)?;
-            let pp = &b.peers[(rank + n - 1) % n];
-            let prev = b.listener.take((comm_id, pp.rank, KIND_RING, 0), &w, &describe(pp))?;
+            let (next_rank, prev_rank) = ((rank + 1) % n, (rank + n - 1) % n);
+            let pp = describe(&b.peers[prev_rank]);
+            let next = b.connect_kind(next_rank, KIND_RING, p.tag, &w)?;
+            let prev = b.listener.take_exact((comm_id, prev_rank, KIND_RING, p.tag), &w, &pp)?;
+            let watch_next = b.connect_kind(next_rank, KIND_WATCH, p.tag, &w)?;
+            let watch_prev = b.listener.take_exact((comm_id, prev_rank, KIND_WATCH, p.tag), &w, &pp)?;
             for s in [&next, &prev] {
                 let d = s.try_clone().map_err(|e| Error::System(format!("duplicating a bootstrap socket: {e}")))?;
                 b.shutdown.push(d);
             }
             b.ring = Some(Ring { next: Mutex::new(next), prev: Mutex::new(prev) });
+            let spec = watch::WatchSpec {
+                me: rank,
+                names: b.peers.iter().map(name_of).collect(),
+                interval: b.config.heartbeat_interval,
+                misses: b.config.heartbeat_misses,
+            };
+            let links = vec![(next_rank, watch_next), (prev_rank, watch_prev)];
+            *lock(&b.watch) = Some(watch::Watch::start(spec, links, b.health.clone())?);
         }
         Ok(b)
     }
@@ -271,8 +305,10 @@ impl Bootstrap {
                             match rx.recv_timeout(POLL) {
                                 Ok(b) => break b,
                                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                                    if let Err(e) = w2.check(|| format!("forwarding to {next_name}")) {
-                                        return fail_ref(e);
+                                    // Waiting for our reader, not for a peer: the reader fails
+                                    // at the same deadline and names the rank it waited for.
+                                    if w2.check(String::new).is_err() {
+                                        return;
                                     }
                                 }
                                 // The reader failed and recorded why.
@@ -320,6 +356,11 @@ impl Bootstrap {
         });
 
         if let Some(e) = lock(&first_err).take() {
+            // A ring left mid-message cannot carry another collective, and closing it tells
+            // the neighbours (and theirs, in turn) at once instead of at their deadlines.
+            for s in &self.shutdown {
+                let _ = s.shutdown(Shutdown::Both);
+            }
             return Err(ctx(e));
         }
         Ok(out
@@ -394,22 +435,113 @@ impl Bootstrap {
             .map(|(i, &(_, r, _))| PeerInfo { rank: i, ..self.peers[r].clone() })
             .collect();
         let own = Arc::new(AtomicBool::new(false));
-        Bootstrap::assemble(new_rank, comm_id, peers, self.secret, self.config.clone(), self.abort.with(own.clone()), own, self.listener.clone())
+        let health = Arc::new(Health::default());
+        let parts = Parts {
+            secret: self.secret,
+            config: self.config.clone(),
+            abort: self.abort.with(own.clone()).with_health(health.clone()),
+            own_abort: own,
+            listener: self.listener.clone(),
+            health,
+            tag: 0,
+        };
+        Bootstrap::assemble(new_rank, comm_id, peers, parts)
             .map(Some)
             .map_err(|e| e.context(format!("split of rank {} (color {c})", self.rank)))
     }
 
+    /// A new communicator of every rank not in `exclude`, renumbered densely in the old order.
+    /// Needs nothing from the old ring or from the excluded ranks, so it works after a failure:
+    /// the survivors connect directly, from the addresses the old communicator learnt at init.
+    /// Every survivor must pass the same set: ranks that disagree refuse each other's
+    /// connections (their tags differ) and fail naming the mismatch.
+    pub fn shrink(&self, exclude: &[usize]) -> Result<Bootstrap, Error> {
+        let n = self.nranks;
+        let mut ex = exclude.to_vec();
+        ex.sort_unstable();
+        ex.dedup();
+        if let Some(&bad) = ex.iter().find(|&&r| r >= n) {
+            return Err(Error::InvalidArgument(format!("shrink: excluded rank {bad} is not below nranks={n}")));
+        }
+        if ex.contains(&self.rank) {
+            return Err(Error::InvalidArgument(format!(
+                "shrink: rank {} is in its own exclude list {ex:?}; excluded ranks do not call shrink",
+                self.rank
+            )));
+        }
+        let unexcluded: Vec<usize> = self.health.dead().into_iter().filter(|r| !ex.contains(r)).collect();
+        if !unexcluded.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "shrink: rank(s) {unexcluded:?} died but are not in the exclude list {ex:?}; exclude every dead rank"
+            )));
+        }
+        let generation = self.shrinks.fetch_add(1, Ordering::Relaxed);
+        let members: Vec<usize> = (0..n).filter(|r| !ex.contains(r)).collect();
+        let new_rank = members.iter().position(|&r| r == self.rank).expect("not excluded");
+        let hash = |parts: &[&[u8]]| {
+            let mut h = Sha256::new();
+            for p in parts {
+                h.update(p);
+            }
+            u64::from_le_bytes(h.finalize()[..8].try_into().expect("8 bytes"))
+        };
+        let comm_id = hash(&[b"ferroccl shrink\0", &self.comm_id.to_le_bytes(), &generation.to_le_bytes()]);
+        let member_bytes: Vec<u8> = members.iter().flat_map(|&r| (r as u64).to_le_bytes()).collect();
+        let tag = hash(&[b"ferroccl survivors\0", &member_bytes]);
+        let peers = members.iter().enumerate().map(|(i, &r)| PeerInfo { rank: i, ..self.peers[r].clone() }).collect();
+        // A fresh abort set: the old communicator is typically aborted or failed already.
+        let own = Arc::new(AtomicBool::new(false));
+        let health = Arc::new(Health::default());
+        let parts = Parts {
+            secret: self.secret,
+            config: self.config.clone(),
+            abort: AbortSet::new(own.clone()).with_health(health.clone()),
+            own_abort: own,
+            listener: self.listener.clone(),
+            health,
+            tag,
+        };
+        Bootstrap::assemble(new_rank, comm_id, peers, parts).map_err(|e| {
+            let e = e.context(format!("shrink of rank {} of {n} excluding {ex:?}", self.rank));
+            match e {
+                Error::Timeout(m) => Error::Timeout(format!(
+                    "{m}; do all survivors call shrink with the same exclude list, and is every dead rank in it?"
+                )),
+                e => e,
+            }
+        })
+    }
+
+    /// Liveness of this communicator's peers, as the heartbeats tell it.
+    pub(crate) fn health(&self) -> &Arc<Health> {
+        &self.health
+    }
+
+    /// The flag that `abort()` sets.
+    pub(crate) fn abort_flag(&self) -> &Arc<AtomicBool> {
+        &self.own_abort
+    }
+
+    /// Ends every wait of this communicator, tells the peers (they fail too, naming us), and
+    /// stops the heartbeat thread.
     pub fn abort(&self) {
         self.own_abort.store(true, Ordering::Release);
         for s in &self.shutdown {
             let _ = s.shutdown(Shutdown::Both);
         }
         self.listener.close_comm(self.comm_id);
+        if let Some(mut w) = lock(&self.watch).take() {
+            w.stop(true);
+        }
     }
 }
 
 impl Drop for Bootstrap {
     fn drop(&mut self) {
+        // Goodbye first: neighbours then take our closing connections for what they are.
+        if let Some(mut w) = lock(&self.watch).take() {
+            w.stop(false);
+        }
         self.listener.close_comm(self.comm_id);
     }
 }

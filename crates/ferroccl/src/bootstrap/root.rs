@@ -19,6 +19,9 @@ use std::time::Instant;
 /// A hello is a few hundred bytes; anything larger is not one of ours.
 const MAX_HELLO: usize = 4096;
 
+/// The accept loop's poll while hellos may be on their way from handshake threads.
+const ARRIVAL_POLL: std::time::Duration = std::time::Duration::from_millis(1);
+
 const KIND_INVALID: u8 = 1;
 const KIND_TIMEOUT: u8 = 2;
 const KIND_PROTOCOL: u8 = 3;
@@ -69,9 +72,14 @@ fn serve(l: TcpListener, secret: [u8; 16], config: Config) {
     let mut first_at: Option<Instant> = None;
     let hs_wait = || Wait::new(config.timeout.min(HANDSHAKE_MAX), wire::AbortSet::new(done.clone()));
 
+    // Hellos arrive from handshake threads, not through the socket poll(2) watches: once
+    // connections come in, poll briefly so that the last hello is not left waiting a full POLL
+    // (every init would pay for it).
+    let mut poll = POLL;
     loop {
-        match wire::poll_accept(&l, POLL) {
+        match wire::poll_accept(&l, poll) {
             Ok(Some((stream, from))) => {
+                poll = ARRIVAL_POLL;
                 let tx = tx.clone();
                 let w = hs_wait();
                 gate.run(from, move || {

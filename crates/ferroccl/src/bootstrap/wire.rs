@@ -3,6 +3,7 @@
 //! Every blocking call here wakes at least every `POLL` so that an abort flag set by another
 //! thread (or a passed deadline) is noticed promptly even when the peer is silent.
 
+use super::health::Health;
 use ferroccl_core::Error;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
@@ -18,23 +19,40 @@ pub(crate) const POLL: Duration = Duration::from_millis(50);
 pub(crate) const HANDSHAKE_MAX: Duration = Duration::from_secs(10);
 
 /// A set of abort flags; any of them set aborts. A child communicator watches its parent's
-/// flags too, while aborting the child leaves the parent alone.
+/// flags too, while aborting the child leaves the parent alone. The communicator's health, when
+/// present, ends waits too: a peer's death is an error naming it, not a wait until the deadline.
 #[derive(Clone, Default)]
-pub(crate) struct AbortSet(Vec<Arc<AtomicBool>>);
+pub(crate) struct AbortSet {
+    flags: Vec<Arc<AtomicBool>>,
+    health: Option<Arc<Health>>,
+}
 
 impl AbortSet {
     pub fn new(flag: Arc<AtomicBool>) -> AbortSet {
-        AbortSet(vec![flag])
+        AbortSet { flags: vec![flag], health: None }
     }
 
     pub fn with(&self, flag: Arc<AtomicBool>) -> AbortSet {
-        let mut v = self.0.clone();
-        v.push(flag);
-        AbortSet(v)
+        let mut a = self.clone();
+        a.flags.push(flag);
+        a
+    }
+
+    /// The same flags, watching `health` (a communicator's own, replacing any parent's).
+    pub fn with_health(&self, health: Arc<Health>) -> AbortSet {
+        AbortSet { flags: self.flags.clone(), health: Some(health) }
     }
 
     pub fn is_set(&self) -> bool {
-        self.0.iter().any(|f| f.load(Ordering::Acquire))
+        self.flags.iter().any(|f| f.load(Ordering::Acquire)) || self.health.as_ref().is_some_and(|h| h.is_failed())
+    }
+
+    /// Why the wait must end: the peer failure first (it names who), else a plain abort.
+    fn error(&self, doing: impl FnOnce() -> String) -> Error {
+        match self.health.as_ref().and_then(|h| h.failure()) {
+            Some(e) => e.context(doing()),
+            None => Error::Aborted(doing()),
+        }
     }
 }
 
@@ -64,17 +82,22 @@ impl Wait {
     /// `doing` describes the operation for the error message, e.g. "reading from rank 2 (addr)".
     pub fn check(&self, doing: impl FnOnce() -> String) -> Result<(), Error> {
         if self.abort.is_set() {
-            return Err(Error::Aborted(doing()));
+            return Err(self.abort.error(doing));
         }
         if Instant::now() >= self.deadline {
-            return Err(Error::Timeout(format!("{} did not complete within {:?}", doing(), self.timeout)));
+            return Err(Error::Timeout(format!(
+                "{} did not complete within {:?} (FERROCCL_TIMEOUT): that peer is stuck, slow, or not making \
+                 this call",
+                doing(),
+                self.timeout
+            )));
         }
         Ok(())
     }
 
     fn aborted_or(&self, doing: impl FnOnce() -> String, e: Error) -> Error {
         if self.abort.is_set() {
-            Error::Aborted(doing())
+            self.abort.error(doing)
         } else {
             e
         }
@@ -97,7 +120,7 @@ pub(crate) fn read_exact(s: &mut TcpStream, buf: &mut [u8], w: &Wait, peer: &str
                 return Err(w.aborted_or(
                     || format!("reading from {peer}"),
                     Error::Remote(format!(
-                        "{peer} closed the connection (truncated message: got {got} of {} bytes)",
+                        "{peer} closed the connection (it failed, aborted or exited; truncated message: got {got} of {} bytes)",
                         buf.len()
                     )),
                 ))
@@ -162,7 +185,7 @@ pub(crate) fn connect_retry(addr: SocketAddr, w: &Wait, what: &str) -> Result<Tc
     let mut last: Option<io::Error> = None;
     loop {
         if w.abort.is_set() {
-            return Err(Error::Aborted(format!("connecting to {what} at {addr}")));
+            return Err(w.abort.error(|| format!("connecting to {what} at {addr}")));
         }
         if Instant::now() >= w.deadline {
             let why = last.map(|e| format!(" (last error: {e})")).unwrap_or_default();

@@ -18,7 +18,7 @@ mod shm;
 mod tcp;
 
 pub use fifo::{pid_alive, Consumer, FifoLayout, FifoMem, Producer};
-pub use tcp::{tcp_receiver, tcp_sender};
+pub use tcp::{tcp_receiver, tcp_receiver_joinable, tcp_sender, tcp_sender_joinable};
 
 #[cfg(test)]
 mod tests;

@@ -106,14 +106,25 @@ impl FifoMem {
         deadline: Instant,
         abort: &AtomicBool,
     ) -> Result<Arc<FifoMem>, Error> {
+        let stop = || abort.load(Ordering::Acquire).then(|| Error::Aborted(format!("while waiting for shared-memory segment {name}")));
+        FifoMem::shm_open_until(name, layout, deadline, &stop)
+    }
+
+    /// `shm_open` that gives up as soon as `stop` returns an error (abort, a dead peer).
+    pub fn shm_open_until(
+        name: &str,
+        layout: FifoLayout,
+        deadline: Instant,
+        stop: &dyn Fn() -> Option<Error>,
+    ) -> Result<Arc<FifoMem>, Error> {
         layout.validate()?;
         let cname = c_name(name)?;
         let want = layout.total_bytes();
         let mut nap = Duration::from_micros(200);
         let mut last_state = "does not exist yet";
         loop {
-            if abort.load(Ordering::Acquire) {
-                return Err(Error::Aborted(format!("while waiting for shared-memory segment {name}")));
+            if let Some(e) = stop() {
+                return Err(e);
             }
             if let Some(mem) = try_attach(&cname, name, layout, want, &mut last_state)? {
                 FifoMem::shm_unlink(name);

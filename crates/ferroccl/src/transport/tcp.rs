@@ -11,6 +11,7 @@ use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How often a bridge thread blocked on the socket or the FIFO looks at abort/close flags.
@@ -51,31 +52,37 @@ fn is_timeout(e: &io::Error) -> bool {
     matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted)
 }
 
-fn spawn(name: &str, label: &str, f: impl FnOnce() + Send + 'static) -> Result<(), Error> {
-    std::thread::Builder::new().name(name.into()).spawn(f).map(|_| ()).map_err(|e| {
+fn spawn(name: &str, label: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, Error> {
+    std::thread::Builder::new().name(name.into()).spawn(f).map_err(|e| {
         Error::System(format!("{label}: cannot start a transport thread: {e} (thread or memory limit reached)"))
     })
 }
 
 /// Starts a thread that sends everything committed to the returned Producer over `stream`.
-pub fn tcp_sender(
+pub fn tcp_sender(stream: TcpStream, layout: FifoLayout, label: String, abort: Arc<AtomicBool>) -> Result<Producer, Error> {
+    tcp_sender_joinable(stream, layout, label, abort).map(|(p, _)| p)
+}
+
+/// `tcp_sender`, with the thread's handle: it exits within `POLL` of an abort, or once it has
+/// sent everything after the Producer is dropped.
+pub fn tcp_sender_joinable(
     stream: TcpStream,
     layout: FifoLayout,
     label: String,
     abort: Arc<AtomicBool>,
-) -> Result<Producer, Error> {
+) -> Result<(Producer, JoinHandle<()>), Error> {
     prepare(&stream, &label)?;
     let mem = FifoMem::heap(layout)?;
     let producer = Producer::new(mem.clone());
     let mut consumer = Consumer::new(mem);
-    spawn("ferroccl-tcp-tx", &label.clone(), move || {
+    let t = spawn("ferroccl-tcp-tx", &label.clone(), move || {
         if let Stop::Fail(kind, reason) = send_loop(&stream, &mut consumer, &label, &abort) {
             tracing::debug!("{reason}");
             consumer.mem().poison_kind(kind, &reason);
         }
         let _ = stream.shutdown(Shutdown::Both);
     })?;
-    Ok(producer)
+    Ok((producer, t))
 }
 
 fn send_loop(stream: &TcpStream, consumer: &mut Consumer, label: &str, abort: &AtomicBool) -> Stop {
@@ -197,24 +204,30 @@ fn write_frame(
 }
 
 /// Starts a thread that receives frames from `stream` into the returned Consumer.
-pub fn tcp_receiver(
+pub fn tcp_receiver(stream: TcpStream, layout: FifoLayout, label: String, abort: Arc<AtomicBool>) -> Result<Consumer, Error> {
+    tcp_receiver_joinable(stream, layout, label, abort).map(|(c, _)| c)
+}
+
+/// `tcp_receiver`, with the thread's handle: it exits within `POLL` of an abort, of the
+/// Consumer being dropped, or of the peer closing.
+pub fn tcp_receiver_joinable(
     stream: TcpStream,
     layout: FifoLayout,
     label: String,
     abort: Arc<AtomicBool>,
-) -> Result<Consumer, Error> {
+) -> Result<(Consumer, JoinHandle<()>), Error> {
     prepare(&stream, &label)?;
     let mem = FifoMem::heap(layout)?;
     let consumer = Consumer::new(mem.clone());
     let mut producer = Producer::new(mem);
-    spawn("ferroccl-tcp-rx", &label.clone(), move || {
+    let t = spawn("ferroccl-tcp-rx", &label.clone(), move || {
         if let Stop::Fail(kind, reason) = recv_loop(&stream, &mut producer, &label, &abort) {
             tracing::debug!("{reason}");
             producer.mem().poison_kind(kind, &reason);
         }
         let _ = stream.shutdown(Shutdown::Both);
     })?;
-    Ok(consumer)
+    Ok((consumer, t))
 }
 
 fn recv_loop(stream: &TcpStream, producer: &mut Producer, label: &str, abort: &AtomicBool) -> Stop {

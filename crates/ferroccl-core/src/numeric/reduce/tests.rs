@@ -71,7 +71,7 @@ fn fill_random(dtype: DataType, b: &mut [u8], rng: &mut Rng) {
             let m = 1.0 + (h >> 12) as f64 / (1u64 << 52) as f64;
             let e = (h % 11) as i32 - 5;
             let s = if h & (1 << 8) != 0 { -1.0 } else { 1.0 };
-            let v = if h % 17 == 0 { 0.0 } else { s * m * 2f64.powi(e) };
+            let v = if h.is_multiple_of(17) { 0.0 } else { s * m * 2f64.powi(e) };
             store_f64(dtype, b, i, v);
         } else {
             let h = rng.next().to_ne_bytes();

@@ -8,13 +8,14 @@
 //! a peer's phase 1 (map the peers' FIFOs, take the accepted sockets).
 
 use crate::bootstrap::Bootstrap;
-use crate::transport::{tcp_receiver, tcp_sender, Consumer, FifoLayout, FifoMem, Producer};
+use crate::transport::{tcp_receiver_joinable, tcp_sender_joinable, Consumer, FifoLayout, FifoMem, Producer};
 use ferroccl_core::plan::{ConnKey, Dir};
 use ferroccl_core::topo::{Topology, TransportKind};
 use ferroccl_core::{Config, Error, Rank};
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 /// Everything a connection setup needs to know about its communicator.
@@ -33,6 +34,8 @@ pub(crate) struct Conns {
     created: Vec<String>,
     /// Send connections bridged to sockets by a thread (whose flush a failure waits for).
     tcp_send: Vec<(Rank, u32)>,
+    /// The socket bridge threads, joined when an abort releases the connections.
+    threads: Vec<JoinHandle<()>>,
     /// Every FIFO of the communicator, so that `abort` can poison them without taking the lock
     /// an executing operation holds.
     pub fifos: Arc<Mutex<Vec<Arc<FifoMem>>>>,
@@ -40,7 +43,7 @@ pub(crate) struct Conns {
 
 impl Conns {
     pub fn new(fifos: Arc<Mutex<Vec<Arc<FifoMem>>>>) -> Conns {
-        Conns { send: HashMap::new(), recv: HashMap::new(), created: Vec::new(), tcp_send: Vec::new(), fifos }
+        Conns { send: HashMap::new(), recv: HashMap::new(), created: Vec::new(), tcp_send: Vec::new(), threads: Vec::new(), fifos }
     }
 
     fn layout(config: &Config) -> FifoLayout {
@@ -77,7 +80,8 @@ impl Conns {
                 (Dir::Send, TransportKind::Tcp) if !self.send.contains_key(&(k.peer, k.channel)) => {
                     let label = Self::label(ctx, k.peer, k.channel, kind);
                     let stream = ctx.boot.connect(k.peer, k.channel as u64).map_err(|e| e.context(&label))?;
-                    let p = tcp_sender(stream, Self::layout(ctx.config), label, ctx.abort.clone())?;
+                    let (p, t) = tcp_sender_joinable(stream, Self::layout(ctx.config), label, ctx.abort.clone())?;
+                    self.threads.push(t);
                     self.register(p.mem());
                     self.tcp_send.push((k.peer, k.channel));
                     self.send.insert((k.peer, k.channel), p);
@@ -96,7 +100,15 @@ impl Conns {
             match (k.dir, kind) {
                 (Dir::Send, TransportKind::Shm) if !self.send.contains_key(&(k.peer, k.channel)) => {
                     let name = Self::shm_name(ctx.boot, me, k.peer, k.channel);
-                    let mem = FifoMem::shm_open(&name, Self::layout(ctx.config), ctx.deadline, ctx.abort)
+                    // The receiver creates the segment; if it died first, its death ends this wait.
+                    let health = ctx.boot.health();
+                    let stop = || {
+                        if ctx.abort.load(Ordering::Acquire) {
+                            return Some(Error::Aborted(format!("while waiting for shared-memory segment {name}")));
+                        }
+                        health.failure()
+                    };
+                    let mem = FifoMem::shm_open_until(&name, Self::layout(ctx.config), ctx.deadline, &stop)
                         .map_err(|e| e.context(Self::label(ctx, k.peer, k.channel, kind)))?;
                     self.register(&mem);
                     self.send.insert((k.peer, k.channel), Producer::new(mem));
@@ -104,7 +116,8 @@ impl Conns {
                 (Dir::Recv, TransportKind::Tcp) if !self.recv.contains_key(&(k.peer, k.channel)) => {
                     let label = Self::label(ctx, k.peer, k.channel, kind);
                     let stream = ctx.boot.accept(k.peer, k.channel as u64).map_err(|e| e.context(&label))?;
-                    let c = tcp_receiver(stream, Self::layout(ctx.config), label, ctx.abort.clone())?;
+                    let (c, t) = tcp_receiver_joinable(stream, Self::layout(ctx.config), label, ctx.abort.clone())?;
+                    self.threads.push(t);
                     self.register(c.mem());
                     self.recv.insert((k.peer, k.channel), c);
                 }
@@ -160,10 +173,38 @@ impl Conns {
     }
 }
 
+impl Conns {
+    /// After an abort: frees every connection now (shared-memory mappings and names, sockets,
+    /// bridge threads) instead of when the communicator is dropped.
+    pub fn release(&mut self) {
+        self.send.clear();
+        self.recv.clear();
+        self.tcp_send.clear();
+        for name in self.created.drain(..) {
+            FifoMem::shm_unlink(&name);
+        }
+        if let Ok(mut l) = self.fifos.lock() {
+            l.clear();
+        }
+        // The abort flag is set, so each thread returns within its poll interval.
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
 impl Drop for Conns {
     fn drop(&mut self) {
         for name in &self.created {
             FifoMem::shm_unlink(name);
+        }
+        // Socket senders still flushing the end of the last operation must finish before the
+        // communicator is gone (a process may exit right after): a peer still needs that data.
+        // They stop once it is sent, or at an error, or after LINGER without progress.
+        self.send.clear();
+        self.recv.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
         }
     }
 }

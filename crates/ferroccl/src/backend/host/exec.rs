@@ -7,6 +7,7 @@
 //! piece by piece (a rank forwards the first slot of a chunk while the next slot is arriving).
 
 use super::conns::Conns;
+use crate::bootstrap::health::Health;
 use crate::transport::{pid_alive, Consumer, Producer};
 use ferroccl_core::numeric::Reducer;
 use ferroccl_core::plan::{BufKind, Plan, Region, Step};
@@ -33,6 +34,10 @@ pub(crate) struct Unit<'a> {
     pub peer_names: &'a [String],
     /// Process id of each peer on this host (0 elsewhere), to notice dead peers.
     pub peer_pids: &'a [u32],
+    /// The transport to each peer ("shm", "tcp"), for errors.
+    pub peer_via: &'a [&'static str],
+    /// What the heartbeats know about the peers.
+    pub health: &'a Health,
     /// Bytes of one FIFO slot: the size of a piece.
     pub slot_bytes: usize,
 }
@@ -64,10 +69,10 @@ fn region_ptr(ops: &[OpBufs], r: &Region, skip: usize) -> *mut u8 {
     unsafe { base.add((r.offset + skip) * es) }
 }
 
-fn recv_port<'c>(conns: &'c mut Conns, peer: Rank, ch: u32) -> Result<&'c mut Consumer, Error> {
+fn recv_port(conns: &mut Conns, peer: Rank, ch: u32) -> Result<&mut Consumer, Error> {
     conns.recv.get_mut(&(peer, ch)).ok_or_else(|| Error::Internal(format!("no receive connection from rank {peer} channel {ch}")))
 }
-fn send_port<'c>(conns: &'c mut Conns, peer: Rank, ch: u32) -> Result<&'c mut Producer, Error> {
+fn send_port(conns: &mut Conns, peer: Rank, ch: u32) -> Result<&mut Producer, Error> {
     conns.send.get_mut(&(peer, ch)).ok_or_else(|| Error::Internal(format!("no send connection to rank {peer} channel {ch}")))
 }
 
@@ -76,21 +81,18 @@ fn try_piece(u: &mut Unit, ch: u32, step: &Step, cur: &mut Cursor) -> Result<Mov
     let es = u.ops[step.op() as usize].reducer.dtype().size();
     let piece_elems = (u.slot_bytes / es).max(1);
     let left = step.count() - cur.done;
-    match *step {
-        Step::Copy { src, dst, pre, post } => {
-            let (s, d) = (region_ptr(&u.ops, &src, 0), region_ptr(&u.ops, &dst, 0));
-            if pre || post {
-                let red = &u.ops[src.op as usize].reducer;
-                // SAFETY: both regions lie inside validated buffers; equal pointers are allowed.
-                unsafe { red.transform(&[d], s, src.count, pre, post) };
-            } else if s != d {
-                // SAFETY: as above; `copy` tolerates overlap.
-                unsafe { std::ptr::copy(s, d, src.count * es) };
-            }
-            cur.done = step.count();
-            return Ok(Moved::Yes);
+    if let Step::Copy { src, dst, pre, post } = *step {
+        let (s, d) = (region_ptr(&u.ops, &src, 0), region_ptr(&u.ops, &dst, 0));
+        if pre || post {
+            let red = &u.ops[src.op as usize].reducer;
+            // SAFETY: both regions lie inside validated buffers; equal pointers are allowed.
+            unsafe { red.transform(&[d], s, src.count, pre, post) };
+        } else if s != d {
+            // SAFETY: as above; `copy` tolerates overlap.
+            unsafe { std::ptr::copy(s, d, src.count * es) };
         }
-        _ => {}
+        cur.done = step.count();
+        return Ok(Moved::Yes);
     }
     let n = left.min(piece_elems);
     let bytes = n * es;
@@ -177,17 +179,25 @@ fn try_piece(u: &mut Unit, ch: u32, step: &Step, cur: &mut Cursor) -> Result<Mov
 /// cannot starve the others (and their peers).
 const BURST: usize = 16;
 
+/// How long an operation may sit without progress once a rank of its communicator is known to
+/// be dead, when the lane it waits on is not the dead rank's: an operation that still moves
+/// (one that only needs live ranks, or finishing the tail of its work) completes, one that
+/// waits on a rank that waits on the dead one fails. The peer it waits on fails too, so this
+/// rarely matters; it bounds the case where that peer is not in a call at all.
+const STALL_AFTER_DEATH: Duration = Duration::from_millis(50);
+
 /// Runs every unit to completion, or fails them all on the first error (after poisoning their
 /// connections so that peers fail promptly instead of at their deadline).
 pub(crate) fn execute(units: &mut [Unit], deadline: Instant) -> Result<(), Error> {
     let mut cursors: Vec<Vec<Cursor>> = units.iter().map(|u| vec![Cursor::default(); u.plan.lanes.len()]).collect();
     let mut idle_rounds = 0u32;
     let mut last_check = Instant::now();
+    let mut last_progress = Instant::now();
+    let mut blocked: Vec<(usize, Blocked)> = Vec::new();
     loop {
         let mut moved = false;
         let mut remaining = false;
-        let mut first_block: Option<(usize, Blocked)> = None;
-        let mut blocked_lanes = 0;
+        blocked.clear();
         for (ui, u) in units.iter_mut().enumerate() {
             let plan = u.plan;
             for (li, lane) in plan.lanes.iter().enumerate() {
@@ -207,8 +217,7 @@ pub(crate) fn execute(units: &mut [Unit], deadline: Instant) -> Result<(), Error
                             }
                         }
                         Moved::Blocked(b) => {
-                            blocked_lanes += 1;
-                            first_block.get_or_insert((ui, b));
+                            blocked.push((ui, b));
                             break;
                         }
                     }
@@ -226,11 +235,22 @@ pub(crate) fn execute(units: &mut [Unit], deadline: Instant) -> Result<(), Error
             continue;
         }
         idle_rounds += 1;
-        let (ui, b) = first_block.expect("a remaining lane that did not move is blocked");
+        let (ui, b) = *blocked.first().expect("a remaining lane that did not move is blocked");
         let now = Instant::now();
-        if now.duration_since(last_check) >= Duration::from_millis(20) || idle_rounds % 64 == 0 {
+        if idle_rounds == 1 {
+            last_progress = now;
+        }
+        if now.duration_since(last_check) >= Duration::from_millis(20) || idle_rounds.is_multiple_of(64) {
             last_check = now;
-            check_health(&units[ui], b, now, deadline).map_err(|e| e.context(&units[ui].label))?;
+            // The heartbeats' verdict on every peer we wait on (an atomic load while nobody
+            // died); the process check (two syscalls) for the first one only: the heartbeats
+            // cover the others within milliseconds anyway.
+            for (i, &(ui, b)) in blocked.iter().enumerate() {
+                check_health(&units[ui], b, now.duration_since(last_progress), i == 0).map_err(|e| e.context(&units[ui].label))?;
+            }
+            if now >= deadline {
+                return Err(timeout_error(units, &blocked));
+            }
         }
         if idle_rounds < 32 {
             std::hint::spin_loop();
@@ -238,7 +258,7 @@ pub(crate) fn execute(units: &mut [Unit], deadline: Instant) -> Result<(), Error
         }
         // One blocked lane: sleep on its FIFO until it moves. Several: sleep briefly, since the
         // one we sleep on may not be the one that moves first.
-        let timeout = if blocked_lanes == 1 { Duration::from_millis(10) } else { Duration::from_micros(100) };
+        let timeout = if blocked.len() == 1 { Duration::from_millis(10) } else { Duration::from_micros(100) };
         let u = &mut units[ui];
         match b {
             Blocked::Recv(p, ch) => recv_port(u.conns, p, ch)?.wait(timeout),
@@ -247,24 +267,55 @@ pub(crate) fn execute(units: &mut [Unit], deadline: Instant) -> Result<(), Error
     }
 }
 
-/// Abort flag, deadline and peer liveness, checked while waiting.
-fn check_health(u: &Unit, b: Blocked, now: Instant, deadline: Instant) -> Result<(), Error> {
-    if u.abort.load(Ordering::Acquire) {
-        return Err(Error::Aborted("the communicator was aborted".into()));
+fn waiting_for(u: &Unit, b: Blocked) -> (Rank, String) {
+    match b {
+        Blocked::Recv(p, ch) => (p, format!("data from {} on channel {ch} over {}", u.peer_names[p], u.peer_via[p])),
+        Blocked::Send(p, ch) => (p, format!("room in the connection to {} on channel {ch} over {}", u.peer_names[p], u.peer_via[p])),
     }
-    let (peer, what) = match b {
-        Blocked::Recv(p, ch) => (p, format!("data from {} on channel {ch}", u.peer_names[p])),
-        Blocked::Send(p, ch) => (p, format!("room in the connection to {} on channel {ch}", u.peer_names[p])),
-    };
+}
+
+/// Abort flag and peer liveness, checked while waiting on `b` for `stalled`; `process`: also
+/// whether the peer's process still exists (same host only).
+fn check_health(u: &Unit, b: Blocked, stalled: Duration, process: bool) -> Result<(), Error> {
+    if u.abort.load(Ordering::Acquire) {
+        return Err(Error::Aborted("the communicator was aborted (Comm::abort)".into()));
+    }
+    if !u.health.is_failed() && !process {
+        return Ok(());
+    }
+    let (peer, what) = waiting_for(u, b);
     let pid = u.peer_pids[peer];
-    if pid != 0 && pid != std::process::id() && !pid_alive(pid) {
+    if process && pid != 0 && pid != std::process::id() && !pid_alive(pid) {
         return Err(Error::Remote(format!("{} died (process {pid} is gone) while we waited for {what}", u.peer_names[peer])));
     }
-    if now >= deadline {
-        return Err(Error::Timeout(format!(
-            "waited past the deadline for {what}; that rank is stuck, slow, or called a different operation \
-             (raise FERROCCL_TIMEOUT if it is only slow)"
-        )));
+    if let Some(how) = u.health.gone(peer) {
+        let e = u.health.failure().unwrap_or_else(|| {
+            Error::Remote(format!(
+                "{} {how}, so it will not take part in this operation (do all ranks call the same operations?)",
+                u.peer_names[peer]
+            ))
+        });
+        return Err(e.context(format!("waiting for {what}")));
+    }
+    if stalled >= STALL_AFTER_DEATH {
+        if let Some(e) = u.health.failure() {
+            return Err(e.context(format!("waiting for {what}")));
+        }
     }
     Ok(())
+}
+
+/// The deadline passed: names every peer not heard from, so that the stuck rank stands out.
+fn timeout_error(units: &[Unit], blocked: &[(usize, Blocked)]) -> Error {
+    let (ui, _) = blocked[0];
+    let mut peers: Vec<Rank> = blocked.iter().filter(|(u, _)| *u == ui).map(|(_, b)| waiting_for(&units[ui], *b).0).collect();
+    peers.sort_unstable();
+    peers.dedup();
+    let whats: Vec<String> = blocked.iter().filter(|(u, _)| *u == ui).map(|(_, b)| waiting_for(&units[ui], *b).1).take(4).collect();
+    Error::Timeout(format!(
+        "{}: waited past the deadline (FERROCCL_TIMEOUT) for {}; not heard from rank(s) {peers:?}: they are stuck, \
+         slow, or called a different operation (raise FERROCCL_TIMEOUT if they are only slow)",
+        units[ui].label,
+        whats.join("; ")
+    ))
 }

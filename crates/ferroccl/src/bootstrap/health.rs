@@ -1,0 +1,125 @@
+//! What one communicator knows about its peers' liveness. The heartbeat thread (`watch`)
+//! writes it; every wait of the communicator (executor, bootstrap collectives, connection
+//! setup) reads it, so that a death anywhere in the job ends waits everywhere.
+
+use ferroccl_core::{Error, Rank};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+#[derive(Default)]
+struct State {
+    /// Ranks whose process is gone or silent.
+    dead: BTreeSet<Rank>,
+    /// Ranks that aborted their communicator (alive, but out of this communicator).
+    aborted: BTreeSet<Rank>,
+    /// Ranks that destroyed their communicator cleanly: not a failure, but they will never
+    /// take part in an operation again.
+    left: BTreeSet<Rank>,
+    /// The first failure, as reported (names the rank, its host, pid and address).
+    first: Option<String>,
+}
+
+#[derive(Default)]
+pub(crate) struct Health {
+    failed: AtomicBool,
+    state: Mutex<State>,
+}
+
+impl Health {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update is a single insert; a panic cannot leave State inconsistent.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records that `rank` died; `why` names it and says how we know. True if it is news.
+    pub fn report_dead(&self, rank: Rank, why: &str) -> bool {
+        self.report(rank, why, true)
+    }
+
+    /// Records that `rank` aborted its communicator. True if it is news.
+    pub fn report_aborted(&self, rank: Rank, why: &str) -> bool {
+        self.report(rank, why, false)
+    }
+
+    fn report(&self, rank: Rank, why: &str, dead: bool) -> bool {
+        let mut st = self.lock();
+        let new = if dead { st.dead.insert(rank) } else { !st.dead.contains(&rank) && st.aborted.insert(rank) };
+        if new {
+            st.first.get_or_insert_with(|| why.to_string());
+            self.failed.store(true, Ordering::Release);
+            tracing::warn!("{why}");
+        }
+        new
+    }
+
+    /// Records that `rank` destroyed its communicator. True if it is news.
+    pub fn report_left(&self, rank: Rank) -> bool {
+        self.lock().left.insert(rank)
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    /// The failure every wait of the communicator reports, with what the caller can do.
+    pub fn failure(&self) -> Option<Error> {
+        if !self.is_failed() {
+            return None;
+        }
+        let st = self.lock();
+        let first = st.first.as_deref().unwrap_or("a peer failed");
+        let advice = if st.dead.is_empty() {
+            "the communicator cannot be used any more: drop it (or abort it) on every rank".to_string()
+        } else {
+            let dead: Vec<Rank> = st.dead.iter().copied().collect();
+            format!(
+                "the communicator cannot be used any more: drop it, or call shrink(&{dead:?}) on every surviving rank \
+                 to continue without the dead rank(s)"
+            )
+        };
+        Some(Error::Remote(format!("{first}; {advice}")))
+    }
+
+    /// Why `rank` will never send again (it died or aborted), if we know. A rank that left
+    /// cleanly is not included: the data it sent before leaving may still be on its way on
+    /// another connection than the goodbye, and its connections' own close says when it ends.
+    pub fn gone(&self, rank: Rank) -> Option<&'static str> {
+        let st = self.lock();
+        if st.dead.contains(&rank) {
+            Some("died")
+        } else if st.aborted.contains(&rank) {
+            Some("aborted its communicator")
+        } else {
+            None
+        }
+    }
+
+    pub fn dead(&self) -> Vec<Rank> {
+        self.lock().dead.iter().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_report_wins_and_dead_outranks_aborted() {
+        let h = Health::default();
+        assert!(h.failure().is_none() && !h.is_failed());
+        assert!(h.report_left(3) && !h.report_left(3));
+        assert!(!h.is_failed(), "a clean goodbye is not a failure");
+        assert!(h.gone(3).is_none(), "data sent before a goodbye may still be on its way");
+        assert!(h.report_aborted(1, "rank 1 aborted"));
+        assert!(h.report_dead(2, "rank 2 died"));
+        assert!(!h.report_dead(2, "rank 2 died again"));
+        assert!(h.report_dead(1, "rank 1 died after all"));
+        assert!(!h.report_aborted(1, "too late"));
+        let msg = h.failure().unwrap().to_string();
+        assert!(msg.contains("rank 1 aborted") && msg.contains("shrink(&[1, 2])"), "{msg}");
+        assert_eq!(h.dead(), vec![1, 2]);
+        assert_eq!(h.gone(2), Some("died"));
+        assert_eq!(h.gone(0), None);
+    }
+}
