@@ -64,6 +64,13 @@ pub struct Config {
     /// FERROCCL_JOB_SECRET (32 hex digits): the job secret when ranks rendezvous from the
     /// launcher's environment instead of a `UniqueId`.
     pub job_secret: Option<[u8; 16]>,
+    /// FERROCCL_CHECK_MISMATCH: before each launch, compare every rank's operations (kind,
+    /// type, count, reduction, root or peer, sequence number) and fail on every rank, before
+    /// anything moves, when they differ. Costs one bootstrap all-gather per launch.
+    pub check_mismatch: bool,
+    /// FERROCCL_TCP_CRC: a CRC32C after every frame of the socket transport, checked by the
+    /// receiver, so that corruption in transit is an error instead of wrong results.
+    pub tcp_crc: bool,
 }
 
 impl Default for Config {
@@ -79,6 +86,8 @@ impl Default for Config {
             slot_bytes: 256 << 10,
             slots: 8,
             job_secret: None,
+            check_mismatch: false,
+            tcp_crc: false,
         }
     }
 }
@@ -98,6 +107,15 @@ pub fn parse_secret(s: &str) -> Result<[u8; 16], Error> {
         *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("checked hex");
     }
     Ok(out)
+}
+
+/// A switch: 1/0, true/false, yes/no, on/off, in any case.
+pub fn parse_bool(key: &str, v: &str) -> Result<bool, Error> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(Error::InvalidArgument(format!("{key}='{v}' is not a switch (use 1 or 0)"))),
+    }
 }
 
 pub fn format_secret(s: &[u8; 16]) -> String {
@@ -147,6 +165,12 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_JOB_SECRET") {
             c.job_secret = Some(parse_secret(v)?);
+        }
+        if let Some(v) = get("FERROCCL_CHECK_MISMATCH") {
+            c.check_mismatch = parse_bool("FERROCCL_CHECK_MISMATCH", v)?;
+        }
+        if let Some(v) = get("FERROCCL_TCP_CRC") {
+            c.tcp_crc = parse_bool("FERROCCL_TCP_CRC", v)?;
         }
         c.validate()?;
         Ok(c)

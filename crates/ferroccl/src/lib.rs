@@ -18,6 +18,7 @@ mod backend;
 pub mod bootstrap;
 mod comm;
 mod group;
+mod mismatch;
 mod ops;
 pub mod transport;
 
