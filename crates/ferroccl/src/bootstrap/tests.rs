@@ -230,6 +230,24 @@ fn allgather_of_large_blocks_does_not_deadlock() {
 }
 
 #[test]
+fn allgather_of_mixed_small_and_large_blocks() {
+    // Small blocks go out inline and large ones from a helper thread; a ring mixing both, with
+    // every rank far ahead of or behind its successor, must neither deadlock nor reorder.
+    let bs = init_all(5, &cfg(10_000));
+    let size = |r: usize, round: usize| if (r + round) % 3 == 0 { 200_000 + r } else { r * 100 };
+    let outs = on_ranks(5, |r| {
+        (0..6).map(|round| bs[r].allgather(&vec![(r * 10 + round) as u8; size(r, round)]).unwrap()).collect::<Vec<_>>()
+    });
+    for o in outs {
+        for (round, all) in o.iter().enumerate() {
+            for (r, b) in all.iter().enumerate() {
+                assert_eq!(b, &vec![(r * 10 + round) as u8; size(r, round)]);
+            }
+        }
+    }
+}
+
+#[test]
 fn init_from_launch_with_and_without_secret() {
     for secret in [Some([0x42u8; 16]), None] {
         let port = free_port();
