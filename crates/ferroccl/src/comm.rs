@@ -397,3 +397,6 @@ impl Drop for Comm {
         }
     }
 }
+
+#[cfg(test)]
+mod fault_tests;

@@ -17,6 +17,8 @@
 mod backend;
 pub mod bootstrap;
 mod comm;
+#[cfg(test)]
+mod fault_proxy;
 mod group;
 mod mismatch;
 mod ops;

@@ -230,6 +230,12 @@ impl Bootstrap {
         self.comm_id
     }
 
+    /// Test support: later connections to `rank` go to `addr` (a fault proxy in front of it).
+    #[cfg(test)]
+    pub(crate) fn redirect_peer(&mut self, rank: usize, addr: SocketAddr) {
+        self.peers[rank].addr = addr;
+    }
+
     /// Ring all-gather: in step s every rank forwards the block that originated s hops behind
     /// it, so each rank sends and receives n-1 messages.
     ///

@@ -8,7 +8,7 @@
 //! a peer's phase 1 (map the peers' FIFOs, take the accepted sockets).
 
 use crate::bootstrap::Bootstrap;
-use crate::transport::{tcp_receiver, tcp_sender, Consumer, FifoLayout, FifoMem, Producer};
+use crate::transport::{tcp_receiver, tcp_sender, Consumer, FifoLayout, FifoMem, FrameCheck, Producer};
 use ferroccl_core::plan::{ConnKey, Dir};
 use ferroccl_core::topo::{Topology, TransportKind};
 use ferroccl_core::{Config, Error, Rank};
@@ -77,7 +77,7 @@ impl Conns {
                 (Dir::Send, TransportKind::Tcp) if !self.send.contains_key(&(k.peer, k.channel)) => {
                     let label = Self::label(ctx, k.peer, k.channel, kind);
                     let stream = ctx.boot.connect(k.peer, k.channel as u64).map_err(|e| e.context(&label))?;
-                    let p = tcp_sender(stream, Self::layout(ctx.config), label, ctx.abort.clone())?;
+                    let p = tcp_sender(stream, Self::layout(ctx.config), FrameCheck::from_config(ctx.config.tcp_crc), label, ctx.abort.clone())?;
                     self.register(p.mem());
                     self.tcp_send.push((k.peer, k.channel));
                     self.send.insert((k.peer, k.channel), p);
@@ -104,7 +104,7 @@ impl Conns {
                 (Dir::Recv, TransportKind::Tcp) if !self.recv.contains_key(&(k.peer, k.channel)) => {
                     let label = Self::label(ctx, k.peer, k.channel, kind);
                     let stream = ctx.boot.accept(k.peer, k.channel as u64).map_err(|e| e.context(&label))?;
-                    let c = tcp_receiver(stream, Self::layout(ctx.config), label, ctx.abort.clone())?;
+                    let c = tcp_receiver(stream, Self::layout(ctx.config), FrameCheck::from_config(ctx.config.tcp_crc), label, ctx.abort.clone())?;
                     self.register(c.mem());
                     self.recv.insert((k.peer, k.channel), c);
                 }
