@@ -33,6 +33,8 @@ struct Shared {
     forwarded: AtomicU64,
     /// Bytes this proxy corrupted.
     corrupted: AtomicU64,
+    /// The first bytes each connection's client sent (for replay attacks), per connection.
+    recorded: Mutex<Vec<Vec<u8>>>,
     streams: Mutex<Vec<TcpStream>>,
 }
 
@@ -55,6 +57,7 @@ impl FaultProxy {
             stop: AtomicBool::new(false),
             forwarded: AtomicU64::new(0),
             corrupted: AtomicU64::new(0),
+            recorded: Mutex::new(Vec::new()),
             streams: Mutex::new(Vec::new()),
         });
         let sh = shared.clone();
@@ -99,6 +102,11 @@ impl FaultProxy {
         self.shared.forwarded.load(Ordering::Acquire)
     }
 
+    /// What the clients sent, connection by connection (the first 64 KiB of each).
+    pub fn recorded(&self) -> Vec<Vec<u8>> {
+        self.shared.recorded.lock().unwrap().clone()
+    }
+
     pub fn corrupted(&self) -> u64 {
         self.shared.corrupted.load(Ordering::Acquire)
     }
@@ -137,6 +145,13 @@ fn reset(s: &TcpStream) {
 fn pump(mut from: TcpStream, mut to: TcpStream, client_to_server: bool, sh: Arc<Shared>) {
     let mut buf = vec![0u8; 64 << 10];
     let mut offset = 0u64;
+    let conn = if client_to_server {
+        let mut r = sh.recorded.lock().unwrap();
+        r.push(Vec::new());
+        r.len() - 1
+    } else {
+        0
+    };
     loop {
         if sh.stop.load(Ordering::Acquire) {
             break;
@@ -175,6 +190,10 @@ fn pump(mut from: TcpStream, mut to: TcpStream, client_to_server: bool, sh: Arc<
         }
         if client_to_server {
             sh.forwarded.fetch_add(n as u64, Ordering::AcqRel);
+            let mut r = sh.recorded.lock().unwrap();
+            let rec = &mut r[conn];
+            let room = (64usize << 10).saturating_sub(rec.len());
+            rec.extend_from_slice(&chunk[..n.min(room)]);
         }
     }
     if *sh.fault.lock().unwrap() == Fault::Reset {

@@ -14,6 +14,8 @@
 //! });
 //! ```
 
+#[cfg(test)]
+mod alloc_probe;
 mod backend;
 pub mod bootstrap;
 mod comm;

@@ -9,11 +9,11 @@
 //! ever trusted. Fresh nonces on both sides make a recorded handshake useless, and the role
 //! labels stop a server's answer from being reflected back as a client's.
 
-use super::wire::{read_exact, write_all, Wait};
+use super::wire::{self, read_exact, write_all, Wait, HANDSHAKE_MAX, POLL};
 use ferroccl_core::Error;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -51,9 +51,38 @@ pub(crate) fn server(s: &mut TcpStream, secret: &[u8; 16], w: &Wait, peer: &str)
     write_all(s, &answer, w, peer)
 }
 
+#[cfg(test)]
 pub(crate) fn client(s: &mut TcpStream, secret: &[u8; 16], w: &Wait, peer: &str) -> Result<(), Error> {
+    client_or_retry(s, secret, w, peer).map_err(|(_, e)| e)
+}
+
+/// Connects to `addr` and authenticates. A server that closes the connection before its
+/// first byte (a listener cutting off handshakes under a flood of strangers) is tried again
+/// until the deadline; anything later is final.
+pub(crate) fn connect(addr: SocketAddr, secret: &[u8; 16], w: &Wait, what: &str, peer: &str) -> Result<TcpStream, Error> {
+    loop {
+        let mut s = wire::connect_retry(addr, w, what)?;
+        match client_or_retry(&mut s, secret, &w.capped(HANDSHAKE_MAX), peer) {
+            Ok(()) => return Ok(s),
+            Err((true, e)) => {
+                tracing::debug!("{peer} closed the connection before its handshake, trying again: {e}");
+                w.check(|| format!("authenticating with {peer} (it kept closing connections: {e})"))?;
+                std::thread::sleep(POLL.min(w.remaining()));
+            }
+            Err((false, e)) => return Err(e),
+        }
+    }
+}
+
+/// The client handshake; the flag in the error says whether it is worth trying again.
+fn client_or_retry(s: &mut TcpStream, secret: &[u8; 16], w: &Wait, peer: &str) -> Result<(), (bool, Error)> {
     let mut hello = [0u8; 40];
-    read_exact(s, &mut hello, w, peer)?;
+    read_exact(s, &mut hello[..1], w, peer).map_err(|e| (matches!(e, Error::Remote(_)), e))?;
+    read_exact(s, &mut hello[1..], w, peer).map_err(|e| (false, e))?;
+    client_rest(s, secret, w, peer, &hello).map_err(|e| (false, e))
+}
+
+fn client_rest(s: &mut TcpStream, secret: &[u8; 16], w: &Wait, peer: &str, hello: &[u8; 40]) -> Result<(), Error> {
     if hello[..8] != MAGIC {
         return Err(Error::Protocol(format!("{peer} is not a ferroccl bootstrap endpoint of this version")));
     }

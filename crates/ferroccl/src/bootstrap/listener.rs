@@ -57,7 +57,7 @@ pub(crate) fn encode_announce(comm_id: u64, from: usize, kind: u8, tag: u64) -> 
     e.0
 }
 
-fn decode_announce(b: &[u8]) -> Result<Key, Error> {
+pub(crate) fn decode_announce(b: &[u8]) -> Result<Key, Error> {
     let mut d = Dec::new(b, "connection announce");
     if d.take(4)? != ANNOUNCE_MAGIC {
         return Err(Error::Protocol("connection announce has a bad magic".into()));
@@ -129,20 +129,20 @@ fn serve(l: TcpListener, secret: [u8; 16], hs_timeout: Duration, shared: Arc<Sha
             Ok(Some(c)) => c,
             Ok(None) => continue,
             Err(e) => {
-                tracing::warn!("bootstrap listener accept failed: {e}");
+                tracing::warn!("bootstrap listener accept failed: {e}{}", wire::fd_hint(&e));
                 std::thread::sleep(POLL);
                 continue;
             }
         };
         let (shared, w) = (shared.clone(), Wait::new(hs_timeout, AbortSet::new(stop.clone())));
-        gate.run(from, move || {
-            let mut stream = stream;
+        gate.run(stream, from, move |mut stream, done| {
             let peer = from.to_string();
             let r = auth::server(&mut stream, &secret, &w, &peer)
                 .and_then(|_| wire::read_frame(&mut stream, ANNOUNCE_LEN, &w, &peer))
                 .and_then(|b| decode_announce(&b));
             match r {
                 Ok(key) => {
+                    done();
                     let mut st = shared.lock();
                     if !st.closed.contains(&key.0) {
                         st.parked.entry(key).or_default().push_back(stream);

@@ -28,6 +28,10 @@ mod wire;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod hostile_tests;
+#[cfg(test)]
+mod parser_fuzz;
 
 pub use unique_id::UniqueId;
 
@@ -38,7 +42,7 @@ use sha2::{Digest, Sha256};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use wire::{AbortSet, Dec, Enc, Wait, HANDSHAKE_MAX};
+use wire::{AbortSet, Dec, Enc, Wait};
 
 /// The root may answer a little after a client's own deadline, because its deadline counts
 /// from the first arrival; this grace lets clients receive its explanation instead of a bare
@@ -136,8 +140,7 @@ impl Bootstrap {
         let w = Wait::new(config.timeout, aset.clone());
         let ctx = |e: Error| e.context(format!("bootstrap of rank {rank} of {nranks}"));
         let peer = format!("the bootstrap root at {root}");
-        let mut s = wire::connect_retry(root, &w, "the bootstrap root").map_err(ctx)?;
-        auth::client(&mut s, &secret, &w.capped(HANDSHAKE_MAX), &peer).map_err(ctx)?;
+        let mut s = auth::connect(root, &secret, &w, "the bootstrap root", &peer).map_err(ctx)?;
         // Without an explicit address, listen where the route to the root leaves this host:
         // that interface is known to reach at least the root's network.
         let ip: IpAddr = match &config.bootstrap_addr {
@@ -207,8 +210,7 @@ impl Bootstrap {
     fn connect_kind(&self, peer: usize, kind: u8, tag: u64, w: &Wait) -> Result<TcpStream, Error> {
         let p = &self.peers[peer];
         let name = describe(p);
-        let mut s = wire::connect_retry(p.addr, w, &format!("rank {peer}"))?;
-        auth::client(&mut s, &self.secret, &w.capped(HANDSHAKE_MAX), &name)?;
+        let mut s = auth::connect(p.addr, &self.secret, w, &format!("rank {peer}"), &name)?;
         let a = listener::encode_announce(self.comm_id, self.rank, kind, tag);
         wire::write_frame(&mut s, &[&a], w, &name)?;
         Ok(s)

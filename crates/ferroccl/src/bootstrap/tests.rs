@@ -5,23 +5,23 @@ use std::net::TcpListener;
 use std::thread;
 use std::time::{Duration, Instant};
 
-fn cfg(timeout_ms: u64) -> Config {
+pub(super) fn cfg(timeout_ms: u64) -> Config {
     Config { timeout: Duration::from_millis(timeout_ms), bootstrap_addr: Some("127.0.0.1".into()), ..Config::default() }
 }
 
-fn flag() -> Arc<AtomicBool> {
+pub(super) fn flag() -> Arc<AtomicBool> {
     Arc::new(AtomicBool::new(false))
 }
 
 /// Runs `f(rank)` on `n` threads and returns the results indexed by rank.
-fn on_ranks<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+pub(super) fn on_ranks<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
     thread::scope(|s| {
         let hs: Vec<_> = (0..n).map(|r| s.spawn({ let f = &f; move || f(r) })).collect();
         hs.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
     })
 }
 
-fn init_all(n: usize, c: &Config) -> Vec<Bootstrap> {
+pub(super) fn init_all(n: usize, c: &Config) -> Vec<Bootstrap> {
     let id = UniqueId::new(c).unwrap();
     on_ranks(n, |r| Bootstrap::init(&id, n, r, c, flag()).unwrap())
 }
@@ -34,7 +34,7 @@ fn data_of(r: usize) -> Vec<u8> {
     (0..r * 37 + r % 2).map(|i| (i * 7 + r) as u8).collect()
 }
 
-fn check_allgather(bs: &[Bootstrap]) {
+pub(super) fn check_allgather(bs: &[Bootstrap]) {
     let n = bs.len();
     let outs = on_ranks(n, |r| {
         let a = bs[r].allgather(&data_of(r)).unwrap();
@@ -114,14 +114,14 @@ fn host_identity() {
 }
 
 /// A connected pair of sockets: (client side, server side).
-fn pair() -> (TcpStream, TcpStream) {
+pub(super) fn pair() -> (TcpStream, TcpStream) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
     let (s, _) = l.accept().unwrap();
     (c, s)
 }
 
-fn w(ms: u64) -> Wait {
+pub(super) fn w(ms: u64) -> Wait {
     Wait::new(Duration::from_millis(ms), AbortSet::new(flag()))
 }
 

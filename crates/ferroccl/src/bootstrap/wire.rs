@@ -81,6 +81,22 @@ impl Wait {
     }
 }
 
+/// What to do when a socket call fails for want of descriptors or memory.
+pub(crate) fn fd_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EMFILE) => " (this process has run out of file descriptors: raise `ulimit -n`, the RLIMIT_NOFILE of the job)",
+        Some(libc::ENFILE) => " (the system has run out of file descriptors: raise fs.file-max)",
+        Some(libc::ENOBUFS) | Some(libc::ENOMEM) => " (the kernel is out of socket memory)",
+        _ => "",
+    }
+}
+
+/// Failures that retrying cannot cure: connecting again only fails again, so they end a
+/// connection attempt at once instead of at the deadline.
+fn is_resource_exhaustion(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM))
+}
+
 fn is_retry(e: &io::Error) -> bool {
     matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted)
 }
@@ -172,6 +188,9 @@ pub(crate) fn connect_retry(addr: SocketAddr, w: &Wait, what: &str) -> Result<Tc
             Ok(s) => {
                 let _ = s.set_nodelay(true);
                 return Ok(s);
+            }
+            Err(Some(e)) if is_resource_exhaustion(&e) => {
+                return Err(Error::System(format!("cannot connect to {what} at {addr}: {e}{}", fd_hint(&e))));
             }
             Err(Some(e)) => {
                 last = Some(e);
