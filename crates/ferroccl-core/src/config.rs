@@ -13,6 +13,11 @@ use std::time::Duration;
 /// against exactly this capacity).
 pub const PLAN_FIFO_MESSAGES: usize = 2;
 
+/// Largest FERROCCL_SLOTS and FERROCCL_SLOT_BYTES: 64 Ki slots of 1 GiB is far beyond any
+/// useful FIFO, and keeps sizes computed from them from overflowing.
+pub const MAX_SLOTS: usize = 1 << 16;
+pub const MAX_SLOT_BYTES: usize = 1 << 30;
+
 /// Which transport connects a pair of ranks on the host backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum TransportChoice {
@@ -140,7 +145,7 @@ impl Config {
             c.timeout = Duration::from_secs_f64(secs);
         }
         if let Some(v) = get("FERROCCL_TRANSPORT") {
-            c.transport = v.parse()?;
+            c.transport = v.parse().map_err(|e: Error| e.context("FERROCCL_TRANSPORT"))?;
         }
         if let Some(v) = get("FERROCCL_BOOTSTRAP_ADDR") {
             c.bootstrap_addr = Some(v.to_string());
@@ -190,11 +195,19 @@ impl Config {
                 self.slots, self.slot_bytes
             )));
         }
-        if self.chunk_bytes == 0 || self.chunk_bytes * PLAN_FIFO_MESSAGES > self.slots * self.slot_bytes {
+        // Bounds that keep every product below overflow (and a FIFO's size sane).
+        if self.slots > MAX_SLOTS || self.slot_bytes > MAX_SLOT_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "slots={} slot_bytes={}: at most {MAX_SLOTS} slots of at most {MAX_SLOT_BYTES} bytes",
+                self.slots, self.slot_bytes
+            )));
+        }
+        let fifo = self.slots * self.slot_bytes;
+        if self.chunk_bytes == 0 || self.chunk_bytes.saturating_mul(PLAN_FIFO_MESSAGES) > fifo {
             return Err(Error::InvalidArgument(format!(
                 "chunk_bytes={} must be in 1..=slots*slot_bytes/{PLAN_FIFO_MESSAGES}={} (a FIFO must hold {PLAN_FIFO_MESSAGES} chunks)",
                 self.chunk_bytes,
-                self.slots * self.slot_bytes / PLAN_FIFO_MESSAGES
+                fifo / PLAN_FIFO_MESSAGES
             )));
         }
         if self.max_bootstrap_msg < 4096 {
@@ -271,6 +284,17 @@ mod tests {
         assert!(Config::from_vars(&vars(&[("FERROCCL_TIMEOUT", "-1")])).is_err());
         assert!(Config::from_vars(&vars(&[("FERROCCL_TRANSPORT", "carrier-pigeon")])).is_err());
         assert!(Config::from_vars(&vars(&[("FERROCCL_CHUNK_BYTES", "999999999")])).is_err());
+        // Found by the environment fuzzer: products of huge values overflowed (a panic).
+        let max = usize::MAX.to_string();
+        for k in ["FERROCCL_CHUNK_BYTES", "FERROCCL_SLOTS", "FERROCCL_SLOT_BYTES"] {
+            assert!(Config::from_vars(&vars(&[(k, &max)])).is_err(), "{k}");
+        }
+        let c = Config::from_vars(&vars(&[("FERROCCL_CHECK_MISMATCH", "on"), ("FERROCCL_TCP_CRC", "1")])).unwrap();
+        assert!(c.check_mismatch && c.tcp_crc);
+        let e = Config::from_vars(&vars(&[("FERROCCL_TCP_CRC", "maybe")])).unwrap_err();
+        assert!(e.message().contains("FERROCCL_TCP_CRC='maybe'"), "{e}");
+        let e = Config::from_vars(&vars(&[("FERROCCL_TRANSPORT", "rdma")])).unwrap_err();
+        assert!(e.message().contains("FERROCCL_TRANSPORT"), "{e}");
     }
 
     #[test]
