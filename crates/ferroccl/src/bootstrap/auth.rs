@@ -20,6 +20,17 @@ type HmacSha256 = Hmac<Sha256>;
 /// Also a protocol version: a peer speaking another revision fails at the first message.
 const MAGIC: [u8; 8] = *b"FCCLBS01";
 
+/// Sent in place of the server's hello by a listener that has run out of file descriptors
+/// (it keeps one in reserve to accept and answer), so the client fails at once, naming the
+/// cause, instead of waiting out its deadline.
+pub(crate) const NO_FDS: [u8; 8] = *b"FCCLNOFD";
+
+pub(crate) fn refusal_for_lack_of_fds() -> [u8; 40] {
+    let mut b = [0u8; 40];
+    b[..8].copy_from_slice(&NO_FDS);
+    b
+}
+
 pub(crate) fn random_bytes<const N: usize>() -> Result<[u8; N], Error> {
     let mut b = [0u8; N];
     getrandom::getrandom(&mut b).map_err(|e| Error::System(format!("no randomness from the OS: {e}")))?;
@@ -83,6 +94,11 @@ fn client_or_retry(s: &mut TcpStream, secret: &[u8; 16], w: &Wait, peer: &str) -
 }
 
 fn client_rest(s: &mut TcpStream, secret: &[u8; 16], w: &Wait, peer: &str, hello: &[u8; 40]) -> Result<(), Error> {
+    if hello[..8] == NO_FDS {
+        return Err(Error::System(format!(
+            "{peer} has run out of file descriptors and cannot accept connections: raise `ulimit -n` (RLIMIT_NOFILE) for that process"
+        )));
+    }
     if hello[..8] != MAGIC {
         return Err(Error::Protocol(format!("{peer} is not a ferroccl bootstrap endpoint of this version")));
     }

@@ -69,7 +69,7 @@ pub(crate) fn decode_announce(b: &[u8]) -> Result<Key, Error> {
 
 impl Listener {
     pub fn bind(ip: IpAddr, secret: [u8; 16], timeout: Duration) -> Result<Arc<Listener>, Error> {
-        let l = TcpListener::bind((ip, 0)).map_err(|e| Error::System(format!("binding the bootstrap listener on {ip}: {e}")))?;
+        let l = TcpListener::bind((ip, 0)).map_err(|e| Error::System(format!("binding the bootstrap listener on {ip}: {e}{}", wire::fd_hint(&e))))?;
         let addr = l.local_addr().map_err(|e| Error::System(format!("bootstrap listener: {e}")))?;
         l.set_nonblocking(true).map_err(|e| Error::System(format!("bootstrap listener: {e}")))?;
         let shared = Arc::new(Shared { state: Mutex::new(State::default()), cv: Condvar::new() });
@@ -124,13 +124,16 @@ impl Drop for Listener {
 
 fn serve(l: TcpListener, secret: [u8; 16], hs_timeout: Duration, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     let gate = Gate::new();
+    let mut spare = wire::SpareFd::new();
     while !stop.load(Ordering::Acquire) {
         let (stream, from) = match wire::poll_accept(&l, POLL) {
             Ok(Some(c)) => c,
             Ok(None) => continue,
             Err(e) => {
-                tracing::warn!("bootstrap listener accept failed: {e}{}", wire::fd_hint(&e));
-                std::thread::sleep(POLL);
+                if !spare.refuse_one(&l, &e, "bootstrap listener") {
+                    tracing::warn!("bootstrap listener accept failed: {e}");
+                    std::thread::sleep(POLL);
+                }
                 continue;
             }
         };

@@ -195,7 +195,7 @@ impl Bootstrap {
             let pp = &b.peers[(rank + n - 1) % n];
             let prev = b.listener.take((comm_id, pp.rank, KIND_RING, 0), &w, &describe(pp))?;
             for s in [&next, &prev] {
-                let d = s.try_clone().map_err(|e| Error::System(format!("duplicating a bootstrap socket: {e}")))?;
+                let d = s.try_clone().map_err(|e| Error::System(format!("duplicating a bootstrap socket: {e}{}", wire::fd_hint(&e))))?;
                 b.shutdown.push(d);
             }
             b.ring = Some(Ring { next: Mutex::new(next), prev: Mutex::new(prev) });

@@ -71,6 +71,7 @@ fn serve(l: TcpListener, secret: [u8; 16], config: Config) {
     // Tells the handshake threads that nobody will take their connection any more.
     let done = Arc::new(AtomicBool::new(false));
     let gate = Gate::new();
+    let mut spare = wire::SpareFd::new();
     let (tx, rx) = mpsc::channel::<Arrival>();
     let mut slots: Vec<Option<Arrival>> = Vec::new();
     let mut nranks: Option<(usize, usize, SocketAddr)> = None; // (n, announced by rank, from)
@@ -99,8 +100,10 @@ fn serve(l: TcpListener, secret: [u8; 16], config: Config) {
             }
             Ok(None) => {}
             Err(e) => {
-                tracing::warn!("bootstrap root accept failed: {e}{}", wire::fd_hint(&e));
-                std::thread::sleep(POLL);
+                if !spare.refuse_one(&l, &e, "bootstrap root") {
+                    tracing::warn!("bootstrap root accept failed: {e}");
+                    std::thread::sleep(POLL);
+                }
             }
         }
 

@@ -91,9 +91,36 @@ pub(crate) fn fd_hint(e: &io::Error) -> &'static str {
     }
 }
 
+/// A descriptor kept in reserve by a listener, so that when `accept` fails for want of
+/// descriptors it can still take the connection and tell the client why, rather than leave
+/// it waiting for a handshake that never comes.
+pub(crate) struct SpareFd(Option<std::fs::File>);
+
+impl SpareFd {
+    pub fn new() -> SpareFd {
+        SpareFd(std::fs::File::open("/dev/null").ok())
+    }
+
+    /// After `accept` failed with `e`: if for want of descriptors, answer one waiting client
+    /// with the refusal and return true.
+    pub fn refuse_one(&mut self, l: &std::net::TcpListener, e: &io::Error, what: &str) -> bool {
+        if !is_resource_exhaustion(e) {
+            return false;
+        }
+        self.0 = None;
+        if let Ok((mut s, from)) = l.accept() {
+            let _ = s.set_nonblocking(true);
+            let _ = s.write(&super::auth::refusal_for_lack_of_fds());
+            tracing::warn!(remote = %from, "{what} refused a connection: {e}{}", fd_hint(e));
+        }
+        *self = SpareFd::new();
+        true
+    }
+}
+
 /// Failures that retrying cannot cure: connecting again only fails again, so they end a
 /// connection attempt at once instead of at the deadline.
-fn is_resource_exhaustion(e: &io::Error) -> bool {
+pub(crate) fn is_resource_exhaustion(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM))
 }
 
