@@ -189,7 +189,7 @@ impl Config {
         if self.gpu_channels == 0 || self.gpu_channels > 128 {
             return Err(Error::InvalidArgument(format!("gpu_channels={} must be in 1..=128", self.gpu_channels)));
         }
-        if self.slots == 0 || self.slot_bytes < 64 || self.slot_bytes % 64 != 0 {
+        if self.slots == 0 || self.slot_bytes < 64 || !self.slot_bytes.is_multiple_of(64) {
             return Err(Error::InvalidArgument(format!(
                 "slots={} slot_bytes={}: need at least one slot of a multiple of 64 bytes",
                 self.slots, self.slot_bytes

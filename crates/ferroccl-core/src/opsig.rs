@@ -115,7 +115,7 @@ pub fn decode_launch(b: &[u8]) -> Option<(u64, Vec<OpSig>)> {
     let seq = u64::from_le_bytes(b[4..12].try_into().ok()?);
     let n = u32::from_le_bytes(b[12..16].try_into().ok()?) as usize;
     // Checked against the bytes actually present, so a lying count allocates nothing.
-    if (b.len() - HEAD) / OP_BYTES != n || (b.len() - HEAD) % OP_BYTES != 0 {
+    if (b.len() - HEAD) / OP_BYTES != n || !(b.len() - HEAD).is_multiple_of(OP_BYTES) {
         return None;
     }
     let ops = b[HEAD..].chunks_exact(OP_BYTES).map(OpSig::decode).collect::<Option<Vec<_>>>()?;

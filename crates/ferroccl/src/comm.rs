@@ -282,7 +282,7 @@ impl Comm {
             CollKind::AllGather | CollKind::Gather => send.len(),
             CollKind::ReduceScatter | CollKind::Scatter | CollKind::Recv => recv.len(),
             CollKind::AllToAll => {
-                if send.len() % n != 0 {
+                if !send.len().is_multiple_of(n) {
                     return Err(Error::InvalidArgument(format!("alltoall: send length {} is not a multiple of {n} ranks", send.len())));
                 }
                 send.len() / n
@@ -310,7 +310,7 @@ impl Comm {
             return Err(Error::InvalidArgument(format!("{kind} has no in-place form")));
         }
         let count = if blocked {
-            if buf.len() % n != 0 {
+            if !buf.len().is_multiple_of(n) {
                 return Err(Error::InvalidArgument(format!("{kind} in place: length {} is not a multiple of {n} ranks", buf.len())));
             }
             buf.len() / n

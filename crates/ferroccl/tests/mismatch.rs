@@ -59,7 +59,7 @@ fn call(kind: CollKind, dtype: DataType, count: usize) -> Call {
 
 fn input_byte(rank: usize, i: usize) -> u8 {
     // Small values, so that sums of any type stay exact and far from overflow.
-    if i % 4 == 0 { (rank + 1) as u8 } else { 0 }
+    if i.is_multiple_of(4) { (rank + 1) as u8 } else { 0 }
 }
 
 /// What one rank saw: its result, how long the call took, whether its buffers stayed
@@ -164,9 +164,10 @@ fn check_mode_fails_every_rank_before_anything_moves() {
         ),
     ];
     for (want, calls) in &cases {
-        let seen = run(&comms, |r| calls(r));
+        let seen = run(&comms, calls);
         for (r, s) in seen.iter().enumerate() {
             let e = s.result.as_ref().expect_err(want);
+            eprintln!("check mode, {want}: rank {r} failed after {:?}", s.took);
             assert!(matches!(e, Error::InvalidArgument(_)), "rank {r}: {e}");
             assert!(e.message().contains(want), "rank {r}: want {want:?} in {e}");
             assert!(e.message().contains(&format!("on rank {r} of 3")), "rank {r}: {e}");
@@ -220,8 +221,9 @@ fn without_check_mode_a_mismatch_ends_by_the_deadline_inside_the_buffers() {
                 let config = &config;
                 s.spawn(move || {
                     let comms = Comm::init_all(2, config).unwrap();
-                    let seen = run(&comms, |r| calls(r));
+                    let seen = run(&comms, calls);
                     for (r, x) in seen.iter().enumerate() {
+                        eprintln!("{name} over {transport:?}: rank {r} {} after {:?}", if x.result.is_ok() { "completed" } else { "failed" }, x.took);
                         let ctx = format!("{name} over {transport:?}, rank {r}: {:?}", x.result);
                         assert!(x.in_bounds, "{ctx}: wrote outside its buffers");
                         assert!(x.input_intact, "{ctx}: changed its input");

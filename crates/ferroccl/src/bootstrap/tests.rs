@@ -234,7 +234,7 @@ fn allgather_of_mixed_small_and_large_blocks() {
     // Small blocks go out inline and large ones from a helper thread; a ring mixing both, with
     // every rank far ahead of or behind its successor, must neither deadlock nor reorder.
     let bs = init_all(5, &cfg(10_000));
-    let size = |r: usize, round: usize| if (r + round) % 3 == 0 { 200_000 + r } else { r * 100 };
+    let size = |r: usize, round: usize| if (r + round).is_multiple_of(3) { 200_000 + r } else { r * 100 };
     let outs = on_ranks(5, |r| {
         (0..6).map(|round| bs[r].allgather(&vec![(r * 10 + round) as u8; size(r, round)]).unwrap()).collect::<Vec<_>>()
     });

@@ -70,6 +70,7 @@ fn with_crc_corruption_is_an_error_naming_the_peer_not_data() {
     assert_eq!(proxy.corrupted(), 1);
     for (r, (res, took)) in out.iter().enumerate() {
         let e = res.as_ref().expect_err("corruption must not be delivered");
+        eprintln!("corrupt byte, CRC on: rank {r} failed after {took:?}");
         assert!(*took < Duration::from_secs(2), "rank {r} took {took:?}");
         // Rank 0 learns it from rank 1's report.
         assert!(e.message().contains("CRC32C mismatch") || (r == 0 && e.message().contains("rank 1 failed")), "rank {r}: {e}");
@@ -114,6 +115,7 @@ fn reset_connection_fails_both_ranks_at_once_naming_the_peer() {
     let out = all_reduce(&comms);
     for (r, (res, took)) in out.iter().enumerate() {
         let e = res.as_ref().expect_err("a reset connection cannot deliver");
+        eprintln!("connection reset: rank {r} failed after {took:?}");
         // Far below the 10 s deadline: a reset is noticed, not waited out.
         assert!(*took < Duration::from_secs(2), "rank {r} took {took:?}: {e}");
         let peer = 1 - r;
@@ -131,6 +133,7 @@ fn black_hole_fails_by_the_deadline_naming_the_peer() {
     let out = all_reduce(&comms);
     for (r, (res, took)) in out.iter().enumerate() {
         let e = res.as_ref().expect_err("nothing arrives through a black hole");
+        eprintln!("black hole, 1.5 s deadline: rank {r} failed after {took:?}");
         assert!(*took < Duration::from_millis(1500 + 1000), "rank {r} took {took:?}: {e}");
         assert!(e.message().contains(&format!("rank {}", 1 - r)), "rank {r}: {e}");
     }
