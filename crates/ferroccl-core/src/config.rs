@@ -13,6 +13,11 @@ use std::time::Duration;
 /// against exactly this capacity).
 pub const PLAN_FIFO_MESSAGES: usize = 2;
 
+/// Largest FERROCCL_SLOTS and FERROCCL_SLOT_BYTES: 64 Ki slots of 1 GiB is far beyond any
+/// useful FIFO, and keeps sizes computed from them from overflowing.
+pub const MAX_SLOTS: usize = 1 << 16;
+pub const MAX_SLOT_BYTES: usize = 1 << 30;
+
 /// Which transport connects a pair of ranks on the host backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum TransportChoice {
@@ -75,6 +80,13 @@ pub struct Config {
     /// FERROCCL_HEARTBEAT_MISSES: heartbeat intervals of silence after which a neighbour is
     /// declared dead.
     pub heartbeat_misses: u32,
+    /// FERROCCL_CHECK_MISMATCH: before each launch, compare every rank's operations (kind,
+    /// type, count, reduction, root or peer, sequence number) and fail on every rank, before
+    /// anything moves, when they differ. Costs one bootstrap all-gather per launch.
+    pub check_mismatch: bool,
+    /// FERROCCL_TCP_CRC: a CRC32C after every frame of the socket transport, checked by the
+    /// receiver, so that corruption in transit is an error instead of wrong results.
+    pub tcp_crc: bool,
 }
 
 impl Default for Config {
@@ -93,6 +105,8 @@ impl Default for Config {
             job_secret: None,
             heartbeat_interval: Duration::from_millis(500),
             heartbeat_misses: 6,
+            check_mismatch: false,
+            tcp_crc: false,
         }
     }
 }
@@ -112,6 +126,15 @@ pub fn parse_secret(s: &str) -> Result<[u8; 16], Error> {
         *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("checked hex");
     }
     Ok(out)
+}
+
+/// A switch: 1/0, true/false, yes/no, on/off, in any case.
+pub fn parse_bool(key: &str, v: &str) -> Result<bool, Error> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(Error::InvalidArgument(format!("{key}='{v}' is not a switch (use 1 or 0)"))),
+    }
 }
 
 pub fn format_secret(s: &[u8; 16]) -> String {
@@ -136,7 +159,7 @@ impl Config {
             c.timeout = Duration::from_secs_f64(secs);
         }
         if let Some(v) = get("FERROCCL_TRANSPORT") {
-            c.transport = v.parse()?;
+            c.transport = v.parse().map_err(|e: Error| e.context("FERROCCL_TRANSPORT"))?;
         }
         if let Some(v) = get("FERROCCL_BOOTSTRAP_ADDR") {
             c.bootstrap_addr = Some(v.to_string());
@@ -177,6 +200,12 @@ impl Config {
         if let Some(v) = get("FERROCCL_JOB_SECRET") {
             c.job_secret = Some(parse_secret(v)?);
         }
+        if let Some(v) = get("FERROCCL_CHECK_MISMATCH") {
+            c.check_mismatch = parse_bool("FERROCCL_CHECK_MISMATCH", v)?;
+        }
+        if let Some(v) = get("FERROCCL_TCP_CRC") {
+            c.tcp_crc = parse_bool("FERROCCL_TCP_CRC", v)?;
+        }
         c.validate()?;
         Ok(c)
     }
@@ -195,11 +224,19 @@ impl Config {
                 self.slots, self.slot_bytes
             )));
         }
-        if self.chunk_bytes == 0 || self.chunk_bytes * PLAN_FIFO_MESSAGES > self.slots * self.slot_bytes {
+        // Bounds that keep every product below overflow (and a FIFO's size sane).
+        if self.slots > MAX_SLOTS || self.slot_bytes > MAX_SLOT_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "slots={} slot_bytes={}: at most {MAX_SLOTS} slots of at most {MAX_SLOT_BYTES} bytes",
+                self.slots, self.slot_bytes
+            )));
+        }
+        let fifo = self.slots * self.slot_bytes;
+        if self.chunk_bytes == 0 || self.chunk_bytes.saturating_mul(PLAN_FIFO_MESSAGES) > fifo {
             return Err(Error::InvalidArgument(format!(
                 "chunk_bytes={} must be in 1..=slots*slot_bytes/{PLAN_FIFO_MESSAGES}={} (a FIFO must hold {PLAN_FIFO_MESSAGES} chunks)",
                 self.chunk_bytes,
-                self.slots * self.slot_bytes / PLAN_FIFO_MESSAGES
+                fifo / PLAN_FIFO_MESSAGES
             )));
         }
         if self.heartbeat_interval < Duration::from_millis(1) || self.heartbeat_misses == 0 {
@@ -289,6 +326,17 @@ mod tests {
         assert_eq!((h.heartbeat_interval, h.heartbeat_misses), (Duration::from_millis(250), 3));
         assert!(Config::from_vars(&vars(&[("FERROCCL_HEARTBEAT_INTERVAL", "0")])).is_err());
         assert!(Config::from_vars(&vars(&[("FERROCCL_HEARTBEAT_MISSES", "0")])).is_err());
+        // Found by the environment fuzzer: products of huge values overflowed (a panic).
+        let max = usize::MAX.to_string();
+        for k in ["FERROCCL_CHUNK_BYTES", "FERROCCL_SLOTS", "FERROCCL_SLOT_BYTES"] {
+            assert!(Config::from_vars(&vars(&[(k, &max)])).is_err(), "{k}");
+        }
+        let c = Config::from_vars(&vars(&[("FERROCCL_CHECK_MISMATCH", "on"), ("FERROCCL_TCP_CRC", "1")])).unwrap();
+        assert!(c.check_mismatch && c.tcp_crc);
+        let e = Config::from_vars(&vars(&[("FERROCCL_TCP_CRC", "maybe")])).unwrap_err();
+        assert!(e.message().contains("FERROCCL_TCP_CRC='maybe'"), "{e}");
+        let e = Config::from_vars(&vars(&[("FERROCCL_TRANSPORT", "rdma")])).unwrap_err();
+        assert!(e.message().contains("FERROCCL_TRANSPORT"), "{e}");
     }
 
     #[test]

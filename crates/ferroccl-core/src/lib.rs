@@ -4,6 +4,7 @@
 pub mod algo;
 pub mod config;
 pub mod numeric;
+pub mod opsig;
 pub mod plan;
 pub mod topo;
 pub mod types;

@@ -70,8 +70,11 @@ impl Comm {
     /// Joins the communicator `id` as `rank` of `nranks` (every rank calls this, typically one
     /// per process or thread).
     pub fn init_rank(id: &UniqueId, nranks: usize, rank: Rank, device: Device, config: &Config) -> Result<Comm, Error> {
+        Comm::init_rank_with_abort(id, nranks, rank, device, config, Arc::new(AtomicBool::new(false)))
+    }
+
+    fn init_rank_with_abort(id: &UniqueId, nranks: usize, rank: Rank, device: Device, config: &Config, abort: Arc<AtomicBool>) -> Result<Comm, Error> {
         config.validate()?;
-        let abort = Arc::new(AtomicBool::new(false));
         let boot = Bootstrap::init(id, nranks, rank, config, abort.clone())?;
         Comm::from_bootstrap(boot, device, config.clone(), abort)
     }
@@ -102,14 +105,21 @@ impl Comm {
             return Err(Error::InvalidArgument("init_devices: at least one device is needed".into()));
         }
         let id = UniqueId::new(config)?;
+        // One rank failing to start stops the others at once, rather than leaving them to wait
+        // for it until the deadline.
+        let aborts: Vec<Arc<AtomicBool>> = (0..nranks).map(|_| Arc::new(AtomicBool::new(false))).collect();
         let results: Vec<Result<Comm, Error>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..nranks)
                 .map(|r| {
-                    let id = &id;
+                    let (id, aborts) = (&id, &aborts);
                     let dev = devices[r];
-                    std::thread::Builder::new()
-                        .name(format!("ferroccl-init-{r}"))
-                        .spawn_scoped(s, move || Comm::init_rank(id, nranks, r, dev, config))
+                    std::thread::Builder::new().name(format!("ferroccl-init-{r}")).spawn_scoped(s, move || {
+                        let c = Comm::init_rank_with_abort(id, nranks, r, dev, config, aborts[r].clone());
+                        if c.is_err() {
+                            aborts.iter().for_each(|a| a.store(true, Ordering::Release));
+                        }
+                        c
+                    })
                 })
                 .collect();
             handles
@@ -120,7 +130,12 @@ impl Comm {
                 })
                 .collect()
         });
-        results.into_iter().collect()
+        // The cause, not the aborts it set off in the other ranks.
+        let cause = results.iter().filter_map(|r| r.as_ref().err()).find(|e| !matches!(e, Error::Aborted(_))).cloned();
+        match cause {
+            Some(e) => Err(e),
+            None => results.into_iter().collect(),
+        }
     }
 
     /// Joins the job described by the launcher's environment (torchrun, mpirun, `ferroccl run`).
@@ -463,3 +478,6 @@ impl Drop for Comm {
         }
     }
 }
+
+#[cfg(test)]
+mod fault_tests;

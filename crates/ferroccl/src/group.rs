@@ -8,6 +8,7 @@ use crate::backend::host::conns::{ConnCtx, Conns};
 use crate::backend::cuda::devplan::{use_ll, OpDesc};
 use crate::backend::host::exec::{execute, OpBufs, Unit};
 use crate::comm::{Comm, CommState};
+use crate::mismatch::{self, CheckFailure};
 use crate::ops::OpArgs;
 use ferroccl_core::algo::{build, CollDesc, Tuning};
 use ferroccl_core::numeric::{Element, Reducer};
@@ -85,6 +86,13 @@ impl<'a> Group<'a> {
         self.items.is_empty()
     }
 
+    /// "all_reduce #12 on rank 3 of 4": what errors of launch `seq` on `comm` are about.
+    fn label(&self, comm: &Comm, seq: u64) -> String {
+        let args: Vec<&OpArgs> = self.items.iter().filter(|(c, _)| std::ptr::eq(*c, comm)).map(|(_, a)| a).collect();
+        let what = if args.len() == 1 { args[0].kind.name().to_string() } else { format!("group of {} operations", args.len()) };
+        format!("{what} #{seq} on rank {} of {}", comm.info.rank, comm.info.nranks)
+    }
+
     /// Runs every operation of the group and returns when all are complete.
     pub fn launch(self) -> Result<(), Error> {
         if self.items.is_empty() {
@@ -106,13 +114,56 @@ impl<'a> Group<'a> {
         }
         let mut guards: Vec<MutexGuard<CommState>> = guards.into_iter().map(|g| g.expect("locked")).collect();
 
-        // Plans (pure) first: any inconsistency is an argument error before anything moves.
-        let mut plans = Vec::with_capacity(comms.len());
-        let mut bufs = Vec::with_capacity(comms.len());
         for (ci, comm) in comms.iter().enumerate() {
             if let Some(e) = &guards[ci].failed {
                 return Err(Error::Aborted(format!("rank {}: the communicator failed earlier: {e}", comm.info.rank)));
             }
+        }
+        let checked: Vec<usize> = (0..comms.len())
+            .filter(|&ci| {
+                comms[ci].info.config.check_mismatch
+                    && self.items.iter().any(|(c, a)| std::ptr::eq(*c, comms[ci]) && mismatch::involves_every_rank(a.kind))
+            })
+            .collect();
+        if !checked.is_empty() {
+            let sigs: Vec<Vec<u8>> = checked
+                .iter()
+                .map(|&ci| {
+                    let args: Vec<OpArgs> = self.items.iter().filter(|(c, _)| std::ptr::eq(*c, comms[ci])).map(|(_, a)| *a).collect();
+                    mismatch::signature(guards[ci].seq + 1, &args)
+                })
+                .collect();
+            let cs: Vec<&Comm> = checked.iter().map(|&ci| comms[ci]).collect();
+            let mut first: Option<Error> = None;
+            for (&ci, r) in checked.iter().zip(mismatch::agree(&cs, &sigs)) {
+                let comm = comms[ci];
+                let label = self.label(comm, guards[ci].seq + 1);
+                let e = match r {
+                    Ok(()) => continue,
+                    // Nothing moved and every rank fails alike: the communicator stays usable.
+                    Err(CheckFailure::Mismatch(m)) => Error::InvalidArgument(format!(
+                        "{label}: the ranks called different operations (found by FERROCCL_CHECK_MISMATCH before any data \
+                         moved): {m}. Every rank must issue the same collectives, with the same count, data type, \
+                         reduction and root, in the same order, and matching sends and receives"
+                    )),
+                    // The ring may be out of step now, so later calls must not trust it.
+                    Err(CheckFailure::Exchange(e)) => {
+                        let e = e.context(format!("{label}: exchanging operation signatures (FERROCCL_CHECK_MISMATCH)"));
+                        guards[ci].failed.get_or_insert_with(|| e.clone());
+                        e
+                    }
+                };
+                first.get_or_insert(e);
+            }
+            if let Some(e) = first {
+                return Err(e);
+            }
+        }
+
+        // Plans (pure) first: any inconsistency is an argument error before anything moves.
+        let mut plans = Vec::with_capacity(comms.len());
+        let mut bufs = Vec::with_capacity(comms.len());
+        for comm in comms.iter() {
             let args: Vec<OpArgs> = self.items.iter().filter(|(c, _)| std::ptr::eq(*c, *comm)).map(|(_, a)| *a).collect();
             // A GPU communicator plans an operation only the first time it sees it (the plan's
             // tables then stay on the GPU); the host executor needs the plan every call.
@@ -171,9 +222,7 @@ impl<'a> Group<'a> {
         let mut labels = Vec::new();
         for (ci, comm) in comms.iter().enumerate() {
             guards[ci].seq += 1;
-            let args: Vec<&OpArgs> = self.items.iter().filter(|(c, _)| std::ptr::eq(*c, *comm)).map(|(_, a)| a).collect();
-            let what = if args.len() == 1 { args[0].kind.name().to_string() } else { format!("group of {} operations", args.len()) };
-            labels.push(format!("{what} #{} on rank {} of {}", guards[ci].seq, comm.info.rank, comm.info.nranks));
+            labels.push(self.label(comm, guards[ci].seq));
         }
 
         let result = (|| {

@@ -14,10 +14,15 @@
 //! });
 //! ```
 
+#[cfg(test)]
+mod alloc_probe;
 mod backend;
 pub mod bootstrap;
 mod comm;
+#[cfg(test)]
+mod fault_proxy;
 mod group;
+mod mismatch;
 mod ops;
 pub mod transport;
 

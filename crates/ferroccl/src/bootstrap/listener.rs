@@ -62,7 +62,7 @@ pub(crate) fn encode_announce(comm_id: u64, from: usize, kind: u8, tag: u64) -> 
     e.0
 }
 
-fn decode_announce(b: &[u8]) -> Result<Key, Error> {
+pub(crate) fn decode_announce(b: &[u8]) -> Result<Key, Error> {
     let mut d = Dec::new(b, "connection announce");
     if d.take(4)? != ANNOUNCE_MAGIC {
         return Err(Error::Protocol("connection announce has a bad magic".into()));
@@ -74,7 +74,7 @@ fn decode_announce(b: &[u8]) -> Result<Key, Error> {
 
 impl Listener {
     pub fn bind(ip: IpAddr, secret: [u8; 16], timeout: Duration) -> Result<Arc<Listener>, Error> {
-        let l = TcpListener::bind((ip, 0)).map_err(|e| Error::System(format!("binding the bootstrap listener on {ip}: {e}")))?;
+        let l = TcpListener::bind((ip, 0)).map_err(|e| Error::System(format!("binding the bootstrap listener on {ip}: {e}{}", wire::fd_hint(&e))))?;
         let addr = l.local_addr().map_err(|e| Error::System(format!("bootstrap listener: {e}")))?;
         l.set_nonblocking(true).map_err(|e| Error::System(format!("bootstrap listener: {e}")))?;
         let shared = Arc::new(Shared { state: Mutex::new(State::default()), cv: Condvar::new() });
@@ -159,6 +159,7 @@ impl Drop for Listener {
 
 fn serve(l: TcpListener, secret: [u8; 16], hs_timeout: Duration, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     let gate = Gate::new();
+    let mut spare = wire::SpareFd::new();
     while !stop.load(Ordering::Acquire) {
         let (stream, from) = match wire::poll_accept(&l, POLL) {
             Ok(Some(_)) if stop.load(Ordering::Acquire) => break,
@@ -166,20 +167,22 @@ fn serve(l: TcpListener, secret: [u8; 16], hs_timeout: Duration, shared: Arc<Sha
             Ok(None) => continue,
             Err(_) if stop.load(Ordering::Acquire) => break,
             Err(e) => {
-                tracing::warn!("bootstrap listener accept failed: {e}");
-                std::thread::sleep(POLL);
+                if !spare.refuse_one(&l, &e, "bootstrap listener") {
+                    tracing::warn!("bootstrap listener accept failed: {e}");
+                    std::thread::sleep(POLL);
+                }
                 continue;
             }
         };
         let (shared, w) = (shared.clone(), Wait::new(hs_timeout, AbortSet::new(stop.clone())));
-        gate.run(from, move || {
-            let mut stream = stream;
+        gate.run(stream, from, move |mut stream, done| {
             let peer = from.to_string();
             let r = auth::server(&mut stream, &secret, &w, &peer)
                 .and_then(|_| wire::read_frame(&mut stream, ANNOUNCE_LEN, &w, &peer))
                 .and_then(|b| decode_announce(&b));
             match r {
                 Ok(key) => {
+                    done();
                     let mut st = shared.lock();
                     if !st.closed.contains(&key.0) {
                         st.parked.entry(key).or_default().push_back(stream);

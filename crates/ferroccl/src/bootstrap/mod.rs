@@ -30,6 +30,10 @@ mod wire;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod hostile_tests;
+#[cfg(test)]
+mod parser_fuzz;
 
 pub use unique_id::UniqueId;
 
@@ -40,8 +44,8 @@ use listener::{Listener, KIND_RING, KIND_USER, KIND_WATCH};
 use sha2::{Digest, Sha256};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
-use wire::{AbortSet, Dec, Enc, Wait, HANDSHAKE_MAX, POLL};
+use std::sync::{Arc, Mutex, MutexGuard};
+use wire::{AbortSet, Dec, Enc, Wait};
 
 /// The root may answer a little after a client's own deadline, because its deadline counts
 /// from the first arrival; this grace lets clients receive its explanation instead of a bare
@@ -50,6 +54,10 @@ const ROOT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Header of one all-gather block on the ring: sequence number and originating rank.
 const BLOCK_HEAD: usize = 12;
+
+/// All-gather blocks up to this size are written without a helper thread (see `allgather`);
+/// far below the smallest socket buffers an OS gives a TCP connection.
+const INLINE_BLOCK: usize = 4096;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerInfo {
@@ -160,8 +168,7 @@ impl Bootstrap {
         let w = Wait::new(config.timeout, aset.clone());
         let ctx = |e: Error| e.context(format!("bootstrap of rank {rank} of {nranks}"));
         let peer = format!("the bootstrap root at {root}");
-        let mut s = wire::connect_retry(root, &w, "the bootstrap root").map_err(ctx)?;
-        auth::client(&mut s, &secret, &w.capped(HANDSHAKE_MAX), &peer).map_err(ctx)?;
+        let mut s = auth::connect(root, &secret, &w, "the bootstrap root", &peer).map_err(ctx)?;
         // Without an explicit address, listen where the route to the root leaves this host:
         // that interface is known to reach at least the root's network.
         let ip: IpAddr = match &config.bootstrap_addr {
@@ -214,7 +221,7 @@ impl Bootstrap {
             let watch_next = b.connect_kind(next_rank, KIND_WATCH, p.tag, &w)?;
             let watch_prev = b.listener.take_exact((comm_id, prev_rank, KIND_WATCH, p.tag), &w, &pp)?;
             for s in [&next, &prev] {
-                let d = s.try_clone().map_err(|e| Error::System(format!("duplicating a bootstrap socket: {e}")))?;
+                let d = s.try_clone().map_err(|e| Error::System(format!("duplicating a bootstrap socket: {e}{}", wire::fd_hint(&e))))?;
                 b.shutdown.push(d);
             }
             b.ring = Some(Ring { next: Mutex::new(next), prev: Mutex::new(prev) });
@@ -237,8 +244,7 @@ impl Bootstrap {
     fn connect_kind(&self, peer: usize, kind: u8, tag: u64, w: &Wait) -> Result<TcpStream, Error> {
         let p = &self.peers[peer];
         let name = describe(p);
-        let mut s = wire::connect_retry(p.addr, w, &format!("rank {peer}"))?;
-        auth::client(&mut s, &self.secret, &w.capped(HANDSHAKE_MAX), &name)?;
+        let mut s = auth::connect(p.addr, &self.secret, w, &format!("rank {peer}"), &name)?;
         let a = listener::encode_announce(self.comm_id, self.rank, kind, tag);
         wire::write_frame(&mut s, &[&a], w, &name)?;
         Ok(s)
@@ -260,9 +266,21 @@ impl Bootstrap {
         self.comm_id
     }
 
+    /// Test support: later connections to `rank` go to `addr` (a fault proxy in front of it).
+    #[cfg(test)]
+    pub(crate) fn redirect_peer(&mut self, rank: usize, addr: SocketAddr) {
+        self.peers[rank].addr = addr;
+    }
+
     /// Ring all-gather: in step s every rank forwards the block that originated s hops behind
-    /// it, so each rank sends and receives n-1 messages. Sending runs on a scoped thread so
-    /// that large blocks cannot deadlock a ring of ranks that all write before they read.
+    /// it, so each rank sends and receives n-1 messages.
+    ///
+    /// Small blocks are written inline before the step's read: a rank can only run ahead of
+    /// its successor, never of its predecessor, so around the ring some successor is never
+    /// behind, and frames of a few KiB cannot fill every socket buffer of the ring at once.
+    /// A larger block is written from a second thread while this one reads, so ranks that all
+    /// write before they read cannot deadlock. Small exchanges (check mode, setup) thus cost
+    /// no thread.
     pub fn allgather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
         let max = self.config.max_bootstrap_msg;
         if mine.len() > max {
@@ -279,97 +297,70 @@ impl Bootstrap {
         let ctx = |e: Error| e.context(format!("bootstrap all-gather #{seq} on rank {me}"));
         let mut next = lock(&ring.next);
         let mut prev = lock(&ring.prev);
-        let failed = Arc::new(AtomicBool::new(false));
-        let w = Wait::new(self.config.timeout, self.abort.with(failed.clone()));
-        let first_err: Mutex<Option<Error>> = Mutex::new(None);
-        let fail = |e: Error| {
-            lock(&first_err).get_or_insert(e);
-            failed.store(true, Ordering::Release);
-        };
         let next_name = describe(&self.peers[(me + 1) % n]);
         let prev_name = describe(&self.peers[(me + n - 1) % n]);
-        let mine_arc: Arc<Vec<u8>> = Arc::new(mine.to_vec());
-        let mut out: Vec<Option<Arc<Vec<u8>>>> = vec![None; n];
-        out[me] = Some(mine_arc.clone());
-        let (tx, rx) = mpsc::channel::<Arc<Vec<u8>>>();
-
-        std::thread::scope(|sc| {
-            let (w2, next) = (&w, &mut *next);
-            let next_name = &next_name;
-            let fail_ref = &fail;
-            sc.spawn(move || {
-                let mut block = mine_arc;
-                for s in 0..n - 1 {
-                    if s > 0 {
-                        block = loop {
-                            match rx.recv_timeout(POLL) {
-                                Ok(b) => break b,
-                                Err(mpsc::RecvTimeoutError::Timeout) => {
-                                    // Waiting for our reader, not for a peer: the reader fails
-                                    // at the same deadline and names the rank it waited for.
-                                    if w2.check(String::new).is_err() {
-                                        return;
-                                    }
-                                }
-                                // The reader failed and recorded why.
-                                Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                            }
-                        };
-                    }
-                    let origin = (me + n - s) % n;
-                    let mut head = Enc::default();
-                    head.u64(seq).u32(origin as u32);
-                    if let Err(e) = wire::write_frame(next, &[&head.0, &block], w2, next_name) {
-                        return fail_ref(e);
-                    }
+        let mut out: Vec<Option<Vec<u8>>> = vec![None; n];
+        out[me] = Some(mine.to_vec());
+        for s in 0..n - 1 {
+            let origin = (me + n - s) % n;
+            let want = (me + n - s - 1) % n;
+            let block = out[origin].as_deref().expect("forwarded blocks arrived in an earlier step");
+            let mut head = Enc::default();
+            head.u64(seq).u32(origin as u32);
+            let read = |prev: &mut TcpStream, w: &Wait| -> Result<Vec<u8>, Error> {
+                let mut f = wire::read_frame(prev, max + BLOCK_HEAD, w, &prev_name)?;
+                let mut d = Dec::new(&f, "all-gather block");
+                let (got_seq, got) = (d.u64()?, d.u32()? as usize);
+                if got_seq != seq || got != want {
+                    return Err(Error::Protocol(format!(
+                        "{prev_name} sent block of rank {got} in collective #{got_seq}, expected rank {want} in #{seq} (mismatched bootstrap calls?)"
+                    )));
                 }
-            });
-
-            for s in 0..n - 1 {
-                let r = wire::read_frame(&mut prev, max + BLOCK_HEAD, &w, &prev_name).and_then(|mut f| {
-                    let mut d = Dec::new(&f, "all-gather block");
-                    let (got_seq, origin) = (d.u64()?, d.u32()? as usize);
-                    let want = (me + n - s - 1) % n;
-                    if got_seq != seq || origin != want {
-                        return Err(Error::Protocol(format!(
-                            "{prev_name} sent block of rank {origin} in collective #{got_seq}, expected rank {want} in #{seq} (mismatched bootstrap calls?)"
-                        )));
-                    }
-                    f.drain(..BLOCK_HEAD);
-                    Ok((origin, f))
-                });
-                match r {
-                    Ok((origin, f)) => {
-                        let b = Arc::new(f);
-                        if s + 2 < n {
-                            let _ = tx.send(b.clone());
+                f.drain(..BLOCK_HEAD);
+                Ok(f)
+            };
+            let got = if block.len() <= INLINE_BLOCK {
+                let w = self.wait();
+                wire::write_frame(&mut next, &[&head.0, block], &w, &next_name).and_then(|_| read(&mut prev, &w))
+            } else {
+                // Either side failing stops the other at once instead of at the deadline.
+                let failed = Arc::new(AtomicBool::new(false));
+                let w = Wait::new(self.config.timeout, self.abort.with(failed.clone()));
+                let first_err: Mutex<Option<Error>> = Mutex::new(None);
+                let fail = |e: Error| {
+                    lock(&first_err).get_or_insert(e);
+                    failed.store(true, Ordering::Release);
+                };
+                let r = std::thread::scope(|sc| {
+                    let (next, w2, fail, next_name, head) = (&mut *next, &w, &fail, &next_name, &head);
+                    sc.spawn(move || {
+                        if let Err(e) = wire::write_frame(next, &[&head.0, block], w2, next_name) {
+                            fail(e);
                         }
-                        out[origin] = Some(b);
+                    });
+                    read(&mut prev, &w).map_err(fail).ok()
+                });
+                let e = lock(&first_err).take();
+                match (r, e) {
+                    (Some(b), None) => Ok(b),
+                    (_, Some(e)) => Err(e),
+                    (None, None) => Err(Error::Internal("all-gather step failed without a reason".into())),
+                }
+            };
+            match got {
+                Ok(b) => out[want] = Some(b),
+                Err(e) => {
+                    // A ring left mid-message cannot carry another collective, and closing it
+                    // tells the neighbours (and theirs, in turn) at once instead of at their
+                    // deadlines.
+                    for s in &self.shutdown {
+                        let _ = s.shutdown(Shutdown::Both);
                     }
-                    Err(e) => {
-                        fail(e);
-                        break;
-                    }
+                    return Err(ctx(e));
                 }
             }
-            drop(tx);
-        });
-
-        if let Some(e) = lock(&first_err).take() {
-            // A ring left mid-message cannot carry another collective, and closing it tells
-            // the neighbours (and theirs, in turn) at once instead of at their deadlines.
-            for s in &self.shutdown {
-                let _ = s.shutdown(Shutdown::Both);
-            }
-            return Err(ctx(e));
         }
-        Ok(out
-            .into_iter()
-            .map(|b| {
-                let b = b.expect("every block arrived");
-                Arc::try_unwrap(b).unwrap_or_else(|a| (*a).clone())
-            })
-            .collect())
+        Ok(out.into_iter().map(|b| b.expect("every block arrived")).collect())
     }
 
     pub fn barrier(&self) -> Result<(), Error> {

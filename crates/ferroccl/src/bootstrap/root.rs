@@ -34,6 +34,15 @@ pub(crate) fn decode_peer(d: &mut Dec) -> Result<PeerInfo, Error> {
     Ok(PeerInfo { rank: d.usize()?, addr: d.addr()?, host_id: d.u64()?, pid: d.u32()?, hostname: d.str(MAX_HOSTNAME)? })
 }
 
+/// A rank's hello: (nranks, its PeerInfo).
+pub(crate) fn decode_hello(msg: &[u8]) -> Result<(usize, PeerInfo), Error> {
+    let mut d = Dec::new(msg, "rendezvous hello");
+    let nranks = d.usize()?;
+    let info = decode_peer(&mut d)?;
+    d.finish()?;
+    Ok((nranks, info))
+}
+
 struct Arrival {
     stream: TcpStream,
     from: SocketAddr,
@@ -65,6 +74,7 @@ fn serve(l: TcpListener, secret: [u8; 16], config: Config) {
     // Tells the handshake threads that nobody will take their connection any more.
     let done = Arc::new(AtomicBool::new(false));
     let gate = Gate::new();
+    let mut spare = wire::SpareFd::new();
     let (tx, rx) = mpsc::channel::<Arrival>();
     let mut slots: Vec<Option<Arrival>> = Vec::new();
     let mut nranks: Option<(usize, usize, SocketAddr)> = None; // (n, announced by rank, from)
@@ -82,19 +92,14 @@ fn serve(l: TcpListener, secret: [u8; 16], config: Config) {
                 poll = ARRIVAL_POLL;
                 let tx = tx.clone();
                 let w = hs_wait();
-                gate.run(from, move || {
-                    let mut stream = stream;
+                gate.run(stream, from, move |mut stream, done| {
                     let peer = from.to_string();
-                    let r = auth::server(&mut stream, &secret, &w, &peer).and_then(|_| {
-                        let msg = wire::read_frame(&mut stream, MAX_HELLO, &w, &peer)?;
-                        let mut d = Dec::new(&msg, "rendezvous hello");
-                        let nranks = d.usize()?;
-                        let info = decode_peer(&mut d)?;
-                        d.finish()?;
-                        Ok((nranks, info))
-                    });
+                    let r = auth::server(&mut stream, &secret, &w, &peer)
+                        .and_then(|_| wire::read_frame(&mut stream, MAX_HELLO, &w, &peer))
+                        .and_then(|msg| decode_hello(&msg));
                     match r {
                         Ok((nranks, info)) => {
+                            done();
                             let _ = tx.send(Arrival { stream, from, nranks, info });
                         }
                         Err(e) => tracing::warn!(remote = %from, "bootstrap root dropped a connection: {e}"),
@@ -102,7 +107,12 @@ fn serve(l: TcpListener, secret: [u8; 16], config: Config) {
                 });
             }
             Ok(None) => {}
-            Err(e) => tracing::warn!("bootstrap root accept failed: {e}"),
+            Err(e) => {
+                if !spare.refuse_one(&l, &e, "bootstrap root") {
+                    tracing::warn!("bootstrap root accept failed: {e}");
+                    std::thread::sleep(POLL);
+                }
+            }
         }
 
         while let Ok(mut a) = rx.try_recv() {
@@ -200,7 +210,12 @@ pub(crate) fn rendezvous(
         )),
         other => other,
     })?;
-    let mut d = Dec::new(&msg, "rendezvous reply");
+    decode_reply(&msg, nranks, &peer)
+}
+
+/// The root's answer: (comm_id, peers indexed by rank), or the error it reports.
+pub(crate) fn decode_reply(msg: &[u8], nranks: usize, peer: &str) -> Result<(u64, Vec<PeerInfo>), Error> {
+    let mut d = Dec::new(msg, "rendezvous reply");
     match d.u8()? {
         0 => {
             let comm_id = d.u64()?;

@@ -5,23 +5,23 @@ use std::net::TcpListener;
 use std::thread;
 use std::time::{Duration, Instant};
 
-fn cfg(timeout_ms: u64) -> Config {
+pub(super) fn cfg(timeout_ms: u64) -> Config {
     Config { timeout: Duration::from_millis(timeout_ms), bootstrap_addr: Some("127.0.0.1".into()), ..Config::default() }
 }
 
-fn flag() -> Arc<AtomicBool> {
+pub(super) fn flag() -> Arc<AtomicBool> {
     Arc::new(AtomicBool::new(false))
 }
 
 /// Runs `f(rank)` on `n` threads and returns the results indexed by rank.
-fn on_ranks<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+pub(super) fn on_ranks<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
     thread::scope(|s| {
         let hs: Vec<_> = (0..n).map(|r| s.spawn({ let f = &f; move || f(r) })).collect();
         hs.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
     })
 }
 
-fn init_all(n: usize, c: &Config) -> Vec<Bootstrap> {
+pub(super) fn init_all(n: usize, c: &Config) -> Vec<Bootstrap> {
     let id = UniqueId::new(c).unwrap();
     on_ranks(n, |r| Bootstrap::init(&id, n, r, c, flag()).unwrap())
 }
@@ -34,7 +34,7 @@ fn data_of(r: usize) -> Vec<u8> {
     (0..r * 37 + r % 2).map(|i| (i * 7 + r) as u8).collect()
 }
 
-fn check_allgather(bs: &[Bootstrap]) {
+pub(super) fn check_allgather(bs: &[Bootstrap]) {
     let n = bs.len();
     let outs = on_ranks(n, |r| {
         let a = bs[r].allgather(&data_of(r)).unwrap();
@@ -114,14 +114,14 @@ fn host_identity() {
 }
 
 /// A connected pair of sockets: (client side, server side).
-fn pair() -> (TcpStream, TcpStream) {
+pub(super) fn pair() -> (TcpStream, TcpStream) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
     let (s, _) = l.accept().unwrap();
     (c, s)
 }
 
-fn w(ms: u64) -> Wait {
+pub(super) fn w(ms: u64) -> Wait {
     Wait::new(Duration::from_millis(ms), AbortSet::new(flag()))
 }
 
@@ -227,6 +227,24 @@ fn allgather_of_large_blocks_does_not_deadlock() {
     let small = Config { max_bootstrap_msg: 4096, ..cfg(1000) };
     let bs = init_all(1, &small);
     assert!(matches!(bs[0].allgather(&[0; 5000]), Err(Error::InvalidArgument(_))));
+}
+
+#[test]
+fn allgather_of_mixed_small_and_large_blocks() {
+    // Small blocks go out inline and large ones from a helper thread; a ring mixing both, with
+    // every rank far ahead of or behind its successor, must neither deadlock nor reorder.
+    let bs = init_all(5, &cfg(10_000));
+    let size = |r: usize, round: usize| if (r + round).is_multiple_of(3) { 200_000 + r } else { r * 100 };
+    let outs = on_ranks(5, |r| {
+        (0..6).map(|round| bs[r].allgather(&vec![(r * 10 + round) as u8; size(r, round)]).unwrap()).collect::<Vec<_>>()
+    });
+    for o in outs {
+        for (round, all) in o.iter().enumerate() {
+            for (r, b) in all.iter().enumerate() {
+                assert_eq!(b, &vec![(r * 10 + round) as u8; size(r, round)]);
+            }
+        }
+    }
 }
 
 #[test]

@@ -45,7 +45,7 @@ pub(crate) fn local_ip(config: &Config) -> Result<IpAddr, Error> {
 impl UniqueId {
     pub fn new(config: &Config) -> Result<UniqueId, Error> {
         let ip = local_ip(config)?;
-        let l = TcpListener::bind((ip, 0)).map_err(|e| Error::System(format!("binding the bootstrap root on {ip}: {e}")))?;
+        let l = TcpListener::bind((ip, 0)).map_err(|e| Error::System(format!("binding the bootstrap root on {ip}: {e}{}", wire::fd_hint(&e))))?;
         let addr = l.local_addr().map_err(|e| Error::System(format!("bootstrap root socket: {e}")))?;
         let secret: [u8; 16] = random_bytes()?;
         root::spawn(l, secret, config.clone())?;

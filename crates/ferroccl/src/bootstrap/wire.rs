@@ -104,6 +104,49 @@ impl Wait {
     }
 }
 
+/// What to do when a socket call fails for want of descriptors or memory.
+pub(crate) fn fd_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EMFILE) => " (this process has run out of file descriptors: raise `ulimit -n`, the RLIMIT_NOFILE of the job)",
+        Some(libc::ENFILE) => " (the system has run out of file descriptors: raise fs.file-max)",
+        Some(libc::ENOBUFS) | Some(libc::ENOMEM) => " (the kernel is out of socket memory)",
+        _ => "",
+    }
+}
+
+/// A descriptor kept in reserve by a listener, so that when `accept` fails for want of
+/// descriptors it can still take the connection and tell the client why, rather than leave
+/// it waiting for a handshake that never comes.
+pub(crate) struct SpareFd(Option<std::fs::File>);
+
+impl SpareFd {
+    pub fn new() -> SpareFd {
+        SpareFd(std::fs::File::open("/dev/null").ok())
+    }
+
+    /// After `accept` failed with `e`: if for want of descriptors, answer one waiting client
+    /// with the refusal and return true.
+    pub fn refuse_one(&mut self, l: &std::net::TcpListener, e: &io::Error, what: &str) -> bool {
+        if !is_resource_exhaustion(e) {
+            return false;
+        }
+        self.0 = None;
+        if let Ok((mut s, from)) = l.accept() {
+            let _ = s.set_nonblocking(true);
+            let _ = s.write(&super::auth::refusal_for_lack_of_fds());
+            tracing::warn!(remote = %from, "{what} refused a connection: {e}{}", fd_hint(e));
+        }
+        *self = SpareFd::new();
+        true
+    }
+}
+
+/// Failures that retrying cannot cure: connecting again only fails again, so they end a
+/// connection attempt at once instead of at the deadline.
+pub(crate) fn is_resource_exhaustion(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM))
+}
+
 fn is_retry(e: &io::Error) -> bool {
     matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted)
 }
@@ -195,6 +238,9 @@ pub(crate) fn connect_retry(addr: SocketAddr, w: &Wait, what: &str) -> Result<Tc
             Ok(s) => {
                 let _ = s.set_nodelay(true);
                 return Ok(s);
+            }
+            Err(Some(e)) if is_resource_exhaustion(&e) => {
+                return Err(Error::System(format!("cannot connect to {what} at {addr}: {e}{}", fd_hint(&e))));
             }
             Err(Some(e)) => {
                 last = Some(e);

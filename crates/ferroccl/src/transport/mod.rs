@@ -13,12 +13,14 @@
 //! can mark the FIFO failed with a reason, which the other end reports instead of waiting
 //! for its deadline.
 
+mod crc32c;
 mod fifo;
 mod shm;
 mod tcp;
 
 pub use fifo::{pid_alive, Consumer, FifoLayout, FifoMem, Producer};
-pub use tcp::{tcp_receiver, tcp_receiver_joinable, tcp_sender, tcp_sender_joinable};
+pub use crc32c::{crc32c, extend as crc32c_extend};
+pub use tcp::{tcp_receiver, tcp_receiver_joinable, tcp_sender, tcp_sender_joinable, FrameCheck};
 
 #[cfg(test)]
 mod tests;

@@ -34,7 +34,11 @@ fn sys_error(what: &str, name: &str, err: io::Error) -> Error {
         Some(libc::ENFILE) => " (the system has too many open files: raise fs.file-max or close files)",
         Some(libc::ENOSPC) => {
             " (/dev/shm is full: remove stale segments there or enlarge it, e.g. `docker run --shm-size=...` \
-             or `mount -o remount,size=... /dev/shm`; fewer slots or channels also reduce usage)"
+             or `mount -o remount,size=... /dev/shm`; each connection takes FERROCCL_SLOTS x FERROCCL_SLOT_BYTES, \
+             and each peer FERROCCL_CHANNELS connections, so lowering those shrinks it; FERROCCL_TRANSPORT=tcp uses none)"
+        }
+        Some(libc::EFBIG) => {
+            " (larger than this process may create files: raise `ulimit -f`, or lower FERROCCL_SLOTS x FERROCCL_SLOT_BYTES)"
         }
         Some(libc::ENOMEM) => " (out of memory or mapping limit reached: check vm.max_map_count and memory limits)",
         Some(libc::EACCES) => " (permission denied on /dev/shm: are all ranks run by the same user?)",
@@ -71,10 +75,12 @@ impl FifoMem {
         layout.validate()?;
         let cname = c_name(name)?;
         let len = layout.total_bytes();
+        // Errors name the size too: it is what a full /dev/shm could not hold.
+        let what = format!("{name} ({len} bytes)");
         // SAFETY: plain syscall with a valid C string.
         let raw = unsafe { libc::shm_open(cname.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600) };
         if raw < 0 {
-            return Err(sys_error("creation", name, io::Error::last_os_error()));
+            return Err(sys_error("creation", &what, io::Error::last_os_error()));
         }
         let fd = Fd(raw);
         let fail = |e: Error| {
@@ -83,16 +89,16 @@ impl FifoMem {
         };
         // SAFETY: valid descriptor.
         if unsafe { libc::ftruncate(fd.0, len as libc::off_t) } != 0 {
-            return Err(fail(sys_error("sizing", name, io::Error::last_os_error())));
+            return Err(fail(sys_error("sizing", &what, io::Error::last_os_error())));
         }
         // tmpfs allocates pages lazily, so a full /dev/shm would otherwise surface as SIGBUS
         // on first touch of a slot; reserving now turns it into an error here.
         // SAFETY: valid descriptor; returns an errno value instead of setting errno.
         let r = unsafe { libc::posix_fallocate(fd.0, 0, len as libc::off_t) };
         if r != 0 && r != libc::EOPNOTSUPP && r != libc::EINVAL {
-            return Err(fail(sys_error("reserving space", name, io::Error::from_raw_os_error(r))));
+            return Err(fail(sys_error("reserving space", &what, io::Error::from_raw_os_error(r))));
         }
-        let base = map(&fd, len, name).map_err(fail)?;
+        let base = map(&fd, len, &what).map_err(fail)?;
         // SAFETY: `len` bytes, page-aligned, released by munmap in FifoMem::drop.
         let mem = unsafe { FifoMem::from_raw(base, len, layout, Backing::Shm) };
         mem.init_header();

@@ -2,8 +2,12 @@
 //!
 //! The executor only ever sees a Producer or Consumer, exactly as for shared memory; a thread
 //! per direction moves slots between the FIFO and the socket. Each socket carries one
-//! direction only: frames are a little-endian u32 length followed by that many bytes.
+//! direction only: a 4-byte preamble naming the frame check ("FCT0" none, "FCT1" CRC32C),
+//! then frames: a little-endian u32 length, that many bytes, and with CRC32C a u32 checksum
+//! of the length and the bytes. The preamble makes ranks that disagree on the check fail at
+//! the first frame instead of misreading each other's streams.
 
+use super::crc32c;
 use super::fifo::{Consumer, FifoLayout, FifoMem, PoisonKind, Producer};
 use crate::Error;
 use std::io::{self, IoSlice, Read, Write};
@@ -20,6 +24,34 @@ const POLL: Duration = Duration::from_millis(10);
 /// After its producer is dropped, a sender keeps flushing what is queued, but gives up if the
 /// peer accepts nothing for this long, so that a hung peer cannot pin the thread forever.
 const LINGER: Duration = Duration::from_secs(10);
+
+/// What protects each frame against corruption in transit (TCP's own 16-bit checksum misses
+/// some errors, and middleboxes that rewrite payloads recompute it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FrameCheck {
+    #[default]
+    None,
+    /// A CRC32C of each frame's length and payload (`Config::tcp_crc`).
+    Crc32c,
+}
+
+impl FrameCheck {
+    pub fn from_config(crc: bool) -> FrameCheck {
+        if crc { FrameCheck::Crc32c } else { FrameCheck::None }
+    }
+    fn preamble(self) -> [u8; 4] {
+        match self {
+            FrameCheck::None => *b"FCT0",
+            FrameCheck::Crc32c => *b"FCT1",
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            FrameCheck::None => "off",
+            FrameCheck::Crc32c => "on",
+        }
+    }
+}
 
 /// Why a socket loop stopped early.
 enum Stop {
@@ -59,8 +91,8 @@ fn spawn(name: &str, label: &str, f: impl FnOnce() + Send + 'static) -> Result<J
 }
 
 /// Starts a thread that sends everything committed to the returned Producer over `stream`.
-pub fn tcp_sender(stream: TcpStream, layout: FifoLayout, label: String, abort: Arc<AtomicBool>) -> Result<Producer, Error> {
-    tcp_sender_joinable(stream, layout, label, abort).map(|(p, _)| p)
+pub fn tcp_sender(stream: TcpStream, layout: FifoLayout, check: FrameCheck, label: String, abort: Arc<AtomicBool>) -> Result<Producer, Error> {
+    tcp_sender_joinable(stream, layout, check, label, abort).map(|(p, _)| p)
 }
 
 /// `tcp_sender`, with the thread's handle: it exits within `POLL` of an abort, or once it has
@@ -68,6 +100,7 @@ pub fn tcp_sender(stream: TcpStream, layout: FifoLayout, label: String, abort: A
 pub fn tcp_sender_joinable(
     stream: TcpStream,
     layout: FifoLayout,
+    check: FrameCheck,
     label: String,
     abort: Arc<AtomicBool>,
 ) -> Result<(Producer, JoinHandle<()>), Error> {
@@ -76,7 +109,7 @@ pub fn tcp_sender_joinable(
     let producer = Producer::new(mem.clone());
     let mut consumer = Consumer::new(mem);
     let t = spawn("ferroccl-tcp-tx", &label.clone(), move || {
-        if let Stop::Fail(kind, reason) = send_loop(&stream, &mut consumer, &label, &abort) {
+        if let Stop::Fail(kind, reason) = send_loop(&stream, &mut consumer, check, &label, &abort) {
             tracing::debug!("{reason}");
             consumer.mem().poison_kind(kind, &reason);
         }
@@ -85,8 +118,11 @@ pub fn tcp_sender_joinable(
     Ok((producer, t))
 }
 
-fn send_loop(stream: &TcpStream, consumer: &mut Consumer, label: &str, abort: &AtomicBool) -> Stop {
+fn send_loop(stream: &TcpStream, consumer: &mut Consumer, check: FrameCheck, label: &str, abort: &AtomicBool) -> Stop {
     let mut stream = stream;
+    if let Err(s) = write_frame(&mut stream, &[&check.preamble()], consumer, label, abort) {
+        return s;
+    }
     loop {
         if abort.load(Ordering::Acquire) {
             return Stop::Fail(PoisonKind::Aborted, format!("{label}: aborted"));
@@ -100,7 +136,11 @@ fn send_loop(stream: &TcpStream, consumer: &mut Consumer, label: &str, abort: &A
                 // SAFETY: the slot holds `len` published bytes and is ours until release().
                 let payload = unsafe { std::slice::from_raw_parts(p, len) };
                 let hdr = (len as u32).to_le_bytes();
-                if let Err(s) = write_frame(&mut stream, &hdr, payload, consumer, label, abort) {
+                let sum = match check {
+                    FrameCheck::None => &[][..],
+                    FrameCheck::Crc32c => &crc32c::extend(crc32c::crc32c(&hdr), payload).to_le_bytes()[..],
+                };
+                if let Err(s) = write_frame(&mut stream, &[&hdr, payload, sum], consumer, label, abort) {
                     return s;
                 }
                 consumer.release();
@@ -160,24 +200,27 @@ fn peer_gone(stream: &TcpStream, label: &str) -> Option<Stop> {
     }
 }
 
-fn write_frame(
-    stream: &mut &TcpStream,
-    hdr: &[u8; 4],
-    payload: &[u8],
-    consumer: &Consumer,
-    label: &str,
-    abort: &AtomicBool,
-) -> Result<(), Stop> {
-    let total = hdr.len() + payload.len();
+/// Writes the concatenation of `parts` (a frame's header, payload and checksum), in as few
+/// system calls as the socket allows.
+fn write_frame(stream: &mut &TcpStream, parts: &[&[u8]], consumer: &Consumer, label: &str, abort: &AtomicBool) -> Result<(), Stop> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
     let mut done = 0usize;
     let mut last_progress = Instant::now();
     while done < total {
-        let r = if done < hdr.len() {
-            stream.write_vectored(&[IoSlice::new(&hdr[done..]), IoSlice::new(payload)])
-        } else {
-            stream.write(&payload[done - hdr.len()..])
-        };
-        match r {
+        // The unsent tail of `parts`, as slices for one vectored write.
+        let mut skip = done;
+        let mut iov: [IoSlice; 3] = [IoSlice::new(&[]), IoSlice::new(&[]), IoSlice::new(&[])];
+        let mut k = 0;
+        for p in parts {
+            if skip >= p.len() {
+                skip -= p.len();
+                continue;
+            }
+            iov[k] = IoSlice::new(&p[skip..]);
+            skip = 0;
+            k += 1;
+        }
+        match stream.write_vectored(&iov[..k]) {
             Ok(0) => return Err(Stop::Fail(PoisonKind::Remote, format!("{label}: connection closed by peer"))),
             Ok(n) => {
                 done += n;
@@ -204,8 +247,8 @@ fn write_frame(
 }
 
 /// Starts a thread that receives frames from `stream` into the returned Consumer.
-pub fn tcp_receiver(stream: TcpStream, layout: FifoLayout, label: String, abort: Arc<AtomicBool>) -> Result<Consumer, Error> {
-    tcp_receiver_joinable(stream, layout, label, abort).map(|(c, _)| c)
+pub fn tcp_receiver(stream: TcpStream, layout: FifoLayout, check: FrameCheck, label: String, abort: Arc<AtomicBool>) -> Result<Consumer, Error> {
+    tcp_receiver_joinable(stream, layout, check, label, abort).map(|(c, _)| c)
 }
 
 /// `tcp_receiver`, with the thread's handle: it exits within `POLL` of an abort, of the
@@ -213,6 +256,7 @@ pub fn tcp_receiver(stream: TcpStream, layout: FifoLayout, label: String, abort:
 pub fn tcp_receiver_joinable(
     stream: TcpStream,
     layout: FifoLayout,
+    check: FrameCheck,
     label: String,
     abort: Arc<AtomicBool>,
 ) -> Result<(Consumer, JoinHandle<()>), Error> {
@@ -221,7 +265,7 @@ pub fn tcp_receiver_joinable(
     let consumer = Consumer::new(mem.clone());
     let mut producer = Producer::new(mem);
     let t = spawn("ferroccl-tcp-rx", &label.clone(), move || {
-        if let Stop::Fail(kind, reason) = recv_loop(&stream, &mut producer, &label, &abort) {
+        if let Stop::Fail(kind, reason) = recv_loop(&stream, &mut producer, check, &label, &abort) {
             tracing::debug!("{reason}");
             producer.mem().poison_kind(kind, &reason);
         }
@@ -230,9 +274,30 @@ pub fn tcp_receiver_joinable(
     Ok((consumer, t))
 }
 
-fn recv_loop(stream: &TcpStream, producer: &mut Producer, label: &str, abort: &AtomicBool) -> Stop {
+fn recv_loop(stream: &TcpStream, producer: &mut Producer, check: FrameCheck, label: &str, abort: &AtomicBool) -> Stop {
     let mut stream = stream;
     let slot_bytes = producer.slot_bytes();
+    let mut pre = [0u8; 4];
+    match read_full(&mut stream, &mut pre, producer, label, abort) {
+        Ok(()) => {}
+        Err(ReadEnd::Eof(_)) => return Stop::Fail(PoisonKind::Remote, format!("{label}: connection closed by peer before its first frame")),
+        Err(ReadEnd::Stop(s)) => return s,
+    }
+    if pre != check.preamble() {
+        let theirs = [FrameCheck::None, FrameCheck::Crc32c].into_iter().find(|c| c.preamble() == pre);
+        return Stop::Fail(
+            PoisonKind::Protocol,
+            match theirs {
+                Some(t) => format!(
+                    "{label}: the peer sends with FERROCCL_TCP_CRC {} but this rank expects it {}: set it the same way on every rank",
+                    t.name(),
+                    check.name()
+                ),
+                None => format!("{label}: the peer's stream does not start like a ferroccl socket transport (bytes {pre:02x?})"),
+            },
+        );
+    }
+    let mut frames = 0u64;
     loop {
         let mut hdr = [0u8; 4];
         match read_full(&mut stream, &mut hdr, producer, label, abort) {
@@ -277,7 +342,34 @@ fn recv_loop(stream: &TcpStream, producer: &mut Producer, label: &str, abort: &A
         // SAFETY: a reserved slot has slot_bytes >= len writable bytes that only we touch until commit.
         let buf = unsafe { std::slice::from_raw_parts_mut(slot, len) };
         match read_full(&mut stream, buf, producer, label, abort) {
-            Ok(()) => producer.commit(len),
+            Ok(()) if check == FrameCheck::Crc32c => {
+                let mut sum = [0u8; 4];
+                match read_full(&mut stream, &mut sum, producer, label, abort) {
+                    Ok(()) => {}
+                    Err(ReadEnd::Eof(_)) => {
+                        return Stop::Fail(PoisonKind::Remote, format!("{label}: connection closed by peer in a frame checksum"))
+                    }
+                    Err(ReadEnd::Stop(s)) => return s,
+                }
+                let (got, want) = (u32::from_le_bytes(sum), crc32c::extend(crc32c::crc32c(&hdr), buf));
+                if got != want {
+                    // Not committed: the corrupt bytes never reach the executor.
+                    return Stop::Fail(
+                        PoisonKind::Protocol,
+                        format!(
+                            "{label}: CRC32C mismatch in frame {frames} ({len} bytes; sent {got:#010x}, received data \
+                             gives {want:#010x}): the bytes were corrupted between the two hosts and were not used; check \
+                             the network path (NIC, cable, middlebox) to that peer"
+                        ),
+                    );
+                }
+                frames += 1;
+                producer.commit(len);
+            }
+            Ok(()) => {
+                frames += 1;
+                producer.commit(len);
+            }
             Err(ReadEnd::Eof(got)) => {
                 return Stop::Fail(
                     PoisonKind::Remote,

@@ -535,8 +535,8 @@ fn no_abort() -> Arc<AtomicBool> {
 fn tcp_bridge_streams_20mb() {
     let layout = FifoLayout { slots: 8, slot_bytes: 64 << 10 };
     let (a, b) = socket_pair();
-    let mut p = tcp_sender(a, layout, "rank 1 (tx) channel 0".into(), no_abort()).unwrap();
-    let mut c = tcp_receiver(b, layout, "rank 0 (rx) channel 0".into(), no_abort()).unwrap();
+    let mut p = tcp_sender(a, layout, FrameCheck::None, "rank 1 (tx) channel 0".into(), no_abort()).unwrap();
+    let mut c = tcp_receiver(b, layout, FrameCheck::None, "rank 0 (rx) channel 0".into(), no_abort()).unwrap();
     let total = 20_000_000;
     let t0 = Instant::now();
     let tx = thread::spawn(move || {
@@ -557,7 +557,8 @@ fn tcp_peer_closing_mid_stream_fails_the_consumer() {
     let layout = FifoLayout { slots: 4, slot_bytes: 1024 };
     let (mut raw, b) = socket_pair();
     let label = "rank 3 (10.0.0.5:4242) channel 0".to_string();
-    let mut c = tcp_receiver(b, layout, label.clone(), no_abort()).unwrap();
+    let mut c = tcp_receiver(b, layout, FrameCheck::None, label.clone(), no_abort()).unwrap();
+    raw.write_all(b"FCT0").unwrap();
     // One whole frame, then half of the next.
     raw.write_all(&3u32.to_le_bytes()).unwrap();
     raw.write_all(b"abc").unwrap();
@@ -576,7 +577,7 @@ fn tcp_peer_closing_mid_stream_fails_the_producer() {
     let layout = FifoLayout { slots: 4, slot_bytes: 16 << 10 };
     let (a, mut raw) = socket_pair();
     let label = "rank 5 (10.0.0.7:4242) channel 1".to_string();
-    let mut p = tcp_sender(a, layout, label.clone(), no_abort()).unwrap();
+    let mut p = tcp_sender(a, layout, FrameCheck::None, label.clone(), no_abort()).unwrap();
     let reader = thread::spawn(move || {
         let mut buf = vec![0u8; 100_000];
         raw.read_exact(&mut buf).unwrap();
@@ -594,7 +595,7 @@ fn tcp_peer_closing_mid_stream_fails_the_producer() {
 fn tcp_idle_sender_notices_closed_peer() {
     let layout = FifoLayout { slots: 2, slot_bytes: 64 };
     let (a, raw) = socket_pair();
-    let mut p = tcp_sender(a, layout, "rank 9 channel 0".into(), no_abort()).unwrap();
+    let mut p = tcp_sender(a, layout, FrameCheck::None, "rank 9 channel 0".into(), no_abort()).unwrap();
     drop(raw);
     assert!(wait_for(Duration::from_secs(2), || p.peer_closed()));
     assert_remote(p.try_reserve(), "rank 9 channel 0: connection closed by peer");
@@ -604,7 +605,8 @@ fn tcp_idle_sender_notices_closed_peer() {
 fn tcp_oversized_frame_is_a_protocol_error() {
     let layout = FifoLayout { slots: 2, slot_bytes: 4096 };
     let (mut raw, b) = socket_pair();
-    let mut c = tcp_receiver(b, layout, "rank 4 channel 2".into(), no_abort()).unwrap();
+    let mut c = tcp_receiver(b, layout, FrameCheck::None, "rank 4 channel 2".into(), no_abort()).unwrap();
+    raw.write_all(b"FCT0").unwrap();
     raw.write_all(&4097u32.to_le_bytes()).unwrap();
     let r = loop {
         match c.try_peek() {
@@ -625,8 +627,8 @@ fn tcp_abort_stops_both_bridges() {
     let abort = no_abort();
     let (a, _keep_a) = socket_pair();
     let (b, _keep_b) = socket_pair();
-    let mut p = tcp_sender(a, layout, "tx".into(), abort.clone()).unwrap();
-    let mut c = tcp_receiver(b, layout, "rx".into(), abort.clone()).unwrap();
+    let mut p = tcp_sender(a, layout, FrameCheck::None, "tx".into(), abort.clone()).unwrap();
+    let mut c = tcp_receiver(b, layout, FrameCheck::None, "rx".into(), abort.clone()).unwrap();
     thread::sleep(Duration::from_millis(30));
     let t0 = Instant::now();
     abort.store(true, Ordering::Release);
@@ -640,10 +642,46 @@ fn tcp_abort_stops_both_bridges() {
 fn tcp_dropping_the_local_end_stops_the_bridge() {
     let layout = FifoLayout { slots: 2, slot_bytes: 64 };
     let (mut raw, b) = socket_pair();
-    let c = tcp_receiver(b, layout, "rx".into(), no_abort()).unwrap();
+    let c = tcp_receiver(b, layout, FrameCheck::None, "rx".into(), no_abort()).unwrap();
     drop(c);
     raw.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let t0 = Instant::now();
     assert!(matches!(raw.read(&mut [0u8; 8]), Ok(0) | Err(_)));
     assert!(t0.elapsed() < Duration::from_millis(500));
+}
+
+#[test]
+fn tcp_ranks_that_disagree_on_the_crc_fail_at_once() {
+    let layout = FifoLayout { slots: 2, slot_bytes: 4096 };
+    let (a, b) = socket_pair();
+    let mut p = tcp_sender(a, layout, FrameCheck::Crc32c, "rank 1 channel 0".into(), no_abort()).unwrap();
+    let mut c = tcp_receiver(b, layout, FrameCheck::None, "rank 0 (10.0.0.1:7) channel 0".into(), no_abort()).unwrap();
+    let slot = loop {
+        if let Some(s) = p.try_reserve().unwrap() {
+            break s;
+        }
+    };
+    // SAFETY: a reserved slot holds slot_bytes writable bytes.
+    unsafe { slot.write_bytes(1, 64) };
+    p.commit(64);
+    let r = loop {
+        match c.try_peek() {
+            Ok(None) => c.wait(Duration::from_millis(50)),
+            other => break other,
+        }
+    };
+    let want = "rank 0 (10.0.0.1:7) channel 0: the peer sends with FERROCCL_TCP_CRC on but this rank expects it off";
+    assert!(matches!(r, Err(Error::Protocol(ref m)) if m.contains(want)), "{r:?}");
+}
+
+#[test]
+fn tcp_bridge_with_crc_streams_varied_frames() {
+    let layout = FifoLayout { slots: 4, slot_bytes: 16 << 10 };
+    let (a, b) = socket_pair();
+    let mut p = tcp_sender(a, layout, FrameCheck::Crc32c, "tx".into(), no_abort()).unwrap();
+    let mut c = tcp_receiver(b, layout, FrameCheck::Crc32c, "rx".into(), no_abort()).unwrap();
+    let total = 3 << 20;
+    let h = thread::spawn(move || send_stream(&mut p, total, true));
+    recv_stream(&mut c, total).unwrap();
+    h.join().unwrap().unwrap();
 }

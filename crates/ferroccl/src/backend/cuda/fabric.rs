@@ -82,6 +82,20 @@ struct Arenas {
     send: u64,
 }
 
+/// A failed arena allocation, explained: out of GPU memory names what the communicator needs
+/// and the knobs that size it; any other failure is passed on as it is.
+pub(crate) fn explain_alloc_failure(e: Error, geo: &Geometry, nranks: usize, ordinal: usize, need: usize) -> Error {
+    if !e.message().contains("CUDA_ERROR_OUT_OF_MEMORY") {
+        return e;
+    }
+    e.context(format!(
+        "GPU {ordinal} has no room for this communicator's FIFOs: {need} bytes = {nranks} ranks x {} channels \
+         (FERROCCL_GPU_CHANNELS={} plus point-to-point) x {} slots (FERROCCL_SLOTS) x {} bytes (FERROCCL_SLOT_BYTES), \
+         plus counters. Free GPU memory (other communicators, the framework's cache) or lower those knobs",
+        geo.nchan, geo.coll, geo.slots, geo.slot_bytes
+    ))
+}
+
 pub(crate) struct Fabric {
     pub geo: Geometry,
     // Mapped by the peers for the communicator's life; only the kernel touches them.
@@ -104,8 +118,11 @@ impl Fabric {
             nchan: config.channels + p2p_channels(config.channels),
         };
         let entries = n * geo.nchan;
-        let recv_arena = DeviceBuffer::alloc(gpu, entries * geo.fifo_stride(), &[], stats)?;
-        let send_arena = DeviceBuffer::alloc(gpu, entries * Geometry::COUNTER_STRIDE, &[], stats)?;
+        let need = entries * (geo.fifo_stride() + Geometry::COUNTER_STRIDE);
+        let explain = |e: Error| explain_alloc_failure(e, &geo, n, gpu.ordinal(), need);
+        // If the second allocation fails, the first is released as `recv_arena` drops.
+        let recv_arena = DeviceBuffer::alloc(gpu, entries * geo.fifo_stride(), &[], stats).map_err(explain)?;
+        let send_arena = DeviceBuffer::alloc(gpu, entries * Geometry::COUNTER_STRIDE, &[], stats).map_err(explain)?;
         // Counters start at zero on both sides (the kernel's protocol assumes it).
         recv_arena.copy_from_host(0, &vec![0u8; recv_arena.len()])?;
         send_arena.copy_from_host(0, &vec![0u8; send_arena.len()])?;
@@ -349,5 +366,25 @@ mod tests {
         assert!(check_fd_message(2, &from(3), &[1, 2], &arenas, &[]).is_err());
         assert!(check_fd_message(2, &from(99), &[1, 2], &arenas, &[]).is_err());
         assert!(check_fd_message(2, &from(1), &[1, 2], &arenas, &[1]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod oom_tests {
+    use super::*;
+
+    #[test]
+    fn out_of_gpu_memory_names_the_size_and_the_knobs() {
+        let geo = Geometry { slots: 8, slot_bytes: 262144, coll: 32, nchan: 40 };
+        let oom = Error::System("cuMemCreate(84934656 bytes on GPU 3) failed: CUDA_ERROR_OUT_OF_MEMORY (out of memory)".into());
+        let e = explain_alloc_failure(oom, &geo, 4, 3, 84_000_000);
+        assert!(matches!(e, Error::System(_)), "{e}");
+        let m = e.message();
+        for want in ["GPU 3", "84000000 bytes", "4 ranks x 40 channels", "FERROCCL_GPU_CHANNELS=32", "FERROCCL_SLOTS", "FERROCCL_SLOT_BYTES", "CUDA_ERROR_OUT_OF_MEMORY"] {
+            assert!(m.contains(want), "{want:?} missing from: {m}");
+        }
+        // Other failures are not dressed up as a memory problem.
+        let other = Error::System("cuMemCreate(4096 bytes on GPU 0) failed: CUDA_ERROR_INVALID_VALUE".into());
+        assert_eq!(explain_alloc_failure(other.clone(), &geo, 4, 0, 1), other);
     }
 }

@@ -8,7 +8,7 @@
 //! a peer's phase 1 (map the peers' FIFOs, take the accepted sockets).
 
 use crate::bootstrap::Bootstrap;
-use crate::transport::{tcp_receiver_joinable, tcp_sender_joinable, Consumer, FifoLayout, FifoMem, Producer};
+use crate::transport::{tcp_receiver_joinable, tcp_sender_joinable, Consumer, FifoLayout, FifoMem, FrameCheck, Producer};
 use ferroccl_core::plan::{ConnKey, Dir};
 use ferroccl_core::topo::{Topology, TransportKind};
 use ferroccl_core::{Config, Error, Rank};
@@ -80,7 +80,8 @@ impl Conns {
                 (Dir::Send, TransportKind::Tcp) if !self.send.contains_key(&(k.peer, k.channel)) => {
                     let label = Self::label(ctx, k.peer, k.channel, kind);
                     let stream = ctx.boot.connect(k.peer, k.channel as u64).map_err(|e| e.context(&label))?;
-                    let (p, t) = tcp_sender_joinable(stream, Self::layout(ctx.config), label, ctx.abort.clone())?;
+                    let check = FrameCheck::from_config(ctx.config.tcp_crc);
+                    let (p, t) = tcp_sender_joinable(stream, Self::layout(ctx.config), check, label, ctx.abort.clone())?;
                     self.threads.push(t);
                     self.register(p.mem());
                     self.tcp_send.push((k.peer, k.channel));
@@ -116,7 +117,8 @@ impl Conns {
                 (Dir::Recv, TransportKind::Tcp) if !self.recv.contains_key(&(k.peer, k.channel)) => {
                     let label = Self::label(ctx, k.peer, k.channel, kind);
                     let stream = ctx.boot.accept(k.peer, k.channel as u64).map_err(|e| e.context(&label))?;
-                    let (c, t) = tcp_receiver_joinable(stream, Self::layout(ctx.config), label, ctx.abort.clone())?;
+                    let check = FrameCheck::from_config(ctx.config.tcp_crc);
+                    let (c, t) = tcp_receiver_joinable(stream, Self::layout(ctx.config), check, label, ctx.abort.clone())?;
                     self.threads.push(t);
                     self.register(c.mem());
                     self.recv.insert((k.peer, k.channel), c);
