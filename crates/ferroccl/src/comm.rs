@@ -210,7 +210,7 @@ impl Comm {
     /// a failure the kernels recorded. Host communicators: nothing to wait for.
     pub fn synchronize(&self) -> Result<(), Error> {
         match &self.cuda {
-            Some(c) => c.synchronize(),
+            Some(c) => c.synchronize(|| self.boot.health().failure()),
             None => Ok(()),
         }
     }

@@ -186,14 +186,26 @@ impl CudaRank {
         let _ = self.status.copy_from_host(ABORT_OFF, &1u32.to_le_bytes());
     }
 
-    /// Waits for everything enqueued, then reports a failure the kernel recorded.
-    pub fn synchronize(&self) -> Result<(), Error> {
+    /// Waits for everything enqueued, then reports a failure the kernel recorded. While it
+    /// waits it watches `failure` (a peer's death or abort, as the heartbeats report it): the
+    /// kernels of this rank may be spinning on that peer, so the abort word is raised and they
+    /// leave at once instead of at their deadline; the peer's failure is then the error.
+    pub fn synchronize(&self, failure: impl Fn() -> Option<Error>) -> Result<(), Error> {
         self.gpu.bind()?;
-        check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(self.current_stream()) })?;
+        let stream = self.current_stream();
+        let query = || match unsafe { sys::cuStreamQuery(stream) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            other => check("cuStreamQuery", other).map(|_| true),
+        };
+        let cause = poll_until_done(query, failure, || self.abort())?;
         let mut rec = [0u8; std::mem::size_of::<FcError>()];
         self.status.copy_to_host(0, &mut rec)?;
         // SAFETY: FcError is plain old data of exactly this size.
         let e: FcError = unsafe { std::ptr::read_unaligned(rec.as_ptr() as *const FcError) };
+        if let Some(cause) = cause {
+            return Err(cause);
+        }
         if e.code == 0 {
             return Ok(());
         }
@@ -232,6 +244,34 @@ impl CudaRank {
     }
 }
 
+/// Polls `ready` until the stream is idle: spinning first (short operations finish within
+/// microseconds), then sleeping in short steps. The first time `failure` reports something,
+/// `raise` is called (once) and the failure is returned when the stream is idle.
+fn poll_until_done(
+    mut ready: impl FnMut() -> Result<bool, Error>,
+    failure: impl Fn() -> Option<Error>,
+    mut raise: impl FnMut(),
+) -> Result<Option<Error>, Error> {
+    const SPINS: u32 = 2000;
+    let mut seen: Option<Error> = None;
+    let mut polls = 0u32;
+    while !ready()? {
+        if seen.is_none() {
+            if let Some(e) = failure() {
+                raise();
+                seen = Some(e);
+            }
+        }
+        polls = polls.saturating_add(1);
+        if polls < SPINS {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    }
+    Ok(seen)
+}
+
 /// Every lane of a launch may wait on a peer that waits on another lane of ours, so all of them
 /// must run at once: a launch the GPU cannot hold whole would hang, and is refused instead.
 fn check_residency(lanes: u32, resident: u32) -> Result<(), Error> {
@@ -257,6 +297,30 @@ impl Drop for CudaRank {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_failure_seen_while_waiting_raises_the_abort_word_once() {
+        use std::cell::Cell;
+        // Idle after 3 polls, nothing failed.
+        let n = Cell::new(0);
+        let raised = Cell::new(0);
+        let r = poll_until_done(|| Ok({ n.set(n.get() + 1); n.get() > 3 }), || None, || raised.set(raised.get() + 1));
+        assert!(matches!(r, Ok(None)));
+        assert_eq!(raised.get(), 0);
+        // A death is reported at poll 5; the kernel leaves 10 polls after the word is raised.
+        let n = Cell::new(0);
+        let at = Cell::new(None::<u32>);
+        let r = poll_until_done(
+            || Ok({ n.set(n.get() + 1); at.get().is_some_and(|a| n.get() >= a + 10) }),
+            || (n.get() >= 5).then(|| Error::Remote("rank 1 died".into())),
+            || { raised.set(raised.get() + 1); at.set(Some(n.get())) },
+        );
+        assert_eq!(raised.get(), 1, "raised once");
+        assert!(matches!(r, Ok(Some(Error::Remote(ref m))) if m.contains("rank 1 died")), "{r:?}");
+        // A driver error ends the wait as an error.
+        let r = poll_until_done(|| Err(Error::System("cuStreamQuery: CUDA_ERROR_LAUNCH_FAILED".into())), || None, || {});
+        assert!(matches!(r, Err(Error::System(_))));
+    }
 
     #[test]
     fn a_launch_larger_than_the_gpu_holds_is_refused_with_the_knob() {
