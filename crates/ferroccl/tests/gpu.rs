@@ -360,7 +360,9 @@ mod gpu_check {
                 let planted: Vec<usize> = (0..37).map(|k| (101 + k * 7919) % len).collect();
                 for &j in &planted {
                     let x = case.expected(j).unwrap();
-                    store_f64(dtype, &mut out, j, if x.abs() < 1.0 { 100.0 } else { -3.0 * x });
+                    // 64 away: beyond every tolerance (fp8 pre-mul-sums by 0.3 accept a sign flip
+                    // of small values), and still 60 away after rounding to fp8.
+                    store_f64(dtype, &mut out, j, if x > 0.0 { x - 64.0 } else { x + 64.0 });
                 }
                 let mut host_first = None;
                 let host = case.count_wrong(&out, &mut host_first) as u64;
