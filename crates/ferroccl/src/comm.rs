@@ -130,8 +130,11 @@ impl Comm {
                 })
                 .collect()
         });
-        // The cause, not the aborts it set off in the other ranks.
-        let cause = results.iter().filter_map(|r| r.as_ref().err()).find(|e| !matches!(e, Error::Aborted(_))).cloned();
+        // The cause, not the aborts it set off in the other ranks; and a resource or system
+        // failure before the protocol errors it causes in its peers (a rank out of descriptors
+        // drops a half-made connection, which its peer sees as a refused handshake).
+        let errs: Vec<&Error> = results.iter().filter_map(|r| r.as_ref().err()).filter(|e| !matches!(e, Error::Aborted(_))).collect();
+        let cause = errs.iter().find(|e| matches!(e, Error::System(_))).or_else(|| errs.first()).map(|e| (*e).clone());
         match cause {
             Some(e) => Err(e),
             None => results.into_iter().collect(),

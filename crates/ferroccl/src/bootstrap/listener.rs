@@ -75,11 +75,11 @@ pub(crate) fn decode_announce(b: &[u8]) -> Result<Key, Error> {
 impl Listener {
     pub fn bind(ip: IpAddr, secret: [u8; 16], timeout: Duration) -> Result<Arc<Listener>, Error> {
         let l = TcpListener::bind((ip, 0)).map_err(|e| Error::System(format!("binding the bootstrap listener on {ip}: {e}{}", wire::fd_hint(&e))))?;
-        let addr = l.local_addr().map_err(|e| Error::System(format!("bootstrap listener: {e}")))?;
-        l.set_nonblocking(true).map_err(|e| Error::System(format!("bootstrap listener: {e}")))?;
+        let addr = l.local_addr().map_err(|e| Error::System(format!("bootstrap listener: {e}{}", super::wire::fd_hint(&e))))?;
+        l.set_nonblocking(true).map_err(|e| Error::System(format!("bootstrap listener: {e}{}", super::wire::fd_hint(&e))))?;
         let shared = Arc::new(Shared { state: Mutex::new(State::default()), cv: Condvar::new() });
         let stop = Arc::new(AtomicBool::new(false));
-        let wake = l.try_clone().map_err(|e| Error::System(format!("bootstrap listener: {e}")))?;
+        let wake = l.try_clone().map_err(|e| Error::System(format!("bootstrap listener: {e}{}", super::wire::fd_hint(&e))))?;
         let (sh, st) = (shared.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name("ferroccl-listen".into())

@@ -145,7 +145,7 @@ impl Bootstrap {
         if env.rank == 0 && env.world_size > 0 {
             // std's TcpListener sets SO_REUSEADDR on Unix, so a port left in TIME_WAIT by the
             // previous job can be bound again right away.
-            let l = TcpListener::bind(root).map_err(|e| Error::System(format!("rank 0 cannot bind the rendezvous on {root}: {e}")))?;
+            let l = TcpListener::bind(root).map_err(|e| Error::System(format!("rank 0 cannot bind the rendezvous on {root}: {e}{}", wire::fd_hint(&e))))?;
             if config.job_secret.is_none() {
                 tracing::warn!(
                     "bootstrap root at {root}: the job is unauthenticated (all-zero secret); any process that can reach this port may join. Set FERROCCL_JOB_SECRET"
@@ -173,7 +173,7 @@ impl Bootstrap {
         // that interface is known to reach at least the root's network.
         let ip: IpAddr = match &config.bootstrap_addr {
             Some(_) => unique_id::local_ip(config)?,
-            None => s.local_addr().map_err(|e| Error::System(format!("root connection: {e}")))?.ip(),
+            None => s.local_addr().map_err(|e| Error::System(format!("root connection: {e}{}", wire::fd_hint(&e))))?.ip(),
         };
         let listener = Listener::bind(ip, secret, config.timeout)?;
         let me = PeerInfo {

@@ -52,7 +52,7 @@ struct Arrival {
 
 /// Starts the root thread on an already bound listener (so that bind errors reach the caller).
 pub(crate) fn spawn(l: TcpListener, secret: [u8; 16], config: Config) -> Result<(), Error> {
-    l.set_nonblocking(true).map_err(|e| Error::System(format!("bootstrap root socket: {e}")))?;
+    l.set_nonblocking(true).map_err(|e| Error::System(format!("bootstrap root socket: {e}{}", super::wire::fd_hint(&e))))?;
     std::thread::Builder::new()
         .name("ferroccl-root".into())
         .spawn(move || serve(l, secret, config))

@@ -46,7 +46,7 @@ impl UniqueId {
     pub fn new(config: &Config) -> Result<UniqueId, Error> {
         let ip = local_ip(config)?;
         let l = TcpListener::bind((ip, 0)).map_err(|e| Error::System(format!("binding the bootstrap root on {ip}: {e}{}", wire::fd_hint(&e))))?;
-        let addr = l.local_addr().map_err(|e| Error::System(format!("bootstrap root socket: {e}")))?;
+        let addr = l.local_addr().map_err(|e| Error::System(format!("bootstrap root socket: {e}{}", super::wire::fd_hint(&e))))?;
         let secret: [u8; 16] = random_bytes()?;
         root::spawn(l, secret, config.clone())?;
         Ok(UniqueId::compose(addr, &secret))

@@ -68,7 +68,7 @@ pub(crate) struct Watch {
 impl Watch {
     /// Starts the thread on the connections to the ring neighbours (`(peer, socket)`).
     pub fn start(spec: WatchSpec, links: Vec<(Rank, TcpStream)>, health: Arc<Health>) -> Result<Watch, Error> {
-        let sys = |e: io::Error| Error::System(format!("rank {}: setting up heartbeats: {e}", spec.me));
+        let sys = |e: io::Error| Error::System(format!("rank {}: setting up heartbeats: {e}{}", spec.me, super::wire::fd_hint(&e)));
         let (wake, wake_rx) = UnixStream::pair().map_err(sys)?;
         wake_rx.set_nonblocking(true).map_err(sys)?;
         let now = Instant::now();

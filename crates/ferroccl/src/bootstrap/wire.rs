@@ -152,7 +152,7 @@ fn is_retry(e: &io::Error) -> bool {
 }
 
 pub(crate) fn read_exact(s: &mut TcpStream, buf: &mut [u8], w: &Wait, peer: &str) -> Result<(), Error> {
-    s.set_read_timeout(Some(POLL)).map_err(|e| Error::System(format!("socket to {peer}: {e}")))?;
+    s.set_read_timeout(Some(POLL)).map_err(|e| Error::System(format!("socket to {peer}: {e}{}", fd_hint(&e))))?;
     let mut got = 0;
     while got < buf.len() {
         // Checked on every pass, not only on timeouts, so a peer trickling bytes cannot
@@ -177,7 +177,7 @@ pub(crate) fn read_exact(s: &mut TcpStream, buf: &mut [u8], w: &Wait, peer: &str
 }
 
 pub(crate) fn write_all(s: &mut TcpStream, mut buf: &[u8], w: &Wait, peer: &str) -> Result<(), Error> {
-    s.set_write_timeout(Some(POLL)).map_err(|e| Error::System(format!("socket to {peer}: {e}")))?;
+    s.set_write_timeout(Some(POLL)).map_err(|e| Error::System(format!("socket to {peer}: {e}{}", fd_hint(&e))))?;
     while !buf.is_empty() {
         w.check(|| format!("writing to {peer}"))?;
         match s.write(buf) {
@@ -352,7 +352,7 @@ pub(crate) fn into_user_stream(s: TcpStream) -> Result<TcpStream, Error> {
     s.set_read_timeout(None)
         .and_then(|_| s.set_write_timeout(None))
         .and_then(|_| s.set_nonblocking(false))
-        .map_err(|e| Error::System(format!("configuring a bootstrap connection: {e}")))?;
+        .map_err(|e| Error::System(format!("configuring a bootstrap connection: {e}{}", fd_hint(&e))))?;
     Ok(s)
 }
 
