@@ -220,6 +220,16 @@ __device__ __forceinline__ void publish(Lane& x, const FcConn& c, fc_u32 bytes) 
     st_release_sys((fc_u64*)c.head, x.produced);
 }
 
+// An LL slot is freed as soon as the block has unpacked it (the values are in shared memory),
+// before the step computes and forwards: a release store here would first wait for this
+// step's earlier writes over NVLink to be acknowledged, on every hop of a ring. A relaxed store
+// is enough because every load of the slot has returned its value before the barrier that
+// precedes this store.
+__device__ __forceinline__ void release_ll(Lane& x, const FcConn& c) {
+    x.consumed += 1;
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(c.tail), "l"(x.consumed) : "memory");
+}
+
 __device__ __forceinline__ void release(Lane& x, const FcConn& c) {
     x.consumed += 1;
     st_release_sys((fc_u64*)c.tail, x.consumed);

@@ -48,36 +48,65 @@ __device__ __forceinline__ bool step_has_send(const FcStep& s) {
                                       (s.flags & FC_FLAG_HAS_TO) != 0u);
 }
 
+// Steps are read a window at a time into shared memory, with the op and the two connections
+// each names: a step then costs thread 0 no dependent global loads (step -> op -> connection
+// was three round trips to L2 per step, on every hop of a ring).
+#define FC_WINDOW 16u
+struct Window {
+    FcStep steps[FC_WINDOW];
+    FcOp ops[FC_WINDOW];
+    FcConn conns[FC_WINDOW][2];  // [0]: recv_conn, [1]: send_conn; zero where out of range
+};
+
+// All threads: loads steps [first, first + n) of the lane and what they name.
+__device__ void load_window(const FcLaunch& L, const FcStep* steps, fc_u32 first, fc_u32 n, Window& w) {
+    const fc_u32 S8 = sizeof(FcStep) / 8, O8 = sizeof(FcOp) / 8, C8 = sizeof(FcConn) / 8;
+    // Every thread is past its reads of the previous window (a step without pieces has no
+    // barrier of its own).
+    __syncthreads();
+    for (fc_u32 i = threadIdx.x; i < n * S8; i += blockDim.x) ((fc_u64*)w.steps)[i] = ((const fc_u64*)(steps + first))[i];
+    __syncthreads();
+    for (fc_u32 i = threadIdx.x; i < n * O8; i += blockDim.x) {
+        const fc_u32 k = i / O8, j = i % O8, o = w.steps[k].op;
+        ((fc_u64*)&w.ops[k])[j] = o < L.nops ? ((const fc_u64*)((const FcOp*)L.ops + o))[j] : 0;
+    }
+    for (fc_u32 i = threadIdx.x; i < n * 2 * C8; i += blockDim.x) {
+        const fc_u32 k = i / (2 * C8), r = (i / C8) % 2, j = i % C8;
+        const fc_i32 c = r == 0 ? w.steps[k].recv_conn : w.steps[k].send_conn;
+        ((fc_u64*)&w.conns[k][r])[j] = (c >= 0 && (fc_u32)c < L.nconns) ? ((const fc_u64*)((const FcConn*)L.conns + c))[j] : 0;
+    }
+    __syncthreads();
+}
+
 // Thread 0, at a step's first piece: the connections named by the step exist and play the
 // role the step gives them, and both agree on the piece size (the peers cut messages by it).
-__device__ bool check_conns(const Lane& x, const FcStep& s, const FcOp& op) {
+// `c` are the window's copies of the step's connections.
+__device__ bool check_conns(const Lane& x, const FcStep& s, const FcOp& op, const FcConn* c) {
     const fc_u32 n = x.L->nconns;
     fc_u32 slot_bytes = 0;
     if (step_has_recv(s.kind)) {
         if (s.recv_conn < 0 || (fc_u32)s.recv_conn >= n) return false;
-        const FcConn* c = conn_at(x, s.recv_conn);
-        if (c->dir != FC_CONN_RECV || c->slots == 0 || c->slot_bytes < op.elem_size) return false;
-        slot_bytes = c->slot_bytes;
+        if (c[0].dir != FC_CONN_RECV || c[0].slots == 0 || c[0].slot_bytes < op.elem_size) return false;
+        slot_bytes = c[0].slot_bytes;
     }
     if (step_has_send(s)) {
         if (s.send_conn < 0 || (fc_u32)s.send_conn >= n) return false;
-        const FcConn* c = conn_at(x, s.send_conn);
-        if (c->dir != FC_CONN_SEND || c->slots == 0 || c->slot_bytes < op.elem_size) return false;
-        if (slot_bytes != 0 && slot_bytes != c->slot_bytes) return false;
+        if (c[1].dir != FC_CONN_SEND || c[1].slots == 0 || c[1].slot_bytes < op.elem_size) return false;
+        if (slot_bytes != 0 && slot_bytes != c[1].slot_bytes) return false;
     }
     return true;
 }
 
 // All threads, uniformly (they read the same words), so no barrier is needed to agree.
-__device__ __forceinline__ bool op_ok(const FcLaunch& L, const FcStep& s) {
+__device__ __forceinline__ bool op_ok(const FcLaunch& L, const FcStep& s, const FcOp& op) {
     if (s.op >= L.nops || s.kind > FC_STEP_COPY) return false;
-    const FcOp& op = ((const FcOp*)L.ops)[s.op];
     return dtype_valid(op.dtype) && redop_valid(op.redop) && op.elem_size == dtype_size(op.dtype) && op.nranks != 0;
 }
 
 __device__ void run_lane(const FcLaunch& L) {
     __shared__ Shared sh;
     __shared__ __align__(16) LLStage st;
+    __shared__ __align__(16) Window win;
     const bool t0 = threadIdx.x == 0;
     Lane x;
     x.L = &L;
@@ -95,13 +124,15 @@ __device__ void run_lane(const FcLaunch& L) {
     const FcStep* steps = (const FcStep*)L.steps + ln.first_step;
     bool stop = false;
     for (fc_u32 si = 0; si < ln.nsteps && !stop; ++si) {
-        const FcStep s = steps[si];
+        if (si % FC_WINDOW == 0) load_window(L, steps, si, min(FC_WINDOW, ln.nsteps - si), win);
+        const fc_u32 wi = si % FC_WINDOW;
+        const FcStep s = win.steps[wi];
         x.step = si;
-        if (!op_ok(L, s)) {
+        const FcOp op = win.ops[wi];
+        if (!op_ok(L, s, op)) {
             if (t0) record_error(x, FC_ERR_PLAN, FC_WHAT_PLAN, -1, 0, s.op);
             break;
         }
-        const FcOp op = ((const FcOp*)L.ops)[s.op];
 
         if (s.kind == FC_STEP_COPY) {
             // Local, whole region at once (no FIFO, so no pieces), like the host.
@@ -120,14 +151,14 @@ __device__ void run_lane(const FcLaunch& L) {
         FcConn rc, sc;  // thread 0's copies, read once per step
         fc_u64 piece = 0;
         if (t0) {
-            bool ok = check_conns(x, s, op);
+            bool ok = check_conns(x, s, op, win.conns[wi]);
             if (ok) {
                 if (has_recv) {
-                    rc = *conn_at(x, s.recv_conn);
+                    rc = win.conns[wi][0];
                     bind_recv(x, s.recv_conn);
                 }
                 if (has_send) {
-                    sc = *conn_at(x, s.send_conn);
+                    sc = win.conns[wi][1];
                     bind_send(x, s.send_conn);
                 }
                 piece = (ll ? ll_piece_bytes(has_recv ? rc : sc) : (has_recv ? rc.slot_bytes : sc.slot_bytes)) / op.elem_size;
@@ -177,6 +208,7 @@ __device__ void run_lane(const FcLaunch& L) {
                     stop = true;
                     break;
                 }
+                if (t0 && has_recv) release_ll(x, rc);
                 in = st.in;
                 if (has_send) out = st.out;
             }
@@ -216,7 +248,7 @@ __device__ void run_lane(const FcLaunch& L) {
                     if (ll) x.produced += 1;
                     else publish(x, sc, (fc_u32)(n * op.elem_size));
                 }
-                if (has_recv) release(x, rc);
+                if (has_recv && !ll) release(x, rc);
             }
             done += n;
         }
