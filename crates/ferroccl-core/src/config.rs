@@ -70,6 +70,10 @@ pub struct Config {
     /// protocol, where every 8-byte store carries its own flag, so no fence or separate flag
     /// store sits between a send and its receipt; 0 turns LL off. Every rank must agree.
     pub ll_max_bytes: usize,
+    /// FERROCCL_DIRECT_MAX_BYTES: all-reduces up to this size (3 ranks or more) take the
+    /// two-shot direct algorithm (two dependent messages instead of the ring's 2(n-1)); 0 turns
+    /// it off. Every rank must agree.
+    pub direct_max_bytes: usize,
     /// FERROCCL_JOB_SECRET (32 hex digits): the job secret when ranks rendezvous from the
     /// launcher's environment instead of a `UniqueId`.
     pub job_secret: Option<[u8; 16]>,
@@ -102,6 +106,7 @@ impl Default for Config {
             slot_bytes: 256 << 10,
             slots: 8,
             ll_max_bytes: 128 << 10,
+            direct_max_bytes: 128 << 10,
             job_secret: None,
             heartbeat_interval: Duration::from_millis(500),
             heartbeat_misses: 6,
@@ -184,6 +189,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_LL_MAX_BYTES") {
             c.ll_max_bytes = parse("FERROCCL_LL_MAX_BYTES", v)?;
+        }
+        if let Some(v) = get("FERROCCL_DIRECT_MAX_BYTES") {
+            c.direct_max_bytes = parse("FERROCCL_DIRECT_MAX_BYTES", v)?;
         }
         if let Some(v) = get("FERROCCL_HEARTBEAT_INTERVAL") {
             let secs: f64 = parse("FERROCCL_HEARTBEAT_INTERVAL", v)?;
@@ -315,6 +323,7 @@ mod tests {
         let c = Config::from_vars(&vars(&[("FERROCCL_TIMEOUT", "2.5"), ("FERROCCL_TRANSPORT", "tcp"), ("FERROCCL_CHANNELS", "3")])).unwrap();
         assert_eq!(c.ll_max_bytes, 128 << 10);
         assert_eq!(Config::from_vars(&vars(&[("FERROCCL_LL_MAX_BYTES", "0")])).unwrap().ll_max_bytes, 0);
+        assert_eq!(Config::from_vars(&vars(&[("FERROCCL_DIRECT_MAX_BYTES", "4096")])).unwrap().direct_max_bytes, 4096);
         assert!(Config::from_vars(&vars(&[("FERROCCL_LL_MAX_BYTES", "-1")])).is_err());
         assert_eq!(c.timeout, Duration::from_millis(2500));
         assert_eq!(c.transport, TransportChoice::Tcp);

@@ -343,7 +343,8 @@ fn plan_for(comm: &Comm, args: &[OpArgs]) -> Result<Plan, Error> {
         }
         // The host backend moves point-to-point data on one thread anyway; GPUs need blocks.
         let p2p_ch = if comm.cuda.is_some() { crate::backend::cuda::fabric::p2p_channels(cfg.channels) } else { 1 };
-        let t = Tuning::for_elem_size(if p2p { p2p_ch } else { cfg.channels }, cfg.chunk_bytes, a.dtype.size());
+        let t = Tuning::for_elem_size(if p2p { p2p_ch } else { cfg.channels }, cfg.chunk_bytes, a.dtype.size())
+            .with_direct_max_bytes(cfg.direct_max_bytes, a.dtype.size());
         plan.append(build(&CollDesc { kind: a.kind, count: a.count, root: a.root }, i16, rank, n, &t));
     }
     // A send to oneself is a copy into the matching receive from oneself.

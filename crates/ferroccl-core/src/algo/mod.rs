@@ -28,12 +28,19 @@ pub struct Tuning {
     pub channels: usize,
     /// Elements one message carries at most (the pipeline unit).
     pub chunk_elems: usize,
+    /// All-reduces of at most this many elements (and at most one message per rank's share)
+    /// take the two-shot direct algorithm: 2 dependent messages instead of the ring's 2(n-1).
+    pub direct_max_elems: usize,
 }
 
 impl Tuning {
     /// The tuning for an element size from byte-level knobs.
     pub fn for_elem_size(channels: usize, chunk_bytes: usize, elem_size: usize) -> Tuning {
-        Tuning { channels: channels.max(1), chunk_elems: (chunk_bytes / elem_size).max(1) }
+        Tuning { channels: channels.max(1), chunk_elems: (chunk_bytes / elem_size).max(1), direct_max_elems: 0 }
+    }
+    /// Small all-reduces of up to `bytes` go direct (see `direct_max_elems`).
+    pub fn with_direct_max_bytes(self, bytes: usize, elem_size: usize) -> Tuning {
+        Tuning { direct_max_elems: bytes / elem_size.max(1), ..self }
     }
 }
 
@@ -137,6 +144,11 @@ pub fn build(desc: &CollDesc, op: u16, rank: Rank, nranks: usize, t: &Tuning) ->
         let order = ring_order(nranks, c);
         let ctx = ChannelCtx { op, rank, nranks, order: &order, start: s, end: e, chunk: t.chunk_elems, count: desc.count };
         match desc.kind {
+            // Two shots beat the ring's 2(n-1) hops when latency is all there is; a share
+            // must be one message, so that every rank can send all of them before receiving.
+            CollKind::AllReduce if nranks >= 3 && desc.count <= t.direct_max_elems && desc.count <= t.chunk_elems => {
+                direct::all_reduce_two_shot(&mut lane, &ctx)
+            }
             CollKind::AllReduce => ring::all_reduce(&mut lane, &ctx),
             CollKind::ReduceScatter => ring::reduce_scatter(&mut lane, &ctx),
             CollKind::AllGather => ring::all_gather(&mut lane, &ctx),

@@ -54,12 +54,14 @@ proptest! {
         root_pick in any::<usize>(),
         in_place in any::<bool>(),
         seed in any::<u64>(),
+        direct in any::<bool>(),
     ) {
         // Keep the number of loops small for huge sizes; tiny chunks for small sizes.
         // Any chunk size, but never more than ~64 loops per channel: the simulation's cost grows
         // with steps, and what it checks does not change with more of the same loop.
         let chunk = [1, 3, 64, 1000, 4096, 1 << 20][chunk_div - 1].max(count / (64 * n) + 1);
-        let t = Tuning { channels, chunk_elems: chunk };
+        // Half the cases allow the direct small-size algorithms wherever they apply.
+        let t = Tuning { channels, chunk_elems: chunk, direct_max_elems: if direct { usize::MAX } else { 0 } };
         let root = root_pick % n;
         let r = run_collective(kind, n, count, root, in_place, t, seed);
         prop_assert!(r.is_ok(), "{kind} n={n} ch={channels} count={count} chunk={chunk} root={root} in_place={in_place}: {}", r.unwrap_err());
@@ -90,7 +92,7 @@ proptest! {
             rops.extend(s);
             rops.extend(v);
         }
-        let t = Tuning { channels: 1 + (shuffle % 3) as usize, chunk_elems: chunk };
+        let t = Tuning { channels: 1 + (shuffle % 3) as usize, chunk_elems: chunk, direct_max_elems: 0 };
         let r = simulate(&ops, &plans_for(&ops, &t), CAP, shuffle);
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
@@ -107,7 +109,7 @@ proptest! {
         let ops: Vec<Vec<SimOp>> = (0..n)
             .map(|_| kinds.iter().enumerate().map(|(i, &k)| SimOp { kind: k, count: counts[i], root: i % n, in_place: i % 2 == 0 }).collect())
             .collect();
-        let t = Tuning { channels, chunk_elems: 97 };
+        let t = Tuning { channels, chunk_elems: 97, direct_max_elems: 0 };
         let r = simulate(&ops, &plans_for(&ops, &t), CAP, seed);
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
@@ -131,7 +133,7 @@ fn the_simulator_catches_a_wrong_plan() {
     // sends a chunk twice, and a pair that both receive first (deadlock).
     let n = 3;
     let ops: Vec<Vec<SimOp>> = (0..n).map(|_| vec![SimOp { kind: CollKind::AllReduce, count: 30, root: 0, in_place: false }]).collect();
-    let t = Tuning { channels: 1, chunk_elems: 10 };
+    let t = Tuning { channels: 1, chunk_elems: 10, direct_max_elems: 0 };
     let good = plans_for(&ops, &t);
     assert!(simulate(&ops, &good, CAP, 1).is_ok());
 
@@ -174,7 +176,7 @@ fn ring_all_reduce_moves_the_optimal_volume() {
     // Each rank sends 2(n-1)/n of the buffer: the bandwidth bound that busbw assumes.
     for n in [2usize, 3, 4, 8] {
         let count = 1 << 16;
-        let t = Tuning { channels: 2, chunk_elems: 1024 };
+        let t = Tuning { channels: 2, chunk_elems: 1024, direct_max_elems: 0 };
         let plan = build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, 0, n, &t);
         let sent: usize = plan.lanes.iter().flat_map(|l| l.steps.iter()).filter(|s| s.send_to().is_some()).map(|s| s.count()).sum();
         let ideal = 2 * (n - 1) * count / n;
@@ -191,4 +193,34 @@ fn bad_descriptions_are_rejected() {
     assert!(validate(&d(CollKind::AllReduce, 1, 0), 4, 4).is_err());
     assert!(validate(&d(CollKind::AllReduce, 1, 0), 0, 0).is_err());
     assert!(validate(&d(CollKind::AllReduce, usize::MAX, 0), 0, 4).is_ok());
+}
+
+/// The two-shot all-reduce is chosen for small counts from 3 ranks on, delivers exactly once
+/// without deadlock in place and not, and takes two dependent messages: no step forwards.
+#[test]
+fn small_all_reduces_go_two_shot() {
+    for n in 3..=9 {
+        for channels in 1..=3 {
+            for count in [0, 1, 7, 64, 65, 200, 4099] {
+                let t = Tuning { channels, chunk_elems: 4099, direct_max_elems: 4099 };
+                for in_place in [false, true] {
+                    let r = run_collective(CollKind::AllReduce, n, count, 0, in_place, t, 7 + n as u64);
+                    assert!(r.is_ok(), "n={n} ch={channels} count={count} in_place={in_place}: {}", r.unwrap_err());
+                }
+                let plans: Vec<Plan> = (0..n).map(|r| build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, r, n, &t)).collect();
+                let steps: Vec<&Step> = plans.iter().flat_map(|p| &p.lanes).flat_map(|l| &l.steps).collect();
+                assert!(steps.iter().all(|s| !matches!(s, Step::RecvReduce { to: Some(_), .. } | Step::RecvCopy { .. })), "n={n} count={count}: a ring step");
+                // Some rank owns the data (shares are cut at multiples of 64 elements).
+                if count > 0 {
+                    assert!(steps.iter().any(|s| matches!(s, Step::RecvReduce { .. })));
+                }
+            }
+        }
+    }
+    // Not for 2 ranks (the ring is two messages too), nor above the limit.
+    for (n, count) in [(2, 10), (4, 4100)] {
+        let t = Tuning { channels: 1, chunk_elems: 1 << 20, direct_max_elems: 4099 };
+        let plan = build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, 0, n, &t);
+        assert!(plan.lanes.iter().flat_map(|l| &l.steps).any(|s| matches!(s, Step::RecvReduce { to: Some(_), .. })), "n={n} count={count}");
+    }
 }

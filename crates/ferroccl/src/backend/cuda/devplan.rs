@@ -610,7 +610,7 @@ mod tests {
         {
             for rank in 0..nranks {
                 let desc = CollDesc { kind: CollKind::AllReduce, count, root: 0 };
-                let plan = build(&desc, 0, rank, nranks, &Tuning { channels, chunk_elems: chunk });
+                let plan = build(&desc, 0, rank, nranks, &Tuning { channels, chunk_elems: chunk, direct_max_elems: 0 });
                 let ops = [op_desc(DataType::Float32, ReduceOp::Avg, count, count)];
                 let e = encode(&plan, &ops, numbering(&plan)).unwrap();
                 assert_one_to_one(&plan, &e);
@@ -648,7 +648,7 @@ mod tests {
                         continue;
                     }
                     let desc = CollDesc { kind, count, root };
-                    let plan = build(&desc, 0, rank, nranks, &Tuning { channels: 2, chunk_elems: 64 });
+                    let plan = build(&desc, 0, rank, nranks, &Tuning { channels: 2, chunk_elems: 64, direct_max_elems: 0 });
                     let (i, o) = kind.buffer_counts(count, nranks, rank == root).unwrap();
                     let ops = [op_desc(DataType::Bfloat16, ReduceOp::Sum, i, o)];
                     let e = encode(&plan, &ops, numbering(&plan))
@@ -661,7 +661,7 @@ mod tests {
 
     #[test]
     fn group_of_two_ops_keeps_op_indices() {
-        let t = Tuning { channels: 2, chunk_elems: 64 };
+        let t = Tuning { channels: 2, chunk_elems: 64, direct_max_elems: 0 };
         let mut plan = build(&CollDesc { kind: CollKind::AllReduce, count: 300, root: 0 }, 0, 1, 3, &t);
         plan.append(build(&CollDesc { kind: CollKind::AllGather, count: 100, root: 0 }, 1, 1, 3, &t));
         let ops = [
@@ -704,7 +704,7 @@ mod tests {
         assert!(!use_ll(CollKind::AllReduce, 1, f, 2, 0), "0 turns LL off");
         assert!(!use_ll(CollKind::AllGather, usize::MAX / 2, f, 4, usize::MAX), "an overflowing size is not small");
 
-        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 300, root: 0 }, 0, 1, 3, &Tuning { channels: 2, chunk_elems: 64 });
+        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 300, root: 0 }, 0, 1, 3, &Tuning { channels: 2, chunk_elems: 64, direct_max_elems: 0 });
         let n = numbering(&plan);
         let on = encode(&plan, &[OpDesc { ll: true, ..op_desc(f, ReduceOp::Sum, 300, 300) }], &n).unwrap();
         let off = encode(&plan, &[op_desc(f, ReduceOp::Sum, 300, 300)], &n).unwrap();
@@ -717,7 +717,7 @@ mod tests {
 
     #[test]
     fn a_device_scalar_reaches_the_op_table() {
-        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 64, root: 0 }, 0, 0, 2, &Tuning { channels: 1, chunk_elems: 8 });
+        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 64, root: 0 }, 0, 0, 2, &Tuning { channels: 1, chunk_elems: 8, direct_max_elems: 0 });
         let n = numbering(&plan);
         let dev = |op, at| OpDesc { scalar_dev: at, ..op_desc(DataType::Float16, op, 64, 64) };
         let e = encode(&plan, &[dev(ReduceOp::PreMulSum(0.0), 0x5000)], &n).unwrap();
@@ -736,7 +736,7 @@ mod tests {
             0,
             0,
             2,
-            &Tuning { channels: 1, chunk_elems: 8 },
+            &Tuning { channels: 1, chunk_elems: 8, direct_max_elems: 0 },
         );
         let ops = [op_desc(DataType::Float32, ReduceOp::Sum, 64, 64)];
         let only_recv = |k: ConnKey| (k.dir == Dir::Recv).then_some(0);
@@ -751,7 +751,7 @@ mod tests {
             0,
             0,
             2,
-            &Tuning { channels: 1, chunk_elems: 8 },
+            &Tuning { channels: 1, chunk_elems: 8, direct_max_elems: 0 },
         );
         let n = numbering(&plan);
         // Regions beyond the buffers the caller gave.
@@ -778,7 +778,7 @@ mod tests {
             0,
             2,
             4,
-            &Tuning { channels: 3, chunk_elems: 50 },
+            &Tuning { channels: 3, chunk_elems: 50, direct_max_elems: 0 },
         );
         let e = encode(&plan, &[op_desc(DataType::Float32, ReduceOp::Sum, 1000, 1000)], numbering(&plan)).unwrap();
         let at = DeviceTables { steps: 1, lanes: 2, ops: 3, conns: 4, nconns: 6, abort: 5, error: 6, timeout_ns: 7 };

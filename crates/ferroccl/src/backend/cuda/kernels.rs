@@ -473,7 +473,7 @@ mod gpu_tests {
                     0,
                     r,
                     2,
-                    &Tuning { channels: 2, chunk_elems: 100 },
+                    &Tuning { channels: 2, chunk_elems: 100, direct_max_elems: 0 },
                 )
             })
             .collect();
