@@ -232,7 +232,12 @@ fn two_jobs_on_one_host_keep_to_themselves() {
     let c = cfg(5000);
     let (a, b) = (UniqueId::new(&c).unwrap(), UniqueId::new(&c).unwrap());
     let jobs = on_ranks(7, |i| match i {
-        0..=2 => Ok(Some(Bootstrap::init(&a, 3, i, &c, flag()).unwrap())),
+        // Job A's ranks come a little later, so that its root is still taking connections
+        // when the stray knocks (the root closes once its job has gathered).
+        0..=2 => {
+            std::thread::sleep(Duration::from_millis(300));
+            Ok(Some(Bootstrap::init(&a, 3, i, &c, flag()).unwrap()))
+        }
         3..=5 => Ok(Some(Bootstrap::init(&b, 3, i - 3, &c, flag()).unwrap())),
         // A rank of job B given job A's address (a wrong MASTER_PORT, say).
         _ => Bootstrap::init(&UniqueId::compose(a.root_addr(), &b.secret()), 3, 1, &c, flag()).map(|_| None),
@@ -241,7 +246,11 @@ fn two_jobs_on_one_host_keep_to_themselves() {
     let ja: Vec<Bootstrap> = jobs.by_ref().take(3).map(|r| r.unwrap().unwrap()).collect();
     let jb: Vec<Bootstrap> = jobs.by_ref().take(3).map(|r| r.unwrap().unwrap()).collect();
     let e = jobs.next().unwrap().unwrap_err();
-    assert!(matches!(e, Error::Protocol(_)) && e.message().contains("wrong job secret"), "{e}");
+    // Refused for its secret; or, on a loaded machine where it knocked only after job A had
+    // gathered and its root had closed, unable to connect at all. Never admitted.
+    let refused = matches!(e, Error::Protocol(_)) && e.message().contains("wrong job secret");
+    let too_late = matches!(e, Error::Timeout(_)) && e.message().contains("could not connect to the bootstrap root");
+    assert!(refused || too_late, "{e}");
     assert!(e.message().contains(&a.root_addr().to_string()), "{e}");
     assert_ne!(ja[0].comm_id(), jb[0].comm_id());
     check_allgather(&ja);
