@@ -68,7 +68,8 @@ pub struct Config {
     pub slots: usize,
     /// FERROCCL_LL_MAX_BYTES: GPU operations up to this size (their largest buffer) use the LL
     /// protocol, where every 8-byte store carries its own flag, so no fence or separate flag
-    /// store sits between a send and its receipt; 0 turns LL off. Every rank must agree.
+    /// store sits between a send and its receipt; 0 turns LL off. Every rank must agree. Capped
+    /// at what one connection's LL slots hold (`slots` x 8 KiB: 64 KiB by default).
     pub ll_max_bytes: usize,
     /// FERROCCL_DIRECT_MAX_BYTES: all-reduces up to this size (3 ranks or more) take the
     /// two-shot direct algorithm (two dependent messages instead of the ring's 2(n-1)); 0 turns

@@ -5,7 +5,7 @@
 //! rank of a communicator (`Comm::init_all`) because all their plans run in one executor.
 
 use crate::backend::host::conns::{ConnCtx, Conns};
-use crate::backend::cuda::devplan::{use_ll, OpDesc};
+use crate::backend::cuda::devplan::{ll_limit, use_ll, OpDesc};
 use crate::backend::host::exec::{execute, OpBufs, Unit};
 use crate::comm::{Comm, CommState};
 use crate::mismatch::{self, CheckFailure};
@@ -191,7 +191,10 @@ impl<'a> Group<'a> {
                             OpDesc { send: a.send as u64, recv: a.recv as u64, send_count: sc, recv_count: rc, dtype: a.dtype,
                                 op: if a.kind.reduces() { a.op } else { ReduceOp::Sum },
                                 scalar_dev: if a.kind.reduces() { a.device_scalar.unwrap_or(0) } else { 0 },
-                                ll: use_ll(a.kind, a.count, a.dtype, n, comm.info.config.ll_max_bytes),
+                                ll: use_ll(a.kind, a.count, a.dtype, n, {
+                                    let c = &comm.info.config;
+                                    ll_limit(c.ll_max_bytes, c.slots, c.slot_bytes)
+                                }),
                             }
                         })
                         .collect();

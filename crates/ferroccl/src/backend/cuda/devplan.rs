@@ -285,6 +285,14 @@ pub(crate) fn use_ll(kind: CollKind, count: usize, dtype: DataType, nranks: usiz
     ll_max_bytes > 0 && s.max(r).saturating_mul(dtype.size()) <= ll_max_bytes
 }
 
+/// The largest op LL may carry: what the knob allows, and never more than one connection's LL
+/// slots hold, so that every message fits its FIFO whole. Algorithms that send to every peer
+/// before receiving from any (all-to-all, two-shot all-reduce) need that room; piece-by-piece
+/// pipelining cannot help when every rank is sending.
+pub(crate) fn ll_limit(ll_max_bytes: usize, slots: usize, slot_bytes: usize) -> usize {
+    ll_max_bytes.min(slots.saturating_mul(slot_bytes.min(LL_DATA_BYTES) & !7))
+}
+
 fn to_u32(v: usize, what: &str) -> Result<u32, Error> {
     u32::try_from(v).map_err(|_| Error::InvalidArgument(format!("{what} {v} does not fit the kernel's 32-bit tables")))
 }
@@ -690,6 +698,14 @@ mod tests {
         assert_eq!(f(DataType::Uint64, 3.0), (0.0, 3));
         assert_eq!(f(DataType::Uint64, 1.8e19).1 as u64, 18_000_000_000_000_000_000);
         assert_eq!(scalar_of(DataType::Float32, ReduceOp::Sum), (0.0, 0));
+    }
+
+    #[test]
+    fn ll_never_carries_more_than_a_connection_holds() {
+        assert_eq!(ll_limit(128 << 10, 8, 256 << 10), 64 << 10);
+        assert_eq!(ll_limit(16 << 10, 8, 256 << 10), 16 << 10);
+        assert_eq!(ll_limit(128 << 10, 2, 4096), 8192);
+        assert_eq!(ll_limit(0, 8, 256 << 10), 0);
     }
 
     #[test]
