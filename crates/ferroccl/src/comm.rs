@@ -181,6 +181,11 @@ impl Comm {
             Device::Host => None,
             Device::Cuda(ordinal) => Some(CudaRank::new(ordinal, &boot, &info.config, &abort)?),
         };
+        // A peer's death must free this rank's kernels even when nobody is in synchronize
+        // (a framework waiting on the stream itself).
+        if let Some(c) = &cuda {
+            boot.health().on_failure(c.abort_handle());
+        }
         Ok(Comm { info, boot, state, fifos, abort, cuda })
     }
 

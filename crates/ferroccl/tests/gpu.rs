@@ -246,9 +246,19 @@ fn child_gpu_kill_loop() {
     let count = 16 << 20;
     let buf = DeviceBuffer::alloc(comm.gpu().unwrap(), count * 4, &[], &stats).unwrap();
     let args = all_reduce_args(&buf, &buf, count);
+    // RAW_SYNC=1: wait on the stream with the driver, as a framework does, so that only the
+    // heartbeat watcher can free the kernels.
+    let raw = std::env::var("RAW_SYNC").as_deref() == Ok("1");
+    let stream = comm.cuda_stream() as sys::CUstream;
     let t = Instant::now();
     loop {
-        let r: Result<(), Error> = unsafe { comm.run_raw(&args) }.and_then(|_| comm.synchronize());
+        let r: Result<(), Error> = unsafe { comm.run_raw(&args) }.and_then(|_| {
+            if raw {
+                comm.gpu().unwrap().bind()?;
+                check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(stream) })?;
+            }
+            comm.synchronize()
+        });
         if let Err(e) = r {
             println!("ERROR after {:?}: {e}", t.elapsed());
             std::process::exit(3);
@@ -279,6 +289,28 @@ fn a_killed_gpu_process_fails_its_peers_within_seconds() {
     eprintln!("survivor after {took:?}: {text}");
     assert!(!ok && text.contains("ERROR"), "{text}");
     assert!(text.contains("rank 1"), "the error does not name the dead rank: {text}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
+#[test]
+#[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn a_killed_peer_frees_kernels_a_framework_waits_on() {
+    if role().is_some() {
+        return;
+    }
+    let Some(_) = gpus_for_test() else { return };
+    // A deadline far beyond the assertion: the survivor must learn of the death from the
+    // heartbeats, whose news raises its kernels' abort word, not from its own deadline.
+    let mut kids = spawn_ranks(2, "child_gpu_kill_loop", "gpu-kill", &[("FERROCCL_TIMEOUT", "30".into()), ("RAW_SYNC", "1".into())]);
+    std::thread::sleep(Duration::from_secs(4));
+    kids[1].kill().unwrap();
+    let t = Instant::now();
+    let out = wait_all(kids);
+    let took = t.elapsed();
+    let (ok, text) = &out[0];
+    eprintln!("survivor after {took:?}: {text}");
+    assert!(!ok && text.contains("ERROR"), "{text}");
+    assert!(text.contains("rank 1") && text.contains("died"), "the error does not say that rank 1 died: {text}");
     assert!(took < Duration::from_secs(3), "{took:?}");
 }
 

@@ -20,10 +20,14 @@ struct State {
     first: Option<String>,
 }
 
+/// Run once when the communicator first learns of a failure.
+type Hook = std::sync::Arc<dyn Fn() + Send + Sync>;
+
 #[derive(Default)]
 pub(crate) struct Health {
     failed: AtomicBool,
     state: Mutex<State>,
+    hooks: Mutex<Vec<Hook>>,
 }
 
 impl Health {
@@ -45,12 +49,28 @@ impl Health {
     fn report(&self, rank: Rank, why: &str, dead: bool) -> bool {
         let mut st = self.lock();
         let new = if dead { st.dead.insert(rank) } else { !st.dead.contains(&rank) && st.aborted.insert(rank) };
+        let mut first_failure = false;
         if new {
             st.first.get_or_insert_with(|| why.to_string());
-            self.failed.store(true, Ordering::Release);
+            first_failure = !self.failed.swap(true, Ordering::AcqRel);
             tracing::warn!("{why}");
         }
+        drop(st);
+        if first_failure {
+            let hooks: Vec<Hook> = self.hooks.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            hooks.iter().for_each(|h| h());
+        }
         new
+    }
+
+    /// Runs `hook` when the first failure is reported (at once if one already was): what must
+    /// react without anyone waiting, such as kernels spinning on a peer that died.
+    pub fn on_failure(&self, hook: impl Fn() + Send + Sync + 'static) {
+        let hook: Hook = std::sync::Arc::new(hook);
+        self.hooks.lock().unwrap_or_else(|p| p.into_inner()).push(hook.clone());
+        if self.is_failed() {
+            hook();
+        }
     }
 
     /// Records that `rank` destroyed its communicator. True if it is news.
@@ -103,6 +123,29 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failure_hooks_run_once_at_the_first_failure_or_at_once_if_late() {
+        use std::sync::atomic::AtomicUsize;
+        use std::sync::Arc;
+        let h = Health::default();
+        let early = Arc::new(AtomicUsize::new(0));
+        let e = early.clone();
+        h.on_failure(move || {
+            e.fetch_add(1, Ordering::SeqCst);
+        });
+        h.report_left(3);
+        assert_eq!(early.load(Ordering::SeqCst), 0, "a clean leave is no failure");
+        assert!(h.report_aborted(1, "rank 1 aborted"));
+        assert!(h.report_dead(2, "rank 2 died"));
+        assert_eq!(early.load(Ordering::SeqCst), 1, "once, at the first failure");
+        let late = Arc::new(AtomicUsize::new(0));
+        let l = late.clone();
+        h.on_failure(move || {
+            l.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(late.load(Ordering::SeqCst), 1, "registered after the failure: run at once");
+    }
 
     #[test]
     fn first_report_wins_and_dead_outranks_aborted() {

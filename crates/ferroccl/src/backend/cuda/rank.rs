@@ -28,7 +28,7 @@ pub(crate) struct CudaRank {
     /// A caller's stream, when set (else `stream`).
     user_stream: AtomicPtr<std::ffi::c_void>,
     /// FcError record, then the abort word.
-    status: DeviceBuffer,
+    status: Arc<DeviceBuffer>,
     timeout_ns: u64,
     rank: usize,
     /// Thread blocks (one per lane) of the latest launch, for tools that report how many SMs
@@ -71,7 +71,7 @@ impl CudaRank {
         let resident = module.kernel(kernels::PLAN_EXEC_KERNEL)?.resident_blocks(BLOCK_THREADS)?;
         let stats = MemStats::new();
         let fabric = Fabric::new(&gpu, boot, config, &stats, abort)?;
-        let status = DeviceBuffer::alloc(&gpu, 128, &[], &stats)?;
+        let status = Arc::new(DeviceBuffer::alloc(&gpu, 128, &[], &stats)?);
         status.copy_from_host(0, &[0u8; 128])?;
         let mut stream = std::ptr::null_mut();
         gpu.bind()?;
@@ -181,9 +181,14 @@ impl CudaRank {
     /// Raises the abort word that every waiting block polls, so that kernels stuck on a dead
     /// or aborted peer leave and release the stream.
     pub fn abort(&self) {
-        // The copy is synchronous on the legacy stream, which our non-blocking streams do not
-        // wait for, so it lands while the kernel still runs.
-        let _ = self.status.copy_from_host(ABORT_OFF, &1u32.to_le_bytes());
+        raise_abort_word(&self.status);
+    }
+
+    /// What raises the abort word from another thread (the heartbeat watcher, when it learns
+    /// of a peer's death), valid for as long as it is kept: it holds the word's memory.
+    pub fn abort_handle(&self) -> impl Fn() + Send + Sync + 'static {
+        let status = self.status.clone();
+        move || raise_abort_word(&status)
     }
 
     /// Waits for everything enqueued, then reports a failure the kernel recorded. While it
@@ -198,11 +203,14 @@ impl CudaRank {
             sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             other => check("cuStreamQuery", other).map(|_| true),
         };
-        let cause = poll_until_done(query, failure, || self.abort())?;
+        let cause = poll_until_done(query, &failure, || self.abort())?;
         let mut rec = [0u8; std::mem::size_of::<FcError>()];
         self.status.copy_to_host(0, &mut rec)?;
         // SAFETY: FcError is plain old data of exactly this size.
         let e: FcError = unsafe { std::ptr::read_unaligned(rec.as_ptr() as *const FcError) };
+        // The kernels may have left because of a failure seen while nobody polled here (the
+        // heartbeat watcher raised the word while the caller waited on the stream itself).
+        let cause = cause.or_else(|| if e.code == ERR_ABORTED { failure() } else { None });
         if let Some(cause) = cause {
             return Err(cause);
         }
@@ -242,6 +250,12 @@ impl CudaRank {
     pub fn memory_bytes(&self) -> u64 {
         self.stats.allocated_bytes() + self.stats.imported_bytes()
     }
+}
+
+fn raise_abort_word(status: &DeviceBuffer) {
+    // The copy is synchronous on the legacy stream, which our non-blocking streams do not wait
+    // for, so it lands while the kernel still runs.
+    let _ = status.copy_from_host(ABORT_OFF, &1u32.to_le_bytes());
 }
 
 /// Polls `ready` until the stream is idle: spinning first (short operations finish within
