@@ -18,18 +18,6 @@ pub const OP_BYTES: usize = 24;
 /// Differences named in one message: enough to see the pattern, short enough to read.
 const MAX_REPORTED: usize = 8;
 
-const KINDS: [CollKind; 10] = [
-    CollKind::AllReduce,
-    CollKind::AllGather,
-    CollKind::ReduceScatter,
-    CollKind::Broadcast,
-    CollKind::Reduce,
-    CollKind::AllToAll,
-    CollKind::Gather,
-    CollKind::Scatter,
-    CollKind::Send,
-    CollKind::Recv,
-];
 
 /// One operation as the other ranks must see it. Fields that do not affect an operation
 /// (the reduction of a broadcast, the root of an all-reduce) are normalised away, so that
@@ -61,7 +49,7 @@ impl OpSig {
     }
 
     fn encode(&self, out: &mut Vec<u8>) {
-        let kind = KINDS.iter().position(|&k| k == self.kind).expect("every kind is listed") as u8;
+        let kind = CollKind::ALL.iter().position(|&k| k == self.kind).expect("every kind is listed") as u8;
         let scalar = match self.op {
             ReduceOp::PreMulSum(s) => s.to_bits(),
             _ => 0,
@@ -73,7 +61,7 @@ impl OpSig {
     }
 
     fn decode(b: &[u8]) -> Option<OpSig> {
-        let kind = *KINDS.get(b[0] as usize)?;
+        let kind = *CollKind::ALL.get(b[0] as usize)?;
         let dtype = DataType::from_nccl_id(b[1] as i32).ok()?;
         let scalar = f64::from_bits(u64::from_le_bytes(b[16..24].try_into().ok()?));
         let op = match b[2] {
@@ -339,7 +327,7 @@ mod tests {
     fn any_sig() -> impl Strategy<Value = OpSig> {
         (0..10usize, 0..12usize, any::<u64>(), 0..6usize, any::<f64>(), any::<u32>()).prop_map(|(k, d, count, o, s, root)| {
             let op = if o == 5 { ReduceOp::PreMulSum(s) } else { ReduceOp::BUILTIN[o] };
-            OpSig::new(KINDS[k], DataType::ALL[d], 0, op, root as usize).with_count(count)
+            OpSig::new(CollKind::ALL[k], DataType::ALL[d], 0, op, root as usize).with_count(count)
         })
     }
 

@@ -237,6 +237,21 @@ pub enum CollKind {
 }
 
 impl CollKind {
+    /// Every kind, collectives first. The order is part of the check mode's wire format
+    /// (`opsig`): append, never reorder.
+    pub const ALL: [CollKind; 10] = [
+        CollKind::AllReduce,
+        CollKind::AllGather,
+        CollKind::ReduceScatter,
+        CollKind::Broadcast,
+        CollKind::Reduce,
+        CollKind::AllToAll,
+        CollKind::Gather,
+        CollKind::Scatter,
+        CollKind::Send,
+        CollKind::Recv,
+    ];
+
     pub const COLLECTIVES: [CollKind; 8] = [
         CollKind::AllReduce,
         CollKind::AllGather,

@@ -403,24 +403,8 @@ impl RowRun<'_> {
 
     /// The operations of one iteration on this rank (two for the sendrecv ring).
     fn args(&self, b: &mut Buffers) -> Vec<OpArgs> {
-        let (n, me) = (self.comm.nranks(), self.comm.rank());
-        let args = OpArgs {
-            kind: self.rs.op.kind(),
-            send: b.send_ptr(),
-            recv: b.recv_ptr(),
-            count: self.lay.count,
-            dtype: self.rs.dtype,
-            op: self.rs.redop.unwrap_or(ReduceOp::Sum),
-            root: self.root,
-            device_scalar: None,
-        };
-        match self.rs.op {
-            BenchOp::SendRecv => vec![
-                OpArgs { kind: CollKind::Send, recv: std::ptr::null_mut(), root: (me + 1) % n, ..args },
-                OpArgs { kind: CollKind::Recv, send: std::ptr::null(), root: (me + n - 1) % n, ..args },
-            ],
-            _ => vec![args],
-        }
+        let (send, recv) = (b.send_ptr(), b.recv_ptr());
+        row_args(&self.rs, self.lay, self.root, self.comm.nranks(), self.comm.rank(), send, recv)
     }
 
     fn launch(&self, b: &mut Buffers) -> Result<(), Error> {
@@ -480,6 +464,28 @@ impl RowRun<'_> {
             wrong += w;
         }
         Ok((total / iters as f64, wrong))
+    }
+}
+
+/// ferroccl's operations for one iteration of a row on rank `me` of `n` (two for the sendrecv
+/// ring: to the next rank, from the previous one).
+fn row_args(rs: &RowSpec, lay: Layout, root: usize, n: usize, me: usize, send: *const u8, recv: *mut u8) -> Vec<OpArgs> {
+    let args = OpArgs {
+        kind: rs.op.kind(),
+        send,
+        recv,
+        count: lay.count,
+        dtype: rs.dtype,
+        op: rs.redop.unwrap_or(ReduceOp::Sum),
+        root,
+        device_scalar: None,
+    };
+    match rs.op {
+        BenchOp::SendRecv => vec![
+            OpArgs { kind: CollKind::Send, recv: std::ptr::null_mut(), root: (me + 1) % n, ..args },
+            OpArgs { kind: CollKind::Recv, send: std::ptr::null(), root: (me + n - 1) % n, ..args },
+        ],
+        _ => vec![args],
     }
 }
 

@@ -176,7 +176,7 @@ impl Runner<'_> {
                 let mut g = Group::new();
                 for (r, reg) in self.ranks.iter().zip(regs) {
                     let (s, d) = Self::ptrs(r.f, reg);
-                    for a in ferroccl_args(rs, lay, self.spec.root, self.nranks, r.comm.rank(), s, d) {
+                    for a in row_args(rs, lay, self.spec.root, self.nranks, r.comm.rank(), s as usize as *const u8, d as usize as *mut u8) {
                         // SAFETY: the buffers hold the largest row's regions and live until
                         // after the last synchronisation.
                         unsafe { g.push_raw(r.comm, a)? };
@@ -395,27 +395,6 @@ impl Runner<'_> {
             }
         }
         Ok((fw, nw))
-    }
-}
-
-/// ferroccl's operations for one iteration of a row on rank `me` (two for the ring).
-fn ferroccl_args(rs: &RowSpec, lay: Layout, root: usize, n: usize, me: usize, s: u64, d: u64) -> Vec<OpArgs> {
-    let args = OpArgs {
-        kind: rs.op.kind(),
-        send: s as usize as *const u8,
-        recv: d as usize as *mut u8,
-        count: lay.count,
-        dtype: rs.dtype,
-        op: rs.redop.unwrap_or(ReduceOp::Sum),
-        root,
-        device_scalar: None,
-    };
-    match rs.op {
-        BenchOp::SendRecv => vec![
-            OpArgs { kind: CollKind::Send, recv: std::ptr::null_mut(), root: (me + 1) % n, ..args },
-            OpArgs { kind: CollKind::Recv, send: std::ptr::null(), root: (me + n - 1) % n, ..args },
-        ],
-        _ => vec![args],
     }
 }
 

@@ -259,7 +259,21 @@ impl Module {
         })?;
         Ok(Kernel { f, module: self })
     }
+
+    /// The kernel of a handle taken from `kernel` earlier: no driver lookup, for launch paths.
+    pub fn kernel_at(&self, h: KernelHandle) -> Kernel<'_> {
+        Kernel { f: h.0, module: self }
+    }
 }
+
+/// A kernel's function handle, kept so that launches skip `cuModuleGetFunction`; valid with the
+/// module it came from.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelHandle(sys::CUfunction);
+
+// SAFETY: a CUfunction is a context-wide handle, usable from any thread with the context bound.
+unsafe impl Send for KernelHandle {}
+unsafe impl Sync for KernelHandle {}
 
 impl Drop for Module {
     fn drop(&mut self) {
@@ -286,6 +300,10 @@ pub struct LaunchDims {
 }
 
 impl Kernel<'_> {
+    pub fn handle(&self) -> KernelHandle {
+        KernelHandle(self.f)
+    }
+
     /// How many blocks of `threads` threads the whole GPU keeps resident at once: a launch whose
     /// blocks wait for each other (through peers) must not be larger.
     pub fn resident_blocks(&self, threads: u32) -> Result<u32> {

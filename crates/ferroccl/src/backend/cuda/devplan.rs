@@ -297,6 +297,18 @@ fn to_u32(v: usize, what: &str) -> Result<u32, Error> {
     u32::try_from(v).map_err(|_| Error::InvalidArgument(format!("{what} {v} does not fit the kernel's 32-bit tables")))
 }
 
+/// The optional store and forward of a receive step.
+fn set_dst_to(s: &mut FcStep, dst: Option<Region>, forwards: bool) {
+    if let Some(d) = dst {
+        s.flags |= FLAG_HAS_DST;
+        s.dst_buf = buf_code(d.buf);
+        s.dst_off = d.offset as u64;
+    }
+    if forwards {
+        s.flags |= FLAG_HAS_TO;
+    }
+}
+
 fn buf_code(b: BufKind) -> u32 {
     match b {
         BufKind::Input => BUF_INPUT,
@@ -399,25 +411,11 @@ pub(crate) fn encode(
                     src(local);
                     s.kind = STEP_RECV_REDUCE;
                     s.flags = if pre_local { FLAG_PRE_LOCAL } else { 0 } | if post { FLAG_POST } else { 0 };
-                    if let Some(d) = dst {
-                        s.flags |= FLAG_HAS_DST;
-                        s.dst_buf = buf_code(d.buf);
-                        s.dst_off = d.offset as u64;
-                    }
-                    if to.is_some() {
-                        s.flags |= FLAG_HAS_TO;
-                    }
+                    set_dst_to(&mut s, dst, to.is_some());
                 }
                 Step::RecvCopy { dst, to, .. } => {
                     s.kind = STEP_RECV_COPY;
-                    if let Some(d) = dst {
-                        s.flags |= FLAG_HAS_DST;
-                        s.dst_buf = buf_code(d.buf);
-                        s.dst_off = d.offset as u64;
-                    }
-                    if to.is_some() {
-                        s.flags |= FLAG_HAS_TO;
-                    }
+                    set_dst_to(&mut s, dst, to.is_some());
                 }
                 Step::Copy { src: r, dst, pre, post } => {
                     src(r);
@@ -645,7 +643,7 @@ mod tests {
 
     #[test]
     fn every_collective_encodes() {
-        let kinds = CollKind::COLLECTIVES.iter().chain([CollKind::Send, CollKind::Recv].iter());
+        let kinds = CollKind::ALL.iter();
         for &kind in kinds {
             for nranks in [1, 2, 5] {
                 for rank in 0..nranks {

@@ -160,13 +160,7 @@ impl FcCheckCase {
 
 /// check.cu compiled for `gpu` through the same path and disk cache as the plan kernel.
 pub(crate) fn compile(gpu: &Gpu) -> Result<nvrtc::Image> {
-    let source = kernels::check_source();
-    let arch = gpu.arch();
-    let include_dirs = nvrtc::include_dirs_from_env();
-    let options = kernels::nvrtc_flags();
-    let req = nvrtc::CompileRequest { name: "check.cu", source: &source, arch: &arch, include_dirs: &include_dirs, options: &options };
-    let cache = nvrtc::default_cache_dir().map(nvrtc::KernelCache::new);
-    nvrtc::compile_cached(&req, cache.as_ref())
+    kernels::compile_for(gpu, "check.cu", &kernels::check_source())
 }
 
 /// The loaded checker of one communicator's GPU.

@@ -74,6 +74,17 @@ fn splice(out: &mut String, name: &str, text: &str, seen: &mut Vec<&'static str>
     }
 }
 
+/// A kernel source compiled for `gpu` by NVRTC with the project's flags, through the disk cache.
+pub(crate) fn compile_for(gpu: &super::device::Gpu, name: &str, source: &str) -> Result<super::nvrtc::Image, ferroccl_core::Error> {
+    use super::nvrtc;
+    let arch = gpu.arch();
+    let include_dirs = nvrtc::include_dirs_from_env();
+    let options = nvrtc_flags();
+    let req = nvrtc::CompileRequest { name, source, arch: &arch, include_dirs: &include_dirs, options: &options };
+    let cache = nvrtc::default_cache_dir().map(nvrtc::KernelCache::new);
+    nvrtc::compile_cached(&req, cache.as_ref())
+}
+
 /// The flags of [`compile_options`] as NVRTC command-line options, for `nvrtc::compile`
 /// (which adds the architecture and include directories itself).
 pub(crate) fn nvrtc_flags() -> Vec<String> {

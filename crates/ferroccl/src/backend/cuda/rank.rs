@@ -2,10 +2,10 @@
 //! and the launch of plans on that stream.
 
 use super::devplan::{encode, DeviceTables, FcError, OpDesc, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA, WHAT_LENGTH, WHAT_ROOM};
-use super::device::{Gpu, LaunchDims, Module};
+use super::device::{Gpu, KernelHandle, LaunchDims, Module};
 use super::fabric::Fabric;
 use super::mem::{DeviceBuffer, MemStats};
-use super::{check, gpucheck, kernels, nvrtc};
+use super::{check, gpucheck, kernels};
 use crate::bootstrap::Bootstrap;
 use cudarc::driver::sys;
 use ferroccl_core::plan::Plan;
@@ -36,6 +36,8 @@ pub(crate) struct CudaRank {
     last_blocks: AtomicU32,
     /// Blocks of the plan kernel the GPU holds at once: the most lanes one launch may have.
     resident: u32,
+    /// The plan kernel of `module`.
+    plan_fn: KernelHandle,
     /// The verifiable mode's kernels, loaded on first use (gpucheck.rs).
     pub(crate) check: gpucheck::CheckSlot,
 }
@@ -60,15 +62,11 @@ struct Tables {
 impl CudaRank {
     pub fn new(ordinal: usize, boot: &Bootstrap, config: &Config, abort: &AtomicBool) -> Result<CudaRank, Error> {
         let gpu = Gpu::open(ordinal)?;
-        let source = kernels::plan_exec_source();
-        let arch = gpu.arch();
-        let include_dirs = nvrtc::include_dirs_from_env();
-        let options = kernels::nvrtc_flags();
-        let req = nvrtc::CompileRequest { name: "plan_exec.cu", source: &source, arch: &arch, include_dirs: &include_dirs, options: &options };
-        let cache = nvrtc::default_cache_dir().map(nvrtc::KernelCache::new);
-        let image = nvrtc::compile_cached(&req, cache.as_ref())?;
+        let image = kernels::compile_for(&gpu, "plan_exec.cu", &kernels::plan_exec_source())?;
         let module = gpu.load_module(&image.bytes)?;
-        let resident = module.kernel(kernels::PLAN_EXEC_KERNEL)?.resident_blocks(BLOCK_THREADS)?;
+        let plan_fn = module.kernel(kernels::PLAN_EXEC_KERNEL)?;
+        let resident = plan_fn.resident_blocks(BLOCK_THREADS)?;
+        let plan_fn = plan_fn.handle();
         let stats = MemStats::new();
         let fabric = Fabric::new(&gpu, boot, config, &stats, abort)?;
         let status = Arc::new(DeviceBuffer::alloc(&gpu, 128, &[], &stats)?);
@@ -89,6 +87,7 @@ impl CudaRank {
             rank: boot.rank(),
             last_blocks: AtomicU32::new(0),
             resident,
+            plan_fn,
             check: gpucheck::CheckSlot::new(),
         })
     }
@@ -123,7 +122,7 @@ impl CudaRank {
         }
         check_residency(entry.nlanes, self.resident)?;
         let mut param = entry.param;
-        let kernel = self.module.kernel(kernels::PLAN_EXEC_KERNEL)?;
+        let kernel = self.module.kernel_at(self.plan_fn);
         let dims = LaunchDims { grid: (entry.nlanes, 1, 1), block: (BLOCK_THREADS, 1, 1), shared_bytes: 0 };
         let mut params = [&mut param as *mut _ as *mut std::ffi::c_void];
         // SAFETY: the kernel takes one FcLaunch by value; every address in it is device memory

@@ -319,18 +319,6 @@ fn ops_for(d: DataType) -> Vec<ReduceOp> {
     ops
 }
 
-const KINDS: [CollKind; 10] = [
-    CollKind::AllReduce,
-    CollKind::AllGather,
-    CollKind::ReduceScatter,
-    CollKind::Broadcast,
-    CollKind::Reduce,
-    CollKind::AllToAll,
-    CollKind::Gather,
-    CollKind::Scatter,
-    CollKind::Send,
-    CollKind::Recv,
-];
 
 /// Every (dtype, op, kind, nranks, rank, root, seed) the comparisons run over: reductions with
 /// every op, data movement with one (the op does not matter to them).
@@ -339,7 +327,7 @@ fn cases(nranks: &[usize], seeds: u64) -> Vec<CheckCase> {
     let mut rng = Rng(11);
     for dtype in DataType::ALL {
         for op in ops_for(dtype) {
-            for kind in KINDS {
+            for kind in CollKind::ALL {
                 if !kind.reduces() && op != ReduceOp::Sum {
                     continue;
                 }
