@@ -1,5 +1,6 @@
 use super::*;
-use crate::plan::sim::{simulate, SimOp};
+use crate::plan::sim::{simulate, simulate_zero_copy, simulate_zero_copy_with, SimOp};
+use crate::plan::zcopy::{may_post, peer_desc, remote_dsts, RemoteDsts};
 use crate::plan::{Plan, Step};
 use proptest::prelude::*;
 
@@ -21,6 +22,31 @@ fn plans_for(ops: &[Vec<SimOp>], t: &Tuning) -> Vec<Plan> {
 fn run_collective(kind: CollKind, n: usize, count: usize, root: Rank, in_place: bool, t: Tuning, seed: u64) -> Result<usize, String> {
     let ops: Vec<Vec<SimOp>> = (0..n).map(|_| vec![SimOp { kind, count, root, in_place }]).collect();
     simulate(&ops, &plans_for(&ops, &t), CAP, seed)
+}
+
+/// Every rank's zero-copy marks, each computed as a rank does at run time: from its own plan
+/// and the plans it builds for its peers.
+fn remote_for(ops: &[Vec<SimOp>], plans: &[Plan], t: &Tuning) -> Vec<RemoteDsts> {
+    let n = ops.len();
+    (0..n)
+        .map(|r| {
+            remote_dsts(&plans[r], |op, p| {
+                let o = ops[r][op as usize];
+                let d = peer_desc(&CollDesc { kind: o.kind, count: o.count, root: o.root }, r)?;
+                Some(build(&d, op, p, n, t))
+            })
+        })
+        .collect()
+}
+
+/// Runs `ops` through the FIFOs, or with every message zero-copy that may be.
+fn run_both(ops: &[Vec<SimOp>], t: &Tuning, seed: u64, zero_copy: bool) -> Result<usize, String> {
+    let plans = plans_for(ops, t);
+    if zero_copy {
+        simulate_zero_copy(ops, &plans, CAP, seed, &remote_for(ops, &plans, t)).map_err(|e| format!("zero-copy: {e}"))
+    } else {
+        simulate(ops, &plans, CAP, seed)
+    }
 }
 
 const CAP: usize = crate::config::PLAN_FIFO_MESSAGES;
@@ -55,6 +81,7 @@ proptest! {
         in_place in any::<bool>(),
         seed in any::<u64>(),
         direct in any::<bool>(),
+        zero_copy in any::<bool>(),
     ) {
         // Keep the number of loops small for huge sizes; tiny chunks for small sizes.
         // Any chunk size, but never more than ~64 loops per channel: the simulation's cost grows
@@ -63,7 +90,8 @@ proptest! {
         // Half the cases allow the direct small-size algorithms wherever they apply.
         let t = Tuning { channels, chunk_elems: chunk, direct_max_elems: if direct { usize::MAX } else { 0 } };
         let root = root_pick % n;
-        let r = run_collective(kind, n, count, root, in_place, t, seed);
+        let ops: Vec<Vec<SimOp>> = (0..n).map(|_| vec![SimOp { kind, count, root, in_place }]).collect();
+        let r = run_both(&ops, &t, seed, zero_copy);
         prop_assert!(r.is_ok(), "{kind} n={n} ch={channels} count={count} chunk={chunk} root={root} in_place={in_place}: {}", r.unwrap_err());
     }
 
@@ -93,7 +121,7 @@ proptest! {
             rops.extend(v);
         }
         let t = Tuning { channels: 1 + (shuffle % 3) as usize, chunk_elems: chunk, direct_max_elems: 0 };
-        let r = simulate(&ops, &plans_for(&ops, &t), CAP, shuffle);
+        let r = run_both(&ops, &t, shuffle, shuffle & 2 == 2);
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
 
@@ -109,8 +137,8 @@ proptest! {
         let ops: Vec<Vec<SimOp>> = (0..n)
             .map(|_| kinds.iter().enumerate().map(|(i, &k)| SimOp { kind: k, count: counts[i], root: i % n, in_place: i % 2 == 0 }).collect())
             .collect();
-        let t = Tuning { channels, chunk_elems: 97, direct_max_elems: 0 };
-        let r = simulate(&ops, &plans_for(&ops, &t), CAP, seed);
+        let t = Tuning { channels, chunk_elems: 97, direct_max_elems: if seed & 4 == 4 { 3000 } else { 0 } };
+        let r = run_both(&ops, &t, seed, seed & 1 == 1);
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
 
@@ -223,4 +251,20 @@ fn small_all_reduces_go_two_shot() {
         let plan = build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, 0, n, &t);
         assert!(plan.lanes.iter().flat_map(|l| &l.steps).any(|s| matches!(s, Step::RecvReduce { to: Some(_), .. })), "n={n} count={count}");
     }
+}
+
+/// Zero-copy into an in-place all-to-all's output would overwrite blocks not yet sent: the
+/// simulator sees it when the receivers post anyway, which is why `may_post` refuses.
+#[test]
+fn zero_copy_catches_the_in_place_all_to_all_hazard() {
+    assert!(!may_post(CollKind::AllToAll, true) && may_post(CollKind::AllToAll, false));
+    let t = Tuning { channels: 1, chunk_elems: 4, direct_max_elems: 0 };
+    let ops: Vec<Vec<SimOp>> = (0..3).map(|_| vec![SimOp { kind: CollKind::AllToAll, count: 8, root: 0, in_place: true }]).collect();
+    assert!(run_both(&ops, &t, 3, true).is_ok());
+    // With every receiver posting, a peer's block lands before this rank sent its own.
+    let plans = plans_for(&ops, &t);
+    let remote = remote_for(&ops, &plans, &t);
+    assert!(remote.iter().flatten().flatten().any(|m| m.is_some()), "all-to-all sends are stored by their receivers");
+    let err = simulate_zero_copy_with(&ops, &plans, CAP, 3, &remote, |_, _| true).unwrap_err();
+    assert!(err.contains("output"), "{err}");
 }

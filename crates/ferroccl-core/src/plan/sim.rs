@@ -7,6 +7,7 @@
 //! `capacity` messages, as a backend guarantees; when no step of any rank can move and work
 //! remains, the plans deadlock and the simulation says where.
 
+use super::zcopy::{may_post, posts_of_run, run_starts, step_ops, waits_of_run, RemoteDsts};
 use super::{BufKind, Plan, Region, Step};
 use crate::types::{CollKind, Rank};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -222,7 +223,57 @@ fn expected(op: &SimOp, rank: Rank, n: usize) -> Option<Run> {
 /// Runs every rank's plan; `ops[r]` are rank r's operations in plan op order. Returns the
 /// number of lock-step rounds on success.
 pub fn simulate(ops: &[Vec<SimOp>], plans: &[Plan], capacity: usize, seed: u64) -> Result<usize, String> {
+    run(ops, plans, capacity, seed, None)
+}
+
+/// [`simulate`] with zero-copy (`zcopy.rs`): `remote[r]` marks rank r's messages that go
+/// straight into the receiver's output. A receiving lane posts its output at the start of each
+/// run of an operation's steps (or refuses, see `may_post`); a sending run with a direct message
+/// to that peer waits for the post of the matching run (same first-message number), then writes
+/// the data into the receiver's memory at once; the receiver checks where it landed and stores
+/// nothing, and a forwarding receiver reads it back from its output when its step runs.
+pub fn simulate_zero_copy(
+    ops: &[Vec<SimOp>],
+    plans: &[Plan],
+    capacity: usize,
+    seed: u64,
+    remote: &[RemoteDsts],
+) -> Result<usize, String> {
+    let shape_ok = remote.len() == plans.len()
+        && remote.iter().zip(plans).all(|(m, p)| m.len() == p.lanes.len() && m.iter().zip(&p.lanes).all(|(a, l)| a.len() == l.steps.len()));
+    if !shape_ok {
+        return Err("remote destinations do not have the plans' shape".into());
+    }
+    run(ops, plans, capacity, seed, Some((remote, may_post)))
+}
+
+/// [`simulate_zero_copy`] with another rule for when a receiver posts (tests of the rule).
+pub fn simulate_zero_copy_with(
+    ops: &[Vec<SimOp>],
+    plans: &[Plan],
+    capacity: usize,
+    seed: u64,
+    remote: &[RemoteDsts],
+    rule: PostRule,
+) -> Result<usize, String> {
+    run(ops, plans, capacity, seed, Some((remote, rule)))
+}
+
+/// Whether a receiver posts its output for an operation (kind, in place).
+pub type PostRule = fn(CollKind, bool) -> bool;
+
+/// A message in flight: its data, and where it was already written when it went direct.
+type Msg = (Run, Option<usize>);
+
+fn run(
+    ops: &[Vec<SimOp>],
+    plans: &[Plan],
+    capacity: usize,
+    seed: u64,
+    zc: Option<(&[RemoteDsts], PostRule)>,
+) -> Result<usize, String> {
     let n = plans.len();
+    let remote = zc.map(|z| z.0);
     assert!(n <= 32 && ops.len() == n);
     // mems[r][op]; input and output offsets per (r, op).
     let mut mems: Vec<Vec<Mem>> = Vec::new();
@@ -251,8 +302,20 @@ pub fn simulate(ops: &[Vec<SimOp>], plans: &[Plan], capacity: usize, seed: u64) 
         let l = lay[r][reg.op as usize];
         (if reg.buf == BufKind::Input { l.1 } else { l.3 }) + reg.offset
     };
-    let mut queues: HashMap<(Rank, Rank, u32), VecDeque<Run>> = HashMap::new();
+    let mut queues: HashMap<(Rank, Rank, u32), VecDeque<Msg>> = HashMap::new();
     let mut cursor: Vec<Vec<usize>> = plans.iter().map(|p| vec![0; p.lanes.len()]).collect();
+    // Zero-copy state: per rank and lane, each step's operation and run start, and the run last
+    // posted; posts by (receiver, sender, channel) = (receiver's op, or None when it refused,
+    // first message number); messages sent and received per connection; per sending (lane,
+    // run, peer) the number of its first message, and the peers a run waits for.
+    let lane_ops: Vec<Vec<Vec<u16>>> = plans.iter().map(|p| p.lanes.iter().map(|l| step_ops(&l.steps)).collect()).collect();
+    let lane_runs: Vec<Vec<Vec<usize>>> = lane_ops.iter().map(|p| p.iter().map(|o| run_starts(o)).collect()).collect();
+    let mut posted_run: Vec<Vec<Option<usize>>> = plans.iter().map(|p| vec![None; p.lanes.len()]).collect();
+    let mut posts: HashMap<(Rank, Rank, u32), (Option<u16>, usize)> = HashMap::new();
+    let mut sent: HashMap<(Rank, Rank, u32), usize> = HashMap::new();
+    let mut recvd: HashMap<(Rank, Rank, u32), usize> = HashMap::new();
+    let mut run_first: HashMap<(Rank, usize, usize, Rank), usize> = HashMap::new();
+    let mut run_waits: HashMap<(Rank, usize, usize), Vec<Rank>> = HashMap::new();
     let mut rng = seed | 1;
     let mut rounds = 0;
     loop {
@@ -270,23 +333,65 @@ pub fn simulate(ops: &[Vec<SimOp>], plans: &[Plan], capacity: usize, seed: u64) 
                 let Some(step) = lane.steps.get(cursor[r][li]) else { continue };
                 remaining = true;
                 let ch = lane.channel;
+                let si = cursor[r][li];
+                let rs = lane_runs[r][li][si];
+                if remote.is_some() && posted_run[r][li] != Some(rs) {
+                    // The lane starts a run: every earlier run of it is complete, so the output
+                    // regions this run stores into may be written by the peers from now on.
+                    let op = lane_ops[r][li][rs];
+                    let so = ops[r][op as usize];
+                    let open = zc.is_some_and(|z| (z.1)(so.kind, so.in_place));
+                    for from in posts_of_run(&lane.steps, &lane_ops[r][li], rs) {
+                        posts.insert((r, from, ch), (open.then_some(op), recvd.get(&(from, r, ch)).copied().unwrap_or(0)));
+                    }
+                    posted_run[r][li] = Some(rs);
+                    progressed = true;
+                }
                 if let Some(from) = step.recv_from() {
                     if queues.get(&(from, r, ch)).is_none_or(|q| q.is_empty()) {
                         continue;
                     }
                 }
+                // Where this step's message goes straight to: (receiver's op, output offset).
+                let mut direct_to: Option<(u16, usize)> = None;
                 if let Some(to) = step.send_to() {
                     if queues.get(&(r, to, ch)).is_some_and(|q| q.len() >= capacity) {
                         continue;
                     }
+                    if let Some(rem) = remote {
+                        let marks = &rem[r][li];
+                        let waits = run_waits
+                            .entry((r, li, rs))
+                            .or_insert_with(|| waits_of_run(&lane.steps, &lane_ops[r][li], marks, rs));
+                        if waits.contains(&to) {
+                            let first = *run_first
+                                .entry((r, li, rs, to))
+                                .or_insert_with(|| sent.get(&(r, to, ch)).copied().unwrap_or(0));
+                            match posts.get(&(to, r, ch)) {
+                                Some(&(op, tag)) if tag == first => direct_to = op.zip(marks[si]),
+                                _ => continue,
+                            }
+                        }
+                    }
                 }
                 let ctx = |e: String| format!("rank {r} lane {li} step {} {step:?}: {e}", cursor[r][li]);
-                let mut take = |from: Rank, count: usize| -> Result<Run, String> {
+                let mut take = |from: Rank, count: usize| -> Result<Msg, String> {
                     let msg = queues.get_mut(&(from, r, ch)).and_then(|q| q.pop_front()).expect("checked");
-                    if run_len(&msg) != count {
-                        return Err(format!("received {} elements from {from}, expected {count}", run_len(&msg)));
+                    *recvd.entry((from, r, ch)).or_insert(0) += 1;
+                    if run_len(&msg.0) != count {
+                        return Err(format!("received {} elements from {from}, expected {count}", run_len(&msg.0)));
                     }
                     Ok(msg)
+                };
+                // A direct message must have landed where this step stores it.
+                let landed = |at: Option<usize>, dst: Option<Region>| -> Result<bool, String> {
+                    match (at, dst) {
+                        (None, _) => Ok(false),
+                        (Some(off), Some(d)) if d.buf == BufKind::Output && d.offset == off => Ok(true),
+                        (Some(off), d) => {
+                            Err(format!("a direct message landed at output offset {off}, but this step stores it at {d:?}"))
+                        }
+                    }
                 };
                 let mut outbox: Option<(Rank, Run)> = None;
                 match *step {
@@ -299,12 +404,17 @@ pub fn simulate(ops: &[Vec<SimOp>], plans: &[Plan], capacity: usize, seed: u64) 
                         outbox = Some((to, d));
                     }
                     Step::Recv { from, dst } => {
-                        let d = take(from, dst.count).map_err(ctx)?;
-                        let a = addr(&lay, r, &dst);
-                        mems[r][dst.op as usize].write(a, &d);
+                        let (d, at) = take(from, dst.count).map_err(ctx)?;
+                        if !landed(at, Some(dst)).map_err(ctx)? {
+                            let a = addr(&lay, r, &dst);
+                            mems[r][dst.op as usize].write(a, &d);
+                        }
                     }
                     Step::RecvReduce { from, local, pre_local, post: ps, dst, to } => {
-                        let got = take(from, local.count).map_err(ctx)?;
+                        let (got, at) = take(from, local.count).map_err(ctx)?;
+                        if at.is_some() {
+                            return Err(ctx("a message to be reduced went straight to the output".into()));
+                        }
                         let a = addr(&lay, r, &local);
                         let mut l = mems[r][local.op as usize].read(a, local.count);
                         if pre_local {
@@ -323,8 +433,12 @@ pub fn simulate(ops: &[Vec<SimOp>], plans: &[Plan], capacity: usize, seed: u64) 
                         }
                     }
                     Step::RecvCopy { from, count, dst, to } => {
-                        let v = take(from, count).map_err(ctx)?;
-                        if let Some(dst) = dst {
+                        let (mut v, at) = take(from, count).map_err(ctx)?;
+                        if landed(at, dst).map_err(ctx)? {
+                            // Forwarded from where it landed, as the kernel does.
+                            let d = dst.expect("landed");
+                            v = mems[r][d.op as usize].read(addr(&lay, r, &d), d.count);
+                        } else if let Some(dst) = dst {
                             let a = addr(&lay, r, &dst);
                             mems[r][dst.op as usize].write(a, &v);
                         }
@@ -346,7 +460,18 @@ pub fn simulate(ops: &[Vec<SimOp>], plans: &[Plan], capacity: usize, seed: u64) 
                     }
                 }
                 if let Some((to, v)) = outbox {
-                    queues.entry((r, to, ch)).or_default().push_back(v);
+                    let mut at = None;
+                    if let Some((op, off)) = direct_to {
+                        let l = lay[to][op as usize];
+                        if off.checked_add(run_len(&v)).is_none_or(|e| e > l.4) {
+                            let e = format!("a direct write of {} elements at {off} overflows rank {to}'s output of {}", run_len(&v), l.4);
+                            return Err(ctx(e));
+                        }
+                        mems[to][op as usize].write(l.3 + off, &v);
+                        at = Some(off);
+                    }
+                    *sent.entry((r, to, ch)).or_insert(0) += 1;
+                    queues.entry((r, to, ch)).or_default().push_back((v, at));
                 }
                 cursor[r][li] += 1;
                 progressed = true;
