@@ -6,6 +6,7 @@
 #
 # Runs on the GPU machine with a release binary copied over (no Rust there):
 #   bench/check_sweep.sh OUTDIR [FERROCCL_BINARY] [GPU_COUNTS]
+# CHECK_EXTRA adds arguments to every run (CHECK_EXTRA=--register: registered windows, zero-copy).
 # Writes one bench JSON per (GPU count, mode), their logs, and OUTDIR/check-summary.json.
 set -uo pipefail
 
@@ -15,7 +16,7 @@ counts=${3:-"2 4"}
 mkdir -p "$out"
 # Never NVLink multicast on the shared machines.
 export NCCL_NVLS_ENABLE=0
-sweep=(all -b 8 -e 1G -f 4 -d all -o all --check -n 1 -w 1)
+sweep=(all -b 8 -e 1G -f 4 -d all -o all --check -n 1 -w 1 ${CHECK_EXTRA:-})
 
 run() { # name, command...
     local name=$1

@@ -239,6 +239,46 @@ impl Comm {
         }
     }
 
+    /// Registers `bytes` of GPU memory at `ptr` as a window of this rank, with every rank of the
+    /// communicator: collective (every rank registers one buffer, in the same order relative to
+    /// its operations, like `ncclCommWindowRegister`). From then on, an operation whose output on
+    /// a receiving rank lies in one of its windows gets its data written there by the sending
+    /// GPUs directly (zero-copy), instead of through the connection's FIFO and a copy. The memory
+    /// must be a cuMem allocation with POSIX file-descriptor handles: [`crate::mem::alloc`], or
+    /// any other; other memory is refused with an error on every rank, and nothing changes.
+    ///
+    /// # Safety
+    /// The range must stay allocated until [`Comm::deregister_window`] (or the communicator's
+    /// drop): peers write into it.
+    pub unsafe fn register_window(&self, ptr: u64, bytes: usize) -> Result<(), Error> {
+        let Some(c) = &self.cuda else {
+            return Err(Error::InvalidArgument("windows are GPU memory: this communicator runs on the host".into()));
+        };
+        let state = self.state.lock().map_err(|_| Error::Internal("communicator state poisoned".into()))?;
+        if let Some(e) = &state.failed {
+            return Err(Error::Aborted(format!("rank {}: the communicator failed earlier: {e}", self.info.rank)));
+        }
+        let deadline = std::time::Instant::now() + self.info.config.timeout;
+        c.register(&self.boot, ptr, bytes, &self.abort, deadline).map_err(|e| e.context(format!("rank {}: registering a window", self.info.rank)))
+    }
+
+    /// [`Comm::register_window`] for a whole ferroccl buffer, which is what it is made for.
+    pub fn register_buffer(&self, buf: &crate::mem::DeviceBuffer) -> Result<(), Error> {
+        // SAFETY: the buffer's owner must keep it until deregistration, as documented; a buffer
+        // dropped early unmaps only this process's view (peers keep the memory mapped).
+        unsafe { self.register_window(buf.device_ptr(), buf.len()) }
+    }
+
+    /// Forgets the window registered at `ptr` (collective), once the work queued on the
+    /// communicator's stream is done.
+    pub fn deregister_window(&self, ptr: u64) -> Result<(), Error> {
+        let Some(c) = &self.cuda else {
+            return Err(Error::InvalidArgument("windows are GPU memory: this communicator runs on the host".into()));
+        };
+        let _state = self.state.lock().map_err(|_| Error::Internal("communicator state poisoned".into()))?;
+        c.deregister(&self.boot, ptr)
+    }
+
     /// GPU memory this communicator holds (its own allocations and imported peer memory).
     pub fn device_memory_bytes(&self) -> u64 {
         self.cuda.as_ref().map(|c| c.memory_bytes()).unwrap_or(0)

@@ -12,6 +12,7 @@ use crate::mismatch::{self, CheckFailure};
 use crate::ops::OpArgs;
 use ferroccl_core::algo::{build, CollDesc, Tuning};
 use ferroccl_core::numeric::{Element, Reducer};
+use ferroccl_core::plan::zcopy::{may_post, peer_desc, remote_dsts};
 use ferroccl_core::plan::{BufKind, Lane, Plan, Region, Step};
 use ferroccl_core::{CollKind, Error, Rank, ReduceOp};
 use std::marker::PhantomData;
@@ -182,8 +183,16 @@ impl<'a> Group<'a> {
                 let n = comm.info.nranks;
                 let args = &bufs[ci];
                 let key = op_key(args);
-                let build = || {
+                let build = |zero_copy: bool| {
                     let plan = plan_for(comm, args)?;
+                    // The peers' plans of the same operations say where each message lands.
+                    let remote = zero_copy.then(|| {
+                        remote_dsts(&plan, |op, peer| {
+                            let a = &args[op as usize];
+                            let desc = peer_desc(&CollDesc { kind: a.kind, count: a.count, root: a.root }, comm.info.rank)?;
+                            Some(build(&desc, op, peer, n, &tuning_for(comm, a)))
+                        })
+                    });
                     let ops: Vec<OpDesc> = args
                         .iter()
                         .map(|a| {
@@ -195,10 +204,11 @@ impl<'a> Group<'a> {
                                     let c = &comm.info.config;
                                     ll_limit(c.ll_max_bytes, c.slots, c.slot_bytes)
                                 }),
+                                may_post: may_post(a.kind, overlaps(a.send as u64, sc, a.recv as u64, rc, a.dtype.size())),
                             }
                         })
                         .collect();
-                    Ok((plan, ops))
+                    Ok((plan, ops, remote))
                 };
                 let cuda = comm.cuda.as_ref().expect("checked");
                 if let Err(e) = cuda.launch(key, build) {
@@ -331,28 +341,39 @@ fn op_key(args: &[OpArgs]) -> Vec<u64> {
         .collect()
 }
 
+/// How an operation is cut up on this communicator: the same on every rank (config and
+/// operation are), which is what lets a rank build its peers' plans (zero-copy).
+fn tuning_for(comm: &Comm, a: &OpArgs) -> Tuning {
+    let cfg = &comm.info.config;
+    let p2p = matches!(a.kind, CollKind::Send | CollKind::Recv);
+    // The host backend moves point-to-point data on one thread anyway; GPUs need blocks.
+    let p2p_ch = if comm.cuda.is_some() { crate::backend::cuda::fabric::p2p_channels(cfg.channels) } else { 1 };
+    // The two-shot all-reduce is proven by the simulator and checked on the host backend,
+    // but has not yet run on 3 or more GPUs (no such machine was lent when it landed):
+    // GPUs keep the ring until it has been checked element by element there.
+    let direct = if comm.cuda.is_some() { 0 } else { cfg.direct_max_bytes };
+    Tuning::for_elem_size(if p2p { p2p_ch } else { cfg.channels }, cfg.chunk_bytes, a.dtype.size())
+        .with_direct_max_bytes(direct, a.dtype.size())
+}
+
+/// Whether an operation's input and output share bytes (`count`s in elements of `size`).
+fn overlaps(send: u64, scount: usize, recv: u64, rcount: usize, size: usize) -> bool {
+    let (sb, rb) = ((scount * size) as u64, (rcount * size) as u64);
+    sb > 0 && rb > 0 && send < recv.saturating_add(rb) && recv < send.saturating_add(sb)
+}
+
 fn plan_for(comm: &Comm, args: &[OpArgs]) -> Result<Plan, Error> {
     let (rank, n) = (comm.info.rank, comm.info.nranks);
-    let cfg = &comm.info.config;
     let mut plan = Plan { rank, nranks: n, lanes: Vec::new() };
     let mut self_sends = Vec::new();
     let mut self_recvs = Vec::new();
     for (i, a) in args.iter().enumerate() {
         let i16 = u16::try_from(i).map_err(|_| Error::InvalidArgument("a group holds at most 65536 operations".into()))?;
-        let p2p = matches!(a.kind, CollKind::Send | CollKind::Recv);
-        if p2p && a.root == rank {
+        if matches!(a.kind, CollKind::Send | CollKind::Recv) && a.root == rank {
             if a.kind == CollKind::Send { self_sends.push(i) } else { self_recvs.push(i) }
             continue;
         }
-        // The host backend moves point-to-point data on one thread anyway; GPUs need blocks.
-        let p2p_ch = if comm.cuda.is_some() { crate::backend::cuda::fabric::p2p_channels(cfg.channels) } else { 1 };
-        // The two-shot all-reduce is proven by the simulator and checked on the host backend,
-        // but has not yet run on 3 or more GPUs (no such machine was lent when it landed):
-        // GPUs keep the ring until it has been checked element by element there.
-        let direct = if comm.cuda.is_some() { 0 } else { cfg.direct_max_bytes };
-        let t = Tuning::for_elem_size(if p2p { p2p_ch } else { cfg.channels }, cfg.chunk_bytes, a.dtype.size())
-            .with_direct_max_bytes(direct, a.dtype.size());
-        plan.append(build(&CollDesc { kind: a.kind, count: a.count, root: a.root }, i16, rank, n, &t));
+        plan.append(build(&CollDesc { kind: a.kind, count: a.count, root: a.root }, i16, rank, n, &tuning_for(comm, a)));
     }
     // A send to oneself is a copy into the matching receive from oneself.
     if self_sends.len() != self_recvs.len() {

@@ -83,9 +83,10 @@ pub struct BenchArgs {
     /// it (nccl-tests' -G N), for both libraries
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub graph: u64,
-    /// With --vs-nccl: registered buffers (nccl-tests' -R): NCCL's from ncclMemAlloc,
-    /// registered as symmetric windows (default where NCCL has them) or with
-    /// ncclCommRegister ("local"); ferroccl's from its cuMem allocator
+    /// Registered buffers (nccl-tests' -R): ferroccl's from ferroccl::mem, registered as
+    /// windows (zero-copy: peers write straight into them); with --vs-nccl NCCL's from
+    /// ncclMemAlloc, registered as symmetric windows (default where NCCL has them) or with
+    /// ncclCommRegister ("local")
     #[arg(long, value_name = "KIND", num_args = 0..=1, default_missing_value = "auto")]
     pub register: Option<String>,
     /// Run ferroccl with at most N thread blocks per collective (its GPU channels)
@@ -109,6 +110,8 @@ pub struct Spec {
     pub warmup: u64,
     pub check: bool,
     pub iter_budget: Option<usize>,
+    /// GPU buffers from one registered pool per rank (zero-copy), else fresh per row.
+    pub register: bool,
 }
 
 /// One row of the table before it is measured.
@@ -155,6 +158,7 @@ impl Spec {
             warmup: a.warmup,
             check: a.check,
             iter_budget: a.iter_budget,
+            register: a.register.is_some(),
         })
     }
 
@@ -227,9 +231,11 @@ struct Buffers {
     send: Buf,
     /// None in place: the output lives in `send`.
     recv: Option<Buf>,
-    /// GPU communicators: device twins of `send` and `recv`, which the operations use and the
-    /// GPU checker fills and checks (the host buffers stay untouched).
-    dev: Option<(DeviceBuffer, Option<DeviceBuffer>)>,
+    /// GPU communicators: device twins of `send` and `recv` (addresses), which the operations
+    /// use and the GPU checker fills and checks (the host buffers stay untouched); in the
+    /// registered pool, or in `owned`.
+    dev: Option<(u64, Option<u64>)>,
+    owned: Vec<DeviceBuffer>,
     send_off: usize,
     send_len: usize,
     recv_off: usize,
@@ -284,18 +290,28 @@ impl Buffers {
     fn new(op: BenchOp, count: usize, dtype: DataType, nranks: usize, rank: usize, root: usize, in_place: bool) -> Result<Buffers, Error> {
         let g = Regions::new(op, count, dtype, nranks, rank, root, in_place)?;
         let recv = (!in_place).then(|| Buf::new(g.recv_len));
-        Ok(Buffers { send: Buf::new(g.send_buffer_len()), recv, dev: None, send_off: g.send_off, send_len: g.send_len, recv_off: g.recv_off, recv_len: g.recv_len })
+        Ok(Buffers { send: Buf::new(g.send_buffer_len()), recv, dev: None, owned: Vec::new(), send_off: g.send_off, send_len: g.send_len, recv_off: g.recv_off, recv_len: g.recv_len })
     }
 
-    /// Mirrors the buffers in `comm`'s GPU memory (cuMem), when it has a GPU.
-    fn on_device_of(mut self, comm: &Comm, stats: &Arc<MemStats>) -> Result<Buffers, Error> {
+    /// Mirrors the buffers in `comm`'s GPU memory (cuMem), when it has a GPU: at the start of
+    /// the registered pool's buffers, or in fresh allocations.
+    fn on_device_of(mut self, comm: &Comm, stats: &Arc<MemStats>, pool: Option<&Pool>) -> Result<Buffers, Error> {
         let Some(gpu) = comm.gpu() else { return Ok(self) };
+        if let Some(p) = pool {
+            if self.send.len > p.send.len() || self.recv.as_ref().is_some_and(|r| r.len > p.recv.len()) {
+                return Err(Error::Internal("a row needs more than the registered pool holds".into()));
+            }
+            self.dev = Some((p.send.device_ptr(), self.recv.as_ref().map(|_| p.recv.device_ptr())));
+            return Ok(self);
+        }
         let send = DeviceBuffer::alloc(gpu, self.send.len.max(1), &[], stats)?;
         let recv = match &self.recv {
             Some(r) => Some(DeviceBuffer::alloc(gpu, r.len.max(1), &[], stats)?),
             None => None,
         };
-        self.dev = Some((send, recv));
+        self.dev = Some((send.device_ptr(), recv.as_ref().map(|r| r.device_ptr())));
+        self.owned.push(send);
+        self.owned.extend(recv);
         Ok(self)
     }
 
@@ -335,7 +351,7 @@ impl Buffers {
 
     fn send_ptr(&mut self) -> *const u8 {
         match &self.dev {
-            Some((ds, _)) => (ds.device_ptr() as usize + self.send_off) as *const u8,
+            Some((ds, _)) => (*ds as usize + self.send_off) as *const u8,
             None => self.send.ptr(self.send_off),
         }
     }
@@ -343,7 +359,7 @@ impl Buffers {
     fn recv_ptr(&mut self) -> *mut u8 {
         let off = self.recv_off;
         match &self.dev {
-            Some((ds, dr)) => (dr.as_ref().unwrap_or(ds).device_ptr() as usize + off) as *mut u8,
+            Some((ds, dr)) => (dr.unwrap_or(*ds) as usize + off) as *mut u8,
             None => self.recv.as_mut().unwrap_or(&mut self.send).ptr(off),
         }
     }
@@ -366,9 +382,67 @@ impl Buffers {
 /// to be a right answer by chance.
 const POISON: u8 = 0xA5;
 
+/// One rank's registered buffers (`--register`): as large as the largest row needs, registered
+/// as windows with every rank once, so that every row runs zero-copy.
+struct Pool {
+    send: DeviceBuffer,
+    recv: DeviceBuffer,
+}
+
+impl Pool {
+    /// Collective over `comm` (every rank registers); None without --register or a GPU.
+    fn new(comm: &Comm, spec: &Spec, stats: &Arc<MemStats>) -> Result<Option<Pool>, Error> {
+        if !spec.register {
+            return Ok(None);
+        }
+        let Some(gpu) = comm.gpu() else {
+            return Err(Error::InvalidArgument("--register registers GPU memory: this run is on the host backend".into()));
+        };
+        let (n, me) = (comm.nranks(), comm.rank());
+        let (mut sl, mut rl) = (1, 1);
+        for &op in &spec.ops {
+            for rs in spec.rows(op) {
+                let lay = op.layout(rs.size, rs.dtype, n);
+                for in_place in [false, true] {
+                    let g = Regions::new(op, lay.count, rs.dtype, n, me, spec.root, in_place)?;
+                    sl = sl.max(g.send_buffer_len());
+                    rl = rl.max(g.recv_len);
+                }
+            }
+        }
+        let pool = Pool { send: ferroccl::mem::alloc(gpu, sl, stats)?, recv: ferroccl::mem::alloc(gpu, rl, stats)? };
+        comm.register_buffer(&pool.send)?;
+        comm.register_buffer(&pool.recv)?;
+        Ok(Some(pool))
+    }
+
+    /// Collective: deregisters both windows, then frees them.
+    fn close(self, comm: &Comm) -> Result<(), Error> {
+        comm.deregister_window(self.send.device_ptr())?;
+        comm.deregister_window(self.recv.device_ptr())
+    }
+}
+
+/// One pool per communicator, made (and closed) by a thread each: registration is collective,
+/// so one thread cannot do it for several ranks in turn.
+fn pools_for(comms: &[Comm], spec: &Spec, stats: &Arc<MemStats>) -> Result<Vec<Option<Pool>>, Error> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms.iter().map(|c| s.spawn(move || Pool::new(c, spec, stats))).collect();
+        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("registering a pool panicked".into())))).collect()
+    })
+}
+
+fn close_pools(comms: &[Comm], pools: Vec<Option<Pool>>) -> Result<(), Error> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms.iter().zip(pools).map(|(c, p)| s.spawn(move || p.map_or(Ok(()), |p| p.close(c)))).collect();
+        hs.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("deregistering a pool panicked".into()))))
+    })
+}
+
 struct RowRun<'a> {
     comm: &'a Comm,
     stats: Arc<MemStats>,
+    pool: Option<&'a Pool>,
     rs: RowSpec,
     lay: Layout,
     root: usize,
@@ -420,7 +494,7 @@ impl RowRun<'_> {
     /// This rank's average time per iteration (us) and wrong elements.
     fn measure(&self, in_place: bool, iters: u64, warmup: u64, check: bool) -> Result<(f64, u64), Error> {
         let (n, me) = (self.comm.nranks(), self.comm.rank());
-        let mut b = Buffers::new(self.rs.op, self.lay.count, self.rs.dtype, n, me, self.root, in_place)?.on_device_of(self.comm, &self.stats)?;
+        let mut b = Buffers::new(self.rs.op, self.lay.count, self.rs.dtype, n, me, self.root, in_place)?.on_device_of(self.comm, &self.stats, self.pool)?;
         let seed_of = |it: u64| mix(mix(self.rs.index) ^ (it << 1 | in_place as u64));
         // Without --check any non-zero data will do; the check inputs are that.
         b.fill(self.comm, &self.cases(seed_of(u64::MAX)).0, false)?;
@@ -495,7 +569,7 @@ fn measure_group(runs: &[RowRun], in_place: bool, iters: u64, warmup: u64, check
     let mut bufs = Vec::with_capacity(runs.len());
     for r in runs {
         let (n, me) = (r.comm.nranks(), r.comm.rank());
-        bufs.push(Buffers::new(r.rs.op, r.lay.count, r.rs.dtype, n, me, r.root, in_place)?.on_device_of(r.comm, &r.stats)?);
+        bufs.push(Buffers::new(r.rs.op, r.lay.count, r.rs.dtype, n, me, r.root, in_place)?.on_device_of(r.comm, &r.stats, r.pool)?);
     }
     let seed_of = |r: &RowRun, it: u64| mix(mix(r.rs.index) ^ (it << 1 | in_place as u64));
     let launch = |bufs: &mut Vec<Buffers>| -> Result<(), Error> {
@@ -564,11 +638,13 @@ fn run_one_thread(comms: &[Comm], spec: &Spec, report: &mut Reporter) -> Result<
     let n = comms[0].nranks();
     let stats = MemStats::new();
     let mut out = RankOutcome::default();
+    let pools = pools_for(comms, spec, &stats)?;
     for &op in &spec.ops {
         report.begin(op);
         for rs in spec.rows(op) {
             let lay = op.layout(rs.size, rs.dtype, n);
-            let runs: Vec<RowRun> = comms.iter().map(|comm| RowRun { comm, stats: stats.clone(), rs, lay, root: spec.root }).collect();
+            let runs: Vec<RowRun> =
+                comms.iter().zip(&pools).map(|(comm, pool)| RowRun { comm, stats: stats.clone(), pool: pool.as_ref(), rs, lay, root: spec.root }).collect();
             let (iters, warmup) = spec.iters_for(rs.size);
             let oop = measure_group(&runs, false, iters, warmup, spec.check)?;
             let ip = if op.has_in_place() { Some(measure_group(&runs, true, iters, warmup, spec.check)?) } else { None };
@@ -577,6 +653,7 @@ fn run_one_thread(comms: &[Comm], spec: &Spec, report: &mut Reporter) -> Result<
         }
         report.end();
     }
+    close_pools(comms, pools)?;
     out.global_wrong = out.local_wrong;
     Ok(out)
 }
@@ -673,13 +750,14 @@ pub fn run_rank(comm: &Comm, spec: &Spec, mut report: Option<&mut Reporter>) -> 
     if spec.root >= n && spec.ops.iter().any(|o| o.has_root()) {
         return Err(Error::InvalidArgument(format!("root {} is not below the {n} ranks", spec.root)));
     }
+    let pool = Pool::new(comm, spec, &stats)?;
     for &op in &spec.ops {
         if let Some(r) = report.as_deref_mut() {
             r.begin(op);
         }
         for rs in spec.rows(op) {
             let lay = op.layout(rs.size, rs.dtype, n);
-            let run = RowRun { comm, stats: stats.clone(), rs, lay, root: spec.root };
+            let run = RowRun { comm, stats: stats.clone(), pool: pool.as_ref(), rs, lay, root: spec.root };
             let (iters, warmup) = spec.iters_for(rs.size);
             let oop = run.measure(false, iters, warmup, spec.check)?;
             let ip = if op.has_in_place() { Some(run.measure(true, iters, warmup, spec.check)?) } else { None };
@@ -696,6 +774,9 @@ pub fn run_rank(comm: &Comm, spec: &Spec, mut report: Option<&mut Reporter>) -> 
         if let Some(r) = report.as_deref_mut() {
             r.end();
         }
+    }
+    if let Some(p) = pool {
+        p.close(comm)?;
     }
     Ok(out)
 }
@@ -847,8 +928,11 @@ pub fn main(args: &BenchArgs, config: &Config) -> Result<std::process::ExitCode,
     if args.vs_nccl.is_some() {
         return vs::main(args, config, &spec);
     }
-    if args.graph > 0 || args.register.is_some() {
-        return Err("--graph and --register are options of the comparison with NCCL: add --vs-nccl".into());
+    if args.graph > 0 {
+        return Err("--graph is an option of the comparison with NCCL: add --vs-nccl".into());
+    }
+    if args.register.as_deref().is_some_and(|r| r != "auto") {
+        return Err(format!("--register {}: a kind of NCCL registration; add --vs-nccl (ferroccl itself registers windows)", args.register.as_deref().unwrap_or("")));
     }
     let (mode, comms) = make_comms(args, config)?;
     let mode = if args.one_thread { format!("{mode}, one thread driving all") } else { mode };

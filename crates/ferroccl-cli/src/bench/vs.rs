@@ -583,6 +583,8 @@ pub fn main(args: &BenchArgs, config: &Config, spec: &Spec) -> Result<std::proce
     }
     if reg != Register::Off {
         register_all(&lib, &gpus, &ncomms, &mut bufs, bytes, reg == Register::Symmetric).map_err(|e| e.to_string())?;
+        // ferroccl's buffers become windows too: zero-copy against NCCL's registered buffers.
+        windows(&comms, &bufs, true).map_err(|e| e.to_string())?;
     }
     let ctxs: Vec<RankCtx> = comms
         .iter()
@@ -612,7 +614,7 @@ pub fn main(args: &BenchArgs, config: &Config, spec: &Spec) -> Result<std::proce
             if args.graph > 0 { format!("CUDA graph of each row's iterations, replayed {} times", args.graph) } else { "host launches".into() },
             match reg {
                 Register::Off => "the same cuMem buffers for both".to_string(),
-                r => format!("NCCL's from ncclMemAlloc, registered ({}); ferroccl's from ferroccl::mem (no zero-copy registration in ferroccl yet)", r.name()),
+                r => format!("NCCL's from ncclMemAlloc, registered ({}); ferroccl's from ferroccl::mem, registered as windows (zero-copy)", r.name()),
             },
             config.gpu_channels
         );
@@ -681,6 +683,9 @@ pub fn main(args: &BenchArgs, config: &Config, spec: &Spec) -> Result<std::proce
     // the free memory after each step.
     let acc_end: Vec<u64> = comms.iter().map(|c| c.device_memory_bytes()).collect();
     drop(ctxs);
+    if reg != Register::Off {
+        windows(&comms, &bufs, false).map_err(|e| e.to_string())?;
+    }
     free_buffers(&lib, &gpus, &ncomms, bufs, reg == Register::Symmetric).map_err(|e| e.to_string())?;
     let free_end = free_of(&gpus)?;
     for c in &ncomms {
@@ -746,7 +751,7 @@ pub fn main(args: &BenchArgs, config: &Config, spec: &Spec) -> Result<std::proce
                     check,
                     graph: args.graph,
                     register: reg.name().into(),
-                    ferroccl_register: if reg == Register::Off { "off".into() } else { "ferroccl::mem buffers, not registered (no Comm::register yet)".into() },
+                    ferroccl_register: if reg == Register::Off { "off".into() } else { "ferroccl::mem buffers registered as windows (Comm::register_buffer)".into() },
                     max_ctas: args.max_ctas,
                     gpu_channels: config.gpu_channels,
                     nvls: nvls.clone(),
@@ -789,6 +794,26 @@ fn register_all(lib: &Nccl, gpus: &[Gpu], ncomms: &[NcclComm], bufs: &mut [RankB
     }
     let end = if grouped { lib.group_end() } else { Ok(()) };
     res.and(end)
+}
+
+/// Registers (or deregisters) ferroccl's buffers of every rank of this process as windows: a
+/// thread per communicator, since each call is collective.
+fn windows(comms: &[Comm], bufs: &[RankBufs], register: bool) -> Result<(), Error> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .zip(bufs)
+            .map(|(c, b)| {
+                s.spawn(move || -> Result<(), Error> {
+                    for buf in [&b.f_send, &b.f_recv] {
+                        if register { c.register_buffer(buf)? } else { c.deregister_window(buf.device_ptr())? }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("window registration panicked".into()))))
+    })
 }
 
 /// Deregisters and frees NCCL's buffers (grouped like registration) and drops ferroccl's.

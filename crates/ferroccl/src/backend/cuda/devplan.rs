@@ -11,8 +11,9 @@
 //! when the same operation shape comes back with other buffers.
 
 use ferroccl_core::numeric::{Element, F8E4M3, F8E5M2};
+use ferroccl_core::plan::zcopy::{posts_of_run, run_starts, step_ops, waits_of_run, RemoteDsts};
 use ferroccl_core::plan::{BufKind, ConnKey, Dir, Plan, Region, Step};
-use ferroccl_core::{CollKind, DataType, Error, ReduceOp};
+use ferroccl_core::{CollKind, DataType, Error, Rank, ReduceOp};
 use half::{bf16, f16};
 
 pub(crate) const STEP_SEND: u32 = 0;
@@ -20,6 +21,9 @@ pub(crate) const STEP_RECV: u32 = 1;
 pub(crate) const STEP_RECV_REDUCE: u32 = 2;
 pub(crate) const STEP_RECV_COPY: u32 = 3;
 pub(crate) const STEP_COPY: u32 = 4;
+/// Zero-copy: the receiving lane tells the sender (recv_conn's peer) where its output is, as
+/// that peer maps it (`src_off`, 0 = not this time: use the FIFO) and how long (`count` bytes).
+pub(crate) const STEP_POST: u32 = 5;
 
 pub(crate) const FLAG_PRE: u32 = 1;
 pub(crate) const FLAG_POST: u32 = 2;
@@ -28,6 +32,15 @@ pub(crate) const FLAG_HAS_DST: u32 = 8;
 pub(crate) const FLAG_HAS_TO: u32 = 16;
 /// The step's messages travel in the LL format (see `fifo.cuh`); set on every step of an op.
 pub(crate) const FLAG_LL: u32 = 32;
+/// Zero-copy: the step's message may be written at element `rdst_off` of the receiver's output,
+/// when the receiver posted one.
+pub(crate) const FLAG_RDST: u32 = 64;
+/// Zero-copy: the first send of the lane's run of this op on send_conn: wait for the peer's
+/// post of that run before the first message.
+pub(crate) const FLAG_WAIT_POST: u32 = 128;
+/// In `lens`: the message went straight into the receiver's output (zero-copy).
+#[cfg_attr(not(test), allow(dead_code))] // the kernel writes and reads it
+pub(crate) const LEN_DIRECT: u32 = 1 << 31;
 
 /// Data bytes one LL message carries at most (it occupies twice that in the LL slots).
 pub(crate) const LL_DATA_BYTES: usize = 8192;
@@ -51,6 +64,7 @@ pub(crate) const WHAT_ROOM: u32 = 2;
 pub(crate) const WHAT_LENGTH: u32 = 3;
 #[allow(dead_code)] // as ERR_PLAN
 pub(crate) const WHAT_PLAN: u32 = 4;
+pub(crate) const WHAT_POST: u32 = 5;
 
 /// The kernel's only parameter, passed by value. Addresses are device addresses.
 #[repr(C)]
@@ -98,6 +112,8 @@ pub(crate) struct FcStep {
     pub reserved: u32,
     pub dst_off: u64,
     pub count: u64,
+    /// FLAG_RDST: where the message lands in the receiver's output (elements).
+    pub rdst_off: u64,
 }
 
 /// One operation: buffers and arithmetic. The PreMulSum scalar is stored already converted to
@@ -139,6 +155,9 @@ pub(crate) struct FcConn {
     /// The LL slots (`slots` of `2 * LL_DATA_BYTES`), apart from the data slots: a stale
     /// simple-protocol payload must never pass for an LL flag.
     pub ll: u64,
+    /// Zero-copy post words {run's first message + 1, output address, bytes}: in the sender's
+    /// memory, written by the receiver (STEP_POST), read by the sender (FLAG_WAIT_POST/RDST).
+    pub post: u64,
 }
 
 /// What the kernel reports when a lane fails; `code != 0` means the record is complete.
@@ -180,12 +199,12 @@ layout! {
     FcLaunch: 80 { steps @ 0, lanes @ 8, ops @ 16, conns @ 24, abort @ 32, error @ 40, timeout_ns @ 48,
                    nlanes @ 56, rank @ 60, nsteps @ 64, nops @ 68, nconns @ 72, reserved @ 76 }
     FcLane: 8 { first_step @ 0, nsteps @ 4 }
-    FcStep: 56 { kind @ 0, flags @ 4, recv_conn @ 8, send_conn @ 12, op @ 16, src_buf @ 20, src_off @ 24,
-                 dst_buf @ 32, reserved @ 36, dst_off @ 40, count @ 48 }
+    FcStep: 64 { kind @ 0, flags @ 4, recv_conn @ 8, send_conn @ 12, op @ 16, src_buf @ 20, src_off @ 24,
+                 dst_buf @ 32, reserved @ 36, dst_off @ 40, count @ 48, rdst_off @ 56 }
     FcOp: 56 { send @ 0, recv @ 8, dtype @ 16, redop @ 20, scalar_f64 @ 24, scalar_i64 @ 32, nranks @ 40,
                elem_size @ 44, scalar_dev @ 48 }
-    FcConn: 64 { data @ 0, lens @ 8, head @ 16, tail @ 24, counter @ 32, slots @ 40, slot_bytes @ 44, peer @ 48,
-                 dir @ 52, ll @ 56 }
+    FcConn: 72 { data @ 0, lens @ 8, head @ 16, tail @ 24, counter @ 32, slots @ 40, slot_bytes @ 44, peer @ 48,
+                 dir @ 52, ll @ 56, post @ 64 }
     FcError: 48 { claimed @ 0, code @ 4, lane @ 8, step @ 12, peer @ 16, what @ 20, conn @ 24, rank @ 28,
                   expected @ 32, got @ 40 }
 }
@@ -206,6 +225,8 @@ pub(crate) struct OpDesc {
     pub scalar_dev: u64,
     /// Messages of this op use the LL protocol; every rank must decide alike (see `use_ll`).
     pub ll: bool,
+    /// Zero-copy: this rank may post its output to the senders (`zcopy::may_post`).
+    pub may_post: bool,
 }
 
 /// The tables of one launch, ready to upload.
@@ -316,6 +337,15 @@ fn buf_code(b: BufKind) -> u32 {
     }
 }
 
+/// What zero-copy needs from the runtime for one launch (`plan/zcopy.rs`).
+pub(crate) struct ZeroCopy<'a> {
+    /// Per lane, per step of the plan: where the message lands in the receiver's output.
+    pub remote: &'a RemoteDsts,
+    /// (address, bytes) of operation `op`'s output as `peer` maps it; address 0 when this rank
+    /// does not post it (not in a registered window, or unsafe for the op: `may_post`).
+    pub post: &'a dyn Fn(usize, Rank) -> (u64, u64),
+}
+
 /// Encodes `plan` for the kernel. `ops[i]` is operation `i` of the plan's regions;
 /// `conn_index` numbers the connections (the index into the launch's `FcConn` table) and returns
 /// None for one that was never set up, which is an error here rather than a hang on the device.
@@ -323,7 +353,14 @@ pub(crate) fn encode(
     plan: &Plan,
     ops: &[OpDesc],
     conn_index: impl Fn(ConnKey) -> Option<u32>,
+    zc: Option<&ZeroCopy<'_>>,
 ) -> Result<Encoded, Error> {
+    if let Some(z) = zc {
+        let shape_ok = z.remote.len() == plan.lanes.len() && z.remote.iter().zip(&plan.lanes).all(|(m, l)| m.len() == l.steps.len());
+        if !shape_ok {
+            return Err(Error::Internal("zero-copy marks do not have the plan's shape".into()));
+        }
+    }
     let nranks = to_u32(plan.nranks, "rank count")?;
     if nranks == 0 {
         return Err(Error::InvalidArgument("a plan for a communicator of 0 ranks".into()));
@@ -371,7 +408,34 @@ pub(crate) fn encode(
     let mut steps = Vec::with_capacity(plan.step_count());
     for (li, lane) in plan.lanes.iter().enumerate() {
         let first_step = to_u32(steps.len(), "step count")?;
+        let lane_ops = step_ops(&lane.steps);
+        let runs = run_starts(&lane_ops);
+        // Peers this run's sends wait for, and those already waited for.
+        let (mut waits, mut waited): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
         for (si, step) in lane.steps.iter().enumerate() {
+            let run_op = lane_ops[si] as usize;
+            let zc_here = zc.filter(|_| ops.get(run_op).is_some_and(|o| !o.ll));
+            if runs[si] == si {
+                waits.clear();
+                waited.clear();
+                if let Some(z) = zc_here {
+                    waits = waits_of_run(&lane.steps, &lane_ops, &z.remote[li], si);
+                    for peer in posts_of_run(&lane.steps, &lane_ops, si) {
+                        let key = ConnKey { peer, channel: lane.channel, dir: Dir::Recv };
+                        let c = conn_index(key).ok_or_else(|| Error::Internal(format!("no connection {key:?} to post on")))?;
+                        let (addr, bytes) = (z.post)(run_op, peer);
+                        steps.push(FcStep {
+                            kind: STEP_POST,
+                            recv_conn: c as i32,
+                            send_conn: -1,
+                            op: run_op as u32,
+                            src_off: addr,
+                            count: bytes,
+                            ..Default::default()
+                        });
+                    }
+                }
+            }
             let at = |e: Error| e.context(format!("rank {} lane {li} step {si} ({step:?})", plan.rank));
             let conn = |peer: Option<usize>, dir: Dir| -> Result<i32, Error> {
                 let Some(peer) = peer else { return Ok(-1) };
@@ -428,9 +492,19 @@ pub(crate) fn encode(
             if ops[op as usize].ll {
                 s.flags |= FLAG_LL;
             }
+            if let Some(z) = zc_here {
+                if let Some(off) = z.remote[li][si] {
+                    s.flags |= FLAG_RDST;
+                    s.rdst_off = off as u64;
+                }
+                if let Some(to) = step.send_to().filter(|t| waits.contains(t) && !waited.contains(t)) {
+                    s.flags |= FLAG_WAIT_POST;
+                    waited.push(to);
+                }
+            }
             steps.push(s);
         }
-        let nsteps = to_u32(lane.steps.len(), "steps in a lane")?;
+        let nsteps = to_u32(steps.len() - first_step as usize, "steps in a lane")?;
         lanes.push(FcLane { first_step, nsteps });
     }
     to_u32(steps.len(), "step count")?;
@@ -500,6 +574,11 @@ mod tests {
             ("FC_FLAG_HAS_DST", FLAG_HAS_DST),
             ("FC_FLAG_HAS_TO", FLAG_HAS_TO),
             ("FC_FLAG_LL", FLAG_LL),
+            ("FC_STEP_POST", STEP_POST),
+            ("FC_FLAG_RDST", FLAG_RDST),
+            ("FC_FLAG_WAIT_POST", FLAG_WAIT_POST),
+            ("FC_LEN_DIRECT", LEN_DIRECT),
+            ("FC_WHAT_POST", WHAT_POST),
             ("FC_LL_DATA", LL_DATA_BYTES as u32),
             ("FC_BUF_INPUT", BUF_INPUT),
             ("FC_BUF_OUTPUT", BUF_OUTPUT),
@@ -536,7 +615,7 @@ mod tests {
     }
 
     fn op_desc(dtype: DataType, op: ReduceOp, send_count: usize, recv_count: usize) -> OpDesc {
-        OpDesc { send: 0x7000_0000_0000, recv: 0x7100_0000_0000, send_count, recv_count, dtype, op, scalar_dev: 0, ll: false }
+        OpDesc { send: 0x7000_0000_0000, recv: 0x7100_0000_0000, send_count, recv_count, dtype, op, scalar_dev: 0, ll: false, may_post: true }
     }
 
     fn numbering(plan: &Plan) -> impl Fn(ConnKey) -> Option<u32> {
@@ -618,7 +697,7 @@ mod tests {
                 let desc = CollDesc { kind: CollKind::AllReduce, count, root: 0 };
                 let plan = build(&desc, 0, rank, nranks, &Tuning { channels, chunk_elems: chunk, direct_max_elems: 0 });
                 let ops = [op_desc(DataType::Float32, ReduceOp::Avg, count, count)];
-                let e = encode(&plan, &ops, numbering(&plan)).unwrap();
+                let e = encode(&plan, &ops, numbering(&plan), None).unwrap();
                 assert_one_to_one(&plan, &e);
                 assert!(plan.step_count() > 0);
                 assert_eq!(e.ops[0].nranks as usize, nranks);
@@ -657,7 +736,7 @@ mod tests {
                     let plan = build(&desc, 0, rank, nranks, &Tuning { channels: 2, chunk_elems: 64, direct_max_elems: 0 });
                     let (i, o) = kind.buffer_counts(count, nranks, rank == root).unwrap();
                     let ops = [op_desc(DataType::Bfloat16, ReduceOp::Sum, i, o)];
-                    let e = encode(&plan, &ops, numbering(&plan))
+                    let e = encode(&plan, &ops, numbering(&plan), None)
                         .unwrap_or_else(|err| panic!("{kind} {rank}/{nranks}: {err}"));
                     assert_one_to_one(&plan, &e);
                 }
@@ -674,7 +753,7 @@ mod tests {
             op_desc(DataType::Int32, ReduceOp::Max, 300, 300),
             OpDesc { send: 0x10_0000, recv: 0x20_0000, ..op_desc(DataType::Uint8, ReduceOp::Sum, 100, 300) },
         ];
-        let e = encode(&plan, &ops, numbering(&plan)).unwrap();
+        let e = encode(&plan, &ops, numbering(&plan), None).unwrap();
         assert_one_to_one(&plan, &e);
         assert!(e.steps.iter().any(|s| s.op == 1));
         assert_eq!(e.ops[1].send, 0x10_0000);
@@ -720,8 +799,8 @@ mod tests {
 
         let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 300, root: 0 }, 0, 1, 3, &Tuning { channels: 2, chunk_elems: 64, direct_max_elems: 0 });
         let n = numbering(&plan);
-        let on = encode(&plan, &[OpDesc { ll: true, ..op_desc(f, ReduceOp::Sum, 300, 300) }], &n).unwrap();
-        let off = encode(&plan, &[op_desc(f, ReduceOp::Sum, 300, 300)], &n).unwrap();
+        let on = encode(&plan, &[OpDesc { ll: true, ..op_desc(f, ReduceOp::Sum, 300, 300) }], &n, None).unwrap();
+        let off = encode(&plan, &[op_desc(f, ReduceOp::Sum, 300, 300)], &n, None).unwrap();
         assert!(on.steps.iter().all(|s| s.flags & FLAG_LL != 0));
         assert!(off.steps.iter().all(|s| s.flags & FLAG_LL == 0));
         // Nothing else differs.
@@ -734,13 +813,76 @@ mod tests {
         let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 64, root: 0 }, 0, 0, 2, &Tuning { channels: 1, chunk_elems: 8, direct_max_elems: 0 });
         let n = numbering(&plan);
         let dev = |op, at| OpDesc { scalar_dev: at, ..op_desc(DataType::Float16, op, 64, 64) };
-        let e = encode(&plan, &[dev(ReduceOp::PreMulSum(0.0), 0x5000)], &n).unwrap();
+        let e = encode(&plan, &[dev(ReduceOp::PreMulSum(0.0), 0x5000)], &n, None).unwrap();
         assert_eq!(e.ops[0].scalar_dev, 0x5000);
         assert_eq!(e.ops[0].redop, 5);
-        assert_eq!(encode(&plan, &[dev(ReduceOp::PreMulSum(3.0), 0)], &n).unwrap().ops[0].scalar_dev, 0);
+        assert_eq!(encode(&plan, &[dev(ReduceOp::PreMulSum(3.0), 0)], &n, None).unwrap().ops[0].scalar_dev, 0);
         // Not a pre-mul-sum, or an address the kernel cannot load an f16 from.
-        assert!(matches!(encode(&plan, &[dev(ReduceOp::Sum, 0x5000)], &n), Err(Error::InvalidArgument(_))));
-        assert!(matches!(encode(&plan, &[dev(ReduceOp::PreMulSum(1.0), 0x5001)], &n), Err(Error::InvalidArgument(_))));
+        assert!(matches!(encode(&plan, &[dev(ReduceOp::Sum, 0x5000)], &n, None), Err(Error::InvalidArgument(_))));
+        assert!(matches!(encode(&plan, &[dev(ReduceOp::PreMulSum(1.0), 0x5001)], &n, None), Err(Error::InvalidArgument(_))));
+    }
+
+    /// Zero-copy tables: a POST per receiving peer where a lane starts an op's run (before its
+    /// steps, carrying what the runtime says), RDST with the receiver's offset on every message
+    /// the peer only stores, WAIT_POST on the first send of the run to each such peer; nothing
+    /// for LL ops; the plan's own steps otherwise unchanged.
+    #[test]
+    fn zero_copy_adds_posts_waits_and_remote_offsets() {
+        use ferroccl_core::plan::zcopy::{peer_desc, remote_dsts};
+        let t = Tuning { channels: 2, chunk_elems: 64, direct_max_elems: 0 };
+        let (n, me, count) = (3, 1, 1000);
+        let ag = CollDesc { kind: CollKind::AllGather, count, root: 0 };
+        let ar = CollDesc { kind: CollKind::AllReduce, count, root: 0 };
+        let mut plan = build(&ag, 0, me, n, &t);
+        plan.append(build(&ar, 1, me, n, &t));
+        let descs = [ag, ar];
+        let remote = remote_dsts(&plan, |op, p| Some(build(&peer_desc(&descs[op as usize], me).unwrap(), op, p, n, &t)));
+        let post = |op: usize, peer: usize| (0xa000_0000 + (op as u64) * 0x1000 + peer as u64, 4000 * (op as u64 + 1));
+        let z = ZeroCopy { remote: &remote, post: &post };
+        let ops = [op_desc(DataType::Float32, ReduceOp::Sum, count, n * count), op_desc(DataType::Float32, ReduceOp::Sum, count, count)];
+        let nb = numbering(&plan);
+        let with = encode(&plan, &ops, &nb, Some(&z)).unwrap();
+        let without = encode(&plan, &ops, &nb, None).unwrap();
+        let prev = (me + n - 1) % n;
+        for (li, lane) in plan.lanes.iter().enumerate() {
+            let w = &with.steps[with.lanes[li].first_step as usize..][..with.lanes[li].nsteps as usize];
+            let plain = &without.steps[without.lanes[li].first_step as usize..][..without.lanes[li].nsteps as usize];
+            // Two runs (one per op), each opened by one POST to the ring's previous rank (even
+            // channels; odd channels run the other way).
+            let from = if lane.channel % 2 == 0 { prev } else { (me + 1) % n };
+            let posts: Vec<&FcStep> = w.iter().filter(|s| s.kind == STEP_POST).collect();
+            assert_eq!(posts.len(), 2, "lane {li}");
+            for (k, p) in posts.iter().enumerate() {
+                assert_eq!((p.op, p.src_off, p.count), (k as u32, post(k, from).0, post(k, from).1));
+                assert_eq!(p.recv_conn, nb(ConnKey { peer: from, channel: lane.channel, dir: Dir::Recv }).unwrap() as i32);
+            }
+            assert_eq!(w[0].kind, STEP_POST, "a lane posts before its first step");
+            let body: Vec<FcStep> = w.iter().filter(|s| s.kind != STEP_POST).copied().collect();
+            assert_eq!(body.len(), lane.steps.len());
+            let mut waits = [0; 2];
+            for ((s, p), (step, m)) in body.iter().zip(plain).zip(lane.steps.iter().zip(&remote[li])) {
+                assert_eq!(FcStep { flags: s.flags & !(FLAG_RDST | FLAG_WAIT_POST), rdst_off: 0, ..*s }, *p);
+                assert_eq!(s.flags & FLAG_RDST != 0, m.is_some(), "{step:?}");
+                assert_eq!(s.rdst_off, m.unwrap_or(0) as u64);
+                if s.flags & FLAG_WAIT_POST != 0 {
+                    assert!(step.send_to().is_some());
+                    waits[s.op as usize] += 1;
+                }
+            }
+            // All-gather: every send is direct, the first waits. All-reduce: the first send
+            // feeds a reduction, yet it waits (the run has direct messages to that peer).
+            assert_eq!(waits, [1, 1], "lane {li}");
+            let first_ar_send = body.iter().position(|s| s.op == 1 && s.send_conn >= 0).unwrap();
+            assert_eq!(body[first_ar_send].flags & (FLAG_WAIT_POST | FLAG_RDST), FLAG_WAIT_POST);
+            assert!(body.iter().filter(|s| s.op == 0 && s.send_conn >= 0).all(|s| s.flags & FLAG_RDST != 0));
+        }
+        // LL ops take none of it.
+        let ll_ops = ops.map(|o| OpDesc { ll: true, ..o });
+        let ll = encode(&plan, &ll_ops, &nb, Some(&z)).unwrap();
+        assert!(ll.steps.iter().all(|s| s.kind != STEP_POST && s.flags & (FLAG_RDST | FLAG_WAIT_POST) == 0));
+        // Marks of another plan's shape are an internal error, not a wrong table.
+        let short: RemoteDsts = remote[..1].to_vec();
+        assert!(encode(&plan, &ops, &nb, Some(&ZeroCopy { remote: &short, post: &post })).is_err());
     }
 
     #[test]
@@ -754,7 +896,7 @@ mod tests {
         );
         let ops = [op_desc(DataType::Float32, ReduceOp::Sum, 64, 64)];
         let only_recv = |k: ConnKey| (k.dir == Dir::Recv).then_some(0);
-        let err = encode(&plan, &ops, only_recv).unwrap_err();
+        let err = encode(&plan, &ops, only_recv, None).unwrap_err();
         assert!(matches!(err, Error::Internal(ref m) if m.contains("no connection")), "{err}");
     }
 
@@ -769,20 +911,20 @@ mod tests {
         );
         let n = numbering(&plan);
         // Regions beyond the buffers the caller gave.
-        assert!(encode(&plan, &[op_desc(DataType::Float32, ReduceOp::Sum, 63, 64)], &n).is_err());
+        assert!(encode(&plan, &[op_desc(DataType::Float32, ReduceOp::Sum, 63, 64)], &n, None).is_err());
         // No op for the plan's op 0.
-        assert!(encode(&plan, &[], &n).is_err());
+        assert!(encode(&plan, &[], &n, None).is_err());
         // A null buffer with elements.
         let null = OpDesc { send: 0, ..op_desc(DataType::Float32, ReduceOp::Sum, 64, 64) };
-        assert!(matches!(encode(&plan, &[null], &n), Err(Error::InvalidArgument(_))));
+        assert!(matches!(encode(&plan, &[null], &n, None), Err(Error::InvalidArgument(_))));
         // An op the dtype cannot do.
         assert!(matches!(
-            encode(&plan, &[op_desc(DataType::Int32, ReduceOp::PreMulSum(0.5), 64, 64)], &n),
+            encode(&plan, &[op_desc(DataType::Int32, ReduceOp::PreMulSum(0.5), 64, 64)], &n, None),
             Err(Error::InvalidArgument(_))
         ));
         // A buffer running off the end of the address space.
         let wrap = OpDesc { recv: u64::MAX - 16, ..op_desc(DataType::Float32, ReduceOp::Sum, 64, 64) };
-        assert!(encode(&plan, &[wrap], &n).is_err());
+        assert!(encode(&plan, &[wrap], &n, None).is_err());
     }
 
     #[test]
@@ -794,7 +936,7 @@ mod tests {
             4,
             &Tuning { channels: 3, chunk_elems: 50, direct_max_elems: 0 },
         );
-        let e = encode(&plan, &[op_desc(DataType::Float32, ReduceOp::Sum, 1000, 1000)], numbering(&plan)).unwrap();
+        let e = encode(&plan, &[op_desc(DataType::Float32, ReduceOp::Sum, 1000, 1000)], numbering(&plan), None).unwrap();
         let at = DeviceTables { steps: 1, lanes: 2, ops: 3, conns: 4, nconns: 6, abort: 5, error: 6, timeout_ns: 7 };
         let l = e.launch(&at);
         assert_eq!((l.nlanes, l.nsteps, l.nops, l.nconns, l.rank), (3, e.steps.len() as u32, 1, 6, 2));

@@ -5,7 +5,8 @@
 //!
 //! Layout on each GPU, for every (peer, channel): in the receive arena a FIFO of `slots` data
 //! slots, their lengths, `head` (written by the sender over NVLink) and `consumed` (ours); in
-//! the send arena `tail` (written by the receiver over NVLink) and `produced` (ours). Each word
+//! the send arena `tail` and the zero-copy post (written by the receiver over NVLink) and
+//! `produced` (ours). Each word
 //! has its own 128-byte line so that remote writes never share a line with local spins.
 
 use super::devplan::{FcConn, CONN_RECV, CONN_SEND, LL_DATA_BYTES};
@@ -57,7 +58,10 @@ impl Geometry {
     pub fn fifo_stride(&self) -> usize {
         self.ll_off() + self.slots * 2 * LL_DATA_BYTES
     }
-    pub const COUNTER_STRIDE: usize = 2 * LINE;
+    /// tail (written by the receiver), produced (ours), the zero-copy post (written by the
+    /// receiver), each on its own line.
+    pub const COUNTER_STRIDE: usize = 3 * LINE;
+    pub const POST_OFF: usize = 2 * LINE;
     /// Slot of (peer, channel index) in either arena.
     pub fn index(&self, peer: Rank, chan: usize) -> usize {
         peer * self.nchan + chan
@@ -258,6 +262,7 @@ fn conn_table(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> Vec<FcConn> {
                 peer: q as u32,
                 dir: CONN_RECV,
                 ll: rbase + geo.ll_off() as u64,
+                post: ctr(arenas[q].send, me) + Geometry::POST_OFF as u64,
             };
             // Sending to q: q's FIFO for us; our counters for q.
             let sbase = fifo(arenas[q].recv, me);
@@ -273,6 +278,7 @@ fn conn_table(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> Vec<FcConn> {
                 peer: q as u32,
                 dir: CONN_SEND,
                 ll: sbase + geo.ll_off() as u64,
+                post: mine + Geometry::POST_OFF as u64,
             };
     }
 }
@@ -337,9 +343,12 @@ mod tests {
                     assert!([s.data, s.lens, s.head, s.ll, r.counter].into_iter().all(in_recv_arena));
                     // tail and the producer's counter live with the sender.
                     let in_send_arena = |x: u64| x >= arenas[a].send && x < arenas[a].send + (n * g.nchan * Geometry::COUNTER_STRIDE) as u64;
-                    assert!(in_send_arena(s.tail) && in_send_arena(s.counter));
+                    assert!(in_send_arena(s.tail) && in_send_arena(s.counter) && in_send_arena(s.post));
+                    // The receiver posts into the sender's memory, where the sender polls it.
+                    assert_eq!(s.post, r.post);
+                    assert_eq!(s.post - s.tail, Geometry::POST_OFF as u64);
                     assert!(s.ll >= s.data + (g.slots * g.slot_bytes) as u64, "LL slots overlap the data slots");
-                    for w in [s.head, s.tail, s.counter, r.counter] {
+                    for w in [s.head, s.tail, s.counter, r.counter, s.post] {
                         assert!(words.insert(w), "word {w:#x} belongs to two connections");
                     }
                     assert_eq!((s.slots, s.slot_bytes), (4, 1 << 12));

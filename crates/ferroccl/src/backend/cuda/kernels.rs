@@ -205,6 +205,7 @@ mod gpu_tests {
     use cudarc::driver::{result as drv, CudaContext, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
     use ferroccl_core::algo::{build, CollDesc, Tuning};
     use ferroccl_core::numeric::{Element, Reducer};
+    use ferroccl_core::plan::zcopy::remote_dsts;
     use ferroccl_core::plan::{ConnKey, Dir, Plan};
     use ferroccl_core::{CollKind, DataType, ReduceOp};
     use std::collections::HashMap;
@@ -303,6 +304,7 @@ mod gpu_tests {
                     peer: 0,
                     dir: 0,
                     ll: arena.take(SLOTS as usize * 2 * LL_DATA_BYTES),
+                    post: arena.put(&[0u64; 3]),
                 });
             }
         }
@@ -374,7 +376,8 @@ mod gpu_tests {
             use cudarc::driver::DevicePtr;
             arena_alloc.device_ptr(&g.ctx.default_stream()).0
         };
-        for (dtype, ll) in DataType::ALL.into_iter().flat_map(|d| [(d, false), (d, true)]) {
+        // Simple, LL, and simple with zero-copy (every rank's output posted to its senders).
+        for (dtype, ll, zc) in DataType::ALL.into_iter().flat_map(|d| [(d, false, false), (d, true, false), (d, false, true)]) {
             for &op in &ops {
                 if op.validate(dtype).is_err() {
                     continue;
@@ -415,12 +418,20 @@ mod gpu_tests {
                     }
                 }
                 let mut runs = Vec::new();
+                let recvs: Vec<u64> = (0..nranks).map(|_| arena.take(count * es)).collect();
                 for (r, plan) in plans.iter().enumerate() {
                     let (conns, keys) = &tables[r];
                     let send = arena.put(&inputs[r]);
-                    let recv = arena.take(count * es);
-                    let desc = OpDesc { send, recv, send_count: count, recv_count: count, dtype, op, scalar_dev: 0, ll };
-                    let e = encode(plan, &[desc], |k| keys.iter().position(|c| *c == k).map(|i| i as u32)).unwrap();
+                    let recv = recvs[r];
+                    let desc = OpDesc { send, recv, send_count: count, recv_count: count, dtype, op, scalar_dev: 0, ll, may_post: zc };
+                    let remote = remote_dsts(plan, |op, p| Some(build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, op, p, nranks, &t)));
+                    // One GPU: every rank's output is at the same address for all.
+                    let post = |_: usize, _: usize| (recv, (count * es) as u64);
+                    let z = ZeroCopy { remote: &remote, post: &post };
+                    let e = encode(plan, &[desc], |k| keys.iter().position(|c| *c == k).map(|i| i as u32), zc.then_some(&z)).unwrap();
+                    if zc {
+                        assert!(e.steps.iter().any(|s| s.kind == STEP_POST) && e.steps.iter().any(|s| s.flags & FLAG_RDST != 0));
+                    }
                     let at = DeviceTables {
                         steps: arena.put(&e.steps),
                         lanes: arena.put(&e.lanes),
@@ -445,19 +456,19 @@ mod gpu_tests {
                     let took = t0.elapsed();
                     for (r, run) in runs.iter().enumerate() {
                         let e = read_error(run.error);
-                        assert_eq!(e.code, 0, "{dtype} {op:?} ll {ll} round {round} rank {r}: kernel error {e:?}");
+                        assert_eq!(e.code, 0, "{dtype} {op:?} ll {ll} zc {zc} round {round} rank {r}: kernel error {e:?}");
                         let mut got = vec![0u8; count * es];
                         unsafe { drv::memcpy_dtoh_sync(&mut got, run.out) }.unwrap();
                         if let Some(i) = (0..count).find(|&i| got[i * es..(i + 1) * es] != want[i * es..(i + 1) * es]) {
                             panic!(
-                                "{dtype} {op:?} ll {ll} round {round} rank {r}: element {i}: got {:?} want {:?}",
+                                "{dtype} {op:?} ll {ll} zc {zc} round {round} rank {r}: element {i}: got {:?} want {:?}",
                                 &got[i * es..(i + 1) * es],
                                 &want[i * es..(i + 1) * es]
                             );
                         }
                     }
                     if dtype == DataType::Float32 && op == ReduceOp::Sum {
-                        eprintln!("f32 sum, ll {ll}, {nranks} ranks x {count}: round {round} {took:?}");
+                        eprintln!("f32 sum, ll {ll}, zero-copy {zc}, {nranks} ranks x {count}: round {round} {took:?}");
                     }
                 }
                 checked += 1;
@@ -493,8 +504,8 @@ mod gpu_tests {
         let send = arena.take(4000);
         let recv = arena.take(4000);
         let desc =
-            OpDesc { send, recv, send_count: 1000, recv_count: 1000, dtype: DataType::Float32, op: ReduceOp::Sum, scalar_dev: 0, ll: false };
-        let e = encode(&plans[0], &[desc], |k| keys.iter().position(|c| *c == k).map(|i| i as u32)).unwrap();
+            OpDesc { send, recv, send_count: 1000, recv_count: 1000, dtype: DataType::Float32, op: ReduceOp::Sum, scalar_dev: 0, ll: false, may_post: false };
+        let e = encode(&plans[0], &[desc], |k| keys.iter().position(|c| *c == k).map(|i| i as u32), None).unwrap();
         let at = DeviceTables {
             steps: arena.put(&e.steps),
             lanes: arena.put(&e.lanes),

@@ -382,6 +382,54 @@ fn set_access(ptr: sys::CUdeviceptr, size: usize, who: &[usize]) -> Result<()> {
     })
 }
 
+/// The cuMem allocation that holds `[ptr, ptr + len)`, exported as a file descriptor for
+/// other processes to map: (fd, allocation base, allocation size). Memory that is not a cuMem
+/// allocation made with POSIX file-descriptor handles (cudaMalloc, a caching allocator's pool)
+/// is refused, naming the allocator that makes suitable memory.
+pub(crate) fn export_allocation(gpu: &Gpu, ptr: u64, len: usize) -> Result<(OwnedFd, u64, usize)> {
+    gpu.bind()?;
+    let hint = "register memory from ferroccl::mem::alloc (ncclMemAlloc), or any cuMem allocation made with POSIX file-descriptor handles";
+    let (mut base, mut size) = (0u64, 0usize);
+    check("cuMemGetAddressRange", unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) })
+        .map_err(|e| Error::InvalidArgument(format!("{ptr:#x} is not GPU memory of this process ({e}); {hint}")))?;
+    if ptr.checked_add(len as u64).is_none_or(|e| e > base + size as u64) {
+        return Err(Error::InvalidArgument(format!(
+            "{len} bytes at {ptr:#x} run past the end of their allocation ({size} bytes at {base:#x})"
+        )));
+    }
+    let mut handle = 0;
+    check("cuMemRetainAllocationHandle", unsafe { sys::cuMemRetainAllocationHandle(&mut handle, ptr as *mut std::ffi::c_void) })
+        .map_err(|e| Error::InvalidArgument(format!("{ptr:#x} is not a cuMem allocation ({e}); {hint}")))?;
+    let mut fd: i32 = -1;
+    let r = check("cuMemExportToShareableHandle", unsafe {
+        sys::cuMemExportToShareableHandle(
+            (&mut fd as *mut i32).cast(),
+            handle,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    });
+    // The retained reference is ours to drop; the allocation stays its owner's.
+    unsafe { sys::cuMemRelease(handle) };
+    r.map_err(|e| Error::InvalidArgument(format!("the allocation at {base:#x} cannot be shared as a file descriptor ({e}); {hint}")))?;
+    if fd < 0 {
+        return Err(Error::System("cuMemExportToShareableHandle returned no file descriptor".into()));
+    }
+    // SAFETY: the driver just created this descriptor for us to own.
+    Ok((unsafe { OwnedFd::from_raw_fd(fd) }, base, size))
+}
+
+/// Grants read/write access to a mapped range (all of one allocation) to more GPUs of this
+/// process; earlier grants stay.
+pub(crate) fn grant_range(gpu: &Gpu, base: u64, size: usize, peers: &[usize]) -> Result<()> {
+    if peers.is_empty() {
+        return Ok(());
+    }
+    gpu.bind()?;
+    let who = access_ordinals(gpu.ordinal(), peers, gpu_count()?)?;
+    set_access(base, size, &who)
+}
+
 /// ferroccl's counterpart of `ncclMemAlloc`: `bytes` on `gpu`, mapped for `gpu` and for
 /// every other GPU that can reach it peer-to-peer, counted in `stats`.
 pub fn alloc(gpu: &Gpu, bytes: usize, stats: &Arc<MemStats>) -> Result<DeviceBuffer> {

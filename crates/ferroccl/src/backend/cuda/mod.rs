@@ -16,6 +16,7 @@ pub(crate) mod kernels;
 pub mod mem;
 pub mod nvrtc;
 pub(crate) mod rank;
+pub(crate) mod window;
 
 use cudarc::driver::sys;
 use ferroccl_core::{Error, Result};

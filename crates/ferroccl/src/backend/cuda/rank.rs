@@ -1,13 +1,18 @@
 //! One rank's GPU side: its device, the compiled plan kernel, its connections, its stream,
 //! and the launch of plans on that stream.
 
-use super::devplan::{encode, DeviceTables, FcError, OpDesc, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA, WHAT_LENGTH, WHAT_ROOM};
+use super::devplan::{
+    encode, DeviceTables, FcError, OpDesc, ZeroCopy, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA, WHAT_LENGTH, WHAT_POST,
+    WHAT_ROOM,
+};
+use super::window::Windows;
 use super::device::{Gpu, KernelHandle, LaunchDims, Module};
 use super::fabric::Fabric;
 use super::mem::{DeviceBuffer, MemStats};
 use super::{check, gpucheck, kernels};
 use crate::bootstrap::Bootstrap;
 use cudarc::driver::sys;
+use ferroccl_core::plan::zcopy::RemoteDsts;
 use ferroccl_core::plan::Plan;
 use ferroccl_core::{Config, Error};
 use std::collections::HashMap;
@@ -40,7 +45,13 @@ pub(crate) struct CudaRank {
     plan_fn: KernelHandle,
     /// The verifiable mode's kernels, loaded on first use (gpucheck.rs).
     pub(crate) check: gpucheck::CheckSlot,
+    /// Registered windows (zero-copy).
+    windows: Mutex<Windows>,
 }
+
+/// What `launch` builds for an operation seen for the first time: the plan, its operations, and
+/// with zero-copy on, where each message may land in its receiver's output.
+pub(crate) type Built = (Plan, Vec<OpDesc>, Option<RemoteDsts>);
 
 // SAFETY: the stream handle is only used with the context bound and through the driver,
 // which is thread-safe; the tables are behind a mutex.
@@ -89,6 +100,7 @@ impl CudaRank {
             resident,
             plan_fn,
             check: gpucheck::CheckSlot::new(),
+            windows: Mutex::new(Windows::default()),
         })
     }
 
@@ -101,8 +113,11 @@ impl CudaRank {
     /// a key seen before are already on the GPU, so a repeated call is one kernel launch (no
     /// host-device copy, nothing synchronous: legal inside CUDA graph capture). `build` makes
     /// the plan for a key seen for the first time.
-    pub fn launch(&self, key: Vec<u64>, build: impl FnOnce() -> Result<(Plan, Vec<OpDesc>), Error>) -> Result<(), Error> {
+    pub fn launch(&self, mut key: Vec<u64>, build: impl FnOnce(bool) -> Result<Built, Error>) -> Result<(), Error> {
         let stream = self.current_stream();
+        let windows = self.windows.lock().map_err(|_| Error::Internal("windows lock poisoned".into()))?;
+        // Tables encoded under another set of windows post other addresses.
+        key.push(windows.epoch());
         let mut cache = self.tables.lock().map_err(|_| Error::Internal("GPU tables lock poisoned".into()))?;
         if !cache.contains_key(&key) {
             if cache.len() >= TABLE_CACHE {
@@ -111,8 +126,8 @@ impl CudaRank {
                 check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(stream) })?;
                 cache.clear();
             }
-            let (plan, ops) = build()?;
-            let entry = self.upload(&plan, &ops)?;
+            let (plan, ops, remote) = build(!windows.is_empty())?;
+            let entry = self.upload(&plan, &ops, remote.as_ref(), &windows)?;
             cache.insert(key.clone(), entry);
         }
         let entry = cache.get(&key).expect("present");
@@ -132,9 +147,16 @@ impl CudaRank {
     }
 
     /// Encodes a plan and puts its tables on the GPU.
-    fn upload(&self, plan: &Plan, ops: &[OpDesc]) -> Result<Tables, Error> {
+    fn upload(&self, plan: &Plan, ops: &[OpDesc], remote: Option<&RemoteDsts>, windows: &Windows) -> Result<Tables, Error> {
         let geo = self.fabric.geo;
-        let enc = encode(plan, ops, |k| geo.conn_index(k))?;
+        let post = |op: usize, peer: usize| -> (u64, u64) {
+            let o = &ops[op];
+            let bytes = (o.recv_count * o.dtype.size()) as u64;
+            let addr = if o.may_post { windows.view(o.recv, bytes, peer).unwrap_or(0) } else { 0 };
+            (addr, bytes)
+        };
+        let zc = remote.filter(|_| !windows.is_empty()).map(|remote| ZeroCopy { remote, post: &post });
+        let enc = encode(plan, ops, |k| geo.conn_index(k), zc.as_ref())?;
         let as_bytes = |p: *const u8, n: usize| unsafe { std::slice::from_raw_parts(p, n) };
         let parts = [
             as_bytes(enc.steps.as_ptr() as *const u8, std::mem::size_of_val(&enc.steps[..])),
@@ -220,6 +242,7 @@ impl CudaRank {
             WHAT_DATA => "data from",
             WHAT_ROOM => "room in the connection to",
             WHAT_LENGTH => "a length check on data from",
+            WHAT_POST => "the output address (zero-copy post) of",
             _ => "a consistent plan with",
         };
         let msg = format!(
@@ -244,6 +267,21 @@ impl CudaRank {
     /// Thread blocks of the latest launch (0 before the first, or when it had no lanes).
     pub fn last_blocks(&self) -> u32 {
         self.last_blocks.load(Ordering::Relaxed)
+    }
+
+    /// Registers a window with every rank (collective; see window.rs). Takes the launch lock,
+    /// so no launch of this rank runs between the registration and its use.
+    pub fn register(&self, boot: &Bootstrap, ptr: u64, len: usize, abort: &AtomicBool, deadline: std::time::Instant) -> Result<(), Error> {
+        let mut w = self.windows.lock().map_err(|_| Error::Internal("windows lock poisoned".into()))?;
+        w.register(&self.gpu, boot, ptr, len, &self.stats, abort, deadline)
+    }
+
+    /// Forgets the window at `ptr` (collective), after the queued work that may use it.
+    pub fn deregister(&self, boot: &Bootstrap, ptr: u64) -> Result<(), Error> {
+        let mut w = self.windows.lock().map_err(|_| Error::Internal("windows lock poisoned".into()))?;
+        self.gpu.bind()?;
+        check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(self.current_stream()) })?;
+        w.deregister(boot, ptr)
     }
 
     pub fn memory_bytes(&self) -> u64 {

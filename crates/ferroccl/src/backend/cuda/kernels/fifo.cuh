@@ -136,8 +136,9 @@ __device__ fc_u8* wait_room(Lane& x, const FcConn& c) {
 }
 
 // Waits for the next slot on the bound receive connection and checks that it holds `bytes`;
-// returns its address, or null on failure.
-__device__ const fc_u8* wait_data(Lane& x, const FcConn& c, fc_u32 bytes) {
+// returns its address, or null on failure. `direct` says whether the sender wrote the data
+// straight into our output (zero-copy) instead of into the slot.
+__device__ const fc_u8* wait_data(Lane& x, const FcConn& c, fc_u32 bytes, bool& direct) {
     if (x.head_seen <= x.consumed) {
         fc_u32 polls = 0;
         fc_u64 since = 0;
@@ -149,11 +150,37 @@ __device__ const fc_u8* wait_data(Lane& x, const FcConn& c, fc_u32 bytes) {
     }
     const fc_u64 k = x.consumed % c.slots;
     const fc_u32 len = ((const volatile fc_u32*)c.lens)[k];
-    if (len != bytes) {
+    direct = len == (bytes | FC_LEN_DIRECT);
+    if (len != bytes && !direct) {
         record_error(x, FC_ERR_LENGTH, FC_WHAT_LENGTH, x.rc, bytes, len);
         return nullptr;
     }
     return (const fc_u8*)c.data + k * (fc_u64)c.slot_bytes;
+}
+
+// ---- zero-copy handshake (plan/zcopy.rs) -------------------------------------------------------
+// The receiver posts {first message of its run + 1, output address, bytes} into the sender's
+// memory when its lane starts an op's run; the sender's first message of the matching run waits
+// until the post carries that run's number. A post is overwritten only after every message of
+// its run was consumed, so later sends of the run read it without waiting.
+
+// Thread 0: posts on the bound receive connection.
+__device__ __forceinline__ void post_output(Lane& x, const FcConn& c, fc_u64 addr, fc_u64 bytes) {
+    volatile fc_u64* p = (volatile fc_u64*)c.post;
+    p[1] = addr;
+    p[2] = bytes;
+    st_release_sys((fc_u64*)c.post, x.consumed + 1);
+}
+
+// Thread 0: waits for the post of the run whose first message is the next one produced on the
+// bound send connection. False on abort, deadline or another block's failure.
+__device__ bool wait_post(Lane& x, const FcConn& c) {
+    fc_u32 polls = 0;
+    fc_u64 since = 0;
+    while (ld_acquire_sys((const fc_u64*)c.post) != x.produced + 1) {
+        if (!keep_waiting(x, polls, since, FC_WHAT_POST, x.sc)) return false;
+    }
+    return true;
 }
 
 // ---- LL protocol ------------------------------------------------------------------------------
@@ -212,10 +239,11 @@ __device__ bool ll_unpack(const Lane& x, fc_i32 conn, fc_u8* stage, const fc_u8*
     return true;
 }
 
-// After the block's __syncthreads that ends the piece.
-__device__ __forceinline__ void publish(Lane& x, const FcConn& c, fc_u32 bytes) {
+// After the block's __syncthreads that ends the piece. `len` is the byte count, with
+// FC_LEN_DIRECT when the data went straight to the receiver's output.
+__device__ __forceinline__ void publish(Lane& x, const FcConn& c, fc_u32 len) {
     __threadfence_system();
-    ((volatile fc_u32*)c.lens)[x.produced % c.slots] = bytes;
+    ((volatile fc_u32*)c.lens)[x.produced % c.slots] = len;
     x.produced += 1;
     st_release_sys((fc_u64*)c.head, x.produced);
 }

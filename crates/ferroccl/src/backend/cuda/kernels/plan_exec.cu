@@ -22,12 +22,14 @@ namespace fc {
 
 // What thread 0 hands the block for one piece.
 struct Shared {
-    const fc_u8* in;  // the received slot (LL: its lines)
-    fc_u8* out;       // the slot being filled (LL: its lines)
+    const fc_u8* in;  // the received slot (LL: its lines; zero-copy: where it landed)
+    fc_u8* out;       // the slot being filled (LL: its lines; zero-copy: the peer's output)
     fc_u64 n;         // elements in this piece
     fc_u32 rflag;     // LL flags of the incoming and outgoing messages
     fc_u32 sflag;
     int exit;
+    int rdirect;      // the incoming data is already in dst (zero-copy)
+    int sdirect;      // the outgoing data goes straight to the peer's output
 };
 
 // LL messages pass through shared memory: unpacked here on receipt, composed here for sending.
@@ -99,7 +101,7 @@ __device__ bool check_conns(const Lane& x, const FcStep& s, const FcOp& op, cons
 
 // All threads, uniformly (they read the same words), so no barrier is needed to agree.
 __device__ __forceinline__ bool op_ok(const FcLaunch& L, const FcStep& s, const FcOp& op) {
-    if (s.op >= L.nops || s.kind > FC_STEP_COPY) return false;
+    if (s.op >= L.nops || s.kind > FC_STEP_POST) return false;
     return dtype_valid(op.dtype) && redop_valid(op.redop) && op.elem_size == dtype_size(op.dtype) && op.nranks != 0;
 }
 
@@ -134,6 +136,20 @@ __device__ void run_lane(const FcLaunch& L) {
             break;
         }
 
+        if (s.kind == FC_STEP_POST) {
+            // All threads decide alike from the window; thread 0 posts.
+            const FcConn& c = win.conns[wi][0];
+            if (s.recv_conn < 0 || (fc_u32)s.recv_conn >= L.nconns || c.dir != FC_CONN_RECV || c.post == 0) {
+                if (t0) record_error(x, FC_ERR_PLAN, FC_WHAT_PLAN, s.recv_conn, 0, 0);
+                break;
+            }
+            if (t0) {
+                bind_recv(x, s.recv_conn);
+                post_output(x, c, s.src_off, s.count);
+            }
+            continue;
+        }
+
         if (s.kind == FC_STEP_COPY) {
             // Local, whole region at once (no FIFO, so no pieces), like the host.
             fc_u8* src = region(op, s.src_buf, s.src_off);
@@ -150,6 +166,8 @@ __device__ void run_lane(const FcLaunch& L) {
         const bool ll = (s.flags & FC_FLAG_LL) != 0u;
         FcConn rc, sc;  // thread 0's copies, read once per step
         fc_u64 piece = 0;
+        // Zero-copy: the receiver's output as we map it, and its bytes (0: through the FIFO).
+        fc_u64 rbase = 0, rbytes = 0;
         if (t0) {
             bool ok = check_conns(x, s, op, win.conns[wi]);
             if (ok) {
@@ -162,6 +180,11 @@ __device__ void run_lane(const FcLaunch& L) {
                     bind_send(x, s.send_conn);
                 }
                 piece = (ll ? ll_piece_bytes(has_recv ? rc : sc) : (has_recv ? rc.slot_bytes : sc.slot_bytes)) / op.elem_size;
+                if (has_send && !ll && (s.flags & FC_FLAG_WAIT_POST) != 0u && !wait_post(x, sc)) piece = 0;
+                if (has_send && !ll && (s.flags & FC_FLAG_RDST) != 0u && sc.slot_bytes >= 8u) {
+                    rbase = ((const volatile fc_u64*)sc.post)[1];
+                    rbytes = ((const volatile fc_u64*)sc.post)[2];
+                }
             } else {
                 record_error(x, FC_ERR_PLAN, FC_WHAT_PLAN, has_recv ? s.recv_conn : s.send_conn, 0, 0);
                 piece = 0;
@@ -178,6 +201,21 @@ __device__ void run_lane(const FcLaunch& L) {
                 // The outgoing slot first, as on the host: a full peer must not make this rank
                 // hold an incoming slot it cannot pass on.
                 if (ok && has_send) ok = (out = wait_room(x, sc)) != nullptr;
+                sh.sdirect = 0;
+                sh.rdirect = 0;
+                if (ok && rbase != 0) {
+                    // Straight into the receiver's output, inside what it posted; the slot only
+                    // carries the offset, for the receiver to check.
+                    const fc_u64 off = s.rdst_off + done;
+                    if ((off + n) * op.elem_size > rbytes) {
+                        record_error(x, FC_ERR_PLAN, FC_WHAT_POST, s.send_conn, rbytes, (off + n) * op.elem_size);
+                        ok = false;
+                    } else {
+                        *(volatile fc_u64*)out = off;
+                        out = (fc_u8*)rbase + off * op.elem_size;
+                        sh.sdirect = 1;
+                    }
+                }
                 if (ll) {
                     // The lines carry their own flags: every thread waits for its own below.
                     if (ok && has_send) out = ll_slot(sc, x.produced);
@@ -185,7 +223,21 @@ __device__ void run_lane(const FcLaunch& L) {
                     sh.sflag = ll_flag(x.produced);
                     sh.rflag = ll_flag(x.consumed);
                 } else if (ok && has_recv) {
-                    ok = (in = wait_data(x, rc, bytes)) != nullptr;
+                    bool direct = false;
+                    ok = (in = wait_data(x, rc, bytes, direct)) != nullptr;
+                    if (ok && direct) {
+                        // The sender wrote into our output: where this step stores the message,
+                        // and nowhere else, or the plans disagree.
+                        const fc_u64 want = s.dst_off + done;
+                        const fc_u64 got = *(const volatile fc_u64*)in;
+                        if (!has_dst || s.dst_buf != FC_BUF_OUTPUT || s.kind == FC_STEP_RECV_REDUCE || got != want) {
+                            record_error(x, FC_ERR_LENGTH, FC_WHAT_LENGTH, s.recv_conn, want, got);
+                            ok = false;
+                        } else {
+                            in = region(op, s.dst_buf, s.dst_off + done);
+                            sh.rdirect = 1;
+                        }
+                    }
                 }
                 sh.in = in;
                 sh.out = out;
@@ -218,7 +270,7 @@ __device__ void run_lane(const FcLaunch& L) {
                     transform(op, out, region(op, s.src_buf, s.src_off + done), n, (s.flags & FC_FLAG_PRE) != 0u, false);
                     break;
                 case FC_STEP_RECV:
-                    copy_bytes(dst, nullptr, in, n * op.elem_size);
+                    if (!sh.rdirect) copy_bytes(dst, nullptr, in, n * op.elem_size);
                     break;
                 case FC_STEP_RECV_REDUCE: {
                     fc_u8* d0 = dst != nullptr ? dst : out;
@@ -229,8 +281,9 @@ __device__ void run_lane(const FcLaunch& L) {
                     break;
                 }
                 default: {  // FC_STEP_RECV_COPY
-                    fc_u8* d0 = dst != nullptr ? dst : out;
-                    fc_u8* d1 = dst != nullptr ? out : nullptr;
+                    // Landed in dst already (zero-copy): only the forward is left.
+                    fc_u8* d0 = dst != nullptr && !sh.rdirect ? dst : out;
+                    fc_u8* d1 = dst != nullptr && !sh.rdirect ? out : nullptr;
                     if (d0 != nullptr) copy_bytes(d0, d1, in, n * op.elem_size);
                     break;
                 }
@@ -246,7 +299,7 @@ __device__ void run_lane(const FcLaunch& L) {
             if (t0) {
                 if (has_send) {
                     if (ll) x.produced += 1;
-                    else publish(x, sc, (fc_u32)(n * op.elem_size));
+                    else publish(x, sc, (fc_u32)(n * op.elem_size) | (sh.sdirect ? FC_LEN_DIRECT : 0u));
                 }
                 if (has_recv && !ll) release(x, rc);
             }

@@ -29,6 +29,10 @@ typedef unsigned long long fc_u64;
 #define FC_STEP_RECV_REDUCE 2u
 #define FC_STEP_RECV_COPY 3u
 #define FC_STEP_COPY 4u
+// Zero-copy (not a plan step; encode adds it where a lane starts an op's run): tell the sender
+// of recv_conn where this op's output is as that sender maps it (src_off; 0 = use the FIFO)
+// and how many bytes it has (count).
+#define FC_STEP_POST 5u
 
 // Step flags.
 #define FC_FLAG_PRE 1u        // Send, Copy: pre-multiply the source (PreMulSum only)
@@ -37,6 +41,12 @@ typedef unsigned long long fc_u64;
 #define FC_FLAG_HAS_DST 8u    // RecvReduce, RecvCopy: dst is meaningful
 #define FC_FLAG_HAS_TO 16u    // RecvReduce, RecvCopy: send_conn is meaningful
 #define FC_FLAG_LL 32u        // the step's messages use the LL protocol (fifo.cuh)
+#define FC_FLAG_RDST 64u      // zero-copy: the message may land at rdst_off of the receiver's output
+#define FC_FLAG_WAIT_POST 128u  // zero-copy: first send of the run on send_conn: wait for the post
+
+// In lens[]: the message went straight into the receiver's output; the slot's first 8 bytes
+// hold the element offset it was written at, for the receiver to check.
+#define FC_LEN_DIRECT 2147483648u
 
 // Data bytes of one LL message at most; an LL slot is twice that (a flag per 4 data bytes).
 #define FC_LL_DATA 8192u
@@ -78,6 +88,7 @@ typedef unsigned long long fc_u64;
 // What the failing lane was doing (FcError::what).
 #define FC_WHAT_DATA 1u   // waiting for data from the peer
 #define FC_WHAT_ROOM 2u   // waiting for a free slot towards the peer
+#define FC_WHAT_POST 5u   // waiting for the peer's output address (zero-copy post)
 #define FC_WHAT_LENGTH 3u // checking a received length
 #define FC_WHAT_PLAN 4u   // checking the tables
 
@@ -136,8 +147,9 @@ struct FcStep {
     fc_u32 reserved;
     fc_u64 dst_off;
     fc_u64 count;
+    fc_u64 rdst_off;  // FC_FLAG_RDST: element offset in the receiver's output
 };
-FC_CHECK_SIZE(FcStep, 56);
+FC_CHECK_SIZE(FcStep, 64);
 FC_CHECK_OFFSET(FcStep, kind, 0);
 FC_CHECK_OFFSET(FcStep, flags, 4);
 FC_CHECK_OFFSET(FcStep, recv_conn, 8);
@@ -149,6 +161,7 @@ FC_CHECK_OFFSET(FcStep, dst_buf, 32);
 FC_CHECK_OFFSET(FcStep, reserved, 36);
 FC_CHECK_OFFSET(FcStep, dst_off, 40);
 FC_CHECK_OFFSET(FcStep, count, 48);
+FC_CHECK_OFFSET(FcStep, rdst_off, 56);
 
 // The scalar of PreMulSum is stored already converted to the element type (as the host
 // Reducer converts it), so the kernel only widens it: scalar_f64 for float types, scalar_i64
@@ -198,8 +211,11 @@ struct FcConn {
     fc_u32 peer;  // for error records only
     fc_u32 dir;
     fc_u64 ll;  // the LL slots: `slots` of 2 * FC_LL_DATA bytes, where data would be
+    // Zero-copy: {first message of the posted run + 1, output address, output bytes}, in the
+    // sender's memory: the receiver writes it (FC_STEP_POST), the sender polls it.
+    fc_u64 post;
 };
-FC_CHECK_SIZE(FcConn, 64);
+FC_CHECK_SIZE(FcConn, 72);
 FC_CHECK_OFFSET(FcConn, data, 0);
 FC_CHECK_OFFSET(FcConn, lens, 8);
 FC_CHECK_OFFSET(FcConn, head, 16);
@@ -210,6 +226,7 @@ FC_CHECK_OFFSET(FcConn, slot_bytes, 44);
 FC_CHECK_OFFSET(FcConn, peer, 48);
 FC_CHECK_OFFSET(FcConn, dir, 52);
 FC_CHECK_OFFSET(FcConn, ll, 56);
+FC_CHECK_OFFSET(FcConn, post, 64);
 
 // Written once per failure: the first block to win `claimed` fills the record and then sets
 // `code` (after a system fence), so a reader that sees code != 0 sees the whole record. Other

@@ -1,0 +1,318 @@
+//! Registered windows: user buffers that every peer GPU has mapped, so that a kernel can write
+//! a message straight into a peer's output (zero-copy, `plan/zcopy.rs` in ferroccl-core).
+//!
+//! Registration is collective (every rank registers one buffer, in the same order, like
+//! `ncclCommWindowRegister`): each rank exports the cuMem allocation holding its buffer as a file
+//! descriptor, the peers in other processes import and map it, the peers in this process use it
+//! at the same address once access is granted, and then every rank learns where every peer maps
+//! *its* buffer: that address is what a receiving kernel posts to the sender (`FcStep` POST).
+//! Buffers must be cuMem allocations made with POSIX file-descriptor handles
+//! ([`crate::mem::alloc`], or any other such allocation); anything else is refused with a clear
+//! error before any peer maps anything.
+
+use super::device::Gpu;
+use super::fdpass::{FdChannel, FdListener};
+use super::mem::{export_allocation, DeviceBuffer, MemStats};
+use crate::bootstrap::Bootstrap;
+use ferroccl_core::{Error, Rank};
+use std::os::fd::AsFd;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What a rank tells the others about the buffer it registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WindowDesc {
+    pub pid: u32,
+    pub gpu: u32,
+    /// The registered range.
+    pub ptr: u64,
+    pub len: u64,
+    /// The cuMem allocation holding it (what a peer imports and maps).
+    pub alloc_base: u64,
+    pub alloc_len: u64,
+}
+
+impl WindowDesc {
+    pub const LEN: usize = 40;
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(Self::LEN);
+        v.extend_from_slice(&self.pid.to_le_bytes());
+        v.extend_from_slice(&self.gpu.to_le_bytes());
+        for x in [self.ptr, self.len, self.alloc_base, self.alloc_len] {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        v
+    }
+    pub fn parse(b: &[u8]) -> Result<WindowDesc, Error> {
+        if b.len() != Self::LEN {
+            return Err(Error::Protocol(format!("window registration: a peer sent {} bytes, expected {}", b.len(), Self::LEN)));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let d = WindowDesc { pid: u32_at(0), gpu: u32_at(4), ptr: u64_at(8), len: u64_at(16), alloc_base: u64_at(24), alloc_len: u64_at(32) };
+        d.check()?;
+        Ok(d)
+    }
+    /// The range is non-empty and inside its allocation.
+    pub fn check(&self) -> Result<(), Error> {
+        let end = self.ptr.checked_add(self.len);
+        let alloc_end = self.alloc_base.checked_add(self.alloc_len);
+        match (end, alloc_end) {
+            (Some(e), Some(ae)) if self.len > 0 && self.ptr >= self.alloc_base && e <= ae => Ok(()),
+            _ => Err(Error::InvalidArgument(format!(
+                "window of {} bytes at {:#x} is not inside its cuMem allocation ({} bytes at {:#x})",
+                self.len, self.ptr, self.alloc_len, self.alloc_base
+            ))),
+        }
+    }
+}
+
+/// One registered window of this rank.
+struct Window {
+    ptr: u64,
+    len: u64,
+    /// Where each rank maps this rank's window (`views[me] == ptr`).
+    views: Vec<u64>,
+    /// Peers' windows imported into this process (kept mapped while registered).
+    _imported: Vec<DeviceBuffer>,
+}
+
+/// The windows of one rank, and an epoch that changes with every registration, so that plan
+/// tables encoded with an older set are not reused.
+#[derive(Default)]
+pub(crate) struct Windows {
+    list: Vec<Window>,
+    epoch: u64,
+}
+
+impl Windows {
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+    /// The address at which `peer` reaches `[ptr, ptr + bytes)` of this rank, when a window
+    /// holds all of it.
+    pub fn view(&self, ptr: u64, bytes: u64, peer: Rank) -> Option<u64> {
+        view_in(self.list.iter().map(|w| (w.ptr, w.len, w.views.as_slice())), ptr, bytes, peer)
+    }
+
+    /// Registers `[ptr, ptr + len)` with every rank of `boot` (collective). On error nothing is
+    /// registered here; peers that got further fail too (the exchange is all-or-nothing per
+    /// rank, but a failure on one rank is seen by the others as a failed exchange).
+    pub fn register(
+        &mut self,
+        gpu: &Gpu,
+        boot: &Bootstrap,
+        ptr: u64,
+        len: usize,
+        stats: &Arc<MemStats>,
+        abort: &AtomicBool,
+        deadline: Instant,
+    ) -> Result<(), Error> {
+        let (me, n) = (boot.rank(), boot.nranks());
+        // Every rank reports success or its error in the first exchange, so a buffer one rank
+        // cannot register fails every rank alike before anything is mapped.
+        let exported = (|| {
+            if len == 0 || ptr == 0 {
+                return Err(Error::InvalidArgument(format!("registering {len} bytes at {ptr:#x}")));
+            }
+            export_allocation(gpu, ptr, len)
+        })();
+        let job = boot.comm_id() ^ 0x5749_4e44_4f57_0000 ^ self.epoch.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let listener = FdListener::bind(job, me as u32)?;
+        let exported = exported.and_then(|(fd, base, size)| {
+            let d = WindowDesc { pid: std::process::id(), gpu: gpu.ordinal() as u32, ptr, len: len as u64, alloc_base: base, alloc_len: size as u64 };
+            d.check().map(|()| (fd, base, size))
+        });
+        let mine = match &exported {
+            Ok((_, base, size)) => {
+                WindowDesc { pid: std::process::id(), gpu: gpu.ordinal() as u32, ptr, len: len as u64, alloc_base: *base, alloc_len: *size as u64 }.encode()
+            }
+            Err(e) => {
+                let mut v = vec![0xff];
+                v.extend_from_slice(e.to_string().as_bytes().get(..200).unwrap_or(e.to_string().as_bytes()));
+                v
+            }
+        };
+        let all = boot.allgather(&mine)?;
+        let descs: Vec<WindowDesc> = all
+            .iter()
+            .enumerate()
+            .map(|(q, b)| match b.first() {
+                Some(0xff) => Err(Error::InvalidArgument(format!(
+                    "rank {q} could not register its buffer: {}",
+                    String::from_utf8_lossy(&b[1..])
+                ))),
+                _ => WindowDesc::parse(b).map_err(|e| e.context(format!("rank {q}'s window"))),
+            })
+            .collect::<Result<_, _>>()?;
+        let (fd, _, _) = exported?;
+        let same_host = |q: Rank| boot.peers()[q].host_id == boot.peers()[me].host_id;
+        if let Some(q) = (0..n).find(|&q| !same_host(q)) {
+            return Err(Error::InvalidArgument(format!("window registration: rank {q} is on another host; windows are one host's for now")));
+        }
+        let pid = std::process::id();
+        // Peers of this process reach the buffer at its own address once their GPU may.
+        let local_gpus: Vec<usize> = (0..n).filter(|&q| q != me && descs[q].pid == pid).map(|q| descs[q].gpu as usize).collect();
+        let mine = descs[me];
+        super::mem::grant_range(gpu, mine.alloc_base, mine.alloc_len as usize, &local_gpus)?;
+        let mut here = vec![0u64; n];
+        here[me] = ptr;
+        for q in (0..n).filter(|&q| q != me && descs[q].pid == pid) {
+            here[q] = descs[q].ptr;
+        }
+        let remote: Vec<Rank> = (0..n).filter(|&q| q != me && descs[q].pid != pid).collect();
+        let mut imported = Vec::new();
+        for &q in &remote {
+            let ch = FdChannel::connect(job, q as u32, deadline, abort)?;
+            ch.send_fds(&[fd.as_fd()], &(me as u32).to_le_bytes(), deadline, abort)?;
+        }
+        let mut seen = Vec::new();
+        for _ in &remote {
+            let ch = listener.accept(deadline, abort)?;
+            let (fds, payload) = ch.recv_fds(deadline, abort)?;
+            let q = check_window_message(fds.len(), &payload, &remote, &seen)?;
+            seen.push(q);
+            let d = descs[q];
+            let buf = DeviceBuffer::import(fds[0].as_fd(), d.alloc_len as usize, gpu, &[], stats)?;
+            here[q] = buf.device_ptr() + (d.ptr - d.alloc_base);
+            imported.push(buf);
+        }
+        // Where everyone maps everyone; row q is rank q's view of each window. This exchange is
+        // also the barrier: no rank posts its window before every peer has mapped it.
+        let mut row = Vec::with_capacity(8 * n);
+        for v in &here {
+            row.extend_from_slice(&v.to_le_bytes());
+        }
+        let rows = boot.allgather(&row)?;
+        let views = views_of(&rows, me, n)?;
+        self.list.push(Window { ptr, len: len as u64, views, _imported: imported });
+        self.epoch += 1;
+        Ok(())
+    }
+
+    /// Forgets the window registered at `ptr` (collective). The caller has drained the stream.
+    pub fn deregister(&mut self, boot: &Bootstrap, ptr: u64) -> Result<(), Error> {
+        let i = self.list.iter().position(|w| w.ptr == ptr);
+        // Every rank learns whether every rank knew its window, so all drop it or none does.
+        let all = boot.allgather(&[i.is_some() as u8])?;
+        if let Some(q) = all.iter().position(|b| b.first() != Some(&1)) {
+            return Err(Error::InvalidArgument(format!("deregistering {ptr:#x}: rank {q} has no window registered there")));
+        }
+        self.list.remove(i.expect("checked"));
+        self.epoch += 1;
+        Ok(())
+    }
+}
+
+/// The view of `[ptr, ptr + bytes)` for `peer` among windows (ptr, len, views).
+fn view_in<'a>(windows: impl Iterator<Item = (u64, u64, &'a [u64])>, ptr: u64, bytes: u64, peer: Rank) -> Option<u64> {
+    let end = ptr.checked_add(bytes)?;
+    for (base, len, views) in windows {
+        if ptr >= base && end <= base + len {
+            return views.get(peer).map(|v| v + (ptr - base));
+        }
+    }
+    None
+}
+
+/// From every rank's row of where it maps each window: where each rank maps ours.
+fn views_of(rows: &[Vec<u8>], me: Rank, n: usize) -> Result<Vec<u64>, Error> {
+    if rows.len() != n {
+        return Err(Error::Protocol(format!("window registration: {} rows of views for {n} ranks", rows.len())));
+    }
+    rows.iter()
+        .enumerate()
+        .map(|(q, r)| {
+            if r.len() != 8 * n {
+                return Err(Error::Protocol(format!("window registration: rank {q} sent {} bytes of views, expected {}", r.len(), 8 * n)));
+            }
+            let v = u64::from_le_bytes(r[8 * me..8 * me + 8].try_into().expect("8 bytes"));
+            if v == 0 {
+                return Err(Error::Protocol(format!("window registration: rank {q} did not map our window")));
+            }
+            Ok(v)
+        })
+        .collect()
+}
+
+/// Checks one message of a window's descriptor: one fd, from a rank expected to send one and
+/// that has not yet.
+fn check_window_message(nfds: usize, payload: &[u8], expected: &[Rank], seen: &[Rank]) -> Result<Rank, Error> {
+    if nfds != 1 || payload.len() != 4 {
+        return Err(Error::Protocol(format!(
+            "window registration: a malformed message ({nfds} descriptors, {} payload bytes; expected 1 and 4)",
+            payload.len()
+        )));
+    }
+    let q = u32::from_le_bytes(payload.try_into().expect("4 bytes")) as usize;
+    if !expected.contains(&q) || seen.contains(&q) {
+        return Err(Error::Protocol(format!("window registration: a descriptor from unexpected rank {q} (expected one each from {expected:?})")));
+    }
+    Ok(q)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_descriptions_round_trip_and_are_checked() {
+        let d = WindowDesc { pid: 9, gpu: 1, ptr: 0x7f00_0020_0000, len: 4096, alloc_base: 0x7f00_0000_0000, alloc_len: 4 << 20 };
+        assert_eq!(WindowDesc::parse(&d.encode()).unwrap(), d);
+        assert!(matches!(WindowDesc::parse(&d.encode()[..39]), Err(Error::Protocol(_))));
+        // Empty, before the allocation, past its end, wrapping.
+        for bad in [
+            WindowDesc { len: 0, ..d },
+            WindowDesc { ptr: d.alloc_base - 1, ..d },
+            WindowDesc { len: 4 << 20, ..d },
+            WindowDesc { ptr: u64::MAX - 10, alloc_base: u64::MAX - 20, alloc_len: 20, len: 100, ..d },
+        ] {
+            assert!(matches!(WindowDesc::parse(&bad.encode()), Err(Error::InvalidArgument(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn views_cover_only_ranges_inside_a_window() {
+        let v0 = [0x1000u64, 0x9000, 0x5000];
+        let v1 = [0x20000u64, 0x30000, 0x40000];
+        let ws = || [(0x1000u64, 0x100u64, &v0[..]), (0x20000, 0x1000, &v1[..])].into_iter();
+        assert_eq!(view_in(ws(), 0x1000, 0x100, 1), Some(0x9000));
+        assert_eq!(view_in(ws(), 0x1010, 0x10, 2), Some(0x5010));
+        assert_eq!(view_in(ws(), 0x20800, 0x800, 1), Some(0x30800));
+        // Running past the end, before the start, in no window, wrapping, unknown peer.
+        assert_eq!(view_in(ws(), 0x1010, 0x100, 1), None);
+        assert_eq!(view_in(ws(), 0xfff, 0x10, 1), None);
+        assert_eq!(view_in(ws(), 0x5000, 1, 0), None);
+        assert_eq!(view_in(ws(), u64::MAX - 1, 4, 0), None);
+        assert_eq!(view_in(ws(), 0x1000, 1, 3), None);
+    }
+
+    #[test]
+    fn views_are_read_from_every_ranks_row() {
+        let row = |vals: &[u64]| vals.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+        // Rank q's row says where q maps each rank's window; we are rank 1.
+        let rows = vec![row(&[0xa0, 0xa1, 0xa2]), row(&[0xb0, 0xb1, 0xb2]), row(&[0xc0, 0xc1, 0xc2])];
+        assert_eq!(views_of(&rows, 1, 3).unwrap(), vec![0xa1, 0xb1, 0xc1]);
+        assert!(views_of(&rows[..2], 1, 3).is_err());
+        let mut short = rows.clone();
+        short[2].pop();
+        assert!(matches!(views_of(&short, 1, 3), Err(Error::Protocol(_))));
+        let mut unmapped = rows.clone();
+        unmapped[0] = row(&[0xa0, 0, 0xa2]);
+        assert!(views_of(&unmapped, 1, 3).unwrap_err().to_string().contains("rank 0 did not map"));
+    }
+
+    #[test]
+    fn window_messages_are_checked() {
+        let from = |q: u32| q.to_le_bytes();
+        assert_eq!(check_window_message(1, &from(2), &[1, 2], &[]).unwrap(), 2);
+        assert!(check_window_message(2, &from(2), &[1, 2], &[]).is_err());
+        assert!(check_window_message(1, &[2, 0], &[1, 2], &[]).is_err());
+        assert!(check_window_message(1, &from(3), &[1, 2], &[]).is_err());
+        assert!(check_window_message(1, &from(1), &[1, 2], &[1]).is_err());
+    }
+}
