@@ -94,6 +94,83 @@ fn one_thread_drives_every_gpu_with_one_group() {
     }
 }
 
+/// Zero-copy windows, a thread per GPU: memory that is not a cuMem allocation is refused on
+/// every rank with an error naming the allocator, and the communicator stays usable; registered
+/// buffers then take in-place and out-of-place all-gathers and all-reduces straight into the
+/// peers' outputs (exact results checked, twice: posts and waits across launches); an unknown
+/// window cannot be deregistered; deregistered buffers go back to the FIFO path.
+#[test]
+#[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn registered_windows_take_data_straight_into_the_output() {
+    let Some(n) = gpus_for_test() else { return };
+    let id = ferroccl::UniqueId::new(&Config::default()).unwrap();
+    let count = (3 << 20) + 17; // several pieces per channel, an odd tail
+    std::thread::scope(|s| {
+        for r in 0..n {
+            let id = id.clone();
+            s.spawn(move || {
+                let comm = Comm::init_rank(&id, n, r, Device::Cuda(r), &Config::default()).unwrap();
+                let gpu = comm.gpu().unwrap().clone();
+                let stats = MemStats::new();
+                // Not GPU memory at all: refused everywhere, nothing registered.
+                let host = vec![0u8; 4096];
+                let e = unsafe { comm.register_window(host.as_ptr() as u64, host.len()) }.unwrap_err();
+                assert!(e.to_string().contains("ferroccl::mem::alloc"), "{e}");
+                let send = ferroccl::mem::alloc(&gpu, count * 4, &stats).unwrap();
+                let recv = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).unwrap();
+                comm.register_buffer(&send).unwrap();
+                comm.register_buffer(&recv).unwrap();
+                let read = |b: &DeviceBuffer, len: usize| {
+                    let mut out = vec![0f32; len];
+                    let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, len * 4) };
+                    b.copy_to_host(0, bytes).unwrap();
+                    out
+                };
+                let val = |q: usize, i: usize, round: usize| ((i * 7 + q * 3 + round) % 1024) as f32;
+                let run = |kind: CollKind, send_ptr: u64, recv_ptr: u64, cnt: usize| {
+                    let a = OpArgs { kind, send: send_ptr as *const u8, recv: recv_ptr as *mut u8, count: cnt, dtype: ferroccl::DataType::Float32, op: ReduceOp::Sum, root: 0, device_scalar: None };
+                    let mut g = Group::new();
+                    unsafe { g.push_raw(&comm, a).unwrap() };
+                    g.launch().unwrap();
+                    comm.synchronize().unwrap();
+                };
+                for round in 0..2 {
+                    let mine: Vec<f32> = (0..count).map(|i| val(r, i, round)).collect();
+                    // All-gather out of place, then in place (our block inside recv).
+                    send.copy_from_host(0, f32_bytes(&mine)).unwrap();
+                    run(CollKind::AllGather, send.device_ptr(), recv.device_ptr(), count);
+                    let got = read(&recv, n * count);
+                    for q in 0..n {
+                        assert!((0..count).all(|i| got[q * count + i] == val(q, i, round)), "round {round}: all-gather block {q}");
+                    }
+                    recv.copy_from_host(0, &vec![0u8; n * count * 4]).unwrap();
+                    recv.copy_from_host(r * count * 4, f32_bytes(&mine)).unwrap();
+                    run(CollKind::AllGather, recv.device_ptr() + (r * count * 4) as u64, recv.device_ptr(), count);
+                    let got = read(&recv, n * count);
+                    for q in 0..n {
+                        assert!((0..count).all(|i| got[q * count + i] == val(q, i, round)), "round {round}: in-place all-gather block {q}");
+                    }
+                    // All-reduce in place.
+                    send.copy_from_host(0, f32_bytes(&mine)).unwrap();
+                    run(CollKind::AllReduce, send.device_ptr(), send.device_ptr(), count);
+                    let got = read(&send, count);
+                    assert!((0..count).all(|i| got[i] == (0..n).map(|q| val(q, i, round)).sum::<f32>()), "round {round}: all-reduce");
+                }
+                let e = comm.deregister_window(recv.device_ptr() + 4096).unwrap_err();
+                assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+                comm.deregister_window(send.device_ptr()).unwrap();
+                comm.deregister_window(recv.device_ptr()).unwrap();
+                // Through the FIFOs again.
+                let mine: Vec<f32> = (0..count).map(|i| val(r, i, 9)).collect();
+                send.copy_from_host(0, f32_bytes(&mine)).unwrap();
+                run(CollKind::AllGather, send.device_ptr(), recv.device_ptr(), count);
+                let got = read(&recv, n * count);
+                assert!((0..n).all(|q| (0..count).all(|i| got[q * count + i] == val(q, i, 9))));
+            });
+        }
+    });
+}
+
 #[test]
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn operations_can_be_captured_in_a_cuda_graph() {
