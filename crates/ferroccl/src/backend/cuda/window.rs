@@ -127,28 +127,22 @@ impl Windows {
             let d = WindowDesc { pid: std::process::id(), gpu: gpu.ordinal() as u32, ptr, len: len as u64, alloc_base: base, alloc_len: size as u64 };
             d.check().map(|()| (fd, base, size))
         });
+        // A status byte first (0 = a description follows, 0xff = why not), as in the second
+        // exchange.
         let mine = match &exported {
             Ok((_, base, size)) => {
-                WindowDesc { pid: std::process::id(), gpu: gpu.ordinal() as u32, ptr, len: len as u64, alloc_base: *base, alloc_len: *size as u64 }.encode()
+                let mut v = vec![0];
+                v.extend(WindowDesc { pid: std::process::id(), gpu: gpu.ordinal() as u32, ptr, len: len as u64, alloc_base: *base, alloc_len: *size as u64 }.encode());
+                v
             }
             Err(e) => {
                 let mut v = vec![0xff];
-                v.extend_from_slice(e.to_string().as_bytes().get(..200).unwrap_or(e.to_string().as_bytes()));
+                v.extend(e.to_string().bytes().take(200));
                 v
             }
         };
         let all = boot.allgather(&mine)?;
-        let descs: Vec<WindowDesc> = all
-            .iter()
-            .enumerate()
-            .map(|(q, b)| match b.first() {
-                Some(0xff) => Err(Error::InvalidArgument(format!(
-                    "rank {q} could not register its buffer: {}",
-                    String::from_utf8_lossy(&b[1..])
-                ))),
-                _ => WindowDesc::parse(b).map_err(|e| e.context(format!("rank {q}'s window"))),
-            })
-            .collect::<Result<_, _>>()?;
+        let descs: Vec<WindowDesc> = all.iter().enumerate().map(|(q, b)| parse_desc_row(q, b)).collect::<Result<_, _>>()?;
         let (fd, _, _) = exported?;
         let same_host = |q: Rank| boot.peers()[q].host_id == boot.peers()[me].host_id;
         if let Some(q) = (0..n).find(|&q| !same_host(q)) {
@@ -166,28 +160,29 @@ impl Windows {
         }
         let remote: Vec<Rank> = (0..n).filter(|&q| q != me && descs[q].pid != pid).collect();
         let mut imported = Vec::new();
-        for &q in &remote {
-            let ch = FdChannel::connect(job, q as u32, deadline, abort)?;
-            ch.send_fds(&[fd.as_fd()], &(me as u32).to_le_bytes(), deadline, abort)?;
-        }
-        let mut seen = Vec::new();
-        for _ in &remote {
-            let ch = listener.accept(deadline, abort)?;
-            let (fds, payload) = ch.recv_fds(deadline, abort)?;
-            let q = check_window_message(fds.len(), &payload, &remote, &seen)?;
-            seen.push(q);
-            let d = descs[q];
-            let buf = DeviceBuffer::import(fds[0].as_fd(), d.alloc_len as usize, gpu, &[], stats)?;
-            here[q] = buf.device_ptr() + (d.ptr - d.alloc_base);
-            imported.push(buf);
-        }
-        // Where everyone maps everyone; row q is rank q's view of each window. This exchange is
-        // also the barrier: no rank posts its window before every peer has mapped it.
-        let mut row = Vec::with_capacity(8 * n);
-        for v in &here {
-            row.extend_from_slice(&v.to_le_bytes());
-        }
-        let rows = boot.allgather(&row)?;
+        let exchanged = (|| -> Result<(), Error> {
+            for &q in &remote {
+                let ch = FdChannel::connect(job, q as u32, deadline, abort)?;
+                ch.send_fds(&[fd.as_fd()], &(me as u32).to_le_bytes(), deadline, abort)?;
+            }
+            let mut seen = Vec::new();
+            for _ in &remote {
+                let ch = listener.accept(deadline, abort)?;
+                let (fds, payload) = ch.recv_fds(deadline, abort)?;
+                let q = check_window_message(fds.len(), &payload, &remote, &seen)?;
+                seen.push(q);
+                let d = descs[q];
+                let buf = DeviceBuffer::import(fds[0].as_fd(), d.alloc_len as usize, gpu, &[], stats)?;
+                here[q] = buf.device_ptr() + (d.ptr - d.alloc_base);
+                imported.push(buf);
+            }
+            Ok(())
+        })();
+        // Where everyone maps everyone; row q is rank q's view of each window, or why it could
+        // not map them, so that all ranks fail alike. This exchange is also the barrier: no
+        // rank posts its window before every peer has mapped it.
+        let rows = boot.allgather(&view_row(&here, exchanged.as_ref().err()))?;
+        exchanged?;
         let views = views_of(&rows, me, n)?;
         self.list.push(Window { ptr, len: len as u64, views, _imported: imported });
         self.epoch += 1;
@@ -219,6 +214,31 @@ fn view_in<'a>(windows: impl Iterator<Item = (u64, u64, &'a [u64])>, ptr: u64, b
     None
 }
 
+/// One rank's row of the first exchange: its window's description, or why it has none.
+fn parse_desc_row(q: Rank, b: &[u8]) -> Result<WindowDesc, Error> {
+    match b.split_first() {
+        Some((0, d)) => WindowDesc::parse(d).map_err(|e| e.context(format!("rank {q}'s window"))),
+        Some((0xff, why)) => Err(Error::InvalidArgument(format!("rank {q} could not register its buffer: {}", String::from_utf8_lossy(why)))),
+        _ => Err(Error::Protocol(format!("window registration: rank {q} sent a description without a status"))),
+    }
+}
+
+/// One rank's row of the second exchange: a status byte (0 = mapped), then where it maps each
+/// rank's window, or the reason it could not.
+fn view_row(here: &[u64], failed: Option<&Error>) -> Vec<u8> {
+    if let Some(e) = failed {
+        let mut v = vec![0xff];
+        v.extend(e.to_string().bytes().take(200));
+        return v;
+    }
+    let mut row = Vec::with_capacity(1 + 8 * here.len());
+    row.push(0);
+    for v in here {
+        row.extend_from_slice(&v.to_le_bytes());
+    }
+    row
+}
+
 /// From every rank's row of where it maps each window: where each rank maps ours.
 fn views_of(rows: &[Vec<u8>], me: Rank, n: usize) -> Result<Vec<u64>, Error> {
     if rows.len() != n {
@@ -227,6 +247,17 @@ fn views_of(rows: &[Vec<u8>], me: Rank, n: usize) -> Result<Vec<u64>, Error> {
     rows.iter()
         .enumerate()
         .map(|(q, r)| {
+            match r.split_first() {
+                Some((0, _)) => {}
+                Some((0xff, why)) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "window registration: rank {q} could not map the windows: {}",
+                        String::from_utf8_lossy(why)
+                    )))
+                }
+                _ => return Err(Error::Protocol(format!("window registration: rank {q} sent a row without a status"))),
+            }
+            let r = &r[1..];
             if r.len() != 8 * n {
                 return Err(Error::Protocol(format!("window registration: rank {q} sent {} bytes of views, expected {}", r.len(), 8 * n)));
             }
@@ -276,6 +307,22 @@ mod tests {
     }
 
     #[test]
+    fn first_exchange_rows_carry_a_status() {
+        // A pid whose low byte is 0xff must not read as a failure.
+        let d = WindowDesc { pid: 0x1ff, gpu: 0, ptr: 0x20_0000, len: 64, alloc_base: 0x20_0000, alloc_len: 2 << 20 };
+        let mut ok = vec![0u8];
+        ok.extend(d.encode());
+        assert_eq!(parse_desc_row(0, &ok).unwrap(), d);
+        let mut bad = vec![0xffu8];
+        bad.extend(b"0x1000 is not GPU memory");
+        let e = parse_desc_row(3, &bad).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("rank 3 could not register"), "{e}");
+        assert!(matches!(parse_desc_row(0, &[]), Err(Error::Protocol(_))));
+        let d7 = WindowDesc { pid: 7, ..d };
+        assert!(matches!(parse_desc_row(0, &d7.encode()), Err(Error::Protocol(_))), "a row without its status byte");
+    }
+
+    #[test]
     fn views_cover_only_ranges_inside_a_window() {
         let v0 = [0x1000u64, 0x9000, 0x5000];
         let v1 = [0x20000u64, 0x30000, 0x40000];
@@ -293,7 +340,7 @@ mod tests {
 
     #[test]
     fn views_are_read_from_every_ranks_row() {
-        let row = |vals: &[u64]| vals.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+        let row = |vals: &[u64]| view_row(vals, None);
         // Rank q's row says where q maps each rank's window; we are rank 1.
         let rows = vec![row(&[0xa0, 0xa1, 0xa2]), row(&[0xb0, 0xb1, 0xb2]), row(&[0xc0, 0xc1, 0xc2])];
         assert_eq!(views_of(&rows, 1, 3).unwrap(), vec![0xa1, 0xb1, 0xc1]);
@@ -301,6 +348,12 @@ mod tests {
         let mut short = rows.clone();
         short[2].pop();
         assert!(matches!(views_of(&short, 1, 3), Err(Error::Protocol(_))));
+        // A rank that could not map a window says why, and every rank fails with it.
+        let mut failed = rows.clone();
+        failed[2] = view_row(&[], Some(&Error::System("cuMemImportFromShareableHandle failed: CUDA_ERROR_INVALID_VALUE".into())));
+        let e = views_of(&failed, 1, 3).unwrap_err();
+        assert!(e.to_string().contains("rank 2 could not map") && e.to_string().contains("CUDA_ERROR_INVALID_VALUE"), "{e}");
+        assert!(matches!(views_of(&[vec![], rows[1].clone(), rows[2].clone()], 1, 3), Err(Error::Protocol(_))));
         let mut unmapped = rows.clone();
         unmapped[0] = row(&[0xa0, 0, 0xa2]);
         assert!(views_of(&unmapped, 1, 3).unwrap_err().to_string().contains("rank 0 did not map"));
