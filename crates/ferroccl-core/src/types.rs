@@ -252,16 +252,16 @@ impl CollKind {
         CollKind::Recv,
     ];
 
-    pub const COLLECTIVES: [CollKind; 8] = [
-        CollKind::AllReduce,
-        CollKind::AllGather,
-        CollKind::ReduceScatter,
-        CollKind::Broadcast,
-        CollKind::Reduce,
-        CollKind::AllToAll,
-        CollKind::Gather,
-        CollKind::Scatter,
-    ];
+    /// The collectives: `ALL` without send and receive.
+    pub const COLLECTIVES: [CollKind; 8] = {
+        let mut v = [CollKind::AllReduce; 8];
+        let mut i = 0;
+        while i < v.len() {
+            v[i] = Self::ALL[i];
+            i += 1;
+        }
+        v
+    };
 
     pub const fn name(self) -> &'static str {
         match self {

@@ -204,7 +204,8 @@ impl<'a> Group<'a> {
                                     let c = &comm.info.config;
                                     ll_limit(c.ll_max_bytes, c.slots, c.slot_bytes)
                                 }),
-                                may_post: may_post(a.kind, overlaps(a.send as u64, sc, a.recv as u64, rc, a.dtype.size())),
+                                // Validation let overlapping buffers through only in place.
+                                may_post: may_post(a.kind, a.is_in_place(comm.info.rank)),
                             }
                         })
                         .collect();
@@ -354,12 +355,6 @@ fn tuning_for(comm: &Comm, a: &OpArgs) -> Tuning {
     let direct = if comm.cuda.is_some() { 0 } else { cfg.direct_max_bytes };
     Tuning::for_elem_size(if p2p { p2p_ch } else { cfg.channels }, cfg.chunk_bytes, a.dtype.size())
         .with_direct_max_bytes(direct, a.dtype.size())
-}
-
-/// Whether an operation's input and output share bytes (`count`s in elements of `size`).
-fn overlaps(send: u64, scount: usize, recv: u64, rcount: usize, size: usize) -> bool {
-    let (sb, rb) = ((scount * size) as u64, (rcount * size) as u64);
-    sb > 0 && rb > 0 && send < recv.saturating_add(rb) && recv < send.saturating_add(sb)
 }
 
 fn plan_for(comm: &Comm, args: &[OpArgs]) -> Result<Plan, Error> {

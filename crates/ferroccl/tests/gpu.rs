@@ -28,6 +28,15 @@ fn f32_bytes(v: &[f32]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
 
+/// `count` f32 values of a device buffer.
+fn read_f32(b: &DeviceBuffer, count: usize) -> Result<Vec<f32>, Error> {
+    let mut out = vec![0f32; count];
+    // SAFETY: the f32 slice as bytes, for the copy.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, count * 4) };
+    b.copy_to_host(0, bytes)?;
+    Ok(out)
+}
+
 fn all_reduce_args(send: &DeviceBuffer, recv: &DeviceBuffer, count: usize) -> OpArgs {
     OpArgs {
         kind: CollKind::AllReduce,
@@ -83,10 +92,7 @@ fn one_thread_drives_every_gpu_with_one_group() {
     let nn = n as f32;
     for (s, r) in &bufs {
         let _ = s;
-        let mut out = vec![0f32; count];
-        // SAFETY: f32 slice as bytes for the copy.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, count * 4) };
-        r.copy_to_host(0, bytes).unwrap();
+        let out = read_f32(r, count).unwrap();
         for (i, v) in out.iter().enumerate() {
             let want = nn * (i % 1000) as f32 + (0..n).sum::<usize>() as f32;
             assert_eq!(*v, want, "element {i}");
@@ -120,12 +126,7 @@ fn registered_windows_take_data_straight_into_the_output() {
                 let recv = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).unwrap();
                 comm.register_buffer(&send).unwrap();
                 comm.register_buffer(&recv).unwrap();
-                let read = |b: &DeviceBuffer, len: usize| {
-                    let mut out = vec![0f32; len];
-                    let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, len * 4) };
-                    b.copy_to_host(0, bytes).unwrap();
-                    out
-                };
+                let read = |b: &DeviceBuffer, len: usize| read_f32(b, len).unwrap();
                 let val = |q: usize, i: usize, round: usize| ((i * 7 + q * 3 + round) % 1024) as f32;
                 let run = |kind: CollKind, send_ptr: u64, recv_ptr: u64, cnt: usize| {
                     let a = OpArgs { kind, send: send_ptr as *const u8, recv: recv_ptr as *mut u8, count: cnt, dtype: ferroccl::DataType::Float32, op: ReduceOp::Sum, root: 0, device_scalar: None };
@@ -211,9 +212,7 @@ fn operations_can_be_captured_in_a_cuda_graph() {
                         sys::cuGraphExecDestroy(exec);
                         sys::cuGraphDestroy(graph);
                     }
-                    let mut out = vec![0f32; count];
-                    let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, count * 4) };
-                    buf.copy_to_host(0, bytes).map_err(|e| e.to_string())?;
+                    let out = read_f32(&buf, count).map_err(|e| e.to_string())?;
                     let want = (n * n * n) as f32;
                     match out.iter().position(|&v| v != want) {
                         None => Ok(()),
@@ -272,13 +271,7 @@ fn a_device_scalar_is_read_when_the_graph_replays() {
                     };
                     let mut outs = Vec::new();
                     // Eager with 2, then the same graph replayed with 2 and after a change to -0.5.
-                    let mut out = vec![0f32; count];
-                    let read = |out: &mut Vec<f32>| -> Result<(), String> {
-                        let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, count * 4) };
-                        recv.copy_to_host(0, bytes).map_err(e)
-                    };
-                    read(&mut out)?;
-                    outs.push((2.0f32, out.clone()));
+                    outs.push((2.0f32, read_f32(&recv, count).map_err(e)?));
                     for k in [2.0f32, -0.5] {
                         // Every rank has set its scalar before any replays: the ranks agree.
                         c.barrier().map_err(e)?;
@@ -287,8 +280,7 @@ fn a_device_scalar_is_read_when_the_graph_replays() {
                         c.barrier().map_err(e)?;
                         unsafe { check("cuGraphLaunch", sys::cuGraphLaunch(exec, stream)).map_err(e)? };
                         c.synchronize().map_err(e)?;
-                        read(&mut out)?;
-                        outs.push((k, out.clone()));
+                        outs.push((k, read_f32(&recv, count).map_err(e)?));
                     }
                     unsafe { sys::cuGraphExecDestroy(exec) };
                     for (k, out) in outs {

@@ -4,11 +4,11 @@
 
 mod common;
 
-use common::launch::free_port;
+use common::launch::{free_port, rank_command};
 use common::{all_ops, reduce_ops, run_case, MatrixOp};
 use ferroccl::{CollKind, Comm, Config, DataType, Error, Group, ReduceOp, TransportChoice};
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -285,28 +285,11 @@ struct Job {
 impl Job {
     /// `n` ranks of this binary in role `role`; their output lines arrive with timestamps.
     fn spawn(n: usize, role: &str, env: &[(&str, String)]) -> Job {
-        let exe = std::env::current_exe().unwrap();
         let port = free_port();
-        let secret: String = (0..32).map(|i| b"0123456789abcdef"[(port as usize * 7 + i * 13) % 16] as char).collect();
         let (tx, rx) = mpsc::channel();
         let kids = (0..n)
             .map(|r| {
-                let mut c = Command::new(&exe);
-                c.args(["--exact", "child", "--nocapture", "--test-threads=1"])
-                    .env("FERROCCL_TEST_ROLE", role)
-                    .env("RANK", r.to_string())
-                    .env("WORLD_SIZE", n.to_string())
-                    .env("LOCAL_RANK", r.to_string())
-                    .env("MASTER_ADDR", "127.0.0.1")
-                    .env("MASTER_PORT", port.to_string())
-                    .env("FERROCCL_JOB_SECRET", &secret)
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped());
-                for (k, v) in env {
-                    c.env(k, v);
-                }
-                let mut child = c.spawn().unwrap();
+                let mut child = rank_command("child", role, r, n, port, env).stdin(Stdio::null()).spawn().unwrap();
                 for out in [Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>, Box::new(child.stderr.take().unwrap())] {
                     let tx = tx.clone();
                     std::thread::spawn(move || {
@@ -410,16 +393,21 @@ fn child() {
     std::process::exit(0);
 }
 
-/// Random small collectives (the same sequence on every rank) until one fails; then shrink
-/// without the dead and run 100 exact all-reduces.
-fn busy_until_error(comm: &Comm, seed: u64) {
+/// The same pseudo-random sequence on every rank that has the same seed.
+fn xorshift(seed: u64) -> impl FnMut() -> u64 {
     let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
+    move || {
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
         rng
-    };
+    }
+}
+
+/// Random small collectives (the same sequence on every rank) until one fails; then shrink
+/// without the dead and run 100 exact all-reduces.
+fn busy_until_error(comm: &Comm, seed: u64) {
+    let mut next = xorshift(seed);
     let ops = all_ops();
     let t0 = Instant::now();
     loop {
@@ -466,13 +454,7 @@ fn busy_until_error(comm: &Comm, seed: u64) {
         }
     };
     // A fresh sequence: the survivors failed after different numbers of calls.
-    let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut next = xorshift(seed);
     let redops = reduce_ops(CollKind::AllReduce);
     for i in 0..100u64 {
         let count = 1 + (next() as usize % 2048);

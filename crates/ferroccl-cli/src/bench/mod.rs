@@ -191,11 +191,9 @@ impl Spec {
     }
 }
 
+/// A well-mixed 64-bit value of `z` (one SplitMix64 step from it).
 fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    ferroccl_core::numeric::splitmix64(&mut z)
 }
 
 /// A byte buffer aligned for every element type (8 bytes).
@@ -423,20 +421,23 @@ impl Pool {
     }
 }
 
-/// One pool per communicator, made (and closed) by a thread each: registration is collective,
-/// so one thread cannot do it for several ranks in turn.
-fn pools_for(comms: &[Comm], spec: &Spec, stats: &Arc<MemStats>) -> Result<Vec<Option<Pool>>, Error> {
+/// `f` on every item at once, a thread each: for calls that are collective over the ranks of
+/// this process (window registration), which one thread cannot make for several ranks in turn.
+pub(crate) fn on_each<I: Send, T: Send>(items: impl IntoIterator<Item = I>, f: impl Fn(I) -> Result<T, Error> + Sync) -> Result<Vec<T>, Error> {
     std::thread::scope(|s| {
-        let hs: Vec<_> = comms.iter().map(|c| s.spawn(move || Pool::new(c, spec, stats))).collect();
-        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("registering a pool panicked".into())))).collect()
+        let f = &f;
+        let hs: Vec<_> = items.into_iter().map(|i| s.spawn(move || f(i))).collect();
+        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("a rank's thread panicked".into())))).collect()
     })
 }
 
+/// One pool per communicator of this process (collective: `on_each`).
+fn pools_for(comms: &[Comm], spec: &Spec, stats: &Arc<MemStats>) -> Result<Vec<Option<Pool>>, Error> {
+    on_each(comms, |c| Pool::new(c, spec, stats))
+}
+
 fn close_pools(comms: &[Comm], pools: Vec<Option<Pool>>) -> Result<(), Error> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = comms.iter().zip(pools).map(|(c, p)| s.spawn(move || p.map_or(Ok(()), |p| p.close(c)))).collect();
-        hs.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("deregistering a pool panicked".into()))))
-    })
+    on_each(comms.iter().zip(pools), |(c, p)| p.map_or(Ok(()), |p| p.close(c))).map(|_| ())
 }
 
 struct RowRun<'a> {

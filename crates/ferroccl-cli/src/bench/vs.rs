@@ -799,21 +799,13 @@ fn register_all(lib: &Nccl, gpus: &[Gpu], ncomms: &[NcclComm], bufs: &mut [RankB
 /// Registers (or deregisters) ferroccl's buffers of every rank of this process as windows: a
 /// thread per communicator, since each call is collective.
 fn windows(comms: &[Comm], bufs: &[RankBufs], register: bool) -> Result<(), Error> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .iter()
-            .zip(bufs)
-            .map(|(c, b)| {
-                s.spawn(move || -> Result<(), Error> {
-                    for buf in [&b.f_send, &b.f_recv] {
-                        if register { c.register_buffer(buf)? } else { c.deregister_window(buf.device_ptr())? }
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        hs.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("window registration panicked".into()))))
+    super::on_each(comms.iter().zip(bufs), |(c, b)| {
+        for buf in [&b.f_send, &b.f_recv] {
+            if register { c.register_buffer(buf)? } else { c.deregister_window(buf.device_ptr())? }
+        }
+        Ok(())
     })
+    .map(|_| ())
 }
 
 /// Deregisters and frees NCCL's buffers (grouped like registration) and drops ferroccl's.

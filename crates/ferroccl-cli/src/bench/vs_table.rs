@@ -71,30 +71,13 @@ pub fn header(check: bool) -> String {
     let half_w = 2 + W_TIME + 1 + W_BW + 2 + W_TIME + 1 + W_BW + 2 + W_RATIO;
     let h = |t: &str, b: &str, t2: &str, b2: &str, r: &str| format!("  {t:>W_TIME$} {b:>W_BW$}  {t2:>W_TIME$} {b2:>W_BW$}  {r:>W_RATIO$}");
     let mut l0 = format!("#{}{:>half_w$}{:>half_w$}", " ".repeat(lead - 1), "---- out-of-place ----", "------ in-place ------");
-    let mut l1 = format!(
-        "#{:>w$} {:>W_COUNT$} {:>W_TYPE$} {:>W_REDOP$} {:>W_ROOT$}{}{}  {:>W_BLOCKS$}",
-        "size",
-        "count",
-        "type",
-        "redop",
-        "root",
-        h("ferroccl", "busbw", "NCCL", "busbw", "ratio"),
-        h("ferroccl", "busbw", "NCCL", "busbw", "ratio"),
-        "blocks",
-        w = W_SIZE - 1
-    );
-    let mut l2 = format!(
-        "#{:>w$} {:>W_COUNT$} {:>W_TYPE$} {:>W_REDOP$} {:>W_ROOT$}{}{}  {:>W_BLOCKS$}",
-        "(B)",
-        "(elements)",
-        "",
-        "",
-        "",
-        h("(us)", "(GB/s)", "(us)", "(GB/s)", "f/N"),
-        h("(us)", "(GB/s)", "(us)", "(GB/s)", "f/N"),
-        "f/N",
-        w = W_SIZE - 1
-    );
+    // The leading columns, both halves (the same heads) and the blocks column of one line.
+    let line = |lead: [&str; 5], half: String, blocks: &str| {
+        let [size, count, ty, redop, root] = lead;
+        format!("#{size:>w$} {count:>W_COUNT$} {ty:>W_TYPE$} {redop:>W_REDOP$} {root:>W_ROOT$}{half}{half}  {blocks:>W_BLOCKS$}", w = W_SIZE - 1)
+    };
+    let mut l1 = line(["size", "count", "type", "redop", "root"], h("ferroccl", "busbw", "NCCL", "busbw", "ratio"), "blocks");
+    let mut l2 = line(["(B)", "(elements)", "", "", ""], h("(us)", "(GB/s)", "(us)", "(GB/s)", "f/N"), "f/N");
     if check {
         l0 += &format!("  {:>w$}", "#wrong", w = 2 * W_WRONG + 1);
         l1 += &format!("  {:>W_WRONG$} {:>W_WRONG$}", "ferroccl", "NCCL");

@@ -31,3 +31,4 @@ pub mod verify;
 pub use element::Element;
 pub use fp8::{F8E4M3, F8E5M2};
 pub use reduce::Reducer;
+pub use verify::splitmix64;

@@ -35,6 +35,14 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// One step of the SplitMix64 generator: advances `state` and returns the next value. For
+/// reproducible pseudo-random choices anywhere (test points, benchmark seeds).
+#[inline]
+pub fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(GOLDEN);
+    mix(*state)
+}
+
 /// `floor(h * m / 2^64)`: a value in `0..m` from the high bits of `h` (no division).
 #[inline(always)]
 fn mulhi(h: u64, m: u64) -> u64 {

@@ -239,12 +239,7 @@ pub fn simulate_zero_copy(
     seed: u64,
     remote: &[RemoteDsts],
 ) -> Result<usize, String> {
-    let shape_ok = remote.len() == plans.len()
-        && remote.iter().zip(plans).all(|(m, p)| m.len() == p.lanes.len() && m.iter().zip(&p.lanes).all(|(a, l)| a.len() == l.steps.len()));
-    if !shape_ok {
-        return Err("remote destinations do not have the plans' shape".into());
-    }
-    run(ops, plans, capacity, seed, Some((remote, may_post)))
+    simulate_zero_copy_with(ops, plans, capacity, seed, remote, may_post)
 }
 
 /// [`simulate_zero_copy`] with another rule for when a receiver posts (tests of the rule).
@@ -256,6 +251,11 @@ pub fn simulate_zero_copy_with(
     remote: &[RemoteDsts],
     rule: PostRule,
 ) -> Result<usize, String> {
+    let shape_ok = remote.len() == plans.len()
+        && remote.iter().zip(plans).all(|(m, p)| m.len() == p.lanes.len() && m.iter().zip(&p.lanes).all(|(a, l)| a.len() == l.steps.len()));
+    if !shape_ok {
+        return Err("remote destinations do not have the plans' shape".into());
+    }
     run(ops, plans, capacity, seed, Some((remote, rule)))
 }
 

@@ -20,7 +20,7 @@
 use super::{BufKind, Plan, Step};
 use crate::algo::CollDesc;
 use crate::types::{CollKind, Rank};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Whether a receiver may post its output for an operation of `kind`. Everything is safe out of
 /// place. In place, a peer's direct write must never reach an output region before this rank
@@ -87,7 +87,7 @@ pub fn remote_dsts(
 ) -> RemoteDsts {
     // (op, peer, channel) -> the peer's receipts from us, in order: (count, output offset).
     let mut receipts: HashMap<(u16, Rank, u32), Vec<(usize, Option<usize>)>> = HashMap::new();
-    let mut built: HashMap<(u16, Rank), ()> = HashMap::new();
+    let mut built: HashSet<(u16, Rank)> = HashSet::new();
     let mut next: HashMap<(u16, Rank, u32), usize> = HashMap::new();
     let mut out = Vec::with_capacity(plan.lanes.len());
     for lane in &plan.lanes {
@@ -98,7 +98,7 @@ pub fn remote_dsts(
                 v.push(None);
                 continue;
             };
-            if built.insert((op, to), ()).is_none() {
+            if built.insert((op, to)) {
                 if let Some(pp) = peer_plan(op, to) {
                     for pl in &pp.lanes {
                         for ps in &pl.steps {

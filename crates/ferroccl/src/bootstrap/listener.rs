@@ -94,19 +94,7 @@ impl Listener {
 
     /// Waits for the connection parked under `key`; `peer` names its sender in errors.
     pub fn take(&self, key: Key, w: &Wait, peer: &str) -> Result<TcpStream, Error> {
-        let mut st = self.shared.lock();
-        loop {
-            if let Some(q) = st.parked.get_mut(&key) {
-                if let Some(s) = q.pop_front() {
-                    if q.is_empty() {
-                        st.parked.remove(&key);
-                    }
-                    return Ok(s);
-                }
-            }
-            w.check(|| format!("waiting for a connection from {peer} (tag {})", key.3))?;
-            st = self.shared.cv.wait_timeout(st, POLL).unwrap_or_else(|p| p.into_inner()).0;
-        }
+        self.take_when(key, w, peer, |_| Ok(()))
     }
 
     /// Like `take`, for connections whose tag every rank must agree on (ring and heartbeat
@@ -114,6 +102,27 @@ impl Listener {
     /// its sender disagrees with us (a shrink with another exclude list), which fails now
     /// rather than at the deadline.
     pub fn take_exact(&self, key: Key, w: &Wait, peer: &str) -> Result<TcpStream, Error> {
+        self.take_when(key, w, peer, |parked| {
+            if let Some(k) = parked.keys().find(|k| k.0 == key.0 && k.2 == key.2 && k.3 != key.3) {
+                return Err(Error::InvalidArgument(format!(
+                    "rank {} joined this communicator with a different set of members than ours (waiting for {peer}): \
+                     every survivor of a shrink must pass the same exclude list",
+                    k.1
+                )));
+            }
+            Ok(())
+        })
+    }
+
+    /// Waits for the connection parked under `key`; while none is, `refuse` may end the wait
+    /// with an error from what else is parked.
+    fn take_when(
+        &self,
+        key: Key,
+        w: &Wait,
+        peer: &str,
+        refuse: impl Fn(&HashMap<Key, VecDeque<TcpStream>>) -> Result<(), Error>,
+    ) -> Result<TcpStream, Error> {
         let mut st = self.shared.lock();
         loop {
             if let Some(q) = st.parked.get_mut(&key) {
@@ -124,14 +133,8 @@ impl Listener {
                     return Ok(s);
                 }
             }
-            if let Some(k) = st.parked.keys().find(|k| k.0 == key.0 && k.2 == key.2 && k.3 != key.3) {
-                return Err(Error::InvalidArgument(format!(
-                    "rank {} joined this communicator with a different set of members than ours (waiting for {peer}): \
-                     every survivor of a shrink must pass the same exclude list",
-                    k.1
-                )));
-            }
-            w.check(|| format!("waiting for a connection from {peer}"))?;
+            refuse(&st.parked)?;
+            w.check(|| format!("waiting for a connection from {peer} (tag {})", key.3))?;
             st = self.shared.cv.wait_timeout(st, POLL).unwrap_or_else(|p| p.into_inner()).0;
         }
     }

@@ -20,6 +20,7 @@ pub(crate) const CHECK_SRC: &str = include_str!("kernels/check.cu");
 
 /// Our headers, by the name the sources include them with.
 pub(crate) const HEADERS: &[(&str, &str)] = &[
+    ("ints.cuh", include_str!("kernels/ints.cuh")),
     ("types.cuh", include_str!("kernels/types.cuh")),
     ("fifo.cuh", include_str!("kernels/fifo.cuh")),
     ("reduce.cuh", include_str!("kernels/reduce.cuh")),
@@ -127,8 +128,8 @@ mod tests {
     #[test]
     fn splicing_inlines_each_header_once() {
         for (src, uses) in [
-            (plan_exec_source(), &["types.cuh", "fifo.cuh", "reduce.cuh"][..]),
-            (check_source(), &["check.cuh"][..]),
+            (plan_exec_source(), &["ints.cuh", "types.cuh", "fifo.cuh", "reduce.cuh"][..]),
+            (check_source(), &["ints.cuh", "check.cuh"][..]),
         ] {
             assert!(!src.lines().any(|l| quoted_include(l).is_some()), "a quoted include survived");
             for (name, body) in HEADERS {

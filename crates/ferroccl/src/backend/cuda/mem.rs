@@ -251,27 +251,12 @@ impl DeviceBuffer {
     /// [`import`](DeviceBuffer::import) after receiving it through `fdpass`.
     pub fn export_fd(&self) -> Result<OwnedFd> {
         self.gpu.bind()?;
-        let mut fd: i32 = -1;
-        check("cuMemExportToShareableHandle", unsafe {
-            sys::cuMemExportToShareableHandle(
-                (&mut fd as *mut i32).cast(),
-                self.handle,
-                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                0,
-            )
-        })?;
-        if fd < 0 {
-            return Err(Error::System("cuMemExportToShareableHandle returned no file descriptor".into()));
-        }
-        // SAFETY: the driver just created this descriptor for us to own.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        export_handle(self.handle)
     }
 
     /// Grants read/write access to more GPUs (ordinals); earlier grants stay.
     pub fn grant_access(&self, peers: &[usize]) -> Result<()> {
-        self.gpu.bind()?;
-        let who = access_ordinals(self.gpu.ordinal(), peers, gpu_count()?)?;
-        set_access(self.ptr, self.mapped, &who)
+        grant_range(&self.gpu, self.ptr, self.mapped, peers)
     }
 
     /// The device address, valid on every GPU granted access.
@@ -400,31 +385,34 @@ pub(crate) fn export_allocation(gpu: &Gpu, ptr: u64, len: usize) -> Result<(Owne
     let mut handle = 0;
     check("cuMemRetainAllocationHandle", unsafe { sys::cuMemRetainAllocationHandle(&mut handle, ptr as *mut std::ffi::c_void) })
         .map_err(|e| Error::InvalidArgument(format!("{ptr:#x} is not a cuMem allocation ({e}); {hint}")))?;
+    let r = export_handle(handle);
+    // The retained reference is ours to drop; the allocation stays its owner's.
+    unsafe { sys::cuMemRelease(handle) };
+    let fd = r.map_err(|e| Error::InvalidArgument(format!("the allocation at {base:#x} cannot be shared as a file descriptor ({e}); {hint}")))?;
+    Ok((fd, base, size))
+}
+
+/// A new POSIX file descriptor for an allocation handle (the owning GPU's context bound).
+fn export_handle(handle: sys::CUmemGenericAllocationHandle) -> Result<OwnedFd> {
     let mut fd: i32 = -1;
-    let r = check("cuMemExportToShareableHandle", unsafe {
+    check("cuMemExportToShareableHandle", unsafe {
         sys::cuMemExportToShareableHandle(
             (&mut fd as *mut i32).cast(),
             handle,
             sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
             0,
         )
-    });
-    // The retained reference is ours to drop; the allocation stays its owner's.
-    unsafe { sys::cuMemRelease(handle) };
-    r.map_err(|e| Error::InvalidArgument(format!("the allocation at {base:#x} cannot be shared as a file descriptor ({e}); {hint}")))?;
+    })?;
     if fd < 0 {
         return Err(Error::System("cuMemExportToShareableHandle returned no file descriptor".into()));
     }
     // SAFETY: the driver just created this descriptor for us to own.
-    Ok((unsafe { OwnedFd::from_raw_fd(fd) }, base, size))
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Grants read/write access to a mapped range (all of one allocation) to more GPUs of this
 /// process; earlier grants stay.
 pub(crate) fn grant_range(gpu: &Gpu, base: u64, size: usize, peers: &[usize]) -> Result<()> {
-    if peers.is_empty() {
-        return Ok(());
-    }
     gpu.bind()?;
     let who = access_ordinals(gpu.ordinal(), peers, gpu_count()?)?;
     set_access(base, size, &who)

@@ -269,8 +269,8 @@ impl CudaRank {
         self.last_blocks.load(Ordering::Relaxed)
     }
 
-    /// Registers a window with every rank (collective; see window.rs). Takes the launch lock,
-    /// so no launch of this rank runs between the registration and its use.
+    /// Registers a window with every rank (collective; see window.rs). Holds the windows lock,
+    /// which every launch takes too, so no launch of this rank sees half a registration.
     pub fn register(&self, boot: &Bootstrap, ptr: u64, len: usize, abort: &AtomicBool, deadline: std::time::Instant) -> Result<(), Error> {
         let mut w = self.windows.lock().map_err(|_| Error::Internal("windows lock poisoned".into()))?;
         w.register(&self.gpu, boot, ptr, len, &self.stats, abort, deadline)

@@ -152,7 +152,9 @@ impl Windows {
         // Peers of this process reach the buffer at its own address once their GPU may.
         let local_gpus: Vec<usize> = (0..n).filter(|&q| q != me && descs[q].pid == pid).map(|q| descs[q].gpu as usize).collect();
         let mine = descs[me];
-        super::mem::grant_range(gpu, mine.alloc_base, mine.alloc_len as usize, &local_gpus)?;
+        if !local_gpus.is_empty() {
+            super::mem::grant_range(gpu, mine.alloc_base, mine.alloc_len as usize, &local_gpus)?;
+        }
         let mut here = vec![0u64; n];
         here[me] = ptr;
         for q in (0..n).filter(|&q| q != me && descs[q].pid == pid) {

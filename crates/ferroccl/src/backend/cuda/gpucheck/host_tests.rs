@@ -183,6 +183,7 @@ fn libs() -> &'static [Lib] {
     LIBS.get_or_init(|| {
         let dir = temp_dir();
         std::fs::write(dir.join("check.cuh"), include_str!("../kernels/check.cuh")).unwrap();
+        std::fs::write(dir.join("ints.cuh"), include_str!("../kernels/ints.cuh")).unwrap();
         std::fs::write(dir.join("harness.c"), HARNESS).unwrap();
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
         let mut v = Vec::new();
@@ -202,11 +203,7 @@ fn libs() -> &'static [Lib] {
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        ferroccl_core::numeric::splitmix64(&mut self.0)
     }
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n

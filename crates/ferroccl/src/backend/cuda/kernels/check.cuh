@@ -1,9 +1,9 @@
 // The values of ferroccl's verifiable mode (ferroccl_core::numeric::verify and check.rs),
 // element by element, for the GPU checker (check.cu).
 //
-// Written in the common subset of C and C++, with no headers: NVRTC compiles it into check.cu,
-// and a host test (backend/cuda/gpucheck/host_tests.rs) compiles the same text with the system
-// C compiler and compares every function with the Rust reference. Keep it that way: anything
+// Written in the common subset of C and C++, with no headers but ints.cuh: NVRTC compiles it
+// into check.cu, and a host test (backend/cuda/gpucheck/host_tests.rs) compiles the same text
+// with the system C compiler and compares every function with the Rust reference. Keep it that way: anything
 // here that only NVRTC sees is untested on the host.
 //
 // Bit-exactness rules:
@@ -19,13 +19,7 @@
 // in FcCheckCase, so only per-element code is repeated here.
 #pragma once
 
-typedef signed char fc_i8;
-typedef unsigned char fc_u8;
-typedef unsigned short fc_u16;
-typedef int fc_i32;
-typedef unsigned int fc_u32;
-typedef long long fc_i64;
-typedef unsigned long long fc_u64;
+#include "ints.cuh"
 
 // FC_CK_ENTRY marks the per-element entry points the kernels call: out of line on the GPU, so
 // that the kernels' unrolled pack loops hold calls rather than copies of the whole computation

@@ -1,17 +1,9 @@
 // Structures shared between the host (crates/ferroccl/src/backend/cuda/devplan.rs) and the
 // plan-execution kernel. Every layout is pinned twice: static_asserts here, const asserts and a
 // test that re-reads the FC_CHECK_* lines of this file on the Rust side. Change both together.
-//
-// NVRTC has no C library headers, so the fixed-width names are spelled out here.
 #pragma once
 
-typedef signed char fc_i8;
-typedef unsigned char fc_u8;
-typedef unsigned short fc_u16;
-typedef int fc_i32;
-typedef unsigned int fc_u32;
-typedef long long fc_i64;
-typedef unsigned long long fc_u64;
+#include "ints.cuh"
 
 #define FC_CHECK_SIZE(T, n) static_assert(sizeof(T) == (n), "layout of " #T " differs from devplan.rs")
 // NVRTC's front end has no __builtin_offsetof (nor <cstddef>); __INTADDR__ is its constant
