@@ -6,6 +6,7 @@
 
 use crate::types::Error;
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Messages a connection must hold for plans to be deadlock-free: a ring step receives one
@@ -56,9 +57,14 @@ pub struct Config {
     pub max_bootstrap_msg: usize,
     /// FERROCCL_CHANNELS: channels (independent rings over slices of the buffer) per collective.
     pub channels: usize,
-    /// FERROCCL_GPU_CHANNELS: channels on GPUs, where each is a thread block: NVLink needs
-    /// many blocks in flight (measured on 2 x H200: 1 channel 12 GB/s, 8: 82, 32: 235).
+    /// FERROCCL_GPU_CHANNELS: the most channels an operation takes on GPUs, where each is a
+    /// thread block: NVLink needs many blocks in flight (measured on 2 x H200: 1 channel
+    /// 12 GB/s, 8: 82, 32: 235). The communicator's FIFOs are sized for this many.
     pub gpu_channels: usize,
+    /// FERROCCL_GPU_CHANNEL_BYTES: on GPUs an operation takes one channel per this many bytes
+    /// of its largest buffer (up to `gpu_channels`), so that small operations do not launch
+    /// blocks that have nothing to move. Every rank must agree.
+    pub gpu_channel_bytes: usize,
     /// FERROCCL_CHUNK_BYTES: bytes one algorithm step moves at most (the pipeline unit).
     pub chunk_bytes: usize,
     /// FERROCCL_SLOT_BYTES: size of one FIFO slot in a connection; a chunk travels as
@@ -92,7 +98,16 @@ pub struct Config {
     /// FERROCCL_TCP_CRC: a CRC32C after every frame of the socket transport, checked by the
     /// receiver, so that corruption in transit is an error instead of wrong results.
     pub tcp_crc: bool,
+    /// FERROCCL_CUDA_INCLUDE (':'-separated), then `/usr/local/cuda/include`: where NVRTC finds
+    /// CUDA's headers (`cuda_fp16.h`, ...) when it compiles the kernels.
+    pub cuda_include: Vec<PathBuf>,
+    /// Where compiled kernels are cached on disk: `$XDG_CACHE_HOME/ferroccl/kernels`, else
+    /// `$HOME/.cache/ferroccl/kernels`; None (neither set): no disk cache.
+    pub kernel_cache: Option<PathBuf>,
 }
+
+/// Where CUDA's headers are on a standard install.
+pub const SYSTEM_CUDA_INCLUDE: &str = "/usr/local/cuda/include";
 
 impl Default for Config {
     fn default() -> Self {
@@ -103,6 +118,7 @@ impl Default for Config {
             max_bootstrap_msg: 64 << 20,
             channels: 1,
             gpu_channels: 32,
+            gpu_channel_bytes: 4 << 10,
             chunk_bytes: 1 << 20,
             slot_bytes: 256 << 10,
             slots: 8,
@@ -113,6 +129,8 @@ impl Default for Config {
             heartbeat_misses: 6,
             check_mismatch: false,
             tcp_crc: false,
+            cuda_include: vec![PathBuf::from(SYSTEM_CUDA_INCLUDE)],
+            kernel_cache: None,
         }
     }
 }
@@ -179,6 +197,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_CHANNELS") {
             c.gpu_channels = parse("FERROCCL_GPU_CHANNELS", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_CHANNEL_BYTES") {
+            c.gpu_channel_bytes = parse("FERROCCL_GPU_CHANNEL_BYTES", v)?;
+        }
         if let Some(v) = get("FERROCCL_CHUNK_BYTES") {
             c.chunk_bytes = parse("FERROCCL_CHUNK_BYTES", v)?;
         }
@@ -215,6 +236,17 @@ impl Config {
         if let Some(v) = get("FERROCCL_TCP_CRC") {
             c.tcp_crc = parse_bool("FERROCCL_TCP_CRC", v)?;
         }
+        if let Some(v) = get("FERROCCL_CUDA_INCLUDE") {
+            let mut dirs: Vec<PathBuf> = std::env::split_paths(v).filter(|p| !p.as_os_str().is_empty()).collect();
+            for d in std::mem::take(&mut c.cuda_include) {
+                if !dirs.contains(&d) {
+                    dirs.push(d);
+                }
+            }
+            c.cuda_include = dirs;
+        }
+        let cache_base = get("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| get("HOME").map(|h| PathBuf::from(h).join(".cache")));
+        c.kernel_cache = cache_base.map(|b| b.join("ferroccl").join("kernels"));
         c.validate()?;
         Ok(c)
     }
@@ -226,6 +258,9 @@ impl Config {
         }
         if self.gpu_channels == 0 || self.gpu_channels > 128 {
             return Err(Error::InvalidArgument(format!("gpu_channels={} must be in 1..=128", self.gpu_channels)));
+        }
+        if self.gpu_channel_bytes == 0 {
+            return Err(Error::InvalidArgument("gpu_channel_bytes must be at least 1".into()));
         }
         if self.slots == 0 || self.slot_bytes < 64 || !self.slot_bytes.is_multiple_of(64) {
             return Err(Error::InvalidArgument(format!(

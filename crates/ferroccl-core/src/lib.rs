@@ -7,6 +7,7 @@ pub mod numeric;
 pub mod opsig;
 pub mod plan;
 pub mod topo;
+pub mod tune;
 pub mod types;
 
 pub use config::{Config, LaunchEnv, TransportChoice};

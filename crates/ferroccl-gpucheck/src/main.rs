@@ -19,7 +19,7 @@ use cudarc::driver::sys;
 use ferroccl::cuda::device::{gpu_count, Gpu, LaunchDims, Module};
 use ferroccl::cuda::fdpass::{FdChannel, FdListener};
 use ferroccl::cuda::nvrtc::{self, CompileRequest, KernelCache};
-use ferroccl::cuda::check;
+use ferroccl::cuda::cu_ok;
 use ferroccl::mem::{DeviceBuffer, MemStats};
 use ferroccl::Result;
 
@@ -93,7 +93,7 @@ impl Kernels {
         let mut params = [ptr_of(&mut p), ptr_of(&mut n), ptr_of(&mut f), ptr_of(&mut s)];
         // SAFETY: the parameters match `fill`'s signature and `ptr` maps `words` u32s for this GPU.
         unsafe { self.module.kernel("fill")?.launch(self.dims(), std::ptr::null_mut(), &mut params) }?;
-        check("fill launch", unsafe { sys::cuCtxSynchronize() })
+        cu_ok("fill launch", unsafe { sys::cuCtxSynchronize() })
     }
 
     fn copy(&self, src: u64, dst: u64, bytes: u64) -> Result<()> {
@@ -113,18 +113,18 @@ fn time_copy(gpu: &Gpu, k: &Kernels, src: u64, dst: u64, bytes: u64, reps: usize
     gpu.bind()?;
     let mut ev = [std::ptr::null_mut(); 2];
     for e in &mut ev {
-        check("cuEventCreate", unsafe { sys::cuEventCreate(e, 0) })?;
+        cu_ok("cuEventCreate", unsafe { sys::cuEventCreate(e, 0) })?;
     }
     k.copy(src, dst, bytes)?;
-    check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })?;
+    cu_ok("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })?;
     let mut times = Vec::new();
     for _ in 0..reps {
-        check("cuEventRecord", unsafe { sys::cuEventRecord(ev[0], std::ptr::null_mut()) })?;
+        cu_ok("cuEventRecord", unsafe { sys::cuEventRecord(ev[0], std::ptr::null_mut()) })?;
         k.copy(src, dst, bytes)?;
-        check("cuEventRecord", unsafe { sys::cuEventRecord(ev[1], std::ptr::null_mut()) })?;
-        check("cuEventSynchronize", unsafe { sys::cuEventSynchronize(ev[1]) })?;
+        cu_ok("cuEventRecord", unsafe { sys::cuEventRecord(ev[1], std::ptr::null_mut()) })?;
+        cu_ok("cuEventSynchronize", unsafe { sys::cuEventSynchronize(ev[1]) })?;
         let mut ms = 0f32;
-        check("cuEventElapsedTime", unsafe { sys::cuEventElapsedTime_v2(&mut ms, ev[0], ev[1]) })?;
+        cu_ok("cuEventElapsedTime", unsafe { sys::cuEventElapsedTime_v2(&mut ms, ev[0], ev[1]) })?;
         times.push(ms as f64);
     }
     for e in ev {
@@ -136,16 +136,13 @@ fn time_copy(gpu: &Gpu, k: &Kernels, src: u64, dst: u64, bytes: u64, reps: usize
 
 fn poison(buf: &DeviceBuffer) -> Result<()> {
     buf.gpu().bind()?;
-    check("cuMemsetD32", unsafe { sys::cuMemsetD32_v2(buf.device_ptr(), 0xDEAD_BEEF, buf.mapped_len() / 4) })
+    cu_ok("cuMemsetD32", unsafe { sys::cuMemsetD32_v2(buf.device_ptr(), 0xDEAD_BEEF, buf.mapped_len() / 4) })
 }
 
 fn compile_kernels(arch: &str) -> Result<Vec<u8>> {
-    let mut inc = nvrtc::include_dirs_from_env();
-    if inc.is_empty() {
-        inc.push("/usr/local/cuda/include".into());
-    }
-    let req = CompileRequest { name: "gpucheck.cu", source: KERNELS, arch, include_dirs: &inc, options: &[] };
-    let cache = nvrtc::default_cache_dir().map(KernelCache::new);
+    let config = ferroccl::Config::from_env()?;
+    let req = CompileRequest { name: "gpucheck.cu", source: KERNELS, arch, include_dirs: &config.cuda_include, options: &[] };
+    let cache = config.kernel_cache.map(KernelCache::new);
     let t = Instant::now();
     let v = nvrtc::nvrtc_version()?;
     let img = nvrtc::compile(&req)?;
@@ -276,7 +273,7 @@ fn single_process(n: usize, rep: &mut Report) -> Result<()> {
             poison(&dst[d])?;
             let r = ks[d]
                 .copy(src[s].device_ptr(), dst[d].device_ptr(), BYTES as u64)
-                .and_then(|_| check("copy16", unsafe { sys::cuCtxSynchronize() }))
+                .and_then(|_| cu_ok("copy16", unsafe { sys::cuCtxSynchronize() }))
                 .and_then(|_| verify(&dst[d], 0, words, 0, s as u32 + 1));
             rep.step(&format!("gpu {d} reads gpu {s}'s buffer through cuMemSetAccess alone"), r);
             let gbs = time_copy(&gpus[d], &ks[d], src[s].device_ptr(), dst[d].device_ptr(), BYTES as u64, 20)?;
@@ -387,7 +384,7 @@ fn child(role: &str) -> Result<()> {
             let local = DeviceBuffer::alloc(&gpu, BYTES, &[], &stats)?;
             poison(&local)?;
             k.copy(buf.device_ptr(), local.device_ptr(), (half * 4) as u64)?;
-            check("copy16", unsafe { sys::cuCtxSynchronize() })?;
+            cu_ok("copy16", unsafe { sys::cuCtxSynchronize() })?;
             verify(&local, 0, half, 0, SEED_EXPORTER)?.map_err(&fail)?;
             let gbs = time_copy(&gpu, &k, buf.device_ptr(), local.device_ptr(), BYTES as u64, 20)?;
             println!("{tag} copy from the other process's buffer (gpu 0 memory) into gpu {ord}: {gbs:.1} GB/s");
@@ -422,7 +419,7 @@ mod tests {
             eprintln!("note: libnvrtc not found; skipping");
             return;
         }
-        let inc = nvrtc::include_dirs_from_env();
+        let inc = ferroccl::Config::from_env().unwrap().cuda_include;
         let req = CompileRequest { name: "gpucheck.cu", source: KERNELS, arch: "sm_90", include_dirs: &inc, options: &[] };
         let img = nvrtc::compile(&req).unwrap_or_else(|e| panic!("{e}"));
         assert!(img.bytes.starts_with(b"\x7fELF"));

@@ -1,19 +1,16 @@
-//! The communicator: who we are (`CommInfo`), what we own (connections), and the calls.
+//! The communicator: who it is ([`CommInfo`]), its bootstrap, its backend, and the calls that
+//! make, split, shrink and abort it. The collectives themselves are in `collectives.rs`.
 
-use crate::backend::cuda::rank::CudaRank;
-use crate::backend::host::conns::Conns;
+use crate::backend::cuda::CudaComm;
+use crate::backend::host::HostComm;
+use crate::backend::Backend;
 use crate::bootstrap::{Bootstrap, UniqueId};
-use crate::group::Group;
-use crate::ops::OpArgs;
-use crate::transport::FifoMem;
+use crate::info::{CommInfo, CommState};
 use ferroccl_core::numeric::Element;
 use ferroccl_core::topo::{RankLocation, Topology, TransportKind};
-use ferroccl_core::{CollKind, Config, DataType, Error, LaunchEnv, Rank, ReduceOp};
+use ferroccl_core::{Config, DataType, Error, LaunchEnv, Rank};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-
-/// How long `abort` waits for another thread's call to let go of the connections.
-const ABORT_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Where a rank's buffers live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,39 +22,13 @@ pub enum Device {
     Cuda(usize),
 }
 
-/// What a communicator is, fixed at creation.
-#[derive(Debug)]
-pub(crate) struct CommInfo {
-    pub rank: Rank,
-    pub nranks: usize,
-    pub config: Config,
-    pub topo: Topology,
-    /// "rank 2 (host, pid 123)" for each rank, for messages.
-    pub peer_names: Vec<String>,
-    /// Each rank's process id where it shares our host, else 0 (for liveness checks).
-    pub peer_pids: Vec<u32>,
-    /// The transport to each rank ("shm", "tcp"), for messages.
-    pub peer_via: Vec<&'static str>,
-}
-
-/// What a communicator owns and changes while it runs operations.
-pub(crate) struct CommState {
-    pub conns: Conns,
-    /// Launches so far, named in errors so that one can tell which call failed.
-    pub seq: u64,
-    /// Set by the first failure that may have left peers or buffers half-way: later calls fail.
-    pub failed: Option<Error>,
-}
-
 /// A communicator: a set of ranks that run collectives together.
 pub struct Comm {
     pub(crate) info: CommInfo,
     pub(crate) boot: Bootstrap,
     pub(crate) state: Mutex<CommState>,
-    pub(crate) fifos: Arc<Mutex<Vec<Arc<FifoMem>>>>,
     pub(crate) abort: Arc<AtomicBool>,
-    /// The GPU side, for a communicator on `Device::Cuda`.
-    pub(crate) cuda: Option<CudaRank>,
+    pub(crate) backend: Backend,
 }
 
 impl std::fmt::Debug for Comm {
@@ -157,11 +128,7 @@ impl Comm {
         Comm::from_bootstrap(boot, Device::Host, config.clone(), abort)
     }
 
-    fn from_bootstrap(boot: Bootstrap, device: Device, mut config: Config, abort: Arc<AtomicBool>) -> Result<Comm, Error> {
-        if matches!(device, Device::Cuda(_)) {
-            // Plans and the GPU fabric agree on channels through the one config.
-            config.channels = config.gpu_channels;
-        }
+    fn from_bootstrap(boot: Bootstrap, device: Device, config: Config, abort: Arc<AtomicBool>) -> Result<Comm, Error> {
         let peers = boot.peers();
         let me = &peers[boot.rank()];
         let topo = Topology {
@@ -174,19 +141,30 @@ impl Comm {
         for p in 0..boot.nranks() {
             peer_via.push(topo.transport(boot.rank(), p, config.transport)?.name());
         }
-        let info = CommInfo { rank: boot.rank(), nranks: boot.nranks(), config, topo, peer_names, peer_pids, peer_via };
-        let fifos = Arc::new(Mutex::new(Vec::new()));
-        let state = Mutex::new(CommState { conns: Conns::new(fifos.clone()), seq: 0, failed: None });
-        let cuda = match device {
-            Device::Host => None,
-            Device::Cuda(ordinal) => Some(CudaRank::new(ordinal, &boot, &info.config, &abort)?),
+        let tuner_device = match device {
+            Device::Host => ferroccl_core::tune::Device::Host,
+            Device::Cuda(_) => ferroccl_core::tune::Device::Gpu,
         };
-        // A peer's death must free this rank's kernels even when nobody is in synchronize
-        // (a framework waiting on the stream itself).
-        if let Some(c) = &cuda {
-            boot.health().on_failure(c.abort_handle());
+        let info = CommInfo { rank: boot.rank(), nranks: boot.nranks(), config, topo, device: tuner_device, peer_names, peer_pids, peer_via };
+        let backend = match device {
+            Device::Host => Backend::Host(HostComm::new()),
+            Device::Cuda(ordinal) => {
+                let c = CudaComm::new(ordinal, &boot, &info.config, &abort)?;
+                // A peer's death must free this rank's kernels even when nobody is in
+                // synchronize (a framework waiting on the stream itself).
+                boot.health().on_failure(c.abort_handle());
+                Backend::Cuda(Box::new(c))
+            }
+        };
+        Ok(Comm { info, boot, state: Mutex::new(CommState::default()), abort, backend })
+    }
+
+    /// The device this communicator's rank runs on.
+    pub fn device(&self) -> Device {
+        match &self.backend {
+            Backend::Host(_) => Device::Host,
+            Backend::Cuda(c) => Device::Cuda(c.gpu.ordinal()),
         }
-        Ok(Comm { info, boot, state, fifos, abort, cuda })
     }
 
     pub fn rank(&self) -> Rank {
@@ -217,15 +195,15 @@ impl Comm {
     /// GPU communicators: waits until every operation enqueued so far completed, and reports
     /// a failure the kernels recorded. Host communicators: nothing to wait for.
     pub fn synchronize(&self) -> Result<(), Error> {
-        match &self.cuda {
-            Some(c) => c.synchronize(|| self.boot.health().failure()),
-            None => Ok(()),
+        match &self.backend {
+            Backend::Cuda(c) => c.synchronize(|| self.boot.health().failure()),
+            Backend::Host(_) => Ok(()),
         }
     }
 
     /// The CUDA stream operations of a GPU communicator are enqueued on (null for host ones).
     pub fn cuda_stream(&self) -> *mut std::ffi::c_void {
-        self.cuda.as_ref().map(|c| c.stream() as *mut std::ffi::c_void).unwrap_or(std::ptr::null_mut())
+        self.backend.cuda().map(|c| c.stream() as *mut std::ffi::c_void).unwrap_or(std::ptr::null_mut())
     }
 
     /// GPU communicators: later operations are enqueued on `stream` (a `CUstream`; null: the
@@ -234,7 +212,7 @@ impl Comm {
     /// # Safety
     /// `stream` must be a stream of this communicator's GPU context that outlives its use.
     pub unsafe fn set_stream(&self, stream: *mut std::ffi::c_void) {
-        if let Some(c) = &self.cuda {
+        if let Some(c) = self.backend.cuda() {
             c.set_stream(stream as _);
         }
     }
@@ -251,7 +229,7 @@ impl Comm {
     /// The range must stay allocated until [`Comm::deregister_window`] (or the communicator's
     /// drop): peers write into it.
     pub unsafe fn register_window(&self, ptr: u64, bytes: usize) -> Result<(), Error> {
-        let Some(c) = &self.cuda else {
+        let Some(c) = self.backend.cuda() else {
             return Err(Error::InvalidArgument("windows are GPU memory: this communicator runs on the host".into()));
         };
         let state = self.state.lock().map_err(|_| Error::Internal("communicator state poisoned".into()))?;
@@ -272,7 +250,7 @@ impl Comm {
     /// Forgets the window registered at `ptr` (collective), once the work queued on the
     /// communicator's stream is done.
     pub fn deregister_window(&self, ptr: u64) -> Result<(), Error> {
-        let Some(c) = &self.cuda else {
+        let Some(c) = self.backend.cuda() else {
             return Err(Error::InvalidArgument("windows are GPU memory: this communicator runs on the host".into()));
         };
         let _state = self.state.lock().map_err(|_| Error::Internal("communicator state poisoned".into()))?;
@@ -281,7 +259,7 @@ impl Comm {
 
     /// GPU memory this communicator holds (its own allocations and imported peer memory).
     pub fn device_memory_bytes(&self) -> u64 {
-        self.cuda.as_ref().map(|c| c.memory_bytes()).unwrap_or(0)
+        self.backend.cuda().map(|c| c.memory_bytes()).unwrap_or(0)
     }
 
     /// GPU communicators: the thread blocks (one per plan lane, each on its own SM while it
@@ -289,19 +267,19 @@ impl Comm {
     /// group launches one kernel per communicator, so this counts every operation of the
     /// group on this rank.
     pub fn last_launch_blocks(&self) -> Option<u32> {
-        self.cuda.as_ref().map(|c| c.last_blocks())
+        self.backend.cuda().map(|c| c.last_blocks())
     }
 
     /// The GPU of a GPU communicator.
-    pub fn gpu(&self) -> Option<&crate::backend::cuda::device::Gpu> {
-        self.cuda.as_ref().map(|c| &c.gpu)
+    pub fn gpu(&self) -> Option<&crate::cuda::Gpu> {
+        self.backend.cuda().map(|c| &c.gpu)
     }
 
-    /// GPU communicators: the verifiable mode on this communicator's GPU and stream, its
-    /// kernels compiled on the first call. Host communicators: None (check host buffers with
-    /// `CheckCase` directly).
-    pub fn gpu_check(&self) -> Result<Option<crate::check::GpuCheck<'_>>, Error> {
-        self.cuda.as_ref().map(|c| c.gpu_check()).transpose()
+    /// GPU communicators: the verifiable mode on this communicator's GPU and stream, its kernels
+    /// compiled (or found in the disk cache) and loaded by this call: make one and keep it.
+    /// Host communicators: None (check host buffers with `CheckCase` directly).
+    pub fn gpu_verifier(&self) -> Result<Option<crate::verify::GpuVerifier<'_>>, Error> {
+        self.backend.cuda().map(|c| crate::verify::GpuVerifier::new(c, &self.info.config)).transpose()
     }
 
     /// Out-of-band barrier over the bootstrap connections.
@@ -314,133 +292,13 @@ impl Comm {
         self.boot.allgather(mine)
     }
 
-    /// Runs one operation on raw host buffers.
-    ///
-    /// # Safety
-    /// `args.send` and `args.recv` must be valid for reads / writes of the extents the operation
-    /// implies (see [`OpArgs`]) until the call returns, and not be accessed by others meanwhile.
-    pub unsafe fn run_raw(&self, args: &OpArgs) -> Result<(), Error> {
-        let mut g = Group::new();
-        g.push_raw(self, *args)?;
-        g.launch()
-    }
-
-    /// Runs `kind` with typed buffers; the count comes from the buffer sizes (see
-    /// [`CollKind::buffer_counts`]): all-reduce, broadcast, reduce, send: `send.len()`;
-    /// recv: `recv.len()`; all-gather, gather: `send.len()` per rank; reduce-scatter, scatter:
-    /// `recv.len()` per rank; all-to-all: `send.len() / nranks` per peer.
-    pub fn run<T: Element>(&self, kind: CollKind, send: &[T], recv: &mut [T], op: ReduceOp, root: Rank) -> Result<(), Error> {
-        let args = self.typed_args(kind, send, recv, op, root)?;
-        // SAFETY: the slices are valid and exclusively borrowed for the call, and their lengths
-        // were checked against the operation's extents.
-        unsafe { self.run_raw(&args) }
-    }
-
-    /// Runs `kind` in place on `buf` (NCCL's in-place conventions: all-gather and gather read
-    /// this rank's block of `buf`; reduce-scatter and scatter write it).
-    pub fn run_in_place<T: Element>(&self, kind: CollKind, buf: &mut [T], op: ReduceOp, root: Rank) -> Result<(), Error> {
-        let args = self.in_place_args(kind, buf, op, root)?;
-        // SAFETY: as in `run`.
-        unsafe { self.run_raw(&args) }
-    }
-
-    pub(crate) fn typed_args<T: Element>(&self, kind: CollKind, send: &[T], recv: &mut [T], op: ReduceOp, root: Rank) -> Result<OpArgs, Error> {
-        let n = self.info.nranks;
-        let count = match kind {
-            CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce | CollKind::Send => send.len(),
-            CollKind::AllGather | CollKind::Gather => send.len(),
-            CollKind::ReduceScatter | CollKind::Scatter | CollKind::Recv => recv.len(),
-            CollKind::AllToAll => {
-                if !send.len().is_multiple_of(n) {
-                    return Err(Error::InvalidArgument(format!("alltoall: send length {} is not a multiple of {n} ranks", send.len())));
-                }
-                send.len() / n
-            }
-        };
-        let (sc, rc) = kind
-            .buffer_counts(count, n, root == self.info.rank)
-            .ok_or_else(|| Error::InvalidArgument(format!("{kind}: count {count} times {n} ranks overflows")))?;
-        if send.len() < sc || recv.len() < rc {
-            return Err(Error::InvalidArgument(format!(
-                "{kind}: buffers hold {} and {} elements, the operation needs {sc} and {rc}",
-                send.len(),
-                recv.len()
-            )));
-        }
-        Ok(OpArgs { kind, send: send.as_ptr() as *const u8, recv: recv.as_mut_ptr() as *mut u8, count, dtype: T::DTYPE, op, root, device_scalar: None })
-    }
-
-    pub(crate) fn in_place_args<T: Element>(&self, kind: CollKind, buf: &mut [T], op: ReduceOp, root: Rank) -> Result<OpArgs, Error> {
-        let (n, r) = (self.info.nranks, self.info.rank);
-        let es = std::mem::size_of::<T>();
-        let blocked = matches!(kind, CollKind::AllGather | CollKind::ReduceScatter | CollKind::AllToAll)
-            || (matches!(kind, CollKind::Gather | CollKind::Scatter) && r == root);
-        if matches!(kind, CollKind::Send | CollKind::Recv) {
-            return Err(Error::InvalidArgument(format!("{kind} has no in-place form")));
-        }
-        let count = if blocked {
-            if !buf.len().is_multiple_of(n) {
-                return Err(Error::InvalidArgument(format!("{kind} in place: length {} is not a multiple of {n} ranks", buf.len())));
-            }
-            buf.len() / n
-        } else {
-            buf.len()
-        };
-        let base = buf.as_mut_ptr() as *mut u8;
-        // SAFETY: offsets stay within `buf` (block `r` of `n`).
-        let block = unsafe { base.add(r * count * es) };
-        let (send, recv) = match kind {
-            CollKind::AllGather => (block as *const u8, base),
-            CollKind::Gather if r == root => (block as *const u8, base),
-            CollKind::ReduceScatter => (base as *const u8, block),
-            CollKind::Scatter if r == root => (base as *const u8, block),
-            _ => (base as *const u8, base),
-        };
-        Ok(OpArgs { kind, send, recv, count, dtype: T::DTYPE, op, root, device_scalar: None })
-    }
-
-    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        self.run(CollKind::AllReduce, send, recv, op, 0)
-    }
-    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        self.run_in_place(CollKind::AllReduce, buf, op, 0)
-    }
-    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), Error> {
-        self.run(CollKind::AllGather, send, recv, ReduceOp::Sum, 0)
-    }
-    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        self.run(CollKind::ReduceScatter, send, recv, op, 0)
-    }
-    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: Rank) -> Result<(), Error> {
-        self.run_in_place(CollKind::Broadcast, buf, ReduceOp::Sum, root)
-    }
-    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: Rank) -> Result<(), Error> {
-        self.run(CollKind::Reduce, send, recv, op, root)
-    }
-    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), Error> {
-        self.run(CollKind::AllToAll, send, recv, ReduceOp::Sum, 0)
-    }
-    pub fn gather<T: Element>(&self, send: &[T], recv: &mut [T], root: Rank) -> Result<(), Error> {
-        self.run(CollKind::Gather, send, recv, ReduceOp::Sum, root)
-    }
-    pub fn scatter<T: Element>(&self, send: &[T], recv: &mut [T], root: Rank) -> Result<(), Error> {
-        self.run(CollKind::Scatter, send, recv, ReduceOp::Sum, root)
-    }
-    pub fn send<T: Element>(&self, buf: &[T], peer: Rank) -> Result<(), Error> {
-        self.run(CollKind::Send, buf, &mut [], ReduceOp::Sum, peer)
-    }
-    pub fn recv<T: Element>(&self, buf: &mut [T], peer: Rank) -> Result<(), Error> {
-        self.run(CollKind::Recv, &[], buf, ReduceOp::Sum, peer)
-    }
-
     /// Collective: ranks passing the same `Some(color)` form a new communicator, ordered by
     /// `key` then by rank here; `None` joins none and returns `Ok(None)`.
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Comm>, Error> {
-        self.check_usable("split")?;
+        self.ensure_usable("split")?;
         let Some(boot) = self.boot.split(color, key)? else { return Ok(None) };
         let abort = Arc::new(AtomicBool::new(false));
-        let device = self.cuda.as_ref().map(|c| Device::Cuda(c.gpu.ordinal())).unwrap_or(Device::Host);
-        Comm::from_bootstrap(boot, device, self.info.config.clone(), abort).map(Some)
+        Comm::from_bootstrap(boot, self.device(), self.info.config.clone(), abort).map(Some)
     }
 
     /// Collective over the survivors: a new communicator of every rank not in `exclude`
@@ -451,8 +309,7 @@ impl Comm {
     pub fn shrink(&self, exclude: &[Rank]) -> Result<Comm, Error> {
         let boot = self.boot.shrink(exclude)?;
         let abort = boot.abort_flag().clone();
-        let device = self.cuda.as_ref().map(|c| Device::Cuda(c.gpu.ordinal())).unwrap_or(Device::Host);
-        Comm::from_bootstrap(boot, device, self.info.config.clone(), abort)
+        Comm::from_bootstrap(boot, self.device(), self.info.config.clone(), abort)
     }
 
     /// Ranks this communicator knows to have died (their process ended or went silent), in
@@ -469,22 +326,13 @@ impl Comm {
     /// they go when the communicator is dropped.
     pub fn abort(&self) {
         self.abort.store(true, Ordering::Release);
-        if let Some(c) = &self.cuda {
-            c.abort();
+        match &self.backend {
+            Backend::Cuda(c) => c.abort(),
+            Backend::Host(h) => h.poison(&format!("rank {} aborted its communicator", self.info.rank)),
         }
-        Conns::poison_all(&self.fifos, &format!("rank {} aborted its communicator", self.info.rank));
         self.boot.abort();
-        // Waiters see the flag within milliseconds and let go of the state.
-        let until = std::time::Instant::now() + ABORT_RELEASE_WAIT;
-        loop {
-            match self.state.try_lock() {
-                Ok(mut st) => return st.conns.release(),
-                Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner().conns.release(),
-                Err(std::sync::TryLockError::WouldBlock) if std::time::Instant::now() < until => {
-                    std::thread::sleep(std::time::Duration::from_millis(1))
-                }
-                Err(std::sync::TryLockError::WouldBlock) => return,
-            }
+        if let Backend::Host(h) = &self.backend {
+            h.release();
         }
     }
 
@@ -495,22 +343,22 @@ impl Comm {
 
     /// Refuses a call (`what`: "all_reduce", "split") on an aborted or failed communicator,
     /// naming the call as its launch would have ("all_reduce #13 on rank 1 of 4").
-    pub(crate) fn check_usable(&self, what: &str) -> Result<(), Error> {
+    pub(crate) fn ensure_usable(&self, what: &str) -> Result<(), Error> {
         let (rank, n) = (self.info.rank, self.info.nranks);
         // Another thread may be inside an operation: then the number is left out, not waited for.
-        let label = match self.state.try_lock() {
+        let label = || match self.state.try_lock() {
             Ok(st) => format!("{what} #{} on rank {rank} of {n}", st.seq + 1),
             Err(_) => format!("{what} on rank {rank} of {n}"),
         };
         if self.abort.load(Ordering::Acquire) {
-            return Err(Error::Aborted(format!("{label}: the communicator was aborted (Comm::abort); drop it")));
+            return Err(Error::Aborted(format!("{}: the communicator was aborted (Comm::abort); drop it", label())));
         }
         if let Some(e) = self.boot.health().failure() {
-            return Err(e.context(label));
+            return Err(e.context(label()));
         }
-        let st = self.state.lock().map_err(|_| Error::Internal("communicator state poisoned".into()))?;
-        if let Some(e) = &st.failed {
-            return Err(Error::Aborted(format!("{label}: the communicator failed earlier and cannot be used: {e}")));
+        let failed = self.state.lock().map_err(|_| Error::Internal("communicator state poisoned".into()))?.failed.clone();
+        if let Some(e) = failed {
+            return Err(Error::Aborted(format!("{}: the communicator failed earlier and cannot be used: {e}", label())));
         }
         Ok(())
     }
@@ -518,11 +366,8 @@ impl Comm {
 
 impl Drop for Comm {
     fn drop(&mut self) {
-        // Peers still reading what we sent keep their mapping; closing our ends tells them we
-        // are gone rather than slow.
-        if let Ok(mut st) = self.state.lock() {
-            st.conns.send.clear();
-            st.conns.recv.clear();
+        if let Backend::Host(h) = &self.backend {
+            h.close();
         }
     }
 }

@@ -14,38 +14,33 @@
 //! });
 //! ```
 
-#[cfg(test)]
-mod alloc_probe;
 mod backend;
-pub mod bootstrap;
+mod bootstrap;
+mod collectives;
 mod comm;
-#[cfg(test)]
-mod fault_proxy;
+pub mod cuda;
 mod group;
+mod info;
+mod launch;
 mod mismatch;
 mod ops;
-pub mod transport;
-
-/// The CUDA backend's foundation, for tools and tests that drive it directly: devices,
-/// cuMem buffers, NVRTC compilation and fd passing between processes.
-pub mod cuda {
-    pub use crate::backend::cuda::{device, fdpass, mem, nvrtc};
-    pub use crate::backend::cuda::check;
-    pub use crate::backend::cuda::device::{gpu_count, Gpu};
-}
+#[cfg(test)]
+mod testing;
+mod transport;
 
 /// The verifiable mode (`ferroccl bench --check`) on GPUs: inputs filled and outputs checked by
-/// kernels, with the values of `ferroccl_core::numeric::check::CheckCase`. See [`Comm::gpu_check`].
-pub mod check {
-    pub use crate::backend::cuda::gpucheck::{GpuCheck, Wrong};
+/// kernels, with the values of `ferroccl_core::numeric::check::CheckCase`. See
+/// [`Comm::gpu_verifier`].
+pub mod verify {
+    pub use crate::backend::cuda::verify::{GpuVerifier, Wrong};
 }
 
 /// GPU memory for users: the counterpart of `ncclMemAlloc` / `ncclMemFree`. Buffers come
 /// from the cuMem API, are mapped for every GPU that can reach them, and are counted in
 /// the [`mem::MemStats`] passed in.
 pub mod mem {
-    pub use crate::backend::cuda::device::Gpu;
-    pub use crate::backend::cuda::mem::{alloc, free, DeviceBuffer, MemStats, MemStatsSnapshot, Origin};
+    pub use crate::cuda::device::Gpu;
+    pub use crate::cuda::mem::{alloc, free, DeviceBuffer, MemStats, MemStatsSnapshot, Origin};
 }
 
 pub use bootstrap::UniqueId;

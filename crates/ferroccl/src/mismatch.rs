@@ -7,13 +7,13 @@
 //! involves only some ranks, and the others would never join the all-gather. Its sends and
 //! receives are checked along with the collectives of the launch.
 
-use crate::comm::Comm;
+use crate::bootstrap::Bootstrap;
 use crate::ops::OpArgs;
 use ferroccl_core::opsig::{compare, encode_launch, OpSig};
 use ferroccl_core::{CollKind, Error};
 
-/// Why a check did not pass.
-pub(crate) enum CheckFailure {
+/// Why the ranks did not agree to run a launch.
+pub(crate) enum Disagreement {
     /// The ranks disagree: an argument error on every rank; the communicator stays usable.
     Mismatch(String),
     /// The exchange itself failed (a peer died, timed out, or is out of step).
@@ -30,22 +30,22 @@ pub(crate) fn signature(seq: u64, args: &[OpArgs]) -> Vec<u8> {
     encode_launch(seq, &ops)
 }
 
-fn agree_one(comm: &Comm, sig: &[u8]) -> Result<(), CheckFailure> {
-    let all = comm.boot.allgather(sig).map_err(CheckFailure::Exchange)?;
-    compare(&all).map_err(CheckFailure::Mismatch)
+fn agree_one(boot: &Bootstrap, sig: &[u8]) -> Result<(), Disagreement> {
+    let all = boot.allgather(sig).map_err(Disagreement::Exchange)?;
+    compare(&all).map_err(Disagreement::Mismatch)
 }
 
-/// Runs the check for each communicator with its signature. Several communicators in one
+/// Runs the comparison for each communicator (its bootstrap) with its signature. Several communicators in one
 /// launch are usually ranks of one job driven by one thread: their all-gathers must run at
 /// the same time or they would wait on each other, hence a thread each.
-pub(crate) fn agree(comms: &[&Comm], sigs: &[Vec<u8>]) -> Vec<Result<(), CheckFailure>> {
-    if comms.len() == 1 {
-        return vec![agree_one(comms[0], &sigs[0])];
+pub(crate) fn agree(boots: &[&Bootstrap], sigs: &[Vec<u8>]) -> Vec<Result<(), Disagreement>> {
+    if boots.len() == 1 {
+        return vec![agree_one(boots[0], &sigs[0])];
     }
     std::thread::scope(|s| {
-        let hs: Vec<_> = comms.iter().zip(sigs).map(|(c, sig)| s.spawn(move || agree_one(c, sig))).collect();
+        let hs: Vec<_> = boots.iter().zip(sigs).map(|(b, sig)| s.spawn(move || agree_one(b, sig))).collect();
         hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(CheckFailure::Exchange(Error::Internal("mismatch check thread panicked".into())))))
+            .map(|h| h.join().unwrap_or_else(|_| Err(Disagreement::Exchange(Error::Internal("mismatch check thread panicked".into())))))
             .collect()
     })
 }

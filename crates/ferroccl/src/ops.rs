@@ -1,5 +1,11 @@
-//! One operation's arguments, and their validation before anything is touched.
+//! One operation's arguments, their validation before anything is touched, and the plan of a
+//! launch of them, as the tuner chooses it.
 
+use crate::info::CommInfo;
+use ferroccl_core::algo::{build_launch, CollDesc, LaunchOp};
+use ferroccl_core::numeric::Element;
+use ferroccl_core::plan::Plan;
+use ferroccl_core::tune::{choose, Choice, OpShape};
 use ferroccl_core::{CollKind, DataType, Error, Rank, ReduceOp};
 
 /// An operation on raw buffers, with NCCL's conventions: `count` is per rank for all-gather,
@@ -107,6 +113,114 @@ impl OpArgs {
             _ => s == r,
         }
     }
+}
+
+impl OpArgs {
+    /// The arguments of `kind` on typed buffers, the count following from their lengths (see
+    /// [`Comm::run`](crate::Comm::run)).
+    pub(crate) fn typed<T: Element>(kind: CollKind, send: &[T], recv: &mut [T], op: ReduceOp, root: Rank, rank: Rank, n: usize) -> Result<OpArgs, Error> {
+        let count = match kind {
+            CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce | CollKind::Send => send.len(),
+            CollKind::AllGather | CollKind::Gather => send.len(),
+            CollKind::ReduceScatter | CollKind::Scatter | CollKind::Recv => recv.len(),
+            CollKind::AllToAll => {
+                if !send.len().is_multiple_of(n) {
+                    return Err(Error::InvalidArgument(format!("alltoall: send length {} is not a multiple of {n} ranks", send.len())));
+                }
+                send.len() / n
+            }
+        };
+        let (sc, rc) = kind
+            .buffer_counts(count, n, root == rank)
+            .ok_or_else(|| Error::InvalidArgument(format!("{kind}: count {count} times {n} ranks overflows")))?;
+        if send.len() < sc || recv.len() < rc {
+            return Err(Error::InvalidArgument(format!(
+                "{kind}: buffers hold {} and {} elements, the operation needs {sc} and {rc}",
+                send.len(),
+                recv.len()
+            )));
+        }
+        Ok(OpArgs { kind, send: send.as_ptr() as *const u8, recv: recv.as_mut_ptr() as *mut u8, count, dtype: T::DTYPE, op, root, device_scalar: None })
+    }
+
+    /// The arguments of `kind` in place on `buf`, by NCCL's conventions (see
+    /// [`Comm::run_in_place`](crate::Comm::run_in_place)).
+    pub(crate) fn in_place<T: Element>(kind: CollKind, buf: &mut [T], op: ReduceOp, root: Rank, rank: Rank, n: usize) -> Result<OpArgs, Error> {
+        let es = std::mem::size_of::<T>();
+        let blocked = matches!(kind, CollKind::AllGather | CollKind::ReduceScatter | CollKind::AllToAll)
+            || (matches!(kind, CollKind::Gather | CollKind::Scatter) && rank == root);
+        if matches!(kind, CollKind::Send | CollKind::Recv) {
+            return Err(Error::InvalidArgument(format!("{kind} has no in-place form")));
+        }
+        let count = if blocked {
+            if !buf.len().is_multiple_of(n) {
+                return Err(Error::InvalidArgument(format!("{kind} in place: length {} is not a multiple of {n} ranks", buf.len())));
+            }
+            buf.len() / n
+        } else {
+            buf.len()
+        };
+        let base = buf.as_mut_ptr() as *mut u8;
+        // SAFETY: offsets stay within `buf` (block `rank` of `n`).
+        let block = unsafe { base.add(rank * count * es) };
+        let (send, recv) = match kind {
+            CollKind::AllGather => (block as *const u8, base),
+            CollKind::Gather if rank == root => (block as *const u8, base),
+            CollKind::ReduceScatter => (base as *const u8, block),
+            CollKind::Scatter if rank == root => (base as *const u8, block),
+            _ => (base as *const u8, base),
+        };
+        Ok(OpArgs { kind, send, recv, count, dtype: T::DTYPE, op, root, device_scalar: None })
+    }
+
+    /// The operation as the tuner sees it on `info`'s rank.
+    pub(crate) fn shape(&self, info: &CommInfo, windows: bool) -> OpShape {
+        OpShape {
+            kind: self.kind,
+            count: self.count,
+            dtype: self.dtype,
+            nranks: info.nranks,
+            in_place: self.is_in_place(info.rank),
+            windows,
+        }
+    }
+
+    /// The reduction the operation applies (Sum, unused, for those that do not reduce).
+    pub(crate) fn redop(&self) -> ReduceOp {
+        if self.kind.reduces() { self.op } else { ReduceOp::Sum }
+    }
+}
+
+/// A launch of `args` on `info`'s rank: each operation's shape and the tuner's choice for it, and
+/// the plan they make. Every rank builds the same messages from its own arguments (config and
+/// shapes are shared), which is what lets a zero-copy sender build its peers' plans.
+pub(crate) struct Planned {
+    pub shapes: Vec<OpShape>,
+    pub choices: Vec<Choice>,
+    pub plan: Plan,
+}
+
+pub(crate) fn plan_launch(info: &CommInfo, args: &[OpArgs], windows: bool) -> Result<Planned, Error> {
+    let shapes: Vec<OpShape> = args.iter().map(|a| a.shape(info, windows)).collect();
+    let choices: Vec<Choice> = shapes.iter().map(|s| choose(s, info.device, &info.config)).collect();
+    let ops: Vec<LaunchOp> = args
+        .iter()
+        .zip(&choices)
+        .map(|(a, c)| LaunchOp { desc: CollDesc { kind: a.kind, count: a.count, root: a.root }, dtype: a.dtype, tuning: c.tuning() })
+        .collect();
+    let plan = build_launch(info.rank, info.nranks, &ops)?;
+    if cfg!(debug_assertions) {
+        let sizes: Vec<(usize, usize)> =
+            args.iter().map(|a| a.kind.buffer_counts(a.count, info.nranks, a.root == info.rank).expect("validated")).collect();
+        plan.validate(&sizes).map_err(Error::Internal)?;
+    }
+    Ok(Planned { shapes, choices, plan })
+}
+
+/// "all_reduce #12 on rank 3 of 4": what the errors of launch `seq` of `args` are about.
+pub(crate) fn launch_label(args: &[OpArgs], seq: u64, info: &CommInfo) -> String {
+    let what = if args.len() == 1 { args[0].kind.name().to_string() } else { format!("group of {} operations", args.len()) };
+    format!("{what} #{seq} on rank {} of {}", info.rank, info.nranks)
 }
 
 fn in_place_rule(k: CollKind) -> &'static str {

@@ -2,13 +2,13 @@
 //! `FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored`. What they check: one thread driving every GPU with
 //! one group (launches not serialised behind each other's completion), CUDA-graph capture of
 //! operations, a killed process making its peer's kernels fail within seconds (heartbeats raise the abort word), and the
-//! GPU checker (`Comm::gpu_check`) agreeing with `CheckCase` on the host.
+//! GPU checker (`Comm::gpu_verifier`) agreeing with `CheckCase` on the host.
 
 mod common;
 
 use common::launch::{role, spawn_ranks, wait_all};
 use cudarc::driver::sys;
-use ferroccl::cuda::{check, gpu_count};
+use ferroccl::cuda::{cu_ok, gpu_count};
 use ferroccl::mem::{DeviceBuffer, MemStats};
 use ferroccl::{CollKind, Comm, Config, Device, Error, Group, OpArgs, ReduceOp};
 use std::time::{Duration, Instant};
@@ -198,16 +198,16 @@ fn operations_can_be_captured_in_a_cuda_graph() {
                     let stream = c.cuda_stream() as sys::CUstream;
                     gpu.bind().map_err(|e| e.to_string())?;
                     unsafe {
-                        check("cuStreamBeginCapture", sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)).map_err(|e| e.to_string())?;
+                        cu_ok("cuStreamBeginCapture", sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)).map_err(|e| e.to_string())?;
                         // Three in-place all-reduces of ones over n ranks give n^3.
                         for _ in 0..3 {
                             c.run_raw(&args).map_err(|e| e.to_string())?;
                         }
                         let mut graph = std::ptr::null_mut();
-                        check("cuStreamEndCapture", sys::cuStreamEndCapture(stream, &mut graph)).map_err(|e| e.to_string())?;
+                        cu_ok("cuStreamEndCapture", sys::cuStreamEndCapture(stream, &mut graph)).map_err(|e| e.to_string())?;
                         let mut exec = std::ptr::null_mut();
-                        check("cuGraphInstantiate", sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)).map_err(|e| e.to_string())?;
-                        check("cuGraphLaunch", sys::cuGraphLaunch(exec, stream)).map_err(|e| e.to_string())?;
+                        cu_ok("cuGraphInstantiate", sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)).map_err(|e| e.to_string())?;
+                        cu_ok("cuGraphLaunch", sys::cuGraphLaunch(exec, stream)).map_err(|e| e.to_string())?;
                         c.synchronize().map_err(|e| e.to_string())?;
                         sys::cuGraphExecDestroy(exec);
                         sys::cuGraphDestroy(graph);
@@ -260,12 +260,12 @@ fn a_device_scalar_is_read_when_the_graph_replays() {
                     c.synchronize().map_err(e)?;
                     gpu.bind().map_err(e)?;
                     let exec = unsafe {
-                        check("cuStreamBeginCapture", sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)).map_err(e)?;
+                        cu_ok("cuStreamBeginCapture", sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)).map_err(e)?;
                         c.run_raw(&args).map_err(e)?;
                         let mut graph = std::ptr::null_mut();
-                        check("cuStreamEndCapture", sys::cuStreamEndCapture(stream, &mut graph)).map_err(e)?;
+                        cu_ok("cuStreamEndCapture", sys::cuStreamEndCapture(stream, &mut graph)).map_err(e)?;
                         let mut exec = std::ptr::null_mut();
-                        check("cuGraphInstantiate", sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)).map_err(e)?;
+                        cu_ok("cuGraphInstantiate", sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)).map_err(e)?;
                         sys::cuGraphDestroy(graph);
                         exec
                     };
@@ -278,7 +278,7 @@ fn a_device_scalar_is_read_when_the_graph_replays() {
                         scalar.copy_from_host(0, f32_bytes(&[k])).map_err(e)?;
                         recv.copy_from_host(0, &vec![0xAB; count * 4]).map_err(e)?;
                         c.barrier().map_err(e)?;
-                        unsafe { check("cuGraphLaunch", sys::cuGraphLaunch(exec, stream)).map_err(e)? };
+                        unsafe { cu_ok("cuGraphLaunch", sys::cuGraphLaunch(exec, stream)).map_err(e)? };
                         c.synchronize().map_err(e)?;
                         outs.push((k, read_f32(&recv, count).map_err(e)?));
                     }
@@ -324,7 +324,7 @@ fn child_gpu_kill_loop() {
         let r: Result<(), Error> = unsafe { comm.run_raw(&args) }.and_then(|_| {
             if raw {
                 comm.gpu().unwrap().bind()?;
-                check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(stream) })?;
+                cu_ok("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(stream) })?;
             }
             comm.synchronize()
         });
@@ -380,7 +380,7 @@ fn a_killed_peer_frees_kernels_a_framework_waits_on() {
     assert!(text.contains("rank 1") && text.contains("died"), "the error does not say that rank 1 died: {text}");
 }
 
-mod gpu_check {
+mod gpu_verifier {
     use super::gpus_for_test;
     use ferroccl::mem::{DeviceBuffer, MemStats};
     use ferroccl::{CollKind, Comm, Config, DataType, Device, ReduceOp};
@@ -403,12 +403,12 @@ mod gpu_check {
     /// first as the host does; and both run at a useful speed on 256 MiB.
     #[test]
     #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
-    fn gpu_check_matches_the_host_reference() {
+    fn gpu_verifier_matches_the_host_reference() {
         let Some(_) = gpus_for_test() else { return };
         let comms = Comm::init_devices(&[Device::Cuda(0)], &Config::default()).unwrap();
         let comm = &comms[0];
         let t = Instant::now();
-        let chk = comm.gpu_check().unwrap().expect("a GPU communicator has a checker");
+        let chk = comm.gpu_verifier().unwrap().expect("a GPU communicator has a checker");
         eprintln!("checker ready in {:?}", t.elapsed());
         let gpu = comm.gpu().unwrap();
         let stats = MemStats::new();

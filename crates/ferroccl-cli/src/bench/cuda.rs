@@ -4,7 +4,7 @@
 
 use crate::api::Error;
 use cudarc::driver::sys;
-use ferroccl::cuda::check;
+use ferroccl::cuda::cu_ok;
 use ferroccl::mem::Gpu;
 use std::ffi::c_void;
 
@@ -18,14 +18,14 @@ fn cu(s: Stream) -> sys::CUstream {
 /// neither pays for the other's way of reporting errors.
 pub fn stream_sync(gpu: &Gpu, stream: Stream) -> Result<(), Error> {
     gpu.bind()?;
-    check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(cu(stream)) })
+    cu_ok("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(cu(stream)) })
 }
 
 /// (free, total) bytes of the GPU's memory, as the driver sees it now.
 pub fn mem_info(gpu: &Gpu) -> Result<(u64, u64), Error> {
     gpu.bind()?;
     let (mut free, mut total) = (0usize, 0usize);
-    check("cuMemGetInfo", unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
+    cu_ok("cuMemGetInfo", unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
     Ok((free as u64, total as u64))
 }
 
@@ -35,7 +35,7 @@ pub fn htod(gpu: &Gpu, dst: u64, src: &[u8]) -> Result<(), Error> {
         return Ok(());
     }
     gpu.bind()?;
-    check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) })
+    cu_ok("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) })
 }
 
 /// Device address `src` to host bytes (synchronous).
@@ -44,7 +44,7 @@ pub fn dtoh(gpu: &Gpu, dst: &mut [u8], src: u64) -> Result<(), Error> {
         return Ok(());
     }
     gpu.bind()?;
-    check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()) })
+    cu_ok("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()) })
 }
 
 /// The CUDA version of the driver ("13.0"), or None without a driver.
@@ -59,7 +59,7 @@ pub fn driver_cuda_version() -> Option<String> {
 /// capture.
 pub fn begin_capture(gpu: &Gpu, stream: Stream) -> Result<(), Error> {
     gpu.bind()?;
-    check("cuStreamBeginCapture", unsafe {
+    cu_ok("cuStreamBeginCapture", unsafe {
         sys::cuStreamBeginCapture_v2(cu(stream), sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
     })
 }
@@ -68,7 +68,7 @@ pub fn begin_capture(gpu: &Gpu, stream: Stream) -> Result<(), Error> {
 pub fn end_capture(gpu: &Gpu, stream: Stream) -> Result<Captured, Error> {
     gpu.bind()?;
     let mut g: sys::CUgraph = std::ptr::null_mut();
-    check("cuStreamEndCapture", unsafe { sys::cuStreamEndCapture(cu(stream), &mut g) })?;
+    cu_ok("cuStreamEndCapture", unsafe { sys::cuStreamEndCapture(cu(stream), &mut g) })?;
     Ok(Captured { gpu: gpu.clone(), graph: g })
 }
 
@@ -87,20 +87,20 @@ impl Captured {
     pub fn kernel_grids(&self) -> Result<Vec<u32>, Error> {
         self.gpu.bind()?;
         let mut n = 0usize;
-        check("cuGraphGetNodes", unsafe { sys::cuGraphGetNodes(self.graph, std::ptr::null_mut(), &mut n) })?;
+        cu_ok("cuGraphGetNodes", unsafe { sys::cuGraphGetNodes(self.graph, std::ptr::null_mut(), &mut n) })?;
         let mut nodes = vec![std::ptr::null_mut(); n];
         if n > 0 {
-            check("cuGraphGetNodes", unsafe { sys::cuGraphGetNodes(self.graph, nodes.as_mut_ptr(), &mut n) })?;
+            cu_ok("cuGraphGetNodes", unsafe { sys::cuGraphGetNodes(self.graph, nodes.as_mut_ptr(), &mut n) })?;
         }
         let mut grids = Vec::new();
         for &node in nodes.iter().take(n) {
             let mut t = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
-            check("cuGraphNodeGetType", unsafe { sys::cuGraphNodeGetType(node, &mut t) })?;
+            cu_ok("cuGraphNodeGetType", unsafe { sys::cuGraphNodeGetType(node, &mut t) })?;
             if t != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
                 continue;
             }
             let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
-            check("cuGraphKernelNodeGetParams", unsafe { sys::cuGraphKernelNodeGetParams_v2(node, &mut p) })?;
+            cu_ok("cuGraphKernelNodeGetParams", unsafe { sys::cuGraphKernelNodeGetParams_v2(node, &mut p) })?;
             grids.push(p.gridDimX * p.gridDimY * p.gridDimZ);
         }
         Ok(grids)
@@ -109,7 +109,7 @@ impl Captured {
     pub fn instantiate(self) -> Result<Graph, Error> {
         self.gpu.bind()?;
         let mut exec: sys::CUgraphExec = std::ptr::null_mut();
-        check("cuGraphInstantiate", unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, self.graph, 0) })?;
+        cu_ok("cuGraphInstantiate", unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, self.graph, 0) })?;
         Ok(Graph { exec, _captured: self })
     }
 }
@@ -133,7 +133,7 @@ unsafe impl Send for Graph {}
 impl Graph {
     pub fn launch(&self, stream: Stream) -> Result<(), Error> {
         self._captured.gpu.bind()?;
-        check("cuGraphLaunch", unsafe { sys::cuGraphLaunch(self.exec, cu(stream)) })
+        cu_ok("cuGraphLaunch", unsafe { sys::cuGraphLaunch(self.exec, cu(stream)) })
     }
 }
 
@@ -150,6 +150,6 @@ pub fn memset(gpu: &Gpu, dst: u64, byte: u8, len: usize) -> Result<(), Error> {
         return Ok(());
     }
     gpu.bind()?;
-    check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(dst, byte, len) })?;
-    check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+    cu_ok("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(dst, byte, len) })?;
+    cu_ok("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
 }

@@ -317,7 +317,7 @@ impl Buffers {
     /// place the input lies inside the output). GPU buffers are written by the GPU checker on
     /// the communicator's stream, with nothing staged through the host; this returns once done.
     fn fill(&mut self, comm: &Comm, case: &CheckCase, poison: bool) -> Result<(), Error> {
-        let Some(chk) = comm.gpu_check()? else {
+        let Some(chk) = comm.gpu_verifier()? else {
             if poison {
                 self.output_mut().fill(POISON);
             }
@@ -337,7 +337,7 @@ impl Buffers {
 
     /// The wrong elements of the output for `case`, counted on the GPU for GPU buffers.
     fn count_wrong(&mut self, comm: &Comm, case: &CheckCase, first: &mut Option<(usize, f64, f64)>) -> Result<u64, Error> {
-        let Some(chk) = comm.gpu_check()? else {
+        let Some(chk) = comm.gpu_verifier()? else {
             return Ok(case.count_wrong(self.output(), first) as u64);
         };
         let out = self.recv_ptr();

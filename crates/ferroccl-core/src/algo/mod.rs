@@ -9,8 +9,9 @@ mod chain;
 mod direct;
 mod ring;
 
-use crate::plan::{BufKind, Dir, Lane, Plan, Region};
-use crate::types::{CollKind, Error, Rank};
+use crate::plan::{BufKind, Dir, Lane, Plan, Region, Step};
+pub use crate::tune::Algo;
+use crate::types::{CollKind, DataType, Error, Rank};
 
 /// One operation, as every rank of the communicator describes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,26 +23,28 @@ pub struct CollDesc {
     pub root: Rank,
 }
 
-/// How an operation is cut up: chosen by the tuner, identical on every rank.
+/// How an operation is cut up, from the tuner's [`Choice`](crate::tune::Choice): the same on
+/// every rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tuning {
+    pub algo: Algo,
     pub channels: usize,
     /// Elements one message carries at most (the pipeline unit).
     pub chunk_elems: usize,
-    /// All-reduces of at most this many elements (and at most one message per rank's share)
-    /// take the two-shot direct algorithm: 2 dependent messages instead of the ring's 2(n-1).
-    pub direct_max_elems: usize,
 }
 
 impl Tuning {
-    /// The tuning for an element size from byte-level knobs.
-    pub fn for_elem_size(channels: usize, chunk_bytes: usize, elem_size: usize) -> Tuning {
-        Tuning { channels: channels.max(1), chunk_elems: (chunk_bytes / elem_size).max(1), direct_max_elems: 0 }
+    /// The default algorithm for `kind`, cut into `channels` and `chunk_elems`.
+    pub fn default_for(kind: CollKind, channels: usize, chunk_elems: usize) -> Tuning {
+        Tuning { algo: Algo::default_for(kind), channels, chunk_elems }
     }
-    /// Small all-reduces of up to `bytes` go direct (see `direct_max_elems`).
-    pub fn with_direct_max_bytes(self, bytes: usize, elem_size: usize) -> Tuning {
-        Tuning { direct_max_elems: bytes / elem_size.max(1), ..self }
-    }
+}
+
+/// Whether the two-shot all-reduce can run `count` elements on `nranks` with messages of
+/// `chunk_elems`: it needs a third rank to gain anything, and every share must be one message,
+/// so that every rank can send all of them before receiving any.
+pub fn two_shot_fits(nranks: usize, count: usize, chunk_elems: usize) -> bool {
+    nranks >= 3 && count <= chunk_elems
 }
 
 /// Channel slices are cut at multiples of this many elements so that vector loads stay aligned.
@@ -116,52 +119,104 @@ pub fn validate(desc: &CollDesc, rank: Rank, nranks: usize) -> Result<(), Error>
     Ok(())
 }
 
-/// The plan of `rank` for `desc`, whose buffers are operation `op` of the launch.
+/// The plan of `rank` for `desc`, whose buffers are operation `op` of the launch, by the
+/// algorithm `t` names (which must support the operation: the tuner only names those).
 pub fn build(desc: &CollDesc, op: u16, rank: Rank, nranks: usize, t: &Tuning) -> Plan {
+    assert!(t.algo.supports(desc.kind), "{} has no {} plan", desc.kind, t.algo.name());
     let mut plan = Plan { rank, nranks, lanes: Vec::new() };
-    match desc.kind {
-        CollKind::Send | CollKind::Recv => {
-            let dir = if desc.kind == CollKind::Send { Dir::Send } else { Dir::Recv };
-            // Like a collective, the message is cut into channel slices, each its own lane.
-            for c in 0..t.channels {
-                let mut lane = Lane::p2p(desc.root, dir, c);
-                direct::p2p(&mut lane, desc, op, t, channel_slice(desc.count, t.channels, c));
-                plan.lanes.push(lane);
-            }
-            return plan;
+    if let CollKind::Send | CollKind::Recv = desc.kind {
+        let dir = if desc.kind == CollKind::Send { Dir::Send } else { Dir::Recv };
+        // Like a collective, the message is cut into channel slices, each its own lane.
+        for c in 0..t.channels {
+            let mut lane = Lane::p2p(desc.root, dir, c);
+            direct::p2p(&mut lane, desc, op, t, channel_slice(desc.count, t.channels, c));
+            plan.lanes.push(lane);
         }
-        _ => {}
+        return plan;
     }
-    // Every channel of every collective exists on every rank even when its slice is empty, so
-    // that groups compose lanes identically everywhere.
-    let per_channel_count = match desc.kind {
-        CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce => desc.count,
-        _ => desc.count, // per-rank block size for the others
-    };
+    // Every channel of a collective exists on every rank even when its slice is empty, so that
+    // groups compose lanes identically everywhere. Slices cut the per-rank block (the whole
+    // buffer for all-reduce, broadcast and reduce).
     for c in 0..t.channels {
-        let (s, e) = channel_slice(per_channel_count, t.channels, c);
+        let (s, e) = channel_slice(desc.count, t.channels, c);
         let mut lane = Lane::collective(c);
         let order = ring_order(nranks, c);
         let ctx = ChannelCtx { op, rank, nranks, order: &order, start: s, end: e, chunk: t.chunk_elems, count: desc.count };
-        match desc.kind {
-            // Two shots beat the ring's 2(n-1) hops when latency is all there is; a share
-            // must be one message, so that every rank can send all of them before receiving.
-            CollKind::AllReduce if nranks >= 3 && desc.count <= t.direct_max_elems && desc.count <= t.chunk_elems => {
+        match (t.algo, desc.kind) {
+            (Algo::TwoShot, _) => {
+                debug_assert!(two_shot_fits(nranks, desc.count, t.chunk_elems), "two-shot beyond its limits");
                 direct::all_reduce_two_shot(&mut lane, &ctx)
             }
-            CollKind::AllReduce => ring::all_reduce(&mut lane, &ctx),
-            CollKind::ReduceScatter => ring::reduce_scatter(&mut lane, &ctx),
-            CollKind::AllGather => ring::all_gather(&mut lane, &ctx),
-            CollKind::Broadcast => chain::broadcast(&mut lane, &ctx, desc.root),
-            CollKind::Reduce => chain::reduce(&mut lane, &ctx, desc.root),
-            CollKind::AllToAll => direct::all_to_all(&mut lane, &ctx),
-            CollKind::Gather => direct::gather(&mut lane, &ctx, desc.root),
-            CollKind::Scatter => direct::scatter(&mut lane, &ctx, desc.root),
-            CollKind::Send | CollKind::Recv => unreachable!("handled above"),
+            (Algo::Ring, CollKind::AllReduce) => ring::all_reduce(&mut lane, &ctx),
+            (Algo::Ring, CollKind::ReduceScatter) => ring::reduce_scatter(&mut lane, &ctx),
+            (Algo::Ring, _) => ring::all_gather(&mut lane, &ctx),
+            (Algo::Chain, CollKind::Broadcast) => chain::broadcast(&mut lane, &ctx, desc.root),
+            (Algo::Chain, _) => chain::reduce(&mut lane, &ctx, desc.root),
+            (Algo::Direct, CollKind::AllToAll) => direct::all_to_all(&mut lane, &ctx),
+            (Algo::Direct, CollKind::Gather) => direct::gather(&mut lane, &ctx, desc.root),
+            (Algo::Direct, _) => direct::scatter(&mut lane, &ctx, desc.root),
         }
         plan.lanes.push(lane);
     }
     plan
+}
+
+/// One operation of a launch, as [`build_launch`] plans it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchOp {
+    pub desc: CollDesc,
+    pub dtype: DataType,
+    pub tuning: Tuning,
+}
+
+/// Lane id of a rank's sends to itself (plain copies, no connection).
+pub const SELF_LANE: u64 = u64::MAX;
+
+/// The plan of `rank` for a launch of `ops` (one operation, or a group): each operation's lanes
+/// concatenated by lane id, so that every rank issues the same messages in the same order on
+/// every connection. A send to oneself is a copy into the matching receive from oneself, in
+/// issue order; they must pair up in count and type.
+pub fn build_launch(rank: Rank, nranks: usize, ops: &[LaunchOp]) -> Result<Plan, Error> {
+    let mut plan = Plan { rank, nranks, lanes: Vec::new() };
+    let mut self_sends = Vec::new();
+    let mut self_recvs = Vec::new();
+    for (i, o) in ops.iter().enumerate() {
+        let i16 = u16::try_from(i).map_err(|_| Error::InvalidArgument("a group holds at most 65536 operations".into()))?;
+        if matches!(o.desc.kind, CollKind::Send | CollKind::Recv) && o.desc.root == rank {
+            if o.desc.kind == CollKind::Send { self_sends.push(i) } else { self_recvs.push(i) }
+            continue;
+        }
+        plan.append(build(&o.desc, i16, rank, nranks, &o.tuning));
+    }
+    if self_sends.len() != self_recvs.len() {
+        return Err(Error::InvalidArgument(format!(
+            "rank {rank}: {} sends to itself but {} receives from itself in one group",
+            self_sends.len(),
+            self_recvs.len()
+        )));
+    }
+    let mut lane = Lane { id: SELF_LANE, channel: 0, steps: Vec::new() };
+    for (&s, &r) in self_sends.iter().zip(&self_recvs) {
+        let (a, b) = (&ops[s], &ops[r]);
+        if a.desc.count != b.desc.count || a.dtype != b.dtype {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank}: a send to itself of {} x {} meets a receive of {} x {}",
+                a.desc.count, a.dtype, b.desc.count, b.dtype
+            )));
+        }
+        if a.desc.count > 0 {
+            lane.steps.push(Step::Copy {
+                src: Region::new(s as u16, BufKind::Input, 0, a.desc.count),
+                dst: Region::new(r as u16, BufKind::Output, 0, a.desc.count),
+                pre: false,
+                post: false,
+            });
+        }
+    }
+    if !lane.steps.is_empty() {
+        plan.lanes.push(lane);
+    }
+    Ok(plan)
 }
 
 /// What a channel's algorithm needs to know.

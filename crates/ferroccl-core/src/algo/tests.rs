@@ -4,43 +4,68 @@ use crate::plan::zcopy::{may_post, peer_desc, remote_dsts, RemoteDsts};
 use crate::plan::{Plan, Step};
 use proptest::prelude::*;
 
-fn plans_for(ops: &[Vec<SimOp>], t: &Tuning) -> Vec<Plan> {
+/// How the tests cut operations: like the tuner, every op of a launch by the same channels and
+/// chunk, all-reduces of at most `direct_max` elements two-shot where that algorithm fits.
+#[derive(Clone, Copy, Debug)]
+struct Cut {
+    channels: usize,
+    chunk_elems: usize,
+    direct_max: usize,
+}
+
+impl Cut {
+    fn plain(channels: usize, chunk_elems: usize) -> Cut {
+        Cut { channels, chunk_elems, direct_max: 0 }
+    }
+    fn tuning(&self, kind: CollKind, n: usize, count: usize) -> Tuning {
+        let two_shot = kind == CollKind::AllReduce && count <= self.direct_max && two_shot_fits(n, count, self.chunk_elems);
+        let algo = if two_shot { Algo::TwoShot } else { Algo::default_for(kind) };
+        Tuning { algo, channels: self.channels, chunk_elems: self.chunk_elems }
+    }
+    fn build(&self, desc: &CollDesc, op: u16, rank: Rank, n: usize) -> Plan {
+        build(desc, op, rank, n, &self.tuning(desc.kind, n, desc.count))
+    }
+}
+
+fn plans_for(ops: &[Vec<SimOp>], t: &Cut) -> Vec<Plan> {
     let n = ops.len();
     (0..n)
         .map(|r| {
-            let mut plan = Plan { rank: r, nranks: n, lanes: Vec::new() };
-            for (i, op) in ops[r].iter().enumerate() {
-                let desc = CollDesc { kind: op.kind, count: op.count, root: op.root };
-                validate(&desc, r, n).expect("valid description");
-                plan.append(build(&desc, i as u16, r, n, t));
-            }
-            plan
+            let launch: Vec<LaunchOp> = ops[r]
+                .iter()
+                .map(|op| {
+                    let desc = CollDesc { kind: op.kind, count: op.count, root: op.root };
+                    validate(&desc, r, n).expect("valid description");
+                    LaunchOp { desc, dtype: crate::types::DataType::Float32, tuning: t.tuning(op.kind, n, op.count) }
+                })
+                .collect();
+            build_launch(r, n, &launch).expect("a launch plan")
         })
         .collect()
 }
 
-fn run_collective(kind: CollKind, n: usize, count: usize, root: Rank, in_place: bool, t: Tuning, seed: u64) -> Result<usize, String> {
+fn run_collective(kind: CollKind, n: usize, count: usize, root: Rank, in_place: bool, t: Cut, seed: u64) -> Result<usize, String> {
     let ops: Vec<Vec<SimOp>> = (0..n).map(|_| vec![SimOp { kind, count, root, in_place }]).collect();
     simulate(&ops, &plans_for(&ops, &t), CAP, seed)
 }
 
 /// Every rank's zero-copy marks, each computed as a rank does at run time: from its own plan
 /// and the plans it builds for its peers.
-fn remote_for(ops: &[Vec<SimOp>], plans: &[Plan], t: &Tuning) -> Vec<RemoteDsts> {
+fn remote_for(ops: &[Vec<SimOp>], plans: &[Plan], t: &Cut) -> Vec<RemoteDsts> {
     let n = ops.len();
     (0..n)
         .map(|r| {
             remote_dsts(&plans[r], |op, p| {
                 let o = ops[r][op as usize];
                 let d = peer_desc(&CollDesc { kind: o.kind, count: o.count, root: o.root }, r)?;
-                Some(build(&d, op, p, n, t))
+                Some(t.build(&d, op, p, n))
             })
         })
         .collect()
 }
 
 /// Runs `ops` through the FIFOs, or with every message zero-copy that may be.
-fn run_both(ops: &[Vec<SimOp>], t: &Tuning, seed: u64, zero_copy: bool) -> Result<usize, String> {
+fn run_both(ops: &[Vec<SimOp>], t: &Cut, seed: u64, zero_copy: bool) -> Result<usize, String> {
     let plans = plans_for(ops, t);
     if zero_copy {
         simulate_zero_copy(ops, &plans, CAP, seed, &remote_for(ops, &plans, t)).map_err(|e| format!("zero-copy: {e}"))
@@ -88,7 +113,7 @@ proptest! {
         // with steps, and what it checks does not change with more of the same loop.
         let chunk = [1, 3, 64, 1000, 4096, 1 << 20][chunk_div - 1].max(count / (64 * n) + 1);
         // Half the cases allow the direct small-size algorithms wherever they apply.
-        let t = Tuning { channels, chunk_elems: chunk, direct_max_elems: if direct { usize::MAX } else { 0 } };
+        let t = Cut { channels, chunk_elems: chunk, direct_max: if direct { usize::MAX } else { 0 } };
         let root = root_pick % n;
         let ops: Vec<Vec<SimOp>> = (0..n).map(|_| vec![SimOp { kind, count, root, in_place }]).collect();
         let r = run_both(&ops, &t, seed, zero_copy);
@@ -120,7 +145,7 @@ proptest! {
             rops.extend(s);
             rops.extend(v);
         }
-        let t = Tuning { channels: 1 + (shuffle % 3) as usize, chunk_elems: chunk, direct_max_elems: 0 };
+        let t = Cut::plain(1 + (shuffle % 3) as usize, chunk);
         let r = run_both(&ops, &t, shuffle, shuffle & 2 == 2);
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
@@ -137,7 +162,7 @@ proptest! {
         let ops: Vec<Vec<SimOp>> = (0..n)
             .map(|_| kinds.iter().enumerate().map(|(i, &k)| SimOp { kind: k, count: counts[i], root: i % n, in_place: i % 2 == 0 }).collect())
             .collect();
-        let t = Tuning { channels, chunk_elems: 97, direct_max_elems: if seed & 4 == 4 { 3000 } else { 0 } };
+        let t = Cut { channels, chunk_elems: 97, direct_max: if seed & 4 == 4 { 3000 } else { 0 } };
         let r = run_both(&ops, &t, seed, seed & 1 == 1);
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
@@ -161,7 +186,7 @@ fn the_simulator_catches_a_wrong_plan() {
     // sends a chunk twice, and a pair that both receive first (deadlock).
     let n = 3;
     let ops: Vec<Vec<SimOp>> = (0..n).map(|_| vec![SimOp { kind: CollKind::AllReduce, count: 30, root: 0, in_place: false }]).collect();
-    let t = Tuning { channels: 1, chunk_elems: 10, direct_max_elems: 0 };
+    let t = Cut::plain(1, 10);
     let good = plans_for(&ops, &t);
     assert!(simulate(&ops, &good, CAP, 1).is_ok());
 
@@ -204,8 +229,7 @@ fn ring_all_reduce_moves_the_optimal_volume() {
     // Each rank sends 2(n-1)/n of the buffer: the bandwidth bound that busbw assumes.
     for n in [2usize, 3, 4, 8] {
         let count = 1 << 16;
-        let t = Tuning { channels: 2, chunk_elems: 1024, direct_max_elems: 0 };
-        let plan = build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, 0, n, &t);
+        let plan = Cut::plain(2, 1024).build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, 0, n);
         let sent: usize = plan.lanes.iter().flat_map(|l| l.steps.iter()).filter(|s| s.send_to().is_some()).map(|s| s.count()).sum();
         let ideal = 2 * (n - 1) * count / n;
         assert!(sent >= ideal && sent <= ideal + 2 * n * 64, "n={n}: sent {sent}, ideal {ideal}");
@@ -230,12 +254,12 @@ fn small_all_reduces_go_two_shot() {
     for n in 3..=9 {
         for channels in 1..=3 {
             for count in [0, 1, 7, 64, 65, 200, 4099] {
-                let t = Tuning { channels, chunk_elems: 4099, direct_max_elems: 4099 };
+                let t = Cut { channels, chunk_elems: 4099, direct_max: 4099 };
                 for in_place in [false, true] {
                     let r = run_collective(CollKind::AllReduce, n, count, 0, in_place, t, 7 + n as u64);
                     assert!(r.is_ok(), "n={n} ch={channels} count={count} in_place={in_place}: {}", r.unwrap_err());
                 }
-                let plans: Vec<Plan> = (0..n).map(|r| build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, r, n, &t)).collect();
+                let plans: Vec<Plan> = (0..n).map(|r| t.build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, r, n)).collect();
                 let steps: Vec<&Step> = plans.iter().flat_map(|p| &p.lanes).flat_map(|l| &l.steps).collect();
                 assert!(steps.iter().all(|s| !matches!(s, Step::RecvReduce { to: Some(_), .. } | Step::RecvCopy { .. })), "n={n} count={count}: a ring step");
                 // Some rank owns the data (shares are cut at multiples of 64 elements).
@@ -247,8 +271,8 @@ fn small_all_reduces_go_two_shot() {
     }
     // Not for 2 ranks (the ring is two messages too), nor above the limit.
     for (n, count) in [(2, 10), (4, 4100)] {
-        let t = Tuning { channels: 1, chunk_elems: 1 << 20, direct_max_elems: 4099 };
-        let plan = build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, 0, n, &t);
+        let t = Cut { channels: 1, chunk_elems: 1 << 20, direct_max: 4099 };
+        let plan = t.build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, 0, n);
         assert!(plan.lanes.iter().flat_map(|l| &l.steps).any(|s| matches!(s, Step::RecvReduce { to: Some(_), .. })), "n={n} count={count}");
     }
 }
@@ -258,7 +282,7 @@ fn small_all_reduces_go_two_shot() {
 #[test]
 fn zero_copy_catches_the_in_place_all_to_all_hazard() {
     assert!(!may_post(CollKind::AllToAll, true) && may_post(CollKind::AllToAll, false));
-    let t = Tuning { channels: 1, chunk_elems: 4, direct_max_elems: 0 };
+    let t = Cut::plain(1, 4);
     let ops: Vec<Vec<SimOp>> = (0..3).map(|_| vec![SimOp { kind: CollKind::AllToAll, count: 8, root: 0, in_place: true }]).collect();
     assert!(run_both(&ops, &t, 3, true).is_ok());
     // With every receiver posting, a peer's block lands before this rank sent its own.

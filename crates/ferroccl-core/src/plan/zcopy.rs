@@ -179,7 +179,7 @@ pub fn waits_of_run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::{build, Tuning};
+    use crate::algo::{build, Algo, Tuning};
     use crate::plan::Region;
 
     fn plans(desc: CollDesc, n: usize, t: &Tuning) -> Vec<Plan> {
@@ -188,11 +188,7 @@ mod tests {
 
     #[test]
     fn ring_all_gather_forwards_go_direct_and_match_the_receivers_offsets() {
-        let t = Tuning {
-            channels: 2,
-            chunk_elems: 100,
-            direct_max_elems: 0,
-        };
+        let t = Tuning { algo: Algo::Ring, channels: 2, chunk_elems: 100 };
         let (n, count) = (4, 1000);
         let desc = CollDesc {
             kind: CollKind::AllGather,
@@ -234,11 +230,7 @@ mod tests {
 
     #[test]
     fn reductions_received_into_a_sum_never_go_direct() {
-        let t = Tuning {
-            channels: 1,
-            chunk_elems: 64,
-            direct_max_elems: 0,
-        };
+        let t = Tuning { algo: Algo::Ring, channels: 1, chunk_elems: 64 };
         let n = 3;
         let desc = CollDesc {
             kind: CollKind::AllReduce,
@@ -264,11 +256,7 @@ mod tests {
 
     #[test]
     fn a_send_matches_the_peers_receive_and_a_missing_peer_plan_means_fifo() {
-        let t = Tuning {
-            channels: 2,
-            chunk_elems: 10,
-            direct_max_elems: 0,
-        };
+        let t = Tuning { algo: Algo::Direct, channels: 2, chunk_elems: 10 };
         let send = CollDesc {
             kind: CollKind::Send,
             count: 55,

@@ -6,7 +6,7 @@
 use super::gate::MAX_THREADS;
 use super::tests::{cfg, check_allgather, flag, init_all, on_ranks, w};
 use super::*;
-use crate::fault_proxy::FaultProxy;
+use crate::testing::fault_proxy::FaultProxy;
 use std::io::{Read, Write};
 use std::sync::OnceLock;
 use std::thread;

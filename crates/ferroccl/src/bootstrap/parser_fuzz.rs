@@ -2,7 +2,7 @@
 //! beyond what the input itself justifies. Bounded case counts keep each to about a second.
 
 use super::*;
-use crate::alloc_probe::largest_allocation_during;
+use crate::testing::alloc_probe::largest_allocation_during;
 use proptest::prelude::*;
 
 /// Allocation a parser may make beyond the size of its input: error messages and a small

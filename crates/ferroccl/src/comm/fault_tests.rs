@@ -2,7 +2,8 @@
 //! rank 1: what each becomes, and how long it takes.
 
 use super::*;
-use crate::fault_proxy::{Fault, FaultProxy};
+use ferroccl_core::ReduceOp;
+use crate::testing::fault_proxy::{Fault, FaultProxy};
 use std::time::{Duration, Instant};
 
 const COUNT: usize = 16 << 10;

@@ -214,10 +214,6 @@ impl FifoMem {
         self.len
     }
 
-    pub fn layout(&self) -> FifoLayout {
-        self.layout
-    }
-
     fn len_word(&self, slot: u32) -> &AtomicU32 {
         debug_assert!(slot < self.layout.slots);
         // SAFETY: the length array lies inside the block (total_bytes covers it) and is
@@ -504,11 +500,13 @@ impl Producer {
         });
     }
 
+    #[cfg(test)]
     /// The consumer's pid (0 if not yet attached).
     pub fn peer_pid(&self) -> u32 {
         self.mem.header().meta.consumer_pid.load(Ordering::Acquire)
     }
 
+    #[cfg(test)]
     pub fn poison(&self, reason: &str) {
         self.mem.poison(reason);
     }
@@ -544,6 +542,7 @@ impl Consumer {
         Consumer { mem, tail, idx, head_seen }
     }
 
+    #[cfg(test)]
     pub fn slot_bytes(&self) -> usize {
         self.mem.layout.slot_bytes
     }
@@ -599,11 +598,13 @@ impl Consumer {
         });
     }
 
+    #[cfg(test)]
     /// The producer's pid (0 if not yet attached).
     pub fn peer_pid(&self) -> u32 {
         self.mem.header().meta.producer_pid.load(Ordering::Acquire)
     }
 
+    #[cfg(test)]
     pub fn poison(&self, reason: &str) {
         self.mem.poison(reason);
     }

@@ -18,9 +18,8 @@ mod fifo;
 mod shm;
 mod tcp;
 
-pub use fifo::{pid_alive, Consumer, FifoLayout, FifoMem, Producer};
-pub use crc32c::{crc32c, extend as crc32c_extend};
-pub use tcp::{tcp_receiver, tcp_receiver_joinable, tcp_sender, tcp_sender_joinable, FrameCheck};
+pub(crate) use fifo::{pid_alive, Consumer, FifoLayout, FifoMem, Producer};
+pub(crate) use tcp::{tcp_receiver_joinable, tcp_sender_joinable, FrameCheck};
 
 #[cfg(test)]
 mod tests;

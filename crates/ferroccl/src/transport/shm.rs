@@ -9,7 +9,7 @@ use crate::Error;
 use std::ffi::CString;
 use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -105,12 +105,13 @@ impl FifoMem {
         Ok(Arc::new(mem))
     }
 
+    #[cfg(test)]
     /// Sender side: attaches to the receiver's segment once it is ready, then removes its name.
     pub fn shm_open(
         name: &str,
         layout: FifoLayout,
         deadline: Instant,
-        abort: &AtomicBool,
+        abort: &std::sync::atomic::AtomicBool,
     ) -> Result<Arc<FifoMem>, Error> {
         let stop = || abort.load(Ordering::Acquire).then(|| Error::Aborted(format!("while waiting for shared-memory segment {name}")));
         FifoMem::shm_open_until(name, layout, deadline, &stop)

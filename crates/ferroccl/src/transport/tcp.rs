@@ -90,6 +90,7 @@ fn spawn(name: &str, label: &str, f: impl FnOnce() + Send + 'static) -> Result<J
     })
 }
 
+#[cfg(test)]
 /// Starts a thread that sends everything committed to the returned Producer over `stream`.
 pub fn tcp_sender(stream: TcpStream, layout: FifoLayout, check: FrameCheck, label: String, abort: Arc<AtomicBool>) -> Result<Producer, Error> {
     tcp_sender_joinable(stream, layout, check, label, abort).map(|(p, _)| p)
@@ -246,6 +247,7 @@ fn write_frame(stream: &mut &TcpStream, parts: &[&[u8]], consumer: &Consumer, la
     Ok(())
 }
 
+#[cfg(test)]
 /// Starts a thread that receives frames from `stream` into the returned Consumer.
 pub fn tcp_receiver(stream: TcpStream, layout: FifoLayout, check: FrameCheck, label: String, abort: Arc<AtomicBool>) -> Result<Consumer, Error> {
     tcp_receiver_joinable(stream, layout, check, label, abort).map(|(c, _)| c)

@@ -1,4 +1,5 @@
 use super::fifo::{Header, Meta};
+use super::tcp::{tcp_receiver, tcp_sender};
 use super::*;
 use crate::Error;
 use std::io::{Read, Write};

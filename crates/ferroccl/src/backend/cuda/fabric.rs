@@ -9,12 +9,13 @@
 //! `produced` (ours). Each word
 //! has its own 128-byte line so that remote writes never share a line with local spins.
 
-use super::devplan::{FcConn, CONN_RECV, CONN_SEND, LL_DATA_BYTES};
-use super::device::Gpu;
-use super::fdpass::{FdChannel, FdListener};
-use super::mem::{DeviceBuffer, MemStats};
+use super::tables::{FcConn, CONN_RECV, CONN_SEND, LL_DATA_BYTES};
+use crate::cuda::device::Gpu;
+use crate::cuda::fdpass::{FdChannel, FdListener};
+use crate::cuda::mem::{DeviceBuffer, MemStats};
 use crate::bootstrap::Bootstrap;
 use ferroccl_core::plan::{ConnKey, Dir, P2P_CHANNEL_BASE};
+use ferroccl_core::tune::{channel_budget, Device};
 use ferroccl_core::{Config, Error, Rank};
 use std::os::fd::AsFd;
 use std::sync::atomic::AtomicBool;
@@ -22,12 +23,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 const LINE: usize = 128;
-
-/// Point-to-point channels of a GPU communicator with `channels` collective channels: enough
-/// blocks to fill NVLink, without doubling the FIFO memory.
-pub(crate) fn p2p_channels(channels: usize) -> usize {
-    channels.clamp(1, 8)
-}
 
 /// Where things are inside one FIFO and one counter pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,12 +110,9 @@ pub(crate) struct Fabric {
 impl Fabric {
     pub fn new(gpu: &Gpu, boot: &Bootstrap, config: &Config, stats: &Arc<MemStats>, abort: &AtomicBool) -> Result<Fabric, Error> {
         let (me, n) = (boot.rank(), boot.nranks());
-        let geo = Geometry {
-            slots: config.slots,
-            slot_bytes: config.slot_bytes,
-            coll: config.channels,
-            nchan: config.channels + p2p_channels(config.channels),
-        };
+        // FIFOs for the most channels the tuner may give an operation.
+        let (coll, p2p) = channel_budget(Device::Gpu, config);
+        let geo = Geometry { slots: config.slots, slot_bytes: config.slot_bytes, coll, nchan: coll + p2p };
         let entries = n * geo.nchan;
         let need = entries * (geo.fifo_stride() + Geometry::COUNTER_STRIDE);
         let explain = |e: Error| explain_alloc_failure(e, &geo, n, gpu.ordinal(), need);

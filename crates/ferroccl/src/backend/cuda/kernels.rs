@@ -76,13 +76,17 @@ fn splice(out: &mut String, name: &str, text: &str, seen: &mut Vec<&'static str>
 }
 
 /// A kernel source compiled for `gpu` by NVRTC with the project's flags, through the disk cache.
-pub(crate) fn compile_for(gpu: &super::device::Gpu, name: &str, source: &str) -> Result<super::nvrtc::Image, ferroccl_core::Error> {
-    use super::nvrtc;
+pub(crate) fn compile_for(
+    gpu: &crate::cuda::Gpu,
+    config: &ferroccl_core::Config,
+    name: &str,
+    source: &str,
+) -> Result<crate::cuda::nvrtc::Image, ferroccl_core::Error> {
+    use crate::cuda::nvrtc;
     let arch = gpu.arch();
-    let include_dirs = nvrtc::include_dirs_from_env();
     let options = nvrtc_flags();
-    let req = nvrtc::CompileRequest { name, source, arch: &arch, include_dirs: &include_dirs, options: &options };
-    let cache = nvrtc::default_cache_dir().map(nvrtc::KernelCache::new);
+    let req = nvrtc::CompileRequest { name, source, arch: &arch, include_dirs: &config.cuda_include, options: &options };
+    let cache = config.kernel_cache.clone().map(nvrtc::KernelCache::new);
     nvrtc::compile_cached(&req, cache.as_ref())
 }
 
@@ -202,9 +206,9 @@ mod tests {
 #[cfg(test)]
 mod gpu_tests {
     use super::*;
-    use crate::backend::cuda::devplan::*;
+    use crate::backend::cuda::tables::*;
     use cudarc::driver::{result as drv, CudaContext, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
-    use ferroccl_core::algo::{build, CollDesc, Tuning};
+    use ferroccl_core::algo::{build, Algo, CollDesc, Tuning};
     use ferroccl_core::numeric::{Element, Reducer};
     use ferroccl_core::plan::zcopy::remote_dsts;
     use ferroccl_core::plan::{ConnKey, Dir, Plan};
@@ -390,7 +394,7 @@ mod gpu_tests {
                 // A FIFO must hold PLAN_FIFO_MESSAGES chunks, as config.rs demands on the host: a
                 // ring step forwards into a FIFO that may still hold the previous chunk.
                 let chunk_bytes = (SLOTS * SLOT_BYTES) as usize / ferroccl_core::config::PLAN_FIFO_MESSAGES;
-                let t = Tuning::for_elem_size(2, chunk_bytes, es);
+                let t = Tuning { algo: Algo::Ring, channels: 2, chunk_elems: chunk_bytes / es };
                 let plans: Vec<Plan> = (0..nranks)
                     .map(|r| build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, r, nranks, &t))
                     .collect();
@@ -424,7 +428,7 @@ mod gpu_tests {
                     let (conns, keys) = &tables[r];
                     let send = arena.put(&inputs[r]);
                     let recv = recvs[r];
-                    let desc = OpDesc { send, recv, send_count: count, recv_count: count, dtype, op, scalar_dev: 0, ll, may_post: zc };
+                    let desc = OpDesc { send, recv, send_count: count, recv_count: count, dtype, op, scalar_dev: 0, ll, zero_copy: zc, post_output: zc };
                     let remote = remote_dsts(plan, |op, p| Some(build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, op, p, nranks, &t)));
                     // One GPU: every rank's output is at the same address for all.
                     let post = |_: usize, _: usize| (recv, (count * es) as u64);
@@ -436,15 +440,18 @@ mod gpu_tests {
                     let at = DeviceTables {
                         steps: arena.put(&e.steps),
                         lanes: arena.put(&e.lanes),
-                        ops: arena.put(&e.ops),
+                        nsteps: e.steps.len() as u32,
+                        nlanes: e.lanes.len() as u32,
+                        ops: 0,
                         conns: arena.put(conns),
                         nconns: conns.len() as u32,
                         abort: 0,
                         error: arena.put(&[FcError::default()]),
                         timeout_ns: 5_000_000_000,
+                        rank: e.rank,
                     };
                     runs.push(RankRun {
-                        launch: e.launch(&at),
+                        launch: FcLaunch::new(&at, &e.ops),
                         nlanes: e.lanes.len() as u32,
                         out: recv,
                         error: at.error,
@@ -496,7 +503,7 @@ mod gpu_tests {
                     0,
                     r,
                     2,
-                    &Tuning { channels: 2, chunk_elems: 100, direct_max_elems: 0 },
+                    &Tuning { algo: Algo::Ring, channels: 2, chunk_elems: 100 },
                 )
             })
             .collect();
@@ -505,23 +512,26 @@ mod gpu_tests {
         let send = arena.take(4000);
         let recv = arena.take(4000);
         let desc =
-            OpDesc { send, recv, send_count: 1000, recv_count: 1000, dtype: DataType::Float32, op: ReduceOp::Sum, scalar_dev: 0, ll: false, may_post: false };
+            OpDesc { send, recv, send_count: 1000, recv_count: 1000, dtype: DataType::Float32, op: ReduceOp::Sum, scalar_dev: 0, ll: false, zero_copy: false, post_output: false };
         let e = encode(&plans[0], &[desc], |k| keys.iter().position(|c| *c == k).map(|i| i as u32), None).unwrap();
         let at = DeviceTables {
             steps: arena.put(&e.steps),
             lanes: arena.put(&e.lanes),
-            ops: arena.put(&e.ops),
+            nsteps: e.steps.len() as u32,
+            nlanes: e.lanes.len() as u32,
+            ops: 0,
             conns: arena.put(conns),
             nconns: conns.len() as u32,
             abort: 0,
             error: arena.put(&[FcError::default()]),
             timeout_ns: 50_000_000,
+            rank: e.rank,
         };
         let t0 = std::time::Instant::now();
         launch_all(
             &g,
             std::slice::from_ref(&s),
-            &[RankRun { launch: e.launch(&at), nlanes: 2, out: recv, error: at.error }],
+            &[RankRun { launch: FcLaunch::new(&at, &e.ops), nlanes: 2, out: recv, error: at.error }],
         );
         let took = t0.elapsed();
         let rec = read_error(at.error);

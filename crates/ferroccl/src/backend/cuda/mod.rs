@@ -1,43 +1,22 @@
-//! The CUDA backend's foundation: devices and contexts, memory through the cuMem
-//! virtual-memory API, run-time kernel compilation with a disk cache, and passing the
-//! file descriptors that carry cuMem allocations between processes of one host.
+//! The CUDA backend: the collective engine on top of the driver layer (`crate::cuda`).
 //!
-//! Everything here builds and its host-side logic tests without CUDA: the driver and
-//! NVRTC are loaded at run time (cudarc's `dynamic-loading`), and every entry point that
-//! needs them first checks that they can be loaded, so a machine without them gets an
-//! error (or zero GPUs), never a panic.
+//! - `comm.rs`: one rank's GPU side (its device, stream, abort word and error record), its
+//!   synchronisation and abort;
+//! - `launch.rs`: the launch path: plan tables cached by operation shape in a pooled arena,
+//!   buffer addresses carried in the kernel's parameter, one kernel launch per call;
+//! - `tables.rs`: a plan as the `#[repr(C)]` tables the kernel reads, pinned against
+//!   `kernels/types.cuh`;
+//! - `fabric.rs`: the FIFOs between the ranks' GPUs, in peer-mapped cuMem memory;
+//! - `window.rs`: registered windows (zero-copy);
+//! - `kernels.rs` and `kernels/`: the CUDA C sources and how NVRTC compiles them;
+//! - `verify.rs`: the verifiable mode (inputs filled, outputs checked by kernels).
 
-pub(crate) mod devplan;
-pub mod device;
+mod comm;
 pub(crate) mod fabric;
-pub mod fdpass;
-pub(crate) mod gpucheck;
 pub(crate) mod kernels;
-pub mod mem;
-pub mod nvrtc;
-pub(crate) mod rank;
+mod launch;
+pub(crate) mod tables;
+pub(crate) mod verify;
 pub(crate) mod window;
 
-use cudarc::driver::sys;
-use ferroccl_core::{Error, Result};
-
-/// Turns a driver status into ferroccl's error, naming the call and CUDA's own error name
-/// so that a failure on a remote GPU machine can be read from the message alone.
-pub fn check(call: &str, status: sys::CUresult) -> Result<()> {
-    match status {
-        sys::CUresult::CUDA_SUCCESS => Ok(()),
-        s => Err(Error::System(format!("{call} failed: {}", describe(s)))),
-    }
-}
-
-/// "CUDA_ERROR_OUT_OF_MEMORY (out of memory)". The name comes from the binding's enum, so
-/// it is there even when the driver cannot describe its own error.
-pub(crate) fn describe(status: sys::CUresult) -> String {
-    let text = cudarc::driver::result::DriverError(status)
-        .error_string()
-        .map(|c| c.to_string_lossy().into_owned());
-    match text {
-        Ok(t) => format!("{status:?} ({t})"),
-        Err(_) => format!("{status:?}"),
-    }
-}
+pub(crate) use comm::CudaComm;

@@ -10,9 +10,9 @@
 //! ([`crate::mem::alloc`], or any other such allocation); anything else is refused with a clear
 //! error before any peer maps anything.
 
-use super::device::Gpu;
-use super::fdpass::{FdChannel, FdListener};
-use super::mem::{export_allocation, DeviceBuffer, MemStats};
+use crate::cuda::device::Gpu;
+use crate::cuda::fdpass::{FdChannel, FdListener};
+use crate::cuda::mem::{export_allocation, DeviceBuffer, MemStats};
 use crate::bootstrap::Bootstrap;
 use ferroccl_core::{Error, Rank};
 use std::os::fd::AsFd;
@@ -153,7 +153,7 @@ impl Windows {
         let local_gpus: Vec<usize> = (0..n).filter(|&q| q != me && descs[q].pid == pid).map(|q| descs[q].gpu as usize).collect();
         let mine = descs[me];
         if !local_gpus.is_empty() {
-            super::mem::grant_range(gpu, mine.alloc_base, mine.alloc_len as usize, &local_gpus)?;
+            crate::cuda::mem::grant_range(gpu, mine.alloc_base, mine.alloc_len as usize, &local_gpus)?;
         }
         let mut here = vec![0u64; n];
         here[me] = ptr;

@@ -8,6 +8,7 @@
 
 use super::conns::Conns;
 use crate::bootstrap::health::Health;
+use crate::info::CommInfo;
 use crate::transport::{pid_alive, Consumer, Producer};
 use ferroccl_core::numeric::Reducer;
 use ferroccl_core::plan::{BufKind, Plan, Region, Step};
@@ -30,16 +31,11 @@ pub(crate) struct Unit<'a> {
     pub abort: &'a AtomicBool,
     /// "all_reduce #12 on rank 3 of 4": what the errors of this unit are about.
     pub label: String,
-    /// How to name each peer in errors ("rank 2 (host, pid 123)").
-    pub peer_names: &'a [String],
-    /// Process id of each peer on this host (0 elsewhere), to notice dead peers.
-    pub peer_pids: &'a [u32],
-    /// The transport to each peer ("shm", "tcp"), for errors.
-    pub peer_via: &'a [&'static str],
+    /// The communicator: how to name each peer in errors, their processes (to notice a dead
+    /// one), the transports, and the slot size (a piece).
+    pub info: &'a CommInfo,
     /// What the heartbeats know about the peers.
     pub health: &'a Health,
-    /// Bytes of one FIFO slot: the size of a piece.
-    pub slot_bytes: usize,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -79,7 +75,7 @@ fn send_port(conns: &mut Conns, peer: Rank, ch: u32) -> Result<&mut Producer, Er
 /// Tries to move the next piece of `step`. Never blocks.
 fn try_piece(u: &mut Unit, ch: u32, step: &Step, cur: &mut Cursor) -> Result<Moved, Error> {
     let es = u.ops[step.op() as usize].reducer.dtype().size();
-    let piece_elems = (u.slot_bytes / es).max(1);
+    let piece_elems = (u.info.config.slot_bytes / es).max(1);
     let left = step.count() - cur.done;
     if let Step::Copy { src, dst, pre, post } = *step {
         let (s, d) = (region_ptr(&u.ops, &src, 0), region_ptr(&u.ops, &dst, 0));
@@ -113,7 +109,7 @@ fn try_piece(u: &mut Unit, ch: u32, step: &Step, cur: &mut Cursor) -> Result<Mov
                         return Err(Error::Protocol(format!(
                             "received {len} bytes from {} on channel {ch}, expected {bytes}: do all ranks call the same \
                              operations with the same counts, types and roots, in the same order?",
-                            u.peer_names[from]
+                            u.info.peer_names[from]
                         )));
                     }
                     Some(p)
@@ -269,8 +265,8 @@ pub(crate) fn execute(units: &mut [Unit], deadline: Instant) -> Result<(), Error
 
 fn waiting_for(u: &Unit, b: Blocked) -> (Rank, String) {
     match b {
-        Blocked::Recv(p, ch) => (p, format!("data from {} on channel {ch} over {}", u.peer_names[p], u.peer_via[p])),
-        Blocked::Send(p, ch) => (p, format!("room in the connection to {} on channel {ch} over {}", u.peer_names[p], u.peer_via[p])),
+        Blocked::Recv(p, ch) => (p, format!("data from {} on channel {ch} over {}", u.info.peer_names[p], u.info.peer_via[p])),
+        Blocked::Send(p, ch) => (p, format!("room in the connection to {} on channel {ch} over {}", u.info.peer_names[p], u.info.peer_via[p])),
     }
 }
 
@@ -284,15 +280,15 @@ fn check_health(u: &Unit, b: Blocked, stalled: Duration, process: bool) -> Resul
         return Ok(());
     }
     let (peer, what) = waiting_for(u, b);
-    let pid = u.peer_pids[peer];
+    let pid = u.info.peer_pids[peer];
     if process && pid != 0 && pid != std::process::id() && !pid_alive(pid) {
-        return Err(Error::Remote(format!("{} died (process {pid} is gone) while we waited for {what}", u.peer_names[peer])));
+        return Err(Error::Remote(format!("{} died (process {pid} is gone) while we waited for {what}", u.info.peer_names[peer])));
     }
     if let Some(how) = u.health.gone(peer) {
         let e = u.health.failure().unwrap_or_else(|| {
             Error::Remote(format!(
                 "{} {how}, so it will not take part in this operation (do all ranks call the same operations?)",
-                u.peer_names[peer]
+                u.info.peer_names[peer]
             ))
         });
         return Err(e.context(format!("waiting for {what}")));

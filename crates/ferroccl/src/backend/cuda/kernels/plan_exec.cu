@@ -68,9 +68,10 @@ __device__ void load_window(const FcLaunch& L, const FcStep* steps, fc_u32 first
     __syncthreads();
     for (fc_u32 i = threadIdx.x; i < n * S8; i += blockDim.x) ((fc_u64*)w.steps)[i] = ((const fc_u64*)(steps + first))[i];
     __syncthreads();
+    const FcOp* ops = L.nops <= FC_INLINE_OPS ? L.inline_ops : (const FcOp*)L.ops;
     for (fc_u32 i = threadIdx.x; i < n * O8; i += blockDim.x) {
         const fc_u32 k = i / O8, j = i % O8, o = w.steps[k].op;
-        ((fc_u64*)&w.ops[k])[j] = o < L.nops ? ((const fc_u64*)((const FcOp*)L.ops + o))[j] : 0;
+        ((fc_u64*)&w.ops[k])[j] = o < L.nops ? ((const fc_u64*)(ops + o))[j] : 0;
     }
     for (fc_u32 i = threadIdx.x; i < n * 2 * C8; i += blockDim.x) {
         const fc_u32 k = i / (2 * C8), r = (i / C8) % 2, j = i % C8;

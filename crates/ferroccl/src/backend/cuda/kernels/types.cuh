@@ -1,11 +1,11 @@
-// Structures shared between the host (crates/ferroccl/src/backend/cuda/devplan.rs) and the
+// Structures shared between the host (crates/ferroccl/src/backend/cuda/tables.rs) and the
 // plan-execution kernel. Every layout is pinned twice: static_asserts here, const asserts and a
 // test that re-reads the FC_CHECK_* lines of this file on the Rust side. Change both together.
 #pragma once
 
 #include "ints.cuh"
 
-#define FC_CHECK_SIZE(T, n) static_assert(sizeof(T) == (n), "layout of " #T " differs from devplan.rs")
+#define FC_CHECK_SIZE(T, n) static_assert(sizeof(T) == (n), "layout of " #T " differs from tables.rs")
 // NVRTC's front end has no __builtin_offsetof (nor <cstddef>); __INTADDR__ is its constant
 // folding of an address, which gives the same number.
 #if defined(__CUDACC_RTC__)
@@ -13,7 +13,7 @@
 #else
 #define FC_OFFSETOF(T, f) __builtin_offsetof(T, f)
 #endif
-#define FC_CHECK_OFFSET(T, f, n) static_assert(FC_OFFSETOF(T, f) == (n), "offset of " #T "." #f " differs from devplan.rs")
+#define FC_CHECK_OFFSET(T, f, n) static_assert(FC_OFFSETOF(T, f) == (n), "offset of " #T "." #f " differs from tables.rs")
 
 // Step kinds: the variants of ferroccl_core::plan::Step, in declaration order.
 #define FC_STEP_SEND 0u
@@ -84,38 +84,6 @@
 #define FC_WHAT_LENGTH 3u // checking a received length
 #define FC_WHAT_PLAN 4u   // checking the tables
 
-// Passed by value (__grid_constant__), so a launch needs no upload of its own and the kernel
-// reaches its tables one dependent load sooner.
-struct FcLaunch {
-    fc_u64 steps;       // FcStep[nsteps]
-    fc_u64 lanes;       // FcLane[nlanes]
-    fc_u64 ops;         // FcOp[nops]
-    fc_u64 conns;       // FcConn[nconns]
-    fc_u64 abort;       // int, non-zero = abort; may be host-mapped; 0 = none
-    fc_u64 error;       // FcError, device memory (atomicCAS on it); must not be 0
-    fc_u64 timeout_ns;  // longest wait without progress; 0 = wait forever
-    fc_u32 nlanes;
-    fc_u32 rank;
-    fc_u32 nsteps;
-    fc_u32 nops;
-    fc_u32 nconns;
-    fc_u32 reserved;
-};
-FC_CHECK_SIZE(FcLaunch, 80);
-FC_CHECK_OFFSET(FcLaunch, steps, 0);
-FC_CHECK_OFFSET(FcLaunch, lanes, 8);
-FC_CHECK_OFFSET(FcLaunch, ops, 16);
-FC_CHECK_OFFSET(FcLaunch, conns, 24);
-FC_CHECK_OFFSET(FcLaunch, abort, 32);
-FC_CHECK_OFFSET(FcLaunch, error, 40);
-FC_CHECK_OFFSET(FcLaunch, timeout_ns, 48);
-FC_CHECK_OFFSET(FcLaunch, nlanes, 56);
-FC_CHECK_OFFSET(FcLaunch, rank, 60);
-FC_CHECK_OFFSET(FcLaunch, nsteps, 64);
-FC_CHECK_OFFSET(FcLaunch, nops, 68);
-FC_CHECK_OFFSET(FcLaunch, nconns, 72);
-FC_CHECK_OFFSET(FcLaunch, reserved, 76);
-
 struct FcLane {
     fc_u32 first_step;
     fc_u32 nsteps;
@@ -179,6 +147,44 @@ FC_CHECK_OFFSET(FcOp, scalar_i64, 32);
 FC_CHECK_OFFSET(FcOp, nranks, 40);
 FC_CHECK_OFFSET(FcOp, elem_size, 44);
 FC_CHECK_OFFSET(FcOp, scalar_dev, 48);
+
+// Operations a launch carries in its parameter: a repeated operation on new buffers (a caching
+// allocator hands out new pointers all the time) then needs no table upload at all.
+#define FC_INLINE_OPS 8u
+
+// Passed by value (__grid_constant__), so a launch needs no upload of its own and the kernel
+// reaches its tables one dependent load sooner.
+struct FcLaunch {
+    fc_u64 steps;       // FcStep[nsteps]
+    fc_u64 lanes;       // FcLane[nlanes]
+    fc_u64 ops;         // FcOp[nops] when nops > FC_INLINE_OPS, else unused (inline_ops)
+    fc_u64 conns;       // FcConn[nconns]
+    fc_u64 abort;       // int, non-zero = abort; may be host-mapped; 0 = none
+    fc_u64 error;       // FcError, device memory (atomicCAS on it); must not be 0
+    fc_u64 timeout_ns;  // longest wait without progress; 0 = wait forever
+    fc_u32 nlanes;
+    fc_u32 rank;
+    fc_u32 nsteps;
+    fc_u32 nops;
+    fc_u32 nconns;
+    fc_u32 reserved;
+    FcOp inline_ops[FC_INLINE_OPS];  // the ops when nops <= FC_INLINE_OPS
+};
+FC_CHECK_SIZE(FcLaunch, 528);
+FC_CHECK_OFFSET(FcLaunch, steps, 0);
+FC_CHECK_OFFSET(FcLaunch, lanes, 8);
+FC_CHECK_OFFSET(FcLaunch, ops, 16);
+FC_CHECK_OFFSET(FcLaunch, conns, 24);
+FC_CHECK_OFFSET(FcLaunch, abort, 32);
+FC_CHECK_OFFSET(FcLaunch, error, 40);
+FC_CHECK_OFFSET(FcLaunch, timeout_ns, 48);
+FC_CHECK_OFFSET(FcLaunch, nlanes, 56);
+FC_CHECK_OFFSET(FcLaunch, rank, 60);
+FC_CHECK_OFFSET(FcLaunch, nsteps, 64);
+FC_CHECK_OFFSET(FcLaunch, nops, 68);
+FC_CHECK_OFFSET(FcLaunch, nconns, 72);
+FC_CHECK_OFFSET(FcLaunch, reserved, 76);
+FC_CHECK_OFFSET(FcLaunch, inline_ops, 80);
 
 // One end of a single-producer single-consumer FIFO, as this GPU addresses it. The FIFO's
 // data, lens and head live in the receiver's memory, tail in the sender's; each side also has a

@@ -7,14 +7,17 @@
 //! launches.
 //!
 //! The step table depends only on the plan and the connection numbering; buffer addresses live
-//! in the op table. So a plan cache can keep uploaded steps and lanes and rewrite only the ops
-//! when the same operation shape comes back with other buffers.
+//! in the op table, which a launch carries inline in its parameter (up to [`INLINE_OPS`]
+//! operations). So uploaded steps and lanes serve every call of the same operation shape, and a
+//! call on new buffers costs no upload at all.
 
 use ferroccl_core::numeric::{Element, F8E4M3, F8E5M2};
 use ferroccl_core::plan::zcopy::{posts_of_run, run_starts, step_ops, waits_of_run, RemoteDsts};
 use ferroccl_core::plan::{BufKind, ConnKey, Dir, Plan, Region, Step};
-use ferroccl_core::{CollKind, DataType, Error, Rank, ReduceOp};
+use ferroccl_core::{DataType, Error, Rank, ReduceOp};
 use half::{bf16, f16};
+
+pub(crate) use ferroccl_core::tune::LL_DATA_BYTES;
 
 pub(crate) const STEP_SEND: u32 = 0;
 pub(crate) const STEP_RECV: u32 = 1;
@@ -42,9 +45,6 @@ pub(crate) const FLAG_WAIT_POST: u32 = 128;
 #[cfg_attr(not(test), allow(dead_code))] // the kernel writes and reads it
 pub(crate) const LEN_DIRECT: u32 = 1 << 31;
 
-/// Data bytes one LL message carries at most (it occupies twice that in the LL slots).
-pub(crate) const LL_DATA_BYTES: usize = 8192;
-
 pub(crate) const BUF_INPUT: u32 = 0;
 pub(crate) const BUF_OUTPUT: u32 = 1;
 
@@ -66,12 +66,17 @@ pub(crate) const WHAT_LENGTH: u32 = 3;
 pub(crate) const WHAT_PLAN: u32 = 4;
 pub(crate) const WHAT_POST: u32 = 5;
 
+/// Operations a launch carries in its parameter (`FC_INLINE_OPS`); larger groups put their op
+/// table on the device.
+pub(crate) const INLINE_OPS: usize = 8;
+
 /// The kernel's only parameter, passed by value. Addresses are device addresses.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct FcLaunch {
     pub steps: u64,
     pub lanes: u64,
+    /// The op table when `nops > INLINE_OPS`, else 0 (`inline_ops` holds them).
     pub ops: u64,
     pub conns: u64,
     /// An `int`, non-zero = abort; may be host-mapped memory. 0 = no abort word.
@@ -86,6 +91,7 @@ pub(crate) struct FcLaunch {
     pub nops: u32,
     pub nconns: u32,
     pub reserved: u32,
+    pub inline_ops: [FcOp; INLINE_OPS],
 }
 
 #[repr(C)]
@@ -196,8 +202,8 @@ macro_rules! layout {
 }
 
 layout! {
-    FcLaunch: 80 { steps @ 0, lanes @ 8, ops @ 16, conns @ 24, abort @ 32, error @ 40, timeout_ns @ 48,
-                   nlanes @ 56, rank @ 60, nsteps @ 64, nops @ 68, nconns @ 72, reserved @ 76 }
+    FcLaunch: 528 { steps @ 0, lanes @ 8, ops @ 16, conns @ 24, abort @ 32, error @ 40, timeout_ns @ 48,
+                   nlanes @ 56, rank @ 60, nsteps @ 64, nops @ 68, nconns @ 72, reserved @ 76, inline_ops @ 80 }
     FcLane: 8 { first_step @ 0, nsteps @ 4 }
     FcStep: 64 { kind @ 0, flags @ 4, recv_conn @ 8, send_conn @ 12, op @ 16, src_buf @ 20, src_off @ 24,
                  dst_buf @ 32, reserved @ 36, dst_off @ 40, count @ 48, rdst_off @ 56 }
@@ -223,10 +229,12 @@ pub(crate) struct OpDesc {
     pub op: ReduceOp,
     /// Device address of the PreMulSum scalar when it lives on the GPU (0: `op` carries it).
     pub scalar_dev: u64,
-    /// Messages of this op use the LL protocol; every rank must decide alike (see `use_ll`).
+    /// The tuner's choice: messages of this op use the LL protocol (every rank decides alike).
     pub ll: bool,
-    /// Zero-copy: this rank may post its output to the senders (`zcopy::may_post`).
-    pub may_post: bool,
+    /// The tuner's choice: the op takes part in the zero-copy handshake (posts and waits).
+    pub zero_copy: bool,
+    /// The tuner's choice: this rank may post its output to its senders.
+    pub post_output: bool,
 }
 
 /// The tables of one launch, ready to upload.
@@ -238,36 +246,46 @@ pub(crate) struct Encoded {
     pub rank: u32,
 }
 
-/// Where the tables of an [`Encoded`] and the launch's other words were put on the device.
+/// Where a launch's tables were put on the device, and the communicator's words.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct DeviceTables {
     pub steps: u64,
     pub lanes: u64,
+    pub nsteps: u32,
+    pub nlanes: u32,
+    /// The op table, for launches of more than [`INLINE_OPS`] operations (else 0).
     pub ops: u64,
     pub conns: u64,
     pub nconns: u32,
     pub abort: u64,
     pub error: u64,
     pub timeout_ns: u64,
+    pub rank: u32,
 }
 
-impl Encoded {
-    /// The kernel parameter for these tables at `at`; the grid is `lanes.len()` blocks.
-    pub fn launch(&self, at: &DeviceTables) -> FcLaunch {
+impl FcLaunch {
+    /// The kernel parameter for the tables at `at` and this call's `ops`, carried inline when
+    /// they fit (else `at.ops` must hold them); the grid is `at.nlanes` blocks.
+    pub fn new(at: &DeviceTables, ops: &[FcOp]) -> FcLaunch {
+        let mut inline_ops = [FcOp::default(); INLINE_OPS];
+        if ops.len() <= INLINE_OPS {
+            inline_ops[..ops.len()].copy_from_slice(ops);
+        }
         FcLaunch {
             steps: at.steps,
             lanes: at.lanes,
-            ops: at.ops,
+            ops: if ops.len() <= INLINE_OPS { 0 } else { at.ops },
             conns: at.conns,
             abort: at.abort,
             error: at.error,
             timeout_ns: at.timeout_ns,
-            nlanes: self.lanes.len() as u32,
-            rank: self.rank,
-            nsteps: self.steps.len() as u32,
-            nops: self.ops.len() as u32,
+            nlanes: at.nlanes,
+            rank: at.rank,
+            nsteps: at.nsteps,
+            nops: ops.len() as u32,
             nconns: at.nconns,
             reserved: 0,
+            inline_ops,
         }
     }
 }
@@ -299,21 +317,6 @@ fn scalar_of(dtype: DataType, op: ReduceOp) -> (f64, i64) {
     }
 }
 
-/// Whether an op of `kind` with NCCL count `count` goes by LL: from values every rank shares
-/// (not this rank's own buffer sizes, which differ between a root and the others).
-pub(crate) fn use_ll(kind: CollKind, count: usize, dtype: DataType, nranks: usize, ll_max_bytes: usize) -> bool {
-    let Some((s, r)) = kind.buffer_counts(count, nranks, true) else { return false };
-    ll_max_bytes > 0 && s.max(r).saturating_mul(dtype.size()) <= ll_max_bytes
-}
-
-/// The largest op LL may carry: what the knob allows, and never more than one connection's LL
-/// slots hold, so that every message fits its FIFO whole. Algorithms that send to every peer
-/// before receiving from any (all-to-all, two-shot all-reduce) need that room; piece-by-piece
-/// pipelining cannot help when every rank is sending.
-pub(crate) fn ll_limit(ll_max_bytes: usize, slots: usize, slot_bytes: usize) -> usize {
-    ll_max_bytes.min(slots.saturating_mul(slot_bytes.min(LL_DATA_BYTES) & !7))
-}
-
 fn to_u32(v: usize, what: &str) -> Result<u32, Error> {
     u32::try_from(v).map_err(|_| Error::InvalidArgument(format!("{what} {v} does not fit the kernel's 32-bit tables")))
 }
@@ -337,12 +340,50 @@ fn buf_code(b: BufKind) -> u32 {
     }
 }
 
+/// Operation `i` of a launch as the kernel reads it, after checking what the kernel would trust:
+/// the reduction for the type, no null buffer with elements, nothing wrapping the address space,
+/// a device scalar aligned and only for a pre-mul-sum.
+pub(crate) fn fc_op(i: usize, o: &OpDesc, nranks: u32) -> Result<FcOp, Error> {
+    o.op.validate(o.dtype).map_err(|e| e.context(format!("operation {i}")))?;
+    let es = o.dtype.size();
+    for (what, addr, count) in [("input", o.send, o.send_count), ("output", o.recv, o.recv_count)] {
+        let bytes = count
+            .checked_mul(es)
+            .and_then(|b| u64::try_from(b).ok())
+            .ok_or_else(|| Error::InvalidArgument(format!("operation {i}: {what} of {count} elements overflows")))?;
+        if count > 0 && addr == 0 {
+            return Err(Error::InvalidArgument(format!("operation {i}: null {what} buffer of {count} elements")));
+        }
+        if addr.checked_add(bytes).is_none() {
+            return Err(Error::InvalidArgument(format!("operation {i}: {what} buffer wraps the address space")));
+        }
+    }
+    if o.scalar_dev != 0 && (!matches!(o.op, ReduceOp::PreMulSum(_)) || !o.scalar_dev.is_multiple_of(es as u64)) {
+        return Err(Error::InvalidArgument(format!(
+            "operation {i}: a device scalar ({:#x}) needs a pre-mul-sum and {es}-byte alignment for {}",
+            o.scalar_dev, o.dtype
+        )));
+    }
+    let (scalar_f64, scalar_i64) = scalar_of(o.dtype, o.op);
+    Ok(FcOp {
+        send: o.send,
+        recv: o.recv,
+        dtype: o.dtype.nccl_id() as u32,
+        redop: redop_code(o.op),
+        scalar_f64,
+        scalar_i64,
+        nranks,
+        elem_size: es as u32,
+        scalar_dev: o.scalar_dev,
+    })
+}
+
 /// What zero-copy needs from the runtime for one launch (`plan/zcopy.rs`).
 pub(crate) struct ZeroCopy<'a> {
     /// Per lane, per step of the plan: where the message lands in the receiver's output.
     pub remote: &'a RemoteDsts,
     /// (address, bytes) of operation `op`'s output as `peer` maps it; address 0 when this rank
-    /// does not post it (not in a registered window, or unsafe for the op: `may_post`).
+    /// does not post it (not in a registered window, or not `post_output`).
     pub post: &'a dyn Fn(usize, Rank) -> (u64, u64),
 }
 
@@ -368,40 +409,7 @@ pub(crate) fn encode(
     let sizes: Vec<(usize, usize)> = ops.iter().map(|o| (o.send_count, o.recv_count)).collect();
     plan.validate(&sizes).map_err(Error::Internal)?;
 
-    let mut fc_ops = Vec::with_capacity(ops.len());
-    for (i, o) in ops.iter().enumerate() {
-        o.op.validate(o.dtype).map_err(|e| e.context(format!("operation {i}")))?;
-        let es = o.dtype.size();
-        for (what, addr, count) in [("input", o.send, o.send_count), ("output", o.recv, o.recv_count)] {
-            let bytes = count.checked_mul(es).and_then(|b| u64::try_from(b).ok()).ok_or_else(|| {
-                Error::InvalidArgument(format!("operation {i}: {what} of {count} elements overflows"))
-            })?;
-            if count > 0 && addr == 0 {
-                return Err(Error::InvalidArgument(format!("operation {i}: null {what} buffer of {count} elements")));
-            }
-            if addr.checked_add(bytes).is_none() {
-                return Err(Error::InvalidArgument(format!("operation {i}: {what} buffer wraps the address space")));
-            }
-        }
-        if o.scalar_dev != 0 && (!matches!(o.op, ReduceOp::PreMulSum(_)) || o.scalar_dev % es as u64 != 0) {
-            return Err(Error::InvalidArgument(format!(
-                "operation {i}: a device scalar ({:#x}) needs a pre-mul-sum and {es}-byte alignment for {}",
-                o.scalar_dev, o.dtype
-            )));
-        }
-        let (scalar_f64, scalar_i64) = scalar_of(o.dtype, o.op);
-        fc_ops.push(FcOp {
-            send: o.send,
-            recv: o.recv,
-            dtype: o.dtype.nccl_id() as u32,
-            redop: redop_code(o.op),
-            scalar_f64,
-            scalar_i64,
-            nranks,
-            elem_size: es as u32,
-            scalar_dev: o.scalar_dev,
-        });
-    }
+    let fc_ops = ops.iter().enumerate().map(|(i, o)| fc_op(i, o, nranks)).collect::<Result<Vec<_>, _>>()?;
     to_u32(fc_ops.len(), "operation count")?;
 
     let mut lanes = Vec::with_capacity(plan.lanes.len());
@@ -414,7 +422,7 @@ pub(crate) fn encode(
         let (mut waits, mut waited): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
         for (si, step) in lane.steps.iter().enumerate() {
             let run_op = lane_ops[si] as usize;
-            let zc_here = zc.filter(|_| ops.get(run_op).is_some_and(|o| !o.ll));
+            let zc_here = zc.filter(|_| ops.get(run_op).is_some_and(|o| o.zero_copy));
             if runs[si] == si {
                 waits.clear();
                 waited.clear();
@@ -515,8 +523,12 @@ pub(crate) fn encode(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferroccl_core::algo::{build, CollDesc, Tuning};
+    use ferroccl_core::algo::{build, Algo, CollDesc, Tuning};
     use ferroccl_core::CollKind;
+
+    fn ring(channels: usize, chunk_elems: usize) -> Tuning {
+        Tuning { algo: Algo::Ring, channels, chunk_elems }
+    }
 
     const TYPES_CUH: &str = include_str!("kernels/types.cuh");
 
@@ -615,7 +627,18 @@ mod tests {
     }
 
     fn op_desc(dtype: DataType, op: ReduceOp, send_count: usize, recv_count: usize) -> OpDesc {
-        OpDesc { send: 0x7000_0000_0000, recv: 0x7100_0000_0000, send_count, recv_count, dtype, op, scalar_dev: 0, ll: false, may_post: true }
+        OpDesc {
+            send: 0x7000_0000_0000,
+            recv: 0x7100_0000_0000,
+            send_count,
+            recv_count,
+            dtype,
+            op,
+            scalar_dev: 0,
+            ll: false,
+            zero_copy: true,
+            post_output: true,
+        }
     }
 
     fn numbering(plan: &Plan) -> impl Fn(ConnKey) -> Option<u32> {
@@ -695,7 +718,7 @@ mod tests {
         {
             for rank in 0..nranks {
                 let desc = CollDesc { kind: CollKind::AllReduce, count, root: 0 };
-                let plan = build(&desc, 0, rank, nranks, &Tuning { channels, chunk_elems: chunk, direct_max_elems: 0 });
+                let plan = build(&desc, 0, rank, nranks, &ring(channels, chunk));
                 let ops = [op_desc(DataType::Float32, ReduceOp::Avg, count, count)];
                 let e = encode(&plan, &ops, numbering(&plan), None).unwrap();
                 assert_one_to_one(&plan, &e);
@@ -733,7 +756,7 @@ mod tests {
                         continue;
                     }
                     let desc = CollDesc { kind, count, root };
-                    let plan = build(&desc, 0, rank, nranks, &Tuning { channels: 2, chunk_elems: 64, direct_max_elems: 0 });
+                    let plan = build(&desc, 0, rank, nranks, &Tuning::default_for(kind, 2, 64));
                     let (i, o) = kind.buffer_counts(count, nranks, rank == root).unwrap();
                     let ops = [op_desc(DataType::Bfloat16, ReduceOp::Sum, i, o)];
                     let e = encode(&plan, &ops, numbering(&plan), None)
@@ -746,7 +769,7 @@ mod tests {
 
     #[test]
     fn group_of_two_ops_keeps_op_indices() {
-        let t = Tuning { channels: 2, chunk_elems: 64, direct_max_elems: 0 };
+        let t = ring(2, 64);
         let mut plan = build(&CollDesc { kind: CollKind::AllReduce, count: 300, root: 0 }, 0, 1, 3, &t);
         plan.append(build(&CollDesc { kind: CollKind::AllGather, count: 100, root: 0 }, 1, 1, 3, &t));
         let ops = [
@@ -778,26 +801,9 @@ mod tests {
     }
 
     #[test]
-    fn ll_never_carries_more_than_a_connection_holds() {
-        assert_eq!(ll_limit(128 << 10, 8, 256 << 10), 64 << 10);
-        assert_eq!(ll_limit(16 << 10, 8, 256 << 10), 16 << 10);
-        assert_eq!(ll_limit(128 << 10, 2, 4096), 8192);
-        assert_eq!(ll_limit(0, 8, 256 << 10), 0);
-    }
-
-    #[test]
-    fn ll_is_decided_from_what_every_rank_shares_and_marks_every_step() {
+    fn ll_marks_every_step_and_nothing_else() {
         let f = DataType::Float32;
-        // A gather's root holds n times the buffer of the others: all decide by the root's.
-        assert!(use_ll(CollKind::Gather, 1024, f, 4, 16 << 10));
-        assert!(!use_ll(CollKind::Gather, 1025, f, 4, 16 << 10));
-        assert!(use_ll(CollKind::AllReduce, 4096, f, 8, 16 << 10));
-        assert!(!use_ll(CollKind::AllReduce, 4097, f, 8, 16 << 10));
-        assert!(use_ll(CollKind::Send, 4096, f, 2, 16 << 10) && use_ll(CollKind::Recv, 4096, f, 2, 16 << 10));
-        assert!(!use_ll(CollKind::AllReduce, 1, f, 2, 0), "0 turns LL off");
-        assert!(!use_ll(CollKind::AllGather, usize::MAX / 2, f, 4, usize::MAX), "an overflowing size is not small");
-
-        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 300, root: 0 }, 0, 1, 3, &Tuning { channels: 2, chunk_elems: 64, direct_max_elems: 0 });
+        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 300, root: 0 }, 0, 1, 3, &ring(2, 64));
         let n = numbering(&plan);
         let on = encode(&plan, &[OpDesc { ll: true, ..op_desc(f, ReduceOp::Sum, 300, 300) }], &n, None).unwrap();
         let off = encode(&plan, &[op_desc(f, ReduceOp::Sum, 300, 300)], &n, None).unwrap();
@@ -810,7 +816,7 @@ mod tests {
 
     #[test]
     fn a_device_scalar_reaches_the_op_table() {
-        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 64, root: 0 }, 0, 0, 2, &Tuning { channels: 1, chunk_elems: 8, direct_max_elems: 0 });
+        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 64, root: 0 }, 0, 0, 2, &ring(1, 8));
         let n = numbering(&plan);
         let dev = |op, at| OpDesc { scalar_dev: at, ..op_desc(DataType::Float16, op, 64, 64) };
         let e = encode(&plan, &[dev(ReduceOp::PreMulSum(0.0), 0x5000)], &n, None).unwrap();
@@ -829,7 +835,7 @@ mod tests {
     #[test]
     fn zero_copy_adds_posts_waits_and_remote_offsets() {
         use ferroccl_core::plan::zcopy::{peer_desc, remote_dsts};
-        let t = Tuning { channels: 2, chunk_elems: 64, direct_max_elems: 0 };
+        let t = ring(2, 64);
         let (n, me, count) = (3, 1, 1000);
         let ag = CollDesc { kind: CollKind::AllGather, count, root: 0 };
         let ar = CollDesc { kind: CollKind::AllReduce, count, root: 0 };
@@ -876,8 +882,8 @@ mod tests {
             assert_eq!(body[first_ar_send].flags & (FLAG_WAIT_POST | FLAG_RDST), FLAG_WAIT_POST);
             assert!(body.iter().filter(|s| s.op == 0 && s.send_conn >= 0).all(|s| s.flags & FLAG_RDST != 0));
         }
-        // LL ops take none of it.
-        let ll_ops = ops.map(|o| OpDesc { ll: true, ..o });
+        // Ops outside the handshake take none of it (LL ops: the tuner never puts them in it).
+        let ll_ops = ops.map(|o| OpDesc { ll: true, zero_copy: false, ..o });
         let ll = encode(&plan, &ll_ops, &nb, Some(&z)).unwrap();
         assert!(ll.steps.iter().all(|s| s.kind != STEP_POST && s.flags & (FLAG_RDST | FLAG_WAIT_POST) == 0));
         // Marks of another plan's shape are an internal error, not a wrong table.
@@ -892,7 +898,7 @@ mod tests {
             0,
             0,
             2,
-            &Tuning { channels: 1, chunk_elems: 8, direct_max_elems: 0 },
+            &ring(1, 8),
         );
         let ops = [op_desc(DataType::Float32, ReduceOp::Sum, 64, 64)];
         let only_recv = |k: ConnKey| (k.dir == Dir::Recv).then_some(0);
@@ -907,7 +913,7 @@ mod tests {
             0,
             0,
             2,
-            &Tuning { channels: 1, chunk_elems: 8, direct_max_elems: 0 },
+            &ring(1, 8),
         );
         let n = numbering(&plan);
         // Regions beyond the buffers the caller gave.
@@ -928,18 +934,32 @@ mod tests {
     }
 
     #[test]
-    fn launch_carries_table_sizes() {
-        let plan = build(
-            &CollDesc { kind: CollKind::AllReduce, count: 1000, root: 0 },
-            0,
-            2,
-            4,
-            &Tuning { channels: 3, chunk_elems: 50, direct_max_elems: 0 },
-        );
+    fn launch_carries_tables_and_inline_ops() {
+        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 1000, root: 0 }, 0, 2, 4, &ring(3, 50));
         let e = encode(&plan, &[op_desc(DataType::Float32, ReduceOp::Sum, 1000, 1000)], numbering(&plan), None).unwrap();
-        let at = DeviceTables { steps: 1, lanes: 2, ops: 3, conns: 4, nconns: 6, abort: 5, error: 6, timeout_ns: 7 };
-        let l = e.launch(&at);
+        let at = DeviceTables {
+            steps: 1,
+            lanes: 2,
+            nsteps: e.steps.len() as u32,
+            nlanes: e.lanes.len() as u32,
+            ops: 3,
+            conns: 4,
+            nconns: 6,
+            abort: 5,
+            error: 6,
+            timeout_ns: 7,
+            rank: 2,
+        };
+        let l = FcLaunch::new(&at, &e.ops);
         assert_eq!((l.nlanes, l.nsteps, l.nops, l.nconns, l.rank), (3, e.steps.len() as u32, 1, 6, 2));
-        assert_eq!((l.steps, l.lanes, l.ops, l.conns, l.abort, l.error, l.timeout_ns), (1, 2, 3, 4, 5, 6, 7));
+        assert_eq!((l.steps, l.lanes, l.conns, l.abort, l.error, l.timeout_ns), (1, 2, 4, 5, 6, 7));
+        // One op rides in the parameter; the op table is not read.
+        assert_eq!((l.ops, l.inline_ops[0]), (0, e.ops[0]));
+        assert_eq!(l.inline_ops[1], FcOp::default());
+        // More than fit: the table at `at.ops`.
+        let many = vec![e.ops[0]; INLINE_OPS + 1];
+        let l = FcLaunch::new(&at, &many);
+        assert_eq!((l.ops, l.nops), (3, INLINE_OPS as u32 + 1));
+        assert_eq!(l.inline_ops, [FcOp::default(); INLINE_OPS]);
     }
 }

@@ -299,34 +299,6 @@ pub fn compile_cached(req: &CompileRequest<'_>, cache: Option<&KernelCache>) -> 
     }
 }
 
-// ---------------------------------------------------------------------------------------
-// TEMPORARY: environment lookups for the CUDA backend.
-// TODO(lead): move FERROCCL_CUDA_INCLUDE and the cache directory into
-// ferroccl-core/src/config.rs (and docs/ENV.md), then delete these two functions; callers
-// already take the directories as arguments.
-
-/// Include directories for CUDA's headers: `FERROCCL_CUDA_INCLUDE` (':'-separated) first,
-/// then `/usr/local/cuda/include` if it exists.
-pub fn include_dirs_from_env() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::env::var_os("FERROCCL_CUDA_INCLUDE")
-        .map(|s| std::env::split_paths(&s).filter(|p| !p.as_os_str().is_empty()).collect())
-        .unwrap_or_default();
-    let system = PathBuf::from("/usr/local/cuda/include");
-    if system.is_dir() && !v.contains(&system) {
-        v.push(system);
-    }
-    v
-}
-
-/// `$XDG_CACHE_HOME/ferroccl/kernels`, else `~/.cache/ferroccl/kernels`.
-pub fn default_cache_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|s| !s.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").filter(|s| !s.is_empty()).map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("ferroccl").join("kernels"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -442,7 +414,7 @@ extern "C" __global__ void mixed(const __half* a, const __nv_bfloat16* b, const 
             eprintln!("note: libnvrtc not found; skipping the NVRTC compile test");
             return;
         }
-        let inc = include_dirs_from_env();
+        let inc = ferroccl_core::Config::from_env().expect("a valid environment").cuda_include;
         let v = nvrtc_version().unwrap();
         eprintln!("NVRTC {}.{}, include dirs {inc:?}", v.0, v.1);
         let r = CompileRequest { name: "mixed.cu", source: HALF_KERNEL, arch: "sm_90", include_dirs: &inc, options: &[] };

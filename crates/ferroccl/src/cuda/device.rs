@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::sys;
 use ferroccl_core::{Error, Result};
 
-use super::check;
+use super::cu_ok;
 
 /// What loading and initialising the driver found, decided once per process: neither
 /// outcome can change while the process lives.
@@ -65,7 +65,7 @@ pub fn gpu_count() -> Result<usize> {
         Driver::Failed(m) => Err(Error::System(m.clone())),
         Driver::Ready => {
             let mut n = 0;
-            check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })?;
+            cu_ok("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })?;
             Ok(n.max(0) as usize)
         }
     }
@@ -116,16 +116,16 @@ impl Gpu {
             return Err(Error::InvalidArgument(format!("GPU {ordinal} does not exist ({count} visible)")));
         }
         let mut dev = 0;
-        check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) })?;
+        cu_ok("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) })?;
         let mut name = [0u8; 256];
-        check("cuDeviceGetName", unsafe { sys::cuDeviceGetName(name.as_mut_ptr().cast(), name.len() as i32, dev) })?;
+        cu_ok("cuDeviceGetName", unsafe { sys::cuDeviceGetName(name.as_mut_ptr().cast(), name.len() as i32, dev) })?;
         let name = CStr::from_bytes_until_nul(&name).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
         let mut total_mem = 0usize;
-        check("cuDeviceTotalMem", unsafe { sys::cuDeviceTotalMem_v2(&mut total_mem, dev) })?;
+        cu_ok("cuDeviceTotalMem", unsafe { sys::cuDeviceTotalMem_v2(&mut total_mem, dev) })?;
         let major = attribute(dev, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = attribute(dev, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         let mut ctx = std::ptr::null_mut();
-        check("cuDevicePrimaryCtxRetain", unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) })?;
+        cu_ok("cuDevicePrimaryCtxRetain", unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) })?;
         let gpu = Gpu(Arc::new(GpuInner {
             ordinal,
             dev,
@@ -159,7 +159,7 @@ impl Gpu {
     /// Makes this GPU's context current on the calling thread. Every call that touches the
     /// GPU does this first, so callers never depend on which thread last used which GPU.
     pub fn bind(&self) -> Result<()> {
-        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.0.ctx) })
+        cu_ok("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.0.ctx) })
     }
 
     pub fn attribute(&self, attr: sys::CUdevice_attribute) -> Result<i32> {
@@ -180,12 +180,12 @@ impl Gpu {
             return Ok(PeerLink { access: true, native_atomics: true, perf_rank: 0 });
         }
         let mut pdev = 0;
-        check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut pdev, peer as i32) })?;
+        cu_ok("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut pdev, peer as i32) })?;
         let mut can = 0;
-        check("cuDeviceCanAccessPeer", unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.0.dev, pdev) })?;
+        cu_ok("cuDeviceCanAccessPeer", unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.0.dev, pdev) })?;
         let p2p = |a| -> Result<i32> {
             let mut v = 0;
-            check("cuDeviceGetP2PAttribute", unsafe { sys::cuDeviceGetP2PAttribute(&mut v, a, self.0.dev, pdev) })?;
+            cu_ok("cuDeviceGetP2PAttribute", unsafe { sys::cuDeviceGetP2PAttribute(&mut v, a, self.0.dev, pdev) })?;
             Ok(v)
         };
         use sys::CUdevice_P2PAttribute::*;
@@ -199,7 +199,7 @@ impl Gpu {
     /// Waits for all work on this GPU's context.
     pub fn synchronize(&self) -> Result<()> {
         self.bind()?;
-        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+        cu_ok("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
     }
 
     /// Loads a cubin or PTX image (as `nvrtc::compile` returns it) into this GPU's context.
@@ -215,7 +215,7 @@ impl Gpu {
             image.into()
         };
         let mut module = std::ptr::null_mut();
-        check("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut module, data.as_ptr().cast()) })?;
+        cu_ok("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut module, data.as_ptr().cast()) })?;
         Ok(Module { gpu: self.clone(), module })
     }
 }
@@ -231,7 +231,7 @@ impl Drop for GpuInner {
 
 fn attribute(dev: sys::CUdevice, attr: sys::CUdevice_attribute) -> Result<i32> {
     let mut v = MaybeUninit::uninit();
-    check("cuDeviceGetAttribute", unsafe { sys::cuDeviceGetAttribute(v.as_mut_ptr(), attr, dev) })?;
+    cu_ok("cuDeviceGetAttribute", unsafe { sys::cuDeviceGetAttribute(v.as_mut_ptr(), attr, dev) })?;
     Ok(unsafe { v.assume_init() })
 }
 
@@ -254,7 +254,7 @@ impl Module {
     pub fn kernel(&self, name: &str) -> Result<Kernel<'_>> {
         let cname = std::ffi::CString::new(name).map_err(|_| Error::InvalidArgument(format!("kernel name {name:?}")))?;
         let mut f = std::ptr::null_mut();
-        check(&format!("cuModuleGetFunction({name})"), unsafe {
+        cu_ok(&format!("cuModuleGetFunction({name})"), unsafe {
             sys::cuModuleGetFunction(&mut f, self.module, cname.as_ptr())
         })?;
         Ok(Kernel { f, module: self })
@@ -309,7 +309,7 @@ impl Kernel<'_> {
     pub fn resident_blocks(&self, threads: u32) -> Result<u32> {
         self.module.gpu.bind()?;
         let mut per_sm = 0i32;
-        check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+        cu_ok("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
             sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, self.f, threads as i32, 0)
         })?;
         let sms = self.module.gpu.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
@@ -324,7 +324,7 @@ impl Kernel<'_> {
     pub unsafe fn launch(&self, dims: LaunchDims, stream: sys::CUstream, params: &mut [*mut c_void]) -> Result<()> {
         self.module.gpu.bind()?;
         let (g, b) = (dims.grid, dims.block);
-        check("cuLaunchKernel", unsafe {
+        cu_ok("cuLaunchKernel", unsafe {
             sys::cuLaunchKernel(
                 self.f,
                 g.0,

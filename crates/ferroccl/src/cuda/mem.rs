@@ -18,7 +18,7 @@ use std::sync::Arc;
 use cudarc::driver::sys;
 use ferroccl_core::{Error, Result};
 
-use super::check;
+use super::cu_ok;
 use super::device::{gpu_count, Gpu};
 
 /// Bytes of GPU memory held through one set of buffers. Allocated bytes are physical memory
@@ -152,7 +152,7 @@ pub(crate) fn alloc_prop(ordinal: usize) -> sys::CUmemAllocationProp {
 pub fn granularity(gpu: &Gpu) -> Result<usize> {
     let prop = alloc_prop(gpu.ordinal());
     let mut g = 0usize;
-    check("cuMemGetAllocationGranularity", unsafe {
+    cu_ok("cuMemGetAllocationGranularity", unsafe {
         sys::cuMemGetAllocationGranularity(
             &mut g,
             &prop,
@@ -196,7 +196,7 @@ impl DeviceBuffer {
         let mapped = round_up(bytes, gran)?;
         let prop = alloc_prop(gpu.ordinal());
         let mut handle = 0;
-        check(&format!("cuMemCreate({mapped} bytes on GPU {})", gpu.ordinal()), unsafe {
+        cu_ok(&format!("cuMemCreate({mapped} bytes on GPU {})", gpu.ordinal()), unsafe {
             sys::cuMemCreate(&mut handle, mapped, &prop, 0)
         })?;
         match map_handle(handle, mapped, gran, &who) {
@@ -217,7 +217,7 @@ impl DeviceBuffer {
         let gran = granularity(gpu)?;
         let mapped = round_up(bytes, gran)?;
         let mut handle = 0;
-        check("cuMemImportFromShareableHandle", unsafe {
+        cu_ok("cuMemImportFromShareableHandle", unsafe {
             // The driver takes a POSIX fd as an integer smuggled in the pointer argument.
             sys::cuMemImportFromShareableHandle(
                 &mut handle,
@@ -295,7 +295,7 @@ impl DeviceBuffer {
     pub fn copy_from_host(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.range_check(offset, src.len())?;
         self.gpu.bind()?;
-        check("cuMemcpyHtoD", unsafe {
+        cu_ok("cuMemcpyHtoD", unsafe {
             sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, src.as_ptr().cast(), src.len())
         })
     }
@@ -304,7 +304,7 @@ impl DeviceBuffer {
     pub fn copy_to_host(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.range_check(offset, dst.len())?;
         self.gpu.bind()?;
-        check("cuMemcpyDtoH", unsafe {
+        cu_ok("cuMemcpyDtoH", unsafe {
             sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), self.ptr + offset as u64, dst.len())
         })
     }
@@ -321,9 +321,9 @@ impl DeviceBuffer {
         let _ = self.gpu.bind();
         // Unmap before freeing the addresses, and release the handle last: the order the
         // driver documents, and the one that leaves nothing half-torn-down on an error.
-        let a = check("cuMemUnmap", unsafe { sys::cuMemUnmap(self.ptr, self.mapped) });
-        let b = check("cuMemAddressFree", unsafe { sys::cuMemAddressFree(self.ptr, self.mapped) });
-        let c = check("cuMemRelease", unsafe { sys::cuMemRelease(self.handle) });
+        let a = cu_ok("cuMemUnmap", unsafe { sys::cuMemUnmap(self.ptr, self.mapped) });
+        let b = cu_ok("cuMemAddressFree", unsafe { sys::cuMemAddressFree(self.ptr, self.mapped) });
+        let c = cu_ok("cuMemRelease", unsafe { sys::cuMemRelease(self.handle) });
         a.and(b).and(c)
     }
 }
@@ -345,8 +345,8 @@ unsafe impl Sync for DeviceBuffer {}
 /// Reserves addresses for `handle`, maps it and sets access; undoes its own steps on error.
 fn map_handle(handle: sys::CUmemGenericAllocationHandle, size: usize, align: usize, who: &[usize]) -> Result<sys::CUdeviceptr> {
     let mut ptr = 0;
-    check("cuMemAddressReserve", unsafe { sys::cuMemAddressReserve(&mut ptr, size, align, 0, 0) })?;
-    if let Err(e) = check("cuMemMap", unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) }) {
+    cu_ok("cuMemAddressReserve", unsafe { sys::cuMemAddressReserve(&mut ptr, size, align, 0, 0) })?;
+    if let Err(e) = cu_ok("cuMemMap", unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) }) {
         unsafe { sys::cuMemAddressFree(ptr, size) };
         return Err(e);
     }
@@ -362,7 +362,7 @@ fn map_handle(handle: sys::CUmemGenericAllocationHandle, size: usize, align: usi
 
 fn set_access(ptr: sys::CUdeviceptr, size: usize, who: &[usize]) -> Result<()> {
     let descs = access_descs(who);
-    check(&format!("cuMemSetAccess(GPUs {who:?})"), unsafe {
+    cu_ok(&format!("cuMemSetAccess(GPUs {who:?})"), unsafe {
         sys::cuMemSetAccess(ptr, size, descs.as_ptr(), descs.len())
     })
 }
@@ -375,7 +375,7 @@ pub(crate) fn export_allocation(gpu: &Gpu, ptr: u64, len: usize) -> Result<(Owne
     gpu.bind()?;
     let hint = "register memory from ferroccl::mem::alloc (ncclMemAlloc), or any cuMem allocation made with POSIX file-descriptor handles";
     let (mut base, mut size) = (0u64, 0usize);
-    check("cuMemGetAddressRange", unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) })
+    cu_ok("cuMemGetAddressRange", unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) })
         .map_err(|e| Error::InvalidArgument(format!("{ptr:#x} is not GPU memory of this process ({e}); {hint}")))?;
     if ptr.checked_add(len as u64).is_none_or(|e| e > base + size as u64) {
         return Err(Error::InvalidArgument(format!(
@@ -383,7 +383,7 @@ pub(crate) fn export_allocation(gpu: &Gpu, ptr: u64, len: usize) -> Result<(Owne
         )));
     }
     let mut handle = 0;
-    check("cuMemRetainAllocationHandle", unsafe { sys::cuMemRetainAllocationHandle(&mut handle, ptr as *mut std::ffi::c_void) })
+    cu_ok("cuMemRetainAllocationHandle", unsafe { sys::cuMemRetainAllocationHandle(&mut handle, ptr as *mut std::ffi::c_void) })
         .map_err(|e| Error::InvalidArgument(format!("{ptr:#x} is not a cuMem allocation ({e}); {hint}")))?;
     let r = export_handle(handle);
     // The retained reference is ours to drop; the allocation stays its owner's.
@@ -395,7 +395,7 @@ pub(crate) fn export_allocation(gpu: &Gpu, ptr: u64, len: usize) -> Result<(Owne
 /// A new POSIX file descriptor for an allocation handle (the owning GPU's context bound).
 fn export_handle(handle: sys::CUmemGenericAllocationHandle) -> Result<OwnedFd> {
     let mut fd: i32 = -1;
-    check("cuMemExportToShareableHandle", unsafe {
+    cu_ok("cuMemExportToShareableHandle", unsafe {
         sys::cuMemExportToShareableHandle(
             (&mut fd as *mut i32).cast(),
             handle,

@@ -4,22 +4,24 @@
 //! costs two PCIe copies and a single-threaded pass per buffer; on the GPU a check runs at
 //! close to memory speed.
 //!
-//! The module is compiled (NVRTC, disk cache) the first time a communicator's checker is asked
-//! for, so communicators that never check pay nothing.
+//! A [`GpuVerifier`] is made on request ([`Comm::gpu_verifier`](crate::Comm::gpu_verifier)):
+//! its module is compiled (NVRTC, disk cache) and loaded then, so communicators that never check
+//! pay nothing, and the communicator knows nothing of it.
 
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Mutex;
 
 use cudarc::driver::sys;
 use ferroccl_core::numeric::check::CheckCase;
 use ferroccl_core::numeric::verify::{value_params, Matcher, DATA_TAG};
-use ferroccl_core::{CollKind, Error, Result};
+use ferroccl_core::{CollKind, Config, Error, Result};
 
-use super::check;
-use super::device::{Gpu, LaunchDims, Module};
-use super::mem::{DeviceBuffer, MemStats};
-use super::rank::CudaRank;
-use super::{kernels, nvrtc};
+use super::kernels;
+use super::CudaComm;
+use crate::cuda::cu_ok;
+use crate::cuda::device::{Gpu, LaunchDims, Module};
+use crate::cuda::mem::DeviceBuffer;
+use crate::cuda::nvrtc;
 
 pub(crate) const FILL_KERNEL: &str = "ferroccl_check_fill";
 pub(crate) const COUNT_KERNEL: &str = "ferroccl_check_count";
@@ -159,43 +161,8 @@ impl FcCheckCase {
 }
 
 /// check.cu compiled for `gpu` through the same path and disk cache as the plan kernel.
-pub(crate) fn compile(gpu: &Gpu) -> Result<nvrtc::Image> {
-    kernels::compile_for(gpu, "check.cu", &kernels::check_source())
-}
-
-/// The loaded checker of one communicator's GPU.
-pub(crate) struct CheckKernels {
-    module: Module,
-    /// The FcCheckResult every count reuses; `busy` serialises its users.
-    result: DeviceBuffer,
-    busy: Mutex<()>,
-    max_blocks: u32,
-}
-
-impl CheckKernels {
-    fn load(gpu: &Gpu, stats: &Arc<MemStats>) -> Result<CheckKernels> {
-        let module = gpu.load_module(&compile(gpu)?.bytes)?;
-        for k in [FILL_KERNEL, COUNT_KERNEL, FIRST_KERNEL] {
-            module.kernel(k)?;
-        }
-        let sms = gpu.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
-        let result = DeviceBuffer::alloc(gpu, std::mem::size_of::<FcCheckResult>(), &[], stats)?;
-        Ok(CheckKernels { module, result, busy: Mutex::new(()), max_blocks: sms * BLOCKS_PER_SM })
-    }
-}
-
-/// Where a communicator keeps its checker, loaded on first use.
-pub(crate) type CheckSlot = OnceLock<CheckKernels>;
-
-impl CudaRank {
-    pub(crate) fn gpu_check(&self) -> Result<GpuCheck<'_>> {
-        if self.check.get().is_none() {
-            // Two threads may both load; one copy is kept, the other dropped.
-            let k = CheckKernels::load(&self.gpu, &self.stats)?;
-            let _ = self.check.set(k);
-        }
-        Ok(GpuCheck { rank: self, k: self.check.get().expect("set above") })
-    }
+pub(crate) fn compile(gpu: &Gpu, config: &Config) -> Result<nvrtc::Image> {
+    kernels::compile_for(gpu, config, "check.cu", &kernels::check_source())
 }
 
 /// What a count found: the wrong elements, and the first of them (index, got, expected) as
@@ -207,17 +174,33 @@ pub struct Wrong {
 }
 
 /// The verifiable mode on a GPU communicator's device, enqueued on its current stream (its
-/// own, or the one given to `Comm::set_stream`): [`Comm::gpu_check`](crate::Comm::gpu_check).
+/// own, or the one given to `Comm::set_stream`): [`Comm::gpu_verifier`](crate::Comm::gpu_verifier).
 ///
 /// Pointers are device addresses on this communicator's GPU, as in [`OpArgs`](crate::OpArgs).
-pub struct GpuCheck<'c> {
-    rank: &'c CudaRank,
-    k: &'c CheckKernels,
+pub struct GpuVerifier<'c> {
+    comm: &'c CudaComm,
+    module: Module,
+    /// The FcCheckResult every count reuses; `busy` serialises its users.
+    result: DeviceBuffer,
+    busy: Mutex<()>,
+    max_blocks: u32,
 }
 
-impl GpuCheck<'_> {
+impl<'c> GpuVerifier<'c> {
+    /// Compiles (or finds in the disk cache) and loads the checker's kernels on `comm`'s GPU.
+    pub(crate) fn new(comm: &'c CudaComm, config: &Config) -> Result<GpuVerifier<'c>> {
+        let gpu = &comm.gpu;
+        let module = gpu.load_module(&compile(gpu, config)?.bytes)?;
+        for k in [FILL_KERNEL, COUNT_KERNEL, FIRST_KERNEL] {
+            module.kernel(k)?;
+        }
+        let sms = gpu.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
+        let result = DeviceBuffer::alloc(gpu, std::mem::size_of::<FcCheckResult>(), &[], &comm.stats)?;
+        Ok(GpuVerifier { comm, module, result, busy: Mutex::new(()), max_blocks: sms * BLOCKS_PER_SM })
+    }
+
     fn stream(&self) -> sys::CUstream {
-        self.rank.current_stream()
+        self.comm.current_stream()
     }
 
     /// Sets `bytes` bytes at `dst` to `byte` (enqueued).
@@ -228,8 +211,8 @@ impl GpuCheck<'_> {
         if bytes == 0 {
             return Ok(());
         }
-        self.rank.gpu.bind()?;
-        check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(dst as u64, byte, bytes, self.stream()) })
+        self.comm.gpu.bind()?;
+        cu_ok("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(dst as u64, byte, bytes, self.stream()) })
     }
 
     /// Writes this rank's input for `case` (`CheckCase::fill_input`) into the `len` elements
@@ -249,23 +232,23 @@ impl GpuCheck<'_> {
     /// # Safety
     /// `out` must hold `len` elements of `case.dtype` in device memory of this GPU.
     pub unsafe fn count_wrong(&self, case: &CheckCase, out: *const u8, len: usize) -> Result<Wrong> {
-        let _busy = self.k.busy.lock().map_err(|_| Error::Internal("GPU checker lock poisoned".into()))?;
-        let res = self.k.result.device_ptr();
+        let _busy = self.busy.lock().map_err(|_| Error::Internal("GPU checker lock poisoned".into()))?;
+        let res = self.result.device_ptr();
         let c = self.case(case, out as u64, len, res)?;
         let stream = self.stream();
-        self.rank.gpu.bind()?;
+        self.comm.gpu.bind()?;
         // wrong = 0, first = none.
-        check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(res, 0, 8, stream) })?;
-        check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(res + 8, 0xff, 8, stream) })?;
+        cu_ok("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(res, 0, 8, stream) })?;
+        cu_ok("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(res + 8, 0xff, 8, stream) })?;
         if len > 0 {
             self.launch(COUNT_KERNEL, self.grid(case, len), THREADS, &c)?;
             self.launch(FIRST_KERNEL, 1, 1, &c)?;
         }
         let mut host = FcCheckResult::default();
         let bytes = std::mem::size_of::<FcCheckResult>();
-        self.rank.gpu.bind()?;
-        check("cuMemcpyDtoHAsync", unsafe { sys::cuMemcpyDtoHAsync_v2((&mut host as *mut FcCheckResult).cast(), res, bytes, stream) })?;
-        check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(stream) })?;
+        self.comm.gpu.bind()?;
+        cu_ok("cuMemcpyDtoHAsync", unsafe { sys::cuMemcpyDtoHAsync_v2((&mut host as *mut FcCheckResult).cast(), res, bytes, stream) })?;
+        cu_ok("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(stream) })?;
         Ok(Wrong { count: host.wrong, first: (host.wrong > 0).then_some((host.first as usize, host.got, host.want)) })
     }
 
@@ -280,14 +263,14 @@ impl GpuCheck<'_> {
     /// Blocks for `len` elements: one 16-byte pack per thread, up to what the GPU holds at once.
     fn grid(&self, case: &CheckCase, len: usize) -> u32 {
         let packs = (len as u64).div_ceil(16 / case.dtype.size() as u64);
-        packs.div_ceil(THREADS as u64).clamp(1, self.k.max_blocks as u64) as u32
+        packs.div_ceil(THREADS as u64).clamp(1, self.max_blocks as u64) as u32
     }
 
     fn launch(&self, name: &str, grid: u32, block: u32, c: &FcCheckCase) -> Result<()> {
         if c.len == 0 {
             return Ok(());
         }
-        let kernel = self.k.module.kernel(name)?;
+        let kernel = self.module.kernel(name)?;
         let mut param = *c;
         let mut params = [&mut param as *mut FcCheckCase as *mut c_void];
         let dims = LaunchDims { grid: (grid, 1, 1), block: (block, 1, 1), shared_bytes: 0 };
@@ -389,7 +372,7 @@ mod tests {
         }
         let source = kernels::check_source();
         let options = kernels::nvrtc_flags();
-        let include_dirs = nvrtc::include_dirs_from_env();
+        let include_dirs = Config::from_env().expect("a valid environment").cuda_include;
         let req = nvrtc::CompileRequest { name: "check.cu", source: &source, arch: "sm_90", include_dirs: &include_dirs, options: &options };
         let t = std::time::Instant::now();
         let img = nvrtc::compile(&req).unwrap_or_else(|e| panic!("{e}"));

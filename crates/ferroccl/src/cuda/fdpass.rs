@@ -442,7 +442,7 @@ mod tests {
         let job = u64::from_le_bytes(id);
         let listener = FdListener::bind(job, 0).unwrap();
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["backend::cuda::fdpass::tests::child_entry", "--exact", "--nocapture", "--test-threads=1"])
+            .args(["cuda::fdpass::tests::child_entry", "--exact", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, format!("{job}"))
             .stdout(Stdio::null())
             .spawn()

@@ -1,0 +1,268 @@
+//! The tuner: the one place that decides how an operation runs.
+//!
+//! [`choose`] takes an operation's shape, where the communicator runs and its [`Config`], and
+//! returns a [`Choice`]: the algorithm and its cut (channels, chunk), the protocol, the engine
+//! and whether messages may go straight into the receiver's output. Nothing else in ferroccl
+//! decides any of these; backends execute what the choice says, and the algorithms build the
+//! plan it names.
+//!
+//! Every rank must build the same plan for an operation (messages are matched by their order on
+//! each connection, and zero-copy senders build their peers' plans), so everything but
+//! `zero_copy` is computed from values all ranks share: the operation's kind, count, type and
+//! rank count, the backend and the config (whose wire-relevant knobs every rank must set
+//! alike; windows are registered collectively, so every rank has as many). Only `post_output`
+//! depends on this rank's own buffers: whether it offers its output to its senders, which each
+//! receiver decides for itself (a sender that finds no offer uses the FIFO).
+
+use crate::algo::Tuning;
+use crate::plan::zcopy::may_post;
+use crate::types::{CollKind, DataType};
+use crate::Config;
+
+#[cfg(test)]
+mod tests;
+
+/// Data bytes one LL message carries at most: a message occupies twice that in the LL slots
+/// (a flag beside every 8 data bytes). The GPU kernel's `FC_LL_DATA` has the same value.
+pub const LL_DATA_BYTES: usize = 8192;
+
+/// Point-to-point channels on GPUs at most: enough blocks to fill NVLink without doubling the
+/// FIFO memory.
+pub const GPU_P2P_CHANNELS_MAX: usize = 8;
+
+/// What the communicator runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Device {
+    /// Host memory: plans run on the calling thread over shared memory or sockets.
+    Host,
+    /// GPUs of one host, linked by NVLink or PCIe peer access.
+    Gpu,
+}
+
+/// One operation as the tuner sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OpShape {
+    pub kind: CollKind,
+    /// NCCL's count (see [`CollKind::buffer_counts`]).
+    pub count: usize,
+    pub dtype: DataType,
+    pub nranks: usize,
+    /// This rank's buffers follow NCCL's in-place convention. Local: may differ between ranks.
+    pub in_place: bool,
+    /// The communicator has registered windows (collective: the same on every rank), so
+    /// outputs that lie in one can be written by the senders directly.
+    pub windows: bool,
+}
+
+impl OpShape {
+    /// Bytes of the operation's largest buffer (the root's, for rooted operations), the same on
+    /// every rank; None when the size overflows.
+    pub fn largest_bytes(&self) -> Option<usize> {
+        let (s, r) = self.kind.buffer_counts(self.count, self.nranks, true)?;
+        s.max(r).checked_mul(self.dtype.size())
+    }
+}
+
+/// The algorithm: which plan builder makes the operation's steps (`algo::build`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algo {
+    /// All-reduce, reduce-scatter, all-gather: a ring per channel over slices of the buffer.
+    Ring,
+    /// All-reduce on 3+ ranks: every rank sends each owner its share, owners reduce and send
+    /// the result to all: two dependent messages instead of the ring's 2(n-1).
+    TwoShot,
+    /// Broadcast, reduce: a chain from (or to) the root.
+    Chain,
+    /// All-to-all, gather, scatter, send and receive: each block straight to its peer.
+    Direct,
+}
+
+impl Algo {
+    /// Whether this algorithm has a plan builder for `kind`.
+    pub fn supports(self, kind: CollKind) -> bool {
+        use CollKind::*;
+        match self {
+            Algo::Ring => matches!(kind, AllReduce | ReduceScatter | AllGather),
+            Algo::TwoShot => kind == AllReduce,
+            Algo::Chain => matches!(kind, Broadcast | Reduce),
+            Algo::Direct => matches!(kind, AllToAll | Gather | Scatter | Send | Recv),
+        }
+    }
+
+    /// The algorithm an operation takes when nothing better applies.
+    pub fn default_for(kind: CollKind) -> Algo {
+        use CollKind::*;
+        match kind {
+            AllReduce | ReduceScatter | AllGather => Algo::Ring,
+            Broadcast | Reduce => Algo::Chain,
+            AllToAll | Gather | Scatter | Send | Recv => Algo::Direct,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algo::Ring => "ring",
+            Algo::TwoShot => "two-shot",
+            Algo::Chain => "chain",
+            Algo::Direct => "direct",
+        }
+    }
+}
+
+/// How a message travels over a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// Data slots, then a length and a head counter (one fence per slot).
+    Simple,
+    /// Every 8 data bytes stored with a flag beside them: no fence and no separate flag store
+    /// between a send and its receipt (GPUs only).
+    LL,
+}
+
+/// What executes the plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Engine {
+    /// The host executor, on the calling thread.
+    HostExecutor,
+    /// The GPU plan kernel: one thread block per lane.
+    PlanKernel,
+}
+
+/// Why each part of a [`Choice`] is what it is, for the debug log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Why {
+    pub algo: &'static str,
+    pub protocol: &'static str,
+    pub channels: &'static str,
+}
+
+/// How one operation runs. Everything but `post_output` is the same on every rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Choice {
+    pub algo: Algo,
+    pub protocol: Protocol,
+    pub engine: Engine,
+    /// Channels (lanes; on GPUs, thread blocks) the operation is spread over.
+    pub channels: usize,
+    /// Elements one message carries at most (the pipeline unit).
+    pub chunk_elems: usize,
+    /// Zero-copy: receivers post their output (or that they offer none) where a run of the
+    /// operation's steps starts, and senders write straight into posted outputs.
+    pub zero_copy: bool,
+    /// This rank may offer its output (when it lies in a window): not where a peer's write
+    /// could land before this rank has read the input it overwrites.
+    pub post_output: bool,
+    pub why: Why,
+}
+
+impl Choice {
+    /// What the plan builder needs.
+    pub fn tuning(&self) -> Tuning {
+        Tuning { algo: self.algo, channels: self.channels, chunk_elems: self.chunk_elems }
+    }
+}
+
+impl std::fmt::Display for Choice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({}), {:?} ({}), {} channels ({}), chunk {} elements, {:?}{}",
+            self.algo.name(),
+            self.why.algo,
+            self.protocol,
+            self.why.protocol,
+            self.channels,
+            self.why.channels,
+            self.chunk_elems,
+            self.engine,
+            match (self.zero_copy, self.post_output) {
+                (false, _) => "",
+                (true, true) => ", zero-copy",
+                (true, false) => ", zero-copy (not into this rank's output)",
+            }
+        )
+    }
+}
+
+/// The most channels any choice may use on `device`: what a GPU communicator allocates FIFOs
+/// for at creation (collective channels, point-to-point channels).
+pub fn channel_budget(device: Device, cfg: &Config) -> (usize, usize) {
+    match device {
+        Device::Host => (cfg.channels.max(1), 1),
+        Device::Gpu => {
+            let coll = cfg.gpu_channels.max(1);
+            (coll, coll.min(GPU_P2P_CHANNELS_MAX))
+        }
+    }
+}
+
+/// The largest operation LL may carry: what the knob allows, and never more than one
+/// connection's LL slots hold, so that every message fits its FIFO whole. Algorithms that send
+/// to every peer before receiving from any (all-to-all, two-shot all-reduce) need that room;
+/// piece-by-piece pipelining cannot help when every rank is sending.
+pub fn ll_limit(cfg: &Config) -> usize {
+    cfg.ll_max_bytes.min(cfg.slots.saturating_mul(cfg.slot_bytes.min(LL_DATA_BYTES) & !7))
+}
+
+/// Decides how `op` runs on `device` under `cfg`.
+pub fn choose(op: &OpShape, device: Device, cfg: &Config) -> Choice {
+    let es = op.dtype.size();
+    let bytes = op.largest_bytes();
+    let p2p = matches!(op.kind, CollKind::Send | CollKind::Recv);
+    let chunk_elems = (cfg.chunk_bytes / es).max(1);
+
+    // Two shots beat the ring's 2(n-1) hops when latency is all there is; a share must be one
+    // message, so that every rank can send all of them before receiving any.
+    let two_shot_fits = op.kind == CollKind::AllReduce && op.nranks >= 3 && op.count <= chunk_elems;
+    let (algo, why_algo) = match device {
+        // Proven by the simulator and checked on the host backend, but not yet run on 3 or more
+        // GPUs (no such machine was lent when it landed): GPUs keep the ring until it has been
+        // checked element by element there.
+        Device::Gpu if two_shot_fits => (Algo::Ring, "two-shot not yet checked on 3+ GPUs"),
+        Device::Host if two_shot_fits && op.count <= cfg.direct_max_bytes / es => {
+            (Algo::TwoShot, "all-reduce within FERROCCL_DIRECT_MAX_BYTES on 3+ ranks")
+        }
+        _ => (Algo::default_for(op.kind), "the default for the operation"),
+    };
+
+    let (protocol, why_protocol) = match (device, bytes) {
+        (Device::Gpu, Some(b)) if b <= ll_limit(cfg) => (Protocol::LL, "within the LL limit"),
+        (Device::Gpu, _) => (Protocol::Simple, "beyond the LL limit"),
+        (Device::Host, _) => (Protocol::Simple, "the host moves slots"),
+    };
+
+    let (coll_max, p2p_max) = channel_budget(device, cfg);
+    let max = if p2p { p2p_max } else { coll_max };
+    let (channels, why_channels) = match device {
+        // The host executor polls every lane from one thread: channels only add lanes.
+        Device::Host => (max, if p2p { "one lane per peer direction on the host" } else { "FERROCCL_CHANNELS" }),
+        // A block per channel: as many as the bytes can keep busy (FERROCCL_GPU_CHANNEL_BYTES
+        // each), up to the budget. Launching idle blocks costs launch and exit time.
+        Device::Gpu => {
+            let per = cfg.gpu_channel_bytes.max(1);
+            let want = bytes.map_or(max, |b| b.div_ceil(per).max(1));
+            if want >= max {
+                (max, "the budget: FERROCCL_GPU_CHANNELS, 8 for send/recv")
+            } else {
+                (want, "one per FERROCCL_GPU_CHANNEL_BYTES of the largest buffer")
+            }
+        }
+    };
+
+    let engine = match device {
+        Device::Host => Engine::HostExecutor,
+        Device::Gpu => Engine::PlanKernel,
+    };
+    // LL messages carry flags in the data, so they cannot land in a plain output buffer.
+    let zero_copy = device == Device::Gpu && op.windows && protocol == Protocol::Simple;
+    Choice {
+        algo,
+        protocol,
+        engine,
+        channels,
+        chunk_elems,
+        zero_copy,
+        post_output: zero_copy && may_post(op.kind, op.in_place),
+        why: Why { algo: why_algo, protocol: why_protocol, channels: why_channels },
+    }
+}

@@ -1,0 +1,158 @@
+use super::*;
+use crate::types::DataType::{Bfloat16, Float32, Int8};
+
+fn shape(kind: CollKind, count: usize, dtype: DataType, nranks: usize) -> OpShape {
+    OpShape { kind, count, dtype, nranks, in_place: false, windows: false }
+}
+
+/// (device, kind, count, dtype, ranks) -> (algorithm, protocol, channels).
+type Row = (Device, CollKind, usize, DataType, usize, Algo, Protocol, usize);
+
+/// The choices for the default config.
+#[test]
+fn choices_follow_the_table() {
+    use CollKind::*;
+    use Device::{Gpu, Host};
+    use Protocol::{Simple, LL};
+    let cfg = Config::default();
+    let rows: &[Row] = &[
+        // The grid follows the bytes: one block for 8 bytes (the old plan kernel launched 32).
+        (Gpu, AllReduce, 2, Float32, 2, Algo::Ring, LL, 1),
+        (Gpu, AllReduce, 1024, Float32, 2, Algo::Ring, LL, 1),
+        (Gpu, AllReduce, 1025, Float32, 2, Algo::Ring, LL, 2),
+        (Gpu, AllReduce, 16 << 10, Float32, 2, Algo::Ring, LL, 16),
+        (Gpu, AllReduce, 32 << 10, Bfloat16, 2, Algo::Ring, LL, 16),
+        (Gpu, AllReduce, 64 << 10, Bfloat16, 2, Algo::Ring, Simple, 32),
+        (Gpu, AllReduce, 256 << 20, Float32, 2, Algo::Ring, Simple, 32),
+        // Two-shot waits for a check on 3+ GPUs.
+        (Gpu, AllReduce, 64, Float32, 4, Algo::Ring, LL, 1),
+        // All-gather's largest buffer is n x count.
+        (Gpu, AllGather, 1024, Float32, 4, Algo::Ring, LL, 4),
+        (Gpu, ReduceScatter, 1 << 20, Float32, 2, Algo::Ring, Simple, 32),
+        (Gpu, Broadcast, 8 << 20, Int8, 2, Algo::Chain, Simple, 32),
+        (Gpu, Reduce, 2, Float32, 2, Algo::Chain, LL, 1),
+        (Gpu, AllToAll, 1 << 20, Float32, 2, Algo::Direct, Simple, 32),
+        (Gpu, Gather, 100, Float32, 8, Algo::Direct, LL, 1),
+        (Gpu, Scatter, 1 << 20, Float32, 8, Algo::Direct, Simple, 32),
+        // Sends and receives take at most 8 blocks.
+        (Gpu, Send, 2, Float32, 2, Algo::Direct, LL, 1),
+        (Gpu, Send, 8 << 10, Float32, 2, Algo::Direct, LL, 8),
+        (Gpu, Recv, 64 << 20, Float32, 2, Algo::Direct, Simple, 8),
+        // The host: its channels, one lane per peer direction, two-shot for small all-reduces
+        // on 3+ ranks.
+        (Host, AllReduce, 2, Float32, 2, Algo::Ring, Simple, 1),
+        (Host, AllReduce, 2, Float32, 3, Algo::TwoShot, Simple, 1),
+        (Host, AllReduce, 32 << 10, Float32, 8, Algo::TwoShot, Simple, 1),
+        (Host, AllReduce, (32 << 10) + 1, Float32, 8, Algo::Ring, Simple, 1),
+        (Host, AllGather, 16, Float32, 4, Algo::Ring, Simple, 1),
+        (Host, Broadcast, 16, Float32, 4, Algo::Chain, Simple, 1),
+        (Host, Send, 1 << 20, Float32, 4, Algo::Direct, Simple, 1),
+    ];
+    for &(dev, kind, count, dtype, n, algo, protocol, channels) in rows {
+        let c = choose(&shape(kind, count, dtype, n), dev, &cfg);
+        assert_eq!((c.algo, c.protocol, c.channels), (algo, protocol, channels), "{dev:?} {kind} {count} x {dtype} on {n}: {c}");
+        assert_eq!(c.engine, if dev == Gpu { Engine::PlanKernel } else { Engine::HostExecutor });
+        assert_eq!(c.chunk_elems, cfg.chunk_bytes / dtype.size());
+        assert!(!c.zero_copy && !c.post_output, "no windows, no zero-copy");
+    }
+}
+
+#[test]
+fn knobs_move_the_choices() {
+    let small = shape(CollKind::AllReduce, 2, Float32, 4);
+    let mut cfg = Config { channels: 3, gpu_channels: 16, ..Config::default() };
+    assert_eq!(choose(&small, Device::Host, &cfg).channels, 3);
+    assert_eq!(choose(&shape(CollKind::AllReduce, 1 << 20, Float32, 2), Device::Gpu, &cfg).channels, 16);
+    assert_eq!(choose(&shape(CollKind::Send, 1 << 20, Float32, 2), Device::Gpu, &cfg).channels, 8);
+    cfg.gpu_channels = 4;
+    assert_eq!(choose(&shape(CollKind::Send, 1 << 20, Float32, 2), Device::Gpu, &cfg).channels, 4);
+    cfg.gpu_channel_bytes = 1;
+    assert_eq!(choose(&shape(CollKind::AllReduce, 2, Float32, 2), Device::Gpu, &cfg).channels, 4);
+    // FERROCCL_DIRECT_MAX_BYTES=0 turns the two-shot off; the chunk bounds it too.
+    assert_eq!(choose(&small, Device::Host, &Config { direct_max_bytes: 0, ..Config::default() }).algo, Algo::Ring);
+    let chunked = Config { chunk_bytes: 64, direct_max_bytes: 1 << 20, ..Config::default() };
+    assert_eq!(choose(&shape(CollKind::AllReduce, 16, Float32, 4), Device::Host, &chunked).algo, Algo::TwoShot);
+    assert_eq!(choose(&shape(CollKind::AllReduce, 17, Float32, 4), Device::Host, &chunked).algo, Algo::Ring);
+    // LL off, or smaller.
+    let gpu_small = shape(CollKind::AllReduce, 2, Float32, 2);
+    assert_eq!(choose(&gpu_small, Device::Gpu, &Config { ll_max_bytes: 0, ..Config::default() }).protocol, Protocol::Simple);
+    let ll16 = Config { ll_max_bytes: 16 << 10, ..Config::default() };
+    assert_eq!(choose(&shape(CollKind::AllReduce, 4096, Float32, 8), Device::Gpu, &ll16).protocol, Protocol::LL);
+    assert_eq!(choose(&shape(CollKind::AllReduce, 4097, Float32, 8), Device::Gpu, &ll16).protocol, Protocol::Simple);
+}
+
+#[test]
+fn ll_never_carries_more_than_a_connection_holds() {
+    let ll = |ll_max_bytes, slots, slot_bytes| ll_limit(&Config { ll_max_bytes, slots, slot_bytes, ..Config::default() });
+    assert_eq!(ll(128 << 10, 8, 256 << 10), 64 << 10);
+    assert_eq!(ll(16 << 10, 8, 256 << 10), 16 << 10);
+    assert_eq!(ll(128 << 10, 2, 4096), 8192);
+    assert_eq!(ll(0, 8, 256 << 10), 0);
+}
+
+/// LL is decided from what every rank shares: a gather's root holds n times the others'
+/// buffer, and every rank decides by the root's.
+#[test]
+fn ll_is_decided_by_the_largest_buffer_of_any_rank() {
+    let cfg = Config { ll_max_bytes: 16 << 10, ..Config::default() };
+    let p = |kind, count| choose(&shape(kind, count, Float32, 4), Device::Gpu, &cfg).protocol;
+    assert_eq!(p(CollKind::Gather, 1024), Protocol::LL);
+    assert_eq!(p(CollKind::Gather, 1025), Protocol::Simple);
+    assert_eq!(p(CollKind::Send, 4096), Protocol::LL);
+    assert_eq!(p(CollKind::Recv, 4096), Protocol::LL);
+    // An overflowing size is not small, and takes every channel.
+    let huge = choose(&shape(CollKind::AllGather, usize::MAX / 2, Float32, 4), Device::Gpu, &cfg);
+    assert_eq!((huge.protocol, huge.channels), (Protocol::Simple, cfg.gpu_channels));
+}
+
+#[test]
+fn zero_copy_needs_windows_the_simple_protocol_and_a_safe_output() {
+    let cfg = Config::default();
+    let big = OpShape { windows: true, ..shape(CollKind::AllToAll, 1 << 20, Float32, 2) };
+    let c = choose(&big, Device::Gpu, &cfg);
+    assert!(c.zero_copy && c.post_output, "{c}");
+    // In place, an all-to-all still takes part in the handshake but offers nothing.
+    let c = choose(&OpShape { in_place: true, ..big }, Device::Gpu, &cfg);
+    assert!(c.zero_copy && !c.post_output, "{c}");
+    assert!(!choose(&OpShape { count: 2, ..big }, Device::Gpu, &cfg).zero_copy, "LL carries flags in the data");
+    assert!(!choose(&OpShape { windows: false, ..big }, Device::Gpu, &cfg).zero_copy);
+    assert!(!choose(&big, Device::Host, &cfg).zero_copy, "the host has no windows");
+}
+
+/// Every choice names an algorithm that can build the operation, and nothing but
+/// `post_output` depends on this rank's own buffers.
+#[test]
+fn every_choice_is_buildable_and_shared() {
+    let cfgs = [Config::default(), Config { channels: 4, gpu_channels: 3, ll_max_bytes: 0, direct_max_bytes: 0, ..Config::default() }];
+    for cfg in &cfgs {
+        for dev in [Device::Host, Device::Gpu] {
+            for &kind in &CollKind::ALL {
+                for n in [1, 2, 3, 8] {
+                    for count in [0, 1, 100, 4096, 1 << 20, usize::MAX / 64] {
+                        for dtype in [Int8, Float32] {
+                            let base = shape(kind, count, dtype, n);
+                            let c = choose(&base, dev, cfg);
+                            assert!(c.algo.supports(kind), "{dev:?} {kind}: {c}");
+                            assert!(c.channels >= 1 && c.chunk_elems >= 1);
+                            let (coll, p2p) = channel_budget(dev, cfg);
+                            assert!(c.channels <= if matches!(kind, CollKind::Send | CollKind::Recv) { p2p } else { coll });
+                            for (in_place, windows) in [(true, false), (false, true), (true, true)] {
+                                let o = choose(&OpShape { in_place, windows, ..base }, dev, cfg);
+                                assert_eq!((o.algo, o.protocol, o.channels, o.chunk_elems), (c.algo, c.protocol, c.channels, c.chunk_elems));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_reason_is_readable() {
+    let c = choose(&shape(CollKind::AllReduce, 2, Float32, 2), Device::Gpu, &Config::default());
+    let s = c.to_string();
+    for want in ["ring", "LL", "1 channels", "FERROCCL_GPU_CHANNEL_BYTES", "PlanKernel"] {
+        assert!(s.contains(want), "{want} missing from: {s}");
+    }
+}

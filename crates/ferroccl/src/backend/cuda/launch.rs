@@ -1,0 +1,430 @@
+//! The CUDA launch path: one call is one launch of the plan kernel on the current stream.
+//!
+//! A launch's step tables depend only on the operations' shapes (kinds, counts, types,
+//! reductions, roots, in-place-ness) and the registered windows, never on the buffers, which
+//! ride in the kernel's parameter (`FcLaunch::inline_ops`). So the tables are built and uploaded
+//! the first time a shape is seen, and every later call of that shape, on any buffers, is one
+//! kernel launch with nothing allocated or copied: legal inside CUDA-graph capture, and cheap for
+//! frameworks whose caching allocators hand out new pointers all the time. Two exceptions key
+//! by address too: with registered windows (a receiver's post names its output as each sender
+//! maps it) and for groups of more than `INLINE_OPS` operations (their op table is uploaded).
+//!
+//! Tables live in a pool of a few cuMem slabs, filled from the start; when the pool is full,
+//! everything not used by a captured graph is evicted at once, after the context is idle.
+//! Tables a graph captured stay for the communicator's life, as the graph may replay them.
+
+use super::comm::{CudaComm, ABORT_OFF, BLOCK_THREADS};
+use super::tables::{encode, fc_op, DeviceTables, FcLaunch, FcOp, OpDesc, ZeroCopy, INLINE_OPS};
+use crate::cuda::cu_ok;
+use crate::cuda::device::LaunchDims;
+use crate::cuda::mem::DeviceBuffer;
+use crate::info::{CommInfo, CommState};
+use crate::ops::{plan_launch, OpArgs};
+use cudarc::driver::sys;
+use ferroccl_core::algo::{build, CollDesc};
+use ferroccl_core::plan::zcopy::{peer_desc, remote_dsts};
+use ferroccl_core::tune::{Choice, Protocol};
+use ferroccl_core::Error;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+/// Bytes of one slab (the cuMem granularity on the GPUs we know); a larger table set gets a
+/// slab of its own size.
+const SLAB_BYTES: usize = 2 << 20;
+/// Slabs beyond this many bytes are made only when nothing can be evicted.
+const POOL_BYTES: usize = 8 << 20;
+/// Table sets start at this alignment (what the kernel's vector loads like).
+const TABLE_ALIGN: usize = 256;
+/// Words of an operation in a shape key.
+const OP_WORDS: usize = 10;
+
+/// The words that identify a launch's tables. `by_address`: the tables also hold the buffers'
+/// addresses (windows registered, or an op table).
+fn op_words(a: &OpArgs, rank: usize, by_address: bool) -> [u64; OP_WORDS] {
+    let addr = |x: u64| if by_address { x } else { 0 };
+    let scalar = match a.op {
+        // The scalar apart from the op id: PreMulSum(0.0) must not look like Sum.
+        ferroccl_core::ReduceOp::PreMulSum(s) if by_address => s.to_bits(),
+        _ => 0,
+    };
+    [
+        a.kind as u64,
+        a.count as u64,
+        a.dtype.nccl_id() as u64,
+        a.redop().nccl_id() as u64,
+        a.root as u64,
+        a.is_in_place(rank) as u64,
+        addr(a.send as u64),
+        addr(a.recv as u64),
+        scalar,
+        addr(a.device_scalar.unwrap_or(0)),
+    ]
+}
+
+/// A launch's key: every op's words, then the windows' epoch. Hashed and compared without
+/// building it, so a repeated call allocates nothing.
+struct Key<'a> {
+    args: &'a [OpArgs],
+    rank: usize,
+    by_address: bool,
+    epoch: u64,
+}
+
+impl Key<'_> {
+    fn words(&self) -> impl Iterator<Item = u64> + '_ {
+        self.args.iter().flat_map(|a| op_words(a, self.rank, self.by_address)).chain([self.epoch, self.args.len() as u64])
+    }
+    fn hash(&self) -> u64 {
+        // Multiply-xorshift over the words: quality enough for a table of a few hundred shapes.
+        self.words().fold(0x9e37_79b9_7f4a_7c15u64, |h, w| {
+            let h = (h ^ w).wrapping_mul(0xff51_afd7_ed55_8ccd);
+            h ^ (h >> 32)
+        })
+    }
+    fn matches(&self, words: &[u64]) -> bool {
+        self.words().eq(words.iter().copied())
+    }
+}
+
+/// Slabs of device memory filled from their start; a slab whose table sets were all evicted is
+/// filled from its start again. `B` is the memory (a `DeviceBuffer`; `()` in tests).
+struct SlabPool<B> {
+    slabs: Vec<Slab<B>>,
+}
+
+struct Slab<B> {
+    mem: B,
+    cap: usize,
+    used: usize,
+    /// Table sets living here.
+    live: usize,
+}
+
+impl<B> Default for SlabPool<B> {
+    fn default() -> Self {
+        SlabPool { slabs: Vec::new() }
+    }
+}
+
+impl<B> SlabPool<B> {
+    /// (slab, offset) of `bytes` in a slab with room, if any.
+    fn place(&mut self, bytes: usize) -> Option<(usize, usize)> {
+        let (i, s) = self.slabs.iter_mut().enumerate().find(|(_, s)| s.cap - s.used >= bytes)?;
+        let at = s.used;
+        s.used = (s.used + bytes).div_ceil(TABLE_ALIGN) * TABLE_ALIGN;
+        s.used = s.used.min(s.cap);
+        s.live += 1;
+        Some((i, at))
+    }
+    /// Whether a new slab for `bytes` stays within the pool's budget.
+    fn may_grow(&self, bytes: usize) -> bool {
+        self.slabs.iter().map(|s| s.cap).sum::<usize>() + slab_size(bytes) <= POOL_BYTES
+    }
+    /// A new slab for `bytes`, holding them at its start.
+    fn grow(&mut self, bytes: usize, mem: B) -> (usize, usize) {
+        self.slabs.push(Slab { mem, cap: slab_size(bytes), used: 0, live: 0 });
+        self.place(bytes).expect("a fresh slab holds what it was made for")
+    }
+    fn release(&mut self, slab: usize) {
+        let s = &mut self.slabs[slab];
+        s.live -= 1;
+        if s.live == 0 {
+            s.used = 0;
+        }
+    }
+}
+
+fn slab_size(bytes: usize) -> usize {
+    bytes.div_ceil(SLAB_BYTES).max(1) * SLAB_BYTES
+}
+
+/// One launch shape's tables on the GPU.
+struct Entry {
+    words: Vec<u64>,
+    slab: usize,
+    /// steps, lanes, (op table), as laid out in the slab.
+    at: DeviceTables,
+    /// Used inside a graph capture: the graph may replay it at any time, so it is never
+    /// evicted.
+    pinned: bool,
+    /// Made inside a capture: the host copy the graph's upload node reads at every replay.
+    _host: Vec<u8>,
+}
+
+/// A communicator's plan tables on the GPU, by launch shape.
+#[derive(Default)]
+pub(crate) struct PlanCache {
+    map: HashMap<u64, Vec<Entry>>,
+    pool: SlabPool<DeviceBuffer>,
+}
+
+impl PlanCache {
+    fn get(&mut self, key: &Key) -> Option<&mut Entry> {
+        self.map.get_mut(&key.hash())?.iter_mut().find(|e| key.matches(&e.words))
+    }
+
+    /// Drops every entry no graph captured (the caller made sure no kernel still reads them).
+    fn evict(&mut self) {
+        let pool = &mut self.pool;
+        for v in self.map.values_mut() {
+            v.retain(|e| {
+                if !e.pinned {
+                    pool.release(e.slab);
+                }
+                e.pinned
+            });
+        }
+        self.map.retain(|_, v| !v.is_empty());
+    }
+}
+
+/// Whether `stream` is being captured into a CUDA graph.
+fn capturing(stream: sys::CUstream) -> Result<bool, Error> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    cu_ok("cuStreamIsCapturing", unsafe { sys::cuStreamIsCapturing(stream, &mut status) })?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// Every lane of a launch may wait on a peer that waits on another lane of ours, so all of them
+/// must run at once: a launch the GPU cannot hold whole would hang, and is refused instead.
+fn check_residency(lanes: u32, resident: u32) -> Result<(), Error> {
+    if lanes > resident {
+        return Err(Error::InvalidArgument(format!(
+            "this launch needs {lanes} thread blocks at once but the GPU holds {resident}: \
+             lower FERROCCL_GPU_CHANNELS, or split the group"
+        )));
+    }
+    Ok(())
+}
+
+/// One operation's buffers and arithmetic as the tables see them; the flags come from the
+/// tuner's choice (None: only the buffers are wanted, for the op entry).
+fn op_desc(a: &OpArgs, info: &CommInfo, choice: Option<&Choice>) -> OpDesc {
+    let (sc, rc) = a.kind.buffer_counts(a.count, info.nranks, a.root == info.rank).expect("validated");
+    OpDesc {
+        send: a.send as u64,
+        recv: a.recv as u64,
+        send_count: sc,
+        recv_count: rc,
+        dtype: a.dtype,
+        op: a.redop(),
+        scalar_dev: if a.kind.reduces() { a.device_scalar.unwrap_or(0) } else { 0 },
+        ll: choice.is_some_and(|c| c.protocol == Protocol::LL),
+        zero_copy: choice.is_some_and(|c| c.zero_copy),
+        post_output: choice.is_some_and(|c| c.post_output),
+    }
+}
+
+impl CudaComm {
+    /// Enqueues the operations `args` (one call, or a group's share on this communicator) on
+    /// the current stream as one kernel launch, and returns.
+    pub(crate) fn launch(&self, info: &CommInfo, state: &mut CommState, args: &[OpArgs]) -> Result<(), Error> {
+        state.seq += 1;
+        let nranks = u32::try_from(info.nranks).map_err(|_| Error::InvalidArgument("too many ranks".into()))?;
+        let mut inline = [FcOp::default(); INLINE_OPS];
+        let many: Vec<FcOp>;
+        let ops: &[FcOp] = if args.len() <= INLINE_OPS {
+            for (i, a) in args.iter().enumerate() {
+                inline[i] = fc_op(i, &op_desc(a, info, None), nranks)?;
+            }
+            &inline[..args.len()]
+        } else {
+            many = args.iter().enumerate().map(|(i, a)| fc_op(i, &op_desc(a, info, None), nranks)).collect::<Result<_, _>>()?;
+            &many
+        };
+
+        let stream = self.current_stream();
+        let windows = self.windows.lock().map_err(|_| Error::Internal("windows lock poisoned".into()))?;
+        let key = Key { args, rank: info.rank, by_address: !windows.is_empty() || args.len() > INLINE_OPS, epoch: windows.epoch() };
+        let mut cache = self.plans.lock().map_err(|_| Error::Internal("GPU tables lock poisoned".into()))?;
+        self.gpu.bind()?;
+        let captured = capturing(stream)?;
+        if cache.get(&key).is_none() {
+            // A new shape: plan it with the tuner, encode its tables and put them on the GPU.
+            let zero_copy_on = !windows.is_empty();
+            let planned = plan_launch(info, args, zero_copy_on)?;
+            state.log_choices(info, &planned.shapes, &planned.choices);
+            check_residency(planned.plan.lanes.len() as u32, self.resident)?;
+            let descs: Vec<OpDesc> = args.iter().zip(&planned.choices).map(|(a, c)| op_desc(a, info, Some(c))).collect();
+            // The peers' plans of the same operations say where each message lands.
+            let remote = planned.choices.iter().any(|c| c.zero_copy).then(|| {
+                remote_dsts(&planned.plan, |op, peer| {
+                    let a = &args[op as usize];
+                    let desc = peer_desc(&CollDesc { kind: a.kind, count: a.count, root: a.root }, info.rank)?;
+                    Some(build(&desc, op, peer, info.nranks, &planned.choices[op as usize].tuning()))
+                })
+            });
+            let post = |op: usize, peer: usize| -> (u64, u64) {
+                let o = &descs[op];
+                let bytes = (o.recv_count * o.dtype.size()) as u64;
+                (if o.post_output { windows.view(o.recv, bytes, peer).unwrap_or(0) } else { 0 }, bytes)
+            };
+            let zc = remote.as_ref().map(|remote| ZeroCopy { remote, post: &post });
+            let geo = self.fabric.geo;
+            let enc = encode(&planned.plan, &descs, |k| geo.conn_index(k), zc.as_ref())?;
+            self.store(&mut cache, &key, &enc, ops.len() > INLINE_OPS, stream, captured)?;
+        }
+        let entry = cache.get(&key).expect("stored above");
+        entry.pinned |= captured;
+        let at = entry.at;
+        drop(cache);
+        drop(windows);
+
+        self.last_blocks.store(at.nlanes, Ordering::Relaxed);
+        if at.nlanes == 0 {
+            return Ok(());
+        }
+        let mut param = FcLaunch::new(&at, ops);
+        let kernel = self.module.kernel_at(self.plan_fn);
+        let dims = LaunchDims { grid: (at.nlanes, 1, 1), block: (BLOCK_THREADS, 1, 1), shared_bytes: 0 };
+        let mut params = [&mut param as *mut _ as *mut std::ffi::c_void];
+        // SAFETY: the kernel takes one FcLaunch by value; every address in it is device memory
+        // of this GPU or mapped for it, valid while the cache entry (tables), the caller's
+        // buffers (its contract) and the communicator (connections, status) live.
+        unsafe { kernel.launch(dims, stream, &mut params) }
+    }
+
+    /// Puts a launch's tables (steps, lanes, and the op table when `with_ops`) into the pool and
+    /// the cache. The upload is enqueued on `stream`, so inside a capture it becomes part of the
+    /// graph (reading the entry's host copy, which a captured entry keeps).
+    fn store(
+        &self,
+        cache: &mut PlanCache,
+        key: &Key,
+        enc: &super::tables::Encoded,
+        with_ops: bool,
+        stream: sys::CUstream,
+        captured: bool,
+    ) -> Result<(), Error> {
+        let as_bytes = |p: *const u8, n: usize| unsafe { std::slice::from_raw_parts(p, n) };
+        let parts = [
+            as_bytes(enc.steps.as_ptr() as *const u8, std::mem::size_of_val(&enc.steps[..])),
+            as_bytes(enc.lanes.as_ptr() as *const u8, std::mem::size_of_val(&enc.lanes[..])),
+            if with_ops { as_bytes(enc.ops.as_ptr() as *const u8, std::mem::size_of_val(&enc.ops[..])) } else { &[] },
+        ];
+        let mut offs = [0usize; 3];
+        let mut total = 0;
+        for (i, p) in parts.iter().enumerate() {
+            offs[i] = total;
+            total = (total + p.len()).div_ceil(64) * 64;
+        }
+        let total = total.max(64);
+        let mut host = vec![0u8; total];
+        for (i, p) in parts.iter().enumerate() {
+            host[offs[i]..offs[i] + p.len()].copy_from_slice(p);
+        }
+
+        let (slab, at) = match cache.pool.place(total) {
+            Some(p) => p,
+            None if captured || cache.pool.may_grow(total) => cache.pool.grow(total, DeviceBuffer::alloc(&self.gpu, slab_size(total), &[], &self.stats)?),
+            None => {
+                // Tables in use by queued kernels, on any stream, must outlive them.
+                cu_ok("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })?;
+                cache.evict();
+                match cache.pool.place(total) {
+                    Some(p) => p,
+                    None => cache.pool.grow(total, DeviceBuffer::alloc(&self.gpu, slab_size(total), &[], &self.stats)?),
+                }
+            }
+        };
+        let base = cache.pool.slabs[slab].mem.device_ptr() + at as u64;
+        cu_ok("cuMemcpyHtoDAsync", unsafe { sys::cuMemcpyHtoDAsync_v2(base, host.as_ptr().cast(), total, stream) })?;
+        let at = DeviceTables {
+            steps: base + offs[0] as u64,
+            lanes: base + offs[1] as u64,
+            nsteps: enc.steps.len() as u32,
+            nlanes: enc.lanes.len() as u32,
+            ops: if with_ops { base + offs[2] as u64 } else { 0 },
+            conns: self.fabric.table.device_ptr(),
+            nconns: self.fabric.nconns,
+            abort: self.status.device_ptr() + ABORT_OFF as u64,
+            error: self.status.device_ptr(),
+            timeout_ns: self.timeout_ns,
+            rank: enc.rank,
+        };
+        let entry = Entry { words: key.words().collect(), slab, at, pinned: captured, _host: if captured { host } else { Vec::new() } };
+        cache.map.entry(key.hash()).or_default().push(entry);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferroccl_core::{CollKind, DataType, ReduceOp};
+
+    fn args(kind: CollKind, send: usize, recv: usize, count: usize) -> OpArgs {
+        OpArgs { kind, send: send as *const u8, recv: recv as *mut u8, count, dtype: DataType::Float32, op: ReduceOp::Sum, root: 0, device_scalar: None }
+    }
+
+    fn key(a: &[OpArgs], by_address: bool, epoch: u64) -> (u64, Vec<u64>) {
+        let k = Key { args: a, rank: 0, by_address, epoch };
+        (k.hash(), k.words().collect())
+    }
+
+    #[test]
+    fn shapes_key_the_tables_and_buffers_only_where_the_tables_hold_them() {
+        let base = args(CollKind::AllReduce, 0x1000, 0x2000, 64);
+        // New buffers of a known shape: the same tables.
+        let moved = OpArgs { send: 0x5000 as *const u8, recv: 0x6000 as *mut u8, ..base };
+        assert_eq!(key(&[base], false, 0), key(&[moved], false, 0));
+        // Not with windows (a post names the output), nor in a big group's op table.
+        assert_ne!(key(&[base], true, 1), key(&[moved], true, 1));
+        assert_ne!(key(&[base], false, 0), key(&[base], false, 1), "another set of windows");
+        // Everything the steps depend on changes the key.
+        let variants = [
+            base,
+            OpArgs { op: ReduceOp::Prod, ..base },
+            OpArgs { kind: CollKind::Reduce, ..base },
+            OpArgs { kind: CollKind::Reduce, root: 1, ..base },
+            OpArgs { count: 65, ..base },
+            OpArgs { dtype: DataType::Int32, ..base },
+            OpArgs { recv: 0x1000 as *mut u8, ..base },
+        ];
+        let keys: Vec<_> = variants.iter().map(|a| key(std::slice::from_ref(a), false, 0).1).collect();
+        for i in 0..keys.len() {
+            for j in 0..i {
+                assert_ne!(keys[i], keys[j], "{:?} and {:?} share tables", variants[i], variants[j]);
+            }
+        }
+        // The pre-mul-sum scalar rides in the op entry; PreMulSum(0.0) is not Sum.
+        let pms = |s, dev| OpArgs { op: ReduceOp::PreMulSum(s), device_scalar: dev, ..base };
+        assert_eq!(key(&[pms(0.0, None)], false, 0), key(&[pms(3.0, Some(0x3000))], false, 0));
+        assert_ne!(key(&[pms(0.0, None)], false, 0), key(&[base], false, 0));
+        assert_ne!(key(&[pms(0.0, None)], true, 0), key(&[pms(1.0, None)], true, 0));
+        assert_ne!(key(&[pms(1.0, Some(0x3000))], true, 0), key(&[pms(1.0, Some(0x3004))], true, 0));
+        // A group is keyed by all its operations, in order.
+        assert_ne!(key(&[variants[0], variants[1]], false, 0), key(&[variants[1], variants[0]], false, 0));
+        assert_ne!(key(&[base], false, 0), key(&[base, base], false, 0));
+    }
+
+    #[test]
+    fn the_pool_reuses_slabs_once_their_tables_are_gone() {
+        let mut p: SlabPool<()> = SlabPool::default();
+        assert_eq!(p.place(100), None, "no slab yet");
+        assert!(p.may_grow(100));
+        assert_eq!(p.grow(100, ()), (0, 0));
+        // Aligned and packed.
+        assert_eq!(p.place(1000), Some((0, 256)));
+        assert_eq!(p.place(SLAB_BYTES), None);
+        // A table set larger than a slab gets a slab of its own size.
+        assert_eq!(p.grow(SLAB_BYTES + 1, ()), (1, 0));
+        assert_eq!(p.slabs[1].cap, 2 * SLAB_BYTES);
+        assert!(p.may_grow(1) && !p.may_grow(POOL_BYTES));
+        // A slab is filled from its start again only when all its tables are gone.
+        p.release(0);
+        assert_eq!(p.slabs[0].used, 1280, "one table set still lives in slab 0");
+        p.release(0);
+        assert_eq!(p.place(SLAB_BYTES - 1024), Some((0, 0)));
+        p.release(1);
+        assert_eq!(p.slabs[1].used, 0);
+    }
+
+    #[test]
+    fn a_launch_larger_than_the_gpu_holds_is_refused_with_the_knob() {
+        assert!(check_residency(132, 132).is_ok());
+        let e = check_residency(133, 132).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)));
+        assert!(e.to_string().contains("133 thread blocks") && e.to_string().contains("FERROCCL_GPU_CHANNELS"), "{e}");
+    }
+}

@@ -1,0 +1,107 @@
+//! One launch: the operations of a call or a group, on one or several communicators.
+//!
+//! What every launch does before a backend sees it: lock each communicator (in address order,
+//! so that two launches over the same communicators cannot deadlock), refuse a communicator
+//! that failed earlier, compare the ranks' operations in check mode, then hand each backend its
+//! communicators' operations. The backends plan and run them (`backend/host`, `backend/cuda`).
+
+use crate::backend::host::{self, HostLaunch};
+use crate::backend::Backend;
+use crate::comm::Comm;
+use crate::info::CommState;
+use crate::mismatch::{self, Disagreement};
+use crate::ops::{launch_label, OpArgs};
+use ferroccl_core::Error;
+use std::sync::MutexGuard;
+
+/// Runs `items` (each an operation on a communicator, in issue order) as one launch. GPU
+/// communicators return once their work is enqueued; host ones once it is done.
+pub(crate) fn launch(items: &[(&Comm, OpArgs)]) -> Result<(), Error> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    // One entry per communicator, in first-use order, with its operations in issue order.
+    let mut comms: Vec<(&Comm, Vec<OpArgs>)> = Vec::with_capacity(1);
+    for (c, a) in items {
+        match comms.iter_mut().find(|(x, _)| std::ptr::eq(*x, *c)) {
+            Some((_, v)) => v.push(*a),
+            None => comms.push((c, vec![*a])),
+        }
+    }
+    let mut order: Vec<usize> = (0..comms.len()).collect();
+    order.sort_by_key(|&i| comms[i].0 as *const Comm as usize);
+    let mut guards: Vec<Option<MutexGuard<CommState>>> = (0..comms.len()).map(|_| None).collect();
+    for &i in &order {
+        guards[i] = Some(comms[i].0.state.lock().map_err(|_| Error::Internal("communicator state poisoned".into()))?);
+    }
+    let mut states: Vec<MutexGuard<CommState>> = guards.into_iter().map(|g| g.expect("locked")).collect();
+
+    for ((comm, _), st) in comms.iter().zip(&states) {
+        if let Some(e) = &st.failed {
+            return Err(Error::Aborted(format!("rank {}: the communicator failed earlier: {e}", comm.info.rank)));
+        }
+    }
+    agree(&comms, &mut states)?;
+
+    let gpus = comms.iter().filter(|(c, _)| matches!(c.backend, Backend::Cuda(_))).count();
+    if gpus > 0 && gpus < comms.len() {
+        return Err(Error::InvalidArgument("a group cannot mix GPU and host communicators".into()));
+    }
+    if gpus == 0 {
+        let mut members: Vec<HostLaunch> = comms
+            .iter()
+            .zip(states.iter_mut())
+            .map(|((c, args), st)| {
+                let Backend::Host(h) = &c.backend else { unreachable!("counted above") };
+                HostLaunch { info: &c.info, boot: &c.boot, abort: &c.abort, host: h, state: st, args }
+            })
+            .collect();
+        return host::launch(&mut members);
+    }
+    // Each GPU's work goes to its stream and the call returns; launches to several GPUs from
+    // one thread go back to back, none waits for another's completion.
+    for ((c, args), st) in comms.iter().zip(states.iter_mut()) {
+        let Backend::Cuda(cuda) = &c.backend else { unreachable!("counted above") };
+        if let Err(e) = cuda.launch(&c.info, st, args) {
+            // Peers may have launched their side already: this communicator cannot be trusted.
+            st.failed.get_or_insert_with(|| e.clone());
+            return Err(e.context(format!("rank {} of {}", c.info.rank, c.info.nranks)));
+        }
+    }
+    Ok(())
+}
+
+/// Check mode (`FERROCCL_CHECK_MISMATCH`): the communicators that have it on and a collective
+/// in this launch compare every rank's operations before anything moves.
+fn agree(comms: &[(&Comm, Vec<OpArgs>)], states: &mut [MutexGuard<CommState>]) -> Result<(), Error> {
+    let checked: Vec<usize> = (0..comms.len())
+        .filter(|&i| comms[i].0.info.config.check_mismatch && comms[i].1.iter().any(|a| mismatch::involves_every_rank(a.kind)))
+        .collect();
+    if checked.is_empty() {
+        return Ok(());
+    }
+    let sigs: Vec<Vec<u8>> = checked.iter().map(|&i| mismatch::signature(states[i].seq + 1, &comms[i].1)).collect();
+    let boots: Vec<_> = checked.iter().map(|&i| &comms[i].0.boot).collect();
+    let mut first: Option<Error> = None;
+    for (&i, r) in checked.iter().zip(mismatch::agree(&boots, &sigs)) {
+        let (comm, args) = &comms[i];
+        let label = launch_label(args, states[i].seq + 1, &comm.info);
+        let e = match r {
+            Ok(()) => continue,
+            // Nothing moved and every rank fails alike: the communicator stays usable.
+            Err(Disagreement::Mismatch(m)) => Error::InvalidArgument(format!(
+                "{label}: the ranks called different operations (found by FERROCCL_CHECK_MISMATCH before any data \
+                 moved): {m}. Every rank must issue the same collectives, with the same count, data type, \
+                 reduction and root, in the same order, and matching sends and receives"
+            )),
+            // The ring may be out of step now, so later calls must not trust it.
+            Err(Disagreement::Exchange(e)) => {
+                let e = e.context(format!("{label}: exchanging operation signatures (FERROCCL_CHECK_MISMATCH)"));
+                states[i].failed.get_or_insert_with(|| e.clone());
+                e
+            }
+        };
+        first.get_or_insert(e);
+    }
+    first.map_or(Ok(()), Err)
+}
