@@ -2,30 +2,12 @@
 
 use crate::api::{Comm, Config};
 use crate::machine::{gib, Machine, GIT_COMMIT};
-use ferroccl_core::topo::Topology;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct InfoArgs {
     /// Ranks (threads of this process) of the example communicator when no launcher started us
     #[arg(long, default_value_t = 4)]
     pub ranks: usize,
-}
-
-fn transport_table(topo: &Topology, pair: impl Fn(usize, usize) -> String) -> String {
-    let n = topo.ranks.len();
-    let mut s = format!("{:>8}", "");
-    for b in 0..n {
-        s += &format!(" {:>5}", b);
-    }
-    s.push('\n');
-    for a in 0..n {
-        s += &format!("{:>8}", format!("rank {a}"));
-        for b in 0..n {
-            s += &format!(" {:>5}", if a == b { "-".to_string() } else { pair(a, b) });
-        }
-        s.push('\n');
-    }
-    s
 }
 
 fn print_machine(config: &Config) {
@@ -37,8 +19,68 @@ fn print_machine(config: &Config) {
     println!("cores:     {} usable ({} online)", m.cores, m.cpus_online);
     println!("memory:    {}", gib(m.mem_total_bytes));
     println!("/dev/shm:  {}", gib(m.shm_bytes));
-    println!("GPUs:      none (CUDA backend not built yet)");
+    print_gpus();
     println!("transport: {:?} (FERROCCL_TRANSPORT), timeout {:?}", config.transport, config.timeout);
+}
+
+/// The GPUs, and how each pair is linked: what a GPU communicator's ranks would use between
+/// them (cuMem memory mapped by the peer, over NVLink where the link has native atomics).
+fn print_gpus() {
+    use ferroccl::cuda::{gpu_count, Gpu};
+    let n = match gpu_count() {
+        Ok(0) => return println!("GPUs:      none"),
+        Ok(n) => n,
+        Err(e) => return println!("GPUs:      none ({e})"),
+    };
+    let gpus: Vec<Result<Gpu, String>> = (0..n).map(|i| Gpu::open(i).map_err(|e| e.to_string())).collect();
+    println!("GPUs:      {n}");
+    for (i, g) in gpus.iter().enumerate() {
+        match g {
+            Ok(g) => {
+                let (major, minor) = g.compute_capability();
+                let fd = g.supports_cumem_fd().unwrap_or(false);
+                println!(
+                    "  GPU {i}: {}, sm_{major}{minor}, {}, cuMem with fd handles: {}",
+                    g.name(),
+                    gib(Some(g.total_memory() as u64)),
+                    if fd { "yes" } else { "no (other processes cannot map its memory)" }
+                );
+            }
+            Err(e) => println!("  GPU {i}: cannot open: {e}"),
+        }
+    }
+    if n < 2 {
+        return;
+    }
+    println!("links between GPUs (row -> column): NV = NVLink (peer access with native atomics), PCI = peer access");
+    println!("without them, no = no peer access (a GPU communicator cannot span that pair); rank = the driver's");
+    println!("performance rank of the link, lower is better");
+    let cell = |a: usize, b: usize| -> String {
+        let Ok(g) = &gpus[a] else { return "?".into() };
+        match g.peer_link(b) {
+            Ok(l) if !l.access => "no".into(),
+            Ok(l) => format!("{}/{}", if l.native_atomics { "NV" } else { "PCI" }, l.perf_rank),
+            Err(_) => "?".into(),
+        }
+    };
+    print!("{}", square_table(n, "GPU", cell));
+}
+
+/// An n x n table with `label i` rows and columns, "-" on the diagonal.
+fn square_table(n: usize, label: &str, pair: impl Fn(usize, usize) -> String) -> String {
+    let mut s = format!("{:>8}", "");
+    for b in 0..n {
+        s += &format!(" {:>6}", b);
+    }
+    s.push('\n');
+    for a in 0..n {
+        s += &format!("{:>8}", format!("{label} {a}"));
+        for b in 0..n {
+            s += &format!(" {:>6}", if a == b { "-".to_string() } else { pair(a, b) });
+        }
+        s.push('\n');
+    }
+    s
 }
 
 pub fn main(a: &InfoArgs, config: &Config) -> Result<(), String> {
@@ -74,9 +116,9 @@ pub fn main(a: &InfoArgs, config: &Config) -> Result<(), String> {
     // In thread mode every rank's own communicator answers; under a launcher this process
     // holds rank 0 only, and the others follow the same rule over the same topology.
     let table = if comms.len() > 1 {
-        transport_table(topo, |a, b| comms[a].transport_to(b).map_or_else(|e| format!("err: {e}"), |t| t.name().to_string()))
+        square_table(topo.ranks.len(), "rank", |a, b| comms[a].transport_to(b).map_or_else(|e| format!("err: {e}"), |t| t.name().to_string()))
     } else {
-        transport_table(topo, |a, b| {
+        square_table(topo.ranks.len(), "rank", |a, b| {
             if a == 0 {
                 c0.transport_to(b).map_or_else(|e| format!("err: {e}"), |t| t.name().to_string())
             } else {

@@ -43,7 +43,7 @@ impl CommState {
         }
         for (s, c) in shapes.iter().zip(choices) {
             if self.logged.insert(*s) {
-                tracing::debug!(rank = info.rank, "{} of {} x {} on {} ranks: {c}", s.kind, s.count, s.dtype, s.nranks);
+                tracing::debug!(rank = info.rank, "{} of {} x {}{} on {} ranks: {c}", s.kind, s.count, s.dtype, if s.in_place { " in place" } else { "" }, s.nranks);
             }
         }
     }
