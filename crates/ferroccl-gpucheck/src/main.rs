@@ -413,12 +413,9 @@ mod tests {
 
     /// The check's kernels compile in CI too, so a typo is not first found on the GPU machine.
     #[test]
-    fn kernels_compile_for_sm90() {
-        if !nvrtc::nvrtc_available() {
-            assert!(std::env::var("FERROCCL_REQUIRE_NVRTC").map_or(true, |v| v != "1"), "libnvrtc required but not found");
-            eprintln!("note: libnvrtc not found; skipping");
-            return;
-        }
+    #[ignore = "needs libnvrtc and CUDA's headers (README: NVRTC)"]
+    fn kernels_compile_with_nvrtc_for_sm90() {
+        assert!(nvrtc::nvrtc_available(), "libnvrtc cannot be loaded (is its folder on LD_LIBRARY_PATH?)");
         let inc = ferroccl::Config::from_env().unwrap().cuda_include;
         let req = CompileRequest { name: "gpucheck.cu", source: KERNELS, arch: "sm_90", include_dirs: &inc, options: &[] };
         let img = nvrtc::compile(&req).unwrap_or_else(|e| panic!("{e}"));

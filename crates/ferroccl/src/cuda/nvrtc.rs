@@ -404,16 +404,11 @@ extern "C" __global__ void mixed(const __half* a, const __nv_bfloat16* b, const 
 }
 "#;
 
-    /// Really compiles with NVRTC. Skipped where libnvrtc cannot be loaded, unless
-    /// FERROCCL_REQUIRE_NVRTC=1 (CI sets it, so that kernels are always compiled there).
+    /// Really compiles with NVRTC (ignored by default; CI runs every NVRTC test).
     #[test]
+    #[ignore = "needs libnvrtc and CUDA's headers (README: NVRTC)"]
     fn nvrtc_compiles_fp16_bf16_fp8_for_sm90() {
-        let required = std::env::var("FERROCCL_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
-        if !nvrtc_available() {
-            assert!(!required, "FERROCCL_REQUIRE_NVRTC=1 but libnvrtc cannot be loaded (LD_LIBRARY_PATH?)");
-            eprintln!("note: libnvrtc not found; skipping the NVRTC compile test");
-            return;
-        }
+        assert!(nvrtc_available(), "libnvrtc cannot be loaded (is its folder on LD_LIBRARY_PATH?)");
         let inc = ferroccl_core::Config::from_env().expect("a valid environment").cuda_include;
         let v = nvrtc_version().unwrap();
         eprintln!("NVRTC {}.{}, include dirs {inc:?}", v.0, v.1);

@@ -121,38 +121,117 @@ pub fn run_case(comm: &Comm, op: MatrixOp, dtype: DataType, redop: ReduceOp, cou
     Ok((wrong, detail))
 }
 
-/// Every op x dtype x reduce op x size x in/out of place on this rank. Returns (cases, errors).
-pub fn run_matrix(comm: &Comm, sizes: &[usize], seed: u64) -> (usize, Vec<String>) {
-    let mut cases = 0;
-    let mut errors = Vec::new();
-    let mut s = seed;
+/// One case of the matrix.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Case {
+    pub op: MatrixOp,
+    pub dtype: DataType,
+    pub redop: ReduceOp,
+    /// Index into the matrix's sizes.
+    pub size: usize,
+    pub in_place: bool,
+}
+
+/// How much of the cross product of operations, types, reductions, sizes and placements a
+/// matrix runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Coverage {
+    /// Every combination.
+    Full,
+    /// Every (operation, type, reduction) once, and every pair of values of any two of the five
+    /// factors at least once: a tenth of the cases, and what a bug that needs two of them to
+    /// meet cannot escape. The rank counts and transports that run it are covered by the full
+    /// product elsewhere.
+    Pairwise,
+}
+
+fn in_place_forms(op: MatrixOp) -> &'static [bool] {
+    if op == MatrixOp::SendRecv { &[false] } else { &[false, true] }
+}
+
+fn kind_of(op: MatrixOp) -> CollKind {
+    match op {
+        MatrixOp::Coll(k) => k,
+        MatrixOp::SendRecv => CollKind::Send,
+    }
+}
+
+/// The cases of a matrix over `nsizes` sizes, in a fixed order.
+pub fn cases(nsizes: usize, coverage: Coverage) -> Vec<Case> {
+    let mut full = Vec::new();
     for op in all_ops() {
-        let kind = match op {
-            MatrixOp::Coll(k) => k,
-            MatrixOp::SendRecv => CollKind::Send,
-        };
         for dtype in DataType::ALL {
-            for redop in reduce_ops(kind) {
-                for &count in sizes {
-                    for in_place in [false, true] {
-                        if in_place && op == MatrixOp::SendRecv {
-                            continue;
-                        }
-                        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                        cases += 1;
-                        match run_case(comm, op, dtype, redop, count, in_place, s >> 16) {
-                            Ok((0, _)) => {}
-                            Ok((_, detail)) => errors.push(detail),
-                            Err(e) => {
-                                errors.push(e);
-                                // The communicator is unusable after a failure.
-                                return (cases, errors);
-                            }
-                        }
+            for redop in reduce_ops(kind_of(op)) {
+                for size in 0..nsizes {
+                    for &in_place in in_place_forms(op) {
+                        full.push(Case { op, dtype, redop, size, in_place });
                     }
                 }
             }
         }
     }
-    (cases, errors)
+    if coverage == Coverage::Full {
+        return full;
+    }
+    // Every (operation, type, reduction) once, sizes and placements rotating through them;
+    // then, for any pair of factor values no case has met yet, the first case of the full
+    // product that has it.
+    let mut out = Vec::new();
+    let mut k = 0;
+    for op in all_ops() {
+        for dtype in DataType::ALL {
+            for redop in reduce_ops(kind_of(op)) {
+                let forms = in_place_forms(op);
+                out.push(Case { op, dtype, redop, size: k % nsizes, in_place: forms[(k / nsizes) % forms.len()] });
+                k += 1;
+            }
+        }
+    }
+    let mut met: std::collections::HashSet<String> = out.iter().flat_map(factor_pairs).collect();
+    for c in &full {
+        let pairs = factor_pairs(c);
+        if pairs.iter().any(|p| !met.contains(p)) {
+            met.extend(pairs);
+            out.push(*c);
+        }
+    }
+    out
+}
+
+/// The pairs of factor values a case covers, as (factor, value, factor, value) strings.
+pub fn factor_pairs(c: &Case) -> Vec<String> {
+    let f = [
+        format!("op={:?}", c.op),
+        format!("dtype={}", c.dtype),
+        format!("redop={}", c.redop),
+        format!("size={}", c.size),
+        format!("in_place={}", c.in_place),
+    ];
+    let mut v = Vec::new();
+    for i in 0..f.len() {
+        for j in i + 1..f.len() {
+            v.push(format!("{} {}", f[i], f[j]));
+        }
+    }
+    v
+}
+
+/// The cases of `coverage` over `sizes` on this rank. Returns (cases, errors).
+pub fn run_matrix(comm: &Comm, sizes: &[usize], coverage: Coverage, seed: u64) -> (usize, Vec<String>) {
+    let mut errors = Vec::new();
+    let mut s = seed;
+    let all = cases(sizes.len(), coverage);
+    for (i, c) in all.iter().enumerate() {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        match run_case(comm, c.op, c.dtype, c.redop, sizes[c.size], c.in_place, s >> 16) {
+            Ok((0, _)) => {}
+            Ok((_, detail)) => errors.push(detail),
+            Err(e) => {
+                errors.push(e);
+                // The communicator is unusable after a failure.
+                return (i + 1, errors);
+            }
+        }
+    }
+    (all.len(), errors)
 }

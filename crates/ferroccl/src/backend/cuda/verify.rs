@@ -361,15 +361,10 @@ mod tests {
     }
 
     /// check.cu through NVRTC for sm_90, as `compile` does at run time (same flags), then as PTX
-    /// to read what it became. Skips without libnvrtc unless FERROCCL_REQUIRE_NVRTC=1.
+    /// to read what it became.
     #[test]
+    #[ignore = "needs libnvrtc and CUDA's headers (README: NVRTC)"]
     fn check_kernels_compile_with_nvrtc() {
-        let require = std::env::var("FERROCCL_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
-        if !nvrtc::nvrtc_available() {
-            assert!(!require, "FERROCCL_REQUIRE_NVRTC=1 but libnvrtc cannot be loaded (LD_LIBRARY_PATH?)");
-            eprintln!("check_kernels_compile_with_nvrtc: skipped: no libnvrtc");
-            return;
-        }
         let source = kernels::check_source();
         let options = kernels::nvrtc_flags();
         let include_dirs = Config::from_env().expect("a valid environment").cuda_include;
@@ -380,7 +375,7 @@ mod tests {
         for k in [FILL_KERNEL, COUNT_KERNEL, FIRST_KERNEL] {
             assert!(img.bytes.windows(k.len()).any(|w| w == k.as_bytes()), "no {k} in the image");
         }
-        let text = cudarc::nvrtc::compile_ptx_with_opts(source, kernels::compile_options("sm_90", None))
+        let text = cudarc::nvrtc::compile_ptx_with_opts(source, kernels::compile_options("sm_90", &include_dirs))
             .unwrap_or_else(|e| panic!("{e:?}"))
             .to_src();
         for k in [FILL_KERNEL, COUNT_KERNEL, FIRST_KERNEL] {
