@@ -5,7 +5,7 @@ use crate::backend::cuda::CudaComm;
 use crate::backend::host::HostComm;
 use crate::backend::Backend;
 use crate::bootstrap::{Bootstrap, UniqueId};
-use crate::info::{CommInfo, CommState};
+use crate::info::{CommInfo, CommState, Siblings};
 use ferroccl_core::numeric::Element;
 use ferroccl_core::topo::{RankLocation, Topology, TransportKind};
 use ferroccl_core::{Config, DataType, Error, LaunchEnv, Rank};
@@ -41,13 +41,21 @@ impl Comm {
     /// Joins the communicator `id` as `rank` of `nranks` (every rank calls this, typically one
     /// per process or thread).
     pub fn init_rank(id: &UniqueId, nranks: usize, rank: Rank, device: Device, config: &Config) -> Result<Comm, Error> {
-        Comm::init_rank_with_abort(id, nranks, rank, device, config, Arc::new(AtomicBool::new(false)))
+        Comm::init_rank_with_abort(id, nranks, rank, device, config, Arc::new(AtomicBool::new(false)), None)
     }
 
-    fn init_rank_with_abort(id: &UniqueId, nranks: usize, rank: Rank, device: Device, config: &Config, abort: Arc<AtomicBool>) -> Result<Comm, Error> {
+    fn init_rank_with_abort(
+        id: &UniqueId,
+        nranks: usize,
+        rank: Rank,
+        device: Device,
+        config: &Config,
+        abort: Arc<AtomicBool>,
+        siblings: Option<Arc<Siblings>>,
+    ) -> Result<Comm, Error> {
         config.validate()?;
         let boot = Bootstrap::init(id, nranks, rank, config, abort.clone())?;
-        Comm::from_bootstrap(boot, device, config.clone(), abort)
+        Comm::from_bootstrap(boot, device, config.clone(), abort, siblings)
     }
 
     /// Joins the job described by the launcher's environment on GPU `LOCAL_RANK`.
@@ -56,7 +64,7 @@ impl Comm {
         config.validate()?;
         let abort = Arc::new(AtomicBool::new(false));
         let boot = Bootstrap::init_from_launch(&env, config, abort.clone())?;
-        Comm::from_bootstrap(boot, Device::Cuda(env.local_rank), config.clone(), abort)
+        Comm::from_bootstrap(boot, Device::Cuda(env.local_rank), config.clone(), abort, None)
     }
 
     /// One process driving `nranks` ranks: returns the communicators indexed by rank. Use a
@@ -79,13 +87,14 @@ impl Comm {
         // One rank failing to start stops the others at once, rather than leaving them to wait
         // for it until the deadline.
         let aborts: Vec<Arc<AtomicBool>> = (0..nranks).map(|_| Arc::new(AtomicBool::new(false))).collect();
+        let siblings = Siblings::new(nranks);
         let results: Vec<Result<Comm, Error>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..nranks)
                 .map(|r| {
-                    let (id, aborts) = (&id, &aborts);
+                    let (id, aborts, siblings) = (&id, &aborts, &siblings);
                     let dev = devices[r];
                     std::thread::Builder::new().name(format!("ferroccl-init-{r}")).spawn_scoped(s, move || {
-                        let c = Comm::init_rank_with_abort(id, nranks, r, dev, config, aborts[r].clone());
+                        let c = Comm::init_rank_with_abort(id, nranks, r, dev, config, aborts[r].clone(), Some(siblings.clone()));
                         if c.is_err() {
                             aborts.iter().for_each(|a| a.store(true, Ordering::Release));
                         }
@@ -125,10 +134,16 @@ impl Comm {
         config.validate()?;
         let abort = Arc::new(AtomicBool::new(false));
         let boot = Bootstrap::init_from_launch(env, config, abort.clone())?;
-        Comm::from_bootstrap(boot, Device::Host, config.clone(), abort)
+        Comm::from_bootstrap(boot, Device::Host, config.clone(), abort, None)
     }
 
-    fn from_bootstrap(boot: Bootstrap, device: Device, config: Config, abort: Arc<AtomicBool>) -> Result<Comm, Error> {
+    fn from_bootstrap(
+        boot: Bootstrap,
+        device: Device,
+        config: Config,
+        abort: Arc<AtomicBool>,
+        siblings: Option<Arc<Siblings>>,
+    ) -> Result<Comm, Error> {
         let peers = boot.peers();
         let me = &peers[boot.rank()];
         let topo = Topology {
@@ -145,7 +160,8 @@ impl Comm {
             Device::Host => ferroccl_core::tune::Device::Host,
             Device::Cuda(_) => ferroccl_core::tune::Device::Gpu,
         };
-        let info = CommInfo { rank: boot.rank(), nranks: boot.nranks(), config, topo, device: tuner_device, peer_names, peer_pids, peer_via };
+        let info =
+            CommInfo { rank: boot.rank(), nranks: boot.nranks(), config, topo, device: tuner_device, peer_names, peer_pids, peer_via, siblings };
         let backend = match device {
             Device::Host => Backend::Host(HostComm::new()),
             Device::Cuda(ordinal) => {
@@ -298,7 +314,7 @@ impl Comm {
         self.ensure_usable("split")?;
         let Some(boot) = self.boot.split(color, key)? else { return Ok(None) };
         let abort = Arc::new(AtomicBool::new(false));
-        Comm::from_bootstrap(boot, self.device(), self.info.config.clone(), abort).map(Some)
+        Comm::from_bootstrap(boot, self.device(), self.info.config.clone(), abort, None).map(Some)
     }
 
     /// Collective over the survivors: a new communicator of every rank not in `exclude`
@@ -309,7 +325,7 @@ impl Comm {
     pub fn shrink(&self, exclude: &[Rank]) -> Result<Comm, Error> {
         let boot = self.boot.shrink(exclude)?;
         let abort = boot.abort_flag().clone();
-        Comm::from_bootstrap(boot, self.device(), self.info.config.clone(), abort)
+        Comm::from_bootstrap(boot, self.device(), self.info.config.clone(), abort, None)
     }
 
     /// Ranks this communicator knows to have died (their process ended or went silent), in

@@ -5,6 +5,8 @@ use ferroccl_core::topo::Topology;
 use ferroccl_core::tune::{self, Choice, OpShape};
 use ferroccl_core::{Config, Error, Rank};
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// What a communicator is, fixed at creation.
 #[derive(Debug)]
@@ -21,6 +23,47 @@ pub(crate) struct CommInfo {
     pub peer_pids: Vec<u32>,
     /// The transport to each rank ("shm", "tcp"), for messages.
     pub peer_via: Vec<&'static str>,
+    /// The ranks made together by one `Comm::init_all` / `init_devices` call, if this is one.
+    pub siblings: Option<Arc<Siblings>>,
+}
+
+/// The communicators one `init_all` made, which this process drives. A rank that waits on a
+/// sibling that never started the operation is the classic mistake of driving several ranks
+/// one after the other from one thread: the first call waits for the others forever. Errors
+/// and warnings say so.
+#[derive(Debug)]
+pub(crate) struct Siblings {
+    /// The launch (sequence number) each rank last entered.
+    entered: Vec<AtomicU64>,
+}
+
+impl Siblings {
+    pub fn new(nranks: usize) -> Arc<Siblings> {
+        Arc::new(Siblings { entered: (0..nranks).map(|_| AtomicU64::new(0)).collect() })
+    }
+}
+
+impl CommInfo {
+    /// Records that this rank entered launch `seq`.
+    pub fn entered(&self, seq: u64) {
+        if let Some(s) = &self.siblings {
+            s.entered[self.rank].store(seq, Ordering::Release);
+        }
+    }
+
+    /// When `peer` is a rank of this process that has not started launch `seq`: why this rank
+    /// may wait for it forever, and what to do.
+    pub fn sibling_hint(&self, peer: Rank, seq: u64) -> Option<String> {
+        let s = self.siblings.as_ref()?;
+        let theirs = s.entered.get(peer)?.load(Ordering::Acquire);
+        (theirs < seq).then(|| {
+            format!(
+                "rank {peer} is a rank of this process (Comm::init_all) and has not started this operation: if one \
+                 thread drives several ranks one after the other, the first call waits for the others forever; use a \
+                 Group to drive several ranks from one thread (or a thread per rank)"
+            )
+        })
+    }
 }
 
 /// What a launch changes, under the communicator's lock.

@@ -224,6 +224,45 @@ fn a_missing_peer_is_a_timeout_naming_it() {
     }
 }
 
+/// The newcomer's mistake: one thread calling every rank of an `init_all` communicator one after
+/// the other. The first call waits for ranks nobody drives; its deadline error says why and what
+/// to do, over shared memory (waiting for the peer's segment) and TCP (for its connection), and
+/// when the connections already exist (waiting for its data). A rank that is only late gets
+/// no such hint.
+#[test]
+fn one_thread_calling_ranks_in_turn_is_told_to_use_a_group() {
+    for transport in [TransportChoice::Shm, TransportChoice::Tcp] {
+        let comms = Comm::init_all(2, &Config { transport, ..cfg(1000) }).unwrap();
+        let t = Instant::now();
+        let mut v = vec![1f32; 64];
+        let e = comms[0].all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+        assert!(matches!(e, Error::Timeout(_)), "{transport:?}: {e}");
+        assert!(e.to_string().contains("use a Group to drive several ranks from one thread"), "{transport:?}: {e}");
+    }
+    // Connected first (threads), then the same mistake: the executor's deadline says it too.
+    let comms = Comm::init_all(2, &cfg(1000)).unwrap();
+    assert!(on_all(&comms, sum_ok).iter().all(|&ok| ok));
+    let mut v = vec![1f32; 64];
+    let e = comms[0].all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap_err();
+    assert!(e.to_string().contains("use a Group"), "{e}");
+    // A peer that started the operation and is slow is not called undriven.
+    let comms = Comm::init_all(2, &cfg(1000)).unwrap();
+    let errs = std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            let mut v = vec![1f32; 64];
+            comms[0].all_reduce_in_place(&mut v, ReduceOp::Sum)
+        });
+        let mut w = vec![1f32; 32];
+        // Rank 1 enters an all-reduce of another size: it has started, the ranks disagree.
+        let r1 = comms[1].all_reduce_in_place(&mut w, ReduceOp::Sum);
+        (h.join().unwrap(), r1)
+    });
+    for e in [errs.0, errs.1].into_iter().filter_map(Result::err) {
+        assert!(!e.to_string().contains("use a Group"), "{e}");
+    }
+}
+
 /// Child role for the kill test: all-reduce in a loop until an error, then report it.
 #[test]
 fn child_kill_loop() {

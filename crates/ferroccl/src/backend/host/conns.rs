@@ -10,7 +10,8 @@
 use crate::bootstrap::Bootstrap;
 use crate::transport::{tcp_receiver_joinable, tcp_sender_joinable, Consumer, FifoLayout, FifoMem, FrameCheck, Producer};
 use ferroccl_core::plan::{ConnKey, Dir};
-use ferroccl_core::topo::{Topology, TransportKind};
+use crate::info::CommInfo;
+use ferroccl_core::topo::TransportKind;
 use ferroccl_core::{Config, Error, Rank};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,10 +22,22 @@ use std::time::Instant;
 /// Everything a connection setup needs to know about its communicator.
 pub(crate) struct ConnCtx<'a> {
     pub boot: &'a Bootstrap,
-    pub topo: &'a Topology,
-    pub config: &'a Config,
+    pub info: &'a CommInfo,
+    /// The launch that needs the connections, for the hint a timeout gives.
+    pub seq: u64,
     pub abort: &'a Arc<AtomicBool>,
     pub deadline: Instant,
+}
+
+impl ConnCtx<'_> {
+    /// A timeout waiting for `peer` explained, when the peer is a rank of this process that
+    /// never started the launch.
+    fn explain(&self, e: Error, peer: Rank) -> Error {
+        match (&e, self.info.sibling_hint(peer, self.seq)) {
+            (Error::Timeout(_), Some(hint)) => Error::Timeout(format!("{e}. {hint}")),
+            _ => e,
+        }
+    }
 }
 
 pub(crate) struct Conns {
@@ -67,11 +80,11 @@ impl Conns {
     pub fn setup_phase1(&mut self, keys: &[ConnKey], ctx: &ConnCtx) -> Result<(), Error> {
         let me = ctx.boot.rank();
         for k in keys {
-            let kind = ctx.topo.transport(me, k.peer, ctx.config.transport)?;
+            let kind = ctx.info.topo.transport(me, k.peer, ctx.info.config.transport)?;
             match (k.dir, kind) {
                 (Dir::Recv, TransportKind::Shm) if !self.recv.contains_key(&(k.peer, k.channel)) => {
                     let name = Self::shm_name(ctx.boot, k.peer, me, k.channel);
-                    let mem = FifoMem::shm_create(&name, Self::layout(ctx.config))
+                    let mem = FifoMem::shm_create(&name, Self::layout(&ctx.info.config))
                         .map_err(|e| e.context(Self::label(ctx, k.peer, k.channel, kind)))?;
                     self.created.push(name);
                     self.register(&mem);
@@ -80,8 +93,8 @@ impl Conns {
                 (Dir::Send, TransportKind::Tcp) if !self.send.contains_key(&(k.peer, k.channel)) => {
                     let label = Self::label(ctx, k.peer, k.channel, kind);
                     let stream = ctx.boot.connect(k.peer, k.channel as u64).map_err(|e| e.context(&label))?;
-                    let check = FrameCheck::from_config(ctx.config.tcp_crc);
-                    let (p, t) = tcp_sender_joinable(stream, Self::layout(ctx.config), check, label, ctx.abort.clone())?;
+                    let check = FrameCheck::from_config(ctx.info.config.tcp_crc);
+                    let (p, t) = tcp_sender_joinable(stream, Self::layout(&ctx.info.config), check, label, ctx.abort.clone())?;
                     self.threads.push(t);
                     self.register(p.mem());
                     self.tcp_send.push((k.peer, k.channel));
@@ -97,28 +110,35 @@ impl Conns {
     pub fn setup_phase2(&mut self, keys: &[ConnKey], ctx: &ConnCtx) -> Result<(), Error> {
         let me = ctx.boot.rank();
         for k in keys {
-            let kind = ctx.topo.transport(me, k.peer, ctx.config.transport)?;
+            let kind = ctx.info.topo.transport(me, k.peer, ctx.info.config.transport)?;
             match (k.dir, kind) {
                 (Dir::Send, TransportKind::Shm) if !self.send.contains_key(&(k.peer, k.channel)) => {
                     let name = Self::shm_name(ctx.boot, me, k.peer, k.channel);
                     // The receiver creates the segment; if it died first, its death ends this wait.
                     let health = ctx.boot.health();
+                    let (since, warned) = (Instant::now(), std::cell::Cell::new(false));
                     let stop = || {
                         if ctx.abort.load(Ordering::Acquire) {
                             return Some(Error::Aborted(format!("while waiting for shared-memory segment {name}")));
                         }
+                        if !warned.get() && since.elapsed() >= super::exec::SIBLING_WARN_AFTER {
+                            warned.set(true);
+                            if let Some(h) = ctx.info.sibling_hint(k.peer, ctx.seq) {
+                                tracing::warn!("rank {me}: waiting for the shared-memory segment of rank {}. {h}", k.peer);
+                            }
+                        }
                         health.failure()
                     };
-                    let mem = FifoMem::shm_open_until(&name, Self::layout(ctx.config), ctx.deadline, &stop)
-                        .map_err(|e| e.context(Self::label(ctx, k.peer, k.channel, kind)))?;
+                    let mem = FifoMem::shm_open_until(&name, Self::layout(&ctx.info.config), ctx.deadline, &stop)
+                        .map_err(|e| ctx.explain(e.context(Self::label(ctx, k.peer, k.channel, kind)), k.peer))?;
                     self.register(&mem);
                     self.send.insert((k.peer, k.channel), Producer::new(mem));
                 }
                 (Dir::Recv, TransportKind::Tcp) if !self.recv.contains_key(&(k.peer, k.channel)) => {
                     let label = Self::label(ctx, k.peer, k.channel, kind);
-                    let stream = ctx.boot.accept(k.peer, k.channel as u64).map_err(|e| e.context(&label))?;
-                    let check = FrameCheck::from_config(ctx.config.tcp_crc);
-                    let (c, t) = tcp_receiver_joinable(stream, Self::layout(ctx.config), check, label, ctx.abort.clone())?;
+                    let stream = ctx.boot.accept(k.peer, k.channel as u64).map_err(|e| ctx.explain(e.context(&label), k.peer))?;
+                    let check = FrameCheck::from_config(ctx.info.config.tcp_crc);
+                    let (c, t) = tcp_receiver_joinable(stream, Self::layout(&ctx.info.config), check, label, ctx.abort.clone())?;
                     self.threads.push(t);
                     self.register(c.mem());
                     self.recv.insert((k.peer, k.channel), c);

@@ -36,6 +36,8 @@ pub(crate) struct Unit<'a> {
     pub info: &'a CommInfo,
     /// What the heartbeats know about the peers.
     pub health: &'a Health,
+    /// The launch's sequence number on this communicator.
+    pub seq: u64,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -182,6 +184,10 @@ const BURST: usize = 16;
 /// rarely matters; it bounds the case where that peer is not in a call at all.
 const STALL_AFTER_DEATH: Duration = Duration::from_millis(50);
 
+/// How long a launch waits for a rank of this process that never started it before it warns
+/// that one thread may be driving both (the deadline error says it again).
+pub(crate) const SIBLING_WARN_AFTER: Duration = Duration::from_secs(3);
+
 /// Runs every unit to completion, or fails them all on the first error (after poisoning their
 /// connections so that peers fail promptly instead of at their deadline).
 pub(crate) fn execute(units: &mut [Unit], deadline: Instant) -> Result<(), Error> {
@@ -190,6 +196,7 @@ pub(crate) fn execute(units: &mut [Unit], deadline: Instant) -> Result<(), Error
     let mut last_check = Instant::now();
     let mut last_progress = Instant::now();
     let mut blocked: Vec<(usize, Blocked)> = Vec::new();
+    let mut warned = false;
     loop {
         let mut moved = false;
         let mut remaining = false;
@@ -246,6 +253,13 @@ pub(crate) fn execute(units: &mut [Unit], deadline: Instant) -> Result<(), Error
             }
             if now >= deadline {
                 return Err(timeout_error(units, &blocked));
+            }
+            if !warned && now.duration_since(last_progress) >= SIBLING_WARN_AFTER {
+                warned = true;
+                let u = &units[ui];
+                if let Some(h) = u.info.sibling_hint(waiting_for(u, b).0, u.seq) {
+                    tracing::warn!("{}: waiting for {:?}. {h}", u.label, waiting_for(u, b).1);
+                }
             }
         }
         if idle_rounds < 32 {
@@ -308,10 +322,12 @@ fn timeout_error(units: &[Unit], blocked: &[(usize, Blocked)]) -> Error {
     peers.sort_unstable();
     peers.dedup();
     let whats: Vec<String> = blocked.iter().filter(|(u, _)| *u == ui).map(|(_, b)| waiting_for(&units[ui], *b).1).take(4).collect();
+    let u = &units[ui];
+    let hint = peers.iter().find_map(|&p| u.info.sibling_hint(p, u.seq)).map(|h| format!(". {h}")).unwrap_or_default();
     Error::Timeout(format!(
         "{}: waited past the deadline (FERROCCL_TIMEOUT) for {}; not heard from rank(s) {peers:?}: they are stuck, \
-         slow, or called a different operation (raise FERROCCL_TIMEOUT if they are only slow)",
-        units[ui].label,
+         slow, or called a different operation (raise FERROCCL_TIMEOUT if they are only slow){hint}",
+        u.label,
         whats.join("; ")
     ))
 }

@@ -108,6 +108,7 @@ pub(crate) fn launch(members: &mut [HostLaunch]) -> Result<(), Error> {
         .iter_mut()
         .map(|m| {
             m.state.seq += 1;
+            m.info.entered(m.state.seq);
             crate::ops::launch_label(m.args, m.state.seq, m.info)
         })
         .collect();
@@ -116,7 +117,7 @@ pub(crate) fn launch(members: &mut [HostLaunch]) -> Result<(), Error> {
         for phase in 0..2 {
             for (ci, m) in members.iter().enumerate() {
                 let keys = planned[ci].plan.connections();
-                let ctx = ConnCtx { boot: m.boot, topo: &m.info.topo, config: &m.info.config, abort: m.abort, deadline };
+                let ctx = ConnCtx { boot: m.boot, info: m.info, seq: m.state.seq, abort: m.abort, deadline };
                 if let Some(e) = m.boot.health().failure() {
                     return Err(e.context(&labels[ci]));
                 }
@@ -127,7 +128,8 @@ pub(crate) fn launch(members: &mut [HostLaunch]) -> Result<(), Error> {
         }
         let mut units: Vec<Unit> = Vec::with_capacity(members.len());
         for (((m, p), c), (ops, label)) in members.iter().zip(&planned).zip(conns.iter_mut()).zip(bufs.drain(..).zip(&labels)) {
-            units.push(Unit { plan: &p.plan, ops, conns: c, abort: m.abort, label: label.clone(), info: m.info, health: m.boot.health() });
+            let (abort, health, seq) = (m.abort, m.boot.health(), m.state.seq);
+            units.push(Unit { plan: &p.plan, ops, conns: c, abort, label: label.clone(), info: m.info, health, seq });
         }
         execute(&mut units, deadline)
     })();
