@@ -32,7 +32,7 @@ fn proxied_pair(config: &Config) -> (Vec<Comm>, FaultProxy) {
     });
     let proxy = FaultProxy::start(boots[1].peers()[1].addr);
     boots[0].redirect_peer(1, proxy.addr());
-    let comms = boots.into_iter().zip(aborts).map(|(b, a)| Comm::from_bootstrap(b, Device::Host, config.clone(), a).unwrap()).collect();
+    let comms = boots.into_iter().zip(aborts).map(|(b, a)| Comm::from_bootstrap(b, Device::Host, config.clone(), a, None).unwrap()).collect();
     (comms, proxy)
 }
 
