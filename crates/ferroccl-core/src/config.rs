@@ -77,10 +77,15 @@ pub struct Config {
     /// store sits between a send and its receipt; 0 turns LL off. Every rank must agree. Capped
     /// at what one connection's LL slots hold (`slots` x 8 KiB: 64 KiB by default).
     pub ll_max_bytes: usize,
-    /// FERROCCL_DIRECT_MAX_BYTES: all-reduces up to this size (3 ranks or more) take the
-    /// two-shot direct algorithm (two dependent messages instead of the ring's 2(n-1)); 0 turns
-    /// it off. Every rank must agree.
+    /// FERROCCL_DIRECT_MAX_BYTES: on the host, collectives whose per-rank block is at most this
+    /// size take one round of messages (one-shot: all-gather, broadcast, and the reductions on
+    /// 2 ranks), and all-reduces on 3 ranks or more the two-shot algorithm (two dependent
+    /// messages instead of the ring's 2(n-1)); 0 turns both off. Every rank must agree.
     pub direct_max_bytes: usize,
+    /// FERROCCL_GPU_ONESHOT_MAX_BYTES: on GPUs, collectives alone in their launch whose per-rank
+    /// block is at most this size (and at most 256 KiB) run one-shot on the direct engine; 0
+    /// turns it off. Every rank must agree.
+    pub gpu_oneshot_max_bytes: usize,
     /// FERROCCL_JOB_SECRET (32 hex digits): the job secret when ranks rendezvous from the
     /// launcher's environment instead of a `UniqueId`.
     pub job_secret: Option<[u8; 16]>,
@@ -124,6 +129,7 @@ impl Default for Config {
             slots: 8,
             ll_max_bytes: 128 << 10,
             direct_max_bytes: 128 << 10,
+            gpu_oneshot_max_bytes: 64 << 10,
             job_secret: None,
             heartbeat_interval: Duration::from_millis(500),
             heartbeat_misses: 6,
@@ -214,6 +220,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_DIRECT_MAX_BYTES") {
             c.direct_max_bytes = parse("FERROCCL_DIRECT_MAX_BYTES", v)?;
+        }
+        if let Some(v) = get("FERROCCL_GPU_ONESHOT_MAX_BYTES") {
+            c.gpu_oneshot_max_bytes = parse("FERROCCL_GPU_ONESHOT_MAX_BYTES", v)?;
         }
         if let Some(v) = get("FERROCCL_HEARTBEAT_INTERVAL") {
             let secs: f64 = parse("FERROCCL_HEARTBEAT_INTERVAL", v)?;

@@ -278,6 +278,11 @@ impl CollKind {
         }
     }
 
+    /// Every rank of the communicator takes part (everything but send and receive).
+    pub const fn is_collective(self) -> bool {
+        !matches!(self, CollKind::Send | CollKind::Recv)
+    }
+
     pub const fn reduces(self) -> bool {
         matches!(self, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce)
     }

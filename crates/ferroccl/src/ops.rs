@@ -5,7 +5,7 @@ use crate::info::CommInfo;
 use ferroccl_core::algo::{build_launch, CollDesc, LaunchOp};
 use ferroccl_core::numeric::Element;
 use ferroccl_core::plan::Plan;
-use ferroccl_core::tune::{choose, Choice, OpShape};
+use ferroccl_core::tune::{choose_launch, Choice, OpShape};
 use ferroccl_core::{CollKind, DataType, Error, Rank, ReduceOp};
 
 /// An operation on raw buffers, with NCCL's conventions: `count` is per rank for all-gather,
@@ -202,7 +202,7 @@ pub(crate) struct Planned {
 
 pub(crate) fn plan_launch(info: &CommInfo, args: &[OpArgs], windows: bool) -> Result<Planned, Error> {
     let shapes: Vec<OpShape> = args.iter().map(|a| a.shape(info, windows)).collect();
-    let choices: Vec<Choice> = shapes.iter().map(|s| choose(s, info.device, &info.config)).collect();
+    let choices: Vec<Choice> = choose_launch(&shapes, info.device, &info.config);
     let ops: Vec<LaunchOp> = args
         .iter()
         .zip(&choices)

@@ -20,7 +20,7 @@ fn copy_own(lane: &mut Lane, ctx: &ChannelCtx, src_block: usize, dst_block: usiz
 
 /// Peers in the order a rank visits them: starting after itself, so that at any moment
 /// different ranks talk to different peers.
-fn peers_after(rank: Rank, n: usize) -> impl Iterator<Item = Rank> {
+pub(crate) fn peers_after(rank: Rank, n: usize) -> impl Iterator<Item = Rank> {
     (1..n).map(move |k| (rank + k) % n)
 }
 fn peers_before(rank: Rank, n: usize) -> impl Iterator<Item = Rank> {

@@ -7,6 +7,7 @@
 
 mod chain;
 mod direct;
+mod oneshot;
 mod ring;
 
 use crate::plan::{BufKind, Dir, Lane, Plan, Region, Step};
@@ -155,6 +156,14 @@ pub fn build(desc: &CollDesc, op: u16, rank: Rank, nranks: usize, t: &Tuning) ->
             (Algo::Direct, CollKind::AllToAll) => direct::all_to_all(&mut lane, &ctx),
             (Algo::Direct, CollKind::Gather) => direct::gather(&mut lane, &ctx, desc.root),
             (Algo::Direct, _) => direct::scatter(&mut lane, &ctx, desc.root),
+            (Algo::OneShot, CollKind::AllReduce) => oneshot::all_reduce(&mut lane, &ctx),
+            (Algo::OneShot, CollKind::ReduceScatter) => oneshot::reduce_scatter(&mut lane, &ctx),
+            (Algo::OneShot, CollKind::Reduce) => oneshot::reduce(&mut lane, &ctx, desc.root),
+            (Algo::OneShot, CollKind::AllGather) => oneshot::all_gather(&mut lane, &ctx),
+            (Algo::OneShot, CollKind::Broadcast) => oneshot::broadcast(&mut lane, &ctx, desc.root),
+            (Algo::OneShot, CollKind::AllToAll) => oneshot::all_to_all(&mut lane, &ctx),
+            (Algo::OneShot, CollKind::Gather) => oneshot::gather(&mut lane, &ctx, desc.root),
+            (Algo::OneShot, _) => oneshot::scatter(&mut lane, &ctx, desc.root),
         }
         plan.lanes.push(lane);
     }

@@ -5,21 +5,29 @@ use crate::plan::{Plan, Step};
 use proptest::prelude::*;
 
 /// How the tests cut operations: like the tuner, every op of a launch by the same channels and
-/// chunk, all-reduces of at most `direct_max` elements two-shot where that algorithm fits.
+/// chunk; collectives one-shot when `one_shot`, else all-reduces of at most `direct_max`
+/// elements two-shot where that algorithm fits.
 #[derive(Clone, Copy, Debug)]
 struct Cut {
     channels: usize,
     chunk_elems: usize,
     direct_max: usize,
+    one_shot: bool,
 }
 
 impl Cut {
     fn plain(channels: usize, chunk_elems: usize) -> Cut {
-        Cut { channels, chunk_elems, direct_max: 0 }
+        Cut { channels, chunk_elems, direct_max: 0, one_shot: false }
     }
     fn tuning(&self, kind: CollKind, n: usize, count: usize) -> Tuning {
         let two_shot = kind == CollKind::AllReduce && count <= self.direct_max && two_shot_fits(n, count, self.chunk_elems);
-        let algo = if two_shot { Algo::TwoShot } else { Algo::default_for(kind) };
+        let algo = if self.one_shot && kind.is_collective() {
+            Algo::OneShot
+        } else if two_shot {
+            Algo::TwoShot
+        } else {
+            Algo::default_for(kind)
+        };
         Tuning { algo, channels: self.channels, chunk_elems: self.chunk_elems }
     }
     fn build(&self, desc: &CollDesc, op: u16, rank: Rank, n: usize) -> Plan {
@@ -106,6 +114,7 @@ proptest! {
         in_place in any::<bool>(),
         seed in any::<u64>(),
         direct in any::<bool>(),
+        one_shot in any::<bool>(),
         zero_copy in any::<bool>(),
     ) {
         // Keep the number of loops small for huge sizes; tiny chunks for small sizes.
@@ -113,7 +122,7 @@ proptest! {
         // with steps, and what it checks does not change with more of the same loop.
         let chunk = [1, 3, 64, 1000, 4096, 1 << 20][chunk_div - 1].max(count / (64 * n) + 1);
         // Half the cases allow the direct small-size algorithms wherever they apply.
-        let t = Cut { channels, chunk_elems: chunk, direct_max: if direct { usize::MAX } else { 0 } };
+        let t = Cut { channels, chunk_elems: chunk, direct_max: if direct { usize::MAX } else { 0 }, one_shot };
         let root = root_pick % n;
         let ops: Vec<Vec<SimOp>> = (0..n).map(|_| vec![SimOp { kind, count, root, in_place }]).collect();
         let r = run_both(&ops, &t, seed, zero_copy);
@@ -162,7 +171,7 @@ proptest! {
         let ops: Vec<Vec<SimOp>> = (0..n)
             .map(|_| kinds.iter().enumerate().map(|(i, &k)| SimOp { kind: k, count: counts[i], root: i % n, in_place: i % 2 == 0 }).collect())
             .collect();
-        let t = Cut { channels, chunk_elems: 97, direct_max: if seed & 4 == 4 { 3000 } else { 0 } };
+        let t = Cut { channels, chunk_elems: 97, direct_max: if seed & 4 == 4 { 3000 } else { 0 }, one_shot: seed & 8 == 8 };
         let r = run_both(&ops, &t, seed, seed & 1 == 1);
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
@@ -254,7 +263,7 @@ fn small_all_reduces_go_two_shot() {
     for n in 3..=9 {
         for channels in 1..=3 {
             for count in [0, 1, 7, 64, 65, 200, 4099] {
-                let t = Cut { channels, chunk_elems: 4099, direct_max: 4099 };
+                let t = Cut { channels, chunk_elems: 4099, direct_max: 4099, one_shot: false };
                 for in_place in [false, true] {
                     let r = run_collective(CollKind::AllReduce, n, count, 0, in_place, t, 7 + n as u64);
                     assert!(r.is_ok(), "n={n} ch={channels} count={count} in_place={in_place}: {}", r.unwrap_err());
@@ -271,7 +280,7 @@ fn small_all_reduces_go_two_shot() {
     }
     // Not for 2 ranks (the ring is two messages too), nor above the limit.
     for (n, count) in [(2, 10), (4, 4100)] {
-        let t = Cut { channels: 1, chunk_elems: 1 << 20, direct_max: 4099 };
+        let t = Cut { channels: 1, chunk_elems: 1 << 20, direct_max: 4099, one_shot: false };
         let plan = t.build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, 0, n);
         assert!(plan.lanes.iter().flat_map(|l| &l.steps).any(|s| matches!(s, Step::RecvReduce { to: Some(_), .. })), "n={n} count={count}");
     }
@@ -291,4 +300,37 @@ fn zero_copy_catches_the_in_place_all_to_all_hazard() {
     assert!(remote.iter().flatten().flatten().any(|m| m.is_some()), "all-to-all sends are stored by their receivers");
     let err = simulate_zero_copy_with(&ops, &plans, CAP, 3, &remote, |_, _| true).unwrap_err();
     assert!(err.contains("output"), "{err}");
+}
+
+/// One-shot plans: one round of messages per loop, every send of a loop before its receives,
+/// each rank sending a peer at most one message per loop and lane (what the GPU's direct
+/// engine needs when a slice is one loop), and every collective delivered exactly once.
+#[test]
+fn one_shot_plans_are_one_round_per_loop() {
+    for &kind in &CollKind::COLLECTIVES {
+        for n in 1..=9 {
+            for count in [0, 1, 63, 64, 1000] {
+                let t = Cut { channels: 2, chunk_elems: 1 << 20, direct_max: 0, one_shot: true };
+                for in_place in [false, true] {
+                    let r = run_collective(kind, n, count, n / 2, in_place, t, 11);
+                    assert!(r.is_ok(), "{kind} n={n} count={count} in_place={in_place}: {}", r.unwrap_err());
+                }
+                for rank in 0..n {
+                    let plan = t.build(&CollDesc { kind, count, root: n / 2 }, 0, rank, n);
+                    for lane in &plan.lanes {
+                        let first_recv = lane.steps.iter().position(|s| s.recv_from().is_some()).unwrap_or(lane.steps.len());
+                        assert!(lane.steps[first_recv..].iter().all(|s| s.send_to().is_none()), "{kind} n={n}: a send after a receive");
+                        let mut to: Vec<Rank> = lane.steps.iter().filter_map(|s| s.send_to()).collect();
+                        let mut from: Vec<Rank> = lane.steps.iter().filter_map(|s| s.recv_from()).collect();
+                        let (nt, nf) = (to.len(), from.len());
+                        to.sort();
+                        to.dedup();
+                        from.sort();
+                        from.dedup();
+                        assert_eq!((to.len(), from.len()), (nt, nf), "{kind} n={n}: two messages to one peer in a lane");
+                    }
+                }
+            }
+        }
+    }
 }

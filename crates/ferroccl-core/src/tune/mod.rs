@@ -30,6 +30,13 @@ pub const LL_DATA_BYTES: usize = 8192;
 /// FIFO memory.
 pub const GPU_P2P_CHANNELS_MAX: usize = 8;
 
+/// The GPU's direct engine: the most ranks it serves, thread blocks it runs, and data bytes one
+/// block sends one peer in one operation (each rank's receive slots hold that much per block,
+/// sender and parity). Its one-shot operations thus carry at most 256 KiB per peer.
+pub const DIRECT_MAX_RANKS: usize = 16;
+pub const DIRECT_MAX_BLOCKS: usize = 16;
+pub const DIRECT_SLOT_BYTES: usize = 16 << 10;
+
 /// What the communicator runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Device {
@@ -75,6 +82,9 @@ pub enum Algo {
     Chain,
     /// All-to-all, gather, scatter, send and receive: each block straight to its peer.
     Direct,
+    /// Every collective in one round: each rank sends every peer what it needs, then combines
+    /// what it received (n-1 times the data per rank, one message of latency).
+    OneShot,
 }
 
 impl Algo {
@@ -86,6 +96,7 @@ impl Algo {
             Algo::TwoShot => kind == AllReduce,
             Algo::Chain => matches!(kind, Broadcast | Reduce),
             Algo::Direct => matches!(kind, AllToAll | Gather | Scatter | Send | Recv),
+            Algo::OneShot => kind.is_collective(),
         }
     }
 
@@ -105,6 +116,7 @@ impl Algo {
             Algo::TwoShot => "two-shot",
             Algo::Chain => "chain",
             Algo::Direct => "direct",
+            Algo::OneShot => "one-shot",
         }
     }
 }
@@ -126,6 +138,10 @@ pub enum Engine {
     HostExecutor,
     /// The GPU plan kernel: one thread block per lane.
     PlanKernel,
+    /// The GPU direct kernel: one-shot operations of one operation per launch, each block
+    /// storing its messages straight into the peers' receive slots with a flag in every 8 data
+    /// bytes, and folding what it received in rank order (the same bits on every rank).
+    DirectKernel,
 }
 
 /// Why each part of a [`Choice`] is what it is, for the debug log.
@@ -204,12 +220,62 @@ pub fn ll_limit(cfg: &Config) -> usize {
     cfg.ll_max_bytes.min(cfg.slots.saturating_mul(cfg.slot_bytes.min(LL_DATA_BYTES) & !7))
 }
 
-/// Decides how `op` runs on `device` under `cfg`.
+/// Decides how each operation of a launch runs. The direct engine runs one operation per
+/// launch: a group whose operations would take it runs them all on the plan kernel instead.
+pub fn choose_launch(ops: &[OpShape], device: Device, cfg: &Config) -> Vec<Choice> {
+    let single = ops.len() == 1;
+    ops.iter().map(|op| choose_with(op, device, cfg, single)).collect()
+}
+
+/// Decides how `op` runs on `device` under `cfg`, alone in its launch.
 pub fn choose(op: &OpShape, device: Device, cfg: &Config) -> Choice {
+    choose_with(op, device, cfg, true)
+}
+
+/// Channels for the direct engine: one per `gpu_channel_bytes` of the per-peer message, more
+/// where a slice would not fit a slot; None when even the most blocks (16, or
+/// `gpu_channels` if fewer) cannot carry it.
+fn direct_blocks(count: usize, es: usize, cfg: &Config) -> Option<usize> {
+    let max = DIRECT_MAX_BLOCKS.min(cfg.gpu_channels.max(1));
+    let want = (count * es).div_ceil(cfg.gpu_channel_bytes.max(1)).clamp(1, max);
+    (want..=max).find(|&ch| {
+        (0..ch).all(|c| {
+            let (a, b) = crate::algo::channel_slice(count, ch, c);
+            (b - a) * es <= DIRECT_SLOT_BYTES
+        })
+    })
+}
+
+fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> Choice {
     let es = op.dtype.size();
     let bytes = op.largest_bytes();
-    let p2p = matches!(op.kind, CollKind::Send | CollKind::Recv);
+    let p2p = !op.kind.is_collective();
     let chunk_elems = (cfg.chunk_bytes / es).max(1);
+    // What each rank sends each peer in one round: the per-rank block, for every collective.
+    let message = op.count.checked_mul(es);
+    let one_shot_here = message.is_some_and(|m| m <= cfg.direct_max_bytes) && !p2p;
+
+    // The GPU's direct engine: one message of latency, at most 256 KiB per peer.
+    if device == Device::Gpu && may_direct && !p2p && op.nranks <= DIRECT_MAX_RANKS {
+        let fits = message.is_some_and(|m| m <= cfg.gpu_oneshot_max_bytes);
+        if let Some(channels) = fits.then(|| direct_blocks(op.count, es, cfg)).flatten() {
+            return Choice {
+                algo: Algo::OneShot,
+                protocol: Protocol::LL,
+                engine: Engine::DirectKernel,
+                channels,
+                // A slice is one message.
+                chunk_elems: op.count.max(1),
+                zero_copy: false,
+                post_output: false,
+                why: Why {
+                    algo: "within FERROCCL_GPU_ONESHOT_MAX_BYTES per peer",
+                    protocol: "the direct engine's flags in the data",
+                    channels: "one per FERROCCL_GPU_CHANNEL_BYTES of the message",
+                },
+            };
+        }
+    }
 
     // Two shots beat the ring's 2(n-1) hops when latency is all there is; a share must be one
     // message, so that every rank can send all of them before receiving any.
@@ -219,12 +285,16 @@ pub fn choose(op: &OpShape, device: Device, cfg: &Config) -> Choice {
         // GPUs (no such machine was lent when it landed): GPUs keep the ring until it has been
         // checked element by element there.
         Device::Gpu if two_shot_fits => (Algo::Ring, "two-shot not yet checked on 3+ GPUs"),
+        // On the host a rank reduces what it receives in arrival order, own data first, so
+        // reductions go one-shot only where that order cannot differ between ranks (2 ranks).
+        Device::Host if one_shot_here && (op.nranks == 2 || !op.kind.reduces()) => {
+            (Algo::OneShot, "one round of messages within FERROCCL_DIRECT_MAX_BYTES")
+        }
         Device::Host if two_shot_fits && op.count <= cfg.direct_max_bytes / es => {
             (Algo::TwoShot, "all-reduce within FERROCCL_DIRECT_MAX_BYTES on 3+ ranks")
         }
         _ => (Algo::default_for(op.kind), "the default for the operation"),
     };
-
     let (protocol, why_protocol) = match (device, bytes) {
         (Device::Gpu, Some(b)) if b <= ll_limit(cfg) => (Protocol::LL, "within the LL limit"),
         (Device::Gpu, _) => (Protocol::Simple, "beyond the LL limit"),

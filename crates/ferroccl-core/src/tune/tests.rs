@@ -5,56 +5,89 @@ fn shape(kind: CollKind, count: usize, dtype: DataType, nranks: usize) -> OpShap
     OpShape { kind, count, dtype, nranks, in_place: false, windows: false }
 }
 
-/// (device, kind, count, dtype, ranks) -> (algorithm, protocol, channels).
-type Row = (Device, CollKind, usize, DataType, usize, Algo, Protocol, usize);
+/// (device, kind, count, dtype, ranks) -> (algorithm, engine, protocol, channels).
+type Row = (Device, CollKind, usize, DataType, usize, Algo, Engine, Protocol, usize);
 
 /// The choices for the default config.
 #[test]
 fn choices_follow_the_table() {
     use CollKind::*;
     use Device::{Gpu, Host};
+    use Engine::{DirectKernel as D, HostExecutor as H, PlanKernel as P};
     use Protocol::{Simple, LL};
     let cfg = Config::default();
     let rows: &[Row] = &[
-        // The grid follows the bytes: one block for 8 bytes (the old plan kernel launched 32).
-        (Gpu, AllReduce, 2, Float32, 2, Algo::Ring, LL, 1),
-        (Gpu, AllReduce, 1024, Float32, 2, Algo::Ring, LL, 1),
-        (Gpu, AllReduce, 1025, Float32, 2, Algo::Ring, LL, 2),
-        (Gpu, AllReduce, 16 << 10, Float32, 2, Algo::Ring, LL, 16),
-        (Gpu, AllReduce, 32 << 10, Bfloat16, 2, Algo::Ring, LL, 16),
-        (Gpu, AllReduce, 64 << 10, Bfloat16, 2, Algo::Ring, Simple, 32),
-        (Gpu, AllReduce, 256 << 20, Float32, 2, Algo::Ring, Simple, 32),
-        // Two-shot waits for a check on 3+ GPUs.
-        (Gpu, AllReduce, 64, Float32, 4, Algo::Ring, LL, 1),
-        // All-gather's largest buffer is n x count.
-        (Gpu, AllGather, 1024, Float32, 4, Algo::Ring, LL, 4),
-        (Gpu, ReduceScatter, 1 << 20, Float32, 2, Algo::Ring, Simple, 32),
-        (Gpu, Broadcast, 8 << 20, Int8, 2, Algo::Chain, Simple, 32),
-        (Gpu, Reduce, 2, Float32, 2, Algo::Chain, LL, 1),
-        (Gpu, AllToAll, 1 << 20, Float32, 2, Algo::Direct, Simple, 32),
-        (Gpu, Gather, 100, Float32, 8, Algo::Direct, LL, 1),
-        (Gpu, Scatter, 1 << 20, Float32, 8, Algo::Direct, Simple, 32),
-        // Sends and receives take at most 8 blocks.
-        (Gpu, Send, 2, Float32, 2, Algo::Direct, LL, 1),
-        (Gpu, Send, 8 << 10, Float32, 2, Algo::Direct, LL, 8),
-        (Gpu, Recv, 64 << 20, Float32, 2, Algo::Direct, Simple, 8),
-        // The host: its channels, one lane per peer direction, two-shot for small all-reduces
-        // on 3+ ranks.
-        (Host, AllReduce, 2, Float32, 2, Algo::Ring, Simple, 1),
-        (Host, AllReduce, 2, Float32, 3, Algo::TwoShot, Simple, 1),
-        (Host, AllReduce, 32 << 10, Float32, 8, Algo::TwoShot, Simple, 1),
-        (Host, AllReduce, (32 << 10) + 1, Float32, 8, Algo::Ring, Simple, 1),
-        (Host, AllGather, 16, Float32, 4, Algo::Ring, Simple, 1),
-        (Host, Broadcast, 16, Float32, 4, Algo::Chain, Simple, 1),
-        (Host, Send, 1 << 20, Float32, 4, Algo::Direct, Simple, 1),
+        // Small collectives: one-shot on the direct engine, one block per 4 KiB of message.
+        (Gpu, AllReduce, 2, Float32, 2, Algo::OneShot, D, LL, 1),
+        (Gpu, AllReduce, 1024, Float32, 2, Algo::OneShot, D, LL, 1),
+        (Gpu, AllReduce, 1025, Float32, 2, Algo::OneShot, D, LL, 2),
+        (Gpu, AllReduce, 16 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
+        (Gpu, AllReduce, 32 << 10, Bfloat16, 2, Algo::OneShot, D, LL, 16),
+        (Gpu, AllReduce, 64, Float32, 8, Algo::OneShot, D, LL, 1),
+        (Gpu, AllGather, 1024, Float32, 4, Algo::OneShot, D, LL, 1),
+        (Gpu, Reduce, 2, Float32, 2, Algo::OneShot, D, LL, 1),
+        (Gpu, Gather, 100, Float32, 8, Algo::OneShot, D, LL, 1),
+        // Beyond FERROCCL_GPU_ONESHOT_MAX_BYTES (64 KiB): the plan kernel, its grid following
+        // the bytes; LL up to 64 KiB of the largest buffer.
+        (Gpu, AllReduce, 64 << 10, Bfloat16, 2, Algo::Ring, P, Simple, 32),
+        (Gpu, AllReduce, 256 << 20, Float32, 2, Algo::Ring, P, Simple, 32),
+        (Gpu, AllReduce, (16 << 10) + 1, Float32, 3, Algo::Ring, P, Simple, 17),
+        (Gpu, ReduceScatter, 1 << 20, Float32, 2, Algo::Ring, P, Simple, 32),
+        (Gpu, Broadcast, 8 << 20, Int8, 2, Algo::Chain, P, Simple, 32),
+        (Gpu, AllToAll, 1 << 20, Float32, 2, Algo::Direct, P, Simple, 32),
+        (Gpu, Scatter, 1 << 20, Float32, 8, Algo::Direct, P, Simple, 32),
+        // More ranks than the direct engine serves.
+        (Gpu, AllReduce, 2, Float32, 17, Algo::Ring, P, LL, 1),
+        // Sends and receives: the plan kernel, at most 8 blocks.
+        (Gpu, Send, 2, Float32, 2, Algo::Direct, P, LL, 1),
+        (Gpu, Send, 8 << 10, Float32, 2, Algo::Direct, P, LL, 8),
+        (Gpu, Recv, 64 << 20, Float32, 2, Algo::Direct, P, Simple, 8),
+        // The host: one round for small collectives where the reduction order cannot differ
+        // between ranks, two-shot all-reduce on 3+ ranks, its channels, a lane per peer
+        // direction for sends and receives.
+        (Host, AllReduce, 2, Float32, 2, Algo::OneShot, H, Simple, 1),
+        (Host, AllReduce, 2, Float32, 3, Algo::TwoShot, H, Simple, 1),
+        (Host, AllReduce, 32 << 10, Float32, 8, Algo::TwoShot, H, Simple, 1),
+        (Host, AllReduce, (32 << 10) + 1, Float32, 8, Algo::Ring, H, Simple, 1),
+        (Host, ReduceScatter, 16, Float32, 4, Algo::Ring, H, Simple, 1),
+        (Host, AllGather, 16, Float32, 4, Algo::OneShot, H, Simple, 1),
+        (Host, AllGather, 64 << 10, Float32, 4, Algo::Ring, H, Simple, 1),
+        (Host, Broadcast, 16, Float32, 4, Algo::OneShot, H, Simple, 1),
+        (Host, Send, 1 << 20, Float32, 4, Algo::Direct, H, Simple, 1),
     ];
-    for &(dev, kind, count, dtype, n, algo, protocol, channels) in rows {
+    for &(dev, kind, count, dtype, n, algo, engine, protocol, channels) in rows {
         let c = choose(&shape(kind, count, dtype, n), dev, &cfg);
-        assert_eq!((c.algo, c.protocol, c.channels), (algo, protocol, channels), "{dev:?} {kind} {count} x {dtype} on {n}: {c}");
-        assert_eq!(c.engine, if dev == Gpu { Engine::PlanKernel } else { Engine::HostExecutor });
-        assert_eq!(c.chunk_elems, cfg.chunk_bytes / dtype.size());
+        assert_eq!((c.algo, c.engine, c.protocol, c.channels), (algo, engine, protocol, channels), "{dev:?} {kind} {count} x {dtype} on {n}: {c}");
+        if engine != D {
+            assert_eq!(c.chunk_elems, cfg.chunk_bytes / dtype.size());
+        }
         assert!(!c.zero_copy && !c.post_output, "no windows, no zero-copy");
     }
+}
+
+/// The direct engine runs one operation per launch and one message per peer and block, which
+/// fits its slots.
+#[test]
+fn the_direct_engine_takes_lone_operations_whose_slices_fit_its_slots() {
+    let cfg = Config { gpu_oneshot_max_bytes: 1 << 20, ..Config::default() };
+    let ar = |count| shape(CollKind::AllReduce, count, Float32, 2);
+    for count in [1, 7, 1000, 4096, 4097, 50_000, 65_536] {
+        let c = choose(&ar(count), Device::Gpu, &cfg);
+        assert_eq!(c.engine, Engine::DirectKernel, "{count}");
+        assert!(c.channels <= DIRECT_MAX_BLOCKS && c.chunk_elems >= count, "{c}");
+        for ch in 0..c.channels {
+            let (a, b) = crate::algo::channel_slice(count, c.channels, ch);
+            assert!((b - a) * 4 <= DIRECT_SLOT_BYTES, "{count}: slice {ch} of {}", c.channels);
+        }
+    }
+    // 256 KiB per peer is the most; beyond, the plan kernel.
+    assert_eq!(choose(&ar(65_537), Device::Gpu, &cfg).engine, Engine::PlanKernel);
+    // In a group, every operation takes the plan kernel.
+    let group = choose_launch(&[ar(2), ar(2)], Device::Gpu, &cfg);
+    assert!(group.iter().all(|c| c.engine == Engine::PlanKernel && c.algo == Algo::Ring), "{group:?}");
+    assert_eq!(choose_launch(&[ar(2)], Device::Gpu, &cfg)[0].engine, Engine::DirectKernel);
+    // Off.
+    assert_eq!(choose(&ar(2), Device::Gpu, &Config { gpu_oneshot_max_bytes: 0, ..cfg.clone() }).engine, Engine::PlanKernel);
 }
 
 #[test]
@@ -67,16 +100,18 @@ fn knobs_move_the_choices() {
     cfg.gpu_channels = 4;
     assert_eq!(choose(&shape(CollKind::Send, 1 << 20, Float32, 2), Device::Gpu, &cfg).channels, 4);
     cfg.gpu_channel_bytes = 1;
+    cfg.gpu_oneshot_max_bytes = 0;
     assert_eq!(choose(&shape(CollKind::AllReduce, 2, Float32, 2), Device::Gpu, &cfg).channels, 4);
     // FERROCCL_DIRECT_MAX_BYTES=0 turns the two-shot off; the chunk bounds it too.
     assert_eq!(choose(&small, Device::Host, &Config { direct_max_bytes: 0, ..Config::default() }).algo, Algo::Ring);
     let chunked = Config { chunk_bytes: 64, direct_max_bytes: 1 << 20, ..Config::default() };
     assert_eq!(choose(&shape(CollKind::AllReduce, 16, Float32, 4), Device::Host, &chunked).algo, Algo::TwoShot);
     assert_eq!(choose(&shape(CollKind::AllReduce, 17, Float32, 4), Device::Host, &chunked).algo, Algo::Ring);
-    // LL off, or smaller.
+    // LL off, or smaller (on the plan kernel).
     let gpu_small = shape(CollKind::AllReduce, 2, Float32, 2);
-    assert_eq!(choose(&gpu_small, Device::Gpu, &Config { ll_max_bytes: 0, ..Config::default() }).protocol, Protocol::Simple);
-    let ll16 = Config { ll_max_bytes: 16 << 10, ..Config::default() };
+    let plan_kernel = Config { gpu_oneshot_max_bytes: 0, ..Config::default() };
+    assert_eq!(choose(&gpu_small, Device::Gpu, &Config { ll_max_bytes: 0, ..plan_kernel.clone() }).protocol, Protocol::Simple);
+    let ll16 = Config { ll_max_bytes: 16 << 10, ..plan_kernel };
     assert_eq!(choose(&shape(CollKind::AllReduce, 4096, Float32, 8), Device::Gpu, &ll16).protocol, Protocol::LL);
     assert_eq!(choose(&shape(CollKind::AllReduce, 4097, Float32, 8), Device::Gpu, &ll16).protocol, Protocol::Simple);
 }
@@ -94,7 +129,7 @@ fn ll_never_carries_more_than_a_connection_holds() {
 /// buffer, and every rank decides by the root's.
 #[test]
 fn ll_is_decided_by_the_largest_buffer_of_any_rank() {
-    let cfg = Config { ll_max_bytes: 16 << 10, ..Config::default() };
+    let cfg = Config { ll_max_bytes: 16 << 10, gpu_oneshot_max_bytes: 0, ..Config::default() };
     let p = |kind, count| choose(&shape(kind, count, Float32, 4), Device::Gpu, &cfg).protocol;
     assert_eq!(p(CollKind::Gather, 1024), Protocol::LL);
     assert_eq!(p(CollKind::Gather, 1025), Protocol::Simple);
@@ -152,7 +187,7 @@ fn every_choice_is_buildable_and_shared() {
 fn the_reason_is_readable() {
     let c = choose(&shape(CollKind::AllReduce, 2, Float32, 2), Device::Gpu, &Config::default());
     let s = c.to_string();
-    for want in ["ring", "LL", "1 channels", "FERROCCL_GPU_CHANNEL_BYTES", "PlanKernel"] {
+    for want in ["one-shot", "LL", "1 channels", "FERROCCL_GPU_CHANNEL_BYTES", "DirectKernel"] {
         assert!(s.contains(want), "{want} missing from: {s}");
     }
 }

@@ -8,12 +8,16 @@ use std::time::{Duration, Instant};
 
 const COUNT: usize = 16 << 10;
 
+/// Over TCP, on the ring: its all-gather half makes each rank depend on the other's receipt,
+/// so a fault on rank 0's sends reaches both ranks (one round of messages, the one-shot
+/// all-reduce, would let rank 0 finish on what rank 1 sent it).
 fn config(timeout_ms: u64, crc: bool) -> Config {
     Config {
         timeout: Duration::from_millis(timeout_ms),
         bootstrap_addr: Some("127.0.0.1".into()),
         transport: ferroccl_core::TransportChoice::Tcp,
         tcp_crc: crc,
+        direct_max_bytes: 0,
         ..Config::default()
     }
 }

@@ -3,7 +3,7 @@
 
 use super::fabric::Fabric;
 use super::launch::PlanCache;
-use super::tables::{FcError, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA, WHAT_LENGTH, WHAT_POST, WHAT_ROOM};
+use super::tables::{FcDirect, FcError, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA, WHAT_LENGTH, WHAT_POST, WHAT_ROOM};
 use super::window::Windows;
 use super::kernels;
 use crate::bootstrap::Bootstrap;
@@ -39,6 +39,9 @@ pub(crate) struct CudaComm {
     pub(super) resident: u32,
     /// The plan kernel of `module`.
     pub(super) plan_fn: KernelHandle,
+    /// The direct engine's module and kernel, and its parameter with this communicator's
+    /// slots, acks, epochs and status words (None beyond the ranks it serves).
+    pub(super) direct: Option<(Module, KernelHandle, FcDirect)>,
     /// Registered windows (zero-copy).
     pub(super) windows: Mutex<Windows>,
 }
@@ -62,6 +65,22 @@ impl CudaComm {
         let fabric = Fabric::new(&gpu, boot, config, &stats, abort)?;
         let status = Arc::new(DeviceBuffer::alloc(&gpu, 128, &[], &stats)?);
         status.copy_from_host(0, &[0u8; 128])?;
+        let timeout_ns = config.timeout.as_nanos().min(u64::MAX as u128) as u64;
+        let direct = match fabric.direct {
+            Some(p) => {
+                let image = kernels::compile_for(&gpu, config, "direct.cu", &kernels::direct_source())?;
+                let m = gpu.load_module(&image.bytes)?;
+                let f = m.kernel(kernels::DIRECT_KERNEL)?.handle();
+                let p = FcDirect {
+                    abort: status.device_ptr() + ABORT_OFF as u64,
+                    error: status.device_ptr(),
+                    timeout_ns,
+                    ..p
+                };
+                Some((m, f, p))
+            }
+            None => None,
+        };
         let mut stream = std::ptr::null_mut();
         gpu.bind()?;
         cu_ok("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
@@ -74,11 +93,12 @@ impl CudaComm {
             plans: Mutex::new(PlanCache::default()),
             user_stream: AtomicPtr::new(std::ptr::null_mut()),
             status,
-            timeout_ns: config.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            timeout_ns,
             rank: boot.rank(),
             last_blocks: AtomicU32::new(0),
             resident,
             plan_fn,
+            direct,
             windows: Mutex::new(Windows::default()),
         })
     }

@@ -9,7 +9,7 @@
 //! `produced` (ours). Each word
 //! has its own 128-byte line so that remote writes never share a line with local spins.
 
-use super::tables::{FcConn, CONN_RECV, CONN_SEND, LL_DATA_BYTES};
+use super::tables::{FcConn, FcDirect, CONN_RECV, CONN_SEND, DIRECT_MAX_BLOCKS, DIRECT_MAX_RANKS, DIRECT_SLOT_BYTES, LL_DATA_BYTES};
 use crate::cuda::device::Gpu;
 use crate::cuda::fdpass::{FdChannel, FdListener};
 use crate::cuda::mem::{DeviceBuffer, MemStats};
@@ -24,7 +24,8 @@ use std::time::Instant;
 
 const LINE: usize = 128;
 
-/// Where things are inside one FIFO and one counter pair.
+/// Where things are inside one FIFO and one counter pair, and where the direct engine's slots
+/// and words follow them in the two arenas.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Geometry {
     pub slots: usize,
@@ -33,9 +34,35 @@ pub(crate) struct Geometry {
     pub coll: usize,
     /// Channels per peer in all.
     pub nchan: usize,
+    /// Ranks of the communicator.
+    pub nranks: usize,
 }
 
 impl Geometry {
+    /// Whether the communicator has the direct engine's slots (few enough ranks).
+    pub fn has_direct(&self) -> bool {
+        self.nranks <= DIRECT_MAX_RANKS
+    }
+    /// The receive arena: every FIFO, then the direct slots [block][sender][parity] of two
+    /// slot's worth of LL lines each.
+    pub fn direct_slots_off(&self) -> usize {
+        (self.nranks * self.nchan * self.fifo_stride()).div_ceil(LINE) * LINE
+    }
+    pub fn recv_arena_bytes(&self) -> usize {
+        let direct = if self.has_direct() { DIRECT_MAX_BLOCKS * self.nranks * 2 * 2 * DIRECT_SLOT_BYTES } else { 0 };
+        self.direct_slots_off() + direct
+    }
+    /// The send arena: every counter pair, then the direct acks [block][receiver] (written by
+    /// the receivers), then the epoch word of each block (ours).
+    pub fn direct_acks_off(&self) -> usize {
+        self.nranks * self.nchan * Self::COUNTER_STRIDE
+    }
+    pub fn direct_epochs_off(&self) -> usize {
+        (self.direct_acks_off() + DIRECT_MAX_BLOCKS * self.nranks * 8).div_ceil(LINE) * LINE
+    }
+    pub fn send_arena_bytes(&self) -> usize {
+        if self.has_direct() { self.direct_epochs_off() + DIRECT_MAX_BLOCKS * 8 } else { self.direct_acks_off() }
+    }
     pub fn lens_off(&self) -> usize {
         self.slots * self.slot_bytes
     }
@@ -105,6 +132,9 @@ pub(crate) struct Fabric {
     /// The FcConn table on the device.
     pub table: DeviceBuffer,
     pub nconns: u32,
+    /// The direct engine's slots, acks and epochs, for its kernel parameter (None: too many
+    /// ranks for it).
+    pub direct: Option<FcDirect>,
 }
 
 impl Fabric {
@@ -112,13 +142,12 @@ impl Fabric {
         let (me, n) = (boot.rank(), boot.nranks());
         // FIFOs for the most channels the tuner may give an operation.
         let (coll, p2p) = channel_budget(Device::Gpu, config);
-        let geo = Geometry { slots: config.slots, slot_bytes: config.slot_bytes, coll, nchan: coll + p2p };
-        let entries = n * geo.nchan;
-        let need = entries * (geo.fifo_stride() + Geometry::COUNTER_STRIDE);
+        let geo = Geometry { slots: config.slots, slot_bytes: config.slot_bytes, coll, nchan: coll + p2p, nranks: n };
+        let need = geo.recv_arena_bytes() + geo.send_arena_bytes();
         let explain = |e: Error| explain_alloc_failure(e, &geo, n, gpu.ordinal(), need);
         // If the second allocation fails, the first is released as `recv_arena` drops.
-        let recv_arena = DeviceBuffer::alloc(gpu, entries * geo.fifo_stride(), &[], stats).map_err(explain)?;
-        let send_arena = DeviceBuffer::alloc(gpu, entries * Geometry::COUNTER_STRIDE, &[], stats).map_err(explain)?;
+        let recv_arena = DeviceBuffer::alloc(gpu, geo.recv_arena_bytes(), &[], stats).map_err(explain)?;
+        let send_arena = DeviceBuffer::alloc(gpu, geo.send_arena_bytes(), &[], stats).map_err(explain)?;
         // Counters start at zero on both sides (the kernel's protocol assumes it).
         recv_arena.copy_from_host(0, &vec![0u8; recv_arena.len()])?;
         send_arena.copy_from_host(0, &vec![0u8; send_arena.len()])?;
@@ -160,8 +189,8 @@ impl Fabric {
                 let (fds, payload) = ch.recv_fds(deadline, abort)?;
                 let q = check_fd_message(fds.len(), &payload, &remote, &arenas, &imported_ranks)?;
                 imported_ranks.push(q);
-                let r = DeviceBuffer::import(fds[0].as_fd(), entries * geo.fifo_stride(), gpu, &[], stats)?;
-                let s = DeviceBuffer::import(fds[1].as_fd(), entries * Geometry::COUNTER_STRIDE, gpu, &[], stats)?;
+                let r = DeviceBuffer::import(fds[0].as_fd(), geo.recv_arena_bytes(), gpu, &[], stats)?;
+                let s = DeviceBuffer::import(fds[1].as_fd(), geo.send_arena_bytes(), gpu, &[], stats)?;
                 arenas[q] = Arenas { recv: r.device_ptr(), send: s.device_ptr() };
                 imported.push(r);
                 imported.push(s);
@@ -177,7 +206,8 @@ impl Fabric {
         // SAFETY: FcConn is plain old data (repr(C), integers only).
         let raw = unsafe { std::slice::from_raw_parts(conns.as_ptr() as *const u8, bytes) };
         table.copy_from_host(0, raw)?;
-        Ok(Fabric { geo, _recv_arena: recv_arena, _send_arena: send_arena, _imported: imported, table, nconns: conns.len() as u32 })
+        let direct = geo.has_direct().then(|| direct_param(&geo, me, &arenas));
+        Ok(Fabric { geo, _recv_arena: recv_arena, _send_arena: send_arena, _imported: imported, table, nconns: conns.len() as u32, direct })
     }
 }
 
@@ -229,6 +259,17 @@ fn check_fd_message(nfds: usize, payload: &[u8], expected: &[Rank], arenas: &[Ar
         return Err(Error::Protocol(format!("GPU fabric: arena descriptors from unexpected rank {q} (expected one each from {expected:?})")));
     }
     Ok(q)
+}
+
+/// The direct kernel's parameter with rank `me`'s view of every rank's slots and acks, and its
+/// own epochs; the operation's fields are the launch's.
+fn direct_param(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> FcDirect {
+    let mut p = FcDirect { epochs: arenas[me].send + geo.direct_epochs_off() as u64, rank: me as u32, nranks: arenas.len() as u32, ..Default::default() };
+    for (q, a) in arenas.iter().enumerate() {
+        p.slots[q] = a.recv + geo.direct_slots_off() as u64;
+        p.acks[q] = a.send + geo.direct_acks_off() as u64;
+    }
+    p
 }
 
 /// The kernel's connection table of rank `me`, given every rank's arenas as this process
@@ -283,7 +324,7 @@ mod tests {
 
     #[test]
     fn geometry_keeps_words_on_their_own_lines_and_indexes_every_connection_once() {
-        let g = Geometry { slots: 8, slot_bytes: 1 << 18, coll: 2, nchan: 3 };
+        let g = Geometry { slots: 8, slot_bytes: 1 << 18, coll: 2, nchan: 3, nranks: 4 };
         assert_eq!(g.head_off() % LINE, 0);
         assert!(g.head_off() >= g.lens_off() + 8 * 4);
         assert_eq!(g.consumed_off() - g.head_off(), LINE);
@@ -308,6 +349,40 @@ mod tests {
         assert!(seen.iter().all(|&i| (i as usize) < 4 * 3 * 2));
     }
 
+    /// The direct engine's slots follow the FIFOs and its acks and epochs the counters, inside
+    /// the arenas, each peer's view of a rank's slots naming the same bytes as its own.
+    #[test]
+    fn direct_slots_and_words_lie_inside_the_arenas_past_the_fifos() {
+        for n in [1, 2, 5, 16] {
+            let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: n };
+            assert!(g.has_direct());
+            assert!(g.direct_slots_off() >= n * g.nchan * g.fifo_stride() && g.direct_slots_off() % LINE == 0);
+            assert_eq!(g.recv_arena_bytes() - g.direct_slots_off(), DIRECT_MAX_BLOCKS * n * 4 * DIRECT_SLOT_BYTES);
+            assert!(g.direct_acks_off() >= n * g.nchan * Geometry::COUNTER_STRIDE);
+            assert!(g.direct_epochs_off() >= g.direct_acks_off() + DIRECT_MAX_BLOCKS * n * 8);
+            assert_eq!(g.send_arena_bytes(), g.direct_epochs_off() + DIRECT_MAX_BLOCKS * 8);
+            let arenas: Vec<Arenas> = (0..n as u64).map(|q| Arenas { recv: (q + 1) << 36, send: ((q + 1) << 36) + (1 << 34) }).collect();
+            for me in 0..n {
+                let p = direct_param(&g, me, &arenas);
+                assert_eq!((p.rank, p.nranks), (me as u32, n as u32));
+                for q in 0..n {
+                    assert_eq!(p.slots[q], arenas[q].recv + g.direct_slots_off() as u64);
+                    let last_line = p.slots[q] + (((DIRECT_MAX_BLOCKS * n - 1) * 2 + 1) * 2 * DIRECT_SLOT_BYTES) as u64 + (2 * DIRECT_SLOT_BYTES) as u64;
+                    assert!(last_line <= arenas[q].recv + g.recv_arena_bytes() as u64);
+                    let last_ack = p.acks[q] + ((DIRECT_MAX_BLOCKS * n) * 8) as u64;
+                    assert!(last_ack <= arenas[q].send + g.direct_epochs_off() as u64);
+                }
+                assert!(p.epochs + (DIRECT_MAX_BLOCKS * 8) as u64 <= arenas[me].send + g.send_arena_bytes() as u64);
+                assert_eq!(p.slots[n..].iter().chain(&p.acks[n..]).filter(|&&a| a != 0).count(), 0);
+            }
+        }
+        // Beyond 16 ranks there is no direct engine and no room taken for it.
+        let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: 17 };
+        assert!(!g.has_direct());
+        assert_eq!(g.recv_arena_bytes(), g.direct_slots_off());
+        assert_eq!(g.send_arena_bytes(), g.direct_acks_off());
+    }
+
     fn fake_arenas(g: &Geometry, n: usize) -> Vec<Arenas> {
         // Disjoint ranges, as if every rank's arenas were mapped in one process.
         let (r, s) = ((n * g.nchan * g.fifo_stride()) as u64, (n * g.nchan * Geometry::COUNTER_STRIDE) as u64);
@@ -316,7 +391,7 @@ mod tests {
 
     #[test]
     fn both_ends_of_every_connection_agree_and_no_word_is_shared() {
-        let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3 };
+        let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: 3 };
         let n = 4;
         let arenas = fake_arenas(&g, n);
         let tables: Vec<Vec<FcConn>> = (0..n).map(|me| conn_table(&g, me, &arenas)).collect();
@@ -376,7 +451,7 @@ mod oom_tests {
 
     #[test]
     fn out_of_gpu_memory_names_the_size_and_the_knobs() {
-        let geo = Geometry { slots: 8, slot_bytes: 262144, coll: 32, nchan: 40 };
+        let geo = Geometry { slots: 8, slot_bytes: 262144, coll: 32, nchan: 40, nranks: 4 };
         let oom = Error::System("cuMemCreate(84934656 bytes on GPU 3) failed: CUDA_ERROR_OUT_OF_MEMORY (out of memory)".into());
         let e = explain_alloc_failure(oom, &geo, 4, 3, 84_000_000);
         assert!(matches!(e, Error::System(_)), "{e}");

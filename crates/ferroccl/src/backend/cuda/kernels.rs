@@ -15,7 +15,13 @@ pub(crate) const PLAN_EXEC_KERNEL: &str = "ferroccl_plan_exec";
 /// The `.cu` file of the plan-execution kernel, before its headers are spliced in.
 pub(crate) const PLAN_EXEC_SRC: &str = include_str!("kernels/plan_exec.cu");
 
-/// The `.cu` file of the GPU checker's kernels (`gpucheck.rs`).
+/// Name of the direct engine's kernel.
+pub(crate) const DIRECT_KERNEL: &str = "ferroccl_direct";
+
+/// The `.cu` file of the direct engine (one-shot collectives).
+pub(crate) const DIRECT_SRC: &str = include_str!("kernels/direct.cu");
+
+/// The `.cu` file of the GPU checker's kernels (`verify.rs`).
 pub(crate) const CHECK_SRC: &str = include_str!("kernels/check.cu");
 
 /// Our headers, by the name the sources include them with.
@@ -36,6 +42,11 @@ pub(crate) const PLAN_EXEC_DEFAULT_THREADS: u32 = 512;
 /// The plan-execution kernel as one self-contained source for NVRTC.
 pub(crate) fn plan_exec_source() -> String {
     spliced("plan_exec.cu", PLAN_EXEC_SRC)
+}
+
+/// The direct engine's kernel as one self-contained source for NVRTC.
+pub(crate) fn direct_source() -> String {
+    spliced("direct.cu", DIRECT_SRC)
 }
 
 /// The GPU checker's kernels as one self-contained source for NVRTC.
@@ -185,6 +196,15 @@ mod tests {
         assert!(ptx.contains("ld.acquire.sys.global.u64"));
         assert!(ptx.contains("st.release.sys.global.u64"));
         assert!(ptx.contains("%globaltimer"));
+        let direct = cudarc::nvrtc::compile_ptx_with_opts(direct_source(), compile_options("sm_90", &include))
+            .unwrap_or_else(|e| match e {
+                cudarc::nvrtc::CompileError::CompileError { log, .. } => panic!("NVRTC rejected direct.cu:\n{}", log.to_string_lossy()),
+                e => panic!("NVRTC failed: {e:?}"),
+            })
+            .to_src();
+        assert!(direct.contains(&format!(".entry {DIRECT_KERNEL}(")), "no entry {DIRECT_KERNEL}");
+        // The epochs' acknowledgements are release stores; LL lines are 16-byte volatile stores.
+        assert!(direct.contains("st.release.sys.global.u64") && direct.contains("st.volatile.global.v4.u32"));
     }
 }
 

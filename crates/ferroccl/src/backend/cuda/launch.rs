@@ -14,16 +14,17 @@
 //! Tables a graph captured stay for the communicator's life, as the graph may replay them.
 
 use super::comm::{CudaComm, ABORT_OFF, BLOCK_THREADS};
-use super::tables::{encode, fc_op, DeviceTables, FcLaunch, FcOp, OpDesc, ZeroCopy, INLINE_OPS};
+use super::tables::{encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcLaunch, FcOp, OpDesc, ZeroCopy, DIRECT_THREADS, INLINE_OPS};
+use super::window::Windows;
 use crate::cuda::cu_ok;
 use crate::cuda::device::LaunchDims;
 use crate::cuda::mem::DeviceBuffer;
 use crate::info::{CommInfo, CommState};
-use crate::ops::{plan_launch, OpArgs};
+use crate::ops::{plan_launch, OpArgs, Planned};
 use cudarc::driver::sys;
 use ferroccl_core::algo::{build, CollDesc};
 use ferroccl_core::plan::zcopy::{peer_desc, remote_dsts};
-use ferroccl_core::tune::{Choice, Protocol};
+use ferroccl_core::tune::{Choice, Engine, Protocol};
 use ferroccl_core::Error;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -138,12 +139,21 @@ fn slab_size(bytes: usize) -> usize {
     bytes.div_ceil(SLAB_BYTES).max(1) * SLAB_BYTES
 }
 
-/// One launch shape's tables on the GPU.
+/// What runs a launch shape.
+#[derive(Clone, Copy, Debug)]
+enum Run {
+    /// The plan kernel over these tables (steps, lanes, and the op table of a big group).
+    Plan(DeviceTables),
+    /// The direct kernel, on this many blocks.
+    Direct { blocks: u32 },
+}
+
+/// One launch shape's tables on the GPU, or the direct engine's choice.
 struct Entry {
     words: Vec<u64>,
-    slab: usize,
-    /// steps, lanes, (op table), as laid out in the slab.
-    at: DeviceTables,
+    /// The slab holding the tables (None for the direct engine, which has none).
+    slab: Option<usize>,
+    run: Run,
     /// Used inside a graph capture: the graph may replay it at any time, so it is never
     /// evicted.
     pinned: bool,
@@ -168,8 +178,8 @@ impl PlanCache {
         let pool = &mut self.pool;
         for v in self.map.values_mut() {
             v.retain(|e| {
-                if !e.pinned {
-                    pool.release(e.slab);
+                if let (false, Some(slab)) = (e.pinned, e.slab) {
+                    pool.release(slab);
                 }
                 e.pinned
             });
@@ -240,48 +250,83 @@ impl CudaComm {
         self.gpu.bind()?;
         let captured = capturing(stream)?;
         if cache.get(&key).is_none() {
-            // A new shape: plan it with the tuner, encode its tables and put them on the GPU.
-            let zero_copy_on = !windows.is_empty();
-            let planned = plan_launch(info, args, zero_copy_on)?;
+            // A new shape: the tuner's choices, then the direct engine, or the plan's tables
+            // encoded and put on the GPU.
+            let planned = plan_launch(info, args, !windows.is_empty())?;
             state.log_choices(info, &planned.shapes, &planned.choices);
-            check_residency(planned.plan.lanes.len() as u32, self.resident)?;
-            let descs: Vec<OpDesc> = args.iter().zip(&planned.choices).map(|(a, c)| op_desc(a, info, Some(c))).collect();
-            // The peers' plans of the same operations say where each message lands.
-            let remote = planned.choices.iter().any(|c| c.zero_copy).then(|| {
-                remote_dsts(&planned.plan, |op, peer| {
-                    let a = &args[op as usize];
-                    let desc = peer_desc(&CollDesc { kind: a.kind, count: a.count, root: a.root }, info.rank)?;
-                    Some(build(&desc, op, peer, info.nranks, &planned.choices[op as usize].tuning()))
-                })
-            });
-            let post = |op: usize, peer: usize| -> (u64, u64) {
-                let o = &descs[op];
-                let bytes = (o.recv_count * o.dtype.size()) as u64;
-                (if o.post_output { windows.view(o.recv, bytes, peer).unwrap_or(0) } else { 0 }, bytes)
-            };
-            let zc = remote.as_ref().map(|remote| ZeroCopy { remote, post: &post });
-            let geo = self.fabric.geo;
-            let enc = encode(&planned.plan, &descs, |k| geo.conn_index(k), zc.as_ref())?;
-            self.store(&mut cache, &key, &enc, ops.len() > INLINE_OPS, stream, captured)?;
+            match planned.choices[..] {
+                [c] if c.engine == Engine::DirectKernel => {
+                    if self.direct.is_none() {
+                        return Err(Error::Internal(format!("the direct engine was chosen for {} ranks, more than it serves", info.nranks)));
+                    }
+                    let entry = Entry { words: key.words().collect(), slab: None, run: Run::Direct { blocks: c.channels as u32 }, pinned: false, _host: Vec::new() };
+                    cache.map.entry(key.hash()).or_default().push(entry);
+                }
+                _ => {
+                    let enc = self.encode(info, args, &planned, &windows)?;
+                    self.store(&mut cache, &key, &enc, ops.len() > INLINE_OPS, stream, captured)?;
+                }
+            }
         }
         let entry = cache.get(&key).expect("stored above");
         entry.pinned |= captured;
-        let at = entry.at;
+        let run = entry.run;
         drop(cache);
         drop(windows);
 
-        self.last_blocks.store(at.nlanes, Ordering::Relaxed);
-        if at.nlanes == 0 {
-            return Ok(());
+        match run {
+            Run::Plan(at) => {
+                self.last_blocks.store(at.nlanes, Ordering::Relaxed);
+                if at.nlanes == 0 {
+                    return Ok(());
+                }
+                let mut param = FcLaunch::new(&at, ops);
+                let kernel = self.module.kernel_at(self.plan_fn);
+                let dims = LaunchDims { grid: (at.nlanes, 1, 1), block: (BLOCK_THREADS, 1, 1), shared_bytes: 0 };
+                let mut params = [&mut param as *mut _ as *mut std::ffi::c_void];
+                // SAFETY: the kernel takes one FcLaunch by value; every address in it is device
+                // memory of this GPU or mapped for it, valid while the cache entry (tables), the
+                // caller's buffers (its contract) and the communicator (connections, status) live.
+                unsafe { kernel.launch(dims, stream, &mut params) }
+            }
+            Run::Direct { blocks } => {
+                let (module, f, template) = self.direct.as_ref().expect("checked when the entry was made");
+                let a = &args[0];
+                let kind = kind_code(a.kind).ok_or_else(|| Error::Internal(format!("the direct engine got {}", a.kind)))?;
+                let mut param = FcDirect { count: a.count as u64, kind, root: a.root as u32, nblocks: blocks, op: ops[0], ..*template };
+                self.last_blocks.store(blocks, Ordering::Relaxed);
+                let kernel = module.kernel_at(*f);
+                let dims = LaunchDims { grid: (blocks, 1, 1), block: (DIRECT_THREADS, 1, 1), shared_bytes: 0 };
+                let mut params = [&mut param as *mut _ as *mut std::ffi::c_void];
+                // SAFETY: the direct kernel takes one FcDirect by value; its slots, acks and
+                // epochs are this communicator's fabric (mapped for this GPU), its buffers the
+                // caller's, valid for the operation (its contract).
+                unsafe { kernel.launch(dims, stream, &mut params) }
+            }
         }
-        let mut param = FcLaunch::new(&at, ops);
-        let kernel = self.module.kernel_at(self.plan_fn);
-        let dims = LaunchDims { grid: (at.nlanes, 1, 1), block: (BLOCK_THREADS, 1, 1), shared_bytes: 0 };
-        let mut params = [&mut param as *mut _ as *mut std::ffi::c_void];
-        // SAFETY: the kernel takes one FcLaunch by value; every address in it is device memory
-        // of this GPU or mapped for it, valid while the cache entry (tables), the caller's
-        // buffers (its contract) and the communicator (connections, status) live.
-        unsafe { kernel.launch(dims, stream, &mut params) }
+    }
+
+    /// The plan kernel's tables of a planned launch, with the zero-copy marks where windows are
+    /// registered.
+    fn encode(&self, info: &CommInfo, args: &[OpArgs], planned: &Planned, windows: &Windows) -> Result<Encoded, Error> {
+        check_residency(planned.plan.lanes.len() as u32, self.resident)?;
+        let descs: Vec<OpDesc> = args.iter().zip(&planned.choices).map(|(a, c)| op_desc(a, info, Some(c))).collect();
+        // The peers' plans of the same operations say where each message lands.
+        let remote = planned.choices.iter().any(|c| c.zero_copy).then(|| {
+            remote_dsts(&planned.plan, |op, peer| {
+                let a = &args[op as usize];
+                let desc = peer_desc(&CollDesc { kind: a.kind, count: a.count, root: a.root }, info.rank)?;
+                Some(build(&desc, op, peer, info.nranks, &planned.choices[op as usize].tuning()))
+            })
+        });
+        let post = |op: usize, peer: usize| -> (u64, u64) {
+            let o = &descs[op];
+            let bytes = (o.recv_count * o.dtype.size()) as u64;
+            (if o.post_output { windows.view(o.recv, bytes, peer).unwrap_or(0) } else { 0 }, bytes)
+        };
+        let zc = remote.as_ref().map(|remote| ZeroCopy { remote, post: &post });
+        let geo = self.fabric.geo;
+        encode(&planned.plan, &descs, |k| geo.conn_index(k), zc.as_ref())
     }
 
     /// Puts a launch's tables (steps, lanes, and the op table when `with_ops`) into the pool and
@@ -291,7 +336,7 @@ impl CudaComm {
         &self,
         cache: &mut PlanCache,
         key: &Key,
-        enc: &super::tables::Encoded,
+        enc: &Encoded,
         with_ops: bool,
         stream: sys::CUstream,
         captured: bool,
@@ -342,7 +387,7 @@ impl CudaComm {
             timeout_ns: self.timeout_ns,
             rank: enc.rank,
         };
-        let entry = Entry { words: key.words().collect(), slab, at, pinned: captured, _host: if captured { host } else { Vec::new() } };
+        let entry = Entry { words: key.words().collect(), slab: Some(slab), run: Run::Plan(at), pinned: captured, _host: if captured { host } else { Vec::new() } };
         cache.map.entry(key.hash()).or_default().push(entry);
         Ok(())
     }

@@ -166,6 +166,42 @@ pub(crate) struct FcConn {
     pub post: u64,
 }
 
+/// The direct kernel's only parameter (`direct.cu`): the communicator's slots, acks and epochs
+/// (filled once), and one operation. Addresses are device addresses as this GPU maps them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct FcDirect {
+    /// Rank q's receive slots.
+    pub slots: [u64; DIRECT_MAX_RANKS],
+    /// Rank q's ack words.
+    pub acks: [u64; DIRECT_MAX_RANKS],
+    /// This rank's epoch word per block.
+    pub epochs: u64,
+    pub abort: u64,
+    pub error: u64,
+    pub timeout_ns: u64,
+    /// Elements of the per-rank block (the operation's NCCL count).
+    pub count: u64,
+    /// `kind_code` of the operation.
+    pub kind: u32,
+    pub rank: u32,
+    pub nranks: u32,
+    pub root: u32,
+    pub nblocks: u32,
+    pub reserved: u32,
+    pub op: FcOp,
+}
+
+pub(crate) use ferroccl_core::tune::{DIRECT_MAX_BLOCKS, DIRECT_MAX_RANKS, DIRECT_SLOT_BYTES};
+
+/// Threads per block of the direct kernel (`FC_DIRECT_THREADS`).
+pub(crate) const DIRECT_THREADS: u32 = 256;
+
+/// `FC_KIND_*`: a collective in declaration order (the direct kernel serves collectives only).
+pub(crate) fn kind_code(kind: ferroccl_core::CollKind) -> Option<u32> {
+    ferroccl_core::CollKind::COLLECTIVES.iter().position(|&k| k == kind).map(|i| i as u32)
+}
+
 /// What the kernel reports when a lane fails; `code != 0` means the record is complete.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -213,6 +249,8 @@ layout! {
                  dir @ 52, ll @ 56, post @ 64 }
     FcError: 48 { claimed @ 0, code @ 4, lane @ 8, step @ 12, peer @ 16, what @ 20, conn @ 24, rank @ 28,
                   expected @ 32, got @ 40 }
+    FcDirect: 376 { slots @ 0, acks @ 128, epochs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
+                    kind @ 296, rank @ 300, nranks @ 304, root @ 308, nblocks @ 312, reserved @ 316, op @ 320 }
 }
 
 /// One operation of a launch as the device sees it.
@@ -560,7 +598,7 @@ mod tests {
         rust.sort();
         assert_eq!(cuda, rust);
         // Every field of every struct is pinned: the offsets plus the last field's size fill it.
-        assert_eq!(LAYOUT.iter().filter(|e| e.1.is_empty()).count(), 6);
+        assert_eq!(LAYOUT.iter().filter(|e| e.1.is_empty()).count(), 7);
     }
 
     #[test]
@@ -604,9 +642,21 @@ mod tests {
             ("FC_WHAT_ROOM", WHAT_ROOM),
             ("FC_WHAT_LENGTH", WHAT_LENGTH),
             ("FC_WHAT_PLAN", WHAT_PLAN),
+            ("FC_DIRECT_MAX_RANKS", DIRECT_MAX_RANKS as u32),
+            ("FC_DIRECT_MAX_BLOCKS", DIRECT_MAX_BLOCKS as u32),
+            ("FC_DIRECT_SLOT_DATA", DIRECT_SLOT_BYTES as u32),
+            ("FC_DIRECT_THREADS", DIRECT_THREADS),
+            ("FC_INLINE_OPS", INLINE_OPS as u32),
         ] {
             assert_eq!(get(n), v, "{n}");
         }
+        for (i, n) in ["ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "BROADCAST", "REDUCE", "ALL_TO_ALL", "GATHER", "SCATTER"]
+            .iter()
+            .enumerate()
+        {
+            assert_eq!(Some(get(&format!("FC_KIND_{n}"))), kind_code(ferroccl_core::CollKind::COLLECTIVES[i]), "{n}");
+        }
+        assert_eq!(kind_code(ferroccl_core::CollKind::Send), None);
         let dtypes =
             ["INT8", "UINT8", "INT32", "UINT32", "INT64", "UINT64", "FLOAT16", "FLOAT32", "FLOAT64", "BFLOAT16"];
         for (i, n) in dtypes.iter().enumerate() {

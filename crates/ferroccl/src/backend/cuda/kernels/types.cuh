@@ -186,6 +186,57 @@ FC_CHECK_OFFSET(FcLaunch, nconns, 72);
 FC_CHECK_OFFSET(FcLaunch, reserved, 76);
 FC_CHECK_OFFSET(FcLaunch, inline_ops, 80);
 
+// ---- the direct engine (direct.cu) -------------------------------------------------------------
+// One-shot collectives: block b of rank p stores its message for rank q, as LL lines, into q's
+// receive slots [b][p][epoch parity]; q folds or copies what arrived, then acknowledges the
+// epoch to every peer ([b][q] in their ack words) so that they may reuse the parity's slots.
+#define FC_DIRECT_MAX_RANKS 16u
+#define FC_DIRECT_MAX_BLOCKS 16u
+#define FC_DIRECT_SLOT_DATA 16384u
+#define FC_DIRECT_THREADS 256u
+
+// Passed by value, like FcLaunch; the communicator's part is filled once, the op per call.
+struct FcDirect {
+    fc_u64 slots[FC_DIRECT_MAX_RANKS];  // rank q's receive slots, as this GPU maps them
+    fc_u64 acks[FC_DIRECT_MAX_RANKS];   // rank q's ack words, as this GPU maps them
+    fc_u64 epochs;                      // this rank's epoch word per block
+    fc_u64 abort;                       // as FcLaunch
+    fc_u64 error;
+    fc_u64 timeout_ns;
+    fc_u64 count;                       // elements of the per-rank block
+    fc_u32 kind;                        // CollKind in declaration order (FC_KIND_*)
+    fc_u32 rank;
+    fc_u32 nranks;
+    fc_u32 root;
+    fc_u32 nblocks;
+    fc_u32 reserved;
+    FcOp op;
+};
+FC_CHECK_SIZE(FcDirect, 376);
+FC_CHECK_OFFSET(FcDirect, slots, 0);
+FC_CHECK_OFFSET(FcDirect, acks, 128);
+FC_CHECK_OFFSET(FcDirect, epochs, 256);
+FC_CHECK_OFFSET(FcDirect, abort, 264);
+FC_CHECK_OFFSET(FcDirect, error, 272);
+FC_CHECK_OFFSET(FcDirect, timeout_ns, 280);
+FC_CHECK_OFFSET(FcDirect, count, 288);
+FC_CHECK_OFFSET(FcDirect, kind, 296);
+FC_CHECK_OFFSET(FcDirect, rank, 300);
+FC_CHECK_OFFSET(FcDirect, nranks, 304);
+FC_CHECK_OFFSET(FcDirect, root, 308);
+FC_CHECK_OFFSET(FcDirect, nblocks, 312);
+FC_CHECK_OFFSET(FcDirect, reserved, 316);
+FC_CHECK_OFFSET(FcDirect, op, 320);
+
+#define FC_KIND_ALL_REDUCE 0u
+#define FC_KIND_ALL_GATHER 1u
+#define FC_KIND_REDUCE_SCATTER 2u
+#define FC_KIND_BROADCAST 3u
+#define FC_KIND_REDUCE 4u
+#define FC_KIND_ALL_TO_ALL 5u
+#define FC_KIND_GATHER 6u
+#define FC_KIND_SCATTER 7u
+
 // One end of a single-producer single-consumer FIFO, as this GPU addresses it. The FIFO's
 // data, lens and head live in the receiver's memory, tail in the sender's; each side also has a
 // private counter word in its own memory that carries its position from launch to launch.

@@ -1,0 +1,325 @@
+// ferroccl_direct: the direct engine. One-shot collectives (algo/oneshot.rs) for small
+// operations: one round of messages, each block storing its slice of every message straight
+// into the receiver's slots as LL lines (8 data bytes and two copies of the flag per 16-byte
+// line, each half written by one 8-byte-atomic part of a vector store), so a receiver needs no
+// fence, no head word and no length: a line whose flags carry this epoch holds this epoch's
+// data. Every thread owns the same 8-byte words of every message and of the output, and does
+// their whole life (send, wait, fold, store) itself: no barrier between the phases, which is
+// what makes the engine fast for small messages and safe in place.
+//
+// Reductions fold all n contributions in rank order, the own one at its rank's place, so every
+// rank computes the same bits; each contribution is pre-multiplied (and rounded to the element
+// type) once, as its sender does, and the average divides once, after the last combine, as the
+// ring's last step does.
+//
+// Epochs: block b of every rank counts its launches (epochs[b]); ranks launch the same
+// operations with the same blocks, so their counts agree. Slots alternate by epoch parity, and
+// a sender reuses a parity only when the receiver acknowledged the epoch two before (every rank
+// acknowledges every peer at the end of each epoch, whether it received from it or not).
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include "types.cuh"
+#include "fifo.cuh"
+#include "reduce.cuh"
+
+namespace fc {
+
+// Where block b of `from` puts its line `i` for `to`, given `to`'s slots base.
+__device__ __forceinline__ fc_u8* direct_line(fc_u64 base, fc_u32 b, fc_u32 from, fc_u32 n, fc_u32 parity, fc_u64 i) {
+    const fc_u64 slot = ((fc_u64)b * n + from) * 2u + parity;
+    return (fc_u8*)base + slot * (2u * FC_DIRECT_SLOT_DATA) + i * 16u;
+}
+
+__device__ void direct_error(const FcDirect& P, fc_u32 code, fc_u32 what, fc_u32 peer, fc_u64 expected, fc_u64 got) {
+    FcError* e = (FcError*)P.error;
+    if (e == nullptr) return;
+    if (atomicCAS(&e->claimed, 0u, 1u) != 0u) return;
+    volatile FcError* v = e;
+    v->lane = blockIdx.x;
+    v->step = 0;
+    v->peer = peer;
+    v->what = what;
+    v->conn = -1;
+    v->rank = P.rank;
+    v->expected = expected;
+    v->got = got;
+    __threadfence_system();
+    v->code = code;
+}
+
+// Called on every unsuccessful poll; true while the wait may go on (as keep_waiting).
+__device__ __forceinline__ bool direct_keep_waiting(const FcDirect& P, fc_u32& polls, fc_u64& since, fc_u32 what, fc_u32 peer) {
+    if ((++polls % FC_POLLS_PER_CHECK) != 0u) return true;
+    const volatile int* ab = (const volatile int*)P.abort;
+    if (ab != nullptr && *ab != 0) {
+        direct_error(P, FC_ERR_ABORTED, what, peer, 0, 0);
+        return false;
+    }
+    const volatile FcError* e = (const volatile FcError*)P.error;
+    if (e != nullptr && e->claimed != 0u) return false;
+    const fc_u64 now = globaltimer();
+    if (since == 0) since = now;
+    if (P.timeout_ns != 0 && now - since > P.timeout_ns) {
+        direct_error(P, FC_ERR_TIMEOUT, what, peer, P.timeout_ns, now - since);
+        return false;
+    }
+    return true;
+}
+
+// Up to 8 bytes at p (a little-endian word; bytes past n are zero).
+__device__ __forceinline__ fc_u64 load8(const fc_u8* p, fc_u32 n) {
+    if (n == 8u && ((fc_u64)p & 7u) == 0) return *(const fc_u64*)p;
+    fc_u64 v = 0;
+    for (fc_u32 k = 0; k < n; ++k) v |= (fc_u64)p[k] << (8u * k);
+    return v;
+}
+__device__ __forceinline__ void store8(fc_u8* p, fc_u64 v, fc_u32 n) {
+    if (n == 8u && ((fc_u64)p & 7u) == 0) {
+        *(fc_u64*)p = v;
+        return;
+    }
+    for (fc_u32 k = 0; k < n; ++k) p[k] = (fc_u8)(v >> (8u * k));
+}
+
+__device__ __forceinline__ void ll_store(fc_u8* line, fc_u64 v, fc_u32 flag) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line), "r"((fc_u32)v), "r"(flag),
+                 "r"((fc_u32)(v >> 32)), "r"(flag)
+                 : "memory");
+}
+
+// Waits for a line of this epoch; false on abort, deadline or another block's failure.
+__device__ __forceinline__ bool ll_load(const FcDirect& P, const fc_u8* line, fc_u32 flag, fc_u32 peer, fc_u64& v) {
+    fc_u32 polls = 0;
+    fc_u64 since = 0;
+    for (;;) {
+        fc_u32 d0, f0, d1, f1;
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+                     : "l"(line)
+                     : "memory");
+        if (f0 == flag && f1 == flag) {
+            v = (fc_u64)d0 | ((fc_u64)d1 << 32);
+            return true;
+        }
+        if (!direct_keep_waiting(P, polls, since, FC_WHAT_DATA, peer)) return false;
+    }
+}
+
+// The elements of one 8-byte word.
+template <typename D>
+struct Word {
+    typedef typename D::S S;
+    typedef typename D::C C;
+    static const int E = 8 / sizeof(S);
+    union U {
+        fc_u64 w;
+        S e[8 / sizeof(S)];
+    };
+    // Each element pre-multiplied and rounded to the element type, as a sender stores it.
+    static __device__ __forceinline__ fc_u64 pre(fc_u64 w, C scalar) {
+        U u;
+        u.w = w;
+#pragma unroll
+        for (int j = 0; j < E; ++j) u.e[j] = D::store(mul(D::load(u.e[j]), scalar));
+        return u.w;
+    }
+    // acc = combine(v, acc) element-wise, rounded; on the last contribution, divided by n
+    // first when `post` (one rounding, as the ring's last step).
+    static __device__ __forceinline__ fc_u64 fold(fc_u64 acc, fc_u64 v, fc_u32 k, bool last_post, fc_u32 n) {
+        U a, b;
+        a.w = acc;
+        b.w = v;
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+            C c = combine(D::load(b.e[j]), D::load(a.e[j]), k);
+            if (last_post) c = divn(c, n);
+            a.e[j] = D::store(c);
+        }
+        return a.w;
+    }
+    static __device__ __forceinline__ fc_u64 post(fc_u64 w, fc_u32 n) {
+        U u;
+        u.w = w;
+#pragma unroll
+        for (int j = 0; j < E; ++j) u.e[j] = D::store(divn(D::load(u.e[j]), n));
+        return u.w;
+    }
+};
+
+// The channel slice [s, e) of block b of nb over count elements (algo::channel_slice).
+__device__ __forceinline__ fc_u64 cut(fc_u64 count, fc_u32 nb, fc_u32 i) {
+    if (i >= nb) return count;
+    const fc_u64 raw = count * i / nb;
+    const fc_u64 a = (raw + 63u) / 64u * 64u;
+    return a < count ? a : count;
+}
+
+__device__ __forceinline__ bool reduces(fc_u32 kind) {
+    return kind == FC_KIND_ALL_REDUCE || kind == FC_KIND_REDUCE_SCATTER || kind == FC_KIND_REDUCE;
+}
+
+// Whether this rank sends to q, and from which block of its input.
+__device__ __forceinline__ bool sends_to(const FcDirect& P, fc_u32 q, fc_u64& src_block) {
+    const fc_u32 me = P.rank, t = P.root;
+    src_block = 0;
+    if (q == me) return false;
+    switch (P.kind) {
+        case FC_KIND_ALL_REDUCE: case FC_KIND_ALL_GATHER: return true;
+        case FC_KIND_REDUCE_SCATTER: case FC_KIND_ALL_TO_ALL: src_block = q; return true;
+        case FC_KIND_REDUCE: case FC_KIND_GATHER: return q == t;
+        case FC_KIND_BROADCAST: return me == t;
+        default: src_block = q; return me == t;  // scatter
+    }
+}
+
+// Whether this rank receives from q, and into which block of its output.
+__device__ __forceinline__ bool receives_from(const FcDirect& P, fc_u32 q, fc_u64& dst_block) {
+    const fc_u32 me = P.rank, t = P.root;
+    dst_block = 0;
+    if (q == me) return false;
+    switch (P.kind) {
+        case FC_KIND_ALL_REDUCE: case FC_KIND_REDUCE_SCATTER: return true;
+        case FC_KIND_REDUCE: return me == t;
+        case FC_KIND_ALL_GATHER: case FC_KIND_ALL_TO_ALL: dst_block = q; return true;
+        case FC_KIND_GATHER: dst_block = q; return me == t;
+        default: return q == t;  // broadcast, scatter
+    }
+}
+
+template <typename D>
+__device__ void direct_run(const FcDirect& P, fc_u64 epoch) {
+    typedef Word<D> W;
+    typedef typename D::C C;
+    const fc_u32 b = blockIdx.x, n = P.nranks, me = P.rank, t = P.root;
+    const fc_u64 es = sizeof(typename D::S), c = P.count;
+    const fc_u64 s = cut(c, P.nblocks, b), e = cut(c, P.nblocks, b + 1);
+    const fc_u64 mb = (e - s) * es;
+    const fc_u64 lines = (mb + 7u) / 8u;
+    const fc_u32 flag = (fc_u32)(epoch % 0xffffffffull) + 1u;
+    const fc_u32 parity = (fc_u32)(epoch & 1u);
+    const fc_u8* in = (const fc_u8*)P.op.send;
+    fc_u8* out = (fc_u8*)P.op.recv;
+    const bool red = reduces(P.kind);
+    const bool pre = red && P.op.redop == FC_OP_PREMULSUM;
+    const bool post = red && P.op.redop == FC_OP_AVG;
+    const C scalar = pre ? scalar_of<D>(P.op) : C(0);
+    const fc_u32 k = P.op.redop;
+
+    // A receiver's slots of our parity are free once it acknowledged the epoch two before.
+    if (threadIdx.x == 0) {
+        for (fc_u32 q = 0; q < n; ++q) {
+            fc_u64 blk;
+            if (!sends_to(P, q, blk)) continue;
+            const fc_u64* ack = (const fc_u64*)P.acks[me] + (fc_u64)b * n + q;
+            fc_u32 polls = 0;
+            fc_u64 since = 0;
+            while (ld_acquire_sys(ack) + 2u < epoch) {
+                if (!direct_keep_waiting(P, polls, since, FC_WHAT_ROOM, q)) break;
+            }
+        }
+    }
+    __syncthreads();
+    {
+        const volatile FcError* err = (const volatile FcError*)P.error;
+        if (err != nullptr && err->claimed != 0u) return;
+    }
+
+    // Sends: every message's lines, this thread's words of each.
+    for (fc_u32 q = 0; q < n; ++q) {
+        fc_u64 blk;
+        if (!sends_to(P, q, blk)) continue;
+        const fc_u8* src = in + (blk * c + s) * es;
+        for (fc_u64 i = threadIdx.x; i < lines; i += blockDim.x) {
+            const fc_u32 nbytes = (fc_u32)(mb - i * 8u < 8u ? mb - i * 8u : 8u);
+            fc_u64 v = load8(src + i * 8u, nbytes);
+            if (pre) v = W::pre(v, scalar);
+            ll_store(direct_line(P.slots[q], b, me, n, parity, i), v, flag);
+        }
+    }
+
+    // Receives: a fold of all contributions in rank order, or each message to its block.
+    const bool folds = red && (P.kind != FC_KIND_REDUCE || me == t);
+    const fc_u64 own_block = P.kind == FC_KIND_REDUCE_SCATTER ? me : 0;
+    for (fc_u64 i = threadIdx.x; i < lines; i += blockDim.x) {
+        const fc_u32 nbytes = (fc_u32)(mb - i * 8u < 8u ? mb - i * 8u : 8u);
+        if (folds) {
+            fc_u64 acc = 0;
+            bool ok = true;
+            for (fc_u32 q = 0; q < n && ok; ++q) {
+                fc_u64 v;
+                if (q == me) {
+                    v = load8(in + (own_block * c + s) * es + i * 8u, nbytes);
+                    if (pre) v = W::pre(v, scalar);
+                } else {
+                    ok = ll_load(P, direct_line(P.slots[me], b, q, n, parity, i), flag, q, v);
+                }
+                const bool last = q + 1u == n;
+                acc = q == 0 ? (last && post ? W::post(v, n) : v) : W::fold(acc, v, k, last && post, n);
+            }
+            if (!ok) break;
+            store8(out + s * es + i * 8u, acc, nbytes);
+            continue;
+        }
+        bool ok = true;
+        for (fc_u32 q = 0; q < n && ok; ++q) {
+            fc_u64 blk, v;
+            if (!receives_from(P, q, blk)) continue;
+            ok = ll_load(P, direct_line(P.slots[me], b, q, n, parity, i), flag, q, v);
+            if (ok) store8(out + (blk * c + s) * es + i * 8u, v, nbytes);
+        }
+        if (!ok) break;
+    }
+
+    // This rank's own block, where the operation copies it (not for the reductions' folds, and
+    // nothing when in place: source and destination are then the same bytes).
+    const fc_u8* own_src = nullptr;
+    fc_u8* own_dst = nullptr;
+    switch (P.kind) {
+        case FC_KIND_ALL_GATHER: own_src = in + s * es; own_dst = out + (me * c + s) * es; break;
+        case FC_KIND_ALL_TO_ALL: own_src = in + (me * c + s) * es; own_dst = out + (me * c + s) * es; break;
+        case FC_KIND_BROADCAST: if (me == t) { own_src = in + s * es; own_dst = out + s * es; } break;
+        case FC_KIND_GATHER: if (me == t) { own_src = in + s * es; own_dst = out + (me * c + s) * es; } break;
+        case FC_KIND_SCATTER: if (me == t) { own_src = in + (me * c + s) * es; own_dst = out + s * es; } break;
+        default: break;
+    }
+    if (own_src != nullptr && own_src != own_dst) {
+        for (fc_u64 i = threadIdx.x; i < lines; i += blockDim.x) {
+            const fc_u32 nbytes = (fc_u32)(mb - i * 8u < 8u ? mb - i * 8u : 8u);
+            store8(own_dst + i * 8u, load8(own_src + i * 8u, nbytes), nbytes);
+        }
+    }
+}
+
+}  // namespace fc
+
+extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) ferroccl_direct(const __grid_constant__ FcDirect P) {
+    if (blockIdx.x >= P.nblocks || P.nranks > FC_DIRECT_MAX_RANKS || P.rank >= P.nranks) return;
+    __shared__ fc_u64 epoch;
+    if (threadIdx.x == 0) epoch = ((const volatile fc_u64*)P.epochs)[blockIdx.x] + 1u;
+    __syncthreads();
+    const fc_u64 ep = epoch;
+    switch (P.op.dtype) {
+        case FC_INT8: fc::direct_run<fc::DI8>(P, ep); break;
+        case FC_UINT8: fc::direct_run<fc::DU8>(P, ep); break;
+        case FC_INT32: fc::direct_run<fc::DI32>(P, ep); break;
+        case FC_UINT32: fc::direct_run<fc::DU32>(P, ep); break;
+        case FC_INT64: fc::direct_run<fc::DI64>(P, ep); break;
+        case FC_UINT64: fc::direct_run<fc::DU64>(P, ep); break;
+        case FC_FLOAT16: fc::direct_run<fc::DF16>(P, ep); break;
+        case FC_FLOAT32: fc::direct_run<fc::DF32>(P, ep); break;
+        case FC_FLOAT64: fc::direct_run<fc::DF64>(P, ep); break;
+        case FC_BFLOAT16: fc::direct_run<fc::DBF16>(P, ep); break;
+        case FC_FP8E4M3: fc::direct_run<fc::DE4M3>(P, ep); break;
+        default: fc::direct_run<fc::DE5M2>(P, ep); break;
+    }
+    // Every thread is done with this epoch's slots: the peers may reuse them two epochs on.
+    __syncthreads();
+    const volatile FcError* err = (const volatile FcError*)P.error;
+    if (err != nullptr && err->claimed != 0u) return;
+    if (threadIdx.x < P.nranks && threadIdx.x != P.rank) {
+        fc::st_release_sys((fc_u64*)P.acks[threadIdx.x] + (fc_u64)blockIdx.x * P.nranks + P.rank, ep);
+    }
+    if (threadIdx.x == 0) ((volatile fc_u64*)P.epochs)[blockIdx.x] = ep;
+}
