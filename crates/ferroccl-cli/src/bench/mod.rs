@@ -171,26 +171,24 @@ pub fn main(args: &BenchArgs, config: &Config) -> Result<ExitCode, String> {
 pub(crate) mod tests {
     use super::*;
 
-    /// Arguments as clap gives them with no options, for tests to adjust.
-    pub fn args() -> BenchArgs {
+    /// Arguments as clap parses `bench ARGS...`.
+    fn parse(v: &[&str]) -> BenchArgs {
         use clap::Parser;
         #[derive(Parser)]
         struct P {
             #[command(flatten)]
             a: BenchArgs,
         }
-        P::parse_from(["bench", "all-reduce"]).a
+        P::try_parse_from(std::iter::once("bench").chain(v.iter().copied())).unwrap().a
+    }
+
+    /// Arguments as clap gives them with no options, for tests to adjust.
+    pub fn args() -> BenchArgs {
+        parse(&["all-reduce"])
     }
 
     #[test]
     fn gpus_default_to_what_the_host_has() {
-        use clap::Parser;
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            b: BenchArgs,
-        }
-        let parse = |v: &[&str]| Cli::try_parse_from(std::iter::once("bench").chain(v.iter().copied())).unwrap().b;
         assert_eq!(parse(&["all-reduce"]).resolve(|| 4).gpus, 4);
         assert_eq!(parse(&["all-reduce"]).resolve(|| 0).gpus, 0, "no GPU: the host backend");
         assert_eq!(parse(&["all-reduce", "-g", "0"]).resolve(|| 4).gpus, 0, "-g 0 forces the host");
