@@ -195,7 +195,7 @@ impl Runner<'_> {
             self.sync()?;
             t.elapsed().as_secs_f64() * 1e6 / (graph * iters) as f64
         } else {
-            if let (Lib::Nccl(_), true) = (lib, call.lay.count > 0) {
+            if matches!(lib, Lib::Nccl(_)) && call.lay.count > 0 {
                 // NCCL's blocks are read from a captured copy of one iteration, which is then
                 // run once more as a warm-up.
                 let caps = self.capture(lib, call, &regs, 1)?;
