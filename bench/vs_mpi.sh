@@ -2,7 +2,7 @@
 # Host all-reduce, ferroccl against Open MPI: 64 MiB of float32, 2 processes on this machine,
 # 5 warm-up and 20 timed iterations each, out of place, the slowest rank's time. A benchmark,
 # not a test: it prints both figures and the ratio and records them in
-# bench/results/host-vs-mpi-<date>.json.
+# bench/results/host-vs-mpi-<date>/host-vs-mpi.json.
 #
 # usage: bench/vs_mpi.sh            (as root where Open MPI is not installed yet)
 set -euo pipefail
@@ -53,7 +53,8 @@ printf '  %-10s %12s %12s %12s\n' "Open MPI" "$mpi_time" "$mpi_algbw" "$mpi_busb
 printf '  ferroccl / Open MPI busbw: %sx   (ferroccl in place: %s us, %s GB/s)\n' "$ratio" "$fccl_ip_time" "$fccl_ip_busbw"
 
 date_s=$(date -u +%Y-%m-%d)
-out=bench/results/host-vs-mpi-$date_s.json
+out=bench/results/host-vs-mpi-$date_s/host-vs-mpi.json
+mkdir -p "$(dirname "$out")"
 jstr() { printf '"%s"' "$(sed 's/\\/\\\\/g; s/"/\\"/g' <<<"$1")"; }
 {
     printf '{\n'

@@ -1,6 +1,6 @@
-//! The few CUDA driver calls the NCCL comparison makes itself: stream waits, copies to and from
-//! raw device pointers (NCCL's buffers are not ferroccl `DeviceBuffer`s), free-memory readings,
-//! and CUDA graphs (capture, instantiate, replay, and reading the grid of captured kernels).
+//! The few CUDA driver calls the benchmark makes itself: stream waits, filling raw device
+//! pointers (NCCL's buffers are not ferroccl `DeviceBuffer`s), free-memory readings, and CUDA
+//! graphs (capture, instantiate, replay, and reading the grid of captured kernels).
 
 use crate::api::Error;
 use cudarc::driver::sys;
@@ -27,24 +27,6 @@ pub fn mem_info(gpu: &Gpu) -> Result<(u64, u64), Error> {
     let (mut free, mut total) = (0usize, 0usize);
     cu_ok("cuMemGetInfo", unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
     Ok((free as u64, total as u64))
-}
-
-/// Host bytes to device address `dst` (synchronous).
-pub fn htod(gpu: &Gpu, dst: u64, src: &[u8]) -> Result<(), Error> {
-    if src.is_empty() {
-        return Ok(());
-    }
-    gpu.bind()?;
-    cu_ok("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) })
-}
-
-/// Device address `src` to host bytes (synchronous).
-pub fn dtoh(gpu: &Gpu, dst: &mut [u8], src: u64) -> Result<(), Error> {
-    if dst.is_empty() {
-        return Ok(());
-    }
-    gpu.bind()?;
-    cu_ok("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()) })
 }
 
 /// The CUDA version of the driver ("13.0"), or None without a driver.

@@ -1,7 +1,7 @@
 //! What `ferroccl bench` measures: the operations, their buffer layouts, and nccl-tests' way of
 //! turning a time into bandwidths (doc/PERFORMANCE.md of nccl-tests).
 
-use crate::api::{CollKind, DataType};
+use crate::api::{CollKind, DataType, Error};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -142,6 +142,50 @@ pub struct Layout {
     pub bytes: usize,
 }
 
+/// Where one rank's input and output lie, in bytes: out of place each at the start of its own
+/// buffer; in place both in one buffer, at NCCL's offsets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Regions {
+    pub send_off: usize,
+    pub send_len: usize,
+    pub recv_off: usize,
+    pub recv_len: usize,
+    pub in_place: bool,
+}
+
+impl Regions {
+    pub fn new(op: BenchOp, count: usize, dtype: DataType, nranks: usize, rank: usize, root: usize, in_place: bool) -> Result<Regions, Error> {
+        let w = dtype.size();
+        let is_root = op.has_root() && rank == root;
+        let (sc, rc) = match op {
+            BenchOp::SendRecv => (count, count),
+            _ => op
+                .kind()
+                .buffer_counts(count, nranks, is_root)
+                .ok_or_else(|| Error::InvalidArgument(format!("{count} elements per rank overflow on {nranks} ranks")))?,
+        };
+        let (sl, rl) = (sc * w, rc * w);
+        if !in_place {
+            return Ok(Regions { send_off: 0, send_len: sl, recv_off: 0, recv_len: rl, in_place });
+        }
+        // NCCL's in-place conventions: the small buffer is this rank's slot of the large one.
+        let slot = rank * count * w;
+        let (so, ro) = match op {
+            BenchOp::AllGather => (slot, 0),
+            BenchOp::ReduceScatter => (0, slot),
+            BenchOp::Gather if is_root => (slot, 0),
+            BenchOp::Scatter if is_root => (0, slot),
+            _ => (0, 0),
+        };
+        Ok(Regions { send_off: so, send_len: sl, recv_off: ro, recv_len: rl, in_place })
+    }
+
+    /// Bytes of the one in-place buffer, or of the send buffer out of place.
+    pub fn send_buffer_len(&self) -> usize {
+        if self.in_place { (self.send_off + self.send_len).max(self.recv_off + self.recv_len) } else { self.send_len }
+    }
+}
+
 /// (algbw, busbw) in GB/s (10^9 bytes per second) of `bytes` moved in `time_us`.
 pub fn bandwidths(op: BenchOp, bytes: usize, time_us: f64, nranks: usize) -> (f64, f64) {
     if time_us <= 0.0 {
@@ -193,5 +237,20 @@ mod tests {
         assert_eq!(BenchOp::parse("all").unwrap().len(), 9);
         assert_eq!(BenchOp::parse("all_reduce").unwrap(), vec![BenchOp::AllReduce]);
         assert!(BenchOp::parse("allsum").is_err());
+    }
+
+    #[test]
+    fn in_place_regions_follow_nccl() {
+        let f = DataType::Float32;
+        let g = Regions::new(BenchOp::AllGather, 3, f, 4, 2, 0, true).unwrap();
+        assert_eq!((g.send_off, g.send_len, g.recv_off, g.recv_len, g.send_buffer_len()), (24, 12, 0, 48, 48));
+        let g = Regions::new(BenchOp::ReduceScatter, 3, f, 4, 1, 0, true).unwrap();
+        assert_eq!((g.send_off, g.send_len, g.recv_off, g.recv_len), (0, 48, 12, 12));
+        let g = Regions::new(BenchOp::Gather, 3, f, 4, 1, 1, true).unwrap();
+        assert_eq!((g.send_off, g.recv_len), (12, 48));
+        let g = Regions::new(BenchOp::Gather, 3, f, 4, 2, 1, true).unwrap();
+        assert_eq!((g.send_off, g.send_len, g.recv_len), (0, 12, 0));
+        let g = Regions::new(BenchOp::AllReduce, 3, f, 4, 2, 0, false).unwrap();
+        assert_eq!((g.send_off, g.recv_off, g.recv_len, g.send_buffer_len()), (0, 0, 12, 12));
     }
 }

@@ -1,11 +1,60 @@
-//! The record `bench --vs-nccl --json FILE` writes and `ferroccl plot` reads: every row of
+//! The records `bench --json FILE` writes and `ferroccl plot` reads. Beside NCCL: every row of
 //! both libraries, the memory each held, and everything needed to reproduce or doubt a figure
-//! (machine, commit, command, both versions, launch mode, options).
+//! (machine, commit, command, both versions, launch mode, options); ferroccl alone: its rows,
+//! the machine, the commit and the command.
 
-use super::table::Measure;
-use crate::machine::{GpuMachine, Machine};
+use super::cuda as cu;
+use super::libs::Register;
+use super::setup::Job;
+use super::spec::Spec;
+use super::table::{self, Measure, Row};
+use super::BenchArgs;
+use crate::api::Config;
+use crate::machine::{GpuMachine, Machine, GIT_COMMIT};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+
+/// `bench --json` without --vs-nccl.
+#[derive(Serialize)]
+struct AloneRecord<'a> {
+    tool: &'static str,
+    version: &'static str,
+    commit: &'static str,
+    command: Vec<String>,
+    mode: &'a str,
+    nranks: usize,
+    machine: Machine,
+    ops: Vec<&'static str>,
+    iters: u64,
+    warmup: u64,
+    check: bool,
+    wrong: u64,
+    /// Per operation: the mean bus bandwidth over its rows (both halves), as in the footer.
+    avg_busbw: Vec<(&'static str, f64)>,
+    rows: &'a [Row],
+}
+
+pub fn write_alone(path: &Path, spec: &Spec, rows: &[Row], mode: &str, nranks: usize) -> Result<(), String> {
+    let avg = spec.ops.iter().map(|&op| (op.name(), table::avg_busbw(rows.iter().filter(|r| r.op == op.name())))).collect();
+    let rep = AloneRecord {
+        tool: "ferroccl bench",
+        version: env!("CARGO_PKG_VERSION"),
+        commit: GIT_COMMIT,
+        command: std::env::args().collect(),
+        mode,
+        nranks,
+        machine: Machine::probe(),
+        ops: spec.ops.iter().map(|o| o.name()).collect(),
+        iters: spec.iters,
+        warmup: spec.warmup,
+        check: spec.check,
+        wrong: table::total_wrong(rows),
+        avg_busbw: avg,
+        rows,
+    };
+    let text = serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?;
+    std::fs::write(path, text + "\n").map_err(|e| format!("writing {}: {e}", path.display()))
+}
 
 /// One library's half of a row.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -121,6 +170,64 @@ pub struct VsRecord {
     pub rows: Vec<VsRow>,
 }
 
+impl VsRecord {
+    /// The record of a run beside NCCL that ended well: `wrong` per library, `memory` from
+    /// `Job::close`.
+    pub fn new(args: &BenchArgs, spec: &Spec, config: &Config, job: &Job, memory: Vec<RankMemory>, wrong: &[u64], rows: Vec<VsRow>) -> Result<VsRecord, String> {
+        let n = job.nccl.as_ref().ok_or("a record beside NCCL of a run without it")?;
+        let lib = &n.lib;
+        Ok(VsRecord {
+            tool: "ferroccl bench --vs-nccl".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            commit: GIT_COMMIT.into(),
+            command: std::env::args().collect(),
+            label: label(job.short, args.graph, n.reg, args.max_ctas),
+            mode: job.mode.clone(),
+            nranks: job.nranks,
+            machine: Machine::probe(),
+            gpu_machine: GpuMachine::probe(cu::driver_cuda_version()),
+            nccl: NcclInfo { path: lib.path().into(), version: lib.version_string(), version_code: lib.version(), native_all_to_all: lib.has_native_all_to_all() },
+            options: VsOptions {
+                ops: spec.ops.iter().map(|o| o.name().to_string()).collect(),
+                dtypes: spec.dtypes.iter().map(|d| d.name().to_string()).collect(),
+                redops: spec.redops.iter().map(|o| o.name().to_string()).collect(),
+                min_bytes: spec.sizes.first().copied().unwrap_or(0),
+                max_bytes: spec.sizes.last().copied().unwrap_or(0),
+                iters: spec.iters,
+                warmup: spec.warmup,
+                iter_budget: spec.iter_budget,
+                root: spec.root,
+                check: spec.check,
+                graph: args.graph,
+                register: n.reg.name().into(),
+                ferroccl_register: if n.reg == Register::Off { "off".into() } else { "ferroccl::mem buffers registered as windows (Comm::register_buffer)".into() },
+                max_ctas: args.max_ctas,
+                gpu_channels: config.gpu_channels,
+                nvls: n.nvls.clone(),
+            },
+            memory,
+            wrong_ferroccl: wrong[0],
+            wrong_nccl: wrong[1],
+            rows,
+        })
+    }
+}
+
+/// Short description for plot legends: the launch mode and the options that change figures.
+fn label(mode_short: &str, graph: u64, reg: Register, max_ctas: Option<usize>) -> String {
+    let mut s = mode_short.to_string();
+    if graph > 0 {
+        s += ", graph";
+    }
+    if reg != Register::Off {
+        s += &format!(", registered ({})", reg.name());
+    }
+    if let Some(n) = max_ctas {
+        s += &format!(", max {n} CTAs");
+    }
+    s
+}
+
 pub fn write(path: &Path, rec: &VsRecord) -> Result<(), String> {
     let text = serde_json::to_string_pretty(rec).map_err(|e| e.to_string())?;
     std::fs::write(path, text + "\n").map_err(|e| format!("writing {}: {e}", path.display()))
@@ -198,6 +305,12 @@ pub mod tests {
             wrong_nccl: 0,
             rows,
         }
+    }
+
+    #[test]
+    fn labels_name_mode_and_options() {
+        assert_eq!(label("threads", 0, Register::Off, None), "threads");
+        assert_eq!(label("processes", 4, Register::Symmetric, Some(8)), "processes, graph, registered (symmetric), max 8 CTAs");
     }
 
     #[test]

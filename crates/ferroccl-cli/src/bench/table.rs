@@ -87,11 +87,7 @@ pub fn header() -> String {
 
 /// nccl-tests' closing lines; the average counts both halves of every row.
 pub fn footer(rows: &[Row], check: bool) -> String {
-    let bws: Vec<f64> = rows
-        .iter()
-        .flat_map(|r| std::iter::once(r.out_of_place.busbw).chain(r.in_place.map(|m| m.busbw)))
-        .collect();
-    let avg = if bws.is_empty() { 0.0 } else { bws.iter().sum::<f64>() / bws.len() as f64 };
+    let avg = avg_busbw(rows);
     let wrong = total_wrong(rows);
     let oob = if !check {
         "# Out of bounds values : N/A (run with --check)".to_string()
@@ -99,6 +95,12 @@ pub fn footer(rows: &[Row], check: bool) -> String {
         format!("# Out of bounds values : {wrong} {}", if wrong == 0 { "OK" } else { "FAILED" })
     };
     format!("{oob}\n# Avg bus bandwidth    : {avg:.4} \n#")
+}
+
+/// The mean bus bandwidth over both halves of `rows`.
+pub fn avg_busbw<'a>(rows: impl IntoIterator<Item = &'a Row>) -> f64 {
+    let bws: Vec<f64> = rows.into_iter().flat_map(|r| std::iter::once(r.out_of_place.busbw).chain(r.in_place.map(|m| m.busbw))).collect();
+    if bws.is_empty() { 0.0 } else { bws.iter().sum::<f64>() / bws.len() as f64 }
 }
 
 pub fn total_wrong(rows: &[Row]) -> u64 {
