@@ -82,9 +82,10 @@ pub struct Config {
     /// 2 ranks), and all-reduces on 3 ranks or more the two-shot algorithm (two dependent
     /// messages instead of the ring's 2(n-1)); 0 turns both off. Every rank must agree.
     pub direct_max_bytes: usize,
-    /// FERROCCL_GPU_ONESHOT_MAX_BYTES: on GPUs, collectives alone in their launch whose per-rank
-    /// block is at most this size (and at most 256 KiB) run one-shot on the direct engine; 0
-    /// turns it off. Every rank must agree.
+    /// FERROCCL_GPU_ONESHOT_MAX_BYTES: on GPUs, collectives alone in their launch where each
+    /// rank sends at most this many bytes in all (its per-rank block to each of n-1 peers; the
+    /// block at most 256 KiB) run one-shot on the direct engine; 0 turns it off. Every rank must
+    /// agree.
     pub gpu_oneshot_max_bytes: usize,
     /// FERROCCL_JOB_SECRET (32 hex digits): the job secret when ranks rendezvous from the
     /// launcher's environment instead of a `UniqueId`.
@@ -129,7 +130,7 @@ impl Default for Config {
             slots: 8,
             ll_max_bytes: 128 << 10,
             direct_max_bytes: 128 << 10,
-            gpu_oneshot_max_bytes: 64 << 10,
+            gpu_oneshot_max_bytes: 256 << 10,
             job_secret: None,
             heartbeat_interval: Duration::from_millis(500),
             heartbeat_misses: 6,

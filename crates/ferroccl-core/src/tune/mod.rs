@@ -257,7 +257,10 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
 
     // The GPU's direct engine: one message of latency, at most 256 KiB per peer.
     if device == Device::Gpu && may_direct && !p2p && op.nranks <= DIRECT_MAX_RANKS {
-        let fits = message.is_some_and(|m| m <= cfg.gpu_oneshot_max_bytes);
+        // Each rank sends (n-1) messages in its one round: bounded, so that more ranks take
+        // the one-shot for smaller operations only.
+        let sent = message.and_then(|m| m.checked_mul(op.nranks.saturating_sub(1).max(1)));
+        let fits = sent.is_some_and(|b| b <= cfg.gpu_oneshot_max_bytes);
         if let Some(channels) = fits.then(|| direct_blocks(op.count, es, cfg)).flatten() {
             return Choice {
                 algo: Algo::OneShot,
@@ -269,7 +272,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
                 zero_copy: false,
                 post_output: false,
                 why: Why {
-                    algo: "within FERROCCL_GPU_ONESHOT_MAX_BYTES per peer",
+                    algo: "what each rank sends is within FERROCCL_GPU_ONESHOT_MAX_BYTES",
                     protocol: "the direct engine's flags in the data",
                     channels: "one per FERROCCL_GPU_CHANNEL_BYTES of the message",
                 },

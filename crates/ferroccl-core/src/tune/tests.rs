@@ -24,15 +24,22 @@ fn choices_follow_the_table() {
         (Gpu, AllReduce, 16 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
         (Gpu, AllReduce, 32 << 10, Bfloat16, 2, Algo::OneShot, D, LL, 16),
         (Gpu, AllReduce, 64, Float32, 8, Algo::OneShot, D, LL, 1),
+        // More ranks, smaller operations: each rank sends its block to n-1 peers.
+        (Gpu, AllReduce, 9362, Float32, 8, Algo::OneShot, D, LL, 10),
+        (Gpu, AllReduce, 9363, Float32, 8, Algo::Ring, P, LL, 10),
         (Gpu, AllGather, 1024, Float32, 4, Algo::OneShot, D, LL, 1),
         (Gpu, Reduce, 2, Float32, 2, Algo::OneShot, D, LL, 1),
         (Gpu, Gather, 100, Float32, 8, Algo::OneShot, D, LL, 1),
-        // Beyond FERROCCL_GPU_ONESHOT_MAX_BYTES (64 KiB): the plan kernel, its grid following
+        (Gpu, AllReduce, 64 << 10, Bfloat16, 2, Algo::OneShot, D, LL, 16),
+        (Gpu, AllReduce, 64 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
+        // Beyond FERROCCL_GPU_ONESHOT_MAX_BYTES (256 KiB): the plan kernel, its grid following
         // the bytes; LL up to 64 KiB of the largest buffer.
-        (Gpu, AllReduce, 64 << 10, Bfloat16, 2, Algo::Ring, P, Simple, 32),
+        (Gpu, AllReduce, (64 << 10) + 1, Float32, 2, Algo::Ring, P, Simple, 32),
         (Gpu, AllReduce, 256 << 20, Float32, 2, Algo::Ring, P, Simple, 32),
-        (Gpu, AllReduce, (16 << 10) + 1, Float32, 3, Algo::Ring, P, Simple, 17),
+        (Gpu, AllGather, 64 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
+        (Gpu, AllGather, (64 << 10) + 1, Float32, 2, Algo::Ring, P, Simple, 32),
         (Gpu, ReduceScatter, 1 << 20, Float32, 2, Algo::Ring, P, Simple, 32),
+        (Gpu, ReduceScatter, 4 << 10, Float32, 8, Algo::OneShot, D, LL, 4),
         (Gpu, Broadcast, 8 << 20, Int8, 2, Algo::Chain, P, Simple, 32),
         (Gpu, AllToAll, 1 << 20, Float32, 2, Algo::Direct, P, Simple, 32),
         (Gpu, Scatter, 1 << 20, Float32, 8, Algo::Direct, P, Simple, 32),
@@ -71,6 +78,7 @@ fn choices_follow_the_table() {
 fn the_direct_engine_takes_lone_operations_whose_slices_fit_its_slots() {
     let cfg = Config { gpu_oneshot_max_bytes: 1 << 20, ..Config::default() };
     let ar = |count| shape(CollKind::AllReduce, count, Float32, 2);
+    // (1 MiB per rank in all on 2 ranks: the 256 KiB block bound decides.)
     for count in [1, 7, 1000, 4096, 4097, 50_000, 65_536] {
         let c = choose(&ar(count), Device::Gpu, &cfg);
         assert_eq!(c.engine, Engine::DirectKernel, "{count}");

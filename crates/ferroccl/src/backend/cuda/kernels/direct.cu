@@ -207,23 +207,18 @@ __device__ void direct_run(const FcDirect& P, fc_u64 epoch) {
     const C scalar = pre ? scalar_of<D>(P.op) : C(0);
     const fc_u32 k = P.op.redop;
 
-    // A receiver's slots of our parity are free once it acknowledged the epoch two before.
-    if (threadIdx.x == 0) {
-        for (fc_u32 q = 0; q < n; ++q) {
-            fc_u64 blk;
-            if (!sends_to(P, q, blk)) continue;
-            const fc_u64* ack = (const fc_u64*)P.acks[me] + (fc_u64)b * n + q;
-            fc_u32 polls = 0;
-            fc_u64 since = 0;
-            while (ld_acquire_sys(ack) + 2u < epoch) {
-                if (!direct_keep_waiting(P, polls, since, FC_WHAT_ROOM, q)) break;
-            }
+    // A receiver's slots of our parity are free once it acknowledged the epoch two before. Each
+    // thread checks for itself (the same few local words for all: no barrier on the way to the
+    // first store), and usually finds them acknowledged long ago.
+    for (fc_u32 q = 0; q < n; ++q) {
+        fc_u64 blk;
+        if (!sends_to(P, q, blk)) continue;
+        const fc_u64* ack = (const fc_u64*)P.acks[me] + (fc_u64)b * n + q;
+        fc_u32 polls = 0;
+        fc_u64 since = 0;
+        while (ld_acquire_sys(ack) + 2u < epoch) {
+            if (!direct_keep_waiting(P, polls, since, FC_WHAT_ROOM, q)) return;
         }
-    }
-    __syncthreads();
-    {
-        const volatile FcError* err = (const volatile FcError*)P.error;
-        if (err != nullptr && err->claimed != 0u) return;
     }
 
     // Sends: every message's lines, this thread's words of each.
@@ -296,10 +291,8 @@ __device__ void direct_run(const FcDirect& P, fc_u64 epoch) {
 
 extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) ferroccl_direct(const __grid_constant__ FcDirect P) {
     if (blockIdx.x >= P.nblocks || P.nranks > FC_DIRECT_MAX_RANKS || P.rank >= P.nranks) return;
-    __shared__ fc_u64 epoch;
-    if (threadIdx.x == 0) epoch = ((const volatile fc_u64*)P.epochs)[blockIdx.x] + 1u;
-    __syncthreads();
-    const fc_u64 ep = epoch;
+    // Every thread reads the epoch itself: nobody writes it before the barrier at the end.
+    const fc_u64 ep = ((const volatile fc_u64*)P.epochs)[blockIdx.x] + 1u;
     switch (P.op.dtype) {
         case FC_INT8: fc::direct_run<fc::DI8>(P, ep); break;
         case FC_UINT8: fc::direct_run<fc::DU8>(P, ep); break;
