@@ -32,7 +32,8 @@ pub const GPU_P2P_CHANNELS_MAX: usize = 8;
 
 /// The GPU's direct engine: the most ranks it serves, thread blocks it runs, and data bytes one
 /// block sends one peer in one operation (each rank's receive slots hold that much per block,
-/// sender and parity). Its one-shot operations thus carry at most 256 KiB per peer.
+/// sender and parity). Its one-shot operations thus carry at most 256 KiB per peer: LL lines
+/// cost twice the data over NVLink, and the plan kernel overtakes beyond that (measured).
 pub const DIRECT_MAX_RANKS: usize = 16;
 pub const DIRECT_MAX_BLOCKS: usize = 16;
 pub const DIRECT_SLOT_BYTES: usize = 16 << 10;

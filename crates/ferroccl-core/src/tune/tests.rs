@@ -76,9 +76,9 @@ fn choices_follow_the_table() {
 /// fits its slots.
 #[test]
 fn the_direct_engine_takes_lone_operations_whose_slices_fit_its_slots() {
-    let cfg = Config { gpu_oneshot_max_bytes: 1 << 20, ..Config::default() };
+    let cfg = Config { gpu_oneshot_max_bytes: 4 << 20, ..Config::default() };
     let ar = |count| shape(CollKind::AllReduce, count, Float32, 2);
-    // (1 MiB per rank in all on 2 ranks: the 256 KiB block bound decides.)
+    // (4 MiB per rank in all on 2 ranks: the 256 KiB block bound decides.)
     for count in [1, 7, 1000, 4096, 4097, 50_000, 65_536] {
         let c = choose(&ar(count), Device::Gpu, &cfg);
         assert_eq!(c.engine, Engine::DirectKernel, "{count}");
