@@ -90,7 +90,9 @@ impl Watch {
     pub fn stop(&mut self, aborted: bool) {
         if let Some(t) = self.thread.take() {
             self.abort.store(aborted, Ordering::Release);
-            let _ = (&self.wake).write_all(&[1]);
+            // send, not write: MSG_NOSIGNAL, in case the watcher is already gone.
+            // SAFETY: one byte from a live buffer to our own socket.
+            let _ = unsafe { libc::send(self.wake.as_raw_fd(), [1u8].as_ptr().cast(), 1, libc::MSG_NOSIGNAL) };
             let _ = t.join();
         }
     }

@@ -201,6 +201,21 @@ fn peer_gone(stream: &TcpStream, label: &str) -> Option<Stop> {
     }
 }
 
+/// A vectored write that never raises SIGPIPE. std's `write_vectored` is `writev`, which has no
+/// flag against it: a write to a dead peer's socket would kill this process wherever the program
+/// restored SIGPIPE's default disposition (the `ferroccl` command does; PyTorch programs may),
+/// instead of failing with EPIPE. `sendmsg` takes MSG_NOSIGNAL.
+pub(crate) fn send_vectored(stream: &TcpStream, iov: &[IoSlice]) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a zeroed msghdr is valid; IoSlice is ABI-compatible with iovec on Unix, and the
+    // slices outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len() as _;
+    let n = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(n as usize) }
+}
+
 /// Writes the concatenation of `parts` (a frame's header, payload and checksum), in as few
 /// system calls as the socket allows.
 fn write_frame(stream: &mut &TcpStream, parts: &[&[u8]], consumer: &Consumer, label: &str, abort: &AtomicBool) -> Result<(), Stop> {
@@ -221,7 +236,7 @@ fn write_frame(stream: &mut &TcpStream, parts: &[&[u8]], consumer: &Consumer, la
             skip = 0;
             k += 1;
         }
-        match stream.write_vectored(&iov[..k]) {
+        match send_vectored(stream, &iov[..k]) {
             Ok(0) => return Err(Stop::Fail(PoisonKind::Remote, format!("{label}: connection closed by peer"))),
             Ok(n) => {
                 done += n;

@@ -686,3 +686,38 @@ fn tcp_bridge_with_crc_streams_varied_frames() {
     recv_stream(&mut c, total).unwrap();
     h.join().unwrap().unwrap();
 }
+
+/// A socket sender whose peer died must fail, not kill the process with SIGPIPE, whatever the
+/// program's disposition: the child restores the default one (as the `ferroccl` command does)
+/// and writes frames to a peer that closed its end.
+#[test]
+fn a_dead_peer_never_raises_sigpipe() {
+    const ROLE: &str = "FERROCCL_SIGPIPE_TEST_CHILD";
+    if std::env::var(ROLE).is_ok() {
+        // SAFETY: the child is a process of its own, running this test alone.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        drop(l.accept().unwrap().0);
+        let layout = FifoLayout { slots: 4, slot_bytes: 4096 };
+        let mut p = tcp_sender(a, layout, FrameCheck::None, "to a dead peer".into(), Arc::new(AtomicBool::new(false))).unwrap();
+        let until = Instant::now() + Duration::from_secs(5);
+        let e = loop {
+            if let Err(e) = send_stream(&mut p, 1 << 20, false) {
+                break e;
+            }
+            assert!(Instant::now() < until, "the dead peer was never noticed");
+        };
+        println!("survived: {e}");
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["transport::tests::a_dead_peer_never_raises_sigpipe", "--exact", "--nocapture", "--test-threads=1"])
+        .env(ROLE, "1")
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), None, "the sender was killed by signal {:?}:\n{text}", out.status.signal());
+    assert!(out.status.success() && text.contains("survived"), "{text}");
+}
