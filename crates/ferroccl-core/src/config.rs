@@ -261,6 +261,33 @@ impl Config {
         Ok(c)
     }
 
+    /// The knobs every rank of a communicator must set alike, by their variable names: they
+    /// decide the plans (which messages go where, cut how), the wire format, or how long silence
+    /// means death. The timeout and the addresses may differ.
+    pub fn shared_settings(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("FERROCCL_TRANSPORT", format!("{:?}", self.transport).to_lowercase()),
+            ("FERROCCL_CHANNELS", self.channels.to_string()),
+            ("FERROCCL_GPU_CHANNELS", self.gpu_channels.to_string()),
+            ("FERROCCL_GPU_CHANNEL_BYTES", self.gpu_channel_bytes.to_string()),
+            ("FERROCCL_CHUNK_BYTES", self.chunk_bytes.to_string()),
+            ("FERROCCL_SLOT_BYTES", self.slot_bytes.to_string()),
+            ("FERROCCL_SLOTS", self.slots.to_string()),
+            ("FERROCCL_LL_MAX_BYTES", self.ll_max_bytes.to_string()),
+            ("FERROCCL_DIRECT_MAX_BYTES", self.direct_max_bytes.to_string()),
+            ("FERROCCL_GPU_ONESHOT_MAX_BYTES", self.gpu_oneshot_max_bytes.to_string()),
+            ("FERROCCL_CHECK_MISMATCH", (self.check_mismatch as u8).to_string()),
+            ("FERROCCL_TCP_CRC", (self.tcp_crc as u8).to_string()),
+            ("FERROCCL_HEARTBEAT_INTERVAL", format!("{}", self.heartbeat_interval.as_secs_f64())),
+            ("FERROCCL_HEARTBEAT_MISSES", self.heartbeat_misses.to_string()),
+        ]
+    }
+
+    /// [`Config::shared_settings`] as the bytes a rank sends its peers at communicator creation.
+    pub fn encode_shared(&self) -> Vec<u8> {
+        self.shared_settings().iter().map(|(k, v)| format!("{k}={v}\n")).collect::<String>().into_bytes()
+    }
+
     /// Checks the relations between knobs.
     pub fn validate(&self) -> Result<(), Error> {
         if self.channels == 0 || self.channels > 64 {
@@ -304,6 +331,46 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Compares every rank's [`Config::encode_shared`] bytes (`all[r]` from rank r): an argument
+/// error naming each knob the ranks set differently, with every value and the ranks holding it.
+/// Every rank compares the same bytes, so every rank fails alike, or none does.
+pub fn compare_shared(all: &[Vec<u8>]) -> Result<(), Error> {
+    let parse = |b: &[u8]| -> Option<Vec<(String, String)>> {
+        let text = std::str::from_utf8(b).ok()?;
+        text.lines().map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))).collect()
+    };
+    let parsed: Vec<Option<Vec<(String, String)>>> = all.iter().map(|b| parse(b)).collect();
+    if let Some(r) = parsed.iter().position(|p| p.is_none()) {
+        return Err(Error::Protocol(format!("rank {r} sent unreadable settings at communicator creation")));
+    }
+    let parsed: Vec<Vec<(String, String)>> = parsed.into_iter().map(|p| p.expect("checked")).collect();
+    let mut diffs = Vec::new();
+    let names: Vec<&String> = parsed.first().map(|p| p.iter().map(|(k, _)| k).collect()).unwrap_or_default();
+    for name in names {
+        let value = |p: &Vec<(String, String)>| p.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()).unwrap_or_else(|| "(not sent)".into());
+        let values: Vec<String> = parsed.iter().map(value).collect();
+        if values.iter().all(|v| *v == values[0]) {
+            continue;
+        }
+        let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+        for (r, v) in values.into_iter().enumerate() {
+            match groups.iter_mut().find(|(x, _)| *x == v) {
+                Some((_, rs)) => rs.push(r),
+                None => groups.push((v, vec![r])),
+            }
+        }
+        let said: Vec<String> = groups.iter().map(|(v, rs)| format!("{v} on rank(s) {rs:?}")).collect();
+        diffs.push(format!("{name}: {}", said.join(", ")));
+    }
+    if diffs.is_empty() {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "the ranks disagree on settings that every rank must set alike (docs/ENV.md): {}",
+        diffs.join("; ")
+    )))
 }
 
 /// What a launcher (torchrun, mpirun, `ferroccl run`) tells each process about the job.
@@ -392,6 +459,29 @@ mod tests {
         assert!(e.message().contains("FERROCCL_TCP_CRC='maybe'"), "{e}");
         let e = Config::from_vars(&vars(&[("FERROCCL_TRANSPORT", "rdma")])).unwrap_err();
         assert!(e.message().contains("FERROCCL_TRANSPORT"), "{e}");
+    }
+
+    #[test]
+    fn ranks_that_disagree_on_a_shared_knob_are_told_which_and_how() {
+        let base = Config::default();
+        let same = vec![base.encode_shared(); 4];
+        assert!(compare_shared(&same).is_ok());
+        let mut all = same.clone();
+        all[0] = Config { chunk_bytes: 262144, ..base.clone() }.encode_shared();
+        all[2] = Config { heartbeat_interval: Duration::from_millis(50), ..base.clone() }.encode_shared();
+        let e = compare_shared(&all).unwrap_err();
+        let m = e.to_string();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(m.contains("FERROCCL_CHUNK_BYTES: 262144 on rank(s) [0], 1048576 on rank(s) [1, 2, 3]"), "{m}");
+        assert!(m.contains("FERROCCL_HEARTBEAT_INTERVAL: 0.5 on rank(s) [0, 1, 3], 0.05 on rank(s) [2]"), "{m}");
+        // What may differ does not count.
+        let local = Config { timeout: Duration::from_secs(3), bootstrap_addr: Some("10.0.0.1".into()), ..base.clone() };
+        assert!(compare_shared(&[base.encode_shared(), local.encode_shared()]).is_ok());
+        // Every knob named is one the environment sets, and each changes the bytes.
+        for (k, _) in base.shared_settings() {
+            assert!(k.starts_with("FERROCCL_"), "{k}");
+        }
+        assert!(compare_shared(&[base.encode_shared(), b"\xff\xfe".to_vec()]).is_err());
     }
 
     #[test]

@@ -8,6 +8,7 @@ use crate::bootstrap::{Bootstrap, UniqueId};
 use crate::info::{CommInfo, CommState, Siblings};
 use ferroccl_core::numeric::Element;
 use ferroccl_core::topo::{RankLocation, Topology, TransportKind};
+use ferroccl_core::config::compare_shared;
 use ferroccl_core::{Config, DataType, Error, LaunchEnv, Rank};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -144,6 +145,11 @@ impl Comm {
         abort: Arc<AtomicBool>,
         siblings: Option<Arc<Siblings>>,
     ) -> Result<Comm, Error> {
+        // Knobs that decide the plans, the wire or failure detection must agree, or the ranks
+        // would exchange messages they cut differently (wrong results, or a deadline that never
+        // names the cause): every rank compares everyone's, and all fail alike.
+        let all = boot.allgather(&config.encode_shared())?;
+        compare_shared(&all).map_err(|e| e.context(format!("creating the communicator on rank {} of {}", boot.rank(), boot.nranks())))?;
         let peers = boot.peers();
         let me = &peers[boot.rank()];
         let topo = Topology {

@@ -118,6 +118,38 @@ fn duplicate_rank_and_missing_rank_and_foreign_id() {
     assert!(sum_ok(&comm));
 }
 
+/// Ranks that set a knob the wire depends on differently fail at creation, all of them, naming
+/// the knob and every rank's value (before, a chunk size set on one rank only gave millions of
+/// wrong elements and exit code 0; a heartbeat interval, a death that never happened).
+#[test]
+fn ranks_that_disagree_on_a_wire_knob_fail_at_creation_naming_it() {
+    let base = cfg(5000);
+    let cases: [(&str, Config, &str); 3] = [
+        ("FERROCCL_CHUNK_BYTES", Config { chunk_bytes: 262144, ..base.clone() }, "262144 on rank(s) [0], 1048576 on rank(s) [1, 2]"),
+        ("FERROCCL_HEARTBEAT_INTERVAL", Config { heartbeat_interval: Duration::from_millis(50), ..base.clone() }, "0.05 on rank(s) [0]"),
+        ("FERROCCL_TRANSPORT", Config { transport: TransportChoice::Tcp, ..base.clone() }, "tcp on rank(s) [0], auto on rank(s) [1, 2]"),
+    ];
+    for (knob, odd, want) in cases {
+        let id = UniqueId::new(&base).unwrap();
+        let t = Instant::now();
+        let results: Vec<Result<Comm, Error>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3)
+                .map(|r| {
+                    let (id, c) = (&id, if r == 0 { &odd } else { &base });
+                    s.spawn(move || Comm::init_rank(id, 3, r, Device::Host, c))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(t.elapsed() < Duration::from_secs(2), "{knob}: {:?}", t.elapsed());
+        for (r, res) in results.iter().enumerate() {
+            let e = res.as_ref().err().unwrap_or_else(|| panic!("{knob}: rank {r} was created"));
+            assert!(matches!(e, Error::InvalidArgument(_)), "{knob}, rank {r}: {e}");
+            assert!(e.to_string().contains(knob) && e.to_string().contains(want), "{knob}, rank {r}: {e}");
+        }
+    }
+}
+
 #[test]
 fn one_thread_drives_every_rank_with_a_group() {
     for transport in [TransportChoice::Shm, TransportChoice::Tcp] {

@@ -36,7 +36,11 @@ fn proxied_pair(config: &Config) -> (Vec<Comm>, FaultProxy) {
     });
     let proxy = FaultProxy::start(boots[1].peers()[1].addr);
     boots[0].redirect_peer(1, proxy.addr());
-    let comms = boots.into_iter().zip(aborts).map(|(b, a)| Comm::from_bootstrap(b, Device::Host, config.clone(), a, None).unwrap()).collect();
+    // Together: creating a communicator compares every rank's settings.
+    let comms = std::thread::scope(|s| {
+        let hs: Vec<_> = boots.into_iter().zip(aborts).map(|(b, a)| s.spawn(move || Comm::from_bootstrap(b, Device::Host, config.clone(), a, None).unwrap())).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
     (comms, proxy)
 }
 
