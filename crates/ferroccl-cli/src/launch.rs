@@ -2,8 +2,52 @@
 //! program using `Comm::from_env` (and the bench itself) runs as N processes on this host.
 
 use std::net::{Ipv4Addr, TcpListener};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
+
+/// The SIGTERM or SIGINT the launcher received (0: none), for its loop to pass on to the ranks.
+static FORWARD: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    FORWARD.store(sig, Ordering::SeqCst);
+}
+
+/// SIGTERM and SIGINT go to the ranks rather than ending the launcher (which would orphan them).
+fn catch_signals() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+/// A rank's command: it dies with the launcher. If the launcher is killed (SIGKILL gives it no
+/// chance to pass anything on), the kernel sends every rank SIGKILL instead of leaving it
+/// running under init; a rank whose launcher died before the request took effect exits at once.
+fn rank_command(cmd: &[String], env: Vec<(String, String)>) -> Command {
+    let launcher = std::process::id() as libc::pid_t;
+    let mut c = Command::new(&cmd[0]);
+    c.args(&cmd[1..]).envs(env);
+    // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid, _exit).
+    unsafe {
+        c.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != launcher {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    c
+}
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
@@ -74,8 +118,9 @@ pub fn main(a: &RunArgs) -> Result<u8, String> {
     let port = free_port()?;
     let secret = new_secret()?;
     let mut children: Vec<Option<Child>> = Vec::with_capacity(n);
+    catch_signals();
     for rank in 0..n {
-        let spawned = Command::new(&a.cmd[0]).args(&a.cmd[1..]).envs(child_env(rank, n, port, &secret)).spawn();
+        let spawned = rank_command(&a.cmd, child_env(rank, n, port, &secret)).spawn();
         match spawned {
             Ok(c) => children.push(Some(c)),
             Err(e) => {
@@ -93,7 +138,18 @@ pub fn main(a: &RunArgs) -> Result<u8, String> {
     let mut first_failure: Option<(usize, String)> = None;
     let mut kill_at: Option<Instant> = None;
     let mut killed = false;
+    let mut forwarded = 0;
     while children.iter().any(Option::is_some) {
+        let sig = FORWARD.swap(0, Ordering::SeqCst);
+        if sig != 0 {
+            eprintln!("ferroccl run: {} received; passing it on to every rank", signal_name(sig).unwrap_or("a signal"));
+            for c in children.iter().flatten() {
+                // SAFETY: a signal to a child of ours that has not been reaped yet.
+                unsafe { libc::kill(c.id() as libc::pid_t, sig) };
+            }
+            forwarded = sig;
+            kill_at.get_or_insert(Instant::now() + grace);
+        }
         for (rank, slot) in children.iter_mut().enumerate() {
             let Some(c) = slot else { continue };
             match c.try_wait() {
@@ -125,6 +181,10 @@ pub fn main(a: &RunArgs) -> Result<u8, String> {
             }
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+    if forwarded != 0 {
+        eprintln!("ferroccl run: ended by {}", signal_name(forwarded).unwrap_or("a signal"));
+        return Ok(128 + forwarded as u8);
     }
     match first_failure {
         None => Ok(0),
