@@ -213,6 +213,9 @@ impl Bootstrap {
         };
         let n = b.nranks;
         if n > 1 {
+            // Until the heartbeats run, a rank of this host that dies is seen by its process
+            // going away: the waits below then fail naming it, instead of at their deadline.
+            let _init_watch = InitWatch::start(&b.peers, rank, b.health.clone());
             let w = b.wait();
             let (next_rank, prev_rank) = ((rank + 1) % n, (rank + n - 1) % n);
             let pp = describe(&b.peers[prev_rank]);
@@ -240,6 +243,59 @@ impl Bootstrap {
     fn wait(&self) -> Wait {
         Wait::new(self.config.timeout, self.abort.clone())
     }
+}
+
+/// Watches the processes of the other ranks on this host while a communicator is being
+/// assembled, reporting a vanished one to the communicator's health; stops when dropped.
+struct InitWatch {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How often the watcher looks; a death is named within this (plus the waits' own poll).
+const INIT_WATCH_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+impl InitWatch {
+    fn start(peers: &[PeerInfo], me: usize, health: Arc<Health>) -> InitWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let own = std::process::id();
+        let local: Vec<(usize, u32, String)> = peers
+            .iter()
+            .enumerate()
+            .filter(|&(q, p)| q != me && p.host_id == peers[me].host_id && p.pid != own)
+            .map(|(q, p)| (q, p.pid, describe(p)))
+            .collect();
+        if local.is_empty() {
+            return InitWatch { stop, thread: None };
+        }
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("ferroccl-init-watch".into())
+            .spawn(move || {
+                while !s.load(Ordering::Acquire) {
+                    for (q, pid, name) in &local {
+                        if !crate::transport::pid_alive(*pid) {
+                            health.report_dead(*q, &format!("{name} died while the communicator was being created (process {pid} is gone)"));
+                        }
+                    }
+                    std::thread::sleep(INIT_WATCH_POLL);
+                }
+            })
+            .ok();
+        InitWatch { stop, thread }
+    }
+}
+
+impl Drop for InitWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Bootstrap {
 
     fn connect_kind(&self, peer: usize, kind: u8, tag: u64, w: &Wait) -> Result<TcpStream, Error> {
         let p = &self.peers[peer];

@@ -509,3 +509,41 @@ fn split_by_color_and_reversed_key() {
     let outs = on_ranks(3, |i| g[i].allgather(&[g[i].rank() as u8]).unwrap());
     assert!(outs.iter().all(|o| o == &vec![vec![0u8], vec![1], vec![2]]));
 }
+
+/// A rank that dies after the rendezvous and before its ring connections (here: a child process
+/// that joins the rendezvous and exits) is named by the others within two seconds, as dead,
+/// instead of their waiting out the deadline and blaming a healthy rank.
+#[test]
+fn a_rank_dying_between_rendezvous_and_the_ring_is_named_at_once() {
+    const ROLE: &str = "FERROCCL_BOOTSTRAP_TEST_CHILD";
+    let c = cfg(20_000);
+    if let Ok(hex) = std::env::var(ROLE) {
+        // The child: rank 2 of 3 joins the rendezvous with this id, then dies.
+        let bytes: Vec<u8> = (0..hex.len() / 2).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap()).collect();
+        let id = UniqueId::from_bytes(&bytes).unwrap();
+        let w = Wait::new(c.timeout, AbortSet::new(flag()));
+        let mut s = auth::connect(id.root_addr(), &id.secret(), &w, "the bootstrap root", "root").unwrap();
+        let listener = Listener::bind("127.0.0.1".parse().unwrap(), id.secret(), c.timeout).unwrap();
+        let me = PeerInfo { rank: 2, addr: listener.addr(), host_id: host::host_id(), pid: std::process::id(), hostname: host::hostname() };
+        root::rendezvous(&mut s, id.root_addr(), 3, &me, c.max_bootstrap_msg, &w).unwrap();
+        std::process::exit(0);
+    }
+    let id = UniqueId::new(&c).unwrap();
+    let hex: String = id.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["bootstrap::tests::a_rank_dying_between_rendezvous_and_the_ring_is_named_at_once", "--exact", "--test-threads=1"])
+        .env(ROLE, hex)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let errs = on_ranks(2, |r| Bootstrap::init(&id, 3, r, &c, flag()).map(|_| ()).unwrap_err());
+    let took = t.elapsed();
+    let _ = child.wait();
+    eprintln!("rank 2 died after the rendezvous: {took:?}: {errs:#?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    for e in &errs {
+        let m = e.to_string();
+        assert!(m.contains("rank 2") && m.contains("died while the communicator was being created"), "{m}");
+    }
+}
