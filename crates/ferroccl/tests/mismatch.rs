@@ -248,3 +248,32 @@ fn without_check_mode_a_mismatch_ends_by_the_deadline_inside_the_buffers() {
         });
     }
 }
+
+/// With check mode on, every rank reports the mismatch itself, even when the others abort
+/// their communicators the moment they learn of it (as the bench and most programs do): data
+/// that already arrived is read before a peer's abort ends a wait.
+#[test]
+fn every_rank_reports_the_mismatch_even_when_the_others_abort_at_once() {
+    let config = Config { check_mismatch: true, timeout: Duration::from_secs(10), ..Config::default() };
+    for round in 0..20 {
+        let comms = Comm::init_all(4, &config).unwrap();
+        let errs: Vec<String> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let n = if c.rank() == 1 { 1000 } else { 1024 };
+                        let mut v = vec![1f32; n];
+                        let e = c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap_err();
+                        c.abort();
+                        e.to_string()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, e) in errs.iter().enumerate() {
+            assert!(e.contains("the ranks called different operations") && e.contains("count"), "round {round}, rank {r}: {e}");
+        }
+    }
+}

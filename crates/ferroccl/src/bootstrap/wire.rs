@@ -44,7 +44,12 @@ impl AbortSet {
     }
 
     pub fn is_set(&self) -> bool {
-        self.flags.iter().any(|f| f.load(Ordering::Acquire)) || self.health.as_ref().is_some_and(|h| h.is_failed())
+        self.flagged() || self.health.as_ref().is_some_and(|h| h.is_failed())
+    }
+
+    /// Our own abort (not a peer's failure).
+    fn flagged(&self) -> bool {
+        self.flags.iter().any(|f| f.load(Ordering::Acquire))
     }
 
     /// Why the wait must end: the peer failure first (it names who), else a plain abort.
@@ -84,6 +89,25 @@ impl Wait {
         if self.abort.is_set() {
             return Err(self.abort.error(doing));
         }
+        self.check_deadline(doing)
+    }
+
+    /// For a socket wait that found nothing to do: our own abort ends it at once; a peer's
+    /// failure elsewhere in the job only `PEER_FAILURE_GRACE` after `*seen` (set here the first
+    /// time), since the peer at the other end of this socket may still be sending what it owes
+    /// us (the rest of an all-gather the failed rank already finished, say).
+    fn check_blocked(&self, seen: &mut Option<Instant>, doing: impl FnOnce() -> String) -> Result<(), Error> {
+        if self.abort.flagged() {
+            return Err(self.abort.error(doing));
+        }
+        if self.abort.is_set() && seen.get_or_insert_with(Instant::now).elapsed() >= PEER_FAILURE_GRACE {
+            return Err(self.abort.error(doing));
+        }
+        self.check_deadline(doing)
+    }
+
+    /// The deadline alone.
+    pub fn check_deadline(&self, doing: impl FnOnce() -> String) -> Result<(), Error> {
         if Instant::now() >= self.deadline {
             return Err(Error::Timeout(format!(
                 "{} did not complete within {:?} (FERROCCL_TIMEOUT): that peer is stuck, slow, or not making \
@@ -151,13 +175,20 @@ fn is_retry(e: &io::Error) -> bool {
     matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted)
 }
 
+/// How long a socket wait goes on after another rank's failure, for what its own peer still
+/// sends (see `Wait::check_blocked`).
+const PEER_FAILURE_GRACE: Duration = Duration::from_millis(200);
+
 pub(crate) fn read_exact(s: &mut TcpStream, buf: &mut [u8], w: &Wait, peer: &str) -> Result<(), Error> {
     s.set_read_timeout(Some(POLL)).map_err(|e| Error::System(format!("socket to {peer}: {e}{}", fd_hint(&e))))?;
     let mut got = 0;
+    let mut seen = None;
     while got < buf.len() {
-        // Checked on every pass, not only on timeouts, so a peer trickling bytes cannot
-        // stretch a wait beyond its deadline.
-        w.check(|| format!("reading from {peer}"))?;
+        // The deadline on every pass, so that a peer trickling bytes cannot stretch a wait
+        // beyond it; aborts and peers' failures only when nothing is there to read: what a
+        // peer sent before another rank aborted (the rest of an all-gather, say) is still read,
+        // so every rank can tell what the exchange found, not only the quickest.
+        w.check_deadline(|| format!("reading from {peer}"))?;
         match s.read(&mut buf[got..]) {
             Ok(0) => {
                 return Err(w.aborted_or(
@@ -169,7 +200,7 @@ pub(crate) fn read_exact(s: &mut TcpStream, buf: &mut [u8], w: &Wait, peer: &str
                 ))
             }
             Ok(k) => got += k,
-            Err(e) if is_retry(&e) => {}
+            Err(e) if is_retry(&e) => w.check_blocked(&mut seen, || format!("reading from {peer}"))?,
             Err(e) => return Err(w.aborted_or(|| format!("reading from {peer}"), Error::Remote(format!("reading from {peer}: {e}")))),
         }
     }
@@ -178,12 +209,13 @@ pub(crate) fn read_exact(s: &mut TcpStream, buf: &mut [u8], w: &Wait, peer: &str
 
 pub(crate) fn write_all(s: &mut TcpStream, mut buf: &[u8], w: &Wait, peer: &str) -> Result<(), Error> {
     s.set_write_timeout(Some(POLL)).map_err(|e| Error::System(format!("socket to {peer}: {e}{}", fd_hint(&e))))?;
+    let mut seen = None;
     while !buf.is_empty() {
-        w.check(|| format!("writing to {peer}"))?;
+        w.check_deadline(|| format!("writing to {peer}"))?;
         match s.write(buf) {
             Ok(0) => return Err(Error::Remote(format!("{peer} stopped accepting data"))),
             Ok(k) => buf = &buf[k..],
-            Err(e) if is_retry(&e) => {}
+            Err(e) if is_retry(&e) => w.check_blocked(&mut seen, || format!("writing to {peer}"))?,
             Err(e) => return Err(w.aborted_or(|| format!("writing to {peer}"), Error::Remote(format!("writing to {peer}: {e}")))),
         }
     }
