@@ -169,7 +169,7 @@ impl Comm {
         let info =
             CommInfo { rank: boot.rank(), nranks: boot.nranks(), config, topo, device: tuner_device, peer_names, peer_pids, peer_via, siblings };
         let backend = match device {
-            Device::Host => Backend::Host(HostComm::new()),
+            Device::Host => Backend::Host(HostComm::new(&boot)),
             Device::Cuda(ordinal) => {
                 let c = CudaComm::new(ordinal, &boot, &info.config, &abort)?;
                 // A peer's death must free this rank's kernels even when nobody is in
@@ -389,7 +389,7 @@ impl Comm {
 impl Drop for Comm {
     fn drop(&mut self) {
         if let Backend::Host(h) = &self.backend {
-            h.close();
+            h.close(&self.boot);
         }
     }
 }

@@ -384,11 +384,12 @@ fn child() {
         }
     };
     let seed: u64 = std::env::var("KILL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
-    println!("@@READY");
+    println!("@@READY {:016x}", comm.id());
     match role.as_str() {
         "busy" => {
             busy_until_error(&comm, seed);
             drop(comm);
+            println!("@@GONE");
         }
         "idle" => {
             // Not in any call when the peer dies: the next call must fail at once.
@@ -400,9 +401,54 @@ fn child() {
             let bad = comm.shrink(&[]).map(|_| ()).unwrap_err();
             println!("@@SHRINKNODEAD {bad}");
         }
+        "shm-left" if comm.rank() == 1 => {
+            // Makes its receive segment for rank 0 (the launch's first phase) and waits for
+            // rank 0's, which never comes: the test kills it there.
+            println!("@@ENTERING");
+            let mut v = vec![1f32; 1 << 10];
+            let _ = comm.all_reduce_in_place(&mut v, ReduceOp::Sum);
+        }
+        "shm-left" => {
+            // Rank 0 starts its launch only once it knows rank 1 died: the launch fails before
+            // it would have attached rank 1's segment (and unlinked its name on the way).
+            let until = Instant::now() + Duration::from_secs(10);
+            while comm.dead_ranks().is_empty() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let mut v = vec![1f32; 1 << 10];
+            let e = comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap_err();
+            let prefix = format!("ferroccl-{:016x}-0-1-", comm.id());
+            drop(comm);
+            let left = std::fs::read_dir("/dev/shm").unwrap().filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().starts_with(&prefix)).count();
+            println!("@@LEFT {left} ({e})");
+        }
         _ => panic!("unknown role {role}"),
     }
     std::process::exit(0);
+}
+
+/// A rank killed after it made its shared-memory segment for a peer, before the peer attached
+/// it: the survivor unlinks the name once it learns of the death (only the creator and the
+/// attacher ever did, and one is dead while the other never got there).
+#[test]
+fn a_dead_receivers_segment_name_is_unlinked_by_the_survivor() {
+    let port = free_port();
+    let mut kids: Vec<Child> = (0..2)
+        .map(|r| rank_command("child", "shm-left", r, 2, port, &[("FERROCCL_TRANSPORT", "shm".into())]).stdout(Stdio::piped()).spawn().unwrap())
+        .collect();
+    let out1 = BufReader::new(kids[1].stdout.take().unwrap());
+    for line in out1.lines() {
+        if line.unwrap().starts_with("@@ENTERING") {
+            break;
+        }
+    }
+    // Its first phase takes a moment after the line.
+    std::thread::sleep(Duration::from_millis(300));
+    kids[1].kill().unwrap();
+    let _ = kids[1].wait();
+    let out0 = kids.remove(0).wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out0.stdout).to_string();
+    assert!(text.contains("@@LEFT 0 "), "{text}");
 }
 
 /// The same pseudo-random sequence on every rank that has the same seed.
@@ -485,7 +531,7 @@ fn busy_until_error(comm: &Comm, seed: u64) {
             }
         }
     }
-    println!("@@DONE {} of {}", sub.rank(), sub.nranks());
+    println!("@@DONE {} of {} {:016x}", sub.rank(), sub.nranks(), sub.id());
     // Destroyed, not abandoned: a process that exits holding a communicator counts as dead
     // for peers that are still finishing their last call.
     drop(sub);
@@ -640,6 +686,22 @@ fn kill_run(seed: u64) -> Result<Duration, String> {
         if job.first(r, "DONE").is_none() {
             return Err(ctx(&job, &format!("rank {r} did not complete the 100 exact all-reduces after shrink")));
         }
+    }
+    // Nothing of either communicator may outlive the job in /dev/shm, whichever rank died
+    // when: the survivors unlink what the dead rank can no longer.
+    if !job.wait_for(Instant::now() + Duration::from_secs(5), |s| survivors.iter().all(|&r| s[r].iter().any(|(_, l)| l.starts_with("GONE")))) {
+        return Err(ctx(&job, "survivors did not exit after DONE"));
+    }
+    let last_field = |r: usize, prefix: &str| job.first(r, prefix).and_then(|(_, l)| l.rsplit(' ').next().map(str::to_string));
+    let ids: Vec<String> = [last_field(survivors[0], "READY"), last_field(survivors[0], "DONE")].into_iter().flatten().collect();
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|n| ids.iter().any(|id| n.starts_with(&format!("ferroccl-{id}-"))))
+        .collect();
+    if ids.len() != 2 || !left.is_empty() {
+        return Err(ctx(&job, &format!("shared-memory names left behind (communicators {ids:?}): {left:?}")));
     }
     Ok(worst)
 }

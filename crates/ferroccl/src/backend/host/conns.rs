@@ -149,6 +149,26 @@ impl Conns {
         Ok(())
     }
 
+    /// Unlinks the names of the segments between `me` and dead ranks: a receiver creates its
+    /// segment and the sender unlinks the name once attached, so a pair broken before that
+    /// leaves the name behind unless the survivor removes it, whichever side it was on (the
+    /// segment's memory goes with the last mapping).
+    pub fn unlink_left_by(comm_id: u64, me: Rank, dead: &[Rank]) {
+        if dead.is_empty() {
+            return;
+        }
+        let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
+        // Every channel of each pair: the names differ only in their last field.
+        let prefixes: Vec<String> =
+            dead.iter().flat_map(|q| [format!("ferroccl-{comm_id:016x}-{me}-{q}-"), format!("ferroccl-{comm_id:016x}-{q}-{me}-")]).collect();
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if prefixes.iter().any(|p| name.starts_with(p.as_str())) {
+                FifoMem::shm_unlink(&format!("/{name}"));
+            }
+        }
+    }
+
     /// Marks every FIFO failed so that peers stop waiting for us.
     pub fn poison_all(fifos: &Mutex<Vec<Arc<FifoMem>>>, reason: &str) {
         if let Ok(list) = fifos.lock() {

@@ -36,8 +36,17 @@ pub(crate) struct HostComm {
 }
 
 impl HostComm {
-    pub fn new() -> HostComm {
+    pub fn new(boot: &Bootstrap) -> HostComm {
         let fifos = Arc::new(Mutex::new(Vec::new()));
+        // A death names its segments' leftovers at once, whether or not a launch notices it:
+        // a process that exits without dropping its communicator still leaves /dev/shm clean.
+        // Weak: the health owns its hooks, and this one must not keep it alive.
+        let (id, me, health) = (boot.comm_id(), boot.rank(), Arc::downgrade(boot.health()));
+        boot.health().on_failure(move || {
+            if let Some(h) = health.upgrade() {
+                Conns::unlink_left_by(id, me, &h.dead());
+            }
+        });
         HostComm { conns: Mutex::new(Conns::new(fifos.clone())), fifos }
     }
 
@@ -63,11 +72,13 @@ impl HostComm {
 
     /// Closes our ends of every connection: peers still reading what we sent keep their
     /// mapping, and learn that we are gone rather than slow.
-    pub fn close(&self) {
+    pub fn close(&self, boot: &Bootstrap) {
         if let Ok(mut c) = self.conns.lock() {
             c.send.clear();
             c.recv.clear();
         }
+        // Ranks that died after the first failure (its hook ran once).
+        Conns::unlink_left_by(boot.comm_id(), boot.rank(), &boot.health().dead());
     }
 }
 
