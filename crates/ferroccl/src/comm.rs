@@ -232,7 +232,9 @@ impl Comm {
     /// communicator's own stream again).
     ///
     /// # Safety
-    /// `stream` must be a stream of this communicator's GPU context that outlives its use.
+    /// `stream` must be a stream of this communicator's GPU context that lives until the
+    /// communicator is dropped or given another stream. Dropping waits for the work queued on
+    /// the stream it holds then; work left on an earlier stream must be complete by then.
     pub unsafe fn set_stream(&self, stream: *mut std::ffi::c_void) {
         if let Some(c) = self.backend.cuda() {
             c.set_stream(stream as _);

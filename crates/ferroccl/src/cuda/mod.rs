@@ -13,6 +13,7 @@ pub mod device;
 pub mod fdpass;
 pub mod mem;
 pub mod nvrtc;
+pub mod pinned;
 
 pub use device::{gpu_count, Gpu};
 

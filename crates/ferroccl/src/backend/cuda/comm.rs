@@ -10,6 +10,7 @@ use crate::bootstrap::Bootstrap;
 use crate::cuda::cu_ok;
 use crate::cuda::device::{Gpu, KernelHandle, Module};
 use crate::cuda::mem::{DeviceBuffer, MemStats};
+use crate::cuda::pinned::MappedWord;
 use cudarc::driver::sys;
 use ferroccl_core::{Config, Error};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
@@ -28,8 +29,8 @@ pub(crate) struct CudaComm {
     pub(super) plans: Mutex<PlanCache>,
     /// A caller's stream, when set (else `stream`).
     user_stream: AtomicPtr<std::ffi::c_void>,
-    /// FcError record, then the abort word.
-    pub(super) status: Arc<DeviceBuffer>,
+    /// The kernels' error record and abort word.
+    pub(super) status: Arc<Status>,
     pub(super) timeout_ns: u64,
     rank: usize,
     /// Thread blocks (one per lane) of the latest launch, for tools that report how many SMs
@@ -51,7 +52,37 @@ pub(crate) struct CudaComm {
 unsafe impl Send for CudaComm {}
 unsafe impl Sync for CudaComm {}
 
-pub(super) const ABORT_OFF: usize = 64;
+/// What the kernels of a communicator report through (the first failure's record, in device
+/// memory) and are told through (the abort word, in pinned host memory: raising it is a CPU
+/// store, which no full launch queue can hold up, where a copy to the GPU would wait behind
+/// the very kernels it must free).
+pub(crate) struct Status {
+    error: DeviceBuffer,
+    abort: MappedWord,
+}
+
+impl Status {
+    fn new(gpu: &Gpu, stats: &Arc<MemStats>) -> Result<Status, Error> {
+        let error = DeviceBuffer::alloc(gpu, std::mem::size_of::<FcError>(), &[], stats)?;
+        error.copy_from_host(0, &[0u8; std::mem::size_of::<FcError>()])?;
+        Ok(Status { error, abort: MappedWord::new(gpu)? })
+    }
+    pub(super) fn error_ptr(&self) -> u64 {
+        self.error.device_ptr()
+    }
+    pub(super) fn abort_ptr(&self) -> u64 {
+        self.abort.device_ptr()
+    }
+    fn raise(&self) {
+        self.abort.set(1);
+    }
+    fn read_error(&self) -> Result<FcError, Error> {
+        let mut rec = [0u8; std::mem::size_of::<FcError>()];
+        self.error.copy_to_host(0, &mut rec)?;
+        // SAFETY: FcError is plain old data of exactly this size.
+        Ok(unsafe { std::ptr::read_unaligned(rec.as_ptr() as *const FcError) })
+    }
+}
 
 impl CudaComm {
     pub fn new(ordinal: usize, boot: &Bootstrap, config: &Config, abort: &AtomicBool) -> Result<CudaComm, Error> {
@@ -63,8 +94,7 @@ impl CudaComm {
         let plan_fn = plan_fn.handle();
         let stats = MemStats::new();
         let fabric = Fabric::new(&gpu, boot, config, &stats, abort)?;
-        let status = Arc::new(DeviceBuffer::alloc(&gpu, 128, &[], &stats)?);
-        status.copy_from_host(0, &[0u8; 128])?;
+        let status = Arc::new(Status::new(&gpu, &stats)?);
         let timeout_ns = config.timeout.as_nanos().min(u64::MAX as u128) as u64;
         let direct = match fabric.direct {
             Some(p) => {
@@ -72,8 +102,8 @@ impl CudaComm {
                 let m = gpu.load_module(&image.bytes)?;
                 let f = m.kernel(kernels::DIRECT_KERNEL)?.handle();
                 let p = FcDirect {
-                    abort: status.device_ptr() + ABORT_OFF as u64,
-                    error: status.device_ptr(),
+                    abort: status.abort_ptr(),
+                    error: status.error_ptr(),
                     timeout_ns,
                     ..p
                 };
@@ -120,14 +150,14 @@ impl CudaComm {
     /// Raises the abort word that every waiting block polls, so that kernels stuck on a dead
     /// or aborted peer leave and release the stream.
     pub fn abort(&self) {
-        raise_abort_word(&self.status);
+        self.status.raise();
     }
 
     /// What raises the abort word from another thread (the heartbeat watcher, when it learns
     /// of a peer's death), valid for as long as it is kept: it holds the word's memory.
     pub fn abort_handle(&self) -> impl Fn() + Send + Sync + 'static {
         let status = self.status.clone();
-        move || raise_abort_word(&status)
+        move || status.raise()
     }
 
     /// Waits for everything enqueued, then reports a failure the kernel recorded. While it
@@ -143,10 +173,7 @@ impl CudaComm {
             other => cu_ok("cuStreamQuery", other).map(|_| true),
         };
         let cause = poll_until_done(query, &failure, || self.abort())?;
-        let mut rec = [0u8; std::mem::size_of::<FcError>()];
-        self.status.copy_to_host(0, &mut rec)?;
-        // SAFETY: FcError is plain old data of exactly this size.
-        let e: FcError = unsafe { std::ptr::read_unaligned(rec.as_ptr() as *const FcError) };
+        let e = self.status.read_error()?;
         // The kernels may have left because of a failure seen while nobody polled here (the
         // heartbeat watcher raised the word while the caller waited on the stream itself).
         let cause = cause.or_else(|| if e.code == ERR_ABORTED { failure() } else { None });
@@ -207,12 +234,6 @@ impl CudaComm {
     }
 }
 
-fn raise_abort_word(status: &DeviceBuffer) {
-    // The copy is synchronous on the legacy stream, which our non-blocking streams do not wait
-    // for, so it lands while the kernel still runs.
-    let _ = status.copy_from_host(ABORT_OFF, &1u32.to_le_bytes());
-}
-
 /// Polls `ready` until the stream is idle: spinning first (short operations finish within
 /// microseconds), then sleeping in short steps. The first time `failure` reports something,
 /// `raise` is called (once) and the failure is returned when the stream is idle.
@@ -244,7 +265,14 @@ fn poll_until_done(
 impl Drop for CudaComm {
     fn drop(&mut self) {
         let _ = self.gpu.bind();
+        // The kernels still queued use the connections, tables and status freed after this:
+        // they must be gone first, on the caller's stream as on ours (after a failure they
+        // leave at their next poll of the abort word, which the failure raised).
+        let user = self.user_stream.load(Ordering::Acquire);
         unsafe {
+            if !user.is_null() {
+                sys::cuStreamSynchronize(user as sys::CUstream);
+            }
             sys::cuStreamSynchronize(self.stream);
             sys::cuStreamDestroy_v2(self.stream);
         }

@@ -13,7 +13,7 @@
 //! everything not used by a captured graph is evicted at once, after the context is idle.
 //! Tables a graph captured stay for the communicator's life, as the graph may replay them.
 
-use super::comm::{CudaComm, ABORT_OFF, BLOCK_THREADS};
+use super::comm::{CudaComm, BLOCK_THREADS};
 use super::tables::{encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcLaunch, FcOp, OpDesc, ZeroCopy, DIRECT_THREADS, INLINE_OPS};
 use super::window::Windows;
 use crate::cuda::cu_ok;
@@ -382,8 +382,8 @@ impl CudaComm {
             ops: if with_ops { base + offs[2] as u64 } else { 0 },
             conns: self.fabric.table.device_ptr(),
             nconns: self.fabric.nconns,
-            abort: self.status.device_ptr() + ABORT_OFF as u64,
-            error: self.status.device_ptr(),
+            abort: self.status.abort_ptr(),
+            error: self.status.error_ptr(),
             timeout_ns: self.timeout_ns,
             rank: enc.rank,
         };

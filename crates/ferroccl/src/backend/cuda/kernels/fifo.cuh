@@ -50,6 +50,10 @@ struct Lane {
     fc_i32 sc;         // bound send connection, -1 = none
     fc_u64 produced;
     fc_u64 tail_seen;  // a lower bound of tail
+    // The error record's claim as this launch began (loaded at entry, first used at the first
+    // unsuccessful poll, so its latency hides behind the work before): a launch queued behind
+    // a failure leaves at its first wait instead of polling 256 times per wait first.
+    fc_u32 failed_before;
 };
 
 __device__ __forceinline__ const FcConn* conn_at(const Lane& x, fc_i32 i) {
@@ -81,7 +85,8 @@ __device__ __forceinline__ bool failed_elsewhere(const Lane& x) {
 
 // Called on every unsuccessful poll; true while the wait may go on.
 __device__ __forceinline__ bool keep_waiting(const Lane& x, fc_u32& polls, fc_u64& since, fc_u32 what, fc_i32 conn) {
-    if ((++polls % FC_POLLS_PER_CHECK) != 0u) return true;
+    if (++polls == 1u && x.failed_before != 0u) return false;
+    if ((polls % FC_POLLS_PER_CHECK) != 0u) return true;
     const volatile int* ab = (const volatile int*)x.L->abort;
     if (ab != nullptr && *ab != 0) {
         record_error(x, FC_ERR_ABORTED, what, conn, 0, 0);

@@ -118,6 +118,7 @@ __device__ void run_lane(const FcLaunch& L) {
     x.rc = -1;
     x.sc = -1;
     x.consumed = x.head_seen = x.produced = x.tail_seen = 0;
+    x.failed_before = L.error != 0 ? ((const volatile FcError*)L.error)->claimed : 0u;
 
     const FcLane ln = ((const FcLane*)L.lanes)[blockIdx.x];
     if ((fc_u64)ln.first_step + ln.nsteps > L.nsteps) {
