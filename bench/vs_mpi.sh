@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Host all-reduce, ferroccl against Open MPI: 64 MiB of float32, 2 processes on this machine,
 # 5 warm-up and 20 timed iterations each, out of place, the slowest rank's time. A benchmark,
-# not a test: it prints both figures and the ratio and records them in
-# bench/results/host-vs-mpi-<date>/host-vs-mpi.json.
+# not a test: it prints both figures and the ratio and writes a JSON record to
+# target/bench/host-vs-mpi.json, or with --record to bench/results/host-vs-mpi-<date>/ (for a
+# run worth keeping: the repository's results are not a scratch space).
 #
-# usage: bench/vs_mpi.sh            (as root where Open MPI is not installed yet)
+# usage: bench/vs_mpi.sh [--record]   (as root where Open MPI is not installed yet)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+RECORD=0
+case "${1:-}" in
+    --record) RECORD=1 ;;
+    "") ;;
+    *) echo "usage: $0 [--record]" >&2; exit 2 ;;
+esac
 BYTES=$((64 << 20))
 ITERS=20
 WARMUP=5
@@ -31,7 +38,11 @@ FCCL_CMD=(target/release/ferroccl run -n "$NP" target/release/ferroccl bench all
           -b "$BYTES" -e "$BYTES" -d float -n "$ITERS" -w "$WARMUP" --json "$FCCL_JSON")
 
 echo "+ ${MPI_CMD[*]}" >&2
-mpi_line=$("${MPI_CMD[@]}" | tee /dev/stderr | grep '^mpi_allreduce ')
+# Captured, then echoed to stderr: `tee /dev/stderr` reopens stderr's file and truncates a log
+# that stderr is redirected to.
+mpi_out=$("${MPI_CMD[@]}")
+printf '%s\n' "$mpi_out" >&2
+mpi_line=$(grep '^mpi_allreduce ' <<<"$mpi_out")
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
 mpi_time=$(field time_us "$mpi_line")
 mpi_algbw=$(field algbw "$mpi_line")
@@ -39,7 +50,8 @@ mpi_busbw=$(field busbw "$mpi_line")
 mpi_wrong=$(field wrong "$mpi_line")
 
 echo "+ ${FCCL_CMD[*]}" >&2
-fccl_out=$("${FCCL_CMD[@]}" | tee /dev/stderr)
+fccl_out=$("${FCCL_CMD[@]}")
+printf '%s\n' "$fccl_out" >&2
 # The table row of this size: size count type redop root | time algbw busbw #wrong | in place.
 read -r fccl_time fccl_algbw fccl_busbw fccl_ip_time fccl_ip_busbw < <(
     awk -v b="$BYTES" '$1 == b { print $6, $7, $8, $10, $12 }' <<<"$fccl_out")
@@ -52,8 +64,11 @@ printf '  %-10s %12s %12s %12s\n' "ferroccl" "$fccl_time" "$fccl_algbw" "$fccl_b
 printf '  %-10s %12s %12s %12s\n' "Open MPI" "$mpi_time" "$mpi_algbw" "$mpi_busbw"
 printf '  ferroccl / Open MPI busbw: %sx   (ferroccl in place: %s us, %s GB/s)\n' "$ratio" "$fccl_ip_time" "$fccl_ip_busbw"
 
-date_s=$(date -u +%Y-%m-%d)
-out=bench/results/host-vs-mpi-$date_s/host-vs-mpi.json
+if [ "$RECORD" = 1 ]; then
+    out=bench/results/host-vs-mpi-$(date -u +%Y-%m-%d)/host-vs-mpi.json
+else
+    out=target/bench/host-vs-mpi.json
+fi
 mkdir -p "$(dirname "$out")"
 jstr() { printf '"%s"' "$(sed 's/\\/\\\\/g; s/"/\\"/g' <<<"$1")"; }
 {

@@ -20,7 +20,7 @@ fn catch_signals() {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as usize;
+            sa.sa_sigaction = on_signal as *const () as usize;
             libc::sigemptyset(&mut sa.sa_mask);
             libc::sigaction(sig, &sa, std::ptr::null_mut());
         }
@@ -74,6 +74,8 @@ pub fn child_env(rank: usize, n: usize, port: u16, secret: &[u8; 16]) -> Vec<(St
         ("MASTER_ADDR".into(), "127.0.0.1".into()),
         ("MASTER_PORT".into(), port.to_string()),
         ("FERROCCL_JOB_SECRET".into(), secret_hex),
+        // Messages and headers name this launcher, not torchrun, whose variables it shares.
+        ("FERROCCL_LAUNCHER".into(), "ferroccl run".into()),
     ]
 }
 
@@ -213,7 +215,7 @@ mod tests {
         assert_eq!(env["FERROCCL_JOB_SECRET"], "000102030405060708090a0b0c0d0eff");
         // What the library will make of it.
         let l = ferroccl_core::LaunchEnv::from_vars(&env).unwrap().unwrap();
-        assert_eq!((l.rank, l.world_size, l.master_port), (2, 4, 29500));
+        assert_eq!((l.rank, l.world_size, l.master_port, l.source), (2, 4, 29500, "ferroccl run"));
         let c = ferroccl_core::Config::from_vars(&env).unwrap();
         assert_eq!(c.job_secret, Some(secret));
     }

@@ -28,8 +28,8 @@ pub struct PlotArgs {
 pub struct Series {
     pub name: String,
     pub nccl: bool,
-    /// Which record and type it came from: its colour, shared by both libraries' lines (solid
-    /// ferroccl, dashed NCCL).
+    /// Which record and type it came from: its colour within its library's family (warm, solid
+    /// ferroccl; cool, dashed NCCL).
     pub variant: usize,
     /// (size in bytes, busbw GB/s, time us), by size.
     pub points: Vec<(f64, f64, f64)>,
@@ -113,13 +113,38 @@ fn size_label(x: &f64) -> String {
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
+/// Line colours: ferroccl in warm hues, NCCL in cool ones, so that the two libraries differ by
+/// colour as well as by dash (a dashed line is hard to tell at a glance where lines cross);
+/// records and types step through each family.
+const FERROCCL_COLOURS: [RGBColor; 5] = [RGBColor(217, 72, 1), RGBColor(203, 24, 29), RGBColor(231, 41, 138), RGBColor(166, 86, 40), RGBColor(240, 160, 0)];
+const NCCL_COLOURS: [RGBColor; 5] = [RGBColor(33, 113, 181), RGBColor(35, 139, 69), RGBColor(106, 81, 163), RGBColor(0, 150, 160), RGBColor(82, 82, 82)];
+
+fn line_colour(nccl: bool, variant: usize) -> RGBColor {
+    let family = if nccl { &NCCL_COLOURS } else { &FERROCCL_COLOURS };
+    family[variant % family.len()]
+}
+
+/// A log axis drawn as a linear one over log2 of the value, labelled with the value: plotters'
+/// own log axis labels only the powers of ten, two ticks for a typical latency range.
+fn log2_label(v: &f64) -> String {
+    let x = v.exp2();
+    if x >= 10.0 {
+        format!("{x:.0}")
+    } else if x >= 1.0 {
+        format!("{}", (x * 10.0).round() / 10.0)
+    } else {
+        format!("{}", (x * 100.0).round() / 100.0)
+    }
+}
+
 /// One panel: `y` picks busbw or time; points outside `max_size` or not positive are left out
 /// (a log axis has no zero).
 /// The legend goes in the bandwidth panel only: the latency panel beside it uses the same
 /// colours, and its lines would be hidden under a second legend.
 #[allow(clippy::too_many_arguments)]
 fn panel(area: &Area, title: &str, series: &[Series], max_size: f64, y_label: &str, y: fn(&(f64, f64, f64)) -> f64, log_y: bool, legend: bool) -> Result<(), String> {
-    let pts = |s: &Series| -> Vec<(f64, f64)> { s.points.iter().filter(|p| p.0 > 0.0 && p.0 <= max_size && y(p) > 0.0).map(|p| (p.0, y(p))).collect() };
+    let ty = |v: f64| if log_y { v.log2() } else { v };
+    let pts = |s: &Series| -> Vec<(f64, f64)> { s.points.iter().filter(|p| p.0 > 0.0 && p.0 <= max_size && y(p) > 0.0).map(|p| (p.0, ty(y(p)))).collect() };
     let all: Vec<(f64, f64)> = series.iter().flat_map(pts).collect();
     if all.is_empty() {
         return Ok(());
@@ -127,50 +152,48 @@ fn panel(area: &Area, title: &str, series: &[Series], max_size: f64, y_label: &s
     let (x0, x1) = all.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
     let (y0, y1) = all.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
     let x1 = if x1 <= x0 { x0 * 2.0 } else { x1 };
+    // Log: a quarter of an octave of room each side, and at least two octaves in view, so that
+    // the axis has several powers of two to label. Linear: from zero.
+    let yr = if log_y {
+        let (lo, hi) = (y0 - 0.25, y1 + 0.25);
+        let pad = (2.0 - (hi - lo)).max(0.0) / 2.0;
+        (lo - pad)..(hi + pad)
+    } else {
+        0.0..y1 * 1.1
+    };
     let e = |e: &dyn std::fmt::Display| e.to_string();
     let mut b = ChartBuilder::on(area);
     b.caption(title, ("sans-serif", 18)).margin(8).x_label_area_size(32).y_label_area_size(56);
-    macro_rules! draw {
-        ($chart:expr) => {{
-            let mut chart = $chart;
-            chart
-                .configure_mesh()
-                .x_desc("size")
-                .y_desc(y_label)
-                .x_label_formatter(&size_label)
-                .draw()
-                .map_err(|x| e(&x))?;
-            for s in series {
-                let c = Palette99::pick(s.variant).to_rgba();
-                let p = pts(s);
-                if s.nccl {
-                    chart.draw_series(DashedLineSeries::new(p.clone(), 6, 4, c.stroke_width(2))).map_err(|x| e(&x))?.label(&s.name).legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
-                    });
-                    chart.draw_series(p.iter().map(|&q| TriangleMarker::new(q, 4, c.filled()))).map_err(|x| e(&x))?;
-                } else {
-                    chart.draw_series(LineSeries::new(p.clone(), c.stroke_width(3))).map_err(|x| e(&x))?.label(&s.name).legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3))
-                    });
-                    chart.draw_series(p.iter().map(|&q| Circle::new(q, 3, c.filled()))).map_err(|x| e(&x))?;
-                }
-            }
-            if legend {
-                chart
-                    .configure_series_labels()
-                    .position(SeriesLabelPosition::UpperLeft)
-                    .background_style(WHITE.mix(0.8))
-                    .border_style(BLACK)
-                    .draw()
-                    .map_err(|x| e(&x))?;
-            }
-        }};
-    }
-    let xr = (x0..x1).log_scale().base(2.0);
+    let mut chart = b.build_cartesian_2d((x0..x1).log_scale().base(2.0), yr).map_err(|x| e(&x))?;
+    let mut mesh = chart.configure_mesh();
+    mesh.x_desc("size").y_desc(y_label).x_label_formatter(&size_label);
     if log_y {
-        draw!(b.build_cartesian_2d(xr, (y0 * 0.8..y1 * 1.25).log_scale()).map_err(|x| e(&x))?);
-    } else {
-        draw!(b.build_cartesian_2d(xr, 0.0..y1 * 1.1).map_err(|x| e(&x))?);
+        mesh.y_labels(12).y_label_formatter(&log2_label);
+    }
+    mesh.draw().map_err(|x| e(&x))?;
+    for s in series {
+        let c = line_colour(s.nccl, s.variant).to_rgba();
+        let p = pts(s);
+        if s.nccl {
+            chart.draw_series(DashedLineSeries::new(p.clone(), 6, 4, c.stroke_width(2))).map_err(|x| e(&x))?.label(&s.name).legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+            });
+            chart.draw_series(p.iter().map(|&q| TriangleMarker::new(q, 4, c.filled()))).map_err(|x| e(&x))?;
+        } else {
+            chart.draw_series(LineSeries::new(p.clone(), c.stroke_width(3))).map_err(|x| e(&x))?.label(&s.name).legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3))
+            });
+            chart.draw_series(p.iter().map(|&q| Circle::new(q, 3, c.filled()))).map_err(|x| e(&x))?;
+        }
+    }
+    if legend {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|x| e(&x))?;
     }
     Ok(())
 }
@@ -229,6 +252,41 @@ mod tests {
         // The same label twice gets the file names.
         let by_op = collect(&[a.clone(), a.clone()]).unwrap();
         assert!(by_op["alltoall"][0].name.ends_with("(threads)"), "{}", by_op["alltoall"][0].name);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_libraries_differ_in_colour_and_the_latency_axis_labels_several_ticks() {
+        for v in 0..FERROCCL_COLOURS.len() {
+            for w in 0..NCCL_COLOURS.len() {
+                assert_ne!(line_colour(false, v), line_colour(true, w), "ferroccl {v} vs NCCL {w}");
+            }
+            for w in 0..v {
+                assert_ne!(line_colour(false, v), line_colour(false, w));
+                assert_ne!(line_colour(true, v), line_colour(true, w));
+            }
+        }
+        // 3 to 200 us: every power of two between gets its label.
+        let dir = std::env::temp_dir().join(format!("ferroccl-plot-ticks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let line = |nccl: bool, t: &[f64]| Series {
+            name: if nccl { "NCCL x".into() } else { "ferroccl x".into() },
+            nccl,
+            variant: 0,
+            points: t.iter().enumerate().map(|(i, &t)| ((1024usize << (2 * i)) as f64, 1.0, t)).collect(),
+        };
+        let by_op = BTreeMap::from([("all-reduce".to_string(), vec![line(false, &[3.0, 5.0, 20.0, 200.0]), line(true, &[4.0, 7.0, 30.0, 150.0])])]);
+        let out = dir.join("ticks.svg");
+        render(&by_op, &out, 1 << 30).unwrap();
+        let svg = std::fs::read_to_string(&out).unwrap();
+        // Every text element's content.
+        let texts: Vec<&str> = svg.split("</text>").filter_map(|t| t.rsplit('>').next()).map(str::trim).collect();
+        for t in ["4", "8", "16", "32", "64", "128"] {
+            assert!(texts.contains(&t), "no tick {t} on the latency axis: {texts:?}");
+        }
+        for c in [line_colour(false, 0), line_colour(true, 0)] {
+            assert!(svg.to_lowercase().contains(&format!("#{:02x}{:02x}{:02x}", c.0, c.1, c.2)), "colour {c:?} not drawn");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -71,3 +71,17 @@ fn a_killed_launcher_takes_its_ranks_along() {
     let took = all_end_within(&pids, Duration::from_secs(2));
     eprintln!("SIGKILL to the launcher: ranks gone after {took:?}");
 }
+
+/// The bench's header names the launcher that started it: `ferroccl run`, not torchrun (whose
+/// variables it sets).
+#[test]
+fn the_bench_under_ferroccl_run_names_it() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferroccl"))
+        .args(["run", "-n", "2", env!("CARGO_BIN_EXE_ferroccl"), "bench", "all-reduce", "-b", "8", "-e", "64", "-n", "1", "-w", "0"])
+        .env("FERROCCL_TRANSPORT", "tcp")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("ferroccl run launcher") && !text.contains("torchrun"), "{text}");
+}

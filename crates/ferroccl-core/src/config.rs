@@ -396,7 +396,9 @@ impl LaunchEnv {
     pub fn from_vars(vars: &HashMap<String, String>) -> Result<Option<LaunchEnv>, Error> {
         let get = |k: &str| vars.get(k).map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
         let (rank_k, size_k, local_k, source) = if get("RANK").is_some() || get("WORLD_SIZE").is_some() {
-            ("RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun")
+            // `ferroccl run` sets torchrun's variables and says so.
+            let who = if get("FERROCCL_LAUNCHER").as_deref() == Some("ferroccl run") { "ferroccl run" } else { "torchrun" };
+            ("RANK", "WORLD_SIZE", "LOCAL_RANK", who)
         } else if get("OMPI_COMM_WORLD_RANK").is_some() {
             ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun")
         } else {
@@ -507,6 +509,16 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!((t.rank, t.world_size, t.local_rank, t.master_port, t.source), (2, 4, 2, 29500, "torchrun"));
+        let f = LaunchEnv::from_vars(&vars(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+            ("FERROCCL_LAUNCHER", "ferroccl run"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(f.source, "ferroccl run");
         let m = LaunchEnv::from_vars(&vars(&[
             ("OMPI_COMM_WORLD_RANK", "1"),
             ("OMPI_COMM_WORLD_SIZE", "2"),

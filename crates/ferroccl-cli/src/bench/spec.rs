@@ -55,6 +55,13 @@ impl Spec {
         if a.min > a.max {
             return Err(format!("-b {} is larger than -e {}", a.min, a.max));
         }
+        // Both would walk the sizes a byte at a time, or not at all, where a user meant steps.
+        if a.factor == 0 {
+            return Err("-f 0: the step factor must be at least 1 (-f 2 doubles the size each row; -f 1 -i N adds N bytes)".into());
+        }
+        if a.factor == 1 && a.step == 0 {
+            return Err("-f 1 -i 0: with a factor of 1 each row adds -i bytes, which must be more than 0 (or give -f 2 or more)".into());
+        }
         Ok(Spec {
             ops: BenchOp::parse(&a.op)?,
             sizes: sweep(a.min, a.max, a.factor, a.step),
@@ -123,6 +130,18 @@ mod tests {
         assert_eq!(spec.iters_for(2 << 30), (1, 1));
         a.iter_budget = None;
         assert_eq!(Spec::from_args(&a).unwrap().iters_for(2 << 30), (20, 5));
+    }
+
+    #[test]
+    fn a_sweep_that_cannot_step_is_refused() {
+        let mut a = args();
+        a.factor = 0;
+        assert!(Spec::from_args(&a).unwrap_err().contains("-f 0"));
+        (a.factor, a.step) = (1, 0);
+        assert!(Spec::from_args(&a).unwrap_err().contains("-i 0"));
+        // -f 1 -i N adds N bytes a row, every row distinct.
+        (a.min, a.max, a.step) = (1 << 20, 4 << 20, 1 << 20);
+        assert_eq!(Spec::from_args(&a).unwrap().sizes, vec![1 << 20, 2 << 20, 3 << 20, 4 << 20]);
     }
 
     #[test]
