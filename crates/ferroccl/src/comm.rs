@@ -365,6 +365,13 @@ impl Comm {
         T::DTYPE
     }
 
+    /// Why this communicator cannot be used any more (aborted, a peer dead, an earlier failure),
+    /// without waiting for anything: what NCCL's `ncclCommGetAsyncError` reports. GPU kernels'
+    /// own failures (a device deadline) surface at [`Comm::synchronize`].
+    pub fn failure(&self) -> Option<Error> {
+        self.ensure_usable("ncclCommGetAsyncError").err()
+    }
+
     /// Refuses a call (`what`: "all_reduce", "split") on an aborted or failed communicator,
     /// naming the call as its launch would have ("all_reduce #13 on rank 1 of 4").
     pub(crate) fn ensure_usable(&self, what: &str) -> Result<(), Error> {

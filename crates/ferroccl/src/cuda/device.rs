@@ -71,6 +71,26 @@ pub fn gpu_count() -> Result<usize> {
     }
 }
 
+/// The GPU of the context current on this thread (what the CUDA runtime's `cudaSetDevice`
+/// selects), or None where there is no driver, no GPU or no current context: NCCL's API picks
+/// a communicator's GPU this way.
+pub fn current_device() -> Result<Option<usize>> {
+    match driver() {
+        Driver::Absent | Driver::NoDevice => Ok(None),
+        Driver::Failed(m) => Err(Error::System(m.clone())),
+        Driver::Ready => {
+            let mut ctx: sys::CUcontext = std::ptr::null_mut();
+            cu_ok("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut ctx) })?;
+            if ctx.is_null() {
+                return Ok(None);
+            }
+            let mut dev: sys::CUdevice = 0;
+            cu_ok("cuCtxGetDevice", unsafe { sys::cuCtxGetDevice(&mut dev) })?;
+            Ok(Some(dev.max(0) as usize))
+        }
+    }
+}
+
 /// How two GPUs reach each other, as far as the driver says cheaply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerLink {

@@ -15,7 +15,7 @@ pub mod mem;
 pub mod nvrtc;
 pub mod pinned;
 
-pub use device::{gpu_count, Gpu};
+pub use device::{current_device, gpu_count, Gpu};
 
 use cudarc::driver::sys;
 use ferroccl_core::{Error, Result};

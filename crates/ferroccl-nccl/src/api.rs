@@ -1,0 +1,357 @@
+//! The exported entry points. Each `nccl<Name>` has a `pnccl<Name>` twin (what profilers
+//! interpose on), and each checks its arguments before it changes anything.
+
+#![allow(non_snake_case)]
+// The C signatures, argument for argument.
+#![allow(clippy::too_many_arguments)]
+// Entry points called from C: their safety contract is NCCL's documentation.
+#![allow(clippy::missing_safety_doc)]
+
+use crate::abi::{self, NcclResult, RawComm, RawStream, UniqueId};
+use crate::fail::{error_string, guard, last_error_ptr, Fail, Res};
+use crate::group;
+use crate::handle::{lookup, register, unregister, Handle};
+use ferroccl::{CollKind, Comm, Config, DataType, Device, OpArgs, ReduceOp};
+use std::ffi::{c_char, c_int, c_void};
+
+/// Defines `ncclX` and `pncclX`, the body run under [`guard`].
+macro_rules! export {
+    ($( $(#[$doc:meta])* fn $name:ident / $pname:ident ( $($arg:ident : $ty:ty),* $(,)? ) $body:block )*) => {$(
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $pname($($arg: $ty),*) -> NcclResult {
+            guard(stringify!($name), || -> Res { $body })
+        }
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> NcclResult {
+            $pname($($arg),*)
+        }
+    )*};
+}
+
+fn out<T>(p: *mut T, what: &str) -> Res<*mut T> {
+    if p.is_null() {
+        Err(Fail::arg(format!("{what} is a null pointer")))
+    } else {
+        Ok(p)
+    }
+}
+
+fn dtype(d: c_int) -> Res<DataType> {
+    DataType::from_nccl_id(d).map_err(|_| Fail::arg(format!("datatype {d} is not an ncclDataType_t (0 to 11)")))
+}
+
+fn rank_arg(v: c_int, what: &str) -> Res<usize> {
+    usize::try_from(v).map_err(|_| Fail::arg(format!("{what} {v} is negative")))
+}
+
+/// Where a communicator made now runs: the GPU current on this thread, else the host.
+fn device() -> Res<Device> {
+    match std::env::var("FERROCCL_NCCL_BACKEND").as_deref() {
+        Ok("host") => return Ok(Device::Host),
+        Ok("gpu") | Ok("") | Err(_) => {}
+        Ok(other) => return Err(Fail::arg(format!("FERROCCL_NCCL_BACKEND={other}: use host or gpu"))),
+    }
+    let current = ferroccl::cuda::current_device().map_err(Fail::from)?;
+    match (current, std::env::var("FERROCCL_NCCL_BACKEND").as_deref()) {
+        (Some(d), _) => Ok(Device::Cuda(d)),
+        (None, Ok("gpu")) => Err(Fail { code: abi::UNHANDLED_CUDA_ERROR, msg: "FERROCCL_NCCL_BACKEND=gpu but no CUDA context is current on this thread (call cudaSetDevice first)".into() }),
+        (None, _) => Ok(Device::Host),
+    }
+}
+
+fn config() -> Res<Config> {
+    Config::from_env().map_err(Fail::from)
+}
+
+/// Reads what ferroccl uses of an `ncclConfig_t`: only fields the caller's `size` covers.
+/// Rejects a struct that was never initialised (its magic) and options ferroccl cannot honour.
+unsafe fn read_config(c: *const abi::Config) -> Res<()> {
+    if c.is_null() {
+        return Ok(());
+    }
+    // SAFETY: the caller's struct; size, magic and version are the first 16 bytes of every
+    // version of it.
+    let (size, magic) = unsafe { ((*c).size, (*c).magic) };
+    if magic != abi::CONFIG_MAGIC {
+        return Err(Fail::arg(format!("the ncclConfig_t's magic is {magic:#x}, not 0xcafebeef: initialise it with NCCL_CONFIG_INITIALIZER")));
+    }
+    let covers = |off: usize| size >= off + 4;
+    // SAFETY: read only when the caller's struct reaches the field.
+    let blocking = if covers(std::mem::offset_of!(abi::Config, blocking)) { unsafe { (*c).blocking } } else { abi::CONFIG_UNDEF_INT };
+    if blocking == 0 {
+        return Err(Fail::usage("non-blocking communicators (config.blocking = 0) are not supported yet: leave blocking unset or 1"));
+    }
+    Ok(())
+}
+
+fn make_comm(id: UniqueId, nranks: c_int, rank: c_int, device: Device, cfg: &Config) -> Result<Comm, Fail> {
+    let fid = ferroccl::UniqueId::from_bytes(&id.to_bytes()).map_err(Fail::from)?;
+    Comm::init_rank(&fid, nranks as usize, rank as usize, device, cfg).map_err(Fail::from)
+}
+
+unsafe fn init_rank(comm: *mut RawComm, nranks: c_int, id: UniqueId, rank: c_int, c: *const abi::Config) -> Res {
+    let comm = out(comm, "comm")?;
+    if nranks < 1 || rank < 0 || rank >= nranks {
+        return Err(Fail::arg(format!("rank {rank} of {nranks}: need 0 <= rank < nranks")));
+    }
+    unsafe { read_config(c) }?;
+    let cfg = config()?;
+    let dev = device()?;
+    let (raw, h) = register(Handle::pending());
+    // SAFETY: checked non-null; the caller's out parameter.
+    unsafe { *comm = raw };
+    let r = group::init(h, Box::new(move || make_comm(id, nranks, rank, dev, &cfg)));
+    if r.is_err() && !group::in_group() {
+        let _ = unregister(raw);
+        unsafe { *comm = std::ptr::null_mut() };
+    }
+    r
+}
+
+unsafe fn op(kind: CollKind, send: *const c_void, recv: *mut c_void, count: usize, dt: c_int, redop: c_int, root: c_int, comm: RawComm, stream: RawStream) -> Res {
+    let h = lookup(comm)?;
+    let dtype = dtype(dt)?;
+    let (op, device_scalar) = if kind.reduces() { h.redop(redop, dtype)? } else { (ReduceOp::Sum, None) };
+    let root = rank_arg(root, if matches!(kind, CollKind::Send | CollKind::Recv) { "peer" } else { "root" })?;
+    let args = OpArgs { kind, send: send as *const u8, recv: recv as *mut u8, count, dtype, op, root, device_scalar };
+    group::submit(h, args, stream)
+}
+
+fn comm_int(comm: RawComm, v: *mut c_int, f: impl FnOnce(&Comm) -> i64) -> Res {
+    let h = lookup(comm)?;
+    let v = out(v, "the result pointer")?;
+    let x = f(h.comm()?);
+    // SAFETY: checked non-null; the caller's out parameter.
+    unsafe { *v = x as c_int };
+    Ok(())
+}
+
+export! {
+    fn ncclGetVersion / pncclGetVersion(version: *mut c_int) {
+        let v = out(version, "version")?;
+        unsafe { *v = abi::API_VERSION };
+        Ok(())
+    }
+
+    fn ncclGetUniqueId / pncclGetUniqueId(unique_id: *mut UniqueId) {
+        let p = out(unique_id, "uniqueId")?;
+        let id = ferroccl::UniqueId::new(&config()?).map_err(Fail::from)?;
+        let raw = UniqueId::from_bytes(id.as_bytes()).ok_or_else(|| Fail { code: abi::INTERNAL_ERROR, msg: "a unique id of the wrong size".into() })?;
+        unsafe { *p = raw };
+        Ok(())
+    }
+
+    fn ncclCommInitRank / pncclCommInitRank(comm: *mut RawComm, nranks: c_int, id: UniqueId, rank: c_int) {
+        unsafe { init_rank(comm, nranks, id, rank, std::ptr::null()) }
+    }
+
+    fn ncclCommInitRankConfig / pncclCommInitRankConfig(comm: *mut RawComm, nranks: c_int, id: UniqueId, rank: c_int, config: *mut abi::Config) {
+        unsafe { init_rank(comm, nranks, id, rank, config) }
+    }
+
+    fn ncclCommInitAll / pncclCommInitAll(comms: *mut RawComm, ndev: c_int, devlist: *const c_int) {
+        let comms = out(comms, "comms")?;
+        if ndev < 1 {
+            return Err(Fail::arg(format!("ndev {ndev}: at least 1")));
+        }
+        let n = ndev as usize;
+        let host = matches!(device()?, Device::Host) && devlist.is_null();
+        let devices: Vec<Device> = if host {
+            vec![Device::Host; n]
+        } else if devlist.is_null() {
+            (0..n).map(Device::Cuda).collect()
+        } else {
+            // SAFETY: NCCL's contract: ndev entries.
+            let list = unsafe { std::slice::from_raw_parts(devlist, n) };
+            list.iter().map(|&d| rank_arg(d, "device").map(Device::Cuda)).collect::<Res<_>>()?
+        };
+        let made = Comm::init_devices(&devices, &config()?).map_err(Fail::from)?;
+        for (i, c) in made.into_iter().enumerate() {
+            let (raw, _) = register(Handle::ready(c));
+            unsafe { *comms.add(i) = raw };
+        }
+        Ok(())
+    }
+
+    fn ncclCommSplit / pncclCommSplit(comm: RawComm, color: c_int, key: c_int, newcomm: *mut RawComm, config: *mut abi::Config) {
+        let h = lookup(comm)?;
+        let newcomm = out(newcomm, "newcomm")?;
+        if color < 0 && color != abi::SPLIT_NOCOLOR {
+            return Err(Fail::arg(format!("color {color}: a color is non-negative, or NCCL_SPLIT_NOCOLOR (-1)")));
+        }
+        unsafe { read_config(config) }?;
+        if group::in_group() {
+            return Err(Fail::usage("ncclCommSplit inside a group is not supported yet: call it outside ncclGroupStart/End"));
+        }
+        let color = (color >= 0).then_some(color as u32);
+        let made = h.comm()?.split(color, key).map_err(Fail::from)?;
+        let raw = made.map_or(std::ptr::null_mut(), |c| register(Handle::ready(c)).0);
+        unsafe { *newcomm = raw };
+        Ok(())
+    }
+
+    fn ncclCommFinalize / pncclCommFinalize(comm: RawComm) {
+        lookup(comm)?.comm()?.synchronize().map_err(Fail::from)
+    }
+
+    fn ncclCommDestroy / pncclCommDestroy(comm: RawComm) {
+        // The communicator goes when the last call using it returns; dropping waits for its
+        // queued work.
+        drop(unregister(comm)?);
+        Ok(())
+    }
+
+    fn ncclCommAbort / pncclCommAbort(comm: RawComm) {
+        let h = unregister(comm)?;
+        if let Ok(c) = h.comm() {
+            c.abort();
+        }
+        Ok(())
+    }
+
+    fn ncclCommGetAsyncError / pncclCommGetAsyncError(comm: RawComm, async_error: *mut NcclResult) {
+        let h = lookup(comm)?;
+        let p = out(async_error, "asyncError")?;
+        let r = match h.comm() {
+            Ok(c) => c.failure().map_or(abi::SUCCESS, |e| e.nccl_result()),
+            // Still inside its group: NCCL says "in progress"; a failed creation is its error.
+            Err(f) if f.code == abi::INVALID_USAGE => abi::IN_PROGRESS,
+            Err(f) => f.code,
+        };
+        unsafe { *p = r };
+        Ok(())
+    }
+
+    fn ncclCommCount / pncclCommCount(comm: RawComm, count: *mut c_int) {
+        comm_int(comm, count, |c| c.nranks() as i64)
+    }
+
+    /// The communicator's CUDA device; -1 for one on the host backend.
+    fn ncclCommCuDevice / pncclCommCuDevice(comm: RawComm, device: *mut c_int) {
+        comm_int(comm, device, |c| match c.device() { Device::Cuda(d) => d as i64, Device::Host => -1 })
+    }
+
+    fn ncclCommUserRank / pncclCommUserRank(comm: RawComm, rank: *mut c_int) {
+        comm_int(comm, rank, |c| c.rank() as i64)
+    }
+
+    fn ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(op: *mut c_int, scalar: *mut c_void, datatype: c_int, residence: c_int, comm: RawComm) {
+        let h = lookup(comm)?;
+        let op = out(op, "op")?;
+        let id = unsafe { h.create_premul(scalar as *const u8, dtype(datatype)?, residence) }?;
+        unsafe { *op = id };
+        Ok(())
+    }
+
+    fn ncclRedOpDestroy / pncclRedOpDestroy(op: c_int, comm: RawComm) {
+        lookup(comm)?.destroy_premul(op)
+    }
+
+    fn ncclAllReduce / pncclAllReduce(send: *const c_void, recv: *mut c_void, count: usize, datatype: c_int, op: c_int, comm: RawComm, stream: RawStream) {
+        unsafe { self::op(CollKind::AllReduce, send, recv, count, datatype, op, 0, comm, stream) }
+    }
+
+    fn ncclReduce / pncclReduce(send: *const c_void, recv: *mut c_void, count: usize, datatype: c_int, op: c_int, root: c_int, comm: RawComm, stream: RawStream) {
+        unsafe { self::op(CollKind::Reduce, send, recv, count, datatype, op, root, comm, stream) }
+    }
+
+    fn ncclBroadcast / pncclBroadcast(send: *const c_void, recv: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: RawComm, stream: RawStream) {
+        unsafe { self::op(CollKind::Broadcast, send, recv, count, datatype, 0, root, comm, stream) }
+    }
+
+    /// The in-place broadcast of NCCL's first API.
+    fn ncclBcast / pncclBcast(buff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: RawComm, stream: RawStream) {
+        unsafe { self::op(CollKind::Broadcast, buff, buff, count, datatype, 0, root, comm, stream) }
+    }
+
+    fn ncclReduceScatter / pncclReduceScatter(send: *const c_void, recv: *mut c_void, recvcount: usize, datatype: c_int, op: c_int, comm: RawComm, stream: RawStream) {
+        unsafe { self::op(CollKind::ReduceScatter, send, recv, recvcount, datatype, op, 0, comm, stream) }
+    }
+
+    fn ncclAllGather / pncclAllGather(send: *const c_void, recv: *mut c_void, sendcount: usize, datatype: c_int, comm: RawComm, stream: RawStream) {
+        unsafe { self::op(CollKind::AllGather, send, recv, sendcount, datatype, 0, 0, comm, stream) }
+    }
+
+    fn ncclAlltoAll / pncclAlltoAll(send: *const c_void, recv: *mut c_void, count: usize, datatype: c_int, comm: RawComm, stream: RawStream) {
+        unsafe { self::op(CollKind::AllToAll, send, recv, count, datatype, 0, 0, comm, stream) }
+    }
+
+    fn ncclGather / pncclGather(send: *const c_void, recv: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: RawComm, stream: RawStream) {
+        unsafe { self::op(CollKind::Gather, send, recv, count, datatype, 0, root, comm, stream) }
+    }
+
+    fn ncclScatter / pncclScatter(send: *const c_void, recv: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: RawComm, stream: RawStream) {
+        unsafe { self::op(CollKind::Scatter, send, recv, count, datatype, 0, root, comm, stream) }
+    }
+
+    fn ncclSend / pncclSend(send: *const c_void, count: usize, datatype: c_int, peer: c_int, comm: RawComm, stream: RawStream) {
+        unsafe { self::op(CollKind::Send, send, std::ptr::null_mut(), count, datatype, 0, peer, comm, stream) }
+    }
+
+    fn ncclRecv / pncclRecv(recv: *mut c_void, count: usize, datatype: c_int, peer: c_int, comm: RawComm, stream: RawStream) {
+        unsafe { self::op(CollKind::Recv, std::ptr::null(), recv, count, datatype, 0, peer, comm, stream) }
+    }
+
+    fn ncclGroupStart / pncclGroupStart() {
+        group::start()
+    }
+
+    fn ncclGroupEnd / pncclGroupEnd() {
+        group::end()
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pncclGetErrorString(result: NcclResult) -> *const c_char {
+    error_string(result).as_ptr()
+}
+#[no_mangle]
+pub unsafe extern "C" fn ncclGetErrorString(result: NcclResult) -> *const c_char {
+    error_string(result).as_ptr()
+}
+/// The last failure's text (of any communicator: NCCL keeps one per process).
+#[no_mangle]
+pub unsafe extern "C" fn pncclGetLastError(_comm: RawComm) -> *const c_char {
+    last_error_ptr()
+}
+#[no_mangle]
+pub unsafe extern "C" fn ncclGetLastError(_comm: RawComm) -> *const c_char {
+    last_error_ptr()
+}
+
+// The exported functions have exactly the signatures the loader's types say (one definition of
+// the ABI): a mismatch fails to compile.
+const _: () = {
+    let _: abi::GetVersionFn = ncclGetVersion;
+    let _: abi::GetUniqueIdFn = ncclGetUniqueId;
+    let _: abi::CommInitRankFn = ncclCommInitRank;
+    let _: abi::CommInitRankConfigFn = ncclCommInitRankConfig;
+    let _: abi::CommInitAllFn = ncclCommInitAll;
+    let _: abi::CommSplitFn = ncclCommSplit;
+    let _: abi::CommFn = ncclCommDestroy;
+    let _: abi::CommFn = ncclCommAbort;
+    let _: abi::CommFn = ncclCommFinalize;
+    let _: abi::CommIntFn = ncclCommCount;
+    let _: abi::CommIntFn = ncclCommCuDevice;
+    let _: abi::CommIntFn = ncclCommUserRank;
+    let _: abi::CommGetAsyncErrorFn = ncclCommGetAsyncError;
+    let _: abi::GroupFn = ncclGroupStart;
+    let _: abi::GroupFn = ncclGroupEnd;
+    let _: abi::GetErrorStringFn = ncclGetErrorString;
+    let _: abi::GetLastErrorFn = ncclGetLastError;
+    let _: abi::AllReduceFn = ncclAllReduce;
+    let _: abi::ReduceScatterFn = ncclReduceScatter;
+    let _: abi::AllGatherFn = ncclAllGather;
+    let _: abi::AllGatherFn = ncclAlltoAll;
+    let _: abi::BroadcastFn = ncclBroadcast;
+    let _: abi::BroadcastFn = ncclGather;
+    let _: abi::BroadcastFn = ncclScatter;
+    let _: abi::BcastFn = ncclBcast;
+    let _: abi::ReduceFn = ncclReduce;
+    let _: abi::SendFn = ncclSend;
+    let _: abi::RecvFn = ncclRecv;
+    let _: abi::RedOpCreatePreMulSumFn = ncclRedOpCreatePreMulSum;
+    let _: abi::RedOpDestroyFn = ncclRedOpDestroy;
+};

@@ -1,0 +1,140 @@
+//! NCCL's groups: between `ncclGroupStart` and `ncclGroupEnd` a thread's operations (on any of
+//! its communicators) and communicator creations are collected, and the end runs them
+//! together: the creations at once, each on a thread of its own (one thread may create every
+//! rank of a job), then the operations as one ferroccl launch, where sends and receives in any
+//! order cannot deadlock. Outside a group each operation is a group of one.
+
+use crate::abi::RawStream;
+use crate::fail::{Fail, Res};
+use crate::handle::Handle;
+use ferroccl::{Comm, Group, OpArgs};
+use std::cell::RefCell;
+use std::sync::Arc;
+
+/// A creation waiting for its group's end.
+pub type InitJob = Box<dyn FnOnce() -> Result<Comm, Fail> + Send>;
+
+#[derive(Default)]
+struct State {
+    depth: u32,
+    ops: Vec<(Arc<Handle>, OpArgs, RawStream)>,
+    inits: Vec<(Arc<Handle>, InitJob)>,
+}
+
+thread_local! {
+    static STATE: RefCell<State> = RefCell::new(State::default());
+}
+
+pub fn in_group() -> bool {
+    STATE.with(|s| s.borrow().depth > 0)
+}
+
+pub fn start() -> Res {
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        s.depth = s.depth.checked_add(1).ok_or_else(|| Fail::usage("groups nested too deep"))?;
+        Ok(())
+    })
+}
+
+/// Ends one level; the outermost runs what was collected.
+pub fn end() -> Res {
+    let (inits, ops) = STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.depth == 0 {
+            return Err(Fail::usage("ncclGroupEnd without a matching ncclGroupStart"));
+        }
+        s.depth -= 1;
+        if s.depth > 0 {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        Ok((std::mem::take(&mut s.inits), std::mem::take(&mut s.ops)))
+    })?;
+    let inited = run_inits(inits);
+    let launched = if ops.is_empty() { Ok(()) } else { launch(&ops) };
+    inited.and(launched)
+}
+
+/// Creates a communicator now, or at the group's end inside a group.
+pub fn init(h: Arc<Handle>, job: InitJob) -> Res {
+    if in_group() {
+        STATE.with(|s| s.borrow_mut().inits.push((h, job)));
+        return Ok(());
+    }
+    let r = job();
+    let out = r.as_ref().map(|_| ()).map_err(Clone::clone);
+    h.complete(r);
+    out
+}
+
+/// Every creation of the group at once: the ranks of one job created from one thread must
+/// meet in their rendezvous.
+fn run_inits(inits: Vec<(Arc<Handle>, InitJob)>) -> Res {
+    if inits.is_empty() {
+        return Ok(());
+    }
+    let results: Vec<Res> = std::thread::scope(|s| {
+        let hs: Vec<_> = inits
+            .into_iter()
+            .map(|(h, job)| {
+                s.spawn(move || {
+                    let r = job();
+                    let out = r.as_ref().map(|_| ()).map_err(Clone::clone);
+                    h.complete(r);
+                    out
+                })
+            })
+            .collect();
+        hs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(Fail { code: crate::abi::INTERNAL_ERROR, msg: "a communicator's creation panicked".into() }))).collect()
+    });
+    results.into_iter().collect()
+}
+
+/// An operation on `h`: checked now (a bad argument fails this call and is not kept), run now
+/// outside a group, at the group's end inside one.
+pub fn submit(h: Arc<Handle>, args: OpArgs, stream: RawStream) -> Res {
+    {
+        let comm = h.comm()?;
+        let mut check = Group::new();
+        // SAFETY: nothing runs: the group is dropped unlaunched; push_raw only checks.
+        unsafe { check.push_raw(comm, args) }?;
+    }
+    if in_group() {
+        STATE.with(|s| s.borrow_mut().ops.push((h, args, stream)));
+        return Ok(());
+    }
+    launch(&[(h, args, stream)])
+}
+
+/// NCCL's stream 0 is the legacy default stream (CU_STREAM_LEGACY), which orders with the
+/// caller's other work on it; ferroccl's null stream would be the communicator's own.
+fn cuda_stream(s: RawStream) -> RawStream {
+    if s.is_null() { 0x1 as RawStream } else { s }
+}
+
+fn launch(ops: &[(Arc<Handle>, OpArgs, RawStream)]) -> Res {
+    // One stream per communicator and launch: ferroccl enqueues a communicator's share of a
+    // launch as one kernel.
+    let mut streams: Vec<(*const Handle, RawStream)> = Vec::new();
+    for (h, _, s) in ops {
+        match streams.iter().find(|(p, _)| std::ptr::eq(*p, Arc::as_ptr(h))) {
+            Some((_, first)) if *first != *s => {
+                return Err(Fail::usage("operations of one communicator inside one group on different streams are not supported yet: use one stream per communicator and group"));
+            }
+            Some(_) => {}
+            None => streams.push((Arc::as_ptr(h), *s)),
+        }
+    }
+    let mut g = Group::new();
+    for (h, args, s) in ops {
+        let comm = h.comm()?;
+        if comm.gpu().is_some() {
+            // SAFETY: the caller's stream, valid for its operations by NCCL's contract.
+            unsafe { comm.set_stream(cuda_stream(*s)) };
+        }
+        // SAFETY: the buffers are the caller's, valid until the operations complete (NCCL's
+        // contract: on the host backend that is when this returns).
+        unsafe { g.push_raw(comm, *args) }?;
+    }
+    g.launch().map_err(Fail::from)
+}

@@ -1,0 +1,469 @@
+//! The C API through the real shared library: `libnccl.so` of this build is opened with
+//! dlopen and called as a C program would, on the host backend (host buffers, streams
+//! ignored), ranks as threads. Every result is checked element by element on fresh random
+//! integers (exact in every reduction); bad arguments of every kind must return NCCL's code
+//! and a text, and leave the communicator usable.
+
+use ferroccl_core::nccl_abi::{self as abi, RawComm, UniqueId};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ptr::{null, null_mut};
+
+struct Lib(*mut c_void);
+unsafe impl Send for Lib {}
+unsafe impl Sync for Lib {}
+
+impl Lib {
+    fn open() -> Lib {
+        std::env::set_var("FERROCCL_NCCL_BACKEND", "host");
+        let exe = std::env::current_exe().unwrap();
+        let deps = exe.parent().unwrap();
+        let path = [deps.join("libnccl.so"), deps.parent().unwrap().join("libnccl.so")]
+            .into_iter()
+            .find(|p| p.exists())
+            .expect("libnccl.so next to the test binary (cargo builds the cdylib for integration tests)");
+        let c = CString::new(path.to_str().unwrap()).unwrap();
+        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(!h.is_null(), "dlopen {}", path.display());
+        Lib(h)
+    }
+
+    fn sym<T: Copy>(&self, name: &str) -> T {
+        let c = CString::new(name).unwrap();
+        let p = unsafe { libc::dlsym(self.0, c.as_ptr()) };
+        assert!(!p.is_null(), "{name} is not exported");
+        assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
+        unsafe { std::mem::transmute_copy(&p) }
+    }
+
+    fn last_error(&self) -> String {
+        let f: abi::GetLastErrorFn = self.sym("ncclGetLastError");
+        unsafe { CStr::from_ptr(f(null_mut())) }.to_string_lossy().into_owned()
+    }
+
+    fn unique_id(&self) -> UniqueId {
+        let f: abi::GetUniqueIdFn = self.sym("ncclGetUniqueId");
+        let mut id = UniqueId::zeroed();
+        assert_eq!(unsafe { f(&mut id) }, abi::SUCCESS);
+        id
+    }
+
+    fn init_rank(&self, n: usize, id: UniqueId, r: usize) -> Comm<'_> {
+        let f: abi::CommInitRankFn = self.sym("ncclCommInitRank");
+        let mut c: RawComm = null_mut();
+        let res = unsafe { f(&mut c, n as c_int, id, r as c_int) };
+        assert_eq!(res, abi::SUCCESS, "{}", self.last_error());
+        Comm { lib: self, raw: c }
+    }
+}
+
+/// A communicator handle; destroyed at drop.
+struct Comm<'l> {
+    lib: &'l Lib,
+    raw: RawComm,
+}
+unsafe impl Send for Comm<'_> {}
+
+impl Drop for Comm<'_> {
+    fn drop(&mut self) {
+        if !self.raw.is_null() {
+            let f: abi::CommFn = self.lib.sym("ncclCommDestroy");
+            assert_eq!(unsafe { f(self.raw) }, abi::SUCCESS);
+        }
+    }
+}
+
+const FLOAT: c_int = 7;
+const INT32: c_int = 2;
+const SUM: c_int = 0;
+
+fn rng(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
+/// Each rank's random small integers (as f32: every sum of a few is exact).
+fn data(rank: usize, count: usize, seed: u64) -> Vec<f32> {
+    let mut next = rng(seed * 131 + rank as u64 + 1);
+    (0..count).map(|_| (next() % 200) as f32 - 100.0).collect()
+}
+
+/// Runs `f(rank, comm)` on `n` ranks, a thread each, after ncclCommInitRank.
+fn job(lib: &Lib, n: usize, f: impl Fn(usize, &Comm) + Sync) {
+    let id = lib.unique_id();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let f = &f;
+                s.spawn(move || {
+                    let c = lib.init_rank(n, id, r);
+                    f(r, &c);
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+    });
+}
+
+#[test]
+fn version_ids_and_error_strings() {
+    let lib = Lib::open();
+    let v: abi::GetVersionFn = lib.sym("ncclGetVersion");
+    let mut code = 0;
+    assert_eq!(unsafe { v(&mut code) }, abi::SUCCESS);
+    assert_eq!(code, abi::API_VERSION);
+    assert_eq!(unsafe { v(null_mut()) }, abi::INVALID_ARGUMENT);
+    assert!(lib.last_error().contains("ncclGetVersion") && lib.last_error().contains("null"), "{}", lib.last_error());
+    assert_ne!(lib.unique_id().to_bytes(), lib.unique_id().to_bytes(), "every id names a fresh rendezvous");
+    let s: abi::GetErrorStringFn = lib.sym("ncclGetErrorString");
+    for r in 0..=8 {
+        assert!(!unsafe { CStr::from_ptr(s(r)) }.to_bytes().is_empty());
+    }
+    // The profiling twins are the same functions.
+    let pv: abi::GetVersionFn = lib.sym("pncclGetVersion");
+    let mut code2 = 0;
+    assert_eq!(unsafe { pv(&mut code2) }, abi::SUCCESS);
+    assert_eq!(code2, code);
+}
+
+#[test]
+fn every_collective_is_exact_through_the_c_api() {
+    let lib = Lib::open();
+    let n = 3;
+    let all_reduce: abi::AllReduceFn = lib.sym("ncclAllReduce");
+    let reduce_scatter: abi::ReduceScatterFn = lib.sym("ncclReduceScatter");
+    let all_gather: abi::AllGatherFn = lib.sym("ncclAllGather");
+    let alltoall: abi::AllGatherFn = lib.sym("ncclAlltoAll");
+    let broadcast: abi::BroadcastFn = lib.sym("ncclBroadcast");
+    let bcast: abi::BcastFn = lib.sym("ncclBcast");
+    let reduce: abi::ReduceFn = lib.sym("ncclReduce");
+    let gather: abi::BroadcastFn = lib.sym("ncclGather");
+    let scatter: abi::BroadcastFn = lib.sym("ncclScatter");
+    let count_of: abi::CommIntFn = lib.sym("ncclCommCount");
+    let rank_of: abi::CommIntFn = lib.sym("ncclCommUserRank");
+    let dev_of: abi::CommIntFn = lib.sym("ncclCommCuDevice");
+    let premul: abi::RedOpCreatePreMulSumFn = lib.sym("ncclRedOpCreatePreMulSum");
+    let async_err: abi::CommGetAsyncErrorFn = lib.sym("ncclCommGetAsyncError");
+    let ok = |r: c_int| assert_eq!(r, abi::SUCCESS, "{}", lib.last_error());
+    job(&lib, n, |r, c| {
+        let (mut k, mut me, mut dev, mut ae) = (0, 0, 0, 1);
+        unsafe {
+            ok(count_of(c.raw, &mut k));
+            ok(rank_of(c.raw, &mut me));
+            ok(dev_of(c.raw, &mut dev));
+            ok(async_err(c.raw, &mut ae));
+        }
+        assert_eq!((k, me, dev, ae), (n as c_int, r as c_int, -1, abi::SUCCESS));
+        let count = 1000 + 37;
+        let all: Vec<Vec<f32>> = (0..n).map(|q| data(q, count * n, 1)).collect();
+        let mine = &all[r];
+        let sum: Vec<f32> = (0..count * n).map(|i| all.iter().map(|v| v[i]).sum()).collect();
+        let mut out = vec![f32::NAN; count * n];
+        let sp = |v: &Vec<f32>| v.as_ptr() as *const c_void;
+        let rp = |v: &mut Vec<f32>| v.as_mut_ptr() as *mut c_void;
+        unsafe {
+            // All-reduce: sum, then max (op 2), then pre-multiplied by 3 (a handle).
+            ok(all_reduce(sp(mine), rp(&mut out), count, FLOAT, SUM, c.raw, null_mut()));
+            assert_eq!(out[..count], sum[..count], "all-reduce sum");
+            ok(all_reduce(sp(mine), rp(&mut out), count, FLOAT, 2, c.raw, null_mut()));
+            let max: Vec<f32> = (0..count).map(|i| all.iter().map(|v| v[i]).fold(f32::MIN, f32::max)).collect();
+            assert_eq!(out[..count], max[..], "all-reduce max");
+            let mut op = 0;
+            let three = 3.0f32;
+            ok(premul(&mut op, &three as *const f32 as *mut c_void, FLOAT, abi::SCALAR_HOST_IMMEDIATE, c.raw));
+            assert_eq!(op, abi::NUM_BUILTIN_OPS);
+            ok(all_reduce(sp(mine), rp(&mut out), count, FLOAT, op, c.raw, null_mut()));
+            let tripled: Vec<f32> = sum[..count].iter().map(|s| 3.0 * s).collect();
+            assert_eq!(out[..count], tripled[..], "pre-multiplied sum");
+            // Reduce-scatter: this rank's block of the sum.
+            ok(reduce_scatter(sp(mine), rp(&mut out), count, FLOAT, SUM, c.raw, null_mut()));
+            assert_eq!(out[..count], sum[r * count..(r + 1) * count], "reduce-scatter");
+            // All-gather: every rank's first block.
+            ok(all_gather(sp(mine), rp(&mut out), count, FLOAT, c.raw, null_mut()));
+            for q in 0..n {
+                assert_eq!(out[q * count..(q + 1) * count], all[q][..count], "all-gather block {q}");
+            }
+            // All-to-all: block q of every rank's input lands as block p of rank q's output.
+            ok(alltoall(sp(mine), rp(&mut out), count, FLOAT, c.raw, null_mut()));
+            for q in 0..n {
+                assert_eq!(out[q * count..(q + 1) * count], all[q][r * count..(r + 1) * count], "all-to-all from {q}");
+            }
+            // Broadcast from 1, then the in-place ncclBcast from 2.
+            ok(broadcast(sp(mine), rp(&mut out), count, FLOAT, 1, c.raw, null_mut()));
+            assert_eq!(out[..count], all[1][..count], "broadcast");
+            let mut buf = mine.clone();
+            ok(bcast(rp(&mut buf), count, FLOAT, 2, c.raw, null_mut()));
+            assert_eq!(buf[..count], all[2][..count], "bcast");
+            // Reduce to 0; gather to 1; scatter from 2.
+            out.fill(f32::NAN);
+            ok(reduce(sp(mine), rp(&mut out), count, FLOAT, SUM, 0, c.raw, null_mut()));
+            if r == 0 {
+                assert_eq!(out[..count], sum[..count], "reduce");
+            }
+            ok(gather(sp(mine), rp(&mut out), count, FLOAT, 1, c.raw, null_mut()));
+            if r == 1 {
+                for q in 0..n {
+                    assert_eq!(out[q * count..(q + 1) * count], all[q][..count], "gather block {q}");
+                }
+            }
+            ok(scatter(sp(mine), rp(&mut out), count, FLOAT, 2, c.raw, null_mut()));
+            assert_eq!(out[..count], all[2][r * count..(r + 1) * count], "scatter");
+            // Integers, the average of which NCCL defines for floats only: sum of int32.
+            let ints: Vec<i32> = mine.iter().map(|&x| x as i32).collect();
+            let mut iout = vec![0i32; count];
+            ok(all_reduce(ints.as_ptr() as *const c_void, iout.as_mut_ptr() as *mut c_void, count, INT32, SUM, c.raw, null_mut()));
+            assert!(iout.iter().zip(&sum).all(|(a, b)| *a == *b as i32), "int32 all-reduce");
+        }
+    });
+}
+
+/// nccl-tests' one-thread mode: the ranks created inside one group from one thread, then their
+/// operations (here send/receive around a ring, and an all-reduce) grouped from that thread.
+#[test]
+fn one_thread_creates_and_drives_every_rank_through_groups() {
+    let lib = Lib::open();
+    let start: abi::GroupFn = lib.sym("ncclGroupStart");
+    let end: abi::GroupFn = lib.sym("ncclGroupEnd");
+    let init: abi::CommInitRankFn = lib.sym("ncclCommInitRank");
+    let send: abi::SendFn = lib.sym("ncclSend");
+    let recv: abi::RecvFn = lib.sym("ncclRecv");
+    let all_reduce: abi::AllReduceFn = lib.sym("ncclAllReduce");
+    let async_err: abi::CommGetAsyncErrorFn = lib.sym("ncclCommGetAsyncError");
+    let ok = |r: c_int| assert_eq!(r, abi::SUCCESS, "{}", lib.last_error());
+    let n = 4;
+    let id = lib.unique_id();
+    let mut raws: Vec<RawComm> = vec![null_mut(); n];
+    unsafe {
+        ok(start());
+        for (r, c) in raws.iter_mut().enumerate() {
+            ok(init(c, n as c_int, id, r as c_int));
+        }
+        // Before the group ends the handles exist and say they are in progress.
+        let mut ae = 0;
+        ok(async_err(raws[0], &mut ae));
+        assert_eq!(ae, abi::IN_PROGRESS);
+        ok(end());
+    }
+    let comms: Vec<Comm> = raws.iter().map(|&raw| Comm { lib: &lib, raw }).collect();
+    let count = 513;
+    let inputs: Vec<Vec<f32>> = (0..n).map(|r| data(r, count, 7)).collect();
+    let mut outs: Vec<Vec<f32>> = vec![vec![f32::NAN; count]; n];
+    unsafe {
+        // Ring: rank r sends to r+1 and receives from r-1, posted in an order that would
+        // deadlock without the group.
+        ok(start());
+        for r in 0..n {
+            ok(recv(outs[r].as_mut_ptr() as *mut c_void, count, FLOAT, ((r + n - 1) % n) as c_int, comms[r].raw, null_mut()));
+        }
+        for r in 0..n {
+            ok(send(inputs[r].as_ptr() as *const c_void, count, FLOAT, ((r + 1) % n) as c_int, comms[r].raw, null_mut()));
+        }
+        ok(end());
+    }
+    for r in 0..n {
+        assert_eq!(outs[r], inputs[(r + n - 1) % n], "rank {r} received");
+    }
+    unsafe {
+        ok(start());
+        // Nested groups end at the outermost.
+        ok(start());
+        for r in 0..n {
+            ok(all_reduce(inputs[r].as_ptr() as *const c_void, outs[r].as_mut_ptr() as *mut c_void, count, FLOAT, SUM, comms[r].raw, null_mut()));
+        }
+        ok(end());
+        ok(end());
+    }
+    let sum: Vec<f32> = (0..count).map(|i| inputs.iter().map(|v| v[i]).sum()).collect();
+    for o in &outs {
+        assert_eq!(o, &sum);
+    }
+}
+
+#[test]
+fn init_all_and_split() {
+    let lib = Lib::open();
+    let init_all: abi::CommInitAllFn = lib.sym("ncclCommInitAll");
+    let split: abi::CommSplitFn = lib.sym("ncclCommSplit");
+    let count_of: abi::CommIntFn = lib.sym("ncclCommCount");
+    let rank_of: abi::CommIntFn = lib.sym("ncclCommUserRank");
+    let all_reduce: abi::AllReduceFn = lib.sym("ncclAllReduce");
+    let ok = |r: c_int| assert_eq!(r, abi::SUCCESS, "{}", lib.last_error());
+    let n = 4;
+    let mut raws = vec![null_mut(); n];
+    unsafe { ok(init_all(raws.as_mut_ptr(), n as c_int, null())) };
+    let comms: Vec<Comm> = raws.iter().map(|&raw| Comm { lib: &lib, raw }).collect();
+    // Split by parity, keys reversing the order; rank 3 takes no part.
+    let subs: Vec<Option<Comm>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                let lib = &lib;
+                let raw = c.raw as usize;
+                s.spawn(move || {
+                    let color = if r == 3 { abi::SPLIT_NOCOLOR } else { (r % 2) as c_int };
+                    let mut sub: RawComm = null_mut();
+                    let res = unsafe { split(raw as RawComm, color, -(r as c_int), &mut sub, null_mut()) };
+                    assert_eq!(res, abi::SUCCESS, "{}", lib.last_error());
+                    (!sub.is_null()).then(|| sub as usize)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap().map(|raw| Comm { lib: &lib, raw: raw as RawComm })).collect()
+    });
+    assert!(subs[3].is_none(), "NCCL_SPLIT_NOCOLOR gives no communicator");
+    let (mut k, mut me) = (0, 0);
+    unsafe {
+        ok(count_of(subs[0].as_ref().unwrap().raw, &mut k));
+        ok(rank_of(subs[0].as_ref().unwrap().raw, &mut me));
+    }
+    // Color 0 holds ranks 0 and 2; keys 0 and -2 put rank 2 first.
+    assert_eq!((k, me), (2, 1));
+    let results: Vec<Vec<f32>> = std::thread::scope(|s| {
+        let hs: Vec<_> = [0usize, 2]
+            .into_iter()
+            .map(|r| {
+                let raw = subs[r].as_ref().unwrap().raw as usize;
+                s.spawn(move || {
+                    let mine = vec![r as f32 + 1.0; 100];
+                    let mut out = vec![0f32; 100];
+                    let res = unsafe { all_reduce(mine.as_ptr() as *const c_void, out.as_mut_ptr() as *mut c_void, 100, FLOAT, SUM, raw as RawComm, null_mut()) };
+                    assert_eq!(res, abi::SUCCESS);
+                    out
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(results.iter().all(|o| o.iter().all(|&v| v == 4.0)), "1 + 3 over ranks 0 and 2");
+}
+
+#[test]
+fn bad_arguments_return_nccl_codes_and_change_nothing() {
+    let lib = Lib::open();
+    let all_reduce: abi::AllReduceFn = lib.sym("ncclAllReduce");
+    let send: abi::SendFn = lib.sym("ncclSend");
+    let broadcast: abi::BroadcastFn = lib.sym("ncclBroadcast");
+    let init_cfg: abi::CommInitRankConfigFn = lib.sym("ncclCommInitRankConfig");
+    let init: abi::CommInitRankFn = lib.sym("ncclCommInitRank");
+    let end: abi::GroupFn = lib.sym("ncclGroupEnd");
+    let destroy: abi::CommFn = lib.sym("ncclCommDestroy");
+    let redop_destroy: abi::RedOpDestroyFn = lib.sym("ncclRedOpDestroy");
+    let count_of: abi::CommIntFn = lib.sym("ncclCommCount");
+    let expect = |got: c_int, want: c_int, words: &[&str]| {
+        let text = lib.last_error();
+        assert_eq!(got, want, "{text}");
+        for w in words {
+            assert!(text.contains(w), "{text:?} does not say {w:?}");
+        }
+    };
+    let v = vec![1f32; 16];
+    let mut o = vec![0f32; 16];
+    let (sp, rp) = (v.as_ptr() as *const c_void, o.as_mut_ptr() as *mut c_void);
+    unsafe {
+        // Handles that are not communicators.
+        expect(all_reduce(sp, rp, 16, FLOAT, SUM, null_mut(), null_mut()), abi::INVALID_ARGUMENT, &["ncclAllReduce", "null"]);
+        expect(all_reduce(sp, rp, 16, FLOAT, SUM, 0x1000 as RawComm, null_mut()), abi::INVALID_ARGUMENT, &["not a communicator"]);
+        expect(end(), abi::INVALID_USAGE, &["without a matching ncclGroupStart"]);
+        // Creation: rank out of range, null out pointer, an uninitialised config.
+        let mut c: RawComm = null_mut();
+        let id = lib.unique_id();
+        expect(init(&mut c, 2, id, 2), abi::INVALID_ARGUMENT, &["rank 2 of 2"]);
+        expect(init(null_mut(), 2, id, 0), abi::INVALID_ARGUMENT, &["comm", "null"]);
+        let mut cfg = abi::Config::initializer();
+        cfg.magic = 0;
+        expect(init_cfg(&mut c, 1, id, 0, &mut cfg), abi::INVALID_ARGUMENT, &["magic", "NCCL_CONFIG_INITIALIZER"]);
+        let mut cfg = abi::Config::initializer();
+        cfg.blocking = 0;
+        expect(init_cfg(&mut c, 1, id, 0, &mut cfg), abi::INVALID_USAGE, &["non-blocking"]);
+        assert!(c.is_null(), "no handle from a failed creation");
+    }
+    // On a live communicator of 2: every bad argument fails alone, the next good call works.
+    job(&lib, 2, |r, c| unsafe {
+        let v = vec![r as f32 + 1.0; 16];
+        let mut o = vec![0f32; 16];
+        let (sp, rp) = (v.as_ptr() as *const c_void, o.as_mut_ptr() as *mut c_void);
+        if r == 0 {
+            expect(all_reduce(sp, rp, 16, 42, SUM, c.raw, null_mut()), abi::INVALID_ARGUMENT, &["datatype 42"]);
+            expect(all_reduce(sp, rp, 16, FLOAT, 99, c.raw, null_mut()), abi::INVALID_ARGUMENT, &["reduction 99"]);
+            expect(all_reduce(sp, rp, 16, FLOAT, -1, c.raw, null_mut()), abi::INVALID_ARGUMENT, &["reduction -1"]);
+            expect(send(sp, 16, FLOAT, 5, c.raw, null_mut()), abi::INVALID_ARGUMENT, &["5"]);
+            expect(send(sp, 16, FLOAT, -1, c.raw, null_mut()), abi::INVALID_ARGUMENT, &["peer -1"]);
+            expect(broadcast(sp, rp, 16, FLOAT, 7, c.raw, null_mut()), abi::INVALID_ARGUMENT, &["7"]);
+            expect(all_reduce(null(), rp, 16, FLOAT, SUM, c.raw, null_mut()), abi::INVALID_ARGUMENT, &[]);
+            expect(redop_destroy(0, c.raw), abi::INVALID_ARGUMENT, &["NCCL's own"]);
+            expect(count_of(c.raw, null_mut()), abi::INVALID_ARGUMENT, &["null"]);
+        }
+        // Still usable, and nothing ran: the sum is of this call alone.
+        assert_eq!(all_reduce(sp, rp, 16, FLOAT, SUM, c.raw, null_mut()), abi::SUCCESS, "{}", lib.last_error());
+        assert!(o.iter().all(|&x| x == 3.0), "{o:?}");
+    });
+    // A destroyed communicator is refused, and destroying it again too.
+    let id = lib.unique_id();
+    let c = lib.init_rank(1, id, 0);
+    let raw = c.raw;
+    std::mem::forget(c);
+    unsafe {
+        assert_eq!(destroy(raw), abi::SUCCESS);
+        expect(destroy(raw), abi::INVALID_ARGUMENT, &["not a communicator"]);
+        expect(all_reduce(sp, rp, 16, FLOAT, SUM, raw, null_mut()), abi::INVALID_ARGUMENT, &["not a communicator"]);
+    }
+}
+
+/// Our header, compiled by the C compiler, against the Rust definitions the library uses.
+#[test]
+fn the_header_matches_the_abi() {
+    let dir = std::env::temp_dir().join(format!("ferroccl-abi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("abi.c");
+    std::fs::write(
+        &src,
+        r#"#include <stdio.h>
+#include <stddef.h>
+#include "nccl.h"
+int main(void) {
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  printf("%zu %zu %zu %zu %zu %zu %zu\n", sizeof(ncclUniqueId), sizeof(ncclConfig_t), offsetof(ncclConfig_t, magic),
+         offsetof(ncclConfig_t, blocking), offsetof(ncclConfig_t, netName), offsetof(ncclConfig_t, commName),
+         offsetof(ncclConfig_t, nvlinkCentricSched));
+  printf("%d %d %d %d %d %d %d\n", NCCL_VERSION_CODE, (int)ncclFloat8e5m2, (int)ncclBfloat16, (int)ncclAvg, (int)ncclNumOps,
+         NCCL_SPLIT_NOCOLOR, (int)ncclInProgress);
+  printf("%zu %x %u %d %d\n", c.size, c.magic, c.version, c.blocking, (int)ncclScalarHostImmediate);
+  return 0;
+}
+"#,
+    )
+    .unwrap();
+    let exe = dir.join("abi");
+    let include = concat!(env!("CARGO_MANIFEST_DIR"), "/include");
+    let st = std::process::Command::new("cc").args(["-std=c99", "-Wall", "-Werror", "-I", include, "-o"]).arg(&exe).arg(&src).status().unwrap();
+    assert!(st.success(), "the header does not compile");
+    let out = String::from_utf8(std::process::Command::new(&exe).output().unwrap().stdout).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    use std::mem::{offset_of, size_of};
+    type C = abi::Config;
+    assert_eq!(
+        lines[0],
+        format!(
+            "{} {} {} {} {} {} {}",
+            size_of::<UniqueId>(),
+            size_of::<C>(),
+            offset_of!(C, magic),
+            offset_of!(C, blocking),
+            offset_of!(C, net_name),
+            offset_of!(C, comm_name),
+            offset_of!(C, nvlink_centric_sched)
+        )
+    );
+    assert_eq!(lines[1], format!("{} 11 9 4 {} {} {}", abi::API_VERSION, abi::NUM_BUILTIN_OPS, abi::SPLIT_NOCOLOR, abi::IN_PROGRESS));
+    let init = C::initializer();
+    assert_eq!(lines[2], format!("{} {:x} {} {} {}", init.size, init.magic, init.version, init.blocking, abi::SCALAR_HOST_IMMEDIATE));
+    std::fs::remove_dir_all(&dir).unwrap();
+    let _ = c_char::default();
+}
