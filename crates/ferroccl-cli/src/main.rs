@@ -6,6 +6,7 @@ mod info;
 mod launch;
 mod machine;
 mod nccl;
+mod nccl_path;
 mod plot;
 mod size;
 
@@ -31,6 +32,8 @@ enum Cmd {
     Info(info::InfoArgs),
     /// Draw bus bandwidth and latency against size from `bench --json` records (SVG)
     Plot(plot::PlotArgs),
+    /// Print the path of the drop-in libnccl.so.2 built beside this binary (docs/NCCL.md)
+    NcclPath(nccl_path::NcclPathArgs),
 }
 
 /// Logging for the whole process, library included. The CLI, not the library, reads these
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
         Cmd::Run(a) => launch::main(a).map(ExitCode::from),
         Cmd::Info(a) => info::main(a, &config).map(|()| ExitCode::SUCCESS),
         Cmd::Plot(a) => plot::main(a).map(|()| ExitCode::SUCCESS),
+        Cmd::NcclPath(a) => nccl_path::main(a).map(|()| ExitCode::SUCCESS),
     };
     r.unwrap_or_else(|e| {
         eprintln!("ferroccl: {e}");

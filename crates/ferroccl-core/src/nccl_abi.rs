@@ -84,6 +84,8 @@ pub const NUM_BUILTIN_OPS: c_int = 5;
 /// `ncclScalarResidence_t`.
 pub const SCALAR_DEVICE: c_int = 0;
 pub const SCALAR_HOST_IMMEDIATE: c_int = 1;
+/// `NCCL_SHRINK_ABORT`: abort the parent's operations before shrinking.
+pub const SHRINK_ABORT: c_int = 0x01;
 /// `NCCL_WIN_COLL_SYMMETRIC`: every rank registers a buffer of the same size, which lets NCCL
 /// use its symmetric-memory kernels.
 pub const WIN_COLL_SYMMETRIC: c_int = 0x01;
@@ -151,6 +153,12 @@ pub type CommInitAllFn = unsafe extern "C" fn(*mut RawComm, c_int, *const c_int)
 /// (comm, color, key, new comm out, config)
 pub type CommSplitFn = unsafe extern "C" fn(RawComm, c_int, c_int, *mut RawComm, *mut Config) -> NcclResult;
 pub type CommFn = unsafe extern "C" fn(RawComm) -> NcclResult;
+/// (comm, exclude list, its length, new comm out, config, flags)
+pub type CommShrinkFn = unsafe extern "C" fn(RawComm, *mut c_int, c_int, *mut RawComm, *mut Config, c_int) -> NcclResult;
+/// (comm, flags): ncclCommRevoke.
+pub type CommFlagsFn = unsafe extern "C" fn(RawComm, c_int) -> NcclResult;
+/// (comm out, nranks, rank, number of ids, ids, config)
+pub type CommInitRankScalableFn = unsafe extern "C" fn(*mut RawComm, c_int, c_int, c_int, *mut UniqueId, *mut Config) -> NcclResult;
 /// (comm, int out): ncclCommCount, ncclCommCuDevice, ncclCommUserRank.
 pub type CommIntFn = unsafe extern "C" fn(RawComm, *mut c_int) -> NcclResult;
 pub type GroupFn = unsafe extern "C" fn() -> NcclResult;

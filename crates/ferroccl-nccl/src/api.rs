@@ -8,8 +8,10 @@
 #![allow(clippy::missing_safety_doc)]
 
 use crate::abi::{self, NcclResult, RawComm, RawStream, UniqueId};
-use crate::fail::{error_string, guard, last_error_ptr, Fail, Res};
+use crate::fail::{error_string, guard, last_error_ptr, set_thread_error, Fail, Res};
 use crate::group;
+use crate::logging;
+use crate::memory::{self, Registration};
 use crate::handle::{lookup, register, unregister, Handle};
 use ferroccl::{CollKind, Comm, Config, DataType, Device, OpArgs, ReduceOp};
 use std::ffi::{c_char, c_int, c_void};
@@ -61,8 +63,32 @@ fn device() -> Res<Device> {
     }
 }
 
+/// ferroccl's settings, with the NCCL_* variables that mean something here checked.
 fn config() -> Res<Config> {
+    logging::init();
+    nvls_setting(std::env::var("NCCL_NVLS_ENABLE").ok().as_deref())?;
     Config::from_env().map_err(Fail::from)
+}
+
+/// NCCL_NVLS_ENABLE asks for NVLink multicast (NVLS), which ferroccl never uses: any value but
+/// 0 is refused rather than silently ignored.
+fn nvls_setting(v: Option<&str>) -> Res {
+    match v.map(str::trim) {
+        None | Some("0") => Ok(()),
+        Some(v) => Err(Fail::usage(format!("NCCL_NVLS_ENABLE={v}: ferroccl never uses NVLink multicast; unset it or set 0"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn nvls_is_refused_unless_off() {
+        assert!(super::nvls_setting(None).is_ok());
+        assert!(super::nvls_setting(Some("0")).is_ok());
+        let e = super::nvls_setting(Some("1")).unwrap_err();
+        assert_eq!(e.code, crate::abi::INVALID_USAGE);
+        assert!(e.msg.contains("NVLink multicast"));
+    }
 }
 
 /// Reads what ferroccl uses of an `ncclConfig_t`: only fields the caller's `size` covers.
@@ -215,7 +241,14 @@ export! {
         let h = lookup(comm)?;
         let p = out(async_error, "asyncError")?;
         let r = match h.comm() {
-            Ok(c) => c.failure().map_or(abi::SUCCESS, |e| e.nccl_result()),
+            Ok(c) => match c.failure() {
+                None => abi::SUCCESS,
+                // The thread that asks (PyTorch's watchdog) reads the text next.
+                Some(e) => {
+                    set_thread_error(&format!("communicator failed: {e}"));
+                    e.nccl_result()
+                }
+            },
             // Still inside its group: NCCL says "in progress"; a failed creation is its error.
             Err(f) if f.code == abi::INVALID_USAGE => abi::IN_PROGRESS,
             Err(f) => f.code,
@@ -294,6 +327,108 @@ export! {
         unsafe { self::op(CollKind::Recv, std::ptr::null(), recv, count, datatype, 0, peer, comm, stream) }
     }
 
+    /// One id is enough for ferroccl's rendezvous: the first is used (every rank passes the
+    /// same list).
+    fn ncclCommInitRankScalable / pncclCommInitRankScalable(comm: *mut RawComm, nranks: c_int, rank: c_int, n_id: c_int, ids: *mut UniqueId, config: *mut abi::Config) {
+        let ids = out(ids, "commIds")?;
+        if n_id < 1 {
+            return Err(Fail::arg(format!("nId {n_id}: at least one id")));
+        }
+        unsafe { init_rank(comm, nranks, *ids, rank, config) }
+    }
+
+    fn ncclCommShrink / pncclCommShrink(comm: RawComm, exclude: *mut c_int, n_exclude: c_int, newcomm: *mut RawComm, config: *mut abi::Config, flags: c_int) {
+        let h = lookup(comm)?;
+        let newcomm = out(newcomm, "newcomm")?;
+        if n_exclude < 0 || (n_exclude > 0 && exclude.is_null()) {
+            return Err(Fail::arg(format!("excludeRanksCount {n_exclude} with {} list", if exclude.is_null() { "a null" } else { "a" })));
+        }
+        if flags & !abi::SHRINK_ABORT != 0 {
+            return Err(Fail::arg(format!("shrinkFlags {flags:#x}: only NCCL_SHRINK_DEFAULT (0) and NCCL_SHRINK_ABORT (1)")));
+        }
+        unsafe { read_config(config) }?;
+        if group::in_group() {
+            return Err(Fail::usage("ncclCommShrink inside a group is not supported yet: call it outside ncclGroupStart/End"));
+        }
+        let list: Vec<usize> = if n_exclude == 0 { Vec::new() } else { unsafe { std::slice::from_raw_parts(exclude, n_exclude as usize) }.iter().map(|&r| rank_arg(r, "excluded rank")).collect::<Res<_>>()? };
+        let c = h.comm()?;
+        if flags & abi::SHRINK_ABORT != 0 {
+            c.abort();
+        }
+        let made = c.shrink(&list).map_err(Fail::from)?;
+        unsafe { *newcomm = register(Handle::ready(made)).0 };
+        Ok(())
+    }
+
+    /// Stops the communicator's operations (its kernels leave, waiting calls fail) and keeps
+    /// the handle for destroy, split or shrink.
+    fn ncclCommRevoke / pncclCommRevoke(comm: RawComm, flags: c_int) {
+        if flags != 0 {
+            return Err(Fail::arg(format!("revokeFlags {flags:#x}: only 0 is defined")));
+        }
+        lookup(comm)?.comm()?.abort();
+        Ok(())
+    }
+
+    fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) {
+        let p = out(ptr, "ptr")?;
+        let on = match device()? { Device::Cuda(d) => Some(d), Device::Host => None };
+        let m = memory::alloc(size, on)?;
+        unsafe { *p = m as *mut c_void };
+        Ok(())
+    }
+
+    fn ncclMemFree / pncclMemFree(ptr: *mut c_void) {
+        memory::free(ptr as *mut u8)
+    }
+
+    /// A registration for later operations. ferroccl takes buffers without registration; this
+    /// returns a handle (zero-copy comes with windows, `ncclCommWindowRegister`).
+    fn ncclCommRegister / pncclCommRegister(comm: RawComm, buff: *mut c_void, size: usize, handle: *mut *mut c_void) {
+        lookup(comm)?.comm()?;
+        let handle = out(handle, "handle")?;
+        if buff.is_null() || size == 0 {
+            return Err(Fail::arg(format!("buffer {buff:p} of {size} bytes")));
+        }
+        unsafe { *handle = memory::remember(Registration { comm: comm as usize, ptr: buff as u64, window: false }) };
+        Ok(())
+    }
+
+    fn ncclCommDeregister / pncclCommDeregister(comm: RawComm, handle: *mut c_void) {
+        lookup(comm)?;
+        memory::forget(handle, comm as usize).map(|_| ())
+    }
+
+    /// Collective: every rank registers its buffer; GPU memory from ncclMemAlloc (cuMem) is
+    /// then written by peers directly (zero-copy). Host communicators keep a handle only.
+    fn ncclCommWindowRegister / pncclCommWindowRegister(comm: RawComm, buff: *mut c_void, size: usize, win: *mut abi::RawWindow, flags: c_int) {
+        let h = lookup(comm)?;
+        let win = out(win, "win")?;
+        if buff.is_null() || size == 0 {
+            return Err(Fail::arg(format!("buffer {buff:p} of {size} bytes")));
+        }
+        if flags & !abi::WIN_COLL_SYMMETRIC != 0 {
+            return Err(Fail::arg(format!("winFlags {flags:#x}: only NCCL_WIN_DEFAULT and NCCL_WIN_COLL_SYMMETRIC")));
+        }
+        let c = h.comm()?;
+        let window = c.gpu().is_some();
+        if window {
+            // SAFETY: NCCL's contract: the buffer stays allocated until deregistration.
+            unsafe { c.register_window(buff as u64, size) }.map_err(Fail::from)?;
+        }
+        unsafe { *win = memory::remember(Registration { comm: comm as usize, ptr: buff as u64, window }) };
+        Ok(())
+    }
+
+    fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: RawComm, win: abi::RawWindow) {
+        let h = lookup(comm)?;
+        let r = memory::forget(win, comm as usize)?;
+        if r.window {
+            h.comm()?.deregister_window(r.ptr).map_err(Fail::from)?;
+        }
+        Ok(())
+    }
+
     fn ncclGroupStart / pncclGroupStart() {
         group::start()
     }
@@ -311,13 +446,27 @@ pub unsafe extern "C" fn pncclGetErrorString(result: NcclResult) -> *const c_cha
 pub unsafe extern "C" fn ncclGetErrorString(result: NcclResult) -> *const c_char {
     error_string(result).as_ptr()
 }
-/// The last failure's text (of any communicator: NCCL keeps one per process).
+/// The last failure's text: the failure of `comm` when it is a communicator that has failed,
+/// else this thread's last failed call, else the process's latest.
 #[no_mangle]
-pub unsafe extern "C" fn pncclGetLastError(_comm: RawComm) -> *const c_char {
-    last_error_ptr()
+pub unsafe extern "C" fn pncclGetLastError(comm: RawComm) -> *const c_char {
+    last_error_of(comm)
 }
 #[no_mangle]
-pub unsafe extern "C" fn ncclGetLastError(_comm: RawComm) -> *const c_char {
+pub unsafe extern "C" fn ncclGetLastError(comm: RawComm) -> *const c_char {
+    last_error_of(comm)
+}
+
+fn last_error_of(comm: RawComm) -> *const c_char {
+    // Never panic into C; a lookup that fails (NULL, unknown) just falls back.
+    let failed = std::panic::catch_unwind(|| {
+        let h = lookup(comm).ok()?;
+        let c = h.comm().ok()?;
+        c.failure()
+    });
+    if let Ok(Some(e)) = failed {
+        set_thread_error(&format!("communicator failed: {e}"));
+    }
     last_error_ptr()
 }
 
@@ -354,4 +503,13 @@ const _: () = {
     let _: abi::RecvFn = ncclRecv;
     let _: abi::RedOpCreatePreMulSumFn = ncclRedOpCreatePreMulSum;
     let _: abi::RedOpDestroyFn = ncclRedOpDestroy;
+    let _: abi::CommShrinkFn = ncclCommShrink;
+    let _: abi::CommFlagsFn = ncclCommRevoke;
+    let _: abi::CommInitRankScalableFn = ncclCommInitRankScalable;
+    let _: abi::MemAllocFn = ncclMemAlloc;
+    let _: abi::MemFreeFn = ncclMemFree;
+    let _: abi::CommRegisterFn = ncclCommRegister;
+    let _: abi::CommDeregisterFn = ncclCommDeregister;
+    let _: abi::CommWindowRegisterFn = ncclCommWindowRegister;
+    let _: abi::CommWindowDeregisterFn = ncclCommWindowDeregister;
 };

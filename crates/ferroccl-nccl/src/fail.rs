@@ -32,31 +32,54 @@ impl From<Error> for Fail {
 
 pub type Res<T = ()> = Result<T, Fail>;
 
-/// The last error's text, NUL-terminated. NCCL keeps one per process and hands out a pointer
-/// to it; so do we, into a fixed buffer that a later error overwrites in place (a pointer a
-/// caller holds never dangles).
-struct LastError(UnsafeCell<[u8; LAST_ERROR_BYTES]>);
-// SAFETY: writes happen under WRITE; readers get a pointer, as NCCL's API defines.
-unsafe impl Sync for LastError {}
+/// The last error's text, NUL-terminated, kept twice: for the thread whose call failed, and
+/// for the process. `ncclGetLastError` answers with the calling thread's own last failure
+/// (so one thread per GPU never reads another's), else the process's latest (a watchdog
+/// thread asking about a failure it did not cause itself). Both are fixed buffers a later
+/// error overwrites in place, so a pointer a caller holds never dangles (the thread's
+/// lives as long as its thread).
+struct Text(UnsafeCell<[u8; LAST_ERROR_BYTES]>);
+// SAFETY: the process's buffer is written only under WRITE; a thread's only by its thread.
+// Readers get a pointer, as NCCL's API defines.
+unsafe impl Sync for Text {}
 const LAST_ERROR_BYTES: usize = 2048;
-static LAST: LastError = LastError(UnsafeCell::new([0; LAST_ERROR_BYTES]));
+static PROCESS: Text = Text(UnsafeCell::new([0; LAST_ERROR_BYTES]));
 static WRITE: Mutex<()> = Mutex::new(());
+thread_local! {
+    static THREAD: Box<Text> = Box::new(Text(UnsafeCell::new([0; LAST_ERROR_BYTES])));
+}
 
-pub fn set_last_error(msg: &str) {
-    let _g = WRITE.lock().unwrap_or_else(|p| p.into_inner());
-    // Cut at a character boundary, leaving room for the NUL.
+/// Copies `msg` into `buf`, cut at a character boundary, leaving room for the NUL.
+fn store(buf: &mut [u8; LAST_ERROR_BYTES], msg: &str) {
     let mut n = msg.len().min(LAST_ERROR_BYTES - 1);
     while !msg.is_char_boundary(n) {
         n -= 1;
     }
-    // SAFETY: the buffer is written only under WRITE.
-    let buf = unsafe { &mut *LAST.0.get() };
     buf[..n].copy_from_slice(&msg.as_bytes()[..n]);
     buf[n] = 0;
 }
 
+pub fn set_last_error(msg: &str) {
+    set_thread_error(msg);
+    let _g = WRITE.lock().unwrap_or_else(|p| p.into_inner());
+    // SAFETY: the buffer is written only under WRITE.
+    store(unsafe { &mut *PROCESS.0.get() }, msg);
+}
+
+/// Records `msg` as this thread's last error only.
+pub fn set_thread_error(msg: &str) {
+    // SAFETY: only this thread writes its buffer.
+    THREAD.with(|t| store(unsafe { &mut *t.0.get() }, msg));
+}
+
+/// The text `ncclGetLastError` hands out: this thread's last failure, else the process's.
 pub fn last_error_ptr() -> *const c_char {
-    LAST.0.get() as *const c_char
+    let own = THREAD.with(|t| {
+        // SAFETY: only this thread writes its buffer, and it is not writing now.
+        let first = unsafe { (*t.0.get())[0] };
+        (first != 0).then(|| t.0.get() as *const c_char)
+    });
+    own.unwrap_or(PROCESS.0.get() as *const c_char)
 }
 
 /// Runs one entry point: its result as a code, its failure recorded (and logged at
@@ -98,8 +121,12 @@ pub fn error_string(r: NcclResult) -> &'static std::ffi::CStr {
 mod tests {
     use super::*;
 
+    /// The process's text is shared by the tests of this module under `cargo test`.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
     #[test]
     fn panics_and_failures_become_codes_and_texts() {
+        let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         assert_eq!(guard("ncclX", || Ok(())), abi::SUCCESS);
         assert_eq!(guard("ncclX", || Err(Fail::arg("count too large"))), abi::INVALID_ARGUMENT);
         let text = unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) }.to_str().unwrap().to_string();
@@ -112,5 +139,36 @@ mod tests {
         let text = unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) }.to_str().unwrap().to_string();
         assert!(text.len() < LAST_ERROR_BYTES && text.chars().all(|c| c == 'é'));
         assert_eq!(Fail::from(Error::Remote("x".into())).code, abi::REMOTE_ERROR);
+    }
+
+    fn text() -> String {
+        unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) }.to_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn each_thread_reads_its_own_failure_and_others_the_latest() {
+        let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (back, got) = std::sync::mpsc::channel::<String>();
+        let a = std::thread::spawn(move || {
+            guard("ncclA", || Err(Fail::arg("a's mistake")));
+            back.send(text()).unwrap();
+            rx.recv().unwrap();
+            // B failed meanwhile: A still reads its own.
+            back.send(text()).unwrap();
+        });
+        assert_eq!(got.recv().unwrap(), "ncclA: a's mistake");
+        let b = std::thread::spawn(move || {
+            // B never failed: it reads the process's latest (a watchdog's view).
+            let before = text();
+            guard("ncclB", || Err(Fail::usage("b's mistake")));
+            (before, text())
+        });
+        let (before, after) = b.join().unwrap();
+        assert_eq!(before, "ncclA: a's mistake");
+        assert_eq!(after, "ncclB: b's mistake");
+        tx.send(()).unwrap();
+        assert_eq!(got.recv().unwrap(), "ncclA: a's mistake");
+        a.join().unwrap();
     }
 }

@@ -16,5 +16,7 @@ pub mod api;
 pub mod fail;
 pub mod group;
 pub mod handle;
+pub mod logging;
+pub mod memory;
 
 pub use ferroccl_core::nccl_abi as abi;

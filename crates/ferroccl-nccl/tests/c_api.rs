@@ -467,3 +467,115 @@ int main(void) {
     std::fs::remove_dir_all(&dir).unwrap();
     let _ = c_char::default();
 }
+
+/// Survivors of a rank that aborted shrink without it and carry on; a revoked communicator
+/// refuses work and reports it; scalable creation takes the first id.
+#[test]
+fn shrink_revoke_and_scalable_init() {
+    let lib = Lib::open();
+    let abort: abi::CommFn = lib.sym("ncclCommAbort");
+    let shrink: abi::CommShrinkFn = lib.sym("ncclCommShrink");
+    let revoke: abi::CommFlagsFn = lib.sym("ncclCommRevoke");
+    let count_of: abi::CommIntFn = lib.sym("ncclCommCount");
+    let rank_of: abi::CommIntFn = lib.sym("ncclCommUserRank");
+    let all_reduce: abi::AllReduceFn = lib.sym("ncclAllReduce");
+    let async_err: abi::CommGetAsyncErrorFn = lib.sym("ncclCommGetAsyncError");
+    let scalable: abi::CommInitRankScalableFn = lib.sym("ncclCommInitRankScalable");
+    let id = lib.unique_id();
+    let n = 3;
+    std::thread::scope(|s| {
+        for r in 0..n {
+            let lib = &lib;
+            s.spawn(move || {
+                let mut c = lib.init_rank(n, id, r);
+                if r == 2 {
+                    assert_eq!(unsafe { abort(c.raw) }, abi::SUCCESS);
+                    c.raw = null_mut();
+                    return;
+                }
+                let mut excl = [2 as c_int];
+                let mut sub: RawComm = null_mut();
+                let res = unsafe { shrink(c.raw, excl.as_mut_ptr(), 1, &mut sub, null_mut(), 0) };
+                assert_eq!(res, abi::SUCCESS, "{}", lib.last_error());
+                let sub = Comm { lib, raw: sub };
+                let (mut k, mut me) = (0, 0);
+                unsafe {
+                    assert_eq!(count_of(sub.raw, &mut k), abi::SUCCESS);
+                    assert_eq!(rank_of(sub.raw, &mut me), abi::SUCCESS);
+                }
+                assert_eq!((k, me), (2, r as c_int));
+                let mine = data(r, 777, 3);
+                let mut out = vec![0f32; 777];
+                let res = unsafe { all_reduce(mine.as_ptr() as *const c_void, out.as_mut_ptr() as *mut c_void, 777, FLOAT, SUM, sub.raw, null_mut()) };
+                assert_eq!(res, abi::SUCCESS, "{}", lib.last_error());
+                let want: Vec<f32> = (0..777).map(|i| data(0, 777, 3)[i] + data(1, 777, 3)[i]).collect();
+                assert_eq!(out, want);
+                // Revoke: later work is refused, the async error says so, destroy still works.
+                assert_eq!(unsafe { revoke(sub.raw, 0) }, abi::SUCCESS);
+                let res = unsafe { all_reduce(mine.as_ptr() as *const c_void, out.as_mut_ptr() as *mut c_void, 777, FLOAT, SUM, sub.raw, null_mut()) };
+                assert_ne!(res, abi::SUCCESS);
+                assert!(lib.last_error().contains("aborted"), "{}", lib.last_error());
+                // Asked about the communicator, the text is its own failure.
+                let of: abi::GetLastErrorFn = lib.sym("ncclGetLastError");
+                let text = unsafe { CStr::from_ptr(of(sub.raw)) }.to_string_lossy().into_owned();
+                assert!(text.starts_with("communicator failed") && text.contains("aborted"), "{text}");
+                let mut ae = 0;
+                assert_eq!(unsafe { async_err(sub.raw, &mut ae) }, abi::SUCCESS);
+                assert_ne!(ae, abi::SUCCESS);
+            });
+        }
+    });
+    // Scalable creation: every rank passes the same list of ids.
+    let mut ids = [lib.unique_id(), lib.unique_id()];
+    let ids_addr = ids.as_mut_ptr() as usize;
+    std::thread::scope(|s| {
+        for r in 0..2 {
+            let lib = &lib;
+            s.spawn(move || {
+                let mut c: RawComm = null_mut();
+                let res = unsafe { scalable(&mut c, 2, r, 2, ids_addr as *mut UniqueId, null_mut()) };
+                assert_eq!(res, abi::SUCCESS, "{}", lib.last_error());
+                drop(Comm { lib, raw: c });
+            });
+        }
+    });
+    let mut c: RawComm = null_mut();
+    assert_eq!(unsafe { scalable(&mut c, 2, 0, 0, ids.as_mut_ptr(), null_mut()) }, abi::INVALID_ARGUMENT);
+}
+
+#[test]
+fn memory_and_registrations() {
+    let lib = Lib::open();
+    let mem_alloc: abi::MemAllocFn = lib.sym("ncclMemAlloc");
+    let mem_free: abi::MemFreeFn = lib.sym("ncclMemFree");
+    let register: abi::CommRegisterFn = lib.sym("ncclCommRegister");
+    let deregister: abi::CommDeregisterFn = lib.sym("ncclCommDeregister");
+    let win_register: abi::CommWindowRegisterFn = lib.sym("ncclCommWindowRegister");
+    let win_deregister: abi::CommWindowDeregisterFn = lib.sym("ncclCommWindowDeregister");
+    let all_reduce: abi::AllReduceFn = lib.sym("ncclAllReduce");
+    let errors = std::sync::Mutex::new(());
+    job(&lib, 2, |r, c| unsafe {
+        let count = 4096;
+        let mut p: *mut c_void = null_mut();
+        assert_eq!(mem_alloc(&mut p, count * 4), abi::SUCCESS, "{}", lib.last_error());
+        let buf = std::slice::from_raw_parts_mut(p as *mut f32, count);
+        buf.iter_mut().enumerate().for_each(|(i, x)| *x = (i % 50) as f32 + r as f32);
+        let mut h: *mut c_void = null_mut();
+        assert_eq!(register(c.raw, p, count * 4, &mut h), abi::SUCCESS);
+        let mut w: abi::RawWindow = null_mut();
+        assert_eq!(win_register(c.raw, p, count * 4, &mut w, abi::WIN_COLL_SYMMETRIC), abi::SUCCESS, "{}", lib.last_error());
+        assert_eq!(all_reduce(p, p, count, FLOAT, SUM, c.raw, null_mut()), abi::SUCCESS);
+        assert!(buf.iter().enumerate().all(|(i, &x)| x == 2.0 * (i % 50) as f32 + 1.0));
+        assert_eq!(win_deregister(c.raw, w), abi::SUCCESS);
+        assert_eq!(deregister(c.raw, h), abi::SUCCESS);
+        assert_eq!(mem_free(p), abi::SUCCESS);
+        // The last error is one per process (as NCCL's): the other rank's failing calls
+        // must not land between ours and the check.
+        let _one_at_a_time = errors.lock().unwrap();
+        assert_eq!(win_deregister(c.raw, w), abi::INVALID_ARGUMENT);
+        assert_eq!(deregister(c.raw, h), abi::INVALID_ARGUMENT);
+        assert_eq!(mem_free(p), abi::INVALID_ARGUMENT);
+        assert!(lib.last_error().contains("not returned by ncclMemAlloc"), "{}", lib.last_error());
+        assert_eq!(mem_alloc(null_mut(), 8), abi::INVALID_ARGUMENT);
+    });
+}

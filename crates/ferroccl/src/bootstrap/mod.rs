@@ -215,29 +215,36 @@ impl Bootstrap {
         if n > 1 {
             // Until the heartbeats run, a rank of this host that dies is seen by its process
             // going away: the waits below then fail naming it, instead of at their deadline.
-            let _init_watch = InitWatch::start(&b.peers, rank, b.health.clone());
-            let w = b.wait();
-            let (next_rank, prev_rank) = ((rank + 1) % n, (rank + n - 1) % n);
-            let pp = describe(&b.peers[prev_rank]);
-            let next = b.connect_kind(next_rank, KIND_RING, p.tag, &w)?;
-            let prev = b.listener.take_exact((comm_id, prev_rank, KIND_RING, p.tag), &w, &pp)?;
-            let watch_next = b.connect_kind(next_rank, KIND_WATCH, p.tag, &w)?;
-            let watch_prev = b.listener.take_exact((comm_id, prev_rank, KIND_WATCH, p.tag), &w, &pp)?;
-            for s in [&next, &prev] {
-                let d = s.try_clone().map_err(|e| Error::System(format!("duplicating a bootstrap socket: {e}{}", wire::fd_hint(&e))))?;
-                b.shutdown.push(d);
-            }
-            b.ring = Some(Ring { next: Mutex::new(next), prev: Mutex::new(prev) });
-            let spec = watch::WatchSpec {
-                me: rank,
-                names: b.peers.iter().map(name_of).collect(),
-                interval: b.config.heartbeat_interval,
-                misses: b.config.heartbeat_misses,
-            };
-            let links = vec![(next_rank, watch_next), (prev_rank, watch_prev)];
-            *lock(&b.watch) = Some(watch::Watch::start(spec, links, b.health.clone())?);
+            let init_watch = InitWatch::start(&b.peers, rank, b.health.clone());
+            b.connect_ring(p.tag).map_err(|e| init_watch.explain(e))?;
         }
         Ok(b)
+    }
+
+    /// The ring connections and heartbeat links of [`Bootstrap::assemble`].
+    fn connect_ring(&mut self, tag: u64) -> Result<(), Error> {
+        let (rank, n, comm_id) = (self.rank, self.nranks, self.comm_id);
+        let w = self.wait();
+        let (next_rank, prev_rank) = ((rank + 1) % n, (rank + n - 1) % n);
+        let pp = describe(&self.peers[prev_rank]);
+        let next = self.connect_kind(next_rank, KIND_RING, tag, &w)?;
+        let prev = self.listener.take_exact((comm_id, prev_rank, KIND_RING, tag), &w, &pp)?;
+        let watch_next = self.connect_kind(next_rank, KIND_WATCH, tag, &w)?;
+        let watch_prev = self.listener.take_exact((comm_id, prev_rank, KIND_WATCH, tag), &w, &pp)?;
+        for s in [&next, &prev] {
+            let d = s.try_clone().map_err(|e| Error::System(format!("duplicating a bootstrap socket: {e}{}", wire::fd_hint(&e))))?;
+            self.shutdown.push(d);
+        }
+        self.ring = Some(Ring { next: Mutex::new(next), prev: Mutex::new(prev) });
+        let spec = watch::WatchSpec {
+            me: rank,
+            names: self.peers.iter().map(name_of).collect(),
+            interval: self.config.heartbeat_interval,
+            misses: self.config.heartbeat_misses,
+        };
+        let links = vec![(next_rank, watch_next), (prev_rank, watch_prev)];
+        *lock(&self.watch) = Some(watch::Watch::start(spec, links, self.health.clone())?);
+        Ok(())
     }
 
     fn wait(&self) -> Wait {
@@ -250,10 +257,17 @@ impl Bootstrap {
 struct InitWatch {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The ranks of this host: (rank, process id, name).
+    local: Vec<(usize, u32, String)>,
+    health: Arc<Health>,
 }
 
 /// How often the watcher looks; a death is named within this (plus the waits' own poll).
 const INIT_WATCH_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// How long a failed assembly step waits for a neighbour that closed its connection to be
+/// seen gone, before reporting the step's own error.
+const EXIT_GRACE: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl InitWatch {
     fn start(peers: &[PeerInfo], me: usize, health: Arc<Health>) -> InitWatch {
@@ -266,23 +280,50 @@ impl InitWatch {
             .map(|(q, p)| (q, p.pid, describe(p)))
             .collect();
         if local.is_empty() {
-            return InitWatch { stop, thread: None };
+            return InitWatch { stop, thread: None, local, health };
         }
-        let s = stop.clone();
+        let (s, watched, h) = (stop.clone(), local.clone(), health.clone());
         let thread = std::thread::Builder::new()
             .name("ferroccl-init-watch".into())
             .spawn(move || {
                 while !s.load(Ordering::Acquire) {
-                    for (q, pid, name) in &local {
-                        if !crate::transport::pid_alive(*pid) {
-                            health.report_dead(*q, &format!("{name} died while the communicator was being created (process {pid} is gone)"));
-                        }
-                    }
+                    look(&watched, &h);
                     std::thread::sleep(INIT_WATCH_POLL);
                 }
             })
             .ok();
-        InitWatch { stop, thread }
+        InitWatch { stop, thread, local, health }
+    }
+
+    /// The error to report for a failed step of the assembly. A peer that died mid-step
+    /// shows up as a connection closed in the middle of a handshake or a frame, which
+    /// reads like a refusal ("rejected our authentication"); when a rank of this host is
+    /// gone, that death is the truth, whatever the watcher's last poll saw.
+    fn explain(&self, e: Error) -> Error {
+        // A process closes its sockets on exit a moment before it stops existing: after a
+        // closed connection, give a dying neighbour that moment.
+        let closed = matches!(e, Error::Remote(_) | Error::Protocol(_));
+        let until = std::time::Instant::now() + if closed { EXIT_GRACE } else { std::time::Duration::ZERO };
+        loop {
+            look(&self.local, &self.health);
+            if !self.health.dead().is_empty() || std::time::Instant::now() >= until {
+                break;
+            }
+            std::thread::sleep(INIT_WATCH_POLL / 4);
+        }
+        match self.health.failure() {
+            Some(dead) if !self.health.dead().is_empty() && !matches!(e, Error::Aborted(_)) => dead,
+            _ => e,
+        }
+    }
+}
+
+/// Reports each rank of `local` whose process has gone.
+fn look(local: &[(usize, u32, String)], health: &Health) {
+    for (q, pid, name) in local {
+        if !crate::transport::pid_alive(*pid) {
+            health.report_dead(*q, &format!("{name} died while the communicator was being created (process {pid} is gone)"));
+        }
     }
 }
 
