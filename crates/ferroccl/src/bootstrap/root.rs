@@ -80,7 +80,7 @@ fn serve(l: TcpListener, secret: [u8; 16], config: Config) {
     let mut nranks: Option<(usize, usize, SocketAddr)> = None; // (n, announced by rank, from)
     let mut arrived = 0usize;
     let mut first_at: Option<Instant> = None;
-    let hs_wait = || Wait::new(config.timeout.min(HANDSHAKE_MAX), wire::AbortSet::new(done.clone()));
+    let hs_wait = || Wait::new(config.timeout, wire::AbortSet::new(done.clone())).capped(HANDSHAKE_MAX);
 
     // Hellos arrive from handshake threads, not through the socket poll(2) watches: once
     // connections come in, poll briefly so that the last hello is not left waiting a full POLL
@@ -205,8 +205,9 @@ pub(crate) fn rendezvous(
     wire::write_frame(s, &[&e.0], w, &peer)?;
     let msg = wire::read_frame(s, max_msg, w, &peer).map_err(|err| match err {
         Error::Timeout(_) => Error::Timeout(format!(
-            "rank {} of {nranks}: the rendezvous at {root} did not complete within {:?}",
-            me.rank, w.timeout
+            "rank {} of {nranks}: the rendezvous at {root} did not complete within {}",
+            me.rank,
+            w.limit()
         )),
         other => other,
     })?;

@@ -155,6 +155,22 @@ fn frames_are_bounded_and_truncation_names_the_peer() {
     assert!(t.elapsed() < Duration::from_millis(800));
 }
 
+/// A handshake gives up at its own cap, shorter than FERROCCL_TIMEOUT: the message names that
+/// cap and says where it comes from, not FERROCCL_TIMEOUT's name beside the cap's value.
+#[test]
+fn an_expired_handshake_names_its_own_limit_not_ferroccl_timeout() {
+    let (_c, mut s) = pair();
+    let hs = Wait::new(Duration::from_secs(30), AbortSet::new(flag())).capped(Duration::from_millis(50));
+    let e = wire::read_exact(&mut s, &mut [0u8; 8], &hs, "a stranger").unwrap_err();
+    let m = e.message();
+    assert!(matches!(e, Error::Timeout(_)), "{e}");
+    assert!(m.contains("within 50ms (the limit on a bootstrap handshake; FERROCCL_TIMEOUT is 30s)"), "{m}");
+    // Not capped (the cap is beyond the deadline): FERROCCL_TIMEOUT is the limit, and says so.
+    let full = Wait::new(Duration::from_millis(50), AbortSet::new(flag())).capped(Duration::from_secs(10));
+    let e = wire::read_exact(&mut s, &mut [0u8; 8], &full, "a stranger").unwrap_err();
+    assert!(e.message().contains("within 50ms (FERROCCL_TIMEOUT)"), "{e}");
+}
+
 #[test]
 fn handshake_is_mutual_and_resists_replay() {
     let run = |ks: [u8; 16], kc: [u8; 16]| {
