@@ -368,6 +368,32 @@ fn root_rejects_bad_ranks_and_keeps_the_first_of_a_duplicate() {
     });
 }
 
+/// Ranks given another job size than the root's first arrival came, and were refused: at the
+/// deadline the ranks that were let in are told so, not that those ranks never arrived.
+#[test]
+fn ranks_refused_for_another_job_size_are_reported_as_such() {
+    let c = cfg(1500);
+    let id = UniqueId::new(&c).unwrap();
+    let t = Instant::now();
+    let rs = on_ranks(4, |r| {
+        // Rank 0 first, so that its size is the one the root goes by.
+        if r > 0 {
+            thread::sleep(Duration::from_millis(200));
+        }
+        Bootstrap::init(&id, if r == 0 { 3 } else { 4 }, r, &c, flag()).map(|_| ()).unwrap_err()
+    });
+    let m = rs[0].message();
+    eprintln!("root given 3 ranks, the others 4: rank 0 after {:?}: {m}", t.elapsed());
+    assert!(matches!(rs[0], Error::InvalidArgument(_)), "{m}");
+    assert!(m.contains("ranks 1, 2, 3 arrived saying the job has 4 ranks, but rank 0 ("), "{m}");
+    assert!(m.contains("saying 3: the number of ranks (WORLD_SIZE under a launcher) differs between ranks"), "{m}");
+    assert!(!m.contains("never arrived"), "{m}");
+    for e in &rs[1..] {
+        assert!(e.message().contains("joined with nranks=4, but rank 0"), "{e}");
+    }
+    assert!(t.elapsed() < Duration::from_millis(2500), "{:?}", t.elapsed());
+}
+
 #[test]
 fn missing_rank_times_out_everywhere_with_its_name() {
     let c = cfg(2000);
