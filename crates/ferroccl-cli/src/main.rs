@@ -43,7 +43,15 @@ fn init_tracing() {
     use tracing_subscriber::EnvFilter;
     let spec = std::env::var("FERROCCL_LOG").ok().filter(|s| !s.is_empty()).or_else(|| std::env::var("RUST_LOG").ok());
     let filter = spec.and_then(|s| EnvFilter::try_new(s).ok()).unwrap_or_else(|| EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let colour = log_in_colour(std::io::IsTerminal::is_terminal(&std::io::stderr()), std::env::var_os("NO_COLOR"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour).try_init();
+}
+
+/// Colour only for a person at a terminal: in a file or a pipe (a job's log) the escape codes
+/// are noise to whoever reads or greps it. NO_COLOR, when set and not empty, turns it off
+/// everywhere (no-color.org).
+fn log_in_colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// The launcher's description of this process, if one started it.
@@ -78,4 +86,17 @@ fn main() -> ExitCode {
         eprintln!("ferroccl: {e}");
         ExitCode::from(2)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn logs_are_coloured_only_at_a_terminal_without_no_color() {
+        use super::log_in_colour;
+        assert!(log_in_colour(true, None));
+        assert!(log_in_colour(true, Some("".into())), "an empty NO_COLOR does not count");
+        assert!(!log_in_colour(true, Some("1".into())));
+        assert!(!log_in_colour(false, None));
+        assert!(!log_in_colour(false, Some("1".into())));
+    }
 }

@@ -417,11 +417,26 @@ impl LaunchEnv {
         let master_addr = get("MASTER_ADDR")
             .or_else(|| get("FERROCCL_MASTER_ADDR"))
             .ok_or_else(|| Error::InvalidArgument(format!("{source} environment: MASTER_ADDR (or FERROCCL_MASTER_ADDR) is not set")))?;
-        let port_s = get("MASTER_PORT")
-            .or_else(|| get("FERROCCL_MASTER_PORT"))
+        let (port_k, port_s) = ["MASTER_PORT", "FERROCCL_MASTER_PORT"]
+            .into_iter()
+            .find_map(|k| get(k).map(|v| (k, v)))
             .ok_or_else(|| Error::InvalidArgument(format!("{source} environment: MASTER_PORT (or FERROCCL_MASTER_PORT) is not set")))?;
-        let master_port: u16 = parse("MASTER_PORT", &port_s)?;
+        let master_port = parse_master_port(port_k, &port_s).map_err(|m| Error::InvalidArgument(format!("{source} environment: {m}")))?;
         Ok(Some(LaunchEnv { rank, world_size, local_rank, master_addr, master_port, source }))
+    }
+}
+
+/// The rendezvous port: one every rank can connect to. Port 0 would have rank 0 listen on a
+/// port of the kernel's choosing that no other rank is told, so the job would only fail at
+/// its deadline; it is refused here instead.
+fn parse_master_port(key: &str, v: &str) -> Result<u16, String> {
+    let want = "give the fixed TCP port (1-65535) that rank 0 listens on for the rendezvous, the same on every rank (e.g. 29500)";
+    match v.parse::<u64>() {
+        Err(_) => Err(format!("{key}='{v}' is not a port number: {want}")),
+        Ok(0) => Err(format!(
+            "{key}=0 asks for any free port, which rank 0 could listen on but no other rank would know to connect to: {want}"
+        )),
+        Ok(p) => u16::try_from(p).map_err(|_| format!("{key}={p} is above 65535, the largest TCP port: {want}")),
     }
 }
 
@@ -530,5 +545,24 @@ mod tests {
         assert_eq!((m.rank, m.world_size, m.source), (1, 2, "mpirun"));
         assert!(LaunchEnv::from_vars(&vars(&[("RANK", "4"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")])).is_err());
         assert!(LaunchEnv::from_vars(&vars(&[("RANK", "0"), ("WORLD_SIZE", "4")])).is_err());
+    }
+
+    /// A port no rank can connect to is refused when the environment is read, naming the
+    /// variable, instead of failing every rank at its deadline.
+    #[test]
+    fn a_master_port_no_rank_can_connect_to_is_refused_at_once() {
+        let with = |k: &str, v: &str| {
+            LaunchEnv::from_vars(&vars(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), (k, v)])).map(|_| ()).unwrap_err().to_string()
+        };
+        let e = with("MASTER_PORT", "0");
+        assert!(e.contains("torchrun environment: MASTER_PORT=0 asks for any free port") && e.contains("no other rank would know"), "{e}");
+        assert!(with("FERROCCL_MASTER_PORT", " 0 ").contains("FERROCCL_MASTER_PORT=0 asks for any free port"));
+        let e = with("MASTER_PORT", "70000");
+        assert!(e.contains("MASTER_PORT=70000 is above 65535, the largest TCP port"), "{e}");
+        for bad in ["abc", "-1", "29500x", "1.5"] {
+            let e = with("MASTER_PORT", bad);
+            assert!(e.contains(&format!("MASTER_PORT='{bad}' is not a port number: give the fixed TCP port (1-65535)")), "{e}");
+        }
+        assert_eq!(LaunchEnv::from_vars(&vars(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "65535")])).unwrap().unwrap().master_port, 65535);
     }
 }

@@ -403,9 +403,64 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// `msg` shortened to at most `max` bytes, for the fixed-size fields a failure travels in
+/// (a FIFO's poison reason, a heartbeat or TCP poison frame). Ranks chain each other's errors,
+/// so the cut is often in the middle of a sentence: it falls at the end of a clause ("; ",
+/// ": ", ", ") when one is near the end, else between words, and " …" marks it, so that a
+/// reader never takes a cut word or an empty list for the message itself. Only a single
+/// word longer than half the room is cut inside (at a character boundary).
+pub fn clip_message(msg: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    const MARK: &str = " …";
+    if msg.len() <= max {
+        return msg.into();
+    }
+    let mut room = max.saturating_sub(MARK.len());
+    while !msg.is_char_boundary(room) {
+        room -= 1;
+    }
+    // Cutting before a space at `i` keeps msg[..i]: whole words only.
+    let head = &msg[..room];
+    let next_is_space = msg.as_bytes()[room] == b' ';
+    let word = if next_is_space { Some(room) } else { head.rfind(' ') };
+    let clause = head.rfind("; ").into_iter().chain(head.rfind(": ")).chain(head.rfind(", ")).max();
+    let cut = match (clause, word) {
+        (Some(c), _) if c >= room * 2 / 3 => c,
+        (_, Some(w)) if w >= room / 2 => w,
+        _ => room,
+    };
+    let kept = msg[..cut].trim_end_matches([' ', ',', ';', ':', '(', '[']);
+    let mark = if cut == room && !next_is_space { "…" } else { MARK };
+    format!("{kept}{mark}").into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clipped_message_ends_between_words_with_a_mark() {
+        let m = "all_reduce #5 on rank 0 of 4: waited past the deadline (FERROCCL_TIMEOUT) for data from rank 1 \
+                 (node-a, pid 4242, 10.0.0.2:41234) on channel 0 over shm; not heard from rank(s) [1]: they are stuck, \
+                 slow, or called a different operation (raise FERROCCL_TIMEOUT if they are only slow)";
+        assert_eq!(clip_message(m, m.len()), m, "what fits is left alone");
+        for max in 20..m.len() {
+            let c = clip_message(m, max);
+            assert!(c.len() <= max, "{max}: {c}");
+            let kept = c.strip_suffix(" …").unwrap_or_else(|| panic!("{max}: no mark: {c}"));
+            assert!(m.starts_with(kept), "{max}: {c}");
+            // What follows the kept part in the message is a separator: no word was cut.
+            let rest = &m[kept.len()..];
+            assert!(rest.starts_with([' ', ',', ';', ':']), "{max}: cut mid-word: {c}");
+            // Nor is a list opened and left empty, or a clause left dangling on its separator.
+            assert!(!kept.ends_with(['[', '(', ':', ';', ',']), "{max}: {c}");
+        }
+        assert_eq!(clip_message(m, 240), "all_reduce #5 on rank 0 of 4: waited past the deadline (FERROCCL_TIMEOUT) for data from rank 1 \
+                 (node-a, pid 4242, 10.0.0.2:41234) on channel 0 over shm; not heard from rank(s) [1]: they are stuck, slow …");
+        // One word longer than the room: cut inside it, at a character boundary, still marked.
+        let long = format!("gave up {}", "é".repeat(100));
+        let c = clip_message(&long, 51);
+        assert!(c.len() <= 51 && c.starts_with("gave up éé") && c.ends_with("é…"), "{c}");
+    }
 
     #[test]
     fn nccl_numbering_round_trips() {

@@ -148,6 +148,10 @@ fn check_mode_fails_every_rank_before_anything_moves() {
     let cases: Vec<Case> = vec![
         ("count differs (ranks 0, 2: 1024; rank 1: 1000)", Box::new(|r| vec![f32_ar(if r == 1 { 1000 } else { 1024 })])),
         ("data type differs (ranks 0, 1: float; rank 2: double)", Box::new(|r| vec![Call { dtype: if r == 2 { DataType::Float64 } else { DataType::Float32 }, ..f32_ar(64) }])),
+        // The same bytes (64 floats, 32 doubles), which no length check can tell apart: the
+        // types are compared, not their sizes.
+        ("data type differs (ranks 0, 1: float; rank 2: double)", Box::new(|r| vec![if r == 2 { Call { dtype: DataType::Float64, ..f32_ar(32) } } else { f32_ar(64) }])),
+        ("data type differs (ranks 0, 2: float; rank 1: int32)", Box::new(|r| vec![Call { dtype: if r == 1 { DataType::Int32 } else { DataType::Float32 }, ..f32_ar(64) }])),
         ("reduction differs (rank 0: max; ranks 1, 2: sum)", Box::new(|r| vec![Call { op: if r == 0 { ReduceOp::Max } else { ReduceOp::Sum }, ..f32_ar(64) }])),
         ("reduction differs (ranks 0, 1: premulsum(0.5); rank 2: premulsum(0.25))", Box::new(move |r| vec![pm(if r == 2 { 0.25 } else { 0.5 })])),
         ("root differs (ranks 0, 1: 0; rank 2: 1)", Box::new(move |r| vec![bc(usize::from(r == 2))])),
@@ -192,6 +196,8 @@ enum Expect {
     /// Same byte counts (a float read as an int, max instead of sum, two ranks that both
     /// think they are the root): undetectable without check mode; only bounds and time count.
     Anything,
+    /// The same bytes in the same messages: every rank completes, none can notice.
+    Completes,
 }
 
 #[test]
@@ -205,6 +211,9 @@ fn without_check_mode_a_mismatch_ends_by_the_deadline_inside_the_buffers() {
         ("count by whole slots", Expect::Error, Box::new(move |r| vec![f32_ar(if r == 0 { 8 * slot_f32 } else { 4 * slot_f32 })])),
         ("bigger count on the root", Expect::Error, Box::new(|r| vec![call(CollKind::Broadcast, DataType::Int8, if r == 0 { 5000 } else { 300 })])),
         ("float vs double", Expect::Error, Box::new(|r| vec![Call { dtype: if r == 1 { DataType::Float64 } else { DataType::Float32 }, ..f32_ar(512) }])),
+        // 2N floats against N doubles: the same bytes in every message, so the length check
+        // passes; only check mode, which compares types, catches it.
+        ("float vs double, same bytes", Expect::Completes, Box::new(|r| vec![if r == 1 { Call { dtype: DataType::Float64, ..f32_ar(256) } } else { f32_ar(512) }])),
         ("float vs int32", Expect::Anything, Box::new(|r| vec![Call { dtype: if r == 1 { DataType::Int32 } else { DataType::Float32 }, ..f32_ar(512) }])),
         ("sum vs max", Expect::Anything, Box::new(|r| vec![Call { op: if r == 0 { ReduceOp::Max } else { ReduceOp::Sum }, ..f32_ar(512) }])),
         ("root of a broadcast", Expect::Anything, Box::new(|r| vec![Call { root: usize::from(r == 1), ..call(CollKind::Broadcast, DataType::Int32, 300) }])),
@@ -240,8 +249,10 @@ fn without_check_mode_a_mismatch_ends_by_the_deadline_inside_the_buffers() {
                             );
                         }
                     }
-                    if *expect == Expect::Error {
-                        assert!(seen.iter().any(|x| x.result.is_err()), "{name} over {transport:?}: no rank noticed");
+                    match expect {
+                        Expect::Error => assert!(seen.iter().any(|x| x.result.is_err()), "{name} over {transport:?}: no rank noticed"),
+                        Expect::Completes => assert!(seen.iter().all(|x| x.result.is_ok()), "{name} over {transport:?}: a rank noticed"),
+                        Expect::Anything => {}
                     }
                 });
             }

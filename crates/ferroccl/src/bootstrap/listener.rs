@@ -83,7 +83,7 @@ impl Listener {
         let (sh, st) = (shared.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name("ferroccl-listen".into())
-            .spawn(move || serve(l, secret, timeout.min(HANDSHAKE_MAX), sh, st))
+            .spawn(move || serve(l, secret, timeout, sh, st))
             .map_err(|e| Error::System(format!("starting the bootstrap listener thread: {e}")))?;
         Ok(Arc::new(Listener { addr, wake, shared, stop, thread: Some(thread) }))
     }
@@ -160,7 +160,7 @@ impl Drop for Listener {
     }
 }
 
-fn serve(l: TcpListener, secret: [u8; 16], hs_timeout: Duration, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
+fn serve(l: TcpListener, secret: [u8; 16], timeout: Duration, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     let gate = Gate::new();
     let mut spare = wire::SpareFd::new();
     while !stop.load(Ordering::Acquire) {
@@ -177,7 +177,7 @@ fn serve(l: TcpListener, secret: [u8; 16], hs_timeout: Duration, shared: Arc<Sha
                 continue;
             }
         };
-        let (shared, w) = (shared.clone(), Wait::new(hs_timeout, AbortSet::new(stop.clone())));
+        let (shared, w) = (shared.clone(), Wait::new(timeout, AbortSet::new(stop.clone())).capped(HANDSHAKE_MAX));
         gate.run(stream, from, move |mut stream, done| {
             let peer = from.to_string();
             let r = auth::server(&mut stream, &secret, &w, &peer)

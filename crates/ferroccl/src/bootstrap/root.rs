@@ -11,6 +11,7 @@ use super::host::MAX_HOSTNAME;
 use super::wire::{self, Dec, Enc, Wait, HANDSHAKE_MAX, POLL};
 use super::PeerInfo;
 use ferroccl_core::{Config, Error};
+use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -79,8 +80,11 @@ fn serve(l: TcpListener, secret: [u8; 16], config: Config) {
     let mut slots: Vec<Option<Arrival>> = Vec::new();
     let mut nranks: Option<(usize, usize, SocketAddr)> = None; // (n, announced by rank, from)
     let mut arrived = 0usize;
+    // Ranks refused because they gave another job size than the first arrival: they did come,
+    // and the report must say so (and why) rather than count them among the missing.
+    let mut refused: BTreeMap<usize, usize> = BTreeMap::new(); // rank -> the nranks it gave
     let mut first_at: Option<Instant> = None;
-    let hs_wait = || Wait::new(config.timeout.min(HANDSHAKE_MAX), wire::AbortSet::new(done.clone()));
+    let hs_wait = || Wait::new(config.timeout, wire::AbortSet::new(done.clone())).capped(HANDSHAKE_MAX);
 
     // Hellos arrive from handshake threads, not through the socket poll(2) watches: once
     // connections come in, poll briefly so that the last hello is not left waiting a full POLL
@@ -129,6 +133,7 @@ fn serve(l: TcpListener, secret: [u8; 16], config: Config) {
                         a.from
                     );
                     reply_error(&mut a, KIND_INVALID, &m, &hs_wait());
+                    refused.insert(r, n);
                     continue;
                 }
                 Some(_) => {}
@@ -171,21 +176,53 @@ fn serve(l: TcpListener, secret: [u8; 16], config: Config) {
                 tracing::debug!("bootstrap root {root_addr}: rendezvous of {n} ranks complete");
                 break;
             }
+            // Not ended at a refusal: the refused rank's place may still be taken by a rank that
+            // gives the right size (a stray process, then the real one).
             if first_at.is_some_and(|t| t.elapsed() >= config.timeout) {
-                let missing: Vec<usize> = (0..n).filter(|&i| slots[i].is_none()).collect();
-                let m = format!(
-                    "ranks {missing:?} of {n} never arrived at the rendezvous at {root_addr} within {:?}",
-                    config.timeout
-                );
+                let missing: Vec<usize> = (0..n).filter(|&i| slots[i].is_none() && !refused.contains_key(&i)).collect();
+                let (r0, from0) = nranks.map(|x| (x.1, x.2)).expect("set with n");
+                let mut parts = Vec::new();
+                if !refused.is_empty() {
+                    parts.push(format!(
+                        "{}, but rank {r0} ({from0}) started the rendezvous at {root_addr} saying {n}: the number of ranks \
+                         (WORLD_SIZE under a launcher) differs between ranks; give every rank the same",
+                        size_claims(&refused)
+                    ));
+                }
+                if !missing.is_empty() {
+                    parts.push(format!(
+                        "ranks {missing:?} of {n} never arrived at the rendezvous at {root_addr} within {:?}",
+                        config.timeout
+                    ));
+                }
+                let m = parts.join("; ");
+                let kind = if refused.is_empty() { KIND_TIMEOUT } else { KIND_INVALID };
                 tracing::warn!("{m}");
                 for a in slots.iter_mut().flatten() {
-                    reply_error(a, KIND_TIMEOUT, &m, &hs_wait());
+                    reply_error(a, kind, &m, &hs_wait());
                 }
                 break;
             }
         }
     }
     done.store(true, Ordering::Release);
+}
+
+/// "ranks 1, 2 arrived saying the job has 4 ranks; rank 3 saying 5", from rank -> nranks given.
+fn size_claims(refused: &BTreeMap<usize, usize>) -> String {
+    let mut by_size: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for (r, n) in refused {
+        by_size.entry(*n).or_default().push(r.to_string());
+    }
+    let claims: Vec<String> = by_size
+        .iter()
+        .enumerate()
+        .map(|(i, (n, rs))| {
+            let who = format!("rank{} {}", if rs.len() > 1 { "s" } else { "" }, rs.join(", "));
+            if i == 0 { format!("{who} arrived saying the job has {n} ranks") } else { format!("{who} saying {n}") }
+        })
+        .collect();
+    claims.join("; ")
 }
 
 /// The client half: sends this rank's hello on an authenticated root connection and waits for
@@ -205,8 +242,9 @@ pub(crate) fn rendezvous(
     wire::write_frame(s, &[&e.0], w, &peer)?;
     let msg = wire::read_frame(s, max_msg, w, &peer).map_err(|err| match err {
         Error::Timeout(_) => Error::Timeout(format!(
-            "rank {} of {nranks}: the rendezvous at {root} did not complete within {:?}",
-            me.rank, w.timeout
+            "rank {} of {nranks}: the rendezvous at {root} did not complete within {}",
+            me.rank,
+            w.limit()
         )),
         other => other,
     })?;

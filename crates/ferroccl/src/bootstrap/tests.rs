@@ -155,6 +155,22 @@ fn frames_are_bounded_and_truncation_names_the_peer() {
     assert!(t.elapsed() < Duration::from_millis(800));
 }
 
+/// A handshake gives up at its own cap, shorter than FERROCCL_TIMEOUT: the message names that
+/// cap and says where it comes from, not FERROCCL_TIMEOUT's name beside the cap's value.
+#[test]
+fn an_expired_handshake_names_its_own_limit_not_ferroccl_timeout() {
+    let (_c, mut s) = pair();
+    let hs = Wait::new(Duration::from_secs(30), AbortSet::new(flag())).capped(Duration::from_millis(50));
+    let e = wire::read_exact(&mut s, &mut [0u8; 8], &hs, "a stranger").unwrap_err();
+    let m = e.message();
+    assert!(matches!(e, Error::Timeout(_)), "{e}");
+    assert!(m.contains("within 50ms (the limit on a bootstrap handshake; FERROCCL_TIMEOUT is 30s)"), "{m}");
+    // Not capped (the cap is beyond the deadline): FERROCCL_TIMEOUT is the limit, and says so.
+    let full = Wait::new(Duration::from_millis(50), AbortSet::new(flag())).capped(Duration::from_secs(10));
+    let e = wire::read_exact(&mut s, &mut [0u8; 8], &full, "a stranger").unwrap_err();
+    assert!(e.message().contains("within 50ms (FERROCCL_TIMEOUT)"), "{e}");
+}
+
 #[test]
 fn handshake_is_mutual_and_resists_replay() {
     let run = |ks: [u8; 16], kc: [u8; 16]| {
@@ -350,6 +366,32 @@ fn root_rejects_bad_ranks_and_keeps_the_first_of_a_duplicate() {
         let first = first.join().unwrap().unwrap();
         let _ = (first, second);
     });
+}
+
+/// Ranks given another job size than the root's first arrival came, and were refused: at the
+/// deadline the ranks that were let in are told so, not that those ranks never arrived.
+#[test]
+fn ranks_refused_for_another_job_size_are_reported_as_such() {
+    let c = cfg(1500);
+    let id = UniqueId::new(&c).unwrap();
+    let t = Instant::now();
+    let rs = on_ranks(4, |r| {
+        // Rank 0 first, so that its size is the one the root goes by.
+        if r > 0 {
+            thread::sleep(Duration::from_millis(200));
+        }
+        Bootstrap::init(&id, if r == 0 { 3 } else { 4 }, r, &c, flag()).map(|_| ()).unwrap_err()
+    });
+    let m = rs[0].message();
+    eprintln!("root given 3 ranks, the others 4: rank 0 after {:?}: {m}", t.elapsed());
+    assert!(matches!(rs[0], Error::InvalidArgument(_)), "{m}");
+    assert!(m.contains("ranks 1, 2, 3 arrived saying the job has 4 ranks, but rank 0 ("), "{m}");
+    assert!(m.contains("saying 3: the number of ranks (WORLD_SIZE under a launcher) differs between ranks"), "{m}");
+    assert!(!m.contains("never arrived"), "{m}");
+    for e in &rs[1..] {
+        assert!(e.message().contains("joined with nranks=4, but rank 0"), "{e}");
+    }
+    assert!(t.elapsed() < Duration::from_millis(2500), "{:?}", t.elapsed());
 }
 
 #[test]

@@ -105,10 +105,8 @@ impl Drop for Watch {
 }
 
 fn frame(kind: u8, rank: Rank, reason: &str) -> Vec<u8> {
-    let mut n = reason.len().min(MAX_REASON);
-    while !reason.is_char_boundary(n) {
-        n -= 1;
-    }
+    let reason = ferroccl_core::types::clip_message(reason, MAX_REASON);
+    let n = reason.len();
     let mut f = Vec::with_capacity(HEAD + n);
     f.push(kind);
     f.extend_from_slice(&(rank as u32).to_le_bytes());

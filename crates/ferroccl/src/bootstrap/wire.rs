@@ -66,18 +66,32 @@ impl AbortSet {
 pub(crate) struct Wait {
     pub deadline: Instant,
     pub timeout: Duration,
+    /// Set when `timeout` is a handshake's cap rather than FERROCCL_TIMEOUT (which it holds),
+    /// so that an expired wait names the limit that ended it.
+    capped_from: Option<Duration>,
     pub abort: AbortSet,
 }
 
 impl Wait {
     pub fn new(timeout: Duration, abort: AbortSet) -> Wait {
-        Wait { deadline: Instant::now() + timeout, timeout, abort }
+        Wait { deadline: Instant::now() + timeout, timeout, capped_from: None, abort }
     }
 
-    /// A shorter wait inside this one (handshakes), never beyond this one's deadline.
+    /// A handshake's wait inside this one: at most `cap`, never beyond this one's deadline.
     pub fn capped(&self, cap: Duration) -> Wait {
-        let d = self.deadline.min(Instant::now() + cap);
-        Wait { deadline: d, timeout: self.timeout.min(cap), abort: self.abort.clone() }
+        let d = Instant::now() + cap;
+        if d >= self.deadline {
+            return self.clone();
+        }
+        Wait { deadline: d, timeout: cap, capped_from: Some(self.capped_from.unwrap_or(self.timeout)), abort: self.abort.clone() }
+    }
+
+    /// The limit and where it comes from, for messages: "30s (FERROCCL_TIMEOUT)".
+    pub fn limit(&self) -> String {
+        match self.capped_from {
+            Some(t) => format!("{:?} (the limit on a bootstrap handshake; FERROCCL_TIMEOUT is {t:?})", self.timeout),
+            None => format!("{:?} (FERROCCL_TIMEOUT)", self.timeout),
+        }
     }
 
     pub fn remaining(&self) -> Duration {
@@ -110,10 +124,9 @@ impl Wait {
     pub fn check_deadline(&self, doing: impl FnOnce() -> String) -> Result<(), Error> {
         if Instant::now() >= self.deadline {
             return Err(Error::Timeout(format!(
-                "{} did not complete within {:?} (FERROCCL_TIMEOUT): that peer is stuck, slow, or not making \
-                 this call",
+                "{} did not complete within {}: that peer is stuck, slow, or not making this call",
                 doing(),
-                self.timeout
+                self.limit()
             )));
         }
         Ok(())
@@ -264,7 +277,7 @@ pub(crate) fn connect_retry(addr: SocketAddr, w: &Wait, what: &str) -> Result<Tc
         }
         if Instant::now() >= w.deadline {
             let why = last.map(|e| format!(" (last error: {e})")).unwrap_or_default();
-            return Err(Error::Timeout(format!("could not connect to {what} at {addr} within {:?}{why}", w.timeout)));
+            return Err(Error::Timeout(format!("could not connect to {what} at {addr} within {}{why}", w.limit())));
         }
         match connect_once(addr, w) {
             Ok(s) => {

@@ -15,7 +15,7 @@ use std::time::Duration;
 /// Stored last by the creator, so a peer that sees it knows the header is complete.
 pub(crate) const READY_MAGIC: u32 = 0x4643_4331; // "FCC1": bump the digit when the header changes
 
-/// Longest poison reason kept; longer ones are cut at a character boundary.
+/// Longest poison reason kept; longer ones are clipped between words (`clip_message`).
 pub(crate) const REASON_CAP: usize = 240;
 
 /// How many times a waiter re-checks before paying for a futex syscall. A slot hand-off
@@ -234,11 +234,10 @@ impl FifoMem {
 
     pub(crate) fn poison_kind(&self, kind: PoisonKind, reason: &str) {
         let m = &self.header().meta;
+        // Clipped before the race: readers spin while the winner writes.
+        let reason = ferroccl_core::types::clip_message(reason, REASON_CAP);
         if m.poison.compare_exchange(POISON_NONE, POISON_WRITING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            let mut n = reason.len().min(REASON_CAP);
-            while !reason.is_char_boundary(n) {
-                n -= 1;
-            }
+            let n = reason.len();
             // SAFETY: winning the CAS makes us the only writer; readers look only after the
             // Release store of the final state below.
             unsafe {
@@ -252,7 +251,7 @@ impl FifoMem {
                 PoisonKind::Aborted => POISON_ABORTED,
             };
             m.poison.store(state, Ordering::Release);
-            tracing::debug!(reason, "FIFO poisoned");
+            tracing::debug!(reason = %reason, "FIFO poisoned");
         }
         // Wake both ends even if someone else poisoned first: cheap, rare, and harmless.
         let h = self.header();

@@ -169,7 +169,8 @@ const MAX_REASON: usize = 1024;
 
 /// Best effort: the socket may already be unusable, and the peer learns of the failure by EOF.
 fn send_poison(mut stream: &TcpStream, reason: &str) {
-    let r = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
+    let reason = ferroccl_core::types::clip_message(reason, MAX_REASON);
+    let r = reason.as_bytes();
     let mut frame = Vec::with_capacity(8 + r.len());
     frame.extend_from_slice(&POISON_FRAME.to_le_bytes());
     frame.extend_from_slice(&(r.len() as u32).to_le_bytes());

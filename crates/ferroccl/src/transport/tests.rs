@@ -331,10 +331,56 @@ fn poison_from_consumer_wakes_producer_and_reports_reason() {
     match r {
         Err(Error::Remote(m)) => {
             assert!(m.starts_with("consumer gave up é"));
-            assert!(m.len() <= 240 && reason.starts_with(&m));
+            assert!(m.len() <= 240 && reason.starts_with(m.strip_suffix('…').unwrap()), "{m}");
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// A peer's error as it is spread (a chained message longer than a poison reason holds), the
+/// one a user saw cut to "called a d; and: ..." and "not heard from rank(s) ;".
+fn long_reason() -> String {
+    "rank 1 failed: all_reduce #5 on rank 1 of 4: waited past the deadline (FERROCCL_TIMEOUT) for data from rank 2 \
+     (node-a, pid 4242, 10.0.0.2:41234) on channel 0 over shm; not heard from rank(s) [2]: they are stuck, slow, or \
+     called a different operation (raise FERROCCL_TIMEOUT if they are only slow)"
+        .to_string()
+}
+
+/// The message ends with the clip mark after a whole word of `reason`: no cut word, no empty list.
+fn assert_clipped_between_words(m: &str, reason: &str) {
+    let kept = m.strip_suffix(" …").unwrap_or_else(|| panic!("no clip mark: {m}"));
+    let last = kept.rsplit(' ').next().unwrap();
+    let words: Vec<&str> = reason.split(' ').collect();
+    assert!(words.iter().any(|w| w.trim_end_matches([',', ';', ':']) == last), "cut mid-word ({last:?}): {m}");
+    assert!(!kept.ends_with(['[', '(', ':', ';', ',']), "{m}");
+}
+
+#[test]
+fn a_long_poison_reason_is_clipped_between_words_over_shm_and_tcp() {
+    let reason = long_reason();
+    assert!(reason.len() > 240);
+    // Shared memory (here on the heap: the same header).
+    let mem = FifoMem::heap(FifoLayout { slots: 1, slot_bytes: 64 }).unwrap();
+    let mut c = Consumer::new(mem.clone());
+    mem.poison(&reason);
+    let m = c.try_peek().unwrap_err().message().to_string();
+    assert!(m.len() <= 240 && reason.starts_with(m.strip_suffix(" …").unwrap_or(&m)), "{m}");
+    assert_clipped_between_words(&m, &reason);
+    // TCP: the sender's poison frame, then the receiver's own FIFO.
+    let layout = FifoLayout { slots: 2, slot_bytes: 64 };
+    let (a, b) = socket_pair();
+    let p = tcp_sender(a, layout, FrameCheck::None, "rank 1 channel 0".into(), no_abort()).unwrap();
+    let mut c = tcp_receiver(b, layout, FrameCheck::None, "rank 0 channel 0".into(), no_abort()).unwrap();
+    p.poison(&reason);
+    let r = loop {
+        match c.try_peek() {
+            Ok(None) => c.wait(Duration::from_millis(100)),
+            other => break other,
+        }
+    };
+    let m = r.unwrap_err().message().to_string();
+    assert!(m.contains("the peer failed") && m.contains("rank 1 failed: all_reduce #5"), "{m}");
+    assert_clipped_between_words(&m, &reason);
 }
 
 #[test]
