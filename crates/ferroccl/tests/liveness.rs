@@ -616,7 +616,9 @@ fn stopped_peer_is_declared_dead_by_heartbeats() {
     job.signal(2, libc::SIGSTOP);
     let stopped = Instant::now();
     let ok = job.wait_for(stopped + Duration::from_secs(10), |s| has_all(s, &[0, 1, 3], "DONE"));
-    job.signal(2, libc::SIGKILL);
+    if !ok {
+        job.signal(2, libc::SIGKILL);
+    }
     assert!(ok, "survivors did not finish:\n{}", job.transcript());
     for r in [0, 1, 3] {
         let (t, line) = job.first(r, "ERR").unwrap();
@@ -626,6 +628,24 @@ fn stopped_peer_is_declared_dead_by_heartbeats() {
         assert!(line.contains("rank 2 (") && line.contains("no heartbeat"), "rank {r}: {line}");
         eprintln!("stopped peer (heartbeat 100 ms x 5): rank {r} failed {took:?} after SIGSTOP: {line}");
     }
+
+    // Resumed, the stopped rank learns that the others declared it dead, and why; it blames
+    // none of them and suggests no shrink (least of all one without itself).
+    job.signal(2, libc::SIGCONT);
+    let resumed = Instant::now();
+    let ok = job.wait_for(resumed + Duration::from_secs(10), |s| has_all(s, &[2], "SHRINKERR"));
+    assert!(ok, "the resumed rank did not finish:\n{}", job.transcript());
+    let (t, line) = job.first(2, "ERR").unwrap();
+    let took = t.saturating_duration_since(resumed);
+    eprintln!("resumed rank 2 failed {took:?} after SIGCONT: {line}");
+    assert!(line.contains("this rank, rank 2 (") && line.contains("was declared dead by the other ranks"), "{line}");
+    assert!(line.contains("no heartbeat for 500ms") && line.contains("noticed by rank "), "who and why: {line}");
+    assert!(line.contains("stopped") && !line.contains("shrink("), "{line}");
+    assert!(took < Duration::from_secs(2), "{took:?}: {line}");
+    let dead = &job.first(2, "DEAD").unwrap().1;
+    assert_eq!(dead, "DEAD []", "the resumed rank knows of no death");
+    let shrink = &job.first(2, "SHRINKERR").unwrap().1;
+    assert!(shrink.contains("was declared dead by the other ranks"), "{shrink}");
 }
 
 /// One seeded run of the kill test; Err describes what went wrong.

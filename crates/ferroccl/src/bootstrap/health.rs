@@ -18,6 +18,10 @@ struct State {
     left: BTreeSet<Rank>,
     /// The first failure, as reported (names the rank, its host, pid and address).
     first: Option<String>,
+    /// The other ranks declared this rank dead (it was stopped or starved past their patience,
+    /// or cut off): what they said, worded for this rank. It outranks everything else this
+    /// rank sees, which is the others closing their connections and reporting its death.
+    declared_dead: Option<String>,
 }
 
 /// Run once when the communicator first learns of a failure.
@@ -46,21 +50,47 @@ impl Health {
         self.report(rank, why, false)
     }
 
+    /// Records that the other ranks declared this rank dead; `why` says so for this rank's
+    /// user. True if it is news.
+    pub fn report_declared_dead(&self, why: String) -> bool {
+        let mut st = self.lock();
+        if st.declared_dead.is_some() {
+            return false;
+        }
+        tracing::warn!("{why}");
+        st.first.get_or_insert_with(|| why.clone());
+        st.declared_dead = Some(why);
+        drop(st);
+        self.failed_now();
+        true
+    }
+
+    /// Whether the other ranks declared this rank dead: then the connections they close are
+    /// their goodbye to us, not news of their death.
+    pub fn is_declared_dead(&self) -> bool {
+        self.lock().declared_dead.is_some()
+    }
+
     fn report(&self, rank: Rank, why: &str, dead: bool) -> bool {
         let mut st = self.lock();
         let new = if dead { st.dead.insert(rank) } else { !st.dead.contains(&rank) && st.aborted.insert(rank) };
-        let mut first_failure = false;
         if new {
             st.first.get_or_insert_with(|| why.to_string());
-            first_failure = !self.failed.swap(true, Ordering::AcqRel);
             tracing::warn!("{why}");
         }
         drop(st);
-        if first_failure {
+        if new {
+            self.failed_now();
+        }
+        new
+    }
+
+    /// Marks the communicator failed; the first time, runs the hooks.
+    fn failed_now(&self) {
+        if !self.failed.swap(true, Ordering::AcqRel) {
             let hooks: Vec<Hook> = self.hooks.lock().unwrap_or_else(|p| p.into_inner()).clone();
             hooks.iter().for_each(|h| h());
         }
-        new
     }
 
     /// Runs `hook` when the first failure is reported (at once if one already was): what must
@@ -88,6 +118,12 @@ impl Health {
             return None;
         }
         let st = self.lock();
+        if let Some(why) = &st.declared_dead {
+            // No shrink to suggest: the others have shrunk (or will) without this rank.
+            return Some(Error::Remote(format!(
+                "{why}; this communicator cannot be used here any more and this rank cannot rejoin it: drop it"
+            )));
+        }
         let first = st.first.as_deref().unwrap_or("a peer failed");
         let advice = if st.dead.is_empty() {
             "the communicator cannot be used any more: drop it (or abort it) on every rank".to_string()
@@ -145,6 +181,19 @@ mod tests {
             l.fetch_add(1, Ordering::SeqCst);
         });
         assert_eq!(late.load(Ordering::SeqCst), 1, "registered after the failure: run at once");
+    }
+
+    #[test]
+    fn being_declared_dead_outranks_every_other_report_and_suggests_no_shrink() {
+        let h = Health::default();
+        assert!(h.report_dead(1, "rank 1 died: its heartbeat connection closed"));
+        assert!(!h.is_declared_dead());
+        assert!(h.report_declared_dead("this rank, rank 2, was declared dead by the other ranks".into()));
+        assert!(!h.report_declared_dead("again".into()));
+        assert!(h.is_declared_dead() && h.is_failed());
+        let msg = h.failure().unwrap().to_string();
+        assert!(msg.contains("this rank, rank 2, was declared dead") && msg.contains("cannot rejoin"), "{msg}");
+        assert!(!msg.contains("shrink") && !msg.contains("rank 1 died"), "{msg}");
     }
 
     #[test]

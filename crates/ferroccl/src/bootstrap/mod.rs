@@ -544,6 +544,10 @@ impl Bootstrap {
     /// Every survivor must pass the same set: ranks that disagree refuse each other's
     /// connections (their tags differ) and fail naming the mismatch.
     pub fn shrink(&self, exclude: &[usize]) -> Result<Bootstrap, Error> {
+        if self.health.is_declared_dead() {
+            // The others shrink without this rank; no list given here can bring it back.
+            return Err(self.health.failure().expect("declared dead is a failure").context("shrink"));
+        }
         let n = self.nranks;
         let mut ex = exclude.to_vec();
         ex.sort_unstable();

@@ -216,6 +216,11 @@ impl Watcher {
                     self.forward(i, &frame(ABORTED, r, &why));
                 }
             }
+            // About this rank: the others gave up on it (it was stopped or starved, say) and
+            // are going on without it. Nothing to forward: they know.
+            Event::Frame(DEAD, r, why) if r == self.spec.me => {
+                self.health.report_declared_dead(self.declared_dead(&why));
+            }
             Event::Frame(DEAD, r, why) => {
                 if self.health.report_dead(r, &why) {
                     self.forward(i, &frame(DEAD, r, &why));
@@ -225,22 +230,41 @@ impl Watcher {
         }
     }
 
-    /// The link to a neighbour ended; without a goodbye first, that neighbour is dead.
+    /// The link to a neighbour ended; without a goodbye first, that neighbour is dead, unless
+    /// the others declared this rank dead: then this is their goodbye.
     fn close(&mut self, i: usize, detail: &str) {
+        let news = !self.links[i].leaving && !self.health.is_declared_dead();
         let l = &mut self.links[i];
         if !l.open {
             return;
         }
         l.open = false;
-        let _ = l.sock.shutdown(Shutdown::Both);
-        if l.leaving {
-            return;
-        }
         let peer = l.peer;
         let why = format!("{} died: {detail}; noticed by rank {}", self.spec.names[peer], self.spec.me);
-        if self.health.report_dead(peer, &why) {
+        if news {
+            // Told to the neighbour itself too: if it is only stopped or starved, it reads this
+            // when it runs again and learns that it was declared dead, by whom and why, instead
+            // of taking our closed connection for our death.
+            l.out.extend_from_slice(&frame(DEAD, peer, &why));
+            flush(l);
+        }
+        let _ = l.sock.shutdown(Shutdown::Both);
+        if news && self.health.report_dead(peer, &why) {
             self.forward(i, &frame(DEAD, peer, &why));
         }
+    }
+
+    /// This rank's own account of the others' report `why` that it died.
+    fn declared_dead(&self, why: &str) -> String {
+        let me = &self.spec.names[self.spec.me];
+        let what = why.strip_prefix(&format!("{me} died: ")).unwrap_or(why);
+        let hint = if what.contains("no heartbeat") {
+            ". This process was most likely stopped (SIGSTOP, Ctrl-Z, a debugger) or starved of CPU for that long; \
+             if such pauses are expected, raise FERROCCL_HEARTBEAT_INTERVAL or FERROCCL_HEARTBEAT_MISSES on every rank"
+        } else {
+            ""
+        };
+        format!("this rank, {me}, was declared dead by the other ranks, which have gone on without it ({what}){hint}")
     }
 
     /// A neighbour said goodbye: close our end so that its leave() sees EOF and returns.
