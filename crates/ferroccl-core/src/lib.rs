@@ -3,6 +3,7 @@
 
 pub mod algo;
 pub mod config;
+pub mod ifname;
 pub mod nccl_abi;
 pub mod numeric;
 pub mod opsig;

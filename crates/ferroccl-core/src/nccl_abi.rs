@@ -194,6 +194,31 @@ pub type MemFreeFn = unsafe extern "C" fn(*mut c_void) -> NcclResult;
 pub type CommWindowRegisterFn = unsafe extern "C" fn(RawComm, *mut c_void, usize, *mut RawWindow, c_int) -> NcclResult;
 pub type CommWindowDeregisterFn = unsafe extern "C" fn(RawComm, RawWindow) -> NcclResult;
 
+/// `ncclSimInfo_t`: what `ncclGroupSimulateEnd` fills in. Read size-tolerantly, as the
+/// config: the caller's `size` says which fields it has.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SimInfo {
+    pub size: usize,
+    pub magic: u32,
+    pub version: u32,
+    /// Microseconds.
+    pub estimated_time: f32,
+}
+
+pub const SIM_INFO_MAGIC: u32 = 0x7468_5283;
+/// NCCL's "undefined" float (`NCCL_UNDEF_FLOAT`).
+pub const UNDEF_FLOAT: f32 = -1.0;
+
+impl SimInfo {
+    /// What `NCCL_SIM_INFO_INITIALIZER` gives.
+    pub fn initializer() -> SimInfo {
+        SimInfo { size: std::mem::size_of::<SimInfo>(), magic: SIM_INFO_MAGIC, version: API_VERSION as u32, estimated_time: UNDEF_FLOAT }
+    }
+}
+
+pub type GroupSimulateEndFn = unsafe extern "C" fn(*mut SimInfo) -> NcclResult;
+
 /// "2.28.9" from `ncclGetVersion`'s code. NCCL changed the encoding at 2.9: before it
 /// X*1000 + Y*100 + Z, since X*10000 + Y*100 + Z.
 pub fn version_string(code: i32) -> String {

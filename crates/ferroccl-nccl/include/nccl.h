@@ -160,6 +160,19 @@ ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
 
+/* Filled in by ncclGroupSimulateEnd: the estimated time of the group's operations, which are
+ * checked and dropped, not run. */
+typedef struct {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  float estimatedTime; /* microseconds */
+} ncclSimInfo_t;
+#define NCCL_UNDEF_FLOAT -1.0f
+#define NCCL_SIM_INFO_INITIALIZER \
+  { sizeof(ncclSimInfo_t), 0x74685283, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), NCCL_UNDEF_FLOAT }
+ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
+
 #ifdef __cplusplus
 }
 #endif

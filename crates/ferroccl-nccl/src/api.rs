@@ -32,6 +32,13 @@ macro_rules! export {
     )*};
 }
 
+/// A symbol that exists so that programs load, but does nothing here.
+fn not_implemented(name: &str) -> Fail {
+    Fail::usage(format!(
+        "{name} is not implemented by ferroccl's libnccl.so.2 (NCCL's device API is out of its scope; see docs/NCCL.md)"
+    ))
+}
+
 fn out<T>(p: *mut T, what: &str) -> Res<*mut T> {
     if p.is_null() {
         Err(Fail::arg(format!("{what} is a null pointer")))
@@ -67,7 +74,29 @@ fn device() -> Res<Device> {
 fn config() -> Res<Config> {
     logging::init();
     nvls_setting(std::env::var("NCCL_NVLS_ENABLE").ok().as_deref())?;
-    Config::from_env().map_err(Fail::from)
+    let mut cfg = Config::from_env().map_err(Fail::from)?;
+    // NCCL_SOCKET_IFNAME picks the interface the bootstrap listens on, unless ferroccl's own
+    // FERROCCL_BOOTSTRAP_ADDR names an address.
+    if cfg.bootstrap_addr.is_none() {
+        if let Some(spec) = std::env::var("NCCL_SOCKET_IFNAME").ok().filter(|s| !s.trim().is_empty()) {
+            let ip = ferroccl::interface_ip(&spec).map_err(|e| Fail::arg(format!("NCCL_SOCKET_IFNAME={spec}: {}", e.message())))?;
+            cfg.bootstrap_addr = Some(ip.to_string());
+        }
+    }
+    Ok(cfg)
+}
+
+/// NCCL_COMM_ID ("host:port", "[v6 address]:port"): where rank 0 runs the rendezvous, agreed in
+/// advance, so that ranks need not ship a unique id to each other.
+fn comm_id_addr(v: &str) -> Res<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let bad = |why: String| Fail::arg(format!("NCCL_COMM_ID={v}: {why}; give host:port, e.g. 10.0.0.1:29500"));
+    let addrs: Vec<std::net::SocketAddr> = v.trim().to_socket_addrs().map_err(|e| bad(e.to_string()))?.collect();
+    let a = addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()).copied().ok_or_else(|| bad("resolves to no address".into()))?;
+    if a.port() == 0 {
+        return Err(bad("port 0 cannot be agreed on".into()));
+    }
+    Ok(a)
 }
 
 /// NCCL_NVLS_ENABLE asks for NVLink multicast (NVLS), which ferroccl never uses: any value but
@@ -82,6 +111,18 @@ fn nvls_setting(v: Option<&str>) -> Res {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn comm_id_is_an_address_with_a_port() {
+        assert_eq!(super::comm_id_addr("127.0.0.1:29500").unwrap().to_string(), "127.0.0.1:29500");
+        assert_eq!(super::comm_id_addr(" [::1]:7 ").unwrap().to_string(), "[::1]:7");
+        assert!(super::comm_id_addr("localhost:29500").unwrap().ip().is_loopback());
+        for bad in ["127.0.0.1", "127.0.0.1:0", "127.0.0.1:port", "", "no.such.host.invalid:1"] {
+            let e = super::comm_id_addr(bad).unwrap_err();
+            assert_eq!(e.code, crate::abi::INVALID_ARGUMENT);
+            assert!(e.msg.contains("NCCL_COMM_ID") && e.msg.contains("host:port"), "{bad}: {}", e.msg);
+        }
+    }
+
+    #[test]
     fn nvls_is_refused_unless_off() {
         assert!(super::nvls_setting(None).is_ok());
         assert!(super::nvls_setting(Some("0")).is_ok());
@@ -92,10 +133,19 @@ mod tests {
 }
 
 /// Reads what ferroccl uses of an `ncclConfig_t`: only fields the caller's `size` covers.
-/// Rejects a struct that was never initialised (its magic) and options ferroccl cannot honour.
-unsafe fn read_config(c: *const abi::Config) -> Res<()> {
+/// Rejects a struct that was never initialised (its magic). Returns whether the communicator
+/// is blocking: `config.blocking`, else NCCL_COMM_BLOCKING, else blocking.
+unsafe fn read_config(c: *const abi::Config) -> Res<bool> {
+    let default = || -> Res<bool> {
+        match std::env::var("NCCL_COMM_BLOCKING").ok().as_deref().map(str::trim) {
+            None | Some("") => Ok(true),
+            Some("0") => Ok(false),
+            Some("1") => Ok(true),
+            Some(v) => Err(Fail::arg(format!("NCCL_COMM_BLOCKING={v}: give 0 or 1"))),
+        }
+    };
     if c.is_null() {
-        return Ok(());
+        return default();
     }
     // SAFETY: the caller's struct; size, magic and version are the first 16 bytes of every
     // version of it.
@@ -106,10 +156,12 @@ unsafe fn read_config(c: *const abi::Config) -> Res<()> {
     let covers = |off: usize| size >= off + 4;
     // SAFETY: read only when the caller's struct reaches the field.
     let blocking = if covers(std::mem::offset_of!(abi::Config, blocking)) { unsafe { (*c).blocking } } else { abi::CONFIG_UNDEF_INT };
-    if blocking == 0 {
-        return Err(Fail::usage("non-blocking communicators (config.blocking = 0) are not supported yet: leave blocking unset or 1"));
+    match blocking {
+        abi::CONFIG_UNDEF_INT => default(),
+        0 => Ok(false),
+        1 => Ok(true),
+        v => Err(Fail::arg(format!("config.blocking = {v}: give 0 (non-blocking) or 1"))),
     }
-    Ok(())
 }
 
 fn make_comm(id: UniqueId, nranks: c_int, rank: c_int, device: Device, cfg: &Config) -> Result<Comm, Fail> {
@@ -122,14 +174,14 @@ unsafe fn init_rank(comm: *mut RawComm, nranks: c_int, id: UniqueId, rank: c_int
     if nranks < 1 || rank < 0 || rank >= nranks {
         return Err(Fail::arg(format!("rank {rank} of {nranks}: need 0 <= rank < nranks")));
     }
-    unsafe { read_config(c) }?;
+    let blocking = unsafe { read_config(c) }?;
     let cfg = config()?;
     let dev = device()?;
     let (raw, h) = register(Handle::pending());
     // SAFETY: checked non-null; the caller's out parameter.
     unsafe { *comm = raw };
-    let r = group::init(h, Box::new(move || make_comm(id, nranks, rank, dev, &cfg)));
-    if r.is_err() && !group::in_group() {
+    let r = group::init(h, blocking, Box::new(move || make_comm(id, nranks, rank, dev, &cfg)));
+    if r.as_ref().is_err_and(|f| f.code != abi::IN_PROGRESS) && !group::in_group() {
         let _ = unregister(raw);
         unsafe { *comm = std::ptr::null_mut() };
     }
@@ -163,7 +215,12 @@ export! {
 
     fn ncclGetUniqueId / pncclGetUniqueId(unique_id: *mut UniqueId) {
         let p = out(unique_id, "uniqueId")?;
-        let id = ferroccl::UniqueId::new(&config()?).map_err(Fail::from)?;
+        let cfg = config()?;
+        let id = match std::env::var("NCCL_COMM_ID").ok().filter(|s| !s.trim().is_empty()) {
+            // Every rank makes the same id; rank 0 starts the rendezvous when it joins.
+            Some(v) => ferroccl::UniqueId::at(comm_id_addr(&v)?, cfg.job_secret.unwrap_or([0u8; 16])),
+            None => ferroccl::UniqueId::new(&cfg).map_err(Fail::from)?,
+        };
         let raw = UniqueId::from_bytes(id.as_bytes()).ok_or_else(|| Fail { code: abi::INTERNAL_ERROR, msg: "a unique id of the wrong size".into() })?;
         unsafe { *p = raw };
         Ok(())
@@ -207,11 +264,22 @@ export! {
         if color < 0 && color != abi::SPLIT_NOCOLOR {
             return Err(Fail::arg(format!("color {color}: a color is non-negative, or NCCL_SPLIT_NOCOLOR (-1)")));
         }
-        unsafe { read_config(config) }?;
+        let blocking = unsafe { read_config(config) }?;
         if group::in_group() {
             return Err(Fail::usage("ncclCommSplit inside a group is not supported yet: call it outside ncclGroupStart/End"));
         }
         let color = (color >= 0).then_some(color as u32);
+        h.comm()?;
+        if !blocking {
+            // The new handle (none without a color, known now) completes in the background.
+            let (raw, nh) = if color.is_some() { register(Handle::pending()) } else { (std::ptr::null_mut(), std::sync::Arc::new(Handle::pending())) };
+            unsafe { *newcomm = raw };
+            let job: group::InitJob = Box::new(move || {
+                h.comm()?.split(color, key).map_err(Fail::from)?.ok_or_else(|| Fail::usage("no color: no communicator"))
+            });
+            group::in_background(vec![(nh, job)])?;
+            return Err(group::in_progress());
+        }
         let made = h.comm()?.split(color, key).map_err(Fail::from)?;
         let raw = made.map_or(std::ptr::null_mut(), |c| register(Handle::ready(c)).0);
         unsafe { *newcomm = raw };
@@ -346,7 +414,7 @@ export! {
         if flags & !abi::SHRINK_ABORT != 0 {
             return Err(Fail::arg(format!("shrinkFlags {flags:#x}: only NCCL_SHRINK_DEFAULT (0) and NCCL_SHRINK_ABORT (1)")));
         }
-        unsafe { read_config(config) }?;
+        let blocking = unsafe { read_config(config) }?;
         if group::in_group() {
             return Err(Fail::usage("ncclCommShrink inside a group is not supported yet: call it outside ncclGroupStart/End"));
         }
@@ -354,6 +422,13 @@ export! {
         let c = h.comm()?;
         if flags & abi::SHRINK_ABORT != 0 {
             c.abort();
+        }
+        if !blocking {
+            let (raw, nh) = register(Handle::pending());
+            unsafe { *newcomm = raw };
+            let job: group::InitJob = Box::new(move || h.comm()?.shrink(&list).map_err(Fail::from));
+            group::in_background(vec![(nh, job)])?;
+            return Err(group::in_progress());
         }
         let made = c.shrink(&list).map_err(Fail::from)?;
         unsafe { *newcomm = register(Handle::ready(made)).0 };
@@ -436,6 +511,40 @@ export! {
     fn ncclGroupEnd / pncclGroupEnd() {
         group::end()
     }
+
+    /// NCCL's device API (kernels that communicate through a device communicator, LSA/GIN)
+    /// is not part of ferroccl's drop-in library: present so that programs linked against
+    /// it load, refused when called.
+    fn ncclDevCommCreate / pncclDevCommCreate(_comm: RawComm, _reqs: *const c_void, _out: *mut c_void) {
+        Err(not_implemented("ncclDevCommCreate"))
+    }
+
+    fn ncclDevCommDestroy / pncclDevCommDestroy(_comm: RawComm, _dev_comm: *const c_void) {
+        Err(not_implemented("ncclDevCommDestroy"))
+    }
+
+    /// Ends a group as ncclGroupEnd does, but the operations are checked, estimated and
+    /// dropped instead of run; the estimate (microseconds, from the tuner's cost model) goes
+    /// to `simInfo->estimatedTime` when the outermost group ends.
+    fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(sim_info: *mut abi::SimInfo) {
+        let p = out(sim_info, "simInfo")?;
+        // Only the fields the caller's struct has: size and magic first.
+        let (size, magic) = unsafe { ((*p).size, (*p).magic) };
+        if magic != abi::SIM_INFO_MAGIC {
+            return Err(Fail::arg(format!(
+                "simInfo has magic {magic:#x}, not {:#x}: initialise it with NCCL_SIM_INFO_INITIALIZER",
+                abi::SIM_INFO_MAGIC
+            )));
+        }
+        let field = std::mem::offset_of!(abi::SimInfo, estimated_time) + std::mem::size_of::<f32>();
+        if size < field {
+            return Err(Fail::arg(format!("simInfo is {size} bytes, too small for estimatedTime (needs {field})")));
+        }
+        if let Some(us) = group::simulate_end()? {
+            unsafe { (*p).estimated_time = us as f32 };
+        }
+        Ok(())
+    }
 }
 
 #[no_mangle]
@@ -488,6 +597,7 @@ const _: () = {
     let _: abi::CommGetAsyncErrorFn = ncclCommGetAsyncError;
     let _: abi::GroupFn = ncclGroupStart;
     let _: abi::GroupFn = ncclGroupEnd;
+    let _: abi::GroupSimulateEndFn = ncclGroupSimulateEnd;
     let _: abi::GetErrorStringFn = ncclGetErrorString;
     let _: abi::GetLastErrorFn = ncclGetLastError;
     let _: abi::AllReduceFn = ncclAllReduce;

@@ -87,6 +87,8 @@ pub fn last_error_ptr() -> *const c_char {
 pub fn guard(name: &str, f: impl FnOnce() -> Res) -> NcclResult {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(())) => abi::SUCCESS,
+        // Not a failure: the work goes on in the background.
+        Ok(Err(fail)) if fail.code == abi::IN_PROGRESS => fail.code,
         Ok(Err(fail)) => {
             let msg = format!("{name}: {}", fail.msg);
             tracing::warn!("{msg}");

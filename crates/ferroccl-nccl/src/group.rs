@@ -19,6 +19,25 @@ struct State {
     depth: u32,
     ops: Vec<(Arc<Handle>, OpArgs, RawStream)>,
     inits: Vec<(Arc<Handle>, InitJob)>,
+    /// A creation in the group asked not to block: the group's end returns `ncclInProgress`
+    /// and the creations finish in the background.
+    nonblocking: bool,
+}
+
+/// `ncclInProgress`: not a failure; the caller polls `ncclCommGetAsyncError`.
+pub fn in_progress() -> Fail {
+    Fail { code: crate::abi::IN_PROGRESS, msg: String::new() }
+}
+
+/// Runs `inits` on a thread of their own; their handles report "in progress" until done.
+pub fn in_background(inits: Vec<(Arc<Handle>, InitJob)>) -> Res {
+    std::thread::Builder::new()
+        .name("ferroccl-nccl-init".into())
+        .spawn(move || {
+            let _ = run_inits(inits);
+        })
+        .map(|_| ())
+        .map_err(|e| Fail { code: crate::abi::SYSTEM_ERROR, msg: format!("starting a non-blocking creation: {e}") })
 }
 
 thread_local! {
@@ -39,27 +58,72 @@ pub fn start() -> Res {
 
 /// Ends one level; the outermost runs what was collected.
 pub fn end() -> Res {
-    let (inits, ops) = STATE.with(|s| {
+    let (inits, ops, nonblocking) = take_level()?;
+    if nonblocking {
+        in_background(inits)?;
+        if !ops.is_empty() {
+            launch(&ops)?;
+        }
+        return Err(in_progress());
+    }
+    let inited = run_inits(inits);
+    let launched = if ops.is_empty() { Ok(()) } else { launch(&ops) };
+    inited.and(launched)
+}
+
+/// Ends one level as `end` does, except that the outermost estimates its operations' time
+/// instead of running them (they are dropped); creations in the group still happen. None for
+/// an inner level, which estimates nothing (as NCCL: the outermost end decides).
+pub fn simulate_end() -> Res<Option<f64>> {
+    let outermost = STATE.with(|s| s.borrow().depth == 1);
+    let (inits, ops, nonblocking) = take_level()?;
+    if nonblocking {
+        in_background(inits)?;
+    } else {
+        run_inits(inits)?;
+    }
+    if !outermost {
+        return Ok(None);
+    }
+    let mut g = Group::new();
+    for (h, args, _) in &ops {
+        // SAFETY: nothing runs: the group is only estimated, then dropped.
+        unsafe { g.push_raw(h.comm()?, *args) }?;
+    }
+    Ok(Some(g.estimate_us()))
+}
+
+/// Leaves one level: what the outermost level collected, nothing for an inner one.
+type Level = (Vec<(Arc<Handle>, InitJob)>, Vec<(Arc<Handle>, OpArgs, RawStream)>, bool);
+
+fn take_level() -> Res<Level> {
+    STATE.with(|s| {
         let mut s = s.borrow_mut();
         if s.depth == 0 {
             return Err(Fail::usage("ncclGroupEnd without a matching ncclGroupStart"));
         }
         s.depth -= 1;
         if s.depth > 0 {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok((Vec::new(), Vec::new(), false));
         }
-        Ok((std::mem::take(&mut s.inits), std::mem::take(&mut s.ops)))
-    })?;
-    let inited = run_inits(inits);
-    let launched = if ops.is_empty() { Ok(()) } else { launch(&ops) };
-    inited.and(launched)
+        Ok((std::mem::take(&mut s.inits), std::mem::take(&mut s.ops), std::mem::take(&mut s.nonblocking)))
+    })
 }
 
-/// Creates a communicator now, or at the group's end inside a group.
-pub fn init(h: Arc<Handle>, job: InitJob) -> Res {
+/// Creates a communicator now, or at the group's end inside a group; a non-blocking one on a
+/// thread of its own, answering `ncclInProgress` at once.
+pub fn init(h: Arc<Handle>, blocking: bool, job: InitJob) -> Res {
     if in_group() {
-        STATE.with(|s| s.borrow_mut().inits.push((h, job)));
+        STATE.with(|s| {
+            let mut s = s.borrow_mut();
+            s.inits.push((h, job));
+            s.nonblocking |= !blocking;
+        });
         return Ok(());
+    }
+    if !blocking {
+        in_background(vec![(h, job)])?;
+        return Err(in_progress());
     }
     let r = job();
     let out = r.as_ref().map(|_| ()).map_err(Clone::clone);

@@ -49,7 +49,10 @@ impl Handle {
         }
         match &*self.init_failed.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(f) => Err(Fail { code: f.code, msg: format!("its initialisation failed: {}", f.msg) }),
-            None => Err(Fail::usage("the communicator is still being initialised: it was created inside a group, which ncclGroupEnd completes")),
+            None => Err(Fail::usage(
+                "the communicator is still being initialised: a non-blocking one until ncclCommGetAsyncError says ncclSuccess, \
+                 one created inside a group until ncclGroupEnd",
+            )),
         }
     }
 

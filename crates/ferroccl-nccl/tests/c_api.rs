@@ -380,8 +380,8 @@ fn bad_arguments_return_nccl_codes_and_change_nothing() {
         cfg.magic = 0;
         expect(init_cfg(&mut c, 1, id, 0, &mut cfg), abi::INVALID_ARGUMENT, &["magic", "NCCL_CONFIG_INITIALIZER"]);
         let mut cfg = abi::Config::initializer();
-        cfg.blocking = 0;
-        expect(init_cfg(&mut c, 1, id, 0, &mut cfg), abi::INVALID_USAGE, &["non-blocking"]);
+        cfg.blocking = 2;
+        expect(init_cfg(&mut c, 1, id, 0, &mut cfg), abi::INVALID_ARGUMENT, &["config.blocking = 2"]);
         assert!(c.is_null(), "no handle from a failed creation");
     }
     // On a live communicator of 2: every bad argument fails alone, the next good call works.
@@ -435,6 +435,9 @@ int main(void) {
   printf("%d %d %d %d %d %d %d\n", NCCL_VERSION_CODE, (int)ncclFloat8e5m2, (int)ncclBfloat16, (int)ncclAvg, (int)ncclNumOps,
          NCCL_SPLIT_NOCOLOR, (int)ncclInProgress);
   printf("%zu %x %u %d %d\n", c.size, c.magic, c.version, c.blocking, (int)ncclScalarHostImmediate);
+  ncclSimInfo_t s = NCCL_SIM_INFO_INITIALIZER;
+  printf("%zu %zu %zu %x %u %.1f\n", sizeof(ncclSimInfo_t), offsetof(ncclSimInfo_t, estimatedTime), s.size, s.magic, s.version,
+         (double)s.estimatedTime);
   return 0;
 }
 "#,
@@ -464,6 +467,11 @@ int main(void) {
     assert_eq!(lines[1], format!("{} 11 9 4 {} {} {}", abi::API_VERSION, abi::NUM_BUILTIN_OPS, abi::SPLIT_NOCOLOR, abi::IN_PROGRESS));
     let init = C::initializer();
     assert_eq!(lines[2], format!("{} {:x} {} {} {}", init.size, init.magic, init.version, init.blocking, abi::SCALAR_HOST_IMMEDIATE));
+    let sim = abi::SimInfo::initializer();
+    assert_eq!(
+        lines[3],
+        format!("{} {} {} {:x} {} {:.1}", size_of::<abi::SimInfo>(), offset_of!(abi::SimInfo, estimated_time), sim.size, sim.magic, sim.version, sim.estimated_time)
+    );
     std::fs::remove_dir_all(&dir).unwrap();
     let _ = c_char::default();
 }
@@ -578,4 +586,244 @@ fn memory_and_registrations() {
         assert!(lib.last_error().contains("not returned by ncclMemAlloc"), "{}", lib.last_error());
         assert_eq!(mem_alloc(null_mut(), 8), abi::INVALID_ARGUMENT);
     });
+}
+
+/// A simulated group estimates its operations' time without running them (the outputs stay
+/// as they were); a bad simInfo is refused and leaves the group open; an inner level estimates
+/// nothing; larger operations are estimated slower.
+#[test]
+fn group_simulate_end_estimates_without_running() {
+    let lib = Lib::open();
+    let start: abi::GroupFn = lib.sym("ncclGroupStart");
+    let end: abi::GroupFn = lib.sym("ncclGroupEnd");
+    let simulate: abi::GroupSimulateEndFn = lib.sym("ncclGroupSimulateEnd");
+    let all_reduce: abi::AllReduceFn = lib.sym("ncclAllReduce");
+    job(&lib, 2, |r, c| unsafe {
+        let estimate = |count: usize| {
+            let mine = data(r, count, 9);
+            let mut out = vec![-7f32; count];
+            let mut sim = abi::SimInfo::initializer();
+            assert_eq!(start(), abi::SUCCESS);
+            assert_eq!(all_reduce(mine.as_ptr() as *const c_void, out.as_mut_ptr() as *mut c_void, count, FLOAT, SUM, c.raw, null_mut()), abi::SUCCESS);
+            assert_eq!(simulate(&mut sim), abi::SUCCESS, "{}", lib.last_error());
+            assert!(out.iter().all(|&x| x == -7.0), "a simulated operation ran");
+            assert!(sim.estimated_time.is_finite() && sim.estimated_time > 0.0, "{sim:?}");
+            sim.estimated_time
+        };
+        let (small, large) = (estimate(2), estimate(1 << 20));
+        assert!(large > 10.0 * small, "{small} us for 8 B, {large} us for 4 MiB");
+
+        // Refused: a wrong magic, a struct too small for the field, null. The group stays
+        // open: its end then runs the operation, exactly.
+        let mine = data(r, 100, 3);
+        let mut out = vec![0f32; 100];
+        assert_eq!(start(), abi::SUCCESS);
+        assert_eq!(all_reduce(mine.as_ptr() as *const c_void, out.as_mut_ptr() as *mut c_void, 100, FLOAT, SUM, c.raw, null_mut()), abi::SUCCESS);
+        let mut bad = abi::SimInfo { magic: 0xcafebeef, ..abi::SimInfo::initializer() };
+        assert_eq!(simulate(&mut bad), abi::INVALID_ARGUMENT);
+        let mut small_struct = abi::SimInfo { size: 16, ..abi::SimInfo::initializer() };
+        assert_eq!(simulate(&mut small_struct), abi::INVALID_ARGUMENT);
+        assert_eq!(small_struct.estimated_time, abi::UNDEF_FLOAT);
+        assert_eq!(simulate(null_mut()), abi::INVALID_ARGUMENT);
+        assert_eq!(end(), abi::SUCCESS, "{}", lib.last_error());
+        let want: Vec<f32> = (0..100).map(|i| data(0, 100, 3)[i] + data(1, 100, 3)[i]).collect();
+        assert_eq!(out, want);
+
+        // Nested: the inner simulated end estimates nothing; the outer end runs the operation.
+        let mut out = vec![0f32; 100];
+        let mut sim = abi::SimInfo::initializer();
+        assert_eq!(start(), abi::SUCCESS);
+        assert_eq!(start(), abi::SUCCESS);
+        assert_eq!(all_reduce(mine.as_ptr() as *const c_void, out.as_mut_ptr() as *mut c_void, 100, FLOAT, SUM, c.raw, null_mut()), abi::SUCCESS);
+        assert_eq!(simulate(&mut sim), abi::SUCCESS);
+        assert_eq!(sim.estimated_time, abi::UNDEF_FLOAT);
+        assert_eq!(end(), abi::SUCCESS);
+        assert_eq!(out, want);
+        // Outside a group: the same usage error as ncclGroupEnd's.
+        assert_eq!(simulate(&mut sim), abi::INVALID_USAGE);
+    });
+}
+
+/// Every libnccl symbol that PyTorch 2.11 and CuPy 14 import exists, with its profiling twin
+/// (so their libraries load against ours); the device API's are refused with a clear text.
+#[test]
+fn every_symbol_pytorch_and_cupy_import_is_exported() {
+    let lib = Lib::open();
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/imports");
+    let mut seen = 0;
+    for file in ["torch-2.11.0-libtorch_cuda.txt", "cupy-cuda13x-14.2.0.txt"] {
+        let list = std::fs::read_to_string(format!("{dir}/{file}")).unwrap();
+        for name in list.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
+            let _: *mut c_void = lib.sym(name);
+            let _: *mut c_void = lib.sym(&format!("p{name}"));
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 38 + 22);
+    let create: unsafe extern "C" fn(RawComm, *const c_void, *mut c_void) -> c_int = lib.sym("ncclDevCommCreate");
+    let mut dev = [0u8; 256];
+    assert_eq!(unsafe { create(null_mut(), null_mut(), dev.as_mut_ptr() as *mut c_void) }, abi::INVALID_USAGE);
+    assert!(lib.last_error().contains("ncclDevCommCreate is not implemented"), "{}", lib.last_error());
+    assert!(dev.iter().all(|&b| b == 0));
+}
+
+/// Polls `ncclCommGetAsyncError` until the communicator is no longer in progress.
+fn settle(lib: &Lib, comm: RawComm) -> c_int {
+    let async_err: abi::CommGetAsyncErrorFn = lib.sym("ncclCommGetAsyncError");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let mut e = abi::IN_PROGRESS;
+        assert_eq!(unsafe { async_err(comm, &mut e) }, abi::SUCCESS, "{}", lib.last_error());
+        if e != abi::IN_PROGRESS || std::time::Instant::now() > until {
+            return e;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Non-blocking communicators (config.blocking = 0): creation, split and shrink answer
+/// ncclInProgress at once and finish in the background; the handle says "in progress" until
+/// then, and works exactly after. Also one thread creating both ranks in one group.
+#[test]
+fn non_blocking_creation_split_and_shrink() {
+    let lib = &Lib::open();
+    let init_cfg: abi::CommInitRankConfigFn = lib.sym("ncclCommInitRankConfig");
+    let split: abi::CommSplitFn = lib.sym("ncclCommSplit");
+    let shrink: abi::CommShrinkFn = lib.sym("ncclCommShrink");
+    let all_reduce: abi::AllReduceFn = lib.sym("ncclAllReduce");
+    let start: abi::GroupFn = lib.sym("ncclGroupStart");
+    let end: abi::GroupFn = lib.sym("ncclGroupEnd");
+    let exact = &|c: RawComm, n: usize, r: usize, seed: u64, ranks: &[usize]| {
+        let mine = data(r, 333, seed);
+        let mut out = vec![0f32; 333];
+        let res = unsafe { all_reduce(mine.as_ptr() as *const c_void, out.as_mut_ptr() as *mut c_void, 333, FLOAT, SUM, c, null_mut()) };
+        assert_eq!(res, abi::SUCCESS, "{}", lib.last_error());
+        let want: Vec<f32> = (0..333).map(|i| ranks.iter().map(|&q| data(q, 333, seed)[i]).sum()).collect();
+        assert_eq!(out, want, "{n} ranks");
+    };
+    let n = 3;
+    let id = lib.unique_id();
+    std::thread::scope(|s| {
+        for r in 0..n {
+            s.spawn(move || unsafe {
+                let mut cfg = abi::Config::initializer();
+                cfg.blocking = 0;
+                let mut c: RawComm = null_mut();
+                assert_eq!(init_cfg(&mut c, n as c_int, id, r as c_int, &mut cfg), abi::IN_PROGRESS, "{}", lib.last_error());
+                assert!(!c.is_null(), "the handle comes at once");
+                assert_eq!(settle(lib, c), abi::SUCCESS, "{}", lib.last_error());
+                let c = Comm { lib, raw: c };
+                exact(c.raw, n, r, 5, &[0, 1, 2]);
+                // Split: ranks 0 and 2 in color 1, rank 1 without a color (NULL at once).
+                let mut sub: RawComm = null_mut();
+                let color = if r == 1 { abi::SPLIT_NOCOLOR } else { 1 };
+                assert_eq!(split(c.raw, color, r as c_int, &mut sub, &mut cfg), abi::IN_PROGRESS);
+                if r == 1 {
+                    assert!(sub.is_null());
+                } else {
+                    assert_eq!(settle(lib, sub), abi::SUCCESS, "{}", lib.last_error());
+                    let sub = Comm { lib, raw: sub };
+                    exact(sub.raw, 2, r / 2, 6, &[0, 1]);
+                }
+                // Shrink without rank 1, which makes no shrink call.
+                if r != 1 {
+                    let mut excl = [1 as c_int];
+                    let mut sh: RawComm = null_mut();
+                    assert_eq!(shrink(c.raw, excl.as_mut_ptr(), 1, &mut sh, &mut cfg, 0), abi::IN_PROGRESS);
+                    assert_eq!(settle(lib, sh), abi::SUCCESS, "{}", lib.last_error());
+                    let sh = Comm { lib, raw: sh };
+                    exact(sh.raw, 2, r / 2, 7, &[0, 1]);
+                }
+            });
+        }
+    });
+
+    // One thread, both ranks, in one group: the end answers ncclInProgress.
+    let id = lib.unique_id();
+    let mut comms: [RawComm; 2] = [null_mut(); 2];
+    unsafe {
+        let mut cfg = abi::Config::initializer();
+        cfg.blocking = 0;
+        assert_eq!(start(), abi::SUCCESS);
+        for (r, c) in comms.iter_mut().enumerate() {
+            assert_eq!(init_cfg(c, 2, id, r as c_int, &mut cfg), abi::SUCCESS, "inside a group the creation waits for the end");
+        }
+        assert_eq!(end(), abi::IN_PROGRESS, "{}", lib.last_error());
+    }
+    for c in comms {
+        assert_eq!(settle(lib, c), abi::SUCCESS, "{}", lib.last_error());
+    }
+    let comms: Vec<Comm> = comms.into_iter().map(|raw| Comm { lib, raw }).collect();
+    std::thread::scope(|s| {
+        for (r, c) in comms.iter().enumerate() {
+            let raw = c.raw as usize;
+            s.spawn(move || exact(raw as RawComm, 2, r, 8, &[0, 1]));
+        }
+    });
+}
+
+/// NCCL_COMM_ID and NCCL_SOCKET_IFNAME, in child processes (the environment is the process's):
+/// with an agreed address every rank makes its own id and the job runs, exact; a bad address or
+/// an interface that does not exist is refused by ncclGetUniqueId with what to give.
+#[test]
+fn nccl_comm_id_and_socket_ifname_from_the_environment() {
+    const ROLE: &str = "FERROCCL_NCCL_ENV_TEST";
+    if let Ok(role) = std::env::var(ROLE) {
+        let lib = Lib::open();
+        let get_id: abi::GetUniqueIdFn = lib.sym("ncclGetUniqueId");
+        let mut id = UniqueId::zeroed();
+        let res = unsafe { get_id(&mut id) };
+        match role.as_str() {
+            "job" => {
+                assert_eq!(res, abi::SUCCESS, "{}", lib.last_error());
+                let all_reduce: abi::AllReduceFn = lib.sym("ncclAllReduce");
+                std::thread::scope(|s| {
+                    for r in 0..2 {
+                        let lib = &lib;
+                        s.spawn(move || {
+                            // Each rank its own id, as separate processes would.
+                            let mut mine = UniqueId::zeroed();
+                            assert_eq!(unsafe { get_id(&mut mine) }, abi::SUCCESS);
+                            assert_eq!(mine.to_bytes(), id.to_bytes(), "the same id everywhere");
+                            let c = lib.init_rank(2, mine, r);
+                            let d = data(r, 500, 11);
+                            let mut out = vec![0f32; 500];
+                            let res = unsafe { all_reduce(d.as_ptr() as *const c_void, out.as_mut_ptr() as *mut c_void, 500, FLOAT, SUM, c.raw, null_mut()) };
+                            assert_eq!(res, abi::SUCCESS, "{}", lib.last_error());
+                            let want: Vec<f32> = (0..500).map(|i| data(0, 500, 11)[i] + data(1, 500, 11)[i]).collect();
+                            assert_eq!(out, want);
+                        });
+                    }
+                });
+            }
+            "bad-ifname" => {
+                assert_eq!(res, abi::INVALID_ARGUMENT);
+                let e = lib.last_error();
+                assert!(e.contains("NCCL_SOCKET_IFNAME=nosuchif0") && e.contains("no interface that is up matches") && e.contains("lo"), "{e}");
+            }
+            "bad-comm-id" => {
+                assert_eq!(res, abi::INVALID_ARGUMENT);
+                let e = lib.last_error();
+                assert!(e.contains("NCCL_COMM_ID=127.0.0.1") && e.contains("host:port"), "{e}");
+            }
+            other => panic!("unknown role {other}"),
+        }
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let runs = [
+        ("job", vec![("NCCL_COMM_ID", format!("127.0.0.1:{port}")), ("NCCL_SOCKET_IFNAME", "lo".to_string())]),
+        ("bad-ifname", vec![("NCCL_SOCKET_IFNAME", "nosuchif0".to_string())]),
+        ("bad-comm-id", vec![("NCCL_COMM_ID", "127.0.0.1".to_string())]),
+    ];
+    for (role, env) in runs {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["nccl_comm_id_and_socket_ifname_from_the_environment", "--exact", "--test-threads=1", "--nocapture"])
+            .env(ROLE, role)
+            .env("FERROCCL_NCCL_BACKEND", "host")
+            .envs(env)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{role}: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    }
 }

@@ -8,6 +8,7 @@ use crate::comm::Comm;
 use crate::launch::launch;
 use crate::ops::OpArgs;
 use ferroccl_core::numeric::Element;
+use ferroccl_core::tune::{estimate_launch_us, OpShape};
 use ferroccl_core::{CollKind, Error, Rank, ReduceOp};
 use std::marker::PhantomData;
 
@@ -71,6 +72,22 @@ impl<'a> Group<'a> {
     }
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
+    }
+
+    /// A rough time the group would take, in microseconds, without running it: for each
+    /// communicator the sum of the tuner's estimates for its operations
+    /// ([`ferroccl_core::tune::estimate_us`]), the slowest communicator's (they run at once).
+    pub fn estimate_us(&self) -> f64 {
+        let mut per_comm: Vec<(&Comm, Vec<OpShape>)> = Vec::new();
+        for (c, a) in &self.items {
+            let windows = c.backend.cuda().is_some_and(|g| g.has_windows());
+            let s = a.shape(&c.info, windows);
+            match per_comm.iter_mut().find(|(x, _)| std::ptr::eq(*x, *c)) {
+                Some((_, v)) => v.push(s),
+                None => per_comm.push((c, vec![s])),
+            }
+        }
+        per_comm.iter().map(|(c, shapes)| estimate_launch_us(shapes, c.info.device, &c.info.config)).fold(0.0, f64::max)
     }
 
     /// Runs every operation of the group. Host communicators: returns when all are complete.

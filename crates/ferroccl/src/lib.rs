@@ -43,7 +43,7 @@ pub mod mem {
     pub use crate::cuda::mem::{alloc, free, DeviceBuffer, MemStats, MemStatsSnapshot, Origin};
 }
 
-pub use bootstrap::UniqueId;
+pub use bootstrap::{interface_ip, UniqueId};
 pub use comm::{Comm, Device};
 pub use ferroccl_core::numeric::{Element, F8E4M3, F8E5M2};
 pub use ferroccl_core::{CollKind, Config, DataType, Error, LaunchEnv, Rank, ReduceOp, Result, TransportChoice};

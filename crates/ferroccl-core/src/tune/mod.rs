@@ -340,3 +340,70 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         why: Why { algo: why_algo, protocol: why_protocol, channels: why_channels },
     }
 }
+
+/// What one engine costs, for [`estimate_us`]: a fixed time per launch, a time per dependent
+/// hop (a message that must arrive before the next is sent), and the bus bandwidth it reaches.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Cost {
+    pub launch_us: f64,
+    pub hop_us: f64,
+    /// Bytes per microsecond (= MB/s; 1 GB/s is 1,000).
+    pub bytes_per_us: f64,
+}
+
+/// The engines' costs. GPU figures: 2 x H200 (NV18) at f601ac8
+/// (`bench/results/h200x2-2026-11-23-s4-f601ac8-final`): the direct engine's 8 B all-reduce
+/// takes 4.2 us and 128 KiB 7.8 us; the plan kernel's hop is about a microsecond, its LL
+/// carries about 40 GB/s and Simple reaches 260-330 GB/s bus bandwidth at 2 GiB. Host
+/// figures: shared memory between 2 threads on the 2-core CI machine (`ferroccl bench
+/// all-reduce --ranks 2 -b 8 -e 64M -f 8`): 1-2 us at 8 B, 5-20 GB/s from 256 KiB up.
+pub fn cost(engine: Engine, protocol: Protocol) -> Cost {
+    match (engine, protocol) {
+        (Engine::DirectKernel, _) => Cost { launch_us: 4.0, hop_us: 0.0, bytes_per_us: 40_000.0 },
+        (Engine::PlanKernel, Protocol::LL) => Cost { launch_us: 5.0, hop_us: 1.0, bytes_per_us: 40_000.0 },
+        (Engine::PlanKernel, Protocol::Simple) => Cost { launch_us: 6.0, hop_us: 1.5, bytes_per_us: 260_000.0 },
+        (Engine::HostExecutor, _) => Cost { launch_us: 1.0, hop_us: 0.5, bytes_per_us: 8_000.0 },
+    }
+}
+
+/// Dependent hops and bytes each rank sends, for `op` run by `algo`: what the alpha-beta
+/// estimate charges. None when the sizes overflow.
+pub fn traffic(op: &OpShape, algo: Algo) -> Option<(usize, usize)> {
+    use CollKind::*;
+    let n = op.nranks.max(1);
+    let block = op.count.checked_mul(op.dtype.size())?;
+    if n == 1 {
+        return Some((0, 0));
+    }
+    let peers = n - 1;
+    // NCCL's bus-bandwidth conventions: what crosses a rank's link for the operation.
+    Some(match (algo, op.kind) {
+        (Algo::OneShot, _) => (1, block.checked_mul(peers)?),
+        (Algo::TwoShot, _) => (2, (block / n).checked_mul(2 * peers)?),
+        (_, AllReduce) => (2 * peers, (block / n).checked_mul(2 * peers)?),
+        (_, AllGather | ReduceScatter | AllToAll) => (peers, block.checked_mul(peers)?),
+        // Pipelined down the chain: every rank but the last forwards the whole buffer.
+        (_, Broadcast | Reduce) => (peers, block),
+        (_, Gather | Scatter) => (1, block.checked_mul(peers)?),
+        (_, Send | Recv) => (1, block),
+    })
+}
+
+/// A rough time for `op` run as `choice` says, in microseconds: the engine's launch cost, its
+/// hop latency times the dependent hops, and the bytes each rank sends at the engine's bus
+/// bandwidth over the channels' share of it. For `ncclGroupSimulateEnd` and the debug log:
+/// no decision is taken from it.
+pub fn estimate_us(op: &OpShape, choice: &Choice) -> f64 {
+    let c = cost(choice.engine, choice.protocol);
+    let Some((hops, bytes)) = traffic(op, choice.algo) else { return f64::INFINITY };
+    if bytes == 0 && op.nranks <= 1 {
+        return c.launch_us;
+    }
+    c.launch_us + hops as f64 * c.hop_us + bytes as f64 / c.bytes_per_us
+}
+
+/// The time of a launch of `ops`, which run one after the other within it.
+pub fn estimate_launch_us(ops: &[OpShape], device: Device, cfg: &Config) -> f64 {
+    let choices = choose_launch(ops, device, cfg);
+    ops.iter().zip(&choices).map(|(op, c)| estimate_us(op, c)).sum()
+}

@@ -199,3 +199,38 @@ fn the_reason_is_readable() {
         assert!(s.contains(want), "{want} missing from: {s}");
     }
 }
+
+fn f32_shape(kind: CollKind, count: usize, nranks: usize) -> OpShape {
+    shape(kind, count, Float32, nranks)
+}
+
+#[test]
+fn estimates_grow_with_size_and_ranks_and_match_the_measured_ends() {
+    let cfg = Config::default();
+    let t = |kind, count, n, d| estimate_launch_us(&[f32_shape(kind, count, n)], d, &cfg);
+    // The measured ends on 2 x H200: an 8 B all-reduce in about 4 us, 2 GiB at about 260 GB/s
+    // of bus bandwidth (2 ranks: the bus bytes equal the buffer).
+    let small = t(CollKind::AllReduce, 2, 2, Device::Gpu);
+    assert!((3.0..8.0).contains(&small), "{small}");
+    let big = t(CollKind::AllReduce, 512 << 20, 2, Device::Gpu);
+    let busbw = (2u64 << 30) as f64 / big / 1e3;
+    assert!((200.0..350.0).contains(&busbw), "{busbw} GB/s");
+    for kind in [CollKind::AllReduce, CollKind::AllGather, CollKind::ReduceScatter, CollKind::AllToAll, CollKind::Broadcast, CollKind::Reduce, CollKind::Gather, CollKind::Scatter, CollKind::Send] {
+        for d in [Device::Gpu, Device::Host] {
+            let mut last = 0.0;
+            for count in [1usize, 1 << 10, 1 << 16, 1 << 22, 1 << 26] {
+                let e = t(kind, count, 4, d);
+                assert!(e.is_finite() && e > last, "{kind:?} {d:?} {count}: {e} after {last}");
+                last = e;
+            }
+            assert!(t(kind, 1 << 20, 8, d) >= t(kind, 1 << 20, 2, d), "{kind:?} {d:?}: more ranks, more time");
+        }
+    }
+    // A group costs its operations' sum; one rank costs only the launch.
+    let one = f32_shape(CollKind::AllReduce, 1 << 20, 4);
+    let two = estimate_launch_us(&[one, one], Device::Host, &cfg);
+    assert!((two - 2.0 * estimate_launch_us(&[one], Device::Host, &cfg)).abs() < 1e-6);
+    assert_eq!(t(CollKind::AllReduce, 1 << 20, 1, Device::Host), cost(Engine::HostExecutor, Protocol::Simple).launch_us);
+    // Sizes that overflow are infinitely slow, not a panic.
+    assert!(estimate_launch_us(&[f32_shape(CollKind::AllGather, usize::MAX / 2, 4)], Device::Gpu, &cfg).is_infinite());
+}

@@ -2,7 +2,7 @@
 //! other hosts can probably reach.
 
 use sha2::{Digest, Sha256};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// Longest hostname carried in the rendezvous (POSIX HOST_NAME_MAX is 255).
 pub(crate) const MAX_HOSTNAME: usize = 255;
@@ -67,4 +67,45 @@ pub(crate) fn first_ipv4() -> Option<Ipv4Addr> {
         libc::freeifaddrs(ifap);
         found
     }
+}
+
+/// The addresses of the interfaces that are up, in the kernel's order: (name, address).
+pub(crate) fn interfaces() -> Vec<(String, IpAddr)> {
+    let mut out = Vec::new();
+    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills ifap with a list we free below and only read in between.
+    unsafe {
+        if libc::getifaddrs(&mut ifap) != 0 {
+            return out;
+        }
+        let mut cur = ifap;
+        while !cur.is_null() {
+            let ifa = &*cur;
+            cur = ifa.ifa_next;
+            if ifa.ifa_flags & libc::IFF_UP as libc::c_uint == 0 || ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+                continue;
+            }
+            let name = std::ffi::CStr::from_ptr(ifa.ifa_name).to_string_lossy().into_owned();
+            let ip = match (*ifa.ifa_addr).sa_family as libc::c_int {
+                libc::AF_INET => IpAddr::V4(Ipv4Addr::from(u32::from_be((*(ifa.ifa_addr as *const libc::sockaddr_in)).sin_addr.s_addr))),
+                libc::AF_INET6 => IpAddr::V6(Ipv6Addr::from((*(ifa.ifa_addr as *const libc::sockaddr_in6)).sin6_addr.s6_addr)),
+                _ => continue,
+            };
+            out.push((name, ip));
+        }
+        libc::freeifaddrs(ifap);
+    }
+    out
+}
+
+/// The address of the first interface `spec` chooses (NCCL_SOCKET_IFNAME's syntax: see
+/// `ferroccl_core::ifname`), for the bootstrap to listen on and advertise.
+pub fn interface_ip(spec: &str) -> Result<IpAddr, ferroccl_core::Error> {
+    let s = ferroccl_core::ifname::IfSpec::parse(spec)?;
+    let all = interfaces();
+    s.pick(&all).ok_or_else(|| {
+        let mut names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
+        names.dedup();
+        ferroccl_core::Error::InvalidArgument(format!("no interface that is up matches '{spec}' (interfaces: {})", names.join(", ")))
+    })
 }

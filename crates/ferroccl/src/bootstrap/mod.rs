@@ -35,6 +35,7 @@ mod hostile_tests;
 #[cfg(test)]
 mod parser_fuzz;
 
+pub use host::interface_ip;
 pub use unique_id::UniqueId;
 
 use ferroccl_core::config::LaunchEnv;
@@ -127,6 +128,9 @@ struct Parts {
 
 impl Bootstrap {
     pub fn init(id: &UniqueId, nranks: usize, rank: usize, config: &Config, abort: Arc<AtomicBool>) -> Result<Bootstrap, Error> {
+        if id.root_by_rank0() && rank == 0 && nranks > 0 {
+            start_root(id.root_addr(), id.secret(), config)?;
+        }
         Bootstrap::join(id.root_addr(), id.secret(), nranks, rank, config, abort)
     }
 
@@ -143,15 +147,7 @@ impl Bootstrap {
             .ok_or_else(|| Error::InvalidArgument(format!("MASTER_ADDR '{}' resolves to no address", env.master_addr)))?;
         let secret = config.job_secret.unwrap_or([0u8; 16]);
         if env.rank == 0 && env.world_size > 0 {
-            // std's TcpListener sets SO_REUSEADDR on Unix, so a port left in TIME_WAIT by the
-            // previous job can be bound again right away.
-            let l = TcpListener::bind(root).map_err(|e| Error::System(format!("rank 0 cannot bind the rendezvous on {root}: {e}{}", wire::fd_hint(&e))))?;
-            if config.job_secret.is_none() {
-                tracing::warn!(
-                    "bootstrap root at {root}: the job is unauthenticated (all-zero secret); any process that can reach this port may join. Set FERROCCL_JOB_SECRET"
-                );
-            }
-            root::spawn(l, secret, config.clone())?;
+            start_root(root, secret, config)?;
         }
         Bootstrap::join(root, secret, env.world_size, env.rank, config, abort)
     }
@@ -250,6 +246,20 @@ impl Bootstrap {
     fn wait(&self) -> Wait {
         Wait::new(self.config.timeout, self.abort.clone())
     }
+}
+
+/// Rank 0's job where the root's address is fixed in advance (a launcher's MASTER_ADDR, NCCL's
+/// NCCL_COMM_ID): listen there and run the rendezvous.
+fn start_root(root: SocketAddr, secret: [u8; 16], config: &Config) -> Result<(), Error> {
+    // std's TcpListener sets SO_REUSEADDR on Unix, so a port left in TIME_WAIT by the
+    // previous job can be bound again right away.
+    let l = TcpListener::bind(root).map_err(|e| Error::System(format!("rank 0 cannot bind the rendezvous on {root}: {e}{}", wire::fd_hint(&e))))?;
+    if secret == [0u8; 16] {
+        tracing::warn!(
+            "bootstrap root at {root}: the job is unauthenticated (all-zero secret); any process that can reach this port may join. Set FERROCCL_JOB_SECRET"
+        );
+    }
+    root::spawn(l, secret, config.clone())
 }
 
 /// Watches the processes of the other ranks on this host while a communicator is being

@@ -90,6 +90,14 @@ fn unique_id_layout_and_validation() {
     let mut bad = *b;
     bad[10] = 5;
     assert!(UniqueId::from_bytes(&bad).is_err());
+    // An id at an agreed address carries the flag that rank 0 starts the root; unknown flags
+    // are refused.
+    let at = UniqueId::at(addr, secret);
+    assert_eq!(at.as_bytes()[45], 1);
+    assert!(UniqueId::from_bytes(at.as_bytes()).unwrap().root_by_rank0() && !back.root_by_rank0());
+    let mut bad = *at.as_bytes();
+    bad[45] = 2;
+    assert!(UniqueId::from_bytes(&bad).unwrap_err().message().contains("flags"));
     // Arbitrary input never panics, whatever it holds after a valid header.
     for i in 0..2000u32 {
         let mut r: [u8; 128] = auth::random_bytes().unwrap();
@@ -588,4 +596,28 @@ fn a_rank_dying_between_rendezvous_and_the_ring_is_named_at_once() {
         let m = e.to_string();
         assert!(m.contains("rank 2") && m.contains("died while the communicator was being created"), "{m}");
     }
+}
+
+/// Ids made independently by every rank for an address agreed in advance (NCCL_COMM_ID): rank 0
+/// starts the root there, whoever arrives first; an address already taken fails rank 0 at
+/// once, naming it.
+#[test]
+fn ids_at_an_agreed_address_need_no_shipping() {
+    let c = cfg(10_000);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let n = 3;
+    let bs = on_ranks(n, |r| {
+        // Rank 0 last: the others wait for the root to appear.
+        if r == 0 {
+            thread::sleep(Duration::from_millis(200));
+        }
+        Bootstrap::init(&UniqueId::at(addr, [3u8; 16]), n, r, &c, flag()).unwrap()
+    });
+    check_allgather(&bs);
+    // The address taken by something else: rank 0 says so at once.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = taken.local_addr().unwrap();
+    let e = Bootstrap::init(&UniqueId::at(busy, [3u8; 16]), 2, 0, &c, flag()).map(|_| ()).unwrap_err();
+    assert!(e.to_string().contains(&format!("cannot bind the rendezvous on {busy}")), "{e}");
 }

@@ -6,7 +6,8 @@
 //!   8..10   version, u16 little-endian
 //!   10..29  root address: family (4|6), 16 address bytes (IPv4 in the first 4), port big-endian
 //!   29..45  job secret
-//!   45..128 zero
+//!   45      flags: 1 = rank 0 starts the root at the address (an id made by `at`)
+//!   46..128 zero
 
 use super::auth::random_bytes;
 use super::{host, root, wire};
@@ -18,6 +19,8 @@ const VERSION: u16 = 1;
 const ADDR_AT: usize = 10;
 const SECRET_AT: usize = ADDR_AT + wire::ADDR_LEN;
 const END: usize = SECRET_AT + 16;
+const FLAGS_AT: usize = END;
+const ROOT_BY_RANK0: u8 = 1;
 
 #[derive(Clone, PartialEq, Eq)]
 pub struct UniqueId {
@@ -52,6 +55,20 @@ impl UniqueId {
         Ok(UniqueId::compose(addr, &secret))
     }
 
+    /// An id for a root at an address agreed in advance (NCCL_COMM_ID, a launcher's
+    /// MASTER_ADDR and MASTER_PORT), which every rank can make on its own: rank 0 starts the
+    /// root there when it joins. Nothing listens until then.
+    pub fn at(addr: SocketAddr, secret: [u8; 16]) -> UniqueId {
+        let mut id = UniqueId::compose(addr, &secret);
+        id.bytes[FLAGS_AT] = ROOT_BY_RANK0;
+        id
+    }
+
+    /// Whether rank 0 starts the root (an id made by [`UniqueId::at`]).
+    pub fn root_by_rank0(&self) -> bool {
+        self.bytes[FLAGS_AT] & ROOT_BY_RANK0 != 0
+    }
+
     pub(crate) fn compose(addr: SocketAddr, secret: &[u8; 16]) -> UniqueId {
         let mut b = [0u8; 128];
         b[..8].copy_from_slice(&MAGIC);
@@ -81,7 +98,10 @@ impl UniqueId {
         if addr.port() == 0 {
             return Err(Error::InvalidArgument("unique id holds root port 0".into()));
         }
-        if bytes[END..].iter().any(|&x| x != 0) {
+        if bytes[FLAGS_AT] & !ROOT_BY_RANK0 != 0 {
+            return Err(Error::InvalidArgument(format!("unique id flags {:#x} unknown (corrupted?)", bytes[FLAGS_AT])));
+        }
+        if bytes[FLAGS_AT + 1..].iter().any(|&x| x != 0) {
             return Err(Error::InvalidArgument("unique id padding is not zero (corrupted?)".into()));
         }
         Ok(UniqueId { bytes })

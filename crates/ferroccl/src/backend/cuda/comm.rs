@@ -214,6 +214,11 @@ impl CudaComm {
         self.last_blocks.load(Ordering::Relaxed)
     }
 
+    /// Whether any window is registered (the tuner's `windows`).
+    pub(crate) fn has_windows(&self) -> bool {
+        self.windows.lock().map(|w| !w.is_empty()).unwrap_or(false)
+    }
+
     /// Registers a window with every rank (collective; see window.rs). Holds the windows lock,
     /// which every launch takes too, so no launch of this rank sees half a registration.
     pub fn register(&self, boot: &Bootstrap, ptr: u64, len: usize, abort: &AtomicBool, deadline: std::time::Instant) -> Result<(), Error> {
