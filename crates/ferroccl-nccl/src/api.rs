@@ -15,6 +15,8 @@ use crate::memory::{self, Registration};
 use crate::handle::{lookup, register, unregister, Handle};
 use ferroccl::{CollKind, Comm, Config, DataType, Device, OpArgs, ReduceOp};
 use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 /// Defines `ncclX` and `pncclX`, the body run under [`guard`].
 macro_rules! export {
@@ -164,9 +166,9 @@ unsafe fn read_config(c: *const abi::Config) -> Res<bool> {
     }
 }
 
-fn make_comm(id: UniqueId, nranks: c_int, rank: c_int, device: Device, cfg: &Config) -> Result<Comm, Fail> {
+fn make_comm(id: UniqueId, nranks: c_int, rank: c_int, device: Device, cfg: &Config, abort: Arc<AtomicBool>) -> Result<Comm, Fail> {
     let fid = ferroccl::UniqueId::from_bytes(&id.to_bytes()).map_err(Fail::from)?;
-    Comm::init_rank(&fid, nranks as usize, rank as usize, device, cfg).map_err(Fail::from)
+    Comm::init_rank_abortable(&fid, nranks as usize, rank as usize, device, cfg, abort).map_err(Fail::from)
 }
 
 unsafe fn init_rank(comm: *mut RawComm, nranks: c_int, id: UniqueId, rank: c_int, c: *const abi::Config) -> Res {
@@ -180,7 +182,8 @@ unsafe fn init_rank(comm: *mut RawComm, nranks: c_int, id: UniqueId, rank: c_int
     let (raw, h) = register(Handle::pending());
     // SAFETY: checked non-null; the caller's out parameter.
     unsafe { *comm = raw };
-    let r = group::init(h, blocking, Box::new(move || make_comm(id, nranks, rank, dev, &cfg)));
+    let abort = h.init_abort();
+    let r = group::init(h, blocking, Box::new(move || make_comm(id, nranks, rank, dev, &cfg, abort)));
     if r.as_ref().is_err_and(|f| f.code != abi::IN_PROGRESS) && !group::in_group() {
         let _ = unregister(raw);
         unsafe { *comm = std::ptr::null_mut() };
@@ -272,7 +275,7 @@ export! {
         h.comm()?;
         if !blocking {
             // The new handle (none without a color, known now) completes in the background.
-            let (raw, nh) = if color.is_some() { register(Handle::pending()) } else { (std::ptr::null_mut(), std::sync::Arc::new(Handle::pending())) };
+            let (raw, nh) = if color.is_some() { register(Handle::pending()) } else { (std::ptr::null_mut(), Arc::new(Handle::pending())) };
             unsafe { *newcomm = raw };
             let job: group::InitJob = Box::new(move || {
                 h.comm()?.split(color, key).map_err(Fail::from)?.ok_or_else(|| Fail::usage("no color: no communicator"))
@@ -298,10 +301,7 @@ export! {
     }
 
     fn ncclCommAbort / pncclCommAbort(comm: RawComm) {
-        let h = unregister(comm)?;
-        if let Ok(c) = h.comm() {
-            c.abort();
-        }
+        unregister(comm)?.abort();
         Ok(())
     }
 

@@ -10,6 +10,7 @@ use ferroccl_core::numeric::element::load_f64;
 use ferroccl_core::DataType;
 use std::collections::HashMap;
 use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// A reduction made by `ncclRedOpCreatePreMulSum`, valid on its communicator only.
@@ -29,11 +30,14 @@ pub struct Handle {
     init_failed: Mutex<Option<Fail>>,
     /// Reduction handles: ncclNumOps + index, None once destroyed.
     redops: Mutex<Vec<Option<PreMul>>>,
+    /// Raised by ncclCommAbort while the creation is still running (non-blocking, or in a
+    /// group): the creation then ends at once instead of at its deadline.
+    init_abort: Arc<AtomicBool>,
 }
 
 impl Handle {
     pub fn pending() -> Handle {
-        Handle { comm: OnceLock::new(), init_failed: Mutex::new(None), redops: Mutex::new(Vec::new()) }
+        Handle { comm: OnceLock::new(), init_failed: Mutex::new(None), redops: Mutex::new(Vec::new()), init_abort: Arc::new(AtomicBool::new(false)) }
     }
 
     pub fn ready(comm: Comm) -> Handle {
@@ -53,6 +57,19 @@ impl Handle {
                 "the communicator is still being initialised: a non-blocking one until ncclCommGetAsyncError says ncclSuccess, \
                  one created inside a group until ncclGroupEnd",
             )),
+        }
+    }
+
+    /// The flag a creation for this handle watches (see `init_abort`).
+    pub fn init_abort(&self) -> Arc<AtomicBool> {
+        self.init_abort.clone()
+    }
+
+    /// Aborts the communicator, or its creation if that is still running.
+    pub fn abort(&self) {
+        self.init_abort.store(true, Ordering::Release);
+        if let Some(c) = self.comm.get() {
+            c.abort();
         }
     }
 

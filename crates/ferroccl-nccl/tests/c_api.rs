@@ -827,3 +827,52 @@ fn nccl_comm_id_and_socket_ifname_from_the_environment() {
         assert!(out.status.success(), "{role}: {}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     }
 }
+
+/// Threads of this process whose name starts with `prefix` (Linux cuts names to 15 bytes).
+fn threads_named(prefix: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|n| n.starts_with(prefix))
+        .count()
+}
+
+/// ncclCommAbort on a non-blocking communicator whose creation still waits for a rank that
+/// never comes ends the creation at once: its thread is gone within a second, not at the
+/// deadline (60 s here). In a child process, so that no other test's threads count.
+#[test]
+fn aborting_a_non_blocking_creation_in_progress_ends_it() {
+    const ROLE: &str = "FERROCCL_NCCL_ABORT_TEST";
+    if std::env::var(ROLE).is_err() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["aborting_a_non_blocking_creation_in_progress_ends_it", "--exact", "--test-threads=1", "--nocapture"])
+            .env(ROLE, "1")
+            .env("FERROCCL_TIMEOUT", "60")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        return;
+    }
+    let lib = Lib::open();
+    let init_cfg: abi::CommInitRankConfigFn = lib.sym("ncclCommInitRankConfig");
+    let abort: abi::CommFn = lib.sym("ncclCommAbort");
+    let async_err: abi::CommGetAsyncErrorFn = lib.sym("ncclCommGetAsyncError");
+    let mut cfg = abi::Config::initializer();
+    cfg.blocking = 0;
+    let mut c: RawComm = null_mut();
+    assert_eq!(unsafe { init_cfg(&mut c, 2, lib.unique_id(), 0, &mut cfg) }, abi::IN_PROGRESS);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let mut e = 0;
+    assert_eq!(unsafe { async_err(c, &mut e) }, abi::SUCCESS);
+    assert_eq!(e, abi::IN_PROGRESS, "rank 1 never comes");
+    // The creation's thread, and any it started (unnamed threads take their creator's name).
+    assert!(threads_named("ferroccl-nccl-i") >= 1);
+    let t = std::time::Instant::now();
+    assert_eq!(unsafe { abort(c) }, abi::SUCCESS, "{}", lib.last_error());
+    while threads_named("ferroccl-nccl-i") > 0 {
+        assert!(t.elapsed() < std::time::Duration::from_secs(1), "the creation still runs {:?} after its abort", t.elapsed());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    eprintln!("a non-blocking creation ended {:?} after ncclCommAbort", t.elapsed());
+    assert_eq!(unsafe { async_err(c, &mut e) }, abi::INVALID_ARGUMENT, "the handle is gone");
+}

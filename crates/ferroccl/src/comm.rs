@@ -45,6 +45,13 @@ impl Comm {
         Comm::init_rank_with_abort(id, nranks, rank, device, config, Arc::new(AtomicBool::new(false)), None)
     }
 
+    /// [`Comm::init_rank`] that another thread can end: raising `abort` while the ranks
+    /// assemble makes this return `Error::Aborted` (a non-blocking creation being abandoned);
+    /// the flag stays the communicator's abort flag afterwards.
+    pub fn init_rank_abortable(id: &UniqueId, nranks: usize, rank: Rank, device: Device, config: &Config, abort: Arc<AtomicBool>) -> Result<Comm, Error> {
+        Comm::init_rank_with_abort(id, nranks, rank, device, config, abort, None)
+    }
+
     fn init_rank_with_abort(
         id: &UniqueId,
         nranks: usize,

@@ -140,6 +140,33 @@ fn abort_from_another_thread_returns_every_waiter_within_a_second() {
     }
 }
 
+/// A creation that waits for ranks that never come (two of three arrive) ends within a second
+/// of its abort flag being raised from another thread, as `Error::Aborted`, on both waiting
+/// ranks: a framework abandoning a non-blocking creation does not wait out the deadline.
+#[test]
+fn a_creation_waiting_for_missing_ranks_ends_at_its_abort() {
+    let c = cfg(60_000, TransportChoice::Auto);
+    let id = ferroccl::UniqueId::new(&c).unwrap();
+    let flags: Vec<_> = (0..2).map(|_| std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false))).collect();
+    let results = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let (id, c, f) = (&id, &c, flags[r].clone());
+                s.spawn(move || (Comm::init_rank_abortable(id, 3, r, ferroccl::Device::Host, c, f).map(|_| ()).unwrap_err(), Instant::now()))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let t = Instant::now();
+        flags.iter().for_each(|f| f.store(true, Ordering::Release));
+        hs.into_iter().map(|h| h.join().unwrap()).map(|(e, at)| (e, at.saturating_duration_since(t))).collect::<Vec<_>>()
+    });
+    for (r, (e, took)) in results.iter().enumerate() {
+        eprintln!("creation aborted: rank {r} returned {took:?} after the flag: {e}");
+        assert!(matches!(e, Error::Aborted(_)), "rank {r}: {e}");
+        assert!(*took < Duration::from_secs(1), "rank {r}: {took:?}");
+    }
+}
+
 fn count_dir(path: &str) -> usize {
     std::fs::read_dir(path).map(|d| d.count()).unwrap_or(0)
 }
