@@ -183,10 +183,25 @@ unsafe fn init_rank(comm: *mut RawComm, nranks: c_int, id: UniqueId, rank: c_int
     // SAFETY: checked non-null; the caller's out parameter.
     unsafe { *comm = raw };
     let abort = h.init_abort();
-    let r = group::init(h, blocking, Box::new(move || make_comm(id, nranks, rank, dev, &cfg, abort)));
+    let r = group::init(h, blocking, Box::new(move || make_comm(id, nranks, rank, dev, &cfg, abort).map(Some)));
     if r.as_ref().is_err_and(|f| f.code != abi::IN_PROGRESS) && !group::in_group() {
         let _ = unregister(raw);
         unsafe { *comm = std::ptr::null_mut() };
+    }
+    r
+}
+
+/// A communicator made from another (split, shrink): `*newcomm` gets its handle at once (NULL
+/// when `gets_one` is false: a split without a color still takes part), and `job` makes it
+/// now, at the group's end, or in the background. A creation that fails at once leaves NULL.
+unsafe fn derive(newcomm: *mut RawComm, gets_one: bool, blocking: bool, job: group::InitJob) -> Res {
+    let (raw, h) = if gets_one { register(Handle::pending()) } else { (std::ptr::null_mut(), Arc::new(Handle::pending())) };
+    // SAFETY: the caller checked it non-null.
+    unsafe { *newcomm = raw };
+    let r = group::init(h, blocking, job);
+    if r.as_ref().is_err_and(|f| f.code != abi::IN_PROGRESS) && !group::in_group() && !raw.is_null() {
+        let _ = unregister(raw);
+        unsafe { *newcomm = std::ptr::null_mut() };
     }
     r
 }
@@ -268,25 +283,12 @@ export! {
             return Err(Fail::arg(format!("color {color}: a color is non-negative, or NCCL_SPLIT_NOCOLOR (-1)")));
         }
         let blocking = unsafe { read_config(config) }?;
-        if group::in_group() {
-            return Err(Fail::usage("ncclCommSplit inside a group is not supported yet: call it outside ncclGroupStart/End"));
-        }
         let color = (color >= 0).then_some(color as u32);
         h.comm()?;
-        if !blocking {
-            // The new handle (none without a color, known now) completes in the background.
-            let (raw, nh) = if color.is_some() { register(Handle::pending()) } else { (std::ptr::null_mut(), Arc::new(Handle::pending())) };
-            unsafe { *newcomm = raw };
-            let job: group::InitJob = Box::new(move || {
-                h.comm()?.split(color, key).map_err(Fail::from)?.ok_or_else(|| Fail::usage("no color: no communicator"))
-            });
-            group::in_background(vec![(nh, job)])?;
-            return Err(group::in_progress());
-        }
-        let made = h.comm()?.split(color, key).map_err(Fail::from)?;
-        let raw = made.map_or(std::ptr::null_mut(), |c| register(Handle::ready(c)).0);
-        unsafe { *newcomm = raw };
-        Ok(())
+        // The new handle (none without a color: known now) completes as a creation does: at
+        // once, at the group's end, or in the background.
+        let job: group::InitJob = Box::new(move || h.comm()?.split(color, key).map_err(Fail::from));
+        unsafe { derive(newcomm, color.is_some(), blocking, job) }
     }
 
     fn ncclCommFinalize / pncclCommFinalize(comm: RawComm) {
@@ -415,24 +417,13 @@ export! {
             return Err(Fail::arg(format!("shrinkFlags {flags:#x}: only NCCL_SHRINK_DEFAULT (0) and NCCL_SHRINK_ABORT (1)")));
         }
         let blocking = unsafe { read_config(config) }?;
-        if group::in_group() {
-            return Err(Fail::usage("ncclCommShrink inside a group is not supported yet: call it outside ncclGroupStart/End"));
-        }
         let list: Vec<usize> = if n_exclude == 0 { Vec::new() } else { unsafe { std::slice::from_raw_parts(exclude, n_exclude as usize) }.iter().map(|&r| rank_arg(r, "excluded rank")).collect::<Res<_>>()? };
         let c = h.comm()?;
         if flags & abi::SHRINK_ABORT != 0 {
             c.abort();
         }
-        if !blocking {
-            let (raw, nh) = register(Handle::pending());
-            unsafe { *newcomm = raw };
-            let job: group::InitJob = Box::new(move || h.comm()?.shrink(&list).map_err(Fail::from));
-            group::in_background(vec![(nh, job)])?;
-            return Err(group::in_progress());
-        }
-        let made = c.shrink(&list).map_err(Fail::from)?;
-        unsafe { *newcomm = register(Handle::ready(made)).0 };
-        Ok(())
+        let job: group::InitJob = Box::new(move || h.comm()?.shrink(&list).map(Some).map_err(Fail::from));
+        unsafe { derive(newcomm, true, blocking, job) }
     }
 
     /// Stops the communicator's operations (its kernels leave, waiting calls fail) and keeps

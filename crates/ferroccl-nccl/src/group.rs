@@ -11,8 +11,9 @@ use ferroccl::{Comm, Group, OpArgs};
 use std::cell::RefCell;
 use std::sync::Arc;
 
-/// A creation waiting for its group's end.
-pub type InitJob = Box<dyn FnOnce() -> Result<Comm, Fail> + Send>;
+/// A creation waiting for its group's end. None: the rank takes part but gets no communicator
+/// (a split without a color).
+pub type InitJob = Box<dyn FnOnce() -> Result<Option<Comm>, Fail> + Send>;
 
 #[derive(Default)]
 struct State {

@@ -73,11 +73,12 @@ impl Handle {
         }
     }
 
-    pub fn complete(&self, r: Result<Comm, Fail>) {
+    pub fn complete(&self, r: Result<Option<Comm>, Fail>) {
         match r {
-            Ok(c) => {
+            Ok(Some(c)) => {
                 let _ = self.comm.set(c);
             }
+            Ok(None) => {}
             Err(f) => *self.init_failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(f),
         }
     }

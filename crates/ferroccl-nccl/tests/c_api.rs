@@ -876,3 +876,66 @@ fn aborting_a_non_blocking_creation_in_progress_ends_it() {
     eprintln!("a non-blocking creation ended {:?} after ncclCommAbort", t.elapsed());
     assert_eq!(unsafe { async_err(c, &mut e) }, abi::INVALID_ARGUMENT, "the handle is gone");
 }
+
+/// Split and shrink inside a group, from one thread driving every rank: the new handles come at
+/// once, the communicators at the group's end (a split without a color gives NULL), and a group
+/// of all-reduces on them is exact.
+#[test]
+fn split_and_shrink_inside_groups_from_one_thread() {
+    let lib = Lib::open();
+    let start: abi::GroupFn = lib.sym("ncclGroupStart");
+    let end: abi::GroupFn = lib.sym("ncclGroupEnd");
+    let init_all: abi::CommInitAllFn = lib.sym("ncclCommInitAll");
+    let split: abi::CommSplitFn = lib.sym("ncclCommSplit");
+    let shrink: abi::CommShrinkFn = lib.sym("ncclCommShrink");
+    let all_reduce: abi::AllReduceFn = lib.sym("ncclAllReduce");
+    let count_of: abi::CommIntFn = lib.sym("ncclCommCount");
+    let ok = |r: c_int| assert_eq!(r, abi::SUCCESS, "{}", lib.last_error());
+    let n = 5;
+    let mut raws: Vec<RawComm> = vec![null_mut(); n];
+    unsafe { ok(init_all(raws.as_mut_ptr(), n as c_int, std::ptr::null())) };
+    let parents: Vec<Comm> = raws.iter().map(|&raw| Comm { lib: &lib, raw }).collect();
+    // Exact all-reduces on `comms` (rank order), over the parents' ranks `members`.
+    let check = |comms: &[RawComm], members: &[usize], seed: u64| unsafe {
+        let count = 301;
+        let inputs: Vec<Vec<f32>> = members.iter().map(|&r| data(r, count, seed)).collect();
+        let mut outs = vec![vec![f32::NAN; count]; comms.len()];
+        ok(start());
+        for (i, &c) in comms.iter().enumerate() {
+            ok(all_reduce(inputs[i].as_ptr() as *const c_void, outs[i].as_mut_ptr() as *mut c_void, count, FLOAT, SUM, c, null_mut()));
+        }
+        ok(end());
+        let want: Vec<f32> = (0..count).map(|j| inputs.iter().map(|v| v[j]).sum()).collect();
+        assert!(outs.iter().all(|o| *o == want), "members {members:?}");
+    };
+    // Split: even ranks in color 0, odd in 1, rank 4 without a color.
+    let mut subs: Vec<RawComm> = vec![null_mut(); n];
+    unsafe {
+        ok(start());
+        for r in 0..n {
+            let color = if r == 4 { abi::SPLIT_NOCOLOR } else { (r % 2) as c_int };
+            ok(split(parents[r].raw, color, r as c_int, &mut subs[r], null_mut()));
+            assert_eq!(subs[r].is_null(), r == 4, "handles come at once");
+        }
+        ok(end());
+    }
+    let subs: Vec<Comm> = subs.into_iter().filter(|c| !c.is_null()).map(|raw| Comm { lib: &lib, raw }).collect();
+    let mut k = 0;
+    unsafe { ok(count_of(subs[0].raw, &mut k)) };
+    assert_eq!(k, 2);
+    check(&[subs[0].raw, subs[2].raw], &[0, 2], 21);
+    check(&[subs[1].raw, subs[3].raw], &[1, 3], 22);
+    // Shrink without rank 2 (which makes no call).
+    let mut shrunk: Vec<RawComm> = vec![null_mut(); n];
+    unsafe {
+        ok(start());
+        for r in [0, 1, 3, 4] {
+            let mut excl = [2 as c_int];
+            ok(shrink(parents[r].raw, excl.as_mut_ptr(), 1, &mut shrunk[r], null_mut(), 0));
+        }
+        ok(end());
+    }
+    let shrunk: Vec<Comm> = shrunk.into_iter().filter(|c| !c.is_null()).map(|raw| Comm { lib: &lib, raw }).collect();
+    assert_eq!(shrunk.len(), 4);
+    check(&shrunk.iter().map(|c| c.raw).collect::<Vec<_>>(), &[0, 1, 3, 4], 23);
+}
