@@ -939,3 +939,47 @@ fn split_and_shrink_inside_groups_from_one_thread() {
     assert_eq!(shrunk.len(), 4);
     check(&shrunk.iter().map(|c| c.raw).collect::<Vec<_>>(), &[0, 1, 3, 4], 23);
 }
+
+/// ncclCommAbort from another thread while an operation waits on the communicator (its peer
+/// never calls): the waiting call returns an error within a second, the handle is gone after,
+/// and the peer's next call and its async error report the abort.
+#[test]
+fn abort_from_another_thread_frees_a_waiting_call() {
+    let lib = Lib::open();
+    let all_reduce: abi::AllReduceFn = lib.sym("ncclAllReduce");
+    let abort: abi::CommFn = lib.sym("ncclCommAbort");
+    let async_err: abi::CommGetAsyncErrorFn = lib.sym("ncclCommGetAsyncError");
+    let id = lib.unique_id();
+    let comms: Vec<Comm> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2).map(|r| s.spawn({ let lib = &lib; move || lib.init_rank(2, id, r) })).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut comms = comms.into_iter();
+    let mut c0 = comms.next().unwrap();
+    let c1 = comms.next().unwrap();
+    let raw0 = c0.raw as usize;
+    let mine = data(0, 1 << 16, 4);
+    let mut out = vec![0f32; 1 << 16];
+    let (res, took) = std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            let r = unsafe { all_reduce(mine.as_ptr() as *const c_void, out.as_mut_ptr() as *mut c_void, 1 << 16, FLOAT, SUM, raw0 as RawComm, null_mut()) };
+            (r, std::time::Instant::now())
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let t = std::time::Instant::now();
+        assert_eq!(unsafe { abort(raw0 as RawComm) }, abi::SUCCESS, "{}", lib.last_error());
+        let (r, at) = waiter.join().unwrap();
+        (r, at.saturating_duration_since(t))
+    });
+    c0.raw = null_mut();
+    assert_ne!(res, abi::SUCCESS, "the waiting all-reduce was aborted");
+    assert!(took < std::time::Duration::from_secs(1), "{took:?}");
+    let mut e = 0;
+    assert_eq!(unsafe { async_err(raw0 as RawComm, &mut e) }, abi::INVALID_ARGUMENT, "the aborted handle is gone");
+    // The peer learns of it: its next call fails naming rank 0, and its async error says so.
+    let res = unsafe { all_reduce(mine.as_ptr() as *const c_void, out.as_mut_ptr() as *mut c_void, 16, FLOAT, SUM, c1.raw, null_mut()) };
+    assert_ne!(res, abi::SUCCESS);
+    assert!(lib.last_error().contains("rank 0"), "{}", lib.last_error());
+    assert_eq!(unsafe { async_err(c1.raw, &mut e) }, abi::SUCCESS);
+    assert_ne!(e, abi::SUCCESS);
+}
