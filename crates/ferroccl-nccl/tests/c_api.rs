@@ -983,3 +983,44 @@ fn abort_from_another_thread_frees_a_waiting_call() {
     assert_eq!(unsafe { async_err(c1.raw, &mut e) }, abi::SUCCESS);
     assert_ne!(e, abi::SUCCESS);
 }
+
+/// ncclConfig_t is read size-tolerantly: an older, shorter struct whose `size` ends before
+/// `blocking` is blocking whatever lies beyond it; a newer, longer one and an older version
+/// number are accepted; NULL is the default.
+#[test]
+fn configs_of_other_sizes_and_versions() {
+    let lib = Lib::open();
+    let init_cfg: abi::CommInitRankConfigFn = lib.sym("ncclCommInitRankConfig");
+    let off = std::mem::offset_of!(abi::Config, blocking);
+    // A buffer larger than our struct: a "newer" caller's.
+    #[repr(C, align(8))]
+    struct Big([u8; 256]);
+    let make = |size: usize, version: u32, blocking: i32| {
+        let mut b = Big([0xAB; 256]);
+        let c = abi::Config { size, version, blocking, ..abi::Config::initializer() };
+        unsafe { std::ptr::copy_nonoverlapping(&c as *const abi::Config as *const u8, b.0.as_mut_ptr(), std::mem::size_of::<abi::Config>()) };
+        b
+    };
+    let cases: [(Big, c_int); 4] = [
+        // Ends before `blocking`: the 0 beyond its size is not read.
+        (make(off, 21403, 0), abi::SUCCESS),
+        // Newer and longer, blocking.
+        (make(256, abi::API_VERSION as u32 + 100, 1), abi::SUCCESS),
+        // Our size and an older version, undefined blocking.
+        (make(std::mem::size_of::<abi::Config>(), 21800, abi::CONFIG_UNDEF_INT), abi::SUCCESS),
+        // Newer and longer, non-blocking.
+        (make(256, abi::API_VERSION as u32 + 100, 0), abi::IN_PROGRESS),
+    ];
+    for (mut big, want) in cases {
+        let mut c: RawComm = null_mut();
+        let got = unsafe { init_cfg(&mut c, 1, lib.unique_id(), 0, big.0.as_mut_ptr() as *mut abi::Config) };
+        assert_eq!(got, want, "{}", lib.last_error());
+        if want == abi::IN_PROGRESS {
+            assert_eq!(settle(&lib, c), abi::SUCCESS);
+        }
+        drop(Comm { lib: &lib, raw: c });
+    }
+    let mut c: RawComm = null_mut();
+    assert_eq!(unsafe { init_cfg(&mut c, 1, lib.unique_id(), 0, null_mut()) }, abi::SUCCESS);
+    drop(Comm { lib: &lib, raw: c });
+}
