@@ -305,7 +305,8 @@ fn poison_from_producer_wakes_consumer_and_reports_reason() {
     let poisoned = Instant::now();
     p.poison("rank 2 failed: out of memory");
     let (woke, r) = rx.join().unwrap();
-    assert!(woke.duration_since(poisoned) < Duration::from_millis(50), "woke {:?} after poison", woke - poisoned);
+    // Woken by the poison, not by the 5 s timeout (the margin is for a loaded CI machine).
+    assert!(woke.duration_since(poisoned) < Duration::from_secs(1), "woke {:?} after poison", woke - poisoned);
     assert_remote(r, "rank 2 failed: out of memory");
     assert!(p.try_reserve().is_err());
 }
@@ -329,7 +330,7 @@ fn poison_from_consumer_wakes_producer_and_reports_reason() {
     let reason = format!("consumer gave up {}", "é".repeat(200));
     c.poison(&reason);
     let (woke, r) = tx.join().unwrap();
-    assert!(woke.duration_since(poisoned) < Duration::from_millis(50));
+    assert!(woke.duration_since(poisoned) < Duration::from_secs(1), "woke {:?} after poison", woke - poisoned);
     match r {
         Err(Error::Remote(m)) => {
             assert!(m.starts_with("consumer gave up é"));
@@ -479,7 +480,7 @@ fn shm_open_times_out_promptly_when_nobody_creates() {
     let r = FifoMem::shm_open(&name, FifoLayout { slots: 1, slot_bytes: 64 }, t0 + Duration::from_millis(200), &never);
     let d = t0.elapsed();
     assert!(matches!(r, Err(Error::Timeout(ref m)) if m.contains(&name)), "{r:?}");
-    assert!(d >= Duration::from_millis(200) && d < Duration::from_millis(400), "took {d:?}");
+    assert!(d >= Duration::from_millis(200) && d < Duration::from_millis(1200), "took {d:?}");
 }
 
 #[test]
@@ -501,7 +502,8 @@ fn shm_open_stops_on_abort() {
     let seen = Instant::now();
     let set = setter.join().unwrap();
     assert!(matches!(r, Err(Error::Aborted(_))), "{r:?}");
-    assert!(seen.duration_since(set) < Duration::from_millis(30));
+    // Seen at the next poll, long before the 10 s deadline.
+    assert!(seen.duration_since(set) < Duration::from_secs(1), "{:?}", seen.duration_since(set));
 }
 
 #[test]
@@ -682,7 +684,7 @@ fn tcp_abort_stops_both_bridges() {
     let t0 = Instant::now();
     abort.store(true, Ordering::Release);
     assert!(wait_for(Duration::from_secs(1), || p.peer_closed() && c.peer_closed()));
-    assert!(t0.elapsed() < Duration::from_millis(200), "bridges took {:?} to stop", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(1), "bridges took {:?} to stop", t0.elapsed());
     assert!(matches!(p.try_reserve(), Err(Error::Aborted(ref m)) if m.contains("tx")));
     assert!(matches!(c.try_peek(), Err(Error::Aborted(ref m)) if m.contains("rx")));
 }
