@@ -74,7 +74,7 @@ fn deadline_names_op_seq_peer_and_transport() {
         let t = Instant::now();
         let mut v = vec![1i32; 4];
         assert!(comms[0].all_reduce_in_place(&mut v, ReduceOp::Sum).is_err());
-        assert!(t.elapsed() < Duration::from_millis(100));
+        assert!(t.elapsed() < Duration::from_millis(350), "not at the 700 ms deadline: {:?}", t.elapsed());
     }
 }
 
