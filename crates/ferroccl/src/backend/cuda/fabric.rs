@@ -43,10 +43,17 @@ impl Geometry {
     pub fn has_direct(&self) -> bool {
         self.nranks <= DIRECT_MAX_RANKS
     }
-    /// The receive arena: every FIFO, then the direct slots [block][sender][parity] of two
-    /// slot's worth of LL lines each.
+    /// The receive arena: a FIFO per other rank and channel (none for the arena's owner, which
+    /// never sends to itself: with 2 ranks that halves the arena), then the direct slots
+    /// [block][sender][parity] of two slot's worth of LL lines each.
     pub fn direct_slots_off(&self) -> usize {
-        (self.nranks * self.nchan * self.fifo_stride()).div_ceil(LINE) * LINE
+        (self.nranks.saturating_sub(1) * self.nchan * self.fifo_stride()).div_ceil(LINE) * LINE
+    }
+    /// The FIFO for `of`'s messages on channel index `chan` in `owner`'s receive arena.
+    pub fn fifo_index(&self, owner: Rank, of: Rank, chan: usize) -> usize {
+        debug_assert!(owner != of, "no rank keeps a FIFO for itself");
+        let q = if of < owner { of } else { of - 1 };
+        q * self.nchan + chan
     }
     pub fn recv_arena_bytes(&self) -> usize {
         let direct = if self.has_direct() { DIRECT_MAX_BLOCKS * self.nranks * 2 * 2 * DIRECT_SLOT_BYTES } else { 0 };
@@ -115,10 +122,10 @@ pub(crate) fn explain_alloc_failure(e: Error, geo: &Geometry, nranks: usize, ord
         return e;
     }
     e.context(format!(
-        "GPU {ordinal} has no room for this communicator's FIFOs: {need} bytes = {nranks} ranks x {} channels \
+        "GPU {ordinal} has no room for this communicator's FIFOs: {need} bytes = {} peers x {} channels \
          (FERROCCL_GPU_CHANNELS={} plus point-to-point) x {} slots (FERROCCL_SLOTS) x {} bytes (FERROCCL_SLOT_BYTES), \
          plus counters. Free GPU memory (other communicators, the framework's cache) or lower those knobs",
-        geo.nchan, geo.coll, geo.slots, geo.slot_bytes
+        nranks.saturating_sub(1), geo.nchan, geo.coll, geo.slots, geo.slot_bytes
     ))
 }
 
@@ -280,10 +287,11 @@ fn conn_table(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> Vec<FcConn> {
     let mut conns = vec![FcConn::default(); n * geo.nchan * 2];
     for q in (0..n).filter(|&q| q != me) {
         for c in 0..geo.nchan {
-            let fifo = |base: u64, of: Rank| base + (geo.index(of, c) * geo.fifo_stride()) as u64;
+            // The FIFO for `of` in `owner`'s receive arena; the counters for `of` in a send arena.
+            let fifo = |owner: Rank, of: Rank| arenas[owner].recv + (geo.fifo_index(owner, of, c) * geo.fifo_stride()) as u64;
             let ctr = |base: u64, of: Rank| base + (geo.index(of, c) * Geometry::COUNTER_STRIDE) as u64;
             // Receiving from q: our FIFO for q; q's send counters for us.
-            let rbase = fifo(arenas[me].recv, q);
+            let rbase = fifo(me, q);
             conns[geo.index(q, c) * 2 + 1] = FcConn {
                 data: rbase,
                 lens: rbase + geo.lens_off() as u64,
@@ -298,7 +306,7 @@ fn conn_table(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> Vec<FcConn> {
                 post: ctr(arenas[q].send, me) + Geometry::POST_OFF as u64,
             };
             // Sending to q: q's FIFO for us; our counters for q.
-            let sbase = fifo(arenas[q].recv, me);
+            let sbase = fifo(q, me);
             let mine = ctr(arenas[me].send, q);
             conns[geo.index(q, c) * 2] = FcConn {
                 data: sbase,
@@ -356,7 +364,8 @@ mod tests {
         for n in [1, 2, 5, 16] {
             let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: n };
             assert!(g.has_direct());
-            assert!(g.direct_slots_off() >= n * g.nchan * g.fifo_stride() && g.direct_slots_off() % LINE == 0);
+            // FIFOs for the other ranks only: with 2 ranks, one peer's worth.
+            assert_eq!(g.direct_slots_off(), ((n - 1) * g.nchan * g.fifo_stride()).div_ceil(LINE) * LINE);
             assert_eq!(g.recv_arena_bytes() - g.direct_slots_off(), DIRECT_MAX_BLOCKS * n * 4 * DIRECT_SLOT_BYTES);
             assert!(g.direct_acks_off() >= n * g.nchan * Geometry::COUNTER_STRIDE);
             assert!(g.direct_epochs_off() >= g.direct_acks_off() + DIRECT_MAX_BLOCKS * n * 8);
@@ -391,38 +400,43 @@ mod tests {
 
     #[test]
     fn both_ends_of_every_connection_agree_and_no_word_is_shared() {
-        let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: 3 };
-        let n = 4;
-        let arenas = fake_arenas(&g, n);
-        let tables: Vec<Vec<FcConn>> = (0..n).map(|me| conn_table(&g, me, &arenas)).collect();
-        let mut words = std::collections::HashSet::new();
-        for a in 0..n {
-            for b in (0..n).filter(|&b| b != a) {
-                for ch in [0, 1, P2P_CHANNEL_BASE] {
-                    let at = |me: usize, peer: usize, dir| tables[me][g.conn_index(ConnKey { peer, channel: ch, dir }).unwrap() as usize];
-                    let (s, r) = (at(a, b, Dir::Send), at(b, a, Dir::Recv));
-                    assert_eq!((s.dir, r.dir, s.peer, r.peer), (CONN_SEND, CONN_RECV, b as u32, a as u32));
-                    // One FIFO, seen from both ends: the receiver's memory.
-                    assert_eq!((s.data, s.lens, s.head, s.ll, s.tail), (r.data, r.lens, r.head, r.ll, r.tail));
-                    let in_recv_arena = |x: u64| {
-                        x >= arenas[b].recv && x < arenas[b].recv + (n * g.nchan * g.fifo_stride()) as u64
-                    };
-                    assert!([s.data, s.lens, s.head, s.ll, r.counter].into_iter().all(in_recv_arena));
-                    // tail and the producer's counter live with the sender.
-                    let in_send_arena = |x: u64| x >= arenas[a].send && x < arenas[a].send + (n * g.nchan * Geometry::COUNTER_STRIDE) as u64;
-                    assert!(in_send_arena(s.tail) && in_send_arena(s.counter) && in_send_arena(s.post));
-                    // The receiver posts into the sender's memory, where the sender polls it.
-                    assert_eq!(s.post, r.post);
-                    assert_eq!(s.post - s.tail, Geometry::POST_OFF as u64);
-                    assert!(s.ll >= s.data + (g.slots * g.slot_bytes) as u64, "LL slots overlap the data slots");
-                    for w in [s.head, s.tail, s.counter, r.counter, s.post] {
-                        assert!(words.insert(w), "word {w:#x} belongs to two connections");
+        for n in [2usize, 3, 4, 5] {
+            let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: n };
+            let arenas = fake_arenas(&g, n);
+            let tables: Vec<Vec<FcConn>> = (0..n).map(|me| conn_table(&g, me, &arenas)).collect();
+            let mut words = std::collections::HashSet::new();
+            let mut fifos = Vec::new();
+            for a in 0..n {
+                for b in (0..n).filter(|&b| b != a) {
+                    for ch in [0, 1, P2P_CHANNEL_BASE] {
+                        let at = |me: usize, peer: usize, dir| tables[me][g.conn_index(ConnKey { peer, channel: ch, dir }).unwrap() as usize];
+                        let (s, r) = (at(a, b, Dir::Send), at(b, a, Dir::Recv));
+                        assert_eq!((s.dir, r.dir, s.peer, r.peer), (CONN_SEND, CONN_RECV, b as u32, a as u32));
+                        // One FIFO, seen from both ends: the receiver's memory, before its direct
+                        // slots (the receiver keeps FIFOs for the other ranks only).
+                        assert_eq!((s.data, s.lens, s.head, s.ll, s.tail), (r.data, r.lens, r.head, r.ll, r.tail));
+                        let in_recv_arena = |x: u64| x >= arenas[b].recv && x < arenas[b].recv + g.direct_slots_off() as u64;
+                        assert!([s.data, s.lens, s.head, s.ll, r.counter, s.data + g.fifo_stride() as u64 - 1].into_iter().all(in_recv_arena));
+                        fifos.push((s.data, s.data + g.fifo_stride() as u64));
+                        // tail and the producer's counter live with the sender.
+                        let in_send_arena = |x: u64| x >= arenas[a].send && x < arenas[a].send + (n * g.nchan * Geometry::COUNTER_STRIDE) as u64;
+                        assert!(in_send_arena(s.tail) && in_send_arena(s.counter) && in_send_arena(s.post));
+                        // The receiver posts into the sender's memory, where the sender polls it.
+                        assert_eq!(s.post, r.post);
+                        assert_eq!(s.post - s.tail, Geometry::POST_OFF as u64);
+                        assert!(s.ll >= s.data + (g.slots * g.slot_bytes) as u64, "LL slots overlap the data slots");
+                        for w in [s.head, s.tail, s.counter, r.counter, s.post] {
+                            assert!(words.insert(w), "word {w:#x} belongs to two connections");
+                        }
+                        assert_eq!((s.slots, s.slot_bytes), (4, 1 << 12));
                     }
-                    assert_eq!((s.slots, s.slot_bytes), (4, 1 << 12));
                 }
+                // No connection to oneself.
+                assert!(tables[a][g.index(a, 0) * 2].data == 0 && tables[a][g.index(a, 0) * 2 + 1].data == 0);
             }
-            // No connection to oneself.
-            assert!(tables[a][g.index(a, 0) * 2].data == 0 && tables[a][g.index(a, 0) * 2 + 1].data == 0);
+            fifos.sort_unstable();
+            assert_eq!(fifos.len(), n * (n - 1) * g.nchan);
+            assert!(fifos.windows(2).all(|w| w[0].1 <= w[1].0), "{n} ranks: two FIFOs overlap");
         }
     }
 
@@ -456,7 +470,7 @@ mod oom_tests {
         let e = explain_alloc_failure(oom, &geo, 4, 3, 84_000_000);
         assert!(matches!(e, Error::System(_)), "{e}");
         let m = e.message();
-        for want in ["GPU 3", "84000000 bytes", "4 ranks x 40 channels", "FERROCCL_GPU_CHANNELS=32", "FERROCCL_SLOTS", "FERROCCL_SLOT_BYTES", "CUDA_ERROR_OUT_OF_MEMORY"] {
+        for want in ["GPU 3", "84000000 bytes", "3 peers x 40 channels", "FERROCCL_GPU_CHANNELS=32", "FERROCCL_SLOTS", "FERROCCL_SLOT_BYTES", "CUDA_ERROR_OUT_OF_MEMORY"] {
             assert!(m.contains(want), "{want:?} missing from: {m}");
         }
         // Other failures are not dressed up as a memory problem.
