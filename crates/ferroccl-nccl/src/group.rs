@@ -2,7 +2,10 @@
 //! its communicators) and communicator creations are collected, and the end runs them
 //! together: the creations at once, each on a thread of its own (one thread may create every
 //! rank of a job), then the operations as one ferroccl launch, where sends and receives in any
-//! order cannot deadlock. Outside a group each operation is a group of one.
+//! order cannot deadlock. Outside a group each operation is a group of one. Splits and shrinks
+//! are creations too. A group holding a non-blocking creation ends with `ncclInProgress`, its
+//! creations finishing on a thread of their own; a simulated end estimates and drops the
+//! operations.
 
 use crate::abi::RawStream;
 use crate::fail::{Fail, Res};
@@ -94,9 +97,10 @@ pub fn simulate_end() -> Res<Option<f64>> {
     Ok(Some(g.estimate_us()))
 }
 
-/// Leaves one level: what the outermost level collected, nothing for an inner one.
+/// What a group's end takes: its creations, its operations, whether a creation is non-blocking.
 type Level = (Vec<(Arc<Handle>, InitJob)>, Vec<(Arc<Handle>, OpArgs, RawStream)>, bool);
 
+/// Leaves one level: what the outermost level collected, nothing for an inner one.
 fn take_level() -> Res<Level> {
     STATE.with(|s| {
         let mut s = s.borrow_mut();
