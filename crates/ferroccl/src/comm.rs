@@ -76,7 +76,7 @@ impl Comm {
     }
 
     /// One process driving `nranks` ranks: returns the communicators indexed by rank. Use a
-    /// [`Group`] to issue an operation on all of them from one thread.
+    /// [`Group`](crate::Group) to issue an operation on all of them from one thread.
     pub fn init_all(nranks: usize, config: &Config) -> Result<Vec<Comm>, Error> {
         if nranks == 0 {
             return Err(Error::InvalidArgument("init_all: nranks must be at least 1".into()));
@@ -196,15 +196,19 @@ impl Comm {
         }
     }
 
+    /// This rank, in `0..nranks()`.
     pub fn rank(&self) -> Rank {
         self.info.rank
     }
+    /// Ranks of the communicator.
     pub fn nranks(&self) -> usize {
         self.info.nranks
     }
+    /// The configuration it was made with.
     pub fn config(&self) -> &Config {
         &self.info.config
     }
+    /// Where every rank runs (host, process), which decides the transports.
     pub fn topology(&self) -> &Topology {
         &self.info.topo
     }

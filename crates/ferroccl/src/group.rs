@@ -13,6 +13,28 @@ use ferroccl_core::{CollKind, Error, Rank, ReduceOp};
 use std::marker::PhantomData;
 
 /// Operations collected for one launch. The lifetime ties the group to the buffers it holds.
+///
+/// A group runs its operations together, like NCCL's `ncclGroupStart`/`ncclGroupEnd`: sends
+/// and receives between any ranks in any order cannot deadlock, collectives run in the order
+/// they were added, and one thread can drive every rank of [`Comm::init_all`] or
+/// [`Comm::init_devices`] by adding each rank's share. Each operation is checked when added.
+///
+/// ```
+/// use ferroccl::{Comm, Config, Group};
+/// // A ring exchange driven by one thread: each rank sends to the next, receives from the last.
+/// let comms = Comm::init_all(3, &Config::default())?;
+/// let n = comms.len();
+/// let sends: Vec<Vec<u64>> = (0..n).map(|r| vec![r as u64; 4]).collect();
+/// let mut recvs = vec![vec![0u64; 4]; n];
+/// let mut g = Group::new();
+/// for (r, (c, out)) in comms.iter().zip(recvs.iter_mut()).enumerate() {
+///     g.recv(c, out, (r + n - 1) % n)?;
+///     g.send(c, &sends[r], (r + 1) % n)?;
+/// }
+/// g.launch()?;
+/// assert_eq!(recvs[0], vec![2; 4]);
+/// # Ok::<(), ferroccl::Error>(())
+/// ```
 #[derive(Default)]
 pub struct Group<'a> {
     items: Vec<(&'a Comm, OpArgs)>,
@@ -20,6 +42,7 @@ pub struct Group<'a> {
 }
 
 impl<'a> Group<'a> {
+    /// An empty group.
     pub fn new() -> Group<'a> {
         Group { items: Vec::new(), _buffers: PhantomData }
     }
@@ -45,6 +68,7 @@ impl<'a> Group<'a> {
 
     /// Adds a typed operation (see [`Comm::run`] for how the count follows from the buffers).
     pub fn push<T: Element>(&mut self, comm: &'a Comm, kind: CollKind, send: &'a [T], recv: &'a mut [T], op: ReduceOp, root: Rank) -> Result<(), Error> {
+        comm.host_slices(kind)?;
         let args = OpArgs::typed(kind, send, recv, op, root, comm.info.rank, comm.info.nranks)?;
         // SAFETY: the slices are borrowed for 'a, which outlives the group.
         unsafe { self.push_raw(comm, args) }
@@ -52,24 +76,30 @@ impl<'a> Group<'a> {
 
     /// Adds a typed in-place operation.
     pub fn push_in_place<T: Element>(&mut self, comm: &'a Comm, kind: CollKind, buf: &'a mut [T], op: ReduceOp, root: Rank) -> Result<(), Error> {
+        comm.host_slices(kind)?;
         let args = OpArgs::in_place(kind, buf, op, root, comm.info.rank, comm.info.nranks)?;
         // SAFETY: as in `push`.
         unsafe { self.push_raw(comm, args) }
     }
 
+    /// Adds a send of `buf` to `peer` (see [`Comm::send`]).
     pub fn send<T: Element>(&mut self, comm: &'a Comm, buf: &'a [T], peer: Rank) -> Result<(), Error> {
         self.push(comm, CollKind::Send, buf, &mut [], ReduceOp::Sum, peer)
     }
+    /// Adds a receive into `buf` from `peer` (see [`Comm::recv`]).
     pub fn recv<T: Element>(&mut self, comm: &'a Comm, buf: &'a mut [T], peer: Rank) -> Result<(), Error> {
         self.push(comm, CollKind::Recv, &[], buf, ReduceOp::Sum, peer)
     }
+    /// Adds an all-reduce (see [`Comm::all_reduce`]).
     pub fn all_reduce<T: Element>(&mut self, comm: &'a Comm, send: &'a [T], recv: &'a mut [T], op: ReduceOp) -> Result<(), Error> {
         self.push(comm, CollKind::AllReduce, send, recv, op, 0)
     }
 
+    /// Operations added so far.
     pub fn len(&self) -> usize {
         self.items.len()
     }
+    /// Whether nothing was added.
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }

@@ -1,18 +1,48 @@
-//! ferroccl: collective communication for GPUs and hosts.
+//! ferroccl: collective communication for GPUs and hosts, as NCCL does it (all-reduce,
+//! all-gather, reduce-scatter, all-to-all, broadcast, reduce, gather, scatter, send and
+//! receive between the ranks of a job), in every NCCL data type and reduction.
 //!
-//! ```no_run
+//! A [`Comm`] is one rank's handle on a communicator. Make one for each rank:
+//! - threads of one process: [`Comm::init_all`] (host memory) or [`Comm::init_devices`]
+//!   (one GPU each);
+//! - processes started by a launcher (`ferroccl run`, torchrun, `mpirun`): [`Comm::from_env`]
+//!   (host) or [`Comm::from_env_gpu`] (GPU `LOCAL_RANK`);
+//! - anything else: one process makes a [`UniqueId`] and ships its bytes to all; each rank
+//!   calls [`Comm::init_rank`].
+//!
+//! Then call the collectives on it ([`Comm::all_reduce`] and the others: see their module
+//! notes for the buffer-size rules, in-place conventions, what returns when, and the errors),
+//! or put several operations, on one or several communicators, into a [`Group`]. Host
+//! communicators take slices and return when the operation is complete; GPU ones take device
+//! memory ([`mem::DeviceBuffer`], through [`Comm::run_raw`]) and return once the operation is
+//! enqueued on their CUDA stream ([`Comm::set_stream`], [`Comm::synchronize`]).
+//!
+//! Failures are errors that name the operation and the peer, never hangs: every wait has a
+//! deadline ([`Config`]'s `timeout`), a dead peer is noticed within milliseconds,
+//! [`Comm::abort`] frees every waiting call, and the survivors of a failure can go on with
+//! [`Comm::shrink`].
+//!
+//! ```
 //! use ferroccl::{Comm, Config, ReduceOp};
-//! let comms = Comm::init_all(4, &Config::default()).unwrap();
+//! // Four ranks as threads of this process, on the host backend.
+//! let comms = Comm::init_all(4, &Config::default())?;
 //! std::thread::scope(|s| {
 //!     for c in &comms {
 //!         s.spawn(move || {
 //!             let mut v = vec![c.rank() as f32; 1024];
 //!             c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
-//!             assert_eq!(v[0], 6.0);
+//!             assert!(v.iter().all(|&x| x == 6.0)); // 0 + 1 + 2 + 3
 //!         });
 //!     }
 //! });
+//! # Ok::<(), ferroccl::Error>(())
 //! ```
+//!
+//! `examples/` in this crate holds programs to copy: an all-reduce over threads and over
+//! processes, a GPU all-reduce on a CUDA stream, a group of sends and receives, and abort and
+//! shrink after a failure.
+
+#![warn(missing_docs)]
 
 mod backend;
 mod bootstrap;

@@ -16,12 +16,19 @@ use ferroccl_core::{CollKind, DataType, Error, Rank, ReduceOp};
 /// (reduce-scatter, scatter at the root).
 #[derive(Clone, Copy, Debug)]
 pub struct OpArgs {
+    /// The operation.
     pub kind: CollKind,
+    /// The input (unused, may be null: receive; scatter off the root).
     pub send: *const u8,
+    /// The output (unused, may be null: send; reduce, gather off the root).
     pub recv: *mut u8,
+    /// Elements, by NCCL's convention above.
     pub count: usize,
+    /// Element type of both buffers.
     pub dtype: DataType,
+    /// The reduction (ignored by operations that do not reduce).
     pub op: ReduceOp,
+    /// Root of broadcast, reduce, gather and scatter; peer of send and receive.
     pub root: Rank,
     /// With `op = PreMulSum(_)`: the device address of the scalar, one element of `dtype`, read
     /// by the GPU when the operation runs rather than when it is enqueued (NCCL's

@@ -512,3 +512,22 @@ mod gpu_verifier {
         }
     }
 }
+
+/// Typed slices are host memory: a GPU communicator refuses them in every typed entry point,
+/// naming run_raw, and stays usable.
+#[test]
+#[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn gpu_communicators_refuse_host_slices() {
+    let Some(n) = gpus_for_test() else { return };
+    let comms = Comm::init_devices(&(0..n).map(Device::Cuda).collect::<Vec<_>>(), &Config::default()).unwrap();
+    let c = &comms[0];
+    let (a, mut b) = (vec![1f32; 8], vec![0f32; 8 * n]);
+    let refused = |e: Error| assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("host memory") && m.contains("run_raw")), "{e}");
+    refused(c.all_reduce(&a, &mut b, ReduceOp::Sum).unwrap_err());
+    refused(c.all_gather(&a, &mut b).unwrap_err());
+    refused(c.all_reduce_in_place(&mut b, ReduceOp::Sum).unwrap_err());
+    let mut g = Group::new();
+    refused(g.all_reduce(c, &a, &mut b, ReduceOp::Sum).unwrap_err());
+    assert!(g.is_empty());
+    assert!(c.failure().is_none());
+}

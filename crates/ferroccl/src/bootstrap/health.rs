@@ -125,13 +125,16 @@ impl Health {
             )));
         }
         let first = st.first.as_deref().unwrap_or("a peer failed");
-        let advice = if st.dead.is_empty() {
+        // Ranks that died or aborted take no further part: the others can go on without them.
+        let gone: BTreeSet<Rank> = st.dead.iter().chain(&st.aborted).copied().collect();
+        let advice = if gone.is_empty() {
             "the communicator cannot be used any more: drop it (or abort it) on every rank".to_string()
         } else {
-            let dead: Vec<Rank> = st.dead.iter().copied().collect();
+            let gone: Vec<Rank> = gone.into_iter().collect();
+            let what = if st.aborted.iter().all(|r| st.dead.contains(r)) { "dead" } else { "failed" };
             format!(
-                "the communicator cannot be used any more: drop it, or call shrink(&{dead:?}) on every surviving rank \
-                 to continue without the dead rank(s)"
+                "the communicator cannot be used any more: drop it, or call shrink(&{gone:?}) on every surviving rank \
+                 to continue without the {what} rank(s)"
             )
         };
         Some(Error::Remote(format!("{first}; {advice}")))
@@ -173,6 +176,9 @@ mod tests {
         h.report_left(3);
         assert_eq!(early.load(Ordering::SeqCst), 0, "a clean leave is no failure");
         assert!(h.report_aborted(1, "rank 1 aborted"));
+        // An aborted rank takes no further part either: the others may shrink it out.
+        let msg = h.failure().unwrap().to_string();
+        assert!(msg.contains("rank 1 aborted") && msg.contains("shrink(&[1])") && msg.contains("failed rank(s)"), "{msg}");
         assert!(h.report_dead(2, "rank 2 died"));
         assert_eq!(early.load(Ordering::SeqCst), 1, "once, at the first failure");
         let late = Arc::new(AtomicUsize::new(0));
@@ -204,6 +210,9 @@ mod tests {
         assert!(!h.is_failed(), "a clean goodbye is not a failure");
         assert!(h.gone(3).is_none(), "data sent before a goodbye may still be on its way");
         assert!(h.report_aborted(1, "rank 1 aborted"));
+        // An aborted rank takes no further part either: the others may shrink it out.
+        let msg = h.failure().unwrap().to_string();
+        assert!(msg.contains("rank 1 aborted") && msg.contains("shrink(&[1])") && msg.contains("failed rank(s)"), "{msg}");
         assert!(h.report_dead(2, "rank 2 died"));
         assert!(!h.report_dead(2, "rank 2 died again"));
         assert!(h.report_dead(1, "rank 1 died after all"));

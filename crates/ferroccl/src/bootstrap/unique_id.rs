@@ -22,6 +22,11 @@ const END: usize = SECRET_AT + 16;
 const FLAGS_AT: usize = END;
 const ROOT_BY_RANK0: u8 = 1;
 
+/// What the ranks of a job share to find each other (NCCL's `ncclUniqueId`, 128 bytes): the
+/// address of the rendezvous and the job's secret, which admits a rank. One process makes it
+/// with [`UniqueId::new`] (which starts the rendezvous in that process, for the job's life)
+/// and ships [`UniqueId::as_bytes`] to the others by any means; each rank passes it to
+/// [`crate::Comm::init_rank`]. Keep it as private as a password: anyone holding it may join.
 #[derive(Clone, PartialEq, Eq)]
 pub struct UniqueId {
     bytes: [u8; 128],
@@ -46,6 +51,8 @@ pub(crate) fn local_ip(config: &Config) -> Result<IpAddr, Error> {
 }
 
 impl UniqueId {
+    /// A new id with a random secret, its rendezvous listening on this host (on
+    /// `config.bootstrap_addr`, else the first non-loopback IPv4 address) on a free port.
     pub fn new(config: &Config) -> Result<UniqueId, Error> {
         let ip = local_ip(config)?;
         let l = TcpListener::bind((ip, 0)).map_err(|e| Error::System(format!("binding the bootstrap root on {ip}: {e}{}", wire::fd_hint(&e))))?;
@@ -78,10 +85,12 @@ impl UniqueId {
         UniqueId { bytes: b }
     }
 
+    /// The 128 bytes to ship to the other ranks.
     pub fn as_bytes(&self) -> &[u8; 128] {
         &self.bytes
     }
 
+    /// The id from its bytes, checked (length, magic, version, address, padding).
     pub fn from_bytes(b: &[u8]) -> Result<UniqueId, Error> {
         let bytes: [u8; 128] = b
             .try_into()
@@ -107,6 +116,7 @@ impl UniqueId {
         Ok(UniqueId { bytes })
     }
 
+    /// Where the rendezvous listens.
     pub fn root_addr(&self) -> SocketAddr {
         let a: &[u8; wire::ADDR_LEN] = self.bytes[ADDR_AT..SECRET_AT].try_into().expect("ADDR_LEN");
         wire::decode_addr(a).expect("validated on construction")

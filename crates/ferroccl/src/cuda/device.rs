@@ -129,6 +129,7 @@ impl std::fmt::Debug for Gpu {
 }
 
 impl Gpu {
+    /// GPU `ordinal` (as CUDA numbers the visible ones), its primary context retained.
     pub fn open(ordinal: usize) -> Result<Gpu> {
         init()?;
         let count = gpu_count()?;
@@ -158,9 +159,11 @@ impl Gpu {
         Ok(gpu)
     }
 
+    /// Its CUDA ordinal.
     pub fn ordinal(&self) -> usize {
         self.0.ordinal
     }
+    /// The device's name, e.g. "NVIDIA H200".
     pub fn name(&self) -> &str {
         &self.0.name
     }
@@ -172,6 +175,7 @@ impl Gpu {
     pub fn arch(&self) -> String {
         format!("sm_{}{}", self.0.cc.0, self.0.cc.1)
     }
+    /// Bytes of device memory.
     pub fn total_memory(&self) -> usize {
         self.0.total_mem
     }
@@ -182,6 +186,7 @@ impl Gpu {
         cu_ok("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.0.ctx) })
     }
 
+    /// A device attribute (`cuDeviceGetAttribute`).
     pub fn attribute(&self, attr: sys::CUdevice_attribute) -> Result<i32> {
         attribute(self.0.dev, attr)
     }
@@ -266,6 +271,7 @@ unsafe impl Send for Module {}
 unsafe impl Sync for Module {}
 
 impl Module {
+    /// The GPU it is loaded on.
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
     }
@@ -314,12 +320,16 @@ pub struct Kernel<'m> {
 /// Launch geometry.
 #[derive(Debug, Clone, Copy)]
 pub struct LaunchDims {
+    /// Thread blocks in x, y, z.
     pub grid: (u32, u32, u32),
+    /// Threads per block in x, y, z.
     pub block: (u32, u32, u32),
+    /// Dynamic shared memory per block, in bytes.
     pub shared_bytes: u32,
 }
 
 impl Kernel<'_> {
+    /// A handle to launch it again without a lookup ([`Module::kernel_at`]).
     pub fn handle(&self) -> KernelHandle {
         KernelHandle(self.f)
     }

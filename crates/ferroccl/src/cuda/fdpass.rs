@@ -109,6 +109,7 @@ pub struct FdListener {
 }
 
 impl FdListener {
+    /// Listens on the abstract socket of (`job`, `rank`), where that rank's peers connect.
     pub fn bind(job: u64, rank: u32) -> Result<FdListener> {
         let sock = seqpacket_socket()?;
         let (addr, len) = sockaddr(&socket_name(job, rank))?;

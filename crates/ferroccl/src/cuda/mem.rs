@@ -35,19 +35,26 @@ pub struct MemStats {
 /// A consistent-enough copy of [`MemStats`] for printing (each counter is read once).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MemStatsSnapshot {
+    /// Bytes allocated here and not yet freed.
     pub allocated_bytes: u64,
+    /// Bytes of other processes' memory mapped here.
     pub imported_bytes: u64,
+    /// The most bytes allocated at once.
     pub peak_allocated_bytes: u64,
+    /// Buffers alive (allocated or imported).
     pub live_buffers: u64,
 }
 
 impl MemStats {
+    /// Counters at zero, to share between the buffers they count.
     pub fn new() -> Arc<MemStats> {
         Arc::new(MemStats::default())
     }
+    /// Bytes allocated here and not yet freed.
     pub fn allocated_bytes(&self) -> u64 {
         self.allocated.load(Ordering::Relaxed)
     }
+    /// Bytes of other processes' memory mapped here.
     pub fn imported_bytes(&self) -> u64 {
         self.imported.load(Ordering::Relaxed)
     }
@@ -55,6 +62,7 @@ impl MemStats {
     pub fn peak_allocated_bytes(&self) -> u64 {
         self.peak_allocated.load(Ordering::Relaxed)
     }
+    /// Every counter, read once.
     pub fn snapshot(&self) -> MemStatsSnapshot {
         MemStatsSnapshot {
             allocated_bytes: self.allocated_bytes(),
@@ -89,7 +97,9 @@ impl MemStats {
 /// Where a buffer's physical memory came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
+    /// Allocated by this process (`cuMemCreate`).
     Allocated,
+    /// Another process's allocation, imported from its file descriptor.
     Imported,
 }
 
@@ -267,6 +277,7 @@ impl DeviceBuffer {
     pub fn len(&self) -> usize {
         self.len
     }
+    /// Whether no bytes were asked for.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -274,9 +285,11 @@ impl DeviceBuffer {
     pub fn mapped_len(&self) -> usize {
         self.mapped
     }
+    /// The GPU it is mapped for.
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
     }
+    /// Whether this process allocated it or imported it.
     pub fn origin(&self) -> Origin {
         self.origin
     }

@@ -38,7 +38,9 @@ impl ImageKind {
 /// A compiled module, ready for `Gpu::load_module`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Image {
+    /// Machine code or PTX.
     pub kind: ImageKind,
+    /// The image as the driver loads it.
     pub bytes: Vec<u8>,
 }
 
@@ -47,6 +49,7 @@ pub struct Image {
 pub struct CompileRequest<'a> {
     /// The program's name in diagnostics (e.g. "allreduce.cu").
     pub name: &'a str,
+    /// The CUDA C++ source.
     pub source: &'a str,
     /// `sm_90`, `sm_90a`, `sm_100` ...: what `Gpu::arch()` returns, or a suffixed variant.
     pub arch: &'a str,
@@ -235,10 +238,12 @@ pub struct KernelCache {
 }
 
 impl KernelCache {
+    /// A cache in `dir` (made on first store).
     pub fn new(dir: impl Into<PathBuf>) -> KernelCache {
         KernelCache { dir: dir.into() }
     }
 
+    /// Where the images are kept.
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -10,6 +10,8 @@ use cudarc::driver::sys;
 use ferroccl_core::Result;
 use std::sync::atomic::{fence, Ordering};
 
+/// One 32-bit word of pinned host memory that kernels on a GPU can read (the abort word): the
+/// host writes it with a plain store, however full the GPU's launch queue is.
 pub struct MappedWord {
     gpu: Gpu,
     host: *mut u32,
@@ -44,6 +46,7 @@ impl MappedWord {
         self.device
     }
 
+    /// Stores `v`, ordered after the caller's earlier writes.
     pub fn set(&self, v: u32) {
         // SAFETY: our own live allocation.
         unsafe { self.host.write_volatile(v) };
@@ -51,6 +54,7 @@ impl MappedWord {
         fence(Ordering::SeqCst);
     }
 
+    /// The word's current value.
     pub fn get(&self) -> u32 {
         // SAFETY: as in `set`.
         unsafe { self.host.read_volatile() }

@@ -169,7 +169,9 @@ pub(crate) fn compile(gpu: &Gpu, config: &Config) -> Result<nvrtc::Image> {
 /// `CheckCase::count_wrong` reports it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Wrong {
+    /// Elements that differ from what they must be.
     pub count: u64,
+    /// The first of them: (index, value found, value expected).
     pub first: Option<(usize, f64, f64)>,
 }
 

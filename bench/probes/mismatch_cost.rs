@@ -1,7 +1,7 @@
 //! What check mode (FERROCCL_CHECK_MISMATCH) costs: microseconds per small all-reduce on the
 //! host backend, off and on, for 2 and 4 ranks (one thread per rank, shared memory).
 //!
-//! cargo run --release -p ferroccl --example mismatch_cost [iterations]
+//! cargo bench -p ferroccl --bench mismatch_cost [-- iterations]
 
 use ferroccl::{Comm, Config, ReduceOp};
 use std::time::Instant;
@@ -33,7 +33,8 @@ fn per_op_us(nranks: usize, check: bool, iters: usize) -> f64 {
 }
 
 fn main() {
-    let iters: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(5000);
+    // `cargo bench` adds "--bench" to the arguments: take the first number given.
+    let iters: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(5000);
     println!("ranks  check  us/op (all-reduce of 8 floats, {iters} iterations, slowest rank)");
     for n in [2, 4] {
         for check in [false, true] {

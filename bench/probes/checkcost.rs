@@ -1,7 +1,7 @@
 //! Cost of the correctness check per element: `CheckCase::fill_input` and `count_wrong` over
 //! about 1M elements, for a few ops, dtypes and rank counts (best of 3 runs).
 //!
-//! `cargo run --example checkcost -p ferroccl-core [--release]`
+//! `cargo bench -p ferroccl-core --bench checkcost`
 use ferroccl_core::numeric::check::CheckCase;
 use ferroccl_core::numeric::element::store_f64;
 use ferroccl_core::{CollKind, DataType, ReduceOp};
