@@ -1,0 +1,119 @@
+//! The host cost of one call: how long `Comm::run_raw` takes to return, for an all-reduce of
+//! 8 bytes, with the same shape and buffers every time, with new buffers every time (new
+//! addresses, as a framework's caching allocator hands out), and with a new shape every time
+//! (a new element count). Median and 90th percentile over the calls of the slowest rank.
+//!
+//! cargo bench -p ferroccl --bench enqueue_cost [-- CALLS]
+//!
+//! On GPUs (one rank per GPU of this host, a thread each) a call returns once the operation is
+//! enqueued: the figure is the enqueue cost, the "<= 2 us". Without GPUs it runs two
+//! host ranks, where a call returns when the operation is done: the figure is then the whole
+//! operation, not an enqueue cost, and says what the host backend's path costs.
+
+use ferroccl::mem::{DeviceBuffer, MemStats};
+use ferroccl::{CollKind, Comm, Config, DataType, Device, OpArgs, ReduceOp};
+use std::time::Instant;
+
+/// Which addresses and shapes the calls use.
+#[derive(Clone, Copy, Debug)]
+enum Case {
+    Repeat,
+    NewBuffers,
+    NewShape,
+}
+
+/// Bytes between the buffers of successive calls with new buffers (an allocator's alignment).
+const STRIDE: usize = 512;
+
+fn args(base_send: u64, base_recv: u64, case: Case, i: usize) -> OpArgs {
+    let (off, count) = match case {
+        Case::Repeat => (0, 2),
+        Case::NewBuffers => (i * STRIDE, 2),
+        // 2, 3, 4, ... floats: each call a shape not seen before.
+        Case::NewShape => (0, 2 + i),
+    };
+    OpArgs {
+        kind: CollKind::AllReduce,
+        send: (base_send as usize + off) as *const u8,
+        recv: (base_recv as usize + off) as *mut u8,
+        count,
+        dtype: DataType::Float32,
+        op: ReduceOp::Sum,
+        root: 0,
+        device_scalar: None,
+    }
+}
+
+/// Per-call times (us) of `calls` calls of `case` on `c`, whose buffers start at the bases.
+fn time_calls(c: &Comm, send: u64, recv: u64, case: Case, calls: usize) -> Vec<f64> {
+    // Warm the repeated shape (and the engine) up first, as a framework's first step does.
+    for i in 0..16 {
+        // SAFETY: the buffers hold every call's extent (see `main`).
+        unsafe { c.run_raw(&args(send, recv, Case::Repeat, i)) }.expect("warm-up");
+    }
+    c.synchronize().expect("synchronize");
+    c.barrier().expect("barrier");
+    let mut t = Vec::with_capacity(calls);
+    for i in 0..calls {
+        let a = args(send, recv, case, i);
+        let start = Instant::now();
+        // SAFETY: as above.
+        unsafe { c.run_raw(&a) }.expect("all-reduce");
+        t.push(start.elapsed().as_secs_f64() * 1e6);
+        // Keep the GPU's queue short: the figure is the call, not a full launch queue's wait.
+        if i % 256 == 255 {
+            c.synchronize().expect("synchronize");
+        }
+    }
+    c.synchronize().expect("synchronize");
+    t
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn main() {
+    // `cargo bench` adds "--bench" to the arguments: take the first number given.
+    let calls: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(2000);
+    let gpus = ferroccl::cuda::gpu_count().unwrap_or(0);
+    let config = Config::from_env().expect("FERROCCL_* settings");
+    let comms = if gpus > 0 {
+        Comm::init_devices(&(0..gpus).map(Device::Cuda).collect::<Vec<_>>(), &config)
+    } else {
+        Comm::init_all(2, &config)
+    }
+    .expect("creating the communicators");
+    // Room for every call: new buffers walk `calls` strides, new shapes grow to 2 + calls floats.
+    let bytes = (calls + 2) * STRIDE.max(4) + 4096;
+    let stats = MemStats::new();
+    let mut host = Vec::new();
+    let mut dev: Vec<(DeviceBuffer, DeviceBuffer)> = Vec::new();
+    for c in &comms {
+        match c.gpu() {
+            Some(g) => dev.push((ferroccl::mem::alloc(g, bytes, &stats).unwrap(), ferroccl::mem::alloc(g, bytes, &stats).unwrap())),
+            None => host.push((vec![1u8; bytes], vec![0u8; bytes])),
+        }
+    }
+    let bases: Vec<(u64, u64)> = if gpus > 0 {
+        dev.iter().map(|(s, r)| (s.device_ptr(), r.device_ptr())).collect()
+    } else {
+        host.iter_mut().map(|(s, r)| (s.as_ptr() as u64, r.as_mut_ptr() as u64)).collect()
+    };
+    let what = if gpus > 0 { format!("{gpus} GPU(s), enqueue cost") } else { "2 host ranks, whole operation".into() };
+    println!("host time of one all-reduce call ({what}), {calls} calls, slowest rank, us");
+    println!("{:<12} {:>8} {:>8}", "case", "median", "p90");
+    for case in [Case::Repeat, Case::NewBuffers, Case::NewShape] {
+        let per_rank: Vec<Vec<f64>> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms.iter().zip(&bases).map(|(c, &(sb, rb))| s.spawn(move || time_calls(c, sb, rb, case, calls))).collect();
+            hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+        });
+        let (mut med, mut p90) = (0f64, 0f64);
+        for mut t in per_rank {
+            med = med.max(percentile(&mut t, 0.5));
+            p90 = p90.max(percentile(&mut t, 0.9));
+        }
+        println!("{:<12} {med:>8.2} {p90:>8.2}", format!("{case:?}"));
+    }
+}
