@@ -17,6 +17,7 @@ pub const PLAN_FIFO_MESSAGES: usize = 2;
 /// Largest FERROCCL_SLOTS and FERROCCL_SLOT_BYTES: 64 Ki slots of 1 GiB is far beyond any
 /// useful FIFO, and keeps sizes computed from them from overflowing.
 pub const MAX_SLOTS: usize = 1 << 16;
+/// Largest FERROCCL_SLOT_BYTES.
 pub const MAX_SLOT_BYTES: usize = 1 << 30;
 
 /// Which transport connects a pair of ranks on the host backend.
@@ -168,6 +169,7 @@ pub fn parse_bool(key: &str, v: &str) -> Result<bool, Error> {
     }
 }
 
+/// A job secret as 32 hex digits (what FERROCCL_JOB_SECRET takes).
 pub fn format_secret(s: &[u8; 16]) -> String {
     s.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -376,17 +378,22 @@ pub fn compare_shared(all: &[Vec<u8>]) -> Result<(), Error> {
 /// What a launcher (torchrun, mpirun, `ferroccl run`) tells each process about the job.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LaunchEnv {
+    /// This process's rank (RANK).
     pub rank: usize,
+    /// Ranks in the job (WORLD_SIZE).
     pub world_size: usize,
+    /// This process's rank on its host (LOCAL_RANK): its GPU.
     pub local_rank: usize,
     /// Where rank 0 runs the rendezvous (MASTER_ADDR / FERROCCL_MASTER_ADDR).
     pub master_addr: String,
+    /// The rendezvous port (MASTER_PORT / FERROCCL_MASTER_PORT).
     pub master_port: u16,
     /// Which launcher's variables were found, for messages.
     pub source: &'static str,
 }
 
 impl LaunchEnv {
+    /// The job as this process's environment describes it (see `from_vars`).
     pub fn from_env() -> Result<Option<LaunchEnv>, Error> {
         LaunchEnv::from_vars(&std::env::vars().collect())
     }

@@ -12,10 +12,12 @@ pub struct IfSpec {
     pub exclude: bool,
     /// Names must match exactly instead of by prefix.
     pub exact: bool,
+    /// The names or prefixes listed.
     pub names: Vec<String>,
 }
 
 impl IfSpec {
+    /// Reads NCCL_SOCKET_IFNAME's syntax; an empty list (not excluded) is an error.
     pub fn parse(spec: &str) -> Result<IfSpec, Error> {
         let mut s = spec.trim();
         let exclude = s.starts_with('^');
@@ -33,6 +35,7 @@ impl IfSpec {
         Ok(IfSpec { exclude, exact, names })
     }
 
+    /// Whether an interface of that name is chosen.
     pub fn matches(&self, name: &str) -> bool {
         let hit = self.names.iter().any(|n| if self.exact { name == n } else { name.starts_with(n.as_str()) });
         hit != self.exclude

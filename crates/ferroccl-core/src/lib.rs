@@ -1,6 +1,8 @@
 //! ferroccl-core: the pure logic of ferroccl. No I/O here: no sockets, files, clocks, threads or
 //! CUDA. The runtime crate (`ferroccl`) drives what is defined here.
 
+#![warn(missing_docs)]
+
 pub mod algo;
 pub mod config;
 pub mod ifname;

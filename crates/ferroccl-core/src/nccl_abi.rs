@@ -19,22 +19,27 @@ pub type RawStream = *mut c_void;
 /// `ncclResult_t`.
 pub type NcclResult = c_int;
 
+/// Bytes of an `ncclUniqueId`.
 pub const UNIQUE_ID_BYTES: usize = 128;
 
 /// `ncclUniqueId`: 128 opaque bytes, passed by value to `ncclCommInitRank`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct UniqueId {
+    /// The id's bytes, opaque to the caller.
     pub internal: [c_char; UNIQUE_ID_BYTES],
 }
 
 impl UniqueId {
+    /// An id of zeros (an out parameter to fill).
     pub fn zeroed() -> UniqueId {
         UniqueId { internal: [0; UNIQUE_ID_BYTES] }
     }
+    /// The id's bytes.
     pub fn to_bytes(self) -> Vec<u8> {
         self.internal.iter().map(|&c| c as u8).collect()
     }
+    /// The id from exactly `UNIQUE_ID_BYTES` bytes; None for any other length.
     pub fn from_bytes(b: &[u8]) -> Option<UniqueId> {
         if b.len() != UNIQUE_ID_BYTES {
             return None;
@@ -47,12 +52,19 @@ impl UniqueId {
     }
 }
 
+/// `ncclSuccess`.
 pub const SUCCESS: NcclResult = 0;
+/// `ncclUnhandledCudaError`: a CUDA call failed.
 pub const UNHANDLED_CUDA_ERROR: NcclResult = 1;
+/// `ncclSystemError`: a system call or resource failed.
 pub const SYSTEM_ERROR: NcclResult = 2;
+/// `ncclInternalError`: a bug in the library.
 pub const INTERNAL_ERROR: NcclResult = 3;
+/// `ncclInvalidArgument`: a bad argument.
 pub const INVALID_ARGUMENT: NcclResult = 4;
+/// `ncclInvalidUsage`: a call the API does not allow here.
 pub const INVALID_USAGE: NcclResult = 5;
+/// `ncclRemoteError`: a peer failed, died or went away.
 pub const REMOTE_ERROR: NcclResult = 6;
 /// `ncclInProgress`: a non-blocking communicator's operation still under way.
 pub const IN_PROGRESS: NcclResult = 7;
@@ -83,6 +95,7 @@ pub const CONFIG_MAGIC: u32 = 0xcafe_beef;
 pub const NUM_BUILTIN_OPS: c_int = 5;
 /// `ncclScalarResidence_t`.
 pub const SCALAR_DEVICE: c_int = 0;
+/// `ncclScalarHostImmediate`: the pre-multiplied-sum scalar is read from host memory at the call.
 pub const SCALAR_HOST_IMMEDIATE: c_int = 1;
 /// `NCCL_SHRINK_ABORT`: abort the parent's operations before shrinking.
 pub const SHRINK_ABORT: c_int = 0x01;
@@ -100,22 +113,39 @@ pub const API_VERSION: c_int = 22809;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
+    /// Bytes of the caller's struct (`sizeof(ncclConfig_t)` where it was compiled).
     pub size: usize,
+    /// Must be `CONFIG_MAGIC`: the struct was initialised with `NCCL_CONFIG_INITIALIZER`.
     pub magic: u32,
+    /// The API version the caller was compiled against.
     pub version: u32,
+    /// 1: calls block until done; 0: non-blocking (`ncclInProgress`).
     pub blocking: c_int,
+    /// CUDA thread-block cluster size for NCCL's kernels.
     pub cga_cluster_size: c_int,
+    /// Fewest thread blocks (CTAs) NCCL may use.
     pub min_ctas: c_int,
+    /// Most thread blocks (CTAs) NCCL may use.
     pub max_ctas: c_int,
+    /// Network plugin to use, by name.
     pub net_name: *const c_char,
+    /// Whether a split shares its parent's resources.
     pub split_share: c_int,
+    /// Traffic class for network packets.
     pub traffic_class: c_int,
+    /// The communicator's name, for logs.
     pub comm_name: *const c_char,
+    /// Whether CollNet (in-network reduction) may be used.
     pub collnet_enable: c_int,
+    /// CTA policy (`NCCL_CTA_POLICY_*`).
     pub cta_policy: c_int,
+    /// Whether a shrink shares its parent's resources.
     pub shrink_share: c_int,
+    /// Thread blocks for NVLS collectives.
     pub nvls_ctas: c_int,
+    /// Channels per network peer.
     pub n_channels_per_net_peer: c_int,
+    /// Whether NVLink-centric scheduling is on.
     pub nvlink_centric_sched: c_int,
 }
 
@@ -145,13 +175,19 @@ impl Config {
     }
 }
 
+/// `ncclGetVersion`.
 pub type GetVersionFn = unsafe extern "C" fn(*mut c_int) -> NcclResult;
+/// `ncclGetUniqueId`.
 pub type GetUniqueIdFn = unsafe extern "C" fn(*mut UniqueId) -> NcclResult;
+/// `ncclCommInitRank`.
 pub type CommInitRankFn = unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int) -> NcclResult;
+/// `ncclCommInitRankConfig`.
 pub type CommInitRankConfigFn = unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int, *mut Config) -> NcclResult;
+/// `ncclCommInitAll`.
 pub type CommInitAllFn = unsafe extern "C" fn(*mut RawComm, c_int, *const c_int) -> NcclResult;
 /// (comm, color, key, new comm out, config)
 pub type CommSplitFn = unsafe extern "C" fn(RawComm, c_int, c_int, *mut RawComm, *mut Config) -> NcclResult;
+/// A call taking only a communicator: `ncclCommDestroy`, `ncclCommAbort`, `ncclCommFinalize`.
 pub type CommFn = unsafe extern "C" fn(RawComm) -> NcclResult;
 /// (comm, exclude list, its length, new comm out, config, flags)
 pub type CommShrinkFn = unsafe extern "C" fn(RawComm, *mut c_int, c_int, *mut RawComm, *mut Config, c_int) -> NcclResult;
@@ -161,9 +197,13 @@ pub type CommFlagsFn = unsafe extern "C" fn(RawComm, c_int) -> NcclResult;
 pub type CommInitRankScalableFn = unsafe extern "C" fn(*mut RawComm, c_int, c_int, c_int, *mut UniqueId, *mut Config) -> NcclResult;
 /// (comm, int out): ncclCommCount, ncclCommCuDevice, ncclCommUserRank.
 pub type CommIntFn = unsafe extern "C" fn(RawComm, *mut c_int) -> NcclResult;
+/// `ncclGroupStart`, `ncclGroupEnd`.
 pub type GroupFn = unsafe extern "C" fn() -> NcclResult;
+/// `ncclGetErrorString`.
 pub type GetErrorStringFn = unsafe extern "C" fn(NcclResult) -> *const c_char;
+/// `ncclGetLastError`.
 pub type GetLastErrorFn = unsafe extern "C" fn(RawComm) -> *const c_char;
+/// `ncclCommGetAsyncError`.
 pub type CommGetAsyncErrorFn = unsafe extern "C" fn(RawComm, *mut NcclResult) -> NcclResult;
 /// (send, recv, count, datatype, op, comm, stream)
 pub type AllReduceFn = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, RawComm, RawStream) -> NcclResult;
@@ -187,11 +227,15 @@ pub type RedOpCreatePreMulSumFn = unsafe extern "C" fn(*mut c_int, *mut c_void, 
 pub type RedOpDestroyFn = unsafe extern "C" fn(c_int, RawComm) -> NcclResult;
 /// (comm, buffer, size, handle out)
 pub type CommRegisterFn = unsafe extern "C" fn(RawComm, *mut c_void, usize, *mut *mut c_void) -> NcclResult;
+/// `ncclCommDeregister`.
 pub type CommDeregisterFn = unsafe extern "C" fn(RawComm, *mut c_void) -> NcclResult;
+/// `ncclMemAlloc`.
 pub type MemAllocFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> NcclResult;
+/// `ncclMemFree`.
 pub type MemFreeFn = unsafe extern "C" fn(*mut c_void) -> NcclResult;
 /// (comm, buffer, size, window out, flags)
 pub type CommWindowRegisterFn = unsafe extern "C" fn(RawComm, *mut c_void, usize, *mut RawWindow, c_int) -> NcclResult;
+/// `ncclCommWindowDeregister`.
 pub type CommWindowDeregisterFn = unsafe extern "C" fn(RawComm, RawWindow) -> NcclResult;
 
 /// `ncclSimInfo_t`: what `ncclGroupSimulateEnd` fills in. Read size-tolerantly, as the
@@ -199,13 +243,17 @@ pub type CommWindowDeregisterFn = unsafe extern "C" fn(RawComm, RawWindow) -> Nc
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SimInfo {
+    /// Bytes of the caller's struct.
     pub size: usize,
+    /// Must be `SIM_INFO_MAGIC` (`NCCL_SIM_INFO_INITIALIZER`).
     pub magic: u32,
+    /// The API version the caller was compiled against.
     pub version: u32,
     /// Microseconds.
     pub estimated_time: f32,
 }
 
+/// The magic of an initialised `ncclSimInfo_t`.
 pub const SIM_INFO_MAGIC: u32 = 0x7468_5283;
 /// NCCL's "undefined" float (`NCCL_UNDEF_FLOAT`).
 pub const UNDEF_FLOAT: f32 = -1.0;
@@ -217,6 +265,7 @@ impl SimInfo {
     }
 }
 
+/// `ncclGroupSimulateEnd`.
 pub type GroupSimulateEndFn = unsafe extern "C" fn(*mut SimInfo) -> NcclResult;
 
 /// "2.28.9" from `ncclGetVersion`'s code. NCCL changed the encoding at 2.9: before it
@@ -226,6 +275,7 @@ pub fn version_string(code: i32) -> String {
     format!("{x}.{y}.{z}")
 }
 
+/// (major, minor, patch) of an `ncclGetVersion` code, in either encoding.
 pub fn version_parts(code: i32) -> (i32, i32, i32) {
     if code >= 10000 {
         (code / 10000, (code % 10000) / 100, code % 100)

@@ -14,6 +14,7 @@ use std::fmt::Display;
 
 const MAGIC: [u8; 4] = *b"FCSG";
 const HEAD: usize = 4 + 8 + 4;
+/// Bytes of one encoded operation.
 pub const OP_BYTES: usize = 24;
 /// Differences named in one message: enough to see the pattern, short enough to read.
 const MAX_REPORTED: usize = 8;
@@ -24,15 +25,20 @@ const MAX_REPORTED: usize = 8;
 /// ranks passing different junk there still agree.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OpSig {
+    /// The operation.
     pub kind: CollKind,
+    /// The element type.
     pub dtype: DataType,
+    /// NCCL's count.
     pub count: u64,
+    /// The reduction (Sum where the operation does not reduce).
     pub op: ReduceOp,
     /// Root of a rooted collective, peer of a send or receive, else 0.
     pub root: u32,
 }
 
 impl OpSig {
+    /// The signature of one operation, with what does not affect it normalised away.
     pub fn new(kind: CollKind, dtype: DataType, count: usize, op: ReduceOp, root: usize) -> OpSig {
         let p2p = matches!(kind, CollKind::Send | CollKind::Recv);
         OpSig {

@@ -9,21 +9,34 @@ pub type Rank = usize;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 #[repr(i32)]
 pub enum DataType {
+    /// Signed 8-bit integer (`ncclInt8`, `ncclChar`).
     Int8 = 0,
+    /// Unsigned 8-bit integer (`ncclUint8`).
     Uint8 = 1,
+    /// Signed 32-bit integer (`ncclInt32`).
     Int32 = 2,
+    /// Unsigned 32-bit integer (`ncclUint32`).
     Uint32 = 3,
+    /// Signed 64-bit integer (`ncclInt64`).
     Int64 = 4,
+    /// Unsigned 64-bit integer (`ncclUint64`).
     Uint64 = 5,
+    /// IEEE half precision (`ncclFloat16`).
     Float16 = 6,
+    /// IEEE single precision (`ncclFloat32`).
     Float32 = 7,
+    /// IEEE double precision (`ncclFloat64`).
     Float64 = 8,
+    /// bfloat16 (`ncclBfloat16`).
     Bfloat16 = 9,
+    /// OCP FP8 E4M3 (`ncclFloat8e4m3`).
     Float8E4M3 = 10,
+    /// OCP FP8 E5M2 (`ncclFloat8e5m2`).
     Float8E5M2 = 11,
 }
 
 impl DataType {
+    /// All twelve, in NCCL's order.
     pub const ALL: [DataType; 12] = [
         DataType::Int8,
         DataType::Uint8,
@@ -49,6 +62,7 @@ impl DataType {
         }
     }
 
+    /// Whether it is a floating-point type.
     pub const fn is_float(self) -> bool {
         matches!(
             self,
@@ -61,6 +75,7 @@ impl DataType {
         )
     }
 
+    /// Whether it holds negative values (floats and signed integers).
     pub const fn is_signed(self) -> bool {
         !matches!(self, DataType::Uint8 | DataType::Uint32 | DataType::Uint64)
     }
@@ -70,6 +85,7 @@ impl DataType {
         self as i32
     }
 
+    /// The type of an `ncclDataType_t` value (0 to 11).
     pub fn from_nccl_id(id: i32) -> Result<Self, Error> {
         DataType::ALL
             .iter()
@@ -130,11 +146,17 @@ impl std::str::FromStr for DataType {
 /// (NCCL's `ncclRedOpCreatePreMulSum`); the scalar is converted to the element type.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum ReduceOp {
+    /// The sum.
     Sum,
+    /// The product.
     Prod,
+    /// The largest value.
     Max,
+    /// The smallest value.
     Min,
+    /// The sum divided by the number of ranks.
     Avg,
+    /// The sum of every input multiplied by the scalar.
     PreMulSum(f64),
 }
 
@@ -154,6 +176,7 @@ impl ReduceOp {
         }
     }
 
+    /// The reduction of a built-in `ncclRedOp_t` value (0 to 4).
     pub fn from_nccl_id(id: i32) -> Result<Self, Error> {
         match id {
             0 => Ok(ReduceOp::Sum),
@@ -165,6 +188,7 @@ impl ReduceOp {
         }
     }
 
+    /// Its name as the bench prints it ("sum", "prod", ...).
     pub const fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
@@ -224,15 +248,25 @@ impl std::str::FromStr for ReduceOp {
 /// The kind of a collective or point-to-point operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum CollKind {
+    /// Every rank gets the reduction of all inputs.
     AllReduce,
+    /// Every rank gets every rank's input, in rank order.
     AllGather,
+    /// The reduction of all inputs, cut into one block per rank.
     ReduceScatter,
+    /// The root's buffer to every rank.
     Broadcast,
+    /// The reduction of all inputs, at the root.
     Reduce,
+    /// Block `p` of every rank's input to rank `p`.
     AllToAll,
+    /// Every rank's input to the root, in rank order.
     Gather,
+    /// Block `r` of the root's input to rank `r`.
     Scatter,
+    /// A send to one peer.
     Send,
+    /// A receive from one peer.
     Recv,
 }
 
@@ -263,6 +297,7 @@ impl CollKind {
         v
     };
 
+    /// Its name in messages ("all_reduce", ...).
     pub const fn name(self) -> &'static str {
         match self {
             CollKind::AllReduce => "all_reduce",
@@ -283,10 +318,12 @@ impl CollKind {
         !matches!(self, CollKind::Send | CollKind::Recv)
     }
 
+    /// Whether it applies a reduction.
     pub const fn reduces(self) -> bool {
         matches!(self, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce)
     }
 
+    /// Whether it has a root (broadcast, reduce, gather, scatter).
     pub const fn has_root(self) -> bool {
         matches!(self, CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter)
     }
@@ -388,6 +425,7 @@ impl Error {
         }
     }
 
+    /// The message without the variant's prefix.
     pub fn message(&self) -> &str {
         match self {
             Error::InvalidArgument(m)
@@ -401,6 +439,7 @@ impl Error {
     }
 }
 
+/// Results of the library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// `msg` shortened to at most `max` bytes, for the fixed-size fields a failure travels in

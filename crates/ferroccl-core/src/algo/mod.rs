@@ -17,6 +17,7 @@ use crate::types::{CollKind, DataType, Error, Rank};
 /// One operation, as every rank of the communicator describes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CollDesc {
+    /// The operation.
     pub kind: CollKind,
     /// NCCL's count: see [`CollKind::buffer_counts`].
     pub count: usize,
@@ -28,7 +29,9 @@ pub struct CollDesc {
 /// every rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tuning {
+    /// The plan builder that makes its steps.
     pub algo: Algo,
+    /// Channels (lanes) it is spread over.
     pub channels: usize,
     /// Elements one message carries at most (the pipeline unit).
     pub chunk_elems: usize,
@@ -173,8 +176,11 @@ pub fn build(desc: &CollDesc, op: u16, rank: Rank, nranks: usize, t: &Tuning) ->
 /// One operation of a launch, as [`build_launch`] plans it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchOp {
+    /// The operation.
     pub desc: CollDesc,
+    /// Its element type.
     pub dtype: DataType,
+    /// How it is cut up.
     pub tuning: Tuning,
 }
 

@@ -21,14 +21,21 @@ enum Source {
 /// One operation as one rank sees it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CheckCase {
+    /// The operation.
     pub kind: CollKind,
+    /// The element type.
     pub dtype: DataType,
+    /// The reduction (for those that reduce).
     pub op: ReduceOp,
+    /// Ranks of the communicator.
     pub nranks: usize,
+    /// This rank.
     pub rank: Rank,
+    /// NCCL's count (see `CollKind::buffer_counts`).
     pub count: usize,
     /// Root, or the peer of a send / receive.
     pub root: Rank,
+    /// The seed that makes the data fresh and reproducible.
     pub seed: u64,
 }
 

@@ -12,8 +12,11 @@ use crate::types::DataType;
 /// double rounding through f32); fp8 saturates like CUDA's satfinite conversion, f16/bf16
 /// overflow to infinity as IEEE does. Integers use Rust's saturating `as` cast (NaN -> 0).
 pub trait Element: Copy + Send + Sync + 'static + Default {
+    /// The matching `DataType`.
     const DTYPE: DataType;
+    /// The value as f64 (see the trait's notes for what is exact).
     fn to_f64(self) -> f64;
+    /// The nearest value of this type (see the trait's notes for rounding).
     fn from_f64(v: f64) -> Self;
     /// `from_f64` for a `v` already exact in the type: the same result, possibly faster.
     #[inline]

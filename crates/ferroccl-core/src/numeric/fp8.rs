@@ -95,17 +95,22 @@ pub struct F8E4M3(pub u8);
 pub struct F8E5M2(pub u8);
 
 impl F8E4M3 {
+    /// The largest finite value, 448.
     pub const MAX: F8E4M3 = F8E4M3(0x7e);
+    /// A NaN (E4M3 has no infinities).
     pub const NAN: F8E4M3 = F8E4M3(0x7f);
 
+    /// The value of these bits.
     #[inline]
     pub const fn from_bits(bits: u8) -> Self {
         F8E4M3(bits)
     }
+    /// Its bits.
     #[inline]
     pub const fn to_bits(self) -> u8 {
         self.0
     }
+    /// Its value as f32 (exact).
     #[inline]
     pub fn to_f32(self) -> f32 {
         f32::from_bits(E4M3_TABLE[self.0 as usize])
@@ -129,18 +134,24 @@ impl F8E4M3 {
 }
 
 impl F8E5M2 {
+    /// The largest finite value, 57344.
     pub const MAX: F8E5M2 = F8E5M2(0x7b);
+    /// Positive infinity.
     pub const INFINITY: F8E5M2 = F8E5M2(0x7c);
+    /// A NaN.
     pub const NAN: F8E5M2 = F8E5M2(0x7f);
 
+    /// The value of these bits.
     #[inline]
     pub const fn from_bits(bits: u8) -> Self {
         F8E5M2(bits)
     }
+    /// Its bits.
     #[inline]
     pub const fn to_bits(self) -> u8 {
         self.0
     }
+    /// Its value as f32 (exact).
     #[inline]
     pub fn to_f32(self) -> f32 {
         f32::from_bits(E5M2_TABLE[self.0 as usize])

@@ -233,19 +233,22 @@ impl Reducer {
         Ok(Reducer { dtype, op, nranks })
     }
 
+    /// The element type it reduces.
     pub fn dtype(&self) -> DataType {
         self.dtype
     }
 
+    /// The reduction.
     pub fn op(&self) -> ReduceOp {
         self.op
     }
 
+    /// Ranks whose contributions it folds (an average divides by this).
     pub fn nranks(&self) -> usize {
         self.nranks
     }
 
-    /// For i in 0..n: v = src[i]; if pre { v = pre(v) }; if post { v = post(v) }; write v to
+    /// For i in 0..n: `v = src[i]`; if pre { `v = pre(v)` }; if post { `v = post(v)` }; write v to
     /// every dst in dsts.
     ///
     /// pre multiplies by the PreMulSum scalar (converted to the element type), post divides by
@@ -261,7 +264,7 @@ impl Reducer {
         with_element_type!(self.dtype, T => self.transform_typed::<T>(dsts, src, n, pre, post))
     }
 
-    /// For i in 0..n: l = local[i]; if pre_local { l = pre(l) }; v = combine(recv[i], l);
+    /// For i in 0..n: `l = local[i]`; if pre_local { `l = pre(l)` }; `v = combine(recv[i], l)`;
     /// if post { v = post(v) }; write v to every dst.
     ///
     /// # Safety

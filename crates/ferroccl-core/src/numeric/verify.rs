@@ -207,14 +207,17 @@ pub struct ValueParams {
     pub n: u64,
     /// Stream tag of the reduction's inputs (hashed with the seed); [`DATA_TAG`] is data's.
     pub tag: u64,
+    /// The largest sum of absolute contributions the dtype holds exactly.
     pub budget: u64,
     /// budget / n.
     pub q_all: u64,
     /// Ranks per index that may contribute 2, and 1/2, to a product.
     pub twos: u64,
+    /// (See `twos`.)
     pub halves: u64,
     /// The f64 mantissa bits a float dtype keeps.
     pub mask: u64,
+    /// Whether the dtype holds negative values.
     pub signed: bool,
     /// The PreMulSum scalar as the dtype holds it (1 for other ops).
     pub scalar: f64,
@@ -584,14 +587,21 @@ pub fn expected_reduced_into(dtype: DataType, op: ReduceOp, nranks: usize, first
 /// How `matches` compares, with its per-buffer constants worked out once.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Matcher {
+    /// Equal in value.
     Exact,
     /// |got - want| <= 2 ulp(want) for a format with p significant bits, minimum exponent emin.
-    Avg { p: i32, emin: i32 },
+    Avg {
+        /// Significant bits of the format.
+        p: i32,
+        /// Its smallest normal exponent.
+        emin: i32,
+    },
     /// |got - want| <= tol.
     Within(f64),
 }
 
 impl Matcher {
+    /// How to compare an output of `op` over `nranks` ranks in `dtype`.
     pub fn new(dtype: DataType, op: ReduceOp, nranks: usize) -> Matcher {
         if !dtype.is_float() {
             return Matcher::Exact;

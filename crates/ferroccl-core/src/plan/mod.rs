@@ -18,7 +18,9 @@ use crate::types::Rank;
 /// Which buffer of which operation a region lies in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BufKind {
+    /// The operation's input buffer.
     Input,
+    /// The operation's output buffer.
     Output,
 }
 
@@ -27,6 +29,7 @@ pub enum BufKind {
 pub struct Region {
     /// Index of the operation inside the plan (`Plan::ops`), which fixes dtype and buffers.
     pub op: u16,
+    /// Input or output.
     pub buf: BufKind,
     /// First element.
     pub offset: usize,
@@ -35,9 +38,11 @@ pub struct Region {
 }
 
 impl Region {
+    /// `count` elements of `op`'s `buf` from element `offset`.
     pub const fn new(op: u16, buf: BufKind, offset: usize, count: usize) -> Region {
         Region { op, buf, offset, count }
     }
+    /// One past its last element.
     pub const fn end(&self) -> usize {
         self.offset + self.count
     }
@@ -47,6 +52,7 @@ impl Region {
 /// pre-multiplied sum before it enters a reduction, `post` finishes a fully reduced value (the
 /// division of an average). Each contribution is pre'd once and each result post'd once.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[allow(missing_docs)] // each variant's comment says what its fields are
 pub enum Step {
     /// Send `src` to `to`.
     Send { to: Rank, src: Region, pre: bool },
@@ -104,8 +110,11 @@ impl Step {
 /// the steps name); `id` says which lanes of successive operations in a group are one lane.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Lane {
+    /// Which lanes of successive operations in a group are one lane.
     pub id: u64,
+    /// The channel whose connections its steps use.
     pub channel: u32,
+    /// The steps, executed in order.
     pub steps: Vec<Step>,
 }
 
@@ -129,23 +138,31 @@ pub const P2P_CHANNEL_BASE: u32 = 1 << 16;
 /// Direction of a connection, seen from the rank that owns the plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Dir {
+    /// This rank sends on it.
     Send,
+    /// This rank receives on it.
     Recv,
 }
 
 /// A connection of a plan: (peer, channel, direction).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnKey {
+    /// The other rank.
     pub peer: Rank,
+    /// The channel (collective channel, or `P2P_CHANNEL_BASE` + channel).
     pub channel: u32,
+    /// Sending or receiving, from the plan's rank.
     pub dir: Dir,
 }
 
 /// Everything one rank executes for one launch.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Plan {
+    /// The rank that executes it.
     pub rank: Rank,
+    /// Ranks of the communicator.
     pub nranks: usize,
+    /// The lanes, which progress independently.
     pub lanes: Vec<Lane>,
 }
 
@@ -223,6 +240,7 @@ impl Plan {
         }
     }
 
+    /// Steps over all lanes.
     pub fn step_count(&self) -> usize {
         self.lanes.iter().map(|l| l.steps.len()).sum()
     }

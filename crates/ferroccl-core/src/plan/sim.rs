@@ -18,7 +18,16 @@ pub enum Sym {
     /// Never written: whatever the buffer held before the operation.
     Garbage,
     /// Logical element `idx` (of the contributing ranks' inputs), reduced over `contrib`.
-    Val { idx: usize, contrib: u32, scaled: bool, posted: bool },
+    Val {
+        /// The logical element.
+        idx: usize,
+        /// The ranks folded into it, a bit each.
+        contrib: u32,
+        /// Its contributions were pre'd (pre-multiplied).
+        scaled: bool,
+        /// The result was post'd (an average divided).
+        posted: bool,
+    },
 }
 
 impl Sym {
@@ -169,10 +178,13 @@ fn combine(a: Sym, b: Sym) -> Result<Sym, String> {
 /// One operation of one rank, as the caller issued it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SimOp {
+    /// The operation.
     pub kind: CollKind,
+    /// NCCL's count.
     pub count: usize,
     /// Root, or peer of a send / receive.
     pub root: Rank,
+    /// Whether its buffers follow NCCL's in-place convention.
     pub in_place: bool,
 }
 

@@ -9,15 +9,20 @@ use crate::types::{Error, Rank};
 pub struct RankLocation {
     /// Identifies the host (hostname and boot id), so containers sharing a name differ.
     pub host_id: u64,
+    /// The host's name, for messages.
     pub hostname: String,
+    /// The process id.
     pub pid: u32,
 }
 
 /// How two ranks can reach each other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum Link {
+    /// Threads of one process.
     SameProcess,
+    /// Processes of one host.
     SameHost,
+    /// Different hosts.
     Network,
 }
 
@@ -31,6 +36,7 @@ pub enum TransportKind {
 }
 
 impl TransportKind {
+    /// Its name in messages ("shm", "tcp").
     pub const fn name(self) -> &'static str {
         match self {
             TransportKind::Shm => "shm",
@@ -39,12 +45,15 @@ impl TransportKind {
     }
 }
 
+/// Where every rank of a communicator runs.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Topology {
+    /// Indexed by rank.
     pub ranks: Vec<RankLocation>,
 }
 
 impl Topology {
+    /// How ranks `a` and `b` can reach each other.
     pub fn link(&self, a: Rank, b: Rank) -> Link {
         let (x, y) = (&self.ranks[a], &self.ranks[b]);
         if x.host_id != y.host_id {

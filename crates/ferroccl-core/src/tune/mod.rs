@@ -35,7 +35,9 @@ pub const GPU_P2P_CHANNELS_MAX: usize = 8;
 /// sender and parity). Its one-shot operations thus carry at most 256 KiB per peer: LL lines
 /// cost twice the data over NVLink, and the plan kernel overtakes beyond that (measured).
 pub const DIRECT_MAX_RANKS: usize = 16;
+/// Thread blocks of the direct engine at most.
 pub const DIRECT_MAX_BLOCKS: usize = 16;
+/// Data bytes one direct-engine block sends one peer in one operation at most.
 pub const DIRECT_SLOT_BYTES: usize = 16 << 10;
 
 /// What the communicator runs on.
@@ -50,10 +52,13 @@ pub enum Device {
 /// One operation as the tuner sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct OpShape {
+    /// The operation.
     pub kind: CollKind,
     /// NCCL's count (see [`CollKind::buffer_counts`]).
     pub count: usize,
+    /// Its element type.
     pub dtype: DataType,
+    /// Ranks of the communicator.
     pub nranks: usize,
     /// This rank's buffers follow NCCL's in-place convention. Local: may differ between ranks.
     pub in_place: bool,
@@ -111,6 +116,7 @@ impl Algo {
         }
     }
 
+    /// Its name in logs ("ring", "one-shot", ...).
     pub fn name(self) -> &'static str {
         match self {
             Algo::Ring => "ring",
@@ -148,16 +154,22 @@ pub enum Engine {
 /// Why each part of a [`Choice`] is what it is, for the debug log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Why {
+    /// Why this algorithm.
     pub algo: &'static str,
+    /// Why this protocol.
     pub protocol: &'static str,
+    /// Why this many channels.
     pub channels: &'static str,
 }
 
 /// How one operation runs. Everything but `post_output` is the same on every rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Choice {
+    /// The plan builder.
     pub algo: Algo,
+    /// How messages travel.
     pub protocol: Protocol,
+    /// What executes the plan.
     pub engine: Engine,
     /// Channels (lanes; on GPUs, thread blocks) the operation is spread over.
     pub channels: usize,
@@ -169,6 +181,7 @@ pub struct Choice {
     /// This rank may offer its output (when it lies in a window): not where a peer's write
     /// could land before this rank has read the input it overwrites.
     pub post_output: bool,
+    /// Why each part is what it is.
     pub why: Why,
 }
 
@@ -345,7 +358,9 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
 /// hop (a message that must arrive before the next is sent), and the bus bandwidth it reaches.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Cost {
+    /// Microseconds per launch.
     pub launch_us: f64,
+    /// Microseconds per dependent hop.
     pub hop_us: f64,
     /// Bytes per microsecond (= MB/s; 1 GB/s is 1,000).
     pub bytes_per_us: f64,
