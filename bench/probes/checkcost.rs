@@ -1,8 +1,8 @@
-//! Cost of the correctness check per element: `CheckCase::fill_input` and `count_wrong` over
+//! Cost of the correctness check per element: `RankCase::fill_input` and `count_wrong` over
 //! about 1M elements, for a few ops, dtypes and rank counts (best of 3 runs).
 //!
 //! `cargo bench -p ferroccl-core --bench checkcost`
-use ferroccl_core::numeric::check::CheckCase;
+use ferroccl_core::numeric::expected::RankCase;
 use ferroccl_core::numeric::element::store_f64;
 use ferroccl_core::{CollKind, DataType, ReduceOp};
 use std::time::Instant;
@@ -25,7 +25,7 @@ fn run(kind: CollKind, dtype: DataType, op: ReduceOp, nranks: usize) {
         CollKind::AllReduce => N,
         _ => N / nranks,
     };
-    let case = CheckCase { kind, dtype, op, nranks, rank: 1, count, root: 0, seed: 5 };
+    let case = RankCase { kind, dtype, op, nranks, rank: 1, count, root: 0, seed: 5 };
     let (send, recv) = kind.buffer_counts(count, nranks, true).unwrap();
     let mut input = vec![0u8; send * dtype.size()];
     let fill = best_ns(send, || case.fill_input(&mut input));

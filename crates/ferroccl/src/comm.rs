@@ -312,7 +312,7 @@ impl Comm {
 
     /// GPU communicators: the verifiable mode on this communicator's GPU and stream, its kernels
     /// compiled (or found in the disk cache) and loaded by this call: make one and keep it.
-    /// Host communicators: None (check host buffers with `CheckCase` directly).
+    /// Host communicators: None (check host buffers with `RankCase` directly).
     pub fn gpu_verifier(&self) -> Result<Option<crate::verify::GpuVerifier<'_>>, Error> {
         self.backend.cuda().map(|c| crate::verify::GpuVerifier::new(c, &self.info.config)).transpose()
     }

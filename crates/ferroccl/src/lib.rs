@@ -59,7 +59,7 @@ mod testing;
 mod transport;
 
 /// The verifiable mode (`ferroccl bench --check`) on GPUs: inputs filled and outputs checked by
-/// kernels, with the values of `ferroccl_core::numeric::check::CheckCase`. See
+/// kernels, with the values of `ferroccl_core::numeric::expected::RankCase`. See
 /// [`Comm::gpu_verifier`].
 pub mod verify {
     pub use crate::backend::cuda::verify::{GpuVerifier, Wrong};

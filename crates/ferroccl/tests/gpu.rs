@@ -2,7 +2,7 @@
 //! `FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored`. What they check: one thread driving every GPU with
 //! one group (launches not serialised behind each other's completion), CUDA-graph capture of
 //! operations, a killed process making its peer's kernels fail within seconds (heartbeats raise the abort word), and the
-//! GPU checker (`Comm::gpu_verifier`) agreeing with `CheckCase` on the host.
+//! GPU checker (`Comm::gpu_verifier`) agreeing with `RankCase` on the host.
 
 mod common;
 
@@ -384,7 +384,7 @@ mod gpu_verifier {
     use super::gpus_for_test;
     use ferroccl::mem::{DeviceBuffer, MemStats};
     use ferroccl::{CollKind, Comm, Config, DataType, Device, ReduceOp};
-    use ferroccl_core::numeric::check::CheckCase;
+    use ferroccl_core::numeric::expected::RankCase;
     use ferroccl_core::numeric::element::store_f64;
     use std::time::Instant;
 
@@ -398,7 +398,7 @@ mod gpu_verifier {
         v
     }
 
-    /// Fills on the GPU equal CheckCase::fill_input byte for byte (every dtype, every value
+    /// Fills on the GPU equal RankCase::fill_input byte for byte (every dtype, every value
     /// stream, aligned and not); counts find exactly the planted wrong elements and report the
     /// first as the host does; and both run at a useful speed on 256 MiB.
     #[test]
@@ -423,7 +423,7 @@ mod gpu_verifier {
             for (kind, op) in inputs {
                 for shift in [0, w] {
                     seed += 1;
-                    let case = CheckCase { kind, dtype, op, nranks: 5, rank: 3, count: len, root: 0, seed };
+                    let case = RankCase { kind, dtype, op, nranks: 5, rank: 3, count: len, root: 0, seed };
                     let ptr = (buf.device_ptr() as usize + shift) as *mut u8;
                     unsafe { chk.fill(&case, ptr, len) }.unwrap();
                     comm.synchronize().unwrap();
@@ -439,14 +439,14 @@ mod gpu_verifier {
 
             let count = 7001;
             let outs = [
-                CheckCase { kind: CollKind::AllReduce, dtype, op: ReduceOp::Sum, nranks: 4, rank: 1, count, root: 0, seed },
-                CheckCase { kind: CollKind::AllReduce, dtype, op: ReduceOp::Avg, nranks: 3, rank: 0, count, root: 0, seed },
-                CheckCase { kind: CollKind::ReduceScatter, dtype, op: ReduceOp::Prod, nranks: 4, rank: 2, count, root: 0, seed },
-                CheckCase { kind: CollKind::Reduce, dtype, op: ReduceOp::Min, nranks: 5, rank: 2, count, root: 2, seed },
-                CheckCase { kind: CollKind::AllReduce, dtype, op: ops(dtype)[5], nranks: 6, rank: 5, count, root: 0, seed },
-                CheckCase { kind: CollKind::AllGather, dtype, op: ReduceOp::Sum, nranks: 4, rank: 3, count, root: 0, seed },
-                CheckCase { kind: CollKind::AllToAll, dtype, op: ReduceOp::Sum, nranks: 3, rank: 1, count, root: 0, seed },
-                CheckCase { kind: CollKind::Recv, dtype, op: ReduceOp::Sum, nranks: 2, rank: 1, count, root: 0, seed },
+                RankCase { kind: CollKind::AllReduce, dtype, op: ReduceOp::Sum, nranks: 4, rank: 1, count, root: 0, seed },
+                RankCase { kind: CollKind::AllReduce, dtype, op: ReduceOp::Avg, nranks: 3, rank: 0, count, root: 0, seed },
+                RankCase { kind: CollKind::ReduceScatter, dtype, op: ReduceOp::Prod, nranks: 4, rank: 2, count, root: 0, seed },
+                RankCase { kind: CollKind::Reduce, dtype, op: ReduceOp::Min, nranks: 5, rank: 2, count, root: 2, seed },
+                RankCase { kind: CollKind::AllReduce, dtype, op: ops(dtype)[5], nranks: 6, rank: 5, count, root: 0, seed },
+                RankCase { kind: CollKind::AllGather, dtype, op: ReduceOp::Sum, nranks: 4, rank: 3, count, root: 0, seed },
+                RankCase { kind: CollKind::AllToAll, dtype, op: ReduceOp::Sum, nranks: 3, rank: 1, count, root: 0, seed },
+                RankCase { kind: CollKind::Recv, dtype, op: ReduceOp::Sum, nranks: 2, rank: 1, count, root: 0, seed },
             ];
             for case in outs {
                 let len = case.kind.buffer_counts(count, case.nranks, case.rank == case.root).unwrap().1;
@@ -475,7 +475,7 @@ mod gpu_verifier {
                 }
             }
             // A rank whose output the operation leaves alone has nothing wrong, whatever it holds.
-            let idle = CheckCase { kind: CollKind::Gather, dtype, op: ReduceOp::Sum, nranks: 3, rank: 1, count, root: 0, seed };
+            let idle = RankCase { kind: CollKind::Gather, dtype, op: ReduceOp::Sum, nranks: 3, rank: 1, count, root: 0, seed };
             assert_eq!(unsafe { chk.count_wrong(&idle, buf.device_ptr() as *const u8, count) }.unwrap().count, 0);
         }
 
@@ -487,12 +487,12 @@ mod gpu_verifier {
             let len = bytes / dtype.size();
             for (src, dst) in [
                 (
-                    CheckCase { kind: CollKind::Broadcast, dtype, op: ReduceOp::Sum, nranks: 4, rank: 0, count: len, root: 0, seed: 9 },
-                    CheckCase { kind: CollKind::Broadcast, dtype, op: ReduceOp::Sum, nranks: 4, rank: 2, count: len, root: 0, seed: 9 },
+                    RankCase { kind: CollKind::Broadcast, dtype, op: ReduceOp::Sum, nranks: 4, rank: 0, count: len, root: 0, seed: 9 },
+                    RankCase { kind: CollKind::Broadcast, dtype, op: ReduceOp::Sum, nranks: 4, rank: 2, count: len, root: 0, seed: 9 },
                 ),
                 (
-                    CheckCase { kind: CollKind::AllReduce, dtype, op: ReduceOp::Sum, nranks: 1, rank: 0, count: len, root: 0, seed: 9 },
-                    CheckCase { kind: CollKind::AllReduce, dtype, op: ReduceOp::Sum, nranks: 1, rank: 0, count: len, root: 0, seed: 9 },
+                    RankCase { kind: CollKind::AllReduce, dtype, op: ReduceOp::Sum, nranks: 1, rank: 0, count: len, root: 0, seed: 9 },
+                    RankCase { kind: CollKind::AllReduce, dtype, op: ReduceOp::Sum, nranks: 1, rank: 0, count: len, root: 0, seed: 9 },
                 ),
             ] {
                 let ptr = buf.device_ptr() as *mut u8;

@@ -7,7 +7,7 @@ use super::spec::{RowSpec, Spec};
 use super::BenchArgs;
 use crate::api::{CollKind, Error, Group, OpArgs, ReduceOp};
 use crate::nccl::{Nccl, NcclComm};
-use ferroccl_core::numeric::check::CheckCase;
+use ferroccl_core::numeric::expected::RankCase;
 use std::ffi::c_void;
 use std::path::Path;
 
@@ -127,8 +127,8 @@ impl Call {
 
     /// The verifiable input of rank `me` and the output it must get: those of its first and
     /// last operation (the send and the receive of the sendrecv ring).
-    pub fn check_cases(&self, me: usize, seed: u64) -> (CheckCase, CheckCase) {
-        let case = |a: &OpArgs| CheckCase {
+    pub fn check_cases(&self, me: usize, seed: u64) -> (RankCase, RankCase) {
+        let case = |a: &OpArgs| RankCase {
             kind: a.kind,
             dtype: a.dtype,
             op: a.op,

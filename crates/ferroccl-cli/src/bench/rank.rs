@@ -9,7 +9,7 @@ use crate::api::{Comm, Error};
 use crate::nccl::NcclComm;
 use ferroccl::verify::{GpuVerifier, Wrong};
 use ferroccl::mem::Gpu;
-use ferroccl_core::numeric::check::CheckCase;
+use ferroccl_core::numeric::expected::RankCase;
 
 /// Poison byte for outputs: 0xA5A5... is a large or NaN-free odd value in every type, unlikely
 /// to be a right answer by chance.
@@ -81,7 +81,7 @@ impl RankCtx<'_> {
 
     /// Fills the input with `case`'s data after poisoning the output (first: in place the input
     /// lies inside the output); returns once done.
-    pub fn fill(&self, lib: Lib, g: &Regions, case: &CheckCase) -> Result<(), Error> {
+    pub fn fill(&self, lib: Lib, g: &Regions, case: &RankCase) -> Result<(), Error> {
         let (s, d) = self.side(lib)?.at(g);
         if self.gpu.is_none() {
             // SAFETY: host regions of this rank's buffers (RankCtx::regions); no operation is
@@ -102,7 +102,7 @@ impl RankCtx<'_> {
     }
 
     /// The wrong elements of the output for `case`, and the first of them.
-    pub fn count_wrong(&self, lib: Lib, g: &Regions, case: &CheckCase) -> Result<Wrong, Error> {
+    pub fn count_wrong(&self, lib: Lib, g: &Regions, case: &RankCase) -> Result<Wrong, Error> {
         let (_, d) = self.side(lib)?.at(g);
         if self.gpu.is_none() {
             let mut first = None;

@@ -22,7 +22,7 @@ macro_rules! with_element_type {
     }};
 }
 
-pub mod check;
+pub mod expected;
 pub mod element;
 pub mod fp8;
 pub mod reduce;

@@ -4,7 +4,7 @@
 pub mod launch;
 
 use ferroccl::{CollKind, Comm, DataType, Group, OpArgs, ReduceOp};
-use ferroccl_core::numeric::check::CheckCase;
+use ferroccl_core::numeric::expected::RankCase;
 
 /// The operations of the matrix: every collective plus a ring of send/recv in one group.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -67,8 +67,8 @@ pub fn run_case(comm: &Comm, op: MatrixOp, dtype: DataType, redop: ReduceOp, cou
         MatrixOp::Coll(k) => (k, root),
         MatrixOp::SendRecv => (CollKind::Recv, (r + n - 1) % n),
     };
-    let send_case = CheckCase { kind: if op == MatrixOp::SendRecv { CollKind::Send } else { kind }, dtype, op: redop, nranks: n, rank: r, count, root: case_root, seed };
-    let recv_case = CheckCase { kind, root: case_root, ..send_case };
+    let send_case = RankCase { kind: if op == MatrixOp::SendRecv { CollKind::Send } else { kind }, dtype, op: redop, nranks: n, rank: r, count, root: case_root, seed };
+    let recv_case = RankCase { kind, root: case_root, ..send_case };
     let (sc, rc) = match op {
         MatrixOp::Coll(k) => k.buffer_counts(count, n, r == root).unwrap(),
         MatrixOp::SendRecv => (count, count),

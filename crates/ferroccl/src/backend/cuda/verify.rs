@@ -1,6 +1,6 @@
 //! The verifiable mode on the GPU: a rank's inputs written, and its outputs counted, by kernels
 //! (`kernels/check.cu`) on the communicator's stream, with the values of
-//! `ferroccl_core::numeric::check::CheckCase` bit for bit. Staging buffers through the host
+//! `ferroccl_core::numeric::expected::RankCase` bit for bit. Staging buffers through the host
 //! costs two PCIe copies and a single-threaded pass per buffer; on the GPU a check runs at
 //! close to memory speed.
 //!
@@ -12,7 +12,7 @@ use std::ffi::c_void;
 use std::sync::Mutex;
 
 use cudarc::driver::sys;
-use ferroccl_core::numeric::check::CheckCase;
+use ferroccl_core::numeric::expected::RankCase;
 use ferroccl_core::numeric::verify::{value_params, Matcher, DATA_TAG};
 use ferroccl_core::{CollKind, Config, Error, Result};
 
@@ -32,7 +32,7 @@ const THREADS: u32 = 256;
 /// Resident blocks per SM worth launching; the grid-stride loops take any further work.
 const BLOCKS_PER_SM: u32 = 8;
 
-/// check.cuh's FcCheckCase: one CheckCase on one buffer with the reference's per-buffer
+/// check.cuh's FcCheckCase: one RankCase on one buffer with the reference's per-buffer
 /// constants, so the kernels repeat only the per-element functions.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -120,7 +120,7 @@ pub(crate) fn kind_code(kind: CollKind) -> u32 {
 impl FcCheckCase {
     /// `case` on the `len` elements at device address `data`; `result` is the FcCheckResult of a
     /// count (0 for a fill).
-    pub(crate) fn new(case: &CheckCase, data: u64, len: u64, result: u64) -> Result<FcCheckCase> {
+    pub(crate) fn new(case: &RankCase, data: u64, len: u64, result: u64) -> Result<FcCheckCase> {
         if case.nranks == 0 {
             return Err(Error::InvalidArgument("a check case needs at least one rank".into()));
         }
@@ -166,7 +166,7 @@ pub(crate) fn compile(gpu: &Gpu, config: &Config) -> Result<nvrtc::Image> {
 }
 
 /// What a count found: the wrong elements, and the first of them (index, got, expected) as
-/// `CheckCase::count_wrong` reports it.
+/// `RankCase::count_wrong` reports it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Wrong {
     /// Elements that differ from what they must be.
@@ -217,23 +217,23 @@ impl<'c> GpuVerifier<'c> {
         cu_ok("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(dst as u64, byte, bytes, self.stream()) })
     }
 
-    /// Writes this rank's input for `case` (`CheckCase::fill_input`) into the `len` elements
+    /// Writes this rank's input for `case` (`RankCase::fill_input`) into the `len` elements
     /// at `dst` (enqueued).
     ///
     /// # Safety
     /// `dst` must hold `len` elements of `case.dtype` in device memory of this GPU that nothing
     /// else uses meanwhile.
-    pub unsafe fn fill(&self, case: &CheckCase, dst: *mut u8, len: usize) -> Result<()> {
+    pub unsafe fn fill(&self, case: &RankCase, dst: *mut u8, len: usize) -> Result<()> {
         let c = self.case(case, dst as u64, len, 0)?;
         self.launch(FILL_KERNEL, self.grid(case, len), THREADS, &c)
     }
 
-    /// Counts the wrong elements among the `len` at `out` (`CheckCase::count_wrong`), after
+    /// Counts the wrong elements among the `len` at `out` (`RankCase::count_wrong`), after
     /// everything enqueued before; waits for the result.
     ///
     /// # Safety
     /// `out` must hold `len` elements of `case.dtype` in device memory of this GPU.
-    pub unsafe fn count_wrong(&self, case: &CheckCase, out: *const u8, len: usize) -> Result<Wrong> {
+    pub unsafe fn count_wrong(&self, case: &RankCase, out: *const u8, len: usize) -> Result<Wrong> {
         let _busy = self.busy.lock().map_err(|_| Error::Internal("GPU checker lock poisoned".into()))?;
         let res = self.result.device_ptr();
         let c = self.case(case, out as u64, len, res)?;
@@ -254,7 +254,7 @@ impl<'c> GpuVerifier<'c> {
         Ok(Wrong { count: host.wrong, first: (host.wrong > 0).then_some((host.first as usize, host.got, host.want)) })
     }
 
-    fn case(&self, case: &CheckCase, data: u64, len: usize, result: u64) -> Result<FcCheckCase> {
+    fn case(&self, case: &RankCase, data: u64, len: usize, result: u64) -> Result<FcCheckCase> {
         let size = case.dtype.size() as u64;
         if len > 0 && (data == 0 || !data.is_multiple_of(size)) {
             return Err(Error::InvalidArgument(format!("check buffer {data:#x} is null or not aligned to {}", case.dtype)));
@@ -263,7 +263,7 @@ impl<'c> GpuVerifier<'c> {
     }
 
     /// Blocks for `len` elements: one 16-byte pack per thread, up to what the GPU holds at once.
-    fn grid(&self, case: &CheckCase, len: usize) -> u32 {
+    fn grid(&self, case: &RankCase, len: usize) -> u32 {
         let packs = (len as u64).div_ceil(16 / case.dtype.size() as u64);
         packs.div_ceil(THREADS as u64).clamp(1, self.max_blocks as u64) as u32
     }

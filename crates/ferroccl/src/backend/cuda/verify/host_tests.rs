@@ -1,4 +1,4 @@
-//! Host evidence that check.cuh computes what `CheckCase` does, without a GPU: the header the
+//! Host evidence that check.cuh computes what `RankCase` does, without a GPU: the header the
 //! kernels are built from is compiled by the system C compiler (and as C++ where there is one)
 //! into a shared library, whose per-element functions are compared with ferroccl-core's for
 //! every dtype, reduction and operation kind over many ranks, indices and seeds. Fills and
@@ -8,7 +8,7 @@
 //! Skips where no C compiler can be run (`CC`, else `cc`).
 
 use super::{FcCheckCase, FcCheckResult};
-use ferroccl_core::numeric::check::CheckCase;
+use ferroccl_core::numeric::expected::RankCase;
 use ferroccl_core::numeric::element::{load_f64, store_f64};
 use ferroccl_core::numeric::{Element, F8E4M3, F8E5M2};
 use ferroccl_core::numeric::verify::{fill_data, fill_input};
@@ -319,7 +319,7 @@ fn ops_for(d: DataType) -> Vec<ReduceOp> {
 
 /// Every (dtype, op, kind, nranks, rank, root, seed) the comparisons run over: reductions with
 /// every op, data movement with one (the op does not matter to them).
-fn cases(nranks: &[usize], seeds: u64) -> Vec<CheckCase> {
+fn cases(nranks: &[usize], seeds: u64) -> Vec<RankCase> {
     let mut v = Vec::new();
     let mut rng = Rng(11);
     for dtype in DataType::ALL {
@@ -336,7 +336,7 @@ fn cases(nranks: &[usize], seeds: u64) -> Vec<CheckCase> {
                             // Half the cases are the root's.
                             let root = if s % 2 == 0 { rank } else { rng.below(n as u64) as usize };
                             let count = [1, 13, 40][rng.below(3) as usize];
-                            v.push(CheckCase { kind, dtype, op, nranks: n, rank, count, root, seed: rng.next() });
+                            v.push(RankCase { kind, dtype, op, nranks: n, rank, count, root, seed: rng.next() });
                         }
                     }
                 }
@@ -347,7 +347,7 @@ fn cases(nranks: &[usize], seeds: u64) -> Vec<CheckCase> {
 }
 
 /// (input, output) element counts of a case's buffers.
-fn lens(c: &CheckCase) -> (usize, usize) {
+fn lens(c: &RankCase) -> (usize, usize) {
     c.kind.buffer_counts(c.count, c.nranks, c.kind.has_root() && c.rank == c.root).unwrap()
 }
 
@@ -368,7 +368,7 @@ fn fill_and_expected_match_check_case() {
             let mut want = vec![0u8; inl * w];
             case.fill_input(&mut want);
             assert!(lib.fill(&c, 0, inl) == want, "{}: fill of {case:?}", lib.name);
-            // Far indices, through the functions CheckCase::fill_input calls.
+            // Far indices, through the functions RankCase::fill_input calls.
             let first = (1u64 << 33) + case.seed % 1000;
             let mut far = vec![0u8; 8 * w];
             if case.kind.reduces() {

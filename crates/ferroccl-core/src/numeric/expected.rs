@@ -20,7 +20,7 @@ enum Source {
 
 /// One operation as one rank sees it.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct CheckCase {
+pub struct RankCase {
     /// The operation.
     pub kind: CollKind,
     /// The element type.
@@ -39,7 +39,7 @@ pub struct CheckCase {
     pub seed: u64,
 }
 
-impl CheckCase {
+impl RankCase {
     /// Input element `i` of this rank.
     pub fn input(&self, i: usize) -> f64 {
         if self.kind.reduces() {
@@ -141,7 +141,7 @@ mod tests {
 
     #[test]
     fn a_wrong_output_is_counted() {
-        let case = CheckCase { kind: CollKind::AllGather, dtype: DataType::Float32, op: ReduceOp::Sum, nranks: 3, rank: 1, count: 5, root: 0, seed: 9 };
+        let case = RankCase { kind: CollKind::AllGather, dtype: DataType::Float32, op: ReduceOp::Sum, nranks: 3, rank: 1, count: 5, root: 0, seed: 9 };
         let mut out = vec![0u8; 15 * 4];
         for j in 0..15 {
             store_f64(DataType::Float32, &mut out, j, case.expected(j).unwrap());
