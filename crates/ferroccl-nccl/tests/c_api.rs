@@ -311,7 +311,7 @@ fn init_all_and_split() {
                     let mut sub: RawComm = null_mut();
                     let res = unsafe { split(raw as RawComm, color, -(r as c_int), &mut sub, null_mut()) };
                     assert_eq!(res, abi::SUCCESS, "{}", lib.last_error());
-                    (!sub.is_null()).then(|| sub as usize)
+                    (!sub.is_null()).then_some(sub as usize)
                 })
             })
             .collect();
@@ -363,7 +363,7 @@ fn bad_arguments_return_nccl_codes_and_change_nothing() {
             assert!(text.contains(w), "{text:?} does not say {w:?}");
         }
     };
-    let v = vec![1f32; 16];
+    let v = [1f32; 16];
     let mut o = vec![0f32; 16];
     let (sp, rp) = (v.as_ptr() as *const c_void, o.as_mut_ptr() as *mut c_void);
     unsafe {
@@ -386,7 +386,7 @@ fn bad_arguments_return_nccl_codes_and_change_nothing() {
     }
     // On a live communicator of 2: every bad argument fails alone, the next good call works.
     job(&lib, 2, |r, c| unsafe {
-        let v = vec![r as f32 + 1.0; 16];
+        let v = [r as f32 + 1.0; 16];
         let mut o = vec![0f32; 16];
         let (sp, rp) = (v.as_ptr() as *const c_void, o.as_mut_ptr() as *mut c_void);
         if r == 0 {

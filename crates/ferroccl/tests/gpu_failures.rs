@@ -75,7 +75,7 @@ impl Plan {
         let depth = 1 + next() as usize % 1000;
         let mode = [Mode::Queued, Mode::DriverWait, Mode::Graph][next() as usize % 3];
         let victim = (next() % 2) as usize;
-        let stop = next() % 4 == 0;
+        let stop = next().is_multiple_of(4);
         let delay = Duration::from_millis(200 + next() % 1800);
         Plan { kind, count, depth, mode, victim, stop, delay }
     }

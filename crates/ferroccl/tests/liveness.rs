@@ -505,7 +505,7 @@ fn busy_until_error(comm: &Comm, seed: u64) {
         let redops = reduce_ops(kind);
         let redop = redops[next() as usize % redops.len()];
         let count = next() as usize % 3000;
-        let in_place = op != MatrixOp::SendRecv && next() % 2 == 0;
+        let in_place = op != MatrixOp::SendRecv && next().is_multiple_of(2);
         match run_case(comm, op, dtype, redop, count, in_place, next()) {
             Ok((0, _)) => {}
             Ok((_, detail)) => {
@@ -545,7 +545,7 @@ fn busy_until_error(comm: &Comm, seed: u64) {
         let count = 1 + (next() as usize % 2048);
         let dtype = DataType::ALL[next() as usize % DataType::ALL.len()];
         let redop = redops[next() as usize % redops.len()];
-        let r = run_case(&sub, MatrixOp::Coll(CollKind::AllReduce), dtype, redop, count, next() % 2 == 0, next());
+        let r = run_case(&sub, MatrixOp::Coll(CollKind::AllReduce), dtype, redop, count, next().is_multiple_of(2), next());
         match r {
             Ok((0, _)) => {}
             Ok((_, detail)) => {
