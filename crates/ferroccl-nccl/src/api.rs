@@ -258,15 +258,17 @@ export! {
             return Err(Fail::arg(format!("ndev {ndev}: at least 1")));
         }
         let n = ndev as usize;
-        let host = matches!(device()?, Device::Host) && devlist.is_null();
-        let devices: Vec<Device> = if host {
-            vec![Device::Host; n]
-        } else if devlist.is_null() {
-            (0..n).map(Device::Cuda).collect()
-        } else {
-            // SAFETY: NCCL's contract: ndev entries.
-            let list = unsafe { std::slice::from_raw_parts(devlist, n) };
-            list.iter().map(|&d| rank_arg(d, "device").map(Device::Cuda)).collect::<Res<_>>()?
+        // SAFETY: NCCL's contract: ndev entries when not null.
+        let list = (!devlist.is_null()).then(|| unsafe { std::slice::from_raw_parts(devlist, n) });
+        let gpus: Option<Vec<usize>> = list.map(|l| l.iter().map(|&d| rank_arg(d, "device")).collect::<Res<_>>()).transpose()?;
+        // FERROCCL_NCCL_BACKEND=host wins over a device list (whose entries are checked but name
+        // no GPU then); otherwise a list, or no GPU current on this thread, decides.
+        let forced_host = std::env::var("FERROCCL_NCCL_BACKEND").as_deref() == Ok("host");
+        let devices: Vec<Device> = match gpus {
+            _ if forced_host => vec![Device::Host; n],
+            Some(g) => g.into_iter().map(Device::Cuda).collect(),
+            None if matches!(device()?, Device::Host) => vec![Device::Host; n],
+            None => (0..n).map(Device::Cuda).collect(),
         };
         let made = Comm::init_devices(&devices, &config()?).map_err(Fail::from)?;
         for (i, c) in made.into_iter().enumerate() {

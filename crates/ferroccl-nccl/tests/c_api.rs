@@ -295,6 +295,13 @@ fn init_all_and_split() {
     let all_reduce: abi::AllReduceFn = lib.sym("ncclAllReduce");
     let ok = |r: c_int| assert_eq!(r, abi::SUCCESS, "{}", lib.last_error());
     let n = 4;
+    // A device list (as CuPy's initAll passes) on the host backend: checked, then ignored.
+    let devs: Vec<c_int> = (0..n as c_int).collect();
+    let mut listed = vec![null_mut(); n];
+    unsafe { ok(init_all(listed.as_mut_ptr(), n as c_int, devs.as_ptr())) };
+    drop(listed.iter().map(|&raw| Comm { lib: &lib, raw }).collect::<Vec<_>>());
+    let bad: Vec<c_int> = vec![0, -1, 2, 3];
+    assert_eq!(unsafe { init_all(listed.as_mut_ptr(), n as c_int, bad.as_ptr()) }, abi::INVALID_ARGUMENT);
     let mut raws = vec![null_mut(); n];
     unsafe { ok(init_all(raws.as_mut_ptr(), n as c_int, null())) };
     let comms: Vec<Comm> = raws.iter().map(|&raw| Comm { lib: &lib, raw }).collect();
