@@ -182,28 +182,46 @@ fn cuda_stream(s: RawStream) -> RawStream {
 }
 
 fn launch(ops: &[(Arc<Handle>, OpArgs, RawStream)]) -> Res {
-    // One stream per communicator and launch: ferroccl enqueues a communicator's share of a
-    // launch as one kernel.
-    let mut streams: Vec<(*const Handle, RawStream)> = Vec::new();
+    // ferroccl enqueues a communicator's share of a launch as one kernel, on one stream: the
+    // first its operations name. Where they name others too (NCCL allows it), the launch
+    // stream first waits for those, and they wait for it after the launch, as NCCL orders
+    // them. Host communicators have no streams.
+    let mut streams: Vec<(&Handle, Vec<RawStream>)> = Vec::new();
     for (h, _, s) in ops {
-        match streams.iter().find(|(p, _)| std::ptr::eq(*p, Arc::as_ptr(h))) {
-            Some((_, first)) if *first != *s => {
-                return Err(Fail::usage("operations of one communicator inside one group on different streams are not supported yet: use one stream per communicator and group"));
-            }
+        let s = cuda_stream(*s);
+        match streams.iter_mut().find(|(p, _)| std::ptr::eq(*p, Arc::as_ptr(h))) {
+            Some((_, list)) if !list.contains(&s) => list.push(s),
             Some(_) => {}
-            None => streams.push((Arc::as_ptr(h), *s)),
+            None => streams.push((h, vec![s])),
         }
     }
     let mut g = Group::new();
-    for (h, args, s) in ops {
+    for (h, list) in &streams {
         let comm = h.comm()?;
-        if comm.gpu().is_some() {
-            // SAFETY: the caller's stream, valid for its operations by NCCL's contract.
-            unsafe { comm.set_stream(cuda_stream(*s)) };
+        if let Some(gpu) = comm.gpu() {
+            let (main, others) = list.split_first().expect("one stream at least");
+            for &o in others {
+                // SAFETY: the caller's streams of this GPU, live by NCCL's contract.
+                unsafe { ferroccl::cuda::stream::order_after(gpu, *main as _, o as _) }.map_err(Fail::from)?;
+            }
+            // SAFETY: as above.
+            unsafe { comm.set_stream(*main) };
         }
+    }
+    for (h, args, _) in ops {
         // SAFETY: the buffers are the caller's, valid until the operations complete (NCCL's
         // contract: on the host backend that is when this returns).
-        unsafe { g.push_raw(comm, *args) }?;
+        unsafe { g.push_raw(h.comm()?, *args) }?;
     }
-    g.launch().map_err(Fail::from)
+    g.launch().map_err(Fail::from)?;
+    for (h, list) in &streams {
+        let comm = h.comm()?;
+        if let (Some(gpu), [main, others @ ..]) = (comm.gpu(), list.as_slice()) {
+            for &o in others {
+                // SAFETY: as above.
+                unsafe { ferroccl::cuda::stream::order_after(gpu, o as _, *main as _) }.map_err(Fail::from)?;
+            }
+        }
+    }
+    Ok(())
 }

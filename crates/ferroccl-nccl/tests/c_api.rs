@@ -1031,3 +1031,24 @@ fn configs_of_other_sizes_and_versions() {
     assert_eq!(unsafe { init_cfg(&mut c, 1, lib.unique_id(), 0, null_mut()) }, abi::SUCCESS);
     drop(Comm { lib: &lib, raw: c });
 }
+
+/// Operations of one communicator inside one group may name different streams (the host
+/// backend has none, so they only have to be accepted and run exactly; on GPUs the launch stream
+/// and the others are ordered with events).
+#[test]
+fn one_group_may_use_several_streams_per_communicator() {
+    let lib = Lib::open();
+    let start: abi::GroupFn = lib.sym("ncclGroupStart");
+    let end: abi::GroupFn = lib.sym("ncclGroupEnd");
+    let all_reduce: abi::AllReduceFn = lib.sym("ncclAllReduce");
+    job(&lib, 2, |r, c| unsafe {
+        let (a, b) = (data(r, 64, 31), data(r, 96, 32));
+        let (mut oa, mut ob) = (vec![0f32; 64], vec![0f32; 96]);
+        assert_eq!(start(), abi::SUCCESS);
+        assert_eq!(all_reduce(a.as_ptr() as *const c_void, oa.as_mut_ptr() as *mut c_void, 64, FLOAT, SUM, c.raw, 0x10 as abi::RawStream), abi::SUCCESS);
+        assert_eq!(all_reduce(b.as_ptr() as *const c_void, ob.as_mut_ptr() as *mut c_void, 96, FLOAT, SUM, c.raw, 0x20 as abi::RawStream), abi::SUCCESS);
+        assert_eq!(end(), abi::SUCCESS, "{}", lib.last_error());
+        assert_eq!(oa, (0..64).map(|i| data(0, 64, 31)[i] + data(1, 64, 31)[i]).collect::<Vec<_>>());
+        assert_eq!(ob, (0..96).map(|i| data(0, 96, 32)[i] + data(1, 96, 32)[i]).collect::<Vec<_>>());
+    });
+}

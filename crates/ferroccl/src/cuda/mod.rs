@@ -14,6 +14,7 @@ pub mod fdpass;
 pub mod mem;
 pub mod nvrtc;
 pub mod pinned;
+pub mod stream;
 
 pub use device::{current_device, gpu_count, Gpu};
 
