@@ -6,22 +6,13 @@
 
 mod common;
 
+use common::gpus_for_test;
 use common::launch::{role, spawn_ranks, wait_all};
 use cudarc::driver::sys;
-use ferroccl::cuda::{cu_ok, gpu_count};
+use ferroccl::cuda::cu_ok;
 use ferroccl::mem::{DeviceBuffer, MemStats};
 use ferroccl::{CollKind, Comm, Config, Device, Error, Group, OpArgs, ReduceOp};
 use std::time::{Duration, Instant};
-
-fn gpus_for_test() -> Option<usize> {
-    if std::env::var("FERROCCL_GPU_TEST").ok().as_deref() != Some("1") {
-        eprintln!("skipped: set FERROCCL_GPU_TEST=1 on a machine with GPUs");
-        return None;
-    }
-    let n = gpu_count().expect("CUDA driver");
-    assert!(n >= 2, "GPU tests need at least 2 GPUs, found {n}");
-    Some(n)
-}
 
 fn f32_bytes(v: &[f32]) -> &[u8] {
     // SAFETY: f32 has no padding; the slice is valid for its byte length.

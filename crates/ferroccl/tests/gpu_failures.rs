@@ -9,25 +9,13 @@
 
 mod common;
 
-use common::launch::{free_port, rank_command, role};
+use common::gpus_for_test;
+use common::launch::{role, Job};
 use cudarc::driver::sys;
-use ferroccl::cuda::{cu_ok, gpu_count};
+use ferroccl::cuda::cu_ok;
 use ferroccl::mem::{DeviceBuffer, MemStats};
 use ferroccl::{CollKind, Comm, Config, DataType, Error, Group, OpArgs, ReduceOp};
-use std::io::{BufRead, BufReader};
-use std::process::Child;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-fn gpus_for_test() -> Option<usize> {
-    if std::env::var("FERROCCL_GPU_TEST").ok().as_deref() != Some("1") {
-        eprintln!("skipped: set FERROCCL_GPU_TEST=1 on a machine with GPUs");
-        return None;
-    }
-    let n = gpu_count().expect("CUDA driver");
-    assert!(n >= 2, "GPU tests need at least 2 GPUs, found {n}");
-    Some(n)
-}
 
 /// What one run does, from its seed (or set by hand in the fixed tests).
 #[derive(Clone, Copy, Debug)]
@@ -275,73 +263,6 @@ fn carry_on(comm: &Comm, dead: &[usize], stats: &std::sync::Arc<MemStats>) -> St
     "ok".into()
 }
 
-/// A running job's lines, rank by rank, with when each arrived.
-struct Job {
-    kids: Vec<Child>,
-    lines: mpsc::Receiver<(usize, Instant, String)>,
-    seen: Vec<Vec<(Instant, String)>>,
-}
-
-impl Job {
-    fn spawn(plan: &Plan) -> Job {
-        let port = free_port();
-        let (tx, lines) = mpsc::channel();
-        let mut kids = Vec::new();
-        for r in 0..2 {
-            let mut kid = rank_command("child_gpu_victim", "gpu-victim", r, 2, port, &plan.env()).spawn().unwrap();
-            for pipe in [Box::new(kid.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>, Box::new(kid.stderr.take().unwrap())] {
-                let tx = tx.clone();
-                std::thread::spawn(move || {
-                    for l in BufReader::new(pipe).lines().map_while(Result::ok) {
-                        // libtest prints its "test ... " header before a child's first line.
-                        let l = l.find("@@").map_or(l.as_str(), |i| &l[i + 2..]).to_string();
-                        let _ = tx.send((r, Instant::now(), l));
-                    }
-                });
-            }
-            kids.push(kid);
-        }
-        Job { kids, lines, seen: vec![Vec::new(), Vec::new()] }
-    }
-
-    /// Collects lines until `pred` holds or `until` passes.
-    fn wait_for(&mut self, until: Instant, pred: impl Fn(&[Vec<(Instant, String)>]) -> bool) -> bool {
-        while !pred(&self.seen) {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            if let Ok((r, t, l)) = self.lines.recv_timeout(left.min(Duration::from_millis(20))) {
-                self.seen[r].push((t, l));
-            }
-        }
-        true
-    }
-
-    fn first(&self, r: usize, prefix: &str) -> Option<&(Instant, String)> {
-        self.seen[r].iter().find(|(_, l)| l.starts_with(prefix))
-    }
-
-    fn transcript(&self) -> String {
-        let mut s = String::new();
-        for (r, ls) in self.seen.iter().enumerate() {
-            for (_, l) in ls {
-                s += &format!("  [{r}] {l}\n");
-            }
-        }
-        s
-    }
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        for k in &mut self.kids {
-            let _ = k.kill();
-            let _ = k.wait();
-        }
-    }
-}
-
 /// How a run went: the survivor's error and how long after the signal it came.
 struct Outcome {
     after: Duration,
@@ -353,7 +274,7 @@ struct Outcome {
 /// Runs `plan`: both ranks busy, the victim killed (or stopped) after the delay; checks what
 /// the survivor must do. Err describes what went wrong, with the job's transcript.
 fn run(plan: &Plan) -> Result<Outcome, String> {
-    let mut job = Job::spawn(plan);
+    let mut job = Job::spawn(2, "child_gpu_victim", "gpu-victim", &plan.env());
     let ctx = |job: &Job, what: &str| format!("{plan:?}: {what}\n{}", job.transcript());
     let both_ready = |s: &[Vec<(Instant, String)>]| s.iter().all(|l| l.iter().any(|(_, x)| x.starts_with("READY")));
     if !job.wait_for(Instant::now() + Duration::from_secs(60), both_ready) {
@@ -361,8 +282,7 @@ fn run(plan: &Plan) -> Result<Outcome, String> {
     }
     std::thread::sleep(plan.delay);
     let sig = if plan.stop { libc::SIGSTOP } else { libc::SIGKILL };
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(job.kids[plan.victim].id() as libc::pid_t, sig) };
+    job.signal(plan.victim, sig);
     let at = Instant::now();
     let s = 1 - plan.victim;
     if !job.wait_for(at + Duration::from_secs(20), |l| l[s].iter().any(|(_, x)| x.starts_with("EXIT") || x.starts_with("NOERR"))) {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::launch::{free_port, rank_command, role};
+use common::launch::{free_port, has_all, rank_command, role, Job};
 use common::{all_ops, reduce_ops, run_case, MatrixOp};
 use ferroccl::{CollKind, Comm, Config, DataType, Error, Group, ReduceOp, TransportChoice};
 use std::io::{BufRead, BufReader};
@@ -315,89 +315,6 @@ fn shrink_arguments_and_disagreement() {
 // ---------------------------------------------------------------------------------------
 // Killed and stopped processes
 
-struct Job {
-    kids: Vec<Child>,
-    lines: mpsc::Receiver<(usize, Instant, String)>,
-    seen: Vec<Vec<(Instant, String)>>,
-}
-
-impl Job {
-    /// `n` ranks of this binary in role `role`; their output lines arrive with timestamps.
-    fn spawn(n: usize, role: &str, env: &[(&str, String)]) -> Job {
-        let port = free_port();
-        let (tx, rx) = mpsc::channel();
-        let kids = (0..n)
-            .map(|r| {
-                let mut child = rank_command("child", role, r, n, port, env).stdin(Stdio::null()).spawn().unwrap();
-                for out in [Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>, Box::new(child.stderr.take().unwrap())] {
-                    let tx = tx.clone();
-                    std::thread::spawn(move || {
-                        // Reports are "@@WORD ..." (libtest may print before them on the line);
-                        // everything else is kept for the transcript only.
-                        for line in BufReader::new(out).lines().map_while(Result::ok) {
-                            let l = match line.find("@@") {
-                                Some(i) => line[i + 2..].to_string(),
-                                None => format!("# {line}"),
-                            };
-                            let _ = tx.send((r, Instant::now(), l));
-                        }
-                    });
-                }
-                child
-            })
-            .collect();
-        Job { kids, lines: rx, seen: vec![Vec::new(); n] }
-    }
-
-    /// Waits until `pred` holds for the lines seen so far, or `until`.
-    fn wait_for(&mut self, until: Instant, pred: impl Fn(&[Vec<(Instant, String)>]) -> bool) -> bool {
-        loop {
-            if pred(&self.seen) {
-                return true;
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            if let Ok((r, t, l)) = self.lines.recv_timeout(left.min(Duration::from_millis(50))) {
-                self.seen[r].push((t, l));
-            }
-        }
-    }
-
-    fn first(&self, r: usize, prefix: &str) -> Option<&(Instant, String)> {
-        self.seen[r].iter().find(|(_, l)| l.starts_with(prefix))
-    }
-
-    fn transcript(&self) -> String {
-        let mut s = String::new();
-        for (r, ls) in self.seen.iter().enumerate() {
-            for (_, l) in ls {
-                s += &format!("  [{r}] {l}\n");
-            }
-        }
-        s
-    }
-
-    fn signal(&self, r: usize, sig: libc::c_int) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.kids[r].id() as libc::pid_t, sig) };
-    }
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        for k in &mut self.kids {
-            let _ = k.kill();
-            let _ = k.wait();
-        }
-    }
-}
-
-fn has_all(seen: &[Vec<(Instant, String)>], who: &[usize], prefix: &str) -> bool {
-    who.iter().all(|&r| seen[r].iter().any(|(_, l)| l.starts_with(prefix)))
-}
-
 /// The child side of every process test: the role says what to do.
 #[test]
 fn child() {
@@ -572,7 +489,7 @@ fn killed_peer_fails_pending_and_next_calls_naming_it() {
     for transport in ["shm", "tcp"] {
         // Every rank is in a call, or about to make one, when rank 2 dies.
         let env = [("FERROCCL_TRANSPORT", transport.to_string()), ("FERROCCL_TIMEOUT", "30".into())];
-        let mut job = Job::spawn(4, "busy", &env);
+        let mut job = Job::spawn(4, "child", "busy", &env);
         assert!(job.wait_for(Instant::now() + Duration::from_secs(20), |s| has_all(s, &[0, 1, 2, 3], "READY")), "{}", job.transcript());
         std::thread::sleep(Duration::from_millis(100));
         job.signal(2, libc::SIGKILL);
@@ -594,7 +511,7 @@ fn killed_peer_fails_the_next_call_of_an_idle_rank() {
     if std::env::var("FERROCCL_TEST_ROLE").is_ok() {
         return;
     }
-    let mut job = Job::spawn(3, "idle", &[("FERROCCL_TIMEOUT", "30".into())]);
+    let mut job = Job::spawn(3, "child", "idle", &[("FERROCCL_TIMEOUT", "30".into())]);
     assert!(job.wait_for(Instant::now() + Duration::from_secs(20), |s| has_all(s, &[0, 1, 2], "READY")), "{}", job.transcript());
     job.signal(1, libc::SIGKILL);
     assert!(job.wait_for(Instant::now() + Duration::from_secs(10), |s| has_all(s, &[0, 2], "SHRINKNODEAD")), "{}", job.transcript());
@@ -637,7 +554,7 @@ fn stopped_peer_is_declared_dead_by_heartbeats() {
         ("FERROCCL_HEARTBEAT_INTERVAL", "0.1".into()),
         ("FERROCCL_HEARTBEAT_MISSES", "5".into()),
     ];
-    let mut job = Job::spawn(4, "busy", &env);
+    let mut job = Job::spawn(4, "child", "busy", &env);
     assert!(job.wait_for(Instant::now() + Duration::from_secs(20), |s| has_all(s, &[0, 1, 2, 3], "READY")), "{}", job.transcript());
     std::thread::sleep(Duration::from_millis(100));
     job.signal(2, libc::SIGSTOP);
@@ -691,7 +608,7 @@ fn kill_run(seed: u64) -> Result<Duration, String> {
     let ctx = |job: &Job, what: &str| format!("seed {seed} ({transport}, kill rank {victim} after {delay:?}): {what}\n{}", job.transcript());
     let mut tries = 0;
     let mut job = loop {
-        let mut job = Job::spawn(4, "busy", &env);
+        let mut job = Job::spawn(4, "child", "busy", &env);
         let ready = |s: &[Vec<(Instant, String)>]| has_all(s, &[0, 1, 2, 3], "READY") || s[0].iter().any(|(_, l)| l.starts_with("INITERR"));
         if job.wait_for(Instant::now() + Duration::from_secs(20), ready) && has_all(&job.seen, &[0, 1, 2, 3], "READY") {
             break job;

@@ -53,3 +53,93 @@ pub fn wait_all(children: Vec<Child>) -> Vec<(bool, String)> {
         })
         .collect()
 }
+
+/// A running job of rank processes whose output lines arrive with timestamps, rank by rank:
+/// reports are "@@WORD ..." (libtest may print before them on the line) and are kept as
+/// "WORD ..."; every other line is kept as "# line", for the transcript.
+pub struct Job {
+    kids: Vec<Child>,
+    lines: std::sync::mpsc::Receiver<(usize, std::time::Instant, String)>,
+    /// Every rank's lines so far.
+    pub seen: Vec<Vec<(std::time::Instant, String)>>,
+}
+
+impl Job {
+    /// `n` ranks running test `test_name` of this binary in role `role`, with `env` added.
+    pub fn spawn(n: usize, test_name: &str, role: &str, env: &[(&str, String)]) -> Job {
+        use std::io::{BufRead, BufReader};
+        let port = free_port();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let kids = (0..n)
+            .map(|r| {
+                let mut child = rank_command(test_name, role, r, n, port, env).stdin(Stdio::null()).spawn().unwrap();
+                for out in [Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>, Box::new(child.stderr.take().unwrap())] {
+                    let tx = tx.clone();
+                    std::thread::spawn(move || {
+                        for line in BufReader::new(out).lines().map_while(Result::ok) {
+                            let l = match line.find("@@") {
+                                Some(i) => line[i + 2..].to_string(),
+                                None => format!("# {line}"),
+                            };
+                            let _ = tx.send((r, std::time::Instant::now(), l));
+                        }
+                    });
+                }
+                child
+            })
+            .collect();
+        Job { kids, lines: rx, seen: vec![Vec::new(); n] }
+    }
+
+    /// Collects lines until `pred` holds for those seen so far (true) or `until` passes (false).
+    pub fn wait_for(&mut self, until: std::time::Instant, pred: impl Fn(&[Vec<(std::time::Instant, String)>]) -> bool) -> bool {
+        loop {
+            if pred(&self.seen) {
+                return true;
+            }
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            if let Ok((r, t, l)) = self.lines.recv_timeout(left.min(std::time::Duration::from_millis(20))) {
+                self.seen[r].push((t, l));
+            }
+        }
+    }
+
+    /// Rank `r`'s first line starting with `prefix`.
+    pub fn first(&self, r: usize, prefix: &str) -> Option<&(std::time::Instant, String)> {
+        self.seen[r].iter().find(|(_, l)| l.starts_with(prefix))
+    }
+
+    /// Every line so far, for a failure's message.
+    pub fn transcript(&self) -> String {
+        let mut s = String::new();
+        for (r, ls) in self.seen.iter().enumerate() {
+            for (_, l) in ls {
+                s += &format!("  [{r}] {l}\n");
+            }
+        }
+        s
+    }
+
+    /// Sends `sig` to rank `r`'s process.
+    pub fn signal(&self, r: usize, sig: libc::c_int) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.kids[r].id() as libc::pid_t, sig) };
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        for k in &mut self.kids {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+    }
+}
+
+/// Whether every rank of `who` has printed a line starting with `prefix`.
+pub fn has_all(seen: &[Vec<(std::time::Instant, String)>], who: &[usize], prefix: &str) -> bool {
+    who.iter().all(|&r| seen[r].iter().any(|(_, l)| l.starts_with(prefix)))
+}

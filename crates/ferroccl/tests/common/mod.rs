@@ -3,6 +3,17 @@
 
 pub mod launch;
 
+/// GPUs for the GPU tests: None (skipped, said so) unless FERROCCL_GPU_TEST=1; at least 2.
+pub fn gpus_for_test() -> Option<usize> {
+    if std::env::var("FERROCCL_GPU_TEST").ok().as_deref() != Some("1") {
+        eprintln!("skipped: set FERROCCL_GPU_TEST=1 on a machine with GPUs");
+        return None;
+    }
+    let n = ferroccl::cuda::gpu_count().expect("CUDA driver");
+    assert!(n >= 2, "GPU tests need at least 2 GPUs, found {n}");
+    Some(n)
+}
+
 use ferroccl::{CollKind, Comm, DataType, Group, OpArgs, ReduceOp};
 use ferroccl_core::numeric::expected::RankCase;
 
