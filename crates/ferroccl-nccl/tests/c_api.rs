@@ -5,46 +5,23 @@
 //! and a text, and leave the communicator usable.
 
 use ferroccl_core::nccl_abi::{self as abi, RawComm, UniqueId};
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr::{null, null_mut};
 
-struct Lib(*mut c_void);
-unsafe impl Send for Lib {}
-unsafe impl Sync for Lib {}
+mod common;
+use common::Lib;
 
-impl Lib {
+/// What these tests add to the library handle: the host backend, and ranks as handles.
+trait HostLib {
+    fn open() -> Lib;
+    fn init_rank(&self, n: usize, id: UniqueId, r: usize) -> Comm<'_>;
+}
+
+impl HostLib for Lib {
+    /// The library on the host backend (host buffers, streams ignored).
     fn open() -> Lib {
         std::env::set_var("FERROCCL_NCCL_BACKEND", "host");
-        let exe = std::env::current_exe().unwrap();
-        let deps = exe.parent().unwrap();
-        let path = [deps.join("libnccl.so"), deps.parent().unwrap().join("libnccl.so")]
-            .into_iter()
-            .find(|p| p.exists())
-            .expect("libnccl.so next to the test binary (cargo builds the cdylib for integration tests)");
-        let c = CString::new(path.to_str().unwrap()).unwrap();
-        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        assert!(!h.is_null(), "dlopen {}", path.display());
-        Lib(h)
-    }
-
-    fn sym<T: Copy>(&self, name: &str) -> T {
-        let c = CString::new(name).unwrap();
-        let p = unsafe { libc::dlsym(self.0, c.as_ptr()) };
-        assert!(!p.is_null(), "{name} is not exported");
-        assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
-        unsafe { std::mem::transmute_copy(&p) }
-    }
-
-    fn last_error(&self) -> String {
-        let f: abi::GetLastErrorFn = self.sym("ncclGetLastError");
-        unsafe { CStr::from_ptr(f(null_mut())) }.to_string_lossy().into_owned()
-    }
-
-    fn unique_id(&self) -> UniqueId {
-        let f: abi::GetUniqueIdFn = self.sym("ncclGetUniqueId");
-        let mut id = UniqueId::zeroed();
-        assert_eq!(unsafe { f(&mut id) }, abi::SUCCESS);
-        id
+        Lib::dlopen()
     }
 
     fn init_rank(&self, n: usize, id: UniqueId, r: usize) -> Comm<'_> {

@@ -5,30 +5,16 @@
 //! element checked. Needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl-nccl --test
 //! gpu_c_api -- --ignored
 
+mod common;
+
+use common::Lib;
 use cudarc::driver::sys;
 use ferroccl_core::nccl_abi::{self as abi, RawComm, RawStream};
-use std::ffi::{c_int, c_void, CString};
+use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 
 fn ok(call: &str, r: sys::CUresult) {
     assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{call}");
-}
-
-fn lib() -> *mut c_void {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let path = [deps.join("libnccl.so"), deps.parent().unwrap().join("libnccl.so")].into_iter().find(|p| p.exists()).expect("libnccl.so beside the test");
-    let c = CString::new(path.to_str().unwrap()).unwrap();
-    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    assert!(!h.is_null());
-    h
-}
-
-fn sym<T: Copy>(h: *mut c_void, name: &str) -> T {
-    let c = CString::new(name).unwrap();
-    let p = unsafe { libc::dlsym(h, c.as_ptr()) };
-    assert!(!p.is_null(), "{name}");
-    unsafe { std::mem::transmute_copy(&p) }
 }
 
 #[test]
@@ -41,12 +27,12 @@ fn plain_cuda_buffers_and_two_streams_per_communicator() {
     std::env::remove_var("FERROCCL_NCCL_BACKEND");
     let n = ferroccl::cuda::gpu_count().expect("CUDA driver");
     assert!(n >= 2, "needs 2 GPUs, found {n}");
-    let h = lib();
-    let init_all: abi::CommInitAllFn = sym(h, "ncclCommInitAll");
-    let start: abi::GroupFn = sym(h, "ncclGroupStart");
-    let end: abi::GroupFn = sym(h, "ncclGroupEnd");
-    let all_reduce: abi::AllReduceFn = sym(h, "ncclAllReduce");
-    let destroy: abi::CommFn = sym(h, "ncclCommDestroy");
+    let lib = Lib::dlopen();
+    let init_all: abi::CommInitAllFn = lib.sym("ncclCommInitAll");
+    let start: abi::GroupFn = lib.sym("ncclGroupStart");
+    let end: abi::GroupFn = lib.sym("ncclGroupEnd");
+    let all_reduce: abi::AllReduceFn = lib.sym("ncclAllReduce");
+    let destroy: abi::CommFn = lib.sym("ncclCommDestroy");
     let count = (1 << 20) + 7; // odd, beyond the direct engine
     let small = 1000; // on the direct engine
     let mut ctxs = Vec::new();
@@ -78,7 +64,7 @@ fn plain_cuda_buffers_and_two_streams_per_communicator() {
         }
         let devs: Vec<c_int> = (0..n as c_int).collect();
         let mut comms: Vec<RawComm> = vec![null_mut(); n];
-        assert_eq!(init_all(comms.as_mut_ptr(), n as c_int, devs.as_ptr()), abi::SUCCESS);
+        assert_eq!(init_all(comms.as_mut_ptr(), n as c_int, devs.as_ptr()), abi::SUCCESS, "{}", lib.last_error());
         for round in 0..3 {
             assert_eq!(start(), abi::SUCCESS);
             for (d, c) in comms.iter().enumerate() {
@@ -87,7 +73,7 @@ fn plain_cuda_buffers_and_two_streams_per_communicator() {
                 assert_eq!(all_reduce(s1 as *const c_void, r1 as *mut c_void, count, 7, 0, *c, a as RawStream), abi::SUCCESS);
                 assert_eq!(all_reduce(s2 as *const c_void, r2 as *mut c_void, small, 7, 0, *c, b as RawStream), abi::SUCCESS);
             }
-            assert_eq!(end(), abi::SUCCESS, "round {round}");
+            assert_eq!(end(), abi::SUCCESS, "round {round}: {}", lib.last_error());
             for (d, &(_, r1, _, r2, a, b)) in bufs.iter().enumerate() {
                 ok("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctxs[d]));
                 // Waiting on stream b alone must see both results: the group ordered them.

@@ -4,17 +4,11 @@
 //! beats LD_LIBRARY_PATH, so that alone does not switch it; LD_PRELOAD does, and so does
 //! copying ours over the file the RPATH points at.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-fn ours() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [deps.join("libnccl.so"), deps.parent().unwrap().join("libnccl.so")]
-        .into_iter()
-        .find(|p| p.exists())
-        .expect("libnccl.so next to the test binary (cargo builds the cdylib for integration tests)")
-}
+use common::library_path as ours;
+use std::path::Path;
+use std::process::Command;
 
 fn cc(args: &[&str]) {
     let st = Command::new("cc").args(args).status().expect("a C compiler");
