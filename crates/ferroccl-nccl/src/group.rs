@@ -162,17 +162,18 @@ fn run_inits(inits: Vec<(Arc<Handle>, InitJob)>) -> Res {
 /// An operation on `h`: checked now (a bad argument fails this call and is not kept), run now
 /// outside a group, at the group's end inside one.
 pub fn submit(h: Arc<Handle>, args: OpArgs, stream: RawStream) -> Res {
+    if !in_group() {
+        // The launch checks it as it adds it: nothing runs if the check fails.
+        return launch(&[(h, args, stream)]);
+    }
     {
         let comm = h.comm()?;
         let mut check = Group::new();
         // SAFETY: nothing runs: the group is dropped unlaunched; push_raw only checks.
         unsafe { check.push_raw(comm, args) }?;
     }
-    if in_group() {
-        STATE.with(|s| s.borrow_mut().ops.push((h, args, stream)));
-        return Ok(());
-    }
-    launch(&[(h, args, stream)])
+    STATE.with(|s| s.borrow_mut().ops.push((h, args, stream)));
+    Ok(())
 }
 
 /// NCCL's stream 0 is the legacy default stream (CU_STREAM_LEGACY), which orders with the
@@ -182,6 +183,16 @@ fn cuda_stream(s: RawStream) -> RawStream {
 }
 
 fn launch(ops: &[(Arc<Handle>, OpArgs, RawStream)]) -> Res {
+    if let [(h, args, stream)] = ops {
+        // One operation (every call outside a group): one stream, nothing to order.
+        let comm = h.comm()?;
+        if comm.gpu().is_some() {
+            // SAFETY: the caller's stream, valid for its operation by NCCL's contract.
+            unsafe { comm.set_stream(cuda_stream(*stream)) };
+        }
+        // SAFETY: the caller's buffers, valid until the operation completes (NCCL's contract).
+        return unsafe { comm.run_raw(args) }.map_err(Fail::from);
+    }
     // ferroccl enqueues a communicator's share of a launch as one kernel, on one stream: the
     // first its operations name. Where they name others too (NCCL allows it), the launch
     // stream first waits for those, and they wait for it after the launch, as NCCL orders
