@@ -411,9 +411,6 @@ pub fn traffic(op: &OpShape, algo: Algo) -> Option<(usize, usize)> {
 pub fn estimate_us(op: &OpShape, choice: &Choice) -> f64 {
     let c = cost(choice.engine, choice.protocol);
     let Some((hops, bytes)) = traffic(op, choice.algo) else { return f64::INFINITY };
-    if bytes == 0 && op.nranks <= 1 {
-        return c.launch_us;
-    }
     c.launch_us + hops as f64 * c.hop_us + bytes as f64 / c.bytes_per_us
 }
 
