@@ -179,25 +179,22 @@ unsafe fn init_rank(comm: *mut RawComm, nranks: c_int, id: UniqueId, rank: c_int
     let blocking = unsafe { read_config(c) }?;
     let cfg = config()?;
     let dev = device()?;
-    let (raw, h) = register(Handle::pending());
-    // SAFETY: checked non-null; the caller's out parameter.
-    unsafe { *comm = raw };
-    let abort = h.init_abort();
-    let r = group::init(h, blocking, Box::new(move || make_comm(id, nranks, rank, dev, &cfg, abort).map(Some)));
-    if r.as_ref().is_err_and(|f| f.code != abi::IN_PROGRESS) && !group::in_group() {
-        let _ = unregister(raw);
-        unsafe { *comm = std::ptr::null_mut() };
-    }
-    r
+    // The creation ends early when ncclCommAbort raises the handle's flag.
+    unsafe { create(comm, true, blocking, |h| {
+        let abort = h.init_abort();
+        Box::new(move || make_comm(id, nranks, rank, dev, &cfg, abort).map(Some))
+    }) }
 }
 
-/// A communicator made from another (split, shrink): `*newcomm` gets its handle at once (NULL
-/// when `gets_one` is false: a split without a color still takes part), and `job` makes it
-/// now, at the group's end, or in the background. A creation that fails at once leaves NULL.
-unsafe fn derive(newcomm: *mut RawComm, gets_one: bool, blocking: bool, job: group::InitJob) -> Res {
+/// A communicator's creation (from a unique id, or by split or shrink): `*newcomm` gets its
+/// handle at once (NULL when `gets_one` is false: a split without a color still takes part),
+/// and the job `job` makes for that handle runs now, at the group's end, or in the background.
+/// A creation that fails at once leaves NULL.
+unsafe fn create(newcomm: *mut RawComm, gets_one: bool, blocking: bool, job: impl FnOnce(&Handle) -> group::InitJob) -> Res {
     let (raw, h) = if gets_one { register(Handle::pending()) } else { (std::ptr::null_mut(), Arc::new(Handle::pending())) };
     // SAFETY: the caller checked it non-null.
     unsafe { *newcomm = raw };
+    let job = job(&h);
     let r = group::init(h, blocking, job);
     if r.as_ref().is_err_and(|f| f.code != abi::IN_PROGRESS) && !group::in_group() && !raw.is_null() {
         let _ = unregister(raw);
@@ -290,7 +287,7 @@ export! {
         // The new handle (none without a color: known now) completes as a creation does: at
         // once, at the group's end, or in the background.
         let job: group::InitJob = Box::new(move || h.comm()?.split(color, key).map_err(Fail::from));
-        unsafe { derive(newcomm, color.is_some(), blocking, job) }
+        unsafe { create(newcomm, color.is_some(), blocking, |_| job) }
     }
 
     fn ncclCommFinalize / pncclCommFinalize(comm: RawComm) {
@@ -425,7 +422,7 @@ export! {
             c.abort();
         }
         let job: group::InitJob = Box::new(move || h.comm()?.shrink(&list).map(Some).map_err(Fail::from));
-        unsafe { derive(newcomm, true, blocking, job) }
+        unsafe { create(newcomm, true, blocking, |_| job) }
     }
 
     /// Stops the communicator's operations (its kernels leave, waiting calls fail) and keeps
