@@ -180,10 +180,11 @@ unsafe fn init_rank(comm: *mut RawComm, nranks: c_int, id: UniqueId, rank: c_int
     let cfg = config()?;
     let dev = device()?;
     // The creation ends early when ncclCommAbort raises the handle's flag.
-    unsafe { create(comm, true, blocking, |h| {
+    let job = |h: &Handle| -> group::InitJob {
         let abort = h.init_abort();
         Box::new(move || make_comm(id, nranks, rank, dev, &cfg, abort).map(Some))
-    }) }
+    };
+    unsafe { create(comm, true, blocking, job) }
 }
 
 /// A communicator's creation (from a unique id, or by split or shrink): `*newcomm` gets its
