@@ -522,3 +522,62 @@ fn gpu_communicators_refuse_host_slices() {
     assert!(g.is_empty());
     assert!(c.failure().is_none());
 }
+
+/// Two ranks on one GPU (one context), a thread each, through thousands of new operation
+/// shapes: the plan-table pool fills and is evicted again and again while the other rank's
+/// kernel of the same operation is already queued, waiting for this rank. Evicting used to wait
+/// for the whole context (`cuCtxSynchronize`), that is for the other rank's kernel, which waits
+/// for this rank's launch: a deadlock until the deadline. Now it waits for this communicator's
+/// own kernels only. Memory stays bounded (the pool is evicted, not grown) and the last
+/// operation is exact. Needs one GPU.
+#[test]
+#[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn ranks_sharing_a_gpu_evict_tables_without_waiting_for_each_other() {
+    if std::env::var("FERROCCL_GPU_TEST").ok().as_deref() != Some("1") {
+        eprintln!("skipped: set FERROCCL_GPU_TEST=1 on a machine with GPUs");
+        return;
+    }
+    assert!(ferroccl::cuda::gpu_count().expect("CUDA driver") >= 1);
+    let config = Config { timeout: Duration::from_secs(20), ..Config::default() };
+    let comms = Comm::init_devices(&[Device::Cuda(0), Device::Cuda(0)], &config).unwrap();
+    // Beyond the direct engine (256 KiB per rank), so every shape has plan tables.
+    let (base, shapes) = (70_000usize, 3000usize);
+    let max = base + 3 * shapes;
+    let t = Instant::now();
+    let held: Vec<(u64, u64)> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                s.spawn(move || {
+                    let stats = MemStats::new();
+                    let gpu = c.gpu().unwrap();
+                    let send = DeviceBuffer::alloc(gpu, max * 4, &[], &stats).unwrap();
+                    let recv = DeviceBuffer::alloc(gpu, max * 4, &[], &stats).unwrap();
+                    let host: Vec<f32> = (0..max).map(|i| ((i % 7) + r) as f32).collect();
+                    send.copy_from_host(0, f32_bytes(&host)).unwrap();
+                    c.synchronize().unwrap();
+                    let at_start = c.device_memory_bytes();
+                    let mut most = at_start;
+                    for k in 0..shapes {
+                        // SAFETY: device buffers of max >= count f32, alive past synchronize.
+                        unsafe { c.run_raw(&all_reduce_args(&send, &recv, base + 3 * k)).unwrap() };
+                        most = most.max(c.device_memory_bytes());
+                    }
+                    c.synchronize().unwrap();
+                    let out = read_f32(&recv, base + 3 * (shapes - 1)).unwrap();
+                    for (i, v) in out.iter().enumerate() {
+                        assert_eq!(*v, (2 * (i % 7) + 1) as f32, "rank {r} element {i}");
+                    }
+                    (at_start, most)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    eprintln!("{shapes} new shapes on two ranks of one GPU in {:?}; memory (at start, most) per rank: {held:?}", t.elapsed());
+    for (start, most) in held {
+        // The 8 MiB pool, and a slab of slack: evicted and refilled, never grown past it.
+        assert!(most <= start + (10 << 20), "grew from {start} to {most} bytes");
+    }
+}

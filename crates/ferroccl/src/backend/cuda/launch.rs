@@ -10,7 +10,8 @@
 //! maps it) and for groups of more than `INLINE_OPS` operations (their op table is uploaded).
 //!
 //! Tables live in a pool of a few cuMem slabs, filled from the start; when the pool is full,
-//! everything not used by a captured graph is evicted at once, after the context is idle.
+//! everything not used by a captured graph is evicted at once, once this communicator's
+//! queued kernels are done (`LaunchMarks`).
 //! Tables a graph captured stay for the communicator's life, as the graph may replay them.
 
 use super::comm::{CudaComm, BLOCK_THREADS};
@@ -166,6 +167,64 @@ struct Entry {
 pub(crate) struct PlanCache {
     map: HashMap<u64, Vec<Entry>>,
     pool: SlabPool<DeviceBuffer>,
+    marks: LaunchMarks,
+}
+
+/// Where this communicator's plan kernels stand: one event per stream it launched them on since
+/// the tables were last evicted, recorded again after each launch. Evicting waits for these
+/// alone. A `cuCtxSynchronize` there also waited for every other kernel of the context: another
+/// communicator's, or another rank's on the same GPU, that may be waiting for this very launch
+/// (a deadlock until the deadline), or a framework's compute on its own streams (a stall).
+#[derive(Default)]
+struct LaunchMarks {
+    marks: Vec<(sys::CUstream, sys::CUevent)>,
+    /// Events of earlier rounds, for reuse.
+    spare: Vec<sys::CUevent>,
+}
+
+impl LaunchMarks {
+    /// After a launch on `stream` (not inside a capture: a captured launch runs when its graph
+    /// does, and its tables are never evicted). The context must be bound.
+    fn mark(&mut self, stream: sys::CUstream) -> Result<(), Error> {
+        let ev = match self.marks.iter().find(|(s, _)| *s == stream) {
+            Some(&(_, ev)) => ev,
+            None => {
+                let ev = match self.spare.pop() {
+                    Some(ev) => ev,
+                    None => {
+                        let mut ev: sys::CUevent = std::ptr::null_mut();
+                        // SAFETY: an out pointer for a new event of the bound context.
+                        cu_ok("cuEventCreate", unsafe { sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) })?;
+                        ev
+                    }
+                };
+                self.marks.push((stream, ev));
+                ev
+            }
+        };
+        // SAFETY: our event; the stream is the one just launched on, live (the caller's contract).
+        cu_ok("cuEventRecord", unsafe { sys::cuEventRecord(ev, stream) })
+    }
+
+    /// Waits until every plan kernel this communicator launched has finished (an event stays
+    /// valid when its stream is destroyed), then starts a new round.
+    fn wait_all(&mut self) -> Result<(), Error> {
+        for &(_, ev) in &self.marks {
+            // SAFETY: our recorded event.
+            cu_ok("cuEventSynchronize", unsafe { sys::cuEventSynchronize(ev) })?;
+        }
+        self.spare.extend(self.marks.drain(..).map(|(_, ev)| ev));
+        Ok(())
+    }
+}
+
+impl Drop for LaunchMarks {
+    fn drop(&mut self) {
+        for ev in self.marks.drain(..).map(|(_, ev)| ev).chain(self.spare.drain(..)) {
+            // SAFETY: our event; destroying a recorded one is allowed.
+            unsafe { sys::cuEventDestroy_v2(ev) };
+        }
+    }
 }
 
 impl PlanCache {
@@ -287,7 +346,11 @@ impl CudaComm {
                 // SAFETY: the kernel takes one FcLaunch by value; every address in it is device
                 // memory of this GPU or mapped for it, valid while the cache entry (tables), the
                 // caller's buffers (its contract) and the communicator (connections, status) live.
-                unsafe { kernel.launch(dims, stream, &mut params) }
+                unsafe { kernel.launch(dims, stream, &mut params) }?;
+                if captured {
+                    return Ok(());
+                }
+                self.plans.lock().map_err(|_| Error::Internal("GPU tables lock poisoned".into()))?.marks.mark(stream)
             }
             Run::Direct { blocks } => {
                 let (module, f, template) = self.direct.as_ref().expect("checked when the entry was made");
@@ -363,8 +426,9 @@ impl CudaComm {
             Some(p) => p,
             None if captured || cache.pool.may_grow(total) => cache.pool.grow(total, DeviceBuffer::alloc(&self.gpu, slab_size(total), &[], &self.stats)?),
             None => {
-                // Tables in use by queued kernels, on any stream, must outlive them.
-                cu_ok("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })?;
+                // Tables in use by this communicator's queued kernels, on any stream, must
+                // outlive them; other kernels of the context are none of our business.
+                cache.marks.wait_all()?;
                 cache.evict();
                 match cache.pool.place(total) {
                     Some(p) => p,
