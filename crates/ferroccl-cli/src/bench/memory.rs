@@ -64,6 +64,14 @@ pub fn print(memory: &[RankMemory]) {
     }
 }
 
+/// Without NCCL: each rank's GPU memory by ferroccl's own count, after init and at the end.
+pub fn print_alone(ranks: &[usize], gpus: &[Gpu], init: &[u64], end: &[u64]) {
+    for (i, g) in gpus.iter().enumerate() {
+        let (Some(r), Some(a), Some(b)) = (ranks.get(i), init.get(i), end.get(i)) else { continue };
+        println!("# GPU memory, rank {r} (GPU {}): ferroccl holds {} by its own count ({} after init)", g.ordinal(), mib(*b as i64), mib(*a as i64));
+    }
+}
+
 fn mib(b: i64) -> String {
     format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
 }

@@ -78,6 +78,11 @@ pub struct BenchArgs {
     /// What `-g` resolved to (`BenchArgs::resolve`).
     #[arg(skip)]
     pub gpus: usize,
+    /// One rank per listed GPU ordinal, driven by this process (instead of -g): an ordinal may
+    /// repeat, so that a one-GPU machine runs several ranks (`--devices 0,0`) to check the
+    /// kernels' multi-rank paths. Not with a launcher or --vs-nccl
+    #[arg(long, value_name = "ORDINALS", value_delimiter = ',', conflicts_with = "gpus_arg")]
+    pub devices: Option<Vec<usize>>,
     /// One thread drives every rank of this process: each iteration is one group over all
     /// communicators (nccl-tests' -g). Default: a thread per rank (nccl-tests' -t).
     #[arg(long)]
@@ -113,7 +118,10 @@ impl BenchArgs {
     /// Fills `gpus`: `-g` when given, else the GPUs this host has (`visible`), so the main job
     /// runs on GPUs wherever there are some and on the host backend elsewhere.
     pub fn resolve(mut self, visible: impl FnOnce() -> usize) -> BenchArgs {
-        self.gpus = self.gpus_arg.unwrap_or_else(visible);
+        self.gpus = match &self.devices {
+            Some(d) => d.len(),
+            None => self.gpus_arg.unwrap_or_else(visible),
+        };
         self
     }
 }
@@ -193,5 +201,29 @@ pub(crate) mod tests {
         assert_eq!(parse(&["all-reduce"]).resolve(|| 0).gpus, 0, "no GPU: the host backend");
         assert_eq!(parse(&["all-reduce", "-g", "0"]).resolve(|| 4).gpus, 0, "-g 0 forces the host");
         assert_eq!(parse(&["all-reduce", "-g", "2"]).resolve(|| 4).gpus, 2);
+    }
+
+    #[test]
+    fn devices_give_one_rank_per_ordinal_repeats_allowed() {
+        let a = parse(&["all-reduce", "--devices", "0,0,1"]).resolve(|| 1);
+        assert_eq!((a.gpus, a.devices.as_deref()), (3, Some(&[0usize, 0, 1][..])));
+        let e = {
+            use clap::Parser;
+            #[derive(Parser)]
+            struct P {
+                #[command(flatten)]
+                a: BenchArgs,
+            }
+            P::try_parse_from(["bench", "all-reduce", "-g", "2", "--devices", "0,0"]).err()
+        };
+        assert!(e.is_some(), "-g and --devices together are refused");
+        // Not beside NCCL (which refuses two ranks on a GPU), not under a launcher.
+        let mut v = parse(&["all-reduce", "--devices", "0,0", "--vs-nccl"]).resolve(|| 1);
+        let err = setup::make_comms(&v, &ferroccl::Config::default(), None).err().unwrap();
+        assert!(err.contains("--devices"), "{err}");
+        v.vs_nccl = None;
+        let env = ferroccl::LaunchEnv { rank: 0, world_size: 2, local_rank: 0, master_addr: "127.0.0.1".into(), master_port: 1, source: "test" };
+        let err = setup::make_comms(&v, &ferroccl::Config::default(), Some(&env)).err().unwrap();
+        assert!(err.contains("--devices"), "{err}");
     }
 }

@@ -27,8 +27,9 @@ pub fn bench_config(args: &BenchArgs, config: &Config) -> Result<Config, String>
     let mut c = config.clone();
     if let Some(n) = args.max_ctas {
         // One thread block per channel and lane: the channel count is the block budget of a
-        // collective (point-to-point uses min(N, 8) per direction).
+        // collective, and of each direction of a send or receive.
         c.gpu_channels = n;
+        c.gpu_p2p_channels = c.gpu_p2p_channels.min(n);
         c.validate().map_err(|e| format!("--max-ctas {n}: {e}"))?;
     }
     Ok(c)
@@ -36,7 +37,10 @@ pub fn bench_config(args: &BenchArgs, config: &Config) -> Result<Config, String>
 
 /// The communicators of this process for the launch mode the arguments and the environment
 /// say, with a description of the mode.
-fn make_comms(args: &BenchArgs, config: &Config, launched: Option<&LaunchEnv>) -> Result<(String, Vec<Comm>), String> {
+pub(super) fn make_comms(args: &BenchArgs, config: &Config, launched: Option<&LaunchEnv>) -> Result<(String, Vec<Comm>), String> {
+    if args.devices.is_some() && (launched.is_some() || args.vs_nccl.is_some()) {
+        return Err("--devices: ranks on chosen GPUs are for one process alone (no launcher, no --vs-nccl: NCCL refuses two ranks on one GPU)".into());
+    }
     Ok(match launched {
         Some(env) if args.gpus > 0 => {
             let comm = Comm::from_env_gpu(config).map_err(|e| format!("joining the {} job on GPU {}: {e}", env.source, env.local_rank))?;
@@ -47,9 +51,14 @@ fn make_comms(args: &BenchArgs, config: &Config, launched: Option<&LaunchEnv>) -
             (format!("one process per rank, {} launcher", env.source), vec![comm])
         }
         None if args.gpus > 0 => {
-            let devices: Vec<Device> = (0..args.gpus).map(Device::Cuda).collect();
+            let ordinals: Vec<usize> = args.devices.clone().unwrap_or_else(|| (0..args.gpus).collect());
+            let devices: Vec<Device> = ordinals.iter().map(|&o| Device::Cuda(o)).collect();
             let comms = Comm::init_devices(&devices, config).map_err(|e| format!("creating {} GPU ranks: {e}", args.gpus))?;
-            (format!("{} GPUs driven by one process (a thread each)", args.gpus), comms)
+            let what = match &args.devices {
+                Some(d) => format!("{} ranks on GPUs {d:?} driven by one process (a thread each)", d.len()),
+                None => format!("{} GPUs driven by one process (a thread each)", args.gpus),
+            };
+            (what, comms)
         }
         None => {
             if args.ranks == 0 {
@@ -151,8 +160,8 @@ impl Job {
             bufs: Vec::new(),
             mem,
         };
+        job.mem.accounted_init = job.comms.iter().map(|c| c.device_memory_bytes()).collect();
         if job.nccl.is_some() {
-            job.mem.accounted_init = job.comms.iter().map(|c| c.device_memory_bytes()).collect();
             job.mem.free_ferroccl = free_of(&job.gpus)?;
         }
         if spec.root >= job.nranks && spec.ops.iter().any(|o| o.has_root()) {
@@ -242,7 +251,14 @@ impl Job {
         if self.register {
             windows(&self.comms, &bufs, false).map_err(|e| e.to_string())?;
         }
-        let Some(n) = &self.nccl else { return Ok(Vec::new()) };
+        let Some(n) = &self.nccl else {
+            // Alone: ferroccl's own count is all there is to say (free-memory deltas need the
+            // readings taken around NCCL).
+            if !self.gpus.is_empty() {
+                super::memory::print_alone(&ranks, &self.gpus, &self.mem.accounted_init, &self.mem.accounted_end);
+            }
+            return Ok(Vec::new());
+        };
         free_buffers(&n.lib, &self.gpus, &self.ncomms, bufs, n.reg == Register::Symmetric).map_err(|e| e.to_string())?;
         self.mem.free_end = free_of(&self.gpus)?;
         for c in self.ncomms.drain(..) {
