@@ -95,7 +95,8 @@ pub(crate) fn compile_for(
 ) -> Result<crate::cuda::nvrtc::Image, ferroccl_core::Error> {
     use crate::cuda::nvrtc;
     let arch = gpu.arch();
-    let options = nvrtc_flags();
+    let mut options = nvrtc_flags();
+    options.extend(config.kernel_defines.iter().cloned());
     let req = nvrtc::CompileRequest { name, source, arch: &arch, include_dirs: &config.cuda_include, options: &options };
     let cache = config.kernel_cache.clone().map(nvrtc::KernelCache::new);
     nvrtc::compile_cached(&req, cache.as_ref())

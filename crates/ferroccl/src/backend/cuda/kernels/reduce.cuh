@@ -15,6 +15,14 @@
 #pragma once
 #include "types.cuh"
 
+// 16-byte loads each thread keeps in flight in the copy and reduce loops.
+#ifndef FC_COPY_UNROLL
+#define FC_COPY_UNROLL 4
+#endif
+#ifndef FC_REDUCE_UNROLL
+#define FC_REDUCE_UNROLL 4
+#endif
+
 namespace fc {
 
 // ---- arithmetic per compute type ---------------------------------------------------------
@@ -227,7 +235,7 @@ __device__ __forceinline__ void copy_words(fc_u8* d0, fc_u8* d1, const fc_u8* sr
 // Only the 16-byte path is unrolled; the narrower ones serve odd offsets, which plans avoid.
 __device__ __noinline__ void copy_bytes(fc_u8* d0, fc_u8* d1, const fc_u8* src, fc_u64 bytes) {
     const fc_u64 a = (fc_u64)d0 | (fc_u64)src | (fc_u64)d1;
-    if ((a & 15u) == 0) copy_words<uint4, 4>(d0, d1, src, bytes);
+    if ((a & 15u) == 0) copy_words<uint4, FC_COPY_UNROLL>(d0, d1, src, bytes);
     else if ((a & 7u) == 0) copy_words<fc_u64, 1>(d0, d1, src, bytes);
     else if ((a & 3u) == 0) copy_words<fc_u32, 1>(d0, d1, src, bytes);
     else if ((a & 1u) == 0) copy_words<fc_u16, 1>(d0, d1, src, bytes);
@@ -251,7 +259,33 @@ __device__ void reduce_piece(fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u
         const uint4* l4 = (const uint4*)local;
         uint4* a4 = (uint4*)d0;
         uint4* b4 = (uint4*)d1;
-        for (fc_u64 i = threadIdx.x; i < nv; i += nt) {
+        // FC_REDUCE_UNROLL pairs of loads in flight per thread before the first store, as in
+        // copy_words: one pair at a time left each block waiting on HBM latency.
+        const int U = FC_REDUCE_UNROLL;
+        fc_u64 i = threadIdx.x;
+        for (; i + (fc_u64)(U - 1) * nt < nv; i += (fc_u64)U * nt) {
+            Pack r[U], l[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                r[u].v = ldcg(r4 + i + (fc_u64)u * nt);
+                l[u].v = ldcg(l4 + i + (fc_u64)u * nt);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                Pack o;
+#pragma unroll
+                for (int j = 0; j < E; ++j) {
+                    C lv = D::load(l[u].e[j]);
+                    if (pre) lv = mul(lv, scalar);
+                    C v = combine(D::load(r[u].e[j]), lv, k);
+                    if (post) v = divn(v, nranks);
+                    o.e[j] = D::store(v);
+                }
+                a4[i + (fc_u64)u * nt] = o.v;
+                if (b4) b4[i + (fc_u64)u * nt] = o.v;
+            }
+        }
+        for (; i < nv; i += nt) {
             Pack r, l, o;
             r.v = ldcg(r4 + i);
             l.v = ldcg(l4 + i);
