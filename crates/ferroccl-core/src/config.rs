@@ -62,6 +62,10 @@ pub struct Config {
     /// thread block: NVLink needs many blocks in flight (measured on 2 x H200: 1 channel
     /// 12 GB/s, 8: 82, 32: 235). The communicator's FIFOs are sized for this many.
     pub gpu_channels: usize,
+    /// FERROCCL_GPU_P2P_CHANNELS: the most channels (thread blocks) one direction of a send or
+    /// receive with one peer takes on GPUs (fewer with many ranks: `tune::channel_budget`).
+    /// The communicator's point-to-point FIFOs are sized for as many.
+    pub gpu_p2p_channels: usize,
     /// FERROCCL_GPU_CHANNEL_BYTES: on GPUs an operation takes one channel per this many bytes
     /// of its largest buffer (up to `gpu_channels`), so that small operations do not launch
     /// blocks that have nothing to move. Every rank must agree.
@@ -108,6 +112,10 @@ pub struct Config {
     /// FERROCCL_CUDA_INCLUDE (':'-separated), then `/usr/local/cuda/include`: where NVRTC finds
     /// CUDA's headers (`cuda_fp16.h`, ...) when it compiles the kernels.
     pub cuda_include: Vec<PathBuf>,
+    /// FERROCCL_KERNEL_DEFINES: extra `NAME=VALUE` macro definitions (space-separated) for the
+    /// GPU kernels' NVRTC compile, for tuning experiments (`FC_COPY_UNROLL=8`). They change
+    /// speed, never what moves where, so ranks may differ.
+    pub kernel_defines: Vec<String>,
     /// Where compiled kernels are cached on disk: `$XDG_CACHE_HOME/ferroccl/kernels`, else
     /// `$HOME/.cache/ferroccl/kernels`; None (neither set): no disk cache.
     pub kernel_cache: Option<PathBuf>,
@@ -125,6 +133,7 @@ impl Default for Config {
             max_bootstrap_msg: 64 << 20,
             channels: 1,
             gpu_channels: 32,
+            gpu_p2p_channels: 32,
             gpu_channel_bytes: 4 << 10,
             chunk_bytes: 1 << 20,
             slot_bytes: 256 << 10,
@@ -138,6 +147,7 @@ impl Default for Config {
             check_mismatch: false,
             tcp_crc: false,
             cuda_include: vec![PathBuf::from(SYSTEM_CUDA_INCLUDE)],
+            kernel_defines: Vec::new(),
             kernel_cache: None,
         }
     }
@@ -167,6 +177,25 @@ pub fn parse_bool(key: &str, v: &str) -> Result<bool, Error> {
         "0" | "false" | "no" | "off" => Ok(false),
         _ => Err(Error::InvalidArgument(format!("{key}='{v}' is not a switch (use 1 or 0)"))),
     }
+}
+
+/// FERROCCL_KERNEL_DEFINES: `NAME=VALUE` words (separated by spaces or commas), each name a C identifier and each value
+/// letters, digits, '.', '_' or '-' (nothing that could smuggle another compiler option in).
+pub fn parse_defines(v: &str) -> Result<Vec<String>, Error> {
+    v.split(|c: char| c.is_whitespace() || c == ',')
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            let (name, value) = w.split_once('=').unwrap_or((w, ""));
+            let ident = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            let plain = value.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+            if ident && plain {
+                Ok(format!("-D{w}"))
+            } else {
+                Err(Error::InvalidArgument(format!("FERROCCL_KERNEL_DEFINES: '{w}' is not NAME or NAME=VALUE")))
+            }
+        })
+        .collect()
 }
 
 /// A job secret as 32 hex digits (what FERROCCL_JOB_SECRET takes).
@@ -205,6 +234,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_GPU_CHANNELS") {
             c.gpu_channels = parse("FERROCCL_GPU_CHANNELS", v)?;
+        }
+        if let Some(v) = get("FERROCCL_GPU_P2P_CHANNELS") {
+            c.gpu_p2p_channels = parse("FERROCCL_GPU_P2P_CHANNELS", v)?;
         }
         if let Some(v) = get("FERROCCL_GPU_CHANNEL_BYTES") {
             c.gpu_channel_bytes = parse("FERROCCL_GPU_CHANNEL_BYTES", v)?;
@@ -257,6 +289,9 @@ impl Config {
             }
             c.cuda_include = dirs;
         }
+        if let Some(v) = get("FERROCCL_KERNEL_DEFINES") {
+            c.kernel_defines = parse_defines(v)?;
+        }
         let cache_base = get("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| get("HOME").map(|h| PathBuf::from(h).join(".cache")));
         c.kernel_cache = cache_base.map(|b| b.join("ferroccl").join("kernels"));
         c.validate()?;
@@ -271,6 +306,7 @@ impl Config {
             ("FERROCCL_TRANSPORT", format!("{:?}", self.transport).to_lowercase()),
             ("FERROCCL_CHANNELS", self.channels.to_string()),
             ("FERROCCL_GPU_CHANNELS", self.gpu_channels.to_string()),
+            ("FERROCCL_GPU_P2P_CHANNELS", self.gpu_p2p_channels.to_string()),
             ("FERROCCL_GPU_CHANNEL_BYTES", self.gpu_channel_bytes.to_string()),
             ("FERROCCL_CHUNK_BYTES", self.chunk_bytes.to_string()),
             ("FERROCCL_SLOT_BYTES", self.slot_bytes.to_string()),
@@ -297,6 +333,9 @@ impl Config {
         }
         if self.gpu_channels == 0 || self.gpu_channels > 128 {
             return Err(Error::InvalidArgument(format!("gpu_channels={} must be in 1..=128", self.gpu_channels)));
+        }
+        if self.gpu_p2p_channels == 0 || self.gpu_p2p_channels > 64 {
+            return Err(Error::InvalidArgument(format!("gpu_p2p_channels={} must be in 1..=64", self.gpu_p2p_channels)));
         }
         if self.gpu_channel_bytes == 0 {
             return Err(Error::InvalidArgument("gpu_channel_bytes must be at least 1".into()));
@@ -453,6 +492,26 @@ mod tests {
 
     fn vars(kv: &[(&str, &str)]) -> HashMap<String, String> {
         kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn p2p_channels_and_kernel_defines() {
+        let c = Config::from_vars(&vars(&[("FERROCCL_GPU_P2P_CHANNELS", "32")])).unwrap();
+        assert_eq!((c.gpu_p2p_channels, Config::default().gpu_p2p_channels), (32, 32));
+        assert_eq!(Config::from_vars(&vars(&[("FERROCCL_GPU_P2P_CHANNELS", "8")])).unwrap().gpu_p2p_channels, 8);
+        for bad in ["0", "65", "x"] {
+            assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_P2P_CHANNELS", bad)])).is_err(), "{bad}");
+        }
+        // A rank with other p2p channels builds other plans: the knob must be compared.
+        assert!(c.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_P2P_CHANNELS" && v == "32"));
+        let d = Config::from_vars(&vars(&[("FERROCCL_KERNEL_DEFINES", " FC_COPY_UNROLL=8 ,FC_X ")])).unwrap();
+        assert_eq!(d.kernel_defines, vec!["-DFC_COPY_UNROLL=8".to_string(), "-DFC_X".to_string()]);
+        // Speed only: not a setting ranks must share.
+        assert!(!d.shared_settings().iter().any(|(k, _)| k.contains("DEFINES")));
+        for bad in ["A=1 --use_fast_math", "1A=2", "A=$(x)", "A=1;B", "=3"] {
+            let e = Config::from_vars(&vars(&[("FERROCCL_KERNEL_DEFINES", bad)])).unwrap_err();
+            assert!(e.message().contains("FERROCCL_KERNEL_DEFINES"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -26,10 +26,6 @@ mod tests;
 /// (a flag beside every 8 data bytes). The GPU kernel's `FC_LL_DATA` has the same value.
 pub const LL_DATA_BYTES: usize = 8192;
 
-/// Point-to-point channels on GPUs at most: enough blocks to fill NVLink without doubling the
-/// FIFO memory.
-pub const GPU_P2P_CHANNELS_MAX: usize = 8;
-
 /// The GPU's direct engine: the most ranks it serves, thread blocks it runs, and data bytes one
 /// block sends one peer in one operation (each rank's receive slots hold that much per block,
 /// sender and parity). Its one-shot operations thus carry at most 256 KiB per peer: LL lines
@@ -214,14 +210,33 @@ impl std::fmt::Display for Choice {
     }
 }
 
-/// The most channels any choice may use on `device`: what a GPU communicator allocates FIFOs
-/// for at creation (collective channels, point-to-point channels).
-pub fn channel_budget(device: Device, cfg: &Config) -> (usize, usize) {
+/// Thread blocks the sends to every peer may take on GPUs (one per peer and channel; as many
+/// again for the receives of a full exchange), above the floor of [`GPU_P2P_CHANNELS_MIN`]
+/// per peer.
+pub const GPU_P2P_LANES: usize = 64;
+/// Point-to-point channels per peer on GPUs at least (unless `FERROCCL_GPU_P2P_CHANNELS` is
+/// lower), however many peers there are.
+pub const GPU_P2P_CHANNELS_MIN: usize = 8;
+
+/// The most channels any choice may use on `device` in a communicator of `nranks`: what a GPU
+/// communicator allocates FIFOs for at creation (collective channels, point-to-point channels
+/// per peer and direction).
+///
+/// One block moves about 21 GB/s of a send (measured: 8 blocks per direction gave 171-174
+/// GB/s over NVLink on 2 x H200 and between two ranks on one H100 alike), so one peer needs
+/// many; but a group may send to and receive from every peer at once, and every lane of a
+/// launch must be resident. So a peer gets `FERROCCL_GPU_P2P_CHANNELS` (32) with few ranks,
+/// fewer as ranks grow (the sends to every peer within [`GPU_P2P_LANES`] blocks), never below 8.
+/// Every rank computes the same from the same `nranks` and config, so both ends of every
+/// connection agree.
+pub fn channel_budget(device: Device, cfg: &Config, nranks: usize) -> (usize, usize) {
     match device {
         Device::Host => (cfg.channels.max(1), 1),
         Device::Gpu => {
             let coll = cfg.gpu_channels.max(1);
-            (coll, coll.min(GPU_P2P_CHANNELS_MAX))
+            let peers = nranks.saturating_sub(1).max(1);
+            let p2p = (GPU_P2P_LANES / peers).max(GPU_P2P_CHANNELS_MIN).min(cfg.gpu_p2p_channels.max(1));
+            (coll, p2p)
         }
     }
 }
@@ -318,7 +333,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         (Device::Host, _) => (Protocol::Simple, "the host moves slots"),
     };
 
-    let (coll_max, p2p_max) = channel_budget(device, cfg);
+    let (coll_max, p2p_max) = channel_budget(device, cfg, op.nranks);
     let max = if p2p { p2p_max } else { coll_max };
     let (channels, why_channels) = match device {
         // The host executor polls every lane from one thread: channels only add lanes.
@@ -329,7 +344,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             let per = cfg.gpu_channel_bytes.max(1);
             let want = bytes.map_or(max, |b| b.div_ceil(per).max(1));
             if want >= max {
-                (max, "the budget: FERROCCL_GPU_CHANNELS, 8 for send/recv")
+                (max, "the budget: FERROCCL_GPU_CHANNELS (send/recv: FERROCCL_GPU_P2P_CHANNELS, fewer with many ranks)")
             } else {
                 (want, "one per FERROCCL_GPU_CHANNEL_BYTES of the largest buffer")
             }

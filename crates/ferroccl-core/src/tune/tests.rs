@@ -8,6 +8,23 @@ fn shape(kind: CollKind, count: usize, dtype: DataType, nranks: usize) -> OpShap
 /// (device, kind, count, dtype, ranks) -> (algorithm, engine, protocol, channels).
 type Row = (Device, CollKind, usize, DataType, usize, Algo, Engine, Protocol, usize);
 
+/// Point-to-point channels per peer: the knob with few ranks; a full exchange with every peer
+/// near 64 blocks beyond that; never below 8 (unless the knob is); collectives unaffected.
+#[test]
+fn p2p_budget_shrinks_with_ranks_but_not_below_the_floor() {
+    let cfg = Config::default();
+    let rows = [(1, 32), (2, 32), (3, 32), (4, 21), (5, 16), (8, 9), (9, 8), (16, 8), (1024, 8)];
+    for (n, p2p) in rows {
+        assert_eq!(channel_budget(Device::Gpu, &cfg, n), (32, p2p), "{n} ranks");
+        if n > 3 && p2p > GPU_P2P_CHANNELS_MIN {
+            assert!((n - 1) * p2p <= GPU_P2P_LANES, "{n} ranks: sends to every peer stay within the lane budget");
+        }
+    }
+    let few = Config { gpu_p2p_channels: 4, ..Config::default() };
+    assert_eq!(channel_budget(Device::Gpu, &few, 2), (32, 4), "the knob caps it, below the floor too");
+    assert_eq!(channel_budget(Device::Host, &cfg, 8), (1, 1));
+}
+
 /// The choices for the default config.
 #[test]
 fn choices_follow_the_table() {
@@ -45,10 +62,15 @@ fn choices_follow_the_table() {
         (Gpu, Scatter, 1 << 20, Float32, 8, Algo::Direct, P, Simple, 32),
         // More ranks than the direct engine serves.
         (Gpu, AllReduce, 2, Float32, 17, Algo::Ring, P, LL, 1),
-        // Sends and receives: the plan kernel, at most 8 blocks.
+        // Sends and receives: the plan kernel, one block per 4 KiB up to the per-peer budget:
+        // 32 with 2 ranks, 64 / (n - 1) with more, never below 8.
         (Gpu, Send, 2, Float32, 2, Algo::Direct, P, LL, 1),
         (Gpu, Send, 8 << 10, Float32, 2, Algo::Direct, P, LL, 8),
-        (Gpu, Recv, 64 << 20, Float32, 2, Algo::Direct, P, Simple, 8),
+        (Gpu, Recv, 64 << 20, Float32, 2, Algo::Direct, P, Simple, 32),
+        (Gpu, Recv, 64 << 20, Float32, 3, Algo::Direct, P, Simple, 32),
+        (Gpu, Send, 64 << 20, Float32, 5, Algo::Direct, P, Simple, 16),
+        (Gpu, Send, 64 << 20, Float32, 8, Algo::Direct, P, Simple, 9),
+        (Gpu, Send, 64 << 20, Float32, 16, Algo::Direct, P, Simple, 8),
         // The host: one round for small collectives where the reduction order cannot differ
         // between ranks, two-shot all-reduce on 3+ ranks, its channels, a lane per peer
         // direction for sends and receives.
@@ -104,9 +126,11 @@ fn knobs_move_the_choices() {
     let mut cfg = Config { channels: 3, gpu_channels: 16, ..Config::default() };
     assert_eq!(choose(&small, Device::Host, &cfg).channels, 3);
     assert_eq!(choose(&shape(CollKind::AllReduce, 1 << 20, Float32, 2), Device::Gpu, &cfg).channels, 16);
-    assert_eq!(choose(&shape(CollKind::Send, 1 << 20, Float32, 2), Device::Gpu, &cfg).channels, 8);
-    cfg.gpu_channels = 4;
+    // Sends follow their own knob, not the collectives'.
+    assert_eq!(choose(&shape(CollKind::Send, 1 << 20, Float32, 2), Device::Gpu, &cfg).channels, 32);
+    cfg.gpu_p2p_channels = 4;
     assert_eq!(choose(&shape(CollKind::Send, 1 << 20, Float32, 2), Device::Gpu, &cfg).channels, 4);
+    cfg.gpu_channels = 4;
     cfg.gpu_channel_bytes = 1;
     cfg.gpu_oneshot_max_bytes = 0;
     assert_eq!(choose(&shape(CollKind::AllReduce, 2, Float32, 2), Device::Gpu, &cfg).channels, 4);
@@ -177,7 +201,7 @@ fn every_choice_is_buildable_and_shared() {
                             let c = choose(&base, dev, cfg);
                             assert!(c.algo.supports(kind), "{dev:?} {kind}: {c}");
                             assert!(c.channels >= 1 && c.chunk_elems >= 1);
-                            let (coll, p2p) = channel_budget(dev, cfg);
+                            let (coll, p2p) = channel_budget(dev, cfg, n);
                             assert!(c.channels <= if matches!(kind, CollKind::Send | CollKind::Recv) { p2p } else { coll });
                             for (in_place, windows) in [(true, false), (false, true), (true, true)] {
                                 let o = choose(&OpShape { in_place, windows, ..base }, dev, cfg);

@@ -123,9 +123,9 @@ pub(crate) fn explain_alloc_failure(e: Error, geo: &Geometry, nranks: usize, ord
     }
     e.context(format!(
         "GPU {ordinal} has no room for this communicator's FIFOs: {need} bytes = {} peers x {} channels \
-         (FERROCCL_GPU_CHANNELS={} plus point-to-point) x {} slots (FERROCCL_SLOTS) x {} bytes (FERROCCL_SLOT_BYTES), \
-         plus counters. Free GPU memory (other communicators, the framework's cache) or lower those knobs",
-        nranks.saturating_sub(1), geo.nchan, geo.coll, geo.slots, geo.slot_bytes
+         (FERROCCL_GPU_CHANNELS={} plus {} point-to-point: FERROCCL_GPU_P2P_CHANNELS) x {} slots (FERROCCL_SLOTS) x {} bytes \
+         (FERROCCL_SLOT_BYTES), plus counters. Free GPU memory (other communicators, the framework's cache) or lower those knobs",
+        nranks.saturating_sub(1), geo.nchan, geo.coll, geo.nchan - geo.coll, geo.slots, geo.slot_bytes
     ))
 }
 
@@ -148,7 +148,7 @@ impl Fabric {
     pub fn new(gpu: &Gpu, boot: &Bootstrap, config: &Config, stats: &Arc<MemStats>, abort: &AtomicBool) -> Result<Fabric, Error> {
         let (me, n) = (boot.rank(), boot.nranks());
         // FIFOs for the most channels the tuner may give an operation.
-        let (coll, p2p) = channel_budget(Device::Gpu, config);
+        let (coll, p2p) = channel_budget(Device::Gpu, config, n);
         let geo = Geometry { slots: config.slots, slot_bytes: config.slot_bytes, coll, nchan: coll + p2p, nranks: n };
         let need = geo.recv_arena_bytes() + geo.send_arena_bytes();
         let explain = |e: Error| explain_alloc_failure(e, &geo, n, gpu.ordinal(), need);
@@ -470,7 +470,7 @@ mod oom_tests {
         let e = explain_alloc_failure(oom, &geo, 4, 3, 84_000_000);
         assert!(matches!(e, Error::System(_)), "{e}");
         let m = e.message();
-        for want in ["GPU 3", "84000000 bytes", "3 peers x 40 channels", "FERROCCL_GPU_CHANNELS=32", "FERROCCL_SLOTS", "FERROCCL_SLOT_BYTES", "CUDA_ERROR_OUT_OF_MEMORY"] {
+        for want in ["GPU 3", "84000000 bytes", "3 peers x 40 channels", "FERROCCL_GPU_CHANNELS=32", "8 point-to-point", "FERROCCL_GPU_P2P_CHANNELS", "FERROCCL_SLOTS", "FERROCCL_SLOT_BYTES", "CUDA_ERROR_OUT_OF_MEMORY"] {
             assert!(m.contains(want), "{want:?} missing from: {m}");
         }
         // Other failures are not dressed up as a memory problem.
