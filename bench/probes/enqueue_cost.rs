@@ -6,7 +6,10 @@
 //! cargo bench -p ferroccl --bench enqueue_cost [-- CALLS]
 //!
 //! On GPUs (one rank per GPU of this host, a thread each) a call returns once the operation is
-//! enqueued: the figure is the enqueue cost, the issue's "<= 2 us". Without GPUs it runs two
+//! enqueued: the figure is the enqueue cost, the issue's "<= 2 us". Beside it, the driver's
+//! floor on the same GPU and stream: `cuLaunchKernel` of an empty kernel whose parameter is as
+//! large as the direct engine's (376 bytes) and the plan kernel's (528), and
+//! `cuStreamIsCapturing`, which every launch asks; what is left is ferroccl's own. Without GPUs it runs two
 //! host ranks, where a call returns when the operation is done: the figure is then the whole
 //! operation, not an enqueue cost, and says what the host backend's path costs.
 
@@ -69,6 +72,51 @@ fn time_calls(c: &Comm, send: u64, recv: u64, case: Case, calls: usize) -> Vec<f
     t
 }
 
+/// The driver's own cost on `c`'s GPU and stream, per call (us, median): an empty kernel with
+/// a parameter of each size, and asking whether the stream is being captured.
+fn driver_floor(c: &Comm, config: &Config, calls: usize) -> Vec<(String, f64)> {
+    use cudarc::driver::sys;
+    use ferroccl::cuda::{cu_ok, device::LaunchDims, nvrtc};
+    const SRC: &str = "struct P376 { unsigned long long w[47]; }; struct P528 { unsigned long long w[66]; };\n\
+        extern \"C\" __global__ void empty376(const __grid_constant__ P376 p) { if (p.w[46] == 1) p.w[0]; }\n\
+        extern \"C\" __global__ void empty528(const __grid_constant__ P528 p) { if (p.w[65] == 1) p.w[0]; }\n";
+    let gpu = c.gpu().expect("a GPU rank");
+    let arch = gpu.arch();
+    let req = nvrtc::CompileRequest { name: "empty.cu", source: SRC, arch: &arch, include_dirs: &config.cuda_include, options: &[] };
+    let image = nvrtc::compile(&req).expect("NVRTC");
+    let module = gpu.load_module(&image.bytes).expect("module");
+    let stream = c.cuda_stream() as sys::CUstream;
+    let median = |mut t: Vec<f64>| percentile(&mut t, 0.5);
+    let mut out = Vec::new();
+    for (name, bytes) in [("empty376", 376usize), ("empty528", 528)] {
+        let k = module.kernel(name).expect("kernel");
+        let mut param = vec![0u64; bytes / 8];
+        let mut t = Vec::with_capacity(calls);
+        for i in 0..calls {
+            let mut params = [param.as_mut_ptr() as *mut std::ffi::c_void];
+            let start = Instant::now();
+            // SAFETY: the kernel takes one struct of `bytes` by value; it reads nothing else.
+            unsafe { k.launch(LaunchDims { grid: (1, 1, 1), block: (32, 1, 1), shared_bytes: 0 }, stream, &mut params) }.expect("launch");
+            t.push(start.elapsed().as_secs_f64() * 1e6);
+            if i % 256 == 255 {
+                c.synchronize().expect("synchronize");
+            }
+        }
+        c.synchronize().expect("synchronize");
+        out.push((format!("cuLaunchKernel, {bytes} B parameter"), median(t)));
+    }
+    let mut t = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let start = Instant::now();
+        // SAFETY: the communicator's live stream and an out pointer.
+        cu_ok("cuStreamIsCapturing", unsafe { sys::cuStreamIsCapturing(stream, &mut status) }).expect("capture status");
+        t.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    out.push(("cuStreamIsCapturing".into(), median(t)));
+    out
+}
+
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     v[((v.len() - 1) as f64 * p).round() as usize]
@@ -115,5 +163,11 @@ fn main() {
             p90 = p90.max(percentile(&mut t, 0.9));
         }
         println!("{:<12} {med:>8.2} {p90:>8.2}", format!("{case:?}"));
+    }
+    if gpus > 0 {
+        println!("the driver's floor on rank 0's GPU and stream, median us:");
+        for (what, us) in driver_floor(&comms[0], &config, calls) {
+            println!("  {what:<40} {us:>6.2}");
+        }
     }
 }
