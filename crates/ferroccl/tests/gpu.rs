@@ -581,3 +581,57 @@ fn ranks_sharing_a_gpu_evict_tables_without_waiting_for_each_other() {
         assert!(most <= start + (10 << 20), "grew from {start} to {most} bytes");
     }
 }
+
+/// Sends to oneself inside a group (an all-to-all made of sends and receives, as PyTorch and
+/// nccl-tests issue it: every rank sends to and receives from every rank, itself included), two
+/// ranks on one GPU: the send to oneself is a copy into the matching receive, another operation
+/// of the group. It used to be resolved against the send's own (null) output: an illegal
+/// address that killed the context. Needs one GPU.
+#[test]
+#[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn sends_to_oneself_land_in_the_matching_receive() {
+    if std::env::var("FERROCCL_GPU_TEST").ok().as_deref() != Some("1") {
+        eprintln!("skipped: set FERROCCL_GPU_TEST=1 on a machine with GPUs");
+        return;
+    }
+    assert!(ferroccl::cuda::gpu_count().expect("CUDA driver") >= 1);
+    let config = Config { timeout: Duration::from_secs(20), ..Config::default() };
+    let n = 2;
+    let comms = Comm::init_devices(&[Device::Cuda(0), Device::Cuda(0)], &config).unwrap();
+    // Below and beyond the LL limit, so both protocols carry the sends to the other rank.
+    for count in [1000usize, 300_000] {
+        let value = |from: usize, to: usize, i: usize| (from * 1000 + to * 100 + i % 50) as f32;
+        std::thread::scope(|s| {
+            for (r, c) in comms.iter().enumerate() {
+                s.spawn(move || {
+                    let stats = MemStats::new();
+                    let gpu = c.gpu().unwrap();
+                    let send = DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap();
+                    let recv = DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap();
+                    let host: Vec<f32> = (0..n * count).map(|i| value(r, i / count, i % count)).collect();
+                    send.copy_from_host(0, f32_bytes(&host)).unwrap();
+                    recv.copy_from_host(0, &vec![0xff; n * count * 4]).unwrap();
+                    let mut g = Group::new();
+                    for q in 0..n {
+                        let at = (q * count * 4) as u64;
+                        let base = all_reduce_args(&send, &recv, count);
+                        let s_args = OpArgs { kind: CollKind::Send, send: (send.device_ptr() + at) as *const u8, recv: std::ptr::null_mut(), root: q, ..base };
+                        let r_args = OpArgs { kind: CollKind::Recv, send: std::ptr::null(), recv: (recv.device_ptr() + at) as *mut u8, root: q, ..base };
+                        // SAFETY: device buffers of n x count f32, alive past synchronize.
+                        unsafe {
+                            g.push_raw(c, s_args).unwrap();
+                            g.push_raw(c, r_args).unwrap();
+                        }
+                    }
+                    g.launch().unwrap();
+                    c.synchronize().unwrap();
+                    let out = read_f32(&recv, n * count).unwrap();
+                    for (i, v) in out.iter().enumerate() {
+                        let (from, k) = (i / count, i % count);
+                        assert_eq!(*v, value(from, r, k), "count {count}: rank {r} element {k} from rank {from}");
+                    }
+                });
+            }
+        });
+    }
+}

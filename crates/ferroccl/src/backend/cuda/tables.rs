@@ -115,7 +115,9 @@ pub(crate) struct FcStep {
     pub src_buf: u32,
     pub src_off: u64,
     pub dst_buf: u32,
-    pub reserved: u32,
+    /// The operation whose buffer `dst` is: `op` but for a copy from a send to oneself into
+    /// the matching receive (two operations of one group).
+    pub dst_op: u32,
     pub dst_off: u64,
     pub count: u64,
     /// FLAG_RDST: where the message lands in the receiver's output (elements).
@@ -242,7 +244,7 @@ layout! {
                    nlanes @ 56, rank @ 60, nsteps @ 64, nops @ 68, nconns @ 72, reserved @ 76, inline_ops @ 80 }
     FcLane: 8 { first_step @ 0, nsteps @ 4 }
     FcStep: 64 { kind @ 0, flags @ 4, recv_conn @ 8, send_conn @ 12, op @ 16, src_buf @ 20, src_off @ 24,
-                 dst_buf @ 32, reserved @ 36, dst_off @ 40, count @ 48, rdst_off @ 56 }
+                 dst_buf @ 32, dst_op @ 36, dst_off @ 40, count @ 48, rdst_off @ 56 }
     FcOp: 56 { send @ 0, recv @ 8, dtype @ 16, redop @ 20, scalar_f64 @ 24, scalar_i64 @ 32, nranks @ 40,
                elem_size @ 44, scalar_dev @ 48 }
     FcConn: 72 { data @ 0, lens @ 8, head @ 16, tail @ 24, counter @ 32, slots @ 40, slot_bytes @ 44, peer @ 48,
@@ -499,6 +501,7 @@ pub(crate) fn encode(
                 recv_conn: conn(step.recv_from(), Dir::Recv)?,
                 send_conn: conn(step.send_to(), Dir::Send)?,
                 op: op as u32,
+                dst_op: op as u32,
                 count: step.count() as u64,
                 ..Default::default()
             };
@@ -533,6 +536,10 @@ pub(crate) fn encode(
                     s.flags = if pre { FLAG_PRE } else { 0 } | if post { FLAG_POST } else { 0 };
                     s.dst_buf = buf_code(dst.buf);
                     s.dst_off = dst.offset as u64;
+                    if dst.op as usize >= ops.len() {
+                        return Err(at(Error::Internal(format!("operation {} of {}", dst.op, ops.len()))));
+                    }
+                    s.dst_op = dst.op as u32;
                 }
             }
             if ops[op as usize].ll {
@@ -715,6 +722,9 @@ mod tests {
                 assert_eq!((s.recv_conn, s.send_conn), (rc, sc), "{step:?}");
                 assert_eq!(s.count, step.count() as u64);
                 assert_eq!(s.op, step.op() as u32);
+                if !matches!(step, Step::Copy { .. }) {
+                    assert_eq!(s.dst_op, s.op, "{step:?}");
+                }
                 let reg = |b: u32, o: u64| (b, o);
                 let r = |r: Region| (buf_code(r.buf), r.offset as u64);
                 match *step {
@@ -754,6 +764,7 @@ mod tests {
                         assert_eq!(s.flags, if pre { FLAG_PRE } else { 0 } | if post { FLAG_POST } else { 0 });
                         assert_eq!(reg(s.src_buf, s.src_off), r(src));
                         assert_eq!(reg(s.dst_buf, s.dst_off), r(dst));
+                        assert_eq!((s.op, s.dst_op), (src.op as u32, dst.op as u32), "{step:?}");
                     }
                 }
             }
@@ -831,6 +842,25 @@ mod tests {
         assert!(e.steps.iter().any(|s| s.op == 1));
         assert_eq!(e.ops[1].send, 0x10_0000);
         assert_eq!(e.ops[1].elem_size, 1);
+    }
+
+    /// A send to oneself in a group is a copy from the send's input into the matching receive's
+    /// output: two operations, so the step names both (the kernel resolved the destination
+    /// against the send's buffers, whose output is null: an illegal address on the GPU).
+    #[test]
+    fn a_send_to_oneself_copies_into_the_receive_of_another_op() {
+        use ferroccl_core::algo::{build_launch, LaunchOp, SELF_LANE};
+        let t = Tuning { algo: Algo::Direct, channels: 2, chunk_elems: 64 };
+        let p2p = |kind, root| LaunchOp { desc: CollDesc { kind, count: 100, root }, dtype: DataType::Float32, tuning: t };
+        // Rank 1 of 3: receive from itself (op 0), send to 2 (op 1), send to itself (op 2).
+        let ops = [p2p(CollKind::Recv, 1), p2p(CollKind::Send, 2), p2p(CollKind::Send, 1)];
+        let plan = build_launch(1, 3, &ops).unwrap();
+        let descs: Vec<OpDesc> = ops.iter().map(|_| op_desc(DataType::Float32, ReduceOp::Sum, 100, 100)).collect();
+        let e = encode(&plan, &descs, numbering(&plan), None).unwrap();
+        assert_one_to_one(&plan, &e);
+        let li = plan.lanes.iter().position(|l| l.id == SELF_LANE).expect("a lane for the copy");
+        let s = e.steps[e.lanes[li].first_step as usize];
+        assert_eq!((s.kind, s.op, s.dst_op, s.src_buf, s.dst_buf, s.count), (STEP_COPY, 2, 0, buf_code(BufKind::Input), buf_code(BufKind::Output), 100));
     }
 
     #[test]

@@ -153,9 +153,16 @@ __device__ void run_lane(const FcLaunch& L) {
         }
 
         if (s.kind == FC_STEP_COPY) {
-            // Local, whole region at once (no FIFO, so no pieces), like the host.
+            // Local, whole region at once (no FIFO, so no pieces), like the host. The
+            // destination may be another op's buffer (a send to oneself lands in the matching
+            // receive): that op is read here, every thread alike.
+            if (s.dst_op >= L.nops) {
+                if (t0) record_error(x, FC_ERR_PLAN, FC_WHAT_PLAN, -1, 0, s.dst_op);
+                break;
+            }
+            const FcOp dop = s.dst_op == s.op ? op : (L.nops <= FC_INLINE_OPS ? L.inline_ops : (const FcOp*)L.ops)[s.dst_op];
             fc_u8* src = region(op, s.src_buf, s.src_off);
-            fc_u8* dst = region(op, s.dst_buf, s.dst_off);
+            fc_u8* dst = region(dop, s.dst_buf, s.dst_off);
             transform(op, dst, src, s.count, (s.flags & FC_FLAG_PRE) != 0u, (s.flags & FC_FLAG_POST) != 0u);
             // A later step may read what this one wrote, through other threads.
             __syncthreads();

@@ -92,9 +92,10 @@ FC_CHECK_SIZE(FcLane, 8);
 FC_CHECK_OFFSET(FcLane, first_step, 0);
 FC_CHECK_OFFSET(FcLane, nsteps, 4);
 
-// Regions are (buffer, element offset) of op `op`; the element count is `count` for every region
-// of a step (the plan guarantees it). Send: src. Recv: dst. RecvReduce: src = local, dst if
-// HAS_DST. RecvCopy: dst if HAS_DST. Copy: src and dst.
+// Regions are (buffer, element offset) of op `op`, but a Copy's dst, which is of op `dst_op` (a
+// send to oneself is copied into the matching receive, another op of the group); the element
+// count is `count` for every region of a step (the plan guarantees it). Send: src. Recv: dst.
+// RecvReduce: src = local, dst if HAS_DST. RecvCopy: dst if HAS_DST. Copy: src and dst.
 struct FcStep {
     fc_u32 kind;
     fc_u32 flags;
@@ -104,7 +105,7 @@ struct FcStep {
     fc_u32 src_buf;
     fc_u64 src_off;
     fc_u32 dst_buf;
-    fc_u32 reserved;
+    fc_u32 dst_op;
     fc_u64 dst_off;
     fc_u64 count;
     fc_u64 rdst_off;  // FC_FLAG_RDST: element offset in the receiver's output
@@ -118,7 +119,7 @@ FC_CHECK_OFFSET(FcStep, op, 16);
 FC_CHECK_OFFSET(FcStep, src_buf, 20);
 FC_CHECK_OFFSET(FcStep, src_off, 24);
 FC_CHECK_OFFSET(FcStep, dst_buf, 32);
-FC_CHECK_OFFSET(FcStep, reserved, 36);
+FC_CHECK_OFFSET(FcStep, dst_op, 36);
 FC_CHECK_OFFSET(FcStep, dst_off, 40);
 FC_CHECK_OFFSET(FcStep, count, 48);
 FC_CHECK_OFFSET(FcStep, rdst_off, 56);
