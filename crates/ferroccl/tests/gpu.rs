@@ -523,6 +523,16 @@ fn gpu_communicators_refuse_host_slices() {
     assert!(c.failure().is_none());
 }
 
+/// Two ranks on GPU 0 (one context), with a 20 s deadline so that a hang fails fast; None
+/// (skipped) unless FERROCCL_GPU_TEST=1.
+fn two_ranks_on_one_gpu() -> Option<Vec<Comm>> {
+    if !common::one_gpu_for_test() {
+        return None;
+    }
+    let config = Config { timeout: Duration::from_secs(20), ..Config::default() };
+    Some(Comm::init_devices(&[Device::Cuda(0), Device::Cuda(0)], &config).unwrap())
+}
+
 /// Two ranks on one GPU (one context), a thread each, through thousands of new operation
 /// shapes: the plan-table pool fills and is evicted again and again while the other rank's
 /// kernel of the same operation is already queued, waiting for this rank. Evicting used to wait
@@ -533,13 +543,7 @@ fn gpu_communicators_refuse_host_slices() {
 #[test]
 #[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn ranks_sharing_a_gpu_evict_tables_without_waiting_for_each_other() {
-    if std::env::var("FERROCCL_GPU_TEST").ok().as_deref() != Some("1") {
-        eprintln!("skipped: set FERROCCL_GPU_TEST=1 on a machine with GPUs");
-        return;
-    }
-    assert!(ferroccl::cuda::gpu_count().expect("CUDA driver") >= 1);
-    let config = Config { timeout: Duration::from_secs(20), ..Config::default() };
-    let comms = Comm::init_devices(&[Device::Cuda(0), Device::Cuda(0)], &config).unwrap();
+    let Some(comms) = two_ranks_on_one_gpu() else { return };
     // Beyond the direct engine (256 KiB per rank), so every shape has plan tables.
     let (base, shapes) = (70_000usize, 3000usize);
     let max = base + 3 * shapes;
@@ -590,14 +594,8 @@ fn ranks_sharing_a_gpu_evict_tables_without_waiting_for_each_other() {
 #[test]
 #[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn sends_to_oneself_land_in_the_matching_receive() {
-    if std::env::var("FERROCCL_GPU_TEST").ok().as_deref() != Some("1") {
-        eprintln!("skipped: set FERROCCL_GPU_TEST=1 on a machine with GPUs");
-        return;
-    }
-    assert!(ferroccl::cuda::gpu_count().expect("CUDA driver") >= 1);
-    let config = Config { timeout: Duration::from_secs(20), ..Config::default() };
-    let n = 2;
-    let comms = Comm::init_devices(&[Device::Cuda(0), Device::Cuda(0)], &config).unwrap();
+    let Some(comms) = two_ranks_on_one_gpu() else { return };
+    let n = comms.len();
     // Below and beyond the LL limit, so both protocols carry the sends to the other rank.
     for count in [1000usize, 300_000] {
         let value = |from: usize, to: usize, i: usize| (from * 1000 + to * 100 + i % 50) as f32;

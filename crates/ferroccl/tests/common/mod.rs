@@ -14,6 +14,17 @@ pub fn gpus_for_test() -> Option<usize> {
     Some(n)
 }
 
+/// For the tests that need one GPU (several ranks may share it): false (skipped, said so)
+/// unless FERROCCL_GPU_TEST=1.
+pub fn one_gpu_for_test() -> bool {
+    if std::env::var("FERROCCL_GPU_TEST").ok().as_deref() != Some("1") {
+        eprintln!("skipped: set FERROCCL_GPU_TEST=1 on a machine with GPUs");
+        return false;
+    }
+    assert!(ferroccl::cuda::gpu_count().expect("CUDA driver") >= 1, "no GPU");
+    true
+}
+
 use ferroccl::{CollKind, Comm, DataType, Group, OpArgs, ReduceOp};
 use ferroccl_core::numeric::expected::RankCase;
 
