@@ -92,6 +92,11 @@ pub struct Config {
     /// block at most 256 KiB) run one-shot on the direct engine; 0 turns it off. Every rank must
     /// agree.
     pub gpu_oneshot_max_bytes: usize,
+    /// FERROCCL_GPU_TWO_SHOT: GPU all-reduces on 3+ ranks beyond the direct engine, up to one
+    /// chunk, take the two-shot algorithm instead of the ring (as on the host). Off until it has
+    /// been checked element by element on 3 or more GPUs and measured beside NCCL there. Every
+    /// rank must agree.
+    pub gpu_two_shot: bool,
     /// FERROCCL_JOB_SECRET (32 hex digits): the job secret when ranks rendezvous from the
     /// launcher's environment instead of a `UniqueId`.
     pub job_secret: Option<[u8; 16]>,
@@ -141,6 +146,7 @@ impl Default for Config {
             ll_max_bytes: 128 << 10,
             direct_max_bytes: 128 << 10,
             gpu_oneshot_max_bytes: 256 << 10,
+            gpu_two_shot: false,
             job_secret: None,
             heartbeat_interval: Duration::from_millis(500),
             heartbeat_misses: 6,
@@ -259,6 +265,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_ONESHOT_MAX_BYTES") {
             c.gpu_oneshot_max_bytes = parse("FERROCCL_GPU_ONESHOT_MAX_BYTES", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_TWO_SHOT") {
+            c.gpu_two_shot = parse_bool("FERROCCL_GPU_TWO_SHOT", v)?;
+        }
         if let Some(v) = get("FERROCCL_HEARTBEAT_INTERVAL") {
             let secs: f64 = parse("FERROCCL_HEARTBEAT_INTERVAL", v)?;
             if !(secs > 0.0 && secs < 1e6) {
@@ -314,6 +323,7 @@ impl Config {
             ("FERROCCL_LL_MAX_BYTES", self.ll_max_bytes.to_string()),
             ("FERROCCL_DIRECT_MAX_BYTES", self.direct_max_bytes.to_string()),
             ("FERROCCL_GPU_ONESHOT_MAX_BYTES", self.gpu_oneshot_max_bytes.to_string()),
+            ("FERROCCL_GPU_TWO_SHOT", (self.gpu_two_shot as u8).to_string()),
             ("FERROCCL_CHECK_MISMATCH", (self.check_mismatch as u8).to_string()),
             ("FERROCCL_TCP_CRC", (self.tcp_crc as u8).to_string()),
             ("FERROCCL_HEARTBEAT_INTERVAL", format!("{}", self.heartbeat_interval.as_secs_f64())),
@@ -504,6 +514,10 @@ mod tests {
         }
         // A rank with other p2p channels builds other plans: the knob must be compared.
         assert!(c.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_P2P_CHANNELS" && v == "32"));
+        let t = Config::from_vars(&vars(&[("FERROCCL_GPU_TWO_SHOT", "1")])).unwrap();
+        assert!(t.gpu_two_shot && !Config::default().gpu_two_shot);
+        assert!(t.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_TWO_SHOT" && v == "1"));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_TWO_SHOT", "sometimes")])).is_err());
         let d = Config::from_vars(&vars(&[("FERROCCL_KERNEL_DEFINES", " FC_COPY_UNROLL=8 ,FC_X ")])).unwrap();
         assert_eq!(d.kernel_defines, vec!["-DFC_COPY_UNROLL=8".to_string(), "-DFC_X".to_string()]);
         // Speed only: not a setting ranks must share.

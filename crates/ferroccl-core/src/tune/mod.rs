@@ -313,10 +313,11 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
     // message, so that every rank can send all of them before receiving any.
     let two_shot_fits = op.kind == CollKind::AllReduce && op.nranks >= 3 && op.count <= chunk_elems;
     let (algo, why_algo) = match device {
-        // Proven by the simulator and checked on the host backend, but not yet run on 3 or more
-        // GPUs (no such machine was lent when it landed): GPUs keep the ring until it has been
-        // checked element by element there.
-        Device::Gpu if two_shot_fits => (Algo::Ring, "two-shot not yet checked on 3+ GPUs"),
+        // Proven by the simulator and checked on the host backend, and on a GPU with 3 ranks
+        // sharing it, but not yet on 3 or more GPUs (no such machine was lent since it landed):
+        // GPUs keep the ring unless FERROCCL_GPU_TWO_SHOT asks for it, as the check there will.
+        Device::Gpu if two_shot_fits && cfg.gpu_two_shot => (Algo::TwoShot, "all-reduce on 3+ ranks within a chunk (FERROCCL_GPU_TWO_SHOT)"),
+        Device::Gpu if two_shot_fits => (Algo::Ring, "two-shot not yet checked on 3+ GPUs (FERROCCL_GPU_TWO_SHOT=1 takes it)"),
         // On the host a rank reduces what it receives in arrival order, own data first, so
         // reductions go one-shot only where that order cannot differ between ranks (2 ranks).
         Device::Host if one_shot_here && (op.nranks == 2 || !op.kind.reduces()) => {

@@ -120,6 +120,24 @@ fn the_direct_engine_takes_lone_operations_whose_slices_fit_its_slots() {
     assert_eq!(choose(&ar(2), Device::Gpu, &Config { gpu_oneshot_max_bytes: 0, ..cfg.clone() }).engine, Engine::PlanKernel);
 }
 
+/// GPU all-reduces on 3+ ranks beyond the direct engine and within a chunk: the ring unless
+/// FERROCCL_GPU_TWO_SHOT, then two-shot; never on 2 ranks, nor beyond a chunk.
+#[test]
+fn gpu_two_shot_only_when_asked() {
+    let on = Config { gpu_two_shot: true, ..Config::default() };
+    let off = Config::default();
+    let ar = |count, n| shape(CollKind::AllReduce, count, Float32, n);
+    // 3 ranks, 256K floats (1 MiB per rank): past the direct engine, one chunk.
+    assert_eq!(choose(&ar(256 << 10, 3), Device::Gpu, &off).algo, Algo::Ring);
+    let c = choose(&ar(256 << 10, 3), Device::Gpu, &on);
+    assert_eq!((c.algo, c.engine), (Algo::TwoShot, Engine::PlanKernel), "{c}");
+    assert!(c.to_string().contains("FERROCCL_GPU_TWO_SHOT"), "{c}");
+    assert_eq!(choose(&ar(256 << 10, 2), Device::Gpu, &on).algo, Algo::Ring, "2 ranks: the ring");
+    assert_eq!(choose(&ar((256 << 10) + 1, 3), Device::Gpu, &on).algo, Algo::Ring, "beyond a chunk: the ring");
+    assert_eq!(choose(&ar(2, 3), Device::Gpu, &on).engine, Engine::DirectKernel, "small: the direct engine");
+    assert_eq!(choose(&shape(CollKind::ReduceScatter, 256 << 10, Float32, 3), Device::Gpu, &on).algo, Algo::Ring);
+}
+
 #[test]
 fn knobs_move_the_choices() {
     let small = shape(CollKind::AllReduce, 2, Float32, 4);
