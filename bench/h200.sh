@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ferroccl against NCCL on one GPU machine, in one go: every operation, float32 and bfloat16,
 # 8 B to 2 GiB, the three launch modes (one thread driving every GPU, a thread per GPU, a
-# process per GPU), without and with CUDA graphs; plus a short checked pass in which both
-# libraries' outputs are verified element by element. Writes one JSON record and one log per
+# process per GPU), without and with CUDA graphs, and with registered buffers (NCCL's symmetric
+# windows, ferroccl's windows), so that each cell can be compared with NCCL's best; plus a
+# short checked pass in which both libraries' outputs are verified element by element. Writes one JSON record and one log per
 # run, and SVG plots, into OUTDIR. Fits in 10 minutes on 4 x H200 (the iteration budget gives
 # large sizes fewer iterations; a run that would pass the deadline is cut short and named).
 #
@@ -52,6 +53,9 @@ runs=(
     "onethread-graph|one thread, CUDA graphs|bench ${SWEEP[*]} ${GRAPH[*]} -g $GPUS --one-thread"
     "threads-graph|a thread per GPU, CUDA graphs|bench ${SWEEP[*]} ${GRAPH[*]} -g $GPUS"
     "procs-graph|a process per GPU, CUDA graphs|run -n $GPUS $BIN bench ${SWEEP[*]} ${GRAPH[*]} -g 1"
+    # Registered buffers: NCCL's symmetric windows (its fastest small kernels), ferroccl's windows.
+    "threads-reg|a thread per GPU, registered windows, host launches|bench ${SWEEP[*]} ${EAGER[*]} -g $GPUS --register"
+    "threads-reg-graph|a thread per GPU, registered windows, CUDA graphs|bench ${SWEEP[*]} ${GRAPH[*]} -g $GPUS --register"
 )
 
 echo "# ferroccl vs NCCL on $GPUS GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
