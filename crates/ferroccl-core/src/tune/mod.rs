@@ -213,7 +213,7 @@ impl std::fmt::Display for Choice {
 /// Thread blocks the sends to every peer may take on GPUs (one per peer and channel; as many
 /// again for the receives of a full exchange), above the floor of [`GPU_P2P_CHANNELS_MIN`]
 /// per peer.
-pub const GPU_P2P_LANES: usize = 64;
+pub const GPU_P2P_LANES: usize = 32;
 /// Point-to-point channels per peer on GPUs at least (unless `FERROCCL_GPU_P2P_CHANNELS` is
 /// lower), however many peers there are.
 pub const GPU_P2P_CHANNELS_MIN: usize = 8;
@@ -225,8 +225,11 @@ pub const GPU_P2P_CHANNELS_MIN: usize = 8;
 /// One block moves about 21 GB/s of a send (measured: 8 blocks per direction gave 171-174
 /// GB/s over NVLink on 2 x H200 and between two ranks on one H100 alike), so one peer needs
 /// many; but a group may send to and receive from every peer at once, and every lane of a
-/// launch must be resident. So a peer gets `FERROCCL_GPU_P2P_CHANNELS` (32) with few ranks,
-/// fewer as ranks grow (the sends to every peer within [`GPU_P2P_LANES`] blocks), never below 8.
+/// launch must be resident (the plan kernel holds one block per SM: 132 on an H100 or H200).
+/// So a peer gets `FERROCCL_GPU_P2P_CHANNELS` (32) with 2 ranks, fewer with more (the sends to
+/// every peer within [`GPU_P2P_LANES`] blocks, the receives as many, so that a full exchange
+/// leaves room for a collective's 32 in the same group), never below 8, the old budget, which a
+/// full exchange among 9 ranks or more already exceeds.
 /// Every rank computes the same from the same `nranks` and config, so both ends of every
 /// connection agree.
 pub fn channel_budget(device: Device, cfg: &Config, nranks: usize) -> (usize, usize) {

@@ -9,11 +9,11 @@ fn shape(kind: CollKind, count: usize, dtype: DataType, nranks: usize) -> OpShap
 type Row = (Device, CollKind, usize, DataType, usize, Algo, Engine, Protocol, usize);
 
 /// Point-to-point channels per peer: the knob with few ranks; a full exchange with every peer
-/// near 64 blocks beyond that; never below 8 (unless the knob is); collectives unaffected.
+/// within 32 blocks beyond that; never below 8 (unless the knob is); collectives unaffected.
 #[test]
 fn p2p_budget_shrinks_with_ranks_but_not_below_the_floor() {
     let cfg = Config::default();
-    let rows = [(1, 32), (2, 32), (3, 32), (4, 21), (5, 16), (8, 9), (9, 8), (16, 8), (1024, 8)];
+    let rows = [(1, 32), (2, 32), (3, 16), (4, 10), (5, 8), (8, 8), (9, 8), (16, 8), (1024, 8)];
     for (n, p2p) in rows {
         assert_eq!(channel_budget(Device::Gpu, &cfg, n), (32, p2p), "{n} ranks");
         if n > 3 && p2p > GPU_P2P_CHANNELS_MIN {
@@ -63,13 +63,13 @@ fn choices_follow_the_table() {
         // More ranks than the direct engine serves.
         (Gpu, AllReduce, 2, Float32, 17, Algo::Ring, P, LL, 1),
         // Sends and receives: the plan kernel, one block per 4 KiB up to the per-peer budget:
-        // 32 with 2 ranks, 64 / (n - 1) with more, never below 8.
+        // 32 with 2 ranks, 32 / (n - 1) with more, never below 8.
         (Gpu, Send, 2, Float32, 2, Algo::Direct, P, LL, 1),
         (Gpu, Send, 8 << 10, Float32, 2, Algo::Direct, P, LL, 8),
         (Gpu, Recv, 64 << 20, Float32, 2, Algo::Direct, P, Simple, 32),
-        (Gpu, Recv, 64 << 20, Float32, 3, Algo::Direct, P, Simple, 32),
-        (Gpu, Send, 64 << 20, Float32, 5, Algo::Direct, P, Simple, 16),
-        (Gpu, Send, 64 << 20, Float32, 8, Algo::Direct, P, Simple, 9),
+        (Gpu, Recv, 64 << 20, Float32, 3, Algo::Direct, P, Simple, 16),
+        (Gpu, Send, 64 << 20, Float32, 5, Algo::Direct, P, Simple, 8),
+        (Gpu, Send, 64 << 20, Float32, 8, Algo::Direct, P, Simple, 8),
         (Gpu, Send, 64 << 20, Float32, 16, Algo::Direct, P, Simple, 8),
         // The host: one round for small collectives where the reduction order cannot differ
         // between ranks, two-shot all-reduce on 3+ ranks, its channels, a lane per peer
