@@ -2,7 +2,7 @@
 # (NVIDIA's, or ferroccl's through LD_PRELOAD): exact collectives on fresh random integers,
 # send/recv, barrier, new_group (a split), a CUDA-graph-captured all-reduce, a small DDP run,
 # and destroy_process_group, timed. One process per GPU. Prints one JSON line per rank.
-# Usage (GPU machine): python3 torch_nccl.py [NGPUS]
+# Usage (GPU machine): python3 torch_nccl.py [NRANKS] (default: one per GPU)
 import hashlib, json, os, sys, time
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 
@@ -85,7 +85,10 @@ def ddp(rank, n, dev):
 
 def worker(rank, n, port, seed):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0")
-    torch.cuda.set_device(rank); dev = torch.device("cuda", rank)
+    # More ranks than GPUs (NRANKS above the GPU count) share them round-robin: NVIDIA's NCCL
+    # refuses that, ferroccl runs it, which lets a one-GPU machine check two ranks.
+    gpu = rank % torch.cuda.device_count()
+    torch.cuda.set_device(gpu); dev = torch.device("cuda", gpu)
     t0 = time.time()
     dist.init_process_group("nccl", rank=rank, world_size=n, device_id=dev)
     init_s = time.time() - t0
