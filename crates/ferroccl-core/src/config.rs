@@ -117,7 +117,7 @@ pub struct Config {
     /// FERROCCL_CUDA_INCLUDE (':'-separated), then `/usr/local/cuda/include`: where NVRTC finds
     /// CUDA's headers (`cuda_fp16.h`, ...) when it compiles the kernels.
     pub cuda_include: Vec<PathBuf>,
-    /// FERROCCL_KERNEL_DEFINES: extra `NAME=VALUE` macro definitions (space-separated) for the
+    /// FERROCCL_KERNEL_DEFINES: extra `NAME=VALUE` macro definitions (spaces or commas) for the
     /// GPU kernels' NVRTC compile, for tuning experiments (`FC_COPY_UNROLL=8`). They change
     /// speed, never what moves where, so ranks may differ.
     pub kernel_defines: Vec<String>,
@@ -185,8 +185,9 @@ pub fn parse_bool(key: &str, v: &str) -> Result<bool, Error> {
     }
 }
 
-/// FERROCCL_KERNEL_DEFINES: `NAME=VALUE` words (separated by spaces or commas), each name a C identifier and each value
-/// letters, digits, '.', '_' or '-' (nothing that could smuggle another compiler option in).
+/// FERROCCL_KERNEL_DEFINES: `NAME=VALUE` words (separated by spaces or commas), each name a C
+/// identifier and each value letters, digits, '.', '_' or '-' (nothing that could smuggle
+/// another compiler option in).
 pub fn parse_defines(v: &str) -> Result<Vec<String>, Error> {
     v.split(|c: char| c.is_whitespace() || c == ',')
         .filter(|w| !w.is_empty())

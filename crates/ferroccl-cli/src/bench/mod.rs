@@ -81,7 +81,7 @@ pub struct BenchArgs {
     /// One rank per listed GPU ordinal, driven by this process (instead of -g): an ordinal may
     /// repeat, so that a one-GPU machine runs several ranks (`--devices 0,0`) to check the
     /// kernels' multi-rank paths. Not with a launcher or --vs-nccl
-    #[arg(long, value_name = "ORDINALS", value_delimiter = ',', conflicts_with = "gpus_arg")]
+    #[arg(long, value_name = "ORDINALS", value_delimiter = ',', conflicts_with_all = ["gpus_arg", "vs_nccl"])]
     pub devices: Option<Vec<usize>>,
     /// One thread drives every rank of this process: each iteration is one group over all
     /// communicators (nccl-tests' -g). Default: a thread per rank (nccl-tests' -t).
@@ -207,21 +207,20 @@ pub(crate) mod tests {
     fn devices_give_one_rank_per_ordinal_repeats_allowed() {
         let a = parse(&["all-reduce", "--devices", "0,0,1"]).resolve(|| 1);
         assert_eq!((a.gpus, a.devices.as_deref()), (3, Some(&[0usize, 0, 1][..])));
-        let e = {
+        let refused = |v: &[&str]| {
             use clap::Parser;
             #[derive(Parser)]
             struct P {
                 #[command(flatten)]
                 a: BenchArgs,
             }
-            P::try_parse_from(["bench", "all-reduce", "-g", "2", "--devices", "0,0"]).err()
+            P::try_parse_from(std::iter::once("bench").chain(v.iter().copied())).err().map(|e| e.to_string())
         };
-        assert!(e.is_some(), "-g and --devices together are refused");
+        assert!(refused(&["all-reduce", "-g", "2", "--devices", "0,0"]).is_some(), "-g and --devices together are refused");
         // Not beside NCCL (which refuses two ranks on a GPU), not under a launcher.
-        let mut v = parse(&["all-reduce", "--devices", "0,0", "--vs-nccl"]).resolve(|| 1);
-        let err = setup::make_comms(&v, &ferroccl::Config::default(), None).err().unwrap();
-        assert!(err.contains("--devices"), "{err}");
-        v.vs_nccl = None;
+        let e = refused(&["all-reduce", "--devices", "0,0", "--vs-nccl"]).expect("--devices with --vs-nccl is refused");
+        assert!(e.contains("--devices"), "{e}");
+        let v = parse(&["all-reduce", "--devices", "0,0"]).resolve(|| 1);
         let env = ferroccl::LaunchEnv { rank: 0, world_size: 2, local_rank: 0, master_addr: "127.0.0.1".into(), master_port: 1, source: "test" };
         let err = setup::make_comms(&v, &ferroccl::Config::default(), Some(&env)).err().unwrap();
         assert!(err.contains("--devices"), "{err}");

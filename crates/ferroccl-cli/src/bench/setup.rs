@@ -38,8 +38,9 @@ pub fn bench_config(args: &BenchArgs, config: &Config) -> Result<Config, String>
 /// The communicators of this process for the launch mode the arguments and the environment
 /// say, with a description of the mode.
 pub(super) fn make_comms(args: &BenchArgs, config: &Config, launched: Option<&LaunchEnv>) -> Result<(String, Vec<Comm>), String> {
-    if args.devices.is_some() && (launched.is_some() || args.vs_nccl.is_some()) {
-        return Err("--devices: ranks on chosen GPUs are for one process alone (no launcher, no --vs-nccl: NCCL refuses two ranks on one GPU)".into());
+    // (--vs-nccl, whose NCCL refuses two ranks on one GPU, is refused with it by the parser.)
+    if args.devices.is_some() && launched.is_some() {
+        return Err("--devices: ranks on chosen GPUs are for one process alone, not under a launcher (each rank takes GPU LOCAL_RANK there)".into());
     }
     Ok(match launched {
         Some(env) if args.gpus > 0 => {
