@@ -19,6 +19,8 @@ pub const PLAN_FIFO_MESSAGES: usize = 2;
 pub const MAX_SLOTS: usize = 1 << 16;
 /// Largest FERROCCL_SLOT_BYTES.
 pub const MAX_SLOT_BYTES: usize = 1 << 30;
+/// The most staging memory `FERROCCL_GPU_PEER_BYTES` may ask for (1 GiB).
+pub const MAX_GPU_PEER_BYTES: usize = 1 << 30;
 
 /// Which transport connects a pair of ranks on the host backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -97,6 +99,11 @@ pub struct Config {
     /// been checked element by element on 3 or more GPUs and measured beside NCCL there. Every
     /// rank must agree.
     pub gpu_two_shot: bool,
+    /// FERROCCL_GPU_PEER_BYTES: each rank's staging memory for the GPU peer engine (collectives
+    /// beyond the direct engine by stores into the peers' staging and a flag per block and
+    /// round): `tune::peer_slot_bytes` cuts it into slots for every peer; where they would be
+    /// under 16 KiB (0, or many ranks) the engine is off. Every rank must agree.
+    pub gpu_peer_bytes: usize,
     /// FERROCCL_JOB_SECRET (32 hex digits): the job secret when ranks rendezvous from the
     /// launcher's environment instead of a `UniqueId`.
     pub job_secret: Option<[u8; 16]>,
@@ -147,6 +154,7 @@ impl Default for Config {
             direct_max_bytes: 128 << 10,
             gpu_oneshot_max_bytes: 256 << 10,
             gpu_two_shot: false,
+            gpu_peer_bytes: 16 << 20,
             job_secret: None,
             heartbeat_interval: Duration::from_millis(500),
             heartbeat_misses: 6,
@@ -269,6 +277,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_TWO_SHOT") {
             c.gpu_two_shot = parse_bool("FERROCCL_GPU_TWO_SHOT", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_PEER_BYTES") {
+            c.gpu_peer_bytes = parse("FERROCCL_GPU_PEER_BYTES", v)?;
+        }
         if let Some(v) = get("FERROCCL_HEARTBEAT_INTERVAL") {
             let secs: f64 = parse("FERROCCL_HEARTBEAT_INTERVAL", v)?;
             if !(secs > 0.0 && secs < 1e6) {
@@ -325,6 +336,7 @@ impl Config {
             ("FERROCCL_DIRECT_MAX_BYTES", self.direct_max_bytes.to_string()),
             ("FERROCCL_GPU_ONESHOT_MAX_BYTES", self.gpu_oneshot_max_bytes.to_string()),
             ("FERROCCL_GPU_TWO_SHOT", (self.gpu_two_shot as u8).to_string()),
+            ("FERROCCL_GPU_PEER_BYTES", self.gpu_peer_bytes.to_string()),
             ("FERROCCL_CHECK_MISMATCH", (self.check_mismatch as u8).to_string()),
             ("FERROCCL_TCP_CRC", (self.tcp_crc as u8).to_string()),
             ("FERROCCL_HEARTBEAT_INTERVAL", format!("{}", self.heartbeat_interval.as_secs_f64())),
@@ -377,6 +389,9 @@ impl Config {
                 "heartbeat_interval={:?} must be at least 1 ms and heartbeat_misses={} at least 1",
                 self.heartbeat_interval, self.heartbeat_misses
             )));
+        }
+        if self.gpu_peer_bytes > MAX_GPU_PEER_BYTES {
+            return Err(Error::InvalidArgument(format!("gpu_peer_bytes={} must be at most {MAX_GPU_PEER_BYTES}", self.gpu_peer_bytes)));
         }
         if self.max_bootstrap_msg < 4096 {
             return Err(Error::InvalidArgument("max_bootstrap_msg must be at least 4096 bytes".into()));
@@ -519,6 +534,10 @@ mod tests {
         assert!(t.gpu_two_shot && !Config::default().gpu_two_shot);
         assert!(t.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_TWO_SHOT" && v == "1"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_TWO_SHOT", "sometimes")])).is_err());
+        let p = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BYTES", "0")])).unwrap();
+        assert_eq!((p.gpu_peer_bytes, Config::default().gpu_peer_bytes), (0, 16 << 20));
+        assert!(p.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_BYTES" && v == "0"));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BYTES", "2147483648")])).is_err());
         let d = Config::from_vars(&vars(&[("FERROCCL_KERNEL_DEFINES", " FC_COPY_UNROLL=8 ,FC_X ")])).unwrap();
         assert_eq!(d.kernel_defines, vec!["-DFC_COPY_UNROLL=8".to_string(), "-DFC_X".to_string()]);
         // Speed only: not a setting ranks must share.

@@ -12,6 +12,7 @@ use cudarc::driver::sys;
 use ferroccl::cuda::cu_ok;
 use ferroccl::mem::{DeviceBuffer, MemStats};
 use ferroccl::{CollKind, Comm, Config, Device, Error, Group, OpArgs, ReduceOp};
+use ferroccl_core::tune::{self, OpShape};
 use std::time::{Duration, Instant};
 
 fn f32_bytes(v: &[f32]) -> &[u8] {
@@ -523,14 +524,18 @@ fn gpu_communicators_refuse_host_slices() {
     assert!(c.failure().is_none());
 }
 
-/// Two ranks on GPU 0 (one context), with a 20 s deadline so that a hang fails fast; None
-/// (skipped) unless FERROCCL_GPU_TEST=1.
-fn two_ranks_on_one_gpu() -> Option<Vec<Comm>> {
+/// `n` ranks on GPU 0 (one context) under `config`, with a 20 s deadline so that a hang fails
+/// fast; None (skipped) unless FERROCCL_GPU_TEST=1.
+fn ranks_on_one_gpu(n: usize, config: Config) -> Option<Vec<Comm>> {
     if !common::one_gpu_for_test() {
         return None;
     }
-    let config = Config { timeout: Duration::from_secs(20), ..Config::default() };
-    Some(Comm::init_devices(&[Device::Cuda(0), Device::Cuda(0)], &config).unwrap())
+    let config = Config { timeout: Duration::from_secs(20), ..config };
+    Some(Comm::init_devices(&vec![Device::Cuda(0); n], &config).unwrap())
+}
+
+fn two_ranks_on_one_gpu() -> Option<Vec<Comm>> {
+    ranks_on_one_gpu(2, Config::default())
 }
 
 /// Two ranks on one GPU (one context), a thread each, through thousands of new operation
@@ -543,7 +548,8 @@ fn two_ranks_on_one_gpu() -> Option<Vec<Comm>> {
 #[test]
 #[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn ranks_sharing_a_gpu_evict_tables_without_waiting_for_each_other() {
-    let Some(comms) = two_ranks_on_one_gpu() else { return };
+    // The plan kernel's tables: the peer engine (which has none) off.
+    let Some(comms) = ranks_on_one_gpu(2, Config { gpu_peer_bytes: 0, ..Config::default() }) else { return };
     // Beyond the direct engine (256 KiB per rank), so every shape has plan tables.
     let (base, shapes) = (70_000usize, 3000usize);
     let max = base + 3 * shapes;
@@ -627,6 +633,93 @@ fn sends_to_oneself_land_in_the_matching_receive() {
                     for (i, v) in out.iter().enumerate() {
                         let (from, k) = (i / count, i % count);
                         assert_eq!(*v, value(from, r, k), "count {count}: rank {r} element {k} from rank {from}");
+                    }
+                });
+            }
+        });
+    }
+}
+
+/// The peer engine's rounds, on 2 and 3 ranks sharing one GPU: all-reduce, reduce-scatter,
+/// all-gather and all-to-all, in place and out of place, at sizes of one round, many rounds
+/// with an odd tail, and different block counts, launched back to back in a mixed order (the
+/// round counters and slot parities carry from one operation to the next, and blocks that sit
+/// out a launch must stay in step): every element exact, on every rank. Small slots
+/// (FERROCCL_GPU_PEER_BYTES = 2 MiB: 16 KiB slots) make many rounds. Needs one GPU.
+#[test]
+#[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
+    for n in [2usize, 3] {
+        let cfg = Config { gpu_peer_bytes: 2 << 20, ..Config::default() };
+        let Some(comms) = ranks_on_one_gpu(n, cfg.clone()) else { return };
+        let cfg = &cfg;
+        // Per-rank counts: one round of one block, many rounds with a tail, a different grid.
+        let counts = [70_001usize, (3 << 20) + 17, 300_003];
+        let kinds = [CollKind::AllReduce, CollKind::ReduceScatter, CollKind::AllGather, CollKind::AllToAll];
+        let max = n * counts.iter().max().unwrap();
+        std::thread::scope(|s| {
+            for (r, c) in comms.iter().enumerate() {
+                s.spawn(move || {
+                    let stats = MemStats::new();
+                    let gpu = c.gpu().unwrap();
+                    let send = DeviceBuffer::alloc(gpu, max * 4, &[], &stats).unwrap();
+                    let recv = DeviceBuffer::alloc(gpu, max * 4, &[], &stats).unwrap();
+                    // Exact in f32: small integers, different per rank, element and step.
+                    let val = |q: usize, i: usize, step: usize| ((i * 7 + q * 131 + step * 17) % 2039) as f32;
+                    let mut step = 0;
+                    for &count in &counts {
+                        for &kind in &kinds {
+                            for in_place in [false, true] {
+                                step += 1;
+                                let (sc, rc) = match kind {
+                                    CollKind::AllReduce => (count, count),
+                                    CollKind::ReduceScatter => (n * count, count),
+                                    CollKind::AllGather => (count, n * count),
+                                    _ => (n * count, n * count),
+                                };
+                                let mine: Vec<f32> = (0..sc).map(|i| val(r, i, step)).collect();
+                                recv.copy_from_host(0, &vec![0xff; rc * 4]).unwrap();
+                                // In place: the input lies where NCCL's convention puts it.
+                                let (sp, rp) = if in_place {
+                                    let at = match kind {
+                                        CollKind::ReduceScatter => 0,
+                                        CollKind::AllGather => r * count * 4,
+                                        _ => 0,
+                                    };
+                                    if kind == CollKind::ReduceScatter {
+                                        // The output is block r of the input buffer.
+                                        recv.copy_from_host(0, f32_bytes(&mine)).unwrap();
+                                        (recv.device_ptr(), recv.device_ptr() + (r * count * 4) as u64)
+                                    } else {
+                                        recv.copy_from_host(at, f32_bytes(&mine)).unwrap();
+                                        (recv.device_ptr() + at as u64, recv.device_ptr())
+                                    }
+                                } else {
+                                    send.copy_from_host(0, f32_bytes(&mine)).unwrap();
+                                    (send.device_ptr(), recv.device_ptr())
+                                };
+                                let a = OpArgs { kind, send: sp as *const u8, recv: rp as *mut u8, count, ..all_reduce_args(&send, &recv, count) };
+                                // SAFETY: device buffers of max >= every count used, alive past synchronize.
+                                unsafe { c.run_raw(&a).unwrap() };
+                                c.synchronize().unwrap();
+                                // The peer engine ran it, on the tuner's grid.
+                                let shape = OpShape { kind, count, dtype: ferroccl::DataType::Float32, nranks: n, in_place, windows: false };
+                                let choice = tune::choose(&shape, tune::Device::Gpu, &cfg);
+                                assert_eq!(choice.engine, tune::Engine::PeerKernel, "{choice}");
+                                assert_eq!(c.last_launch_blocks(), Some(choice.channels as u32));
+                                let whole = read_f32(&recv, if kind == CollKind::ReduceScatter && in_place { n * count } else { rc }).unwrap();
+                                let out = if kind == CollKind::ReduceScatter && in_place { &whole[r * count..(r + 1) * count] } else { &whole[..] };
+                                for (i, v) in out.iter().enumerate() {
+                                    let want = match kind {
+                                        CollKind::AllReduce => (0..n).map(|q| val(q, i, step)).sum::<f32>(),
+                                        CollKind::ReduceScatter => (0..n).map(|q| val(q, r * count + i, step)).sum::<f32>(),
+                                        CollKind::AllGather => val(i / count, i % count, step),
+                                        _ => val(i / count, r * count + i % count, step),
+                                    };
+                                    assert_eq!(*v, want, "{n} ranks, {kind} of {count} (in place {in_place}): rank {r} element {i}");
+                                }
+                            }
+                        }
                     }
                 });
             }

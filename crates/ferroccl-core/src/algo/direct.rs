@@ -43,45 +43,48 @@ pub(crate) fn all_to_all(lane: &mut Lane, ctx: &ChannelCtx) {
     }
 }
 
-/// Two-shot all-reduce of one channel's slice: rank q owns share q of the slice; every rank
-/// sends each owner its share, each owner reduces its share (its own input first, then the
-/// peers' in a fixed order) and sends the result to every rank. The result of each element is
-/// computed once, by its owner, so every rank gets the same bits. Per connection the messages
-/// are one share, then one result, each a single message (the caller guarantees it).
+/// Two-shot all-reduce of one channel's slice, in rounds of at most `chunk` elements: in each
+/// round rank q owns share q of the round; every rank sends each owner its share, each owner
+/// reduces its share (its own input first, then the peers' in a fixed order) and sends the
+/// result to every rank. The result of each element is computed once, by its owner, so every
+/// rank gets the same bits. Per connection and round the messages are one share, then one
+/// result. The plan kernel takes it with a single round (`two_shot_fits`); the GPU peer engine
+/// runs these rounds with a slot per share.
 pub(crate) fn all_reduce_two_shot(lane: &mut Lane, ctx: &ChannelCtx) {
     let (r, n) = (ctx.rank, ctx.nranks);
-    let len = ctx.end - ctx.start;
-    let share = |q: Rank| {
-        let (a, b) = super::channel_slice(len, n, q);
-        (ctx.start + a, b - a)
-    };
-    for peer in peers_after(r, n) {
-        let (off, l) = share(peer);
-        if l > 0 {
-            lane.steps.push(Step::Send { to: peer, src: input(ctx.op, off, l), pre: true });
-        }
-    }
-    let (off, l) = share(r);
-    if l > 0 {
-        for (i, peer) in peers_after(r, n).enumerate() {
-            let first = i == 0;
-            lane.steps.push(Step::RecvReduce {
-                from: peer,
-                local: if first { input(ctx.op, off, l) } else { output(ctx.op, off, l) },
-                pre_local: first,
-                post: i == n - 2,
-                dst: Some(output(ctx.op, off, l)),
-                to: None,
-            });
-        }
+    for (start, len) in loops(ctx.start, ctx.end, ctx.chunk) {
+        let share = |q: Rank| {
+            let (a, b) = super::channel_slice(len, n, q);
+            (start + a, b - a)
+        };
         for peer in peers_after(r, n) {
-            lane.steps.push(Step::Send { to: peer, src: output(ctx.op, off, l), pre: false });
+            let (off, l) = share(peer);
+            if l > 0 {
+                lane.steps.push(Step::Send { to: peer, src: input(ctx.op, off, l), pre: true });
+            }
         }
-    }
-    for peer in peers_before(r, n) {
-        let (off, l) = share(peer);
+        let (off, l) = share(r);
         if l > 0 {
-            lane.steps.push(Step::Recv { from: peer, dst: output(ctx.op, off, l) });
+            for (i, peer) in peers_after(r, n).enumerate() {
+                let first = i == 0;
+                lane.steps.push(Step::RecvReduce {
+                    from: peer,
+                    local: if first { input(ctx.op, off, l) } else { output(ctx.op, off, l) },
+                    pre_local: first,
+                    post: i == n - 2,
+                    dst: Some(output(ctx.op, off, l)),
+                    to: None,
+                });
+            }
+            for peer in peers_after(r, n) {
+                lane.steps.push(Step::Send { to: peer, src: output(ctx.op, off, l), pre: false });
+            }
+        }
+        for peer in peers_before(r, n) {
+            let (off, l) = share(peer);
+            if l > 0 {
+                lane.steps.push(Step::Recv { from: peer, dst: output(ctx.op, off, l) });
+            }
         }
     }
 }

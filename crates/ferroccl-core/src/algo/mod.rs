@@ -147,10 +147,7 @@ pub fn build(desc: &CollDesc, op: u16, rank: Rank, nranks: usize, t: &Tuning) ->
         let order = ring_order(nranks, c);
         let ctx = ChannelCtx { op, rank, nranks, order: &order, start: s, end: e, chunk: t.chunk_elems, count: desc.count };
         match (t.algo, desc.kind) {
-            (Algo::TwoShot, _) => {
-                debug_assert!(two_shot_fits(nranks, desc.count, t.chunk_elems), "two-shot beyond its limits");
-                direct::all_reduce_two_shot(&mut lane, &ctx)
-            }
+            (Algo::TwoShot, _) => direct::all_reduce_two_shot(&mut lane, &ctx),
             (Algo::Ring, CollKind::AllReduce) => ring::all_reduce(&mut lane, &ctx),
             (Algo::Ring, CollKind::ReduceScatter) => ring::reduce_scatter(&mut lane, &ctx),
             (Algo::Ring, _) => ring::all_gather(&mut lane, &ctx),

@@ -13,15 +13,21 @@ struct Cut {
     chunk_elems: usize,
     direct_max: usize,
     one_shot: bool,
+    /// As the GPU peer engine cuts them: all-reduce two-shot in rounds of any chunk, on any
+    /// rank count; reduce-scatter, all-gather and all-to-all one-shot.
+    peer: bool,
 }
 
 impl Cut {
     fn plain(channels: usize, chunk_elems: usize) -> Cut {
-        Cut { channels, chunk_elems, direct_max: 0, one_shot: false }
+        Cut { channels, chunk_elems, direct_max: 0, one_shot: false, peer: false }
     }
     fn tuning(&self, kind: CollKind, n: usize, count: usize) -> Tuning {
         let two_shot = kind == CollKind::AllReduce && count <= self.direct_max && two_shot_fits(n, count, self.chunk_elems);
-        let algo = if self.one_shot && kind.is_collective() {
+        let peer_kind = matches!(kind, CollKind::ReduceScatter | CollKind::AllGather | CollKind::AllToAll);
+        let algo = if self.peer && kind == CollKind::AllReduce && n >= 2 {
+            Algo::TwoShot
+        } else if (self.peer && peer_kind) || (self.one_shot && kind.is_collective()) {
             Algo::OneShot
         } else if two_shot {
             Algo::TwoShot
@@ -116,13 +122,14 @@ proptest! {
         direct in any::<bool>(),
         one_shot in any::<bool>(),
         zero_copy in any::<bool>(),
+        peer in any::<bool>(),
     ) {
         // Keep the number of loops small for huge sizes; tiny chunks for small sizes.
         // Any chunk size, but never more than ~64 loops per channel: the simulation's cost grows
         // with steps, and what it checks does not change with more of the same loop.
         let chunk = [1, 3, 64, 1000, 4096, 1 << 20][chunk_div - 1].max(count / (64 * n) + 1);
         // Half the cases allow the direct small-size algorithms wherever they apply.
-        let t = Cut { channels, chunk_elems: chunk, direct_max: if direct { usize::MAX } else { 0 }, one_shot };
+        let t = Cut { channels, chunk_elems: chunk, direct_max: if direct { usize::MAX } else { 0 }, one_shot, peer };
         let root = root_pick % n;
         let ops: Vec<Vec<SimOp>> = (0..n).map(|_| vec![SimOp { kind, count, root, in_place }]).collect();
         let r = run_both(&ops, &t, seed, zero_copy);
@@ -171,7 +178,7 @@ proptest! {
         let ops: Vec<Vec<SimOp>> = (0..n)
             .map(|_| kinds.iter().enumerate().map(|(i, &k)| SimOp { kind: k, count: counts[i], root: i % n, in_place: i % 2 == 0 }).collect())
             .collect();
-        let t = Cut { channels, chunk_elems: 97, direct_max: if seed & 4 == 4 { 3000 } else { 0 }, one_shot: seed & 8 == 8 };
+        let t = Cut { channels, chunk_elems: 97, direct_max: if seed & 4 == 4 { 3000 } else { 0 }, one_shot: seed & 8 == 8, peer: seed & 16 == 16 };
         let r = run_both(&ops, &t, seed, seed & 1 == 1);
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
@@ -263,7 +270,7 @@ fn small_all_reduces_go_two_shot() {
     for n in 3..=9 {
         for channels in 1..=3 {
             for count in [0, 1, 7, 64, 65, 200, 4099] {
-                let t = Cut { channels, chunk_elems: 4099, direct_max: 4099, one_shot: false };
+                let t = Cut { channels, chunk_elems: 4099, direct_max: 4099, one_shot: false, peer: false };
                 for in_place in [false, true] {
                     let r = run_collective(CollKind::AllReduce, n, count, 0, in_place, t, 7 + n as u64);
                     assert!(r.is_ok(), "n={n} ch={channels} count={count} in_place={in_place}: {}", r.unwrap_err());
@@ -280,7 +287,7 @@ fn small_all_reduces_go_two_shot() {
     }
     // Not for 2 ranks (the ring is two messages too), nor above the limit.
     for (n, count) in [(2, 10), (4, 4100)] {
-        let t = Cut { channels: 1, chunk_elems: 1 << 20, direct_max: 4099, one_shot: false };
+        let t = Cut { channels: 1, chunk_elems: 1 << 20, direct_max: 4099, one_shot: false, peer: false };
         let plan = t.build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, 0, n);
         assert!(plan.lanes.iter().flat_map(|l| &l.steps).any(|s| matches!(s, Step::RecvReduce { to: Some(_), .. })), "n={n} count={count}");
     }
@@ -310,7 +317,7 @@ fn one_shot_plans_are_one_round_per_loop() {
     for &kind in &CollKind::COLLECTIVES {
         for n in 1..=9 {
             for count in [0, 1, 63, 64, 1000] {
-                let t = Cut { channels: 2, chunk_elems: 1 << 20, direct_max: 0, one_shot: true };
+                let t = Cut { channels: 2, chunk_elems: 1 << 20, direct_max: 0, one_shot: true, peer: false };
                 for in_place in [false, true] {
                     let r = run_collective(kind, n, count, n / 2, in_place, t, 11);
                     assert!(r.is_ok(), "{kind} n={n} count={count} in_place={in_place}: {}", r.unwrap_err());

@@ -36,6 +36,34 @@ pub const DIRECT_MAX_BLOCKS: usize = 16;
 /// Data bytes one direct-engine block sends one peer in one operation at most.
 pub const DIRECT_SLOT_BYTES: usize = 16 << 10;
 
+/// The GPU's peer engine: the most ranks it serves and thread blocks it runs (each rank's
+/// staging holds slots for that many blocks), the smallest slot worth a round's handshake, and
+/// the bytes of an operation's largest buffer one block takes at least.
+pub const PEER_MAX_RANKS: usize = 16;
+/// Thread blocks of the peer engine at most.
+pub const PEER_MAX_BLOCKS: usize = 32;
+/// Slot bytes below which the peer engine is not offered (its handshake per round would cost
+/// more than the round moves).
+pub const PEER_MIN_SLOT_BYTES: usize = 16 << 10;
+/// Bytes of an operation's largest buffer per peer-engine block, at least.
+pub const PEER_BLOCK_BYTES: usize = 32 << 10;
+
+/// Bytes of one peer-engine slot on a communicator of `nranks` under `cfg`, or 0 where the
+/// engine is off (a rank count it does not serve, or staging too small for 16 KiB slots). Each
+/// rank's staging (`FERROCCL_GPU_PEER_BYTES` in all, whatever the rank count, so that memory
+/// does not grow with it) holds, for every block and every other rank, an input and an output
+/// slot per parity: `PEER_MAX_BLOCKS x (n-1) x 4` slots, in multiples of 4 KiB so that a slot
+/// holds a multiple of 64 elements of every type. With the default 16 MiB: 128 KiB slots on
+/// 2 ranks, 16 KiB on 8 or 9, none beyond. The GPU backend sizes its staging from this and the
+/// tuner its rounds: one place for both.
+pub fn peer_slot_bytes(cfg: &Config, nranks: usize) -> usize {
+    if !(2..=PEER_MAX_RANKS).contains(&nranks) {
+        return 0;
+    }
+    let slot = cfg.gpu_peer_bytes / (PEER_MAX_BLOCKS * (nranks - 1) * 4) / 4096 * 4096;
+    if slot < PEER_MIN_SLOT_BYTES { 0 } else { slot }
+}
+
 /// What the communicator runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Device {
@@ -145,6 +173,11 @@ pub enum Engine {
     /// storing its messages straight into the peers' receive slots with a flag in every 8 data
     /// bytes, and folding what it received in rank order (the same bits on every rank).
     DirectKernel,
+    /// The GPU peer kernel: all-reduce (two-shot), reduce-scatter, all-gather and all-to-all
+    /// (one-shot) of one operation per launch, in rounds of one slot per block and peer: each
+    /// block stores its messages straight into the peers' staging and raises one flag per peer
+    /// and round; no FIFO, no per-slot head or length.
+    PeerKernel,
 }
 
 /// Why each part of a [`Choice`] is what it is, for the debug log.
@@ -312,6 +345,40 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         }
     }
 
+    // Beyond it, the symmetric collectives take the peer engine: rounds of one slot per block
+    // and peer, two-shot for all-reduce (each element reduced once, by its owner, so every rank
+    // gets the same bits), one-shot for the others.
+    let symmetric = matches!(op.kind, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather | CollKind::AllToAll);
+    let slot = peer_slot_bytes(cfg, op.nranks);
+    if device == Device::Gpu && may_direct && symmetric && slot > 0 {
+        let slot_elems = slot / es;
+        let per = bytes.unwrap_or(usize::MAX).div_ceil(PEER_BLOCK_BYTES).max(1);
+        let channels = per.min(PEER_MAX_BLOCKS).min(cfg.gpu_channels.max(1));
+        let (algo, chunk_elems) = if op.kind == CollKind::AllReduce {
+            (Algo::TwoShot, slot_elems.saturating_mul(op.nranks))
+        } else {
+            (Algo::OneShot, slot_elems)
+        };
+        return Choice {
+            algo,
+            protocol: Protocol::Simple,
+            engine: Engine::PeerKernel,
+            channels,
+            chunk_elems,
+            zero_copy: false,
+            post_output: false,
+            why: Why {
+                algo: if algo == Algo::TwoShot {
+                    "all-reduce beyond the direct engine: two-shot on the peer engine"
+                } else {
+                    "beyond the direct engine: one round per slot on the peer engine"
+                },
+                protocol: "the peer engine's flag per block and round",
+                channels: "one per 32 KiB of the largest buffer, up to 32 (or FERROCCL_GPU_CHANNELS)",
+            },
+        };
+    }
+
     // Two shots beat the ring's 2(n-1) hops when latency is all there is; a share must be one
     // message, so that every rank can send all of them before receiving any.
     let two_shot_fits = op.kind == CollKind::AllReduce && op.nranks >= 3 && op.count <= chunk_elems;
@@ -394,6 +461,8 @@ pub struct Cost {
 pub fn cost(engine: Engine, protocol: Protocol) -> Cost {
     match (engine, protocol) {
         (Engine::DirectKernel, _) => Cost { launch_us: 4.0, hop_us: 0.0, bytes_per_us: 40_000.0 },
+        // Not yet measured over NVLink: the plan kernel's figures until it is.
+        (Engine::PeerKernel, _) => Cost { launch_us: 5.0, hop_us: 1.5, bytes_per_us: 260_000.0 },
         (Engine::PlanKernel, Protocol::LL) => Cost { launch_us: 5.0, hop_us: 1.0, bytes_per_us: 40_000.0 },
         (Engine::PlanKernel, Protocol::Simple) => Cost { launch_us: 6.0, hop_us: 1.5, bytes_per_us: 260_000.0 },
         (Engine::HostExecutor, _) => Cost { launch_us: 1.0, hop_us: 0.5, bytes_per_us: 8_000.0 },

@@ -30,7 +30,7 @@ fn p2p_budget_shrinks_with_ranks_but_not_below_the_floor() {
 fn choices_follow_the_table() {
     use CollKind::*;
     use Device::{Gpu, Host};
-    use Engine::{DirectKernel as D, HostExecutor as H, PlanKernel as P};
+    use Engine::{DirectKernel as D, HostExecutor as H, PeerKernel as K, PlanKernel as P};
     use Protocol::{Simple, LL};
     let cfg = Config::default();
     let rows: &[Row] = &[
@@ -43,25 +43,27 @@ fn choices_follow_the_table() {
         (Gpu, AllReduce, 64, Float32, 8, Algo::OneShot, D, LL, 1),
         // More ranks, smaller operations: each rank sends its block to n-1 peers.
         (Gpu, AllReduce, 9362, Float32, 8, Algo::OneShot, D, LL, 10),
-        (Gpu, AllReduce, 9363, Float32, 8, Algo::Ring, P, LL, 10),
+        (Gpu, AllReduce, 9363, Float32, 8, Algo::TwoShot, K, Simple, 2),
         (Gpu, AllGather, 1024, Float32, 4, Algo::OneShot, D, LL, 1),
         (Gpu, Reduce, 2, Float32, 2, Algo::OneShot, D, LL, 1),
         (Gpu, Gather, 100, Float32, 8, Algo::OneShot, D, LL, 1),
         (Gpu, AllReduce, 64 << 10, Bfloat16, 2, Algo::OneShot, D, LL, 16),
         (Gpu, AllReduce, 64 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
-        // Beyond FERROCCL_GPU_ONESHOT_MAX_BYTES (256 KiB): the plan kernel, its grid following
-        // the bytes; LL up to 64 KiB of the largest buffer.
-        (Gpu, AllReduce, (64 << 10) + 1, Float32, 2, Algo::Ring, P, Simple, 32),
-        (Gpu, AllReduce, 256 << 20, Float32, 2, Algo::Ring, P, Simple, 32),
+        // Beyond FERROCCL_GPU_ONESHOT_MAX_BYTES (256 KiB): the symmetric collectives on the peer
+        // engine, a block per 32 KiB of the largest buffer up to 32; the rooted ones on the
+        // plan kernel, its grid following the bytes.
+        (Gpu, AllReduce, (64 << 10) + 1, Float32, 2, Algo::TwoShot, K, Simple, 9),
+        (Gpu, AllReduce, 256 << 20, Float32, 2, Algo::TwoShot, K, Simple, 32),
         (Gpu, AllGather, 64 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
-        (Gpu, AllGather, (64 << 10) + 1, Float32, 2, Algo::Ring, P, Simple, 32),
-        (Gpu, ReduceScatter, 1 << 20, Float32, 2, Algo::Ring, P, Simple, 32),
+        (Gpu, AllGather, (64 << 10) + 1, Float32, 2, Algo::OneShot, K, Simple, 17),
+        (Gpu, ReduceScatter, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 32),
         (Gpu, ReduceScatter, 4 << 10, Float32, 8, Algo::OneShot, D, LL, 4),
         (Gpu, Broadcast, 8 << 20, Int8, 2, Algo::Chain, P, Simple, 32),
-        (Gpu, AllToAll, 1 << 20, Float32, 2, Algo::Direct, P, Simple, 32),
+        (Gpu, AllToAll, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 32),
         (Gpu, Scatter, 1 << 20, Float32, 8, Algo::Direct, P, Simple, 32),
-        // More ranks than the direct engine serves.
+        // More ranks than the direct and peer engines serve.
         (Gpu, AllReduce, 2, Float32, 17, Algo::Ring, P, LL, 1),
+        (Gpu, AllReduce, 1 << 20, Float32, 17, Algo::Ring, P, Simple, 32),
         // Sends and receives: the plan kernel, one block per 4 KiB up to the per-peer budget:
         // 32 with 2 ranks, 32 / (n - 1) with more, never below 8.
         (Gpu, Send, 2, Float32, 2, Algo::Direct, P, LL, 1),
@@ -87,8 +89,14 @@ fn choices_follow_the_table() {
     for &(dev, kind, count, dtype, n, algo, engine, protocol, channels) in rows {
         let c = choose(&shape(kind, count, dtype, n), dev, &cfg);
         assert_eq!((c.algo, c.engine, c.protocol, c.channels), (algo, engine, protocol, channels), "{dev:?} {kind} {count} x {dtype} on {n}: {c}");
-        if engine != D {
-            assert_eq!(c.chunk_elems, cfg.chunk_bytes / dtype.size());
+        match engine {
+            D => {}
+            // A round: one slot per peer (all-reduce: a slot per share, n shares).
+            K => {
+                let slot = peer_slot_bytes(&cfg, n) / dtype.size();
+                assert_eq!(c.chunk_elems, if kind == AllReduce { slot * n } else { slot }, "{c}");
+            }
+            _ => assert_eq!(c.chunk_elems, cfg.chunk_bytes / dtype.size()),
         }
         assert!(!c.zero_copy && !c.post_output, "no windows, no zero-copy");
     }
@@ -110,22 +118,82 @@ fn the_direct_engine_takes_lone_operations_whose_slices_fit_its_slots() {
             assert!((b - a) * 4 <= DIRECT_SLOT_BYTES, "{count}: slice {ch} of {}", c.channels);
         }
     }
-    // 256 KiB per peer is the most; beyond, the plan kernel.
-    assert_eq!(choose(&ar(65_537), Device::Gpu, &cfg).engine, Engine::PlanKernel);
+    // 256 KiB per peer is the most; beyond, the peer engine.
+    assert_eq!(choose(&ar(65_537), Device::Gpu, &cfg).engine, Engine::PeerKernel);
     // In a group, every operation takes the plan kernel.
     let group = choose_launch(&[ar(2), ar(2)], Device::Gpu, &cfg);
     assert!(group.iter().all(|c| c.engine == Engine::PlanKernel && c.algo == Algo::Ring), "{group:?}");
     assert_eq!(choose_launch(&[ar(2)], Device::Gpu, &cfg)[0].engine, Engine::DirectKernel);
-    // Off.
-    assert_eq!(choose(&ar(2), Device::Gpu, &Config { gpu_oneshot_max_bytes: 0, ..cfg.clone() }).engine, Engine::PlanKernel);
+    // Off: the peer engine, or with it off too, the plan kernel.
+    assert_eq!(choose(&ar(2), Device::Gpu, &Config { gpu_oneshot_max_bytes: 0, ..cfg.clone() }).engine, Engine::PeerKernel);
+    let neither = Config { gpu_oneshot_max_bytes: 0, gpu_peer_bytes: 0, ..cfg.clone() };
+    assert_eq!(choose(&ar(2), Device::Gpu, &neither).engine, Engine::PlanKernel);
+}
+
+/// The peer engine: symmetric collectives alone in their launch, 2 to 16 ranks, staging of at
+/// least 16 KiB a slot; rounds that fit a slot per share or message; blocks by the bytes.
+#[test]
+fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots() {
+    let cfg = Config::default();
+    assert_eq!(peer_slot_bytes(&cfg, 2), 128 << 10);
+    assert_eq!(peer_slot_bytes(&cfg, 3), 64 << 10, "the staging is shared by the peers");
+    assert_eq!(peer_slot_bytes(&cfg, 8), 16 << 10);
+    assert_eq!(peer_slot_bytes(&cfg, 9), 16 << 10);
+    assert_eq!(peer_slot_bytes(&cfg, 10), 0, "under 16 KiB a slot: off");
+    assert_eq!(peer_slot_bytes(&Config { gpu_peer_bytes: 32 << 20, ..Config::default() }, 16), 16 << 10);
+    assert_eq!(peer_slot_bytes(&cfg, 1), 0);
+    assert_eq!(peer_slot_bytes(&cfg, 17), 0);
+    let small = Config { gpu_peer_bytes: (PEER_MIN_SLOT_BYTES * PEER_MAX_BLOCKS * 4) - 1, ..Config::default() };
+    assert_eq!(peer_slot_bytes(&Config { gpu_peer_bytes: PEER_MIN_SLOT_BYTES * PEER_MAX_BLOCKS * 4, ..Config::default() }, 2), PEER_MIN_SLOT_BYTES);
+    assert_eq!(peer_slot_bytes(&small, 2), 0, "below 16 KiB a slot: off");
+    let odd = Config { gpu_peer_bytes: 5 << 20, ..Config::default() };
+    assert_eq!(peer_slot_bytes(&odd, 2) % 4096, 0);
+    for n in [2, 3, 5, 8] {
+        for dtype in [Int8, Bfloat16, Float32, DataType::Float64] {
+            let es = dtype.size();
+            let slot = peer_slot_bytes(&cfg, n);
+            assert_eq!((slot / es) % 64, 0, "a slot holds whole 64-element cuts");
+            for kind in [CollKind::AllReduce, CollKind::ReduceScatter, CollKind::AllGather, CollKind::AllToAll] {
+                for count in [(256 << 10) / es + 1, 1 << 20, 3 << 24, 123_456_789] {
+                    let c = choose(&shape(kind, count, dtype, n), Device::Gpu, &cfg);
+                    assert_eq!(c.engine, Engine::PeerKernel, "{kind} {count} x {dtype} on {n}: {c}");
+                    assert!((1..=PEER_MAX_BLOCKS).contains(&c.channels));
+                    // Every share of every round of every block fits a slot.
+                    for ch in [0, c.channels - 1] {
+                        let (a, b) = crate::algo::channel_slice(count, c.channels, ch);
+                        let len = (b - a).min(c.chunk_elems);
+                        let parts = if kind == CollKind::AllReduce { n } else { 1 };
+                        for q in 0..parts {
+                            let (x, y) = crate::algo::channel_slice(len, parts, q);
+                            assert!((y - x) * es <= slot, "{kind} {count} x {dtype} on {n}: share {q} of {} elements", y - x);
+                        }
+                    }
+                }
+            }
+            // Rooted collectives and sends keep the plan kernel.
+            for kind in [CollKind::Broadcast, CollKind::Reduce, CollKind::Gather, CollKind::Scatter, CollKind::Send] {
+                assert_eq!(choose(&shape(kind, 1 << 22, dtype, n), Device::Gpu, &cfg).engine, Engine::PlanKernel, "{kind}");
+            }
+        }
+    }
+    // Groups, too many ranks, the knob off: the plan kernel.
+    let ar = shape(CollKind::AllReduce, 1 << 22, Float32, 2);
+    assert!(choose_launch(&[ar, ar], Device::Gpu, &cfg).iter().all(|c| c.engine == Engine::PlanKernel));
+    assert_eq!(choose(&OpShape { nranks: 17, ..ar }, Device::Gpu, &cfg).engine, Engine::PlanKernel);
+    assert_eq!(choose(&ar, Device::Gpu, &Config { gpu_peer_bytes: 0, ..cfg.clone() }).engine, Engine::PlanKernel);
+    // FERROCCL_GPU_CHANNELS caps its blocks as the plan kernel's.
+    assert_eq!(choose(&ar, Device::Gpu, &Config { gpu_channels: 8, ..cfg.clone() }).channels, 8);
+    // Every rank plans the same: the plan the simulator proves for these cuts is tested in
+    // algo::tests (the `peer` cuts).
 }
 
 /// GPU all-reduces on 3+ ranks beyond the direct engine and within a chunk: the ring unless
 /// FERROCCL_GPU_TWO_SHOT, then two-shot; never on 2 ranks, nor beyond a chunk.
 #[test]
 fn gpu_two_shot_only_when_asked() {
-    let on = Config { gpu_two_shot: true, ..Config::default() };
-    let off = Config::default();
+    // (With the peer engine off: it takes these operations otherwise.)
+    let on = Config { gpu_two_shot: true, gpu_peer_bytes: 0, ..Config::default() };
+    let off = Config { gpu_peer_bytes: 0, ..Config::default() };
     let ar = |count, n| shape(CollKind::AllReduce, count, Float32, n);
     // 3 ranks, 256K floats (1 MiB per rank): past the direct engine, one chunk.
     assert_eq!(choose(&ar(256 << 10, 3), Device::Gpu, &off).algo, Algo::Ring);
@@ -151,6 +219,7 @@ fn knobs_move_the_choices() {
     cfg.gpu_channels = 4;
     cfg.gpu_channel_bytes = 1;
     cfg.gpu_oneshot_max_bytes = 0;
+    cfg.gpu_peer_bytes = 0;
     assert_eq!(choose(&shape(CollKind::AllReduce, 2, Float32, 2), Device::Gpu, &cfg).channels, 4);
     // FERROCCL_DIRECT_MAX_BYTES=0 turns the two-shot off; the chunk bounds it too.
     assert_eq!(choose(&small, Device::Host, &Config { direct_max_bytes: 0, ..Config::default() }).algo, Algo::Ring);
@@ -159,7 +228,7 @@ fn knobs_move_the_choices() {
     assert_eq!(choose(&shape(CollKind::AllReduce, 17, Float32, 4), Device::Host, &chunked).algo, Algo::Ring);
     // LL off, or smaller (on the plan kernel).
     let gpu_small = shape(CollKind::AllReduce, 2, Float32, 2);
-    let plan_kernel = Config { gpu_oneshot_max_bytes: 0, ..Config::default() };
+    let plan_kernel = Config { gpu_oneshot_max_bytes: 0, gpu_peer_bytes: 0, ..Config::default() };
     assert_eq!(choose(&gpu_small, Device::Gpu, &Config { ll_max_bytes: 0, ..plan_kernel.clone() }).protocol, Protocol::Simple);
     let ll16 = Config { ll_max_bytes: 16 << 10, ..plan_kernel };
     assert_eq!(choose(&shape(CollKind::AllReduce, 4096, Float32, 8), Device::Gpu, &ll16).protocol, Protocol::LL);
@@ -192,7 +261,8 @@ fn ll_is_decided_by_the_largest_buffer_of_any_rank() {
 
 #[test]
 fn zero_copy_needs_windows_the_simple_protocol_and_a_safe_output() {
-    let cfg = Config::default();
+    // The plan kernel's zero-copy (the peer engine stages everything).
+    let cfg = Config { gpu_peer_bytes: 0, ..Config::default() };
     let big = OpShape { windows: true, ..shape(CollKind::AllToAll, 1 << 20, Float32, 2) };
     let c = choose(&big, Device::Gpu, &cfg);
     assert!(c.zero_copy && c.post_output, "{c}");

@@ -3,7 +3,7 @@
 
 use super::fabric::Fabric;
 use super::launch::PlanCache;
-use super::tables::{FcDirect, FcError, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA, WHAT_LENGTH, WHAT_POST, WHAT_ROOM};
+use super::tables::{FcDirect, FcError, FcPeer, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA, WHAT_LENGTH, WHAT_POST, WHAT_ROOM};
 use super::window::Windows;
 use super::kernels;
 use crate::bootstrap::Bootstrap;
@@ -43,6 +43,9 @@ pub(crate) struct CudaComm {
     /// The direct engine's module and kernel, and its parameter with this communicator's
     /// slots, acks, epochs and status words (None beyond the ranks it serves).
     pub(super) direct: Option<(Module, KernelHandle, FcDirect)>,
+    /// The peer engine's kernel (in `module`) and its parameter with this communicator's
+    /// staging, flags, counters and status words (None: off).
+    pub(super) peer: Option<(KernelHandle, FcPeer)>,
     /// Registered windows (zero-copy).
     pub(super) windows: Mutex<Windows>,
 }
@@ -111,6 +114,13 @@ impl CudaComm {
             }
             None => None,
         };
+        let peer = match fabric.peer {
+            Some(p) => {
+                let f = module.kernel(kernels::PEER_KERNEL)?.handle();
+                Some((f, FcPeer { abort: status.abort_ptr(), error: status.error_ptr(), timeout_ns, ..p }))
+            }
+            None => None,
+        };
         let mut stream = std::ptr::null_mut();
         gpu.bind()?;
         cu_ok("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
@@ -129,6 +139,7 @@ impl CudaComm {
             resident,
             plan_fn,
             direct,
+            peer,
             windows: Mutex::new(Windows::default()),
         })
     }

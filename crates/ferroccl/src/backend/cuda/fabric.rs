@@ -9,13 +9,13 @@
 //! `produced` (ours). Each word
 //! has its own 128-byte line so that remote writes never share a line with local spins.
 
-use super::tables::{FcConn, FcDirect, CONN_RECV, CONN_SEND, DIRECT_MAX_BLOCKS, DIRECT_MAX_RANKS, DIRECT_SLOT_BYTES, LL_DATA_BYTES};
+use super::tables::{FcConn, FcDirect, FcPeer, CONN_RECV, CONN_SEND, DIRECT_MAX_BLOCKS, DIRECT_MAX_RANKS, DIRECT_SLOT_BYTES, LL_DATA_BYTES, PEER_MAX_BLOCKS};
 use crate::cuda::device::Gpu;
 use crate::cuda::fdpass::{FdChannel, FdListener};
 use crate::cuda::mem::{DeviceBuffer, MemStats};
 use crate::bootstrap::Bootstrap;
 use ferroccl_core::plan::{ConnKey, Dir, P2P_CHANNEL_BASE};
-use ferroccl_core::tune::{channel_budget, Device};
+use ferroccl_core::tune::{channel_budget, peer_slot_bytes, Device};
 use ferroccl_core::{Config, Error, Rank};
 use std::os::fd::AsFd;
 use std::sync::atomic::AtomicBool;
@@ -36,6 +36,8 @@ pub(crate) struct Geometry {
     pub nchan: usize,
     /// Ranks of the communicator.
     pub nranks: usize,
+    /// Bytes of one peer-engine slot (`tune::peer_slot_bytes`); 0: no peer engine.
+    pub peer_slot: usize,
 }
 
 impl Geometry {
@@ -55,9 +57,25 @@ impl Geometry {
         let q = if of < owner { of } else { of - 1 };
         q * self.nchan + chan
     }
-    pub fn recv_arena_bytes(&self) -> usize {
+    fn direct_slots_end(&self) -> usize {
         let direct = if self.has_direct() { DIRECT_MAX_BLOCKS * self.nranks * 2 * 2 * DIRECT_SLOT_BYTES } else { 0 };
         self.direct_slots_off() + direct
+    }
+    /// Whether the communicator has the peer engine's staging.
+    pub fn has_peer(&self) -> bool {
+        self.peer_slot > 0
+    }
+    /// Then the peer engine's staging: slots [block][sender other than the owner][phase][parity],
+    /// on a 4 KiB boundary (every slot 16-byte aligned for the vector stores).
+    pub fn peer_stage_off(&self) -> usize {
+        self.direct_slots_end().div_ceil(4096) * 4096
+    }
+    /// Then its flag lines [block][sender][phase], written by the senders, 128 bytes each.
+    pub fn peer_flags_off(&self) -> usize {
+        self.peer_stage_off() + PEER_MAX_BLOCKS * self.nranks.saturating_sub(1) * 4 * self.peer_slot
+    }
+    pub fn recv_arena_bytes(&self) -> usize {
+        if self.has_peer() { self.peer_flags_off() + PEER_MAX_BLOCKS * self.nranks * 2 * LINE } else { self.direct_slots_end() }
     }
     /// The send arena: every counter pair, then the direct acks [block][receiver] (written by
     /// the receivers), then the epoch word of each block (ours).
@@ -67,8 +85,15 @@ impl Geometry {
     pub fn direct_epochs_off(&self) -> usize {
         (self.direct_acks_off() + DIRECT_MAX_BLOCKS * self.nranks * 8).div_ceil(LINE) * LINE
     }
-    pub fn send_arena_bytes(&self) -> usize {
+    fn direct_words_end(&self) -> usize {
         if self.has_direct() { self.direct_epochs_off() + DIRECT_MAX_BLOCKS * 8 } else { self.direct_acks_off() }
+    }
+    /// Then the peer engine's round counter of each block (ours).
+    pub fn peer_seqs_off(&self) -> usize {
+        self.direct_words_end().div_ceil(LINE) * LINE
+    }
+    pub fn send_arena_bytes(&self) -> usize {
+        if self.has_peer() { self.peer_seqs_off() + PEER_MAX_BLOCKS * 8 } else { self.direct_words_end() }
     }
     pub fn lens_off(&self) -> usize {
         self.slots * self.slot_bytes
@@ -124,8 +149,10 @@ pub(crate) fn explain_alloc_failure(e: Error, geo: &Geometry, nranks: usize, ord
     e.context(format!(
         "GPU {ordinal} has no room for this communicator's FIFOs: {need} bytes = {} peers x {} channels \
          (FERROCCL_GPU_CHANNELS={} plus {} point-to-point: FERROCCL_GPU_P2P_CHANNELS) x {} slots (FERROCCL_SLOTS) x {} bytes \
-         (FERROCCL_SLOT_BYTES), plus counters. Free GPU memory (other communicators, the framework's cache) or lower those knobs",
-        nranks.saturating_sub(1), geo.nchan, geo.coll, geo.nchan - geo.coll, geo.slots, geo.slot_bytes
+         (FERROCCL_SLOT_BYTES), plus counters, plus {} bytes of peer-engine staging (FERROCCL_GPU_PEER_BYTES per peer). \
+         Free GPU memory (other communicators, the framework's cache) or lower those knobs",
+        nranks.saturating_sub(1), geo.nchan, geo.coll, geo.nchan - geo.coll, geo.slots, geo.slot_bytes,
+        if geo.has_peer() { geo.peer_flags_off() - geo.peer_stage_off() } else { 0 }
     ))
 }
 
@@ -142,6 +169,8 @@ pub(crate) struct Fabric {
     /// The direct engine's slots, acks and epochs, for its kernel parameter (None: too many
     /// ranks for it).
     pub direct: Option<FcDirect>,
+    /// The peer engine's staging, flags and counters, for its kernel parameter (None: off).
+    pub peer: Option<FcPeer>,
 }
 
 impl Fabric {
@@ -149,7 +178,7 @@ impl Fabric {
         let (me, n) = (boot.rank(), boot.nranks());
         // FIFOs for the most channels the tuner may give an operation.
         let (coll, p2p) = channel_budget(Device::Gpu, config, n);
-        let geo = Geometry { slots: config.slots, slot_bytes: config.slot_bytes, coll, nchan: coll + p2p, nranks: n };
+        let geo = Geometry { slots: config.slots, slot_bytes: config.slot_bytes, coll, nchan: coll + p2p, nranks: n, peer_slot: peer_slot_bytes(config, n) };
         let need = geo.recv_arena_bytes() + geo.send_arena_bytes();
         let explain = |e: Error| explain_alloc_failure(e, &geo, n, gpu.ordinal(), need);
         // If the second allocation fails, the first is released as `recv_arena` drops.
@@ -214,7 +243,8 @@ impl Fabric {
         let raw = unsafe { std::slice::from_raw_parts(conns.as_ptr() as *const u8, bytes) };
         table.copy_from_host(0, raw)?;
         let direct = geo.has_direct().then(|| direct_param(&geo, me, &arenas));
-        Ok(Fabric { geo, _recv_arena: recv_arena, _send_arena: send_arena, _imported: imported, table, nconns: conns.len() as u32, direct })
+        let peer = geo.has_peer().then(|| peer_param(&geo, me, &arenas));
+        Ok(Fabric { geo, _recv_arena: recv_arena, _send_arena: send_arena, _imported: imported, table, nconns: conns.len() as u32, direct, peer })
     }
 }
 
@@ -279,6 +309,23 @@ fn direct_param(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> FcDirect {
     p
 }
 
+/// The peer kernel's parameter with rank `me`'s view of every rank's staging and flag lines,
+/// and its own round counters; the operation's fields are the launch's.
+fn peer_param(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> FcPeer {
+    let mut p = FcPeer {
+        seqs: arenas[me].send + geo.peer_seqs_off() as u64,
+        slot_bytes: geo.peer_slot as u64,
+        rank: me as u32,
+        nranks: arenas.len() as u32,
+        ..Default::default()
+    };
+    for (q, a) in arenas.iter().enumerate() {
+        p.stage[q] = a.recv + geo.peer_stage_off() as u64;
+        p.flags[q] = a.recv + geo.peer_flags_off() as u64;
+    }
+    p
+}
+
 /// The kernel's connection table of rank `me`, given every rank's arenas as this process
 /// addresses them: for each peer and channel, a send end (the peer's FIFO for us, our counters
 /// for the peer) and a receive end (our FIFO for the peer, the peer's counters for us).
@@ -332,7 +379,7 @@ mod tests {
 
     #[test]
     fn geometry_keeps_words_on_their_own_lines_and_indexes_every_connection_once() {
-        let g = Geometry { slots: 8, slot_bytes: 1 << 18, coll: 2, nchan: 3, nranks: 4 };
+        let g = Geometry { slots: 8, slot_bytes: 1 << 18, coll: 2, nchan: 3, nranks: 4, peer_slot: 0 };
         assert_eq!(g.head_off() % LINE, 0);
         assert!(g.head_off() >= g.lens_off() + 8 * 4);
         assert_eq!(g.consumed_off() - g.head_off(), LINE);
@@ -362,7 +409,7 @@ mod tests {
     #[test]
     fn direct_slots_and_words_lie_inside_the_arenas_past_the_fifos() {
         for n in [1, 2, 5, 16] {
-            let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: n };
+            let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: n, peer_slot: 0 };
             assert!(g.has_direct());
             // FIFOs for the other ranks only: with 2 ranks, one peer's worth.
             assert_eq!(g.direct_slots_off(), ((n - 1) * g.nchan * g.fifo_stride()).div_ceil(LINE) * LINE);
@@ -386,10 +433,60 @@ mod tests {
             }
         }
         // Beyond 16 ranks there is no direct engine and no room taken for it.
-        let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: 17 };
+        let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: 17, peer_slot: 0 };
         assert!(!g.has_direct());
         assert_eq!(g.recv_arena_bytes(), g.direct_slots_off());
         assert_eq!(g.send_arena_bytes(), g.direct_acks_off());
+    }
+
+    /// The peer engine's staging and flags follow the direct slots, its counters the direct
+    /// words; every slot and flag line of every (block, sender, phase, parity) is distinct and
+    /// inside the owner's arena, as the kernel's `peer_slot` / `peer_flag` address them.
+    #[test]
+    fn peer_staging_and_flags_lie_inside_the_arenas_apart() {
+        for n in [2usize, 3, 16] {
+            let slot = 16 << 10;
+            let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: n, peer_slot: slot };
+            let plain = Geometry { peer_slot: 0, ..g };
+            assert!(g.has_peer() && !plain.has_peer());
+            assert_eq!(g.peer_stage_off() % 4096, 0);
+            assert!(g.peer_stage_off() >= plain.recv_arena_bytes());
+            assert_eq!(g.peer_flags_off() - g.peer_stage_off(), PEER_MAX_BLOCKS * (n - 1) * 4 * slot);
+            assert_eq!(g.recv_arena_bytes() - g.peer_flags_off(), PEER_MAX_BLOCKS * n * 2 * LINE);
+            assert!(g.peer_seqs_off() >= plain.send_arena_bytes() && g.peer_seqs_off() % LINE == 0);
+            assert_eq!(g.send_arena_bytes(), g.peer_seqs_off() + PEER_MAX_BLOCKS * 8);
+            let arenas: Vec<Arenas> = (0..n as u64).map(|q| Arenas { recv: (q + 1) << 40, send: ((q + 1) << 40) + (1 << 38) }).collect();
+            // The kernel's addressing, in Rust.
+            let slot_at = |p: &FcPeer, owner: usize, b: usize, from: usize, phase: usize, parity: usize| {
+                let f = if from < owner { from } else { from - 1 };
+                p.stage[owner] + ((((b * (n - 1) + f) * 2 + phase) * 2 + parity) * slot) as u64
+            };
+            let flag_at = |p: &FcPeer, owner: usize, b: usize, from: usize, phase: usize| p.flags[owner] + (((b * n + from) * 2 + phase) * LINE) as u64;
+            for me in 0..n {
+                let p = peer_param(&g, me, &arenas);
+                assert_eq!((p.rank, p.nranks, p.slot_bytes), (me as u32, n as u32, slot as u64));
+                assert_eq!(p.seqs, arenas[me].send + g.peer_seqs_off() as u64);
+                let mut slots = std::collections::HashSet::new();
+                let mut flags = std::collections::HashSet::new();
+                for owner in 0..n {
+                    let (lo, hi) = (arenas[owner].recv + g.peer_stage_off() as u64, arenas[owner].recv + g.peer_flags_off() as u64);
+                    for b in [0, 1, PEER_MAX_BLOCKS - 1] {
+                        for from in (0..n).filter(|&f| f != owner) {
+                            for phase in 0..2 {
+                                for parity in 0..2 {
+                                    let a = slot_at(&p, owner, b, from, phase, parity);
+                                    assert!(a >= lo && a + slot as u64 <= hi, "slot outside the staging");
+                                    assert!(slots.insert(a));
+                                }
+                                let f = flag_at(&p, owner, b, from, phase);
+                                assert!(f >= hi && f + LINE as u64 <= arenas[owner].recv + g.recv_arena_bytes() as u64);
+                                assert!(flags.insert(f));
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     fn fake_arenas(g: &Geometry, n: usize) -> Vec<Arenas> {
@@ -401,7 +498,7 @@ mod tests {
     #[test]
     fn both_ends_of_every_connection_agree_and_no_word_is_shared() {
         for n in [2usize, 3, 4, 5] {
-            let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: n };
+            let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: n, peer_slot: 0 };
             let arenas = fake_arenas(&g, n);
             let tables: Vec<Vec<FcConn>> = (0..n).map(|me| conn_table(&g, me, &arenas)).collect();
             let mut words = std::collections::HashSet::new();
@@ -465,12 +562,12 @@ mod oom_tests {
 
     #[test]
     fn out_of_gpu_memory_names_the_size_and_the_knobs() {
-        let geo = Geometry { slots: 8, slot_bytes: 262144, coll: 32, nchan: 40, nranks: 4 };
+        let geo = Geometry { slots: 8, slot_bytes: 262144, coll: 32, nchan: 40, nranks: 4, peer_slot: 0 };
         let oom = Error::System("cuMemCreate(84934656 bytes on GPU 3) failed: CUDA_ERROR_OUT_OF_MEMORY (out of memory)".into());
         let e = explain_alloc_failure(oom, &geo, 4, 3, 84_000_000);
         assert!(matches!(e, Error::System(_)), "{e}");
         let m = e.message();
-        for want in ["GPU 3", "84000000 bytes", "3 peers x 40 channels", "FERROCCL_GPU_CHANNELS=32", "8 point-to-point", "FERROCCL_GPU_P2P_CHANNELS", "FERROCCL_SLOTS", "FERROCCL_SLOT_BYTES", "CUDA_ERROR_OUT_OF_MEMORY"] {
+        for want in ["GPU 3", "84000000 bytes", "3 peers x 40 channels", "FERROCCL_GPU_PEER_BYTES", "FERROCCL_GPU_CHANNELS=32", "8 point-to-point", "FERROCCL_GPU_P2P_CHANNELS", "FERROCCL_SLOTS", "FERROCCL_SLOT_BYTES", "CUDA_ERROR_OUT_OF_MEMORY"] {
             assert!(m.contains(want), "{want:?} missing from: {m}");
         }
         // Other failures are not dressed up as a memory problem.

@@ -15,6 +15,9 @@ pub(crate) const PLAN_EXEC_KERNEL: &str = "ferroccl_plan_exec";
 /// The `.cu` file of the plan-execution kernel, before its headers are spliced in.
 pub(crate) const PLAN_EXEC_SRC: &str = include_str!("kernels/plan_exec.cu");
 
+/// Name of the peer engine's kernel, in the plan kernel's module (`kernels/peer.cuh`).
+pub(crate) const PEER_KERNEL: &str = "ferroccl_peer";
+
 /// Name of the direct engine's kernel.
 pub(crate) const DIRECT_KERNEL: &str = "ferroccl_direct";
 
@@ -30,6 +33,7 @@ pub(crate) const HEADERS: &[(&str, &str)] = &[
     ("types.cuh", include_str!("kernels/types.cuh")),
     ("fifo.cuh", include_str!("kernels/fifo.cuh")),
     ("reduce.cuh", include_str!("kernels/reduce.cuh")),
+    ("peer.cuh", include_str!("kernels/peer.cuh")),
     ("check.cuh", include_str!("kernels/check.cuh")),
 ];
 
@@ -70,6 +74,7 @@ fn quoted_include(line: &str) -> Option<&'static (&'static str, &'static str)> {
 
 fn splice(out: &mut String, name: &str, text: &str, seen: &mut Vec<&'static str>) {
     out.push_str(&format!("#line 1 \"{name}\"\n"));
+    let total = text.lines().count();
     for (i, line) in text.lines().enumerate() {
         if let Some(&(h, body)) = quoted_include(line) {
             // `#pragma once` would do the same inside NVRTC; skipping repeats here keeps the
@@ -78,7 +83,11 @@ fn splice(out: &mut String, name: &str, text: &str, seen: &mut Vec<&'static str>
                 seen.push(h);
                 splice(out, h, body, seen);
             }
-            out.push_str(&format!("#line {} \"{name}\"\n", i + 2));
+            // (No marker after an include on the file's last line: it would name a line past
+            // the end.)
+            if i + 1 < total {
+                out.push_str(&format!("#line {} \"{name}\"\n", i + 2));
+            }
             continue;
         }
         out.push_str(line);
@@ -143,7 +152,7 @@ mod tests {
     #[test]
     fn splicing_inlines_each_header_once() {
         for (src, uses) in [
-            (plan_exec_source(), &["ints.cuh", "types.cuh", "fifo.cuh", "reduce.cuh"][..]),
+            (plan_exec_source(), &["ints.cuh", "types.cuh", "fifo.cuh", "reduce.cuh", "peer.cuh"][..]),
             (check_source(), &["ints.cuh", "check.cuh"][..]),
         ] {
             assert!(!src.lines().any(|l| quoted_include(l).is_some()), "a quoted include survived");
@@ -197,6 +206,8 @@ mod tests {
         assert!(ptx.contains("ld.acquire.sys.global.u64"));
         assert!(ptx.contains("st.release.sys.global.u64"));
         assert!(ptx.contains("%globaltimer"));
+        // The peer engine shares the module.
+        assert!(ptx.contains(&format!(".entry {PEER_KERNEL}(")), "no entry {PEER_KERNEL} in the PTX");
         let direct = cudarc::nvrtc::compile_ptx_with_opts(direct_source(), compile_options("sm_90", &include))
             .unwrap_or_else(|e| match e {
                 cudarc::nvrtc::CompileError::CompileError { log, .. } => panic!("NVRTC rejected direct.cu:\n{}", log.to_string_lossy()),

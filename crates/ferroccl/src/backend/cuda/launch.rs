@@ -15,7 +15,7 @@
 //! Tables a graph captured stay for the communicator's life, as the graph may replay them.
 
 use super::comm::{CudaComm, BLOCK_THREADS};
-use super::tables::{encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcLaunch, FcOp, OpDesc, ZeroCopy, DIRECT_THREADS, INLINE_OPS};
+use super::tables::{encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcLaunch, FcOp, FcPeer, OpDesc, ZeroCopy, DIRECT_THREADS, INLINE_OPS, PEER_THREADS};
 use super::window::Windows;
 use crate::cuda::cu_ok;
 use crate::cuda::device::LaunchDims;
@@ -147,6 +147,8 @@ enum Run {
     Plan(DeviceTables),
     /// The direct kernel, on this many blocks.
     Direct { blocks: u32 },
+    /// The peer kernel, on this many blocks, in rounds of this many elements per block.
+    Peer { blocks: u32, chunk: u64 },
 }
 
 /// One launch shape's tables on the GPU, or the direct engine's choice.
@@ -321,6 +323,14 @@ impl CudaComm {
                     let entry = Entry { words: key.words().collect(), slab: None, run: Run::Direct { blocks: c.channels as u32 }, pinned: false, _host: Vec::new() };
                     cache.map.entry(key.hash()).or_default().push(entry);
                 }
+                [c] if c.engine == Engine::PeerKernel => {
+                    if self.peer.is_none() {
+                        return Err(Error::Internal(format!("the peer engine was chosen for {} ranks without its staging", info.nranks)));
+                    }
+                    let run = Run::Peer { blocks: c.channels as u32, chunk: c.chunk_elems as u64 };
+                    let entry = Entry { words: key.words().collect(), slab: None, run, pinned: false, _host: Vec::new() };
+                    cache.map.entry(key.hash()).or_default().push(entry);
+                }
                 _ => {
                     let enc = self.encode(info, args, &planned, &windows)?;
                     self.store(&mut cache, &key, &enc, ops.len() > INLINE_OPS, stream, captured)?;
@@ -363,6 +373,20 @@ impl CudaComm {
                 let mut params = [&mut param as *mut _ as *mut std::ffi::c_void];
                 // SAFETY: the direct kernel takes one FcDirect by value; its slots, acks and
                 // epochs are this communicator's fabric (mapped for this GPU), its buffers the
+                // caller's, valid for the operation (its contract).
+                unsafe { kernel.launch(dims, stream, &mut params) }
+            }
+            Run::Peer { blocks, chunk } => {
+                let (f, template) = self.peer.as_ref().expect("checked when the entry was made");
+                let a = &args[0];
+                let kind = kind_code(a.kind).ok_or_else(|| Error::Internal(format!("the peer engine got {}", a.kind)))?;
+                let mut param = FcPeer { count: a.count as u64, chunk, kind, nblocks: blocks, op: ops[0], ..*template };
+                self.last_blocks.store(blocks, Ordering::Relaxed);
+                let kernel = self.module.kernel_at(*f);
+                let dims = LaunchDims { grid: (blocks, 1, 1), block: (PEER_THREADS, 1, 1), shared_bytes: 0 };
+                let mut params = [&mut param as *mut _ as *mut std::ffi::c_void];
+                // SAFETY: the peer kernel takes one FcPeer by value; its staging, flags and
+                // counters are this communicator's fabric (mapped for this GPU), its buffers the
                 // caller's, valid for the operation (its contract).
                 unsafe { kernel.launch(dims, stream, &mut params) }
             }

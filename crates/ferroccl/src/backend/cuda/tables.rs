@@ -194,7 +194,40 @@ pub(crate) struct FcDirect {
     pub op: FcOp,
 }
 
-pub(crate) use ferroccl_core::tune::{DIRECT_MAX_BLOCKS, DIRECT_MAX_RANKS, DIRECT_SLOT_BYTES};
+pub(crate) use ferroccl_core::tune::{DIRECT_MAX_BLOCKS, DIRECT_MAX_RANKS, DIRECT_SLOT_BYTES, PEER_MAX_BLOCKS, PEER_MAX_RANKS};
+
+/// The peer kernel's only parameter (`peer.cuh`): the communicator's staging, flag lines and
+/// round counters (filled once), and one operation with its cut. Addresses are device
+/// addresses as this GPU maps them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct FcPeer {
+    /// Rank q's staging slots.
+    pub stage: [u64; PEER_MAX_RANKS],
+    /// Rank q's flag lines.
+    pub flags: [u64; PEER_MAX_RANKS],
+    /// This rank's round counter per block.
+    pub seqs: u64,
+    pub abort: u64,
+    pub error: u64,
+    pub timeout_ns: u64,
+    /// Elements of the per-rank block (the operation's NCCL count).
+    pub count: u64,
+    /// Elements of one round of a block (the tuner's chunk).
+    pub chunk: u64,
+    /// Bytes of one staging slot.
+    pub slot_bytes: u64,
+    /// `kind_code` of the operation.
+    pub kind: u32,
+    pub rank: u32,
+    pub nranks: u32,
+    pub nblocks: u32,
+    pub op: FcOp,
+}
+
+/// Threads per block of the peer kernel (`FC_PEER_THREADS`): the plan kernel's, whose module
+/// and copy and reduce loops it shares.
+pub(crate) const PEER_THREADS: u32 = 512;
 
 /// Threads per block of the direct kernel (`FC_DIRECT_THREADS`).
 pub(crate) const DIRECT_THREADS: u32 = 256;
@@ -253,6 +286,8 @@ layout! {
                   expected @ 32, got @ 40 }
     FcDirect: 376 { slots @ 0, acks @ 128, epochs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
                     kind @ 296, rank @ 300, nranks @ 304, root @ 308, nblocks @ 312, reserved @ 316, op @ 320 }
+    FcPeer: 384 { stage @ 0, flags @ 128, seqs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
+                  chunk @ 296, slot_bytes @ 304, kind @ 312, rank @ 316, nranks @ 320, nblocks @ 324, op @ 328 }
 }
 
 /// One operation of a launch as the device sees it.
@@ -605,7 +640,7 @@ mod tests {
         rust.sort();
         assert_eq!(cuda, rust);
         // Every field of every struct is pinned: the offsets plus the last field's size fill it.
-        assert_eq!(LAYOUT.iter().filter(|e| e.1.is_empty()).count(), 7);
+        assert_eq!(LAYOUT.iter().filter(|e| e.1.is_empty()).count(), 8);
     }
 
     #[test]
@@ -653,6 +688,9 @@ mod tests {
             ("FC_DIRECT_MAX_BLOCKS", DIRECT_MAX_BLOCKS as u32),
             ("FC_DIRECT_SLOT_DATA", DIRECT_SLOT_BYTES as u32),
             ("FC_DIRECT_THREADS", DIRECT_THREADS),
+            ("FC_PEER_MAX_RANKS", PEER_MAX_RANKS as u32),
+            ("FC_PEER_MAX_BLOCKS", PEER_MAX_BLOCKS as u32),
+            ("FC_PEER_THREADS", PEER_THREADS),
             ("FC_INLINE_OPS", INLINE_OPS as u32),
         ] {
             assert_eq!(get(n), v, "{n}");

@@ -148,14 +148,6 @@ struct Word {
     }
 };
 
-// The channel slice [s, e) of block b of nb over count elements (algo::channel_slice).
-__device__ __forceinline__ fc_u64 cut(fc_u64 count, fc_u32 nb, fc_u32 i) {
-    if (i >= nb) return count;
-    const fc_u64 raw = count * i / nb;
-    const fc_u64 a = (raw + 63u) / 64u * 64u;
-    return a < count ? a : count;
-}
-
 __device__ __forceinline__ bool reduces(fc_u32 kind) {
     return kind == FC_KIND_ALL_REDUCE || kind == FC_KIND_REDUCE_SCATTER || kind == FC_KIND_REDUCE;
 }

@@ -327,3 +327,6 @@ extern "C" __global__ void __launch_bounds__(FC_MAX_THREADS, 1) ferroccl_plan_ex
     if (blockIdx.x >= L.nlanes) return;
     fc::run_lane(L);
 }
+
+// The peer engine's kernel shares this module (one NVRTC compile) and its loops.
+#include "peer.cuh"

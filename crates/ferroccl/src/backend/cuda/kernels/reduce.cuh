@@ -192,6 +192,17 @@ __device__ __forceinline__ S ld_elem(const S* p) {
     return x.s;
 }
 
+// ---- cuts ----------------------------------------------------------------------------------
+
+// Where part i of nb starts in count elements, cut at multiples of 64 elements
+// (algo::channel_slice): part i is [cut(i), cut(i + 1)). Blocks' slices and shares of a round.
+__device__ __forceinline__ fc_u64 cut(fc_u64 count, fc_u32 nb, fc_u32 i) {
+    if (i >= nb) return count;
+    const fc_u64 raw = count * i / nb;
+    const fc_u64 a = (raw + 63u) / 64u * 64u;
+    return a < count ? a : count;
+}
+
 // ---- block-wide loops over one piece -------------------------------------------------------
 
 __device__ __forceinline__ bool aligned16(fc_u64 a) { return (a & 15u) == 0; }

@@ -229,6 +229,48 @@ FC_CHECK_OFFSET(FcDirect, nblocks, 312);
 FC_CHECK_OFFSET(FcDirect, reserved, 316);
 FC_CHECK_OFFSET(FcDirect, op, 320);
 
+// ---- the peer engine (peer.cuh, in the plan kernel's module) ----------------------------------
+// Symmetric collectives in rounds: block b of rank p stores round s's message for rank q into
+// q's staging slot [b][p][phase][s parity] and raises q's flag line [b][p][phase] to s; q waits
+// for every peer's flag, then reads its slots. Phase 0 carries inputs (all-reduce: the owner's
+// share), phase 1 an all-reduce owner's result.
+#define FC_PEER_MAX_RANKS 16u
+#define FC_PEER_MAX_BLOCKS 32u
+#define FC_PEER_THREADS 512u
+
+// Passed by value; the communicator's part is filled once, the op per call.
+struct FcPeer {
+    fc_u64 stage[FC_PEER_MAX_RANKS];  // rank q's staging slots, as this GPU maps them
+    fc_u64 flags[FC_PEER_MAX_RANKS];  // rank q's flag lines, as this GPU maps them
+    fc_u64 seqs;                      // this rank's round counter per block
+    fc_u64 abort;                     // as FcLaunch
+    fc_u64 error;
+    fc_u64 timeout_ns;
+    fc_u64 count;                     // elements of the per-rank block (NCCL's count)
+    fc_u64 chunk;                     // elements of one round of a block
+    fc_u64 slot_bytes;                // bytes of one slot
+    fc_u32 kind;                      // FC_KIND_*
+    fc_u32 rank;
+    fc_u32 nranks;
+    fc_u32 nblocks;
+    FcOp op;
+};
+FC_CHECK_SIZE(FcPeer, 384);
+FC_CHECK_OFFSET(FcPeer, stage, 0);
+FC_CHECK_OFFSET(FcPeer, flags, 128);
+FC_CHECK_OFFSET(FcPeer, seqs, 256);
+FC_CHECK_OFFSET(FcPeer, abort, 264);
+FC_CHECK_OFFSET(FcPeer, error, 272);
+FC_CHECK_OFFSET(FcPeer, timeout_ns, 280);
+FC_CHECK_OFFSET(FcPeer, count, 288);
+FC_CHECK_OFFSET(FcPeer, chunk, 296);
+FC_CHECK_OFFSET(FcPeer, slot_bytes, 304);
+FC_CHECK_OFFSET(FcPeer, kind, 312);
+FC_CHECK_OFFSET(FcPeer, rank, 316);
+FC_CHECK_OFFSET(FcPeer, nranks, 320);
+FC_CHECK_OFFSET(FcPeer, nblocks, 324);
+FC_CHECK_OFFSET(FcPeer, op, 328);
+
 #define FC_KIND_ALL_REDUCE 0u
 #define FC_KIND_ALL_GATHER 1u
 #define FC_KIND_REDUCE_SCATTER 2u
