@@ -68,6 +68,12 @@ fn main() -> ExitCode {
     }
     init_tracing();
     let cli = Cli::parse();
+    if let Cmd::Bench(a) = &cli.cmd {
+        if bench::shares_a_gpu(a.devices.as_deref()) && std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+            // SAFETY: no thread exists yet, and CUDA reads the variable when it initialises.
+            unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", bench::SHARED_GPU_CONNECTIONS) };
+        }
+    }
     let config = match ferroccl_core::Config::from_env() {
         Ok(c) => c,
         Err(e) => {

@@ -82,7 +82,7 @@ pub struct Config {
     /// FERROCCL_LL_MAX_BYTES: GPU operations up to this size (their largest buffer) use the LL
     /// protocol, where every 8-byte store carries its own flag, so no fence or separate flag
     /// store sits between a send and its receipt; 0 turns LL off. Every rank must agree. Capped
-    /// at what one connection's LL slots hold (`slots` x 8 KiB: 64 KiB by default).
+    /// at what one connection's LL slots hold (`slots` x 8 KiB: 32 KiB by default).
     pub ll_max_bytes: usize,
     /// FERROCCL_DIRECT_MAX_BYTES: on the host, collectives whose per-rank block is at most this
     /// size take one round of messages (one-shot: all-gather, broadcast, and the reductions on
@@ -147,9 +147,9 @@ impl Default for Config {
             gpu_channels: 32,
             gpu_p2p_channels: 32,
             gpu_channel_bytes: 4 << 10,
-            chunk_bytes: 1 << 20,
+            chunk_bytes: 512 << 10,
             slot_bytes: 256 << 10,
-            slots: 8,
+            slots: 4,
             ll_max_bytes: 128 << 10,
             direct_max_bytes: 128 << 10,
             gpu_oneshot_max_bytes: 256 << 10,
@@ -589,7 +589,7 @@ mod tests {
         let e = compare_shared(&all).unwrap_err();
         let m = e.to_string();
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
-        assert!(m.contains("FERROCCL_CHUNK_BYTES: 262144 on rank(s) [0], 1048576 on rank(s) [1, 2, 3]"), "{m}");
+        assert!(m.contains("FERROCCL_CHUNK_BYTES: 262144 on rank(s) [0], 524288 on rank(s) [1, 2, 3]"), "{m}");
         assert!(m.contains("FERROCCL_HEARTBEAT_INTERVAL: 0.5 on rank(s) [0, 1, 3], 0.05 on rank(s) [2]"), "{m}");
         // What may differ does not count.
         let local = Config { timeout: Duration::from_secs(3), bootstrap_addr: Some("10.0.0.1".into()), ..base.clone() };

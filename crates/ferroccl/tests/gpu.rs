@@ -640,23 +640,32 @@ fn sends_to_oneself_land_in_the_matching_receive() {
     }
 }
 
-/// The peer engine's rounds, on 2 and 3 ranks sharing one GPU: all-reduce, reduce-scatter,
-/// all-gather and all-to-all, in place and out of place, at sizes of one round, many rounds
-/// with an odd tail, and different block counts, launched back to back in a mixed order (the
-/// round counters and slot parities carry from one operation to the next, and blocks that sit
-/// out a launch must stay in step): every element exact, on every rank. Small slots
-/// (FERROCCL_GPU_PEER_BYTES = 2 MiB: 16 KiB slots) make many rounds. Needs one GPU.
+/// The peer engine's rounds, on 2 and 3 ranks sharing one GPU: every collective it takes
+/// (broadcast and reduce on 2 ranks only; rooted ones with the last rank as root), in place
+/// (NCCL's convention for each) and out of place, at sizes of one round, many rounds with an
+/// odd tail, and different block counts, launched back to back in a mixed order (the round
+/// counters, slot parities and acknowledgements carry from one operation to the next, and
+/// blocks that sit out a launch must stay in step): every element exact on every rank, and the
+/// output of a reduce's non-roots untouched. The smallest slots (16 KiB) make many rounds.
+/// Needs one GPU.
 #[test]
 #[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
+    use CollKind::*;
     for n in [2usize, 3] {
-        let cfg = Config { gpu_peer_bytes: 2 << 20, ..Config::default() };
+        // 16 KiB slots: 32 blocks x (n - 1) peers x 4 slots.
+        let cfg = Config { gpu_peer_bytes: (n - 1) * (2 << 20), ..Config::default() };
         let Some(comms) = ranks_on_one_gpu(n, cfg.clone()) else { return };
         let cfg = &cfg;
         // Per-rank counts: one round of one block, many rounds with a tail, a different grid.
         let counts = [70_001usize, (3 << 20) + 17, 300_003];
-        let kinds = [CollKind::AllReduce, CollKind::ReduceScatter, CollKind::AllGather, CollKind::AllToAll];
+        let mut kinds = vec![AllReduce, ReduceScatter, AllGather, AllToAll, Gather, Scatter];
+        if n == 2 {
+            kinds.extend([Broadcast, Reduce]);
+        }
+        let kinds = &kinds;
         let max = n * counts.iter().max().unwrap();
+        let t = n - 1;
         std::thread::scope(|s| {
             for (r, c) in comms.iter().enumerate() {
                 s.spawn(move || {
@@ -666,57 +675,67 @@ fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
                     let recv = DeviceBuffer::alloc(gpu, max * 4, &[], &stats).unwrap();
                     // Exact in f32: small integers, different per rank, element and step.
                     let val = |q: usize, i: usize, step: usize| ((i * 7 + q * 131 + step * 17) % 2039) as f32;
+                    let poison = f32::from_bits(0x7fc0_dead);
                     let mut step = 0;
                     for &count in &counts {
-                        for &kind in &kinds {
+                        for &kind in kinds {
                             for in_place in [false, true] {
                                 step += 1;
+                                // Elements of this rank's input and output.
                                 let (sc, rc) = match kind {
-                                    CollKind::AllReduce => (count, count),
-                                    CollKind::ReduceScatter => (n * count, count),
-                                    CollKind::AllGather => (count, n * count),
-                                    _ => (n * count, n * count),
+                                    AllReduce | Broadcast | Reduce => (count, count),
+                                    ReduceScatter => (n * count, count),
+                                    AllGather => (count, n * count),
+                                    AllToAll => (n * count, n * count),
+                                    Gather => (count, if r == t { n * count } else { 0 }),
+                                    _ => (if r == t { n * count } else { 0 }, count),
                                 };
                                 let mine: Vec<f32> = (0..sc).map(|i| val(r, i, step)).collect();
-                                recv.copy_from_host(0, &vec![0xff; rc * 4]).unwrap();
-                                // In place: the input lies where NCCL's convention puts it.
-                                let (sp, rp) = if in_place {
-                                    let at = match kind {
-                                        CollKind::ReduceScatter => 0,
-                                        CollKind::AllGather => r * count * 4,
-                                        _ => 0,
+                                // The output starts poisoned; in place, the input lies inside it
+                                // where NCCL's convention puts it (the larger buffer holds both).
+                                let whole = sc.max(rc);
+                                recv.copy_from_host(0, f32_bytes(&vec![poison; whole])).unwrap();
+                                let (sp, rp, out_at) = if in_place {
+                                    let (in_at, out_at) = match kind {
+                                        AllGather => (r * count, 0),
+                                        Gather if r == t => (r * count, 0),
+                                        ReduceScatter => (0, r * count),
+                                        Scatter if r == t => (0, r * count),
+                                        _ => (0, 0),
                                     };
-                                    if kind == CollKind::ReduceScatter {
-                                        // The output is block r of the input buffer.
-                                        recv.copy_from_host(0, f32_bytes(&mine)).unwrap();
-                                        (recv.device_ptr(), recv.device_ptr() + (r * count * 4) as u64)
-                                    } else {
-                                        recv.copy_from_host(at, f32_bytes(&mine)).unwrap();
-                                        (recv.device_ptr() + at as u64, recv.device_ptr())
-                                    }
+                                    recv.copy_from_host(in_at * 4, f32_bytes(&mine)).unwrap();
+                                    (recv.device_ptr() + (in_at * 4) as u64, recv.device_ptr() + (out_at * 4) as u64, out_at)
                                 } else {
                                     send.copy_from_host(0, f32_bytes(&mine)).unwrap();
-                                    (send.device_ptr(), recv.device_ptr())
+                                    (send.device_ptr(), recv.device_ptr(), 0)
                                 };
-                                let a = OpArgs { kind, send: sp as *const u8, recv: rp as *mut u8, count, ..all_reduce_args(&send, &recv, count) };
+                                let a = OpArgs { kind, send: sp as *const u8, recv: rp as *mut u8, count, root: t, ..all_reduce_args(&send, &recv, count) };
                                 // SAFETY: device buffers of max >= every count used, alive past synchronize.
                                 unsafe { c.run_raw(&a).unwrap() };
                                 c.synchronize().unwrap();
                                 // The peer engine ran it, on the tuner's grid.
                                 let shape = OpShape { kind, count, dtype: ferroccl::DataType::Float32, nranks: n, in_place, windows: false };
-                                let choice = tune::choose(&shape, tune::Device::Gpu, &cfg);
+                                let choice = tune::choose(&shape, tune::Device::Gpu, cfg);
                                 assert_eq!(choice.engine, tune::Engine::PeerKernel, "{choice}");
                                 assert_eq!(c.last_launch_blocks(), Some(choice.channels as u32));
-                                let whole = read_f32(&recv, if kind == CollKind::ReduceScatter && in_place { n * count } else { rc }).unwrap();
-                                let out = if kind == CollKind::ReduceScatter && in_place { &whole[r * count..(r + 1) * count] } else { &whole[..] };
-                                for (i, v) in out.iter().enumerate() {
+                                let got = read_f32(&recv, whole).unwrap();
+                                let what = format!("{n} ranks, {kind} of {count} (in place {in_place}): rank {r}");
+                                if kind == Reduce && r != t {
+                                    // A non-root's output is not written (in place it is its input).
+                                    let want: Vec<f32> = if in_place { mine.clone() } else { vec![poison; whole] };
+                                    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: a non-root's output changed");
+                                    continue;
+                                }
+                                for i in 0..rc {
                                     let want = match kind {
-                                        CollKind::AllReduce => (0..n).map(|q| val(q, i, step)).sum::<f32>(),
-                                        CollKind::ReduceScatter => (0..n).map(|q| val(q, r * count + i, step)).sum::<f32>(),
-                                        CollKind::AllGather => val(i / count, i % count, step),
-                                        _ => val(i / count, r * count + i % count, step),
+                                        AllReduce | Reduce => (0..n).map(|q| val(q, i, step)).sum::<f32>(),
+                                        ReduceScatter => (0..n).map(|q| val(q, r * count + i, step)).sum::<f32>(),
+                                        AllGather | Gather => val(i / count, i % count, step),
+                                        AllToAll => val(i / count, r * count + i % count, step),
+                                        Broadcast => val(t, i, step),
+                                        _ => val(t, r * count + i, step),
                                     };
-                                    assert_eq!(*v, want, "{n} ranks, {kind} of {count} (in place {in_place}): rank {r} element {i}");
+                                    assert_eq!(got[out_at + i], want, "{what} element {i}");
                                 }
                             }
                         }

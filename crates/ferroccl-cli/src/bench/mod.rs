@@ -126,6 +126,19 @@ impl BenchArgs {
     }
 }
 
+/// Whether `--devices` puts several ranks on one GPU.
+pub fn shares_a_gpu(devices: Option<&[usize]>) -> bool {
+    devices.is_some_and(|d| d.iter().enumerate().any(|(i, g)| d[..i].contains(g)))
+}
+
+/// `CUDA_DEVICE_MAX_CONNECTIONS` when ranks share a GPU (unless the user set it). Every rank's
+/// kernel waits for the other ranks' kernels of the same operation, which run on other streams
+/// of the same context; the driver feeds streams to the GPU through a few hardware queues (8 by
+/// default), and two ranks' streams sharing one queue can put one rank's next kernel in front
+/// of the other rank's current one, which it waits for: a hang until the deadline (seen once,
+/// with 2 ranks on one H100). With a queue per stream that cannot happen.
+pub const SHARED_GPU_CONNECTIONS: &str = "32";
+
 /// Runs the benchmark; the exit code says whether it ran and every element was right.
 pub fn main(args: &BenchArgs, config: &Config) -> Result<ExitCode, String> {
     // No driver, or no GPU: the host backend.
@@ -201,6 +214,15 @@ pub(crate) mod tests {
         assert_eq!(parse(&["all-reduce"]).resolve(|| 0).gpus, 0, "no GPU: the host backend");
         assert_eq!(parse(&["all-reduce", "-g", "0"]).resolve(|| 4).gpus, 0, "-g 0 forces the host");
         assert_eq!(parse(&["all-reduce", "-g", "2"]).resolve(|| 4).gpus, 2);
+    }
+
+    #[test]
+    fn ranks_share_a_gpu_only_when_an_ordinal_repeats() {
+        assert!(shares_a_gpu(Some(&[0, 0])));
+        assert!(shares_a_gpu(Some(&[0, 1, 2, 1])));
+        assert!(!shares_a_gpu(Some(&[0, 1, 2])));
+        assert!(!shares_a_gpu(Some(&[3])));
+        assert!(!shares_a_gpu(None));
     }
 
     #[test]

@@ -14,7 +14,7 @@ struct Cut {
     direct_max: usize,
     one_shot: bool,
     /// As the GPU peer engine cuts them: all-reduce two-shot in rounds of any chunk, on any
-    /// rank count; reduce-scatter, all-gather and all-to-all one-shot.
+    /// rank count; the other collectives one-shot (broadcast and reduce on 2 ranks).
     peer: bool,
 }
 
@@ -24,7 +24,11 @@ impl Cut {
     }
     fn tuning(&self, kind: CollKind, n: usize, count: usize) -> Tuning {
         let two_shot = kind == CollKind::AllReduce && count <= self.direct_max && two_shot_fits(n, count, self.chunk_elems);
-        let peer_kind = matches!(kind, CollKind::ReduceScatter | CollKind::AllGather | CollKind::AllToAll);
+        let peer_kind = match kind {
+            CollKind::ReduceScatter | CollKind::AllGather | CollKind::AllToAll | CollKind::Gather | CollKind::Scatter => true,
+            CollKind::Broadcast | CollKind::Reduce => n == 2,
+            _ => false,
+        };
         let algo = if self.peer && kind == CollKind::AllReduce && n >= 2 {
             Algo::TwoShot
         } else if (self.peer && peer_kind) || (self.one_shot && kind.is_collective()) {

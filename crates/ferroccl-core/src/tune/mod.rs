@@ -173,10 +173,10 @@ pub enum Engine {
     /// storing its messages straight into the peers' receive slots with a flag in every 8 data
     /// bytes, and folding what it received in rank order (the same bits on every rank).
     DirectKernel,
-    /// The GPU peer kernel: all-reduce (two-shot), reduce-scatter, all-gather and all-to-all
-    /// (one-shot) of one operation per launch, in rounds of one slot per block and peer: each
-    /// block stores its messages straight into the peers' staging and raises one flag per peer
-    /// and round; no FIFO, no per-slot head or length.
+    /// The GPU peer kernel: all-reduce (two-shot) and the other collectives (one-shot; broadcast
+    /// and reduce on 2 ranks) of one operation per launch, in rounds of one slot per block and
+    /// peer: each block stores its messages straight into the receivers' staging and raises one
+    /// flag per receiver and round; no FIFO, no per-slot head or length.
     PeerKernel,
 }
 
@@ -345,12 +345,17 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         }
     }
 
-    // Beyond it, the symmetric collectives take the peer engine: rounds of one slot per block
-    // and peer, two-shot for all-reduce (each element reduced once, by its owner, so every rank
-    // gets the same bits), one-shot for the others.
-    let symmetric = matches!(op.kind, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather | CollKind::AllToAll);
+    // Beyond it, collectives take the peer engine: rounds of one slot per block and peer,
+    // two-shot for all-reduce (each element reduced once, by its owner, so every rank gets the
+    // same bits), one-shot for the others. Broadcast and reduce only on 2 ranks: one-shot, the
+    // root's link carries n-1 copies where the chain carries one.
+    let peer_kind = match op.kind {
+        CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather | CollKind::AllToAll | CollKind::Gather | CollKind::Scatter => true,
+        CollKind::Broadcast | CollKind::Reduce => op.nranks == 2,
+        CollKind::Send | CollKind::Recv => false,
+    };
     let slot = peer_slot_bytes(cfg, op.nranks);
-    if device == Device::Gpu && may_direct && symmetric && slot > 0 {
+    if device == Device::Gpu && may_direct && peer_kind && slot > 0 {
         let slot_elems = slot / es;
         let per = bytes.unwrap_or(usize::MAX).div_ceil(PEER_BLOCK_BYTES).max(1);
         let channels = per.min(PEER_MAX_BLOCKS).min(cfg.gpu_channels.max(1));

@@ -58,9 +58,12 @@ fn choices_follow_the_table() {
         (Gpu, AllGather, (64 << 10) + 1, Float32, 2, Algo::OneShot, K, Simple, 17),
         (Gpu, ReduceScatter, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 32),
         (Gpu, ReduceScatter, 4 << 10, Float32, 8, Algo::OneShot, D, LL, 4),
-        (Gpu, Broadcast, 8 << 20, Int8, 2, Algo::Chain, P, Simple, 32),
+        (Gpu, Broadcast, 8 << 20, Int8, 2, Algo::OneShot, K, Simple, 32),
+        (Gpu, Broadcast, 8 << 20, Int8, 3, Algo::Chain, P, Simple, 32),
+        (Gpu, Reduce, 8 << 20, Int8, 4, Algo::Chain, P, Simple, 32),
         (Gpu, AllToAll, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 32),
-        (Gpu, Scatter, 1 << 20, Float32, 8, Algo::Direct, P, Simple, 32),
+        (Gpu, Scatter, 1 << 20, Float32, 8, Algo::OneShot, K, Simple, 32),
+        (Gpu, Gather, 1 << 20, Float32, 10, Algo::Direct, P, Simple, 32),
         // More ranks than the direct and peer engines serve.
         (Gpu, AllReduce, 2, Float32, 17, Algo::Ring, P, LL, 1),
         (Gpu, AllReduce, 1 << 20, Float32, 17, Algo::Ring, P, Simple, 32),
@@ -153,7 +156,11 @@ fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots
             let es = dtype.size();
             let slot = peer_slot_bytes(&cfg, n);
             assert_eq!((slot / es) % 64, 0, "a slot holds whole 64-element cuts");
-            for kind in [CollKind::AllReduce, CollKind::ReduceScatter, CollKind::AllGather, CollKind::AllToAll] {
+            let mut kinds = vec![CollKind::AllReduce, CollKind::ReduceScatter, CollKind::AllGather, CollKind::AllToAll, CollKind::Gather, CollKind::Scatter];
+            if n == 2 {
+                kinds.extend([CollKind::Broadcast, CollKind::Reduce]);
+            }
+            for kind in kinds {
                 for count in [(256 << 10) / es + 1, 1 << 20, 3 << 24, 123_456_789] {
                     let c = choose(&shape(kind, count, dtype, n), Device::Gpu, &cfg);
                     assert_eq!(c.engine, Engine::PeerKernel, "{kind} {count} x {dtype} on {n}: {c}");
@@ -170,8 +177,13 @@ fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots
                     }
                 }
             }
-            // Rooted collectives and sends keep the plan kernel.
-            for kind in [CollKind::Broadcast, CollKind::Reduce, CollKind::Gather, CollKind::Scatter, CollKind::Send] {
+            // Sends keep the plan kernel, and so do broadcast and reduce beyond 2 ranks (the chain
+            // loads each link once).
+            let mut plan = vec![CollKind::Send, CollKind::Recv];
+            if n > 2 {
+                plan.extend([CollKind::Broadcast, CollKind::Reduce]);
+            }
+            for kind in plan {
                 assert_eq!(choose(&shape(kind, 1 << 22, dtype, n), Device::Gpu, &cfg).engine, Engine::PlanKernel, "{kind}");
             }
         }
@@ -192,8 +204,9 @@ fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots
 #[test]
 fn gpu_two_shot_only_when_asked() {
     // (With the peer engine off: it takes these operations otherwise.)
-    let on = Config { gpu_two_shot: true, gpu_peer_bytes: 0, ..Config::default() };
-    let off = Config { gpu_peer_bytes: 0, ..Config::default() };
+    // (A chunk of 1 MiB, as the test's sizes say.)
+    let on = Config { gpu_two_shot: true, gpu_peer_bytes: 0, chunk_bytes: 1 << 20, ..Config::default() };
+    let off = Config { gpu_peer_bytes: 0, chunk_bytes: 1 << 20, ..Config::default() };
     let ar = |count, n| shape(CollKind::AllReduce, count, Float32, n);
     // 3 ranks, 256K floats (1 MiB per rank): past the direct engine, one chunk.
     assert_eq!(choose(&ar(256 << 10, 3), Device::Gpu, &off).algo, Algo::Ring);
@@ -248,7 +261,8 @@ fn ll_never_carries_more_than_a_connection_holds() {
 /// buffer, and every rank decides by the root's.
 #[test]
 fn ll_is_decided_by_the_largest_buffer_of_any_rank() {
-    let cfg = Config { ll_max_bytes: 16 << 10, gpu_oneshot_max_bytes: 0, ..Config::default() };
+    // (The plan kernel's protocol: both one-operation engines off.)
+    let cfg = Config { ll_max_bytes: 16 << 10, gpu_oneshot_max_bytes: 0, gpu_peer_bytes: 0, ..Config::default() };
     let p = |kind, count| choose(&shape(kind, count, Float32, 4), Device::Gpu, &cfg).protocol;
     assert_eq!(p(CollKind::Gather, 1024), Protocol::LL);
     assert_eq!(p(CollKind::Gather, 1025), Protocol::Simple);

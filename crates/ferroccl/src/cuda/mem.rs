@@ -310,7 +310,13 @@ impl DeviceBuffer {
         self.gpu.bind()?;
         cu_ok("cuMemcpyHtoD", unsafe {
             sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, src.as_ptr().cast(), src.len())
-        })
+        })?;
+        // From pageable memory the call may return once the bytes are staged, before the DMA
+        // into the buffer is done (the driver's documented behaviour), and a kernel on a
+        // non-blocking stream would then read the old contents. The DMA runs on the legacy
+        // stream: waiting for that stream waits for it, and not for other streams' kernels
+        // (which may be waiting for this thread: another rank on the same GPU).
+        cu_ok("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) })
     }
 
     /// Synchronous copy to host memory, for setup and checks (not the data path).

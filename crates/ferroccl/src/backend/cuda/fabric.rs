@@ -9,7 +9,7 @@
 //! `produced` (ours). Each word
 //! has its own 128-byte line so that remote writes never share a line with local spins.
 
-use super::tables::{FcConn, FcDirect, FcPeer, CONN_RECV, CONN_SEND, DIRECT_MAX_BLOCKS, DIRECT_MAX_RANKS, DIRECT_SLOT_BYTES, LL_DATA_BYTES, PEER_MAX_BLOCKS};
+use super::tables::{FcConn, FcDirect, FcPeer, CONN_RECV, CONN_SEND, DIRECT_MAX_BLOCKS, DIRECT_MAX_RANKS, DIRECT_SLOT_BYTES, LL_DATA_BYTES, PEER_MAX_BLOCKS, PEER_PHASES};
 use crate::cuda::device::Gpu;
 use crate::cuda::fdpass::{FdChannel, FdListener};
 use crate::cuda::mem::{DeviceBuffer, MemStats};
@@ -70,12 +70,13 @@ impl Geometry {
     pub fn peer_stage_off(&self) -> usize {
         self.direct_slots_end().div_ceil(4096) * 4096
     }
-    /// Then its flag lines [block][sender][phase], written by the senders, 128 bytes each.
+    /// Then its flag lines [block][sender][phase], written by the senders (phase 2: the
+    /// receivers' acknowledgements), 128 bytes each.
     pub fn peer_flags_off(&self) -> usize {
         self.peer_stage_off() + PEER_MAX_BLOCKS * self.nranks.saturating_sub(1) * 4 * self.peer_slot
     }
     pub fn recv_arena_bytes(&self) -> usize {
-        if self.has_peer() { self.peer_flags_off() + PEER_MAX_BLOCKS * self.nranks * 2 * LINE } else { self.direct_slots_end() }
+        if self.has_peer() { self.peer_flags_off() + PEER_MAX_BLOCKS * self.nranks * PEER_PHASES * LINE } else { self.direct_slots_end() }
     }
     /// The send arena: every counter pair, then the direct acks [block][receiver] (written by
     /// the receivers), then the epoch word of each block (ours).
@@ -452,7 +453,7 @@ mod tests {
             assert_eq!(g.peer_stage_off() % 4096, 0);
             assert!(g.peer_stage_off() >= plain.recv_arena_bytes());
             assert_eq!(g.peer_flags_off() - g.peer_stage_off(), PEER_MAX_BLOCKS * (n - 1) * 4 * slot);
-            assert_eq!(g.recv_arena_bytes() - g.peer_flags_off(), PEER_MAX_BLOCKS * n * 2 * LINE);
+            assert_eq!(g.recv_arena_bytes() - g.peer_flags_off(), PEER_MAX_BLOCKS * n * PEER_PHASES * LINE);
             assert!(g.peer_seqs_off() >= plain.send_arena_bytes() && g.peer_seqs_off() % LINE == 0);
             assert_eq!(g.send_arena_bytes(), g.peer_seqs_off() + PEER_MAX_BLOCKS * 8);
             let arenas: Vec<Arenas> = (0..n as u64).map(|q| Arenas { recv: (q + 1) << 40, send: ((q + 1) << 40) + (1 << 38) }).collect();
@@ -461,7 +462,7 @@ mod tests {
                 let f = if from < owner { from } else { from - 1 };
                 p.stage[owner] + ((((b * (n - 1) + f) * 2 + phase) * 2 + parity) * slot) as u64
             };
-            let flag_at = |p: &FcPeer, owner: usize, b: usize, from: usize, phase: usize| p.flags[owner] + (((b * n + from) * 2 + phase) * LINE) as u64;
+            let flag_at = |p: &FcPeer, owner: usize, b: usize, from: usize, phase: usize| p.flags[owner] + (((b * n + from) * PEER_PHASES + phase) * LINE) as u64;
             for me in 0..n {
                 let p = peer_param(&g, me, &arenas);
                 assert_eq!((p.rank, p.nranks, p.slot_bytes), (me as u32, n as u32, slot as u64));
@@ -478,6 +479,8 @@ mod tests {
                                     assert!(a >= lo && a + slot as u64 <= hi, "slot outside the staging");
                                     assert!(slots.insert(a));
                                 }
+                            }
+                            for phase in 0..PEER_PHASES {
                                 let f = flag_at(&p, owner, b, from, phase);
                                 assert!(f >= hi && f + LINE as u64 <= arenas[owner].recv + g.recv_arena_bytes() as u64);
                                 assert!(flags.insert(f));

@@ -380,7 +380,7 @@ impl CudaComm {
                 let (f, template) = self.peer.as_ref().expect("checked when the entry was made");
                 let a = &args[0];
                 let kind = kind_code(a.kind).ok_or_else(|| Error::Internal(format!("the peer engine got {}", a.kind)))?;
-                let mut param = FcPeer { count: a.count as u64, chunk, kind, nblocks: blocks, op: ops[0], ..*template };
+                let mut param = FcPeer { count: a.count as u64, chunk, kind, nblocks: blocks, root: a.root as u32, op: ops[0], ..*template };
                 self.last_blocks.store(blocks, Ordering::Relaxed);
                 let kernel = self.module.kernel_at(*f);
                 let dims = LaunchDims { grid: (blocks, 1, 1), block: (PEER_THREADS, 1, 1), shared_bytes: 0 };

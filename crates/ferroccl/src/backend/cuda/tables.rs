@@ -222,8 +222,15 @@ pub(crate) struct FcPeer {
     pub rank: u32,
     pub nranks: u32,
     pub nblocks: u32,
+    /// Rooted operations' root.
+    pub root: u32,
+    pub reserved: u32,
     pub op: FcOp,
 }
+
+/// Flag lines per block and sender in the peer engine (`FC_PEER_PHASES`): inputs, results,
+/// acknowledgements.
+pub(crate) const PEER_PHASES: usize = 3;
 
 /// Threads per block of the peer kernel (`FC_PEER_THREADS`): the plan kernel's, whose module
 /// and copy and reduce loops it shares.
@@ -286,8 +293,9 @@ layout! {
                   expected @ 32, got @ 40 }
     FcDirect: 376 { slots @ 0, acks @ 128, epochs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
                     kind @ 296, rank @ 300, nranks @ 304, root @ 308, nblocks @ 312, reserved @ 316, op @ 320 }
-    FcPeer: 384 { stage @ 0, flags @ 128, seqs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
-                  chunk @ 296, slot_bytes @ 304, kind @ 312, rank @ 316, nranks @ 320, nblocks @ 324, op @ 328 }
+    FcPeer: 392 { stage @ 0, flags @ 128, seqs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
+                  chunk @ 296, slot_bytes @ 304, kind @ 312, rank @ 316, nranks @ 320, nblocks @ 324, root @ 328,
+                  reserved @ 332, op @ 336 }
 }
 
 /// One operation of a launch as the device sees it.
@@ -691,6 +699,7 @@ mod tests {
             ("FC_PEER_MAX_RANKS", PEER_MAX_RANKS as u32),
             ("FC_PEER_MAX_BLOCKS", PEER_MAX_BLOCKS as u32),
             ("FC_PEER_THREADS", PEER_THREADS),
+            ("FC_PEER_PHASES", PEER_PHASES as u32),
             ("FC_INLINE_OPS", INLINE_OPS as u32),
         ] {
             assert_eq!(get(n), v, "{n}");

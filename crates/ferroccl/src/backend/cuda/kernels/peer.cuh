@@ -1,28 +1,32 @@
-// ferroccl_peer: the peer engine. All-reduce (two-shot), reduce-scatter, all-gather and
-// all-to-all (one-shot) of one operation, in rounds (algo/direct.rs `all_reduce_two_shot` and
-// algo/oneshot.rs, with the tuner's chunk as the round): block b of every rank takes the same
-// slice of the operation (cut as algo::channel_slice) and walks it round by round. In a round a
-// block stores each peer's message straight into that peer's staging slot, with 16-byte
-// vector stores over NVLink, then raises one flag line per peer; the peer waits for the flags
-// of all its senders and reads its own slots, which are local memory. No FIFO, no head or
-// length words, no per-slot handshake: one flag per block, peer, phase and round.
+// ferroccl_peer: the peer engine. All-reduce (two-shot), reduce-scatter, all-gather,
+// all-to-all, gather and scatter, and on 2 ranks broadcast and reduce (one-shot), of one
+// operation, in rounds (algo/direct.rs `all_reduce_two_shot` and algo/oneshot.rs, with the
+// tuner's chunk as the round): block b of every rank takes the same slice of the operation
+// (cut as algo::channel_slice) and walks it round by round. In a round a block stores each
+// receiver's message straight into that receiver's staging slot, with 16-byte vector stores
+// over NVLink, then raises one flag line per receiver; a receiver waits for the flags of its
+// senders and reads its own slots, which are local memory. No FIFO, no head or length words,
+// no per-slot handshake: one flag per block, peer, phase and round.
 //
 // Phases of a round s (slots alternate by s's parity):
-//  0: every rank stores what each peer needs of its input (all-reduce: the peer's share of the
-//     round, pre-multiplied as the plan's Send says) into the peer's input slot, and flags it;
+//  0: every sender stores what each receiver needs of its input (all-reduce: the receiver's
+//     share of the round; reductions pre-multiplied, as the plan's Send says) into the
+//     receiver's input slot, and flags it;
 //  then all-reduce: each rank reduces its share (own input first, then the peers' in the
-//     plan's order: the same order on every rank, and each element reduced once, by its
-//     owner, so every rank gets the same bits), stores the result into its output and every
-//     peer's output slot (phase 1), flags it, waits for the peers' results and copies them
-//     into its output; the others: each rank reduces or copies what it received.
-//
-// Why two parities and no acknowledgements: every round has every rank send to and receive
-// from every peer, so a rank that got a peer's phase-0 flag of round s+1 knows the peer has
-// finished round s (it sends s+1 only after), hence read its slots of round s. A rank writes
-// parity p again in round s+2, after it waited for every peer's phase-0 flag of round s+1.
+//     plan's order: each element reduced once, by its owner, so every rank gets the same
+//     bits), stores the result into its output and every peer's result slot (phase 1), flags
+//     it, waits for the peers' results and copies them into its output; the others: each
+//     receiver reduces or copies what it received.
+//  Every rank acknowledges round s to every peer (phase 2, in the peer's memory), whether it
+//  received from it or not, at the first barrier of round s+1 (or the launch's last barrier);
+//  a sender writes a slot parity again (round s+2) once the receiver acknowledged round s,
+//  each warp checking for itself before its first store. Rooted operations send one way
+//  only, so nothing else tells a sender that its slot was read; where every rank sends to
+//  every rank, the phase-0 flags of round s+1 that a sender waited for already say so, and
+//  only a launch's first round looks (the round before may have been a rooted operation's).
 // Round counters live per block on each rank (seqs[b]) and advance by the same number of
 // rounds on every rank, whatever mix of operations runs, because every rank cuts every
-// operation alike.
+// operation alike (a rank with nothing to send or receive in a round still counts it).
 //
 // This file is included by plan_exec.cu: one NVRTC compile, one module, and the same copy and
 // reduce loops as the plan kernel.
@@ -76,29 +80,67 @@ __device__ __forceinline__ fc_u8* peer_slot(const FcPeer& P, fc_u32 owner, fc_u3
     return (fc_u8*)P.stage[owner] + i * P.slot_bytes;
 }
 
-// Flag line [b][from][phase] in `owner`'s flag area, 128 bytes each.
+// Flag line [b][from][phase] in `owner`'s flag area, 128 bytes each (phase 2: acknowledgements).
 __device__ __forceinline__ fc_u64* peer_flag(const FcPeer& P, fc_u32 owner, fc_u32 b, fc_u32 from, fc_u32 phase) {
-    return (fc_u64*)(P.flags[owner] + (((fc_u64)b * P.nranks + from) * 2u + phase) * 128u);
+    return (fc_u64*)(P.flags[owner] + (((fc_u64)b * P.nranks + from) * FC_PEER_PHASES + phase) * 128u);
 }
 
-// Block-wide: this block's stores of the phase are done; tell every peer (the ordering of
-// fifo.cuh: the barrier puts every thread's stores before the fence, the release orders the
-// flag after them).
-__device__ __forceinline__ void peer_signal(const FcPeer& P, fc_u32 phase, fc_u64 s) {
-    __syncthreads();
+// Every peer when `only` is FC_PEER_ALL, else that one rank (never this rank).
+#define FC_PEER_ALL 0xffffffffu
+__device__ __forceinline__ bool peer_in(const FcPeer& P, fc_u32 q, fc_u32 only) {
+    return q < P.nranks && q != P.rank && (only == FC_PEER_ALL || q == only);
+}
+
+// Every warp for itself, before its first store of round s: the peers this round sends to
+// (`to`) have read their slots of round s - 2, the same parity. Lane 0 polls this rank's own
+// acknowledgement lines (acquire; usually long since there, so no block barrier stands on the
+// way to the first store), and the warp barrier orders the other lanes' stores after it. False
+// on failure, decided for the block at the next barrier.
+__device__ __forceinline__ bool peer_room(const FcPeer& P, fc_u64 s, fc_u32 to) {
+    if (s <= 2) return true;
+    int ok = 1;
+    if ((threadIdx.x & 31u) == 0) {
+        for (fc_u32 q = 0; q < P.nranks && ok; ++q) {
+            if (!peer_in(P, q, to)) continue;
+            const fc_u64* f = peer_flag(P, P.rank, blockIdx.x, q, 2);
+            fc_u32 polls = 0;
+            fc_u64 since = 0;
+            while (ld_acquire_sys(f) + 2u < s) {
+                if (!peer_keep_waiting(P, polls, since, q)) {
+                    ok = 0;
+                    break;
+                }
+            }
+        }
+    }
+    __syncwarp();
+    return __shfl_sync(0xffffffffu, ok, 0) != 0;
+}
+
+// Block-wide, at the first barrier of round s: false on every thread when one failed (`bad`);
+// else thread q acknowledges round `ack` (s - 1: every thread's reads of it came before this
+// barrier) to peer q, and when `to` names q and `phase` is a phase (not FC_PEER_PHASES), tells
+// q this block's stores of the phase are done. The ordering of fifo.cuh: the barrier puts
+// every thread's stores before the fence, the release orders the flag after them.
+__device__ __forceinline__ bool peer_signal(const FcPeer& P, fc_u32 phase, fc_u64 s, fc_u32 to, int bad, fc_u64 ack) {
+    if (__syncthreads_or(bad)) return false;
     const fc_u32 q = threadIdx.x;
-    if (q < P.nranks && q != P.rank) {
+    if (ack > 0 && peer_in(P, q, FC_PEER_ALL)) st_release_sys(peer_flag(P, q, blockIdx.x, P.rank, 2), ack);
+    if (phase < FC_PEER_PHASES && peer_in(P, q, to)) {
         __threadfence_system();
         st_release_sys(peer_flag(P, q, blockIdx.x, P.rank, phase), s);
     }
+    return true;
 }
 
-// Block-wide: waits until every peer flagged the phase of round s (thread q polls peer q);
-// false, on every thread, when a wait failed (abort, deadline, another block's failure).
-__device__ __forceinline__ bool peer_wait(const FcPeer& P, fc_u32 phase, fc_u64 s) {
+// Block-wide: thread q polls line [b][q][phase] of this rank's flags until it reaches s, for
+// the peers `from` names; false, on every thread, when a wait failed (abort, deadline,
+// another block's failure). The barrier also orders every thread's later loads after the
+// acquiring poll.
+__device__ __forceinline__ bool peer_wait(const FcPeer& P, fc_u32 phase, fc_u64 s, fc_u32 from) {
     int bad = 0;
     const fc_u32 q = threadIdx.x;
-    if (q < P.nranks && q != P.rank) {
+    if (peer_in(P, q, from)) {
         const fc_u64* f = peer_flag(P, P.rank, blockIdx.x, q, phase);
         fc_u32 polls = 0;
         fc_u64 since = 0;
@@ -109,27 +151,34 @@ __device__ __forceinline__ bool peer_wait(const FcPeer& P, fc_u32 phase, fc_u64 
             }
         }
     }
-    // The barrier also orders every thread's slot loads after the acquiring poll.
     return __syncthreads_or(bad) == 0;
 }
 
 // One round of block b over elements [at, at + len) of its slice; false when a wait failed.
-__device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s) {
-    const fc_u32 n = P.nranks, me = P.rank, b = blockIdx.x;
+// `first`: the launch's first round on this block, whose previous round may have been
+// another operation's.
+__device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, bool first) {
+    const fc_u32 n = P.nranks, me = P.rank, b = blockIdx.x, t = P.root;
     const FcOp& op = P.op;
     const fc_u64 es = op.elem_size, c = P.count;
     const fc_u8* in = (const fc_u8*)op.send;
     fc_u8* out = (fc_u8*)op.recv;
-
+    // Where every rank sends to every rank, the phase-0 flags of round s - 1 that this block
+    // waited for told it that its receivers were done with round s - 2: only a launch's first
+    // round (after whatever ran before) and rooted operations look at the acknowledgements.
+    const bool symmetric = P.kind == FC_KIND_ALL_REDUCE || P.kind == FC_KIND_REDUCE_SCATTER ||
+                           P.kind == FC_KIND_ALL_GATHER || P.kind == FC_KIND_ALL_TO_ALL;
+    const bool check_room = first || !symmetric;
     if (P.kind == FC_KIND_ALL_REDUCE) {
         // Share q of the round: [at + cut(q), at + cut(q + 1)).
-        for (fc_u32 j = 1; j < n; ++j) {
+        const int bad = check_room && !peer_room(P, s, FC_PEER_ALL);
+        for (fc_u32 j = 1; j < n && !bad; ++j) {
             const fc_u32 q = (me + j) % n;
             const fc_u64 a = cut(len, n, q), e = cut(len, n, q + 1);
             if (e > a) transform(op, peer_slot(P, q, b, me, 0, s), in + (at + a) * es, e - a, true, false);
         }
-        peer_signal(P, 0, s);
-        if (!peer_wait(P, 0, s)) return false;
+        if (!peer_signal(P, 0, s, FC_PEER_ALL, bad, s - 1)) return false;
+        if (!peer_wait(P, 0, s, FC_PEER_ALL)) return false;
         const fc_u64 a = cut(len, n, me), e = cut(len, n, me + 1);
         fc_u8* own = out + (at + a) * es;
         if (e > a) {
@@ -153,8 +202,8 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s) {
                 }
             }
         }
-        peer_signal(P, 1, s);
-        if (!peer_wait(P, 1, s)) return false;
+        if (!peer_signal(P, 1, s, FC_PEER_ALL, 0, 0)) return false;
+        if (!peer_wait(P, 1, s, FC_PEER_ALL)) return false;
         for (fc_u32 j = 1; j < n; ++j) {
             const fc_u32 q = (me + n - j) % n;
             const fc_u64 qa = cut(len, n, q), qe = cut(len, n, q + 1);
@@ -164,35 +213,60 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s) {
     }
 
     const fc_u64 bytes = len * es;
-    // Phase 0: each peer's message.
-    for (fc_u32 j = 1; j < n; ++j) {
-        const fc_u32 q = (me + j) % n;
-        fc_u8* slot = peer_slot(P, q, b, me, 0, s);
-        switch (P.kind) {
-            case FC_KIND_REDUCE_SCATTER: transform(op, slot, in + (q * c + at) * es, len, true, false); break;
-            case FC_KIND_ALL_GATHER: copy_bytes(slot, nullptr, in + at * es, bytes); break;
-            default: copy_bytes(slot, nullptr, in + (q * c + at) * es, bytes); break;  // all-to-all
+    // Who sends to whom this round: everyone to everyone, the root to everyone, or everyone
+    // to the root; the root's own part moves locally.
+    const bool to_root = P.kind == FC_KIND_REDUCE || P.kind == FC_KIND_GATHER;
+    const bool from_root = P.kind == FC_KIND_BROADCAST || P.kind == FC_KIND_SCATTER;
+    const fc_u32 targets = to_root ? t : FC_PEER_ALL;
+    const fc_u32 sources = from_root ? t : FC_PEER_ALL;
+    const bool sends = !(to_root && me == t) && !(from_root && me != t);
+    const bool receives = !(to_root && me != t) && !(from_root && me == t);
+    const bool reduces = P.kind == FC_KIND_REDUCE_SCATTER || P.kind == FC_KIND_REDUCE;
+    const int bad = sends && check_room && !peer_room(P, s, targets);
+    if (sends && !bad) {
+        for (fc_u32 j = 1; j < n; ++j) {
+            const fc_u32 q = (me + j) % n;
+            if (!peer_in(P, q, targets)) continue;
+            fc_u8* slot = peer_slot(P, q, b, me, 0, s);
+            // The block of this rank's input that q gets.
+            const bool per_peer = P.kind == FC_KIND_REDUCE_SCATTER || P.kind == FC_KIND_ALL_TO_ALL || P.kind == FC_KIND_SCATTER;
+            const fc_u8* src = in + ((per_peer ? q * c : 0) + at) * es;
+            if (reduces) transform(op, slot, src, len, true, false);
+            else copy_bytes(slot, nullptr, src, bytes);
         }
     }
-    // This rank's own block, where it moves (nothing in place: the same bytes).
-    const fc_u8* own_src = P.kind == FC_KIND_ALL_GATHER ? in + at * es : in + (me * c + at) * es;
-    fc_u8* own_dst = out + (me * c + at) * es;
-    if (P.kind != FC_KIND_REDUCE_SCATTER && own_src != own_dst) copy_bytes(own_dst, nullptr, own_src, bytes);
-    peer_signal(P, 0, s);
-    if (!peer_wait(P, 0, s)) return false;
-    if (P.kind == FC_KIND_REDUCE_SCATTER) {
-        fc_u8* o = out + at * es;
-        for (fc_u32 i = 0; i + 1 < n; ++i) {
-            const fc_u32 q = (me + 1 + i) % n;
-            const fc_u8* local = i == 0 ? in + (me * c + at) * es : o;
-            if (i > 0) __syncthreads();
-            reduce(op, o, nullptr, peer_slot(P, me, b, q, 0, s), local, len, i == 0, i + 2 == n);
-        }
-        return true;
+    // This rank's own block, where it moves without a reduction (nothing in place: the same
+    // bytes).
+    const fc_u8* own_src = nullptr;
+    fc_u8* own_dst = nullptr;
+    switch (P.kind) {
+        case FC_KIND_ALL_GATHER: own_src = in + at * es; own_dst = out + (me * c + at) * es; break;
+        case FC_KIND_ALL_TO_ALL: own_src = in + (me * c + at) * es; own_dst = out + (me * c + at) * es; break;
+        case FC_KIND_BROADCAST: if (me == t) { own_src = in + at * es; own_dst = out + at * es; } break;
+        case FC_KIND_GATHER: if (me == t) { own_src = in + at * es; own_dst = out + (me * c + at) * es; } break;
+        case FC_KIND_SCATTER: if (me == t) { own_src = in + (me * c + at) * es; own_dst = out + at * es; } break;
+        default: break;
     }
-    for (fc_u32 j = 1; j < n; ++j) {
-        const fc_u32 q = (me + n - j) % n;
-        copy_bytes(out + (q * c + at) * es, nullptr, peer_slot(P, me, b, q, 0, s), bytes);
+    if (own_src != nullptr && own_src != own_dst && !bad) copy_bytes(own_dst, nullptr, own_src, bytes);
+    if (!peer_signal(P, sends ? 0u : FC_PEER_PHASES, s, targets, bad, s - 1)) return false;
+    if (receives) {
+        if (!peer_wait(P, 0, s, sources)) return false;
+        if (reduces) {
+            fc_u8* o = out + at * es;
+            const fc_u8* mine = in + ((P.kind == FC_KIND_REDUCE_SCATTER ? me * c : 0) + at) * es;
+            for (fc_u32 i = 0; i + 1 < n; ++i) {
+                const fc_u32 q = (me + 1 + i) % n;
+                if (i > 0) __syncthreads();
+                reduce(op, o, nullptr, peer_slot(P, me, b, q, 0, s), i == 0 ? mine : o, len, i == 0, i + 2 == n);
+            }
+        } else {
+            for (fc_u32 j = 1; j < n; ++j) {
+                const fc_u32 q = (me + n - j) % n;
+                if (!peer_in(P, q, sources)) continue;
+                const bool per_peer = P.kind != FC_KIND_BROADCAST && P.kind != FC_KIND_SCATTER;
+                copy_bytes(out + ((per_peer ? q * c : 0) + at) * es, nullptr, peer_slot(P, me, b, q, 0, s), bytes);
+            }
+        }
     }
     return true;
 }
@@ -212,8 +286,11 @@ extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) ferroccl_peer(c
     for (fc_u64 at = start; at < end; at += P.chunk) {
         const fc_u64 len = end - at < P.chunk ? end - at : P.chunk;
         ++s;
-        if (!fc::peer_round(P, at, len, s)) return;
+        if (!fc::peer_round(P, at, len, s, s == seq + 1)) return;
     }
+    // Every read of the last round is done: acknowledge it (the others were, at the first
+    // barrier of the round after them).
     __syncthreads();
+    if (s > seq && fc::peer_in(P, threadIdx.x, FC_PEER_ALL)) fc::st_release_sys(fc::peer_flag(P, threadIdx.x, blockIdx.x, P.rank, 2), s);
     if (threadIdx.x == 0) ((volatile fc_u64*)P.seqs)[blockIdx.x] = s;
 }

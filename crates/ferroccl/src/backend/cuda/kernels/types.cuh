@@ -230,13 +230,15 @@ FC_CHECK_OFFSET(FcDirect, reserved, 316);
 FC_CHECK_OFFSET(FcDirect, op, 320);
 
 // ---- the peer engine (peer.cuh, in the plan kernel's module) ----------------------------------
-// Symmetric collectives in rounds: block b of rank p stores round s's message for rank q into
-// q's staging slot [b][p][phase][s parity] and raises q's flag line [b][p][phase] to s; q waits
-// for every peer's flag, then reads its slots. Phase 0 carries inputs (all-reduce: the owner's
-// share), phase 1 an all-reduce owner's result.
+// Collectives in rounds: block b of rank p stores round s's message for rank q into q's
+// staging slot [b][p][phase][s parity] and raises q's flag line [b][p][phase] to s; q waits for
+// its senders' flags, then reads its slots. Phase 0 carries inputs (all-reduce: the owner's
+// share), phase 1 an all-reduce owner's result; flag phase 2 is q's acknowledgement of round s
+// in p's memory.
 #define FC_PEER_MAX_RANKS 16u
 #define FC_PEER_MAX_BLOCKS 32u
 #define FC_PEER_THREADS 512u
+#define FC_PEER_PHASES 3u
 
 // Passed by value; the communicator's part is filled once, the op per call.
 struct FcPeer {
@@ -253,9 +255,11 @@ struct FcPeer {
     fc_u32 rank;
     fc_u32 nranks;
     fc_u32 nblocks;
+    fc_u32 root;                      // rooted operations' root
+    fc_u32 reserved;
     FcOp op;
 };
-FC_CHECK_SIZE(FcPeer, 384);
+FC_CHECK_SIZE(FcPeer, 392);
 FC_CHECK_OFFSET(FcPeer, stage, 0);
 FC_CHECK_OFFSET(FcPeer, flags, 128);
 FC_CHECK_OFFSET(FcPeer, seqs, 256);
@@ -269,7 +273,9 @@ FC_CHECK_OFFSET(FcPeer, kind, 312);
 FC_CHECK_OFFSET(FcPeer, rank, 316);
 FC_CHECK_OFFSET(FcPeer, nranks, 320);
 FC_CHECK_OFFSET(FcPeer, nblocks, 324);
-FC_CHECK_OFFSET(FcPeer, op, 328);
+FC_CHECK_OFFSET(FcPeer, root, 328);
+FC_CHECK_OFFSET(FcPeer, reserved, 332);
+FC_CHECK_OFFSET(FcPeer, op, 336);
 
 #define FC_KIND_ALL_REDUCE 0u
 #define FC_KIND_ALL_GATHER 1u
