@@ -250,8 +250,13 @@ impl NcclSide {
     /// Loads NCCL for --vs-nccl; without it, refuses the options that only the comparison has.
     pub fn from_args(args: &BenchArgs, spec: &Spec) -> Result<Option<NcclSide>, String> {
         let Some(path) = &args.vs_nccl else {
-            if args.graph > 0 {
-                return Err("--graph is an option of the comparison with NCCL: add --vs-nccl".into());
+            if args.graph > 0 && args.gpus == 0 {
+                return Err("--graph captures CUDA graphs: it needs GPU ranks (-g N or --devices)".into());
+            }
+            if args.graph > 0 && spec.check {
+                // Alone, --check checks every timed iteration, each on its own: nothing to
+                // capture back to back.
+                return Err("--graph times replays of unchecked iterations: run --check without it (beside NCCL, --vs-nccl checks one iteration first)".into());
             }
             if let Some(r) = args.register.as_deref().filter(|&r| r != "auto") {
                 return Err(format!("--register {r}: a kind of NCCL registration; add --vs-nccl (ferroccl itself registers windows)"));

@@ -95,8 +95,8 @@ pub struct BenchArgs {
     /// package nvidia-nccl's
     #[arg(long = "vs-nccl", value_name = "PATH", num_args = 0..=1, default_missing_value = "")]
     pub vs_nccl: Option<String>,
-    /// With --vs-nccl: capture each row's iterations in a CUDA graph and time N replays of
-    /// it (nccl-tests' -G N), for both libraries
+    /// Capture each row's iterations in a CUDA graph and time N replays of it (nccl-tests'
+    /// -G N); beside NCCL for both libraries. GPUs only; alone, not with --check
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub graph: u64,
     /// Registered buffers (nccl-tests' -R): ferroccl's from ferroccl::mem, registered as
@@ -214,6 +214,22 @@ pub(crate) mod tests {
         assert_eq!(parse(&["all-reduce"]).resolve(|| 0).gpus, 0, "no GPU: the host backend");
         assert_eq!(parse(&["all-reduce", "-g", "0"]).resolve(|| 4).gpus, 0, "-g 0 forces the host");
         assert_eq!(parse(&["all-reduce", "-g", "2"]).resolve(|| 4).gpus, 2);
+    }
+
+    /// Graphs alone: on GPU ranks and without --check (which times each checked iteration on
+    /// its own); refused on the host backend.
+    #[test]
+    fn graphs_alone_need_gpus_and_no_check() {
+        let side = |argv: &[&str]| {
+            let a = parse(argv).resolve(|| 0);
+            let spec = Spec::from_args(&a).unwrap();
+            NcclSide::from_args(&a, &spec).map(|s| s.is_none())
+        };
+        assert_eq!(side(&["all-reduce", "--graph", "10", "--devices", "0,0"]), Ok(true));
+        assert_eq!(side(&["all-reduce", "--graph", "10", "-g", "2"]), Ok(true));
+        assert!(side(&["all-reduce", "--graph", "10"]).unwrap_err().contains("GPU ranks"), "the host backend has no graphs");
+        assert!(side(&["all-reduce", "--graph", "10", "-g", "2", "--check"]).unwrap_err().contains("--check"));
+        assert_eq!(side(&["all-reduce", "-g", "2", "--check"]), Ok(true));
     }
 
     #[test]

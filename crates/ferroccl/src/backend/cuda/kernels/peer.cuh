@@ -18,7 +18,8 @@
 //     it, waits for the peers' results and copies them into its output; the others: each
 //     receiver reduces or copies what it received.
 //  Every rank acknowledges round s to every peer (phase 2, in the peer's memory), whether it
-//  received from it or not, at the first barrier of round s+1 (or the launch's last barrier);
+//  received from it or not, at the first barrier of round s+1 of a rooted operation, and at a
+//  launch's last barrier;
 //  a sender writes a slot parity again (round s+2) once the receiver acknowledged round s,
 //  each warp checking for itself before its first store. Rooted operations send one way
 //  only, so nothing else tells a sender that its slot was read; where every rank sends to
@@ -169,6 +170,9 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     const bool symmetric = P.kind == FC_KIND_ALL_REDUCE || P.kind == FC_KIND_REDUCE_SCATTER ||
                            P.kind == FC_KIND_ALL_GATHER || P.kind == FC_KIND_ALL_TO_ALL;
     const bool check_room = first || !symmetric;
+    // Acknowledgements within a launch matter only to rooted rounds; the launch's last round is
+    // acknowledged at its end, for whatever runs next.
+    const fc_u64 ack = symmetric ? 0 : s - 1;
     if (P.kind == FC_KIND_ALL_REDUCE) {
         // Share q of the round: [at + cut(q), at + cut(q + 1)).
         const int bad = check_room && !peer_room(P, s, FC_PEER_ALL);
@@ -177,7 +181,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
             const fc_u64 a = cut(len, n, q), e = cut(len, n, q + 1);
             if (e > a) transform(op, peer_slot(P, q, b, me, 0, s), in + (at + a) * es, e - a, true, false);
         }
-        if (!peer_signal(P, 0, s, FC_PEER_ALL, bad, s - 1)) return false;
+        if (!peer_signal(P, 0, s, FC_PEER_ALL, bad, ack)) return false;
         if (!peer_wait(P, 0, s, FC_PEER_ALL)) return false;
         const fc_u64 a = cut(len, n, me), e = cut(len, n, me + 1);
         fc_u8* own = out + (at + a) * es;
@@ -248,7 +252,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
         default: break;
     }
     if (own_src != nullptr && own_src != own_dst && !bad) copy_bytes(own_dst, nullptr, own_src, bytes);
-    if (!peer_signal(P, sends ? 0u : FC_PEER_PHASES, s, targets, bad, s - 1)) return false;
+    if (!peer_signal(P, sends ? 0u : FC_PEER_PHASES, s, targets, bad, ack)) return false;
     if (receives) {
         if (!peer_wait(P, 0, s, sources)) return false;
         if (reduces) {
