@@ -147,8 +147,8 @@ impl Default for Config {
             gpu_channels: 32,
             gpu_p2p_channels: 32,
             gpu_channel_bytes: 4 << 10,
-            chunk_bytes: 512 << 10,
-            slot_bytes: 256 << 10,
+            chunk_bytes: 256 << 10,
+            slot_bytes: 128 << 10,
             slots: 4,
             ll_max_bytes: 128 << 10,
             direct_max_bytes: 128 << 10,
@@ -584,12 +584,12 @@ mod tests {
         let same = vec![base.encode_shared(); 4];
         assert!(compare_shared(&same).is_ok());
         let mut all = same.clone();
-        all[0] = Config { chunk_bytes: 262144, ..base.clone() }.encode_shared();
+        all[0] = Config { chunk_bytes: 131072, ..base.clone() }.encode_shared();
         all[2] = Config { heartbeat_interval: Duration::from_millis(50), ..base.clone() }.encode_shared();
         let e = compare_shared(&all).unwrap_err();
         let m = e.to_string();
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
-        assert!(m.contains("FERROCCL_CHUNK_BYTES: 262144 on rank(s) [0], 524288 on rank(s) [1, 2, 3]"), "{m}");
+        assert!(m.contains("FERROCCL_CHUNK_BYTES: 131072 on rank(s) [0], 262144 on rank(s) [1, 2, 3]"), "{m}");
         assert!(m.contains("FERROCCL_HEARTBEAT_INTERVAL: 0.5 on rank(s) [0, 1, 3], 0.05 on rank(s) [2]"), "{m}");
         // What may differ does not count.
         let local = Config { timeout: Duration::from_secs(3), bootstrap_addr: Some("10.0.0.1".into()), ..base.clone() };

@@ -125,7 +125,7 @@ fn duplicate_rank_and_missing_rank_and_foreign_id() {
 fn ranks_that_disagree_on_a_wire_knob_fail_at_creation_naming_it() {
     let base = cfg(5000);
     let cases: [(&str, Config, &str); 3] = [
-        ("FERROCCL_CHUNK_BYTES", Config { chunk_bytes: 262144, ..base.clone() }, "262144 on rank(s) [0], 524288 on rank(s) [1, 2]"),
+        ("FERROCCL_CHUNK_BYTES", Config { chunk_bytes: 131072, ..base.clone() }, "131072 on rank(s) [0], 262144 on rank(s) [1, 2]"),
         ("FERROCCL_HEARTBEAT_INTERVAL", Config { heartbeat_interval: Duration::from_millis(50), ..base.clone() }, "0.05 on rank(s) [0]"),
         ("FERROCCL_TRANSPORT", Config { transport: TransportChoice::Tcp, ..base.clone() }, "tcp on rank(s) [0], auto on rank(s) [1, 2]"),
     ];

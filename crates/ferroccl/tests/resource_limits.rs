@@ -92,7 +92,7 @@ fn child_entry() {
             let r = Comm::init_all(4, &config(TransportChoice::Tcp, 2)).map_err(|e: Error| (e.to_string(), t.elapsed())).and_then(|c| all_reduce(&c, t));
             report(t, r, 0);
         }
-        // "fsize": no file larger than 64 KiB (a FIFO is 1 MiB). "shm": run inside a mount
+        // "fsize": no file larger than 64 KiB (a FIFO is 512 KiB). "shm": run inside a mount
         // namespace whose /dev/shm is a small tmpfs. Either way segments cannot be made whole.
         "fsize" | "shm" => {
             if args[0] == "fsize" {
@@ -144,7 +144,7 @@ fn too_few_file_descriptors_fail_fast_naming_ulimit() {
 #[test]
 fn segment_above_the_file_size_limit_names_the_limit_and_leaves_nothing() {
     let r = parse(&run_child("fsize", &[]));
-    assert!(!r.ok, "a 1 MiB FIFO was created under a 64 KiB file-size limit");
+    assert!(!r.ok, "a 512 KiB FIFO was created under a 64 KiB file-size limit");
     for want in ["shared-memory segment", "bytes)", "ulimit -f", "FERROCCL_SLOT_BYTES"] {
         assert!(r.message.contains(want), "{want:?} missing: {}", r.message);
     }
@@ -154,7 +154,7 @@ fn segment_above_the_file_size_limit_names_the_limit_and_leaves_nothing() {
 
 #[test]
 fn full_dev_shm_names_it_and_the_knobs_and_leaves_nothing() {
-    // A private /dev/shm of 1.5 MiB (two FIFOs of 4 x 256 KiB slots do not fit) needs a user
+    // A private /dev/shm of 768 KiB (two FIFOs of 4 x 128 KiB slots do not fit) needs a user
     // and mount namespace; where the system forbids
     // them, the file-size test above covers the same error path.
     let probe = Command::new("unshare").args(["-Urm", "true"]).output();
@@ -162,9 +162,9 @@ fn full_dev_shm_names_it_and_the_knobs_and_leaves_nothing() {
         eprintln!("skipped: unprivileged user namespaces are not available here");
         return;
     }
-    let wrap = ["unshare", "-Urm", "sh", "-c", "mount -t tmpfs -o size=1536k tmpfs /dev/shm && exec \"$@\"", "sh"];
+    let wrap = ["unshare", "-Urm", "sh", "-c", "mount -t tmpfs -o size=768k tmpfs /dev/shm && exec \"$@\"", "sh"];
     let r = parse(&run_child("shm", &wrap));
-    assert!(!r.ok, "two 1 MiB FIFOs fit in a 1.5 MiB /dev/shm?");
+    assert!(!r.ok, "two 512 KiB FIFOs fit in a 768 KiB /dev/shm?");
     for want in ["/dev/shm is full", "FERROCCL_SLOTS", "FERROCCL_SLOT_BYTES", "FERROCCL_TRANSPORT=tcp", "bytes)"] {
         assert!(r.message.contains(want), "{want:?} missing: {}", r.message);
     }
