@@ -228,10 +228,19 @@ impl Comm {
     /// GPU communicators: waits until every operation enqueued so far completed, and reports
     /// a failure the kernels recorded. Host communicators: nothing to wait for.
     pub fn synchronize(&self) -> Result<(), Error> {
-        match &self.backend {
+        let r = match &self.backend {
             Backend::Cuda(c) => c.synchronize(|| self.boot.health().failure()),
             Backend::Host(_) => Ok(()),
+        };
+        // A kernel that gave up (deadline, abort) left its connections and counters in an
+        // unknown state: later calls are refused, and `failure` reports it, as for a failure
+        // seen at launch.
+        if let Err(e) = &r {
+            if let Ok(mut st) = self.state.lock() {
+                st.failed.get_or_insert_with(|| e.clone());
+            }
         }
+        r
     }
 
     /// The CUDA stream operations of a GPU communicator are enqueued on (null for host ones).

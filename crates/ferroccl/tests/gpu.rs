@@ -745,3 +745,56 @@ fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
         });
     }
 }
+
+/// The peer engine's waits end: two ranks on one GPU, only rank 0 launches a 4 MiB all-reduce
+/// (the peer engine: it waits for rank 1's flags, which never come). With a 2 s deadline its
+/// synchronize fails with a timeout naming rank 1 within seconds, and the communicator refuses
+/// later calls; on a second pair, an abort from another thread ends the same wait at once.
+/// Needs one GPU.
+#[test]
+#[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn the_peer_engine_gives_up_on_a_silent_peer() {
+    if !common::one_gpu_for_test() {
+        return;
+    }
+    let count = 1 << 20; // 4 MiB of f32: beyond the direct engine
+    // The kernels' compile (NVRTC, first run on a machine) outlasts a 2 s deadline at init:
+    // one communicator with the default deadline fills the disk cache first.
+    drop(Comm::init_devices(&[Device::Cuda(0), Device::Cuda(0)], &Config::default()).unwrap());
+    let config = Config { timeout: Duration::from_secs(2), ..Config::default() };
+    let shape = OpShape { kind: CollKind::AllReduce, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false };
+    assert_eq!(tune::choose(&shape, tune::Device::Gpu, &config).engine, tune::Engine::PeerKernel);
+    for abort in [false, true] {
+        let comms = Comm::init_devices(&[Device::Cuda(0), Device::Cuda(0)], &config).unwrap();
+        let c = &comms[0];
+        let stats = MemStats::new();
+        let gpu = c.gpu().unwrap();
+        let send = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
+        let recv = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
+        // SAFETY: device buffers of count f32, alive past synchronize.
+        unsafe { c.run_raw(&all_reduce_args(&send, &recv, count)).unwrap() };
+        let t = Instant::now();
+        let e = std::thread::scope(|s| {
+            if abort {
+                s.spawn(|| {
+                    std::thread::sleep(Duration::from_millis(300));
+                    c.abort();
+                });
+            }
+            c.synchronize().unwrap_err()
+        });
+        let took = t.elapsed();
+        eprintln!("abort {abort}: failed after {took:?}: {e}");
+        if abort {
+            assert!(matches!(e, Error::Aborted(_)), "{e}");
+            assert!(took < Duration::from_millis(1500), "{took:?}");
+        } else {
+            assert!(matches!(e, Error::Timeout(_)), "{e}");
+            assert!(e.to_string().contains("rank 1"), "{e}");
+            assert!(took >= Duration::from_millis(1500) && took < Duration::from_secs(10), "{took:?}");
+        }
+        // SAFETY: as above.
+        assert!(unsafe { c.run_raw(&all_reduce_args(&send, &recv, count)) }.is_err(), "a failed communicator refuses calls");
+        drop(comms);
+    }
+}
