@@ -251,8 +251,9 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
         case FC_KIND_SCATTER: if (me == t) { own_src = in + (me * c + at) * es; own_dst = out + at * es; } break;
         default: break;
     }
-    if (own_src != nullptr && own_src != own_dst && !bad) copy_bytes(own_dst, nullptr, own_src, bytes);
     if (!peer_signal(P, sends ? 0u : FC_PEER_PHASES, s, targets, bad, ack)) return false;
+    // After the flags: the receivers start on their copies while this block makes its own.
+    if (own_src != nullptr && own_src != own_dst) copy_bytes(own_dst, nullptr, own_src, bytes);
     if (receives) {
         if (!peer_wait(P, 0, s, sources)) return false;
         if (reduces) {
