@@ -9,9 +9,12 @@
 #
 # Needs no Rust: copy the release binary over (target/release/ferroccl) and run
 #   bench/h200.sh OUTDIR [path/to/ferroccl]
-# NCCL is found as `ferroccl bench --vs-nccl` finds it (the loader's libnccl.so.2, then the
-# Python package nvidia-nccl); NCCL=/path/to/libnccl.so.2 overrides. GPUS (default: all
-# visible, at most 8), TOTAL (seconds, default 570) and FACTOR (size step, default 2) adjust it.
+# NCCL: the Python package nvidia-nccl's library when there is one (the newest on the lent
+# hosts), else as `ferroccl bench --vs-nccl` finds it (the loader's libnccl.so.2);
+# NCCL=/path/to/libnccl.so.2 overrides. GPUS (default: all
+# visible, at most 8), TOTAL (seconds, default 570) and FACTOR (size step, default 2) adjust it;
+# ANCHOR=path/to/torch_symm_allreduce.py runs that anchor right after, outside the deadline
+# (up to 300 s more: with TOTAL=280 both fit one 10-minute call).
 set -euo pipefail
 
 OUT=${1:?usage: bench/h200.sh OUTDIR [ferroccl binary]}
@@ -33,6 +36,12 @@ fi
 TOTAL=${TOTAL:-570}
 # Never NVLink multicast on these hosts; ferroccl bench refuses anything but 0.
 export NCCL_NVLS_ENABLE=0
+# NCCL's best is the newest NCCL on the machine: on the lent hosts the Python package's (2.28.9)
+# is newer than the system's (2.28.3), which the loader would find first. NCCL=... overrides.
+if [[ -z ${NCCL:-} ]]; then
+    pkg=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null || true)
+    [[ -n $pkg && -e $pkg ]] && NCCL=$pkg
+fi
 VS=(--vs-nccl ${NCCL:+"$NCCL"})
 
 mkdir -p "$OUT"
@@ -60,6 +69,7 @@ runs=(
 
 echo "# ferroccl vs NCCL on $GPUS GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
 echo "# binary $BIN ($("$BIN" --version)); results in $OUT; deadline ${TOTAL}s"
+echo "# NCCL: ${NCCL:-as the loader finds it}"
 failed=()
 i=0
 for r in "${runs[@]}"; do
@@ -101,6 +111,14 @@ if (( ${#jsons[@]} > 0 )); then
     (( ${#eager[@]} )) && "$BIN" plot "${eager[@]}" -o "$OUT/host-launches.svg"
     (( ${#graph[@]} )) && "$BIN" plot "${graph[@]}" -o "$OUT/cuda-graphs.svg"
     for f in "${eager[@]}" "${graph[@]}"; do "$BIN" plot "$f" -o "${f%.json}.svg" >/dev/null; done
+fi
+# PyTorch's SymmetricMemory beside NCCL on the same machine, right after (the bandwidth and
+# latency issues ask for it): ANCHOR=path/to/torch_symm_allreduce.py (shared/anchors/).
+if [[ -n ${ANCHOR:-} ]]; then
+    echo "# anchor: $ANCHOR (at $(elapsed) s)"
+    if ! OUT="$OUT/torch-symm" timeout 300 python3 "$ANCHOR" >"$OUT/torch-symm.log" 2>&1; then
+        failed+=("torch-symm anchor (see torch-symm.log)")
+    fi
 fi
 echo "# done in $(elapsed) s; files in $OUT"
 if (( ${#failed[@]} )); then
