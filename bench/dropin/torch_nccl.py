@@ -1,6 +1,7 @@
 # PyTorch's torch.distributed "nccl" backend, run on whichever libnccl.so.2 the process loads
 # (NVIDIA's, or ferroccl's through LD_PRELOAD): exact collectives on fresh random integers,
-# send/recv, barrier, new_group (a split), a CUDA-graph-captured all-reduce, a small DDP run,
+# send/recv, barrier, new_group (a split), a CUDA-graph-captured all-reduce, the collectives
+# again at 300,007 elements a rank (and one captured), a small DDP run,
 # and destroy_process_group, timed. One process per GPU. Prints one JSON line per rank.
 # Usage (GPU machine): python3 torch_nccl.py [NRANKS] (default: one per GPU)
 import hashlib, json, os, sys, time
@@ -68,6 +69,35 @@ def checks(rank, n, dev, seed):
     fresh = mine(tuple(buf.shape))
     buf.copy_(fresh[rank]); graph.replay(); torch.cuda.synchronize()
     ok["graph_all_reduce"] = torch.equal(buf, sum(fresh))
+    # Large operations (beyond 256 KiB per rank: ferroccl's peer engine, staging shared across
+    # processes), odd sizes, and one captured in a graph.
+    c = 300_007
+    for dtype in (torch.float32, torch.bfloat16):
+        xs = mine((c,), dtype)
+        y = xs[rank].clone(); dist.all_reduce(y)
+        ok[f"big_all_reduce_{dtype}"] = torch.equal(y, sum(xs))
+    xs = mine((c,))
+    out = torch.empty(n * c, device=dev); dist.all_gather_into_tensor(out, xs[rank])
+    ok["big_all_gather"] = torch.equal(out, torch.cat(xs))
+    big = mine((n * c,))
+    out = torch.empty(c, device=dev); dist.reduce_scatter_tensor(out, big[rank])
+    ok["big_reduce_scatter"] = torch.equal(out, sum(big)[rank * c:(rank + 1) * c])
+    out = torch.empty(n * c, device=dev); dist.all_to_all_single(out, big[rank])
+    ok["big_all_to_all"] = torch.equal(out, torch.cat([big[q][rank * c:(rank + 1) * c] for q in range(n)]))
+    y = xs[rank].clone(); dist.broadcast(y, src=root)
+    ok["big_broadcast"] = torch.equal(y, xs[root])
+    y = xs[rank].clone(); dist.reduce(y, dst=root)
+    ok["big_reduce"] = rank != root or torch.equal(y, sum(xs))
+    buf = xs[rank].clone()
+    with torch.cuda.stream(s):
+        dist.all_reduce(buf); torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=s):
+            dist.all_reduce(buf)
+    torch.cuda.synchronize()
+    fresh = mine((c,))
+    buf.copy_(fresh[rank]); graph.replay(); torch.cuda.synchronize()
+    ok["big_graph_all_reduce"] = torch.equal(buf, sum(fresh))
     return ok
 
 def ddp(rank, n, dev):
@@ -93,7 +123,9 @@ def worker(rank, n, port, seed):
     dist.init_process_group("nccl", rank=rank, world_size=n, device_id=dev)
     init_s = time.time() - t0
     rec = {"rank": rank, "nranks": n, "nccl_version": list(torch.cuda.nccl.version()), "libnccl": loaded_nccl(), "init_s": round(init_s, 3)}
-    rec["checks"] = checks(rank, n, dev, seed)
+    t0 = time.time(); rec["checks"] = checks(rank, n, dev, seed); rec["checks_s"] = round(time.time() - t0, 3)
+    # Before DDP, which fails on its own if a collective went wrong: what the checks found.
+    print(json.dumps({"rank": rank, "checks": rec["checks"], "checks_s": rec["checks_s"]}), file=sys.stderr, flush=True)
     rec["ddp"] = ddp(rank, n, dev)
     t0 = time.time(); dist.destroy_process_group(); rec["destroy_s"] = round(time.time() - t0, 3)
     print(json.dumps(rec), flush=True)
