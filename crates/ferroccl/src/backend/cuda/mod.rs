@@ -9,7 +9,8 @@
 //! - `fabric.rs`: the FIFOs between the ranks' GPUs, in peer-mapped cuMem memory;
 //! - `window.rs`: registered windows (zero-copy);
 //! - `kernels.rs` and `kernels/`: the CUDA C sources and how NVRTC compiles them;
-//! - `verify.rs`: the verifiable mode (inputs filled, outputs checked by kernels).
+//! - `verify.rs`: the verifiable mode (inputs filled, outputs checked by kernels);
+//! - `peer_model.rs` (tests): the peer engine's flow control, model-checked on the host.
 
 mod comm;
 pub(crate) mod fabric;
@@ -18,5 +19,7 @@ mod launch;
 pub(crate) mod tables;
 pub(crate) mod verify;
 pub(crate) mod window;
+#[cfg(test)]
+mod peer_model;
 
 pub(crate) use comm::CudaComm;
