@@ -45,8 +45,10 @@ impl Tuning {
 }
 
 /// Whether the two-shot all-reduce can run `count` elements on `nranks` with messages of
-/// `chunk_elems`: it needs a third rank to gain anything, and every share must be one message,
-/// so that every rank can send all of them before receiving any.
+/// `chunk_elems` through FIFOs (the host and the plan kernel): it needs a third rank to gain
+/// anything over the ring there, and one round (every share one message), so that every rank
+/// can send all of them before receiving any. The GPU peer engine runs it in rounds on any
+/// rank count: its staging holds a round's shares whole.
 pub fn two_shot_fits(nranks: usize, count: usize, chunk_elems: usize) -> bool {
     nranks >= 3 && count <= chunk_elems
 }

@@ -105,8 +105,10 @@ impl OpShape {
 pub enum Algo {
     /// All-reduce, reduce-scatter, all-gather: a ring per channel over slices of the buffer.
     Ring,
-    /// All-reduce on 3+ ranks: every rank sends each owner its share, owners reduce and send
-    /// the result to all: two dependent messages instead of the ring's 2(n-1).
+    /// All-reduce: every rank sends each owner its share, owners reduce and send the result to
+    /// all, in rounds of a chunk: two dependent messages instead of the ring's 2(n-1). On the
+    /// plan kernel and the host on 3+ ranks within one chunk; on the GPU peer engine on any
+    /// rank count and size.
     TwoShot,
     /// Broadcast, reduce: a chain from (or to) the root.
     Chain,
