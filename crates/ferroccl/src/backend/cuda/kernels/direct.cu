@@ -32,42 +32,6 @@ __device__ __forceinline__ fc_u8* direct_line(fc_u64 base, fc_u32 b, fc_u32 from
     return (fc_u8*)base + slot * (2u * FC_DIRECT_SLOT_DATA) + i * 16u;
 }
 
-__device__ void direct_error(const FcDirect& P, fc_u32 code, fc_u32 what, fc_u32 peer, fc_u64 expected, fc_u64 got) {
-    FcError* e = (FcError*)P.error;
-    if (e == nullptr) return;
-    if (atomicCAS(&e->claimed, 0u, 1u) != 0u) return;
-    volatile FcError* v = e;
-    v->lane = blockIdx.x;
-    v->step = 0;
-    v->peer = peer;
-    v->what = what;
-    v->conn = -1;
-    v->rank = P.rank;
-    v->expected = expected;
-    v->got = got;
-    __threadfence_system();
-    v->code = code;
-}
-
-// Called on every unsuccessful poll; true while the wait may go on (as keep_waiting).
-__device__ __forceinline__ bool direct_keep_waiting(const FcDirect& P, fc_u32& polls, fc_u64& since, fc_u32 what, fc_u32 peer) {
-    if ((++polls % FC_POLLS_PER_CHECK) != 0u) return true;
-    const volatile int* ab = (const volatile int*)P.abort;
-    if (ab != nullptr && *ab != 0) {
-        direct_error(P, FC_ERR_ABORTED, what, peer, 0, 0);
-        return false;
-    }
-    const volatile FcError* e = (const volatile FcError*)P.error;
-    if (e != nullptr && e->claimed != 0u) return false;
-    const fc_u64 now = globaltimer();
-    if (since == 0) since = now;
-    if (P.timeout_ns != 0 && now - since > P.timeout_ns) {
-        direct_error(P, FC_ERR_TIMEOUT, what, peer, P.timeout_ns, now - since);
-        return false;
-    }
-    return true;
-}
-
 // Up to 8 bytes at p (a little-endian word; bytes past n are zero).
 __device__ __forceinline__ fc_u64 load8(const fc_u8* p, fc_u32 n) {
     if (n == 8u && ((fc_u64)p & 7u) == 0) return *(const fc_u64*)p;
@@ -103,7 +67,7 @@ __device__ __forceinline__ bool ll_load(const FcDirect& P, const fc_u8* line, fc
             v = (fc_u64)d0 | ((fc_u64)d1 << 32);
             return true;
         }
-        if (!direct_keep_waiting(P, polls, since, FC_WHAT_DATA, peer)) return false;
+        if (!engine_keep_waiting(P, polls, since, FC_WHAT_DATA, peer)) return false;
     }
 }
 
@@ -209,7 +173,7 @@ __device__ void direct_run(const FcDirect& P, fc_u64 epoch) {
         fc_u32 polls = 0;
         fc_u64 since = 0;
         while (ld_acquire_sys(ack) + 2u < epoch) {
-            if (!direct_keep_waiting(P, polls, since, FC_WHAT_ROOM, q)) return;
+            if (!engine_keep_waiting(P, polls, since, FC_WHAT_ROOM, q)) return;
         }
     }
 

@@ -78,6 +78,47 @@ __device__ void record_error(const Lane& x, fc_u32 code, fc_u32 what, fc_i32 con
     v->code = code;
 }
 
+// The one-kernel engines (the direct and peer kernels), whose parameter `P` carries error,
+// abort, timeout_ns and rank: their first failure, as record_error with the block for the
+// lane, and their waits' checks, as keep_waiting.
+template <typename Param>
+__device__ void engine_error(const Param& P, fc_u32 code, fc_u32 what, fc_u32 peer, fc_u64 expected, fc_u64 got) {
+    FcError* e = (FcError*)P.error;
+    if (e == nullptr) return;
+    if (atomicCAS(&e->claimed, 0u, 1u) != 0u) return;
+    volatile FcError* v = e;
+    v->lane = blockIdx.x;
+    v->step = 0;
+    v->peer = peer;
+    v->what = what;
+    v->conn = -1;
+    v->rank = P.rank;
+    v->expected = expected;
+    v->got = got;
+    __threadfence_system();
+    v->code = code;
+}
+
+// Called on every unsuccessful poll; true while the wait may go on (as keep_waiting).
+template <typename Param>
+__device__ __forceinline__ bool engine_keep_waiting(const Param& P, fc_u32& polls, fc_u64& since, fc_u32 what, fc_u32 peer) {
+    if ((++polls % FC_POLLS_PER_CHECK) != 0u) return true;
+    const volatile int* ab = (const volatile int*)P.abort;
+    if (ab != nullptr && *ab != 0) {
+        engine_error(P, FC_ERR_ABORTED, what, peer, 0, 0);
+        return false;
+    }
+    const volatile FcError* e = (const volatile FcError*)P.error;
+    if (e != nullptr && e->claimed != 0u) return false;
+    const fc_u64 now = globaltimer();
+    if (since == 0) since = now;
+    if (P.timeout_ns != 0 && now - since > P.timeout_ns) {
+        engine_error(P, FC_ERR_TIMEOUT, what, peer, P.timeout_ns, now - since);
+        return false;
+    }
+    return true;
+}
+
 __device__ __forceinline__ bool failed_elsewhere(const Lane& x) {
     const volatile FcError* e = (const volatile FcError*)x.L->error;
     return e != nullptr && e->claimed != 0u;

@@ -38,42 +38,6 @@
 
 namespace fc {
 
-__device__ void peer_error(const FcPeer& P, fc_u32 code, fc_u32 what, fc_u32 peer, fc_u64 expected, fc_u64 got) {
-    FcError* e = (FcError*)P.error;
-    if (e == nullptr) return;
-    if (atomicCAS(&e->claimed, 0u, 1u) != 0u) return;
-    volatile FcError* v = e;
-    v->lane = blockIdx.x;
-    v->step = 0;
-    v->peer = peer;
-    v->what = what;
-    v->conn = -1;
-    v->rank = P.rank;
-    v->expected = expected;
-    v->got = got;
-    __threadfence_system();
-    v->code = code;
-}
-
-// Called on every unsuccessful poll; true while the wait may go on.
-__device__ __forceinline__ bool peer_keep_waiting(const FcPeer& P, fc_u32& polls, fc_u64& since, fc_u32 peer) {
-    if ((++polls % FC_POLLS_PER_CHECK) != 0u) return true;
-    const volatile int* ab = (const volatile int*)P.abort;
-    if (ab != nullptr && *ab != 0) {
-        peer_error(P, FC_ERR_ABORTED, FC_WHAT_DATA, peer, 0, 0);
-        return false;
-    }
-    const volatile FcError* e = (const volatile FcError*)P.error;
-    if (e != nullptr && e->claimed != 0u) return false;
-    const fc_u64 now = globaltimer();
-    if (since == 0) since = now;
-    if (P.timeout_ns != 0 && now - since > P.timeout_ns) {
-        peer_error(P, FC_ERR_TIMEOUT, FC_WHAT_DATA, peer, P.timeout_ns, now - since);
-        return false;
-    }
-    return true;
-}
-
 // Slot [b][from][phase][parity] in `owner`'s staging (no slots for the owner itself).
 __device__ __forceinline__ fc_u8* peer_slot(const FcPeer& P, fc_u32 owner, fc_u32 b, fc_u32 from, fc_u32 phase, fc_u64 s) {
     const fc_u32 f = from < owner ? from : from - 1u;
@@ -107,7 +71,7 @@ __device__ __forceinline__ bool peer_room(const FcPeer& P, fc_u64 s, fc_u32 to) 
             fc_u32 polls = 0;
             fc_u64 since = 0;
             while (ld_acquire_sys(f) + 2u < s) {
-                if (!peer_keep_waiting(P, polls, since, q)) {
+                if (!engine_keep_waiting(P, polls, since, FC_WHAT_ROOM, q)) {
                     ok = 0;
                     break;
                 }
@@ -146,7 +110,7 @@ __device__ __forceinline__ bool peer_wait(const FcPeer& P, fc_u32 phase, fc_u64 
         fc_u32 polls = 0;
         fc_u64 since = 0;
         while (ld_acquire_sys(f) < s) {
-            if (!peer_keep_waiting(P, polls, since, q)) {
+            if (!engine_keep_waiting(P, polls, since, FC_WHAT_DATA, q)) {
                 bad = 1;
                 break;
             }

@@ -253,13 +253,23 @@ __device__ __noinline__ void copy_bytes(fc_u8* d0, fc_u8* d1, const fc_u8* src, 
     else copy_words<fc_u8, 1>(d0, d1, src, bytes);
 }
 
+// One element of reduce_piece: l = local; if pre l *= scalar; v = O(recv, l); if post v /= nranks.
+template <typename D>
+__device__ __forceinline__ typename D::S reduce_elem(typename D::S recv, typename D::S local, fc_u32 k, bool pre, bool post,
+                                                      typename D::C scalar, fc_u32 nranks) {
+    typename D::C lv = D::load(local);
+    if (pre) lv = mul(lv, scalar);
+    typename D::C v = combine(D::load(recv), lv, k);
+    if (post) v = divn(v, nranks);
+    return D::store(v);
+}
+
 // For i < n: l = local[i]; if pre l *= scalar; v = O(recv[i], l); if post v /= nranks;
 // dst0[i] = v (and dst1[i]). dst0 may be exactly local (in place); recv is a slot.
 template <typename D>
 __device__ void reduce_piece(fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u8* local, fc_u64 n, fc_u32 k,
                              bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
     typedef typename D::S S;
-    typedef typename D::C C;
     const fc_u32 nt = blockDim.x;
     fc_u64 done = 0;
     if (aligned16((fc_u64)d0 | (fc_u64)d1 | (fc_u64)recv | (fc_u64)local)) {
@@ -285,13 +295,7 @@ __device__ void reduce_piece(fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u
             for (int u = 0; u < U; ++u) {
                 Pack o;
 #pragma unroll
-                for (int j = 0; j < E; ++j) {
-                    C lv = D::load(l[u].e[j]);
-                    if (pre) lv = mul(lv, scalar);
-                    C v = combine(D::load(r[u].e[j]), lv, k);
-                    if (post) v = divn(v, nranks);
-                    o.e[j] = D::store(v);
-                }
+                for (int j = 0; j < E; ++j) o.e[j] = reduce_elem<D>(r[u].e[j], l[u].e[j], k, pre, post, scalar, nranks);
                 a4[i + (fc_u64)u * nt] = o.v;
                 if (b4) b4[i + (fc_u64)u * nt] = o.v;
             }
@@ -301,13 +305,7 @@ __device__ void reduce_piece(fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u
             r.v = ldcg(r4 + i);
             l.v = ldcg(l4 + i);
 #pragma unroll
-            for (int j = 0; j < E; ++j) {
-                C lv = D::load(l.e[j]);
-                if (pre) lv = mul(lv, scalar);
-                C v = combine(D::load(r.e[j]), lv, k);
-                if (post) v = divn(v, nranks);
-                o.e[j] = D::store(v);
-            }
+            for (int j = 0; j < E; ++j) o.e[j] = reduce_elem<D>(r.e[j], l.e[j], k, pre, post, scalar, nranks);
             a4[i] = o.v;
             if (b4) b4[i] = o.v;
         }
@@ -318,11 +316,7 @@ __device__ void reduce_piece(fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u
     S* a = (S*)d0;
     S* b = (S*)d1;
     for (fc_u64 i = done + threadIdx.x; i < n; i += nt) {
-        C lv = D::load(ld_elem(l + i));
-        if (pre) lv = mul(lv, scalar);
-        C v = combine(D::load(ld_elem(r + i)), lv, k);
-        if (post) v = divn(v, nranks);
-        S o = D::store(v);
+        const S o = reduce_elem<D>(ld_elem(r + i), ld_elem(l + i), k, pre, post, scalar, nranks);
         a[i] = o;
         if (b) b[i] = o;
     }
