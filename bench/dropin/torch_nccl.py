@@ -15,6 +15,19 @@ def ints(shape, gen, dev, dtype=torch.float32, lo=-64, hi=64):
     # Small integers: every sum of a few of them is exact in float32 and bfloat16.
     return torch.randint(lo, hi, shape, generator=gen).to(dtype).to(dev)
 
+def graph_all_reduce(rank, shape, mine):
+    # An all-reduce captured in a CUDA graph, replayed on new data in the same buffer.
+    buf = mine(shape)[rank].clone(); s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        dist.all_reduce(buf); torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=s):
+            dist.all_reduce(buf)
+    torch.cuda.synchronize()
+    fresh = mine(shape)
+    buf.copy_(fresh[rank]); graph.replay(); torch.cuda.synchronize()
+    return torch.equal(buf, sum(fresh))
+
 def checks(rank, n, dev, seed):
     gens = [torch.Generator().manual_seed(seed * 1000 + r) for r in range(n)]
     mine = lambda shape, dtype=torch.float32: [ints(shape, g, dev, dtype) for g in gens]
@@ -58,17 +71,7 @@ def checks(rank, n, dev, seed):
     if rank in members:
         y = xs[rank].clone(); dist.all_reduce(y, group=g)
         ok["new_group_all_reduce"] = torch.equal(y, sum(xs[q] for q in members))
-    # A CUDA-graph-captured all-reduce, replayed on new data in the same buffer.
-    buf = xs[rank].clone(); s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        dist.all_reduce(buf); torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=s):
-            dist.all_reduce(buf)
-    torch.cuda.synchronize()
-    fresh = mine(tuple(buf.shape))
-    buf.copy_(fresh[rank]); graph.replay(); torch.cuda.synchronize()
-    ok["graph_all_reduce"] = torch.equal(buf, sum(fresh))
+    ok["graph_all_reduce"] = graph_all_reduce(rank, (1000,), mine)
     # Large operations (beyond 256 KiB per rank: ferroccl's peer engine, staging shared across
     # processes), odd sizes, and one captured in a graph.
     c = 300_007
@@ -88,16 +91,7 @@ def checks(rank, n, dev, seed):
     ok["big_broadcast"] = torch.equal(y, xs[root])
     y = xs[rank].clone(); dist.reduce(y, dst=root)
     ok["big_reduce"] = rank != root or torch.equal(y, sum(xs))
-    buf = xs[rank].clone()
-    with torch.cuda.stream(s):
-        dist.all_reduce(buf); torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=s):
-            dist.all_reduce(buf)
-    torch.cuda.synchronize()
-    fresh = mine((c,))
-    buf.copy_(fresh[rank]); graph.replay(); torch.cuda.synchronize()
-    ok["big_graph_all_reduce"] = torch.equal(buf, sum(fresh))
+    ok["big_graph_all_reduce"] = graph_all_reduce(rank, (c,), mine)
     return ok
 
 def ddp(rank, n, dev):

@@ -24,14 +24,10 @@ impl Cut {
     }
     fn tuning(&self, kind: CollKind, n: usize, count: usize) -> Tuning {
         let two_shot = kind == CollKind::AllReduce && count <= self.direct_max && two_shot_fits(n, count, self.chunk_elems);
-        let peer_kind = match kind {
-            CollKind::ReduceScatter | CollKind::AllGather | CollKind::AllToAll | CollKind::Gather | CollKind::Scatter => true,
-            CollKind::Broadcast | CollKind::Reduce => n == 2,
-            _ => false,
-        };
-        let algo = if self.peer && kind == CollKind::AllReduce && n >= 2 {
+        let peer = self.peer && crate::tune::peer_engine_serves(kind, n);
+        let algo = if peer && kind == CollKind::AllReduce {
             Algo::TwoShot
-        } else if (self.peer && peer_kind) || (self.one_shot && kind.is_collective()) {
+        } else if peer || (self.one_shot && kind.is_collective()) {
             Algo::OneShot
         } else if two_shot {
             Algo::TwoShot

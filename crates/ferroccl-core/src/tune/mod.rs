@@ -64,6 +64,20 @@ pub fn peer_slot_bytes(cfg: &Config, nranks: usize) -> usize {
     if slot < PEER_MIN_SLOT_BYTES { 0 } else { slot }
 }
 
+/// Whether the peer engine takes `kind` on `nranks` ranks (given room in its staging): 2 to
+/// [`PEER_MAX_RANKS`] ranks; every collective, broadcast and reduce on 2 ranks only (one-shot,
+/// the root's link carries n-1 copies where the chain carries one); no sends or receives.
+pub fn peer_engine_serves(kind: CollKind, nranks: usize) -> bool {
+    if !(2..=PEER_MAX_RANKS).contains(&nranks) {
+        return false;
+    }
+    match kind {
+        CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather | CollKind::AllToAll | CollKind::Gather | CollKind::Scatter => true,
+        CollKind::Broadcast | CollKind::Reduce => nranks == 2,
+        CollKind::Send | CollKind::Recv => false,
+    }
+}
+
 /// What the communicator runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Device {
@@ -349,15 +363,9 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
 
     // Beyond it, collectives take the peer engine: rounds of one slot per block and peer,
     // two-shot for all-reduce (each element reduced once, by its owner, so every rank gets the
-    // same bits), one-shot for the others. Broadcast and reduce only on 2 ranks: one-shot, the
-    // root's link carries n-1 copies where the chain carries one.
-    let peer_kind = match op.kind {
-        CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather | CollKind::AllToAll | CollKind::Gather | CollKind::Scatter => true,
-        CollKind::Broadcast | CollKind::Reduce => op.nranks == 2,
-        CollKind::Send | CollKind::Recv => false,
-    };
+    // same bits), one-shot for the others.
     let slot = peer_slot_bytes(cfg, op.nranks);
-    if device == Device::Gpu && may_direct && peer_kind && slot > 0 {
+    if device == Device::Gpu && may_direct && peer_engine_serves(op.kind, op.nranks) && slot > 0 {
         let slot_elems = slot / es;
         let per = bytes.unwrap_or(usize::MAX).div_ceil(PEER_BLOCK_BYTES).max(1);
         let channels = per.min(PEER_MAX_BLOCKS).min(cfg.gpu_channels.max(1));

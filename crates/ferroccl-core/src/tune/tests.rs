@@ -49,9 +49,9 @@ fn choices_follow_the_table() {
         (Gpu, Gather, 100, Float32, 8, Algo::OneShot, D, LL, 1),
         (Gpu, AllReduce, 64 << 10, Bfloat16, 2, Algo::OneShot, D, LL, 16),
         (Gpu, AllReduce, 64 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
-        // Beyond FERROCCL_GPU_ONESHOT_MAX_BYTES (256 KiB): the symmetric collectives on the peer
-        // engine, a block per 32 KiB of the largest buffer up to 32; the rooted ones on the
-        // plan kernel, its grid following the bytes.
+        // Beyond FERROCCL_GPU_ONESHOT_MAX_BYTES (256 KiB): the peer engine, a block per 32 KiB
+        // of the largest buffer up to 32; broadcast and reduce beyond 2 ranks on the plan
+        // kernel (the chain), its grid following the bytes.
         (Gpu, AllReduce, (64 << 10) + 1, Float32, 2, Algo::TwoShot, K, Simple, 9),
         (Gpu, AllReduce, 256 << 20, Float32, 2, Algo::TwoShot, K, Simple, 32),
         (Gpu, AllGather, 64 << 10, Float32, 2, Algo::OneShot, D, LL, 16),

@@ -5,24 +5,24 @@ pub mod launch;
 
 /// GPUs for the GPU tests: None (skipped, said so) unless FERROCCL_GPU_TEST=1; at least 2.
 pub fn gpus_for_test() -> Option<usize> {
-    if std::env::var("FERROCCL_GPU_TEST").ok().as_deref() != Some("1") {
-        eprintln!("skipped: set FERROCCL_GPU_TEST=1 on a machine with GPUs");
-        return None;
-    }
-    let n = ferroccl::cuda::gpu_count().expect("CUDA driver");
-    assert!(n >= 2, "GPU tests need at least 2 GPUs, found {n}");
-    Some(n)
+    gpus_at_least(2)
 }
 
 /// For the tests that need one GPU (several ranks may share it): false (skipped, said so)
 /// unless FERROCCL_GPU_TEST=1.
 pub fn one_gpu_for_test() -> bool {
+    gpus_at_least(1).is_some()
+}
+
+/// The GPUs there are, when FERROCCL_GPU_TEST=1 (asserting at least `min`); else None, said so.
+fn gpus_at_least(min: usize) -> Option<usize> {
     if std::env::var("FERROCCL_GPU_TEST").ok().as_deref() != Some("1") {
         eprintln!("skipped: set FERROCCL_GPU_TEST=1 on a machine with GPUs");
-        return false;
+        return None;
     }
-    assert!(ferroccl::cuda::gpu_count().expect("CUDA driver") >= 1, "no GPU");
-    true
+    let n = ferroccl::cuda::gpu_count().expect("CUDA driver");
+    assert!(n >= min, "these GPU tests need at least {min} GPUs, found {n}");
+    Some(n)
 }
 
 use ferroccl::{CollKind, Comm, DataType, Group, OpArgs, ReduceOp};

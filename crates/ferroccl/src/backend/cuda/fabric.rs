@@ -150,7 +150,7 @@ pub(crate) fn explain_alloc_failure(e: Error, geo: &Geometry, nranks: usize, ord
     e.context(format!(
         "GPU {ordinal} has no room for this communicator's FIFOs: {need} bytes = {} peers x {} channels \
          (FERROCCL_GPU_CHANNELS={} plus {} point-to-point: FERROCCL_GPU_P2P_CHANNELS) x {} slots (FERROCCL_SLOTS) x {} bytes \
-         (FERROCCL_SLOT_BYTES), plus counters, plus {} bytes of peer-engine staging (FERROCCL_GPU_PEER_BYTES per peer). \
+         (FERROCCL_SLOT_BYTES), plus counters, plus {} bytes of peer-engine staging (FERROCCL_GPU_PEER_BYTES). \
          Free GPU memory (other communicators, the framework's cache) or lower those knobs",
         nranks.saturating_sub(1), geo.nchan, geo.coll, geo.nchan - geo.coll, geo.slots, geo.slot_bytes,
         if geo.has_peer() { geo.peer_flags_off() - geo.peer_stage_off() } else { 0 }

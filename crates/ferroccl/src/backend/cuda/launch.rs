@@ -18,7 +18,7 @@ use super::comm::{CudaComm, BLOCK_THREADS};
 use super::tables::{encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcLaunch, FcOp, FcPeer, OpDesc, ZeroCopy, DIRECT_THREADS, INLINE_OPS, PEER_THREADS};
 use super::window::Windows;
 use crate::cuda::cu_ok;
-use crate::cuda::device::LaunchDims;
+use crate::cuda::device::{Kernel, LaunchDims};
 use crate::cuda::mem::DeviceBuffer;
 use crate::info::{CommInfo, CommState};
 use crate::ops::{plan_launch, OpArgs, Planned};
@@ -286,6 +286,11 @@ fn op_desc(a: &OpArgs, info: &CommInfo, choice: Option<&Choice>) -> OpDesc {
     }
 }
 
+/// The `FC_KIND_*` code of the one operation a one-kernel engine runs (collectives only).
+fn engine_kind(a: &OpArgs) -> Result<u32, Error> {
+    kind_code(a.kind).ok_or_else(|| Error::Internal(format!("a one-kernel engine got {}", a.kind)))
+}
+
 impl CudaComm {
     /// Enqueues the operations `args` (one call, or a group's share on this communicator) on
     /// the current stream as one kernel launch, and returns.
@@ -316,18 +321,14 @@ impl CudaComm {
             let planned = plan_launch(info, args, !windows.is_empty())?;
             state.log_choices(info, &planned.shapes, &planned.choices);
             match planned.choices[..] {
-                [c] if c.engine == Engine::DirectKernel => {
-                    if self.direct.is_none() {
-                        return Err(Error::Internal(format!("the direct engine was chosen for {} ranks, more than it serves", info.nranks)));
-                    }
-                    let entry = Entry { words: key.words().collect(), slab: None, run: Run::Direct { blocks: c.channels as u32 }, pinned: false, _host: Vec::new() };
-                    cache.map.entry(key.hash()).or_default().push(entry);
-                }
-                [c] if c.engine == Engine::PeerKernel => {
-                    if self.peer.is_none() {
-                        return Err(Error::Internal(format!("the peer engine was chosen for {} ranks without its staging", info.nranks)));
-                    }
-                    let run = Run::Peer { blocks: c.channels as u32, chunk: c.chunk_elems as u64 };
+                // The one-kernel engines: no tables, only the choice.
+                [c] if matches!(c.engine, Engine::DirectKernel | Engine::PeerKernel) => {
+                    let blocks = c.channels as u32;
+                    let run = match c.engine {
+                        Engine::DirectKernel if self.direct.is_some() => Run::Direct { blocks },
+                        Engine::PeerKernel if self.peer.is_some() => Run::Peer { blocks, chunk: c.chunk_elems as u64 },
+                        e => return Err(Error::Internal(format!("{e:?} was chosen for {} ranks, which it does not serve", info.nranks))),
+                    };
                     let entry = Entry { words: key.words().collect(), slab: None, run, pinned: false, _host: Vec::new() };
                     cache.map.entry(key.hash()).or_default().push(entry);
                 }
@@ -365,32 +366,33 @@ impl CudaComm {
             Run::Direct { blocks } => {
                 let (module, f, template) = self.direct.as_ref().expect("checked when the entry was made");
                 let a = &args[0];
-                let kind = kind_code(a.kind).ok_or_else(|| Error::Internal(format!("the direct engine got {}", a.kind)))?;
-                let mut param = FcDirect { count: a.count as u64, kind, root: a.root as u32, nblocks: blocks, op: ops[0], ..*template };
-                self.last_blocks.store(blocks, Ordering::Relaxed);
-                let kernel = module.kernel_at(*f);
-                let dims = LaunchDims { grid: (blocks, 1, 1), block: (DIRECT_THREADS, 1, 1), shared_bytes: 0 };
-                let mut params = [&mut param as *mut _ as *mut std::ffi::c_void];
-                // SAFETY: the direct kernel takes one FcDirect by value; its slots, acks and
-                // epochs are this communicator's fabric (mapped for this GPU), its buffers the
-                // caller's, valid for the operation (its contract).
-                unsafe { kernel.launch(dims, stream, &mut params) }
+                let param = FcDirect { count: a.count as u64, kind: engine_kind(a)?, root: a.root as u32, nblocks: blocks, op: ops[0], ..*template };
+                // SAFETY: the direct kernel takes one FcDirect; its slots, acks and epochs are
+                // this communicator's fabric (mapped for this GPU).
+                unsafe { self.launch_engine(module.kernel_at(*f), blocks, DIRECT_THREADS, param, stream) }
             }
             Run::Peer { blocks, chunk } => {
                 let (f, template) = self.peer.as_ref().expect("checked when the entry was made");
                 let a = &args[0];
-                let kind = kind_code(a.kind).ok_or_else(|| Error::Internal(format!("the peer engine got {}", a.kind)))?;
-                let mut param = FcPeer { count: a.count as u64, chunk, kind, nblocks: blocks, root: a.root as u32, op: ops[0], ..*template };
-                self.last_blocks.store(blocks, Ordering::Relaxed);
-                let kernel = self.module.kernel_at(*f);
-                let dims = LaunchDims { grid: (blocks, 1, 1), block: (PEER_THREADS, 1, 1), shared_bytes: 0 };
-                let mut params = [&mut param as *mut _ as *mut std::ffi::c_void];
-                // SAFETY: the peer kernel takes one FcPeer by value; its staging, flags and
-                // counters are this communicator's fabric (mapped for this GPU), its buffers the
-                // caller's, valid for the operation (its contract).
-                unsafe { kernel.launch(dims, stream, &mut params) }
+                let param = FcPeer { count: a.count as u64, chunk, kind: engine_kind(a)?, nblocks: blocks, root: a.root as u32, op: ops[0], ..*template };
+                // SAFETY: the peer kernel takes one FcPeer; its staging, flags and counters are
+                // this communicator's fabric (mapped for this GPU).
+                unsafe { self.launch_engine(self.module.kernel_at(*f), blocks, PEER_THREADS, param, stream) }
             }
         }
+    }
+
+    /// One launch of a one-kernel engine (direct, peer) on `blocks` blocks with `param` by value.
+    ///
+    /// # Safety
+    /// `kernel` takes exactly one parameter of type `P`, every address in which is valid for
+    /// the operation: the communicator's fabric, and the caller's buffers (its contract).
+    unsafe fn launch_engine<P>(&self, kernel: Kernel<'_>, blocks: u32, threads: u32, mut param: P, stream: sys::CUstream) -> Result<(), Error> {
+        self.last_blocks.store(blocks, Ordering::Relaxed);
+        let dims = LaunchDims { grid: (blocks, 1, 1), block: (threads, 1, 1), shared_bytes: 0 };
+        let mut params = [&mut param as *mut P as *mut std::ffi::c_void];
+        // SAFETY: the caller's contract.
+        unsafe { kernel.launch(dims, stream, &mut params) }
     }
 
     /// The plan kernel's tables of a planned launch, with the zero-copy marks where windows are
