@@ -104,6 +104,12 @@ pub struct Config {
     /// round): `tune::peer_slot_bytes` cuts it into slots for every peer; where they would be
     /// under 16 KiB (0, or many ranks) the engine is off. Every rank must agree.
     pub gpu_peer_bytes: usize,
+    /// FERROCCL_GPU_COPY_ENGINE_BYTES: on GPUs, data-movement collectives alone in their launch
+    /// (all-gather, all-to-all, gather, scatter; broadcast on 2 ranks) whose largest buffer is
+    /// at least this many bytes move by the GPUs' copy engines, through the peer engine's
+    /// staging, with no thread block; 0 (the default until it is measured over NVLink) turns
+    /// this off. Every rank must agree.
+    pub gpu_copy_engine_bytes: usize,
     /// FERROCCL_JOB_SECRET (32 hex digits): the job secret when ranks rendezvous from the
     /// launcher's environment instead of a `UniqueId`.
     pub job_secret: Option<[u8; 16]>,
@@ -155,6 +161,7 @@ impl Default for Config {
             gpu_oneshot_max_bytes: 256 << 10,
             gpu_two_shot: false,
             gpu_peer_bytes: 16 << 20,
+            gpu_copy_engine_bytes: 0,
             job_secret: None,
             heartbeat_interval: Duration::from_millis(500),
             heartbeat_misses: 6,
@@ -280,6 +287,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_PEER_BYTES") {
             c.gpu_peer_bytes = parse("FERROCCL_GPU_PEER_BYTES", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_COPY_ENGINE_BYTES") {
+            c.gpu_copy_engine_bytes = parse("FERROCCL_GPU_COPY_ENGINE_BYTES", v)?;
+        }
         if let Some(v) = get("FERROCCL_HEARTBEAT_INTERVAL") {
             let secs: f64 = parse("FERROCCL_HEARTBEAT_INTERVAL", v)?;
             if !(secs > 0.0 && secs < 1e6) {
@@ -337,6 +347,7 @@ impl Config {
             ("FERROCCL_GPU_ONESHOT_MAX_BYTES", self.gpu_oneshot_max_bytes.to_string()),
             ("FERROCCL_GPU_TWO_SHOT", (self.gpu_two_shot as u8).to_string()),
             ("FERROCCL_GPU_PEER_BYTES", self.gpu_peer_bytes.to_string()),
+            ("FERROCCL_GPU_COPY_ENGINE_BYTES", self.gpu_copy_engine_bytes.to_string()),
             ("FERROCCL_CHECK_MISMATCH", (self.check_mismatch as u8).to_string()),
             ("FERROCCL_TCP_CRC", (self.tcp_crc as u8).to_string()),
             ("FERROCCL_HEARTBEAT_INTERVAL", format!("{}", self.heartbeat_interval.as_secs_f64())),
@@ -538,6 +549,10 @@ mod tests {
         assert_eq!((p.gpu_peer_bytes, Config::default().gpu_peer_bytes), (0, 16 << 20));
         assert!(p.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_BYTES" && v == "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BYTES", "2147483648")])).is_err());
+        let ce = Config::from_vars(&vars(&[("FERROCCL_GPU_COPY_ENGINE_BYTES", "8388608")])).unwrap();
+        assert_eq!((ce.gpu_copy_engine_bytes, Config::default().gpu_copy_engine_bytes), (8 << 20, 0));
+        assert!(ce.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_COPY_ENGINE_BYTES" && v == "8388608"));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_COPY_ENGINE_BYTES", "lots")])).is_err());
         let d = Config::from_vars(&vars(&[("FERROCCL_KERNEL_DEFINES", " FC_COPY_UNROLL=8 ,FC_X ")])).unwrap();
         assert_eq!(d.kernel_defines, vec!["-DFC_COPY_UNROLL=8".to_string(), "-DFC_X".to_string()]);
         // Speed only: not a setting ranks must share.

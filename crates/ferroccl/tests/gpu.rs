@@ -653,17 +653,43 @@ fn sends_to_oneself_land_in_the_matching_receive() {
 fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
     use CollKind::*;
     for n in [2usize, 3] {
-        // 16 KiB slots: 32 blocks x (n - 1) peers x 4 slots.
-        let cfg = Config { gpu_peer_bytes: (n - 1) * (2 << 20), ..Config::default() };
-        let Some(comms) = ranks_on_one_gpu(n, cfg.clone()) else { return };
-        let cfg = &cfg;
-        // Per-rank counts: one round of one block, many rounds with a tail, a different grid.
-        let counts = [70_001usize, (3 << 20) + 17, 300_003];
+        // 16 KiB slots: 32 blocks x (n - 1) peers x 4 slots; no copy engine.
+        let cfg = Config { gpu_peer_bytes: (n - 1) * (2 << 20), gpu_copy_engine_bytes: 0, ..Config::default() };
         let mut kinds = vec![AllReduce, ReduceScatter, AllGather, AllToAll, Gather, Scatter];
         if n == 2 {
             kinds.extend([Broadcast, Reduce]);
         }
-        let kinds = &kinds;
+        engine_is_exact(n, &cfg, &kinds, &|_| tune::Engine::PeerKernel);
+    }
+}
+
+/// The copy engine, the same way: every kind it takes on 2 and 3 ranks, in place and out, one
+/// piece, many pieces with a tail, on its smallest slots (512 KiB), its operations between the
+/// peer engine's (which shares its staging) in the order the kinds come. Needs one GPU.
+#[test]
+#[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn the_copy_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
+    use CollKind::*;
+    for n in [2usize, 3] {
+        let cfg = Config { gpu_peer_bytes: (n - 1) * (2 << 20), gpu_copy_engine_bytes: 1, ..Config::default() };
+        assert_eq!(tune::ce_slot_bytes(&cfg, n), 512 << 10);
+        let mut kinds = vec![AllReduce, AllGather, ReduceScatter, AllToAll, Gather, Scatter];
+        if n == 2 {
+            kinds.extend([Broadcast, Reduce]);
+        }
+        let engine = move |k| if ferroccl_core::plan::copies::serves(k, n) { tune::Engine::CopyEngine } else { tune::Engine::PeerKernel };
+        engine_is_exact(n, &cfg, &kinds, &engine);
+    }
+}
+
+/// Every rank of `n` on one GPU runs every kind of `kinds` at three sizes, in place and out,
+/// and checks every element; the tuner must give each to `engine`.
+fn engine_is_exact(n: usize, cfg: &Config, kinds: &[CollKind], engine: &(dyn Fn(CollKind) -> tune::Engine + Sync)) {
+    use CollKind::*;
+    {
+        let Some(comms) = ranks_on_one_gpu(n, cfg.clone()) else { return };
+        // Per-rank counts: one round of one block, many rounds with a tail, a different grid.
+        let counts = [70_001usize, (3 << 20) + 17, 300_003];
         let max = n * counts.iter().max().unwrap();
         let t = n - 1;
         std::thread::scope(|s| {
@@ -716,7 +742,7 @@ fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
                                 // The peer engine ran it, on the tuner's grid.
                                 let shape = OpShape { kind, count, dtype: ferroccl::DataType::Float32, nranks: n, in_place, windows: false };
                                 let choice = tune::choose(&shape, tune::Device::Gpu, cfg);
-                                assert_eq!(choice.engine, tune::Engine::PeerKernel, "{choice}");
+                                assert_eq!(choice.engine, engine(kind), "{choice}");
                                 assert_eq!(c.last_launch_blocks(), Some(choice.channels as u32));
                                 let got = read_f32(&recv, whole).unwrap();
                                 let what = format!("{n} ranks, {kind} of {count} (in place {in_place}): rank {r}");
@@ -744,6 +770,100 @@ fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
             }
         });
     }
+}
+
+/// The copy engine inside CUDA graphs: two ranks on one GPU each capture an all-gather and an
+/// all-to-all in place (many pieces each), then replay the graph three times on fresh inputs:
+/// every replay exact, so the handshake words are back where they started after each (the
+/// replays run the very commands captured). Needs one GPU.
+#[test]
+#[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn the_copy_engine_replays_in_cuda_graphs() {
+    let n = 2;
+    let cfg = Config { gpu_peer_bytes: 2 << 20, gpu_copy_engine_bytes: 1, ..Config::default() };
+    let Some(comms) = ranks_on_one_gpu(n, cfg) else { return };
+    let count = (3 << 20) + 5; // 12 MiB a block: 24 pieces of 512 KiB
+    let val = |q: usize, i: usize, rep: usize| ((i * 5 + q * 977 + rep * 31) % 4093) as f32;
+    std::thread::scope(|s| {
+        for (r, c) in comms.iter().enumerate() {
+            s.spawn(move || {
+                let stats = MemStats::new();
+                let gpu = c.gpu().unwrap();
+                let send = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
+                let gathered = DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap();
+                let a2a = DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap();
+                let ag = OpArgs { kind: CollKind::AllGather, ..all_reduce_args(&send, &gathered, count) };
+                let at = OpArgs { kind: CollKind::AllToAll, ..all_reduce_args(&a2a, &a2a, count) };
+                let stream = c.cuda_stream() as sys::CUstream;
+                gpu.bind().unwrap();
+                let (mut graph, mut exec) = (std::ptr::null_mut(), std::ptr::null_mut());
+                // SAFETY: buffers alive past every replay's synchronize; our stream.
+                unsafe {
+                    cu_ok("cuStreamBeginCapture", sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)).unwrap();
+                    c.run_raw(&ag).unwrap();
+                    c.run_raw(&at).unwrap();
+                    cu_ok("cuStreamEndCapture", sys::cuStreamEndCapture(stream, &mut graph)).unwrap();
+                    cu_ok("cuGraphInstantiate", sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)).unwrap();
+                }
+                assert_eq!(c.last_launch_blocks(), Some(0), "no thread block");
+                for rep in 0..3 {
+                    let mine: Vec<f32> = (0..count).map(|i| val(r, i, rep)).collect();
+                    send.copy_from_host(0, f32_bytes(&mine)).unwrap();
+                    let blocks: Vec<f32> = (0..n * count).map(|i| val(r, i, rep + 10)).collect();
+                    a2a.copy_from_host(0, f32_bytes(&blocks)).unwrap();
+                    gpu.bind().unwrap();
+                    // SAFETY: as above.
+                    unsafe { cu_ok("cuGraphLaunch", sys::cuGraphLaunch(exec, stream)).unwrap() };
+                    c.synchronize().unwrap();
+                    let g = read_f32(&gathered, n * count).unwrap();
+                    let t = read_f32(&a2a, n * count).unwrap();
+                    for i in 0..n * count {
+                        assert_eq!(g[i], val(i / count, i % count, rep), "rank {r} replay {rep}: all-gather element {i}");
+                        assert_eq!(t[i], val(i / count, r * count + i % count, rep + 10), "rank {r} replay {rep}: all-to-all element {i}");
+                    }
+                }
+                // SAFETY: ours, no replay in flight.
+                unsafe {
+                    sys::cuGraphExecDestroy(exec);
+                    sys::cuGraphDestroy(graph);
+                }
+            });
+        }
+    });
+}
+
+/// The copy engine's waits end at an abort: two ranks on one GPU, only rank 0 enqueues a 4 MiB
+/// all-gather (the copy engine: its send lanes wait for rank 1's `ready`, which never comes);
+/// an abort from another thread frees them (CPU stores into the host page they wait on), the
+/// synchronize reports the abort within a second and a half, and the communicator refuses
+/// later calls. Needs one GPU.
+#[test]
+#[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn the_copy_engine_is_freed_by_an_abort() {
+    let count = 1 << 20;
+    let config = Config { gpu_copy_engine_bytes: 1, ..Config::default() };
+    let shape = OpShape { kind: CollKind::AllGather, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false };
+    assert_eq!(tune::choose(&shape, tune::Device::Gpu, &config).engine, tune::Engine::CopyEngine);
+    let Some(comms) = ranks_on_one_gpu(2, config) else { return };
+    let c = &comms[0];
+    let stats = MemStats::new();
+    let gpu = c.gpu().unwrap();
+    let send = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
+    let recv = DeviceBuffer::alloc(gpu, 2 * count * 4, &[], &stats).unwrap();
+    let a = OpArgs { kind: CollKind::AllGather, ..all_reduce_args(&send, &recv, count) };
+    // SAFETY: device buffers of the sizes an all-gather of `count` needs, alive past synchronize.
+    unsafe { c.run_raw(&a).unwrap() };
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    c.abort();
+    let e = c.synchronize().unwrap_err();
+    let took = t.elapsed();
+    eprintln!("copy engine: failed {took:?} after the abort: {e}");
+    assert!(matches!(e, Error::Aborted(_)), "{e}");
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    // SAFETY: as above.
+    assert!(unsafe { c.run_raw(&a) }.is_err(), "an aborted communicator refuses calls");
+    drop(comms);
 }
 
 /// The peer engine's waits end: two ranks on one GPU, only rank 0 launches a 4 MiB all-reduce

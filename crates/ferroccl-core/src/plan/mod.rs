@@ -10,6 +10,7 @@
 //! backend will interpret the same steps in its kernels. The simulator in [`sim`] executes all
 //! ranks' plans symbolically, which is how the property tests prove delivery and liveness.
 
+pub mod copies;
 pub mod sim;
 pub mod zcopy;
 

@@ -15,6 +15,7 @@
 //! receiver decides for itself (a sender that finds no offer uses the FIFO).
 
 use crate::algo::Tuning;
+use crate::plan::copies::{self, CE_SLOTS};
 use crate::plan::zcopy::may_post;
 use crate::types::{CollKind, DataType};
 use crate::Config;
@@ -77,6 +78,25 @@ pub fn peer_engine_serves(kind: CollKind, nranks: usize) -> bool {
         CollKind::Send | CollKind::Recv => false,
     }
 }
+
+/// Bytes of one copy-engine staging slot on a communicator of `nranks` under `cfg`, or 0 where
+/// the copy engine is off (`FERROCCL_GPU_COPY_ENGINE_BYTES=0`, no peer-engine staging, or a
+/// slot under [`CE_MIN_SLOT_BYTES`]). The copy engine borrows the peer engine's staging: each
+/// rank's staging holds one region per sender (the peer engine's slots of that sender, for
+/// every block), cut into [`CE_SLOTS`] slots. With the default 16 MiB: 4 MiB slots on 2 ranks,
+/// 512 KiB on 8.
+pub fn ce_slot_bytes(cfg: &Config, nranks: usize) -> usize {
+    let peer = peer_slot_bytes(cfg, nranks);
+    if cfg.gpu_copy_engine_bytes == 0 || peer == 0 {
+        return 0;
+    }
+    let slot = PEER_MAX_BLOCKS * 4 * peer / CE_SLOTS / 4096 * 4096;
+    if slot < CE_MIN_SLOT_BYTES { 0 } else { slot }
+}
+
+/// Copy-engine slots below this size are not worth their handshake (several stream memory
+/// operations per piece, a few microseconds, against a piece's transfer).
+pub const CE_MIN_SLOT_BYTES: usize = 256 << 10;
 
 /// What the communicator runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -194,6 +214,10 @@ pub enum Engine {
     /// peer: each block stores its messages straight into the receivers' staging and raises one
     /// flag per receiver and round; no FIFO, no per-slot head or length.
     PeerKernel,
+    /// The GPUs' copy engines: data-movement operations alone in their launch, each message cut
+    /// into pieces that the sender's copy engine puts into the receiver's staging and the
+    /// receiver's copies out, handshakes by stream memory operations; no thread block.
+    CopyEngine,
 }
 
 /// Why each part of a [`Choice`] is what it is, for the debug log.
@@ -361,6 +385,26 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         }
     }
 
+    // Large pure data movement goes to the copy engines, leaving every SM to the user.
+    let ce_slot = ce_slot_bytes(cfg, op.nranks);
+    let ce_size = bytes.is_some_and(|b| b >= cfg.gpu_copy_engine_bytes);
+    if device == Device::Gpu && may_direct && ce_slot > 0 && ce_size && copies::serves(op.kind, op.nranks) {
+        return Choice {
+            algo: Algo::OneShot,
+            protocol: Protocol::Simple,
+            engine: Engine::CopyEngine,
+            channels: 0,
+            chunk_elems: (ce_slot / es).max(1),
+            zero_copy: false,
+            post_output: false,
+            why: Why {
+                algo: "data movement from FERROCCL_GPU_COPY_ENGINE_BYTES up: one message per pair by copy engines",
+                protocol: "staging slots handed over by stream memory operations",
+                channels: "no thread block: copy engines",
+            },
+        };
+    }
+
     // Beyond it, collectives take the peer engine: rounds of one slot per block and peer,
     // two-shot for all-reduce (each element reduced once, by its owner, so every rank gets the
     // same bits), one-shot for the others.
@@ -475,6 +519,9 @@ pub struct Cost {
 /// all-reduce --ranks 2 -b 8 -e 64M -f 8`): 1-2 us at 8 B, 5-20 GB/s from 256 KiB up.
 pub fn cost(engine: Engine, protocol: Protocol) -> Cost {
     match (engine, protocol) {
+        // The link's copy-engine rate on 2 x H200 (../shared/ANCHORS.md); a few memory
+        // operations per piece. Not yet measured as an engine there.
+        (Engine::CopyEngine, _) => Cost { launch_us: 8.0, hop_us: 0.0, bytes_per_us: 380_000.0 },
         (Engine::DirectKernel, _) => Cost { launch_us: 4.0, hop_us: 0.0, bytes_per_us: 40_000.0 },
         // Not yet measured over NVLink: the plan kernel's figures until it is.
         (Engine::PeerKernel, _) => Cost { launch_us: 5.0, hop_us: 1.5, bytes_per_us: 260_000.0 },

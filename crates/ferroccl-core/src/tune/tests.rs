@@ -58,12 +58,14 @@ fn choices_follow_the_table() {
         (Gpu, AllGather, (64 << 10) + 1, Float32, 2, Algo::OneShot, K, Simple, 17),
         (Gpu, ReduceScatter, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 32),
         (Gpu, ReduceScatter, 4 << 10, Float32, 8, Algo::OneShot, D, LL, 4),
-        (Gpu, Broadcast, 8 << 20, Int8, 2, Algo::OneShot, K, Simple, 32),
+        (Gpu, Broadcast, (8 << 20) - 1, Int8, 2, Algo::OneShot, K, Simple, 32),
         (Gpu, Broadcast, 8 << 20, Int8, 3, Algo::Chain, P, Simple, 32),
         (Gpu, Reduce, 8 << 20, Int8, 4, Algo::Chain, P, Simple, 32),
-        (Gpu, AllToAll, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 32),
-        (Gpu, Scatter, 1 << 20, Float32, 8, Algo::OneShot, K, Simple, 32),
+        (Gpu, AllToAll, (1 << 20) - 1, Float32, 2, Algo::OneShot, K, Simple, 32),
+        (Gpu, Scatter, (1 << 18) - 1, Float32, 8, Algo::OneShot, K, Simple, 32),
         (Gpu, Gather, 1 << 20, Float32, 10, Algo::Direct, P, Simple, 32),
+        // The copy engine is off by default (not yet measured over NVLink).
+        (Gpu, AllGather, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 32),
         // More ranks than the direct and peer engines serve.
         (Gpu, AllReduce, 2, Float32, 17, Algo::Ring, P, LL, 1),
         (Gpu, AllReduce, 1 << 20, Float32, 17, Algo::Ring, P, Simple, 32),
@@ -103,6 +105,63 @@ fn choices_follow_the_table() {
         }
         assert!(!c.zero_copy && !c.post_output, "no windows, no zero-copy");
     }
+}
+
+/// The copy engine's slots: a quarter of a sender's region of the peer engine's staging, off
+/// where there is no staging, where the knob says 0, or where slots would be under 256 KiB.
+#[test]
+fn copy_engine_slots_cut_the_peer_regions() {
+    assert_eq!(ce_slot_bytes(&Config::default(), 2), 0, "off by default");
+    let cfg = Config { gpu_copy_engine_bytes: 8 << 20, ..Config::default() };
+    assert_eq!(ce_slot_bytes(&cfg, 2), 4 << 20);
+    assert_eq!(ce_slot_bytes(&cfg, 3), 2 << 20);
+    assert_eq!(ce_slot_bytes(&cfg, 8), 512 << 10);
+    assert_eq!(ce_slot_bytes(&cfg, 10), 0, "no peer staging beyond 9 ranks by default");
+    assert_eq!(ce_slot_bytes(&Config { gpu_copy_engine_bytes: 0, ..cfg.clone() }, 2), 0);
+    assert_eq!(ce_slot_bytes(&Config { gpu_peer_bytes: 0, ..cfg.clone() }, 2), 0);
+    // 2 MiB of staging on 2 ranks: 16 KiB peer slots, 512 KiB copy-engine slots; 1 MiB: 128 KiB
+    // would be too small.
+    assert_eq!(ce_slot_bytes(&Config { gpu_peer_bytes: 2 << 20, ..cfg.clone() }, 2), 512 << 10);
+    assert_eq!(ce_slot_bytes(&Config { gpu_peer_bytes: 8 << 20, ..cfg.clone() }, 9), 0);
+    // Every slot is a multiple of 4 KiB and CE_SLOTS of them fit a sender's region.
+    for n in 2..=16 {
+        let (ce, peer) = (ce_slot_bytes(&cfg, n), peer_slot_bytes(&cfg, n));
+        assert_eq!(ce % 4096, 0);
+        assert!(ce * CE_SLOTS <= PEER_MAX_BLOCKS * 4 * peer, "{n} ranks");
+    }
+    // Data movement whose largest buffer reaches FERROCCL_GPU_COPY_ENGINE_BYTES: the copy
+    // engines, no block, a slot per piece; not reductions, not broadcast beyond 2 ranks, not
+    // where there is no staging to borrow (10 ranks and more by default), not below the size.
+    use CollKind::*;
+    let rows = [
+        (Broadcast, 8 << 20, Int8, 2, true),
+        (Broadcast, (8 << 20) - 1, Int8, 2, false),
+        (Broadcast, 8 << 20, Int8, 3, false),
+        (AllToAll, 1 << 20, Float32, 2, true),
+        (AllGather, 1 << 20, Float32, 2, true),
+        (AllGather, (1 << 20) - 1, Float32, 2, false),
+        (Scatter, 1 << 18, Float32, 8, true),
+        (Gather, 1 << 20, Float32, 9, true),
+        (Gather, 1 << 20, Float32, 10, false),
+        (ReduceScatter, 256 << 20, Float32, 2, false),
+        (AllReduce, 256 << 20, Float32, 2, false),
+        (Reduce, 256 << 20, Float32, 2, false),
+        (Send, 256 << 20, Float32, 2, false),
+    ];
+    for (kind, count, dtype, n, ce) in rows {
+        let c = choose(&shape(kind, count, dtype, n), Device::Gpu, &cfg);
+        assert_eq!(c.engine == Engine::CopyEngine, ce, "{kind} {count} x {dtype} on {n}: {c}");
+        if ce {
+            assert_eq!((c.algo, c.protocol, c.channels), (Algo::OneShot, Protocol::Simple, 0));
+            assert_eq!(c.chunk_elems, ce_slot_bytes(&cfg, n) / dtype.size());
+        }
+    }
+    // Off: the peer engine takes what the copy engine would.
+    let big = shape(CollKind::AllGather, 64 << 20, Float32, 2);
+    assert_eq!(choose(&big, Device::Gpu, &cfg).engine, Engine::CopyEngine);
+    assert_eq!(choose(&big, Device::Gpu, &Config { gpu_copy_engine_bytes: 0, ..cfg.clone() }).engine, Engine::PeerKernel);
+    // In a group: the plan kernel, like the one-kernel engines.
+    assert!(choose_launch(&[big, big], Device::Gpu, &cfg).iter().all(|c| c.engine == Engine::PlanKernel));
 }
 
 /// The direct engine runs one operation per launch and one message per peer and block, which
@@ -292,7 +351,11 @@ fn zero_copy_needs_windows_the_simple_protocol_and_a_safe_output() {
 /// `post_output` depends on this rank's own buffers.
 #[test]
 fn every_choice_is_buildable_and_shared() {
-    let cfgs = [Config::default(), Config { channels: 4, gpu_channels: 3, ll_max_bytes: 0, direct_max_bytes: 0, ..Config::default() }];
+    let cfgs = [
+        Config::default(),
+        Config { channels: 4, gpu_channels: 3, ll_max_bytes: 0, direct_max_bytes: 0, ..Config::default() },
+        Config { gpu_copy_engine_bytes: 1, ..Config::default() },
+    ];
     for cfg in &cfgs {
         for dev in [Device::Host, Device::Gpu] {
             for &kind in &CollKind::ALL {
@@ -302,7 +365,7 @@ fn every_choice_is_buildable_and_shared() {
                             let base = shape(kind, count, dtype, n);
                             let c = choose(&base, dev, cfg);
                             assert!(c.algo.supports(kind), "{dev:?} {kind}: {c}");
-                            assert!(c.channels >= 1 && c.chunk_elems >= 1);
+                            assert!((c.channels >= 1 || c.engine == Engine::CopyEngine) && c.chunk_elems >= 1, "{c}");
                             let (coll, p2p) = channel_budget(dev, cfg, n);
                             assert!(c.channels <= if matches!(kind, CollKind::Send | CollKind::Recv) { p2p } else { coll });
                             for (in_place, windows) in [(true, false), (false, true), (true, true)] {

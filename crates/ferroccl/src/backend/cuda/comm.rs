@@ -1,6 +1,7 @@
 //! One rank's GPU side: its device, the compiled plan kernel, its connections (the fabric), its
 //! stream, its abort word and error record, and waiting for and aborting what it enqueued.
 
+use super::copy_engine::CopyEngine;
 use super::fabric::Fabric;
 use super::launch::PlanCache;
 use super::tables::{FcDirect, FcError, FcPeer, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA, WHAT_LENGTH, WHAT_POST, WHAT_ROOM};
@@ -23,6 +24,9 @@ pub(crate) struct CudaComm {
     pub gpu: Gpu,
     pub(super) module: Module,
     pub stats: Arc<MemStats>,
+    /// The copy engine (None: no staging, or FERROCCL_GPU_COPY_ENGINE_BYTES=0). Before the
+    /// fabric: dropped first, so that its streams drain before the staging goes.
+    pub(super) ce: Option<Arc<CopyEngine>>,
     pub(super) fabric: Fabric,
     stream: sys::CUstream,
     /// Plan tables on the GPU, by operation shape.
@@ -96,7 +100,12 @@ impl CudaComm {
         let resident = plan_fn.resident_blocks(BLOCK_THREADS)?;
         let plan_fn = plan_fn.handle();
         let stats = MemStats::new();
-        let fabric = Fabric::new(&gpu, boot, config, &stats, abort)?;
+        let mut fabric = Fabric::new(&gpu, boot, config, &stats, abort)?;
+        let ce_slot = ferroccl_core::tune::ce_slot_bytes(config, boot.nranks());
+        let ce = match fabric.ce.take() {
+            Some(f) if ce_slot > 0 => Some(Arc::new(CopyEngine::new(&gpu, boot.rank(), boot.nranks(), ce_slot, f)?)),
+            _ => None,
+        };
         let status = Arc::new(Status::new(&gpu, &stats)?);
         let timeout_ns = config.timeout.as_nanos().min(u64::MAX as u128) as u64;
         let direct = match fabric.direct {
@@ -128,6 +137,7 @@ impl CudaComm {
             gpu,
             module,
             stats,
+            ce,
             fabric,
             stream,
             plans: Mutex::new(PlanCache::default()),
@@ -160,15 +170,22 @@ impl CudaComm {
 
     /// Raises the abort word that every waiting block polls, so that kernels stuck on a dead
     /// or aborted peer leave and release the stream.
+    /// Copy-engine streams stalled on the same peer are freed by a thread that stores into
+    /// their words until they drain (`CopyEngine::release`).
     pub fn abort(&self) {
         self.status.raise();
+        release_copies(&self.ce);
     }
 
     /// What raises the abort word from another thread (the heartbeat watcher, when it learns
     /// of a peer's death), valid for as long as it is kept: it holds the word's memory.
     pub fn abort_handle(&self) -> impl Fn() + Send + Sync + 'static {
         let status = self.status.clone();
-        move || status.raise()
+        let ce = self.ce.clone();
+        move || {
+            status.raise();
+            release_copies(&ce);
+        }
     }
 
     /// Waits for everything enqueued, then reports a failure the kernel recorded. While it
@@ -192,6 +209,11 @@ impl CudaComm {
             return Err(cause);
         }
         if e.code == 0 {
+            // Copy-engine operations record nothing: after an abort they ended because the
+            // abort freed their waits, not because their peers delivered.
+            if self.status.abort.get() != 0 {
+                return Err(Error::Aborted(format!("GPU {} rank {}: the communicator was aborted", self.gpu.ordinal(), self.rank)));
+            }
             return Ok(());
         }
         let what = match e.what {
@@ -247,6 +269,13 @@ impl CudaComm {
 
     pub fn memory_bytes(&self) -> u64 {
         self.stats.allocated_bytes() + self.stats.imported_bytes()
+    }
+}
+
+/// Frees the copy engine's stalled streams from a thread of its own (an abort must not wait).
+fn release_copies(ce: &Option<Arc<CopyEngine>>) {
+    if let Some(ce) = ce.clone() {
+        let _ = std::thread::Builder::new().name("ferroccl-ce-release".into()).spawn(move || ce.release(std::time::Duration::from_secs(60)));
     }
 }
 

@@ -12,10 +12,12 @@
 use super::tables::{FcConn, FcDirect, FcPeer, CONN_RECV, CONN_SEND, DIRECT_MAX_BLOCKS, DIRECT_MAX_RANKS, DIRECT_SLOT_BYTES, LL_DATA_BYTES, PEER_MAX_BLOCKS, PEER_PHASES};
 use crate::cuda::device::Gpu;
 use crate::cuda::fdpass::{FdChannel, FdListener};
+use super::copy_engine::CeFlags;
+use crate::cuda::hostpage::HostPage;
 use crate::cuda::mem::{DeviceBuffer, MemStats};
 use crate::bootstrap::Bootstrap;
 use ferroccl_core::plan::{ConnKey, Dir, P2P_CHANNEL_BASE};
-use ferroccl_core::tune::{channel_budget, peer_slot_bytes, Device};
+use ferroccl_core::tune::{ce_slot_bytes, channel_budget, peer_slot_bytes, Device};
 use ferroccl_core::{Config, Error, Rank};
 use std::os::fd::AsFd;
 use std::sync::atomic::AtomicBool;
@@ -65,8 +67,13 @@ impl Geometry {
     pub fn has_peer(&self) -> bool {
         self.peer_slot > 0
     }
-    /// Then the peer engine's staging: slots [block][sender other than the owner][phase][parity],
-    /// on a 4 KiB boundary (every slot 16-byte aligned for the vector stores).
+    /// Then the peer engine's staging: slots [sender other than the owner][block][phase][parity],
+    /// on a 4 KiB boundary (every slot 16-byte aligned for the vector stores). Each sender's
+    /// slots are one region (`peer_region_bytes`): the copy engine's slots for that sender.
+    pub fn peer_region_bytes(&self) -> usize {
+        PEER_MAX_BLOCKS * 4 * self.peer_slot
+    }
+    /// Where the peer engine's staging starts.
     pub fn peer_stage_off(&self) -> usize {
         self.direct_slots_end().div_ceil(4096) * 4096
     }
@@ -172,6 +179,20 @@ pub(crate) struct Fabric {
     pub direct: Option<FcDirect>,
     /// The peer engine's staging, flags and counters, for its kernel parameter (None: off).
     pub peer: Option<FcPeer>,
+    /// Every rank's staging and copy-engine flag page as this process addresses them, and
+    /// this rank's page (None: the copy engine is off).
+    pub ce: Option<CeFabric>,
+}
+
+/// What the copy engine needs of the fabric: where every rank's staging starts and how big
+/// one sender's region is there, and every rank's flag page (device addresses of this
+/// process), with the pages this process maps.
+pub(crate) struct CeFabric {
+    pub stage: Vec<u64>,
+    pub region_bytes: usize,
+    pub pages: Vec<u64>,
+    pub mine: HostPage,
+    pub imported: Vec<HostPage>,
 }
 
 impl Fabric {
@@ -191,8 +212,25 @@ impl Fabric {
         let deadline = Instant::now() + config.timeout;
         let listener = FdListener::bind(boot.comm_id(), me as u32)?;
 
+        // The copy engine's flag page, where it is on (every rank alike: a shared setting);
+        // free slots start free (`CeFlags::initial`).
+        let page = if ce_slot_bytes(config, n) > 0 {
+            let p = HostPage::create(gpu)?;
+            for i in 0..CeFlags::words(n) {
+                p.set(i, CeFlags::initial(n, i));
+            }
+            Some(p)
+        } else {
+            None
+        };
         let pid = std::process::id();
-        let mine = ArenaDesc { pid, gpu: gpu.ordinal() as u32, recv: recv_arena.device_ptr(), send: send_arena.device_ptr() };
+        let mine = ArenaDesc {
+            pid,
+            gpu: gpu.ordinal() as u32,
+            recv: recv_arena.device_ptr(),
+            send: send_arena.device_ptr(),
+            flags: page.as_ref().map_or(0, |p| p.device_ptr()),
+        };
         let all = boot.allgather(&mine.encode())?;
         let peers: Vec<ArenaDesc> = all.iter().map(|b| ArenaDesc::parse(b)).collect::<Result<_, _>>()?;
         let same_host = |q: Rank| boot.peers()[q].host_id == boot.peers()[me].host_id;
@@ -201,9 +239,11 @@ impl Fabric {
         recv_arena.grant_access(&local_gpus)?;
         send_arena.grant_access(&local_gpus)?;
         let mut arenas = vec![Arenas::default(); n];
+        let mut pages = vec![0u64; n];
         for q in 0..n {
             if peers[q].pid == pid && same_host(q) {
                 arenas[q] = Arenas { recv: peers[q].recv, send: peers[q].send };
+                pages[q] = peers[q].flags;
             } else if !same_host(q) {
                 return Err(Error::InvalidArgument(format!(
                     "rank {q} is on another host ({}): the GPU backend reaches peers through NVLink on one host only for now",
@@ -214,23 +254,31 @@ impl Fabric {
         // Other processes get our arenas as file descriptors, and we theirs.
         let remote: Vec<Rank> = (0..n).filter(|&q| q != me && peers[q].pid != pid).collect();
         let mut imported = Vec::new();
+        let mut imported_pages = Vec::new();
         let mut imported_ranks: Vec<Rank> = Vec::new();
         if !remote.is_empty() {
             let (rfd, sfd) = (recv_arena.export_fd()?, send_arena.export_fd()?);
+            let mut fds = vec![rfd.as_fd(), sfd.as_fd()];
+            fds.extend(page.as_ref().map(|p| p.fd()));
             for &q in &remote {
                 let ch = FdChannel::connect(boot.comm_id(), q as u32, deadline, abort)?;
-                ch.send_fds(&[rfd.as_fd(), sfd.as_fd()], &(me as u32).to_le_bytes(), deadline, abort)?;
+                ch.send_fds(&fds, &(me as u32).to_le_bytes(), deadline, abort)?;
             }
             for _ in &remote {
                 let ch = listener.accept(deadline, abort)?;
-                let (fds, payload) = ch.recv_fds(deadline, abort)?;
-                let q = check_fd_message(fds.len(), &payload, &remote, &arenas, &imported_ranks)?;
+                let (got, payload) = ch.recv_fds(deadline, abort)?;
+                let q = check_fd_message(got.len(), fds.len(), &payload, &remote, &arenas, &imported_ranks)?;
                 imported_ranks.push(q);
-                let r = DeviceBuffer::import(fds[0].as_fd(), geo.recv_arena_bytes(), gpu, &[], stats)?;
-                let s = DeviceBuffer::import(fds[1].as_fd(), geo.send_arena_bytes(), gpu, &[], stats)?;
+                let r = DeviceBuffer::import(got[0].as_fd(), geo.recv_arena_bytes(), gpu, &[], stats)?;
+                let s = DeviceBuffer::import(got[1].as_fd(), geo.send_arena_bytes(), gpu, &[], stats)?;
                 arenas[q] = Arenas { recv: r.device_ptr(), send: s.device_ptr() };
                 imported.push(r);
                 imported.push(s);
+                if let Some(fd) = got.get(2) {
+                    let p = HostPage::import(fd.as_fd(), gpu)?;
+                    pages[q] = p.device_ptr();
+                    imported_pages.push(p);
+                }
             }
         }
         // Nobody may write into a peer's arena before that peer granted access.
@@ -245,7 +293,17 @@ impl Fabric {
         table.copy_from_host(0, raw)?;
         let direct = geo.has_direct().then(|| direct_param(&geo, me, &arenas));
         let peer = geo.has_peer().then(|| peer_param(&geo, me, &arenas));
-        Ok(Fabric { geo, _recv_arena: recv_arena, _send_arena: send_arena, _imported: imported, table, nconns: conns.len() as u32, direct, peer })
+        let ce = page.map(|mine| {
+            pages[me] = mine.device_ptr();
+            CeFabric {
+                stage: arenas.iter().map(|a| a.recv + geo.peer_stage_off() as u64).collect(),
+                region_bytes: geo.peer_region_bytes(),
+                pages,
+                mine,
+                imported: imported_pages,
+            }
+        });
+        Ok(Fabric { geo, _recv_arena: recv_arena, _send_arena: send_arena, _imported: imported, table, nconns: conns.len() as u32, direct, peer, ce })
     }
 }
 
@@ -257,16 +315,19 @@ struct ArenaDesc {
     gpu: u32,
     recv: u64,
     send: u64,
+    /// The copy engine's flag page in the owner's process (0: none).
+    flags: u64,
 }
 
 impl ArenaDesc {
-    const LEN: usize = 24;
+    const LEN: usize = 32;
     fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(Self::LEN);
         v.extend_from_slice(&self.pid.to_le_bytes());
         v.extend_from_slice(&self.gpu.to_le_bytes());
         v.extend_from_slice(&self.recv.to_le_bytes());
         v.extend_from_slice(&self.send.to_le_bytes());
+        v.extend_from_slice(&self.flags.to_le_bytes());
         v
     }
     fn parse(b: &[u8]) -> Result<ArenaDesc, Error> {
@@ -275,7 +336,7 @@ impl ArenaDesc {
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        let d = ArenaDesc { pid: u32_at(0), gpu: u32_at(4), recv: u64_at(8), send: u64_at(16) };
+        let d = ArenaDesc { pid: u32_at(0), gpu: u32_at(4), recv: u64_at(8), send: u64_at(16), flags: u64_at(24) };
         if d.recv == 0 || d.send == 0 {
             return Err(Error::Protocol("GPU fabric: a peer described a null arena".into()));
         }
@@ -283,12 +344,14 @@ impl ArenaDesc {
     }
 }
 
-/// Checks one message of arena file descriptors from another process: two descriptors and the
-/// sender's rank, a rank that is expected to send them and has not yet. Returns the rank.
-fn check_fd_message(nfds: usize, payload: &[u8], expected: &[Rank], arenas: &[Arenas], seen: &[Rank]) -> Result<Rank, Error> {
-    if nfds != 2 || payload.len() != 4 {
+/// Checks one message of arena file descriptors from another process: as many descriptors as
+/// we send (the two arenas, and the copy engine's flag page where it is on: a setting every rank
+/// shares) and the sender's rank, a rank that is expected to send them and has
+/// not yet. Returns the rank.
+fn check_fd_message(nfds: usize, want: usize, payload: &[u8], expected: &[Rank], arenas: &[Arenas], seen: &[Rank]) -> Result<Rank, Error> {
+    if nfds != want || payload.len() != 4 {
         return Err(Error::Protocol(format!(
-            "GPU fabric: a peer sent a malformed arena descriptor ({nfds} descriptors, {} payload bytes; expected 2 and 4)",
+            "GPU fabric: a peer sent a malformed arena descriptor ({nfds} descriptors, {} payload bytes; expected {want} and 4)",
             payload.len()
         )));
     }
@@ -542,20 +605,21 @@ mod tests {
 
     #[test]
     fn arena_messages_are_checked() {
-        let d = ArenaDesc { pid: 7, gpu: 3, recv: 0x7f00_0000_0000, send: 0x7f10_0000_0000 };
+        let d = ArenaDesc { pid: 7, gpu: 3, recv: 0x7f00_0000_0000, send: 0x7f10_0000_0000, flags: 0x7f20_0000_0000 };
         assert_eq!(ArenaDesc::parse(&d.encode()).unwrap(), d);
-        assert!(matches!(ArenaDesc::parse(&d.encode()[..23]), Err(Error::Protocol(_))));
+        assert!(matches!(ArenaDesc::parse(&d.encode()[..31]), Err(Error::Protocol(_))));
         assert!(matches!(ArenaDesc::parse(&ArenaDesc { recv: 0, ..d }.encode()), Err(Error::Protocol(_))));
         let arenas = vec![Arenas::default(); 4];
         let from = |q: u32| q.to_le_bytes();
-        assert_eq!(check_fd_message(2, &from(2), &[1, 2], &arenas, &[]).unwrap(), 2);
-        let e = check_fd_message(1, &from(2), &[1, 2], &arenas, &[]).unwrap_err();
-        assert!(e.to_string().contains("1 descriptors"), "{e}");
-        assert!(check_fd_message(2, &[2, 0], &[1, 2], &arenas, &[]).is_err());
+        assert_eq!(check_fd_message(3, 3, &from(2), &[1, 2], &arenas, &[]).unwrap(), 2);
+        assert_eq!(check_fd_message(2, 2, &from(2), &[1, 2], &arenas, &[]).unwrap(), 2, "no staging: no flag page");
+        let e = check_fd_message(2, 3, &from(2), &[1, 2], &arenas, &[]).unwrap_err();
+        assert!(e.to_string().contains("2 descriptors") && e.to_string().contains("expected 3"), "{e}");
+        assert!(check_fd_message(3, 3, &[2, 0], &[1, 2], &arenas, &[]).is_err());
         // A rank in this process, an unknown rank, and a second message from one rank.
-        assert!(check_fd_message(2, &from(3), &[1, 2], &arenas, &[]).is_err());
-        assert!(check_fd_message(2, &from(99), &[1, 2], &arenas, &[]).is_err());
-        assert!(check_fd_message(2, &from(1), &[1, 2], &arenas, &[1]).is_err());
+        assert!(check_fd_message(3, 3, &from(3), &[1, 2], &arenas, &[]).is_err());
+        assert!(check_fd_message(3, 3, &from(99), &[1, 2], &arenas, &[]).is_err());
+        assert!(check_fd_message(3, 3, &from(1), &[1, 2], &arenas, &[1]).is_err());
     }
 }
 

@@ -1,4 +1,5 @@
-//! The CUDA launch path: one call is one launch of the plan kernel on the current stream.
+//! The CUDA launch path: one call is one launch of the plan kernel on the current stream (or of
+//! a one-kernel engine, or the copy engine's copies).
 //!
 //! A launch's step tables depend only on the operations' shapes (kinds, counts, types,
 //! reductions, roots, in-place-ness) and the registered windows, never on the buffers, which
@@ -15,6 +16,7 @@
 //! Tables a graph captured stay for the communicator's life, as the graph may replay them.
 
 use super::comm::{CudaComm, BLOCK_THREADS};
+use super::copy_engine::CeOp;
 use super::tables::{encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcLaunch, FcOp, FcPeer, OpDesc, ZeroCopy, DIRECT_THREADS, INLINE_OPS, PEER_THREADS};
 use super::window::Windows;
 use crate::cuda::cu_ok;
@@ -149,6 +151,8 @@ enum Run {
     Direct { blocks: u32 },
     /// The peer kernel, on this many blocks, in rounds of this many elements per block.
     Peer { blocks: u32, chunk: u64 },
+    /// The copy engines: no kernel.
+    Copy,
 }
 
 /// One launch shape's tables on the GPU, or the direct engine's choice.
@@ -322,11 +326,12 @@ impl CudaComm {
             state.log_choices(info, &planned.shapes, &planned.choices);
             match planned.choices[..] {
                 // The one-kernel engines: no tables, only the choice.
-                [c] if matches!(c.engine, Engine::DirectKernel | Engine::PeerKernel) => {
+                [c] if matches!(c.engine, Engine::DirectKernel | Engine::PeerKernel | Engine::CopyEngine) => {
                     let blocks = c.channels as u32;
                     let run = match c.engine {
                         Engine::DirectKernel if self.direct.is_some() => Run::Direct { blocks },
                         Engine::PeerKernel if self.peer.is_some() => Run::Peer { blocks, chunk: c.chunk_elems as u64 },
+                        Engine::CopyEngine if self.ce.is_some() => Run::Copy,
                         e => return Err(Error::Internal(format!("{e:?} was chosen for {} ranks, which it does not serve", info.nranks))),
                     };
                     let entry = Entry { words: key.words().collect(), slab: None, run, pinned: false, _host: Vec::new() };
@@ -370,6 +375,12 @@ impl CudaComm {
                 // SAFETY: the direct kernel takes one FcDirect; its slots, acks and epochs are
                 // this communicator's fabric (mapped for this GPU).
                 unsafe { self.launch_engine(module.kernel_at(*f), blocks, DIRECT_THREADS, param, stream) }
+            }
+            Run::Copy => {
+                self.last_blocks.store(0, Ordering::Relaxed);
+                let a = &args[0];
+                let op = CeOp { kind: a.kind, count: a.count, elem: a.dtype.size(), root: a.root, send: a.send as u64, recv: a.recv as u64 };
+                self.ce.as_ref().expect("checked when the entry was made").enqueue(&op, stream)
             }
             Run::Peer { blocks, chunk } => {
                 let (f, template) = self.peer.as_ref().expect("checked when the entry was made");

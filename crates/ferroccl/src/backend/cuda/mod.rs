@@ -13,6 +13,7 @@
 //! - `peer_model.rs` (tests): the peer engine's flow control, model-checked on the host.
 
 mod comm;
+mod copy_engine;
 pub(crate) mod fabric;
 pub(crate) mod kernels;
 mod launch;

@@ -38,10 +38,11 @@
 
 namespace fc {
 
-// Slot [b][from][phase][parity] in `owner`'s staging (no slots for the owner itself).
+// Slot [from][b][phase][parity] in `owner`'s staging (no slots for the owner itself). Sender
+// first: each sender's slots are one region, which the copy engine borrows whole.
 __device__ __forceinline__ fc_u8* peer_slot(const FcPeer& P, fc_u32 owner, fc_u32 b, fc_u32 from, fc_u32 phase, fc_u64 s) {
     const fc_u32 f = from < owner ? from : from - 1u;
-    const fc_u64 i = (((fc_u64)b * (P.nranks - 1u) + f) * 2u + phase) * 2u + (s & 1u);
+    const fc_u64 i = (((fc_u64)f * FC_PEER_MAX_BLOCKS + b) * 2u + phase) * 2u + (s & 1u);
     return (fc_u8*)P.stage[owner] + i * P.slot_bytes;
 }
 

@@ -1,0 +1,196 @@
+//! A copy-engine operation as data: which bytes every rank copies where, and how each message
+//! between two ranks is cut into pieces that take turns in the receiver's staging slots.
+//!
+//! The copy engine serves operations that only move data (all-gather, all-to-all, gather,
+//! scatter, broadcast on 2 ranks): every output byte is one input byte of one rank, so the
+//! operation is a list of [`Copy`]s, each from one rank's input to one rank's output. A copy
+//! between two ranks crosses the link into the receiver's staging piece by piece (the sender's
+//! copy engine), and the receiver copies each piece out to its output; a copy within a rank is
+//! one local copy (none when in place). The GPU backend enqueues these on its streams with
+//! stream memory operations as the handshake (`backend/cuda/copy_engine.rs`); this module is
+//! the part every rank must compute alike, and what the tests prove: every output byte written
+//! exactly once, from the right input byte, and both ends of a message cutting it the same.
+
+use crate::types::{CollKind, Rank};
+
+/// Staging slots per (receiver, sender): pieces take them in turn, so that a sender can copy
+/// piece k+1 while its receiver copies piece k out.
+pub const CE_SLOTS: usize = 4;
+/// Streams per peer and direction: piece k goes on lane k % CE_LANES, so that one lane's
+/// handshake overlaps the other's copy. Divides [`CE_SLOTS`]: a slot always belongs to one lane.
+pub const CE_LANES: usize = 2;
+
+/// One copy of an operation: `bytes` from rank `from`'s input at byte `src` to rank `to`'s
+/// output at byte `dst`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Copy {
+    /// The rank whose input is read.
+    pub from: Rank,
+    /// The rank whose output is written.
+    pub to: Rank,
+    /// Byte offset in `from`'s input.
+    pub src: usize,
+    /// Byte offset in `to`'s output.
+    pub dst: usize,
+    /// Bytes copied.
+    pub bytes: usize,
+}
+
+/// Every copy of `kind` with NCCL's `count` of `elem` bytes on `nranks` ranks (`root` for the
+/// rooted ones), or None for an operation the copy engine cannot run (a reduction, a send or
+/// receive, broadcast beyond 2 ranks) or sizes that overflow. Copies of no bytes are left out.
+/// In-place operations still list the own copy: the backend skips a copy whose source is its
+/// destination.
+pub fn copies(kind: CollKind, count: usize, elem: usize, nranks: usize, root: Rank) -> Option<Vec<Copy>> {
+    let block = count.checked_mul(elem)?;
+    block.checked_mul(nranks)?;
+    let rooted = matches!(kind, CollKind::Gather | CollKind::Scatter | CollKind::Broadcast);
+    if nranks == 0 || (rooted && root >= nranks) {
+        return None;
+    }
+    let mut v = Vec::new();
+    let mut add = |from: Rank, to: Rank, src: usize, dst: usize| {
+        if block > 0 {
+            v.push(Copy { from, to, src, dst, bytes: block });
+        }
+    };
+    match kind {
+        // Each rank's block to every rank, at the sender's place in the output.
+        CollKind::AllGather => (0..nranks).for_each(|s| (0..nranks).for_each(|r| add(s, r, 0, s * block))),
+        // Block r of each sender's input to rank r, at the sender's place.
+        CollKind::AllToAll => (0..nranks).for_each(|s| (0..nranks).for_each(|r| add(s, r, r * block, s * block))),
+        CollKind::Gather => (0..nranks).for_each(|s| add(s, root, 0, s * block)),
+        CollKind::Scatter => (0..nranks).for_each(|r| add(root, r, r * block, 0)),
+        // One-shot from the root: its link carries n-1 copies where a chain carries one.
+        CollKind::Broadcast if nranks <= 2 => (0..nranks).for_each(|r| add(root, r, 0, 0)),
+        _ => return None,
+    }
+    Some(v)
+}
+
+/// Whether the copy engine runs `kind` on `nranks` ranks (sizes aside): see [`copies`].
+pub fn serves(kind: CollKind, nranks: usize) -> bool {
+    nranks >= 2
+        && match kind {
+            CollKind::AllGather | CollKind::AllToAll | CollKind::Gather | CollKind::Scatter => true,
+            CollKind::Broadcast => nranks == 2,
+            _ => false,
+        }
+}
+
+/// One piece of a message between two ranks: bytes `[at, at + bytes)` of the copy, through
+/// staging slot `slot`, on lane `lane` of both ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// Byte offset of the piece in the copy.
+    pub at: usize,
+    /// Bytes of the piece (a slot's at most).
+    pub bytes: usize,
+    /// Staging slot it passes through.
+    pub slot: usize,
+    /// Lane (stream) that moves it, at both ends.
+    pub lane: usize,
+}
+
+/// The pieces of a message of `bytes` through slots of `slot_bytes`, in order: piece k takes
+/// slot k % CE_SLOTS and lane k % CE_LANES. Sender and receiver compute the same.
+pub fn pieces(bytes: usize, slot_bytes: usize) -> impl Iterator<Item = Piece> {
+    let slot_bytes = slot_bytes.max(1);
+    (0..bytes.div_ceil(slot_bytes)).map(move |k| {
+        let at = k * slot_bytes;
+        Piece { at, bytes: slot_bytes.min(bytes - at), slot: k % CE_SLOTS, lane: k % CE_LANES }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// What rank `r`'s output holds at byte `b` after `kind`, as (source rank, input byte), from
+    /// NCCL's definitions; None where the output has no such byte.
+    fn reference(kind: CollKind, block: usize, n: usize, root: Rank, r: Rank, b: usize) -> Option<(Rank, usize)> {
+        let (blk, off) = (b / block, b % block);
+        match kind {
+            CollKind::AllGather => (blk < n).then_some((blk, off)),
+            CollKind::AllToAll => (blk < n).then_some((blk, r * block + off)),
+            CollKind::Gather => (r == root && blk < n).then_some((blk, off)),
+            CollKind::Scatter => (blk == 0).then_some((root, r * block + off)),
+            CollKind::Broadcast => (blk == 0).then_some((root, off)),
+            _ => None,
+        }
+    }
+
+    fn kinds() -> impl Strategy<Value = CollKind> {
+        prop_oneof![
+            Just(CollKind::AllGather),
+            Just(CollKind::AllToAll),
+            Just(CollKind::Gather),
+            Just(CollKind::Scatter),
+            Just(CollKind::Broadcast),
+        ]
+    }
+
+    proptest! {
+        /// Every output byte of every rank is written exactly once, with the input byte NCCL's
+        /// definition puts there, and every copy stays inside both buffers.
+        #[test]
+        fn copies_write_every_output_byte_once_from_the_right_input(
+            kind in kinds(), n in 1usize..6, count in 0usize..40, elem in prop_oneof![Just(1usize), Just(2), Just(4), Just(8)], root in 0usize..6,
+        ) {
+            let root = root % n;
+            let got = copies(kind, count, elem, n, root);
+            if kind == CollKind::Broadcast && n > 2 {
+                prop_assert!(got.is_none());
+                return Ok(());
+            }
+            let got = got.expect("a data-movement operation");
+            let block = count * elem;
+            for r in 0..n {
+                let (sc, rc) = kind.buffer_counts(count, n, r == root).unwrap();
+                let mut seen = vec![None; rc * elem];
+                for c in got.iter().filter(|c| c.to == r) {
+                    let (fsc, _) = kind.buffer_counts(count, n, c.from == root).unwrap();
+                    prop_assert!(c.src + c.bytes <= fsc * elem, "{c:?} reads past rank {}'s input", c.from);
+                    prop_assert!(c.dst + c.bytes <= rc * elem, "{c:?} writes past rank {r}'s output");
+                    for i in 0..c.bytes {
+                        prop_assert!(seen[c.dst + i].is_none(), "byte {} of rank {r} written twice", c.dst + i);
+                        seen[c.dst + i] = Some((c.from, c.src + i));
+                    }
+                }
+                let _ = sc;
+                for (b, s) in seen.iter().enumerate() {
+                    prop_assert_eq!(*s, reference(kind, block.max(1), n, root, r, b), "rank {} byte {}", r, b);
+                }
+            }
+        }
+
+        /// Pieces tile the message in order, within a slot each, and a slot always serves the
+        /// same lane (so a lane's waits on its slots never wait on the other lane).
+        #[test]
+        fn pieces_tile_the_message_and_keep_each_slot_on_one_lane(bytes in 0usize..100_000, slot in 1usize..20_000) {
+            let mut at = 0;
+            for (k, p) in pieces(bytes, slot).enumerate() {
+                prop_assert_eq!(p.at, at);
+                prop_assert!(p.bytes >= 1 && p.bytes <= slot);
+                prop_assert_eq!(p.slot, k % CE_SLOTS);
+                prop_assert_eq!(p.lane, p.slot % CE_LANES);
+                at += p.bytes;
+            }
+            prop_assert_eq!(at, bytes);
+        }
+    }
+
+    #[test]
+    fn only_data_movement_is_served() {
+        for k in [CollKind::AllReduce, CollKind::ReduceScatter, CollKind::Reduce, CollKind::Send, CollKind::Recv] {
+            assert!(!serves(k, 2));
+            assert!(copies(k, 8, 4, 2, 0).is_none());
+        }
+        assert!(serves(CollKind::Broadcast, 2) && !serves(CollKind::Broadcast, 3));
+        assert!(!serves(CollKind::AllGather, 1));
+        assert!(copies(CollKind::AllToAll, usize::MAX / 2, 4, 2, 0).is_none(), "overflow");
+        assert!(copies(CollKind::Gather, 8, 4, 2, 2).is_none(), "root out of range");
+        assert_eq!(copies(CollKind::AllGather, 0, 4, 3, 0), Some(vec![]));
+    }
+}
