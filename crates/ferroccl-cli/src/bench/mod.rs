@@ -149,7 +149,7 @@ pub fn main(args: &BenchArgs, config: &Config) -> Result<ExitCode, String> {
     let mut job = Job::open(args, config, &spec, nccl)?;
     let mut reporter = (job.comms[0].rank() == 0).then(|| Reporter::new(&spec, job.nccl.is_some()));
     if reporter.is_some() {
-        println!("{}", report::preamble(&job.comms[0], &spec, &job.mode));
+        println!("{}", report::preamble(&job.comms, &spec, &job.mode));
         if let Some(n) = &job.nccl {
             println!("{}", report::nccl_preamble(n, args.graph, config.gpu_channels));
         }

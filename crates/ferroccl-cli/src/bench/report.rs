@@ -122,8 +122,10 @@ impl Reporter {
     }
 }
 
-/// nccl-tests' preamble: the run's parameters and where every rank runs.
-pub fn preamble(comm: &Comm, spec: &Spec, mode: &str) -> String {
+/// nccl-tests' preamble: the run's parameters and where every rank runs. `comms`: this
+/// process's communicators (every rank of a one-process run, one under a launcher).
+pub fn preamble(comms: &[Comm], spec: &Spec, mode: &str) -> String {
+    let comm = &comms[0];
     let topo = comm.topology();
     let mut s = format!(
         "# ferroccl bench {} (commit {})\n#  ranks: {} ({mode}), backend: {}, {}\n#  minBytes {} ({}) maxBytes {} ({}) sizes {} warmup iters: {} iters: {} check: {}\n#\n# Using devices\n",
@@ -148,14 +150,12 @@ pub fn preamble(comm: &Comm, spec: &Spec, mode: &str) -> String {
         spec.iters,
         spec.check as u8
     );
-    // Every rank's own device is known only to that rank: this one's is shown for all
-    // of its process (one GPU per rank in rank order with -g; LOCAL_RANK under a launcher).
-    let device = |r: usize| match comm.gpu() {
-        Some(_) if topo.ranks[r].pid == topo.ranks[comm.rank()].pid => {
-            format!("GPU {}", comm.gpu().map(|g| g.ordinal()).unwrap_or(0) + r - comm.rank())
-        }
-        Some(_) => "a GPU".to_string(),
-        None => "host memory".to_string(),
+    // A rank's device is known to its own process only: ranks of other processes show as
+    // "a GPU" (`--devices 0,0` puts two ranks of this process on GPU 0).
+    let device = |r: usize| match (comm.gpu(), comms.iter().find(|c| c.rank() == r).and_then(|c| c.gpu())) {
+        (Some(_), Some(g)) => format!("GPU {}", g.ordinal()),
+        (Some(_), None) => "a GPU".to_string(),
+        (None, _) => "host memory".to_string(),
     };
     for (r, loc) in topo.ranks.iter().enumerate() {
         s += &format!("#  Rank {r:>3} Pid {:>7} on {:>12} device {}\n", loc.pid, loc.hostname, device(r));
