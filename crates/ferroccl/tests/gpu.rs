@@ -832,6 +832,72 @@ fn the_copy_engine_replays_in_cuda_graphs() {
     });
 }
 
+/// One communicator's operations on two streams run one after the other, as NCCL runs them:
+/// two ranks on one GPU each enqueue an all-gather on one stream and at once an all-reduce on
+/// another (both on the peer engine, which shares its staging between them), three times over,
+/// with no wait between; every element of every output is right. Without the ordering the two
+/// kernels of a rank run together on the same staging. Needs one GPU.
+#[test]
+#[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn operations_on_two_streams_run_in_call_order() {
+    let n = 2;
+    let Some(comms) = ranks_on_one_gpu(n, Config::default()) else { return };
+    let count = (1 << 20) + 3; // 4 MiB a rank: many rounds of the peer engine
+    let val = |q: usize, i: usize, rep: usize| ((i * 3 + q * 101 + rep * 7) % 1021) as f32;
+    std::thread::scope(|s| {
+        for (r, c) in comms.iter().enumerate() {
+            s.spawn(move || {
+                let stats = MemStats::new();
+                let gpu = c.gpu().unwrap();
+                gpu.bind().unwrap();
+                let mut streams = [std::ptr::null_mut(); 2];
+                for st in &mut streams {
+                    // SAFETY: an out pointer for a new stream of the bound context.
+                    unsafe { cu_ok("cuStreamCreate", sys::cuStreamCreate(st, 1)).unwrap() };
+                }
+                let reps = 3;
+                let ins: Vec<DeviceBuffer> = (0..reps).map(|_| DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap()).collect();
+                let gathered: Vec<DeviceBuffer> = (0..reps).map(|_| DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap()).collect();
+                let reduced: Vec<DeviceBuffer> = (0..reps).map(|_| DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap()).collect();
+                for rep in 0..reps {
+                    let mine: Vec<f32> = (0..count).map(|i| val(r, i, rep)).collect();
+                    ins[rep].copy_from_host(0, f32_bytes(&mine)).unwrap();
+                }
+                for rep in 0..reps {
+                    // SAFETY: our streams; buffers alive past the synchronizations below.
+                    unsafe {
+                        c.set_stream(streams[0] as _);
+                        c.run_raw(&OpArgs { kind: CollKind::AllGather, ..all_reduce_args(&ins[rep], &gathered[rep], count) }).unwrap();
+                        c.set_stream(streams[1] as _);
+                        c.run_raw(&all_reduce_args(&ins[rep], &reduced[rep], count)).unwrap();
+                    }
+                }
+                gpu.bind().unwrap();
+                for &st in &streams {
+                    // SAFETY: our live streams.
+                    unsafe { cu_ok("cuStreamSynchronize", sys::cuStreamSynchronize(st)).unwrap() };
+                }
+                for rep in 0..reps {
+                    let g = read_f32(&gathered[rep], n * count).unwrap();
+                    let a = read_f32(&reduced[rep], count).unwrap();
+                    for i in 0..n * count {
+                        assert_eq!(g[i], val(i / count, i % count, rep), "rank {r} rep {rep}: all-gather element {i}");
+                    }
+                    for i in 0..count {
+                        assert_eq!(a[i], (0..n).map(|q| val(q, i, rep)).sum::<f32>(), "rank {r} rep {rep}: all-reduce element {i}");
+                    }
+                }
+                // SAFETY: back to the communicator's own stream before ours go.
+                unsafe { c.set_stream(std::ptr::null_mut()) };
+                for &st in &streams {
+                    // SAFETY: ours, idle.
+                    unsafe { sys::cuStreamDestroy_v2(st) };
+                }
+            });
+        }
+    });
+}
+
 /// The copy engine's waits end at an abort: two ranks on one GPU, only rank 0 enqueues a 4 MiB
 /// all-gather (the copy engine: its send lanes wait for rank 1's `ready`, which never comes);
 /// an abort from another thread frees them (CPU stores into the host page they wait on), the

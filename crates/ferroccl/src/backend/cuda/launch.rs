@@ -319,6 +319,10 @@ impl CudaComm {
         let mut cache = self.plans.lock().map_err(|_| Error::Internal("GPU tables lock poisoned".into()))?;
         self.gpu.bind()?;
         let captured = capturing(stream)?;
+        // A captured launch runs when its graph does: its order is the graph's.
+        if !captured {
+            self.order_launch(stream)?;
+        }
         if cache.get(&key).is_none() {
             // A new shape: the tuner's choices, then the direct engine, or the plan's tables
             // encoded and put on the GPU.
@@ -391,6 +395,26 @@ impl CudaComm {
                 unsafe { self.launch_engine(self.module.kernel_at(*f), blocks, PEER_THREADS, param, stream) }
             }
         }
+    }
+
+    /// Makes a launch on `stream` run after this communicator's previous launch when that went
+    /// to another stream (`StreamOrder`). A previous stream the caller has destroyed since
+    /// cannot be recorded on: its work was the caller's to finish, and nothing is ordered.
+    fn order_launch(&self, stream: sys::CUstream) -> Result<(), Error> {
+        let mut o = self.order.lock().map_err(|_| Error::Internal("stream order lock poisoned".into()))?;
+        if !o.last.is_null() && o.last != stream {
+            if o.event.is_null() {
+                // SAFETY: an out pointer for a new event of the bound context.
+                cu_ok("cuEventCreate", unsafe { sys::cuEventCreate(&mut o.event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) })?;
+            }
+            // SAFETY: our event; `o.last` was a live stream of this context when launched on.
+            if unsafe { sys::cuEventRecord(o.event, o.last) } == sys::CUresult::CUDA_SUCCESS {
+                // SAFETY: the caller's live stream, our recorded event.
+                cu_ok("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(stream, o.event, 0) })?;
+            }
+        }
+        o.last = stream;
+        Ok(())
     }
 
     /// One launch of a one-kernel engine (direct, peer) on `blocks` blocks with `param` by value.
