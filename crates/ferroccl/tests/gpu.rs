@@ -898,6 +898,60 @@ fn operations_on_two_streams_run_in_call_order() {
     });
 }
 
+/// A rank's first launch does not wait for another rank's kernel on the same GPU: rank 0
+/// launches a peer-engine all-reduce, which spins until rank 1 joins; rank 1 joins 300 ms later
+/// with its first launch of that kernel. Anything on that launch path that waits for the
+/// context (an allocation, a lazy kernel load: CUDA loads kernels at their first launch by
+/// default, and says such a load may synchronize the context) would wait for rank 0's kernel,
+/// which waits for rank 1: a deadlock until the deadline (5 s here). The kernels are loaded at
+/// creation (`Kernel::load`). On driver 580 a lazy load did not wait (exp27: the same test
+/// with the loads switched off passed too), so this guards the launch path as a whole.
+/// Needs one GPU.
+#[test]
+#[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn a_first_launch_does_not_wait_for_a_spinning_kernel_of_the_same_gpu() {
+    if !common::one_gpu_for_test() {
+        return;
+    }
+    // The kernels' compile (NVRTC, first run on a machine) would outlast a short deadline.
+    drop(Comm::init_devices(&[Device::Cuda(0), Device::Cuda(0)], &Config::default()).unwrap());
+    let cfg = Config { timeout: Duration::from_secs(5), ..Config::default() };
+    let comms = Comm::init_devices(&[Device::Cuda(0), Device::Cuda(0)], &cfg).unwrap();
+    let count = 1 << 20;
+    let shape = OpShape { kind: CollKind::AllReduce, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false };
+    assert_eq!(tune::choose(&shape, tune::Device::Gpu, &cfg).engine, tune::Engine::PeerKernel);
+    let t = Instant::now();
+    let took: Vec<(Duration, Duration)> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                s.spawn(move || {
+                    let stats = MemStats::new();
+                    let gpu = c.gpu().unwrap();
+                    let send = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
+                    let recv = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
+                    send.copy_from_host(0, f32_bytes(&vec![(r + 1) as f32; count])).unwrap();
+                    if r == 1 {
+                        std::thread::sleep(Duration::from_millis(300));
+                    }
+                    let t0 = Instant::now();
+                    // SAFETY: device buffers of count f32, alive past synchronize.
+                    unsafe { c.run_raw(&all_reduce_args(&send, &recv, count)).unwrap() };
+                    let launched = t0.elapsed();
+                    c.synchronize().unwrap();
+                    assert!(read_f32(&recv, count).unwrap().iter().all(|&v| v == 3.0), "rank {r}");
+                    (launched, t0.elapsed())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    eprintln!("launch, launch to done, per rank: {took:?}; all done after {:?}", t.elapsed());
+    assert!(took[1].0 < Duration::from_millis(500), "rank 1's launch waited {:?}", took[1].0);
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+}
+
 /// The copy engine's waits end at an abort: two ranks on one GPU, only rank 0 enqueues a 4 MiB
 /// all-gather (the copy engine: its send lanes wait for rank 1's `ready`, which never comes);
 /// an abort from another thread frees them (CPU stores into the host page they wait on), the

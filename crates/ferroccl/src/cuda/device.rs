@@ -329,6 +329,23 @@ pub struct LaunchDims {
 }
 
 impl Kernel<'_> {
+    /// Loads the kernel now rather than at its first launch. CUDA loads kernels lazily by
+    /// default (`CUDA_MODULE_LOADING=LAZY`), and a lazy load may wait for the whole context: for
+    /// a kernel of another communicator on this GPU (another rank of this process, another
+    /// process group of a framework) that spins until this one is launched, a deadlock that
+    /// lasts until that kernel's deadline. Drivers before CUDA 12.4 have no `cuFuncLoad`; they
+    /// load eagerly unless told otherwise, and are left alone.
+    pub fn load(&self) -> Result<()> {
+        let mut v = 0;
+        // SAFETY: an out pointer.
+        cu_ok("cuDriverGetVersion", unsafe { sys::cuDriverGetVersion(&mut v) })?;
+        if v < 12040 {
+            return Ok(());
+        }
+        // SAFETY: a function of a loaded module.
+        cu_ok("cuFuncLoad", unsafe { sys::cuFuncLoad(self.f) })
+    }
+
     /// A handle to launch it again without a lookup ([`Module::kernel_at`]).
     pub fn handle(&self) -> KernelHandle {
         KernelHandle(self.f)

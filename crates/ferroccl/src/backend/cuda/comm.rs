@@ -99,6 +99,7 @@ impl CudaComm {
         let image = kernels::compile_for(&gpu, config, "plan_exec.cu", &kernels::plan_exec_source())?;
         let module = gpu.load_module(&image.bytes)?;
         let plan_fn = module.kernel(kernels::PLAN_EXEC_KERNEL)?;
+        plan_fn.load()?;
         let resident = plan_fn.resident_blocks(BLOCK_THREADS)?;
         let plan_fn = plan_fn.handle();
         let stats = MemStats::new();
@@ -114,7 +115,9 @@ impl CudaComm {
             Some(p) => {
                 let image = kernels::compile_for(&gpu, config, "direct.cu", &kernels::direct_source())?;
                 let m = gpu.load_module(&image.bytes)?;
-                let f = m.kernel(kernels::DIRECT_KERNEL)?.handle();
+                let k = m.kernel(kernels::DIRECT_KERNEL)?;
+                k.load()?;
+                let f = k.handle();
                 let p = FcDirect {
                     abort: status.abort_ptr(),
                     error: status.error_ptr(),
@@ -127,7 +130,9 @@ impl CudaComm {
         };
         let peer = match fabric.peer {
             Some(p) => {
-                let f = module.kernel(kernels::PEER_KERNEL)?.handle();
+                let k = module.kernel(kernels::PEER_KERNEL)?;
+                k.load()?;
+                let f = k.handle();
                 Some((f, FcPeer { abort: status.abort_ptr(), error: status.error_ptr(), timeout_ns, ..p }))
             }
             None => None,

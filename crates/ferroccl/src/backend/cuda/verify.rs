@@ -193,8 +193,10 @@ impl<'c> GpuVerifier<'c> {
     pub(crate) fn new(comm: &'c CudaComm, config: &Config) -> Result<GpuVerifier<'c>> {
         let gpu = &comm.gpu;
         let module = gpu.load_module(&compile(gpu, config)?.bytes)?;
+        // Loaded now: a lazy load at the first launch can wait for a collective kernel of this
+        // GPU that waits for this very rank (`Kernel::load`).
         for k in [FILL_KERNEL, COUNT_KERNEL, FIRST_KERNEL] {
-            module.kernel(k)?;
+            module.kernel(k)?.load()?;
         }
         let sms = gpu.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
         let result = DeviceBuffer::alloc(gpu, std::mem::size_of::<FcCheckResult>(), &[], &comm.stats)?;
