@@ -171,10 +171,10 @@ pub(crate) fn schedule(op: &CeOp, me: Rank, n: usize, slot_bytes: usize) -> Resu
     Ok(lanes)
 }
 
-/// A rank's streams for the copy engine and the events that order them after (and the caller's
-/// stream after them).
+/// A rank's streams for the copy engine and the events that order them after the caller's
+/// stream (fork) and it after them (joins).
 struct Streams {
-    /// By lane: send lanes of every peer, receive lanes of every peer, the local copy.
+    /// A stream per peer and lane, at `peer * CE_LANES + lane` (null for this rank itself).
     streams: Vec<sys::CUstream>,
     fork: sys::CUevent,
     joins: Vec<sys::CUevent>,
