@@ -3,7 +3,7 @@
 //!
 //! The copy engine serves operations that only move data (all-gather, all-to-all, gather,
 //! scatter, broadcast on 2 ranks): every output byte is one input byte of one rank, so the
-//! operation is a list of [`Copy`]s, each from one rank's input to one rank's output. A copy
+//! operation is a list of [`Transfer`]s, each from one rank's input to one rank's output. A copy
 //! between two ranks crosses the link into the receiver's staging piece by piece (the sender's
 //! copy engine), and the receiver copies each piece out to its output; a copy within a rank is
 //! one local copy (none when in place). The GPU backend enqueues these on its streams with
@@ -20,10 +20,10 @@ pub const CE_SLOTS: usize = 4;
 /// handshake overlaps the other's copy. Divides [`CE_SLOTS`]: a slot always belongs to one lane.
 pub const CE_LANES: usize = 2;
 
-/// One copy of an operation: `bytes` from rank `from`'s input at byte `src` to rank `to`'s
+/// One copy of an operation (a transfer): `bytes` from rank `from`'s input at byte `src` to rank `to`'s
 /// output at byte `dst`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Copy {
+pub struct Transfer {
     /// The rank whose input is read.
     pub from: Rank,
     /// The rank whose output is written.
@@ -41,7 +41,7 @@ pub struct Copy {
 /// receive, broadcast beyond 2 ranks) or sizes that overflow. Copies of no bytes are left out.
 /// In-place operations still list the own copy: the backend skips a copy whose source is its
 /// destination.
-pub fn copies(kind: CollKind, count: usize, elem: usize, nranks: usize, root: Rank) -> Option<Vec<Copy>> {
+pub fn copies(kind: CollKind, count: usize, elem: usize, nranks: usize, root: Rank) -> Option<Vec<Transfer>> {
     let block = count.checked_mul(elem)?;
     block.checked_mul(nranks)?;
     let rooted = matches!(kind, CollKind::Gather | CollKind::Scatter | CollKind::Broadcast);
@@ -51,7 +51,7 @@ pub fn copies(kind: CollKind, count: usize, elem: usize, nranks: usize, root: Ra
     let mut v = Vec::new();
     let mut add = |from: Rank, to: Rank, src: usize, dst: usize| {
         if block > 0 {
-            v.push(Copy { from, to, src, dst, bytes: block });
+            v.push(Transfer { from, to, src, dst, bytes: block });
         }
     };
     match kind {

@@ -26,7 +26,7 @@ use crate::cuda::cu_ok;
 use crate::cuda::device::Gpu;
 use crate::cuda::hostpage::HostPage;
 use cudarc::driver::sys;
-use ferroccl_core::plan::copies::{copies, pieces, Copy, Piece, CE_LANES, CE_SLOTS};
+use ferroccl_core::plan::copies::{copies, pieces, Piece, Transfer, CE_LANES, CE_SLOTS};
 use ferroccl_core::{CollKind, Error, Rank};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -136,7 +136,7 @@ pub(crate) fn schedule(op: &CeOp, me: Rank, n: usize, slot_bytes: usize) -> Resu
         let out = list.iter().find(|c| c.from == me && c.to == q);
         let inc = list.iter().find(|c| c.from == q && c.to == me);
         for lane in 0..CE_LANES {
-            let of = |c: Option<&Copy>| -> Vec<Piece> { c.map_or(Vec::new(), |c| pieces(c.bytes, slot_bytes).filter(|p| p.lane == lane).collect()) };
+            let of = |c: Option<&Transfer>| -> Vec<Piece> { c.map_or(Vec::new(), |c| pieces(c.bytes, slot_bytes).filter(|p| p.lane == lane).collect()) };
             let (sends, recvs) = (of(out), of(inc));
             if sends.is_empty() && recvs.is_empty() {
                 continue;
