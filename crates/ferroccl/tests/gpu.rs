@@ -1031,6 +1031,8 @@ fn the_peer_engine_gives_up_on_a_silent_peer() {
         } else {
             assert!(matches!(e, Error::Timeout(_)), "{e}");
             assert!(e.to_string().contains("rank 1"), "{e}");
+            // The first round's flag, never raised: what the wait was for and what it saw.
+            assert!(e.to_string().contains("for flag value 1; it was at 0"), "{e}");
             assert!(took >= Duration::from_millis(1500) && took < Duration::from_secs(10), "{took:?}");
         }
         // SAFETY: as above.

@@ -135,8 +135,10 @@ pub fn shares_a_gpu(devices: Option<&[usize]>) -> bool {
 /// kernel waits for the other ranks' kernels of the same operation, which run on other streams
 /// of the same context; the driver feeds streams to the GPU through a few hardware queues (8 by
 /// default), and two ranks' streams sharing one queue can put one rank's next kernel in front
-/// of the other rank's current one, which it waits for: a hang until the deadline (seen once,
-/// with 2 ranks on one H100). With a queue per stream that cannot happen.
+/// of the other rank's current one, which it waits for: a hang until the deadline. Measured on
+/// one H100 (`bench/results/h100x1-2026-11-25-s7-copy-engine/`, exp32): with one queue, 4 of 6
+/// fresh runs hung; with 32, none of 6 (and 3 of 44 in other runs: more streams than queues
+/// still share).
 pub const SHARED_GPU_CONNECTIONS: &str = "32";
 
 /// Runs the benchmark; the exit code says whether it ran and every element was right.

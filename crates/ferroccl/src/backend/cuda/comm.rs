@@ -231,17 +231,30 @@ impl CudaComm {
             WHAT_POST => "the output address (zero-copy post) of",
             _ => "a consistent plan with",
         };
-        let msg = format!(
-            "GPU {} rank {}: lane {} step {} waiting for {what} rank {} (connection {}): expected {} got {}",
-            self.gpu.ordinal(),
-            self.rank,
-            e.lane,
-            e.step,
-            e.peer,
-            e.conn,
-            e.expected,
-            e.got
-        );
+        let msg = if e.conn < 0 {
+            // A one-kernel engine (direct, peer): a block waits for a flag that counts rounds.
+            format!(
+                "GPU {} rank {}: block {} waiting for {what} rank {} (for flag value {}; it was at {})",
+                self.gpu.ordinal(),
+                self.rank,
+                e.lane,
+                e.peer,
+                e.wanted,
+                e.seen
+            )
+        } else {
+            format!(
+                "GPU {} rank {}: lane {} step {} waiting for {what} rank {} (connection {}): expected {} got {}",
+                self.gpu.ordinal(),
+                self.rank,
+                e.lane,
+                e.step,
+                e.peer,
+                e.conn,
+                e.expected,
+                e.got
+            )
+        };
         Err(match e.code {
             ERR_ABORTED => Error::Aborted(msg),
             ERR_TIMEOUT => Error::Timeout(msg),

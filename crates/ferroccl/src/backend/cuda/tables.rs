@@ -262,6 +262,10 @@ pub(crate) struct FcError {
     pub expected: u64,
     /// Length check: the bytes received; timeout: how long the wait lasted.
     pub got: u64,
+    /// One-kernel engines: the flag value (round, epoch) the wait was for.
+    pub wanted: u64,
+    /// One-kernel engines: the value last read there.
+    pub seen: u64,
 }
 
 macro_rules! layout {
@@ -289,8 +293,8 @@ layout! {
                elem_size @ 44, scalar_dev @ 48 }
     FcConn: 72 { data @ 0, lens @ 8, head @ 16, tail @ 24, counter @ 32, slots @ 40, slot_bytes @ 44, peer @ 48,
                  dir @ 52, ll @ 56, post @ 64 }
-    FcError: 48 { claimed @ 0, code @ 4, lane @ 8, step @ 12, peer @ 16, what @ 20, conn @ 24, rank @ 28,
-                  expected @ 32, got @ 40 }
+    FcError: 64 { claimed @ 0, code @ 4, lane @ 8, step @ 12, peer @ 16, what @ 20, conn @ 24, rank @ 28,
+                  expected @ 32, got @ 40, wanted @ 48, seen @ 56 }
     FcDirect: 376 { slots @ 0, acks @ 128, epochs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
                     kind @ 296, rank @ 300, nranks @ 304, root @ 308, nblocks @ 312, reserved @ 316, op @ 320 }
     FcPeer: 392 { stage @ 0, flags @ 128, seqs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,

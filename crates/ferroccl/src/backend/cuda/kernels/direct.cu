@@ -67,7 +67,7 @@ __device__ __forceinline__ bool ll_load(const FcDirect& P, const fc_u8* line, fc
             v = (fc_u64)d0 | ((fc_u64)d1 << 32);
             return true;
         }
-        if (!engine_keep_waiting(P, polls, since, FC_WHAT_DATA, peer)) return false;
+        if (!engine_keep_waiting(P, polls, since, FC_WHAT_DATA, peer, flag, f0)) return false;
     }
 }
 
@@ -172,8 +172,9 @@ __device__ void direct_run(const FcDirect& P, fc_u64 epoch) {
         const fc_u64* ack = (const fc_u64*)P.acks[me] + (fc_u64)b * n + q;
         fc_u32 polls = 0;
         fc_u64 since = 0;
-        while (ld_acquire_sys(ack) + 2u < epoch) {
-            if (!engine_keep_waiting(P, polls, since, FC_WHAT_ROOM, q)) return;
+        fc_u64 v;
+        while ((v = ld_acquire_sys(ack)) + 2u < epoch) {
+            if (!engine_keep_waiting(P, polls, since, FC_WHAT_ROOM, q, epoch - 2u, v)) return;
         }
     }
 

@@ -82,7 +82,7 @@ __device__ void record_error(const Lane& x, fc_u32 code, fc_u32 what, fc_i32 con
 // abort, timeout_ns and rank: their first failure, as record_error with the block for the
 // lane, and their waits' checks, as keep_waiting.
 template <typename Param>
-__device__ void engine_error(const Param& P, fc_u32 code, fc_u32 what, fc_u32 peer, fc_u64 expected, fc_u64 got) {
+__device__ void engine_error(const Param& P, fc_u32 code, fc_u32 what, fc_u32 peer, fc_u64 expected, fc_u64 got, fc_u64 wanted, fc_u64 seen) {
     FcError* e = (FcError*)P.error;
     if (e == nullptr) return;
     if (atomicCAS(&e->claimed, 0u, 1u) != 0u) return;
@@ -95,17 +95,20 @@ __device__ void engine_error(const Param& P, fc_u32 code, fc_u32 what, fc_u32 pe
     v->rank = P.rank;
     v->expected = expected;
     v->got = got;
+    v->wanted = wanted;
+    v->seen = seen;
     __threadfence_system();
     v->code = code;
 }
 
 // Called on every unsuccessful poll; true while the wait may go on (as keep_waiting).
 template <typename Param>
-__device__ __forceinline__ bool engine_keep_waiting(const Param& P, fc_u32& polls, fc_u64& since, fc_u32 what, fc_u32 peer) {
+// `wanted`: the value the wait is for; `seen`: the value last read (for the error record).
+__device__ __forceinline__ bool engine_keep_waiting(const Param& P, fc_u32& polls, fc_u64& since, fc_u32 what, fc_u32 peer, fc_u64 wanted, fc_u64 seen) {
     if ((++polls % FC_POLLS_PER_CHECK) != 0u) return true;
     const volatile int* ab = (const volatile int*)P.abort;
     if (ab != nullptr && *ab != 0) {
-        engine_error(P, FC_ERR_ABORTED, what, peer, 0, 0);
+        engine_error(P, FC_ERR_ABORTED, what, peer, 0, 0, wanted, seen);
         return false;
     }
     const volatile FcError* e = (const volatile FcError*)P.error;
@@ -113,7 +116,7 @@ __device__ __forceinline__ bool engine_keep_waiting(const Param& P, fc_u32& poll
     const fc_u64 now = globaltimer();
     if (since == 0) since = now;
     if (P.timeout_ns != 0 && now - since > P.timeout_ns) {
-        engine_error(P, FC_ERR_TIMEOUT, what, peer, P.timeout_ns, now - since);
+        engine_error(P, FC_ERR_TIMEOUT, what, peer, P.timeout_ns, now - since, wanted, seen);
         return false;
     }
     return true;

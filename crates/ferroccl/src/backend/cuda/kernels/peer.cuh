@@ -71,8 +71,9 @@ __device__ __forceinline__ bool peer_room(const FcPeer& P, fc_u64 s, fc_u32 to) 
             const fc_u64* f = peer_flag(P, P.rank, blockIdx.x, q, 2);
             fc_u32 polls = 0;
             fc_u64 since = 0;
-            while (ld_acquire_sys(f) + 2u < s) {
-                if (!engine_keep_waiting(P, polls, since, FC_WHAT_ROOM, q)) {
+            fc_u64 v;
+            while ((v = ld_acquire_sys(f)) + 2u < s) {
+                if (!engine_keep_waiting(P, polls, since, FC_WHAT_ROOM, q, s - 2u, v)) {
                     ok = 0;
                     break;
                 }
@@ -110,8 +111,9 @@ __device__ __forceinline__ bool peer_wait(const FcPeer& P, fc_u32 phase, fc_u64 
         const fc_u64* f = peer_flag(P, P.rank, blockIdx.x, q, phase);
         fc_u32 polls = 0;
         fc_u64 since = 0;
-        while (ld_acquire_sys(f) < s) {
-            if (!engine_keep_waiting(P, polls, since, FC_WHAT_DATA, q)) {
+        fc_u64 v;
+        while ((v = ld_acquire_sys(f)) < s) {
+            if (!engine_keep_waiting(P, polls, since, FC_WHAT_DATA, q, s, v)) {
                 bad = 1;
                 break;
             }

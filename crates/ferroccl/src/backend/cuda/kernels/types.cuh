@@ -341,8 +341,10 @@ struct FcError {
     fc_u32 rank;
     fc_u64 expected;  // length check: expected bytes; timeout: timeout_ns
     fc_u64 got;       // length check: received bytes; timeout: ns waited
+    fc_u64 wanted;    // one-kernel engines: the flag value (round, epoch) the wait was for
+    fc_u64 seen;      // one-kernel engines: the value last read there
 };
-FC_CHECK_SIZE(FcError, 48);
+FC_CHECK_SIZE(FcError, 64);
 FC_CHECK_OFFSET(FcError, claimed, 0);
 FC_CHECK_OFFSET(FcError, code, 4);
 FC_CHECK_OFFSET(FcError, lane, 8);
@@ -353,3 +355,5 @@ FC_CHECK_OFFSET(FcError, conn, 24);
 FC_CHECK_OFFSET(FcError, rank, 28);
 FC_CHECK_OFFSET(FcError, expected, 32);
 FC_CHECK_OFFSET(FcError, got, 40);
+FC_CHECK_OFFSET(FcError, wanted, 48);
+FC_CHECK_OFFSET(FcError, seen, 56);
