@@ -328,11 +328,10 @@ fn poll_until_done(
     Ok(seen)
 }
 
-/// Where this communicator's latest launch went, so that a launch on another stream runs after
-/// it: the kernels of one communicator share its FIFOs and staging, so two of them must never
-/// run at once, whichever streams the caller names (NCCL orders a communicator's launches
-/// alike). One stream, the usual case, costs nothing: the event is recorded only when the
-/// stream changes.
+/// Where this communicator's latest launch went, and an event recorded after it, so that a
+/// launch on another stream runs after it: the kernels of one communicator share its FIFOs and
+/// staging, so two of them must never run at once, whichever streams the caller names (NCCL
+/// orders a communicator's launches alike).
 pub(crate) struct StreamOrder {
     pub last: sys::CUstream,
     pub event: sys::CUevent,

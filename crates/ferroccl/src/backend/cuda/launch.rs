@@ -353,6 +353,15 @@ impl CudaComm {
         drop(cache);
         drop(windows);
 
+        self.run_entry(run, args, ops, stream, captured)?;
+        if !captured {
+            self.note_launch(stream)?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues what `run` says for `args` on `stream`.
+    fn run_entry(&self, run: Run, args: &[OpArgs], ops: &[FcOp], stream: sys::CUstream, captured: bool) -> Result<(), Error> {
         match run {
             Run::Plan(at) => {
                 self.last_blocks.store(at.nlanes, Ordering::Relaxed);
@@ -398,21 +407,27 @@ impl CudaComm {
     }
 
     /// Makes a launch on `stream` run after this communicator's previous launch when that went
-    /// to another stream (`StreamOrder`). A previous stream the caller has destroyed since
-    /// cannot be recorded on: its work was the caller's to finish, and nothing is ordered.
+    /// to another stream (`StreamOrder`): it waits for the event recorded after that launch.
     fn order_launch(&self, stream: sys::CUstream) -> Result<(), Error> {
-        let mut o = self.order.lock().map_err(|_| Error::Internal("stream order lock poisoned".into()))?;
+        let o = self.order.lock().map_err(|_| Error::Internal("stream order lock poisoned".into()))?;
         if !o.last.is_null() && o.last != stream {
-            if o.event.is_null() {
-                // SAFETY: an out pointer for a new event of the bound context.
-                cu_ok("cuEventCreate", unsafe { sys::cuEventCreate(&mut o.event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) })?;
-            }
-            // SAFETY: our event; `o.last` was a live stream of this context when launched on.
-            if unsafe { sys::cuEventRecord(o.event, o.last) } == sys::CUresult::CUDA_SUCCESS {
-                // SAFETY: the caller's live stream, our recorded event.
-                cu_ok("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(stream, o.event, 0) })?;
-            }
+            // SAFETY: the caller's live stream; our event, recorded after the previous launch.
+            cu_ok("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(stream, o.event, 0) })?;
         }
+        Ok(())
+    }
+
+    /// After a launch on `stream` (not in a capture): records the event the next launch on
+    /// another stream waits for. Recorded now, while the stream is surely alive: the caller may
+    /// destroy it before its next call, and a destroyed stream must not be named again.
+    fn note_launch(&self, stream: sys::CUstream) -> Result<(), Error> {
+        let mut o = self.order.lock().map_err(|_| Error::Internal("stream order lock poisoned".into()))?;
+        if o.event.is_null() {
+            // SAFETY: an out pointer for a new event of the bound context.
+            cu_ok("cuEventCreate", unsafe { sys::cuEventCreate(&mut o.event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) })?;
+        }
+        // SAFETY: our event; the stream just launched on.
+        cu_ok("cuEventRecord", unsafe { sys::cuEventRecord(o.event, stream) })?;
         o.last = stream;
         Ok(())
     }
