@@ -3,7 +3,7 @@
 
 use super::copy_engine::CopyEngine;
 use super::fabric::Fabric;
-use super::launch::PlanCache;
+use super::launch::{PlanCache, StreamOrder};
 use super::tables::{FcDirect, FcError, FcPeer, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA, WHAT_LENGTH, WHAT_POST, WHAT_ROOM};
 use super::window::Windows;
 use super::kernels;
@@ -40,7 +40,8 @@ pub(crate) struct CudaComm {
     /// Thread blocks (one per lane) of the latest launch, for tools that report how many SMs
     /// an operation occupied.
     pub(super) last_blocks: AtomicU32,
-    /// The stream of the latest launch outside a capture (`launch.rs`, `order_launch`).
+    /// The latest launch outside a capture, which the next one on another stream and any
+    /// eviction of tables wait for (`launch.rs`).
     pub(super) order: Mutex<StreamOrder>,
     /// Blocks of the plan kernel the GPU holds at once: the most lanes one launch may have.
     pub(super) resident: u32,
@@ -153,7 +154,7 @@ impl CudaComm {
             timeout_ns,
             rank: boot.rank(),
             last_blocks: AtomicU32::new(0),
-            order: Mutex::new(StreamOrder { last: std::ptr::null_mut(), event: std::ptr::null_mut() }),
+            order: Mutex::new(StreamOrder::default()),
             resident,
             plan_fn,
             direct,
@@ -326,24 +327,6 @@ fn poll_until_done(
         }
     }
     Ok(seen)
-}
-
-/// Where this communicator's latest launch went, and an event recorded after it, so that a
-/// launch on another stream runs after it: the kernels of one communicator share its FIFOs and
-/// staging, so two of them must never run at once, whichever streams the caller names (NCCL
-/// orders a communicator's launches alike).
-pub(crate) struct StreamOrder {
-    pub last: sys::CUstream,
-    pub event: sys::CUevent,
-}
-
-impl Drop for StreamOrder {
-    fn drop(&mut self) {
-        if !self.event.is_null() {
-            // SAFETY: our event; destroying a recorded one is allowed.
-            unsafe { sys::cuEventDestroy_v2(self.event) };
-        }
-    }
 }
 
 impl Drop for CudaComm {

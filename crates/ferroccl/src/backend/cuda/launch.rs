@@ -12,7 +12,7 @@
 //!
 //! Tables live in a pool of a few cuMem slabs, filled from the start; when the pool is full,
 //! everything not used by a captured graph is evicted at once, once this communicator's
-//! queued kernels are done (`LaunchMarks`).
+//! queued kernels are done (`StreamOrder`).
 //! Tables a graph captured stay for the communicator's life, as the graph may replay them.
 
 use super::comm::{CudaComm, BLOCK_THREADS};
@@ -173,62 +173,69 @@ struct Entry {
 pub(crate) struct PlanCache {
     map: HashMap<u64, Vec<Entry>>,
     pool: SlabPool<DeviceBuffer>,
-    marks: LaunchMarks,
 }
 
-/// Where this communicator's plan kernels stand: one event per stream it launched them on since
-/// the tables were last evicted, recorded again after each launch. Evicting waits for these
-/// alone. A `cuCtxSynchronize` there also waited for every other kernel of the context: another
-/// communicator's, or another rank's on the same GPU, that may be waiting for this very launch
-/// (a deadlock until the deadline), or a framework's compute on its own streams (a stall).
-#[derive(Default)]
-struct LaunchMarks {
-    marks: Vec<(sys::CUstream, sys::CUevent)>,
-    /// Events of earlier rounds, for reuse.
-    spare: Vec<sys::CUevent>,
+/// Where this communicator's latest launch outside a capture went, and an event recorded
+/// after it. Two uses, one event:
+/// - a launch on another stream first waits for it, so that a communicator's launches run one
+///   after the other whichever streams the caller names (they share its FIFOs, slots and
+///   staging; NCCL orders a communicator's work alike);
+/// - since every launch is so ordered after the one before, the latest one done means all are:
+///   evicting tables waits for this event alone. A `cuCtxSynchronize` there would also wait for
+///   every other kernel of the context: another communicator's, or another rank's on the same
+///   GPU, that may be waiting for this very launch (a deadlock until the deadline), or a
+///   framework's compute on its own streams (a stall).
+/// The event is recorded at every launch, while its stream is surely alive: the caller may
+/// destroy a stream after its call, and a destroyed stream must not be named again.
+pub(crate) struct StreamOrder {
+    last: sys::CUstream,
+    event: sys::CUevent,
 }
 
-impl LaunchMarks {
-    /// After a launch on `stream` (not inside a capture: a captured launch runs when its graph
-    /// does, and its tables are never evicted). The context must be bound.
-    fn mark(&mut self, stream: sys::CUstream) -> Result<(), Error> {
-        let ev = match self.marks.iter().find(|(s, _)| *s == stream) {
-            Some(&(_, ev)) => ev,
-            None => {
-                let ev = match self.spare.pop() {
-                    Some(ev) => ev,
-                    None => {
-                        let mut ev: sys::CUevent = std::ptr::null_mut();
-                        // SAFETY: an out pointer for a new event of the bound context.
-                        cu_ok("cuEventCreate", unsafe { sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) })?;
-                        ev
-                    }
-                };
-                self.marks.push((stream, ev));
-                ev
-            }
-        };
-        // SAFETY: our event; the stream is the one just launched on, live (the caller's contract).
-        cu_ok("cuEventRecord", unsafe { sys::cuEventRecord(ev, stream) })
+impl Default for StreamOrder {
+    fn default() -> Self {
+        StreamOrder { last: std::ptr::null_mut(), event: std::ptr::null_mut() }
     }
+}
 
-    /// Waits until every plan kernel this communicator launched has finished (an event stays
-    /// valid when its stream is destroyed), then starts a new round.
-    fn wait_all(&mut self) -> Result<(), Error> {
-        for &(_, ev) in &self.marks {
-            // SAFETY: our recorded event.
-            cu_ok("cuEventSynchronize", unsafe { sys::cuEventSynchronize(ev) })?;
+impl StreamOrder {
+    /// Before a launch on `stream`: waits for the latest launch when that went elsewhere.
+    fn before(&self, stream: sys::CUstream) -> Result<(), Error> {
+        if !self.last.is_null() && self.last != stream {
+            // SAFETY: the caller's live stream; our event, recorded after the previous launch.
+            cu_ok("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(stream, self.event, 0) })?;
         }
-        self.spare.extend(self.marks.drain(..).map(|(_, ev)| ev));
         Ok(())
     }
+
+    /// After a launch on `stream` (not inside a capture). The context must be bound.
+    fn after(&mut self, stream: sys::CUstream) -> Result<(), Error> {
+        if self.event.is_null() {
+            // SAFETY: an out pointer for a new event of the bound context.
+            cu_ok("cuEventCreate", unsafe { sys::cuEventCreate(&mut self.event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) })?;
+        }
+        // SAFETY: our event; the stream just launched on.
+        cu_ok("cuEventRecord", unsafe { sys::cuEventRecord(self.event, stream) })?;
+        self.last = stream;
+        Ok(())
+    }
+
+    /// Waits until every launch of this communicator outside a capture has finished (an event
+    /// stays valid when its stream is destroyed).
+    fn wait_all(&self) -> Result<(), Error> {
+        if self.event.is_null() {
+            return Ok(());
+        }
+        // SAFETY: our recorded event.
+        cu_ok("cuEventSynchronize", unsafe { sys::cuEventSynchronize(self.event) })
+    }
 }
 
-impl Drop for LaunchMarks {
+impl Drop for StreamOrder {
     fn drop(&mut self) {
-        for ev in self.marks.drain(..).map(|(_, ev)| ev).chain(self.spare.drain(..)) {
+        if !self.event.is_null() {
             // SAFETY: our event; destroying a recorded one is allowed.
-            unsafe { sys::cuEventDestroy_v2(ev) };
+            unsafe { sys::cuEventDestroy_v2(self.event) };
         }
     }
 }
@@ -321,7 +328,7 @@ impl CudaComm {
         let captured = capturing(stream)?;
         // A captured launch runs when its graph does: its order is the graph's.
         if !captured {
-            self.order_launch(stream)?;
+            self.order()?.before(stream)?;
         }
         if cache.get(&key).is_none() {
             // A new shape: the tuner's choices, then the direct engine, or the plan's tables
@@ -353,15 +360,19 @@ impl CudaComm {
         drop(cache);
         drop(windows);
 
-        self.run_entry(run, args, ops, stream, captured)?;
+        self.run_entry(run, args, ops, stream)?;
         if !captured {
-            self.note_launch(stream)?;
+            self.order()?.after(stream)?;
         }
         Ok(())
     }
 
+    fn order(&self) -> Result<std::sync::MutexGuard<'_, StreamOrder>, Error> {
+        self.order.lock().map_err(|_| Error::Internal("stream order lock poisoned".into()))
+    }
+
     /// Enqueues what `run` says for `args` on `stream`.
-    fn run_entry(&self, run: Run, args: &[OpArgs], ops: &[FcOp], stream: sys::CUstream, captured: bool) -> Result<(), Error> {
+    fn run_entry(&self, run: Run, args: &[OpArgs], ops: &[FcOp], stream: sys::CUstream) -> Result<(), Error> {
         match run {
             Run::Plan(at) => {
                 self.last_blocks.store(at.nlanes, Ordering::Relaxed);
@@ -375,11 +386,7 @@ impl CudaComm {
                 // SAFETY: the kernel takes one FcLaunch by value; every address in it is device
                 // memory of this GPU or mapped for it, valid while the cache entry (tables), the
                 // caller's buffers (its contract) and the communicator (connections, status) live.
-                unsafe { kernel.launch(dims, stream, &mut params) }?;
-                if captured {
-                    return Ok(());
-                }
-                self.plans.lock().map_err(|_| Error::Internal("GPU tables lock poisoned".into()))?.marks.mark(stream)
+                unsafe { kernel.launch(dims, stream, &mut params) }
             }
             Run::Direct { blocks } => {
                 let (module, f, template) = self.direct.as_ref().expect("checked when the entry was made");
@@ -404,32 +411,6 @@ impl CudaComm {
                 unsafe { self.launch_engine(self.module.kernel_at(*f), blocks, PEER_THREADS, param, stream) }
             }
         }
-    }
-
-    /// Makes a launch on `stream` run after this communicator's previous launch when that went
-    /// to another stream (`StreamOrder`): it waits for the event recorded after that launch.
-    fn order_launch(&self, stream: sys::CUstream) -> Result<(), Error> {
-        let o = self.order.lock().map_err(|_| Error::Internal("stream order lock poisoned".into()))?;
-        if !o.last.is_null() && o.last != stream {
-            // SAFETY: the caller's live stream; our event, recorded after the previous launch.
-            cu_ok("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(stream, o.event, 0) })?;
-        }
-        Ok(())
-    }
-
-    /// After a launch on `stream` (not in a capture): records the event the next launch on
-    /// another stream waits for. Recorded now, while the stream is surely alive: the caller may
-    /// destroy it before its next call, and a destroyed stream must not be named again.
-    fn note_launch(&self, stream: sys::CUstream) -> Result<(), Error> {
-        let mut o = self.order.lock().map_err(|_| Error::Internal("stream order lock poisoned".into()))?;
-        if o.event.is_null() {
-            // SAFETY: an out pointer for a new event of the bound context.
-            cu_ok("cuEventCreate", unsafe { sys::cuEventCreate(&mut o.event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) })?;
-        }
-        // SAFETY: our event; the stream just launched on.
-        cu_ok("cuEventRecord", unsafe { sys::cuEventRecord(o.event, stream) })?;
-        o.last = stream;
-        Ok(())
     }
 
     /// One launch of a one-kernel engine (direct, peer) on `blocks` blocks with `param` by value.
@@ -504,7 +485,7 @@ impl CudaComm {
             None => {
                 // Tables in use by this communicator's queued kernels, on any stream, must
                 // outlive them; other kernels of the context are none of our business.
-                cache.marks.wait_all()?;
+                self.order()?.wait_all()?;
                 cache.evict();
                 match cache.pool.place(total) {
                     Some(p) => p,

@@ -224,18 +224,10 @@ __device__ void direct_run(const FcDirect& P, fc_u64 epoch) {
         if (!ok) break;
     }
 
-    // This rank's own block, where the operation copies it (not for the reductions' folds, and
-    // nothing when in place: source and destination are then the same bytes).
-    const fc_u8* own_src = nullptr;
-    fc_u8* own_dst = nullptr;
-    switch (P.kind) {
-        case FC_KIND_ALL_GATHER: own_src = in + s * es; own_dst = out + (me * c + s) * es; break;
-        case FC_KIND_ALL_TO_ALL: own_src = in + (me * c + s) * es; own_dst = out + (me * c + s) * es; break;
-        case FC_KIND_BROADCAST: if (me == t) { own_src = in + s * es; own_dst = out + s * es; } break;
-        case FC_KIND_GATHER: if (me == t) { own_src = in + s * es; own_dst = out + (me * c + s) * es; } break;
-        case FC_KIND_SCATTER: if (me == t) { own_src = in + (me * c + s) * es; own_dst = out + s * es; } break;
-        default: break;
-    }
+    // This rank's own block, where the operation copies it.
+    const fc_u8* own_src;
+    fc_u8* own_dst;
+    own_copy(P.kind, me, t, c, s, es, in, out, own_src, own_dst);
     if (own_src != nullptr && own_src != own_dst) {
         for (fc_u64 i = threadIdx.x; i < lines; i += blockDim.x) {
             const fc_u32 nbytes = (fc_u32)(mb - i * 8u < 8u ? mb - i * 8u : 8u);

@@ -122,6 +122,24 @@ __device__ __forceinline__ bool engine_keep_waiting(const Param& P, fc_u32& poll
     return true;
 }
 
+// The one-kernel engines' own copy: where elements [at, at + len) of this rank's block move
+// locally in a data-movement operation, as (src, dst); both null where nothing moves (the
+// reductions fold their own block; a rooted operation's non-roots have none). Callers copy
+// only when src != dst: in place they are the same bytes.
+__device__ __forceinline__ void own_copy(fc_u32 kind, fc_u32 me, fc_u32 root, fc_u64 c, fc_u64 at, fc_u64 es, const fc_u8* in, fc_u8* out,
+                                         const fc_u8*& src, fc_u8*& dst) {
+    src = nullptr;
+    dst = nullptr;
+    switch (kind) {
+        case FC_KIND_ALL_GATHER: src = in + at * es; dst = out + (me * c + at) * es; break;
+        case FC_KIND_ALL_TO_ALL: src = in + (me * c + at) * es; dst = out + (me * c + at) * es; break;
+        case FC_KIND_BROADCAST: if (me == root) { src = in + at * es; dst = out + at * es; } break;
+        case FC_KIND_GATHER: if (me == root) { src = in + at * es; dst = out + (me * c + at) * es; } break;
+        case FC_KIND_SCATTER: if (me == root) { src = in + (me * c + at) * es; dst = out + at * es; } break;
+        default: break;
+    }
+}
+
 __device__ __forceinline__ bool failed_elsewhere(const Lane& x) {
     const volatile FcError* e = (const volatile FcError*)x.L->error;
     return e != nullptr && e->claimed != 0u;

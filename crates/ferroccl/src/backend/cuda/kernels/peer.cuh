@@ -206,18 +206,10 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
             else copy_bytes(slot, nullptr, src, bytes);
         }
     }
-    // This rank's own block, where it moves without a reduction (nothing in place: the same
-    // bytes).
-    const fc_u8* own_src = nullptr;
-    fc_u8* own_dst = nullptr;
-    switch (P.kind) {
-        case FC_KIND_ALL_GATHER: own_src = in + at * es; own_dst = out + (me * c + at) * es; break;
-        case FC_KIND_ALL_TO_ALL: own_src = in + (me * c + at) * es; own_dst = out + (me * c + at) * es; break;
-        case FC_KIND_BROADCAST: if (me == t) { own_src = in + at * es; own_dst = out + at * es; } break;
-        case FC_KIND_GATHER: if (me == t) { own_src = in + at * es; own_dst = out + (me * c + at) * es; } break;
-        case FC_KIND_SCATTER: if (me == t) { own_src = in + (me * c + at) * es; own_dst = out + at * es; } break;
-        default: break;
-    }
+    // This rank's own block, where it moves without a reduction.
+    const fc_u8* own_src;
+    fc_u8* own_dst;
+    own_copy(P.kind, me, t, c, at, es, in, out, own_src, own_dst);
     if (!peer_signal(P, sends ? 0u : FC_PEER_PHASES, s, targets, bad, ack)) return false;
     // After the flags: the receivers start on their copies while this block makes its own.
     if (own_src != nullptr && own_src != own_dst) copy_bytes(own_dst, nullptr, own_src, bytes);
