@@ -28,7 +28,6 @@ use crate::cuda::hostpage::HostPage;
 use cudarc::driver::sys;
 use ferroccl_core::plan::copies::{copies, pieces, Piece, Transfer, CE_LANES, CE_SLOTS};
 use ferroccl_core::{CollKind, Error, Rank};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Where the words are in a rank's flag page, for a communicator of `n` ranks.
@@ -120,12 +119,15 @@ fn recv_piece(v: &mut Vec<Cmd>, n: usize, me: Rank, s: Rank, dst: usize, p: &Pie
     v.push(Cmd::Write { page: s, word: CeFlags::free(n, me, p.slot), value: 1 });
 }
 
+/// A rank's commands for one operation shape, per lane, in order (`schedule`).
+pub(crate) type Schedule = Vec<(Lane, Vec<Cmd>)>;
+
 /// Rank `me`'s commands for `op`, per lane, in order. `slot_bytes` is every rank's slot.
 ///
 /// On a peer's lane, piece k of what this rank sends goes before piece k of what it receives:
 /// an all-to-all in place receives block q into the very bytes it sends q, so each piece must
 /// have left before its peer's lands there (both messages have the same length and cut).
-pub(crate) fn schedule(op: &CeOp, me: Rank, n: usize, slot_bytes: usize) -> Result<Vec<(Lane, Vec<Cmd>)>, Error> {
+pub(crate) fn schedule(op: &CeOp, me: Rank, n: usize, slot_bytes: usize) -> Result<Schedule, Error> {
     let list = copies(op.kind, op.count, op.elem, n, op.root)
         .ok_or_else(|| Error::Internal(format!("the copy engine got {} on {n} ranks", op.kind)))?;
     let mut lanes: Vec<(Lane, Vec<Cmd>)> = Vec::new();
@@ -186,12 +188,12 @@ pub(crate) struct CopyEngine {
     rank: Rank,
     nranks: usize,
     slot_bytes: usize,
+    streams: Streams,
     fabric: CeFabric,
-    streams: Mutex<Option<Streams>>,
 }
 
 // SAFETY: stream and event handles are used through the thread-safe driver with the context
-// bound; the mutable state is behind mutexes.
+// bound; nothing changes after creation, and the communicator enqueues one launch at a time.
 unsafe impl Send for CopyEngine {}
 unsafe impl Sync for CopyEngine {}
 
@@ -205,19 +207,15 @@ impl CopyEngine {
         if slot_bytes == 0 || slot_bytes * CE_SLOTS > fabric.region_bytes {
             return Err(Error::Internal(format!("copy-engine slots of {slot_bytes} bytes do not fit a region of {}", fabric.region_bytes)));
         }
-        let ce = CopyEngine { gpu: gpu.clone(), rank, nranks, slot_bytes, fabric, streams: Mutex::new(None) };
         gpu.bind()?;
-        let streams = ce.make_streams()?;
-        *ce.streams.lock().map_err(|_| Error::Internal("copy-engine lock poisoned".into()))? = Some(streams);
-        Ok(ce)
+        let streams = Streams::new(rank, nranks)?;
+        Ok(CopyEngine { gpu: gpu.clone(), rank, nranks, slot_bytes, streams, fabric })
     }
 
-    /// The stream of a peer's lane (None: the caller's stream).
-    fn lane_index(&self, lane: Lane) -> Option<usize> {
-        match lane {
-            Lane::Peer { peer, lane } => Some(peer * CE_LANES + lane),
-            Lane::Local => None,
-        }
+    /// This rank's commands for `op` (every call of its shape enqueues the same: the launch
+    /// path keeps them with the shape).
+    pub fn schedule(&self, op: &CeOp) -> Result<Schedule, Error> {
+        schedule(op, self.rank, self.nranks, self.slot_bytes)
     }
 
     fn addr(&self, a: Addr, op: &CeOp) -> u64 {
@@ -235,54 +233,25 @@ impl CopyEngine {
         self.fabric.pages[page] + 4 * word as u64
     }
 
-    /// A stream and a join event per peer and lane (none for this rank itself: its local copy
-    /// runs on the caller's stream), and the fork event.
-    fn make_streams(&self) -> Result<Streams, Error> {
-        let count = self.nranks * CE_LANES;
-        let mut s = Streams { streams: vec![std::ptr::null_mut(); count], fork: std::ptr::null_mut(), joins: vec![std::ptr::null_mut(); count] };
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: out pointers for new objects of the bound context; on error the ones made so
-        // far are released by `Streams::destroy`.
-        let made = (|| {
-            cu_ok("cuEventCreate", unsafe { sys::cuEventCreate(&mut s.fork, flags) })?;
-            for q in (0..self.nranks).filter(|&q| q != self.rank) {
-                for lane in 0..CE_LANES {
-                    let i = q * CE_LANES + lane;
-                    cu_ok("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut s.streams[i], sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
-                    cu_ok("cuEventCreate", unsafe { sys::cuEventCreate(&mut s.joins[i], flags) })?;
-                }
-            }
-            Ok::<(), Error>(())
-        })();
-        match made {
-            Ok(()) => Ok(s),
-            Err(e) => {
-                s.destroy();
-                Err(e)
-            }
-        }
-    }
-
-    /// Enqueues `op` after everything on `user`, and makes `user` wait for it.
-    pub fn enqueue(&self, op: &CeOp, user: sys::CUstream) -> Result<(), Error> {
-        let lanes = schedule(op, self.rank, self.nranks, self.slot_bytes)?;
+    /// Enqueues `lanes` (`schedule` of `op`) on `op`'s buffers after everything on `user`, and
+    /// makes `user` wait for it.
+    pub fn enqueue(&self, lanes: &Schedule, op: &CeOp, user: sys::CUstream) -> Result<(), Error> {
         if lanes.is_empty() {
             return Ok(());
         }
         self.gpu.bind()?;
-        let guard = self.streams.lock().map_err(|_| Error::Internal("copy-engine lock poisoned".into()))?;
-        let s = guard.as_ref().ok_or_else(|| Error::Internal("the copy engine was torn down".into()))?;
-        let stream_of = |lane: Lane| self.lane_index(lane).map_or(user, |i| s.streams[i]);
+        let s = &self.streams;
+        let stream_of = |lane: Lane| lane_index(lane).map_or(user, |i| s.streams[i]);
         // SAFETY: our streams and events, the caller's live stream; every address is the
         // caller's buffer (its contract), a staging slot or a flag word mapped for this GPU.
         unsafe {
             cu_ok("cuEventRecord", sys::cuEventRecord(s.fork, user))?;
-            for (lane, _) in &lanes {
-                if let Some(i) = self.lane_index(*lane) {
+            for (lane, _) in lanes {
+                if let Some(i) = lane_index(*lane) {
                     cu_ok("cuStreamWaitEvent", sys::cuStreamWaitEvent(s.streams[i], s.fork, 0))?;
                 }
             }
-            for (lane, cmds) in &lanes {
+            for (lane, cmds) in lanes {
                 let st = stream_of(*lane);
                 for c in cmds {
                     match *c {
@@ -305,8 +274,8 @@ impl CopyEngine {
                     }
                 }
             }
-            for (lane, _) in &lanes {
-                if let Some(i) = self.lane_index(*lane) {
+            for (lane, _) in lanes {
+                if let Some(i) = lane_index(*lane) {
                     cu_ok("cuEventRecord", sys::cuEventRecord(s.joins[i], s.streams[i]))?;
                     cu_ok("cuStreamWaitEvent", sys::cuStreamWaitEvent(user, s.joins[i], 0))?;
                 }
@@ -317,13 +286,11 @@ impl CopyEngine {
 
     /// Whether every stream of the engine has nothing left to run.
     fn idle(&self) -> bool {
-        let Ok(guard) = self.streams.lock() else { return false };
-        let Some(s) = guard.as_ref() else { return true };
         if self.gpu.bind().is_err() {
             return false;
         }
         // SAFETY: our live streams.
-        s.streams.iter().filter(|st| !st.is_null()).all(|&st| unsafe { sys::cuStreamQuery(st) } == sys::CUresult::CUDA_SUCCESS)
+        self.streams.streams.iter().filter(|st| !st.is_null()).all(|&st| unsafe { sys::cuStreamQuery(st) } == sys::CUresult::CUDA_SUCCESS)
     }
 
     /// Frees streams stalled on this rank's words (abort, a dead peer): stores 1 into every
@@ -349,8 +316,38 @@ impl CopyEngine {
 
 }
 
+/// The stream of a peer's lane (None: the caller's stream).
+fn lane_index(lane: Lane) -> Option<usize> {
+    match lane {
+        Lane::Peer { peer, lane } => Some(peer * CE_LANES + lane),
+        Lane::Local => None,
+    }
+}
+
 impl Streams {
-    fn destroy(&mut self) {
+    /// A stream and a join event per peer and lane (none for this rank itself: its local copy
+    /// runs on the caller's stream), and the fork event, for rank `me` of `n`. The context must
+    /// be bound.
+    fn new(me: Rank, n: usize) -> Result<Streams, Error> {
+        let count = n * CE_LANES;
+        let mut s = Streams { streams: vec![std::ptr::null_mut(); count], fork: std::ptr::null_mut(), joins: vec![std::ptr::null_mut(); count] };
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: out pointers for new objects of the bound context; on error the ones made so
+        // far are released when `s` drops.
+        cu_ok("cuEventCreate", unsafe { sys::cuEventCreate(&mut s.fork, flags) })?;
+        for q in (0..n).filter(|&q| q != me) {
+            for lane in 0..CE_LANES {
+                let i = q * CE_LANES + lane;
+                cu_ok("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut s.streams[i], sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
+                cu_ok("cuEventCreate", unsafe { sys::cuEventCreate(&mut s.joins[i], flags) })?;
+            }
+        }
+        Ok(s)
+    }
+}
+
+impl Drop for Streams {
+    fn drop(&mut self) {
         // SAFETY: our objects; destroying a stream with work left lets that work finish first.
         unsafe {
             for &st in self.streams.iter().filter(|st| !st.is_null()) {
@@ -362,8 +359,6 @@ impl Streams {
                 }
             }
         }
-        self.streams.clear();
-        self.joins.clear();
     }
 }
 
@@ -372,12 +367,8 @@ impl Drop for CopyEngine {
         // Streams still waiting on our words would read them after the page is gone: free them
         // first; if they will not drain, keep the pages mapped (leaked) rather than fault.
         let drained = self.idle() || self.release(Duration::from_secs(2));
-        if let Ok(mut g) = self.streams.lock() {
-            if let Some(mut s) = g.take() {
-                let _ = self.gpu.bind();
-                s.destroy();
-            }
-        }
+        // The streams are destroyed as the fields drop, with this context bound.
+        let _ = self.gpu.bind();
         if !drained {
             tracing::warn!("copy-engine streams did not drain: leaving its flag pages mapped");
             self.fabric.mine.keep_mapped();

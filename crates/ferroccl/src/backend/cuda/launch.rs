@@ -16,7 +16,7 @@
 //! Tables a graph captured stay for the communicator's life, as the graph may replay them.
 
 use super::comm::{CudaComm, BLOCK_THREADS};
-use super::copy_engine::CeOp;
+use super::copy_engine::{CeOp, Schedule};
 use super::tables::{encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcLaunch, FcOp, FcPeer, OpDesc, ZeroCopy, DIRECT_THREADS, INLINE_OPS, PEER_THREADS};
 use super::window::Windows;
 use crate::cuda::cu_ok;
@@ -30,6 +30,7 @@ use ferroccl_core::plan::zcopy::{peer_desc, remote_dsts};
 use ferroccl_core::tune::{Choice, Engine, Protocol};
 use ferroccl_core::Error;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 /// Bytes of one slab (the cuMem granularity on the GPUs we know); a larger table set gets a
@@ -143,7 +144,7 @@ fn slab_size(bytes: usize) -> usize {
 }
 
 /// What runs a launch shape.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum Run {
     /// The plan kernel over these tables (steps, lanes, and the op table of a big group).
     Plan(DeviceTables),
@@ -151,8 +152,8 @@ enum Run {
     Direct { blocks: u32 },
     /// The peer kernel, on this many blocks, in rounds of this many elements per block.
     Peer { blocks: u32, chunk: u64 },
-    /// The copy engines: no kernel.
-    Copy,
+    /// The copy engines: no kernel; this rank's commands for the shape.
+    Copy(Arc<Schedule>),
 }
 
 /// One launch shape's tables on the GPU, or the direct engine's choice.
@@ -297,6 +298,11 @@ fn op_desc(a: &OpArgs, info: &CommInfo, choice: Option<&Choice>) -> OpDesc {
     }
 }
 
+/// The copy engine's view of one operation.
+fn ce_op(a: &OpArgs) -> CeOp {
+    CeOp { kind: a.kind, count: a.count, elem: a.dtype.size(), root: a.root, send: a.send as u64, recv: a.recv as u64 }
+}
+
 /// The `FC_KIND_*` code of the one operation a one-kernel engine runs (collectives only).
 fn engine_kind(a: &OpArgs) -> Result<u32, Error> {
     kind_code(a.kind).ok_or_else(|| Error::Internal(format!("a one-kernel engine got {}", a.kind)))
@@ -342,7 +348,10 @@ impl CudaComm {
                     let run = match c.engine {
                         Engine::DirectKernel if self.direct.is_some() => Run::Direct { blocks },
                         Engine::PeerKernel if self.peer.is_some() => Run::Peer { blocks, chunk: c.chunk_elems as u64 },
-                        Engine::CopyEngine if self.ce.is_some() => Run::Copy,
+                        Engine::CopyEngine if self.ce.is_some() => {
+                            let ce = self.ce.as_ref().expect("checked");
+                            Run::Copy(Arc::new(ce.schedule(&ce_op(&args[0]))?))
+                        }
                         e => return Err(Error::Internal(format!("{e:?} was chosen for {} ranks, which it does not serve", info.nranks))),
                     };
                     let entry = Entry { words: key.words().collect(), slab: None, run, pinned: false, _host: Vec::new() };
@@ -356,7 +365,7 @@ impl CudaComm {
         }
         let entry = cache.get(&key).expect("stored above");
         entry.pinned |= captured;
-        let run = entry.run;
+        let run = entry.run.clone();
         drop(cache);
         drop(windows);
 
@@ -396,11 +405,9 @@ impl CudaComm {
                 // this communicator's fabric (mapped for this GPU).
                 unsafe { self.launch_engine(module.kernel_at(*f), blocks, DIRECT_THREADS, param, stream) }
             }
-            Run::Copy => {
+            Run::Copy(lanes) => {
                 self.last_blocks.store(0, Ordering::Relaxed);
-                let a = &args[0];
-                let op = CeOp { kind: a.kind, count: a.count, elem: a.dtype.size(), root: a.root, send: a.send as u64, recv: a.recv as u64 };
-                self.ce.as_ref().expect("checked when the entry was made").enqueue(&op, stream)
+                self.ce.as_ref().expect("checked when the entry was made").enqueue(&lanes, &ce_op(&args[0]), stream)
             }
             Run::Peer { blocks, chunk } => {
                 let (f, template) = self.peer.as_ref().expect("checked when the entry was made");
