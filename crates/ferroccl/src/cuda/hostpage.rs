@@ -98,13 +98,6 @@ impl HostPage {
         self.device
     }
 
-    /// Word `i` (out of range: a panic, the caller's bug).
-    pub fn get(&self, i: usize) -> u32 {
-        assert!(i < PAGE_BYTES / 4);
-        // SAFETY: inside our live mapping.
-        unsafe { self.host.add(i).read_volatile() }
-    }
-
     /// Stores `v` into word `i`, ordered after the caller's earlier stores.
     pub fn set(&self, i: usize, v: u32) {
         assert!(i < PAGE_BYTES / 4);

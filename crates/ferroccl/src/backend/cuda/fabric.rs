@@ -80,7 +80,7 @@ impl Geometry {
     /// Then its flag lines [block][sender][phase], written by the senders (phase 2: the
     /// receivers' acknowledgements), 128 bytes each.
     pub fn peer_flags_off(&self) -> usize {
-        self.peer_stage_off() + PEER_MAX_BLOCKS * self.nranks.saturating_sub(1) * 4 * self.peer_slot
+        self.peer_stage_off() + self.nranks.saturating_sub(1) * self.peer_region_bytes()
     }
     pub fn recv_arena_bytes(&self) -> usize {
         if self.has_peer() { self.peer_flags_off() + PEER_MAX_BLOCKS * self.nranks * PEER_PHASES * LINE } else { self.direct_slots_end() }
@@ -293,10 +293,11 @@ impl Fabric {
         table.copy_from_host(0, raw)?;
         let direct = geo.has_direct().then(|| direct_param(&geo, me, &arenas));
         let peer = geo.has_peer().then(|| peer_param(&geo, me, &arenas));
-        let ce = page.map(|mine| {
+        // The copy engine borrows the peer engine's staging: the same addresses.
+        let ce = page.zip(peer.as_ref()).map(|(mine, p)| {
             pages[me] = mine.device_ptr();
             CeFabric {
-                stage: arenas.iter().map(|a| a.recv + geo.peer_stage_off() as u64).collect(),
+                stage: p.stage[..n].to_vec(),
                 region_bytes: geo.peer_region_bytes(),
                 pages,
                 mine,
