@@ -5,7 +5,7 @@ use crate::info::CommInfo;
 use ferroccl_core::algo::{build_launch, CollDesc, LaunchOp};
 use ferroccl_core::numeric::Element;
 use ferroccl_core::plan::Plan;
-use ferroccl_core::tune::{choose_launch, Choice, Engine, OpShape};
+use ferroccl_core::tune::{choose_launch, Choice, OpShape};
 use ferroccl_core::{CollKind, DataType, Error, Rank, ReduceOp};
 
 /// An operation on raw buffers, with NCCL's conventions: `count` is per rank for all-gather,
@@ -215,8 +215,10 @@ pub(crate) fn plan_launch(info: &CommInfo, args: &[OpArgs], windows: bool) -> Re
         .zip(&choices)
         .map(|(a, c)| LaunchOp { desc: CollDesc { kind: a.kind, count: a.count, root: a.root }, dtype: a.dtype, tuning: c.tuning() })
         .collect();
-    // The copy engine runs no plan: its copies are `plan::copies`, enqueued as they are.
-    if choices.iter().any(|c| c.engine == Engine::CopyEngine) {
+    // Only the plan kernel and the host executor run plans; the one-kernel engines and the
+    // copy engine are specialised for their shapes (proved by the algorithms' and
+    // `plan::copies`' own tests), and take one operation a launch.
+    if !choices.iter().any(|c| c.engine.runs_plans()) {
         let plan = Plan { rank: info.rank, nranks: info.nranks, lanes: Vec::new() };
         return Ok(Planned { shapes, choices, plan });
     }

@@ -65,6 +65,13 @@ pub fn peer_slot_bytes(cfg: &Config, nranks: usize) -> usize {
     if slot < PEER_MIN_SLOT_BYTES { 0 } else { slot }
 }
 
+/// Bytes of one sender's region in a rank's peer-engine staging, for slots of `peer_slot`
+/// bytes: that sender's slots for every block (input and result, two parities). The copy engine
+/// borrows it whole.
+pub fn peer_region_bytes(peer_slot: usize) -> usize {
+    PEER_MAX_BLOCKS * 4 * peer_slot
+}
+
 /// Whether the peer engine takes `kind` on `nranks` ranks (given room in its staging): 2 to
 /// [`PEER_MAX_RANKS`] ranks; every collective, broadcast and reduce on 2 ranks only (one-shot,
 /// the root's link carries n-1 copies where the chain carries one); no sends or receives.
@@ -90,7 +97,7 @@ pub fn ce_slot_bytes(cfg: &Config, nranks: usize) -> usize {
     if cfg.gpu_copy_engine_bytes == 0 || peer == 0 {
         return 0;
     }
-    let slot = PEER_MAX_BLOCKS * 4 * peer / CE_SLOTS / 4096 * 4096;
+    let slot = peer_region_bytes(peer) / CE_SLOTS / 4096 * 4096;
     if slot < CE_MIN_SLOT_BYTES { 0 } else { slot }
 }
 
@@ -218,6 +225,14 @@ pub enum Engine {
     /// into pieces that the sender's copy engine puts into the receiver's staging and the
     /// receiver's copies out, handshakes by stream memory operations; no thread block.
     CopyEngine,
+}
+
+impl Engine {
+    /// Whether it executes a [`Plan`](crate::plan::Plan) (the others are specialised for the
+    /// operations they take and need none built).
+    pub fn runs_plans(self) -> bool {
+        matches!(self, Engine::HostExecutor | Engine::PlanKernel)
+    }
 }
 
 /// Why each part of a [`Choice`] is what it is, for the debug log.

@@ -17,7 +17,7 @@ use crate::cuda::hostpage::HostPage;
 use crate::cuda::mem::{DeviceBuffer, MemStats};
 use crate::bootstrap::Bootstrap;
 use ferroccl_core::plan::{ConnKey, Dir, P2P_CHANNEL_BASE};
-use ferroccl_core::tune::{ce_slot_bytes, channel_budget, peer_slot_bytes, Device};
+use ferroccl_core::tune::{ce_slot_bytes, channel_budget, peer_region_bytes, peer_slot_bytes, Device};
 use ferroccl_core::{Config, Error, Rank};
 use std::os::fd::AsFd;
 use std::sync::atomic::AtomicBool;
@@ -71,7 +71,7 @@ impl Geometry {
     /// on a 4 KiB boundary (every slot 16-byte aligned for the vector stores). Each sender's
     /// slots are one region (`peer_region_bytes`): the copy engine's slots for that sender.
     pub fn peer_region_bytes(&self) -> usize {
-        PEER_MAX_BLOCKS * 4 * self.peer_slot
+        peer_region_bytes(self.peer_slot)
     }
     /// Where the peer engine's staging starts.
     pub fn peer_stage_off(&self) -> usize {
