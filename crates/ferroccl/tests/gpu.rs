@@ -538,6 +538,17 @@ fn two_ranks_on_one_gpu() -> Option<Vec<Comm>> {
     ranks_on_one_gpu(2, Config::default())
 }
 
+/// Runs `f(rank, comm)` on a thread per rank (the ranks of one process wait for each other
+/// inside their operations) and returns what each returned, in rank order; a panic on any
+/// rank fails the caller.
+fn on_each_rank<T: Send>(comms: &[Comm], f: impl Fn(usize, &Comm) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let hs: Vec<_> = comms.iter().enumerate().map(|(r, c)| s.spawn(move || f(r, c))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 /// Two ranks on one GPU (one context), a thread each, through thousands of new operation
 /// shapes: the plan-table pool fills and is evicted again and again while the other rank's
 /// kernel of the same operation is already queued, waiting for this rank. Evicting used to wait
@@ -554,36 +565,27 @@ fn ranks_sharing_a_gpu_evict_tables_without_waiting_for_each_other() {
     let (base, shapes) = (70_000usize, 3000usize);
     let max = base + 3 * shapes;
     let t = Instant::now();
-    let held: Vec<(u64, u64)> = std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .iter()
-            .enumerate()
-            .map(|(r, c)| {
-                s.spawn(move || {
-                    let stats = MemStats::new();
-                    let gpu = c.gpu().unwrap();
-                    let send = DeviceBuffer::alloc(gpu, max * 4, &[], &stats).unwrap();
-                    let recv = DeviceBuffer::alloc(gpu, max * 4, &[], &stats).unwrap();
-                    let host: Vec<f32> = (0..max).map(|i| ((i % 7) + r) as f32).collect();
-                    send.copy_from_host(0, f32_bytes(&host)).unwrap();
-                    c.synchronize().unwrap();
-                    let at_start = c.device_memory_bytes();
-                    let mut most = at_start;
-                    for k in 0..shapes {
-                        // SAFETY: device buffers of max >= count f32, alive past synchronize.
-                        unsafe { c.run_raw(&all_reduce_args(&send, &recv, base + 3 * k)).unwrap() };
-                        most = most.max(c.device_memory_bytes());
-                    }
-                    c.synchronize().unwrap();
-                    let out = read_f32(&recv, base + 3 * (shapes - 1)).unwrap();
-                    for (i, v) in out.iter().enumerate() {
-                        assert_eq!(*v, (2 * (i % 7) + 1) as f32, "rank {r} element {i}");
-                    }
-                    (at_start, most)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let held: Vec<(u64, u64)> = on_each_rank(&comms, |r, c| {
+        let stats = MemStats::new();
+        let gpu = c.gpu().unwrap();
+        let send = DeviceBuffer::alloc(gpu, max * 4, &[], &stats).unwrap();
+        let recv = DeviceBuffer::alloc(gpu, max * 4, &[], &stats).unwrap();
+        let host: Vec<f32> = (0..max).map(|i| ((i % 7) + r) as f32).collect();
+        send.copy_from_host(0, f32_bytes(&host)).unwrap();
+        c.synchronize().unwrap();
+        let at_start = c.device_memory_bytes();
+        let mut most = at_start;
+        for k in 0..shapes {
+            // SAFETY: device buffers of max >= count f32, alive past synchronize.
+            unsafe { c.run_raw(&all_reduce_args(&send, &recv, base + 3 * k)).unwrap() };
+            most = most.max(c.device_memory_bytes());
+        }
+        c.synchronize().unwrap();
+        let out = read_f32(&recv, base + 3 * (shapes - 1)).unwrap();
+        for (i, v) in out.iter().enumerate() {
+            assert_eq!(*v, (2 * (i % 7) + 1) as f32, "rank {r} element {i}");
+        }
+        (at_start, most)
     });
     eprintln!("{shapes} new shapes on two ranks of one GPU in {:?}; memory (at start, most) per rank: {held:?}", t.elapsed());
     for (start, most) in held {
@@ -605,36 +607,32 @@ fn sends_to_oneself_land_in_the_matching_receive() {
     // Below and beyond the LL limit, so both protocols carry the sends to the other rank.
     for count in [1000usize, 300_000] {
         let value = |from: usize, to: usize, i: usize| (from * 1000 + to * 100 + i % 50) as f32;
-        std::thread::scope(|s| {
-            for (r, c) in comms.iter().enumerate() {
-                s.spawn(move || {
-                    let stats = MemStats::new();
-                    let gpu = c.gpu().unwrap();
-                    let send = DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap();
-                    let recv = DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap();
-                    let host: Vec<f32> = (0..n * count).map(|i| value(r, i / count, i % count)).collect();
-                    send.copy_from_host(0, f32_bytes(&host)).unwrap();
-                    recv.copy_from_host(0, &vec![0xff; n * count * 4]).unwrap();
-                    let mut g = Group::new();
-                    for q in 0..n {
-                        let at = (q * count * 4) as u64;
-                        let base = all_reduce_args(&send, &recv, count);
-                        let s_args = OpArgs { kind: CollKind::Send, send: (send.device_ptr() + at) as *const u8, recv: std::ptr::null_mut(), root: q, ..base };
-                        let r_args = OpArgs { kind: CollKind::Recv, send: std::ptr::null(), recv: (recv.device_ptr() + at) as *mut u8, root: q, ..base };
-                        // SAFETY: device buffers of n x count f32, alive past synchronize.
-                        unsafe {
-                            g.push_raw(c, s_args).unwrap();
-                            g.push_raw(c, r_args).unwrap();
-                        }
-                    }
-                    g.launch().unwrap();
-                    c.synchronize().unwrap();
-                    let out = read_f32(&recv, n * count).unwrap();
-                    for (i, v) in out.iter().enumerate() {
-                        let (from, k) = (i / count, i % count);
-                        assert_eq!(*v, value(from, r, k), "count {count}: rank {r} element {k} from rank {from}");
-                    }
-                });
+        on_each_rank(&comms, |r, c| {
+            let stats = MemStats::new();
+            let gpu = c.gpu().unwrap();
+            let send = DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap();
+            let recv = DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap();
+            let host: Vec<f32> = (0..n * count).map(|i| value(r, i / count, i % count)).collect();
+            send.copy_from_host(0, f32_bytes(&host)).unwrap();
+            recv.copy_from_host(0, &vec![0xff; n * count * 4]).unwrap();
+            let mut g = Group::new();
+            for q in 0..n {
+                let at = (q * count * 4) as u64;
+                let base = all_reduce_args(&send, &recv, count);
+                let s_args = OpArgs { kind: CollKind::Send, send: (send.device_ptr() + at) as *const u8, recv: std::ptr::null_mut(), root: q, ..base };
+                let r_args = OpArgs { kind: CollKind::Recv, send: std::ptr::null(), recv: (recv.device_ptr() + at) as *mut u8, root: q, ..base };
+                // SAFETY: device buffers of n x count f32, alive past synchronize.
+                unsafe {
+                    g.push_raw(c, s_args).unwrap();
+                    g.push_raw(c, r_args).unwrap();
+                }
+            }
+            g.launch().unwrap();
+            c.synchronize().unwrap();
+            let out = read_f32(&recv, n * count).unwrap();
+            for (i, v) in out.iter().enumerate() {
+                let (from, k) = (i / count, i % count);
+                assert_eq!(*v, value(from, r, k), "count {count}: rank {r} element {k} from rank {from}");
             }
         });
     }
@@ -686,90 +684,84 @@ fn the_copy_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
 /// and checks every element; the tuner must give each to `engine`.
 fn engine_is_exact(n: usize, cfg: &Config, kinds: &[CollKind], engine: &(dyn Fn(CollKind) -> tune::Engine + Sync)) {
     use CollKind::*;
-    {
-        let Some(comms) = ranks_on_one_gpu(n, cfg.clone()) else { return };
-        // Per-rank counts: one round of one block, many rounds with a tail, a different grid.
-        let counts = [70_001usize, (3 << 20) + 17, 300_003];
-        let max = n * counts.iter().max().unwrap();
-        let t = n - 1;
-        std::thread::scope(|s| {
-            for (r, c) in comms.iter().enumerate() {
-                s.spawn(move || {
-                    let stats = MemStats::new();
-                    let gpu = c.gpu().unwrap();
-                    let send = DeviceBuffer::alloc(gpu, max * 4, &[], &stats).unwrap();
-                    let recv = DeviceBuffer::alloc(gpu, max * 4, &[], &stats).unwrap();
-                    // Exact in f32: small integers, different per rank, element and step.
-                    let val = |q: usize, i: usize, step: usize| ((i * 7 + q * 131 + step * 17) % 2039) as f32;
-                    let poison = f32::from_bits(0x7fc0_dead);
-                    let mut step = 0;
-                    for &count in &counts {
-                        for &kind in kinds {
-                            for in_place in [false, true] {
-                                step += 1;
-                                // Elements of this rank's input and output.
-                                let (sc, rc) = match kind {
-                                    AllReduce | Broadcast | Reduce => (count, count),
-                                    ReduceScatter => (n * count, count),
-                                    AllGather => (count, n * count),
-                                    AllToAll => (n * count, n * count),
-                                    Gather => (count, if r == t { n * count } else { 0 }),
-                                    _ => (if r == t { n * count } else { 0 }, count),
-                                };
-                                let mine: Vec<f32> = (0..sc).map(|i| val(r, i, step)).collect();
-                                // The output starts poisoned; in place, the input lies inside it
-                                // where NCCL's convention puts it (the larger buffer holds both).
-                                let whole = sc.max(rc);
-                                recv.copy_from_host(0, f32_bytes(&vec![poison; whole])).unwrap();
-                                let (sp, rp, out_at) = if in_place {
-                                    let (in_at, out_at) = match kind {
-                                        AllGather => (r * count, 0),
-                                        Gather if r == t => (r * count, 0),
-                                        ReduceScatter => (0, r * count),
-                                        Scatter if r == t => (0, r * count),
-                                        _ => (0, 0),
-                                    };
-                                    recv.copy_from_host(in_at * 4, f32_bytes(&mine)).unwrap();
-                                    (recv.device_ptr() + (in_at * 4) as u64, recv.device_ptr() + (out_at * 4) as u64, out_at)
-                                } else {
-                                    send.copy_from_host(0, f32_bytes(&mine)).unwrap();
-                                    (send.device_ptr(), recv.device_ptr(), 0)
-                                };
-                                let a = OpArgs { kind, send: sp as *const u8, recv: rp as *mut u8, count, root: t, ..all_reduce_args(&send, &recv, count) };
-                                // SAFETY: device buffers of max >= every count used, alive past synchronize.
-                                unsafe { c.run_raw(&a).unwrap() };
-                                c.synchronize().unwrap();
-                                // The peer engine ran it, on the tuner's grid.
-                                let shape = OpShape { kind, count, dtype: ferroccl::DataType::Float32, nranks: n, in_place, windows: false };
-                                let choice = tune::choose(&shape, tune::Device::Gpu, cfg);
-                                assert_eq!(choice.engine, engine(kind), "{choice}");
-                                assert_eq!(c.last_launch_blocks(), Some(choice.channels as u32));
-                                let got = read_f32(&recv, whole).unwrap();
-                                let what = format!("{n} ranks, {kind} of {count} (in place {in_place}): rank {r}");
-                                if kind == Reduce && r != t {
-                                    // A non-root's output is not written (in place it is its input).
-                                    let want: Vec<f32> = if in_place { mine.clone() } else { vec![poison; whole] };
-                                    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: a non-root's output changed");
-                                    continue;
-                                }
-                                for i in 0..rc {
-                                    let want = match kind {
-                                        AllReduce | Reduce => (0..n).map(|q| val(q, i, step)).sum::<f32>(),
-                                        ReduceScatter => (0..n).map(|q| val(q, r * count + i, step)).sum::<f32>(),
-                                        AllGather | Gather => val(i / count, i % count, step),
-                                        AllToAll => val(i / count, r * count + i % count, step),
-                                        Broadcast => val(t, i, step),
-                                        _ => val(t, r * count + i, step),
-                                    };
-                                    assert_eq!(got[out_at + i], want, "{what} element {i}");
-                                }
-                            }
-                        }
+    let Some(comms) = ranks_on_one_gpu(n, cfg.clone()) else { return };
+    // Per-rank counts: one round of one block, many rounds with a tail, a different grid.
+    let counts = [70_001usize, (3 << 20) + 17, 300_003];
+    let max = n * counts.iter().max().unwrap();
+    let t = n - 1;
+    on_each_rank(&comms, |r, c| {
+        let stats = MemStats::new();
+        let gpu = c.gpu().unwrap();
+        let send = DeviceBuffer::alloc(gpu, max * 4, &[], &stats).unwrap();
+        let recv = DeviceBuffer::alloc(gpu, max * 4, &[], &stats).unwrap();
+        // Exact in f32: small integers, different per rank, element and step.
+        let val = |q: usize, i: usize, step: usize| ((i * 7 + q * 131 + step * 17) % 2039) as f32;
+        let poison = f32::from_bits(0x7fc0_dead);
+        let mut step = 0;
+        for &count in &counts {
+            for &kind in kinds {
+                for in_place in [false, true] {
+                    step += 1;
+                    // Elements of this rank's input and output.
+                    let (sc, rc) = match kind {
+                        AllReduce | Broadcast | Reduce => (count, count),
+                        ReduceScatter => (n * count, count),
+                        AllGather => (count, n * count),
+                        AllToAll => (n * count, n * count),
+                        Gather => (count, if r == t { n * count } else { 0 }),
+                        _ => (if r == t { n * count } else { 0 }, count),
+                    };
+                    let mine: Vec<f32> = (0..sc).map(|i| val(r, i, step)).collect();
+                    // The output starts poisoned; in place, the input lies inside it
+                    // where NCCL's convention puts it (the larger buffer holds both).
+                    let whole = sc.max(rc);
+                    recv.copy_from_host(0, f32_bytes(&vec![poison; whole])).unwrap();
+                    let (sp, rp, out_at) = if in_place {
+                        let (in_at, out_at) = match kind {
+                            AllGather => (r * count, 0),
+                            Gather if r == t => (r * count, 0),
+                            ReduceScatter => (0, r * count),
+                            Scatter if r == t => (0, r * count),
+                            _ => (0, 0),
+                        };
+                        recv.copy_from_host(in_at * 4, f32_bytes(&mine)).unwrap();
+                        (recv.device_ptr() + (in_at * 4) as u64, recv.device_ptr() + (out_at * 4) as u64, out_at)
+                    } else {
+                        send.copy_from_host(0, f32_bytes(&mine)).unwrap();
+                        (send.device_ptr(), recv.device_ptr(), 0)
+                    };
+                    let a = OpArgs { kind, send: sp as *const u8, recv: rp as *mut u8, count, root: t, ..all_reduce_args(&send, &recv, count) };
+                    // SAFETY: device buffers of max >= every count used, alive past synchronize.
+                    unsafe { c.run_raw(&a).unwrap() };
+                    c.synchronize().unwrap();
+                    // The peer engine ran it, on the tuner's grid.
+                    let shape = OpShape { kind, count, dtype: ferroccl::DataType::Float32, nranks: n, in_place, windows: false };
+                    let choice = tune::choose(&shape, tune::Device::Gpu, cfg);
+                    assert_eq!(choice.engine, engine(kind), "{choice}");
+                    assert_eq!(c.last_launch_blocks(), Some(choice.channels as u32));
+                    let got = read_f32(&recv, whole).unwrap();
+                    let what = format!("{n} ranks, {kind} of {count} (in place {in_place}): rank {r}");
+                    if kind == Reduce && r != t {
+                        // A non-root's output is not written (in place it is its input).
+                        let want: Vec<f32> = if in_place { mine.clone() } else { vec![poison; whole] };
+                        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: a non-root's output changed");
+                        continue;
                     }
-                });
+                    for i in 0..rc {
+                        let want = match kind {
+                            AllReduce | Reduce => (0..n).map(|q| val(q, i, step)).sum::<f32>(),
+                            ReduceScatter => (0..n).map(|q| val(q, r * count + i, step)).sum::<f32>(),
+                            AllGather | Gather => val(i / count, i % count, step),
+                            AllToAll => val(i / count, r * count + i % count, step),
+                            Broadcast => val(t, i, step),
+                            _ => val(t, r * count + i, step),
+                        };
+                        assert_eq!(got[out_at + i], want, "{what} element {i}");
+                    }
+                }
             }
-        });
-    }
+        }
+    });
 }
 
 /// The copy engine inside CUDA graphs: two ranks on one GPU each capture an all-gather and an
@@ -784,50 +776,46 @@ fn the_copy_engine_replays_in_cuda_graphs() {
     let Some(comms) = ranks_on_one_gpu(n, cfg) else { return };
     let count = (3 << 20) + 5; // 12 MiB a block: 24 pieces of 512 KiB
     let val = |q: usize, i: usize, rep: usize| ((i * 5 + q * 977 + rep * 31) % 4093) as f32;
-    std::thread::scope(|s| {
-        for (r, c) in comms.iter().enumerate() {
-            s.spawn(move || {
-                let stats = MemStats::new();
-                let gpu = c.gpu().unwrap();
-                let send = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
-                let gathered = DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap();
-                let a2a = DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap();
-                let ag = OpArgs { kind: CollKind::AllGather, ..all_reduce_args(&send, &gathered, count) };
-                let at = OpArgs { kind: CollKind::AllToAll, ..all_reduce_args(&a2a, &a2a, count) };
-                let stream = c.cuda_stream() as sys::CUstream;
-                gpu.bind().unwrap();
-                let (mut graph, mut exec) = (std::ptr::null_mut(), std::ptr::null_mut());
-                // SAFETY: buffers alive past every replay's synchronize; our stream.
-                unsafe {
-                    cu_ok("cuStreamBeginCapture", sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)).unwrap();
-                    c.run_raw(&ag).unwrap();
-                    c.run_raw(&at).unwrap();
-                    cu_ok("cuStreamEndCapture", sys::cuStreamEndCapture(stream, &mut graph)).unwrap();
-                    cu_ok("cuGraphInstantiate", sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)).unwrap();
-                }
-                assert_eq!(c.last_launch_blocks(), Some(0), "no thread block");
-                for rep in 0..3 {
-                    let mine: Vec<f32> = (0..count).map(|i| val(r, i, rep)).collect();
-                    send.copy_from_host(0, f32_bytes(&mine)).unwrap();
-                    let blocks: Vec<f32> = (0..n * count).map(|i| val(r, i, rep + 10)).collect();
-                    a2a.copy_from_host(0, f32_bytes(&blocks)).unwrap();
-                    gpu.bind().unwrap();
-                    // SAFETY: as above.
-                    unsafe { cu_ok("cuGraphLaunch", sys::cuGraphLaunch(exec, stream)).unwrap() };
-                    c.synchronize().unwrap();
-                    let g = read_f32(&gathered, n * count).unwrap();
-                    let t = read_f32(&a2a, n * count).unwrap();
-                    for i in 0..n * count {
-                        assert_eq!(g[i], val(i / count, i % count, rep), "rank {r} replay {rep}: all-gather element {i}");
-                        assert_eq!(t[i], val(i / count, r * count + i % count, rep + 10), "rank {r} replay {rep}: all-to-all element {i}");
-                    }
-                }
-                // SAFETY: ours, no replay in flight.
-                unsafe {
-                    sys::cuGraphExecDestroy(exec);
-                    sys::cuGraphDestroy(graph);
-                }
-            });
+    on_each_rank(&comms, |r, c| {
+        let stats = MemStats::new();
+        let gpu = c.gpu().unwrap();
+        let send = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
+        let gathered = DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap();
+        let a2a = DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap();
+        let ag = OpArgs { kind: CollKind::AllGather, ..all_reduce_args(&send, &gathered, count) };
+        let at = OpArgs { kind: CollKind::AllToAll, ..all_reduce_args(&a2a, &a2a, count) };
+        let stream = c.cuda_stream() as sys::CUstream;
+        gpu.bind().unwrap();
+        let (mut graph, mut exec) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: buffers alive past every replay's synchronize; our stream.
+        unsafe {
+            cu_ok("cuStreamBeginCapture", sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)).unwrap();
+            c.run_raw(&ag).unwrap();
+            c.run_raw(&at).unwrap();
+            cu_ok("cuStreamEndCapture", sys::cuStreamEndCapture(stream, &mut graph)).unwrap();
+            cu_ok("cuGraphInstantiate", sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)).unwrap();
+        }
+        assert_eq!(c.last_launch_blocks(), Some(0), "no thread block");
+        for rep in 0..3 {
+            let mine: Vec<f32> = (0..count).map(|i| val(r, i, rep)).collect();
+            send.copy_from_host(0, f32_bytes(&mine)).unwrap();
+            let blocks: Vec<f32> = (0..n * count).map(|i| val(r, i, rep + 10)).collect();
+            a2a.copy_from_host(0, f32_bytes(&blocks)).unwrap();
+            gpu.bind().unwrap();
+            // SAFETY: as above.
+            unsafe { cu_ok("cuGraphLaunch", sys::cuGraphLaunch(exec, stream)).unwrap() };
+            c.synchronize().unwrap();
+            let g = read_f32(&gathered, n * count).unwrap();
+            let t = read_f32(&a2a, n * count).unwrap();
+            for i in 0..n * count {
+                assert_eq!(g[i], val(i / count, i % count, rep), "rank {r} replay {rep}: all-gather element {i}");
+                assert_eq!(t[i], val(i / count, r * count + i % count, rep + 10), "rank {r} replay {rep}: all-to-all element {i}");
+            }
+        }
+        // SAFETY: ours, no replay in flight.
+        unsafe {
+            sys::cuGraphExecDestroy(exec);
+            sys::cuGraphDestroy(graph);
         }
     });
 }
@@ -844,56 +832,52 @@ fn operations_on_two_streams_run_in_call_order() {
     let Some(comms) = ranks_on_one_gpu(n, Config::default()) else { return };
     let count = (1 << 20) + 3; // 4 MiB a rank: many rounds of the peer engine
     let val = |q: usize, i: usize, rep: usize| ((i * 3 + q * 101 + rep * 7) % 1021) as f32;
-    std::thread::scope(|s| {
-        for (r, c) in comms.iter().enumerate() {
-            s.spawn(move || {
-                let stats = MemStats::new();
-                let gpu = c.gpu().unwrap();
-                gpu.bind().unwrap();
-                let mut streams = [std::ptr::null_mut(); 2];
-                for st in &mut streams {
-                    // SAFETY: an out pointer for a new stream of the bound context.
-                    unsafe { cu_ok("cuStreamCreate", sys::cuStreamCreate(st, 1)).unwrap() };
-                }
-                let reps = 3;
-                let ins: Vec<DeviceBuffer> = (0..reps).map(|_| DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap()).collect();
-                let gathered: Vec<DeviceBuffer> = (0..reps).map(|_| DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap()).collect();
-                let reduced: Vec<DeviceBuffer> = (0..reps).map(|_| DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap()).collect();
-                for rep in 0..reps {
-                    let mine: Vec<f32> = (0..count).map(|i| val(r, i, rep)).collect();
-                    ins[rep].copy_from_host(0, f32_bytes(&mine)).unwrap();
-                }
-                for rep in 0..reps {
-                    // SAFETY: our streams; buffers alive past the synchronizations below.
-                    unsafe {
-                        c.set_stream(streams[0] as _);
-                        c.run_raw(&OpArgs { kind: CollKind::AllGather, ..all_reduce_args(&ins[rep], &gathered[rep], count) }).unwrap();
-                        c.set_stream(streams[1] as _);
-                        c.run_raw(&all_reduce_args(&ins[rep], &reduced[rep], count)).unwrap();
-                    }
-                }
-                gpu.bind().unwrap();
-                for &st in &streams {
-                    // SAFETY: our live streams.
-                    unsafe { cu_ok("cuStreamSynchronize", sys::cuStreamSynchronize(st)).unwrap() };
-                }
-                for rep in 0..reps {
-                    let g = read_f32(&gathered[rep], n * count).unwrap();
-                    let a = read_f32(&reduced[rep], count).unwrap();
-                    for i in 0..n * count {
-                        assert_eq!(g[i], val(i / count, i % count, rep), "rank {r} rep {rep}: all-gather element {i}");
-                    }
-                    for i in 0..count {
-                        assert_eq!(a[i], (0..n).map(|q| val(q, i, rep)).sum::<f32>(), "rank {r} rep {rep}: all-reduce element {i}");
-                    }
-                }
-                // SAFETY: back to the communicator's own stream before ours go.
-                unsafe { c.set_stream(std::ptr::null_mut()) };
-                for &st in &streams {
-                    // SAFETY: ours, idle.
-                    unsafe { sys::cuStreamDestroy_v2(st) };
-                }
-            });
+    on_each_rank(&comms, |r, c| {
+        let stats = MemStats::new();
+        let gpu = c.gpu().unwrap();
+        gpu.bind().unwrap();
+        let mut streams = [std::ptr::null_mut(); 2];
+        for st in &mut streams {
+            // SAFETY: an out pointer for a new stream of the bound context.
+            unsafe { cu_ok("cuStreamCreate", sys::cuStreamCreate(st, 1)).unwrap() };
+        }
+        let reps = 3;
+        let ins: Vec<DeviceBuffer> = (0..reps).map(|_| DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap()).collect();
+        let gathered: Vec<DeviceBuffer> = (0..reps).map(|_| DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap()).collect();
+        let reduced: Vec<DeviceBuffer> = (0..reps).map(|_| DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap()).collect();
+        for rep in 0..reps {
+            let mine: Vec<f32> = (0..count).map(|i| val(r, i, rep)).collect();
+            ins[rep].copy_from_host(0, f32_bytes(&mine)).unwrap();
+        }
+        for rep in 0..reps {
+            // SAFETY: our streams; buffers alive past the synchronizations below.
+            unsafe {
+                c.set_stream(streams[0] as _);
+                c.run_raw(&OpArgs { kind: CollKind::AllGather, ..all_reduce_args(&ins[rep], &gathered[rep], count) }).unwrap();
+                c.set_stream(streams[1] as _);
+                c.run_raw(&all_reduce_args(&ins[rep], &reduced[rep], count)).unwrap();
+            }
+        }
+        gpu.bind().unwrap();
+        for &st in &streams {
+            // SAFETY: our live streams.
+            unsafe { cu_ok("cuStreamSynchronize", sys::cuStreamSynchronize(st)).unwrap() };
+        }
+        for rep in 0..reps {
+            let g = read_f32(&gathered[rep], n * count).unwrap();
+            let a = read_f32(&reduced[rep], count).unwrap();
+            for i in 0..n * count {
+                assert_eq!(g[i], val(i / count, i % count, rep), "rank {r} rep {rep}: all-gather element {i}");
+            }
+            for i in 0..count {
+                assert_eq!(a[i], (0..n).map(|q| val(q, i, rep)).sum::<f32>(), "rank {r} rep {rep}: all-reduce element {i}");
+            }
+        }
+        // SAFETY: back to the communicator's own stream before ours go.
+        unsafe { c.set_stream(std::ptr::null_mut()) };
+        for &st in &streams {
+            // SAFETY: ours, idle.
+            unsafe { sys::cuStreamDestroy_v2(st) };
         }
     });
 }
@@ -921,31 +905,22 @@ fn a_first_launch_does_not_wait_for_a_spinning_kernel_of_the_same_gpu() {
     let shape = OpShape { kind: CollKind::AllReduce, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false };
     assert_eq!(tune::choose(&shape, tune::Device::Gpu, &cfg).engine, tune::Engine::PeerKernel);
     let t = Instant::now();
-    let took: Vec<(Duration, Duration)> = std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .iter()
-            .enumerate()
-            .map(|(r, c)| {
-                s.spawn(move || {
-                    let stats = MemStats::new();
-                    let gpu = c.gpu().unwrap();
-                    let send = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
-                    let recv = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
-                    send.copy_from_host(0, f32_bytes(&vec![(r + 1) as f32; count])).unwrap();
-                    if r == 1 {
-                        std::thread::sleep(Duration::from_millis(300));
-                    }
-                    let t0 = Instant::now();
-                    // SAFETY: device buffers of count f32, alive past synchronize.
-                    unsafe { c.run_raw(&all_reduce_args(&send, &recv, count)).unwrap() };
-                    let launched = t0.elapsed();
-                    c.synchronize().unwrap();
-                    assert!(read_f32(&recv, count).unwrap().iter().all(|&v| v == 3.0), "rank {r}");
-                    (launched, t0.elapsed())
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let took: Vec<(Duration, Duration)> = on_each_rank(&comms, |r, c| {
+        let stats = MemStats::new();
+        let gpu = c.gpu().unwrap();
+        let send = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
+        let recv = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
+        send.copy_from_host(0, f32_bytes(&vec![(r + 1) as f32; count])).unwrap();
+        if r == 1 {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let t0 = Instant::now();
+        // SAFETY: device buffers of count f32, alive past synchronize.
+        unsafe { c.run_raw(&all_reduce_args(&send, &recv, count)).unwrap() };
+        let launched = t0.elapsed();
+        c.synchronize().unwrap();
+        assert!(read_f32(&recv, count).unwrap().iter().all(|&v| v == 3.0), "rank {r}");
+        (launched, t0.elapsed())
     });
     eprintln!("launch, launch to done, per rank: {took:?}; all done after {:?}", t.elapsed());
     assert!(took[1].0 < Duration::from_millis(500), "rank 1's launch waited {:?}", took[1].0);
