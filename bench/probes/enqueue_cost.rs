@@ -7,8 +7,9 @@
 //!
 //! On GPUs (one rank per GPU of this host, a thread each) a call returns once the operation is
 //! enqueued: the figure is the enqueue cost, the issue's "<= 2 us". Beside it, the driver's
-//! floor on the same GPU and stream: `cuLaunchKernel` of an empty kernel whose parameter is as
-//! large as the direct engine's (376 bytes) and the plan kernel's (528), and
+//! floor on the same GPU and stream: `cuLaunchKernel` of an empty kernel whose parameter is 8
+//! bytes, as large as the direct engine's (376 bytes, also launched to start early as the
+//! engines are on compute capability 9.0 and up) and the plan kernel's (528), and
 //! `cuStreamIsCapturing`, which every launch asks; what is left is ferroccl's own. Without GPUs it runs two
 //! host ranks, where a call returns when the operation is done: the figure is then the whole
 //! operation, not an enqueue cost, and says what the host backend's path costs.
@@ -77,7 +78,8 @@ fn time_calls(c: &Comm, send: u64, recv: u64, case: Case, calls: usize) -> Vec<f
 fn driver_floor(c: &Comm, config: &Config, calls: usize) -> Vec<(String, f64)> {
     use cudarc::driver::sys;
     use ferroccl::cuda::{cu_ok, device::LaunchDims, nvrtc};
-    const SRC: &str = "struct P376 { unsigned long long w[47]; }; struct P528 { unsigned long long w[66]; };\n\
+    const SRC: &str = "struct P8 { unsigned long long w[1]; }; struct P376 { unsigned long long w[47]; }; struct P528 { unsigned long long w[66]; };\n\
+        extern \"C\" __global__ void empty8(const __grid_constant__ P8 p) { if (p.w[0] == 1) p.w[0]; }\n\
         extern \"C\" __global__ void empty376(const __grid_constant__ P376 p) { if (p.w[46] == 1) p.w[0]; }\n\
         extern \"C\" __global__ void empty528(const __grid_constant__ P528 p) { if (p.w[65] == 1) p.w[0]; }\n";
     let gpu = c.gpu().expect("a GPU rank");
@@ -88,7 +90,10 @@ fn driver_floor(c: &Comm, config: &Config, calls: usize) -> Vec<(String, f64)> {
     let stream = c.cuda_stream() as sys::CUstream;
     let median = |mut t: Vec<f64>| percentile(&mut t, 0.5);
     let mut out = Vec::new();
-    for (name, bytes) in [("empty376", 376usize), ("empty528", 528)] {
+    // The 8-byte parameter says what the parameter's size costs; the early start (programmatic
+    // dependent launch, `cuLaunchKernelEx` with one attribute) what the engines' launch adds.
+    let early = gpu.compute_capability() >= (9, 0);
+    for (name, bytes, overlap_prior) in [("empty8", 8usize, false), ("empty376", 376, false), ("empty376", 376, early), ("empty528", 528, false)] {
         let k = module.kernel(name).expect("kernel");
         let mut param = vec![0u64; bytes / 8];
         let mut t = Vec::with_capacity(calls);
@@ -96,14 +101,15 @@ fn driver_floor(c: &Comm, config: &Config, calls: usize) -> Vec<(String, f64)> {
             let mut params = [param.as_mut_ptr() as *mut std::ffi::c_void];
             let start = Instant::now();
             // SAFETY: the kernel takes one struct of `bytes` by value; it reads nothing else.
-            unsafe { k.launch(LaunchDims { grid: (1, 1, 1), block: (32, 1, 1), shared_bytes: 0 }, stream, &mut params) }.expect("launch");
+            unsafe { k.launch(LaunchDims { grid: (1, 1, 1), block: (32, 1, 1), shared_bytes: 0, overlap_prior }, stream, &mut params) }.expect("launch");
             t.push(start.elapsed().as_secs_f64() * 1e6);
             if i % 256 == 255 {
                 c.synchronize().expect("synchronize");
             }
         }
         c.synchronize().expect("synchronize");
-        out.push((format!("cuLaunchKernel, {bytes} B parameter"), median(t)));
+        let how = if overlap_prior { "cuLaunchKernelEx (early start)" } else { "cuLaunchKernel" };
+        out.push((format!("{how}, {bytes} B parameter"), median(t)));
     }
     let mut t = Vec::with_capacity(calls);
     for _ in 0..calls {

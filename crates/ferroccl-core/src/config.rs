@@ -110,6 +110,12 @@ pub struct Config {
     /// staging, with no thread block; 0 (the default until it is measured over NVLink) turns
     /// this off. Every rank must agree.
     pub gpu_copy_engine_bytes: usize,
+    /// FERROCCL_GPU_EARLY_LAUNCH (default on): on GPUs of compute capability 9.0 and up, the
+    /// engines' kernels are launched allowed to start while the kernel ahead of them in the
+    /// stream finishes (programmatic dependent launch), which hides a launch's latency behind
+    /// the work before it; every block still waits for that work before touching memory. 0
+    /// launches them the classic way. Ranks may differ.
+    pub gpu_early_launch: bool,
     /// FERROCCL_JOB_SECRET (32 hex digits): the job secret when ranks rendezvous from the
     /// launcher's environment instead of a `UniqueId`.
     pub job_secret: Option<[u8; 16]>,
@@ -162,6 +168,7 @@ impl Default for Config {
             gpu_two_shot: false,
             gpu_peer_bytes: 16 << 20,
             gpu_copy_engine_bytes: 0,
+            gpu_early_launch: true,
             job_secret: None,
             heartbeat_interval: Duration::from_millis(500),
             heartbeat_misses: 6,
@@ -289,6 +296,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_GPU_COPY_ENGINE_BYTES") {
             c.gpu_copy_engine_bytes = parse("FERROCCL_GPU_COPY_ENGINE_BYTES", v)?;
+        }
+        if let Some(v) = get("FERROCCL_GPU_EARLY_LAUNCH") {
+            c.gpu_early_launch = parse_bool("FERROCCL_GPU_EARLY_LAUNCH", v)?;
         }
         if let Some(v) = get("FERROCCL_HEARTBEAT_INTERVAL") {
             let secs: f64 = parse("FERROCCL_HEARTBEAT_INTERVAL", v)?;
@@ -553,6 +563,11 @@ mod tests {
         assert_eq!((ce.gpu_copy_engine_bytes, Config::default().gpu_copy_engine_bytes), (8 << 20, 0));
         assert!(ce.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_COPY_ENGINE_BYTES" && v == "8388608"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_COPY_ENGINE_BYTES", "lots")])).is_err());
+        let early = Config::from_vars(&vars(&[("FERROCCL_GPU_EARLY_LAUNCH", "0")])).unwrap();
+        assert!(!early.gpu_early_launch && Config::default().gpu_early_launch);
+        // How a launch starts changes no plan: ranks may differ.
+        assert!(!early.shared_settings().iter().any(|(k, _)| k.contains("EARLY")));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_EARLY_LAUNCH", "soon")])).is_err());
         let d = Config::from_vars(&vars(&[("FERROCCL_KERNEL_DEFINES", " FC_COPY_UNROLL=8 ,FC_X ")])).unwrap();
         assert_eq!(d.kernel_defines, vec!["-DFC_COPY_UNROLL=8".to_string(), "-DFC_X".to_string()]);
         // Speed only: not a setting ranks must share.

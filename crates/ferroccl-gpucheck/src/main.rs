@@ -85,7 +85,7 @@ impl Kernels {
     }
 
     fn dims(&self) -> LaunchDims {
-        LaunchDims { grid: (self.sms * 4, 1, 1), block: (512, 1, 1), shared_bytes: 0 }
+        LaunchDims { grid: (self.sms * 4, 1, 1), block: (512, 1, 1), shared_bytes: 0, overlap_prior: false }
     }
 
     fn fill(&self, ptr: u64, words: u64, first: u64, seed: u32) -> Result<()> {

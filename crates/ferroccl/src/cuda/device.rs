@@ -326,6 +326,10 @@ pub struct LaunchDims {
     pub block: (u32, u32, u32),
     /// Dynamic shared memory per block, in bytes.
     pub shared_bytes: u32,
+    /// May start while the kernel ahead of it in the stream finishes (programmatic dependent
+    /// launch, compute capability 9.0 and up): its launch is then hidden behind that kernel.
+    /// The kernel must execute `griddepcontrol.wait` before it touches global memory.
+    pub overlap_prior: bool,
 }
 
 impl Kernel<'_> {
@@ -371,6 +375,31 @@ impl Kernel<'_> {
     pub unsafe fn launch(&self, dims: LaunchDims, stream: sys::CUstream, params: &mut [*mut c_void]) -> Result<()> {
         self.module.gpu.bind()?;
         let (g, b) = (dims.grid, dims.block);
+        if dims.overlap_prior {
+            let mut attr = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                // SAFETY: a plain-data union; zero is a valid value of each member.
+                value: unsafe { std::mem::zeroed() },
+            };
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: g.0,
+                gridDimY: g.1,
+                gridDimZ: g.2,
+                blockDimX: b.0,
+                blockDimY: b.1,
+                blockDimZ: b.2,
+                sharedMemBytes: dims.shared_bytes,
+                hStream: stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: the config and its one attribute outlive the call; params as below.
+            return cu_ok("cuLaunchKernelEx", unsafe {
+                sys::cuLaunchKernelEx(&config, self.f, params.as_mut_ptr(), std::ptr::null_mut())
+            });
+        }
         cu_ok("cuLaunchKernel", unsafe {
             sys::cuLaunchKernel(
                 self.f,

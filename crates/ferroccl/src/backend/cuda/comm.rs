@@ -55,6 +55,9 @@ pub(crate) struct CudaComm {
     pub(super) peer: Option<(KernelHandle, FcPeer)>,
     /// Registered windows (zero-copy).
     pub(super) windows: Mutex<Windows>,
+    /// Whether the engines' kernels are launched to start early, behind the kernel ahead of
+    /// them (FERROCCL_GPU_EARLY_LAUNCH, on GPUs that can: compute capability 9.0 and up).
+    pub(super) overlap_prior: bool,
 }
 
 // SAFETY: the stream handle is only used with the context bound and through the driver,
@@ -138,6 +141,7 @@ impl CudaComm {
             }
             None => None,
         };
+        let overlap_prior = config.gpu_early_launch && gpu.compute_capability() >= (9, 0);
         let mut stream = std::ptr::null_mut();
         gpu.bind()?;
         cu_ok("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
@@ -160,6 +164,7 @@ impl CudaComm {
             direct,
             peer,
             windows: Mutex::new(Windows::default()),
+            overlap_prior,
         })
     }
 

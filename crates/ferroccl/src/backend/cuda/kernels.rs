@@ -215,8 +215,22 @@ mod tests {
             })
             .to_src();
         assert!(direct.contains(&format!(".entry {DIRECT_KERNEL}(")), "no entry {DIRECT_KERNEL}");
-        // The epochs' acknowledgements are release stores; LL lines are 16-byte volatile stores.
-        assert!(direct.contains("st.release.sys.global.u64") && direct.contains("st.volatile.global.v4.u32"));
+        // The epochs' acknowledgements are system-scope stores (relaxed: the kernel boundary
+        // orders them), read with acquire; LL lines are 16-byte volatile stores.
+        assert!(direct.contains("st.relaxed.sys.global.u64") && direct.contains("ld.acquire.sys.global.u64"));
+        assert!(direct.contains("st.volatile.global.v4.u32"));
+        // Every engine's kernel is launched to start early on sm_90: each must wait for the
+        // kernel ahead of it before its first access to memory (a missing wait is a silent race
+        // with the caller's producer kernel).
+        for (src, entries) in [(&ptx, &[PLAN_EXEC_KERNEL, PEER_KERNEL][..]), (&direct, &[DIRECT_KERNEL][..])] {
+            for e in entries {
+                let body = &src[src.find(&format!(".entry {e}(")).expect("entry")..];
+                let body = &body[..body.find("\n}\n").unwrap_or(body.len())];
+                let wait = body.find("griddepcontrol.wait").unwrap_or_else(|| panic!("{e} never waits for the kernel ahead"));
+                let first_load = body.find("ld.global").or(body.find("ld.volatile.global")).unwrap_or(usize::MAX);
+                assert!(wait < first_load, "{e} reads global memory before it waits for the kernel ahead");
+            }
+        }
     }
 }
 

@@ -390,7 +390,7 @@ impl CudaComm {
                 }
                 let mut param = FcLaunch::new(&at, ops);
                 let kernel = self.module.kernel_at(self.plan_fn);
-                let dims = LaunchDims { grid: (at.nlanes, 1, 1), block: (BLOCK_THREADS, 1, 1), shared_bytes: 0 };
+                let dims = LaunchDims { grid: (at.nlanes, 1, 1), block: (BLOCK_THREADS, 1, 1), shared_bytes: 0, overlap_prior: self.overlap_prior };
                 let mut params = [&mut param as *mut _ as *mut std::ffi::c_void];
                 // SAFETY: the kernel takes one FcLaunch by value; every address in it is device
                 // memory of this GPU or mapped for it, valid while the cache entry (tables), the
@@ -427,7 +427,7 @@ impl CudaComm {
     /// the operation: the communicator's fabric, and the caller's buffers (its contract).
     unsafe fn launch_engine<P>(&self, kernel: Kernel<'_>, blocks: u32, threads: u32, mut param: P, stream: sys::CUstream) -> Result<(), Error> {
         self.last_blocks.store(blocks, Ordering::Relaxed);
-        let dims = LaunchDims { grid: (blocks, 1, 1), block: (threads, 1, 1), shared_bytes: 0 };
+        let dims = LaunchDims { grid: (blocks, 1, 1), block: (threads, 1, 1), shared_bytes: 0, overlap_prior: self.overlap_prior };
         let mut params = [&mut param as *mut P as *mut std::ffi::c_void];
         // SAFETY: the caller's contract.
         unsafe { kernel.launch(dims, stream, &mut params) }

@@ -10,7 +10,7 @@
 //! - `window.rs`: registered windows (zero-copy);
 //! - `kernels.rs` and `kernels/`: the CUDA C sources and how NVRTC compiles them;
 //! - `verify.rs`: the verifiable mode (inputs filled, outputs checked by kernels);
-//! - `peer_model.rs` (tests): the peer engine's flow control, model-checked on the host.
+//! - `flow_model.rs` (tests): the peer and direct engines' flow control, model-checked on the host.
 
 mod comm;
 mod copy_engine;
@@ -21,6 +21,6 @@ pub(crate) mod tables;
 pub(crate) mod verify;
 pub(crate) mod window;
 #[cfg(test)]
-mod peer_model;
+mod flow_model;
 
 pub(crate) use comm::CudaComm;

@@ -277,7 +277,7 @@ impl<'c> GpuVerifier<'c> {
         let kernel = self.module.kernel(name)?;
         let mut param = *c;
         let mut params = [&mut param as *mut FcCheckCase as *mut c_void];
-        let dims = LaunchDims { grid: (grid, 1, 1), block: (block, 1, 1), shared_bytes: 0 };
+        let dims = LaunchDims { grid: (grid, 1, 1), block: (block, 1, 1), shared_bytes: 0, overlap_prior: false };
         // SAFETY: every check kernel takes one FcCheckCase by value; its buffers are the
         // caller's (see the public methods' contracts) and `result` is ours.
         unsafe { kernel.launch(dims, self.stream(), &mut params) }

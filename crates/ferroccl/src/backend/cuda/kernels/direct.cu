@@ -14,8 +14,13 @@
 //
 // Epochs: block b of every rank counts its launches (epochs[b]); ranks launch the same
 // operations with the same blocks, so their counts agree. Slots alternate by epoch parity, and
-// a sender reuses a parity only when the receiver acknowledged the epoch two before (every rank
-// acknowledges every peer at the end of each epoch, whether it received from it or not).
+// a sender reuses a parity only when the receiver acknowledged the epoch two before. Every rank
+// acknowledges the previous epoch to every peer, whether it received from it or not, at the
+// start of its next launch: that launch begins only once the previous one is complete and its
+// memory operations performed (stream order, or griddepcontrol.wait under an early start), so
+// the kernel boundary orders every read of the old slots before the acknowledgement and a
+// relaxed store carries it. A release store at the end of each launch did the same at the cost
+// of a system-scope fence there (0.8 us a launch on an H100: bench/probes/graph_launch.cu).
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -240,8 +245,18 @@ __device__ void direct_run(const FcDirect& P, fc_u64 epoch) {
 
 extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) ferroccl_direct(const __grid_constant__ FcDirect P) {
     if (blockIdx.x >= P.nblocks || P.nranks > FC_DIRECT_MAX_RANKS || P.rank >= P.nranks) return;
-    // Every thread reads the epoch itself: nobody writes it before the barrier at the end.
+    fc::prior_grid_wait_then_release_next();
+    // Every thread reads the epoch itself, before thread 0 advances it past the barrier.
     const fc_u64 ep = ((const volatile fc_u64*)P.epochs)[blockIdx.x] + 1u;
+    __syncthreads();
+    // A launch queued behind a failure does nothing (the ranks' epochs may disagree by now).
+    const volatile FcError* err = (const volatile FcError*)P.error;
+    if (err != nullptr && err->claimed != 0u) return;
+    if (threadIdx.x == 0) ((volatile fc_u64*)P.epochs)[blockIdx.x] = ep;
+    // The previous epoch is over here (see the top): the peers may reuse its slots' parity.
+    if (ep > 1u && threadIdx.x < P.nranks && threadIdx.x != P.rank) {
+        fc::st_relaxed_sys((fc_u64*)P.acks[threadIdx.x] + (fc_u64)blockIdx.x * P.nranks + P.rank, ep - 1u);
+    }
     switch (P.op.dtype) {
         case FC_INT8: fc::direct_run<fc::DI8>(P, ep); break;
         case FC_UINT8: fc::direct_run<fc::DU8>(P, ep); break;
@@ -256,12 +271,4 @@ extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) ferroccl_dire
         case FC_FP8E4M3: fc::direct_run<fc::DE4M3>(P, ep); break;
         default: fc::direct_run<fc::DE5M2>(P, ep); break;
     }
-    // Every thread is done with this epoch's slots: the peers may reuse them two epochs on.
-    __syncthreads();
-    const volatile FcError* err = (const volatile FcError*)P.error;
-    if (err != nullptr && err->claimed != 0u) return;
-    if (threadIdx.x < P.nranks && threadIdx.x != P.rank) {
-        fc::st_release_sys((fc_u64*)P.acks[threadIdx.x] + (fc_u64)blockIdx.x * P.nranks + P.rank, ep);
-    }
-    if (threadIdx.x == 0) ((volatile fc_u64*)P.epochs)[blockIdx.x] = ep;
 }

@@ -26,6 +26,28 @@ __device__ __forceinline__ void st_release_sys(fc_u64* p, fc_u64 v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+// Programmatic dependent launch (compute capability 9.0 and up). The engines' kernels are
+// launched allowed to start while the kernel ahead of them in the stream (the user's, or the
+// previous operation's) is still finishing, which hides their launch behind it. Every block
+// therefore waits for that kernel to be complete and its memory visible before it touches
+// global memory (the inputs, counters, epochs and the error record may all be that kernel's
+// writes), and then lets the kernel behind it be launched in turn: that one waits the same
+// way if it is ours, and a user's kernel launched so must call griddepcontrol.wait (or
+// cudaGridDependencySynchronize) before it reads our output, as PDL requires of it anyway.
+// Without the launch attribute both instructions do nothing.
+__device__ __forceinline__ void prior_grid_wait_then_release_next() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// A store other GPUs may read, without ordering of its own: for words whose order with earlier
+// memory operations a kernel boundary already gives.
+__device__ __forceinline__ void st_relaxed_sys(fc_u64* p, fc_u64 v) {
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 __device__ __forceinline__ fc_u64 globaltimer() {
     fc_u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

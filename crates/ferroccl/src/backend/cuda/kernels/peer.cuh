@@ -18,8 +18,11 @@
 //     it, waits for the peers' results and copies them into its output; the others: each
 //     receiver reduces or copies what it received.
 //  Every rank acknowledges round s to every peer (phase 2, in the peer's memory), whether it
-//  received from it or not, at the first barrier of round s+1 of a rooted operation, and at a
-//  launch's last barrier;
+//  received from it or not, at the first barrier of round s+1 of a rooted operation, and the
+//  last round of a launch at the start of the block's next launch (a relaxed store: that launch
+//  begins only once the previous one is complete and its memory operations performed, so the
+//  kernel boundary orders the reads before it, where a release at the launch's end cost a
+//  system-scope fence, 0.8 us a launch on an H100: bench/probes/graph_launch.cu);
 //  a sender writes a slot parity again (round s+2) once the receiver acknowledged round s,
 //  each warp checking for itself before its first store. Rooted operations send one way
 //  only, so nothing else tells a sender that its slot was read; where every rank sends to
@@ -138,7 +141,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
                            P.kind == FC_KIND_ALL_GATHER || P.kind == FC_KIND_ALL_TO_ALL;
     const bool check_room = first || !symmetric;
     // Acknowledgements within a launch matter only to rooted rounds; the launch's last round is
-    // acknowledged at its end, for whatever runs next.
+    // acknowledged at the start of the next, for whatever runs then.
     const fc_u64 ack = symmetric ? 0 : s - 1;
     if (P.kind == FC_KIND_ALL_REDUCE) {
         // Share q of the round: [at + cut(q), at + cut(q + 1)).
@@ -240,11 +243,15 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
 extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) ferroccl_peer(const __grid_constant__ FcPeer P) {
     if (blockIdx.x >= P.nblocks || P.nranks < 2u || P.nranks > FC_PEER_MAX_RANKS || P.rank >= P.nranks) return;
     if (!fc::dtype_valid(P.op.dtype) || !fc::redop_valid(P.op.redop) || P.chunk == 0) return;
+    fc::prior_grid_wait_then_release_next();
     const volatile FcError* err = (const volatile FcError*)P.error;
     // A launch queued behind a failure does nothing: the counters may disagree by now.
     if (err != nullptr && err->claimed != 0u) return;
-    // Every thread reads the counter itself: nobody writes it before the end of the launch.
+    // Every thread reads the counter itself; thread 0 advances it at the end, past the rounds'
+    // barriers (a block without rounds leaves it as it is).
     const fc_u64 seq = ((const volatile fc_u64*)P.seqs)[blockIdx.x];
+    // The previous launch's last round is over here (see the top).
+    if (seq > 0 && fc::peer_in(P, threadIdx.x, FC_PEER_ALL)) fc::st_relaxed_sys(fc::peer_flag(P, threadIdx.x, blockIdx.x, P.rank, 2), seq);
     const fc_u64 start = fc::cut(P.count, P.nblocks, blockIdx.x), end = fc::cut(P.count, P.nblocks, blockIdx.x + 1);
     fc_u64 s = seq;
     for (fc_u64 at = start; at < end; at += P.chunk) {
@@ -252,9 +259,5 @@ extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) ferroccl_peer(c
         ++s;
         if (!fc::peer_round(P, at, len, s, s == seq + 1)) return;
     }
-    // Every read of the last round is done: acknowledge it (the others were, at the first
-    // barrier of the round after them).
-    __syncthreads();
-    if (s > seq && fc::peer_in(P, threadIdx.x, FC_PEER_ALL)) fc::st_release_sys(fc::peer_flag(P, threadIdx.x, blockIdx.x, P.rank, 2), s);
-    if (threadIdx.x == 0) ((volatile fc_u64*)P.seqs)[blockIdx.x] = s;
+    if (threadIdx.x == 0 && s > seq) ((volatile fc_u64*)P.seqs)[blockIdx.x] = s;
 }
