@@ -1,9 +1,12 @@
 // The two ends of a slot FIFO, as thread 0 of a lane's block drives them, plus the error record.
 //
 // Memory ordering (PTX memory model, system scope because the peer is another GPU or the host):
-//  producer: all threads store the slot -> __syncthreads -> thread 0: fence.sc.sys, lens[k] =
-//            bytes, st.release.sys head = k + 1. The barrier puts the other threads' stores in
-//            causality order before thread 0's fence, and the release orders lens before head.
+//  producer: all threads store the slot -> __syncthreads -> thread 0: lens[k] = bytes,
+//            st.release.sys head = k + 1. The barrier puts the other threads' stores in
+//            causality order before thread 0's release, which is cumulative: it orders them, and
+//            lens, before head (NCCL's barrier, fence.acq_rel.sys and store are the same
+//            thing). A fence.sc.sys before it, as there was, cost 0.6 us more per slot on an
+//            H100 (bench/probes/graph_launch.cu) and ordered nothing more.
 //  consumer: thread 0 polls head with ld.acquire.sys -> reads lens -> __syncthreads -> all
 //            threads load the slot with ld.global.cg (L2; the producer's stores land in this
 //            GPU's L2, and L1 could still hold the slot's previous contents).
@@ -331,7 +334,6 @@ __device__ bool ll_unpack(const Lane& x, fc_i32 conn, fc_u8* stage, const fc_u8*
 // After the block's __syncthreads that ends the piece. `len` is the byte count, with
 // FC_LEN_DIRECT when the data went straight to the receiver's output.
 __device__ __forceinline__ void publish(Lane& x, const FcConn& c, fc_u32 len) {
-    __threadfence_system();
     ((volatile fc_u32*)c.lens)[x.produced % c.slots] = len;
     x.produced += 1;
     st_release_sys((fc_u64*)c.head, x.produced);

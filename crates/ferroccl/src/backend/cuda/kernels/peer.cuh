@@ -91,13 +91,13 @@ __device__ __forceinline__ bool peer_room(const FcPeer& P, fc_u64 s, fc_u32 to) 
 // else thread q acknowledges round `ack` (s - 1: every thread's reads of it came before this
 // barrier) to peer q, and when `to` names q and `phase` is a phase (not FC_PEER_PHASES), tells
 // q this block's stores of the phase are done. The ordering of fifo.cuh: the barrier puts
-// every thread's stores before the fence, the release orders the flag after them.
+// every thread's stores before thread q's release, which is cumulative and orders the flag
+// after them.
 __device__ __forceinline__ bool peer_signal(const FcPeer& P, fc_u32 phase, fc_u64 s, fc_u32 to, int bad, fc_u64 ack) {
     if (__syncthreads_or(bad)) return false;
     const fc_u32 q = threadIdx.x;
     if (ack > 0 && peer_in(P, q, FC_PEER_ALL)) st_release_sys(peer_flag(P, q, blockIdx.x, P.rank, 2), ack);
     if (phase < FC_PEER_PHASES && peer_in(P, q, to)) {
-        __threadfence_system();
         st_release_sys(peer_flag(P, q, blockIdx.x, P.rank, phase), s);
     }
     return true;
