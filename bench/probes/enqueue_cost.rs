@@ -133,8 +133,15 @@ fn main() {
     let calls: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(2000);
     let gpus = ferroccl::cuda::gpu_count().unwrap_or(0);
     let config = Config::from_env().expect("FERROCCL_* settings");
+    // FERROCCL_PROBE_DEVICES=0,0: these GPU ordinals, one rank each (ranks may share a GPU), to
+    // time the multi-rank engines' path on a one-GPU machine.
+    let ordinals: Vec<usize> = match std::env::var("FERROCCL_PROBE_DEVICES") {
+        Ok(v) => v.split(',').map(|d| d.trim().parse().expect("FERROCCL_PROBE_DEVICES: GPU ordinals")).collect(),
+        Err(_) => (0..gpus).collect(),
+    };
+    let gpus = if gpus > 0 { ordinals.len() } else { 0 };
     let comms = if gpus > 0 {
-        Comm::init_devices(&(0..gpus).map(Device::Cuda).collect::<Vec<_>>(), &config)
+        Comm::init_devices(&ordinals.iter().map(|&d| Device::Cuda(d)).collect::<Vec<_>>(), &config)
     } else {
         Comm::init_all(2, &config)
     }

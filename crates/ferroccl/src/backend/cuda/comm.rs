@@ -47,9 +47,10 @@ pub(crate) struct CudaComm {
     pub(super) resident: u32,
     /// The plan kernel of `module`.
     pub(super) plan_fn: KernelHandle,
-    /// The direct engine's module and kernel, and its parameter with this communicator's
-    /// slots, acks, epochs and status words (None beyond the ranks it serves).
-    pub(super) direct: Option<(Module, KernelHandle, FcDirect)>,
+    /// The direct engine's module and kernels (one per element type, by NCCL's type number),
+    /// and its parameter with this communicator's slots, acks, epochs and status words (None
+    /// beyond the ranks it serves).
+    pub(super) direct: Option<(Module, [KernelHandle; 12], FcDirect)>,
     /// The peer engine's kernel (in `module`) and its parameter with this communicator's
     /// staging, flags, counters and status words (None: off).
     pub(super) peer: Option<(KernelHandle, FcPeer)>,
@@ -119,9 +120,13 @@ impl CudaComm {
             Some(p) => {
                 let image = kernels::compile_for(&gpu, config, "direct.cu", &kernels::direct_source())?;
                 let m = gpu.load_module(&image.bytes)?;
-                let k = m.kernel(kernels::DIRECT_KERNEL)?;
-                k.load()?;
-                let f = k.handle();
+                let mut f = Vec::with_capacity(kernels::DIRECT_KERNELS.len());
+                for name in kernels::DIRECT_KERNELS {
+                    let k = m.kernel(name)?;
+                    k.load()?;
+                    f.push(k.handle());
+                }
+                let f: [KernelHandle; 12] = f.try_into().map_err(|_| Error::Internal("direct kernels".into()))?;
                 let p = FcDirect {
                     abort: status.abort_ptr(),
                     error: status.error_ptr(),

@@ -18,8 +18,22 @@ pub(crate) const PLAN_EXEC_SRC: &str = include_str!("kernels/plan_exec.cu");
 /// Name of the peer engine's kernel, in the plan kernel's module (`kernels/peer.cuh`).
 pub(crate) const PEER_KERNEL: &str = "ferroccl_peer";
 
-/// Name of the direct engine's kernel.
-pub(crate) const DIRECT_KERNEL: &str = "ferroccl_direct";
+/// Names of the direct engine's kernels, one per element type, by NCCL's type number
+/// (`DataType::nccl_id`).
+pub(crate) const DIRECT_KERNELS: [&str; 12] = [
+    "ferroccl_direct_int8",
+    "ferroccl_direct_uint8",
+    "ferroccl_direct_int32",
+    "ferroccl_direct_uint32",
+    "ferroccl_direct_int64",
+    "ferroccl_direct_uint64",
+    "ferroccl_direct_float16",
+    "ferroccl_direct_float32",
+    "ferroccl_direct_float64",
+    "ferroccl_direct_bfloat16",
+    "ferroccl_direct_f8e4m3",
+    "ferroccl_direct_f8e5m2",
+];
 
 /// The `.cu` file of the direct engine (one-shot collectives).
 pub(crate) const DIRECT_SRC: &str = include_str!("kernels/direct.cu");
@@ -214,7 +228,9 @@ mod tests {
                 e => panic!("NVRTC failed: {e:?}"),
             })
             .to_src();
-        assert!(direct.contains(&format!(".entry {DIRECT_KERNEL}(")), "no entry {DIRECT_KERNEL}");
+        for e in DIRECT_KERNELS {
+            assert!(direct.contains(&format!(".entry {e}(")), "no entry {e}");
+        }
         // The epochs' acknowledgements are system-scope stores (relaxed: the kernel boundary
         // orders them), read with acquire; LL lines are 16-byte volatile stores.
         assert!(direct.contains("st.relaxed.sys.global.u64") && direct.contains("ld.acquire.sys.global.u64"));
@@ -222,7 +238,7 @@ mod tests {
         // Every engine's kernel is launched to start early on sm_90: each must wait for the
         // kernel ahead of it before its first access to memory (a missing wait is a silent race
         // with the caller's producer kernel).
-        for (src, entries) in [(&ptx, &[PLAN_EXEC_KERNEL, PEER_KERNEL][..]), (&direct, &[DIRECT_KERNEL][..])] {
+        for (src, entries) in [(&ptx, &[PLAN_EXEC_KERNEL, PEER_KERNEL][..]), (&direct, &DIRECT_KERNELS[..])] {
             for e in entries {
                 let body = &src[src.find(&format!(".entry {e}(")).expect("entry")..];
                 let body = &body[..body.find("\n}\n").unwrap_or(body.len())];

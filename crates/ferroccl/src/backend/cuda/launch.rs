@@ -398,8 +398,9 @@ impl CudaComm {
                 unsafe { kernel.launch(dims, stream, &mut params) }
             }
             Run::Direct { blocks } => {
-                let (module, f, template) = self.direct.as_ref().expect("checked when the entry was made");
+                let (module, kernels, template) = self.direct.as_ref().expect("checked when the entry was made");
                 let a = &args[0];
+                let f = &kernels[a.dtype.nccl_id() as usize];
                 let param = FcDirect { count: a.count as u64, kind: engine_kind(a)?, root: a.root as u32, nblocks: blocks, op: ops[0], ..*template };
                 // SAFETY: the direct kernel takes one FcDirect; its slots, acks and epochs are
                 // this communicator's fabric (mapped for this GPU).
