@@ -125,6 +125,17 @@ __device__ __forceinline__ bool peer_wait(const FcPeer& P, fc_u32 phase, fc_u64 
     return __syncthreads_or(bad) == 0;
 }
 
+// FC_PEER_TRACE (a diagnostic, FERROCCL_KERNEL_DEFINES=FC_PEER_TRACE=64): block 0's thread 0
+// takes the SM clock at each step of an all-reduce round and prints the steps' cycles for every
+// 64th round; off (and compiled out) otherwise.
+#ifdef FC_PEER_TRACE
+__device__ fc_u64 fc_peer_trace[12];
+#define FC_PEER_STAMP(i) \
+    if (threadIdx.x == 0 && blockIdx.x == 0) fc::fc_peer_trace[i] = clock64()
+#else
+#define FC_PEER_STAMP(i)
+#endif
+
 // One round of block b over elements [at, at + len) of its slice; false when a wait failed.
 // `first`: the launch's first round on this block, whose previous round may have been
 // another operation's.
@@ -145,14 +156,19 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     const fc_u64 ack = symmetric ? 0 : s - 1;
     if (P.kind == FC_KIND_ALL_REDUCE) {
         // Share q of the round: [at + cut(q), at + cut(q + 1)).
+        FC_PEER_STAMP(1);
         const int bad = check_room && !peer_room(P, s, FC_PEER_ALL);
+        FC_PEER_STAMP(2);
         for (fc_u32 j = 1; j < n && !bad; ++j) {
             const fc_u32 q = (me + j) % n;
             const fc_u64 a = cut(len, n, q), e = cut(len, n, q + 1);
             if (e > a) transform(op, peer_slot(P, q, b, me, 0, s), in + (at + a) * es, e - a, true, false);
         }
+        FC_PEER_STAMP(3);
         if (!peer_signal(P, 0, s, FC_PEER_ALL, bad, ack)) return false;
+        FC_PEER_STAMP(4);
         if (!peer_wait(P, 0, s, FC_PEER_ALL)) return false;
+        FC_PEER_STAMP(5);
         const fc_u64 a = cut(len, n, me), e = cut(len, n, me + 1);
         fc_u8* own = out + (at + a) * es;
         if (e > a) {
@@ -176,13 +192,17 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
                 }
             }
         }
+        FC_PEER_STAMP(6);
         if (!peer_signal(P, 1, s, FC_PEER_ALL, 0, 0)) return false;
+        FC_PEER_STAMP(7);
         if (!peer_wait(P, 1, s, FC_PEER_ALL)) return false;
+        FC_PEER_STAMP(8);
         for (fc_u32 j = 1; j < n; ++j) {
             const fc_u32 q = (me + n - j) % n;
             const fc_u64 qa = cut(len, n, q), qe = cut(len, n, q + 1);
             if (qe > qa) copy_bytes(out + (at + qa) * es, nullptr, peer_slot(P, me, b, q, 1, s), (qe - qa) * es);
         }
+        FC_PEER_STAMP(9);
         return true;
     }
 
@@ -243,7 +263,9 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
 extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) ferroccl_peer(const __grid_constant__ FcPeer P) {
     if (blockIdx.x >= P.nblocks || P.nranks < 2u || P.nranks > FC_PEER_MAX_RANKS || P.rank >= P.nranks) return;
     if (!fc::dtype_valid(P.op.dtype) || !fc::redop_valid(P.op.redop) || P.chunk == 0) return;
+    FC_PEER_STAMP(10);
     fc::prior_grid_wait_then_release_next();
+    FC_PEER_STAMP(0);
     const volatile FcError* err = (const volatile FcError*)P.error;
     // A launch queued behind a failure does nothing: the counters may disagree by now.
     if (err != nullptr && err->claimed != 0u) return;
@@ -260,4 +282,14 @@ extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) ferroccl_peer(c
         if (!fc::peer_round(P, at, len, s, s == seq + 1)) return;
     }
     if (threadIdx.x == 0 && s > seq) ((volatile fc_u64*)P.seqs)[blockIdx.x] = s;
+#ifdef FC_PEER_TRACE
+    if (threadIdx.x == 0 && blockIdx.x == 0 && P.kind == FC_KIND_ALL_REDUCE && s % FC_PEER_TRACE == 0) {
+        const fc_u64* t = fc::fc_peer_trace;
+        printf("peer trace rank %u round %llu cycles: prior-wait %lld room %lld stores %lld signal %lld wait %lld reduce %lld "
+               "signal %lld wait %lld copy %lld end %lld\n",
+               P.rank, (unsigned long long)s, (long long)(t[0] - t[10]), (long long)(t[2] - t[1]), (long long)(t[3] - t[2]),
+               (long long)(t[4] - t[3]), (long long)(t[5] - t[4]), (long long)(t[6] - t[5]), (long long)(t[7] - t[6]),
+               (long long)(t[8] - t[7]), (long long)(t[9] - t[8]), (long long)(clock64() - t[9]));
+    }
+#endif
 }
