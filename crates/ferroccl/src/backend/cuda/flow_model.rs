@@ -76,6 +76,9 @@ fn program_of(engine: Engine, me: usize, n: usize, launches: &[Launch]) -> Vec<S
     let peers: Vec<usize> = (0..n).filter(|&q| q != me).collect();
     let mut steps = Vec::new();
     let mut s = 0u64;
+    // Whether the block's last round was a symmetric operation's (the peer kernel keeps it in
+    // its counter's top bit): its flags then stand for the acknowledgements.
+    let mut after_symmetric = false;
     for l in launches {
         let rounds = if engine == Engine::Direct { 1 } else { l.rounds };
         // The launch's start: the previous launch, complete, acknowledged to every peer (its
@@ -87,7 +90,7 @@ fn program_of(engine: Engine, me: usize, n: usize, launches: &[Launch]) -> Vec<S
         for k in 0..rounds {
             s += 1;
             let symmetric = matches!(l.kind, Kind::AllReduce | Kind::Symmetric);
-            let check_room = k == 0 || !symmetric || engine == Engine::Direct;
+            let check_room = (k == 0 && !after_symmetric) || !symmetric || engine == Engine::Direct;
             let ack = if symmetric || engine == Engine::Direct { 0 } else { s - 1 };
             let (targets, sources): (Vec<usize>, Vec<usize>) = match l.kind {
                 Kind::AllReduce | Kind::Symmetric => (peers.clone(), peers.clone()),
@@ -117,6 +120,7 @@ fn program_of(engine: Engine, me: usize, n: usize, launches: &[Launch]) -> Vec<S
         // The launch's end: its reads are over (acknowledged at the next launch's start).
         if rounds > 0 {
             steps.push(Step::Barrier { ack: 0, flag: None, s });
+            after_symmetric = engine == Engine::Peer && matches!(l.kind, Kind::AllReduce | Kind::Symmetric);
         }
     }
     steps

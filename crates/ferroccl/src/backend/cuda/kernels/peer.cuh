@@ -27,7 +27,8 @@
 //  each warp checking for itself before its first store. Rooted operations send one way
 //  only, so nothing else tells a sender that its slot was read; where every rank sends to
 //  every rank, the phase-0 flags of round s+1 that a sender waited for already say so, and
-//  only a launch's first round looks (the round before may have been a rooted operation's).
+//  only a launch's first round looks, and only when the block's round before was a rooted
+//  operation's (the counter's top bit says whether it was symmetric).
 // Round counters live per block on each rank (seqs[b]) and advance by the same number of
 // rounds on every rank, whatever mix of operations runs, because every rank cuts every
 // operation alike (a rank with nothing to send or receive in a round still counts it).
@@ -136,9 +137,17 @@ __device__ fc_u64 fc_peer_trace[12];
 #define FC_PEER_STAMP(i)
 #endif
 
+// Every rank sends to every rank in each round of these (and waits for every peer's flags).
+__device__ __forceinline__ bool peer_symmetric(fc_u32 kind) {
+    return kind == FC_KIND_ALL_REDUCE || kind == FC_KIND_REDUCE_SCATTER || kind == FC_KIND_ALL_GATHER || kind == FC_KIND_ALL_TO_ALL;
+}
+
+// The round counter's top bit: the block's last round was a symmetric operation's (seqs[b]).
+#define FC_PEER_AFTER_SYMMETRIC (1ull << 63)
+
 // One round of block b over elements [at, at + len) of its slice; false when a wait failed.
-// `first`: the launch's first round on this block, whose previous round may have been
-// another operation's.
+// `first`: the launch's first round on this block after a rooted operation's round (or none),
+// which must look at the acknowledgements.
 __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, bool first) {
     const fc_u32 n = P.nranks, me = P.rank, b = blockIdx.x, t = P.root;
     const FcOp& op = P.op;
@@ -146,10 +155,11 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     const fc_u8* in = (const fc_u8*)op.send;
     fc_u8* out = (fc_u8*)op.recv;
     // Where every rank sends to every rank, the phase-0 flags of round s - 1 that this block
-    // waited for told it that its receivers were done with round s - 2: only a launch's first
-    // round (after whatever ran before) and rooted operations look at the acknowledgements.
-    const bool symmetric = P.kind == FC_KIND_ALL_REDUCE || P.kind == FC_KIND_REDUCE_SCATTER ||
-                           P.kind == FC_KIND_ALL_GATHER || P.kind == FC_KIND_ALL_TO_ALL;
+    // waited for told it that its receivers were done with round s - 2, whether round s - 1 was
+    // this launch's or the last of the one before (the kernel boundary keeps the order): only a
+    // launch's first round after a rooted operation's and rooted rounds look at the
+    // acknowledgements.
+    const bool symmetric = peer_symmetric(P.kind);
     const bool check_room = first || !symmetric;
     // Acknowledgements within a launch matter only to rooted rounds; the launch's last round is
     // acknowledged at the start of the next, for whatever runs then.
@@ -271,7 +281,9 @@ extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) ferroccl_peer(c
     if (err != nullptr && err->claimed != 0u) return;
     // Every thread reads the counter itself; thread 0 advances it at the end, past the rounds'
     // barriers (a block without rounds leaves it as it is).
-    const fc_u64 seq = ((const volatile fc_u64*)P.seqs)[blockIdx.x];
+    const fc_u64 word = ((const volatile fc_u64*)P.seqs)[blockIdx.x];
+    const fc_u64 seq = word & ~FC_PEER_AFTER_SYMMETRIC;
+    const bool after_symmetric = (word & FC_PEER_AFTER_SYMMETRIC) != 0;
     // The previous launch's last round is over here (see the top).
     if (seq > 0 && fc::peer_in(P, threadIdx.x, FC_PEER_ALL)) fc::st_relaxed_sys(fc::peer_flag(P, threadIdx.x, blockIdx.x, P.rank, 2), seq);
     const fc_u64 start = fc::cut(P.count, P.nblocks, blockIdx.x), end = fc::cut(P.count, P.nblocks, blockIdx.x + 1);
@@ -279,9 +291,11 @@ extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) ferroccl_peer(c
     for (fc_u64 at = start; at < end; at += P.chunk) {
         const fc_u64 len = end - at < P.chunk ? end - at : P.chunk;
         ++s;
-        if (!fc::peer_round(P, at, len, s, s == seq + 1)) return;
+        if (!fc::peer_round(P, at, len, s, s == seq + 1 && !after_symmetric)) return;
     }
-    if (threadIdx.x == 0 && s > seq) ((volatile fc_u64*)P.seqs)[blockIdx.x] = s;
+    if (threadIdx.x == 0 && s > seq) {
+        ((volatile fc_u64*)P.seqs)[blockIdx.x] = s | (fc::peer_symmetric(P.kind) ? FC_PEER_AFTER_SYMMETRIC : 0);
+    }
 #ifdef FC_PEER_TRACE
     if (threadIdx.x == 0 && blockIdx.x == 0 && P.kind == FC_KIND_ALL_REDUCE && s % FC_PEER_TRACE == 0) {
         const fc_u64* t = fc::fc_peer_trace;
