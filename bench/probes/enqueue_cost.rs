@@ -136,8 +136,8 @@ fn main() {
     // FERROCCL_PROBE_DEVICES=0,0: these GPU ordinals, one rank each (ranks may share a GPU), to
     // time the multi-rank engines' path on a one-GPU machine.
     let ordinals: Vec<usize> = match std::env::var("FERROCCL_PROBE_DEVICES") {
-        Ok(v) => v.split(',').map(|d| d.trim().parse().expect("FERROCCL_PROBE_DEVICES: GPU ordinals")).collect(),
-        Err(_) => (0..gpus).collect(),
+        Ok(v) if !v.trim().is_empty() => v.split(',').map(|d| d.trim().parse().expect("FERROCCL_PROBE_DEVICES: GPU ordinals")).collect(),
+        _ => (0..gpus).collect(),
     };
     let gpus = if gpus > 0 { ordinals.len() } else { 0 };
     let comms = if gpus > 0 {
