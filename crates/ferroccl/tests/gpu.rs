@@ -1015,3 +1015,66 @@ fn the_peer_engine_gives_up_on_a_silent_peer() {
         drop(comms);
     }
 }
+
+/// A launch that starts early (programmatic dependent launch, the engines' default on compute
+/// capability 9.0 and up) still sees what the kernel ahead of it wrote: on each rank's stream a
+/// producer, itself launched to start early, lets the next launch start at once
+/// (`griddepcontrol.launch_dependents` first thing), spins for 200 us and only then writes the
+/// input; the all-reduce behind it (the direct engine at 8 KiB, the peer engine at 4 MiB) must
+/// reduce the new values. Were an engine's kernel not to wait (`griddepcontrol.wait`) before
+/// its first load, it would read the old ones. Two ranks on one GPU.
+#[test]
+#[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn an_early_started_operation_waits_for_the_kernel_ahead() {
+    use ferroccl::cuda::{device::LaunchDims, nvrtc};
+    const SRC: &str = "extern \"C\" __global__ void produce(float* x, unsigned long long n, float v, unsigned long long spin_ns) {\n\
+        asm volatile(\"griddepcontrol.launch_dependents;\" ::: \"memory\");\n\
+        unsigned long long t0, t;\n\
+        asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t0));\n\
+        do { asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t)); } while (t - t0 < spin_ns);\n\
+        for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] = v;\n\
+    }\n";
+    let Some(comms) = two_ranks_on_one_gpu() else { return };
+    let gpu = comms[0].gpu().unwrap();
+    if gpu.compute_capability() < (9, 0) {
+        eprintln!("skipped: early launch needs compute capability 9.0 (this GPU: {:?})", gpu.compute_capability());
+        return;
+    }
+    let config = Config::default();
+    assert!(config.gpu_early_launch, "early launch is the default");
+    let arch = gpu.arch();
+    let req = nvrtc::CompileRequest { name: "produce.cu", source: SRC, arch: &arch, include_dirs: &config.cuda_include, options: &[] };
+    let image = nvrtc::compile(&req).unwrap();
+    let module = gpu.load_module(&image.bytes).unwrap();
+    for (count, engine) in [(2048usize, tune::Engine::DirectKernel), (1 << 20, tune::Engine::PeerKernel)] {
+        let shape = OpShape { kind: CollKind::AllReduce, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false };
+        assert_eq!(tune::choose(&shape, tune::Device::Gpu, &config).engine, engine);
+        on_each_rank(&comms, |r, c| {
+            let stats = MemStats::new();
+            let send = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
+            let recv = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
+            send.copy_from_host(0, f32_bytes(&vec![(r + 1) as f32; count])).unwrap();
+            let stream = c.cuda_stream() as sys::CUstream;
+            for round in 0..3u32 {
+                let k = module.kernel("produce").unwrap();
+                let (mut x, mut n, mut v, mut spin) = (send.device_ptr(), count as u64, (10 * (r + 1)) as f32 + round as f32, 200_000u64);
+                let mut params = [
+                    &mut x as *mut _ as *mut std::ffi::c_void,
+                    &mut n as *mut _ as *mut std::ffi::c_void,
+                    &mut v as *mut _ as *mut std::ffi::c_void,
+                    &mut spin as *mut _ as *mut std::ffi::c_void,
+                ];
+                let dims = LaunchDims { grid: (8, 1, 1), block: (256, 1, 1), shared_bytes: 0, overlap_prior: true };
+                // SAFETY: produce(float*, u64, float, u64) with a device buffer of `count` f32.
+                unsafe { k.launch(dims, stream, &mut params) }.unwrap();
+                // SAFETY: device buffers of count f32, alive past synchronize.
+                unsafe { c.run_raw(&all_reduce_args(&send, &recv, count)).unwrap() };
+                c.synchronize().unwrap();
+                let want = 30.0 + 2.0 * round as f32;
+                let got = read_f32(&recv, count).unwrap();
+                let wrong = got.iter().filter(|&&g| g != want).count();
+                assert_eq!(wrong, 0, "{engine:?}, rank {r}, round {round}: {wrong} of {count} elements wrong (first {}, want {want})", got[0]);
+            }
+        });
+    }
+}

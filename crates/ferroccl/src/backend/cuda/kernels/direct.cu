@@ -251,6 +251,7 @@ namespace fc {
 // likely cost being its instruction fetches at every launch; not measured apart).
 template <typename D, fc_u32 DTYPE>
 __device__ __forceinline__ void direct_main(const FcDirect& P) {
+    // (The host launches the kernel of the operation's type; the type test only guards.)
     if (blockIdx.x >= P.nblocks || P.nranks > FC_DIRECT_MAX_RANKS || P.rank >= P.nranks || P.op.dtype != DTYPE) return;
     prior_grid_wait_then_release_next();
     // Every thread reads the epoch itself, before thread 0 advances it past the barrier.
