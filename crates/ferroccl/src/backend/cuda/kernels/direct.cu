@@ -265,7 +265,7 @@ template <typename D, fc_u32 DTYPE>
 __device__ __forceinline__ void direct_main(const FcDirect& P) {
     // (The host launches the kernel of the operation's type; the type test only guards.)
     if (blockIdx.x >= P.nblocks || P.nranks > FC_DIRECT_MAX_RANKS || P.rank >= P.nranks || P.op.dtype != DTYPE) return;
-    prior_grid_wait_then_release_next();
+    prior_grid_wait();
     // Every thread reads the epoch itself, before thread 0 advances it past the barrier.
     const fc_u64 word = ((const volatile fc_u64*)P.epochs)[blockIdx.x];
     const fc_u64 ep = (word & ~FC_DIRECT_AFTER_SYMMETRIC) + 1u;
@@ -282,6 +282,7 @@ __device__ __forceinline__ void direct_main(const FcDirect& P) {
         st_relaxed_sys((fc_u64*)P.acks[threadIdx.x] + (fc_u64)blockIdx.x * P.nranks + P.rank, ep - 1u);
     }
     direct_run<D>(P, ep, !(direct_symmetric(P.kind) && (word & FC_DIRECT_AFTER_SYMMETRIC) != 0));
+    release_next_grid();
 }
 
 }  // namespace fc

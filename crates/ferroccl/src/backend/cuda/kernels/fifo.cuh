@@ -34,13 +34,21 @@ __device__ __forceinline__ void st_release_sys(fc_u64* p, fc_u64 v) {
 // previous operation's) is still finishing, which hides their launch behind it. Every block
 // therefore waits for that kernel to be complete and its memory visible before it touches
 // global memory (the inputs, counters, epochs and the error record may all be that kernel's
-// writes), and then lets the kernel behind it be launched in turn: that one waits the same
-// way if it is ours, and a user's kernel launched so must call griddepcontrol.wait (or
-// cudaGridDependencySynchronize) before it reads our output, as PDL requires of it anyway.
-// Without the launch attribute both instructions do nothing.
-__device__ __forceinline__ void prior_grid_wait_then_release_next() {
+// writes). Without the launch attribute this does nothing.
+__device__ __forceinline__ void prior_grid_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the launch behind this one start early (it waits the same way if it is ours; a user's
+// kernel launched so must call griddepcontrol.wait, or cudaGridDependencySynchronize, before
+// it reads our output, as PDL requires of it anyway). Each block calls it once it needs
+// nothing more from a peer: an early-started kernel holds its SMs while it waits, and it must
+// only ever wait for a kernel that will finish on its own, never for one still waiting on
+// another GPU whose own kernels may need those SMs.
+__device__ __forceinline__ void release_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }

@@ -274,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) ferroccl_peer(c
     if (blockIdx.x >= P.nblocks || P.nranks < 2u || P.nranks > FC_PEER_MAX_RANKS || P.rank >= P.nranks) return;
     if (!fc::dtype_valid(P.op.dtype) || !fc::redop_valid(P.op.redop) || P.chunk == 0) return;
     FC_PEER_STAMP(10);
-    fc::prior_grid_wait_then_release_next();
+    fc::prior_grid_wait();
     FC_PEER_STAMP(0);
     const volatile FcError* err = (const volatile FcError*)P.error;
     // A launch queued behind a failure does nothing: the counters may disagree by now.
@@ -293,6 +293,7 @@ extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) ferroccl_peer(c
         ++s;
         if (!fc::peer_round(P, at, len, s, s == seq + 1 && !after_symmetric)) return;
     }
+    fc::release_next_grid();
     if (threadIdx.x == 0 && s > seq) {
         ((volatile fc_u64*)P.seqs)[blockIdx.x] = s | (fc::peer_symmetric(P.kind) ? FC_PEER_AFTER_SYMMETRIC : 0);
     }

@@ -325,8 +325,9 @@ __device__ void run_lane(const FcLaunch& L) {
 
 extern "C" __global__ void __launch_bounds__(FC_MAX_THREADS, 1) ferroccl_plan_exec(const __grid_constant__ FcLaunch L) {
     if (blockIdx.x >= L.nlanes) return;
-    fc::prior_grid_wait_then_release_next();
+    fc::prior_grid_wait();
     fc::run_lane(L);
+    fc::release_next_grid();
 }
 
 // The peer engine's kernel shares this module (one NVRTC compile) and its loops.
