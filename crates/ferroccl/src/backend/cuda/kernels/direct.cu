@@ -149,14 +149,6 @@ __device__ __forceinline__ bool receives_from(const FcDirect& P, fc_u32 q, fc_u6
     }
 }
 
-// Every rank sends to every rank and receives from every rank in these.
-__device__ __forceinline__ bool direct_symmetric(fc_u32 kind) {
-    return kind == FC_KIND_ALL_REDUCE || kind == FC_KIND_ALL_GATHER || kind == FC_KIND_REDUCE_SCATTER || kind == FC_KIND_ALL_TO_ALL;
-}
-
-// The epoch word's top bit: the block's last epoch exchanged lines with every peer.
-#define FC_DIRECT_AFTER_SYMMETRIC (1ull << 63)
-
 // `check_room`: look at the acknowledgements before storing (see the loop below).
 template <typename D>
 __device__ void direct_run(const FcDirect& P, fc_u64 epoch, bool check_room) {
@@ -268,20 +260,21 @@ __device__ __forceinline__ void direct_main(const FcDirect& P) {
     prior_grid_wait();
     // Every thread reads the epoch itself, before thread 0 advances it past the barrier.
     const fc_u64 word = ((const volatile fc_u64*)P.epochs)[blockIdx.x];
-    const fc_u64 ep = (word & ~FC_DIRECT_AFTER_SYMMETRIC) + 1u;
+    const fc_u64 ep = (word & ~FC_AFTER_SYMMETRIC) + 1u;
+    const bool symmetric = symmetric_kind(P.kind);
     // This epoch exchanges lines with every peer (a symmetric operation, and this block's slice
     // is not empty: with none it neither stores nor waits, and proves nothing to the next).
-    const bool exchanges = direct_symmetric(P.kind) && cut(P.count, P.nblocks, blockIdx.x + 1) > cut(P.count, P.nblocks, blockIdx.x);
+    const bool exchanges = symmetric && cut(P.count, P.nblocks, blockIdx.x + 1) > cut(P.count, P.nblocks, blockIdx.x);
     __syncthreads();
     // A launch queued behind a failure does nothing (the ranks' epochs may disagree by now).
     const volatile FcError* err = (const volatile FcError*)P.error;
     if (err != nullptr && err->claimed != 0u) return;
-    if (threadIdx.x == 0) ((volatile fc_u64*)P.epochs)[blockIdx.x] = ep | (exchanges ? FC_DIRECT_AFTER_SYMMETRIC : 0);
+    if (threadIdx.x == 0) ((volatile fc_u64*)P.epochs)[blockIdx.x] = ep | (exchanges ? FC_AFTER_SYMMETRIC : 0);
     // The previous epoch is over here (see the top): the peers may reuse its slots' parity.
     if (ep > 1u && threadIdx.x < P.nranks && threadIdx.x != P.rank) {
         st_relaxed_sys((fc_u64*)P.acks[threadIdx.x] + (fc_u64)blockIdx.x * P.nranks + P.rank, ep - 1u);
     }
-    direct_run<D>(P, ep, !(direct_symmetric(P.kind) && (word & FC_DIRECT_AFTER_SYMMETRIC) != 0));
+    direct_run<D>(P, ep, !(symmetric && (word & FC_AFTER_SYMMETRIC) != 0));
     release_next_grid();
 }
 

@@ -155,6 +155,16 @@ __device__ __forceinline__ bool engine_keep_waiting(const Param& P, fc_u32& poll
     return true;
 }
 
+// The collectives in which every rank sends to and receives from every rank (the one-kernel
+// engines' "symmetric" operations): a round of one proves the peers done with the round before.
+__device__ __forceinline__ bool symmetric_kind(fc_u32 kind) {
+    return kind == FC_KIND_ALL_REDUCE || kind == FC_KIND_REDUCE_SCATTER || kind == FC_KIND_ALL_GATHER || kind == FC_KIND_ALL_TO_ALL;
+}
+
+// The top bit of a one-kernel engine's per-block counter (direct: epoch; peer: round): the
+// block's last round exchanged with every peer, so the next needs no acknowledgement check.
+#define FC_AFTER_SYMMETRIC (1ull << 63)
+
 // The one-kernel engines' own copy: where elements [at, at + len) of this rank's block move
 // locally in a data-movement operation, as (src, dst); both null where nothing moves (the
 // reductions fold their own block; a rooted operation's non-roots have none). Callers copy

@@ -130,20 +130,12 @@ __device__ __forceinline__ bool peer_wait(const FcPeer& P, fc_u32 phase, fc_u64 
 // takes the SM clock at each step of an all-reduce round and prints the steps' cycles for every
 // 64th round; off (and compiled out) otherwise.
 #ifdef FC_PEER_TRACE
-__device__ fc_u64 fc_peer_trace[12];
+__device__ fc_u64 fc_peer_trace[10];
 #define FC_PEER_STAMP(i) \
     if (threadIdx.x == 0 && blockIdx.x == 0) fc::fc_peer_trace[i] = clock64()
 #else
 #define FC_PEER_STAMP(i)
 #endif
-
-// Every rank sends to every rank in each round of these (and waits for every peer's flags).
-__device__ __forceinline__ bool peer_symmetric(fc_u32 kind) {
-    return kind == FC_KIND_ALL_REDUCE || kind == FC_KIND_REDUCE_SCATTER || kind == FC_KIND_ALL_GATHER || kind == FC_KIND_ALL_TO_ALL;
-}
-
-// The round counter's top bit: the block's last round was a symmetric operation's (seqs[b]).
-#define FC_PEER_AFTER_SYMMETRIC (1ull << 63)
 
 // One round of block b over elements [at, at + len) of its slice; false when a wait failed.
 // `first`: the launch's first round on this block after a rooted operation's round (or none),
@@ -159,7 +151,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     // this launch's or the last of the one before (the kernel boundary keeps the order): only a
     // launch's first round after a rooted operation's and rooted rounds look at the
     // acknowledgements.
-    const bool symmetric = peer_symmetric(P.kind);
+    const bool symmetric = symmetric_kind(P.kind);
     const bool check_room = first || !symmetric;
     // Acknowledgements within a launch matter only to rooted rounds; the launch's last round is
     // acknowledged at the start of the next, for whatever runs then.
@@ -273,17 +265,15 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
 extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) ferroccl_peer(const __grid_constant__ FcPeer P) {
     if (blockIdx.x >= P.nblocks || P.nranks < 2u || P.nranks > FC_PEER_MAX_RANKS || P.rank >= P.nranks) return;
     if (!fc::dtype_valid(P.op.dtype) || !fc::redop_valid(P.op.redop) || P.chunk == 0) return;
-    FC_PEER_STAMP(10);
     fc::prior_grid_wait();
-    FC_PEER_STAMP(0);
     const volatile FcError* err = (const volatile FcError*)P.error;
     // A launch queued behind a failure does nothing: the counters may disagree by now.
     if (err != nullptr && err->claimed != 0u) return;
     // Every thread reads the counter itself; thread 0 advances it at the end, past the rounds'
     // barriers (a block without rounds leaves it as it is).
     const fc_u64 word = ((const volatile fc_u64*)P.seqs)[blockIdx.x];
-    const fc_u64 seq = word & ~FC_PEER_AFTER_SYMMETRIC;
-    const bool after_symmetric = (word & FC_PEER_AFTER_SYMMETRIC) != 0;
+    const fc_u64 seq = word & ~FC_AFTER_SYMMETRIC;
+    const bool after_symmetric = (word & FC_AFTER_SYMMETRIC) != 0;
     // The previous launch's last round is over here (see the top).
     if (seq > 0 && fc::peer_in(P, threadIdx.x, FC_PEER_ALL)) fc::st_relaxed_sys(fc::peer_flag(P, threadIdx.x, blockIdx.x, P.rank, 2), seq);
     const fc_u64 start = fc::cut(P.count, P.nblocks, blockIdx.x), end = fc::cut(P.count, P.nblocks, blockIdx.x + 1);
@@ -295,14 +285,14 @@ extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) ferroccl_peer(c
     }
     fc::release_next_grid();
     if (threadIdx.x == 0 && s > seq) {
-        ((volatile fc_u64*)P.seqs)[blockIdx.x] = s | (fc::peer_symmetric(P.kind) ? FC_PEER_AFTER_SYMMETRIC : 0);
+        ((volatile fc_u64*)P.seqs)[blockIdx.x] = s | (fc::symmetric_kind(P.kind) ? FC_AFTER_SYMMETRIC : 0);
     }
 #ifdef FC_PEER_TRACE
     if (threadIdx.x == 0 && blockIdx.x == 0 && P.kind == FC_KIND_ALL_REDUCE && s % FC_PEER_TRACE == 0) {
         const fc_u64* t = fc::fc_peer_trace;
-        printf("peer trace rank %u round %llu cycles: prior-wait %lld room %lld stores %lld signal %lld wait %lld reduce %lld "
+        printf("peer trace rank %u round %llu cycles: room %lld stores %lld signal %lld wait %lld reduce %lld "
                "signal %lld wait %lld copy %lld end %lld\n",
-               P.rank, (unsigned long long)s, (long long)(t[0] - t[10]), (long long)(t[2] - t[1]), (long long)(t[3] - t[2]),
+               P.rank, (unsigned long long)s, (long long)(t[2] - t[1]), (long long)(t[3] - t[2]),
                (long long)(t[4] - t[3]), (long long)(t[5] - t[4]), (long long)(t[6] - t[5]), (long long)(t[7] - t[6]),
                (long long)(t[8] - t[7]), (long long)(t[9] - t[8]), (long long)(clock64() - t[9]));
     }
