@@ -13,7 +13,7 @@ use crate::cuda::device::{Gpu, KernelHandle, Module};
 use crate::cuda::mem::{DeviceBuffer, MemStats};
 use crate::cuda::pinned::MappedWord;
 use cudarc::driver::sys;
-use ferroccl_core::{Config, Error};
+use ferroccl_core::{Config, DataType, Error};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -50,7 +50,7 @@ pub(crate) struct CudaComm {
     /// The direct engine's module and kernels (one per element type, by NCCL's type number),
     /// and its parameter with this communicator's slots, acks, epochs and status words (None
     /// beyond the ranks it serves).
-    pub(super) direct: Option<(Module, [KernelHandle; 12], FcDirect)>,
+    pub(super) direct: Option<(Module, [KernelHandle; DataType::ALL.len()], FcDirect)>,
     /// The peer engine's kernel (in `module`) and its parameter with this communicator's
     /// staging, flags, counters and status words (None: off).
     pub(super) peer: Option<(KernelHandle, FcPeer)>,
@@ -120,13 +120,13 @@ impl CudaComm {
             Some(p) => {
                 let image = kernels::compile_for(&gpu, config, "direct.cu", &kernels::direct_source())?;
                 let m = gpu.load_module(&image.bytes)?;
-                let mut f = Vec::with_capacity(kernels::DIRECT_KERNELS.len());
-                for name in kernels::DIRECT_KERNELS {
-                    let k = m.kernel(name)?;
+                let mut f = [None; DataType::ALL.len()];
+                for t in DataType::ALL {
+                    let k = m.kernel(&kernels::direct_kernel(t))?;
                     k.load()?;
-                    f.push(k.handle());
+                    f[t.nccl_id() as usize] = Some(k.handle());
                 }
-                let f: [KernelHandle; 12] = f.try_into().map_err(|_| Error::Internal("direct kernels".into()))?;
+                let f = f.map(|h| h.expect("DataType::ALL holds every NCCL type number once"));
                 let p = FcDirect {
                     abort: status.abort_ptr(),
                     error: status.error_ptr(),

@@ -63,7 +63,7 @@ enum Step {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Engine {
     Peer,
-    /// One round a launch, a room check in every launch, no acknowledgement inside a launch.
+    /// One round a launch, no acknowledgement inside a launch, one phase for every kind.
     Direct,
 }
 
@@ -76,8 +76,8 @@ fn program_of(engine: Engine, me: usize, n: usize, launches: &[Launch]) -> Vec<S
     let peers: Vec<usize> = (0..n).filter(|&q| q != me).collect();
     let mut steps = Vec::new();
     let mut s = 0u64;
-    // Whether the block's last round was a symmetric operation's (the peer kernel keeps it in
-    // its counter's top bit): its flags then stand for the acknowledgements.
+    // Whether the block's last round exchanged with every peer (both kernels keep it in their
+    // counter's top bit): its flags then stand for the acknowledgements.
     let mut after_symmetric = false;
     for l in launches {
         // The direct engine's launches: `rounds` 0 stands for one without this block (fewer

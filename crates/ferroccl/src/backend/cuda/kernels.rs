@@ -18,22 +18,11 @@ pub(crate) const PLAN_EXEC_SRC: &str = include_str!("kernels/plan_exec.cu");
 /// Name of the peer engine's kernel, in the plan kernel's module (`kernels/peer.cuh`).
 pub(crate) const PEER_KERNEL: &str = "ferroccl_peer";
 
-/// Names of the direct engine's kernels, one per element type, by NCCL's type number
-/// (`DataType::nccl_id`).
-pub(crate) const DIRECT_KERNELS: [&str; 12] = [
-    "ferroccl_direct_int8",
-    "ferroccl_direct_uint8",
-    "ferroccl_direct_int32",
-    "ferroccl_direct_uint32",
-    "ferroccl_direct_int64",
-    "ferroccl_direct_uint64",
-    "ferroccl_direct_float16",
-    "ferroccl_direct_float32",
-    "ferroccl_direct_float64",
-    "ferroccl_direct_bfloat16",
-    "ferroccl_direct_f8e4m3",
-    "ferroccl_direct_f8e5m2",
-];
+/// Name of the direct engine's kernel for elements of `dtype` (one per type, named as
+/// nccl-tests names the type).
+pub(crate) fn direct_kernel(dtype: ferroccl_core::DataType) -> String {
+    format!("ferroccl_direct_{}", dtype.name())
+}
 
 /// The `.cu` file of the direct engine (one-shot collectives).
 pub(crate) const DIRECT_SRC: &str = include_str!("kernels/direct.cu");
@@ -228,7 +217,8 @@ mod tests {
                 e => panic!("NVRTC failed: {e:?}"),
             })
             .to_src();
-        for e in DIRECT_KERNELS {
+        let direct_entries: Vec<String> = ferroccl_core::DataType::ALL.iter().map(|&t| direct_kernel(t)).collect();
+        for e in &direct_entries {
             assert!(direct.contains(&format!(".entry {e}(")), "no entry {e}");
         }
         // The epochs' acknowledgements are system-scope stores (relaxed: the kernel boundary
@@ -238,7 +228,8 @@ mod tests {
         // Every engine's kernel is launched to start early on sm_90: each must wait for the
         // kernel ahead of it before its first access to memory (a missing wait is a silent race
         // with the caller's producer kernel).
-        for (src, entries) in [(&ptx, &[PLAN_EXEC_KERNEL, PEER_KERNEL][..]), (&direct, &DIRECT_KERNELS[..])] {
+        let plan_entries = [PLAN_EXEC_KERNEL.to_string(), PEER_KERNEL.to_string()];
+        for (src, entries) in [(&ptx, &plan_entries[..]), (&direct, &direct_entries[..])] {
             for e in entries {
                 let body = &src[src.find(&format!(".entry {e}(")).expect("entry")..];
                 let body = &body[..body.find("\n}\n").unwrap_or(body.len())];

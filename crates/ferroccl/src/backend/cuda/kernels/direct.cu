@@ -249,7 +249,8 @@ __device__ void direct_run(const FcDirect& P, fc_u64 epoch, bool check_room) {
 
 namespace fc {
 
-// One kernel per element type (ferroccl_direct_<type>; the host picks by the operation's type):
+// One kernel per element type (ferroccl_direct_<type>, the type as nccl-tests names it; the
+// host picks by the operation's type):
 // one kernel holding every type's loops behind a switch took 0.85 us more per 8-byte
 // all-reduce in CUDA graphs on an H100 (3.78 against 2.93 us; twelve times the code, the
 // likely cost being its instruction fetches at every launch; not measured apart).
@@ -288,9 +289,9 @@ FC_DIRECT_ENTRY(ferroccl_direct_int32, fc::DI32, FC_INT32)
 FC_DIRECT_ENTRY(ferroccl_direct_uint32, fc::DU32, FC_UINT32)
 FC_DIRECT_ENTRY(ferroccl_direct_int64, fc::DI64, FC_INT64)
 FC_DIRECT_ENTRY(ferroccl_direct_uint64, fc::DU64, FC_UINT64)
-FC_DIRECT_ENTRY(ferroccl_direct_float16, fc::DF16, FC_FLOAT16)
-FC_DIRECT_ENTRY(ferroccl_direct_float32, fc::DF32, FC_FLOAT32)
-FC_DIRECT_ENTRY(ferroccl_direct_float64, fc::DF64, FC_FLOAT64)
+FC_DIRECT_ENTRY(ferroccl_direct_half, fc::DF16, FC_FLOAT16)
+FC_DIRECT_ENTRY(ferroccl_direct_float, fc::DF32, FC_FLOAT32)
+FC_DIRECT_ENTRY(ferroccl_direct_double, fc::DF64, FC_FLOAT64)
 FC_DIRECT_ENTRY(ferroccl_direct_bfloat16, fc::DBF16, FC_BFLOAT16)
 FC_DIRECT_ENTRY(ferroccl_direct_f8e4m3, fc::DE4M3, FC_FP8E4M3)
 FC_DIRECT_ENTRY(ferroccl_direct_f8e5m2, fc::DE5M2, FC_FP8E5M2)
