@@ -116,6 +116,11 @@ pub struct Config {
     /// the work before it; every block still waits for that work before touching memory. 0
     /// launches them the classic way. Ranks may differ.
     pub gpu_early_launch: bool,
+    /// FERROCCL_GPU_P2P_KERNEL (default on): a GPU launch whose plan holds only LL sends and
+    /// receives (small send/recv groups) runs on the plan kernel's point-to-point form, which
+    /// speaks the same protocol on the same connections with less work per message; 0 keeps
+    /// every plan on the plan kernel. Ranks may differ.
+    pub gpu_p2p_kernel: bool,
     /// FERROCCL_JOB_SECRET (32 hex digits): the job secret when ranks rendezvous from the
     /// launcher's environment instead of a `UniqueId`.
     pub job_secret: Option<[u8; 16]>,
@@ -169,6 +174,7 @@ impl Default for Config {
             gpu_peer_bytes: 16 << 20,
             gpu_copy_engine_bytes: 0,
             gpu_early_launch: true,
+            gpu_p2p_kernel: true,
             job_secret: None,
             heartbeat_interval: Duration::from_millis(500),
             heartbeat_misses: 6,
@@ -299,6 +305,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_GPU_EARLY_LAUNCH") {
             c.gpu_early_launch = parse_bool("FERROCCL_GPU_EARLY_LAUNCH", v)?;
+        }
+        if let Some(v) = get("FERROCCL_GPU_P2P_KERNEL") {
+            c.gpu_p2p_kernel = parse_bool("FERROCCL_GPU_P2P_KERNEL", v)?;
         }
         if let Some(v) = get("FERROCCL_HEARTBEAT_INTERVAL") {
             let secs: f64 = parse("FERROCCL_HEARTBEAT_INTERVAL", v)?;
@@ -568,6 +577,11 @@ mod tests {
         // How a launch starts changes no plan: ranks may differ.
         assert!(!early.shared_settings().iter().any(|(k, _)| k.contains("EARLY")));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_EARLY_LAUNCH", "soon")])).is_err());
+        let plain = Config::from_vars(&vars(&[("FERROCCL_GPU_P2P_KERNEL", "0")])).unwrap();
+        assert!(!plain.gpu_p2p_kernel && Config::default().gpu_p2p_kernel);
+        // Both kernels speak the same protocol on the same connections: ranks may differ.
+        assert!(!plain.shared_settings().iter().any(|(k, _)| k.contains("P2P_KERNEL")));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_P2P_KERNEL", "maybe")])).is_err());
         let d = Config::from_vars(&vars(&[("FERROCCL_KERNEL_DEFINES", " FC_COPY_UNROLL=8 ,FC_X ")])).unwrap();
         assert_eq!(d.kernel_defines, vec!["-DFC_COPY_UNROLL=8".to_string(), "-DFC_X".to_string()]);
         // Speed only: not a setting ranks must share.

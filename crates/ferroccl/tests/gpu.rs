@@ -1078,3 +1078,148 @@ fn an_early_started_operation_waits_for_the_kernel_ahead() {
         });
     }
 }
+
+/// The plan kernel's point-to-point form and the plan kernel itself at the two ends of the same
+/// connections: three processes on one GPU in a ring, rank 1 with the form off
+/// (`FERROCCL_GPU_P2P_KERNEL=0`), the others with it on, through hundreds of launches of sends
+/// and receives (small LL messages that the form takes, larger simple-protocol ones that stay
+/// on the plan kernel, groups with two messages per connection), with 1 KiB slots so that
+/// messages span several slots and wrap the FIFO, and element sizes 8, 2 and 1 with odd counts
+/// (whole elements per piece), every fifth launch with a send to oneself too (a copy in the
+/// same launch). Every byte exact, nothing written past a message. Then a CUDA graph of such
+/// launches, replayed. Needs one GPU.
+///
+/// (Processes, not threads: three ranks of one GPU made by `init_rank` in one process's threads
+/// hang at their first operation, with either kernel; noted in docs/PERFORMANCE.md.)
+#[test]
+#[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn the_point_to_point_form_and_the_plan_kernel_share_connections() {
+    if role().is_some() || !common::one_gpu_for_test() {
+        return;
+    }
+    let n = 3usize;
+    let port = common::launch::free_port();
+    let kids: Vec<_> = (0..n)
+        .map(|r| {
+            let env = [
+                ("LOCAL_RANK", "0".to_string()),
+                ("FERROCCL_GPU_P2P_KERNEL", if r == 1 { "0" } else { "1" }.to_string()),
+                ("FERROCCL_SLOT_BYTES", "1024".to_string()),
+                ("FERROCCL_CHUNK_BYTES", "2048".to_string()),
+                ("FERROCCL_GPU_CHANNEL_BYTES", (1 << 20).to_string()),
+                ("FERROCCL_TIMEOUT", "20".to_string()),
+                ("CUDA_DEVICE_MAX_CONNECTIONS", "32".to_string()),
+            ];
+            common::launch::rank_command("child_p2p_mix", "p2p-mix", r, n, port, &env).spawn().unwrap()
+        })
+        .collect();
+    for (r, (ok, text)) in wait_all(kids).into_iter().enumerate() {
+        assert!(ok && text.contains("P2P MIX OK"), "rank {r}:\n{text}");
+    }
+}
+
+/// Child of the test above: one rank of the ring.
+#[test]
+fn child_p2p_mix() {
+    use ferroccl::DataType;
+    if role().as_deref() != Some("p2p-mix") {
+        return;
+    }
+    let cfg = Config::from_env().unwrap();
+    let comm = Comm::from_env_gpu(&cfg).unwrap();
+    let (n, r) = (comm.nranks(), comm.rank());
+    let (iters, most) = (240usize, 1500usize);
+    let dtypes = [DataType::Int64, DataType::Float16, DataType::Uint8];
+    // What rank `from` sends in launch k, byte i; and how many elements.
+    let byte = |k: usize, from: usize, i: usize| ((k * 31 + from * 7 + i * 13) % 251) as u8;
+    let count = |k: usize, from: usize| 1 + (k * 37 + from * 11) % most;
+    let gpu = comm.gpu().unwrap().clone();
+    let stats = MemStats::new();
+    let cap = most * 8 + 64;
+    let send = DeviceBuffer::alloc(&gpu, cap, &[], &stats).unwrap();
+    let recv = DeviceBuffer::alloc(&gpu, cap, &[], &stats).unwrap();
+    let own = DeviceBuffer::alloc(&gpu, cap, &[], &stats).unwrap();
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    let p2p = |kind, buf: &DeviceBuffer, at: usize, cnt: usize, dtype, peer| {
+        let p = buf.device_ptr() + at as u64;
+        OpArgs { kind, send: p as *const u8, recv: p as *mut u8, count: cnt, dtype, op: ReduceOp::Sum, root: peer, device_scalar: None }
+    };
+    let mut out = vec![0u8; cap];
+    for k in 0..iters {
+        let dtype = dtypes[k % dtypes.len()];
+        let es = dtype.size();
+        let (cs, cr) = (count(k, r), count(k, prev));
+        let host: Vec<u8> = (0..cs * es).map(|i| byte(k, r, i)).collect();
+        send.copy_from_host(0, &host).unwrap();
+        recv.copy_from_host(0, &vec![0xee; cap]).unwrap();
+        own.copy_from_host(0, &vec![0xee; cap]).unwrap();
+        let to_self = k % 5 == 4;
+        let mut g = Group::new();
+        // Every fourth launch splits each message in two: two steps per connection.
+        let halves = |c: usize| if k % 4 == 3 && c > 1 { vec![(0, c / 2), (c / 2, c - c / 2)] } else { vec![(0, c)] };
+        // SAFETY: device buffers of `cap` bytes, alive past synchronize.
+        unsafe {
+            for (at, c) in halves(cs) {
+                g.push_raw(&comm, p2p(CollKind::Send, &send, at * es, c, dtype, next)).unwrap();
+            }
+            for (at, c) in halves(cr) {
+                g.push_raw(&comm, p2p(CollKind::Recv, &recv, at * es, c, dtype, prev)).unwrap();
+            }
+            if to_self {
+                g.push_raw(&comm, p2p(CollKind::Send, &send, 0, cs, dtype, r)).unwrap();
+                g.push_raw(&comm, p2p(CollKind::Recv, &own, 0, cs, dtype, r)).unwrap();
+            }
+        }
+        g.launch().unwrap();
+        comm.synchronize().unwrap_or_else(|e| panic!("launch {k} ({dtype}, send {cs} receive {cr}, to itself {to_self}): rank {r}: {e}"));
+        recv.copy_to_host(0, &mut out).unwrap();
+        for (i, b) in out.iter().enumerate() {
+            let want = if i < cr * es { byte(k, prev, i) } else { 0xee };
+            assert_eq!(*b, want, "launch {k} ({dtype}, {cr} elements): rank {r} byte {i}");
+        }
+        own.copy_to_host(0, &mut out).unwrap();
+        for (i, b) in out.iter().enumerate() {
+            let want = if to_self && i < cs * es { byte(k, r, i) } else { 0xee };
+            assert_eq!(*b, want, "launch {k} ({dtype}, {cs} elements to itself): rank {r} byte {i}");
+        }
+    }
+
+    // The same kinds of launches captured in a graph, replayed: the counters move on from
+    // replay to replay.
+    let dtype = DataType::Int64;
+    let c = 300usize; // 2400 bytes: LL, three 1 KiB pieces
+    let host: Vec<u8> = (0..c * 8).map(|i| byte(1000, r, i)).collect();
+    send.copy_from_host(0, &host).unwrap();
+    let stream = comm.cuda_stream() as sys::CUstream;
+    gpu.bind().unwrap();
+    let mut exec = std::ptr::null_mut();
+    // SAFETY: our stream, captured by this thread only; the graph is replayed and destroyed
+    // before the buffers go.
+    unsafe {
+        cu_ok("cuStreamBeginCapture", sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)).unwrap();
+        for _ in 0..3 {
+            let mut g = Group::new();
+            g.push_raw(&comm, p2p(CollKind::Send, &send, 0, c, dtype, next)).unwrap();
+            g.push_raw(&comm, p2p(CollKind::Recv, &recv, 0, c, dtype, prev)).unwrap();
+            g.launch().unwrap();
+        }
+        let mut graph = std::ptr::null_mut();
+        cu_ok("cuStreamEndCapture", sys::cuStreamEndCapture(stream, &mut graph)).unwrap();
+        cu_ok("cuGraphInstantiate", sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)).unwrap();
+        sys::cuGraphDestroy(graph);
+    }
+    for replay in 0..5 {
+        recv.copy_from_host(0, &vec![0xee; cap]).unwrap();
+        // SAFETY: the graph made above, on our stream.
+        unsafe { cu_ok("cuGraphLaunch", sys::cuGraphLaunch(exec, stream)).unwrap() };
+        comm.synchronize().unwrap_or_else(|e| panic!("graph replay {replay}: rank {r}: {e}"));
+        recv.copy_to_host(0, &mut out).unwrap();
+        for (i, b) in out.iter().enumerate() {
+            let want = if i < c * 8 { byte(1000, prev, i) } else { 0xee };
+            assert_eq!(*b, want, "graph replay {replay}: rank {r} byte {i}");
+        }
+    }
+    // SAFETY: nothing replays it any more.
+    unsafe { sys::cuGraphExecDestroy(exec) };
+    println!("P2P MIX OK rank {r}");
+}

@@ -4,7 +4,7 @@
 use super::copy_engine::CopyEngine;
 use super::fabric::Fabric;
 use super::launch::{PlanCache, StreamOrder};
-use super::tables::{FcDirect, FcError, FcPeer, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA, WHAT_LENGTH, WHAT_POST, WHAT_ROOM};
+use super::tables::{FcDirect, FcError, FcP2p, FcPeer, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA, WHAT_LENGTH, WHAT_POST, WHAT_ROOM};
 use super::window::Windows;
 use super::kernels;
 use crate::bootstrap::Bootstrap;
@@ -54,6 +54,9 @@ pub(crate) struct CudaComm {
     /// The peer engine's kernel (in `module`) and its parameter with this communicator's
     /// staging, flags, counters and status words (None: off).
     pub(super) peer: Option<(KernelHandle, FcPeer)>,
+    /// The plan kernel's point-to-point form (in `module`) and its parameter's status words
+    /// (None: FERROCCL_GPU_P2P_KERNEL=0).
+    pub(super) p2p: Option<(KernelHandle, FcP2p)>,
     /// Registered windows (zero-copy).
     pub(super) windows: Mutex<Windows>,
     /// Whether the engines' kernels are launched to start early, behind the kernel ahead of
@@ -146,6 +149,15 @@ impl CudaComm {
             }
             None => None,
         };
+        let p2p = match config.gpu_p2p_kernel {
+            true => {
+                let k = module.kernel(kernels::P2P_KERNEL)?;
+                k.load()?;
+                let p = FcP2p { abort: status.abort_ptr(), error: status.error_ptr(), timeout_ns, rank: boot.rank() as u32, ..Default::default() };
+                Some((k.handle(), p))
+            }
+            false => None,
+        };
         let overlap_prior = config.gpu_early_launch && gpu.compute_capability() >= (9, 0);
         let mut stream = std::ptr::null_mut();
         gpu.bind()?;
@@ -168,6 +180,7 @@ impl CudaComm {
             plan_fn,
             direct,
             peer,
+            p2p,
             windows: Mutex::new(Windows::default()),
             overlap_prior,
         })
@@ -254,8 +267,10 @@ impl CudaComm {
                 e.seen
             )
         } else {
+            // The point-to-point kernel on a connection also says which LL flag it waited for.
+            let flag = if e.wanted != 0 { format!(" (LL flag {}; the line held {})", e.wanted, e.seen) } else { String::new() };
             format!(
-                "GPU {} rank {}: lane {} step {} waiting for {what} rank {} (connection {}): expected {} got {}",
+                "GPU {} rank {}: lane {} step {} waiting for {what} rank {} (connection {}): expected {} got {}{flag}",
                 self.gpu.ordinal(),
                 self.rank,
                 e.lane,

@@ -174,6 +174,9 @@ pub(crate) struct Fabric {
     /// The FcConn table on the device.
     pub table: DeviceBuffer,
     pub nconns: u32,
+    /// The same table on the host: the point-to-point kernel's parameter carries its
+    /// connections' addresses (`p2p.rs`).
+    pub conns: Vec<FcConn>,
     /// The direct engine's slots, acks and epochs, for its kernel parameter (None: too many
     /// ranks for it).
     pub direct: Option<FcDirect>,
@@ -304,7 +307,7 @@ impl Fabric {
                 imported: imported_pages,
             }
         });
-        Ok(Fabric { geo, _recv_arena: recv_arena, _send_arena: send_arena, _imported: imported, table, nconns: conns.len() as u32, direct, peer, ce })
+        Ok(Fabric { geo, _recv_arena: recv_arena, _send_arena: send_arena, _imported: imported, table, nconns: conns.len() as u32, conns, direct, peer, ce })
     }
 }
 

@@ -18,6 +18,9 @@ pub(crate) const PLAN_EXEC_SRC: &str = include_str!("kernels/plan_exec.cu");
 /// Name of the peer engine's kernel, in the plan kernel's module (`kernels/peer.cuh`).
 pub(crate) const PEER_KERNEL: &str = "ferroccl_peer";
 
+/// Name of the plan kernel's point-to-point form, in its module (`kernels/p2p.cuh`).
+pub(crate) const P2P_KERNEL: &str = "ferroccl_p2p";
+
 /// Name of the direct engine's kernel for elements of `dtype` (one per type, named as
 /// nccl-tests names the type).
 pub(crate) fn direct_kernel(dtype: ferroccl_core::DataType) -> String {
@@ -37,6 +40,7 @@ pub(crate) const HEADERS: &[(&str, &str)] = &[
     ("fifo.cuh", include_str!("kernels/fifo.cuh")),
     ("reduce.cuh", include_str!("kernels/reduce.cuh")),
     ("peer.cuh", include_str!("kernels/peer.cuh")),
+    ("p2p.cuh", include_str!("kernels/p2p.cuh")),
     ("check.cuh", include_str!("kernels/check.cuh")),
 ];
 
@@ -155,7 +159,7 @@ mod tests {
     #[test]
     fn splicing_inlines_each_header_once() {
         for (src, uses) in [
-            (plan_exec_source(), &["ints.cuh", "types.cuh", "fifo.cuh", "reduce.cuh", "peer.cuh"][..]),
+            (plan_exec_source(), &["ints.cuh", "types.cuh", "fifo.cuh", "reduce.cuh", "peer.cuh", "p2p.cuh"][..]),
             (check_source(), &["ints.cuh", "check.cuh"][..]),
         ] {
             assert!(!src.lines().any(|l| quoted_include(l).is_some()), "a quoted include survived");
@@ -209,8 +213,9 @@ mod tests {
         assert!(ptx.contains("ld.acquire.sys.global.u64"));
         assert!(ptx.contains("st.release.sys.global.u64"));
         assert!(ptx.contains("%globaltimer"));
-        // The peer engine shares the module.
+        // The peer engine and the point-to-point form share the module.
         assert!(ptx.contains(&format!(".entry {PEER_KERNEL}(")), "no entry {PEER_KERNEL} in the PTX");
+        assert!(ptx.contains(&format!(".entry {P2P_KERNEL}(")), "no entry {P2P_KERNEL} in the PTX");
         let direct = cudarc::nvrtc::compile_ptx_with_opts(direct_source(), compile_options("sm_90", &include))
             .unwrap_or_else(|e| match e {
                 cudarc::nvrtc::CompileError::CompileError { log, .. } => panic!("NVRTC rejected direct.cu:\n{}", log.to_string_lossy()),
@@ -228,7 +233,7 @@ mod tests {
         // Every engine's kernel is launched to start early on sm_90: each must wait for the
         // kernel ahead of it before its first access to memory (a missing wait is a silent race
         // with the caller's producer kernel).
-        let plan_entries = [PLAN_EXEC_KERNEL.to_string(), PEER_KERNEL.to_string()];
+        let plan_entries = [PLAN_EXEC_KERNEL.to_string(), PEER_KERNEL.to_string(), P2P_KERNEL.to_string()];
         for (src, entries) in [(&ptx, &plan_entries[..]), (&direct, &direct_entries[..])] {
             for e in entries {
                 let body = &src[src.find(&format!(".entry {e}(")).expect("entry")..];

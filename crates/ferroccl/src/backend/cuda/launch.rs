@@ -1,5 +1,5 @@
 //! The CUDA launch path: one call is one launch of the plan kernel on the current stream (or of
-//! a one-kernel engine, or the copy engine's copies).
+//! its point-to-point form, of a one-kernel engine, or the copy engine's copies).
 //!
 //! A launch's step tables depend only on the operations' shapes (kinds, counts, types,
 //! reductions, roots, in-place-ness) and the registered windows, never on the buffers, which
@@ -17,7 +17,8 @@
 
 use super::comm::{CudaComm, BLOCK_THREADS};
 use super::copy_engine::{CeOp, Schedule};
-use super::tables::{encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcLaunch, FcOp, FcPeer, OpDesc, ZeroCopy, DIRECT_THREADS, INLINE_OPS, PEER_THREADS};
+use super::p2p::{p2p_form, P2pForm};
+use super::tables::{encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcLaunch, FcOp, FcPeer, OpDesc, ZeroCopy, DIRECT_THREADS, INLINE_OPS, P2P_THREADS, PEER_THREADS};
 use super::window::Windows;
 use crate::cuda::cu_ok;
 use crate::cuda::device::{Kernel, LaunchDims};
@@ -154,6 +155,9 @@ enum Run {
     Peer { blocks: u32, chunk: u64 },
     /// The copy engines: no kernel; this rank's commands for the shape.
     Copy(Arc<Schedule>),
+    /// The plan kernel's point-to-point form: the plan's LL sends and receives, each with its
+    /// connection, in the parameter (no tables).
+    P2p(Arc<P2pForm>),
 }
 
 /// One launch shape's tables on the GPU, or the direct engine's choice.
@@ -359,7 +363,16 @@ impl CudaComm {
                 }
                 _ => {
                     let enc = self.encode(info, args, &planned, &windows)?;
-                    self.store(&mut cache, &key, &enc, ops.len() > INLINE_OPS, stream, captured)?;
+                    // Only LL sends and receives: the point-to-point form runs the same steps
+                    // (each rank decides for itself; the peers see the same messages).
+                    match self.p2p.as_ref().and_then(|_| p2p_form(&enc, &self.fabric.conns)) {
+                        Some(form) => {
+                            let run = Run::P2p(Arc::new(form));
+                            let entry = Entry { words: key.words().collect(), slab: None, run, pinned: false, _host: Vec::new() };
+                            cache.map.entry(key.hash()).or_default().push(entry);
+                        }
+                        None => self.store(&mut cache, &key, &enc, ops.len() > INLINE_OPS, stream, captured)?,
+                    }
                 }
             }
         }
@@ -405,6 +418,13 @@ impl CudaComm {
                 // SAFETY: the direct kernel takes one FcDirect; its slots, acks and epochs are
                 // this communicator's fabric (mapped for this GPU).
                 unsafe { self.launch_engine(module.kernel_at(*f), blocks, DIRECT_THREADS, param, stream) }
+            }
+            Run::P2p(form) => {
+                let (f, base) = self.p2p.as_ref().expect("checked when the entry was made");
+                let param = form.param(ops, base);
+                // SAFETY: the point-to-point kernel takes one FcP2p; its connections' words are
+                // this communicator's fabric (mapped for this GPU), its buffers the caller's.
+                unsafe { self.launch_engine(self.module.kernel_at(*f), form.blocks, P2P_THREADS, param, stream) }
             }
             Run::Copy(lanes) => {
                 self.last_blocks.store(0, Ordering::Relaxed);

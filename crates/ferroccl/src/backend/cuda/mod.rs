@@ -17,6 +17,7 @@ mod copy_engine;
 pub(crate) mod fabric;
 pub(crate) mod kernels;
 mod launch;
+mod p2p;
 pub(crate) mod tables;
 pub(crate) mod verify;
 pub(crate) mod window;

@@ -228,6 +228,56 @@ pub(crate) struct FcPeer {
     pub op: FcOp,
 }
 
+/// Steps the point-to-point kernel's parameter holds (`FC_P2P_MAX_STEPS`): launches with more
+/// stay on the plan kernel.
+pub(crate) const P2P_MAX_STEPS: usize = 32;
+
+/// Threads per block of the point-to-point kernel (`FC_P2P_THREADS`).
+pub(crate) const P2P_THREADS: u32 = 256;
+
+/// A point-to-point kernel step that copies locally (`FC_P2P_COPY`): a send to oneself.
+pub(crate) const P2P_COPY: u32 = 2;
+
+/// One message of the point-to-point kernel (`p2p.cuh`): a plan step with its connection's
+/// addresses and this call's buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FcP2pStep {
+    /// The connection's LL slots (the receiver's memory, as this GPU maps it).
+    pub ll: u64,
+    /// Send: this rank's tail word; receive: the sender's.
+    pub tail: u64,
+    /// This rank's counter word of the connection.
+    pub counter: u64,
+    /// Send, copy: the message's first byte; receive: where it goes.
+    pub buf: u64,
+    /// Copy: where it goes; else 0.
+    pub dst: u64,
+    pub bytes: u32,
+    /// Bytes per slot: the plan kernel's LL piece.
+    pub piece: u32,
+    pub slots: u32,
+    pub conn: i32,
+    pub peer: u32,
+    /// The block that runs it.
+    pub block: u32,
+    /// `CONN_SEND`, `CONN_RECV` or [`P2P_COPY`].
+    pub dir: u32,
+    pub reserved: u32,
+}
+
+/// The point-to-point kernel's only parameter.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FcP2p {
+    pub abort: u64,
+    pub error: u64,
+    pub timeout_ns: u64,
+    pub rank: u32,
+    pub nsteps: u32,
+    pub steps: [FcP2pStep; P2P_MAX_STEPS],
+}
+
 /// Flag lines per block and sender in the peer engine (`FC_PEER_PHASES`): inputs, results,
 /// acknowledgements.
 pub(crate) const PEER_PHASES: usize = 3;
@@ -300,6 +350,9 @@ layout! {
     FcPeer: 392 { stage @ 0, flags @ 128, seqs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
                   chunk @ 296, slot_bytes @ 304, kind @ 312, rank @ 316, nranks @ 320, nblocks @ 324, root @ 328,
                   reserved @ 332, op @ 336 }
+    FcP2pStep: 72 { ll @ 0, tail @ 8, counter @ 16, buf @ 24, dst @ 32, bytes @ 40, piece @ 44, slots @ 48,
+                    conn @ 52, peer @ 56, block @ 60, dir @ 64, reserved @ 68 }
+    FcP2p: 2336 { abort @ 0, error @ 8, timeout_ns @ 16, rank @ 24, nsteps @ 28, steps @ 32 }
 }
 
 /// One operation of a launch as the device sees it.
@@ -652,7 +705,7 @@ mod tests {
         rust.sort();
         assert_eq!(cuda, rust);
         // Every field of every struct is pinned: the offsets plus the last field's size fill it.
-        assert_eq!(LAYOUT.iter().filter(|e| e.1.is_empty()).count(), 8);
+        assert_eq!(LAYOUT.iter().filter(|e| e.1.is_empty()).count(), 10);
     }
 
     #[test]
@@ -704,6 +757,9 @@ mod tests {
             ("FC_PEER_MAX_BLOCKS", PEER_MAX_BLOCKS as u32),
             ("FC_PEER_THREADS", PEER_THREADS),
             ("FC_PEER_PHASES", PEER_PHASES as u32),
+            ("FC_P2P_MAX_STEPS", P2P_MAX_STEPS as u32),
+            ("FC_P2P_THREADS", P2P_THREADS),
+            ("FC_P2P_COPY", P2P_COPY),
             ("FC_INLINE_OPS", INLINE_OPS as u32),
         ] {
             assert_eq!(get(n), v, "{n}");

@@ -37,45 +37,6 @@ __device__ __forceinline__ fc_u8* direct_line(fc_u64 base, fc_u32 b, fc_u32 from
     return (fc_u8*)base + slot * (2u * FC_DIRECT_SLOT_DATA) + i * 16u;
 }
 
-// Up to 8 bytes at p (a little-endian word; bytes past n are zero).
-__device__ __forceinline__ fc_u64 load8(const fc_u8* p, fc_u32 n) {
-    if (n == 8u && ((fc_u64)p & 7u) == 0) return *(const fc_u64*)p;
-    fc_u64 v = 0;
-    for (fc_u32 k = 0; k < n; ++k) v |= (fc_u64)p[k] << (8u * k);
-    return v;
-}
-__device__ __forceinline__ void store8(fc_u8* p, fc_u64 v, fc_u32 n) {
-    if (n == 8u && ((fc_u64)p & 7u) == 0) {
-        *(fc_u64*)p = v;
-        return;
-    }
-    for (fc_u32 k = 0; k < n; ++k) p[k] = (fc_u8)(v >> (8u * k));
-}
-
-__device__ __forceinline__ void ll_store(fc_u8* line, fc_u64 v, fc_u32 flag) {
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line), "r"((fc_u32)v), "r"(flag),
-                 "r"((fc_u32)(v >> 32)), "r"(flag)
-                 : "memory");
-}
-
-// Waits for a line of this epoch; false on abort, deadline or another block's failure.
-__device__ __forceinline__ bool ll_load(const FcDirect& P, const fc_u8* line, fc_u32 flag, fc_u32 peer, fc_u64& v) {
-    fc_u32 polls = 0;
-    fc_u64 since = 0;
-    for (;;) {
-        fc_u32 d0, f0, d1, f1;
-        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
-                     : "l"(line)
-                     : "memory");
-        if (f0 == flag && f1 == flag) {
-            v = (fc_u64)d0 | ((fc_u64)d1 << 32);
-            return true;
-        }
-        if (!engine_keep_waiting(P, polls, since, FC_WHAT_DATA, peer, flag, f0)) return false;
-    }
-}
-
 // The elements of one 8-byte word.
 template <typename D>
 struct Word {
@@ -214,7 +175,7 @@ __device__ void direct_run(const FcDirect& P, fc_u64 epoch, bool check_room) {
                     v = load8(in + (own_block * c + s) * es + i * 8u, nbytes);
                     if (pre) v = W::pre(v, scalar);
                 } else {
-                    ok = ll_load(P, direct_line(P.slots[me], b, q, n, parity, i), flag, q, v);
+                    ok = ll_wait_line(P, direct_line(P.slots[me], b, q, n, parity, i), flag, q, v);
                 }
                 const bool last = q + 1u == n;
                 acc = q == 0 ? (last && post ? W::post(v, n) : v) : W::fold(acc, v, k, last && post, n);
@@ -227,7 +188,7 @@ __device__ void direct_run(const FcDirect& P, fc_u64 epoch, bool check_room) {
         for (fc_u32 q = 0; q < n && ok; ++q) {
             fc_u64 blk, v;
             if (!receives_from(P, q, blk)) continue;
-            ok = ll_load(P, direct_line(P.slots[me], b, q, n, parity, i), flag, q, v);
+            ok = ll_wait_line(P, direct_line(P.slots[me], b, q, n, parity, i), flag, q, v);
             if (ok) store8(out + (blk * c + s) * es + i * 8u, v, nbytes);
         }
         if (!ok) break;

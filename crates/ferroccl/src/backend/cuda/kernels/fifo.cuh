@@ -114,8 +114,11 @@ __device__ void record_error(const Lane& x, fc_u32 code, fc_u32 what, fc_i32 con
 // The one-kernel engines (the direct and peer kernels), whose parameter `P` carries error,
 // abort, timeout_ns and rank: their first failure, as record_error with the block for the
 // lane, and their waits' checks, as keep_waiting.
+// `conn`: the connection waited on, where the engine runs on the plan kernel's FIFOs (the
+// point-to-point kernel), else -1.
 template <typename Param>
-__device__ void engine_error(const Param& P, fc_u32 code, fc_u32 what, fc_u32 peer, fc_u64 expected, fc_u64 got, fc_u64 wanted, fc_u64 seen) {
+__device__ void engine_error(const Param& P, fc_u32 code, fc_u32 what, fc_u32 peer, fc_u64 expected, fc_u64 got, fc_u64 wanted, fc_u64 seen,
+                             fc_i32 conn = -1) {
     FcError* e = (FcError*)P.error;
     if (e == nullptr) return;
     if (atomicCAS(&e->claimed, 0u, 1u) != 0u) return;
@@ -124,7 +127,7 @@ __device__ void engine_error(const Param& P, fc_u32 code, fc_u32 what, fc_u32 pe
     v->step = 0;
     v->peer = peer;
     v->what = what;
-    v->conn = -1;
+    v->conn = conn;
     v->rank = P.rank;
     v->expected = expected;
     v->got = got;
@@ -137,11 +140,12 @@ __device__ void engine_error(const Param& P, fc_u32 code, fc_u32 what, fc_u32 pe
 // Called on every unsuccessful poll; true while the wait may go on (as keep_waiting).
 template <typename Param>
 // `wanted`: the value the wait is for; `seen`: the value last read (for the error record).
-__device__ __forceinline__ bool engine_keep_waiting(const Param& P, fc_u32& polls, fc_u64& since, fc_u32 what, fc_u32 peer, fc_u64 wanted, fc_u64 seen) {
+__device__ __forceinline__ bool engine_keep_waiting(const Param& P, fc_u32& polls, fc_u64& since, fc_u32 what, fc_u32 peer, fc_u64 wanted, fc_u64 seen,
+                                                    fc_i32 conn = -1) {
     if ((++polls % FC_POLLS_PER_CHECK) != 0u) return true;
     const volatile int* ab = (const volatile int*)P.abort;
     if (ab != nullptr && *ab != 0) {
-        engine_error(P, FC_ERR_ABORTED, what, peer, 0, 0, wanted, seen);
+        engine_error(P, FC_ERR_ABORTED, what, peer, 0, 0, wanted, seen, conn);
         return false;
     }
     const volatile FcError* e = (const volatile FcError*)P.error;
@@ -149,7 +153,7 @@ __device__ __forceinline__ bool engine_keep_waiting(const Param& P, fc_u32& poll
     const fc_u64 now = globaltimer();
     if (since == 0) since = now;
     if (P.timeout_ns != 0 && now - since > P.timeout_ns) {
-        engine_error(P, FC_ERR_TIMEOUT, what, peer, P.timeout_ns, now - since, wanted, seen);
+        engine_error(P, FC_ERR_TIMEOUT, what, peer, P.timeout_ns, now - since, wanted, seen, conn);
         return false;
     }
     return true;
@@ -315,16 +319,54 @@ __device__ __forceinline__ fc_u8* ll_slot(const FcConn& c, fc_u64 seq) {
     return (fc_u8*)c.ll + (seq % c.slots) * (fc_u64)(2u * FC_LL_DATA);
 }
 
+// One LL line: 8 data bytes (a little-endian word) and the flag twice, in one vector store.
+__device__ __forceinline__ void ll_store(fc_u8* line, fc_u64 v, fc_u32 flag) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line), "r"((fc_u32)v), "r"(flag),
+                 "r"((fc_u32)(v >> 32)), "r"(flag)
+                 : "memory");
+}
+
+// The one-kernel engines, each thread for itself: waits until the line carries `flag`, then
+// gives its 8 data bytes; false on abort, deadline or another block's failure (`peer`, `conn`
+// and the flag name the wait in the error record).
+template <typename Param>
+__device__ __forceinline__ bool ll_wait_line(const Param& P, const fc_u8* line, fc_u32 flag, fc_u32 peer, fc_u64& v, fc_i32 conn = -1) {
+    fc_u32 polls = 0;
+    fc_u64 since = 0;
+    for (;;) {
+        fc_u32 d0, f0, d1, f1;
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+                     : "l"(line)
+                     : "memory");
+        if (f0 == flag && f1 == flag) {
+            v = (fc_u64)d0 | ((fc_u64)d1 << 32);
+            return true;
+        }
+        if (!engine_keep_waiting(P, polls, since, FC_WHAT_DATA, peer, flag, f0, conn)) return false;
+    }
+}
+
+// Up to 8 bytes at p (a little-endian word; bytes past n are zero), and back: an LL line's data
+// from and to buffers of any element alignment.
+__device__ __forceinline__ fc_u64 load8(const fc_u8* p, fc_u32 n) {
+    if (n == 8u && ((fc_u64)p & 7u) == 0) return *(const fc_u64*)p;
+    fc_u64 v = 0;
+    for (fc_u32 k = 0; k < n; ++k) v |= (fc_u64)p[k] << (8u * k);
+    return v;
+}
+__device__ __forceinline__ void store8(fc_u8* p, fc_u64 v, fc_u32 n) {
+    if (n == 8u && ((fc_u64)p & 7u) == 0) {
+        *(fc_u64*)p = v;
+        return;
+    }
+    for (fc_u32 k = 0; k < n; ++k) p[k] = (fc_u8)(v >> (8u * k));
+}
+
 // All threads: writes `bytes` of staged data (shared memory) as LL lines into a peer's slot.
 __device__ __forceinline__ void ll_pack(fc_u8* slot, const fc_u8* stage, fc_u64 bytes, fc_u32 flag) {
     const fc_u64 lines = (bytes + 7) / 8;
-    for (fc_u64 i = threadIdx.x; i < lines; i += blockDim.x) {
-        const fc_u32 d0 = *(const fc_u32*)(stage + i * 8);
-        const fc_u32 d1 = *(const fc_u32*)(stage + i * 8 + 4);
-        asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(slot + i * 16), "r"(d0), "r"(flag), "r"(d1),
-                     "r"(flag)
-                     : "memory");
-    }
+    for (fc_u64 i = threadIdx.x; i < lines; i += blockDim.x) ll_store(slot + i * 16, *(const fc_u64*)(stage + i * 8), flag);
 }
 
 // All threads: waits for the lines of an LL message and unpacks its data into shared memory.

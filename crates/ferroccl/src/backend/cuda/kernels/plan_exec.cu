@@ -332,3 +332,5 @@ extern "C" __global__ void __launch_bounds__(FC_MAX_THREADS, 1) ferroccl_plan_ex
 
 // The peer engine's kernel shares this module (one NVRTC compile) and its loops.
 #include "peer.cuh"
+// So does the plan kernel's point-to-point form.
+#include "p2p.cuh"
