@@ -56,7 +56,8 @@ pub(crate) struct CudaComm {
     pub(super) peer: Option<(KernelHandle, FcPeer)>,
     /// The plan kernel's point-to-point form (in `module`) and its parameter's status words
     /// (None: FERROCCL_GPU_P2P_KERNEL=0).
-    pub(super) p2p: Option<(KernelHandle, FcP2p)>,
+    /// (Two entry points: small and wide parameters.)
+    pub(super) p2p: Option<(KernelHandle, KernelHandle, FcP2p)>,
     /// Registered windows (zero-copy).
     pub(super) windows: Mutex<Windows>,
     /// Whether the engines' kernels are launched to start early, behind the kernel ahead of
@@ -153,8 +154,10 @@ impl CudaComm {
             true => {
                 let k = module.kernel(kernels::P2P_KERNEL)?;
                 k.load()?;
-                let p = FcP2p { abort: status.abort_ptr(), error: status.error_ptr(), timeout_ns, rank: boot.rank() as u32, ..Default::default() };
-                Some((k.handle(), p))
+                let wide = module.kernel(kernels::P2P_WIDE_KERNEL)?;
+                wide.load()?;
+                let p = FcP2p { conns: fabric.table.device_ptr(), abort: status.abort_ptr(), error: status.error_ptr(), timeout_ns, rank: boot.rank() as u32, ..Default::default() };
+                Some((k.handle(), wide.handle(), p))
             }
             false => None,
         };

@@ -20,6 +20,8 @@ pub(crate) const PEER_KERNEL: &str = "ferroccl_peer";
 
 /// Name of the plan kernel's point-to-point form, in its module (`kernels/p2p.cuh`).
 pub(crate) const P2P_KERNEL: &str = "ferroccl_p2p";
+/// The same with room for more steps in its parameter.
+pub(crate) const P2P_WIDE_KERNEL: &str = "ferroccl_p2p_wide";
 
 /// Name of the direct engine's kernel for elements of `dtype` (one per type, named as
 /// nccl-tests names the type).
@@ -216,6 +218,7 @@ mod tests {
         // The peer engine and the point-to-point form share the module.
         assert!(ptx.contains(&format!(".entry {PEER_KERNEL}(")), "no entry {PEER_KERNEL} in the PTX");
         assert!(ptx.contains(&format!(".entry {P2P_KERNEL}(")), "no entry {P2P_KERNEL} in the PTX");
+        assert!(ptx.contains(&format!(".entry {P2P_WIDE_KERNEL}(")), "no entry {P2P_WIDE_KERNEL} in the PTX");
         let direct = cudarc::nvrtc::compile_ptx_with_opts(direct_source(), compile_options("sm_90", &include))
             .unwrap_or_else(|e| match e {
                 cudarc::nvrtc::CompileError::CompileError { log, .. } => panic!("NVRTC rejected direct.cu:\n{}", log.to_string_lossy()),
@@ -233,7 +236,7 @@ mod tests {
         // Every engine's kernel is launched to start early on sm_90: each must wait for the
         // kernel ahead of it before its first access to memory (a missing wait is a silent race
         // with the caller's producer kernel).
-        let plan_entries = [PLAN_EXEC_KERNEL.to_string(), PEER_KERNEL.to_string(), P2P_KERNEL.to_string()];
+        let plan_entries = [PLAN_EXEC_KERNEL.to_string(), PEER_KERNEL.to_string(), P2P_KERNEL.to_string(), P2P_WIDE_KERNEL.to_string()];
         for (src, entries) in [(&ptx, &plan_entries[..]), (&direct, &direct_entries[..])] {
             for e in entries {
                 let body = &src[src.find(&format!(".entry {e}(")).expect("entry")..];

@@ -18,7 +18,7 @@
 use super::comm::{CudaComm, BLOCK_THREADS};
 use super::copy_engine::{CeOp, Schedule};
 use super::p2p::{p2p_form, P2pForm};
-use super::tables::{encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcLaunch, FcOp, FcPeer, OpDesc, ZeroCopy, DIRECT_THREADS, INLINE_OPS, P2P_THREADS, PEER_THREADS};
+use super::tables::{encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcLaunch, FcOp, FcPeer, OpDesc, ZeroCopy, DIRECT_THREADS, INLINE_OPS, P2P_MAX_STEPS, P2P_SMALL_STEPS, PEER_THREADS};
 use super::window::Windows;
 use crate::cuda::cu_ok;
 use crate::cuda::device::{Kernel, LaunchDims};
@@ -420,11 +420,19 @@ impl CudaComm {
                 unsafe { self.launch_engine(module.kernel_at(*f), blocks, DIRECT_THREADS, param, stream) }
             }
             Run::P2p(form) => {
-                let (f, base) = self.p2p.as_ref().expect("checked when the entry was made");
-                let param = form.param(ops, base);
-                // SAFETY: the point-to-point kernel takes one FcP2p; its connections' words are
-                // this communicator's fabric (mapped for this GPU), its buffers the caller's.
-                unsafe { self.launch_engine(self.module.kernel_at(*f), form.blocks, P2P_THREADS, param, stream) }
+                let (small, wide, base) = self.p2p.as_ref().expect("checked when the entry was made");
+                // SAFETY: each point-to-point kernel takes one parameter of its size; its
+                // connections' words are this communicator's fabric (mapped for this GPU), its
+                // buffers the caller's.
+                unsafe {
+                    if form.small() {
+                        let param = form.param::<P2P_SMALL_STEPS>(ops, base);
+                        self.launch_engine(self.module.kernel_at(*small), form.blocks, form.threads, param, stream)
+                    } else {
+                        let param = form.param::<P2P_MAX_STEPS>(ops, base);
+                        self.launch_engine(self.module.kernel_at(*wide), form.blocks, form.threads, param, stream)
+                    }
+                }
             }
             Run::Copy(lanes) => {
                 self.last_blocks.store(0, Ordering::Relaxed);

@@ -1,16 +1,20 @@
 //! The plan kernel's point-to-point form (`kernels/p2p.cuh`): which launches it takes, and its
 //! parameter.
 //!
-//! A launch whose encoded plan holds only LL sends and receives to other ranks (small send/recv
-//! groups: sendrecv, batched isend/irecv, pipeline stages) can run on a kernel that knows
-//! nothing else. It executes the same steps on the same connections, with the same LL protocol
-//! and the same piece cut as the plan kernel, so the peer at the other end of each connection
-//! may run either kernel: whether a launch takes this form is decided by each rank for itself,
-//! from its own plan, and changes no message. Everything the kernel needs sits in its
-//! parameter (each step with its connection's addresses), so a launch reads no table.
+//! A launch whose encoded plan holds only sends and receives to other ranks, and copies for
+//! sends to oneself (sendrecv, batched isend/irecv, pipeline stages, an all-to-all made of sends
+//! and receives), can run on a kernel that knows nothing else. It executes the same steps on
+//! the same connections, with the same protocols (LL or simple, as the plan says) and the same
+//! piece cut as the plan kernel, so the peer at the other end of each connection may run either
+//! kernel: whether a launch takes this form is decided by each rank for itself, from its own
+//! plan, and changes no message. Everything the kernel needs sits in its parameter (each step
+//! with its connection's addresses; a simple step reads its connection's length and head words
+//! from the table), so a launch reads no step table. A lane's consecutive steps of one message
+//! whose pieces fall where the plan kernel's would (every step but the last a whole number of
+//! pieces) run as one step, so that large messages fit the parameter.
 
 use super::tables::{
-    Encoded, FcConn, FcOp, FcP2p, FcP2pStep, FcStep, BUF_OUTPUT, CONN_RECV, CONN_SEND, FLAG_LL, LL_DATA_BYTES, P2P_COPY, P2P_MAX_STEPS, STEP_COPY,
+    Encoded, FcConn, FcOp, FcP2p, FcP2pN, FcP2pStep, FcStep, BUF_OUTPUT, CONN_RECV, CONN_SEND, FLAG_LL, LL_DATA_BYTES, P2P_COPY, P2P_MAX_STEPS, P2P_SMALL_STEPS, P2P_THREADS, STEP_COPY,
     STEP_RECV, STEP_SEND,
 };
 
@@ -31,24 +35,30 @@ impl Source {
 }
 
 /// A launch shape in the point-to-point form: its steps with everything but this call's
-/// buffers (where `buf`, and a copy's `dst`, come from), and the blocks it runs on (one per
-/// plan lane).
+/// buffers (where `buf`, and a copy's destination, come from), and the blocks it runs on (one
+/// per plan lane).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct P2pForm {
+    /// In block order (the kernel finds a block's steps by binary search).
     steps: Vec<(FcP2pStep, Source, Option<Source>)>,
     pub blocks: u32,
+    /// Threads per block: [`P2P_THREADS`] where a step moves simple-protocol slots with the
+    /// block-wide copy loop; half where every step is LL (or a copy), whose messages are a few
+    /// lines per thread at most (more threads only cost a small launch their start and exit).
+    pub threads: u32,
 }
 
-/// The plan kernel's LL piece on a connection of `slot_bytes` for elements of `es` bytes, in
-/// bytes (`ll_piece_bytes` in fifo.cuh, cut to whole elements as `run_lane` cuts it).
-fn piece_bytes(slot_bytes: u32, es: u32) -> u32 {
-    let ll = slot_bytes.min(LL_DATA_BYTES as u32) & !7;
-    ll.checked_div(es).map_or(0, |k| k * es)
+/// The plan kernel's piece on a connection of `slot_bytes` for elements of `es` bytes, in bytes:
+/// LL, `ll_piece_bytes` in fifo.cuh; simple, the slot; either cut to whole elements as
+/// `run_lane` cuts it.
+fn piece_bytes(slot_bytes: u32, es: u32, ll: bool) -> u32 {
+    let b = if ll { slot_bytes.min(LL_DATA_BYTES as u32) & !7 } else { slot_bytes };
+    b.checked_div(es).map_or(0, |k| k * es)
 }
 
 /// A send to oneself as the point-to-point kernel copies it, or None for any other copy (one
 /// that pre-multiplies or divides: collectives' own blocks).
-fn self_copy(s: &FcStep, ops: &[FcOp], block: u32) -> Option<(FcP2pStep, Source, Option<Source>)> {
+fn self_copy(s: &FcStep, ops: &[FcOp], block: u16) -> Option<(FcP2pStep, Source, Option<Source>)> {
     if s.flags & !FLAG_LL != 0 {
         return None;
     }
@@ -64,79 +74,120 @@ fn self_copy(s: &FcStep, ops: &[FcOp], block: u32) -> Option<(FcP2pStep, Source,
     Some((step, src, Some(dst)))
 }
 
+/// Whether `next` continues `prev`'s message on the same connection and can join it: the same
+/// buffer right after it, and `prev` a whole number of pieces, so the joined step cuts pieces
+/// exactly where the plan kernel cuts the two.
+fn joins(prev: &(FcP2pStep, Source, Option<Source>), next: &(FcP2pStep, Source, Option<Source>)) -> bool {
+    let ((a, sa, _), (b, sb, _)) = (prev, next);
+    a.dir != P2P_COPY
+        && (a.dir, a.conn, a.block, a.ll, a.piece) == (b.dir, b.conn, b.block, b.ll, b.piece)
+        && (sa.op, sa.output) == (sb.op, sb.output)
+        && sa.offset + a.bytes as u64 == sb.offset
+        && a.bytes % a.piece == 0
+        && (a.bytes as u64 + b.bytes as u64) <= u32::MAX as u64
+}
+
 /// The point-to-point form of `enc`, or None when the launch needs the plan kernel: a step that
-/// is not an LL send or receive or a plain copy (reductions, forwards, zero-copy marks,
-/// pre-multiplied sends), more than [`P2P_MAX_STEPS`] steps, a connection used by two lanes,
-/// or one the table lacks. `conns` is the communicator's connection table. A launch of copies
-/// alone (sends to oneself) stays on the plan kernel: it has no messages to speed up.
+/// is not a send, a receive or a plain copy (reductions, forwards, zero-copy posts and direct
+/// writes, pre-multiplied sends), more than [`P2P_MAX_STEPS`] steps once joined, a connection
+/// used by two lanes, or one the table lacks. `conns` is the communicator's connection table.
+/// A launch of copies alone (sends to oneself) stays on the plan kernel: it has no messages to
+/// speed up.
 pub(crate) fn p2p_form(enc: &Encoded, conns: &[FcConn]) -> Option<P2pForm> {
-    if enc.steps.is_empty() || enc.steps.len() > P2P_MAX_STEPS {
+    if enc.steps.is_empty() || enc.lanes.len() > u16::MAX as usize {
         return None;
     }
-    let mut steps = Vec::with_capacity(enc.steps.len());
+    let mut steps: Vec<(FcP2pStep, Source, Option<Source>)> = Vec::new();
     // (connection, lane) of every step so far: a connection's counter has one owner.
     let mut owners: Vec<(i32, usize)> = Vec::new();
     for (li, lane) in enc.lanes.iter().enumerate() {
         let first = lane.first_step as usize;
         for s in enc.steps.get(first..first + lane.nsteps as usize)? {
-            if s.kind == STEP_COPY {
-                steps.push(self_copy(s, &enc.ops, li as u32)?);
-                continue;
-            }
-            if s.flags != FLAG_LL {
-                return None;
-            }
-            let (conn, dir, buf, off) = match s.kind {
-                STEP_SEND => (s.send_conn, CONN_SEND, s.src_buf, s.src_off),
-                STEP_RECV if s.dst_op == s.op => (s.recv_conn, CONN_RECV, s.dst_buf, s.dst_off),
-                _ => return None,
+            let step = if s.kind == STEP_COPY {
+                self_copy(s, &enc.ops, li as u16)?
+            } else {
+                let ll = match s.flags {
+                    FLAG_LL => true,
+                    0 => false,
+                    _ => return None,
+                };
+                let (conn, dir, buf, off) = match s.kind {
+                    STEP_SEND => (s.send_conn, CONN_SEND, s.src_buf, s.src_off),
+                    STEP_RECV if s.dst_op == s.op => (s.recv_conn, CONN_RECV, s.dst_buf, s.dst_off),
+                    _ => return None,
+                };
+                let c = conns.get(usize::try_from(conn).ok()?)?;
+                let base = if ll { c.ll } else { c.data };
+                if c.dir != dir || c.slots == 0 || base == 0 || (!ll && (c.lens == 0 || c.head == 0)) {
+                    return None;
+                }
+                match owners.iter().find(|o| o.0 == conn) {
+                    Some(&(_, l)) if l != li => return None,
+                    Some(_) => {}
+                    None => owners.push((conn, li)),
+                }
+                let es = enc.ops.get(s.op as usize)?.elem_size;
+                let piece = piece_bytes(c.slot_bytes, es, ll);
+                if piece == 0 {
+                    return None;
+                }
+                let p = FcP2pStep {
+                    base,
+                    tail: c.tail,
+                    counter: c.counter,
+                    buf: 0,
+                    bytes: u32::try_from(s.count.checked_mul(es as u64)?).ok()?,
+                    piece,
+                    slots: c.slots,
+                    conn,
+                    peer: c.peer,
+                    block: li as u16,
+                    dir: dir as u8,
+                    ll: ll as u8,
+                };
+                (p, Source { op: s.op as usize, output: buf == BUF_OUTPUT, offset: off.checked_mul(es as u64)? }, None)
             };
-            let c = conns.get(usize::try_from(conn).ok()?)?;
-            if c.dir != dir || c.slots == 0 || c.ll == 0 {
+            match steps.last_mut() {
+                Some(prev) if joins(prev, &step) => prev.0.bytes += step.0.bytes,
+                _ => steps.push(step),
+            }
+            if steps.len() > P2P_MAX_STEPS {
                 return None;
             }
-            match owners.iter().find(|o| o.0 == conn) {
-                Some(&(_, l)) if l != li => return None,
-                Some(_) => {}
-                None => owners.push((conn, li)),
-            }
-            let op = enc.ops.get(s.op as usize)?;
-            let es = op.elem_size;
-            let piece = piece_bytes(c.slot_bytes, es);
-            let bytes = u32::try_from(s.count.checked_mul(es as u64)?).ok()?;
-            if piece == 0 {
-                return None;
-            }
-            let step = FcP2pStep {
-                ll: c.ll,
-                tail: c.tail,
-                counter: c.counter,
-                buf: 0,
-                dst: 0,
-                bytes,
-                piece,
-                slots: c.slots,
-                conn,
-                peer: c.peer,
-                block: li as u32,
-                dir,
-                reserved: 0,
-            };
-            steps.push((step, Source { op: s.op as usize, output: buf == BUF_OUTPUT, offset: off.checked_mul(es as u64)? }, None));
         }
     }
     if owners.is_empty() {
         return None;
     }
-    Some(P2pForm { steps, blocks: u32::try_from(enc.lanes.len()).ok()? })
+    let simple = steps.iter().any(|(p, _, _)| p.dir != P2P_COPY && p.ll == 0);
+    Some(P2pForm { steps, blocks: u32::try_from(enc.lanes.len()).ok()?, threads: if simple { P2P_THREADS } else { P2P_THREADS / 2 } })
 }
 
 impl P2pForm {
-    /// The kernel parameter for this call's operations `ops`, on `base`'s status words.
-    pub fn param(&self, ops: &[FcOp], base: &FcP2p) -> FcP2p {
-        let mut p = FcP2p { nsteps: self.steps.len() as u32, ..*base };
+    /// Whether the small kernel takes it: LL steps and copies only (that kernel has no simple
+    /// protocol, whose copy loop cost a small launch 0.5 us), few enough for its parameter.
+    pub fn small(&self) -> bool {
+        self.steps.len() <= P2P_SMALL_STEPS && self.threads < P2P_THREADS
+    }
+
+    /// The kernel parameter (of room for `N` steps, at least as many as the form has) for this
+    /// call's operations `ops`, on `base`'s table and status words.
+    pub fn param<const N: usize>(&self, ops: &[FcOp], base: &FcP2p) -> FcP2pN<N> {
+        assert!(self.steps.len() <= N, "a parameter of {N} steps for {} steps", self.steps.len());
+        let mut p = FcP2pN::<N> {
+            conns: base.conns,
+            abort: base.abort,
+            error: base.error,
+            timeout_ns: base.timeout_ns,
+            rank: base.rank,
+            nsteps: self.steps.len() as u32,
+            ..Default::default()
+        };
         for (slot, (step, src, dst)) in p.steps.iter_mut().zip(&self.steps) {
-            *slot = FcP2pStep { buf: src.at(ops), dst: dst.map_or(0, |d| d.at(ops)), ..*step };
+            *slot = FcP2pStep { buf: src.at(ops), ..*step };
+            if let Some(d) = dst {
+                slot.base = d.at(ops);
+            }
         }
         p
     }
@@ -145,7 +196,7 @@ impl P2pForm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cuda::tables::{encode, FcLane, FcStep, OpDesc, FLAG_POST, FLAG_PRE, STEP_COPY, STEP_RECV_COPY};
+    use crate::backend::cuda::tables::{encode, FcLane, FcStep, OpDesc, FLAG_POST, FLAG_PRE, P2P_THREADS, STEP_COPY, STEP_RECV_COPY};
     use ferroccl_core::algo::{build_launch, Algo, CollDesc, LaunchOp, Tuning};
     use ferroccl_core::plan::{ConnKey, Dir, P2P_CHANNEL_BASE};
     use ferroccl_core::{CollKind, DataType, ReduceOp};
@@ -190,12 +241,16 @@ mod tests {
 
     /// `ops` of rank `rank` planned and encoded as the GPU backend does, LL where `ll`.
     fn encoded(rank: usize, nranks: usize, chans: usize, ops: &[Op], ll: bool) -> Encoded {
+        encoded_in_chunks(rank, nranks, chans, 1 << 20, ops, ll)
+    }
+
+    fn encoded_in_chunks(rank: usize, nranks: usize, chans: usize, chunk_elems: usize, ops: &[Op], ll: bool) -> Encoded {
         let launch: Vec<LaunchOp> = ops
             .iter()
             .map(|o| LaunchOp {
                 desc: CollDesc { kind: o.kind, count: o.count, root: o.peer },
                 dtype: o.dtype,
-                tuning: Tuning { algo: Algo::Direct, channels: chans, chunk_elems: 1 << 20 },
+                tuning: Tuning { algo: Algo::Direct, channels: chans, chunk_elems },
             })
             .collect();
         let plan = build_launch(rank, nranks, &launch).unwrap();
@@ -229,14 +284,17 @@ mod tests {
         let enc = encoded(0, n, chans, &ops, true);
         let form = p2p_form(&enc, &t).expect("LL sends and receives take the form");
         assert_eq!(form.blocks as usize, enc.lanes.len());
+        // In block order, for the kernel's binary search; LL alone: half the threads.
+        assert!(form.steps.windows(2).all(|w| w[0].0.block <= w[1].0.block));
+        assert_eq!(form.threads, P2P_THREADS / 2);
         assert_eq!(form.steps.len(), enc.steps.len());
         // Every plan step appears once, on its lane's block, with its connection's words.
         for (li, lane) in enc.lanes.iter().enumerate() {
             for s in &enc.steps[lane.first_step as usize..(lane.first_step + lane.nsteps) as usize] {
                 let conn = if s.kind == STEP_SEND { s.send_conn } else { s.recv_conn };
-                let (p, src, _) = form.steps.iter().find(|(p, _, _)| p.conn == conn && p.block == li as u32).expect("step kept");
+                let (p, src, _) = form.steps.iter().find(|(p, _, _)| p.conn == conn && p.block == li as u16).expect("step kept");
                 let c = &t[conn as usize];
-                assert_eq!((p.ll, p.tail, p.counter, p.slots, p.peer), (c.ll, c.tail, c.counter, c.slots, c.peer));
+                assert_eq!((p.base, p.tail, p.counter, p.slots, p.peer, p.ll), (c.ll, c.tail, c.counter, c.slots, c.peer, 1));
                 assert_eq!(p.bytes as u64, s.count * 8);
                 // 8 KiB LL pieces of whole float64 elements.
                 assert_eq!(p.piece, 8192);
@@ -246,7 +304,7 @@ mod tests {
             }
         }
         // The whole message is covered, each byte once, per direction.
-        let mut sent: Vec<(u64, u64)> = form.steps.iter().filter(|(p, _, _)| p.dir == CONN_SEND).map(|(p, s, _)| (s.offset, p.bytes as u64)).collect();
+        let mut sent: Vec<(u64, u64)> = form.steps.iter().filter(|(p, _, _)| p.dir == CONN_SEND as u8).map(|(p, s, _)| (s.offset, p.bytes as u64)).collect();
         sent.sort();
         assert_eq!(sent.iter().map(|x| x.1).sum::<u64>(), 8000);
         assert!(sent.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
@@ -257,7 +315,9 @@ mod tests {
             FcOp { send: 0xc000, recv: 0xd000, elem_size: 8, ..Default::default() },
         ];
         let base = FcP2p { abort: 1, error: 2, timeout_ns: 3, rank: 0, ..Default::default() };
-        let p = form.param(&fc_ops, &base);
+        let p = form.param::<P2P_MAX_STEPS>(&fc_ops, &base);
+        assert!(form.small());
+        assert_eq!(form.param::<P2P_SMALL_STEPS>(&fc_ops, &base).steps[..form.steps.len()], p.steps[..form.steps.len()]);
         assert_eq!((p.abort, p.error, p.timeout_ns, p.nsteps as usize), (1, 2, 3, form.steps.len()));
         for (k, (step, src, dst)) in form.steps.iter().enumerate() {
             let want = if src.op == 0 { 0xa000 } else { 0xd000 } + src.offset;
@@ -269,13 +329,17 @@ mod tests {
 
     #[test]
     fn pieces_are_the_plan_kernels_whole_elements() {
-        assert_eq!(piece_bytes(128 << 10, 4), 8192);
-        assert_eq!(piece_bytes(128 << 10, 8), 8192);
+        assert_eq!(piece_bytes(128 << 10, 4, true), 8192);
+        assert_eq!(piece_bytes(128 << 10, 8, true), 8192);
         // A slot smaller than the LL data, for 8-byte lines and then whole elements.
-        assert_eq!(piece_bytes(100, 1), 96);
-        assert_eq!(piece_bytes(100, 8), 96);
-        assert_eq!(piece_bytes(4096 + 64, 8), 4160);
-        assert_eq!(piece_bytes(4, 8), 0);
+        assert_eq!(piece_bytes(100, 1, true), 96);
+        assert_eq!(piece_bytes(100, 8, true), 96);
+        assert_eq!(piece_bytes(4096 + 64, 8, true), 4160);
+        assert_eq!(piece_bytes(4, 8, true), 0);
+        // Simple: the whole slot, in whole elements.
+        assert_eq!(piece_bytes(128 << 10, 8, false), 128 << 10);
+        assert_eq!(piece_bytes(1000, 8, false), 1000);
+        assert_eq!(piece_bytes(1000, 16, false), 992);
     }
 
     #[test]
@@ -283,8 +347,11 @@ mod tests {
         let (n, chans) = (3, 2);
         let t = conns(n, chans);
         let p2p = |kind, peer| Op { kind, peer, count: 64, dtype: DataType::Int32 };
-        // Simple protocol: not this form.
-        assert!(p2p_form(&encoded(0, n, chans, &[p2p(CollKind::Send, 1)], false), &t).is_none());
+        // The simple protocol too, on the data slots with their length and head words.
+        let simple = p2p_form(&encoded(0, n, chans, &[p2p(CollKind::Send, 1)], false), &t).expect("simple sends");
+        assert!(simple.steps.iter().all(|(p, _, _)| p.ll == 0 && p.base == t[p.conn as usize].data));
+        assert_eq!(simple.threads, P2P_THREADS, "the block-wide copy loop's threads");
+        assert!(!simple.small(), "the small kernel has no simple protocol");
         // Sends to oneself alone are copies, with no message to speed up.
         assert!(p2p_form(&encoded(0, n, chans, &[p2p(CollKind::Send, 0), p2p(CollKind::Recv, 0)], true), &t).is_none());
         // Several peers at once: fine.
@@ -352,11 +419,11 @@ mod tests {
         // From the send to rank 1 (op 2) into the receive from rank 1 (op 3), all 160 bytes.
         assert_eq!((src.op, src.output, src.offset), (2, false, 0));
         assert_eq!(dst.map(|d| (d.op, d.output, d.offset)), Some((3, true, 0)));
-        assert_eq!((c.bytes, c.conn, c.ll, c.counter), (160, -1, 0, 0));
+        assert_eq!((c.bytes, c.conn, c.base, c.counter), (160, -1, 0, 0));
         let fc_ops: Vec<FcOp> = (0..ops.len() as u64).map(|i| FcOp { send: 0x1000 * (i + 1), recv: 0x10_0000 * (i + 1), elem_size: 4, ..Default::default() }).collect();
-        let p = form.param(&fc_ops, &FcP2p::default());
+        let p = form.param::<P2P_MAX_STEPS>(&fc_ops, &FcP2p::default());
         let k = form.steps.iter().position(|(p, _, _)| p.dir == P2P_COPY).unwrap();
-        assert_eq!((p.steps[k].buf, p.steps[k].dst), (0x3000, 0x40_0000));
+        assert_eq!((p.steps[k].buf, p.steps[k].base), (0x3000, 0x40_0000));
         // Every other step is a message to or from another rank.
         assert_eq!(form.steps.iter().filter(|(p, _, _)| p.dir != P2P_COPY && p.peer != 1).count(), form.steps.len() - 1);
 
@@ -365,5 +432,40 @@ mod tests {
         let i = e.steps.iter().position(|s| s.kind == STEP_COPY).unwrap();
         e.steps[i].flags |= FLAG_PRE;
         assert!(p2p_form(&e, &t).is_none());
+    }
+
+    #[test]
+    fn a_large_message_runs_as_one_step_per_lane_where_its_pieces_fall_alike() {
+        let (n, chans) = (2, 4);
+        let t = conns(n, chans);
+        // 4 lanes, each 1 MiB of int64 in chunks of 256 KiB: four plan steps a lane, each two
+        // 128 KiB slots: joined into one step a lane.
+        let count = 4 * (1 << 20) / 8;
+        let ops = [Op { kind: CollKind::Send, peer: 1, count, dtype: DataType::Int64 }, Op { kind: CollKind::Recv, peer: 1, count, dtype: DataType::Int64 }];
+        let enc = encoded_in_chunks(0, n, chans, (256 << 10) / 8, &ops, false);
+        assert_eq!(enc.steps.len(), 2 * chans * 4);
+        let form = p2p_form(&enc, &t).expect("joined, it fits");
+        assert_eq!(form.steps.len(), 2 * chans);
+        for (p, src, _) in &form.steps {
+            assert_eq!((p.bytes, p.piece), (1 << 20, 128 << 10));
+            assert_eq!(src.offset % (1 << 20), 0);
+        }
+        // Chunks that end inside a slot (96 KiB chunks against 128 KiB slots) cut pieces the
+        // joined step would not: kept apart, and then too many.
+        let enc = encoded_in_chunks(0, n, chans, (96 << 10) / 8, &ops, false);
+        assert!(enc.steps.len() > P2P_MAX_STEPS);
+        assert!(p2p_form(&enc, &t).is_none());
+        let small = [
+            Op { kind: CollKind::Send, peer: 1, count: 3 * (96 << 10) / 8, dtype: DataType::Int64 },
+            Op { kind: CollKind::Recv, peer: 1, count: 3 * (96 << 10) / 8, dtype: DataType::Int64 },
+        ];
+        let enc = encoded_in_chunks(0, n, 1, (96 << 10) / 8, &small, false);
+        let form = p2p_form(&enc, &t).unwrap();
+        assert_eq!((enc.steps.len(), form.steps.len()), (6, 6), "96 KiB steps of 128 KiB slots stay apart");
+        // Two messages on one connection are never joined, even back to back in one buffer.
+        let a = || Op { kind: CollKind::Send, peer: 1, count: 16 << 10, dtype: DataType::Int64 };
+        let enc = encoded_in_chunks(0, n, 1, 1 << 20, &[a(), a()], false);
+        let form = p2p_form(&enc, &t).unwrap();
+        assert_eq!(form.steps.len(), 2);
     }
 }

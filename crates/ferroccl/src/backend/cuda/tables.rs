@@ -230,53 +230,71 @@ pub(crate) struct FcPeer {
 
 /// Steps the point-to-point kernel's parameter holds (`FC_P2P_MAX_STEPS`): launches with more
 /// stay on the plan kernel.
-pub(crate) const P2P_MAX_STEPS: usize = 32;
+pub(crate) const P2P_MAX_STEPS: usize = 64;
 
-/// Threads per block of the point-to-point kernel (`FC_P2P_THREADS`).
-pub(crate) const P2P_THREADS: u32 = 256;
+/// Threads per block of the point-to-point kernel (`FC_P2P_THREADS`): the plan kernel's, whose
+/// copy loop its simple-protocol steps use.
+pub(crate) const P2P_THREADS: u32 = 512;
 
 /// A point-to-point kernel step that copies locally (`FC_P2P_COPY`): a send to oneself.
-pub(crate) const P2P_COPY: u32 = 2;
+pub(crate) const P2P_COPY: u8 = 2;
 
-/// One message of the point-to-point kernel (`p2p.cuh`): a plan step with its connection's
-/// addresses and this call's buffer.
+/// One message of the point-to-point kernel (`p2p.cuh`): a plan step (or a lane's run of them)
+/// with its connection's addresses and this call's buffer.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct FcP2pStep {
-    /// The connection's LL slots (the receiver's memory, as this GPU maps it).
-    pub ll: u64,
+    /// The connection's slots (LL or data, as `ll` says), the receiver's memory as this GPU
+    /// maps it; a copy: its destination.
+    pub base: u64,
     /// Send: this rank's tail word; receive: the sender's.
     pub tail: u64,
     /// This rank's counter word of the connection.
     pub counter: u64,
     /// Send, copy: the message's first byte; receive: where it goes.
     pub buf: u64,
-    /// Copy: where it goes; else 0.
-    pub dst: u64,
     pub bytes: u32,
-    /// Bytes per slot: the plan kernel's LL piece.
+    /// Bytes per slot: the plan kernel's piece.
     pub piece: u32,
     pub slots: u32,
     pub conn: i32,
     pub peer: u32,
     /// The block that runs it.
-    pub block: u32,
+    pub block: u16,
     /// `CONN_SEND`, `CONN_RECV` or [`P2P_COPY`].
-    pub dir: u32,
-    pub reserved: u32,
+    pub dir: u8,
+    /// 1: the LL protocol; 0: the simple one.
+    pub ll: u8,
 }
 
-/// The point-to-point kernel's only parameter.
+/// Steps of the point-to-point kernel's small parameter (`FC_P2P_SMALL_STEPS`): a launch of
+/// this many LL steps or fewer takes `ferroccl_p2p` (0.7 KB of parameter, no simple
+/// protocol), any other `ferroccl_p2p_wide` (3.6 KB).
+pub(crate) const P2P_SMALL_STEPS: usize = 12;
+
+/// The point-to-point kernel's only parameter, with room for `N` steps.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct FcP2p {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FcP2pN<const N: usize> {
+    pub conns: u64,
     pub abort: u64,
     pub error: u64,
     pub timeout_ns: u64,
     pub rank: u32,
     pub nsteps: u32,
-    pub steps: [FcP2pStep; P2P_MAX_STEPS],
+    pub steps: [FcP2pStep; N],
 }
+
+impl<const N: usize> Default for FcP2pN<N> {
+    fn default() -> Self {
+        FcP2pN { conns: 0, abort: 0, error: 0, timeout_ns: 0, rank: 0, nsteps: 0, steps: [FcP2pStep::default(); N] }
+    }
+}
+
+/// `ferroccl_p2p_wide`'s parameter.
+pub(crate) type FcP2p = FcP2pN<P2P_MAX_STEPS>;
+/// `ferroccl_p2p`'s parameter.
+pub(crate) type FcP2pSmall = FcP2pN<P2P_SMALL_STEPS>;
 
 /// Flag lines per block and sender in the peer engine (`FC_PEER_PHASES`): inputs, results,
 /// acknowledgements.
@@ -350,9 +368,10 @@ layout! {
     FcPeer: 392 { stage @ 0, flags @ 128, seqs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
                   chunk @ 296, slot_bytes @ 304, kind @ 312, rank @ 316, nranks @ 320, nblocks @ 324, root @ 328,
                   reserved @ 332, op @ 336 }
-    FcP2pStep: 72 { ll @ 0, tail @ 8, counter @ 16, buf @ 24, dst @ 32, bytes @ 40, piece @ 44, slots @ 48,
-                    conn @ 52, peer @ 56, block @ 60, dir @ 64, reserved @ 68 }
-    FcP2p: 2336 { abort @ 0, error @ 8, timeout_ns @ 16, rank @ 24, nsteps @ 28, steps @ 32 }
+    FcP2pStep: 56 { base @ 0, tail @ 8, counter @ 16, buf @ 24, bytes @ 32, piece @ 36, slots @ 40, conn @ 44,
+                    peer @ 48, block @ 52, dir @ 54, ll @ 55 }
+    FcP2p: 3624 { conns @ 0, abort @ 8, error @ 16, timeout_ns @ 24, rank @ 32, nsteps @ 36, steps @ 40 }
+    FcP2pSmall: 712 { steps @ 40 }
 }
 
 /// One operation of a launch as the device sees it.
@@ -705,7 +724,7 @@ mod tests {
         rust.sort();
         assert_eq!(cuda, rust);
         // Every field of every struct is pinned: the offsets plus the last field's size fill it.
-        assert_eq!(LAYOUT.iter().filter(|e| e.1.is_empty()).count(), 10);
+        assert_eq!(LAYOUT.iter().filter(|e| e.1.is_empty()).count(), 11);
     }
 
     #[test]
@@ -759,7 +778,8 @@ mod tests {
             ("FC_PEER_PHASES", PEER_PHASES as u32),
             ("FC_P2P_MAX_STEPS", P2P_MAX_STEPS as u32),
             ("FC_P2P_THREADS", P2P_THREADS),
-            ("FC_P2P_COPY", P2P_COPY),
+            ("FC_P2P_COPY", P2P_COPY as u32),
+            ("FC_P2P_SMALL_STEPS", P2P_SMALL_STEPS as u32),
             ("FC_INLINE_OPS", INLINE_OPS as u32),
         ] {
             assert_eq!(get(n), v, "{n}");

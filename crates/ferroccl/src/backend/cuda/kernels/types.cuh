@@ -278,61 +278,71 @@ FC_CHECK_OFFSET(FcPeer, reserved, 332);
 FC_CHECK_OFFSET(FcPeer, op, 336);
 
 // ---- the point-to-point kernel (p2p.cuh, in the plan kernel's module) ---------------------------
-// A launch whose plan is only LL sends and receives (small send/recv groups), run over the plan
-// kernel's own connections with its LL protocol, so that either kernel may sit at either end of
-// a connection: each step is one message on one connection, cut into the plan kernel's pieces.
-#define FC_P2P_MAX_STEPS 32u
-#define FC_P2P_THREADS 256u
+// A launch whose plan is only sends and receives (and copies for sends to oneself), run over the
+// plan kernel's own connections with its protocols, so that either kernel may sit at either end
+// of a connection: each step is one message (or a run of a lane's messages that cut into the
+// same pieces) on one connection, cut into the plan kernel's pieces.
+#define FC_P2P_MAX_STEPS 64u
+#define FC_P2P_THREADS 512u
 // A step's direction: FC_CONN_SEND, FC_CONN_RECV, or a local copy (a send to oneself into the
 // matching receive), which has no connection.
 #define FC_P2P_COPY 2u
 
 struct FcP2pStep {
-    fc_u64 ll;       // the connection's LL slots (the receiver's memory, as this GPU maps it)
+    fc_u64 base;     // the connection's slots (LL or data, as `ll` says; the receiver's memory, as
+                     // this GPU maps it); a copy: its destination
     fc_u64 tail;     // send: this rank's tail word, polled; receive: the sender's, stored
     fc_u64 counter;  // this rank's counter word of the connection (messages so far)
     fc_u64 buf;      // send, copy: the message's first byte; receive: where its first byte goes
-    fc_u64 dst;      // copy: where its first byte goes; else 0
     fc_u32 bytes;    // bytes of the message
-    fc_u32 piece;    // bytes per slot: the plan kernel's piece (whole elements, <= FC_LL_DATA)
+    fc_u32 piece;    // bytes per slot: the plan kernel's piece (whole elements)
     fc_u32 slots;    // slots of the connection
-    fc_i32 conn;     // its index in the connection table (error records)
+    fc_i32 conn;     // its index in the connection table (simple: lens and head; error records)
     fc_u32 peer;
-    fc_u32 block;    // the block that runs it; a block runs its steps in table order
-    fc_u32 dir;      // FC_CONN_SEND, FC_CONN_RECV or FC_P2P_COPY
-    fc_u32 reserved;
+    fc_u16 block;    // the block that runs it; a block runs its steps in table order
+    fc_u8 dir;       // FC_CONN_SEND, FC_CONN_RECV or FC_P2P_COPY
+    fc_u8 ll;        // 1: the LL protocol; 0: the simple one
 };
-FC_CHECK_SIZE(FcP2pStep, 72);
-FC_CHECK_OFFSET(FcP2pStep, ll, 0);
+FC_CHECK_SIZE(FcP2pStep, 56);
+FC_CHECK_OFFSET(FcP2pStep, base, 0);
 FC_CHECK_OFFSET(FcP2pStep, tail, 8);
 FC_CHECK_OFFSET(FcP2pStep, counter, 16);
 FC_CHECK_OFFSET(FcP2pStep, buf, 24);
-FC_CHECK_OFFSET(FcP2pStep, dst, 32);
-FC_CHECK_OFFSET(FcP2pStep, bytes, 40);
-FC_CHECK_OFFSET(FcP2pStep, piece, 44);
-FC_CHECK_OFFSET(FcP2pStep, slots, 48);
-FC_CHECK_OFFSET(FcP2pStep, conn, 52);
-FC_CHECK_OFFSET(FcP2pStep, peer, 56);
-FC_CHECK_OFFSET(FcP2pStep, block, 60);
-FC_CHECK_OFFSET(FcP2pStep, dir, 64);
-FC_CHECK_OFFSET(FcP2pStep, reserved, 68);
+FC_CHECK_OFFSET(FcP2pStep, bytes, 32);
+FC_CHECK_OFFSET(FcP2pStep, piece, 36);
+FC_CHECK_OFFSET(FcP2pStep, slots, 40);
+FC_CHECK_OFFSET(FcP2pStep, conn, 44);
+FC_CHECK_OFFSET(FcP2pStep, peer, 48);
+FC_CHECK_OFFSET(FcP2pStep, block, 52);
+FC_CHECK_OFFSET(FcP2pStep, dir, 54);
+FC_CHECK_OFFSET(FcP2pStep, ll, 55);
 
-// Passed by value: the status words, then the launch's steps with this call's buffers.
-struct FcP2p {
+// Passed by value: the connection table and status words, then the launch's steps with this
+// call's buffers. Two sizes, two entry points (p2p.cuh): a small launch of LL steps carries
+// 0.7 KB; 64 steps take 3.6 KB, within the classic 4 KB of kernel parameters.
+#define FC_P2P_SMALL_STEPS 12u
+template <fc_u32 N>
+struct FcP2pN {
+    fc_u64 conns;  // the FcConn table
     fc_u64 abort;  // as FcLaunch
     fc_u64 error;
     fc_u64 timeout_ns;
     fc_u32 rank;
     fc_u32 nsteps;
-    FcP2pStep steps[FC_P2P_MAX_STEPS];
+    FcP2pStep steps[N];
 };
-FC_CHECK_SIZE(FcP2p, 2336);
-FC_CHECK_OFFSET(FcP2p, abort, 0);
-FC_CHECK_OFFSET(FcP2p, error, 8);
-FC_CHECK_OFFSET(FcP2p, timeout_ns, 16);
-FC_CHECK_OFFSET(FcP2p, rank, 24);
-FC_CHECK_OFFSET(FcP2p, nsteps, 28);
-FC_CHECK_OFFSET(FcP2p, steps, 32);
+typedef FcP2pN<FC_P2P_MAX_STEPS> FcP2p;
+typedef FcP2pN<FC_P2P_SMALL_STEPS> FcP2pSmall;
+FC_CHECK_SIZE(FcP2p, 3624);
+FC_CHECK_OFFSET(FcP2p, conns, 0);
+FC_CHECK_OFFSET(FcP2p, abort, 8);
+FC_CHECK_OFFSET(FcP2p, error, 16);
+FC_CHECK_OFFSET(FcP2p, timeout_ns, 24);
+FC_CHECK_OFFSET(FcP2p, rank, 32);
+FC_CHECK_OFFSET(FcP2p, nsteps, 36);
+FC_CHECK_OFFSET(FcP2p, steps, 40);
+FC_CHECK_SIZE(FcP2pSmall, 712);
+FC_CHECK_OFFSET(FcP2pSmall, steps, 40);
 
 #define FC_KIND_ALL_REDUCE 0u
 #define FC_KIND_ALL_GATHER 1u
