@@ -11,8 +11,8 @@
 // words straight between the buffer and the lines; an LL send needs no barrier at all, an LL
 // receive one per piece before it frees the slot. A simple-protocol piece keeps the plan
 // kernel's handshake (thread 0 waits for the head and checks the length; one barrier before
-// the copy, one before the head or tail moves) and its copy loop, without its second barrier on
-// the send side: each warp checks for room itself.
+// the copy, one before the head or tail moves) and its copy loop. Two kernels: a lean one for
+// a few LL steps, one for the rest (see below).
 //
 // Counters: like the plan kernel's lanes, a block binds one send and one receive connection at
 // a time, reads a connection's counter word when it binds it and writes it back when it moves
@@ -49,37 +49,44 @@ __device__ __forceinline__ bool p2p_room(const Param& P, const FcP2pStep& s, fc_
     return __shfl_sync(0xffffffffu, ok, 0) != 0;
 }
 
-// One send: each piece into the connection's next slot. LL: every thread its own lines, no
-// barrier. Simple: the block copies the piece with the plan kernel's loop, then (barrier)
-// thread 0 writes its length and releases the head, as `publish` does. False on failure (warp
-// by warp for LL; the caller agrees block-wide).
-template <bool SIMPLE, typename Param>
-__device__ bool p2p_send(const Param& P, const FcP2pStep& s, fc_u64& seq) {
+// An LL send: each piece into the connection's next slot, every thread its own lines, no
+// barrier. False on failure, warp by warp (the caller agrees block-wide).
+template <typename Param>
+__device__ bool p2p_send_ll(const Param& P, const FcP2pStep& s, fc_u64& seq) {
     const fc_u8* src = (const fc_u8*)s.buf;
     fc_u64 tail_seen = 0;
-    const FcConn* c = (const FcConn*)P.conns + s.conn;
-    const fc_u64 stride = s.ll ? 2ull * FC_LL_DATA : (fc_u64)c->slot_bytes;
     for (fc_u64 off = 0; off < s.bytes; off += s.piece, ++seq) {
-        const bool room = p2p_room(P, s, seq, tail_seen);
+        if (!p2p_room(P, s, seq, tail_seen)) return false;
         const fc_u64 nb = s.bytes - off < s.piece ? s.bytes - off : s.piece;
-        fc_u8* slot = (fc_u8*)s.base + (seq % s.slots) * stride;
-        if (s.ll) {
-            if (!room) return false;
-            const fc_u32 flag = ll_flag(seq);
-            for (fc_u64 i = threadIdx.x; i * 8u < nb; i += blockDim.x) {
-                const fc_u32 n = (fc_u32)(nb - i * 8u < 8u ? nb - i * 8u : 8u);
-                ll_store(slot + i * 16u, load8(src + off + i * 8u, n), flag);
-            }
-        } else if (SIMPLE) {
-            // The block copies the piece together: it leaves together too.
-            if (__syncthreads_or(!room)) return false;
-            copy_bytes(slot, nullptr, src + off, nb);
-            // Every thread's stores before thread 0's release (cumulative), as in fifo.cuh.
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                ((volatile fc_u32*)c->lens)[seq % s.slots] = (fc_u32)nb;
-                st_release_sys((fc_u64*)c->head, seq + 1u);
-            }
+        fc_u8* slot = (fc_u8*)s.base + (seq % s.slots) * (2ull * FC_LL_DATA);
+        const fc_u32 flag = ll_flag(seq);
+        for (fc_u64 i = threadIdx.x; i * 8u < nb; i += blockDim.x) {
+            const fc_u32 n = (fc_u32)(nb - i * 8u < 8u ? nb - i * 8u : 8u);
+            ll_store(slot + i * 16u, load8(src + off + i * 8u, n), flag);
+        }
+    }
+    return true;
+}
+
+// A simple-protocol send: the block copies each piece into the next slot with the plan
+// kernel's loop, then (barrier) thread 0 writes its length and releases the head, as
+// `publish` does. False on failure, on every thread.
+template <typename Param>
+__device__ bool p2p_send_simple(const Param& P, const FcP2pStep& s, fc_u64& seq) {
+    const fc_u8* src = (const fc_u8*)s.buf;
+    const FcConn* c = (const FcConn*)P.conns + s.conn;
+    const fc_u64 stride = c->slot_bytes;
+    fc_u64 tail_seen = 0;
+    for (fc_u64 off = 0; off < s.bytes; off += s.piece, ++seq) {
+        // The block copies the piece together: it leaves together too.
+        if (__syncthreads_or(!p2p_room(P, s, seq, tail_seen))) return false;
+        const fc_u64 nb = s.bytes - off < s.piece ? s.bytes - off : s.piece;
+        copy_bytes((fc_u8*)s.base + (seq % s.slots) * stride, nullptr, src + off, nb);
+        // Every thread's stores before thread 0's release (cumulative), as in fifo.cuh.
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            ((volatile fc_u32*)c->lens)[seq % s.slots] = (fc_u32)nb;
+            st_release_sys((fc_u64*)c->head, seq + 1u);
         }
     }
     return true;
@@ -95,59 +102,63 @@ __device__ void p2p_copy(const FcP2pStep& s) {
     }
 }
 
-// Thread 0, simple protocol: waits until the sender published slot `seq` and checks that it
-// holds `nb` bytes (a mismatch means the plans disagree); false on failure.
+// An LL receive: each piece's lines, every thread waiting for its own and storing their data;
+// then the barrier (every load of the slot has returned) and thread 0 frees the slot with a
+// relaxed store, as release_ll does. False, on every thread, when a wait failed.
 template <typename Param>
-__device__ bool p2p_wait_data(const Param& P, const FcP2pStep& s, const FcConn* c, fc_u64 seq, fc_u64 nb) {
-    fc_u32 polls = 0;
-    fc_u64 since = 0;
-    fc_u64 h;
-    while ((h = ld_acquire_sys((const fc_u64*)c->head)) <= seq) {
-        if (!engine_keep_waiting(P, polls, since, FC_WHAT_DATA, s.peer, seq + 1u, h, s.conn)) return false;
-    }
-    const fc_u32 len = ((const volatile fc_u32*)c->lens)[seq % s.slots];
-    if (len != nb) {
-        engine_error(P, FC_ERR_LENGTH, FC_WHAT_LENGTH, s.peer, nb, len, 0, 0, s.conn);
-        return false;
+__device__ bool p2p_recv_ll(const Param& P, const FcP2pStep& s, fc_u64& seq) {
+    fc_u8* dst = (fc_u8*)s.buf;
+    for (fc_u64 off = 0; off < s.bytes; off += s.piece, ++seq) {
+        const fc_u64 nb = s.bytes - off < s.piece ? s.bytes - off : s.piece;
+        const fc_u8* slot = (const fc_u8*)s.base + (seq % s.slots) * (2ull * FC_LL_DATA);
+        const fc_u32 flag = ll_flag(seq);
+        int bad = 0;
+        for (fc_u64 i = threadIdx.x; i * 8u < nb; i += blockDim.x) {
+            fc_u64 v;
+            if (!ll_wait_line(P, slot + i * 16u, flag, s.peer, v, s.conn)) {
+                bad = 1;
+                break;
+            }
+            store8(dst + off + i * 8u, v, (fc_u32)(nb - i * 8u < 8u ? nb - i * 8u : 8u));
+        }
+        if (__syncthreads_or(bad)) return false;
+        if (threadIdx.x == 0) st_relaxed_sys((fc_u64*)s.tail, seq + 1u);
     }
     return true;
 }
 
-// One receive: LL, each piece's lines, every thread waiting for its own and storing their
-// data; simple, thread 0 waits for the piece, the block copies it out. Then the barrier (every
-// load of the slot has returned) and thread 0 frees the slot: a relaxed store for LL, as
-// release_ll does, a release for simple, as release does. False, on every thread, when a wait
-// failed.
-template <bool SIMPLE, typename Param>
-__device__ bool p2p_recv(const Param& P, const FcP2pStep& s, fc_u64& seq) {
+// A simple-protocol receive: thread 0 waits until the sender published the piece and checks
+// its length (a mismatch means the plans disagree), the block copies it out, then (barrier)
+// thread 0 releases the tail, as `release` does. False, on every thread, on failure.
+template <typename Param>
+__device__ bool p2p_recv_simple(const Param& P, const FcP2pStep& s, fc_u64& seq) {
     fc_u8* dst = (fc_u8*)s.buf;
     const FcConn* c = (const FcConn*)P.conns + s.conn;
-    const fc_u64 stride = s.ll ? 2ull * FC_LL_DATA : (fc_u64)c->slot_bytes;
+    const fc_u64 stride = c->slot_bytes;
     for (fc_u64 off = 0; off < s.bytes; off += s.piece, ++seq) {
         const fc_u64 nb = s.bytes - off < s.piece ? s.bytes - off : s.piece;
-        const fc_u8* slot = (const fc_u8*)s.base + (seq % s.slots) * stride;
         int bad = 0;
-        if (s.ll) {
-            const fc_u32 flag = ll_flag(seq);
-            for (fc_u64 i = threadIdx.x; i * 8u < nb; i += blockDim.x) {
-                fc_u64 v;
-                if (!ll_wait_line(P, slot + i * 16u, flag, s.peer, v, s.conn)) {
+        if (threadIdx.x == 0) {
+            fc_u32 polls = 0;
+            fc_u64 since = 0;
+            fc_u64 h;
+            while ((h = ld_acquire_sys((const fc_u64*)c->head)) <= seq) {
+                if (!engine_keep_waiting(P, polls, since, FC_WHAT_DATA, s.peer, seq + 1u, h, s.conn)) {
                     bad = 1;
                     break;
                 }
-                store8(dst + off + i * 8u, v, (fc_u32)(nb - i * 8u < 8u ? nb - i * 8u : 8u));
             }
-        } else if (SIMPLE) {
-            if (threadIdx.x == 0) bad = !p2p_wait_data(P, s, c, seq, nb);
-            // Also orders every thread's loads of the slot after thread 0's acquire.
-            if (__syncthreads_or(bad)) return false;
-            copy_bytes(dst + off, nullptr, slot, nb);
+            const fc_u32 len = bad ? (fc_u32)nb : ((const volatile fc_u32*)c->lens)[seq % s.slots];
+            if (len != nb) {
+                engine_error(P, FC_ERR_LENGTH, FC_WHAT_LENGTH, s.peer, nb, len, 0, 0, s.conn);
+                bad = 1;
+            }
         }
+        // Also orders every thread's loads of the slot after thread 0's acquire.
         if (__syncthreads_or(bad)) return false;
-        if (threadIdx.x == 0) {
-            if (s.ll) st_relaxed_sys((fc_u64*)s.tail, seq + 1u);
-            else st_release_sys((fc_u64*)s.tail, seq + 1u);
-        }
+        copy_bytes(dst + off, nullptr, (const fc_u8*)s.base + (seq % s.slots) * stride, nb);
+        __syncthreads();
+        if (threadIdx.x == 0) st_release_sys((fc_u64*)s.tail, seq + 1u);
     }
     return true;
 }
@@ -170,12 +181,15 @@ __device__ __forceinline__ void p2p_bind(P2pBind& b, fc_u64 counter) {
     b.seq = *(const volatile fc_u64*)b.counter;
 }
 
-// The kernel: LL steps and copies only, in a small parameter (`ferroccl_p2p`: without the
-// simple protocol's block-wide copy loop, a call the LL-only kernel launched 0.5 us faster
-// without, in graphs on an H100), or every kind of step (`ferroccl_p2p_wide`). The host
-// gives the small one no simple step; should one come, it leaves with a plan error.
-template <bool SIMPLE, typename Param>
-__device__ __forceinline__ void p2p_main(const Param& P) {
+// The kernels. A block binds one send and one receive connection at a time and finds its steps
+// in the parameter, which come in block order.
+//
+// `ferroccl_p2p`: LL steps and copies only, at most FC_P2P_SMALL_STEPS, found by a scan. Its
+// code is kept to what those need: the same launch with the simple protocol's paths and a
+// binary search beside them took 0.5 us more in CUDA graphs on an H100 (the code a launch
+// fetches, as with the direct engine's one kernel per type). The host gives it nothing else.
+template <typename Param>
+__device__ __forceinline__ void p2p_small(const Param& P) {
     if (P.nsteps > sizeof(P.steps) / sizeof(P.steps[0])) return;
     prior_grid_wait();
     // A launch queued behind a failure does nothing: the counters may disagree by now.
@@ -183,8 +197,40 @@ __device__ __forceinline__ void p2p_main(const Param& P) {
     if (err != nullptr && err->claimed != 0u) return;
     P2pBind send = {nullptr, 0}, recv = {nullptr, 0};
     bool ok = true;
-    // The steps come in block order: this block's start by binary search (a scan of all 64
-    // cost a large launch about a microsecond of parameter loads).
+    for (fc_u32 i = 0; i < P.nsteps && ok; ++i) {
+        const FcP2pStep& s = P.steps[i];
+        if (s.block != blockIdx.x) continue;
+        if (s.dir == FC_P2P_COPY) {
+            p2p_copy(s);
+            // A later step may read what it wrote, through other threads (as in run_lane).
+            __syncthreads();
+        } else if (s.dir == FC_CONN_SEND) {
+            p2p_bind(send, s.counter);
+            // A send fails warp by warp (a room wait); the block agrees before its next barrier.
+            ok = !__syncthreads_or(!p2p_send_ll(P, s, send.seq));
+        } else {
+            p2p_bind(recv, s.counter);
+            ok = p2p_recv_ll(P, s, recv.seq);
+        }
+    }
+    release_next_grid();
+    // After a failure the positions do not matter: every later launch leaves at its start.
+    if (threadIdx.x == 0 && ok) {
+        if (send.counter != nullptr) *(volatile fc_u64*)send.counter = send.seq;
+        if (recv.counter != nullptr) *(volatile fc_u64*)recv.counter = recv.seq;
+    }
+}
+
+// `ferroccl_p2p_wide`: any step, up to FC_P2P_MAX_STEPS, a block's first found by binary search
+// (a scan of 64 cost a large launch about a microsecond of parameter loads).
+template <typename Param>
+__device__ __forceinline__ void p2p_wide(const Param& P) {
+    if (P.nsteps > sizeof(P.steps) / sizeof(P.steps[0])) return;
+    prior_grid_wait();
+    const volatile FcError* err = (const volatile FcError*)P.error;
+    if (err != nullptr && err->claimed != 0u) return;
+    P2pBind send = {nullptr, 0}, recv = {nullptr, 0};
+    bool ok = true;
     fc_u32 lo = 0, hi = P.nsteps;
     while (lo < hi) {
         const fc_u32 mid = (lo + hi) / 2;
@@ -196,22 +242,16 @@ __device__ __forceinline__ void p2p_main(const Param& P) {
         if (s.block != blockIdx.x) break;
         if (s.dir == FC_P2P_COPY) {
             p2p_copy(s);
-            // A later step may read what it wrote, through other threads (as in run_lane).
             __syncthreads();
-        } else if (!SIMPLE && !s.ll) {
-            if (threadIdx.x == 0) engine_error(P, FC_ERR_PLAN, FC_WHAT_PLAN, s.peer, 0, 0, 0, 0, s.conn);
-            ok = false;
         } else if (s.dir == FC_CONN_SEND) {
             p2p_bind(send, s.counter);
-            // A send fails warp by warp (a room wait); the block agrees before its next barrier.
-            ok = !__syncthreads_or(!p2p_send<SIMPLE>(P, s, send.seq));
+            ok = !__syncthreads_or(!(s.ll ? p2p_send_ll(P, s, send.seq) : p2p_send_simple(P, s, send.seq)));
         } else {
             p2p_bind(recv, s.counter);
-            ok = p2p_recv<SIMPLE>(P, s, recv.seq);
+            ok = s.ll ? p2p_recv_ll(P, s, recv.seq) : p2p_recv_simple(P, s, recv.seq);
         }
     }
     release_next_grid();
-    // After a failure the positions do not matter: every later launch leaves at its start.
     if (threadIdx.x == 0 && ok) {
         if (send.counter != nullptr) *(volatile fc_u64*)send.counter = send.seq;
         if (recv.counter != nullptr) *(volatile fc_u64*)recv.counter = recv.seq;
@@ -220,5 +260,5 @@ __device__ __forceinline__ void p2p_main(const Param& P) {
 
 }  // namespace fc
 
-extern "C" __global__ void __launch_bounds__(FC_P2P_THREADS / 2, 1) ferroccl_p2p(const __grid_constant__ FcP2pSmall P) { fc::p2p_main<false>(P); }
-extern "C" __global__ void __launch_bounds__(FC_P2P_THREADS, 1) ferroccl_p2p_wide(const __grid_constant__ FcP2p P) { fc::p2p_main<true>(P); }
+extern "C" __global__ void __launch_bounds__(FC_P2P_THREADS / 2, 1) ferroccl_p2p(const __grid_constant__ FcP2pSmall P) { fc::p2p_small(P); }
+extern "C" __global__ void __launch_bounds__(FC_P2P_THREADS, 1) ferroccl_p2p_wide(const __grid_constant__ FcP2p P) { fc::p2p_wide(P); }
