@@ -199,6 +199,8 @@ mod tests {
     use crate::backend::cuda::tables::{encode, FcLane, FcStep, OpDesc, FLAG_POST, FLAG_PRE, P2P_THREADS, STEP_COPY, STEP_RECV_COPY};
     use ferroccl_core::algo::{build_launch, Algo, CollDesc, LaunchOp, Tuning};
     use ferroccl_core::plan::{ConnKey, Dir, P2P_CHANNEL_BASE};
+    use proptest::prelude::*;
+    use std::collections::HashMap;
     use ferroccl_core::{CollKind, DataType, ReduceOp};
 
     /// A connection table of `nranks` ranks with `chans` channels per peer and direction, its
@@ -467,5 +469,129 @@ mod tests {
         let enc = encoded_in_chunks(0, n, 1, 1 << 20, &[a(), a()], false);
         let form = p2p_form(&enc, &t).unwrap();
         assert_eq!(form.steps.len(), 2);
+    }
+
+    /// Every message as the plan kernel cuts it: (block, connection, direction, op, output,
+    /// byte offset, bytes) per piece, and copies whole, in lane and step order.
+    type Piece = (u16, i32, u8, usize, bool, u64, u64);
+
+    fn plan_pieces(enc: &Encoded, t: &[FcConn]) -> Vec<Piece> {
+        let mut v = Vec::new();
+        for (li, lane) in enc.lanes.iter().enumerate() {
+            for s in &enc.steps[lane.first_step as usize..(lane.first_step + lane.nsteps) as usize] {
+                let es = enc.ops[s.op as usize].elem_size as u64;
+                if s.kind == STEP_COPY {
+                    v.push((li as u16, -1, P2P_COPY, s.op as usize, s.src_buf == BUF_OUTPUT, s.src_off * es, s.count * es));
+                    v.push((li as u16, -1, P2P_COPY, s.dst_op as usize, s.dst_buf == BUF_OUTPUT, s.dst_off * es, s.count * es));
+                    continue;
+                }
+                let (conn, dir, buf, off) =
+                    if s.kind == STEP_SEND { (s.send_conn, CONN_SEND, s.src_buf, s.src_off) } else { (s.recv_conn, CONN_RECV, s.dst_buf, s.dst_off) };
+                let c = &t[conn as usize];
+                // run_lane's cut: whole elements of the LL or simple piece.
+                let ll = s.flags & FLAG_LL != 0;
+                let piece = (if ll { (c.slot_bytes.min(LL_DATA_BYTES as u32) & !7) as u64 } else { c.slot_bytes as u64 }) / es;
+                let mut done = 0;
+                while done < s.count {
+                    let n = piece.min(s.count - done);
+                    v.push((li as u16, conn, dir as u8, s.op as usize, buf == BUF_OUTPUT, (off + done) * es, n * es));
+                    done += n;
+                }
+            }
+        }
+        v
+    }
+
+    fn form_pieces(form: &P2pForm) -> Vec<Piece> {
+        let mut v = Vec::new();
+        for (p, src, dst) in &form.steps {
+            if p.dir == P2P_COPY {
+                let d = dst.expect("a copy has a destination");
+                v.push((p.block, -1, P2P_COPY, src.op, src.output, src.offset, p.bytes as u64));
+                v.push((p.block, -1, P2P_COPY, d.op, d.output, d.offset, p.bytes as u64));
+                continue;
+            }
+            assert!(dst.is_none());
+            let mut off = 0u64;
+            while off < p.bytes as u64 {
+                let nb = (p.piece as u64).min(p.bytes as u64 - off);
+                v.push((p.block, p.conn, p.dir, src.op, src.output, src.offset + off, nb));
+                off += nb;
+            }
+        }
+        v
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        /// Whatever the group (peers, sizes, types, protocols, channels, chunks, sends to
+        /// oneself), where the form takes a launch it moves exactly the plan kernel's pieces on
+        /// the same connections in the same order, each connection's on one block, the blocks'
+        /// steps in block order: so the peer's kernel, either one, sees the same messages.
+        #[test]
+        fn the_form_moves_the_plan_kernels_pieces(
+            n in 2usize..5,
+            chans in 1usize..4,
+            chunk_kib in prop::sample::select(vec![2usize, 3, 8, 64, 256]),
+            slot in prop::sample::select(vec![1024u32, 4096, 128 << 10]),
+            ops in prop::collection::vec((1usize..4, any::<bool>(), 0usize..40_000, 0usize..4, any::<bool>()), 1..7),
+            selfs in prop::collection::vec((0usize..5_000, 0usize..4), 0..2),
+        ) {
+            let mut t = conns(n, chans);
+            for c in t.iter_mut() {
+                c.slot_bytes = slot;
+            }
+            let types = [DataType::Int64, DataType::Float16, DataType::Uint8, DataType::Float32];
+            let (mut launch, mut descs) = (Vec::new(), Vec::new());
+            let mut push = |kind, peer: usize, count: usize, dtype: DataType, ll: bool| {
+                let es = dtype.size();
+                launch.push(LaunchOp {
+                    desc: CollDesc { kind, count, root: peer },
+                    dtype,
+                    tuning: Tuning { algo: Algo::Direct, channels: chans, chunk_elems: (chunk_kib << 10) / es },
+                });
+                let i = descs.len() as u64;
+                descs.push(OpDesc {
+                    send: 0x7_0000_0000 + i * 0x100_0000,
+                    recv: 0x8_0000_0000 + i * 0x100_0000,
+                    send_count: if kind == CollKind::Send { count } else { 0 },
+                    recv_count: if kind == CollKind::Recv { count } else { 0 },
+                    dtype,
+                    op: ReduceOp::Sum,
+                    scalar_dev: 0,
+                    ll,
+                    zero_copy: false,
+                    post_output: false,
+                });
+            };
+            // Rank 0's messages to and from other ranks; sends to itself come in pairs below.
+            for &(peer, send, count, ty, ll) in ops.iter().filter(|o| o.0 % n != 0) {
+                push(if send { CollKind::Send } else { CollKind::Recv }, peer % n, count, types[ty], ll);
+            }
+            for &(count, ty) in &selfs {
+                push(CollKind::Send, 0, count, types[ty], true);
+                push(CollKind::Recv, 0, count, types[ty], true);
+            }
+            prop_assume!(!launch.is_empty());
+            let plan = build_launch(0, n, &launch).unwrap();
+            let enc = encode(&plan, &descs, |k| index(k, chans), None).unwrap();
+            if let Some(form) = p2p_form(&enc, &t) {
+                prop_assert_eq!(form_pieces(&form), plan_pieces(&enc, &t));
+                prop_assert!(form.steps.windows(2).all(|w| w[0].0.block <= w[1].0.block));
+                prop_assert!(form.steps.len() <= P2P_MAX_STEPS);
+                let mut owner: HashMap<i32, u16> = HashMap::new();
+                for (p, _, _) in &form.steps {
+                    if p.dir != P2P_COPY {
+                        prop_assert_eq!(*owner.entry(p.conn).or_insert(p.block), p.block);
+                    }
+                }
+                prop_assert_eq!(form.small(), form.steps.len() <= P2P_SMALL_STEPS && form.steps.iter().all(|(p, _, _)| p.dir == P2P_COPY || p.ll == 1));
+            } else {
+                // Only when it cannot hold the launch: too many steps, or copies alone.
+                let messages = enc.steps.iter().filter(|s| s.kind != STEP_COPY).count();
+                prop_assert!(messages == 0 || enc.steps.len() > P2P_MAX_STEPS, "refused {} steps", enc.steps.len());
+            }
+        }
     }
 }
