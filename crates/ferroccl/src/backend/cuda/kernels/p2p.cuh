@@ -184,12 +184,15 @@ __device__ __forceinline__ void p2p_bind(P2pBind& b, fc_u64 counter) {
 // The kernels. A block binds one send and one receive connection at a time and finds its steps
 // in the parameter, which come in block order.
 //
-// `ferroccl_p2p`: LL steps and copies only, at most FC_P2P_SMALL_STEPS, found by a scan. Its
-// code is kept to what those need: the same launch with the simple protocol's paths and a
-// binary search beside them took 0.5 us more in CUDA graphs on an H100 (the code a launch
-// fetches, as with the direct engine's one kernel per type). The host gives it nothing else.
-template <typename Param>
-__device__ __forceinline__ void p2p_small(const Param& P) {
+// WIDE = false (`ferroccl_p2p`): LL steps and copies only, at most FC_P2P_SMALL_STEPS, found by
+// a scan. Its code is kept to what those need (compiled apart with `if constexpr`): the same
+// launch with the simple protocol's paths and a binary search beside them took 0.3-0.5 us
+// more in CUDA graphs on an H100 (the code a launch fetches, as with the direct engine's one
+// kernel per type). The host gives it nothing else.
+// WIDE = true (`ferroccl_p2p_wide`): any step, up to FC_P2P_MAX_STEPS, a block's first found by
+// binary search (a scan of 64 cost a large launch about a microsecond of parameter loads).
+template <bool WIDE, typename Param>
+__device__ __forceinline__ void p2p_main(const Param& P) {
     if (P.nsteps > sizeof(P.steps) / sizeof(P.steps[0])) return;
     prior_grid_wait();
     // A launch queued behind a failure does nothing: the counters may disagree by now.
@@ -197,9 +200,21 @@ __device__ __forceinline__ void p2p_small(const Param& P) {
     if (err != nullptr && err->claimed != 0u) return;
     P2pBind send = {nullptr, 0}, recv = {nullptr, 0};
     bool ok = true;
-    for (fc_u32 i = 0; i < P.nsteps && ok; ++i) {
+    fc_u32 i = 0;
+    if constexpr (WIDE) {
+        fc_u32 hi = P.nsteps;
+        while (i < hi) {
+            const fc_u32 mid = (i + hi) / 2;
+            if (P.steps[mid].block < blockIdx.x) i = mid + 1;
+            else hi = mid;
+        }
+    }
+    for (; i < P.nsteps && ok; ++i) {
         const FcP2pStep& s = P.steps[i];
-        if (s.block != blockIdx.x) continue;
+        if (s.block != blockIdx.x) {
+            if constexpr (WIDE) break;
+            else continue;
+        }
         if (s.dir == FC_P2P_COPY) {
             p2p_copy(s);
             // A later step may read what it wrote, through other threads (as in run_lane).
@@ -207,10 +222,14 @@ __device__ __forceinline__ void p2p_small(const Param& P) {
         } else if (s.dir == FC_CONN_SEND) {
             p2p_bind(send, s.counter);
             // A send fails warp by warp (a room wait); the block agrees before its next barrier.
-            ok = !__syncthreads_or(!p2p_send_ll(P, s, send.seq));
+            bool sent;
+            if constexpr (WIDE) sent = s.ll ? p2p_send_ll(P, s, send.seq) : p2p_send_simple(P, s, send.seq);
+            else sent = p2p_send_ll(P, s, send.seq);
+            ok = !__syncthreads_or(!sent);
         } else {
             p2p_bind(recv, s.counter);
-            ok = p2p_recv_ll(P, s, recv.seq);
+            if constexpr (WIDE) ok = s.ll ? p2p_recv_ll(P, s, recv.seq) : p2p_recv_simple(P, s, recv.seq);
+            else ok = p2p_recv_ll(P, s, recv.seq);
         }
     }
     release_next_grid();
@@ -221,44 +240,7 @@ __device__ __forceinline__ void p2p_small(const Param& P) {
     }
 }
 
-// `ferroccl_p2p_wide`: any step, up to FC_P2P_MAX_STEPS, a block's first found by binary search
-// (a scan of 64 cost a large launch about a microsecond of parameter loads).
-template <typename Param>
-__device__ __forceinline__ void p2p_wide(const Param& P) {
-    if (P.nsteps > sizeof(P.steps) / sizeof(P.steps[0])) return;
-    prior_grid_wait();
-    const volatile FcError* err = (const volatile FcError*)P.error;
-    if (err != nullptr && err->claimed != 0u) return;
-    P2pBind send = {nullptr, 0}, recv = {nullptr, 0};
-    bool ok = true;
-    fc_u32 lo = 0, hi = P.nsteps;
-    while (lo < hi) {
-        const fc_u32 mid = (lo + hi) / 2;
-        if (P.steps[mid].block < blockIdx.x) lo = mid + 1;
-        else hi = mid;
-    }
-    for (fc_u32 i = lo; i < P.nsteps && ok; ++i) {
-        const FcP2pStep& s = P.steps[i];
-        if (s.block != blockIdx.x) break;
-        if (s.dir == FC_P2P_COPY) {
-            p2p_copy(s);
-            __syncthreads();
-        } else if (s.dir == FC_CONN_SEND) {
-            p2p_bind(send, s.counter);
-            ok = !__syncthreads_or(!(s.ll ? p2p_send_ll(P, s, send.seq) : p2p_send_simple(P, s, send.seq)));
-        } else {
-            p2p_bind(recv, s.counter);
-            ok = s.ll ? p2p_recv_ll(P, s, recv.seq) : p2p_recv_simple(P, s, recv.seq);
-        }
-    }
-    release_next_grid();
-    if (threadIdx.x == 0 && ok) {
-        if (send.counter != nullptr) *(volatile fc_u64*)send.counter = send.seq;
-        if (recv.counter != nullptr) *(volatile fc_u64*)recv.counter = recv.seq;
-    }
-}
-
 }  // namespace fc
 
-extern "C" __global__ void __launch_bounds__(FC_P2P_THREADS / 2, 1) ferroccl_p2p(const __grid_constant__ FcP2pSmall P) { fc::p2p_small(P); }
-extern "C" __global__ void __launch_bounds__(FC_P2P_THREADS, 1) ferroccl_p2p_wide(const __grid_constant__ FcP2p P) { fc::p2p_wide(P); }
+extern "C" __global__ void __launch_bounds__(FC_P2P_THREADS / 2, 1) ferroccl_p2p(const __grid_constant__ FcP2pSmall P) { fc::p2p_main<false>(P); }
+extern "C" __global__ void __launch_bounds__(FC_P2P_THREADS, 1) ferroccl_p2p_wide(const __grid_constant__ FcP2p P) { fc::p2p_main<true>(P); }
