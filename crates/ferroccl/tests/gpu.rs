@@ -1088,9 +1088,6 @@ fn an_early_started_operation_waits_for_the_kernel_ahead() {
 /// (whole elements per piece), every fifth launch with a send to oneself too (a copy in the
 /// same launch). Every byte exact, nothing written past a message. Then a CUDA graph of such
 /// launches, replayed. Needs one GPU.
-///
-/// (Processes, not threads: three ranks of one GPU made by `init_rank` in one process's threads
-/// hang at their first operation, with either kernel; noted in docs/PERFORMANCE.md.)
 #[test]
 #[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn the_point_to_point_form_and_the_plan_kernel_share_connections() {
@@ -1222,4 +1219,58 @@ fn child_p2p_mix() {
     // SAFETY: nothing replays it any more.
     unsafe { sys::cuGraphExecDestroy(exec) };
     println!("P2P MIX OK rank {r}");
+}
+
+/// Three ranks of one GPU made by `Comm::init_rank` in three threads of one process (one
+/// context), each launching as soon as its own communicator exists: a sendrecv ring (LL and
+/// simple) and an all-reduce, exact. They used to hang at the first operation: a rank still
+/// loading a module after the fabric's barrier waited for a rank already waiting for it
+/// (docs/PERFORMANCE.md, section 11). Needs one GPU.
+#[test]
+#[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn ranks_of_one_gpu_made_by_init_rank_in_threads_run_at_once() {
+    if !common::one_gpu_for_test() {
+        return;
+    }
+    let n = 3usize;
+    let id = ferroccl::UniqueId::new(&Config::default()).unwrap();
+    let cfg = Config { timeout: Duration::from_secs(20), ..Config::default() };
+    std::thread::scope(|s| {
+        for r in 0..n {
+            let (id, cfg) = (id.clone(), cfg.clone());
+            s.spawn(move || {
+                let comm = Comm::init_rank(&id, n, r, Device::Cuda(0), &cfg).unwrap();
+                let gpu = comm.gpu().unwrap().clone();
+                let stats = MemStats::new();
+                for count in [2usize, 100_000] {
+                    let send = DeviceBuffer::alloc(&gpu, count * 4, &[], &stats).unwrap();
+                    let recv = DeviceBuffer::alloc(&gpu, count * 4, &[], &stats).unwrap();
+                    let mine: Vec<f32> = (0..count).map(|i| (r * 1000 + i % 997) as f32).collect();
+                    send.copy_from_host(0, f32_bytes(&mine)).unwrap();
+                    let base = all_reduce_args(&send, &recv, count);
+                    let mut g = Group::new();
+                    // SAFETY: device buffers of `count` f32, alive past synchronize.
+                    unsafe {
+                        g.push_raw(&comm, OpArgs { kind: CollKind::Send, root: (r + 1) % n, ..base }).unwrap();
+                        g.push_raw(&comm, OpArgs { kind: CollKind::Recv, root: (r + n - 1) % n, ..base }).unwrap();
+                    }
+                    g.launch().unwrap();
+                    comm.synchronize().unwrap_or_else(|e| panic!("rank {r}, sendrecv of {count}: {e}"));
+                    let got = read_f32(&recv, count).unwrap();
+                    let prev = (r + n - 1) % n;
+                    for (i, v) in got.iter().enumerate() {
+                        assert_eq!(*v, (prev * 1000 + i % 997) as f32, "rank {r} sendrecv of {count}, element {i}");
+                    }
+                    // SAFETY: as above.
+                    unsafe { comm.run_raw(&base).unwrap() };
+                    comm.synchronize().unwrap_or_else(|e| panic!("rank {r}, all-reduce of {count}: {e}"));
+                    let got = read_f32(&recv, count).unwrap();
+                    for (i, v) in got.iter().enumerate() {
+                        let want: f32 = (0..n).map(|q| (q * 1000 + i % 997) as f32).sum();
+                        assert_eq!(*v, want, "rank {r} all-reduce of {count}, element {i}");
+                    }
+                }
+            });
+        }
+    });
 }

@@ -165,6 +165,12 @@ impl CudaComm {
         let mut stream = std::ptr::null_mut();
         gpu.bind()?;
         cu_ok("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
+        // No rank launches before every rank has loaded its kernels (the direct engine's module
+        // loads after the fabric's barrier): ranks of one process on one GPU share a context,
+        // and a rank still loading a module there waited for a rank already waiting for it in
+        // its first operation (three ranks made by `init_rank` in one process's threads hung so
+        // at their first operation, with either kernel; session 9).
+        boot.barrier()?;
         Ok(CudaComm {
             gpu,
             module,
