@@ -210,7 +210,11 @@ pub enum Protocol {
 pub enum Engine {
     /// The host executor, on the calling thread.
     HostExecutor,
-    /// The GPU plan kernel: one thread block per lane.
+    /// The GPU plan kernel: one thread block per lane. (A launch of sends and receives alone
+    /// runs the same plan on the plan kernel's point-to-point form, a leaner kernel speaking the
+    /// same protocols on the same connections: not a choice made here, since it changes no
+    /// message and each rank may take it or not; the CUDA backend's `p2p.rs` decides it from
+    /// the encoded plan.)
     PlanKernel,
     /// The GPU direct kernel: one-shot operations of one operation per launch, each block
     /// storing its messages straight into the peers' receive slots with a flag in every 8 data
