@@ -178,7 +178,18 @@ struct Entry {
 pub(crate) struct PlanCache {
     map: HashMap<u64, Vec<Entry>>,
     pool: SlabPool<DeviceBuffer>,
+    /// Entries without tables in `map`, and the count at which the unpinned ones are dropped.
+    tableless: usize,
+    trim_at: usize,
 }
+
+/// Entries without tables (the one-kernel engines, the copy engine, the point-to-point form)
+/// kept before the unpinned ones are dropped. They hold no device memory, so the pool never
+/// fills to evict them, and where launches are keyed by address (registered windows, groups of
+/// more than `INLINE_OPS`) a framework's ever-new buffers would grow the map without end.
+/// Dropping one costs the next call of its shape a re-plan, never a queued launch (which
+/// carries its own copy of the run).
+const TABLELESS_MAX: usize = 1024;
 
 /// Where this communicator's latest launch outside a capture went, and an event recorded
 /// after it. Two uses, one event:
@@ -250,6 +261,22 @@ impl PlanCache {
         self.map.get_mut(&key.hash())?.iter_mut().find(|e| key.matches(&e.words))
     }
 
+    /// Adds an entry without tables, first dropping the unpinned ones beyond [`TABLELESS_MAX`].
+    fn insert_tableless(&mut self, hash: u64, entry: Entry) {
+        debug_assert!(entry.slab.is_none());
+        if self.tableless >= self.trim_at.max(TABLELESS_MAX) {
+            for v in self.map.values_mut() {
+                v.retain(|e| e.slab.is_some() || e.pinned);
+            }
+            self.map.retain(|_, v| !v.is_empty());
+            self.tableless = self.map.values().flatten().filter(|e| e.slab.is_none()).count();
+            // Captured entries stay for good: trim again only once as many new ones came.
+            self.trim_at = 2 * self.tableless;
+        }
+        self.tableless += 1;
+        self.map.entry(hash).or_default().push(entry);
+    }
+
     /// Drops every entry no graph captured (the caller made sure no kernel still reads them).
     fn evict(&mut self) {
         let pool = &mut self.pool;
@@ -262,6 +289,7 @@ impl PlanCache {
             });
         }
         self.map.retain(|_, v| !v.is_empty());
+        self.tableless = self.map.values().flatten().filter(|e| e.slab.is_none()).count();
     }
 }
 
@@ -359,7 +387,7 @@ impl CudaComm {
                         e => return Err(Error::Internal(format!("{e:?} was chosen for {} ranks, which it does not serve", info.nranks))),
                     };
                     let entry = Entry { words: key.words().collect(), slab: None, run, pinned: false, _host: Vec::new() };
-                    cache.map.entry(key.hash()).or_default().push(entry);
+                    cache.insert_tableless(key.hash(), entry);
                 }
                 _ => {
                     let enc = self.encode(info, args, &planned, &windows)?;
@@ -369,7 +397,7 @@ impl CudaComm {
                         Some(form) => {
                             let run = Run::P2p(Arc::new(form));
                             let entry = Entry { words: key.words().collect(), slab: None, run, pinned: false, _host: Vec::new() };
-                            cache.map.entry(key.hash()).or_default().push(entry);
+                            cache.insert_tableless(key.hash(), entry);
                         }
                         None => self.store(&mut cache, &key, &enc, ops.len() > INLINE_OPS, stream, captured)?,
                     }
@@ -620,6 +648,34 @@ mod tests {
         assert_eq!(p.place(SLAB_BYTES - 1024), Some((0, 0)));
         p.release(1);
         assert_eq!(p.slabs[1].used, 0);
+    }
+
+    #[test]
+    fn entries_without_tables_stay_bounded_and_captured_ones_stay() {
+        let entry = |i: u64, pinned: bool| Entry { words: vec![i], slab: None, run: Run::Direct { blocks: 1 }, pinned, _host: Vec::new() };
+        let mut c = PlanCache::default();
+        let count = |c: &PlanCache| c.map.values().flatten().count();
+        // Ever-new shapes (new buffers, keyed by address): never more than the bound.
+        for i in 0..10 * TABLELESS_MAX as u64 {
+            c.insert_tableless(i, entry(i, i % 1000 == 0));
+            assert!(count(&c) <= TABLELESS_MAX + 1 + (i as usize / 1000), "{} entries after {i}", count(&c));
+        }
+        // Every captured entry is still there (a graph may replay it), and the latest shape.
+        for i in (0..10 * TABLELESS_MAX as u64).step_by(1000) {
+            assert!(c.map.get(&i).is_some_and(|v| v.iter().any(|e| e.pinned && e.words == [i])), "captured {i} dropped");
+        }
+        let last = 10 * TABLELESS_MAX as u64 - 1;
+        assert!(c.map.contains_key(&last));
+        // A lookup of a dropped shape misses (it is planned again), of a kept one hits.
+        let a = args(CollKind::AllReduce, 0x1000, 0x2000, 64);
+        let k = Key { args: std::slice::from_ref(&a), rank: 0, by_address: false, epoch: 0 };
+        assert!(c.get(&k).is_none());
+        c.insert_tableless(k.hash(), Entry { words: k.words().collect(), ..entry(0, false) });
+        assert!(c.get(&k).is_some());
+        // Eviction keeps the captured ones and recounts.
+        c.evict();
+        assert_eq!(c.tableless, count(&c));
+        assert!(c.map.values().flatten().all(|e| e.pinned));
     }
 
     #[test]
