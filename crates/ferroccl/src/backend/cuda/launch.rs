@@ -201,6 +201,7 @@ const TABLELESS_MAX: usize = 1024;
 ///   every other kernel of the context: another communicator's, or another rank's on the same
 ///   GPU, that may be waiting for this very launch (a deadlock until the deadline), or a
 ///   framework's compute on its own streams (a stall).
+///
 /// The event is recorded at every launch, while its stream is surely alive: the caller may
 /// destroy a stream after its call, and a destroyed stream must not be named again.
 pub(crate) struct StreamOrder {
