@@ -396,6 +396,13 @@ impl CudaComm {
                     // (each rank decides for itself; the peers see the same messages).
                     match self.p2p.as_ref().and_then(|_| p2p_form(&enc, &self.fabric.conns)) {
                         Some(form) => {
+                            tracing::debug!(
+                                rank = info.rank,
+                                "a launch of {} operations on the point-to-point form ({}): {} blocks",
+                                args.len(),
+                                if form.small() { "ferroccl_p2p" } else { "ferroccl_p2p_wide" },
+                                form.blocks
+                            );
                             let run = Run::P2p(Arc::new(form));
                             let entry = Entry { words: key.words().collect(), slab: None, run, pinned: false, _host: Vec::new() };
                             cache.insert_tableless(key.hash(), entry);
