@@ -198,12 +198,7 @@ __device__ void direct_run(const FcDirect& P, fc_u64 epoch, bool check_room) {
     const fc_u8* own_src;
     fc_u8* own_dst;
     own_copy(P.kind, me, t, c, s, es, in, out, own_src, own_dst);
-    if (own_src != nullptr && own_src != own_dst) {
-        for (fc_u64 i = threadIdx.x; i < lines; i += blockDim.x) {
-            const fc_u32 nbytes = (fc_u32)(mb - i * 8u < 8u ? mb - i * 8u : 8u);
-            store8(own_dst + i * 8u, load8(own_src + i * 8u, nbytes), nbytes);
-        }
-    }
+    if (own_src != nullptr && own_src != own_dst) copy8(own_dst, own_src, mb);
 }
 
 }  // namespace fc

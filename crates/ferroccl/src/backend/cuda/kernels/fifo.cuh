@@ -363,6 +363,16 @@ __device__ __forceinline__ void store8(fc_u8* p, fc_u64 v, fc_u32 n) {
     for (fc_u32 k = 0; k < n; ++k) p[k] = (fc_u8)(v >> (8u * k));
 }
 
+// All threads, each its own 8-byte words: `bytes` from src to dst, either of any element
+// alignment (the one-kernel engines' local copies of small messages).
+__device__ __forceinline__ void copy8(fc_u8* dst, const fc_u8* src, fc_u64 bytes) {
+    const fc_u64 lines = (bytes + 7u) / 8u;
+    for (fc_u64 i = threadIdx.x; i < lines; i += blockDim.x) {
+        const fc_u32 n = (fc_u32)(bytes - i * 8u < 8u ? bytes - i * 8u : 8u);
+        store8(dst + i * 8u, load8(src + i * 8u, n), n);
+    }
+}
+
 // All threads: writes `bytes` of staged data (shared memory) as LL lines into a peer's slot.
 __device__ __forceinline__ void ll_pack(fc_u8* slot, const fc_u8* stage, fc_u64 bytes, fc_u32 flag) {
     const fc_u64 lines = (bytes + 7) / 8;
@@ -393,10 +403,16 @@ __device__ bool ll_unpack(const Lane& x, fc_i32 conn, fc_u8* stage, const fc_u8*
 
 // After the block's __syncthreads that ends the piece. `len` is the byte count, with
 // FC_LEN_DIRECT when the data went straight to the receiver's output.
+// Thread 0, after the barrier that ends slot `seq`'s stores: its length, then the head past it
+// (the release orders the block's stores and the length before it).
+__device__ __forceinline__ void fifo_publish(const fc_u64 lens, const fc_u64 head, fc_u32 slots, fc_u64 seq, fc_u32 len) {
+    ((volatile fc_u32*)lens)[seq % slots] = len;
+    st_release_sys((fc_u64*)head, seq + 1u);
+}
+
 __device__ __forceinline__ void publish(Lane& x, const FcConn& c, fc_u32 len) {
-    ((volatile fc_u32*)c.lens)[x.produced % c.slots] = len;
+    fifo_publish(c.lens, c.head, c.slots, x.produced, len);
     x.produced += 1;
-    st_release_sys((fc_u64*)c.head, x.produced);
 }
 
 // An LL slot is freed as soon as the block has unpacked it (the values are in shared memory),

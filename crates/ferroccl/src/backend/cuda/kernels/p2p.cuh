@@ -84,22 +84,9 @@ __device__ bool p2p_send_simple(const Param& P, const FcP2pStep& s, fc_u64& seq)
         copy_bytes((fc_u8*)s.base + (seq % s.slots) * stride, nullptr, src + off, nb);
         // Every thread's stores before thread 0's release (cumulative), as in fifo.cuh.
         __syncthreads();
-        if (threadIdx.x == 0) {
-            ((volatile fc_u32*)c->lens)[seq % s.slots] = (fc_u32)nb;
-            st_release_sys((fc_u64*)c->head, seq + 1u);
-        }
+        if (threadIdx.x == 0) fifo_publish(c->lens, c->head, s.slots, seq, (fc_u32)nb);
     }
     return true;
-}
-
-// A send to oneself, into the matching receive: every thread its own 8-byte words.
-__device__ void p2p_copy(const FcP2pStep& s) {
-    const fc_u8* src = (const fc_u8*)s.buf;
-    fc_u8* dst = (fc_u8*)s.base;
-    for (fc_u64 i = threadIdx.x; i * 8u < s.bytes; i += blockDim.x) {
-        const fc_u32 n = (fc_u32)(s.bytes - i * 8u < 8u ? s.bytes - i * 8u : 8u);
-        store8(dst + i * 8u, load8(src + i * 8u, n), n);
-    }
 }
 
 // An LL receive: each piece's lines, every thread waiting for its own and storing their data;
@@ -216,7 +203,8 @@ __device__ __forceinline__ void p2p_main(const Param& P) {
             else continue;
         }
         if (s.dir == FC_P2P_COPY) {
-            p2p_copy(s);
+            // A send to oneself, into the matching receive.
+            copy8((fc_u8*)s.base, (const fc_u8*)s.buf, s.bytes);
             // A later step may read what it wrote, through other threads (as in run_lane).
             __syncthreads();
         } else if (s.dir == FC_CONN_SEND) {
