@@ -4,7 +4,7 @@
 use super::copy_engine::CopyEngine;
 use super::fabric::Fabric;
 use super::launch::{PlanCache, StreamOrder};
-use super::tables::{FcDirect, FcError, FcP2p, FcPeer, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA, WHAT_LENGTH, WHAT_POST, WHAT_ROOM};
+use super::tables::{FcDirect, FcError, FcP2pHead, FcPeer, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA, WHAT_LENGTH, WHAT_POST, WHAT_ROOM};
 use super::window::Windows;
 use super::kernels;
 use crate::bootstrap::Bootstrap;
@@ -54,10 +54,9 @@ pub(crate) struct CudaComm {
     /// The peer engine's kernel (in `module`) and its parameter with this communicator's
     /// staging, flags, counters and status words (None: off).
     pub(super) peer: Option<(KernelHandle, FcPeer)>,
-    /// The plan kernel's point-to-point form (in `module`) and its parameter's status words
-    /// (None: FERROCCL_GPU_P2P_KERNEL=0).
-    /// (Two entry points: small and wide parameters.)
-    pub(super) p2p: Option<(KernelHandle, KernelHandle, FcP2p)>,
+    /// The plan kernel's point-to-point form (in `module`): its small and wide kernels, and the
+    /// part of their parameter this communicator fills once (None: FERROCCL_GPU_P2P_KERNEL=0).
+    pub(super) p2p: Option<(KernelHandle, KernelHandle, FcP2pHead)>,
     /// Registered windows (zero-copy).
     pub(super) windows: Mutex<Windows>,
     /// Whether the engines' kernels are launched to start early, behind the kernel ahead of
@@ -156,7 +155,7 @@ impl CudaComm {
                 k.load()?;
                 let wide = module.kernel(kernels::P2P_WIDE_KERNEL)?;
                 wide.load()?;
-                let p = FcP2p { conns: fabric.table.device_ptr(), abort: status.abort_ptr(), error: status.error_ptr(), timeout_ns, rank: boot.rank() as u32, ..Default::default() };
+                let p = FcP2pHead { conns: fabric.table.device_ptr(), abort: status.abort_ptr(), error: status.error_ptr(), timeout_ns, rank: boot.rank() as u32, ..Default::default() };
                 Some((k.handle(), wide.handle(), p))
             }
             false => None,

@@ -155,7 +155,7 @@ enum Run {
     Peer { blocks: u32, chunk: u64 },
     /// The copy engines: no kernel; this rank's commands for the shape.
     Copy(Arc<Schedule>),
-    /// The plan kernel's point-to-point form: the plan's LL sends and receives, each with its
+    /// The plan kernel's point-to-point form: the plan's sends and receives, each with its
     /// connection, in the parameter (no tables).
     P2p(Arc<P2pForm>),
 }
@@ -370,15 +370,16 @@ impl CudaComm {
             self.order()?.before(stream)?;
         }
         if cache.get(&key).is_none() {
-            // A new shape: the tuner's choices, then the direct engine, or the plan's tables
-            // encoded and put on the GPU.
+            // A new shape: the tuner's choices, then a run without tables (a one-kernel engine,
+            // the copy engine, the point-to-point form), or the plan's tables encoded and put on
+            // the GPU.
             let planned = plan_launch(info, args, !windows.is_empty())?;
             state.log_choices(info, &planned.shapes, &planned.choices);
-            match planned.choices[..] {
+            let tableless = match planned.choices[..] {
                 // The one-kernel engines: no tables, only the choice.
                 [c] if matches!(c.engine, Engine::DirectKernel | Engine::PeerKernel | Engine::CopyEngine) => {
                     let blocks = c.channels as u32;
-                    let run = match c.engine {
+                    Some(match c.engine {
                         Engine::DirectKernel if self.direct.is_some() => Run::Direct { blocks },
                         Engine::PeerKernel if self.peer.is_some() => Run::Peer { blocks, chunk: c.chunk_elems as u64 },
                         Engine::CopyEngine if self.ce.is_some() => {
@@ -386,14 +387,12 @@ impl CudaComm {
                             Run::Copy(Arc::new(ce.schedule(&ce_op(&args[0]))?))
                         }
                         e => return Err(Error::Internal(format!("{e:?} was chosen for {} ranks, which it does not serve", info.nranks))),
-                    };
-                    let entry = Entry { words: key.words().collect(), slab: None, run, pinned: false, _host: Vec::new() };
-                    cache.insert_tableless(key.hash(), entry);
+                    })
                 }
                 _ => {
                     let enc = self.encode(info, args, &planned, &windows)?;
-                    // Only LL sends and receives: the point-to-point form runs the same steps
-                    // (each rank decides for itself; the peers see the same messages).
+                    // Only sends and receives: the point-to-point form runs the same steps (each
+                    // rank decides for itself; the peers see the same messages).
                     match self.p2p.as_ref().and_then(|_| p2p_form(&enc, &self.fabric.conns)) {
                         Some(form) => {
                             tracing::debug!(
@@ -403,13 +402,18 @@ impl CudaComm {
                                 if form.small() { "ferroccl_p2p" } else { "ferroccl_p2p_wide" },
                                 form.blocks
                             );
-                            let run = Run::P2p(Arc::new(form));
-                            let entry = Entry { words: key.words().collect(), slab: None, run, pinned: false, _host: Vec::new() };
-                            cache.insert_tableless(key.hash(), entry);
+                            Some(Run::P2p(Arc::new(form)))
                         }
-                        None => self.store(&mut cache, &key, &enc, ops.len() > INLINE_OPS, stream, captured)?,
+                        None => {
+                            self.store(&mut cache, &key, &enc, ops.len() > INLINE_OPS, stream, captured)?;
+                            None
+                        }
                     }
                 }
+            };
+            if let Some(run) = tableless {
+                let entry = Entry { words: key.words().collect(), slab: None, run, pinned: false, _host: Vec::new() };
+                cache.insert_tableless(key.hash(), entry);
             }
         }
         let entry = cache.get(&key).expect("stored above");
@@ -456,17 +460,17 @@ impl CudaComm {
                 unsafe { self.launch_engine(module.kernel_at(*f), blocks, DIRECT_THREADS, param, stream) }
             }
             Run::P2p(form) => {
-                let (small, wide, base) = self.p2p.as_ref().expect("checked when the entry was made");
+                let (small, wide, head) = self.p2p.as_ref().expect("checked when the entry was made");
                 // SAFETY: each point-to-point kernel takes one parameter of its size; its
                 // connections' words are this communicator's fabric (mapped for this GPU), its
                 // buffers the caller's.
                 unsafe {
                     if form.small() {
-                        let param = form.param::<P2P_SMALL_STEPS>(ops, base);
-                        self.launch_engine(self.module.kernel_at(*small), form.blocks, form.threads, param, stream)
+                        let param = form.param::<P2P_SMALL_STEPS>(ops, head);
+                        self.launch_engine(self.module.kernel_at(*small), form.blocks, form.threads(), param, stream)
                     } else {
-                        let param = form.param::<P2P_MAX_STEPS>(ops, base);
-                        self.launch_engine(self.module.kernel_at(*wide), form.blocks, form.threads, param, stream)
+                        let param = form.param::<P2P_MAX_STEPS>(ops, head);
+                        self.launch_engine(self.module.kernel_at(*wide), form.blocks, form.threads(), param, stream)
                     }
                 }
             }

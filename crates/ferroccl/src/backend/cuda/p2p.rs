@@ -14,7 +14,7 @@
 //! pieces) run as one step, so that large messages fit the parameter.
 
 use super::tables::{
-    Encoded, FcConn, FcOp, FcP2p, FcP2pN, FcP2pStep, FcStep, BUF_OUTPUT, CONN_RECV, CONN_SEND, FLAG_LL, LL_DATA_BYTES, P2P_COPY, P2P_MAX_STEPS, P2P_SMALL_STEPS, P2P_THREADS, STEP_COPY,
+    Encoded, FcConn, FcOp, FcP2pHead, FcP2pN, FcP2pStep, FcStep, BUF_OUTPUT, CONN_RECV, CONN_SEND, FLAG_LL, LL_DATA_BYTES, P2P_COPY, P2P_MAX_STEPS, P2P_SMALL_STEPS, P2P_THREADS, STEP_COPY,
     STEP_RECV, STEP_SEND,
 };
 
@@ -34,18 +34,19 @@ impl Source {
     }
 }
 
+/// One step of the form: the kernel's step without this call's buffers, where its `buf` comes
+/// from, and a copy's destination (its `base`).
+type FormStep = (FcP2pStep, Source, Option<Source>);
+
 /// A launch shape in the point-to-point form: its steps with everything but this call's
-/// buffers (where `buf`, and a copy's destination, come from), and the blocks it runs on (one
-/// per plan lane).
+/// buffers, and the blocks it runs on (one per plan lane).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct P2pForm {
-    /// In block order (the kernel finds a block's steps by binary search).
-    steps: Vec<(FcP2pStep, Source, Option<Source>)>,
+    /// In block order (the wide kernel finds a block's steps by binary search).
+    steps: Vec<FormStep>,
     pub blocks: u32,
-    /// Threads per block: [`P2P_THREADS`] where a step moves simple-protocol slots with the
-    /// block-wide copy loop; half where every step is LL (or a copy), whose messages are a few
-    /// lines per thread at most (more threads only cost a small launch their start and exit).
-    pub threads: u32,
+    /// Every step is LL or a copy (no simple-protocol slot to move with the block-wide loop).
+    ll_only: bool,
 }
 
 /// The plan kernel's piece on a connection of `slot_bytes` for elements of `es` bytes, in bytes:
@@ -58,7 +59,7 @@ fn piece_bytes(slot_bytes: u32, es: u32, ll: bool) -> u32 {
 
 /// A send to oneself as the point-to-point kernel copies it, or None for any other copy (one
 /// that pre-multiplies or divides: collectives' own blocks).
-fn self_copy(s: &FcStep, ops: &[FcOp], block: u16) -> Option<(FcP2pStep, Source, Option<Source>)> {
+fn self_copy(s: &FcStep, ops: &[FcOp], block: u16) -> Option<FormStep> {
     if s.flags & !FLAG_LL != 0 {
         return None;
     }
@@ -77,7 +78,7 @@ fn self_copy(s: &FcStep, ops: &[FcOp], block: u16) -> Option<(FcP2pStep, Source,
 /// Whether `next` continues `prev`'s message on the same connection and can join it: the same
 /// buffer right after it, and `prev` a whole number of pieces, so the joined step cuts pieces
 /// exactly where the plan kernel cuts the two.
-fn joins(prev: &(FcP2pStep, Source, Option<Source>), next: &(FcP2pStep, Source, Option<Source>)) -> bool {
+fn joins(prev: &FormStep, next: &FormStep) -> bool {
     let ((a, sa, _), (b, sb, _)) = (prev, next);
     a.dir != P2P_COPY
         && (a.dir, a.conn, a.block, a.ll, a.piece) == (b.dir, b.conn, b.block, b.ll, b.piece)
@@ -97,7 +98,7 @@ pub(crate) fn p2p_form(enc: &Encoded, conns: &[FcConn]) -> Option<P2pForm> {
     if enc.steps.is_empty() || enc.lanes.len() > u16::MAX as usize {
         return None;
     }
-    let mut steps: Vec<(FcP2pStep, Source, Option<Source>)> = Vec::new();
+    let mut steps: Vec<FormStep> = Vec::new();
     // (connection, lane) of every step so far: a connection's counter has one owner.
     let mut owners: Vec<(i32, usize)> = Vec::new();
     for (li, lane) in enc.lanes.iter().enumerate() {
@@ -159,27 +160,34 @@ pub(crate) fn p2p_form(enc: &Encoded, conns: &[FcConn]) -> Option<P2pForm> {
     if owners.is_empty() {
         return None;
     }
-    let simple = steps.iter().any(|(p, _, _)| p.dir != P2P_COPY && p.ll == 0);
-    Some(P2pForm { steps, blocks: u32::try_from(enc.lanes.len()).ok()?, threads: if simple { P2P_THREADS } else { P2P_THREADS / 2 } })
+    let ll_only = steps.iter().all(|(p, _, _)| p.dir == P2P_COPY || p.ll == 1);
+    Some(P2pForm { steps, blocks: u32::try_from(enc.lanes.len()).ok()?, ll_only })
 }
 
 impl P2pForm {
     /// Whether the small kernel takes it: LL steps and copies only (that kernel has no simple
     /// protocol, whose copy loop cost a small launch 0.5 us), few enough for its parameter.
     pub fn small(&self) -> bool {
-        self.steps.len() <= P2P_SMALL_STEPS && self.threads < P2P_THREADS
+        self.ll_only && self.steps.len() <= P2P_SMALL_STEPS
+    }
+
+    /// Threads per block: [`P2P_THREADS`] where a step moves simple-protocol slots with the
+    /// block-wide copy loop; half where every step is LL or a copy, a few lines per thread at
+    /// most (more threads only cost a small launch their start and exit).
+    pub fn threads(&self) -> u32 {
+        if self.ll_only { P2P_THREADS / 2 } else { P2P_THREADS }
     }
 
     /// The kernel parameter (of room for `N` steps, at least as many as the form has) for this
-    /// call's operations `ops`, on `base`'s table and status words.
-    pub fn param<const N: usize>(&self, ops: &[FcOp], base: &FcP2p) -> FcP2pN<N> {
+    /// call's operations `ops`, on `head`'s table and status words.
+    pub fn param<const N: usize>(&self, ops: &[FcOp], head: &FcP2pHead) -> FcP2pN<N> {
         assert!(self.steps.len() <= N, "a parameter of {N} steps for {} steps", self.steps.len());
         let mut p = FcP2pN::<N> {
-            conns: base.conns,
-            abort: base.abort,
-            error: base.error,
-            timeout_ns: base.timeout_ns,
-            rank: base.rank,
+            conns: head.conns,
+            abort: head.abort,
+            error: head.error,
+            timeout_ns: head.timeout_ns,
+            rank: head.rank,
             nsteps: self.steps.len() as u32,
             ..Default::default()
         };
@@ -288,7 +296,7 @@ mod tests {
         assert_eq!(form.blocks as usize, enc.lanes.len());
         // In block order, for the kernel's binary search; LL alone: half the threads.
         assert!(form.steps.windows(2).all(|w| w[0].0.block <= w[1].0.block));
-        assert_eq!(form.threads, P2P_THREADS / 2);
+        assert_eq!(form.threads(), P2P_THREADS / 2);
         assert_eq!(form.steps.len(), enc.steps.len());
         // Every plan step appears once, on its lane's block, with its connection's words.
         for (li, lane) in enc.lanes.iter().enumerate() {
@@ -316,7 +324,7 @@ mod tests {
             FcOp { send: 0xa000, recv: 0xb000, elem_size: 8, ..Default::default() },
             FcOp { send: 0xc000, recv: 0xd000, elem_size: 8, ..Default::default() },
         ];
-        let base = FcP2p { abort: 1, error: 2, timeout_ns: 3, rank: 0, ..Default::default() };
+        let base = FcP2pHead { abort: 1, error: 2, timeout_ns: 3, rank: 0, ..Default::default() };
         let p = form.param::<P2P_MAX_STEPS>(&fc_ops, &base);
         assert!(form.small());
         assert_eq!(form.param::<P2P_SMALL_STEPS>(&fc_ops, &base).steps[..form.steps.len()], p.steps[..form.steps.len()]);
@@ -352,7 +360,7 @@ mod tests {
         // The simple protocol too, on the data slots with their length and head words.
         let simple = p2p_form(&encoded(0, n, chans, &[p2p(CollKind::Send, 1)], false), &t).expect("simple sends");
         assert!(simple.steps.iter().all(|(p, _, _)| p.ll == 0 && p.base == t[p.conn as usize].data));
-        assert_eq!(simple.threads, P2P_THREADS, "the block-wide copy loop's threads");
+        assert_eq!(simple.threads(), P2P_THREADS, "the block-wide copy loop's threads");
         assert!(!simple.small(), "the small kernel has no simple protocol");
         // Sends to oneself alone are copies, with no message to speed up.
         assert!(p2p_form(&encoded(0, n, chans, &[p2p(CollKind::Send, 0), p2p(CollKind::Recv, 0)], true), &t).is_none());
@@ -423,7 +431,7 @@ mod tests {
         assert_eq!(dst.map(|d| (d.op, d.output, d.offset)), Some((3, true, 0)));
         assert_eq!((c.bytes, c.conn, c.base, c.counter), (160, -1, 0, 0));
         let fc_ops: Vec<FcOp> = (0..ops.len() as u64).map(|i| FcOp { send: 0x1000 * (i + 1), recv: 0x10_0000 * (i + 1), elem_size: 4, ..Default::default() }).collect();
-        let p = form.param::<P2P_MAX_STEPS>(&fc_ops, &FcP2p::default());
+        let p = form.param::<P2P_MAX_STEPS>(&fc_ops, &FcP2pHead::default());
         let k = form.steps.iter().position(|(p, _, _)| p.dir == P2P_COPY).unwrap();
         assert_eq!((p.steps[k].buf, p.steps[k].base), (0x3000, 0x40_0000));
         // Every other step is a message to or from another rank.

@@ -293,6 +293,8 @@ impl<const N: usize> Default for FcP2pN<N> {
 
 /// `ferroccl_p2p_wide`'s parameter.
 pub(crate) type FcP2p = FcP2pN<P2P_MAX_STEPS>;
+/// The parameter's part a communicator fills once (its table and status words), no steps.
+pub(crate) type FcP2pHead = FcP2pN<0>;
 /// `ferroccl_p2p`'s parameter.
 pub(crate) type FcP2pSmall = FcP2pN<P2P_SMALL_STEPS>;
 
