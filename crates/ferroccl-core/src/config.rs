@@ -116,10 +116,10 @@ pub struct Config {
     /// the work before it; every block still waits for that work before touching memory. 0
     /// launches them the classic way. Ranks may differ.
     pub gpu_early_launch: bool,
-    /// FERROCCL_GPU_P2P_KERNEL (default on): a GPU launch whose plan holds only LL sends and
-    /// receives (small send/recv groups) runs on the plan kernel's point-to-point form, which
-    /// speaks the same protocol on the same connections with less work per message; 0 keeps
-    /// every plan on the plan kernel. Ranks may differ.
+    /// FERROCCL_GPU_P2P_KERNEL (default on): a GPU launch whose plan holds only sends and
+    /// receives (and copies for sends to oneself) runs on the plan kernel's point-to-point form,
+    /// which speaks the same protocols on the same connections with less work per message; 0
+    /// keeps every plan on the plan kernel. Ranks may differ.
     pub gpu_p2p_kernel: bool,
     /// FERROCCL_JOB_SECRET (32 hex digits): the job secret when ranks rendezvous from the
     /// launcher's environment instead of a `UniqueId`.
