@@ -47,13 +47,12 @@ pub(crate) struct CudaComm {
     pub(super) resident: u32,
     /// The plan kernel of `module`.
     pub(super) plan_fn: KernelHandle,
-    /// The direct engine's module and kernels (one per element type, by NCCL's type number),
-    /// and its parameter with this communicator's slots, acks, epochs and status words (None
-    /// beyond the ranks it serves).
-    pub(super) direct: Option<(Module, [KernelHandle; DataType::ALL.len()], FcDirect)>,
-    /// The peer engine's kernel (in `module`) and its parameter with this communicator's
+    /// The direct engine's module and kernels, and its parameter with this communicator's
+    /// slots, acks, epochs and status words (None beyond the ranks it serves).
+    pub(super) direct: Option<(Module, TypedKernels, FcDirect)>,
+    /// The peer engine's kernels (in `module`) and its parameter with this communicator's
     /// staging, flags, counters and status words (None: off).
-    pub(super) peer: Option<(KernelHandle, FcPeer)>,
+    pub(super) peer: Option<(TypedKernels, FcPeer)>,
     /// The plan kernel's point-to-point form (in `module`): its small and wide kernels, and the
     /// part of their parameter this communicator fills once (None: FERROCCL_GPU_P2P_KERNEL=0).
     pub(super) p2p: Option<(KernelHandle, KernelHandle, FcP2pHead)>,
@@ -62,6 +61,39 @@ pub(crate) struct CudaComm {
     /// Whether the engines' kernels are launched to start early, behind the kernel ahead of
     /// them (FERROCCL_GPU_EARLY_LAUNCH, on GPUs that can: compute capability 9.0 and up).
     pub(super) overlap_prior: bool,
+}
+
+/// An engine's kernels (direct, peer), by NCCL's type number: one for every collective and
+/// reduction of that type, and one for all-reduces with `Sum` only, which leaves the rest of the
+/// code out (a launch fetches less of it: docs/PERFORMANCE.md, section 12).
+pub(super) struct TypedKernels {
+    any: [KernelHandle; DataType::ALL.len()],
+    sum: [KernelHandle; DataType::ALL.len()],
+}
+
+impl TypedKernels {
+    /// `stem`'s kernels in `m` (`kernels::typed_kernel`), loaded.
+    fn load(m: &Module, stem: &str) -> Result<TypedKernels, Error> {
+        let load = |sum: bool| -> Result<[KernelHandle; DataType::ALL.len()], Error> {
+            let mut f = [None; DataType::ALL.len()];
+            for t in DataType::ALL {
+                let k = m.kernel(&kernels::typed_kernel(stem, t, sum))?;
+                k.load()?;
+                f[t.nccl_id() as usize] = Some(k.handle());
+            }
+            Ok(f.map(|h| h.expect("DataType::ALL holds every NCCL type number once")))
+        };
+        Ok(TypedKernels { any: load(false)?, sum: load(true)? })
+    }
+
+    /// The kernel for `a`.
+    pub(super) fn pick(&self, a: &crate::ops::OpArgs) -> KernelHandle {
+        let t = a.dtype.nccl_id() as usize;
+        match (a.kind, a.op) {
+            (ferroccl_core::CollKind::AllReduce, ferroccl_core::ReduceOp::Sum) => self.sum[t],
+            _ => self.any[t],
+        }
+    }
 }
 
 // SAFETY: the stream handle is only used with the context bound and through the driver,
@@ -123,13 +155,7 @@ impl CudaComm {
             Some(p) => {
                 let image = kernels::compile_for(&gpu, config, "direct.cu", &kernels::direct_source())?;
                 let m = gpu.load_module(&image.bytes)?;
-                let mut f = [None; DataType::ALL.len()];
-                for t in DataType::ALL {
-                    let k = m.kernel(&kernels::direct_kernel(t))?;
-                    k.load()?;
-                    f[t.nccl_id() as usize] = Some(k.handle());
-                }
-                let f = f.map(|h| h.expect("DataType::ALL holds every NCCL type number once"));
+                let f = TypedKernels::load(&m, kernels::DIRECT_KERNELS)?;
                 let p = FcDirect {
                     abort: status.abort_ptr(),
                     error: status.error_ptr(),
@@ -142,9 +168,7 @@ impl CudaComm {
         };
         let peer = match fabric.peer {
             Some(p) => {
-                let k = module.kernel(kernels::PEER_KERNEL)?;
-                k.load()?;
-                let f = k.handle();
+                let f = TypedKernels::load(&module, kernels::PEER_KERNELS)?;
                 Some((f, FcPeer { abort: status.abort_ptr(), error: status.error_ptr(), timeout_ns, ..p }))
             }
             None => None,

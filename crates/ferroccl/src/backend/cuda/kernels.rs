@@ -15,18 +15,22 @@ pub(crate) const PLAN_EXEC_KERNEL: &str = "ferroccl_plan_exec";
 /// The `.cu` file of the plan-execution kernel, before its headers are spliced in.
 pub(crate) const PLAN_EXEC_SRC: &str = include_str!("kernels/plan_exec.cu");
 
-/// Name of the peer engine's kernel, in the plan kernel's module (`kernels/peer.cuh`).
-pub(crate) const PEER_KERNEL: &str = "ferroccl_peer";
+/// Name stem of the peer engine's kernels, in the plan kernel's module (`kernels/peer.cuh`):
+/// see `typed_kernel`.
+pub(crate) const PEER_KERNELS: &str = "ferroccl_peer";
+/// Name stem of the direct engine's kernels, in their own module (`kernels/direct.cu`).
+pub(crate) const DIRECT_KERNELS: &str = "ferroccl_direct";
 
 /// Name of the plan kernel's point-to-point form, in its module (`kernels/p2p.cuh`).
 pub(crate) const P2P_KERNEL: &str = "ferroccl_p2p";
 /// The same with room for more steps in its parameter.
 pub(crate) const P2P_WIDE_KERNEL: &str = "ferroccl_p2p_wide";
 
-/// Name of the direct engine's kernel for elements of `dtype` (one per type, named as
-/// nccl-tests names the type).
-pub(crate) fn direct_kernel(dtype: ferroccl_core::DataType) -> String {
-    format!("ferroccl_direct_{}", dtype.name())
+/// Name of an engine's (`stem`'s) kernel for elements of `dtype` (one per type, named as
+/// nccl-tests names the type), every collective and reduction; with `sum`, its instance for
+/// all-reduces with `Sum` only (the common case, without the other kinds' and reductions' code).
+pub(crate) fn typed_kernel(stem: &str, dtype: ferroccl_core::DataType, sum: bool) -> String {
+    format!("{stem}_{}{}", dtype.name(), if sum { "_sum" } else { "" })
 }
 
 /// The `.cu` file of the direct engine (one-shot collectives).
@@ -216,7 +220,6 @@ mod tests {
         assert!(ptx.contains("st.release.sys.global.u64"));
         assert!(ptx.contains("%globaltimer"));
         // The peer engine and the point-to-point form share the module.
-        assert!(ptx.contains(&format!(".entry {PEER_KERNEL}(")), "no entry {PEER_KERNEL} in the PTX");
         assert!(ptx.contains(&format!(".entry {P2P_KERNEL}(")), "no entry {P2P_KERNEL} in the PTX");
         assert!(ptx.contains(&format!(".entry {P2P_WIDE_KERNEL}(")), "no entry {P2P_WIDE_KERNEL} in the PTX");
         let direct = cudarc::nvrtc::compile_ptx_with_opts(direct_source(), compile_options("sm_90", &include))
@@ -225,9 +228,15 @@ mod tests {
                 e => panic!("NVRTC failed: {e:?}"),
             })
             .to_src();
-        let direct_entries: Vec<String> = ferroccl_core::DataType::ALL.iter().map(|&t| direct_kernel(t)).collect();
-        for e in &direct_entries {
-            assert!(direct.contains(&format!(".entry {e}(")), "no entry {e}");
+        // Each engine's kernels: one per type, and one per type for all-reduces with Sum.
+        let typed = |stem: &str| -> Vec<String> { ferroccl_core::DataType::ALL.iter().flat_map(|&t| [typed_kernel(stem, t, false), typed_kernel(stem, t, true)]).collect() };
+        let direct_entries = typed(DIRECT_KERNELS);
+        let mut plan_entries = typed(PEER_KERNELS);
+        plan_entries.extend([PLAN_EXEC_KERNEL.to_string(), P2P_KERNEL.to_string(), P2P_WIDE_KERNEL.to_string()]);
+        for (src, entries) in [(&ptx, &plan_entries), (&direct, &direct_entries)] {
+            for e in entries {
+                assert!(src.contains(&format!(".entry {e}(")), "no entry {e}");
+            }
         }
         // The epochs' acknowledgements are system-scope stores (relaxed: the kernel boundary
         // orders them), read with acquire; LL lines are 16-byte volatile stores.
@@ -236,8 +245,7 @@ mod tests {
         // Every engine's kernel is launched to start early on sm_90: each must wait for the
         // kernel ahead of it before its first access to memory (a missing wait is a silent race
         // with the caller's producer kernel).
-        let plan_entries = [PLAN_EXEC_KERNEL.to_string(), PEER_KERNEL.to_string(), P2P_KERNEL.to_string(), P2P_WIDE_KERNEL.to_string()];
-        for (src, entries) in [(&ptx, &plan_entries[..]), (&direct, &direct_entries[..])] {
+        for (src, entries) in [(&ptx, &plan_entries), (&direct, &direct_entries)] {
             for e in entries {
                 let body = &src[src.find(&format!(".entry {e}(")).expect("entry")..];
                 let body = &body[..body.find("\n}\n").unwrap_or(body.len())];

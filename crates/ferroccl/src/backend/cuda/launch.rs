@@ -453,11 +453,10 @@ impl CudaComm {
             Run::Direct { blocks } => {
                 let (module, kernels, template) = self.direct.as_ref().expect("checked when the entry was made");
                 let a = &args[0];
-                let f = &kernels[a.dtype.nccl_id() as usize];
                 let param = FcDirect { count: a.count as u64, kind: engine_kind(a)?, root: a.root as u32, nblocks: blocks, op: ops[0], ..*template };
                 // SAFETY: the direct kernel takes one FcDirect; its slots, acks and epochs are
                 // this communicator's fabric (mapped for this GPU).
-                unsafe { self.launch_engine(module.kernel_at(*f), blocks, DIRECT_THREADS, param, stream) }
+                unsafe { self.launch_engine(module.kernel_at(kernels.pick(a)), blocks, DIRECT_THREADS, param, stream) }
             }
             Run::P2p(form) => {
                 let (small, wide, head) = self.p2p.as_ref().expect("checked when the entry was made");
@@ -479,12 +478,12 @@ impl CudaComm {
                 self.ce.as_ref().expect("checked when the entry was made").enqueue(&lanes, &ce_op(&args[0]), stream)
             }
             Run::Peer { blocks, chunk } => {
-                let (f, template) = self.peer.as_ref().expect("checked when the entry was made");
+                let (kernels, template) = self.peer.as_ref().expect("checked when the entry was made");
                 let a = &args[0];
                 let param = FcPeer { count: a.count as u64, chunk, kind: engine_kind(a)?, nblocks: blocks, root: a.root as u32, op: ops[0], ..*template };
                 // SAFETY: the peer kernel takes one FcPeer; its staging, flags and counters are
                 // this communicator's fabric (mapped for this GPU).
-                unsafe { self.launch_engine(self.module.kernel_at(*f), blocks, PEER_THREADS, param, stream) }
+                unsafe { self.launch_engine(self.module.kernel_at(kernels.pick(a)), blocks, PEER_THREADS, param, stream) }
             }
         }
     }

@@ -83,11 +83,11 @@ __device__ __forceinline__ bool reduces(fc_u32 kind) {
 }
 
 // Whether this rank sends to q, and from which block of its input.
-__device__ __forceinline__ bool sends_to(const FcDirect& P, fc_u32 q, fc_u64& src_block) {
+__device__ __forceinline__ bool sends_to(const FcDirect& P, fc_u32 kind, fc_u32 q, fc_u64& src_block) {
     const fc_u32 me = P.rank, t = P.root;
     src_block = 0;
     if (q == me) return false;
-    switch (P.kind) {
+    switch (kind) {
         case FC_KIND_ALL_REDUCE: case FC_KIND_ALL_GATHER: return true;
         case FC_KIND_REDUCE_SCATTER: case FC_KIND_ALL_TO_ALL: src_block = q; return true;
         case FC_KIND_REDUCE: case FC_KIND_GATHER: return q == t;
@@ -97,11 +97,11 @@ __device__ __forceinline__ bool sends_to(const FcDirect& P, fc_u32 q, fc_u64& sr
 }
 
 // Whether this rank receives from q, and into which block of its output.
-__device__ __forceinline__ bool receives_from(const FcDirect& P, fc_u32 q, fc_u64& dst_block) {
+__device__ __forceinline__ bool receives_from(const FcDirect& P, fc_u32 kind, fc_u32 q, fc_u64& dst_block) {
     const fc_u32 me = P.rank, t = P.root;
     dst_block = 0;
     if (q == me) return false;
-    switch (P.kind) {
+    switch (kind) {
         case FC_KIND_ALL_REDUCE: case FC_KIND_REDUCE_SCATTER: return true;
         case FC_KIND_REDUCE: return me == t;
         case FC_KIND_ALL_GATHER: case FC_KIND_ALL_TO_ALL: dst_block = q; return true;
@@ -110,8 +110,10 @@ __device__ __forceinline__ bool receives_from(const FcDirect& P, fc_u32 q, fc_u6
     }
 }
 
-// `check_room`: look at the acknowledgements before storing (see the loop below).
-template <typename D>
+// `check_room`: look at the acknowledgements before storing (see the loop below). SUM: the
+// operation is an all-reduce with FC_OP_SUM (the host launches this instance only then), so
+// the kind and reduction are constants and the other kinds' and reductions' code is left out.
+template <typename D, bool SUM>
 __device__ void direct_run(const FcDirect& P, fc_u64 epoch, bool check_room) {
     typedef Word<D> W;
     typedef typename D::C C;
@@ -124,11 +126,12 @@ __device__ void direct_run(const FcDirect& P, fc_u64 epoch, bool check_room) {
     const fc_u32 parity = (fc_u32)(epoch & 1u);
     const fc_u8* in = (const fc_u8*)P.op.send;
     fc_u8* out = (fc_u8*)P.op.recv;
-    const bool red = reduces(P.kind);
-    const bool pre = red && P.op.redop == FC_OP_PREMULSUM;
-    const bool post = red && P.op.redop == FC_OP_AVG;
+    const fc_u32 kind = SUM ? FC_KIND_ALL_REDUCE : P.kind;
+    const fc_u32 k = SUM ? FC_OP_SUM : P.op.redop;
+    const bool red = reduces(kind);
+    const bool pre = red && k == FC_OP_PREMULSUM;
+    const bool post = red && k == FC_OP_AVG;
     const C scalar = pre ? scalar_of<D>(P.op) : C(0);
-    const fc_u32 k = P.op.redop;
 
     // A receiver's slots of our parity are free once it acknowledged the epoch two before. Each
     // thread checks for itself (the same few local words for all: no barrier on the way to the
@@ -138,7 +141,7 @@ __device__ void direct_run(const FcDirect& P, fc_u64 epoch, bool check_room) {
     // (the kernel boundary), its reads of our slots included.
     for (fc_u32 q = 0; q < n && check_room; ++q) {
         fc_u64 blk;
-        if (!sends_to(P, q, blk)) continue;
+        if (!sends_to(P, kind, q, blk)) continue;
         const fc_u64* ack = (const fc_u64*)P.acks[me] + (fc_u64)b * n + q;
         fc_u32 polls = 0;
         fc_u64 since = 0;
@@ -151,7 +154,7 @@ __device__ void direct_run(const FcDirect& P, fc_u64 epoch, bool check_room) {
     // Sends: every message's lines, this thread's words of each.
     for (fc_u32 q = 0; q < n; ++q) {
         fc_u64 blk;
-        if (!sends_to(P, q, blk)) continue;
+        if (!sends_to(P, kind, q, blk)) continue;
         const fc_u8* src = in + (blk * c + s) * es;
         for (fc_u64 i = threadIdx.x; i < lines; i += blockDim.x) {
             const fc_u32 nbytes = (fc_u32)(mb - i * 8u < 8u ? mb - i * 8u : 8u);
@@ -162,8 +165,8 @@ __device__ void direct_run(const FcDirect& P, fc_u64 epoch, bool check_room) {
     }
 
     // Receives: a fold of all contributions in rank order, or each message to its block.
-    const bool folds = red && (P.kind != FC_KIND_REDUCE || me == t);
-    const fc_u64 own_block = P.kind == FC_KIND_REDUCE_SCATTER ? me : 0;
+    const bool folds = red && (kind != FC_KIND_REDUCE || me == t);
+    const fc_u64 own_block = kind == FC_KIND_REDUCE_SCATTER ? me : 0;
     for (fc_u64 i = threadIdx.x; i < lines; i += blockDim.x) {
         const fc_u32 nbytes = (fc_u32)(mb - i * 8u < 8u ? mb - i * 8u : 8u);
         if (folds) {
@@ -187,7 +190,7 @@ __device__ void direct_run(const FcDirect& P, fc_u64 epoch, bool check_room) {
         bool ok = true;
         for (fc_u32 q = 0; q < n && ok; ++q) {
             fc_u64 blk, v;
-            if (!receives_from(P, q, blk)) continue;
+            if (!receives_from(P, kind, q, blk)) continue;
             ok = ll_wait_line(P, direct_line(P.slots[me], b, q, n, parity, i), flag, q, v);
             if (ok) store8(out + (blk * c + s) * es + i * 8u, v, nbytes);
         }
@@ -197,7 +200,7 @@ __device__ void direct_run(const FcDirect& P, fc_u64 epoch, bool check_room) {
     // This rank's own block, where the operation copies it.
     const fc_u8* own_src;
     fc_u8* own_dst;
-    own_copy(P.kind, me, t, c, s, es, in, out, own_src, own_dst);
+    own_copy(kind, me, t, c, s, es, in, out, own_src, own_dst);
     if (own_src != nullptr && own_src != own_dst) copy8(own_dst, own_src, mb);
 }
 
@@ -210,15 +213,17 @@ namespace fc {
 // one kernel holding every type's loops behind a switch took 0.85 us more per 8-byte
 // all-reduce in CUDA graphs on an H100 (3.78 against 2.93 us; twelve times the code, the
 // likely cost being its instruction fetches at every launch; not measured apart).
-template <typename D, fc_u32 DTYPE>
+template <typename D, fc_u32 DTYPE, bool SUM>
 __device__ __forceinline__ void direct_main(const FcDirect& P) {
-    // (The host launches the kernel of the operation's type; the type test only guards.)
+    // (The host launches the kernel of the operation's type, and the SUM instance only for a
+    // summing all-reduce; these tests only guard.)
     if (blockIdx.x >= P.nblocks || P.nranks > FC_DIRECT_MAX_RANKS || P.rank >= P.nranks || P.op.dtype != DTYPE) return;
+    if (SUM && (P.kind != FC_KIND_ALL_REDUCE || P.op.redop != FC_OP_SUM)) return;
     prior_grid_wait();
     // Every thread reads the epoch itself, before thread 0 advances it past the barrier.
     const fc_u64 word = ((const volatile fc_u64*)P.epochs)[blockIdx.x];
     const fc_u64 ep = (word & ~FC_AFTER_SYMMETRIC) + 1u;
-    const bool symmetric = symmetric_kind(P.kind);
+    const bool symmetric = symmetric_kind(SUM ? FC_KIND_ALL_REDUCE : P.kind);
     // This epoch exchanges lines with every peer (a symmetric operation, and this block's slice
     // is not empty: with none it neither stores nor waits, and proves nothing to the next).
     const bool exchanges = symmetric && cut(P.count, P.nblocks, blockIdx.x + 1) > cut(P.count, P.nblocks, blockIdx.x);
@@ -231,14 +236,19 @@ __device__ __forceinline__ void direct_main(const FcDirect& P) {
     if (ep > 1u && threadIdx.x < P.nranks && threadIdx.x != P.rank) {
         st_relaxed_sys((fc_u64*)P.acks[threadIdx.x] + (fc_u64)blockIdx.x * P.nranks + P.rank, ep - 1u);
     }
-    direct_run<D>(P, ep, !(symmetric && (word & FC_AFTER_SYMMETRIC) != 0));
+    direct_run<D, SUM>(P, ep, !(symmetric && (word & FC_AFTER_SYMMETRIC) != 0));
     release_next_grid();
 }
 
 }  // namespace fc
 
-#define FC_DIRECT_ENTRY(NAME, D, DTYPE) \
-    extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) NAME(const __grid_constant__ FcDirect P) { fc::direct_main<D, DTYPE>(P); }
+#define FC_DIRECT_ENTRY(NAME, D, DTYPE)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) NAME(const __grid_constant__ FcDirect P) {         \
+        fc::direct_main<D, DTYPE, false>(P);                                                                                 \
+    }                                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) NAME##_sum(const __grid_constant__ FcDirect P) {   \
+        fc::direct_main<D, DTYPE, true>(P);                                                                                  \
+    }
 FC_DIRECT_ENTRY(ferroccl_direct_int8, fc::DI8, FC_INT8)
 FC_DIRECT_ENTRY(ferroccl_direct_uint8, fc::DU8, FC_UINT8)
 FC_DIRECT_ENTRY(ferroccl_direct_int32, fc::DI32, FC_INT32)

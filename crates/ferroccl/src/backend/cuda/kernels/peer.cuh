@@ -139,11 +139,14 @@ __device__ fc_u64 fc_peer_trace[10];
 
 // One round of block b over elements [at, at + len) of its slice; false when a wait failed.
 // `first`: the launch's first round on this block after a rooted operation's round (or none),
-// which must look at the acknowledgements.
+// which must look at the acknowledgements. D: the element type; SUM: the operation is an
+// all-reduce with Sum (reduce.cuh, reduce_as).
+template <typename D, bool SUM>
 __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, bool first) {
     const fc_u32 n = P.nranks, me = P.rank, b = blockIdx.x, t = P.root;
+    const fc_u32 kind = SUM ? FC_KIND_ALL_REDUCE : P.kind;
     const FcOp& op = P.op;
-    const fc_u64 es = op.elem_size, c = P.count;
+    const fc_u64 es = sizeof(typename D::S), c = P.count;
     const fc_u8* in = (const fc_u8*)op.send;
     fc_u8* out = (fc_u8*)op.recv;
     // Where every rank sends to every rank, the phase-0 flags of round s - 1 that this block
@@ -151,12 +154,12 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     // this launch's or the last of the one before (the kernel boundary keeps the order): only a
     // launch's first round after a rooted operation's and rooted rounds look at the
     // acknowledgements.
-    const bool symmetric = symmetric_kind(P.kind);
+    const bool symmetric = symmetric_kind(kind);
     const bool check_room = first || !symmetric;
     // Acknowledgements within a launch matter only to rooted rounds; the launch's last round is
     // acknowledged at the start of the next, for whatever runs then.
     const fc_u64 ack = symmetric ? 0 : s - 1;
-    if (P.kind == FC_KIND_ALL_REDUCE) {
+    if (kind == FC_KIND_ALL_REDUCE) {
         // Share q of the round: [at + cut(q), at + cut(q + 1)).
         FC_PEER_STAMP(1);
         const int bad = check_room && !peer_room(P, s, FC_PEER_ALL);
@@ -164,7 +167,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
         for (fc_u32 j = 1; j < n && !bad; ++j) {
             const fc_u32 q = (me + j) % n;
             const fc_u64 a = cut(len, n, q), e = cut(len, n, q + 1);
-            if (e > a) transform(op, peer_slot(P, q, b, me, 0, s), in + (at + a) * es, e - a, true, false);
+            if (e > a) transform_as<D, SUM>(op, peer_slot(P, q, b, me, 0, s), in + (at + a) * es, e - a, true, false);
         }
         FC_PEER_STAMP(3);
         if (!peer_signal(P, 0, s, FC_PEER_ALL, bad, ack)) return false;
@@ -183,7 +186,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
                 // A pass reads what the previous one wrote, by other threads where the two
                 // passes' alignments (vector or element loop) differ.
                 if (i > 0) __syncthreads();
-                reduce(op, own, also, peer_slot(P, me, b, q, 0, s), local, e - a, i == 0, last);
+                reduce_as<D, SUM>(op, own, also, peer_slot(P, me, b, q, 0, s), local, e - a, i == 0, last);
             }
             if (n > 2) {
                 __syncthreads();
@@ -211,13 +214,13 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     const fc_u64 bytes = len * es;
     // Who sends to whom this round: everyone to everyone, the root to everyone, or everyone
     // to the root; the root's own part moves locally.
-    const bool to_root = P.kind == FC_KIND_REDUCE || P.kind == FC_KIND_GATHER;
-    const bool from_root = P.kind == FC_KIND_BROADCAST || P.kind == FC_KIND_SCATTER;
+    const bool to_root = kind == FC_KIND_REDUCE || kind == FC_KIND_GATHER;
+    const bool from_root = kind == FC_KIND_BROADCAST || kind == FC_KIND_SCATTER;
     const fc_u32 targets = to_root ? t : FC_PEER_ALL;
     const fc_u32 sources = from_root ? t : FC_PEER_ALL;
     const bool sends = !(to_root && me == t) && !(from_root && me != t);
     const bool receives = !(to_root && me != t) && !(from_root && me == t);
-    const bool reduces = P.kind == FC_KIND_REDUCE_SCATTER || P.kind == FC_KIND_REDUCE;
+    const bool reduces = kind == FC_KIND_REDUCE_SCATTER || kind == FC_KIND_REDUCE;
     const int bad = sends && check_room && !peer_room(P, s, targets);
     if (sends && !bad) {
         for (fc_u32 j = 1; j < n; ++j) {
@@ -225,16 +228,16 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
             if (!peer_in(P, q, targets)) continue;
             fc_u8* slot = peer_slot(P, q, b, me, 0, s);
             // The block of this rank's input that q gets.
-            const bool per_peer = P.kind == FC_KIND_REDUCE_SCATTER || P.kind == FC_KIND_ALL_TO_ALL || P.kind == FC_KIND_SCATTER;
+            const bool per_peer = kind == FC_KIND_REDUCE_SCATTER || kind == FC_KIND_ALL_TO_ALL || kind == FC_KIND_SCATTER;
             const fc_u8* src = in + ((per_peer ? q * c : 0) + at) * es;
-            if (reduces) transform(op, slot, src, len, true, false);
+            if (reduces) transform_as<D, SUM>(op, slot, src, len, true, false);
             else copy_bytes(slot, nullptr, src, bytes);
         }
     }
     // This rank's own block, where it moves without a reduction.
     const fc_u8* own_src;
     fc_u8* own_dst;
-    own_copy(P.kind, me, t, c, at, es, in, out, own_src, own_dst);
+    own_copy(kind, me, t, c, at, es, in, out, own_src, own_dst);
     if (!peer_signal(P, sends ? 0u : FC_PEER_PHASES, s, targets, bad, ack)) return false;
     // After the flags: the receivers start on their copies while this block makes its own.
     if (own_src != nullptr && own_src != own_dst) copy_bytes(own_dst, nullptr, own_src, bytes);
@@ -242,17 +245,17 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
         if (!peer_wait(P, 0, s, sources)) return false;
         if (reduces) {
             fc_u8* o = out + at * es;
-            const fc_u8* mine = in + ((P.kind == FC_KIND_REDUCE_SCATTER ? me * c : 0) + at) * es;
+            const fc_u8* mine = in + ((kind == FC_KIND_REDUCE_SCATTER ? me * c : 0) + at) * es;
             for (fc_u32 i = 0; i + 1 < n; ++i) {
                 const fc_u32 q = (me + 1 + i) % n;
                 if (i > 0) __syncthreads();
-                reduce(op, o, nullptr, peer_slot(P, me, b, q, 0, s), i == 0 ? mine : o, len, i == 0, i + 2 == n);
+                reduce_as<D, SUM>(op, o, nullptr, peer_slot(P, me, b, q, 0, s), i == 0 ? mine : o, len, i == 0, i + 2 == n);
             }
         } else {
             for (fc_u32 j = 1; j < n; ++j) {
                 const fc_u32 q = (me + n - j) % n;
                 if (!peer_in(P, q, sources)) continue;
-                const bool per_peer = P.kind != FC_KIND_BROADCAST && P.kind != FC_KIND_SCATTER;
+                const bool per_peer = kind != FC_KIND_BROADCAST && kind != FC_KIND_SCATTER;
                 copy_bytes(out + ((per_peer ? q * c : 0) + at) * es, nullptr, peer_slot(P, me, b, q, 0, s), bytes);
             }
         }
@@ -262,9 +265,15 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
 
 }  // namespace fc
 
-extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) ferroccl_peer(const __grid_constant__ FcPeer P) {
+namespace fc {
+
+// One kernel per element type and one more for all-reduces with Sum (ferroccl_peer_<type>[_sum],
+// the host picks by the operation; the type and reduction tests only guard): see reduce_as.
+template <typename D, fc_u32 DTYPE, bool SUM>
+__device__ __forceinline__ void peer_main(const FcPeer& P) {
     if (blockIdx.x >= P.nblocks || P.nranks < 2u || P.nranks > FC_PEER_MAX_RANKS || P.rank >= P.nranks) return;
-    if (!fc::dtype_valid(P.op.dtype) || !fc::redop_valid(P.op.redop) || P.chunk == 0) return;
+    if (P.op.dtype != DTYPE || !fc::redop_valid(P.op.redop) || P.chunk == 0) return;
+    if (SUM && (P.kind != FC_KIND_ALL_REDUCE || P.op.redop != FC_OP_SUM)) return;
     fc::prior_grid_wait();
     const volatile FcError* err = (const volatile FcError*)P.error;
     // A launch queued behind a failure does nothing: the counters may disagree by now.
@@ -281,7 +290,7 @@ extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) ferroccl_peer(c
     for (fc_u64 at = start; at < end; at += P.chunk) {
         const fc_u64 len = end - at < P.chunk ? end - at : P.chunk;
         ++s;
-        if (!fc::peer_round(P, at, len, s, s == seq + 1 && !after_symmetric)) return;
+        if (!fc::peer_round<D, SUM>(P, at, len, s, s == seq + 1 && !after_symmetric)) return;
     }
     fc::release_next_grid();
     if (threadIdx.x == 0 && s > seq) {
@@ -298,3 +307,25 @@ extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) ferroccl_peer(c
     }
 #endif
 }
+
+}  // namespace fc
+
+#define FC_PEER_ENTRY(NAME, D, DTYPE)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) NAME(const __grid_constant__ FcPeer P) {           \
+        fc::peer_main<D, DTYPE, false>(P);                                                                                 \
+    }                                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) NAME##_sum(const __grid_constant__ FcPeer P) {     \
+        fc::peer_main<D, DTYPE, true>(P);                                                                                  \
+    }
+FC_PEER_ENTRY(ferroccl_peer_int8, fc::DI8, FC_INT8)
+FC_PEER_ENTRY(ferroccl_peer_uint8, fc::DU8, FC_UINT8)
+FC_PEER_ENTRY(ferroccl_peer_int32, fc::DI32, FC_INT32)
+FC_PEER_ENTRY(ferroccl_peer_uint32, fc::DU32, FC_UINT32)
+FC_PEER_ENTRY(ferroccl_peer_int64, fc::DI64, FC_INT64)
+FC_PEER_ENTRY(ferroccl_peer_uint64, fc::DU64, FC_UINT64)
+FC_PEER_ENTRY(ferroccl_peer_half, fc::DF16, FC_FLOAT16)
+FC_PEER_ENTRY(ferroccl_peer_float, fc::DF32, FC_FLOAT32)
+FC_PEER_ENTRY(ferroccl_peer_double, fc::DF64, FC_FLOAT64)
+FC_PEER_ENTRY(ferroccl_peer_bfloat16, fc::DBF16, FC_BFLOAT16)
+FC_PEER_ENTRY(ferroccl_peer_f8e4m3, fc::DE4M3, FC_FP8E4M3)
+FC_PEER_ENTRY(ferroccl_peer_f8e5m2, fc::DE5M2, FC_FP8E5M2)

@@ -267,7 +267,7 @@ __device__ __forceinline__ typename D::S reduce_elem(typename D::S recv, typenam
 // For i < n: l = local[i]; if pre l *= scalar; v = O(recv[i], l); if post v /= nranks;
 // dst0[i] = v (and dst1[i]). dst0 may be exactly local (in place); recv is a slot.
 template <typename D>
-__device__ void reduce_piece(fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u8* local, fc_u64 n, fc_u32 k,
+__device__ __forceinline__ void reduce_piece(fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u8* local, fc_u64 n, fc_u32 k,
                              bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
     typedef typename D::S S;
     const fc_u32 nt = blockDim.x;
@@ -441,6 +441,33 @@ __device__ __noinline__ void transform(const FcOp& op, fc_u8* d0, const fc_u8* s
         case FC_FP8E4M3: transform_t<DE4M3>(op, d0, src, n, pre, post); break;
         default: transform_t<DE5M2>(op, d0, src, n, pre, post); break;
     }
+}
+
+// ---- the same for a kernel of one element type -----------------------------------------------
+// The engines' kernels come one per type (the host launches the operation's), and a second
+// instance per type knows the reduction is Sum (SUM): neither holds the other types' loops nor,
+// with SUM, the other reductions' and the pre/post transforms. Code a launch does not run still
+// costs it (instruction fetches at every launch: docs/PERFORMANCE.md, section 10).
+
+template <typename D, bool SUM>
+__device__ __noinline__ void reduce_as(const FcOp& op, fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u8* local, fc_u64 n,
+                                       bool pre_flag, bool post_flag) {
+    const fc_u32 k = SUM ? FC_OP_SUM : op.redop;
+    const bool pre = pre_flag && k == FC_OP_PREMULSUM;
+    const bool post = post_flag && k == FC_OP_AVG;
+    reduce_piece<D>(d0, d1, recv, local, n, k, pre, post, pre ? scalar_of<D>(op) : typename D::C(0), op.nranks);
+}
+
+template <typename D, bool SUM>
+__device__ __noinline__ void transform_as(const FcOp& op, fc_u8* d0, const fc_u8* src, fc_u64 n, bool pre_flag, bool post_flag) {
+    const fc_u32 k = SUM ? FC_OP_SUM : op.redop;
+    const bool pre = pre_flag && k == FC_OP_PREMULSUM;
+    const bool post = post_flag && k == FC_OP_AVG;
+    if (!pre && !post) {
+        if (d0 != src) copy_bytes(d0, nullptr, src, n * sizeof(typename D::S));
+        return;
+    }
+    transform_piece<D>(d0, src, n, pre, post, scalar_of<D>(op), op.nranks);
 }
 
 }  // namespace fc
