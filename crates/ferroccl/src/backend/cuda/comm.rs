@@ -2,7 +2,7 @@
 //! stream, its abort word and error record, and waiting for and aborting what it enqueued.
 
 use super::copy_engine::CopyEngine;
-use super::fabric::Fabric;
+use super::fabric::{Fabric, Geometry};
 use super::launch::{PlanCache, StreamOrder};
 use super::tables::{FcDirect, FcError, FcP2pHead, FcPeer, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA, WHAT_LENGTH, WHAT_POST, WHAT_ROOM};
 use super::window::Windows;
@@ -10,6 +10,7 @@ use super::kernels;
 use crate::bootstrap::Bootstrap;
 use crate::cuda::cu_ok;
 use crate::cuda::device::{Gpu, KernelHandle, Module};
+use crate::cuda::nvrtc::Image;
 use crate::cuda::mem::{DeviceBuffer, MemStats};
 use crate::cuda::pinned::MappedWord;
 use cudarc::driver::sys;
@@ -50,9 +51,9 @@ pub(crate) struct CudaComm {
     /// The direct engine's module and kernels, and its parameter with this communicator's
     /// slots, acks, epochs and status words (None beyond the ranks it serves).
     pub(super) direct: Option<(Module, TypedKernels, FcDirect)>,
-    /// The peer engine's kernels (in `module`) and its parameter with this communicator's
+    /// The peer engine's module and kernels, and its parameter with this communicator's
     /// staging, flags, counters and status words (None: off).
-    pub(super) peer: Option<(TypedKernels, FcPeer)>,
+    pub(super) peer: Option<(Module, TypedKernels, FcPeer)>,
     /// The plan kernel's point-to-point form (in `module`): its small and wide kernels, and the
     /// part of their parameter this communicator fills once (None: FERROCCL_GPU_P2P_KERNEL=0).
     pub(super) p2p: Option<(KernelHandle, KernelHandle, FcP2pHead)>,
@@ -136,8 +137,24 @@ impl Status {
 impl CudaComm {
     pub fn new(ordinal: usize, boot: &Bootstrap, config: &Config, abort: &AtomicBool) -> Result<CudaComm, Error> {
         let gpu = Gpu::open(ordinal)?;
-        let image = kernels::compile_for(&gpu, config, "plan_exec.cu", &kernels::plan_exec_source())?;
-        let module = gpu.load_module(&image.bytes)?;
+        // The modules this communicator needs, compiled at once (NVRTC is single-threaded): a
+        // first start on a machine waits for the longest compile, not their sum; later starts
+        // find them in the disk cache.
+        let geo = Geometry::of(config, boot.nranks());
+        let (image, peer_image, direct_image) = std::thread::scope(|s| {
+            let compile = |name: &'static str, source: fn() -> String, needed: bool| {
+                let gpu = &gpu;
+                needed.then(|| s.spawn(move || kernels::compile_for(gpu, config, name, &source())))
+            };
+            let peer = compile("peer.cu", kernels::peer_source, geo.has_peer());
+            let direct = compile("direct.cu", kernels::direct_source, geo.has_direct());
+            let plan = kernels::compile_for(&gpu, config, "plan_exec.cu", &kernels::plan_exec_source());
+            let join = |h: Option<std::thread::ScopedJoinHandle<'_, Result<Image, Error>>>| {
+                h.map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("an NVRTC compile thread panicked".into()))))
+            };
+            (plan, join(peer), join(direct))
+        });
+        let module = gpu.load_module(&image?.bytes)?;
         let plan_fn = module.kernel(kernels::PLAN_EXEC_KERNEL)?;
         plan_fn.load()?;
         let resident = plan_fn.resident_blocks(BLOCK_THREADS)?;
@@ -153,7 +170,7 @@ impl CudaComm {
         let timeout_ns = config.timeout.as_nanos().min(u64::MAX as u128) as u64;
         let direct = match fabric.direct {
             Some(p) => {
-                let image = kernels::compile_for(&gpu, config, "direct.cu", &kernels::direct_source())?;
+                let image = direct_image.ok_or_else(|| Error::Internal("the direct engine's module was not compiled".into()))??;
                 let m = gpu.load_module(&image.bytes)?;
                 let f = TypedKernels::load(&m, kernels::DIRECT_KERNELS)?;
                 let p = FcDirect {
@@ -168,8 +185,10 @@ impl CudaComm {
         };
         let peer = match fabric.peer {
             Some(p) => {
-                let f = TypedKernels::load(&module, kernels::PEER_KERNELS)?;
-                Some((f, FcPeer { abort: status.abort_ptr(), error: status.error_ptr(), timeout_ns, ..p }))
+                let image = peer_image.ok_or_else(|| Error::Internal("the peer engine's module was not compiled".into()))??;
+                let m = gpu.load_module(&image.bytes)?;
+                let f = TypedKernels::load(&m, kernels::PEER_KERNELS)?;
+                Some((m, f, FcPeer { abort: status.abort_ptr(), error: status.error_ptr(), timeout_ns, ..p }))
             }
             None => None,
         };

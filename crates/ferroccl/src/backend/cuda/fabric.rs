@@ -43,6 +43,12 @@ pub(crate) struct Geometry {
 }
 
 impl Geometry {
+    /// The layout of a communicator of `nranks` GPU ranks under `config`: FIFOs for the most
+    /// channels the tuner may give an operation.
+    pub fn of(config: &Config, nranks: usize) -> Geometry {
+        let (coll, p2p) = channel_budget(Device::Gpu, config, nranks);
+        Geometry { slots: config.slots, slot_bytes: config.slot_bytes, coll, nchan: coll + p2p, nranks, peer_slot: peer_slot_bytes(config, nranks) }
+    }
     /// Whether the communicator has the direct engine's slots (few enough ranks).
     pub fn has_direct(&self) -> bool {
         self.nranks <= DIRECT_MAX_RANKS
@@ -201,9 +207,7 @@ pub(crate) struct CeFabric {
 impl Fabric {
     pub fn new(gpu: &Gpu, boot: &Bootstrap, config: &Config, stats: &Arc<MemStats>, abort: &AtomicBool) -> Result<Fabric, Error> {
         let (me, n) = (boot.rank(), boot.nranks());
-        // FIFOs for the most channels the tuner may give an operation.
-        let (coll, p2p) = channel_budget(Device::Gpu, config, n);
-        let geo = Geometry { slots: config.slots, slot_bytes: config.slot_bytes, coll, nchan: coll + p2p, nranks: n, peer_slot: peer_slot_bytes(config, n) };
+        let geo = Geometry::of(config, n);
         let need = geo.recv_arena_bytes() + geo.send_arena_bytes();
         let explain = |e: Error| explain_alloc_failure(e, &geo, n, gpu.ordinal(), need);
         // If the second allocation fails, the first is released as `recv_arena` drops.

@@ -1,4 +1,4 @@
-//! A model of the peer and direct engines' flow control (`kernels/peer.cuh`,
+//! A model of the peer and direct engines' flow control (`kernels/peer.cu`,
 //! `kernels/direct.cu`), checked under every kind of interleaving a random scheduler finds: one
 //! block per rank runs launches of operations as the kernels do (acknowledgements of the
 //! previous launch's last round at a launch's start, room checks, slot stores, flags, waits,

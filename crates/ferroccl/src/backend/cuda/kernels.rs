@@ -15,8 +15,8 @@ pub(crate) const PLAN_EXEC_KERNEL: &str = "ferroccl_plan_exec";
 /// The `.cu` file of the plan-execution kernel, before its headers are spliced in.
 pub(crate) const PLAN_EXEC_SRC: &str = include_str!("kernels/plan_exec.cu");
 
-/// Name stem of the peer engine's kernels, in the plan kernel's module (`kernels/peer.cuh`):
-/// see `typed_kernel`.
+/// Name stem of the peer engine's kernels, in their own module (`kernels/peer.cu`): see
+/// `typed_kernel`.
 pub(crate) const PEER_KERNELS: &str = "ferroccl_peer";
 /// Name stem of the direct engine's kernels, in their own module (`kernels/direct.cu`).
 pub(crate) const DIRECT_KERNELS: &str = "ferroccl_direct";
@@ -36,6 +36,9 @@ pub(crate) fn typed_kernel(stem: &str, dtype: ferroccl_core::DataType, sum: bool
 /// The `.cu` file of the direct engine (one-shot collectives).
 pub(crate) const DIRECT_SRC: &str = include_str!("kernels/direct.cu");
 
+/// The `.cu` file of the peer engine (collectives in rounds through peer-mapped staging).
+pub(crate) const PEER_SRC: &str = include_str!("kernels/peer.cu");
+
 /// The `.cu` file of the GPU checker's kernels (`verify.rs`).
 pub(crate) const CHECK_SRC: &str = include_str!("kernels/check.cu");
 
@@ -45,7 +48,6 @@ pub(crate) const HEADERS: &[(&str, &str)] = &[
     ("types.cuh", include_str!("kernels/types.cuh")),
     ("fifo.cuh", include_str!("kernels/fifo.cuh")),
     ("reduce.cuh", include_str!("kernels/reduce.cuh")),
-    ("peer.cuh", include_str!("kernels/peer.cuh")),
     ("p2p.cuh", include_str!("kernels/p2p.cuh")),
     ("check.cuh", include_str!("kernels/check.cuh")),
 ];
@@ -61,9 +63,14 @@ pub(crate) fn plan_exec_source() -> String {
     spliced("plan_exec.cu", PLAN_EXEC_SRC)
 }
 
-/// The direct engine's kernel as one self-contained source for NVRTC.
+/// The direct engine's kernels as one self-contained source for NVRTC.
 pub(crate) fn direct_source() -> String {
     spliced("direct.cu", DIRECT_SRC)
+}
+
+/// The peer engine's kernels as one self-contained source for NVRTC.
+pub(crate) fn peer_source() -> String {
+    spliced("peer.cu", PEER_SRC)
 }
 
 /// The GPU checker's kernels as one self-contained source for NVRTC.
@@ -165,7 +172,9 @@ mod tests {
     #[test]
     fn splicing_inlines_each_header_once() {
         for (src, uses) in [
-            (plan_exec_source(), &["ints.cuh", "types.cuh", "fifo.cuh", "reduce.cuh", "peer.cuh", "p2p.cuh"][..]),
+            (plan_exec_source(), &["ints.cuh", "types.cuh", "fifo.cuh", "reduce.cuh", "p2p.cuh"][..]),
+            (peer_source(), &["ints.cuh", "types.cuh", "fifo.cuh", "reduce.cuh"][..]),
+            (direct_source(), &["ints.cuh", "types.cuh", "fifo.cuh", "reduce.cuh"][..]),
             (check_source(), &["ints.cuh", "check.cuh"][..]),
         ] {
             assert!(!src.lines().any(|l| quoted_include(l).is_some()), "a quoted include survived");
@@ -219,25 +228,33 @@ mod tests {
         assert!(ptx.contains("ld.acquire.sys.global.u64"));
         assert!(ptx.contains("st.release.sys.global.u64"));
         assert!(ptx.contains("%globaltimer"));
-        // The peer engine and the point-to-point form share the module.
+        // The point-to-point form shares the module.
         assert!(ptx.contains(&format!(".entry {P2P_KERNEL}(")), "no entry {P2P_KERNEL} in the PTX");
         assert!(ptx.contains(&format!(".entry {P2P_WIDE_KERNEL}(")), "no entry {P2P_WIDE_KERNEL} in the PTX");
-        let direct = cudarc::nvrtc::compile_ptx_with_opts(direct_source(), compile_options("sm_90", &include))
-            .unwrap_or_else(|e| match e {
-                cudarc::nvrtc::CompileError::CompileError { log, .. } => panic!("NVRTC rejected direct.cu:\n{}", log.to_string_lossy()),
-                e => panic!("NVRTC failed: {e:?}"),
-            })
-            .to_src();
+        let compile = |name: &str, src: String| {
+            cudarc::nvrtc::compile_ptx_with_opts(src, compile_options("sm_90", &include))
+                .unwrap_or_else(|e| match e {
+                    cudarc::nvrtc::CompileError::CompileError { log, .. } => panic!("NVRTC rejected {name}:\n{}", log.to_string_lossy()),
+                    e => panic!("NVRTC failed: {e:?}"),
+                })
+                .to_src()
+        };
+        let direct = compile("direct.cu", direct_source());
+        let peer = compile("peer.cu", peer_source());
         // Each engine's kernels: one per type, and one per type for all-reduces with Sum.
         let typed = |stem: &str| -> Vec<String> { ferroccl_core::DataType::ALL.iter().flat_map(|&t| [typed_kernel(stem, t, false), typed_kernel(stem, t, true)]).collect() };
         let direct_entries = typed(DIRECT_KERNELS);
-        let mut plan_entries = typed(PEER_KERNELS);
-        plan_entries.extend([PLAN_EXEC_KERNEL.to_string(), P2P_KERNEL.to_string(), P2P_WIDE_KERNEL.to_string()]);
-        for (src, entries) in [(&ptx, &plan_entries), (&direct, &direct_entries)] {
+        let peer_entries = typed(PEER_KERNELS);
+        let plan_entries = vec![PLAN_EXEC_KERNEL.to_string(), P2P_KERNEL.to_string(), P2P_WIDE_KERNEL.to_string()];
+        let modules = [(&ptx, &plan_entries), (&peer, &peer_entries), (&direct, &direct_entries)];
+        for (src, entries) in modules {
             for e in entries {
                 assert!(src.contains(&format!(".entry {e}(")), "no entry {e}");
             }
         }
+        // The peer engine's flags are released after the block's stores and acquired by the
+        // receivers.
+        assert!(peer.contains("st.release.sys.global.u64") && peer.contains("ld.acquire.sys.global.u64"));
         // The epochs' acknowledgements are system-scope stores (relaxed: the kernel boundary
         // orders them), read with acquire; LL lines are 16-byte volatile stores.
         assert!(direct.contains("st.relaxed.sys.global.u64") && direct.contains("ld.acquire.sys.global.u64"));
@@ -245,7 +262,7 @@ mod tests {
         // Every engine's kernel is launched to start early on sm_90: each must wait for the
         // kernel ahead of it before its first access to memory (a missing wait is a silent race
         // with the caller's producer kernel).
-        for (src, entries) in [(&ptx, &plan_entries), (&direct, &direct_entries)] {
+        for (src, entries) in modules {
             for e in entries {
                 let body = &src[src.find(&format!(".entry {e}(")).expect("entry")..];
                 let body = &body[..body.find("\n}\n").unwrap_or(body.len())];

@@ -478,12 +478,12 @@ impl CudaComm {
                 self.ce.as_ref().expect("checked when the entry was made").enqueue(&lanes, &ce_op(&args[0]), stream)
             }
             Run::Peer { blocks, chunk } => {
-                let (kernels, template) = self.peer.as_ref().expect("checked when the entry was made");
+                let (module, kernels, template) = self.peer.as_ref().expect("checked when the entry was made");
                 let a = &args[0];
                 let param = FcPeer { count: a.count as u64, chunk, kind: engine_kind(a)?, nblocks: blocks, root: a.root as u32, op: ops[0], ..*template };
                 // SAFETY: the peer kernel takes one FcPeer; its staging, flags and counters are
                 // this communicator's fabric (mapped for this GPU).
-                unsafe { self.launch_engine(self.module.kernel_at(kernels.pick(a)), blocks, PEER_THREADS, param, stream) }
+                unsafe { self.launch_engine(module.kernel_at(kernels.pick(a)), blocks, PEER_THREADS, param, stream) }
             }
         }
     }

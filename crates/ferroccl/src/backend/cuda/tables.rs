@@ -196,7 +196,7 @@ pub(crate) struct FcDirect {
 
 pub(crate) use ferroccl_core::tune::{DIRECT_MAX_BLOCKS, DIRECT_MAX_RANKS, DIRECT_SLOT_BYTES, PEER_MAX_BLOCKS, PEER_MAX_RANKS};
 
-/// The peer kernel's only parameter (`peer.cuh`): the communicator's staging, flag lines and
+/// The peer kernel's only parameter (`kernels/peer.cu`): the communicator's staging, flag lines and
 /// round counters (filled once), and one operation with its cut. Addresses are device
 /// addresses as this GPU maps them.
 #[repr(C)]

@@ -330,7 +330,5 @@ extern "C" __global__ void __launch_bounds__(FC_MAX_THREADS, 1) ferroccl_plan_ex
     fc::release_next_grid();
 }
 
-// The peer engine's kernel shares this module (one NVRTC compile) and its loops.
-#include "peer.cuh"
-// So does the plan kernel's point-to-point form.
+// The plan kernel's point-to-point form shares this module (one NVRTC compile) and its loops.
 #include "p2p.cuh"

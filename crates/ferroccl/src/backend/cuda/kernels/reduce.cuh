@@ -449,13 +449,24 @@ __device__ __noinline__ void transform(const FcOp& op, fc_u8* d0, const fc_u8* s
 // with SUM, the other reductions' and the pre/post transforms. Code a launch does not run still
 // costs it (instruction fetches at every launch: docs/PERFORMANCE.md, section 10).
 
+// The reduction is chosen once per piece, not per element as in `reduce`: a loop per reduction,
+// and one for a plain Sum without the pre-multiply or average, so that no element pays a switch
+// (measured: the per-element choice made the bf16 reduce loop compute-bound, section 12).
 template <typename D, bool SUM>
 __device__ __noinline__ void reduce_as(const FcOp& op, fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u8* local, fc_u64 n,
                                        bool pre_flag, bool post_flag) {
     const fc_u32 k = SUM ? FC_OP_SUM : op.redop;
     const bool pre = pre_flag && k == FC_OP_PREMULSUM;
     const bool post = post_flag && k == FC_OP_AVG;
-    reduce_piece<D>(d0, d1, recv, local, n, k, pre, post, pre ? scalar_of<D>(op) : typename D::C(0), op.nranks);
+    const typename D::C none(0);
+    switch (SUM ? FC_OP_SUM : k) {
+        case FC_OP_PROD: reduce_piece<D>(d0, d1, recv, local, n, FC_OP_PROD, false, false, none, op.nranks); break;
+        case FC_OP_MAX: reduce_piece<D>(d0, d1, recv, local, n, FC_OP_MAX, false, false, none, op.nranks); break;
+        case FC_OP_MIN: reduce_piece<D>(d0, d1, recv, local, n, FC_OP_MIN, false, false, none, op.nranks); break;
+        default:  // Sum; Avg and PreMulSum combine as Sum
+            if (!pre && !post) reduce_piece<D>(d0, d1, recv, local, n, FC_OP_SUM, false, false, none, op.nranks);
+            else reduce_piece<D>(d0, d1, recv, local, n, FC_OP_SUM, pre, post, pre ? scalar_of<D>(op) : none, op.nranks);
+    }
 }
 
 template <typename D, bool SUM>

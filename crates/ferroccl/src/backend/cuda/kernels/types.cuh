@@ -229,7 +229,7 @@ FC_CHECK_OFFSET(FcDirect, nblocks, 312);
 FC_CHECK_OFFSET(FcDirect, reserved, 316);
 FC_CHECK_OFFSET(FcDirect, op, 320);
 
-// ---- the peer engine (peer.cuh, in the plan kernel's module) ----------------------------------
+// ---- the peer engine (peer.cu) ----------------------------------------------------------------
 // Collectives in rounds: block b of rank p stores round s's message for rank q into q's
 // staging slot [b][p][phase][s parity] and raises q's flag line [b][p][phase] to s; q waits for
 // its senders' flags, then reads its slots. Phase 0 carries inputs (all-reduce: the owner's

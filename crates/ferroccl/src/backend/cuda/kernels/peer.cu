@@ -33,9 +33,12 @@
 // rounds on every rank, whatever mix of operations runs, because every rank cuts every
 // operation alike (a rank with nothing to send or receive in a round still counts it).
 //
-// This file is included by plan_exec.cu: one NVRTC compile, one module, and the same copy and
-// reduce loops as the plan kernel.
-#pragma once
+// Its own module (kernels.rs): NVRTC compiles it beside the plan kernel's and the direct
+// engine's, each on its own thread, so a first start waits for the longest of the three.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
 #include "types.cuh"
 #include "fifo.cuh"
 #include "reduce.cuh"
