@@ -296,12 +296,46 @@ impl KernelCache {
     }
 }
 
-/// Compiles through `cache` when given (keyed by this NVRTC's version), else directly.
-pub fn compile_cached(req: &CompileRequest<'_>, cache: Option<&KernelCache>) -> Result<Image> {
-    match cache {
-        Some(c) => Ok(c.get_or_compile(req, nvrtc_version()?, compile)?.0),
-        None => compile(req),
+/// Images this process already has, by cache key. The ranks of one process (a thread per GPU,
+/// one thread driving several, several communicators) need the same modules at the same moment:
+/// the first compiles (or reads the disk cache), the others wait for it on the key's lock
+/// instead of compiling again beside it. Failures are not kept: the next caller tries again.
+#[derive(Default)]
+pub struct ProcessImages {
+    by_key: std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<std::sync::Mutex<Option<Image>>>>>,
+}
+
+impl ProcessImages {
+    /// The image under `key`, from this process's earlier call or from `make`.
+    pub fn get_or_make(&self, key: &str, make: impl FnOnce() -> Result<Image>) -> Result<Image> {
+        let slot = {
+            let mut map = self.by_key.lock().unwrap_or_else(|p| p.into_inner());
+            map.entry(key.to_string()).or_default().clone()
+        };
+        let mut img = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = img.as_ref() {
+            return Ok(i.clone());
+        }
+        let made = make()?;
+        *img = Some(made.clone());
+        Ok(made)
     }
+}
+
+fn process_images() -> &'static ProcessImages {
+    static IMAGES: std::sync::OnceLock<ProcessImages> = std::sync::OnceLock::new();
+    IMAGES.get_or_init(ProcessImages::default)
+}
+
+/// Compiles through `cache` when given (keyed by this NVRTC's version), else directly; once per
+/// process for each key (`ProcessImages`).
+pub fn compile_cached(req: &CompileRequest<'_>, cache: Option<&KernelCache>) -> Result<Image> {
+    let version = nvrtc_version()?;
+    let key = cache_key(req, version)?;
+    process_images().get_or_make(&key, || match cache {
+        Some(c) => Ok(c.get_or_compile(req, version, compile)?.0),
+        None => compile(req),
+    })
 }
 
 #[cfg(test)]
@@ -353,6 +387,33 @@ mod tests {
         let a = cache_key(&req("k", "sm_90", &[], &["-DA".into(), "B".into()]), (13, 0)).unwrap();
         let b = cache_key(&req("k", "sm_90", &[], &["-DAB".into()]), (13, 0)).unwrap();
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn a_process_makes_each_image_once_while_its_threads_wait() {
+        let images = ProcessImages::default();
+        let made = std::sync::atomic::AtomicUsize::new(0);
+        let img = |b: u8| Image { kind: ImageKind::Cubin, bytes: vec![b; 4] };
+        let got: Vec<Image> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        images.get_or_make("k", || {
+                            made.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            std::thread::sleep(std::time::Duration::from_millis(50));
+                            Ok(img(1))
+                        })
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+        });
+        assert_eq!(made.load(std::sync::atomic::Ordering::SeqCst), 1, "one thread compiled, the others waited");
+        assert!(got.iter().all(|i| *i == img(1)));
+        // Another key is made apart; a failure is not kept.
+        assert!(images.get_or_make("bad", || Err(Error::System("nvrtc failed".into()))).is_err());
+        assert_eq!(images.get_or_make("bad", || Ok(img(2))).unwrap(), img(2));
+        assert_eq!(images.get_or_make("k", || Ok(img(3))).unwrap(), img(1));
     }
 
     #[test]
