@@ -169,7 +169,7 @@ impl Default for Config {
             slots: 4,
             ll_max_bytes: 128 << 10,
             direct_max_bytes: 128 << 10,
-            gpu_oneshot_max_bytes: 256 << 10,
+            gpu_oneshot_max_bytes: 128 << 10,
             gpu_two_shot: false,
             gpu_peer_bytes: 16 << 20,
             gpu_copy_engine_bytes: 0,

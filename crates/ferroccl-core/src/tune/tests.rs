@@ -42,20 +42,21 @@ fn choices_follow_the_table() {
         (Gpu, AllReduce, 32 << 10, Bfloat16, 2, Algo::OneShot, D, LL, 16),
         (Gpu, AllReduce, 64, Float32, 8, Algo::OneShot, D, LL, 1),
         // More ranks, smaller operations: each rank sends its block to n-1 peers.
-        (Gpu, AllReduce, 9362, Float32, 8, Algo::OneShot, D, LL, 10),
-        (Gpu, AllReduce, 9363, Float32, 8, Algo::TwoShot, K, Simple, 2),
+        (Gpu, AllReduce, 4681, Float32, 8, Algo::OneShot, D, LL, 5),
+        (Gpu, AllReduce, 4682, Float32, 8, Algo::TwoShot, K, Simple, 1),
         (Gpu, AllGather, 1024, Float32, 4, Algo::OneShot, D, LL, 1),
         (Gpu, Reduce, 2, Float32, 2, Algo::OneShot, D, LL, 1),
         (Gpu, Gather, 100, Float32, 8, Algo::OneShot, D, LL, 1),
         (Gpu, AllReduce, 64 << 10, Bfloat16, 2, Algo::OneShot, D, LL, 16),
-        (Gpu, AllReduce, 64 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
-        // Beyond FERROCCL_GPU_ONESHOT_MAX_BYTES (256 KiB): the peer engine, a block per 32 KiB
+        (Gpu, AllReduce, 32 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
+        // Beyond FERROCCL_GPU_ONESHOT_MAX_BYTES (128 KiB): the peer engine, a block per 32 KiB
         // of the largest buffer up to 32; broadcast and reduce beyond 2 ranks on the plan
         // kernel (the chain), its grid following the bytes.
+        (Gpu, AllReduce, (32 << 10) + 1, Float32, 2, Algo::TwoShot, K, Simple, 5),
         (Gpu, AllReduce, (64 << 10) + 1, Float32, 2, Algo::TwoShot, K, Simple, 9),
         (Gpu, AllReduce, 256 << 20, Float32, 2, Algo::TwoShot, K, Simple, 32),
-        (Gpu, AllGather, 64 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
-        (Gpu, AllGather, (64 << 10) + 1, Float32, 2, Algo::OneShot, K, Simple, 17),
+        (Gpu, AllGather, 32 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
+        (Gpu, AllGather, (32 << 10) + 1, Float32, 2, Algo::OneShot, K, Simple, 9),
         (Gpu, ReduceScatter, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 32),
         (Gpu, ReduceScatter, 4 << 10, Float32, 8, Algo::OneShot, D, LL, 4),
         (Gpu, Broadcast, (8 << 20) - 1, Int8, 2, Algo::OneShot, K, Simple, 32),

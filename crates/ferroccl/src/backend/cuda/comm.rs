@@ -64,36 +64,38 @@ pub(crate) struct CudaComm {
     pub(super) overlap_prior: bool,
 }
 
-/// An engine's kernels (direct, peer), by NCCL's type number: one for every collective and
-/// reduction of that type, and one for all-reduces with `Sum` only, which leaves the rest of the
-/// code out (a launch fetches less of it: docs/PERFORMANCE.md, section 12).
+/// An engine's kernels (direct, peer), by NCCL's type number, in each of the engine's shapes
+/// (`kernels::Shape`): a launch takes the narrowest instance that serves its operation, which
+/// holds less code (a launch fetches less of it) and folds without choosing the reduction per
+/// element (docs/PERFORMANCE.md, section 12).
 pub(super) struct TypedKernels {
-    any: [KernelHandle; DataType::ALL.len()],
-    sum: [KernelHandle; DataType::ALL.len()],
+    /// Narrowest first, as `kernels::DIRECT_SHAPES` and `PEER_SHAPES` list them.
+    by_shape: Vec<(kernels::Shape, [KernelHandle; DataType::ALL.len()])>,
 }
 
 impl TypedKernels {
-    /// `stem`'s kernels in `m` (`kernels::typed_kernel`), loaded.
-    fn load(m: &Module, stem: &str) -> Result<TypedKernels, Error> {
-        let load = |sum: bool| -> Result<[KernelHandle; DataType::ALL.len()], Error> {
+    /// `stem`'s kernels in `m` (`kernels::typed_kernel`) in `shapes`, loaded.
+    fn load(m: &Module, stem: &str, shapes: &[kernels::Shape]) -> Result<TypedKernels, Error> {
+        let load = |shape| -> Result<[KernelHandle; DataType::ALL.len()], Error> {
             let mut f = [None; DataType::ALL.len()];
             for t in DataType::ALL {
-                let k = m.kernel(&kernels::typed_kernel(stem, t, sum))?;
+                let k = m.kernel(&kernels::typed_kernel(stem, t, shape))?;
                 k.load()?;
                 f[t.nccl_id() as usize] = Some(k.handle());
             }
             Ok(f.map(|h| h.expect("DataType::ALL holds every NCCL type number once")))
         };
-        Ok(TypedKernels { any: load(false)?, sum: load(true)? })
+        Ok(TypedKernels { by_shape: shapes.iter().map(|&s| Ok((s, load(s)?))).collect::<Result<_, Error>>()? })
     }
 
     /// The kernel for `a`.
-    pub(super) fn pick(&self, a: &crate::ops::OpArgs) -> KernelHandle {
+    pub(super) fn pick(&self, a: &crate::ops::OpArgs) -> Result<KernelHandle, Error> {
         let t = a.dtype.nccl_id() as usize;
-        match (a.kind, a.op) {
-            (ferroccl_core::CollKind::AllReduce, ferroccl_core::ReduceOp::Sum) => self.sum[t],
-            _ => self.any[t],
-        }
+        self.by_shape
+            .iter()
+            .find(|(s, _)| s.serves(a.kind, a.op))
+            .map(|(_, f)| f[t])
+            .ok_or_else(|| Error::Internal(format!("no engine kernel serves {} with {:?}", a.kind, a.op)))
     }
 }
 
@@ -172,7 +174,7 @@ impl CudaComm {
             Some(p) => {
                 let image = direct_image.ok_or_else(|| Error::Internal("the direct engine's module was not compiled".into()))??;
                 let m = gpu.load_module(&image.bytes)?;
-                let f = TypedKernels::load(&m, kernels::DIRECT_KERNELS)?;
+                let f = TypedKernels::load(&m, kernels::DIRECT_KERNELS, kernels::DIRECT_SHAPES)?;
                 let p = FcDirect {
                     abort: status.abort_ptr(),
                     error: status.error_ptr(),
@@ -187,7 +189,7 @@ impl CudaComm {
             Some(p) => {
                 let image = peer_image.ok_or_else(|| Error::Internal("the peer engine's module was not compiled".into()))??;
                 let m = gpu.load_module(&image.bytes)?;
-                let f = TypedKernels::load(&m, kernels::PEER_KERNELS)?;
+                let f = TypedKernels::load(&m, kernels::PEER_KERNELS, kernels::PEER_SHAPES)?;
                 Some((m, f, FcPeer { abort: status.abort_ptr(), error: status.error_ptr(), timeout_ns, ..p }))
             }
             None => None,

@@ -26,11 +26,48 @@ pub(crate) const P2P_KERNEL: &str = "ferroccl_p2p";
 /// The same with room for more steps in its parameter.
 pub(crate) const P2P_WIDE_KERNEL: &str = "ferroccl_p2p_wide";
 
+/// Which operations an instance of an engine's kernel serves (`FC_SHAPE_*` in `direct.cu`, the
+/// `SUM` instance in `peer.cu`). The narrower its shape, the less code a launch of it fetches,
+/// and a known reduction folds without a choice per element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// Every kind and reduction.
+    Any,
+    /// Every kind, with Sum or no reduction at all.
+    Plain,
+    /// All-reduce with Sum.
+    AllReduceSum,
+}
+
+impl Shape {
+    /// Whether this instance serves `kind` with `op`.
+    pub(crate) fn serves(self, kind: ferroccl_core::CollKind, op: ferroccl_core::ReduceOp) -> bool {
+        let sum = matches!(op, ferroccl_core::ReduceOp::Sum);
+        match self {
+            Shape::Any => true,
+            Shape::Plain => sum || !kind.reduces(),
+            Shape::AllReduceSum => sum && kind == ferroccl_core::CollKind::AllReduce,
+        }
+    }
+    fn suffix(self) -> &'static str {
+        match self {
+            Shape::Any => "",
+            Shape::Plain => "_plain",
+            Shape::AllReduceSum => "_sum",
+        }
+    }
+}
+
+/// The instances of the direct engine's kernels, narrowest first.
+pub(crate) const DIRECT_SHAPES: &[Shape] = &[Shape::AllReduceSum, Shape::Plain, Shape::Any];
+/// The peer engine's, narrowest first (its loops choose the reduction once per piece anyway,
+/// so a Plain instance would only save code, and NVRTC time on the longest compile).
+pub(crate) const PEER_SHAPES: &[Shape] = &[Shape::AllReduceSum, Shape::Any];
+
 /// Name of an engine's (`stem`'s) kernel for elements of `dtype` (one per type, named as
-/// nccl-tests names the type), every collective and reduction; with `sum`, its instance for
-/// all-reduces with `Sum` only (the common case, without the other kinds' and reductions' code).
-pub(crate) fn typed_kernel(stem: &str, dtype: ferroccl_core::DataType, sum: bool) -> String {
-    format!("{stem}_{}{}", dtype.name(), if sum { "_sum" } else { "" })
+/// nccl-tests names the type) in `shape`.
+pub(crate) fn typed_kernel(stem: &str, dtype: ferroccl_core::DataType, shape: Shape) -> String {
+    format!("{stem}_{}{}", dtype.name(), shape.suffix())
 }
 
 /// The `.cu` file of the direct engine (one-shot collectives).
@@ -170,6 +207,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn each_operation_takes_the_narrowest_instance_that_serves_it() {
+        use ferroccl_core::{CollKind, ReduceOp};
+        let ops = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg, ReduceOp::PreMulSum(2.0)];
+        for shapes in [DIRECT_SHAPES, PEER_SHAPES] {
+            assert_eq!(shapes.last(), Some(&Shape::Any), "every operation has an instance");
+            for kind in CollKind::COLLECTIVES {
+                for op in ops {
+                    let pick = shapes.iter().find(|s| s.serves(kind, op)).unwrap();
+                    let sum = matches!(op, ReduceOp::Sum);
+                    let want = if kind == CollKind::AllReduce && sum {
+                        Shape::AllReduceSum
+                    } else if shapes.contains(&Shape::Plain) && (sum || !kind.reduces()) {
+                        Shape::Plain
+                    } else {
+                        Shape::Any
+                    };
+                    assert_eq!(*pick, want, "{kind} {op:?}");
+                }
+            }
+        }
+        // A reducing kind with another reduction never takes a Sum instance.
+        assert!(!Shape::Plain.serves(CollKind::ReduceScatter, ReduceOp::Max));
+        assert!(!Shape::AllReduceSum.serves(CollKind::AllReduce, ReduceOp::Avg));
+        assert!(Shape::Plain.serves(CollKind::AllGather, ReduceOp::Max));
+    }
+
+    #[test]
     fn splicing_inlines_each_header_once() {
         for (src, uses) in [
             (plan_exec_source(), &["ints.cuh", "types.cuh", "fifo.cuh", "reduce.cuh", "p2p.cuh"][..]),
@@ -242,9 +306,11 @@ mod tests {
         let direct = compile("direct.cu", direct_source());
         let peer = compile("peer.cu", peer_source());
         // Each engine's kernels: one per type, and one per type for all-reduces with Sum.
-        let typed = |stem: &str| -> Vec<String> { ferroccl_core::DataType::ALL.iter().flat_map(|&t| [typed_kernel(stem, t, false), typed_kernel(stem, t, true)]).collect() };
-        let direct_entries = typed(DIRECT_KERNELS);
-        let peer_entries = typed(PEER_KERNELS);
+        let typed = |stem: &str, shapes: &[Shape]| -> Vec<String> {
+            ferroccl_core::DataType::ALL.iter().flat_map(|&t| shapes.iter().map(move |&s| typed_kernel(stem, t, s))).collect()
+        };
+        let direct_entries = typed(DIRECT_KERNELS, DIRECT_SHAPES);
+        let peer_entries = typed(PEER_KERNELS, PEER_SHAPES);
         let plan_entries = vec![PLAN_EXEC_KERNEL.to_string(), P2P_KERNEL.to_string(), P2P_WIDE_KERNEL.to_string()];
         let modules = [(&ptx, &plan_entries), (&peer, &peer_entries), (&direct, &direct_entries)];
         for (src, entries) in modules {

@@ -456,7 +456,7 @@ impl CudaComm {
                 let param = FcDirect { count: a.count as u64, kind: engine_kind(a)?, root: a.root as u32, nblocks: blocks, op: ops[0], ..*template };
                 // SAFETY: the direct kernel takes one FcDirect; its slots, acks and epochs are
                 // this communicator's fabric (mapped for this GPU).
-                unsafe { self.launch_engine(module.kernel_at(kernels.pick(a)), blocks, DIRECT_THREADS, param, stream) }
+                unsafe { self.launch_engine(module.kernel_at(kernels.pick(a)?), blocks, DIRECT_THREADS, param, stream) }
             }
             Run::P2p(form) => {
                 let (small, wide, head) = self.p2p.as_ref().expect("checked when the entry was made");
@@ -483,7 +483,7 @@ impl CudaComm {
                 let param = FcPeer { count: a.count as u64, chunk, kind: engine_kind(a)?, nblocks: blocks, root: a.root as u32, op: ops[0], ..*template };
                 // SAFETY: the peer kernel takes one FcPeer; its staging, flags and counters are
                 // this communicator's fabric (mapped for this GPU).
-                unsafe { self.launch_engine(module.kernel_at(kernels.pick(a)), blocks, PEER_THREADS, param, stream) }
+                unsafe { self.launch_engine(module.kernel_at(kernels.pick(a)?), blocks, PEER_THREADS, param, stream) }
             }
         }
     }

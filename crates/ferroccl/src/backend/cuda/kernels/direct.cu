@@ -110,10 +110,16 @@ __device__ __forceinline__ bool receives_from(const FcDirect& P, fc_u32 kind, fc
     }
 }
 
-// `check_room`: look at the acknowledgements before storing (see the loop below). SUM: the
-// operation is an all-reduce with FC_OP_SUM (the host launches this instance only then), so
-// the kind and reduction are constants and the other kinds' and reductions' code is left out.
-template <typename D, bool SUM>
+// Which operations an instance of the kernel serves (the host launches each only for those):
+// every kind and reduction; every kind with Sum or no reduction (the reduction a constant, so a
+// fold is plain adds, not a choice per element); all-reduces with Sum (the kind a constant too,
+// and the other kinds' code left out: the least code for the commonest operation).
+#define FC_SHAPE_ANY 0
+#define FC_SHAPE_PLAIN 1
+#define FC_SHAPE_AR_SUM 2
+
+// `check_room`: look at the acknowledgements before storing (see the loop below).
+template <typename D, int SHAPE>
 __device__ void direct_run(const FcDirect& P, fc_u64 epoch, bool check_room) {
     typedef Word<D> W;
     typedef typename D::C C;
@@ -126,8 +132,8 @@ __device__ void direct_run(const FcDirect& P, fc_u64 epoch, bool check_room) {
     const fc_u32 parity = (fc_u32)(epoch & 1u);
     const fc_u8* in = (const fc_u8*)P.op.send;
     fc_u8* out = (fc_u8*)P.op.recv;
-    const fc_u32 kind = SUM ? FC_KIND_ALL_REDUCE : P.kind;
-    const fc_u32 k = SUM ? FC_OP_SUM : P.op.redop;
+    const fc_u32 kind = SHAPE == FC_SHAPE_AR_SUM ? FC_KIND_ALL_REDUCE : P.kind;
+    const fc_u32 k = SHAPE != FC_SHAPE_ANY ? FC_OP_SUM : P.op.redop;
     const bool red = reduces(kind);
     const bool pre = red && k == FC_OP_PREMULSUM;
     const bool post = red && k == FC_OP_AVG;
@@ -213,17 +219,17 @@ namespace fc {
 // one kernel holding every type's loops behind a switch took 0.85 us more per 8-byte
 // all-reduce in CUDA graphs on an H100 (3.78 against 2.93 us; twelve times the code, the
 // likely cost being its instruction fetches at every launch; not measured apart).
-template <typename D, fc_u32 DTYPE, bool SUM>
+template <typename D, fc_u32 DTYPE, int SHAPE>
 __device__ __forceinline__ void direct_main(const FcDirect& P) {
-    // (The host launches the kernel of the operation's type, and the SUM instance only for a
-    // summing all-reduce; these tests only guard.)
+    // (The host launches the kernel of the operation's type and shape; these tests only guard.)
     if (blockIdx.x >= P.nblocks || P.nranks > FC_DIRECT_MAX_RANKS || P.rank >= P.nranks || P.op.dtype != DTYPE) return;
-    if (SUM && (P.kind != FC_KIND_ALL_REDUCE || P.op.redop != FC_OP_SUM)) return;
+    if (SHAPE == FC_SHAPE_PLAIN && reduces(P.kind) && P.op.redop != FC_OP_SUM) return;
+    if (SHAPE == FC_SHAPE_AR_SUM && (P.kind != FC_KIND_ALL_REDUCE || P.op.redop != FC_OP_SUM)) return;
     prior_grid_wait();
     // Every thread reads the epoch itself, before thread 0 advances it past the barrier.
     const fc_u64 word = ((const volatile fc_u64*)P.epochs)[blockIdx.x];
     const fc_u64 ep = (word & ~FC_AFTER_SYMMETRIC) + 1u;
-    const bool symmetric = symmetric_kind(SUM ? FC_KIND_ALL_REDUCE : P.kind);
+    const bool symmetric = symmetric_kind(SHAPE == FC_SHAPE_AR_SUM ? FC_KIND_ALL_REDUCE : P.kind);
     // This epoch exchanges lines with every peer (a symmetric operation, and this block's slice
     // is not empty: with none it neither stores nor waits, and proves nothing to the next).
     const bool exchanges = symmetric && cut(P.count, P.nblocks, blockIdx.x + 1) > cut(P.count, P.nblocks, blockIdx.x);
@@ -236,7 +242,7 @@ __device__ __forceinline__ void direct_main(const FcDirect& P) {
     if (ep > 1u && threadIdx.x < P.nranks && threadIdx.x != P.rank) {
         st_relaxed_sys((fc_u64*)P.acks[threadIdx.x] + (fc_u64)blockIdx.x * P.nranks + P.rank, ep - 1u);
     }
-    direct_run<D, SUM>(P, ep, !(symmetric && (word & FC_AFTER_SYMMETRIC) != 0));
+    direct_run<D, SHAPE>(P, ep, !(symmetric && (word & FC_AFTER_SYMMETRIC) != 0));
     release_next_grid();
 }
 
@@ -244,10 +250,13 @@ __device__ __forceinline__ void direct_main(const FcDirect& P) {
 
 #define FC_DIRECT_ENTRY(NAME, D, DTYPE)                                                                                      \
     extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) NAME(const __grid_constant__ FcDirect P) {         \
-        fc::direct_main<D, DTYPE, false>(P);                                                                                 \
+        fc::direct_main<D, DTYPE, FC_SHAPE_ANY>(P);                                                                          \
+    }                                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) NAME##_plain(const __grid_constant__ FcDirect P) { \
+        fc::direct_main<D, DTYPE, FC_SHAPE_PLAIN>(P);                                                                        \
     }                                                                                                                        \
     extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) NAME##_sum(const __grid_constant__ FcDirect P) {   \
-        fc::direct_main<D, DTYPE, true>(P);                                                                                  \
+        fc::direct_main<D, DTYPE, FC_SHAPE_AR_SUM>(P);                                                                       \
     }
 FC_DIRECT_ENTRY(ferroccl_direct_int8, fc::DI8, FC_INT8)
 FC_DIRECT_ENTRY(ferroccl_direct_uint8, fc::DU8, FC_UINT8)
