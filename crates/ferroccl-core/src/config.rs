@@ -94,6 +94,11 @@ pub struct Config {
     /// block at most 256 KiB) run one-shot on the direct engine; 0 turns it off. Every rank must
     /// agree.
     pub gpu_oneshot_max_bytes: usize,
+    /// FERROCCL_GPU_PEER_FROM_BYTES: on GPUs, where the peer engine serves an operation, it
+    /// takes it once each rank sends more than this, short of FERROCCL_GPU_ONESHOT_MAX_BYTES
+    /// (the direct engine's limit, which holds where the next engine would be the plan kernel).
+    /// Every rank must agree.
+    pub gpu_peer_from_bytes: usize,
     /// FERROCCL_GPU_TWO_SHOT: GPU all-reduces on 3+ ranks beyond the direct engine, up to one
     /// chunk, take the two-shot algorithm instead of the ring (as on the host). Off until it has
     /// been checked element by element on 3 or more GPUs and measured beside NCCL there. Every
@@ -169,7 +174,8 @@ impl Default for Config {
             slots: 4,
             ll_max_bytes: 128 << 10,
             direct_max_bytes: 128 << 10,
-            gpu_oneshot_max_bytes: 128 << 10,
+            gpu_oneshot_max_bytes: 256 << 10,
+            gpu_peer_from_bytes: 128 << 10,
             gpu_two_shot: false,
             gpu_peer_bytes: 16 << 20,
             gpu_copy_engine_bytes: 0,
@@ -294,6 +300,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_ONESHOT_MAX_BYTES") {
             c.gpu_oneshot_max_bytes = parse("FERROCCL_GPU_ONESHOT_MAX_BYTES", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_PEER_FROM_BYTES") {
+            c.gpu_peer_from_bytes = parse("FERROCCL_GPU_PEER_FROM_BYTES", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_TWO_SHOT") {
             c.gpu_two_shot = parse_bool("FERROCCL_GPU_TWO_SHOT", v)?;
         }
@@ -364,6 +373,7 @@ impl Config {
             ("FERROCCL_LL_MAX_BYTES", self.ll_max_bytes.to_string()),
             ("FERROCCL_DIRECT_MAX_BYTES", self.direct_max_bytes.to_string()),
             ("FERROCCL_GPU_ONESHOT_MAX_BYTES", self.gpu_oneshot_max_bytes.to_string()),
+            ("FERROCCL_GPU_PEER_FROM_BYTES", self.gpu_peer_from_bytes.to_string()),
             ("FERROCCL_GPU_TWO_SHOT", (self.gpu_two_shot as u8).to_string()),
             ("FERROCCL_GPU_PEER_BYTES", self.gpu_peer_bytes.to_string()),
             ("FERROCCL_GPU_COPY_ENGINE_BYTES", self.gpu_copy_engine_bytes.to_string()),

@@ -384,7 +384,12 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         // Each rank sends (n-1) messages in its one round: bounded, so that more ranks take
         // the one-shot for smaller operations only.
         let sent = message.and_then(|m| m.checked_mul(op.nranks.saturating_sub(1).max(1)));
-        let fits = sent.is_some_and(|b| b <= cfg.gpu_oneshot_max_bytes);
+        // Where the peer engine would take over, it does so sooner: it beats the direct engine
+        // once each rank sends more than FERROCCL_GPU_PEER_FROM_BYTES (docs/PERFORMANCE.md,
+        // section 12), where the plan kernel, the next engine otherwise, does not.
+        let peer_next = peer_engine_serves(op.kind, op.nranks) && peer_slot_bytes(cfg, op.nranks) > 0;
+        let limit = if peer_next { cfg.gpu_oneshot_max_bytes.min(cfg.gpu_peer_from_bytes) } else { cfg.gpu_oneshot_max_bytes };
+        let fits = sent.is_some_and(|b| b <= limit);
         if let Some(channels) = fits.then(|| direct_blocks(op.count, es, cfg)).flatten() {
             return Choice {
                 algo: Algo::OneShot,
@@ -396,7 +401,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
                 zero_copy: false,
                 post_output: false,
                 why: Why {
-                    algo: "what each rank sends is within FERROCCL_GPU_ONESHOT_MAX_BYTES",
+                    algo: "what each rank sends is within FERROCCL_GPU_ONESHOT_MAX_BYTES (FERROCCL_GPU_PEER_FROM_BYTES where the peer engine serves it)",
                     protocol: "the direct engine's flags in the data",
                     channels: "one per FERROCCL_GPU_CHANNEL_BYTES of the message",
                 },

@@ -49,7 +49,11 @@ fn choices_follow_the_table() {
         (Gpu, Gather, 100, Float32, 8, Algo::OneShot, D, LL, 1),
         (Gpu, AllReduce, 64 << 10, Bfloat16, 2, Algo::OneShot, D, LL, 16),
         (Gpu, AllReduce, 32 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
-        // Beyond FERROCCL_GPU_ONESHOT_MAX_BYTES (128 KiB): the peer engine, a block per 32 KiB
+        // Reduce and broadcast on 3+ ranks go on to the plan kernel: the direct engine keeps them
+        // up to FERROCCL_GPU_ONESHOT_MAX_BYTES (256 KiB sent per rank).
+        (Gpu, Reduce, 32 << 10, Float32, 3, Algo::OneShot, D, LL, 16),
+        (Gpu, Reduce, (32 << 10) + 1, Float32, 3, Algo::Chain, P, Simple, 32),
+        // Beyond FERROCCL_GPU_PEER_FROM_BYTES (128 KiB): the peer engine, a block per 32 KiB
         // of the largest buffer up to 32; broadcast and reduce beyond 2 ranks on the plan
         // kernel (the chain), its grid following the bytes.
         (Gpu, AllReduce, (32 << 10) + 1, Float32, 2, Algo::TwoShot, K, Simple, 5),
@@ -169,7 +173,7 @@ fn copy_engine_slots_cut_the_peer_regions() {
 /// fits its slots.
 #[test]
 fn the_direct_engine_takes_lone_operations_whose_slices_fit_its_slots() {
-    let cfg = Config { gpu_oneshot_max_bytes: 4 << 20, ..Config::default() };
+    let cfg = Config { gpu_oneshot_max_bytes: 4 << 20, gpu_peer_from_bytes: 4 << 20, ..Config::default() };
     let ar = |count| shape(CollKind::AllReduce, count, Float32, 2);
     // (4 MiB per rank in all on 2 ranks: the 256 KiB block bound decides.)
     for count in [1, 7, 1000, 4096, 4097, 50_000, 65_536] {
@@ -191,6 +195,16 @@ fn the_direct_engine_takes_lone_operations_whose_slices_fit_its_slots() {
     assert_eq!(choose(&ar(2), Device::Gpu, &Config { gpu_oneshot_max_bytes: 0, ..cfg.clone() }).engine, Engine::PeerKernel);
     let neither = Config { gpu_oneshot_max_bytes: 0, gpu_peer_bytes: 0, ..cfg.clone() };
     assert_eq!(choose(&ar(2), Device::Gpu, &neither).engine, Engine::PlanKernel);
+    // The peer engine takes over from FERROCCL_GPU_PEER_FROM_BYTES where it serves; where it
+    // does not, the direct engine keeps its whole limit.
+    let from = Config { gpu_peer_from_bytes: 64 << 10, ..Config::default() };
+    assert_eq!(choose(&ar(16 << 10), Device::Gpu, &from).engine, Engine::DirectKernel);
+    assert_eq!(choose(&ar((16 << 10) + 1), Device::Gpu, &from).engine, Engine::PeerKernel);
+    let reduce3 = |count| shape(CollKind::Reduce, count, Float32, 3);
+    assert_eq!(choose(&reduce3(32 << 10), Device::Gpu, &from).engine, Engine::DirectKernel, "256 KiB sent, no peer engine next");
+    assert_eq!(choose(&reduce3((32 << 10) + 1), Device::Gpu, &from).engine, Engine::PlanKernel);
+    let no_peer = Config { gpu_peer_bytes: 0, ..from.clone() };
+    assert_eq!(choose(&ar(64 << 10), Device::Gpu, &no_peer).engine, Engine::DirectKernel, "no staging: the direct engine's own limit");
 }
 
 /// The peer engine: symmetric collectives alone in their launch, 2 to 16 ranks, staging of at

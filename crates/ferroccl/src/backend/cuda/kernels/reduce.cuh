@@ -381,10 +381,17 @@ __device__ __forceinline__ typename D::C scalar_of(const FcOp& op) {
     return D::scalar(op);
 }
 
+// A plain Sum (the commonest reduction, no pre-multiply or average) gets a loop of its own, as
+// in reduce_as; the other reductions keep the choice per element here, where one kernel holds
+// every type's loops (a loop per reduction and type would multiply the plan module's NVRTC time).
 template <typename D>
 __device__ void reduce_redop(const FcOp& op, fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u8* local, fc_u64 n,
                              bool pre, bool post) {
-    reduce_piece<D>(d0, d1, recv, local, n, op.redop, pre, post, scalar_of<D>(op), op.nranks);
+    if (op.redop == FC_OP_SUM && !pre && !post) {
+        reduce_piece<D>(d0, d1, recv, local, n, FC_OP_SUM, false, false, typename D::C(0), op.nranks);
+    } else {
+        reduce_piece<D>(d0, d1, recv, local, n, op.redop, pre, post, scalar_of<D>(op), op.nranks);
+    }
 }
 
 // pre/post are the step's flags; they take effect only for the ops they belong to, exactly as
