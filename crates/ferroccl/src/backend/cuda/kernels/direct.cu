@@ -248,25 +248,14 @@ __device__ __forceinline__ void direct_main(const FcDirect& P) {
 
 }  // namespace fc
 
-#define FC_DIRECT_ENTRY(NAME, D, DTYPE)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) NAME(const __grid_constant__ FcDirect P) {         \
-        fc::direct_main<D, DTYPE, FC_SHAPE_ANY>(P);                                                                          \
-    }                                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) NAME##_plain(const __grid_constant__ FcDirect P) { \
-        fc::direct_main<D, DTYPE, FC_SHAPE_PLAIN>(P);                                                                        \
-    }                                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) NAME##_sum(const __grid_constant__ FcDirect P) {   \
-        fc::direct_main<D, DTYPE, FC_SHAPE_AR_SUM>(P);                                                                       \
+#define FC_DIRECT_ENTRY(TYPE, D, DTYPE)                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) ferroccl_direct_##TYPE(const __grid_constant__ FcDirect P) {         \
+        fc::direct_main<D, DTYPE, FC_SHAPE_ANY>(P);                                                                                         \
+    }                                                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) ferroccl_direct_##TYPE##_plain(const __grid_constant__ FcDirect P) { \
+        fc::direct_main<D, DTYPE, FC_SHAPE_PLAIN>(P);                                                                                       \
+    }                                                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) ferroccl_direct_##TYPE##_sum(const __grid_constant__ FcDirect P) {   \
+        fc::direct_main<D, DTYPE, FC_SHAPE_AR_SUM>(P);                                                                                      \
     }
-FC_DIRECT_ENTRY(ferroccl_direct_int8, fc::DI8, FC_INT8)
-FC_DIRECT_ENTRY(ferroccl_direct_uint8, fc::DU8, FC_UINT8)
-FC_DIRECT_ENTRY(ferroccl_direct_int32, fc::DI32, FC_INT32)
-FC_DIRECT_ENTRY(ferroccl_direct_uint32, fc::DU32, FC_UINT32)
-FC_DIRECT_ENTRY(ferroccl_direct_int64, fc::DI64, FC_INT64)
-FC_DIRECT_ENTRY(ferroccl_direct_uint64, fc::DU64, FC_UINT64)
-FC_DIRECT_ENTRY(ferroccl_direct_half, fc::DF16, FC_FLOAT16)
-FC_DIRECT_ENTRY(ferroccl_direct_float, fc::DF32, FC_FLOAT32)
-FC_DIRECT_ENTRY(ferroccl_direct_double, fc::DF64, FC_FLOAT64)
-FC_DIRECT_ENTRY(ferroccl_direct_bfloat16, fc::DBF16, FC_BFLOAT16)
-FC_DIRECT_ENTRY(ferroccl_direct_f8e4m3, fc::DE4M3, FC_FP8E4M3)
-FC_DIRECT_ENTRY(ferroccl_direct_f8e5m2, fc::DE5M2, FC_FP8E5M2)
+FC_FOR_EACH_TYPE(FC_DIRECT_ENTRY)

@@ -313,22 +313,11 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
 
 }  // namespace fc
 
-#define FC_PEER_ENTRY(NAME, D, DTYPE)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) NAME(const __grid_constant__ FcPeer P) {           \
-        fc::peer_main<D, DTYPE, false>(P);                                                                                 \
-    }                                                                                                                      \
-    extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) NAME##_sum(const __grid_constant__ FcPeer P) {     \
-        fc::peer_main<D, DTYPE, true>(P);                                                                                  \
+#define FC_PEER_ENTRY(TYPE, D, DTYPE)                                                                                               \
+    extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) ferroccl_peer_##TYPE(const __grid_constant__ FcPeer P) {       \
+        fc::peer_main<D, DTYPE, false>(P);                                                                                          \
+    }                                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) ferroccl_peer_##TYPE##_sum(const __grid_constant__ FcPeer P) { \
+        fc::peer_main<D, DTYPE, true>(P);                                                                                           \
     }
-FC_PEER_ENTRY(ferroccl_peer_int8, fc::DI8, FC_INT8)
-FC_PEER_ENTRY(ferroccl_peer_uint8, fc::DU8, FC_UINT8)
-FC_PEER_ENTRY(ferroccl_peer_int32, fc::DI32, FC_INT32)
-FC_PEER_ENTRY(ferroccl_peer_uint32, fc::DU32, FC_UINT32)
-FC_PEER_ENTRY(ferroccl_peer_int64, fc::DI64, FC_INT64)
-FC_PEER_ENTRY(ferroccl_peer_uint64, fc::DU64, FC_UINT64)
-FC_PEER_ENTRY(ferroccl_peer_half, fc::DF16, FC_FLOAT16)
-FC_PEER_ENTRY(ferroccl_peer_float, fc::DF32, FC_FLOAT32)
-FC_PEER_ENTRY(ferroccl_peer_double, fc::DF64, FC_FLOAT64)
-FC_PEER_ENTRY(ferroccl_peer_bfloat16, fc::DBF16, FC_BFLOAT16)
-FC_PEER_ENTRY(ferroccl_peer_f8e4m3, fc::DE4M3, FC_FP8E4M3)
-FC_PEER_ENTRY(ferroccl_peer_f8e5m2, fc::DE5M2, FC_FP8E5M2)
+FC_FOR_EACH_TYPE(FC_PEER_ENTRY)

@@ -145,6 +145,22 @@ struct DF8 : Narrow {
 typedef DF8<__NV_E4M3> DE4M3;
 typedef DF8<__NV_E5M2> DE5M2;
 
+// Every element type once, for kernels that come one per type: X(name as nccl-tests and the host
+// name it, the type's loops above, its FC_* number). `fc::` spelled out: used outside the namespace.
+#define FC_FOR_EACH_TYPE(X)            \
+    X(int8, fc::DI8, FC_INT8)          \
+    X(uint8, fc::DU8, FC_UINT8)        \
+    X(int32, fc::DI32, FC_INT32)       \
+    X(uint32, fc::DU32, FC_UINT32)     \
+    X(int64, fc::DI64, FC_INT64)       \
+    X(uint64, fc::DU64, FC_UINT64)     \
+    X(half, fc::DF16, FC_FLOAT16)      \
+    X(float, fc::DF32, FC_FLOAT32)     \
+    X(double, fc::DF64, FC_FLOAT64)    \
+    X(bfloat16, fc::DBF16, FC_BFLOAT16) \
+    X(f8e4m3, fc::DE4M3, FC_FP8E4M3)   \
+    X(f8e5m2, fc::DE5M2, FC_FP8E5M2)
+
 // ---- combining function (Avg and PreMulSum combine as Sum) ---------------------------------
 // Chosen per element at run time rather than by template: the loops are bound by memory (and
 // NVLink), with ALU time to spare, while one template instance per (dtype, op) multiplied
