@@ -248,14 +248,8 @@ __device__ __forceinline__ void direct_main(const FcDirect& P) {
 
 }  // namespace fc
 
-#define FC_DIRECT_ENTRY(TYPE, D, DTYPE)                                                                                                     \
-    extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) ferroccl_direct_##TYPE(const __grid_constant__ FcDirect P) {         \
-        fc::direct_main<D, DTYPE, FC_SHAPE_ANY>(P);                                                                                         \
-    }                                                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) ferroccl_direct_##TYPE##_plain(const __grid_constant__ FcDirect P) { \
-        fc::direct_main<D, DTYPE, FC_SHAPE_PLAIN>(P);                                                                                       \
-    }                                                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(FC_DIRECT_THREADS, 1) ferroccl_direct_##TYPE##_sum(const __grid_constant__ FcDirect P) {   \
-        fc::direct_main<D, DTYPE, FC_SHAPE_AR_SUM>(P);                                                                                      \
-    }
+#define FC_DIRECT_ENTRY(TYPE, D, DTYPE)                                                                       \
+    FC_ENTRY(ferroccl_direct_##TYPE, FC_DIRECT_THREADS, FcDirect, (fc::direct_main<D, DTYPE, FC_SHAPE_ANY>))          \
+    FC_ENTRY(ferroccl_direct_##TYPE##_plain, FC_DIRECT_THREADS, FcDirect, (fc::direct_main<D, DTYPE, FC_SHAPE_PLAIN>)) \
+    FC_ENTRY(ferroccl_direct_##TYPE##_sum, FC_DIRECT_THREADS, FcDirect, (fc::direct_main<D, DTYPE, FC_SHAPE_AR_SUM>))
 FC_FOR_EACH_TYPE(FC_DIRECT_ENTRY)

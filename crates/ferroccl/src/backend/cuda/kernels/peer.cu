@@ -313,11 +313,7 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
 
 }  // namespace fc
 
-#define FC_PEER_ENTRY(TYPE, D, DTYPE)                                                                                               \
-    extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) ferroccl_peer_##TYPE(const __grid_constant__ FcPeer P) {       \
-        fc::peer_main<D, DTYPE, false>(P);                                                                                          \
-    }                                                                                                                               \
-    extern "C" __global__ void __launch_bounds__(FC_PEER_THREADS, 1) ferroccl_peer_##TYPE##_sum(const __grid_constant__ FcPeer P) { \
-        fc::peer_main<D, DTYPE, true>(P);                                                                                           \
-    }
+#define FC_PEER_ENTRY(TYPE, D, DTYPE)                                                     \
+    FC_ENTRY(ferroccl_peer_##TYPE, FC_PEER_THREADS, FcPeer, (fc::peer_main<D, DTYPE, false>)) \
+    FC_ENTRY(ferroccl_peer_##TYPE##_sum, FC_PEER_THREADS, FcPeer, (fc::peer_main<D, DTYPE, true>))
 FC_FOR_EACH_TYPE(FC_PEER_ENTRY)

@@ -147,6 +147,11 @@ typedef DF8<__NV_E5M2> DE5M2;
 
 // Every element type once, for kernels that come one per type: X(name as nccl-tests and the host
 // name it, the type's loops above, its FC_* number). `fc::` spelled out: used outside the namespace.
+// One kernel entry point: `NAME(PARAM P)` calling `CALL(P)`, for `THREADS` threads a block
+// (CALL in parentheses where it holds commas: a template's arguments).
+#define FC_ENTRY(NAME, THREADS, PARAM, CALL) \
+    extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(const __grid_constant__ PARAM P) { CALL(P); }
+
 #define FC_FOR_EACH_TYPE(X)            \
     X(int8, fc::DI8, FC_INT8)          \
     X(uint8, fc::DU8, FC_UINT8)        \
