@@ -578,6 +578,10 @@ mod tests {
         assert_eq!((p.gpu_peer_bytes, Config::default().gpu_peer_bytes), (0, 16 << 20));
         assert!(p.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_BYTES" && v == "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BYTES", "2147483648")])).is_err());
+        let from = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_FROM_BYTES", "262144")])).unwrap();
+        assert_eq!((from.gpu_peer_from_bytes, Config::default().gpu_peer_from_bytes), (256 << 10, 128 << 10));
+        assert!(from.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_FROM_BYTES" && v == "262144"));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_FROM_BYTES", "-1")])).is_err());
         let ce = Config::from_vars(&vars(&[("FERROCCL_GPU_COPY_ENGINE_BYTES", "8388608")])).unwrap();
         assert_eq!((ce.gpu_copy_engine_bytes, Config::default().gpu_copy_engine_bytes), (8 << 20, 0));
         assert!(ce.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_COPY_ENGINE_BYTES" && v == "8388608"));
