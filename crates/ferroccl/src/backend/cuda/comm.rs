@@ -162,7 +162,7 @@ impl CudaComm {
         let resident = plan_fn.resident_blocks(BLOCK_THREADS)?;
         let plan_fn = plan_fn.handle();
         let stats = MemStats::new();
-        let mut fabric = Fabric::new(&gpu, boot, config, &stats, abort)?;
+        let mut fabric = Fabric::new(&gpu, boot, config, geo, &stats, abort)?;
         let ce_slot = ferroccl_core::tune::ce_slot_bytes(config, boot.nranks());
         let ce = match fabric.ce.take() {
             Some(f) if ce_slot > 0 => Some(Arc::new(CopyEngine::new(&gpu, boot.rank(), boot.nranks(), ce_slot, f)?)),
@@ -209,8 +209,8 @@ impl CudaComm {
         let mut stream = std::ptr::null_mut();
         gpu.bind()?;
         cu_ok("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
-        // No rank launches before every rank has loaded its kernels (the direct engine's module
-        // loads after the fabric's barrier): ranks of one process on one GPU share a context,
+        // No rank launches before every rank has loaded its kernels (the engines' modules load
+        // after the fabric's barrier): ranks of one process on one GPU share a context,
         // and a rank still loading a module there waited for a rank already waiting for it in
         // its first operation (three ranks made by `init_rank` in one process's threads hung so
         // at their first operation, with either kernel; session 9).

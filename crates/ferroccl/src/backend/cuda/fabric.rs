@@ -205,9 +205,10 @@ pub(crate) struct CeFabric {
 }
 
 impl Fabric {
-    pub fn new(gpu: &Gpu, boot: &Bootstrap, config: &Config, stats: &Arc<MemStats>, abort: &AtomicBool) -> Result<Fabric, Error> {
+    /// `geo`: `Geometry::of(config, nranks)`, which the caller already needed.
+    pub fn new(gpu: &Gpu, boot: &Bootstrap, config: &Config, geo: Geometry, stats: &Arc<MemStats>, abort: &AtomicBool) -> Result<Fabric, Error> {
         let (me, n) = (boot.rank(), boot.nranks());
-        let geo = Geometry::of(config, n);
+        debug_assert_eq!(geo, Geometry::of(config, n));
         let need = geo.recv_arena_bytes() + geo.send_arena_bytes();
         let explain = |e: Error| explain_alloc_failure(e, &geo, n, gpu.ordinal(), need);
         // If the second allocation fails, the first is released as `recv_arena` drops.

@@ -26,9 +26,9 @@ pub(crate) const P2P_KERNEL: &str = "ferroccl_p2p";
 /// The same with room for more steps in its parameter.
 pub(crate) const P2P_WIDE_KERNEL: &str = "ferroccl_p2p_wide";
 
-/// Which operations an instance of an engine's kernel serves (`FC_SHAPE_*` in `direct.cu`, the
-/// `SUM` instance in `peer.cu`). The narrower its shape, the less code a launch of it fetches,
-/// and a known reduction folds without a choice per element.
+/// Which operations an instance of an engine's kernel serves (`FC_SHAPE_*` and `shape_serves`
+/// in `reduce.cuh`, the kernels' guard). The narrower its shape, the less code a launch of it
+/// fetches, and a known reduction folds without a choice per element.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Shape {
     /// Every kind and reduction.

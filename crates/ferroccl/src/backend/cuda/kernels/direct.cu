@@ -78,10 +78,6 @@ struct Word {
     }
 };
 
-__device__ __forceinline__ bool reduces(fc_u32 kind) {
-    return kind == FC_KIND_ALL_REDUCE || kind == FC_KIND_REDUCE_SCATTER || kind == FC_KIND_REDUCE;
-}
-
 // Whether this rank sends to q, and from which block of its input.
 __device__ __forceinline__ bool sends_to(const FcDirect& P, fc_u32 kind, fc_u32 q, fc_u64& src_block) {
     const fc_u32 me = P.rank, t = P.root;
@@ -110,14 +106,6 @@ __device__ __forceinline__ bool receives_from(const FcDirect& P, fc_u32 kind, fc
     }
 }
 
-// Which operations an instance of the kernel serves (the host launches each only for those):
-// every kind and reduction; every kind with Sum or no reduction (the reduction a constant, so a
-// fold is plain adds, not a choice per element); all-reduces with Sum (the kind a constant too,
-// and the other kinds' code left out: the least code for the commonest operation).
-#define FC_SHAPE_ANY 0
-#define FC_SHAPE_PLAIN 1
-#define FC_SHAPE_AR_SUM 2
-
 // `check_room`: look at the acknowledgements before storing (see the loop below).
 template <typename D, int SHAPE>
 __device__ void direct_run(const FcDirect& P, fc_u64 epoch, bool check_room) {
@@ -132,9 +120,9 @@ __device__ void direct_run(const FcDirect& P, fc_u64 epoch, bool check_room) {
     const fc_u32 parity = (fc_u32)(epoch & 1u);
     const fc_u8* in = (const fc_u8*)P.op.send;
     fc_u8* out = (fc_u8*)P.op.recv;
-    const fc_u32 kind = SHAPE == FC_SHAPE_AR_SUM ? FC_KIND_ALL_REDUCE : P.kind;
-    const fc_u32 k = SHAPE != FC_SHAPE_ANY ? FC_OP_SUM : P.op.redop;
-    const bool red = reduces(kind);
+    const fc_u32 kind = shape_kind<SHAPE>(P.kind);
+    const fc_u32 k = shape_redop<SHAPE>(P.op.redop);
+    const bool red = kind_reduces(kind);
     const bool pre = red && k == FC_OP_PREMULSUM;
     const bool post = red && k == FC_OP_AVG;
     const C scalar = pre ? scalar_of<D>(P.op) : C(0);
@@ -223,13 +211,12 @@ template <typename D, fc_u32 DTYPE, int SHAPE>
 __device__ __forceinline__ void direct_main(const FcDirect& P) {
     // (The host launches the kernel of the operation's type and shape; these tests only guard.)
     if (blockIdx.x >= P.nblocks || P.nranks > FC_DIRECT_MAX_RANKS || P.rank >= P.nranks || P.op.dtype != DTYPE) return;
-    if (SHAPE == FC_SHAPE_PLAIN && reduces(P.kind) && P.op.redop != FC_OP_SUM) return;
-    if (SHAPE == FC_SHAPE_AR_SUM && (P.kind != FC_KIND_ALL_REDUCE || P.op.redop != FC_OP_SUM)) return;
+    if (!shape_serves<SHAPE>(P.kind, P.op.redop)) return;
     prior_grid_wait();
     // Every thread reads the epoch itself, before thread 0 advances it past the barrier.
     const fc_u64 word = ((const volatile fc_u64*)P.epochs)[blockIdx.x];
     const fc_u64 ep = (word & ~FC_AFTER_SYMMETRIC) + 1u;
-    const bool symmetric = symmetric_kind(SHAPE == FC_SHAPE_AR_SUM ? FC_KIND_ALL_REDUCE : P.kind);
+    const bool symmetric = symmetric_kind(shape_kind<SHAPE>(P.kind));
     // This epoch exchanges lines with every peer (a symmetric operation, and this block's slice
     // is not empty: with none it neither stores nor waits, and proves nothing to the next).
     const bool exchanges = symmetric && cut(P.count, P.nblocks, blockIdx.x + 1) > cut(P.count, P.nblocks, blockIdx.x);

@@ -230,5 +230,5 @@ __device__ __forceinline__ void p2p_main(const Param& P) {
 
 }  // namespace fc
 
-extern "C" __global__ void __launch_bounds__(FC_P2P_THREADS / 2, 1) ferroccl_p2p(const __grid_constant__ FcP2pSmall P) { fc::p2p_main<false>(P); }
-extern "C" __global__ void __launch_bounds__(FC_P2P_THREADS, 1) ferroccl_p2p_wide(const __grid_constant__ FcP2p P) { fc::p2p_main<true>(P); }
+FC_ENTRY(ferroccl_p2p, FC_P2P_THREADS / 2, FcP2pSmall, fc::p2p_main<false>)
+FC_ENTRY(ferroccl_p2p_wide, FC_P2P_THREADS, FcP2p, fc::p2p_main<true>)

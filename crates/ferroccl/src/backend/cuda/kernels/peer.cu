@@ -142,12 +142,14 @@ __device__ fc_u64 fc_peer_trace[10];
 
 // One round of block b over elements [at, at + len) of its slice; false when a wait failed.
 // `first`: the launch's first round on this block after a rooted operation's round (or none),
-// which must look at the acknowledgements. D: the element type; SUM: the operation is an
-// all-reduce with Sum (reduce.cuh, reduce_as).
-template <typename D, bool SUM>
+// which must look at the acknowledgements. D: the element type; SHAPE: the instance's
+// (reduce.cuh, FC_SHAPE_*).
+template <typename D, int SHAPE>
 __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, bool first) {
     const fc_u32 n = P.nranks, me = P.rank, b = blockIdx.x, t = P.root;
-    const fc_u32 kind = SUM ? FC_KIND_ALL_REDUCE : P.kind;
+    const fc_u32 kind = shape_kind<SHAPE>(P.kind);
+    // The reduction is Sum wherever the shape says so: the loops need not choose it.
+    constexpr bool SUM = SHAPE != FC_SHAPE_ANY;
     const FcOp& op = P.op;
     const fc_u64 es = sizeof(typename D::S), c = P.count;
     const fc_u8* in = (const fc_u8*)op.send;
@@ -272,11 +274,11 @@ namespace fc {
 
 // One kernel per element type and one more for all-reduces with Sum (ferroccl_peer_<type>[_sum],
 // the host picks by the operation; the type and reduction tests only guard): see reduce_as.
-template <typename D, fc_u32 DTYPE, bool SUM>
+template <typename D, fc_u32 DTYPE, int SHAPE>
 __device__ __forceinline__ void peer_main(const FcPeer& P) {
     if (blockIdx.x >= P.nblocks || P.nranks < 2u || P.nranks > FC_PEER_MAX_RANKS || P.rank >= P.nranks) return;
     if (P.op.dtype != DTYPE || !fc::redop_valid(P.op.redop) || P.chunk == 0) return;
-    if (SUM && (P.kind != FC_KIND_ALL_REDUCE || P.op.redop != FC_OP_SUM)) return;
+    if (!fc::shape_serves<SHAPE>(P.kind, P.op.redop)) return;
     fc::prior_grid_wait();
     const volatile FcError* err = (const volatile FcError*)P.error;
     // A launch queued behind a failure does nothing: the counters may disagree by now.
@@ -293,7 +295,7 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
     for (fc_u64 at = start; at < end; at += P.chunk) {
         const fc_u64 len = end - at < P.chunk ? end - at : P.chunk;
         ++s;
-        if (!fc::peer_round<D, SUM>(P, at, len, s, s == seq + 1 && !after_symmetric)) return;
+        if (!fc::peer_round<D, SHAPE>(P, at, len, s, s == seq + 1 && !after_symmetric)) return;
     }
     fc::release_next_grid();
     if (threadIdx.x == 0 && s > seq) {
@@ -314,6 +316,6 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
 }  // namespace fc
 
 #define FC_PEER_ENTRY(TYPE, D, DTYPE)                                                     \
-    FC_ENTRY(ferroccl_peer_##TYPE, FC_PEER_THREADS, FcPeer, (fc::peer_main<D, DTYPE, false>)) \
-    FC_ENTRY(ferroccl_peer_##TYPE##_sum, FC_PEER_THREADS, FcPeer, (fc::peer_main<D, DTYPE, true>))
+    FC_ENTRY(ferroccl_peer_##TYPE, FC_PEER_THREADS, FcPeer, (fc::peer_main<D, DTYPE, FC_SHAPE_ANY>)) \
+    FC_ENTRY(ferroccl_peer_##TYPE##_sum, FC_PEER_THREADS, FcPeer, (fc::peer_main<D, DTYPE, FC_SHAPE_AR_SUM>))
 FC_FOR_EACH_TYPE(FC_PEER_ENTRY)

@@ -147,6 +147,35 @@ typedef DF8<__NV_E5M2> DE5M2;
 
 // Every element type once, for kernels that come one per type: X(name as nccl-tests and the host
 // name it, the type's loops above, its FC_* number). `fc::` spelled out: used outside the namespace.
+// Which operations an instance of an engine's kernel serves (kernels.rs, `Shape`; the host
+// launches each only for those): every kind and reduction; every kind with Sum or no reduction
+// (the reduction a constant, so a fold is plain adds, not a choice per element); all-reduces
+// with Sum (the kind a constant too, and the other kinds' code left out: the least code for the
+// commonest operation).
+#define FC_SHAPE_ANY 0
+#define FC_SHAPE_PLAIN 1
+#define FC_SHAPE_AR_SUM 2
+
+__device__ __forceinline__ bool kind_reduces(fc_u32 kind) {
+    return kind == FC_KIND_ALL_REDUCE || kind == FC_KIND_REDUCE_SCATTER || kind == FC_KIND_REDUCE;
+}
+// Whether an instance of SHAPE serves `kind` with `redop` (the entry points' guard).
+template <int SHAPE>
+__device__ __forceinline__ bool shape_serves(fc_u32 kind, fc_u32 redop) {
+    if (SHAPE == FC_SHAPE_PLAIN) return !kind_reduces(kind) || redop == FC_OP_SUM;
+    if (SHAPE == FC_SHAPE_AR_SUM) return kind == FC_KIND_ALL_REDUCE && redop == FC_OP_SUM;
+    return true;
+}
+// The kind and reduction an instance runs: constants where its shape fixes them.
+template <int SHAPE>
+__device__ __forceinline__ fc_u32 shape_kind(fc_u32 kind) {
+    return SHAPE == FC_SHAPE_AR_SUM ? FC_KIND_ALL_REDUCE : kind;
+}
+template <int SHAPE>
+__device__ __forceinline__ fc_u32 shape_redop(fc_u32 redop) {
+    return SHAPE == FC_SHAPE_ANY ? redop : FC_OP_SUM;
+}
+
 // One kernel entry point: `NAME(PARAM P)` calling `CALL(P)`, for `THREADS` threads a block
 // (CALL in parentheses where it holds commas: a template's arguments).
 #define FC_ENTRY(NAME, THREADS, PARAM, CALL) \
