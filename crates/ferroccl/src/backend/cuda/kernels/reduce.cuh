@@ -145,8 +145,6 @@ struct DF8 : Narrow {
 typedef DF8<__NV_E4M3> DE4M3;
 typedef DF8<__NV_E5M2> DE5M2;
 
-// Every element type once, for kernels that come one per type: X(name as nccl-tests and the host
-// name it, the type's loops above, its FC_* number). `fc::` spelled out: used outside the namespace.
 // Which operations an instance of an engine's kernel serves (kernels.rs, `Shape`; the host
 // launches each only for those): every kind and reduction; every kind with Sum or no reduction
 // (the reduction a constant, so a fold is plain adds, not a choice per element); all-reduces
@@ -181,6 +179,8 @@ __device__ __forceinline__ fc_u32 shape_redop(fc_u32 redop) {
 #define FC_ENTRY(NAME, THREADS, PARAM, CALL) \
     extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(const __grid_constant__ PARAM P) { CALL(P); }
 
+// Every element type once, for kernels that come one per type: X(name as nccl-tests and the host
+// name it, the type's loops above, its FC_* number). `fc::` spelled out: used outside the namespace.
 #define FC_FOR_EACH_TYPE(X)            \
     X(int8, fc::DI8, FC_INT8)          \
     X(uint8, fc::DU8, FC_UINT8)        \
@@ -431,17 +431,23 @@ __device__ __forceinline__ typename D::C scalar_of(const FcOp& op) {
     return D::scalar(op);
 }
 
-// A plain Sum (the commonest reduction, no pre-multiply or average) gets a loop of its own, as
-// in reduce_as; the other reductions keep the choice per element here, where one kernel holds
-// every type's loops (a loop per reduction and type would multiply the plan module's NVRTC time).
+// reduce_piece with reduction `k`, a plain Sum (the commonest reduction, no pre-multiply or
+// average) in a loop of its own, where no element pays for the choice of reduction (measured:
+// the choice per element made the bf16 reduce loop compute-bound, docs/PERFORMANCE.md section 12).
+template <typename D>
+__device__ __forceinline__ void reduce_with(const FcOp& op, fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u8* local, fc_u64 n,
+                                            fc_u32 k, bool pre, bool post) {
+    const typename D::C none(0);
+    if (k == FC_OP_SUM && !pre && !post) reduce_piece<D>(d0, d1, recv, local, n, FC_OP_SUM, false, false, none, op.nranks);
+    else reduce_piece<D>(d0, d1, recv, local, n, k, pre, post, pre ? scalar_of<D>(op) : none, op.nranks);
+}
+
+// The plan kernel's: the other reductions keep the choice per element here, where one kernel
+// holds every type's loops (a loop per reduction and type would multiply its NVRTC time).
 template <typename D>
 __device__ void reduce_redop(const FcOp& op, fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u8* local, fc_u64 n,
                              bool pre, bool post) {
-    if (op.redop == FC_OP_SUM && !pre && !post) {
-        reduce_piece<D>(d0, d1, recv, local, n, FC_OP_SUM, false, false, typename D::C(0), op.nranks);
-    } else {
-        reduce_piece<D>(d0, d1, recv, local, n, op.redop, pre, post, scalar_of<D>(op), op.nranks);
-    }
+    reduce_with<D>(op, d0, d1, recv, local, n, op.redop, pre, post);
 }
 
 // pre/post are the step's flags; they take effect only for the ops they belong to, exactly as
@@ -506,23 +512,19 @@ __device__ __noinline__ void transform(const FcOp& op, fc_u8* d0, const fc_u8* s
 // with SUM, the other reductions' and the pre/post transforms. Code a launch does not run still
 // costs it (instruction fetches at every launch: docs/PERFORMANCE.md, section 10).
 
-// The reduction is chosen once per piece, not per element as in `reduce`: a loop per reduction,
-// and one for a plain Sum without the pre-multiply or average, so that no element pays a switch
-// (measured: the per-element choice made the bf16 reduce loop compute-bound, section 12).
+// The reduction is chosen once per piece, not per element as in `reduce`: a loop per reduction
+// (reduce_with: and one for a plain Sum).
 template <typename D, bool SUM>
 __device__ __noinline__ void reduce_as(const FcOp& op, fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u8* local, fc_u64 n,
                                        bool pre_flag, bool post_flag) {
     const fc_u32 k = SUM ? FC_OP_SUM : op.redop;
     const bool pre = pre_flag && k == FC_OP_PREMULSUM;
     const bool post = post_flag && k == FC_OP_AVG;
-    const typename D::C none(0);
-    switch (SUM ? FC_OP_SUM : k) {
-        case FC_OP_PROD: reduce_piece<D>(d0, d1, recv, local, n, FC_OP_PROD, false, false, none, op.nranks); break;
-        case FC_OP_MAX: reduce_piece<D>(d0, d1, recv, local, n, FC_OP_MAX, false, false, none, op.nranks); break;
-        case FC_OP_MIN: reduce_piece<D>(d0, d1, recv, local, n, FC_OP_MIN, false, false, none, op.nranks); break;
-        default:  // Sum; Avg and PreMulSum combine as Sum
-            if (!pre && !post) reduce_piece<D>(d0, d1, recv, local, n, FC_OP_SUM, false, false, none, op.nranks);
-            else reduce_piece<D>(d0, d1, recv, local, n, FC_OP_SUM, pre, post, pre ? scalar_of<D>(op) : none, op.nranks);
+    switch (k) {
+        case FC_OP_PROD: reduce_with<D>(op, d0, d1, recv, local, n, FC_OP_PROD, false, false); break;
+        case FC_OP_MAX: reduce_with<D>(op, d0, d1, recv, local, n, FC_OP_MAX, false, false); break;
+        case FC_OP_MIN: reduce_with<D>(op, d0, d1, recv, local, n, FC_OP_MIN, false, false); break;
+        default: reduce_with<D>(op, d0, d1, recv, local, n, FC_OP_SUM, pre, post);  // Avg and PreMulSum combine as Sum
     }
 }
 
