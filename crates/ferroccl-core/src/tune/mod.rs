@@ -370,6 +370,12 @@ fn direct_blocks(count: usize, es: usize, cfg: &Config) -> Option<usize> {
     })
 }
 
+/// Whether the peer engine takes `op` when it is alone in its launch beyond the direct engine:
+/// it serves the kind on this many ranks, and the staging gives it slots.
+fn peer_takes(op: &OpShape, cfg: &Config) -> bool {
+    peer_engine_serves(op.kind, op.nranks) && peer_slot_bytes(cfg, op.nranks) > 0
+}
+
 fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> Choice {
     let es = op.dtype.size();
     let bytes = op.largest_bytes();
@@ -387,8 +393,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         // Where the peer engine would take over, it does so sooner: it beats the direct engine
         // once each rank sends more than FERROCCL_GPU_PEER_FROM_BYTES (docs/PERFORMANCE.md,
         // section 12), where the plan kernel, the next engine otherwise, does not.
-        let peer_next = peer_engine_serves(op.kind, op.nranks) && peer_slot_bytes(cfg, op.nranks) > 0;
-        let limit = if peer_next { cfg.gpu_oneshot_max_bytes.min(cfg.gpu_peer_from_bytes) } else { cfg.gpu_oneshot_max_bytes };
+        let limit = if peer_takes(op, cfg) { cfg.gpu_oneshot_max_bytes.min(cfg.gpu_peer_from_bytes) } else { cfg.gpu_oneshot_max_bytes };
         let fits = sent.is_some_and(|b| b <= limit);
         if let Some(channels) = fits.then(|| direct_blocks(op.count, es, cfg)).flatten() {
             return Choice {
@@ -432,8 +437,8 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
     // Beyond it, collectives take the peer engine: rounds of one slot per block and peer,
     // two-shot for all-reduce (each element reduced once, by its owner, so every rank gets the
     // same bits), one-shot for the others.
-    let slot = peer_slot_bytes(cfg, op.nranks);
-    if device == Device::Gpu && may_direct && peer_engine_serves(op.kind, op.nranks) && slot > 0 {
+    if device == Device::Gpu && may_direct && peer_takes(op, cfg) {
+        let slot = peer_slot_bytes(cfg, op.nranks);
         let slot_elems = slot / es;
         let per = bytes.unwrap_or(usize::MAX).div_ceil(PEER_BLOCK_BYTES).max(1);
         let channels = per.min(PEER_MAX_BLOCKS).min(cfg.gpu_channels.max(1));
