@@ -301,13 +301,13 @@ impl KernelCache {
 /// the first compiles (or reads the disk cache), the others wait for it on the key's lock
 /// instead of compiling again beside it. Failures are not kept: the next caller tries again.
 #[derive(Default)]
-pub struct ProcessImages {
+pub(crate) struct ProcessImages {
     by_key: std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<std::sync::Mutex<Option<Image>>>>>,
 }
 
 impl ProcessImages {
     /// The image under `key`, from this process's earlier call or from `make`.
-    pub fn get_or_make(&self, key: &str, make: impl FnOnce() -> Result<Image>) -> Result<Image> {
+    pub(crate) fn get_or_make(&self, key: &str, make: impl FnOnce() -> Result<Image>) -> Result<Image> {
         let slot = {
             let mut map = self.by_key.lock().unwrap_or_else(|p| p.into_inner());
             map.entry(key.to_string()).or_default().clone()
