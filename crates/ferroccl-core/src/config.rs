@@ -22,6 +22,9 @@ pub const MAX_SLOT_BYTES: usize = 1 << 30;
 /// The most staging memory `FERROCCL_GPU_PEER_BYTES` may ask for (1 GiB).
 pub const MAX_GPU_PEER_BYTES: usize = 1 << 30;
 
+/// `FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES` by default (docs/PERFORMANCE.md, section 13).
+pub const PEER_ONESHOT_MAX_BYTES: usize = 4 << 20;
+
 /// Which transport connects a pair of ranks on the host backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum TransportChoice {
@@ -99,6 +102,12 @@ pub struct Config {
     /// (the direct engine's limit, which holds where the next engine would be the plan kernel).
     /// Every rank must agree.
     pub gpu_peer_from_bytes: usize,
+    /// FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES: on GPUs, all-reduces on 2 ranks that the peer
+    /// engine takes, up to this many bytes per rank, run one-shot there (each rank stores its
+    /// whole buffer into the peer's staging and both fold the two: one crossing a round instead
+    /// of the two-shot's two, the same bytes over the link); beyond, two-shot. 0 turns it off.
+    /// Every rank must agree.
+    pub gpu_peer_oneshot_max_bytes: usize,
     /// FERROCCL_GPU_TWO_SHOT: GPU all-reduces on 3+ ranks beyond the direct engine, up to one
     /// chunk, take the two-shot algorithm instead of the ring (as on the host). Off until it has
     /// been checked element by element on 3 or more GPUs and measured beside NCCL there. Every
@@ -176,6 +185,7 @@ impl Default for Config {
             direct_max_bytes: 128 << 10,
             gpu_oneshot_max_bytes: 256 << 10,
             gpu_peer_from_bytes: 128 << 10,
+            gpu_peer_oneshot_max_bytes: PEER_ONESHOT_MAX_BYTES,
             gpu_two_shot: false,
             gpu_peer_bytes: 16 << 20,
             gpu_copy_engine_bytes: 0,
@@ -303,6 +313,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_PEER_FROM_BYTES") {
             c.gpu_peer_from_bytes = parse("FERROCCL_GPU_PEER_FROM_BYTES", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES") {
+            c.gpu_peer_oneshot_max_bytes = parse("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_TWO_SHOT") {
             c.gpu_two_shot = parse_bool("FERROCCL_GPU_TWO_SHOT", v)?;
         }
@@ -374,6 +387,7 @@ impl Config {
             ("FERROCCL_DIRECT_MAX_BYTES", self.direct_max_bytes.to_string()),
             ("FERROCCL_GPU_ONESHOT_MAX_BYTES", self.gpu_oneshot_max_bytes.to_string()),
             ("FERROCCL_GPU_PEER_FROM_BYTES", self.gpu_peer_from_bytes.to_string()),
+            ("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES", self.gpu_peer_oneshot_max_bytes.to_string()),
             ("FERROCCL_GPU_TWO_SHOT", (self.gpu_two_shot as u8).to_string()),
             ("FERROCCL_GPU_PEER_BYTES", self.gpu_peer_bytes.to_string()),
             ("FERROCCL_GPU_COPY_ENGINE_BYTES", self.gpu_copy_engine_bytes.to_string()),
@@ -582,6 +596,10 @@ mod tests {
         assert_eq!((from.gpu_peer_from_bytes, Config::default().gpu_peer_from_bytes), (256 << 10, 128 << 10));
         assert!(from.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_FROM_BYTES" && v == "262144"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_FROM_BYTES", "-1")])).is_err());
+        let one = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES", "0")])).unwrap();
+        assert_eq!((one.gpu_peer_oneshot_max_bytes, Config::default().gpu_peer_oneshot_max_bytes), (0, PEER_ONESHOT_MAX_BYTES));
+        assert!(one.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES" && v == "0"));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES", "4M")])).is_err());
         let ce = Config::from_vars(&vars(&[("FERROCCL_GPU_COPY_ENGINE_BYTES", "8388608")])).unwrap();
         assert_eq!((ce.gpu_copy_engine_bytes, Config::default().gpu_copy_engine_bytes), (8 << 20, 0));
         assert!(ce.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_COPY_ENGINE_BYTES" && v == "8388608"));

@@ -658,6 +658,66 @@ fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
             kinds.extend([Broadcast, Reduce]);
         }
         engine_is_exact(n, &cfg, &kinds, &|_| tune::Engine::PeerKernel);
+        if n == 2 {
+            // The all-reduce two-shot at every size as well (one-shot up to the knob above).
+            let two = Config { gpu_peer_oneshot_max_bytes: 0, ..cfg };
+            engine_is_exact(n, &two, &[AllReduce, ReduceScatter, AllReduce], &|_| tune::Engine::PeerKernel);
+        }
+    }
+}
+
+/// A one-shot all-reduce on the peer engine folds both contributions on both ranks: Max and Min
+/// must still give both the same bits where the order of the operands decides the result (a
+/// +0 against a -0, two NaNs with different payloads), and so must every other reduction. The
+/// two-shot (each element reduced once) is the reference. Needs one GPU.
+#[test]
+#[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn the_one_shot_all_reduce_gives_both_ranks_the_same_bits() {
+    let count = 100_003usize; // 400 KB: the peer engine, one-shot by default
+    let nan = |payload: u32| f32::from_bits(0x7fc0_0000 | payload);
+    // Rank r's element i: signed zeros and NaNs that differ between the ranks, and ordinary values.
+    let val = |r: usize, i: usize| match i % 4 {
+        0 => if (i / 4 + r) % 2 == 0 { 0.0f32 } else { -0.0 },
+        1 => nan((r as u32 + 1) * 0x111 + (i as u32 & 0xff)),
+        2 => if r == 0 { nan(0x2a) } else { (i % 97) as f32 },
+        _ => ((i * 7 + r * 13) % 101) as f32 - 50.0,
+    };
+    for oneshot in [true, false] {
+        let cfg = Config { gpu_peer_oneshot_max_bytes: if oneshot { 4 << 20 } else { 0 }, gpu_copy_engine_bytes: 0, ..Config::default() };
+        let shape = OpShape { kind: CollKind::AllReduce, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false };
+        let c = tune::choose(&shape, tune::Device::Gpu, &cfg);
+        assert_eq!((c.engine, c.algo == tune::Algo::OneShot), (tune::Engine::PeerKernel, oneshot), "{c}");
+        let Some(comms) = ranks_on_one_gpu(2, cfg) else { return };
+        for op in [ReduceOp::Max, ReduceOp::Min, ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Avg] {
+            let outs = on_each_rank(&comms, |r, comm| {
+                let stats = MemStats::new();
+                let gpu = comm.gpu().unwrap();
+                let send = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
+                let recv = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
+                let mine: Vec<f32> = (0..count).map(|i| val(r, i)).collect();
+                send.copy_from_host(0, f32_bytes(&mine)).unwrap();
+                let a = OpArgs { op, ..all_reduce_args(&send, &recv, count) };
+                // SAFETY: device buffers of count f32, alive past synchronize.
+                unsafe { comm.run_raw(&a).unwrap() };
+                comm.synchronize().unwrap();
+                read_f32(&recv, count).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            });
+            let differ = (0..count).filter(|&i| outs[0][i] != outs[1][i]).count();
+            assert_eq!(differ, 0, "{op:?} one-shot {oneshot}: {differ} elements differ between the ranks, first at {:?}",
+                (0..count).find(|&i| outs[0][i] != outs[1][i]));
+            // And the ordinary elements are right.
+            for i in (3..count).step_by(4) {
+                let (x, y) = (val(0, i), val(1, i));
+                let want = match op {
+                    ReduceOp::Max => x.max(y),
+                    ReduceOp::Min => x.min(y),
+                    ReduceOp::Sum => x + y,
+                    ReduceOp::Prod => x * y,
+                    _ => (x + y) / 2.0,
+                };
+                assert_eq!(f32::from_bits(outs[0][i]), want, "{op:?} one-shot {oneshot} element {i}");
+            }
+        }
     }
 }
 

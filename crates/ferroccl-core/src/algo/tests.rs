@@ -14,7 +14,8 @@ struct Cut {
     direct_max: usize,
     one_shot: bool,
     /// As the GPU peer engine cuts them: all-reduce two-shot in rounds of any chunk, on any
-    /// rank count; the other collectives one-shot (broadcast and reduce on 2 ranks).
+    /// rank count, or one-shot on 2 ranks (the tuner picks by size; here odd counts, so that
+    /// both are proved); the other collectives one-shot (broadcast and reduce on 2 ranks).
     peer: bool,
 }
 
@@ -25,7 +26,7 @@ impl Cut {
     fn tuning(&self, kind: CollKind, n: usize, count: usize) -> Tuning {
         let two_shot = kind == CollKind::AllReduce && count <= self.direct_max && two_shot_fits(n, count, self.chunk_elems);
         let peer = self.peer && crate::tune::peer_engine_serves(kind, n);
-        let algo = if peer && kind == CollKind::AllReduce {
+        let algo = if peer && kind == CollKind::AllReduce && !(n == 2 && count % 2 == 1) {
             Algo::TwoShot
         } else if peer || (self.one_shot && kind.is_collective()) {
             Algo::OneShot

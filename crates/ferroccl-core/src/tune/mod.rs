@@ -442,10 +442,13 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         let slot_elems = slot / es;
         let per = bytes.unwrap_or(usize::MAX).div_ceil(PEER_BLOCK_BYTES).max(1);
         let channels = per.min(PEER_MAX_BLOCKS).min(cfg.gpu_channels.max(1));
-        let (algo, chunk_elems) = if op.kind == CollKind::AllReduce {
-            (Algo::TwoShot, slot_elems.saturating_mul(op.nranks))
-        } else {
-            (Algo::OneShot, slot_elems)
+        // An all-reduce round fills a slot per peer: its shares two-shot, or on 2 ranks (within
+        // FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES) one-shot, the whole round in both phases' slots.
+        let one_crossing = op.nranks == 2 && bytes.is_some_and(|b| b <= cfg.gpu_peer_oneshot_max_bytes);
+        let (algo, chunk_elems) = match op.kind {
+            CollKind::AllReduce if one_crossing => (Algo::OneShot, slot_elems.saturating_mul(2)),
+            CollKind::AllReduce => (Algo::TwoShot, slot_elems.saturating_mul(op.nranks)),
+            _ => (Algo::OneShot, slot_elems),
         };
         return Choice {
             algo,
@@ -458,6 +461,8 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             why: Why {
                 algo: if algo == Algo::TwoShot {
                     "all-reduce beyond the direct engine: two-shot on the peer engine"
+                } else if op.kind == CollKind::AllReduce {
+                    "all-reduce on 2 ranks within FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES: one-shot on the peer engine"
                 } else {
                     "beyond the direct engine: one round per slot on the peer engine"
                 },

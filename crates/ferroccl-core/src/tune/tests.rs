@@ -56,9 +56,14 @@ fn choices_follow_the_table() {
         // Beyond FERROCCL_GPU_PEER_FROM_BYTES (128 KiB): the peer engine, a block per 32 KiB
         // of the largest buffer up to 32; broadcast and reduce beyond 2 ranks on the plan
         // kernel (the chain), its grid following the bytes.
-        (Gpu, AllReduce, (32 << 10) + 1, Float32, 2, Algo::TwoShot, K, Simple, 5),
-        (Gpu, AllReduce, (64 << 10) + 1, Float32, 2, Algo::TwoShot, K, Simple, 9),
+        // All-reduces on 2 ranks one-shot there up to FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES (4
+        // MiB), two-shot beyond and on more ranks.
+        (Gpu, AllReduce, (32 << 10) + 1, Float32, 2, Algo::OneShot, K, Simple, 5),
+        (Gpu, AllReduce, (64 << 10) + 1, Float32, 2, Algo::OneShot, K, Simple, 9),
+        (Gpu, AllReduce, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 32),
+        (Gpu, AllReduce, (1 << 20) + 1, Float32, 2, Algo::TwoShot, K, Simple, 32),
         (Gpu, AllReduce, 256 << 20, Float32, 2, Algo::TwoShot, K, Simple, 32),
+        (Gpu, AllReduce, 1 << 20, Float32, 3, Algo::TwoShot, K, Simple, 32),
         (Gpu, AllGather, 32 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
         (Gpu, AllGather, (32 << 10) + 1, Float32, 2, Algo::OneShot, K, Simple, 9),
         (Gpu, ReduceScatter, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 32),
@@ -243,7 +248,12 @@ fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots
                     for ch in [0, c.channels - 1] {
                         let (a, b) = crate::algo::channel_slice(count, c.channels, ch);
                         let len = (b - a).min(c.chunk_elems);
+                        // A one-shot all-reduce's round fills both phases' slots of a parity,
+                        // which are adjacent: two slots, cut here as two shares of one.
                         let parts = if kind == CollKind::AllReduce { n } else { 1 };
+                        if kind == CollKind::AllReduce && c.algo == Algo::OneShot {
+                            assert!(n == 2 && len * es <= 2 * slot, "{kind} {count} x {dtype} on {n}: a one-shot round of {len}");
+                        }
                         for q in 0..parts {
                             let (x, y) = crate::algo::channel_slice(len, parts, q);
                             assert!((y - x) * es <= slot, "{kind} {count} x {dtype} on {n}: share {q} of {} elements", y - x);
@@ -271,6 +281,35 @@ fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots
     assert_eq!(choose(&ar, Device::Gpu, &Config { gpu_channels: 8, ..cfg.clone() }).channels, 8);
     // Every rank plans the same: the plan the simulator proves for these cuts is tested in
     // algo::tests (the `peer` cuts).
+}
+
+/// The peer engine's all-reduce goes one-shot on 2 ranks up to
+/// FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES per rank (a round of two slots), two-shot beyond it, on
+/// more ranks, or with the knob at 0; the blocks do not depend on it.
+#[test]
+fn the_peer_engine_all_reduce_goes_one_shot_on_two_ranks_within_its_knob() {
+    let cfg = Config::default();
+    let slot = peer_slot_bytes(&cfg, 2);
+    for dtype in [Int8, Bfloat16, Float32, DataType::Float64] {
+        let es = dtype.size();
+        let at = cfg.gpu_peer_oneshot_max_bytes / es;
+        let c = choose(&shape(CollKind::AllReduce, at, dtype, 2), Device::Gpu, &cfg);
+        assert_eq!((c.engine, c.algo, c.chunk_elems * es), (Engine::PeerKernel, Algo::OneShot, 2 * slot), "{c}");
+        assert!(c.to_string().contains("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES"), "{c}");
+        let beyond = choose(&shape(CollKind::AllReduce, at + 1, dtype, 2), Device::Gpu, &cfg);
+        assert_eq!((beyond.algo, beyond.chunk_elems * es, beyond.channels), (Algo::TwoShot, 2 * slot, c.channels));
+        let off = Config { gpu_peer_oneshot_max_bytes: 0, ..cfg.clone() };
+        assert_eq!(choose(&shape(CollKind::AllReduce, at, dtype, 2), Device::Gpu, &off).algo, Algo::TwoShot);
+        let all = Config { gpu_peer_oneshot_max_bytes: usize::MAX, ..cfg.clone() };
+        assert_eq!(choose(&shape(CollKind::AllReduce, 1 << 28, dtype, 2), Device::Gpu, &all).algo, Algo::OneShot);
+        for n in [3, 4, 8] {
+            let c = choose(&shape(CollKind::AllReduce, (1 << 20) / es, dtype, n), Device::Gpu, &all);
+            assert_eq!((c.engine, c.algo), (Engine::PeerKernel, Algo::TwoShot), "{n} ranks: {c}");
+        }
+    }
+    // The other kinds keep their one-shot rounds of one slot.
+    let rs = choose(&shape(CollKind::ReduceScatter, 1 << 20, Float32, 2), Device::Gpu, &cfg);
+    assert_eq!((rs.algo, rs.chunk_elems * 4), (Algo::OneShot, slot));
 }
 
 /// GPU all-reduces on 3+ ranks beyond the direct engine and within a chunk: the ring unless

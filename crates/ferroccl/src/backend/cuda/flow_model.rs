@@ -20,6 +20,9 @@ use std::collections::HashMap;
 enum Kind {
     /// Two phases, every rank to every rank.
     AllReduce,
+    /// The one-shot all-reduce (2 ranks on the GPU, any count here): one phase whose round
+    /// fills both phases' slots of its parity.
+    OneShotAllReduce,
     /// Reduce-scatter, all-gather, all-to-all: one phase, every rank to every rank.
     Symmetric,
     /// Broadcast, scatter: the root to every rank.
@@ -50,13 +53,14 @@ type Key = (usize, usize, usize, u64);
 enum Step {
     /// Wait until every rank in `peers` acknowledged round `s - 2` (this rank's lines).
     Room { peers: Vec<usize>, s: u64 },
-    /// Store round `s` of `phase` into these ranks' slots.
-    Store { to: Vec<usize>, phase: usize, s: u64 },
+    /// Store round `s` into these ranks' slots of `phases`.
+    Store { to: Vec<usize>, phases: &'static [usize], s: u64 },
     /// A barrier: the reads in progress end; then acknowledge round `ack` to every peer (0:
     /// none) and raise the `phase` flag to `s` at these ranks.
     Barrier { ack: u64, flag: Option<(usize, Vec<usize>)>, s: u64 },
-    /// Wait for the `phase` flags of these ranks to reach `s`, then read their slots.
-    WaitRead { from: Vec<usize>, phase: usize, s: u64 },
+    /// Wait for the `phase` flags of these ranks to reach `s`, then read their slots of
+    /// `slots` (the phase's own, or both for a one-shot all-reduce).
+    WaitRead { from: Vec<usize>, phase: usize, slots: &'static [usize], s: u64 },
 }
 
 /// Which kernel's launches a program is made of.
@@ -98,11 +102,11 @@ fn program_of(engine: Engine, me: usize, n: usize, launches: &[Launch]) -> Vec<S
         }
         for k in 0..rounds {
             s += 1;
-            let symmetric = matches!(l.kind, Kind::AllReduce | Kind::Symmetric);
+            let symmetric = matches!(l.kind, Kind::AllReduce | Kind::OneShotAllReduce | Kind::Symmetric);
             let check_room = (k == 0 && !after_symmetric) || !symmetric;
             let ack = if symmetric || engine == Engine::Direct { 0 } else { s - 1 };
             let (targets, sources): (Vec<usize>, Vec<usize>) = match l.kind {
-                Kind::AllReduce | Kind::Symmetric => (peers.clone(), peers.clone()),
+                Kind::AllReduce | Kind::OneShotAllReduce | Kind::Symmetric => (peers.clone(), peers.clone()),
                 Kind::FromRoot if me == l.root => (peers.clone(), Vec::new()),
                 Kind::FromRoot => (Vec::new(), vec![l.root]),
                 Kind::ToRoot if me == l.root => (Vec::new(), peers.clone()),
@@ -111,25 +115,27 @@ fn program_of(engine: Engine, me: usize, n: usize, launches: &[Launch]) -> Vec<S
             if check_room && !targets.is_empty() {
                 steps.push(Step::Room { peers: targets.clone(), s });
             }
+            // The direct engine's one-shot is one line per peer whatever the kind.
+            let slots: &'static [usize] = if l.kind == Kind::OneShotAllReduce && engine == Engine::Peer { &[0, 1] } else { &[0] };
             if !targets.is_empty() {
-                steps.push(Step::Store { to: targets.clone(), phase: 0, s });
+                steps.push(Step::Store { to: targets.clone(), phases: slots, s });
             }
             let flag = (!targets.is_empty()).then(|| (0, targets.clone()));
             steps.push(Step::Barrier { ack, flag, s });
             if !sources.is_empty() {
-                steps.push(Step::WaitRead { from: sources.clone(), phase: 0, s });
+                steps.push(Step::WaitRead { from: sources.clone(), phase: 0, slots, s });
             }
             if l.kind == Kind::AllReduce && engine == Engine::Peer {
                 // The owner's result into every peer's result slot, after reading the inputs.
-                steps.push(Step::Store { to: peers.clone(), phase: 1, s });
+                steps.push(Step::Store { to: peers.clone(), phases: &[1], s });
                 steps.push(Step::Barrier { ack: 0, flag: Some((1, peers.clone())), s });
-                steps.push(Step::WaitRead { from: peers.clone(), phase: 1, s });
+                steps.push(Step::WaitRead { from: peers.clone(), phase: 1, slots: &[1], s });
             }
         }
         // The launch's end: its reads are over (acknowledged at the next launch's start).
         if rounds > 0 {
             steps.push(Step::Barrier { ack: 0, flag: None, s });
-            after_symmetric = matches!(l.kind, Kind::AllReduce | Kind::Symmetric);
+            after_symmetric = matches!(l.kind, Kind::AllReduce | Kind::OneShotAllReduce | Kind::Symmetric);
         }
     }
     steps
@@ -153,7 +159,7 @@ impl World {
     fn enabled(&self, me: usize, step: &Step) -> bool {
         match step {
             Step::Room { peers, s } => peers.iter().all(|&q| self.flags[me][q][2] + 2 >= *s),
-            Step::WaitRead { from, phase, s } => from.iter().all(|&q| self.flags[me][q][*phase] >= *s),
+            Step::WaitRead { from, phase, s, .. } => from.iter().all(|&q| self.flags[me][q][*phase] >= *s),
             _ => true,
         }
     }
@@ -162,14 +168,16 @@ impl World {
     fn take(&mut self, me: usize, step: &Step) -> Result<(), String> {
         match step {
             Step::Room { .. } => {}
-            Step::Store { to, phase, s } => {
+            Step::Store { to, phases, s } => {
                 for &q in to {
-                    let key = (q, me, *phase, s & 1);
-                    match self.slots.get(&key) {
-                        None | Some(Slot::Released(_)) => {}
-                        Some(other) => return Err(format!("rank {me} stores round {s} into {key:?} while it holds {other:?}")),
+                    for &phase in *phases {
+                        let key = (q, me, phase, s & 1);
+                        match self.slots.get(&key) {
+                            None | Some(Slot::Released(_)) => {}
+                            Some(other) => return Err(format!("rank {me} stores round {s} into {key:?} while it holds {other:?}")),
+                        }
+                        self.slots.insert(key, Slot::Written(*s));
                     }
-                    self.slots.insert(key, Slot::Written(*s));
                 }
             }
             Step::Barrier { ack, flag, s } => {
@@ -191,15 +199,17 @@ impl World {
                     }
                 }
             }
-            Step::WaitRead { from, phase, s } => {
+            Step::WaitRead { from, slots, s, .. } => {
                 for &q in from {
-                    let key = (me, q, *phase, s & 1);
-                    match self.slots.get(&key) {
-                        Some(Slot::Written(r)) if r == s => {}
-                        other => return Err(format!("rank {me} reads round {s} from {key:?} but finds {other:?}")),
+                    for &phase in *slots {
+                        let key = (me, q, phase, s & 1);
+                        match self.slots.get(&key) {
+                            Some(Slot::Written(r)) if r == s => {}
+                            other => return Err(format!("rank {me} reads round {s} from {key:?} but finds {other:?}")),
+                        }
+                        self.slots.insert(key, Slot::Reading(*s));
+                        self.reading[me].push(key);
                     }
-                    self.slots.insert(key, Slot::Reading(*s));
-                    self.reading[me].push(key);
                 }
             }
         }
@@ -245,7 +255,7 @@ fn run_engine(engine: Engine, n: usize, launches: &[Launch], seed: u64, greedy: 
 }
 
 fn kind_strategy() -> impl Strategy<Value = Kind> {
-    prop::sample::select(vec![Kind::AllReduce, Kind::Symmetric, Kind::FromRoot, Kind::ToRoot])
+    prop::sample::select(vec![Kind::AllReduce, Kind::OneShotAllReduce, Kind::Symmetric, Kind::FromRoot, Kind::ToRoot])
 }
 
 proptest! {

@@ -28,7 +28,8 @@ use crate::ops::{plan_launch, OpArgs, Planned};
 use cudarc::driver::sys;
 use ferroccl_core::algo::{build, CollDesc};
 use ferroccl_core::plan::zcopy::{peer_desc, remote_dsts};
-use ferroccl_core::tune::{Choice, Engine, Protocol};
+use ferroccl_core::tune::{Algo, Choice, Engine, Protocol};
+use ferroccl_core::CollKind;
 use ferroccl_core::Error;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -151,8 +152,9 @@ enum Run {
     Plan(DeviceTables),
     /// The direct kernel, on this many blocks.
     Direct { blocks: u32 },
-    /// The peer kernel, on this many blocks, in rounds of this many elements per block.
-    Peer { blocks: u32, chunk: u64 },
+    /// The peer kernel, on this many blocks, in rounds of this many elements per block;
+    /// `oneshot`: an all-reduce in one crossing (2 ranks).
+    Peer { blocks: u32, chunk: u64, oneshot: bool },
     /// The copy engines: no kernel; this rank's commands for the shape.
     Copy(Arc<Schedule>),
     /// The plan kernel's point-to-point form: the plan's sends and receives, each with its
@@ -381,7 +383,10 @@ impl CudaComm {
                     let blocks = c.channels as u32;
                     Some(match c.engine {
                         Engine::DirectKernel if self.direct.is_some() => Run::Direct { blocks },
-                        Engine::PeerKernel if self.peer.is_some() => Run::Peer { blocks, chunk: c.chunk_elems as u64 },
+                        Engine::PeerKernel if self.peer.is_some() => {
+                            let oneshot = c.algo == Algo::OneShot && args[0].kind == CollKind::AllReduce;
+                            Run::Peer { blocks, chunk: c.chunk_elems as u64, oneshot }
+                        }
                         Engine::CopyEngine if self.ce.is_some() => {
                             let ce = self.ce.as_ref().expect("checked");
                             Run::Copy(Arc::new(ce.schedule(&ce_op(&args[0]))?))
@@ -477,10 +482,19 @@ impl CudaComm {
                 self.last_blocks.store(0, Ordering::Relaxed);
                 self.ce.as_ref().expect("checked when the entry was made").enqueue(&lanes, &ce_op(&args[0]), stream)
             }
-            Run::Peer { blocks, chunk } => {
+            Run::Peer { blocks, chunk, oneshot } => {
                 let (module, kernels, template) = self.peer.as_ref().expect("checked when the entry was made");
                 let a = &args[0];
-                let param = FcPeer { count: a.count as u64, chunk, kind: engine_kind(a)?, nblocks: blocks, root: a.root as u32, op: ops[0], ..*template };
+                let param = FcPeer {
+                    count: a.count as u64,
+                    chunk,
+                    kind: engine_kind(a)?,
+                    nblocks: blocks,
+                    root: a.root as u32,
+                    oneshot: oneshot as u32,
+                    op: ops[0],
+                    ..*template
+                };
                 // SAFETY: the peer kernel takes one FcPeer; its staging, flags and counters are
                 // this communicator's fabric (mapped for this GPU).
                 unsafe { self.launch_engine(module.kernel_at(kernels.pick(a)?), blocks, PEER_THREADS, param, stream) }

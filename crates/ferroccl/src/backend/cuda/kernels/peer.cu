@@ -12,6 +12,8 @@
 //  0: every sender stores what each receiver needs of its input (all-reduce: the receiver's
 //     share of the round; reductions pre-multiplied, as the plan's Send says) into the
 //     receiver's input slot, and flags it;
+//  (an all-reduce on 2 ranks may go one-shot, FcPeer::oneshot: each rank stores its whole
+//  round, into both phases' slots, and each folds the two; nothing more crosses);
 //  then all-reduce: each rank reduces its share (own input first, then the peers' in the
 //     plan's order: each element reduced once, by its owner, so every rank gets the same
 //     bits), stores the result into its output and every peer's result slot (phase 1), flags
@@ -45,11 +47,12 @@
 
 namespace fc {
 
-// Slot [from][b][phase][parity] in `owner`'s staging (no slots for the owner itself). Sender
-// first: each sender's slots are one region, which the copy engine borrows whole.
+// Slot [from][b][parity][phase] in `owner`'s staging (no slots for the owner itself). Sender
+// first: each sender's slots are one region, which the copy engine borrows whole. A parity's
+// two phases are adjacent: the one-shot all-reduce stores a round twice a slot long into both.
 __device__ __forceinline__ fc_u8* peer_slot(const FcPeer& P, fc_u32 owner, fc_u32 b, fc_u32 from, fc_u32 phase, fc_u64 s) {
     const fc_u32 f = from < owner ? from : from - 1u;
-    const fc_u64 i = (((fc_u64)f * FC_PEER_MAX_BLOCKS + b) * 2u + phase) * 2u + (s & 1u);
+    const fc_u64 i = (((fc_u64)f * FC_PEER_MAX_BLOCKS + b) * 2u + (s & 1u)) * 2u + phase;
     return (fc_u8*)P.stage[owner] + i * P.slot_bytes;
 }
 
@@ -164,6 +167,35 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     // Acknowledgements within a launch matter only to rooted rounds; the launch's last round is
     // acknowledged at the start of the next, for whatever runs then.
     const fc_u64 ack = symmetric ? 0 : s - 1;
+    if (kind == FC_KIND_ALL_REDUCE && P.oneshot) {
+        // One crossing on 2 ranks (the host's choice): each rank stores its whole round (twice a
+        // slot, both phases' slots of the parity) into the peer's staging, and both fold the two
+        // in the same order. The link carries what the two-shot's two crossings carry (half a
+        // round each way, twice), without the second flag, wait and copy.
+        const fc_u32 q = 1u - me;
+        FC_PEER_STAMP(1);
+        const int bad = check_room && !peer_room(P, s, FC_PEER_ALL);
+        FC_PEER_STAMP(2);
+        if (!bad) transform_as<D, SUM>(op, peer_slot(P, q, b, me, 0, s), in + at * es, len, true, false);
+        FC_PEER_STAMP(3);
+        if (!peer_signal(P, 0, s, FC_PEER_ALL, bad, ack)) return false;
+        FC_PEER_STAMP(4);
+        if (!peer_wait(P, 0, s, FC_PEER_ALL)) return false;
+        FC_PEER_STAMP(5);
+        // reduce_as folds (received, local): rank 0 gets (rank 1's, rank 0's). Sum, its
+        // pre-multiplied and averaged forms, and Prod give the same bits either way round; Max
+        // and Min may not (a signed zero, a NaN's payload), so rank 1 swaps its operands.
+        const fc_u8* mine = in + at * es;
+        const fc_u8* theirs = peer_slot(P, me, b, q, 0, s);
+        const bool swap = !SUM && me == 1u && (op.redop == FC_OP_MAX || op.redop == FC_OP_MIN);
+        reduce_as<D, SUM>(op, out + at * es, nullptr, swap ? mine : theirs, swap ? theirs : mine, len, true, true);
+        // No second crossing: the trace's steps after the reduce read 0.
+        FC_PEER_STAMP(6);
+        FC_PEER_STAMP(7);
+        FC_PEER_STAMP(8);
+        FC_PEER_STAMP(9);
+        return true;
+    }
     if (kind == FC_KIND_ALL_REDUCE) {
         // Share q of the round: [at + cut(q), at + cut(q + 1)).
         FC_PEER_STAMP(1);
@@ -279,6 +311,7 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
     if (blockIdx.x >= P.nblocks || P.nranks < 2u || P.nranks > FC_PEER_MAX_RANKS || P.rank >= P.nranks) return;
     if (P.op.dtype != DTYPE || !fc::redop_valid(P.op.redop) || P.chunk == 0) return;
     if (!fc::shape_serves<SHAPE>(P.kind, P.op.redop)) return;
+    if (P.oneshot != 0u && (P.kind != FC_KIND_ALL_REDUCE || P.nranks != 2u)) return;
     fc::prior_grid_wait();
     const volatile FcError* err = (const volatile FcError*)P.error;
     // A launch queued behind a failure does nothing: the counters may disagree by now.

@@ -231,10 +231,10 @@ FC_CHECK_OFFSET(FcDirect, op, 320);
 
 // ---- the peer engine (peer.cu) ----------------------------------------------------------------
 // Collectives in rounds: block b of rank p stores round s's message for rank q into q's
-// staging slot [b][p][phase][s parity] and raises q's flag line [b][p][phase] to s; q waits for
+// staging slot [p][b][s parity][phase] and raises q's flag line [b][p][phase] to s; q waits for
 // its senders' flags, then reads its slots. Phase 0 carries inputs (all-reduce: the owner's
-// share), phase 1 an all-reduce owner's result; flag phase 2 is q's acknowledgement of round s
-// in p's memory.
+// share), phase 1 an all-reduce owner's result (a one-shot all-reduce's round fills both);
+// flag phase 2 is q's acknowledgement of round s in p's memory.
 #define FC_PEER_MAX_RANKS 16u
 #define FC_PEER_MAX_BLOCKS 32u
 #define FC_PEER_THREADS 512u
@@ -256,7 +256,7 @@ struct FcPeer {
     fc_u32 nranks;
     fc_u32 nblocks;
     fc_u32 root;                      // rooted operations' root
-    fc_u32 reserved;
+    fc_u32 oneshot;                   // 1: an all-reduce on 2 ranks in one crossing (peer.cu)
     FcOp op;
 };
 FC_CHECK_SIZE(FcPeer, 392);
@@ -274,7 +274,7 @@ FC_CHECK_OFFSET(FcPeer, rank, 316);
 FC_CHECK_OFFSET(FcPeer, nranks, 320);
 FC_CHECK_OFFSET(FcPeer, nblocks, 324);
 FC_CHECK_OFFSET(FcPeer, root, 328);
-FC_CHECK_OFFSET(FcPeer, reserved, 332);
+FC_CHECK_OFFSET(FcPeer, oneshot, 332);
 FC_CHECK_OFFSET(FcPeer, op, 336);
 
 // ---- the point-to-point kernel (p2p.cuh, in the plan kernel's module) ---------------------------
