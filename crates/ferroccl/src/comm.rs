@@ -301,9 +301,16 @@ impl Comm {
         c.deregister(&self.boot, ptr)
     }
 
-    /// GPU memory this communicator holds (its own allocations and imported peer memory).
+    /// GPU memory this communicator allocated. The peers' memory it maps (their arenas and
+    /// windows, from other processes) is theirs and not counted: [`Comm::device_memory_mapped_bytes`].
     pub fn device_memory_bytes(&self) -> u64 {
         self.backend.cuda().map(|c| c.memory_bytes()).unwrap_or(0)
+    }
+
+    /// Peers' GPU memory this communicator maps from other processes (address space, not memory
+    /// of this GPU's own).
+    pub fn device_memory_mapped_bytes(&self) -> u64 {
+        self.backend.cuda().map(|c| c.mapped_bytes()).unwrap_or(0)
     }
 
     /// GPU communicators: the thread blocks (one per plan lane, each on its own SM while it

@@ -104,8 +104,9 @@ impl VsRow {
 pub struct RankMemory {
     pub rank: usize,
     pub gpu: usize,
-    /// ferroccl's own count (`Comm::device_memory_bytes`: allocations plus imported peer
-    /// memory) right after init and at the end of the run.
+    /// ferroccl's own count (`Comm::device_memory_bytes`: its allocations; until session 11
+    /// also the peers' memory mapped from other processes) right after init and at the end of
+    /// the run.
     pub ferroccl_accounted_init: u64,
     pub ferroccl_accounted_end: u64,
     /// Free memory before minus after creating each communicator.

@@ -108,19 +108,40 @@ unsafe impl Sync for CudaComm {}
 /// memory) and are told through (the abort word, in pinned host memory: raising it is a CPU
 /// store, which no full launch queue can hold up, where a copy to the GPU would wait behind
 /// the very kernels it must free).
+/// The record comes first in a device allocation that also holds the fabric's connection table
+/// (`Status::table_ptr`): GPU memory comes in 2 MiB granules, which one small allocation each
+/// would spend twice on a few kilobytes.
 pub(crate) struct Status {
-    error: DeviceBuffer,
+    local: DeviceBuffer,
+    table_bytes: usize,
     abort: MappedWord,
 }
 
+/// Where the connection table starts in the status allocation (past the record, aligned for the
+/// kernels' loads).
+const TABLE_OFF: usize = 256;
+const _: () = assert!(std::mem::size_of::<FcError>() <= TABLE_OFF);
+
 impl Status {
-    fn new(gpu: &Gpu, stats: &Arc<MemStats>) -> Result<Status, Error> {
-        let error = DeviceBuffer::alloc(gpu, std::mem::size_of::<FcError>(), &[], stats)?;
-        error.copy_from_host(0, &[0u8; std::mem::size_of::<FcError>()])?;
-        Ok(Status { error, abort: MappedWord::new(gpu)? })
+    /// The record, cleared, and room for a connection table of `table_bytes`.
+    fn new(gpu: &Gpu, stats: &Arc<MemStats>, table_bytes: usize) -> Result<Status, Error> {
+        let local = DeviceBuffer::alloc(gpu, TABLE_OFF + table_bytes, &[], stats)?;
+        local.copy_from_host(0, &[0u8; std::mem::size_of::<FcError>()])?;
+        Ok(Status { local, table_bytes, abort: MappedWord::new(gpu)? })
     }
     pub(super) fn error_ptr(&self) -> u64 {
-        self.error.device_ptr()
+        self.local.device_ptr()
+    }
+    /// The connection table's place (`Fabric::new` writes it).
+    pub(super) fn table_ptr(&self) -> u64 {
+        self.local.device_ptr() + TABLE_OFF as u64
+    }
+    /// Writes the connection table, which must fit the room made for it.
+    pub(super) fn write_table(&self, bytes: &[u8]) -> Result<(), Error> {
+        if bytes.len() > self.table_bytes {
+            return Err(Error::Internal(format!("a connection table of {} bytes where {} were made", bytes.len(), self.table_bytes)));
+        }
+        self.local.copy_from_host(TABLE_OFF, bytes)
     }
     pub(super) fn abort_ptr(&self) -> u64 {
         self.abort.device_ptr()
@@ -130,7 +151,7 @@ impl Status {
     }
     fn read_error(&self) -> Result<FcError, Error> {
         let mut rec = [0u8; std::mem::size_of::<FcError>()];
-        self.error.copy_to_host(0, &mut rec)?;
+        self.local.copy_to_host(0, &mut rec)?;
         // SAFETY: FcError is plain old data of exactly this size.
         Ok(unsafe { std::ptr::read_unaligned(rec.as_ptr() as *const FcError) })
     }
@@ -162,13 +183,13 @@ impl CudaComm {
         let resident = plan_fn.resident_blocks(BLOCK_THREADS)?;
         let plan_fn = plan_fn.handle();
         let stats = MemStats::new();
-        let mut fabric = Fabric::new(&gpu, boot, config, geo, &stats, abort)?;
+        let status = Arc::new(Status::new(&gpu, &stats, geo.conn_table_bytes())?);
+        let mut fabric = Fabric::new(&gpu, boot, config, geo, &stats, abort, &status)?;
         let ce_slot = ferroccl_core::tune::ce_slot_bytes(config, boot.nranks());
         let ce = match fabric.ce.take() {
             Some(f) if ce_slot > 0 => Some(Arc::new(CopyEngine::new(&gpu, boot.rank(), boot.nranks(), ce_slot, f)?)),
             _ => None,
         };
-        let status = Arc::new(Status::new(&gpu, &stats)?);
         let timeout_ns = config.timeout.as_nanos().min(u64::MAX as u128) as u64;
         let direct = match fabric.direct {
             Some(p) => {
@@ -200,7 +221,7 @@ impl CudaComm {
                 k.load()?;
                 let wide = module.kernel(kernels::P2P_WIDE_KERNEL)?;
                 wide.load()?;
-                let p = FcP2pHead { conns: fabric.table.device_ptr(), abort: status.abort_ptr(), error: status.error_ptr(), timeout_ns, rank: boot.rank() as u32, ..Default::default() };
+                let p = FcP2pHead { conns: fabric.table, abort: status.abort_ptr(), error: status.error_ptr(), timeout_ns, rank: boot.rank() as u32, ..Default::default() };
                 Some((k.handle(), wide.handle(), p))
             }
             false => None,
@@ -367,8 +388,14 @@ impl CudaComm {
         w.deregister(boot, ptr)
     }
 
+    /// GPU memory this communicator allocated.
     pub fn memory_bytes(&self) -> u64 {
-        self.stats.allocated_bytes() + self.stats.imported_bytes()
+        self.stats.allocated_bytes()
+    }
+
+    /// Peers' GPU memory this communicator maps (other processes' arenas and windows).
+    pub fn mapped_bytes(&self) -> u64 {
+        self.stats.imported_bytes()
     }
 }
 

@@ -13,6 +13,7 @@ use super::tables::{FcConn, FcDirect, FcPeer, CONN_RECV, CONN_SEND, DIRECT_MAX_B
 use crate::cuda::device::Gpu;
 use crate::cuda::fdpass::{FdChannel, FdListener};
 use super::copy_engine::CeFlags;
+use super::comm::Status;
 use crate::cuda::hostpage::HostPage;
 use crate::cuda::mem::{DeviceBuffer, MemStats};
 use crate::bootstrap::Bootstrap;
@@ -109,6 +110,21 @@ impl Geometry {
     pub fn send_arena_bytes(&self) -> usize {
         if self.has_peer() { self.peer_seqs_off() + PEER_MAX_BLOCKS * 8 } else { self.direct_words_end() }
     }
+    /// Both arenas are one allocation, the send arena after the receive arena: memory comes in
+    /// granules (2 MiB on the GPUs we know), so one allocation rounds up once where two did
+    /// twice, and peers import one descriptor.
+    pub fn send_arena_off(&self) -> usize {
+        self.recv_arena_bytes().div_ceil(4096) * 4096
+    }
+    /// Bytes of the one allocation holding both arenas.
+    pub fn arena_bytes(&self) -> usize {
+        self.send_arena_off() + self.send_arena_bytes()
+    }
+    /// Bytes of the kernel's connection table: a send and a receive connection per rank and
+    /// channel (none used for oneself).
+    pub fn conn_table_bytes(&self) -> usize {
+        self.nranks * self.nchan * 2 * std::mem::size_of::<FcConn>()
+    }
     pub fn lens_off(&self) -> usize {
         self.slots * self.slot_bytes
     }
@@ -172,13 +188,13 @@ pub(crate) fn explain_alloc_failure(e: Error, geo: &Geometry, nranks: usize, ord
 
 pub(crate) struct Fabric {
     pub geo: Geometry,
-    // Mapped by the peers for the communicator's life; only the kernel touches them.
-    _recv_arena: DeviceBuffer,
-    _send_arena: DeviceBuffer,
+    // Both arenas (`Geometry::send_arena_off`), mapped by the peers for the communicator's
+    // life; only the kernel touches them.
+    _arena: DeviceBuffer,
     /// Peers' arenas imported from other processes (kept mapped for the communicator's life).
     _imported: Vec<DeviceBuffer>,
-    /// The FcConn table on the device.
-    pub table: DeviceBuffer,
+    /// The FcConn table on the device (in the communicator's status allocation).
+    pub table: u64,
     pub nconns: u32,
     /// The same table on the host: the point-to-point kernel's parameter carries its
     /// connections' addresses (`p2p.rs`).
@@ -206,17 +222,16 @@ pub(crate) struct CeFabric {
 
 impl Fabric {
     /// `geo`: `Geometry::of(config, nranks)`, which the caller already needed.
-    pub fn new(gpu: &Gpu, boot: &Bootstrap, config: &Config, geo: Geometry, stats: &Arc<MemStats>, abort: &AtomicBool) -> Result<Fabric, Error> {
+    /// The connection table goes into `status`'s room for it.
+    pub fn new(gpu: &Gpu, boot: &Bootstrap, config: &Config, geo: Geometry, stats: &Arc<MemStats>, abort: &AtomicBool, status: &Status) -> Result<Fabric, Error> {
         let (me, n) = (boot.rank(), boot.nranks());
         debug_assert_eq!(geo, Geometry::of(config, n));
-        let need = geo.recv_arena_bytes() + geo.send_arena_bytes();
+        let need = geo.arena_bytes();
         let explain = |e: Error| explain_alloc_failure(e, &geo, n, gpu.ordinal(), need);
-        // If the second allocation fails, the first is released as `recv_arena` drops.
-        let recv_arena = DeviceBuffer::alloc(gpu, geo.recv_arena_bytes(), &[], stats).map_err(explain)?;
-        let send_arena = DeviceBuffer::alloc(gpu, geo.send_arena_bytes(), &[], stats).map_err(explain)?;
+        let arena = DeviceBuffer::alloc(gpu, need, &[], stats).map_err(explain)?;
+        let send_off = geo.send_arena_off() as u64;
         // Counters start at zero on both sides (the kernel's protocol assumes it).
-        recv_arena.copy_from_host(0, &vec![0u8; recv_arena.len()])?;
-        send_arena.copy_from_host(0, &vec![0u8; send_arena.len()])?;
+        arena.copy_from_host(0, &vec![0u8; arena.len()])?;
         let deadline = Instant::now() + config.timeout;
         let listener = FdListener::bind(boot.comm_id(), me as u32)?;
 
@@ -235,8 +250,8 @@ impl Fabric {
         let mine = ArenaDesc {
             pid,
             gpu: gpu.ordinal() as u32,
-            recv: recv_arena.device_ptr(),
-            send: send_arena.device_ptr(),
+            recv: arena.device_ptr(),
+            send: arena.device_ptr() + send_off,
             flags: page.as_ref().map_or(0, |p| p.device_ptr()),
         };
         let all = boot.allgather(&mine.encode())?;
@@ -244,8 +259,7 @@ impl Fabric {
         let same_host = |q: Rank| boot.peers()[q].host_id == boot.peers()[me].host_id;
         // Peers in this process reach our arenas at the same addresses once access is granted.
         let local_gpus: Vec<usize> = (0..n).filter(|&q| q != me && peers[q].pid == pid && same_host(q)).map(|q| peers[q].gpu as usize).collect();
-        recv_arena.grant_access(&local_gpus)?;
-        send_arena.grant_access(&local_gpus)?;
+        arena.grant_access(&local_gpus)?;
         let mut arenas = vec![Arenas::default(); n];
         let mut pages = vec![0u64; n];
         for q in 0..n {
@@ -265,8 +279,8 @@ impl Fabric {
         let mut imported_pages = Vec::new();
         let mut imported_ranks: Vec<Rank> = Vec::new();
         if !remote.is_empty() {
-            let (rfd, sfd) = (recv_arena.export_fd()?, send_arena.export_fd()?);
-            let mut fds = vec![rfd.as_fd(), sfd.as_fd()];
+            let afd = arena.export_fd()?;
+            let mut fds = vec![afd.as_fd()];
             fds.extend(page.as_ref().map(|p| p.fd()));
             for &q in &remote {
                 let ch = FdChannel::connect(boot.comm_id(), q as u32, deadline, abort)?;
@@ -277,12 +291,10 @@ impl Fabric {
                 let (got, payload) = ch.recv_fds(deadline, abort)?;
                 let q = check_fd_message(got.len(), fds.len(), &payload, &remote, &arenas, &imported_ranks)?;
                 imported_ranks.push(q);
-                let r = DeviceBuffer::import(got[0].as_fd(), geo.recv_arena_bytes(), gpu, &[], stats)?;
-                let s = DeviceBuffer::import(got[1].as_fd(), geo.send_arena_bytes(), gpu, &[], stats)?;
-                arenas[q] = Arenas { recv: r.device_ptr(), send: s.device_ptr() };
-                imported.push(r);
-                imported.push(s);
-                if let Some(fd) = got.get(2) {
+                let a = DeviceBuffer::import(got[0].as_fd(), geo.arena_bytes(), gpu, &[], stats)?;
+                arenas[q] = Arenas { recv: a.device_ptr(), send: a.device_ptr() + send_off };
+                imported.push(a);
+                if let Some(fd) = got.get(1) {
                     let p = HostPage::import(fd.as_fd(), gpu)?;
                     pages[q] = p.device_ptr();
                     imported_pages.push(p);
@@ -292,13 +304,14 @@ impl Fabric {
         // Nobody may write into a peer's arena before that peer granted access.
         boot.barrier()?;
 
-        arenas[me] = Arenas { recv: recv_arena.device_ptr(), send: send_arena.device_ptr() };
+        arenas[me] = Arenas { recv: arena.device_ptr(), send: arena.device_ptr() + send_off };
         let conns = conn_table(&geo, me, &arenas);
         let bytes = conns.len() * std::mem::size_of::<FcConn>();
-        let table = DeviceBuffer::alloc(gpu, bytes.max(1), &[], stats)?;
+        debug_assert_eq!(bytes, geo.conn_table_bytes());
         // SAFETY: FcConn is plain old data (repr(C), integers only).
         let raw = unsafe { std::slice::from_raw_parts(conns.as_ptr() as *const u8, bytes) };
-        table.copy_from_host(0, raw)?;
+        status.write_table(raw)?;
+        let table = status.table_ptr();
         let direct = geo.has_direct().then(|| direct_param(&geo, me, &arenas));
         let peer = geo.has_peer().then(|| peer_param(&geo, me, &arenas));
         // The copy engine borrows the peer engine's staging: the same addresses.
@@ -312,7 +325,7 @@ impl Fabric {
                 imported: imported_pages,
             }
         });
-        Ok(Fabric { geo, _recv_arena: recv_arena, _send_arena: send_arena, _imported: imported, table, nconns: conns.len() as u32, conns, direct, peer, ce })
+        Ok(Fabric { geo, _arena: arena, _imported: imported, table, nconns: conns.len() as u32, conns, direct, peer, ce })
     }
 }
 
@@ -354,7 +367,7 @@ impl ArenaDesc {
 }
 
 /// Checks one message of arena file descriptors from another process: as many descriptors as
-/// we send (the two arenas, and the copy engine's flag page where it is on: a setting every rank
+/// we send (the arenas' allocation, and the copy engine's flag page where it is on: a setting every rank
 /// shares) and the sender's rank, a rank that is expected to send them and has
 /// not yet. Returns the rank.
 fn check_fd_message(nfds: usize, want: usize, payload: &[u8], expected: &[Rank], arenas: &[Arenas], seen: &[Rank]) -> Result<Rank, Error> {
@@ -512,6 +525,22 @@ mod tests {
         assert_eq!(g.send_arena_bytes(), g.direct_acks_off());
     }
 
+    /// What a GPU communicator allocates at creation with the default knobs, in the driver's 2
+    /// MiB granules: one allocation for both arenas and one for the status record and the
+    /// connection table. On 2 ranks that leaves the bandwidth issue's 64 MiB room for the plan
+    /// tables' slabs (docs/ENV.md says how each knob sizes it).
+    #[test]
+    fn a_default_two_rank_communicator_takes_at_most_58_mib() {
+        let granules = |b: usize| b.div_ceil(2 << 20) * (2 << 20);
+        let at = |n: usize| {
+            let g = Geometry::of(&Config::default(), n);
+            granules(g.arena_bytes()) + granules(256 + g.conn_table_bytes())
+        };
+        assert!(at(2) <= 58 << 20, "{} MiB", at(2) >> 20);
+        // More ranks, more FIFOs (a peer's share of the channels), the staging the same.
+        assert!(at(3) > at(2) && at(8) > at(3));
+    }
+
     /// The peer engine's staging and flags follow the direct slots, its counters the direct
     /// words; every slot and flag line of every (block, sender, phase, parity) is distinct and
     /// inside the owner's arena, as the kernel's `peer_slot` / `peer_flag` address them.
@@ -528,11 +557,14 @@ mod tests {
             assert_eq!(g.recv_arena_bytes() - g.peer_flags_off(), PEER_MAX_BLOCKS * n * PEER_PHASES * LINE);
             assert!(g.peer_seqs_off() >= plain.send_arena_bytes() && g.peer_seqs_off() % LINE == 0);
             assert_eq!(g.send_arena_bytes(), g.peer_seqs_off() + PEER_MAX_BLOCKS * 8);
-            let arenas: Vec<Arenas> = (0..n as u64).map(|q| Arenas { recv: (q + 1) << 40, send: ((q + 1) << 40) + (1 << 38) }).collect();
-            // The kernel's addressing, in Rust.
+            // Both arenas in one allocation, as Fabric::new maps them.
+            assert!(g.send_arena_off() >= g.recv_arena_bytes() && g.send_arena_off() % 4096 == 0);
+            assert_eq!(g.arena_bytes(), g.send_arena_off() + g.send_arena_bytes());
+            let arenas: Vec<Arenas> = (0..n as u64).map(|q| Arenas { recv: (q + 1) << 40, send: ((q + 1) << 40) + g.send_arena_off() as u64 }).collect();
+            // The kernel's addressing (peer.cu's peer_slot), in Rust.
             let slot_at = |p: &FcPeer, owner: usize, b: usize, from: usize, phase: usize, parity: usize| {
                 let f = if from < owner { from } else { from - 1 };
-                p.stage[owner] + ((((b * (n - 1) + f) * 2 + phase) * 2 + parity) * slot) as u64
+                p.stage[owner] + ((((f * PEER_MAX_BLOCKS + b) * 2 + parity) * 2 + phase) * slot) as u64
             };
             let flag_at = |p: &FcPeer, owner: usize, b: usize, from: usize, phase: usize| p.flags[owner] + (((b * n + from) * PEER_PHASES + phase) * LINE) as u64;
             for me in 0..n {
@@ -550,6 +582,10 @@ mod tests {
                                     let a = slot_at(&p, owner, b, from, phase, parity);
                                     assert!(a >= lo && a + slot as u64 <= hi, "slot outside the staging");
                                     assert!(slots.insert(a));
+                                    // A one-shot all-reduce's round spans both phases' slots.
+                                    if phase == 1 {
+                                        assert_eq!(a, slot_at(&p, owner, b, from, 0, parity) + slot as u64);
+                                    }
                                 }
                             }
                             for phase in 0..PEER_PHASES {
@@ -620,15 +656,16 @@ mod tests {
         assert!(matches!(ArenaDesc::parse(&ArenaDesc { recv: 0, ..d }.encode()), Err(Error::Protocol(_))));
         let arenas = vec![Arenas::default(); 4];
         let from = |q: u32| q.to_le_bytes();
-        assert_eq!(check_fd_message(3, 3, &from(2), &[1, 2], &arenas, &[]).unwrap(), 2);
-        assert_eq!(check_fd_message(2, 2, &from(2), &[1, 2], &arenas, &[]).unwrap(), 2, "no staging: no flag page");
-        let e = check_fd_message(2, 3, &from(2), &[1, 2], &arenas, &[]).unwrap_err();
-        assert!(e.to_string().contains("2 descriptors") && e.to_string().contains("expected 3"), "{e}");
-        assert!(check_fd_message(3, 3, &[2, 0], &[1, 2], &arenas, &[]).is_err());
+        // The arenas' allocation and the copy engine's flag page, or the allocation alone.
+        assert_eq!(check_fd_message(2, 2, &from(2), &[1, 2], &arenas, &[]).unwrap(), 2);
+        assert_eq!(check_fd_message(1, 1, &from(2), &[1, 2], &arenas, &[]).unwrap(), 2, "no staging: no flag page");
+        let e = check_fd_message(1, 2, &from(2), &[1, 2], &arenas, &[]).unwrap_err();
+        assert!(e.to_string().contains("1 descriptors") && e.to_string().contains("expected 2"), "{e}");
+        assert!(check_fd_message(2, 2, &[2, 0], &[1, 2], &arenas, &[]).is_err());
         // A rank in this process, an unknown rank, and a second message from one rank.
-        assert!(check_fd_message(3, 3, &from(3), &[1, 2], &arenas, &[]).is_err());
-        assert!(check_fd_message(3, 3, &from(99), &[1, 2], &arenas, &[]).is_err());
-        assert!(check_fd_message(3, 3, &from(1), &[1, 2], &arenas, &[1]).is_err());
+        assert!(check_fd_message(2, 2, &from(3), &[1, 2], &arenas, &[]).is_err());
+        assert!(check_fd_message(2, 2, &from(99), &[1, 2], &arenas, &[]).is_err());
+        assert!(check_fd_message(2, 2, &from(1), &[1, 2], &arenas, &[1]).is_err());
     }
 }
 

@@ -590,7 +590,7 @@ impl CudaComm {
             nsteps: enc.steps.len() as u32,
             nlanes: enc.lanes.len() as u32,
             ops: if with_ops { base + offs[2] as u64 } else { 0 },
-            conns: self.fabric.table.device_ptr(),
+            conns: self.fabric.table,
             nconns: self.fabric.nconns,
             abort: self.status.abort_ptr(),
             error: self.status.error_ptr(),
