@@ -25,6 +25,9 @@ pub const MAX_GPU_PEER_BYTES: usize = 1 << 30;
 /// `FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES` by default (docs/PERFORMANCE.md, section 13).
 pub const PEER_ONESHOT_MAX_BYTES: usize = 4 << 20;
 
+/// `FERROCCL_GPU_PEER_ROOTED_MAX_BYTES` by default (docs/PERFORMANCE.md, section 15).
+pub const PEER_ROOTED_MAX_BYTES: usize = 4 << 20;
+
 /// Which transport connects a pair of ranks on the host backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum TransportChoice {
@@ -108,6 +111,12 @@ pub struct Config {
     /// of the two-shot's two, the same bytes over the link); beyond, two-shot. 0 turns it off.
     /// Every rank must agree.
     pub gpu_peer_oneshot_max_bytes: usize,
+    /// FERROCCL_GPU_PEER_ROOTED_MAX_BYTES: on GPUs of 3 or more ranks, broadcasts and reduces
+    /// alone in their launch beyond the direct engine run one-shot on the peer engine while the
+    /// root's link carries at most this many bytes (n-1 copies of the per-rank buffer), else on
+    /// the plan kernel's chain (one copy per link, n-1 hops). 0 keeps them on the chain. Every
+    /// rank must agree.
+    pub gpu_peer_rooted_max_bytes: usize,
     /// FERROCCL_GPU_TWO_SHOT: GPU all-reduces on 3+ ranks beyond the direct engine, up to one
     /// chunk, take the two-shot algorithm instead of the ring (as on the host). Off until it has
     /// been checked element by element on 3 or more GPUs and measured beside NCCL there. Every
@@ -186,6 +195,7 @@ impl Default for Config {
             gpu_oneshot_max_bytes: 256 << 10,
             gpu_peer_from_bytes: 128 << 10,
             gpu_peer_oneshot_max_bytes: PEER_ONESHOT_MAX_BYTES,
+            gpu_peer_rooted_max_bytes: PEER_ROOTED_MAX_BYTES,
             gpu_two_shot: false,
             gpu_peer_bytes: 16 << 20,
             gpu_copy_engine_bytes: 0,
@@ -316,6 +326,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES") {
             c.gpu_peer_oneshot_max_bytes = parse("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_PEER_ROOTED_MAX_BYTES") {
+            c.gpu_peer_rooted_max_bytes = parse("FERROCCL_GPU_PEER_ROOTED_MAX_BYTES", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_TWO_SHOT") {
             c.gpu_two_shot = parse_bool("FERROCCL_GPU_TWO_SHOT", v)?;
         }
@@ -388,6 +401,7 @@ impl Config {
             ("FERROCCL_GPU_ONESHOT_MAX_BYTES", self.gpu_oneshot_max_bytes.to_string()),
             ("FERROCCL_GPU_PEER_FROM_BYTES", self.gpu_peer_from_bytes.to_string()),
             ("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES", self.gpu_peer_oneshot_max_bytes.to_string()),
+            ("FERROCCL_GPU_PEER_ROOTED_MAX_BYTES", self.gpu_peer_rooted_max_bytes.to_string()),
             ("FERROCCL_GPU_TWO_SHOT", (self.gpu_two_shot as u8).to_string()),
             ("FERROCCL_GPU_PEER_BYTES", self.gpu_peer_bytes.to_string()),
             ("FERROCCL_GPU_COPY_ENGINE_BYTES", self.gpu_copy_engine_bytes.to_string()),
@@ -600,6 +614,10 @@ mod tests {
         assert_eq!((one.gpu_peer_oneshot_max_bytes, Config::default().gpu_peer_oneshot_max_bytes), (0, PEER_ONESHOT_MAX_BYTES));
         assert!(one.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES" && v == "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES", "4M")])).is_err());
+        let rooted = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_ROOTED_MAX_BYTES", "0")])).unwrap();
+        assert_eq!((rooted.gpu_peer_rooted_max_bytes, Config::default().gpu_peer_rooted_max_bytes), (0, PEER_ROOTED_MAX_BYTES));
+        assert!(rooted.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_ROOTED_MAX_BYTES" && v == "0"));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_ROOTED_MAX_BYTES", "")])).is_ok_and(|c| c.gpu_peer_rooted_max_bytes == PEER_ROOTED_MAX_BYTES));
         let ce = Config::from_vars(&vars(&[("FERROCCL_GPU_COPY_ENGINE_BYTES", "8388608")])).unwrap();
         assert_eq!((ce.gpu_copy_engine_bytes, Config::default().gpu_copy_engine_bytes), (8 << 20, 0));
         assert!(ce.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_COPY_ENGINE_BYTES" && v == "8388608"));

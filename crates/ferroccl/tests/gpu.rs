@@ -639,7 +639,8 @@ fn sends_to_oneself_land_in_the_matching_receive() {
 }
 
 /// The peer engine's rounds, on 2 and 3 ranks sharing one GPU: every collective it takes
-/// (broadcast and reduce on 2 ranks only; rooted ones with the last rank as root), in place
+/// (broadcast and reduce on 3 ranks at every size here, by the knob; rooted ones with the last
+/// rank as root), in place
 /// (NCCL's convention for each) and out of place, at sizes of one round, many rounds with an
 /// odd tail, and different block counts, launched back to back in a mixed order (the round
 /// counters, slot parities and acknowledgements carry from one operation to the next, and
@@ -652,11 +653,8 @@ fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
     use CollKind::*;
     for n in [2usize, 3] {
         // 16 KiB slots: 32 blocks x (n - 1) peers x 4 slots; no copy engine.
-        let cfg = Config { gpu_peer_bytes: (n - 1) * (2 << 20), gpu_copy_engine_bytes: 0, ..Config::default() };
-        let mut kinds = vec![AllReduce, ReduceScatter, AllGather, AllToAll, Gather, Scatter];
-        if n == 2 {
-            kinds.extend([Broadcast, Reduce]);
-        }
+        let cfg = Config { gpu_peer_bytes: (n - 1) * (2 << 20), gpu_copy_engine_bytes: 0, gpu_peer_rooted_max_bytes: usize::MAX, ..Config::default() };
+        let kinds = [AllReduce, ReduceScatter, AllGather, AllToAll, Gather, Scatter, Broadcast, Reduce];
         engine_is_exact(n, &cfg, &kinds, &|_| tune::Engine::PeerKernel);
         if n == 2 {
             // The all-reduce two-shot at every size as well (one-shot up to the knob above).

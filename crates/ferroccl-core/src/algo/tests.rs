@@ -15,7 +15,7 @@ struct Cut {
     one_shot: bool,
     /// As the GPU peer engine cuts them: all-reduce two-shot in rounds of any chunk, on any
     /// rank count, or one-shot on 2 ranks (the tuner picks by size; here odd counts, so that
-    /// both are proved); the other collectives one-shot (broadcast and reduce on 2 ranks).
+    /// both are proved); the other collectives one-shot (broadcast and reduce too, on any rank count).
     peer: bool,
 }
 

@@ -72,17 +72,25 @@ pub fn peer_region_bytes(peer_slot: usize) -> usize {
     PEER_MAX_BLOCKS * 4 * peer_slot
 }
 
-/// Whether the peer engine takes `kind` on `nranks` ranks (given room in its staging): 2 to
-/// [`PEER_MAX_RANKS`] ranks; every collective, broadcast and reduce on 2 ranks only (one-shot,
-/// the root's link carries n-1 copies where the chain carries one); no sends or receives.
+/// Whether the peer engine runs `kind` on `nranks` ranks (given room in its staging): 2 to
+/// [`PEER_MAX_RANKS`] ranks, every collective, no sends or receives. Broadcast and reduce go
+/// one-shot there, the root's link carrying n-1 copies where the chain carries one: beyond 2
+/// ranks the tuner gives them to it only while those copies are few bytes
+/// ([`peer_rooted_fits`]).
 pub fn peer_engine_serves(kind: CollKind, nranks: usize) -> bool {
-    if !(2..=PEER_MAX_RANKS).contains(&nranks) {
-        return false;
-    }
+    (2..=PEER_MAX_RANKS).contains(&nranks) && kind.is_collective()
+}
+
+/// Whether a broadcast or reduce of `bytes` per rank on `nranks` ranks is small enough for the
+/// peer engine's one-shot: the root's link carries `(n-1) x bytes`, at most
+/// `FERROCCL_GPU_PEER_ROOTED_MAX_BYTES` (on 2 ranks always: one copy, as the chain). Other kinds
+/// always fit.
+pub fn peer_rooted_fits(kind: CollKind, nranks: usize, bytes: Option<usize>, cfg: &Config) -> bool {
     match kind {
-        CollKind::AllReduce | CollKind::ReduceScatter | CollKind::AllGather | CollKind::AllToAll | CollKind::Gather | CollKind::Scatter => true,
-        CollKind::Broadcast | CollKind::Reduce => nranks == 2,
-        CollKind::Send | CollKind::Recv => false,
+        CollKind::Broadcast | CollKind::Reduce if nranks > 2 => {
+            bytes.and_then(|b| b.checked_mul(nranks - 1)).is_some_and(|b| b <= cfg.gpu_peer_rooted_max_bytes)
+        }
+        _ => true,
     }
 }
 
@@ -220,8 +228,9 @@ pub enum Engine {
     /// storing its messages straight into the peers' receive slots with a flag in every 8 data
     /// bytes, and folding what it received in rank order (the same bits on every rank).
     DirectKernel,
-    /// The GPU peer kernel: all-reduce (two-shot) and the other collectives (one-shot; broadcast
-    /// and reduce on 2 ranks) of one operation per launch, in rounds of one slot per block and
+    /// The GPU peer kernel: all-reduce (two-shot, or one-shot on 2 ranks) and the other
+    /// collectives (one-shot; broadcast and reduce beyond 2 ranks while the root's n-1 copies fit
+    /// `FERROCCL_GPU_PEER_ROOTED_MAX_BYTES`) of one operation per launch, in rounds of one slot per block and
     /// peer: each block stores its messages straight into the receivers' staging and raises one
     /// flag per receiver and round; no FIFO, no per-slot head or length.
     PeerKernel,
@@ -373,7 +382,8 @@ fn direct_blocks(count: usize, es: usize, cfg: &Config) -> Option<usize> {
 /// Whether the peer engine takes `op` when it is alone in its launch beyond the direct engine:
 /// it serves the kind on this many ranks, and the staging gives it slots.
 fn peer_takes(op: &OpShape, cfg: &Config) -> bool {
-    peer_engine_serves(op.kind, op.nranks) && peer_slot_bytes(cfg, op.nranks) > 0
+    let bytes = op.count.checked_mul(op.dtype.size());
+    peer_engine_serves(op.kind, op.nranks) && peer_slot_bytes(cfg, op.nranks) > 0 && peer_rooted_fits(op.kind, op.nranks, bytes, cfg)
 }
 
 fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> Choice {

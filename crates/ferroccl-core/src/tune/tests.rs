@@ -49,10 +49,15 @@ fn choices_follow_the_table() {
         (Gpu, Gather, 100, Float32, 8, Algo::OneShot, D, LL, 1),
         (Gpu, AllReduce, 64 << 10, Bfloat16, 2, Algo::OneShot, D, LL, 16),
         (Gpu, AllReduce, 32 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
-        // Reduce and broadcast on 3+ ranks go on to the plan kernel: the direct engine keeps them
-        // up to FERROCCL_GPU_ONESHOT_MAX_BYTES (256 KiB sent per rank).
-        (Gpu, Reduce, 32 << 10, Float32, 3, Algo::OneShot, D, LL, 16),
-        (Gpu, Reduce, (32 << 10) + 1, Float32, 3, Algo::Chain, P, Simple, 32),
+        // Reduce and broadcast on 3+ ranks go on to the peer engine while the root's link
+        // carries at most FERROCCL_GPU_PEER_ROOTED_MAX_BYTES (4 MiB: n-1 copies), then to the
+        // plan kernel's chain.
+        (Gpu, Reduce, 16 << 10, Float32, 3, Algo::OneShot, D, LL, 16),
+        (Gpu, Reduce, (16 << 10) + 1, Float32, 3, Algo::OneShot, K, Simple, 3),
+        (Gpu, Reduce, 1 << 19, Float32, 3, Algo::OneShot, K, Simple, 32),
+        (Gpu, Reduce, (1 << 19) + 1, Float32, 3, Algo::Chain, P, Simple, 32),
+        (Gpu, Broadcast, (4 << 20) / 7, Int8, 8, Algo::OneShot, K, Simple, 19),
+        (Gpu, Broadcast, (4 << 20) / 7 + 1, Int8, 8, Algo::Chain, P, Simple, 32),
         // Beyond FERROCCL_GPU_PEER_FROM_BYTES (128 KiB): the peer engine, a block per 32 KiB
         // of the largest buffer up to 32; broadcast and reduce beyond 2 ranks on the plan
         // kernel (the chain), its grid following the bytes.
@@ -206,8 +211,13 @@ fn the_direct_engine_takes_lone_operations_whose_slices_fit_its_slots() {
     assert_eq!(choose(&ar(16 << 10), Device::Gpu, &from).engine, Engine::DirectKernel);
     assert_eq!(choose(&ar((16 << 10) + 1), Device::Gpu, &from).engine, Engine::PeerKernel);
     let reduce3 = |count| shape(CollKind::Reduce, count, Float32, 3);
-    assert_eq!(choose(&reduce3(32 << 10), Device::Gpu, &from).engine, Engine::DirectKernel, "256 KiB sent, no peer engine next");
-    assert_eq!(choose(&reduce3((32 << 10) + 1), Device::Gpu, &from).engine, Engine::PlanKernel);
+    // A reduce on 3 ranks is the peer engine's while the root's link carries at most
+    // FERROCCL_GPU_PEER_ROOTED_MAX_BYTES; with that at 0, the chain is next.
+    assert_eq!(choose(&reduce3(8 << 10), Device::Gpu, &from).engine, Engine::DirectKernel);
+    assert_eq!(choose(&reduce3((16 << 10) + 1), Device::Gpu, &from).engine, Engine::PeerKernel);
+    let chain = Config { gpu_peer_rooted_max_bytes: 0, ..from.clone() };
+    assert_eq!(choose(&reduce3(32 << 10), Device::Gpu, &chain).engine, Engine::DirectKernel, "256 KiB sent, no peer engine next");
+    assert_eq!(choose(&reduce3((32 << 10) + 1), Device::Gpu, &chain).engine, Engine::PlanKernel);
     let no_peer = Config { gpu_peer_bytes: 0, ..from.clone() };
     assert_eq!(choose(&ar(64 << 10), Device::Gpu, &no_peer).engine, Engine::DirectKernel, "no staging: the direct engine's own limit");
 }
@@ -261,11 +271,20 @@ fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots
                     }
                 }
             }
-            // Sends keep the plan kernel, and so do broadcast and reduce beyond 2 ranks (the chain
-            // loads each link once).
+            // Sends keep the plan kernel, and so do broadcast and reduce beyond 2 ranks once the
+            // root's n-1 copies pass FERROCCL_GPU_PEER_ROOTED_MAX_BYTES (the chain loads each
+            // link once); within it, the peer engine.
             let mut plan = vec![CollKind::Send, CollKind::Recv];
             if n > 2 {
                 plan.extend([CollKind::Broadcast, CollKind::Reduce]);
+                for kind in [CollKind::Broadcast, CollKind::Reduce] {
+                    let fits = cfg.gpu_peer_rooted_max_bytes / (n - 1) / es;
+                    let c = choose(&shape(kind, fits, dtype, n), Device::Gpu, &cfg);
+                    assert_eq!((c.engine, c.algo), (Engine::PeerKernel, Algo::OneShot), "{kind} {fits} x {dtype} on {n}: {c}");
+                    assert!(c.chunk_elems * es <= slot);
+                    let c = choose(&shape(kind, fits + 1, dtype, n), Device::Gpu, &cfg);
+                    assert_eq!(c.engine, Engine::PlanKernel, "{kind} {} x {dtype} on {n}: {c}", fits + 1);
+                }
             }
             for kind in plan {
                 assert_eq!(choose(&shape(kind, 1 << 22, dtype, n), Device::Gpu, &cfg).engine, Engine::PlanKernel, "{kind}");
