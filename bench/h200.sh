@@ -45,6 +45,9 @@ fi
 VS=(--vs-nccl ${NCCL:+"$NCCL"})
 
 mkdir -p "$OUT"
+# What this script says (which runs failed and why) goes into OUTDIR too: a run's own log is
+# empty when it dies before its first line.
+exec > >(tee -a "$OUT/h200.log") 2>&1
 start=$(date +%s)
 elapsed() { echo $(( $(date +%s) - start )); }
 
@@ -116,6 +119,8 @@ fi
 # latency issues ask for it): ANCHOR=path/to/torch_symm_allreduce.py (shared/anchors/).
 if [[ -n ${ANCHOR:-} ]]; then
     echo "# anchor: $ANCHOR (at $(elapsed) s)"
+    # It writes its JSON record into $OUT, which must exist.
+    mkdir -p "$OUT/torch-symm"
     if ! OUT="$OUT/torch-symm" timeout 300 python3 "$ANCHOR" >"$OUT/torch-symm.log" 2>&1; then
         failed+=("torch-symm anchor (see torch-symm.log)")
     fi

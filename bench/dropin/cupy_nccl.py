@@ -78,6 +78,12 @@ def per_process(rank, n, uid, seed, q):
 def distributed(rank, n, port, seed, q):
     import cupy as cp
     import cupyx.distributed
+    import multiprocessing
+    # cupyx's TCP store runs in a child process of its own, which it makes with the default
+    # start method: inside this spawned worker that was spawn, which cannot pickle the store
+    # (on NVIDIA's library and ferroccl's alike, 2 x H200, session 12). The store's process
+    # touches no GPU, so a fork is safe.
+    multiprocessing.set_start_method("fork", force=True)
     cp.cuda.Device(rank).use()
     comm = cupyx.distributed.init_process_group(n, rank, backend="nccl", host="127.0.0.1", port=port)
     ok, count = {}, 3000

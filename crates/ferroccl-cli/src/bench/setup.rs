@@ -321,7 +321,7 @@ fn free_buffers(lib: &Nccl, gpus: &[Gpu], ncomms: &[NcclComm], bufs: Vec<RankBuf
         if let Some((_, _, regs)) = &b.nccl {
             let _ = g.bind();
             for r in regs {
-                res = res.and(lib.deregister(nc, *r));
+                res = res.and(lib.deregister(nc, r));
             }
         }
     }

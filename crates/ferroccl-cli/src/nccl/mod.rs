@@ -92,12 +92,15 @@ unsafe impl Send for NcclComm {}
 unsafe impl Sync for NcclComm {}
 
 /// A registration to undo before the communicator goes.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub enum Registration {
     /// `ncclCommRegister`'s handle.
     Local(*mut c_void),
-    /// `ncclCommWindowRegister`'s window (symmetric).
-    Window(RawWindow),
+    /// `ncclCommWindowRegister`'s window (symmetric), in a slot of its own on the heap: inside
+    /// a group NCCL 2.28 keeps the out-pointer it was given and writes the window there only at
+    /// `ncclGroupEnd`, so the slot must not move or die before then (a stack slot did: the
+    /// process crashed before printing anything).
+    Window(Box<RawWindow>),
 }
 // SAFETY: opaque NCCL handles, used under the same one-call-at-a-time rule.
 unsafe impl Send for Registration {}
@@ -414,8 +417,9 @@ impl Nccl {
     pub unsafe fn register(&self, c: NcclComm, p: *mut c_void, bytes: usize, symmetric: bool) -> Result<Registration, Error> {
         if symmetric {
             let f = self.f.window_register.ok_or_else(|| Error::InvalidArgument(format!("NCCL {} has no ncclCommWindowRegister", self.version_string())))?;
-            let mut w: RawWindow = std::ptr::null_mut();
-            self.check("ncclCommWindowRegister", unsafe { f(c.0, p, bytes, &mut w, WIN_COLL_SYMMETRIC) }, Some(c.0))?;
+            let mut w: Box<RawWindow> = Box::new(std::ptr::null_mut());
+            let slot: *mut RawWindow = &mut *w;
+            self.check("ncclCommWindowRegister", unsafe { f(c.0, p, bytes, slot, WIN_COLL_SYMMETRIC) }, Some(c.0))?;
             Ok(Registration::Window(w))
         } else {
             let f = self.f.comm_register.ok_or_else(|| Error::InvalidArgument(format!("NCCL {} has no ncclCommRegister", self.version_string())))?;
@@ -425,14 +429,16 @@ impl Nccl {
         }
     }
 
-    pub fn deregister(&self, c: NcclComm, r: Registration) -> Result<(), Error> {
+    /// Deregisters what `register` registered (a window only once its group has ended).
+    pub fn deregister(&self, c: NcclComm, r: &Registration) -> Result<(), Error> {
         match r {
             Registration::Local(h) => match self.f.comm_deregister {
-                Some(f) => self.check("ncclCommDeregister", unsafe { f(c.0, h) }, Some(c.0)),
+                Some(f) => self.check("ncclCommDeregister", unsafe { f(c.0, *h) }, Some(c.0)),
                 None => Ok(()),
             },
+            Registration::Window(w) if w.is_null() => Err(Error::Internal("ncclCommWindowRegister gave no window".into())),
             Registration::Window(w) => match self.f.window_deregister {
-                Some(f) => self.check("ncclCommWindowDeregister", unsafe { f(c.0, w) }, Some(c.0)),
+                Some(f) => self.check("ncclCommWindowDeregister", unsafe { f(c.0, **w) }, Some(c.0)),
                 None => Ok(()),
             },
         }

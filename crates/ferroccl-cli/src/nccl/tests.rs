@@ -103,3 +103,71 @@ fn a_complete_library_loads_and_reports_errors_by_name() {
     assert!(n.mem_alloc(64).unwrap_err().to_string().contains("has no ncclMemAlloc"));
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// NCCL 2.28 queues a window registration made inside a group and writes the window through
+/// the caller's out-pointer only at ncclGroupEnd (its dev_runtime's registration task keeps
+/// the pointer). The bench registers both buffers of every rank in one group, so each window
+/// needs a slot that outlives the call: a stack slot was written after its frame was gone, and
+/// `bench --register --vs-nccl` on 2 GPUs died before printing a line. This fake defers the
+/// writes the same way and checks that every window comes back to deregistration.
+#[test]
+fn windows_registered_in_a_group_are_written_at_its_end_and_deregistered() {
+    let d = workdir("window");
+    let generic: Vec<&str> = REQUIRED.iter().copied().filter(|s| *s != "ncclGroupStart" && *s != "ncclGroupEnd").collect();
+    let src = fake_source(22809, &generic)
+        + r#"
+#include <stddef.h>
+static int in_group = 0, queued = 0, live = 0;
+static void** outs[16];
+static void* bufs[16];
+int ncclGroupStart(void) { in_group++; return 0; }
+int ncclGroupEnd(void) {
+    if (in_group == 0) return 5;
+    if (--in_group == 0) {
+        for (int i = 0; i < queued; i++) { *outs[i] = (char*)bufs[i] + 1; live++; }
+        queued = 0;
+    }
+    return 0;
+}
+int ncclMemAlloc(void** p, size_t n) { return 0; }
+int ncclMemFree(void* p) { return 0; }
+int ncclCommWindowRegister(void* comm, void* buf, size_t n, void** win, int flags) {
+    if (win == NULL || flags != 1 || queued == 16) return 4;
+    if (in_group) { outs[queued] = win; bufs[queued] = buf; queued++; }
+    else { *win = (char*)buf + 1; live++; }
+    return 0;
+}
+int ncclCommWindowDeregister(void* comm, void* win) {
+    if (win == NULL || live == 0) return 4;
+    live--;
+    return 0;
+}
+int fake_live_windows(void) { return live; }
+"#;
+    let Some(lib) = build_lib(&d, "libwin", &src) else { return };
+    let n = Nccl::load(Some(&lib)).expect("loads");
+    assert!(n.has_window_register());
+    let comm = NcclComm(std::ptr::dangling_mut::<c_void>());
+    n.group_start().unwrap();
+    let mut regs = Vec::new();
+    for buf in [0x1000usize, 0x2000, 0x3000] {
+        // SAFETY: the fake never touches the buffer.
+        regs.push(unsafe { n.register(comm, buf as *mut c_void, 64, true) }.unwrap());
+    }
+    // Moved into the Vec (and the Vec grown) before the group ends: the slots must not move.
+    let regs: Vec<Registration> = regs.into_iter().collect();
+    n.group_end().unwrap();
+    for (r, buf) in regs.iter().zip([0x1000usize, 0x2000, 0x3000]) {
+        match r {
+            Registration::Window(w) => assert_eq!(**w as usize, buf + 1, "the window NCCL wrote at ncclGroupEnd"),
+            Registration::Local(_) => panic!("a symmetric registration gave a local one"),
+        }
+    }
+    for r in &regs {
+        n.deregister(comm, r).unwrap();
+    }
+    // A window NCCL never wrote is an error, not a null handle passed back to it.
+    let empty = Registration::Window(Box::new(std::ptr::null_mut()));
+    assert!(n.deregister(comm, &empty).unwrap_err().to_string().contains("gave no window"));
+    std::fs::remove_dir_all(&d).unwrap();
+}
