@@ -22,8 +22,11 @@ pub const MAX_SLOT_BYTES: usize = 1 << 30;
 /// The most staging memory `FERROCCL_GPU_PEER_BYTES` may ask for (1 GiB).
 pub const MAX_GPU_PEER_BYTES: usize = 1 << 30;
 
-/// `FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES` by default (docs/PERFORMANCE.md, section 13).
-pub const PEER_ONESHOT_MAX_BYTES: usize = 4 << 20;
+/// `FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES` by default: 1 TiB, every size. Over NVLink (2 x H200,
+/// session 12) the one-shot was as fast as the two-shot to 16 MiB and 3-5 % faster from 128 MiB
+/// (one flag, wait and copy less a round for the same bytes on the link); on one GPU, where HBM
+/// is the link, it lost from 8 MiB (docs/PERFORMANCE.md, sections 13 and 16).
+pub const PEER_ONESHOT_MAX_BYTES: usize = 1 << 40;
 
 /// `FERROCCL_GPU_PEER_ROOTED_MAX_BYTES` by default (docs/PERFORMANCE.md, section 15).
 pub const PEER_ROOTED_MAX_BYTES: usize = 4 << 20;
@@ -108,8 +111,8 @@ pub struct Config {
     /// FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES: on GPUs, all-reduces on 2 ranks that the peer
     /// engine takes, up to this many bytes per rank, run one-shot there (each rank stores its
     /// whole buffer into the peer's staging and both fold the two: one crossing a round instead
-    /// of the two-shot's two, the same bytes over the link); beyond, two-shot. 0 turns it off.
-    /// Every rank must agree.
+    /// of the two-shot's two, the same bytes over the link); beyond, two-shot. 0 turns it off;
+    /// by default every size. Every rank must agree.
     pub gpu_peer_oneshot_max_bytes: usize,
     /// FERROCCL_GPU_PEER_ROOTED_MAX_BYTES: on GPUs of 3 or more ranks, broadcasts and reduces
     /// alone in their launch beyond the direct engine run one-shot on the peer engine while the

@@ -229,8 +229,8 @@ pub enum Engine {
     /// bytes, and folding what it received in rank order (the same bits on every rank).
     DirectKernel,
     /// The GPU peer kernel: all-reduce (two-shot, or one-shot on 2 ranks) and the other
-    /// collectives (one-shot; broadcast and reduce beyond 2 ranks while the root's n-1 copies fit
-    /// `FERROCCL_GPU_PEER_ROOTED_MAX_BYTES`) of one operation per launch, in rounds of one slot per block and
+    /// collectives (one-shot, a round filling both phases' slots of its parity; broadcast and
+    /// reduce beyond 2 ranks while the root's n-1 copies fit `FERROCCL_GPU_PEER_ROOTED_MAX_BYTES`) of one operation per launch, in rounds of one slot per block and
     /// peer: each block stores its messages straight into the receivers' staging and raises one
     /// flag per receiver and round; no FIFO, no per-slot head or length.
     PeerKernel,
@@ -452,13 +452,14 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         let slot_elems = slot / es;
         let per = bytes.unwrap_or(usize::MAX).div_ceil(PEER_BLOCK_BYTES).max(1);
         let channels = per.min(PEER_MAX_BLOCKS).min(cfg.gpu_channels.max(1));
-        // An all-reduce round fills a slot per peer: its shares two-shot, or on 2 ranks (within
-        // FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES) one-shot, the whole round in both phases' slots.
+        // A two-shot all-reduce round fills a slot per peer and phase (its shares, then the
+        // results). Every one-shot round (every other kind, and the all-reduce on 2 ranks within
+        // FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES) has one phase and fills both phases' slots of its
+        // parity, which lie side by side: twice the bytes per flag, wait and acknowledgement.
         let one_crossing = op.nranks == 2 && bytes.is_some_and(|b| b <= cfg.gpu_peer_oneshot_max_bytes);
         let (algo, chunk_elems) = match op.kind {
-            CollKind::AllReduce if one_crossing => (Algo::OneShot, slot_elems.saturating_mul(2)),
-            CollKind::AllReduce => (Algo::TwoShot, slot_elems.saturating_mul(op.nranks)),
-            _ => (Algo::OneShot, slot_elems),
+            CollKind::AllReduce if !one_crossing => (Algo::TwoShot, slot_elems.saturating_mul(op.nranks)),
+            _ => (Algo::OneShot, slot_elems.saturating_mul(2)),
         };
         return Choice {
             algo,

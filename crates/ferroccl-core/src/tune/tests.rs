@@ -61,13 +61,13 @@ fn choices_follow_the_table() {
         // Beyond FERROCCL_GPU_PEER_FROM_BYTES (128 KiB): the peer engine, a block per 32 KiB
         // of the largest buffer up to 32; broadcast and reduce beyond 2 ranks on the plan
         // kernel (the chain), its grid following the bytes.
-        // All-reduces on 2 ranks one-shot there up to FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES (4
-        // MiB), two-shot beyond and on more ranks.
+        // All-reduces on 2 ranks one-shot there up to FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES (by
+        // default every size), two-shot on more ranks.
         (Gpu, AllReduce, (32 << 10) + 1, Float32, 2, Algo::OneShot, K, Simple, 5),
         (Gpu, AllReduce, (64 << 10) + 1, Float32, 2, Algo::OneShot, K, Simple, 9),
         (Gpu, AllReduce, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 32),
-        (Gpu, AllReduce, (1 << 20) + 1, Float32, 2, Algo::TwoShot, K, Simple, 32),
-        (Gpu, AllReduce, 256 << 20, Float32, 2, Algo::TwoShot, K, Simple, 32),
+        (Gpu, AllReduce, (1 << 20) + 1, Float32, 2, Algo::OneShot, K, Simple, 32),
+        (Gpu, AllReduce, 256 << 20, Float32, 2, Algo::OneShot, K, Simple, 32),
         (Gpu, AllReduce, 1 << 20, Float32, 3, Algo::TwoShot, K, Simple, 32),
         (Gpu, AllGather, 32 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
         (Gpu, AllGather, (32 << 10) + 1, Float32, 2, Algo::OneShot, K, Simple, 9),
@@ -111,10 +111,11 @@ fn choices_follow_the_table() {
         assert_eq!((c.algo, c.engine, c.protocol, c.channels), (algo, engine, protocol, channels), "{dev:?} {kind} {count} x {dtype} on {n}: {c}");
         match engine {
             D => {}
-            // A round: one slot per peer (all-reduce: a slot per share, n shares).
+            // A round: a two-shot all-reduce's a slot per share (n shares); a one-shot round
+            // fills both phases' slots of its parity.
             K => {
                 let slot = peer_slot_bytes(&cfg, n) / dtype.size();
-                assert_eq!(c.chunk_elems, if kind == AllReduce { slot * n } else { slot }, "{c}");
+                assert_eq!(c.chunk_elems, if c.algo == Algo::TwoShot { slot * n } else { 2 * slot }, "{c}");
             }
             _ => assert_eq!(c.chunk_elems, cfg.chunk_bytes / dtype.size()),
         }
@@ -223,7 +224,8 @@ fn the_direct_engine_takes_lone_operations_whose_slices_fit_its_slots() {
 }
 
 /// The peer engine: symmetric collectives alone in their launch, 2 to 16 ranks, staging of at
-/// least 16 KiB a slot; rounds that fit a slot per share or message; blocks by the bytes.
+/// least 16 KiB a slot; rounds that fit a slot per share (two-shot) or both phases' slots of a
+/// parity (one-shot); blocks by the bytes.
 #[test]
 fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots() {
     let cfg = Config::default();
@@ -258,15 +260,17 @@ fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots
                     for ch in [0, c.channels - 1] {
                         let (a, b) = crate::algo::channel_slice(count, c.channels, ch);
                         let len = (b - a).min(c.chunk_elems);
-                        // A one-shot all-reduce's round fills both phases' slots of a parity,
-                        // which are adjacent: two slots, cut here as two shares of one.
-                        let parts = if kind == CollKind::AllReduce { n } else { 1 };
-                        if kind == CollKind::AllReduce && c.algo == Algo::OneShot {
-                            assert!(n == 2 && len * es <= 2 * slot, "{kind} {count} x {dtype} on {n}: a one-shot round of {len}");
-                        }
-                        for q in 0..parts {
-                            let (x, y) = crate::algo::channel_slice(len, parts, q);
-                            assert!((y - x) * es <= slot, "{kind} {count} x {dtype} on {n}: share {q} of {} elements", y - x);
+                        // A one-shot round (every kind but the two-shot all-reduce) fills both
+                        // phases' slots of a parity, which are adjacent: two slots.
+                        if c.algo == Algo::OneShot {
+                            assert!(kind != CollKind::AllReduce || n == 2, "{c}");
+                            assert!(len * es <= 2 * slot, "{kind} {count} x {dtype} on {n}: a one-shot round of {len}");
+                        } else {
+                            assert_eq!((kind, c.algo), (CollKind::AllReduce, Algo::TwoShot));
+                            for q in 0..n {
+                                let (x, y) = crate::algo::channel_slice(len, n, q);
+                                assert!((y - x) * es <= slot, "{kind} {count} x {dtype} on {n}: share {q} of {} elements", y - x);
+                            }
                         }
                     }
                 }
@@ -281,7 +285,7 @@ fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots
                     let fits = cfg.gpu_peer_rooted_max_bytes / (n - 1) / es;
                     let c = choose(&shape(kind, fits, dtype, n), Device::Gpu, &cfg);
                     assert_eq!((c.engine, c.algo), (Engine::PeerKernel, Algo::OneShot), "{kind} {fits} x {dtype} on {n}: {c}");
-                    assert!(c.chunk_elems * es <= slot);
+                    assert!(c.chunk_elems * es <= 2 * slot);
                     let c = choose(&shape(kind, fits + 1, dtype, n), Device::Gpu, &cfg);
                     assert_eq!(c.engine, Engine::PlanKernel, "{kind} {} x {dtype} on {n}: {c}", fits + 1);
                 }
@@ -307,7 +311,10 @@ fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots
 /// more ranks, or with the knob at 0; the blocks do not depend on it.
 #[test]
 fn the_peer_engine_all_reduce_goes_one_shot_on_two_ranks_within_its_knob() {
-    let cfg = Config::default();
+    // By default at every size on 2 ranks (a round of two slots); the knob's bound at 4 MiB.
+    let two_gib = choose(&shape(CollKind::AllReduce, 1 << 29, Float32, 2), Device::Gpu, &Config::default());
+    assert_eq!((two_gib.engine, two_gib.algo), (Engine::PeerKernel, Algo::OneShot), "{two_gib}");
+    let cfg = Config { gpu_peer_oneshot_max_bytes: 4 << 20, ..Config::default() };
     let slot = peer_slot_bytes(&cfg, 2);
     for dtype in [Int8, Bfloat16, Float32, DataType::Float64] {
         let es = dtype.size();
@@ -326,9 +333,9 @@ fn the_peer_engine_all_reduce_goes_one_shot_on_two_ranks_within_its_knob() {
             assert_eq!((c.engine, c.algo), (Engine::PeerKernel, Algo::TwoShot), "{n} ranks: {c}");
         }
     }
-    // The other kinds keep their one-shot rounds of one slot.
+    // The other kinds' one-shot rounds fill both phases' slots of a parity too.
     let rs = choose(&shape(CollKind::ReduceScatter, 1 << 20, Float32, 2), Device::Gpu, &cfg);
-    assert_eq!((rs.algo, rs.chunk_elems * 4), (Algo::OneShot, slot));
+    assert_eq!((rs.algo, rs.chunk_elems * 4), (Algo::OneShot, 2 * slot));
 }
 
 /// GPU all-reduces on 3+ ranks beyond the direct engine and within a chunk: the ring unless

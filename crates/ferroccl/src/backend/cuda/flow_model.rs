@@ -23,7 +23,8 @@ enum Kind {
     /// The one-shot all-reduce (2 ranks on the GPU, any count here): one phase whose round
     /// fills both phases' slots of its parity.
     OneShotAllReduce,
-    /// Reduce-scatter, all-gather, all-to-all: one phase, every rank to every rank.
+    /// Reduce-scatter, all-gather, all-to-all: one phase, every rank to every rank (on the peer
+    /// engine, like every one-shot round, into both phases' slots of the parity).
     Symmetric,
     /// Broadcast, scatter: the root to every rank.
     FromRoot,
@@ -115,8 +116,10 @@ fn program_of(engine: Engine, me: usize, n: usize, launches: &[Launch]) -> Vec<S
             if check_room && !targets.is_empty() {
                 steps.push(Step::Room { peers: targets.clone(), s });
             }
-            // The direct engine's one-shot is one line per peer whatever the kind.
-            let slots: &'static [usize] = if l.kind == Kind::OneShotAllReduce && engine == Engine::Peer { &[0, 1] } else { &[0] };
+            // The direct engine's one-shot is one line per peer whatever the kind; the peer
+            // engine's one-shot rounds (every kind but the two-shot all-reduce) fill both
+            // phases' slots of their parity.
+            let slots: &'static [usize] = if l.kind != Kind::AllReduce && engine == Engine::Peer { &[0, 1] } else { &[0] };
             if !targets.is_empty() {
                 steps.push(Step::Store { to: targets.clone(), phases: slots, s });
             }

@@ -13,7 +13,9 @@
 //     share of the round; reductions pre-multiplied, as the plan's Send says) into the
 //     receiver's input slot, and flags it;
 //  (an all-reduce on 2 ranks may go one-shot, FcPeer::oneshot: each rank stores its whole
-//  round, into both phases' slots, and each folds the two; nothing more crosses);
+//  round, into both phases' slots, and each folds the two; nothing more crosses;
+//  the other kinds' rounds, one phase each, likewise fill both slots of their parity: the
+//  tuner's chunk is two slots, so a flag, a wait and an acknowledgement carry twice the bytes);
 //  then all-reduce: each rank reduces its share (own input first, then the peers' in the
 //     plan's order: each element reduced once, by its owner, so every rank gets the same
 //     bits), stores the result into its output and every peer's result slot (phase 1), flags
@@ -49,7 +51,8 @@ namespace fc {
 
 // Slot [from][b][parity][phase] in `owner`'s staging (no slots for the owner itself). Sender
 // first: each sender's slots are one region, which the copy engine borrows whole. A parity's
-// two phases are adjacent: the one-shot all-reduce stores a round twice a slot long into both.
+// two phases are adjacent: every one-shot round (all but the two-shot all-reduce) stores up to
+// twice a slot from phase 0's on, into both.
 __device__ __forceinline__ fc_u8* peer_slot(const FcPeer& P, fc_u32 owner, fc_u32 b, fc_u32 from, fc_u32 phase, fc_u64 s) {
     const fc_u32 f = from < owner ? from : from - 1u;
     const fc_u64 i = (((fc_u64)f * FC_PEER_MAX_BLOCKS + b) * 2u + (s & 1u)) * 2u + phase;
