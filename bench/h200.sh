@@ -14,7 +14,8 @@
 # NCCL=/path/to/libnccl.so.2 overrides. GPUS (default: all
 # visible, at most 8), TOTAL (seconds, default 570) and FACTOR (size step, default 2) adjust it;
 # ANCHOR=path/to/torch_symm_allreduce.py runs that anchor right after, outside the deadline
-# (up to 300 s more: with TOTAL=280 both fit one 10-minute call).
+# (up to 300 s more: with TOTAL=280 both fit one 10-minute call); SKIP="check threads-reg ..."
+# leaves out the runs it names.
 set -euo pipefail
 
 OUT=${1:?usage: bench/h200.sh OUTDIR [ferroccl binary]}
@@ -78,6 +79,10 @@ i=0
 for r in "${runs[@]}"; do
     i=$((i + 1))
     IFS='|' read -r name what cmd <<<"$r"
+    if [[ " ${SKIP:-} " == *" $name "* ]]; then
+        echo "[$i/${#runs[@]}] $name: left out (SKIP)"
+        continue
+    fi
     # 20 s stay for the plots, 10 s for each run still to come.
     left=$(( TOTAL - $(elapsed) - 20 - 10 * (${#runs[@]} - i) ))
     # No run may starve the ones after it (each takes well under this on 4 x H200).
