@@ -640,9 +640,9 @@ fn sends_to_oneself_land_in_the_matching_receive() {
 
 /// The peer engine's rounds, on 2 and 3 ranks sharing one GPU: every collective it takes
 /// (broadcast and reduce on 3 ranks at every size here, by the knob; rooted ones with the last
-/// rank as root), in place
-/// (NCCL's convention for each) and out of place, at sizes of one round, many rounds with an
-/// odd tail, and different block counts, launched back to back in a mixed order (the round
+/// rank as root), in place (NCCL's convention for each) and out of place, at sizes of one
+/// round, many rounds with an odd tail, and different block counts, launched back to back in a
+/// mixed order (the round
 /// counters, slot parities and acknowledgements carry from one operation to the next, and
 /// blocks that sit out a launch must stay in step): every element exact on every rank, and the
 /// output of a reduce's non-roots untouched. The smallest slots (16 KiB) make many rounds.
@@ -657,7 +657,7 @@ fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
         let kinds = [AllReduce, ReduceScatter, AllGather, AllToAll, Gather, Scatter, Broadcast, Reduce];
         engine_is_exact(n, &cfg, &kinds, &|_| tune::Engine::PeerKernel);
         if n == 2 {
-            // The all-reduce two-shot at every size as well (one-shot up to the knob above).
+            // The all-reduce two-shot at every size as well (one-shot by default, at every size).
             let two = Config { gpu_peer_oneshot_max_bytes: 0, ..cfg };
             engine_is_exact(n, &two, &[AllReduce, ReduceScatter, AllReduce], &|_| tune::Engine::PeerKernel);
         }

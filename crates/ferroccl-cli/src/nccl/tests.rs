@@ -142,20 +142,19 @@ int ncclCommWindowDeregister(void* comm, void* win) {
     live--;
     return 0;
 }
-int fake_live_windows(void) { return live; }
 "#;
     let Some(lib) = build_lib(&d, "libwin", &src) else { return };
     let n = Nccl::load(Some(&lib)).expect("loads");
     assert!(n.has_window_register());
     let comm = NcclComm(std::ptr::dangling_mut::<c_void>());
     n.group_start().unwrap();
-    let mut regs = Vec::new();
+    // Room for one: every push after the first moves the registrations already in it, before
+    // the group ends, and the windows' slots must not move with them.
+    let mut regs = Vec::with_capacity(1);
     for buf in [0x1000usize, 0x2000, 0x3000] {
         // SAFETY: the fake never touches the buffer.
         regs.push(unsafe { n.register(comm, buf as *mut c_void, 64, true) }.unwrap());
     }
-    // Moved into the Vec (and the Vec grown) before the group ends: the slots must not move.
-    let regs: Vec<Registration> = regs.into_iter().collect();
     n.group_end().unwrap();
     for (r, buf) in regs.iter().zip([0x1000usize, 0x2000, 0x3000]) {
         match r {

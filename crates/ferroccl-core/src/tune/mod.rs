@@ -81,8 +81,8 @@ pub fn peer_engine_serves(kind: CollKind, nranks: usize) -> bool {
     (2..=PEER_MAX_RANKS).contains(&nranks) && kind.is_collective()
 }
 
-/// Whether a broadcast or reduce of `bytes` per rank on `nranks` ranks is small enough for the
-/// peer engine's one-shot: the root's link carries `(n-1) x bytes`, at most
+/// Whether a broadcast or reduce of `bytes` per rank (its largest buffer: both of its buffers
+/// are that size) on `nranks` ranks is small enough for the peer engine's one-shot: the root's link carries `(n-1) x bytes`, at most
 /// `FERROCCL_GPU_PEER_ROOTED_MAX_BYTES` (on 2 ranks always: one copy, as the chain). Other kinds
 /// always fit.
 pub fn peer_rooted_fits(kind: CollKind, nranks: usize, bytes: Option<usize>, cfg: &Config) -> bool {
@@ -229,10 +229,11 @@ pub enum Engine {
     /// bytes, and folding what it received in rank order (the same bits on every rank).
     DirectKernel,
     /// The GPU peer kernel: all-reduce (two-shot, or one-shot on 2 ranks) and the other
-    /// collectives (one-shot, a round filling both phases' slots of its parity; broadcast and
-    /// reduce beyond 2 ranks while the root's n-1 copies fit `FERROCCL_GPU_PEER_ROOTED_MAX_BYTES`) of one operation per launch, in rounds of one slot per block and
-    /// peer: each block stores its messages straight into the receivers' staging and raises one
-    /// flag per receiver and round; no FIFO, no per-slot head or length.
+    /// collectives (one-shot; broadcast and reduce beyond 2 ranks while the root's n-1 copies fit
+    /// `FERROCCL_GPU_PEER_ROOTED_MAX_BYTES`) of one operation per launch, in rounds per block and
+    /// peer (two-shot: a slot per phase; one-shot: both phases' slots of a parity): each block
+    /// stores its messages straight into the receivers' staging and raises one flag per receiver
+    /// and round; no FIFO, no per-slot head or length.
     PeerKernel,
     /// The GPUs' copy engines: data-movement operations alone in their launch, each message cut
     /// into pieces that the sender's copy engine puts into the receiver's staging and the
@@ -380,9 +381,9 @@ fn direct_blocks(count: usize, es: usize, cfg: &Config) -> Option<usize> {
 }
 
 /// Whether the peer engine takes `op` when it is alone in its launch beyond the direct engine:
-/// it serves the kind on this many ranks, and the staging gives it slots.
-fn peer_takes(op: &OpShape, cfg: &Config) -> bool {
-    let bytes = op.count.checked_mul(op.dtype.size());
+/// it serves the kind on this many ranks, the staging gives it slots, and a rooted operation's
+/// copies fit (`bytes`: the operation's largest buffer, as `choose_with` has it).
+fn peer_takes(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
     peer_engine_serves(op.kind, op.nranks) && peer_slot_bytes(cfg, op.nranks) > 0 && peer_rooted_fits(op.kind, op.nranks, bytes, cfg)
 }
 
@@ -403,7 +404,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         // Where the peer engine would take over, it does so sooner: it beats the direct engine
         // once each rank sends more than FERROCCL_GPU_PEER_FROM_BYTES (docs/PERFORMANCE.md,
         // section 12), where the plan kernel, the next engine otherwise, does not.
-        let limit = if peer_takes(op, cfg) { cfg.gpu_oneshot_max_bytes.min(cfg.gpu_peer_from_bytes) } else { cfg.gpu_oneshot_max_bytes };
+        let limit = if peer_takes(op, bytes, cfg) { cfg.gpu_oneshot_max_bytes.min(cfg.gpu_peer_from_bytes) } else { cfg.gpu_oneshot_max_bytes };
         let fits = sent.is_some_and(|b| b <= limit);
         if let Some(channels) = fits.then(|| direct_blocks(op.count, es, cfg)).flatten() {
             return Choice {
@@ -447,7 +448,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
     // Beyond it, collectives take the peer engine: rounds of one slot per block and peer,
     // two-shot for all-reduce (each element reduced once, by its owner, so every rank gets the
     // same bits), one-shot for the others.
-    if device == Device::Gpu && may_direct && peer_takes(op, cfg) {
+    if device == Device::Gpu && may_direct && peer_takes(op, bytes, cfg) {
         let slot = peer_slot_bytes(cfg, op.nranks);
         let slot_elems = slot / es;
         let per = bytes.unwrap_or(usize::MAX).div_ceil(PEER_BLOCK_BYTES).max(1);

@@ -20,11 +20,9 @@ use std::collections::HashMap;
 enum Kind {
     /// Two phases, every rank to every rank.
     AllReduce,
-    /// The one-shot all-reduce (2 ranks on the GPU, any count here): one phase whose round
-    /// fills both phases' slots of its parity.
-    OneShotAllReduce,
-    /// Reduce-scatter, all-gather, all-to-all: one phase, every rank to every rank (on the peer
-    /// engine, like every one-shot round, into both phases' slots of the parity).
+    /// Reduce-scatter, all-gather, all-to-all and the one-shot all-reduce (2 ranks on the GPU,
+    /// any count here): one phase, every rank to every rank (on the peer engine, like every
+    /// one-shot round, into both phases' slots of the parity).
     Symmetric,
     /// Broadcast, scatter: the root to every rank.
     FromRoot,
@@ -103,11 +101,11 @@ fn program_of(engine: Engine, me: usize, n: usize, launches: &[Launch]) -> Vec<S
         }
         for k in 0..rounds {
             s += 1;
-            let symmetric = matches!(l.kind, Kind::AllReduce | Kind::OneShotAllReduce | Kind::Symmetric);
+            let symmetric = matches!(l.kind, Kind::AllReduce | Kind::Symmetric);
             let check_room = (k == 0 && !after_symmetric) || !symmetric;
             let ack = if symmetric || engine == Engine::Direct { 0 } else { s - 1 };
             let (targets, sources): (Vec<usize>, Vec<usize>) = match l.kind {
-                Kind::AllReduce | Kind::OneShotAllReduce | Kind::Symmetric => (peers.clone(), peers.clone()),
+                Kind::AllReduce | Kind::Symmetric => (peers.clone(), peers.clone()),
                 Kind::FromRoot if me == l.root => (peers.clone(), Vec::new()),
                 Kind::FromRoot => (Vec::new(), vec![l.root]),
                 Kind::ToRoot if me == l.root => (Vec::new(), peers.clone()),
@@ -138,7 +136,7 @@ fn program_of(engine: Engine, me: usize, n: usize, launches: &[Launch]) -> Vec<S
         // The launch's end: its reads are over (acknowledged at the next launch's start).
         if rounds > 0 {
             steps.push(Step::Barrier { ack: 0, flag: None, s });
-            after_symmetric = matches!(l.kind, Kind::AllReduce | Kind::OneShotAllReduce | Kind::Symmetric);
+            after_symmetric = matches!(l.kind, Kind::AllReduce | Kind::Symmetric);
         }
     }
     steps
@@ -258,7 +256,7 @@ fn run_engine(engine: Engine, n: usize, launches: &[Launch], seed: u64, greedy: 
 }
 
 fn kind_strategy() -> impl Strategy<Value = Kind> {
-    prop::sample::select(vec![Kind::AllReduce, Kind::OneShotAllReduce, Kind::Symmetric, Kind::FromRoot, Kind::ToRoot])
+    prop::sample::select(vec![Kind::AllReduce, Kind::Symmetric, Kind::FromRoot, Kind::ToRoot])
 }
 
 proptest! {
