@@ -52,11 +52,19 @@ def fmt(c, size):
     return f"{c['time_us']:.1f}" if size <= 512 << 10 else f"{c['busbw']:.0f}"
 
 
+def md_cell(c, size):
+    """ferroccl / NCCL, ferroccl in bold where it is ahead (time up to 512 KiB, busbw above)."""
+    f, n = c["ferroccl"], c["nccl"]
+    ahead = f and n and (f["time_us"] <= n["time_us"] if size <= 512 << 10 else f["busbw"] >= n["busbw"])
+    mine = fmt(f, size)
+    return f"{'**' + mine + '**' if ahead else mine} / {fmt(n, size)}"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("paths", nargs="+")
     ap.add_argument("--dtype", default="float")
-    ap.add_argument("--md", action="store_true", help="a markdown table: NCCL / ferroccl, us to 512 KiB, GB/s above")
+    ap.add_argument("--md", action="store_true", help="a markdown table: ferroccl / NCCL, us to 512 KiB, GB/s above, ferroccl bold where ahead")
     ap.add_argument("--json")
     a = ap.parse_args()
     recs = load(a.paths)
@@ -77,7 +85,7 @@ def main():
             row = []
             for s in SIZES_MD:
                 c = cells.get((op, s))
-                row.append("-" if c is None else f"{fmt(c['nccl'], s)} / {fmt(c['ferroccl'], s)}")
+                row.append("-" if c is None else md_cell(c, s))
             print(f"| {op} | " + " | ".join(row) + " |")
         return
     print(f"# best of {len(recs)} records ({', '.join(n for n, _ in recs)}), {a.dtype}; ratio = NCCL time / ferroccl time")
