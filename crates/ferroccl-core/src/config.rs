@@ -130,6 +130,11 @@ pub struct Config {
     /// round): `tune::peer_slot_bytes` cuts it into slots for every peer; where they would be
     /// under 16 KiB (0, or many ranks) the engine is off. Every rank must agree.
     pub gpu_peer_bytes: usize,
+    /// FERROCCL_GPU_PEER_BLOCKS: the thread blocks the peer engine's staging is cut for, and so
+    /// the most an operation on it runs (`tune::peer_blocks`); 0 (the default): 64 on 2 ranks,
+    /// 32 beyond. Fewer blocks leave more SMs to the user's kernels and make each slot larger.
+    /// At most `tune::PEER_MAX_BLOCKS` (64). Every rank must agree.
+    pub gpu_peer_blocks: usize,
     /// FERROCCL_GPU_COPY_ENGINE_BYTES: on GPUs, data-movement collectives alone in their launch
     /// (all-gather, all-to-all, gather, scatter; broadcast on 2 ranks) whose largest buffer is
     /// at least this many bytes move by the GPUs' copy engines, through the peer engine's
@@ -198,6 +203,7 @@ impl Default for Config {
             gpu_oneshot_max_bytes: 256 << 10,
             gpu_peer_from_bytes: 128 << 10,
             gpu_peer_oneshot_max_bytes: PEER_ONESHOT_MAX_BYTES,
+            gpu_peer_blocks: 0,
             gpu_peer_rooted_max_bytes: PEER_ROOTED_MAX_BYTES,
             gpu_two_shot: false,
             gpu_peer_bytes: 16 << 20,
@@ -338,6 +344,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_PEER_BYTES") {
             c.gpu_peer_bytes = parse("FERROCCL_GPU_PEER_BYTES", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_PEER_BLOCKS") {
+            c.gpu_peer_blocks = parse("FERROCCL_GPU_PEER_BLOCKS", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_COPY_ENGINE_BYTES") {
             c.gpu_copy_engine_bytes = parse("FERROCCL_GPU_COPY_ENGINE_BYTES", v)?;
         }
@@ -407,6 +416,7 @@ impl Config {
             ("FERROCCL_GPU_PEER_ROOTED_MAX_BYTES", self.gpu_peer_rooted_max_bytes.to_string()),
             ("FERROCCL_GPU_TWO_SHOT", (self.gpu_two_shot as u8).to_string()),
             ("FERROCCL_GPU_PEER_BYTES", self.gpu_peer_bytes.to_string()),
+            ("FERROCCL_GPU_PEER_BLOCKS", self.gpu_peer_blocks.to_string()),
             ("FERROCCL_GPU_COPY_ENGINE_BYTES", self.gpu_copy_engine_bytes.to_string()),
             ("FERROCCL_CHECK_MISMATCH", (self.check_mismatch as u8).to_string()),
             ("FERROCCL_TCP_CRC", (self.tcp_crc as u8).to_string()),
@@ -459,6 +469,13 @@ impl Config {
             return Err(Error::InvalidArgument(format!(
                 "heartbeat_interval={:?} must be at least 1 ms and heartbeat_misses={} at least 1",
                 self.heartbeat_interval, self.heartbeat_misses
+            )));
+        }
+        if self.gpu_peer_blocks > crate::tune::PEER_MAX_BLOCKS {
+            return Err(Error::InvalidArgument(format!(
+                "gpu_peer_blocks={} must be at most {} (0: by rank count)",
+                self.gpu_peer_blocks,
+                crate::tune::PEER_MAX_BLOCKS
             )));
         }
         if self.gpu_peer_bytes > MAX_GPU_PEER_BYTES {
@@ -609,6 +626,11 @@ mod tests {
         assert_eq!((p.gpu_peer_bytes, Config::default().gpu_peer_bytes), (0, 16 << 20));
         assert!(p.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_BYTES" && v == "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BYTES", "2147483648")])).is_err());
+        let pb = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCKS", "16")])).unwrap();
+        assert_eq!((pb.gpu_peer_blocks, Config::default().gpu_peer_blocks), (16, 0));
+        assert!(pb.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_BLOCKS" && v == "16"));
+        let err = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCKS", "65")])).unwrap_err().to_string();
+        assert!(err.contains("gpu_peer_blocks=65") && err.contains("at most 64"), "{err}");
         let from = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_FROM_BYTES", "262144")])).unwrap();
         assert_eq!((from.gpu_peer_from_bytes, Config::default().gpu_peer_from_bytes), (256 << 10, 128 << 10));
         assert!(from.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_FROM_BYTES" && v == "262144"));

@@ -652,14 +652,20 @@ fn sends_to_oneself_land_in_the_matching_receive() {
 fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
     use CollKind::*;
     for n in [2usize, 3] {
-        // 16 KiB slots: 32 blocks x (n - 1) peers x 4 slots; no copy engine.
-        let cfg = Config { gpu_peer_bytes: (n - 1) * (2 << 20), gpu_copy_engine_bytes: 0, gpu_peer_rooted_max_bytes: usize::MAX, ..Config::default() };
+        // 16 KiB slots: blocks (64 on 2 ranks, 32 on 3) x (n - 1) peers x 4 slots; no copy engine.
+        let blocks = tune::peer_blocks(&Config::default(), n);
+        let cfg = Config { gpu_peer_bytes: (n - 1) * blocks * 4 * (16 << 10), gpu_copy_engine_bytes: 0, gpu_peer_rooted_max_bytes: usize::MAX, ..Config::default() };
+        assert_eq!(tune::peer_slot_bytes(&cfg, n), 16 << 10);
         let kinds = [AllReduce, ReduceScatter, AllGather, AllToAll, Gather, Scatter, Broadcast, Reduce];
         engine_is_exact(n, &cfg, &kinds, &|_| tune::Engine::PeerKernel);
         if n == 2 {
             // The all-reduce two-shot at every size as well (one-shot by default, at every size).
-            let two = Config { gpu_peer_oneshot_max_bytes: 0, ..cfg };
+            let two = Config { gpu_peer_oneshot_max_bytes: 0, ..cfg.clone() };
             engine_is_exact(n, &two, &[AllReduce, ReduceScatter, AllReduce], &|_| tune::Engine::PeerKernel);
+            // Staging cut for an odd number of blocks (the slots' block stride is the kernel's
+            // parameter, not its largest grid).
+            let odd = Config { gpu_peer_blocks: 7, gpu_peer_bytes: 7 * 4 * (16 << 10), ..cfg };
+            engine_is_exact(n, &odd, &[AllGather, AllReduce, Gather], &|_| tune::Engine::PeerKernel);
         }
     }
 }

@@ -30,6 +30,8 @@ pub fn bench_config(args: &BenchArgs, config: &Config) -> Result<Config, String>
         // collective, and of each direction of a send or receive.
         c.gpu_channels = n;
         c.gpu_p2p_channels = c.gpu_p2p_channels.min(n);
+        // The peer engine's staging is then cut for as many blocks (larger slots).
+        c.gpu_peer_blocks = n.min(ferroccl_core::tune::PEER_MAX_BLOCKS);
         c.validate().map_err(|e| format!("--max-ctas {n}: {e}"))?;
     }
     Ok(c)

@@ -41,35 +41,53 @@ pub const DIRECT_SLOT_BYTES: usize = 16 << 10;
 /// staging holds slots for that many blocks), the smallest slot worth a round's handshake, and
 /// the bytes of an operation's largest buffer one block takes at least.
 pub const PEER_MAX_RANKS: usize = 16;
-/// Thread blocks of the peer engine at most.
-pub const PEER_MAX_BLOCKS: usize = 32;
+/// Thread blocks of the peer engine at most (the kernel's flag lines and round counters are laid
+/// out for this many; the staging for [`peer_blocks`]).
+pub const PEER_MAX_BLOCKS: usize = 64;
 /// Slot bytes below which the peer engine is not offered (its handshake per round would cost
 /// more than the round moves).
 pub const PEER_MIN_SLOT_BYTES: usize = 16 << 10;
 /// Bytes of an operation's largest buffer per peer-engine block, at least.
 pub const PEER_BLOCK_BYTES: usize = 32 << 10;
 
+/// Thread blocks the peer engine's staging is cut for on a communicator of `nranks` under `cfg`
+/// (`FERROCCL_GPU_PEER_BLOCKS`, else by rank count), and so the most one of its operations runs.
+/// On 2 ranks 64: over NVLink (2 x H200) a kernel of 512-thread blocks storing into the peer's
+/// memory moved 355 GB/s one way with 32 blocks and 367 with 64, and 309 against 345 when each
+/// block also copied every round out of its own staging, as the symmetric kinds do
+/// (`bench/probes/peer_store.cu`, docs/PERFORMANCE.md section 17). Beyond 2 ranks 32, so that
+/// the slots stay at 16 KiB or more up to 9 ranks (not yet measured there).
+pub fn peer_blocks(cfg: &Config, nranks: usize) -> usize {
+    if cfg.gpu_peer_blocks > 0 {
+        cfg.gpu_peer_blocks.min(PEER_MAX_BLOCKS)
+    } else if nranks == 2 {
+        64
+    } else {
+        32
+    }
+}
+
 /// Bytes of one peer-engine slot on a communicator of `nranks` under `cfg`, or 0 where the
 /// engine is off (a rank count it does not serve, or staging too small for 16 KiB slots). Each
 /// rank's staging (`FERROCCL_GPU_PEER_BYTES` in all, whatever the rank count, so that memory
 /// does not grow with it) holds, for every block and every other rank, an input and an output
-/// slot per parity: `PEER_MAX_BLOCKS x (n-1) x 4` slots, in multiples of 4 KiB so that a slot
-/// holds a multiple of 64 elements of every type. With the default 16 MiB: 128 KiB slots on
-/// 2 ranks, 16 KiB on 8 or 9, none beyond. The GPU backend sizes its staging from this and the
-/// tuner its rounds: one place for both.
+/// slot per parity: `peer_blocks x (n-1) x 4` slots, in multiples of 4 KiB so that a slot
+/// holds a multiple of 64 elements of every type. With the default 16 MiB: 64 KiB slots on
+/// 2 ranks (64 blocks), 64 KiB on 3 and 16 KiB on 8 or 9 (32 blocks), none beyond. The GPU
+/// backend sizes its staging from this and the tuner its rounds: one place for both.
 pub fn peer_slot_bytes(cfg: &Config, nranks: usize) -> usize {
     if !(2..=PEER_MAX_RANKS).contains(&nranks) {
         return 0;
     }
-    let slot = cfg.gpu_peer_bytes / (PEER_MAX_BLOCKS * (nranks - 1) * 4) / 4096 * 4096;
+    let slot = cfg.gpu_peer_bytes / (peer_blocks(cfg, nranks) * (nranks - 1) * 4) / 4096 * 4096;
     if slot < PEER_MIN_SLOT_BYTES { 0 } else { slot }
 }
 
-/// Bytes of one sender's region in a rank's peer-engine staging, for slots of `peer_slot`
-/// bytes: that sender's slots for every block (input and result, two parities). The copy engine
-/// borrows it whole.
-pub fn peer_region_bytes(peer_slot: usize) -> usize {
-    PEER_MAX_BLOCKS * 4 * peer_slot
+/// Bytes of one sender's region in a rank's peer-engine staging on a communicator of `nranks`
+/// under `cfg`: that sender's slots for every block (input and result, two parities). The copy
+/// engine borrows it whole.
+pub fn peer_region_bytes(cfg: &Config, nranks: usize) -> usize {
+    peer_blocks(cfg, nranks) * 4 * peer_slot_bytes(cfg, nranks)
 }
 
 /// Whether the peer engine runs `kind` on `nranks` ranks (given room in its staging): 2 to
@@ -105,7 +123,7 @@ pub fn ce_slot_bytes(cfg: &Config, nranks: usize) -> usize {
     if cfg.gpu_copy_engine_bytes == 0 || peer == 0 {
         return 0;
     }
-    let slot = peer_region_bytes(peer) / CE_SLOTS / 4096 * 4096;
+    let slot = peer_region_bytes(cfg, nranks) / CE_SLOTS / 4096 * 4096;
     if slot < CE_MIN_SLOT_BYTES { 0 } else { slot }
 }
 
@@ -452,7 +470,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         let slot = peer_slot_bytes(cfg, op.nranks);
         let slot_elems = slot / es;
         let per = bytes.unwrap_or(usize::MAX).div_ceil(PEER_BLOCK_BYTES).max(1);
-        let channels = per.min(PEER_MAX_BLOCKS).min(cfg.gpu_channels.max(1));
+        let channels = per.min(peer_blocks(cfg, op.nranks));
         // A two-shot all-reduce round fills a slot per peer and phase (its shares, then the
         // results). Every one-shot round (every other kind, and the all-reduce on 2 ranks within
         // FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES) has one phase and fills both phases' slots of its
@@ -479,7 +497,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
                     "beyond the direct engine: one round per slot on the peer engine"
                 },
                 protocol: "the peer engine's flag per block and round",
-                channels: "one per 32 KiB of the largest buffer, up to 32 (or FERROCCL_GPU_CHANNELS)",
+                channels: "one per 32 KiB of the largest buffer, up to the blocks its staging is cut for (FERROCCL_GPU_PEER_BLOCKS: 64 on 2 ranks, 32 beyond)",
             },
         };
     }

@@ -65,22 +65,22 @@ fn choices_follow_the_table() {
         // default every size), two-shot on more ranks.
         (Gpu, AllReduce, (32 << 10) + 1, Float32, 2, Algo::OneShot, K, Simple, 5),
         (Gpu, AllReduce, (64 << 10) + 1, Float32, 2, Algo::OneShot, K, Simple, 9),
-        (Gpu, AllReduce, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 32),
-        (Gpu, AllReduce, (1 << 20) + 1, Float32, 2, Algo::OneShot, K, Simple, 32),
-        (Gpu, AllReduce, 256 << 20, Float32, 2, Algo::OneShot, K, Simple, 32),
+        (Gpu, AllReduce, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 64),
+        (Gpu, AllReduce, (1 << 20) + 1, Float32, 2, Algo::OneShot, K, Simple, 64),
+        (Gpu, AllReduce, 256 << 20, Float32, 2, Algo::OneShot, K, Simple, 64),
         (Gpu, AllReduce, 1 << 20, Float32, 3, Algo::TwoShot, K, Simple, 32),
         (Gpu, AllGather, 32 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
         (Gpu, AllGather, (32 << 10) + 1, Float32, 2, Algo::OneShot, K, Simple, 9),
-        (Gpu, ReduceScatter, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 32),
+        (Gpu, ReduceScatter, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 64),
         (Gpu, ReduceScatter, 4 << 10, Float32, 8, Algo::OneShot, D, LL, 4),
-        (Gpu, Broadcast, (8 << 20) - 1, Int8, 2, Algo::OneShot, K, Simple, 32),
+        (Gpu, Broadcast, (8 << 20) - 1, Int8, 2, Algo::OneShot, K, Simple, 64),
         (Gpu, Broadcast, 8 << 20, Int8, 3, Algo::Chain, P, Simple, 32),
         (Gpu, Reduce, 8 << 20, Int8, 4, Algo::Chain, P, Simple, 32),
-        (Gpu, AllToAll, (1 << 20) - 1, Float32, 2, Algo::OneShot, K, Simple, 32),
+        (Gpu, AllToAll, (1 << 20) - 1, Float32, 2, Algo::OneShot, K, Simple, 64),
         (Gpu, Scatter, (1 << 18) - 1, Float32, 8, Algo::OneShot, K, Simple, 32),
         (Gpu, Gather, 1 << 20, Float32, 10, Algo::Direct, P, Simple, 32),
         // The copy engine is off by default (not yet measured over NVLink).
-        (Gpu, AllGather, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 32),
+        (Gpu, AllGather, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 64),
         // More ranks than the direct and peer engines serve.
         (Gpu, AllReduce, 2, Float32, 17, Algo::Ring, P, LL, 1),
         (Gpu, AllReduce, 1 << 20, Float32, 17, Algo::Ring, P, Simple, 32),
@@ -135,15 +135,19 @@ fn copy_engine_slots_cut_the_peer_regions() {
     assert_eq!(ce_slot_bytes(&cfg, 10), 0, "no peer staging beyond 9 ranks by default");
     assert_eq!(ce_slot_bytes(&Config { gpu_copy_engine_bytes: 0, ..cfg.clone() }, 2), 0);
     assert_eq!(ce_slot_bytes(&Config { gpu_peer_bytes: 0, ..cfg.clone() }, 2), 0);
-    // 2 MiB of staging on 2 ranks: 16 KiB peer slots, 512 KiB copy-engine slots; 1 MiB: 128 KiB
-    // would be too small.
-    assert_eq!(ce_slot_bytes(&Config { gpu_peer_bytes: 2 << 20, ..cfg.clone() }, 2), 512 << 10);
+    // 4 MiB of staging on 2 ranks (64 blocks): 16 KiB peer slots, 1 MiB copy-engine slots;
+    // 2 MiB: 8 KiB peer slots, no peer engine to borrow from.
+    assert_eq!(ce_slot_bytes(&Config { gpu_peer_bytes: 4 << 20, ..cfg.clone() }, 2), 1 << 20);
+    assert_eq!(ce_slot_bytes(&Config { gpu_peer_bytes: 2 << 20, ..cfg.clone() }, 2), 0);
+    // Fewer peer blocks, larger peer slots: the copy engine's slots stay a quarter of a region.
+    assert_eq!(ce_slot_bytes(&Config { gpu_peer_bytes: 2 << 20, gpu_peer_blocks: 32, ..cfg.clone() }, 2), 512 << 10);
     assert_eq!(ce_slot_bytes(&Config { gpu_peer_bytes: 8 << 20, ..cfg.clone() }, 9), 0);
     // Every slot is a multiple of 4 KiB and CE_SLOTS of them fit a sender's region.
     for n in 2..=16 {
         let (ce, peer) = (ce_slot_bytes(&cfg, n), peer_slot_bytes(&cfg, n));
         assert_eq!(ce % 4096, 0);
-        assert!(ce * CE_SLOTS <= PEER_MAX_BLOCKS * 4 * peer, "{n} ranks");
+        assert!(ce * CE_SLOTS <= peer_blocks(&cfg, n) * 4 * peer, "{n} ranks");
+        assert_eq!(peer_region_bytes(&cfg, n), peer_blocks(&cfg, n) * 4 * peer);
     }
     // Data movement whose largest buffer reaches FERROCCL_GPU_COPY_ENGINE_BYTES: the copy
     // engines, no block, a slot per piece; not reductions, not broadcast beyond 2 ranks, not
@@ -229,8 +233,9 @@ fn the_direct_engine_takes_lone_operations_whose_slices_fit_its_slots() {
 #[test]
 fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots() {
     let cfg = Config::default();
-    assert_eq!(peer_slot_bytes(&cfg, 2), 128 << 10);
-    assert_eq!(peer_slot_bytes(&cfg, 3), 64 << 10, "the staging is shared by the peers");
+    assert_eq!((peer_blocks(&cfg, 2), peer_blocks(&cfg, 3), peer_blocks(&cfg, 16)), (64, 32, 32));
+    assert_eq!(peer_slot_bytes(&cfg, 2), 64 << 10, "64 blocks on 2 ranks");
+    assert_eq!(peer_slot_bytes(&cfg, 3), 64 << 10, "32 blocks, the staging shared by the peers");
     assert_eq!(peer_slot_bytes(&cfg, 8), 16 << 10);
     assert_eq!(peer_slot_bytes(&cfg, 9), 16 << 10);
     assert_eq!(peer_slot_bytes(&cfg, 10), 0, "under 16 KiB a slot: off");
@@ -255,7 +260,7 @@ fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots
                 for count in [(256 << 10) / es + 1, 1 << 20, 3 << 24, 123_456_789] {
                     let c = choose(&shape(kind, count, dtype, n), Device::Gpu, &cfg);
                     assert_eq!(c.engine, Engine::PeerKernel, "{kind} {count} x {dtype} on {n}: {c}");
-                    assert!((1..=PEER_MAX_BLOCKS).contains(&c.channels));
+                    assert!((1..=peer_blocks(&cfg, n)).contains(&c.channels));
                     // Every share of every round of every block fits a slot.
                     for ch in [0, c.channels - 1] {
                         let (a, b) = crate::algo::channel_slice(count, c.channels, ch);
@@ -300,8 +305,9 @@ fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots
     assert!(choose_launch(&[ar, ar], Device::Gpu, &cfg).iter().all(|c| c.engine == Engine::PlanKernel));
     assert_eq!(choose(&OpShape { nranks: 17, ..ar }, Device::Gpu, &cfg).engine, Engine::PlanKernel);
     assert_eq!(choose(&ar, Device::Gpu, &Config { gpu_peer_bytes: 0, ..cfg.clone() }).engine, Engine::PlanKernel);
-    // FERROCCL_GPU_CHANNELS caps its blocks as the plan kernel's.
-    assert_eq!(choose(&ar, Device::Gpu, &Config { gpu_channels: 8, ..cfg.clone() }).channels, 8);
+    // FERROCCL_GPU_PEER_BLOCKS caps its blocks, FERROCCL_GPU_CHANNELS the plan kernel's only.
+    assert_eq!(choose(&ar, Device::Gpu, &Config { gpu_peer_blocks: 8, ..cfg.clone() }).channels, 8);
+    assert_eq!(choose(&ar, Device::Gpu, &Config { gpu_channels: 8, ..cfg.clone() }).channels, 64);
     // Every rank plans the same: the plan the simulator proves for these cuts is tested in
     // algo::tests (the `peer` cuts).
 }
@@ -363,7 +369,16 @@ fn knobs_move_the_choices() {
     let small = shape(CollKind::AllReduce, 2, Float32, 4);
     let mut cfg = Config { channels: 3, gpu_channels: 16, ..Config::default() };
     assert_eq!(choose(&small, Device::Host, &cfg).channels, 3);
-    assert_eq!(choose(&shape(CollKind::AllReduce, 1 << 20, Float32, 2), Device::Gpu, &cfg).channels, 16);
+    // The peer engine's blocks follow their own knob (the blocks its staging is cut for), the
+    // plan kernel's the channels'.
+    let big = shape(CollKind::AllReduce, 1 << 20, Float32, 2);
+    assert_eq!(choose(&big, Device::Gpu, &cfg).channels, 64);
+    let peer16 = Config { gpu_peer_blocks: 16, ..cfg.clone() };
+    let c = choose(&big, Device::Gpu, &peer16);
+    assert_eq!((c.engine, c.channels), (Engine::PeerKernel, 16));
+    assert_eq!(c.chunk_elems * 4, 2 * peer_slot_bytes(&peer16, 2), "larger slots with fewer blocks");
+    assert_eq!(peer_slot_bytes(&peer16, 2), 256 << 10);
+    assert_eq!(choose(&big, Device::Gpu, &Config { gpu_peer_bytes: 0, ..cfg.clone() }).channels, 16, "the plan kernel: FERROCCL_GPU_CHANNELS");
     // Sends follow their own knob, not the collectives'.
     assert_eq!(choose(&shape(CollKind::Send, 1 << 20, Float32, 2), Device::Gpu, &cfg).channels, 32);
     cfg.gpu_p2p_channels = 4;
@@ -447,7 +462,13 @@ fn every_choice_is_buildable_and_shared() {
                             assert!(c.algo.supports(kind), "{dev:?} {kind}: {c}");
                             assert!((c.channels >= 1 || c.engine == Engine::CopyEngine) && c.chunk_elems >= 1, "{c}");
                             let (coll, p2p) = channel_budget(dev, cfg, n);
-                            assert!(c.channels <= if matches!(kind, CollKind::Send | CollKind::Recv) { p2p } else { coll });
+                            // The peer engine's blocks are its own (its staging is cut for them), not FIFO channels.
+                            let most = match (kind, c.engine) {
+                                (CollKind::Send | CollKind::Recv, _) => p2p,
+                                (_, Engine::PeerKernel) => peer_blocks(cfg, n),
+                                _ => coll,
+                            };
+                            assert!(c.channels <= most, "{c}");
                             for (in_place, windows) in [(true, false), (false, true), (true, true)] {
                                 let o = choose(&OpShape { in_place, windows, ..base }, dev, cfg);
                                 assert_eq!((o.algo, o.protocol, o.channels, o.chunk_elems), (c.algo, c.protocol, c.channels, c.chunk_elems));

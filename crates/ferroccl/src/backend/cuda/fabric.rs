@@ -18,7 +18,7 @@ use crate::cuda::hostpage::HostPage;
 use crate::cuda::mem::{DeviceBuffer, MemStats};
 use crate::bootstrap::Bootstrap;
 use ferroccl_core::plan::{ConnKey, Dir, P2P_CHANNEL_BASE};
-use ferroccl_core::tune::{ce_slot_bytes, channel_budget, peer_region_bytes, peer_slot_bytes, Device};
+use ferroccl_core::tune::{ce_slot_bytes, channel_budget, peer_blocks, peer_slot_bytes, Device};
 use ferroccl_core::{Config, Error, Rank};
 use std::os::fd::AsFd;
 use std::sync::atomic::AtomicBool;
@@ -41,6 +41,8 @@ pub(crate) struct Geometry {
     pub nranks: usize,
     /// Bytes of one peer-engine slot (`tune::peer_slot_bytes`); 0: no peer engine.
     pub peer_slot: usize,
+    /// Blocks the peer engine's staging is cut for (`tune::peer_blocks`).
+    pub peer_blocks: usize,
 }
 
 impl Geometry {
@@ -48,7 +50,15 @@ impl Geometry {
     /// channels the tuner may give an operation.
     pub fn of(config: &Config, nranks: usize) -> Geometry {
         let (coll, p2p) = channel_budget(Device::Gpu, config, nranks);
-        Geometry { slots: config.slots, slot_bytes: config.slot_bytes, coll, nchan: coll + p2p, nranks, peer_slot: peer_slot_bytes(config, nranks) }
+        Geometry {
+            slots: config.slots,
+            slot_bytes: config.slot_bytes,
+            coll,
+            nchan: coll + p2p,
+            nranks,
+            peer_slot: peer_slot_bytes(config, nranks),
+            peer_blocks: peer_blocks(config, nranks),
+        }
     }
     /// Whether the communicator has the direct engine's slots (few enough ranks).
     pub fn has_direct(&self) -> bool {
@@ -78,7 +88,7 @@ impl Geometry {
     /// on a 4 KiB boundary (every slot 16-byte aligned for the vector stores). Each sender's
     /// slots are one region (`peer_region_bytes`): the copy engine's slots for that sender.
     pub fn peer_region_bytes(&self) -> usize {
-        peer_region_bytes(self.peer_slot)
+        self.peer_blocks * 4 * self.peer_slot
     }
     /// Where the peer engine's staging starts.
     pub fn peer_stage_off(&self) -> usize {
@@ -401,6 +411,7 @@ fn peer_param(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> FcPeer {
     let mut p = FcPeer {
         seqs: arenas[me].send + geo.peer_seqs_off() as u64,
         slot_bytes: geo.peer_slot as u64,
+        blocks: geo.peer_blocks as u32,
         rank: me as u32,
         nranks: arenas.len() as u32,
         ..Default::default()
@@ -465,7 +476,7 @@ mod tests {
 
     #[test]
     fn geometry_keeps_words_on_their_own_lines_and_indexes_every_connection_once() {
-        let g = Geometry { slots: 8, slot_bytes: 1 << 18, coll: 2, nchan: 3, nranks: 4, peer_slot: 0 };
+        let g = Geometry { slots: 8, slot_bytes: 1 << 18, coll: 2, nchan: 3, nranks: 4, peer_slot: 0, peer_blocks: 32 };
         assert_eq!(g.head_off() % LINE, 0);
         assert!(g.head_off() >= g.lens_off() + 8 * 4);
         assert_eq!(g.consumed_off() - g.head_off(), LINE);
@@ -495,7 +506,7 @@ mod tests {
     #[test]
     fn direct_slots_and_words_lie_inside_the_arenas_past_the_fifos() {
         for n in [1, 2, 5, 16] {
-            let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: n, peer_slot: 0 };
+            let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: n, peer_slot: 0, peer_blocks: 32 };
             assert!(g.has_direct());
             // FIFOs for the other ranks only: with 2 ranks, one peer's worth.
             assert_eq!(g.direct_slots_off(), ((n - 1) * g.nchan * g.fifo_stride()).div_ceil(LINE) * LINE);
@@ -519,7 +530,7 @@ mod tests {
             }
         }
         // Beyond 16 ranks there is no direct engine and no room taken for it.
-        let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: 17, peer_slot: 0 };
+        let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: 17, peer_slot: 0, peer_blocks: 32 };
         assert!(!g.has_direct());
         assert_eq!(g.recv_arena_bytes(), g.direct_slots_off());
         assert_eq!(g.send_arena_bytes(), g.direct_acks_off());
@@ -546,14 +557,14 @@ mod tests {
     /// inside the owner's arena, as the kernel's `peer_slot` / `peer_flag` address them.
     #[test]
     fn peer_staging_and_flags_lie_inside_the_arenas_apart() {
-        for n in [2usize, 3, 16] {
+        for (n, blocks) in [(2usize, 64usize), (2, 32), (3, 32), (3, 7), (16, 32)] {
             let slot = 16 << 10;
-            let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: n, peer_slot: slot };
+            let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: n, peer_slot: slot, peer_blocks: blocks };
             let plain = Geometry { peer_slot: 0, ..g };
             assert!(g.has_peer() && !plain.has_peer());
             assert_eq!(g.peer_stage_off() % 4096, 0);
             assert!(g.peer_stage_off() >= plain.recv_arena_bytes());
-            assert_eq!(g.peer_flags_off() - g.peer_stage_off(), PEER_MAX_BLOCKS * (n - 1) * 4 * slot);
+            assert_eq!(g.peer_flags_off() - g.peer_stage_off(), blocks * (n - 1) * 4 * slot);
             assert_eq!(g.recv_arena_bytes() - g.peer_flags_off(), PEER_MAX_BLOCKS * n * PEER_PHASES * LINE);
             assert!(g.peer_seqs_off() >= plain.send_arena_bytes() && g.peer_seqs_off() % LINE == 0);
             assert_eq!(g.send_arena_bytes(), g.peer_seqs_off() + PEER_MAX_BLOCKS * 8);
@@ -564,18 +575,18 @@ mod tests {
             // The kernel's addressing (peer.cu's peer_slot), in Rust.
             let slot_at = |p: &FcPeer, owner: usize, b: usize, from: usize, phase: usize, parity: usize| {
                 let f = if from < owner { from } else { from - 1 };
-                p.stage[owner] + ((((f * PEER_MAX_BLOCKS + b) * 2 + parity) * 2 + phase) * slot) as u64
+                p.stage[owner] + ((((f * p.blocks as usize + b) * 2 + parity) * 2 + phase) * slot) as u64
             };
             let flag_at = |p: &FcPeer, owner: usize, b: usize, from: usize, phase: usize| p.flags[owner] + (((b * n + from) * PEER_PHASES + phase) * LINE) as u64;
             for me in 0..n {
                 let p = peer_param(&g, me, &arenas);
-                assert_eq!((p.rank, p.nranks, p.slot_bytes), (me as u32, n as u32, slot as u64));
+                assert_eq!((p.rank, p.nranks, p.slot_bytes, p.blocks), (me as u32, n as u32, slot as u64, blocks as u32));
                 assert_eq!(p.seqs, arenas[me].send + g.peer_seqs_off() as u64);
                 let mut slots = std::collections::HashSet::new();
                 let mut flags = std::collections::HashSet::new();
                 for owner in 0..n {
                     let (lo, hi) = (arenas[owner].recv + g.peer_stage_off() as u64, arenas[owner].recv + g.peer_flags_off() as u64);
-                    for b in [0, 1, PEER_MAX_BLOCKS - 1] {
+                    for b in [0, 1, blocks - 1] {
                         for from in (0..n).filter(|&f| f != owner) {
                             for phase in 0..2 {
                                 for parity in 0..2 {
@@ -609,7 +620,7 @@ mod tests {
     #[test]
     fn both_ends_of_every_connection_agree_and_no_word_is_shared() {
         for n in [2usize, 3, 4, 5] {
-            let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: n, peer_slot: 0 };
+            let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: n, peer_slot: 0, peer_blocks: 32 };
             let arenas = fake_arenas(&g, n);
             let tables: Vec<Vec<FcConn>> = (0..n).map(|me| conn_table(&g, me, &arenas)).collect();
             let mut words = std::collections::HashSet::new();
@@ -675,7 +686,7 @@ mod oom_tests {
 
     #[test]
     fn out_of_gpu_memory_names_the_size_and_the_knobs() {
-        let geo = Geometry { slots: 8, slot_bytes: 262144, coll: 32, nchan: 40, nranks: 4, peer_slot: 0 };
+        let geo = Geometry { slots: 8, slot_bytes: 262144, coll: 32, nchan: 40, nranks: 4, peer_slot: 0, peer_blocks: 32 };
         let oom = Error::System("cuMemCreate(84934656 bytes on GPU 3) failed: CUDA_ERROR_OUT_OF_MEMORY (out of memory)".into());
         let e = explain_alloc_failure(oom, &geo, 4, 3, 84_000_000);
         assert!(matches!(e, Error::System(_)), "{e}");

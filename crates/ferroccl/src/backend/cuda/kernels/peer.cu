@@ -49,13 +49,14 @@
 
 namespace fc {
 
-// Slot [from][b][parity][phase] in `owner`'s staging (no slots for the owner itself). Sender
-// first: each sender's slots are one region, which the copy engine borrows whole. A parity's
+// Slot [from][b][parity][phase] in `owner`'s staging (no slots for the owner itself), for the
+// P.blocks blocks the staging is cut for. Sender first: each sender's slots are one region,
+// which the copy engine borrows whole. A parity's
 // two phases are adjacent: every one-shot round (all but the two-shot all-reduce) stores up to
 // twice a slot from phase 0's on, into both.
 __device__ __forceinline__ fc_u8* peer_slot(const FcPeer& P, fc_u32 owner, fc_u32 b, fc_u32 from, fc_u32 phase, fc_u64 s) {
     const fc_u32 f = from < owner ? from : from - 1u;
-    const fc_u64 i = (((fc_u64)f * FC_PEER_MAX_BLOCKS + b) * 2u + (s & 1u)) * 2u + phase;
+    const fc_u64 i = (((fc_u64)f * P.blocks + b) * 2u + (s & 1u)) * 2u + phase;
     return (fc_u8*)P.stage[owner] + i * P.slot_bytes;
 }
 
@@ -312,6 +313,7 @@ namespace fc {
 template <typename D, fc_u32 DTYPE, int SHAPE>
 __device__ __forceinline__ void peer_main(const FcPeer& P) {
     if (blockIdx.x >= P.nblocks || P.nranks < 2u || P.nranks > FC_PEER_MAX_RANKS || P.rank >= P.nranks) return;
+    if (P.nblocks > P.blocks || P.blocks > FC_PEER_MAX_BLOCKS) return;
     if (P.op.dtype != DTYPE || !fc::redop_valid(P.op.redop) || P.chunk == 0) return;
     if (!fc::shape_serves<SHAPE>(P.kind, P.op.redop)) return;
     if (P.oneshot != 0u && (P.kind != FC_KIND_ALL_REDUCE || P.nranks != 2u)) return;

@@ -236,7 +236,7 @@ FC_CHECK_OFFSET(FcDirect, op, 320);
 // share), phase 1 an all-reduce owner's result (a one-shot all-reduce's round fills both);
 // flag phase 2 is q's acknowledgement of round s in p's memory.
 #define FC_PEER_MAX_RANKS 16u
-#define FC_PEER_MAX_BLOCKS 32u
+#define FC_PEER_MAX_BLOCKS 64u
 #define FC_PEER_THREADS 512u
 #define FC_PEER_PHASES 3u
 
@@ -257,9 +257,11 @@ struct FcPeer {
     fc_u32 nblocks;
     fc_u32 root;                      // rooted operations' root
     fc_u32 oneshot;                   // 1: an all-reduce on 2 ranks in one crossing (peer.cu)
+    fc_u32 blocks;                    // blocks the staging is cut for (the slots' block stride)
+    fc_u32 reserved;
     FcOp op;
 };
-FC_CHECK_SIZE(FcPeer, 392);
+FC_CHECK_SIZE(FcPeer, 400);
 FC_CHECK_OFFSET(FcPeer, stage, 0);
 FC_CHECK_OFFSET(FcPeer, flags, 128);
 FC_CHECK_OFFSET(FcPeer, seqs, 256);
@@ -275,7 +277,9 @@ FC_CHECK_OFFSET(FcPeer, nranks, 320);
 FC_CHECK_OFFSET(FcPeer, nblocks, 324);
 FC_CHECK_OFFSET(FcPeer, root, 328);
 FC_CHECK_OFFSET(FcPeer, oneshot, 332);
-FC_CHECK_OFFSET(FcPeer, op, 336);
+FC_CHECK_OFFSET(FcPeer, blocks, 336);
+FC_CHECK_OFFSET(FcPeer, reserved, 340);
+FC_CHECK_OFFSET(FcPeer, op, 344);
 
 // ---- the point-to-point kernel (p2p.cuh, in the plan kernel's module) ---------------------------
 // A launch whose plan is only sends and receives (and copies for sends to oneself), run over the
