@@ -733,7 +733,8 @@ fn the_one_shot_all_reduce_gives_both_ranks_the_same_bits() {
 fn the_copy_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
     use CollKind::*;
     for n in [2usize, 3] {
-        let cfg = Config { gpu_peer_bytes: (n - 1) * (2 << 20), gpu_copy_engine_bytes: 1, ..Config::default() };
+        // 32 blocks: 16 KiB peer slots, so that a sender's region (2 MiB) makes 512 KiB pieces.
+        let cfg = Config { gpu_peer_bytes: (n - 1) * (2 << 20), gpu_peer_blocks: 32, gpu_copy_engine_bytes: 1, ..Config::default() };
         assert_eq!(tune::ce_slot_bytes(&cfg, n), 512 << 10);
         let mut kinds = vec![AllReduce, AllGather, ReduceScatter, AllToAll, Gather, Scatter];
         if n == 2 {
@@ -836,7 +837,7 @@ fn engine_is_exact(n: usize, cfg: &Config, kinds: &[CollKind], engine: &(dyn Fn(
 #[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn the_copy_engine_replays_in_cuda_graphs() {
     let n = 2;
-    let cfg = Config { gpu_peer_bytes: 2 << 20, gpu_copy_engine_bytes: 1, ..Config::default() };
+    let cfg = Config { gpu_peer_bytes: 2 << 20, gpu_peer_blocks: 32, gpu_copy_engine_bytes: 1, ..Config::default() };
     let Some(comms) = ranks_on_one_gpu(n, cfg) else { return };
     let count = (3 << 20) + 5; // 12 MiB a block: 24 pieces of 512 KiB
     let val = |q: usize, i: usize, rep: usize| ((i * 5 + q * 977 + rep * 31) % 4093) as f32;
