@@ -502,7 +502,14 @@ pub fn compare_shared(all: &[Vec<u8>]) -> Result<(), Error> {
     }
     let parsed: Vec<Vec<(String, String)>> = parsed.into_iter().map(|p| p.expect("checked")).collect();
     let mut diffs = Vec::new();
-    let names: Vec<&String> = parsed.first().map(|p| p.iter().map(|(k, _)| k).collect()).unwrap_or_default();
+    // Every name any rank sent (a rank of another build may know a knob the others do not: that
+    // is a disagreement too, "(not sent)" against a value), in first-seen order.
+    let mut names: Vec<&String> = Vec::new();
+    for (k, _) in parsed.iter().flatten() {
+        if !names.contains(&k) {
+            names.push(k);
+        }
+    }
     for name in names {
         let value = |p: &Vec<(String, String)>| p.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()).unwrap_or_else(|| "(not sent)".into());
         let values: Vec<String> = parsed.iter().map(value).collect();
@@ -718,6 +725,14 @@ mod tests {
             assert!(k.starts_with("FERROCCL_"), "{k}");
         }
         assert!(compare_shared(&[base.encode_shared(), b"\xff\xfe".to_vec()]).is_err());
+        // A rank of an older build, which does not send a knob the others do, disagrees on it
+        // whichever rank it is (rank 0's list of names is not the only one read).
+        let newer = String::from_utf8(base.encode_shared()).unwrap();
+        let older: String = newer.lines().filter(|l| !l.starts_with("FERROCCL_GPU_PEER_BLOCKS=")).map(|l| format!("{l}\n")).collect();
+        for pair in [[older.clone(), newer.clone()], [newer.clone(), older.clone()]] {
+            let e = compare_shared(&pair.map(String::into_bytes)).unwrap_err().to_string();
+            assert!(e.contains("FERROCCL_GPU_PEER_BLOCKS") && e.contains("(not sent)"), "{e}");
+        }
     }
 
     #[test]

@@ -662,11 +662,12 @@ fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
             // The all-reduce two-shot at every size as well (one-shot by default, at every size).
             let two = Config { gpu_peer_oneshot_max_bytes: 0, ..cfg.clone() };
             engine_is_exact(n, &two, &[AllReduce, ReduceScatter, AllReduce], &|_| tune::Engine::PeerKernel);
-            // Staging cut for an odd number of blocks (the slots' block stride is the kernel's
-            // parameter, not its largest grid).
-            let odd = Config { gpu_peer_blocks: 7, gpu_peer_bytes: 7 * 4 * (16 << 10), ..cfg };
-            engine_is_exact(n, &odd, &[AllGather, AllReduce, Gather], &|_| tune::Engine::PeerKernel);
         }
+        // Staging cut for an odd number of blocks: the slots' block stride is the kernel's
+        // parameter, not its largest grid (on 3 ranks the sender's index multiplies it too).
+        let odd = Config { gpu_peer_blocks: 7, gpu_peer_bytes: (n - 1) * 7 * 4 * (16 << 10), ..cfg };
+        assert_eq!((tune::peer_blocks(&odd, n), tune::peer_slot_bytes(&odd, n)), (7, 16 << 10));
+        engine_is_exact(n, &odd, &[AllGather, AllReduce, Gather, ReduceScatter], &|_| tune::Engine::PeerKernel);
     }
 }
 

@@ -30,7 +30,8 @@ pub fn bench_config(args: &BenchArgs, config: &Config) -> Result<Config, String>
         // collective, and of each direction of a send or receive.
         c.gpu_channels = n;
         c.gpu_p2p_channels = c.gpu_p2p_channels.min(n);
-        // The peer engine's staging is then cut for as many blocks (larger slots).
+        // The peer engine's staging is then cut for at most as many blocks (larger slots; fewer
+        // blocks where slots would fall under 16 KiB: tune::peer_blocks).
         c.gpu_peer_blocks = n.min(ferroccl_core::tune::PEER_MAX_BLOCKS);
         c.validate().map_err(|e| format!("--max-ctas {n}: {e}"))?;
     }

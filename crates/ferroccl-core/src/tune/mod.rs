@@ -56,15 +56,15 @@ pub const PEER_BLOCK_BYTES: usize = 32 << 10;
 /// memory moved 355 GB/s one way with 32 blocks and 367 with 64, and 309 against 345 when each
 /// block also copied every round out of its own staging, as the symmetric kinds do
 /// (`bench/probes/peer_store.cu`, docs/PERFORMANCE.md section 17). Beyond 2 ranks 32, so that
-/// the slots stay at 16 KiB or more up to 9 ranks (not yet measured there).
+/// the slots stay at 16 KiB or more up to 9 ranks (not yet measured there). A value set by the
+/// knob is the most: fewer where the staging would otherwise cut slots under 16 KiB (so that
+/// asking for many blocks on many ranks does not turn the engine off).
 pub fn peer_blocks(cfg: &Config, nranks: usize) -> usize {
-    if cfg.gpu_peer_blocks > 0 {
-        cfg.gpu_peer_blocks.min(PEER_MAX_BLOCKS)
-    } else if nranks == 2 {
-        64
-    } else {
-        32
+    if cfg.gpu_peer_blocks == 0 {
+        return if nranks == 2 { 64 } else { 32 };
     }
+    let fit = cfg.gpu_peer_bytes / (nranks.saturating_sub(1).max(1) * 4 * PEER_MIN_SLOT_BYTES);
+    cfg.gpu_peer_blocks.min(PEER_MAX_BLOCKS).min(fit).max(1)
 }
 
 /// Bytes of one peer-engine slot on a communicator of `nranks` under `cfg`, or 0 where the

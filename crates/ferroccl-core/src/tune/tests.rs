@@ -59,7 +59,7 @@ fn choices_follow_the_table() {
         (Gpu, Broadcast, (4 << 20) / 7, Int8, 8, Algo::OneShot, K, Simple, 19),
         (Gpu, Broadcast, (4 << 20) / 7 + 1, Int8, 8, Algo::Chain, P, Simple, 32),
         // Beyond FERROCCL_GPU_PEER_FROM_BYTES (128 KiB): the peer engine, a block per 32 KiB
-        // of the largest buffer up to 32; broadcast and reduce beyond 2 ranks on the plan
+        // of the largest buffer up to 64 on 2 ranks, 32 beyond; broadcast and reduce beyond 2 ranks on the plan
         // kernel (the chain), its grid following the bytes.
         // All-reduces on 2 ranks one-shot there up to FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES (by
         // default every size), two-shot on more ranks.
@@ -242,11 +242,23 @@ fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots
     assert_eq!(peer_slot_bytes(&Config { gpu_peer_bytes: 32 << 20, ..Config::default() }, 16), 16 << 10);
     assert_eq!(peer_slot_bytes(&cfg, 1), 0);
     assert_eq!(peer_slot_bytes(&cfg, 17), 0);
-    let small = Config { gpu_peer_bytes: (PEER_MIN_SLOT_BYTES * PEER_MAX_BLOCKS * 4) - 1, ..Config::default() };
-    assert_eq!(peer_slot_bytes(&Config { gpu_peer_bytes: PEER_MIN_SLOT_BYTES * PEER_MAX_BLOCKS * 4, ..Config::default() }, 2), PEER_MIN_SLOT_BYTES);
+    let two = peer_blocks(&cfg, 2);
+    let small = Config { gpu_peer_bytes: (PEER_MIN_SLOT_BYTES * two * 4) - 1, ..Config::default() };
+    assert_eq!(peer_slot_bytes(&Config { gpu_peer_bytes: PEER_MIN_SLOT_BYTES * two * 4, ..Config::default() }, 2), PEER_MIN_SLOT_BYTES);
     assert_eq!(peer_slot_bytes(&small, 2), 0, "below 16 KiB a slot: off");
     let odd = Config { gpu_peer_bytes: 5 << 20, ..Config::default() };
     assert_eq!(peer_slot_bytes(&odd, 2) % 4096, 0);
+    // FERROCCL_GPU_PEER_BLOCKS is the most: fewer where slots would fall under 16 KiB, so that
+    // many blocks on many ranks (bench --max-ctas 64 on 8) keep the engine rather than turn it off.
+    for (n, knob, blocks) in [(2, 16, 16), (2, 64, 64), (3, 64, 64), (8, 64, 36), (9, 64, 32), (10, 64, 28), (16, 7, 7)] {
+        let c = Config { gpu_peer_blocks: knob, ..Config::default() };
+        assert_eq!(peer_blocks(&c, n), blocks, "{n} ranks, knob {knob}");
+        let slot = peer_slot_bytes(&c, n);
+        assert!(slot >= PEER_MIN_SLOT_BYTES && slot.is_multiple_of(4096) && blocks * (n - 1) * 4 * slot <= c.gpu_peer_bytes, "{n} ranks: {slot}");
+    }
+    let tiny = Config { gpu_peer_blocks: 64, gpu_peer_bytes: 64 << 10, ..Config::default() };
+    assert_eq!((peer_blocks(&tiny, 2), peer_slot_bytes(&tiny, 2)), (1, 16 << 10), "one block of 16 KiB slots");
+    assert_eq!(peer_slot_bytes(&Config { gpu_peer_bytes: (64 << 10) - 1, ..tiny }, 2), 0, "under one block's slots: off");
     for n in [2, 3, 5, 8] {
         for dtype in [Int8, Bfloat16, Float32, DataType::Float64] {
             let es = dtype.size();

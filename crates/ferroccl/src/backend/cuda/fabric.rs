@@ -84,7 +84,8 @@ impl Geometry {
     pub fn has_peer(&self) -> bool {
         self.peer_slot > 0
     }
-    /// Then the peer engine's staging: slots [sender other than the owner][block][phase][parity],
+    /// Then the peer engine's staging: slots [sender other than the owner][block][parity][phase]
+    /// for `peer_blocks` blocks,
     /// on a 4 KiB boundary (every slot 16-byte aligned for the vector stores). Each sender's
     /// slots are one region (`peer_region_bytes`): the copy engine's slots for that sender.
     pub fn peer_region_bytes(&self) -> usize {
@@ -550,6 +551,24 @@ mod tests {
         assert!(at(2) <= 58 << 20, "{} MiB", at(2) >> 20);
         // More ranks, more FIFOs (a peer's share of the channels), the staging the same.
         assert!(at(3) > at(2) && at(8) > at(3));
+    }
+
+    /// The staging a communicator allocates is the one the tuner plans rounds for: the same
+    /// blocks, slots and regions (the copy engine's), for every rank count and block knob.
+    #[test]
+    fn the_geometry_cuts_the_staging_as_the_tuner_plans_it() {
+        for knob in [0usize, 7, 16, 64] {
+            for n in 2..=16 {
+                let cfg = Config { gpu_peer_blocks: knob, ..Config::default() };
+                let g = Geometry::of(&cfg, n);
+                assert_eq!((g.peer_blocks, g.peer_slot), (peer_blocks(&cfg, n), peer_slot_bytes(&cfg, n)), "{n} ranks, knob {knob}");
+                assert_eq!(g.peer_region_bytes(), ferroccl_core::tune::peer_region_bytes(&cfg, n));
+                if g.has_peer() {
+                    assert!((n - 1) * g.peer_region_bytes() <= cfg.gpu_peer_bytes, "the staging stays within FERROCCL_GPU_PEER_BYTES");
+                    assert!(g.peer_blocks <= PEER_MAX_BLOCKS, "flags and counters are laid out for PEER_MAX_BLOCKS");
+                }
+            }
+        }
     }
 
     /// The peer engine's staging and flags follow the direct slots, its counters the direct
