@@ -60,6 +60,9 @@ enum Step {
     /// Wait for the `phase` flags of these ranks to reach `s`, then read their slots of
     /// `slots` (the phase's own, or both for a one-shot all-reduce).
     WaitRead { from: Vec<usize>, phase: usize, slots: &'static [usize], s: u64 },
+    /// The split block's two warp groups meet at a kernel boundary: launch `id` starts once
+    /// both finished everything before it.
+    Join { id: usize },
 }
 
 /// Which kernel's launches a program is made of.
@@ -68,6 +71,14 @@ enum Engine {
     Peer,
     /// One round a launch, no acknowledgement inside a launch, one phase for every kind.
     Direct,
+    /// A design for the peer engine, not yet in the kernel (docs/PERFORMANCE.md, "What limits
+    /// us now"): one-phase rounds (every kind but the two-shot all-reduce) split each block
+    /// into send warps and receive warps that go at their own pace, so that the link is busy
+    /// while the receive warps copy out. The send warps check for room before every round and
+    /// flag it at their own barrier; the receive warps wait, read, and at their own barrier
+    /// acknowledge every round to every peer. Two-shot all-reduces run as `Peer` does, in the
+    /// send warps' program, the receive warps idle.
+    PeerSplit,
 }
 
 /// Rank `me`'s steps for `launches` of the peer engine, as its kernel runs them (one block).
@@ -142,22 +153,99 @@ fn program_of(engine: Engine, me: usize, n: usize, launches: &[Launch]) -> Vec<S
     steps
 }
 
+/// The split design's two programs for rank `me`: its send warps' and its receive warps'.
+fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
+    let peers: Vec<usize> = (0..n).filter(|&q| q != me).collect();
+    let (mut send, mut recv) = (Vec::new(), Vec::new());
+    let mut s = 0u64;
+    let mut after_symmetric = false;
+    for (id, l) in launches.iter().enumerate() {
+        // A launch of no rounds stands for one without this block: nothing, not even a join.
+        if l.rounds == 0 {
+            continue;
+        }
+        send.push(Step::Join { id });
+        recv.push(Step::Join { id });
+        // The previous launch's last round, acknowledged at the start (a two-shot's: its reads
+        // ended at its kernel's end; a split launch's receive warps acknowledged it already).
+        if s > 0 {
+            send.push(Step::Barrier { ack: s, flag: None, s });
+        }
+        if l.kind == Kind::AllReduce {
+            // The unsplit program, on the send warps.
+            let mut one = program_of(Engine::Peer, me, n, &[Launch { rounds: l.rounds, ..*l }]);
+            let first = s;
+            for step in one.iter_mut() {
+                match step {
+                    Step::Room { s: x, .. } | Step::Store { s: x, .. } | Step::Barrier { s: x, .. } | Step::WaitRead { s: x, .. } => *x += first,
+                    Step::Join { .. } => {}
+                }
+                if let Step::Barrier { ack, .. } = step {
+                    if *ack > 0 {
+                        *ack += first;
+                    }
+                }
+            }
+            // Its first round looks for room unless the round before was this block's own
+            // symmetric, unsplit one (a split round's flags say nothing of the receive warps).
+            if after_symmetric {
+                if let Some(i) = one.iter().position(|st| matches!(st, Step::Room { .. })) {
+                    one.remove(i);
+                }
+            }
+            send.extend(one);
+            s += l.rounds;
+            after_symmetric = true;
+            continue;
+        }
+        for _ in 0..l.rounds {
+            s += 1;
+            let (targets, sources): (Vec<usize>, Vec<usize>) = match l.kind {
+                Kind::AllReduce | Kind::Symmetric => (peers.clone(), peers.clone()),
+                Kind::FromRoot if me == l.root => (peers.clone(), Vec::new()),
+                Kind::FromRoot => (Vec::new(), vec![l.root]),
+                Kind::ToRoot if me == l.root => (Vec::new(), peers.clone()),
+                Kind::ToRoot => (vec![l.root], Vec::new()),
+            };
+            if !targets.is_empty() {
+                send.push(Step::Room { peers: targets.clone(), s });
+                send.push(Step::Store { to: targets.clone(), phases: &[0, 1], s });
+                send.push(Step::Barrier { ack: 0, flag: Some((0, targets)), s });
+            }
+            if !sources.is_empty() {
+                recv.push(Step::WaitRead { from: sources, phase: 0, slots: &[0, 1], s });
+            }
+            // Every round acknowledged to every peer, read or not, so that the counters move alike.
+            recv.push(Step::Barrier { ack: s, flag: None, s });
+        }
+        after_symmetric = false;
+    }
+    [send, recv]
+}
+
 struct World {
     n: usize,
     slots: HashMap<Key, Slot>,
     /// flags[owner][from][phase]: phase 2 holds `from`'s acknowledgement to `owner`.
     flags: Vec<Vec<[u64; 3]>>,
-    /// The slots each rank is reading until its next barrier.
+    /// The slots each agent is reading until its next barrier (an agent: a rank's block, or
+    /// one of its warp groups in the split design: `agents` per rank).
     reading: Vec<Vec<Key>>,
+    agents: usize,
 }
 
 impl World {
     fn new(n: usize) -> World {
-        World { n, slots: HashMap::new(), flags: vec![vec![[0; 3]; n]; n], reading: vec![Vec::new(); n] }
+        World::with_agents(n, 1)
+    }
+    fn with_agents(n: usize, agents: usize) -> World {
+        World { n, slots: HashMap::new(), flags: vec![vec![[0; 3]; n]; n], reading: vec![Vec::new(); n * agents], agents }
     }
 
-    /// Whether rank `me` can take `step` now.
-    fn enabled(&self, me: usize, step: &Step) -> bool {
+    /// Whether agent `agent` (of rank `agent / agents`) can take `step` now (joins are the
+    /// scheduler's: they depend on the other agent's place in its program).
+    fn enabled(&self, agent: usize, step: &Step) -> bool {
+        let me = agent / self.agents;
         match step {
             Step::Room { peers, s } => peers.iter().all(|&q| self.flags[me][q][2] + 2 >= *s),
             Step::WaitRead { from, phase, s, .. } => from.iter().all(|&q| self.flags[me][q][*phase] >= *s),
@@ -165,10 +253,11 @@ impl World {
         }
     }
 
-    /// Takes `step` for rank `me`; an error names a broken rule.
-    fn take(&mut self, me: usize, step: &Step) -> Result<(), String> {
+    /// Takes `step` for agent `agent`; an error names a broken rule.
+    fn take(&mut self, agent: usize, step: &Step) -> Result<(), String> {
+        let me = agent / self.agents;
         match step {
-            Step::Room { .. } => {}
+            Step::Room { .. } | Step::Join { .. } => {}
             Step::Store { to, phases, s } => {
                 for &q in to {
                     for &phase in *phases {
@@ -182,7 +271,7 @@ impl World {
                 }
             }
             Step::Barrier { ack, flag, s } => {
-                for key in std::mem::take(&mut self.reading[me]) {
+                for key in std::mem::take(&mut self.reading[agent]) {
                     if let Some(Slot::Reading(r)) = self.slots.get(&key).copied() {
                         self.slots.insert(key, Slot::Released(r));
                     }
@@ -209,7 +298,7 @@ impl World {
                             other => return Err(format!("rank {me} reads round {s} from {key:?} but finds {other:?}")),
                         }
                         self.slots.insert(key, Slot::Reading(*s));
-                        self.reading[me].push(key);
+                        self.reading[agent].push(key);
                     }
                 }
             }
@@ -226,9 +315,22 @@ fn run(n: usize, launches: &[Launch], seed: u64, greedy: bool) -> Result<usize, 
 }
 
 fn run_engine(engine: Engine, n: usize, launches: &[Launch], seed: u64, greedy: bool) -> Result<usize, String> {
-    let programs: Vec<Vec<Step>> = (0..n).map(|r| program_of(engine, r, n, launches)).collect();
-    let mut pc = vec![0usize; n];
-    let mut w = World::new(n);
+    let programs: Vec<Vec<Step>> = if engine == Engine::PeerSplit {
+        (0..n).flat_map(|r| split_programs(r, n, launches)).collect()
+    } else {
+        (0..n).map(|r| program_of(engine, r, n, launches)).collect()
+    };
+    run_programs(n, &programs, seed, greedy)
+}
+
+/// Runs `programs` (`programs.len() / n` agents per rank, rank r's agents next to each other)
+/// under a schedule drawn from `seed`, as `run` does.
+fn run_programs(n: usize, programs: &[Vec<Step>], seed: u64, greedy: bool) -> Result<usize, String> {
+    let agents = programs.len() / n;
+    let total = programs.len();
+    let mut pc = vec![0usize; total];
+    let mut joined: Vec<Option<usize>> = vec![None; total];
+    let mut w = World::with_agents(n, agents);
     let mut rng = seed | 1;
     let mut next = || {
         rng ^= rng << 13;
@@ -238,19 +340,38 @@ fn run_engine(engine: Engine, n: usize, launches: &[Launch], seed: u64, greedy: 
     };
     let mut current = 0usize;
     let mut steps = 0;
+    // A join passes once every agent of the rank has reached it (or passed it).
+    let can_join = |a: usize, id: usize, pc: &[usize], joined: &[Option<usize>]| {
+        let rank = a / agents;
+        (rank * agents..(rank + 1) * agents)
+            .filter(|&b| b != a)
+            .all(|b| joined[b].is_some_and(|j| j >= id) || programs[b].get(pc[b]).is_some_and(|st| matches!(st, Step::Join { id: x } if *x == id)))
+    };
     loop {
-        let ready: Vec<usize> = (0..n).filter(|&r| pc[r] < programs[r].len() && w.enabled(r, &programs[r][pc[r]])).collect();
+        let ready: Vec<usize> = (0..total)
+            .filter(|&a| {
+                pc[a] < programs[a].len()
+                    && match &programs[a][pc[a]] {
+                        Step::Join { id } => can_join(a, *id, &pc, &joined),
+                        st => w.enabled(a, st),
+                    }
+            })
+            .collect();
         if ready.is_empty() {
-            if (0..n).all(|r| pc[r] == programs[r].len()) {
+            if (0..total).all(|a| pc[a] == programs[a].len()) {
                 return Ok(steps);
             }
-            let stuck: Vec<String> = (0..n).filter(|&r| pc[r] < programs[r].len()).map(|r| format!("rank {r} at {:?}", programs[r][pc[r]])).collect();
+            let stuck: Vec<String> =
+                (0..total).filter(|&a| pc[a] < programs[a].len()).map(|a| format!("rank {} agent {} at {:?}", a / agents, a % agents, programs[a][pc[a]])).collect();
             return Err(format!("deadlock: {}", stuck.join("; ")));
         }
-        let r = if greedy && ready.contains(&current) && next() % 8 != 0 { current } else { ready[(next() % ready.len() as u64) as usize] };
-        current = r;
-        w.take(r, &programs[r][pc[r]])?;
-        pc[r] += 1;
+        let a = if greedy && ready.contains(&current) && next() % 8 != 0 { current } else { ready[(next() % ready.len() as u64) as usize] };
+        current = a;
+        if let Step::Join { id } = programs[a][pc[a]] {
+            joined[a] = Some(id);
+        }
+        w.take(a, &programs[a][pc[a]])?;
+        pc[a] += 1;
         steps += 1;
     }
 }
@@ -296,6 +417,51 @@ proptest! {
         let r = run_engine(Engine::Direct, n, &launches, seed, greedy);
         prop_assert!(r.is_ok(), "{n} ranks, {launches:?}, greedy {greedy}: {}", r.unwrap_err());
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// The split design (send warps and receive warps of a block at their own pace, every
+    /// one-phase round acknowledged by the receive warps, every round checked for room by the
+    /// send warps; two-shot all-reduces unsplit between them): any mix on 2 to 5 ranks, under
+    /// random and run-ahead schedules, keeps the same rules.
+    #[test]
+    fn the_split_peer_engine_design_holds_in_any_interleaving(
+        n in 2usize..=5,
+        ops in prop::collection::vec((kind_strategy(), 0u64..=4, any::<usize>()), 1..8),
+        seed in any::<u64>(),
+        greedy in any::<bool>(),
+    ) {
+        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root)| Launch { kind, rounds, root: root % n }).collect();
+        let r = run_engine(Engine::PeerSplit, n, &launches, seed, greedy);
+        prop_assert!(r.is_ok(), "{n} ranks, {launches:?}, greedy {greedy}: {}", r.unwrap_err());
+    }
+}
+
+/// The split design needs both its safeguards: without the send warps' room checks a sender
+/// overwrites a slot its peer's receive warps still read (all-gather rounds now ride ahead of
+/// the copy-out, which the unsplit kernel's flags ruled out); without the receive warps'
+/// acknowledgements the senders wait forever.
+#[test]
+fn the_model_catches_a_broken_split_design() {
+    let n = 2;
+    let ag = [Launch { kind: Kind::Symmetric, rounds: 6, root: 0 }];
+    for seed in 1..200 {
+        assert!(run_engine(Engine::PeerSplit, n, &ag, seed, seed % 2 == 0).is_ok());
+    }
+    let programs = |f: &dyn Fn(Step) -> Option<Step>| -> Vec<Vec<Step>> {
+        (0..n).flat_map(|r| split_programs(r, n, &ag)).map(|p| p.into_iter().filter_map(f).collect()).collect()
+    };
+    let no_room = programs(&|st| (!matches!(st, Step::Room { .. })).then_some(st));
+    let broke = (1..400).find_map(|seed| run_programs(n, &no_room, seed, true).err());
+    assert!(broke.as_ref().is_some_and(|e| e.contains("while it holds")), "no overwrite found: {broke:?}");
+    let no_ack = programs(&|st| Some(match st {
+        Step::Barrier { flag, s, .. } => Step::Barrier { ack: 0, flag, s },
+        st => st,
+    }));
+    let e = run_programs(n, &no_ack, 7, false).unwrap_err();
+    assert!(e.starts_with("deadlock") && e.contains("Room"), "{e}");
 }
 
 /// The model catches the protocol without its safeguards: rooted rounds that skip their room
