@@ -135,6 +135,10 @@ pub struct Config {
     /// 32 beyond. Fewer blocks leave more SMs to the user's kernels and make each slot larger.
     /// At most `tune::PEER_MAX_BLOCKS` (64). Every rank must agree.
     pub gpu_peer_blocks: usize,
+    /// FERROCCL_GPU_PEER_SPLIT: the peer engine's one-phase rounds on two blocks a slice, one
+    /// sending and one receiving, each at its own pace (`tune::Choice::split`). Off by default:
+    /// not yet run on a GPU. Every rank must agree.
+    pub gpu_peer_split: bool,
     /// FERROCCL_GPU_COPY_ENGINE_BYTES: on GPUs, data-movement collectives alone in their launch
     /// (all-gather, all-to-all, gather, scatter; broadcast on 2 ranks) whose largest buffer is
     /// at least this many bytes move by the GPUs' copy engines, through the peer engine's
@@ -204,6 +208,7 @@ impl Default for Config {
             gpu_peer_from_bytes: 128 << 10,
             gpu_peer_oneshot_max_bytes: PEER_ONESHOT_MAX_BYTES,
             gpu_peer_blocks: 0,
+            gpu_peer_split: false,
             gpu_peer_rooted_max_bytes: PEER_ROOTED_MAX_BYTES,
             gpu_two_shot: false,
             gpu_peer_bytes: 16 << 20,
@@ -347,6 +352,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_PEER_BLOCKS") {
             c.gpu_peer_blocks = parse("FERROCCL_GPU_PEER_BLOCKS", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_PEER_SPLIT") {
+            c.gpu_peer_split = parse_bool("FERROCCL_GPU_PEER_SPLIT", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_COPY_ENGINE_BYTES") {
             c.gpu_copy_engine_bytes = parse("FERROCCL_GPU_COPY_ENGINE_BYTES", v)?;
         }
@@ -417,6 +425,7 @@ impl Config {
             ("FERROCCL_GPU_TWO_SHOT", (self.gpu_two_shot as u8).to_string()),
             ("FERROCCL_GPU_PEER_BYTES", self.gpu_peer_bytes.to_string()),
             ("FERROCCL_GPU_PEER_BLOCKS", self.gpu_peer_blocks.to_string()),
+            ("FERROCCL_GPU_PEER_SPLIT", (self.gpu_peer_split as u8).to_string()),
             ("FERROCCL_GPU_COPY_ENGINE_BYTES", self.gpu_copy_engine_bytes.to_string()),
             ("FERROCCL_CHECK_MISMATCH", (self.check_mismatch as u8).to_string()),
             ("FERROCCL_TCP_CRC", (self.tcp_crc as u8).to_string()),
@@ -633,6 +642,10 @@ mod tests {
         assert_eq!((p.gpu_peer_bytes, Config::default().gpu_peer_bytes), (0, 16 << 20));
         assert!(p.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_BYTES" && v == "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BYTES", "2147483648")])).is_err());
+        let split = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_SPLIT", "1")])).unwrap();
+        assert!(split.gpu_peer_split && !Config::default().gpu_peer_split);
+        assert!(split.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_SPLIT" && v == "1"));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_SPLIT", "half")])).is_err());
         let pb = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCKS", "16")])).unwrap();
         assert_eq!((pb.gpu_peer_blocks, Config::default().gpu_peer_blocks), (16, 0));
         assert!(pb.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_BLOCKS" && v == "16"));

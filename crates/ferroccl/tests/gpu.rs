@@ -665,9 +665,13 @@ fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
         }
         // Staging cut for an odd number of blocks: the slots' block stride is the kernel's
         // parameter, not its largest grid (on 3 ranks the sender's index multiplies it too).
-        let odd = Config { gpu_peer_blocks: 7, gpu_peer_bytes: (n - 1) * 7 * 4 * (16 << 10), ..cfg };
+        let odd = Config { gpu_peer_blocks: 7, gpu_peer_bytes: (n - 1) * 7 * 4 * (16 << 10), ..cfg.clone() };
         assert_eq!((tune::peer_blocks(&odd, n), tune::peer_slot_bytes(&odd, n)), (7, 16 << 10));
         engine_is_exact(n, &odd, &[AllGather, AllReduce, Gather, ReduceScatter], &|_| tune::Engine::PeerKernel);
+        // Split launches (FERROCCL_GPU_PEER_SPLIT): every kind, mixed with two-shot
+        // all-reduces (3 ranks) and in-place all-to-alls and all-reduces, which stay whole.
+        let split = Config { gpu_peer_split: true, ..cfg };
+        engine_is_exact(n, &split, &kinds, &|_| tune::Engine::PeerKernel);
     }
 }
 

@@ -297,6 +297,9 @@ pub struct Choice {
     /// This rank may offer its output (when it lies in a window): not where a peer's write
     /// could land before this rank has read the input it overwrites.
     pub post_output: bool,
+    /// The peer engine only: each slice of the operation on two thread blocks, one sending and
+    /// one receiving at its own pace (`channels` is then even: half send, half receive).
+    pub split: bool,
     /// Why each part is what it is.
     pub why: Why,
 }
@@ -434,6 +437,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
                 chunk_elems: op.count.max(1),
                 zero_copy: false,
                 post_output: false,
+                split: false,
                 why: Why {
                     algo: "what each rank sends is within FERROCCL_GPU_ONESHOT_MAX_BYTES (FERROCCL_GPU_PEER_FROM_BYTES where the peer engine serves it)",
                     protocol: "the direct engine's flags in the data",
@@ -455,6 +459,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             chunk_elems: (ce_slot / es).max(1),
             zero_copy: false,
             post_output: false,
+            split: false,
             why: Why {
                 algo: "data movement from FERROCCL_GPU_COPY_ENGINE_BYTES up: one message per pair by copy engines",
                 protocol: "staging slots handed over by stream memory operations",
@@ -480,6 +485,11 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             CollKind::AllReduce if !one_crossing => (Algo::TwoShot, slot_elems.saturating_mul(op.nranks)),
             _ => (Algo::OneShot, slot_elems.saturating_mul(2)),
         };
+        // FERROCCL_GPU_PEER_SPLIT: one-phase rounds on a send block and a receive block a
+        // slice. Not in place where the receive block's writes land on input the send block may
+        // not have sent yet (all-to-all, the one-shot all-reduce); needs two blocks.
+        let split = cfg.gpu_peer_split && algo == Algo::OneShot && channels >= 2 && !(op.in_place && matches!(op.kind, CollKind::AllToAll | CollKind::AllReduce));
+        let channels = if split { channels / 2 * 2 } else { channels };
         return Choice {
             algo,
             protocol: Protocol::Simple,
@@ -488,6 +498,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             chunk_elems,
             zero_copy: false,
             post_output: false,
+            split,
             why: Why {
                 algo: if algo == Algo::TwoShot {
                     "all-reduce beyond the direct engine: two-shot on the peer engine"
@@ -497,7 +508,11 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
                     "beyond the direct engine: one round per slot on the peer engine"
                 },
                 protocol: "the peer engine's flag per block and round",
-                channels: "one per 32 KiB of the largest buffer, up to the blocks its staging is cut for (FERROCCL_GPU_PEER_BLOCKS: 64 on 2 ranks, 32 beyond)",
+                channels: if split {
+                    "one per 32 KiB of the largest buffer, up to the blocks its staging is cut for (FERROCCL_GPU_PEER_BLOCKS), half sending and half receiving (FERROCCL_GPU_PEER_SPLIT)"
+                } else {
+                    "one per 32 KiB of the largest buffer, up to the blocks its staging is cut for (FERROCCL_GPU_PEER_BLOCKS: 64 on 2 ranks, 32 beyond)"
+                },
             },
         };
     }
@@ -559,6 +574,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         chunk_elems,
         zero_copy,
         post_output: zero_copy && may_post(op.kind, op.in_place),
+        split: false,
         why: Why { algo: why_algo, protocol: why_protocol, channels: why_channels },
     }
 }

@@ -536,3 +536,43 @@ fn estimates_grow_with_size_and_ranks_and_match_the_measured_ends() {
     // Sizes that overflow are infinitely slow, not a panic.
     assert!(estimate_launch_us(&[f32_shape(CollKind::AllGather, usize::MAX / 2, 4)], Device::Gpu, &cfg).is_infinite());
 }
+
+/// FERROCCL_GPU_PEER_SPLIT: the peer engine's one-phase rounds on a send block and a receive
+/// block a slice (an even grid), never a two-shot all-reduce, an in-place all-to-all or
+/// all-reduce (the receive block could overwrite input not yet sent), nor a single block; off
+/// by default.
+#[test]
+fn the_peer_engine_splits_one_phase_rounds_only_where_asked_and_safe() {
+    use CollKind::*;
+    let on = Config { gpu_peer_split: true, ..Config::default() };
+    for (kind, n, in_place, split) in [
+        (AllGather, 2, false, true),
+        (AllGather, 2, true, true),
+        (AllToAll, 2, false, true),
+        (AllToAll, 2, true, false),
+        (AllReduce, 2, false, true),
+        (AllReduce, 2, true, false),
+        (AllReduce, 3, false, false),
+        (ReduceScatter, 3, true, true),
+        (Gather, 3, false, true),
+        (Broadcast, 2, true, true),
+        (Reduce, 2, false, true),
+    ] {
+        let shape = OpShape { in_place, ..shape(kind, 1 << 22, Float32, n) };
+        let c = choose(&shape, Device::Gpu, &on);
+        assert_eq!(c.engine, Engine::PeerKernel, "{kind} on {n}: {c}");
+        assert_eq!(c.split, split, "{kind} on {n}, in place {in_place}: {c}");
+        if split {
+            assert!(c.channels >= 2 && c.channels.is_multiple_of(2) && c.channels <= peer_blocks(&on, n), "{c}");
+            assert!(c.to_string().contains("FERROCCL_GPU_PEER_SPLIT"), "{c}");
+        }
+        assert!(!choose(&shape, Device::Gpu, &Config::default()).split, "off by default");
+    }
+    // Odd grids round down; one block stays whole.
+    let odd = Config { gpu_peer_blocks: 7, ..on.clone() };
+    assert_eq!(choose(&shape(AllGather, 1 << 22, Float32, 2), Device::Gpu, &odd).channels, 6);
+    let one = Config { gpu_peer_blocks: 1, ..on };
+    let c = choose(&shape(AllGather, 1 << 22, Float32, 2), Device::Gpu, &one);
+    assert_eq!((c.channels, c.split), (1, false));
+}
+

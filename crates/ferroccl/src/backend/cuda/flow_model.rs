@@ -35,6 +35,9 @@ struct Launch {
     kind: Kind,
     rounds: u64,
     root: usize,
+    /// `Engine::PeerSplit` only: whether a one-phase launch is split (the tuner keeps in-place
+    /// all-to-alls and all-reduces whole); two-shot all-reduces never are.
+    split: bool,
 }
 
 /// A slot's life: stored round s, being read (until the reader's next barrier), released.
@@ -71,10 +74,10 @@ enum Engine {
     Peer,
     /// One round a launch, no acknowledgement inside a launch, one phase for every kind.
     Direct,
-    /// A design for the peer engine, not yet in the kernel (docs/PERFORMANCE.md, "What limits
-    /// us now"): one-phase rounds (every kind but the two-shot all-reduce) split each block
-    /// into send warps and receive warps that go at their own pace, so that the link is busy
-    /// while the receive warps copy out. The send warps check for room before every round and
+    /// The peer engine's split launches (`FERROCCL_GPU_PEER_SPLIT`, off by default): one-phase
+    /// rounds (every kind but the two-shot all-reduce) on two blocks a slice, one sending and
+    /// one receiving at its own pace (the model's two agents of a rank: "warps" below), so that
+    /// the link is busy while the receiver copies out. The send warps check for room before every round and
     /// flag it at their own barrier; the receive warps wait, read, and at their own barrier
     /// acknowledge every round to every peer. Two-shot all-reduces run as `Peer` does, in the
     /// send warps' program, the receive warps idle.
@@ -167,11 +170,14 @@ fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
         send.push(Step::Join { id });
         recv.push(Step::Join { id });
         // The previous launch's last round, acknowledged at the start (a two-shot's: its reads
-        // ended at its kernel's end; a split launch's receive warps acknowledged it already).
+        // ended at its kernel's end; a split launch's receive warps acknowledged it already),
+        // by the group that acknowledges this launch's rounds: in a split launch the receive
+        // warps, whose later acknowledgements must not be overtaken by this one.
         if s > 0 {
-            send.push(Step::Barrier { ack: s, flag: None, s });
+            let who = if l.kind == Kind::AllReduce || !l.split { &mut send } else { &mut recv };
+            who.push(Step::Barrier { ack: s, flag: None, s });
         }
-        if l.kind == Kind::AllReduce {
+        if l.kind == Kind::AllReduce || !l.split {
             // The unsplit program, on the send warps.
             let mut one = program_of(Engine::Peer, me, n, &[Launch { rounds: l.rounds, ..*l }]);
             let first = s;
@@ -188,14 +194,15 @@ fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
             }
             // Its first round looks for room unless the round before was this block's own
             // symmetric, unsplit one (a split round's flags say nothing of the receive warps).
-            if after_symmetric {
+            let symmetric = matches!(l.kind, Kind::AllReduce | Kind::Symmetric);
+            if after_symmetric && symmetric {
                 if let Some(i) = one.iter().position(|st| matches!(st, Step::Room { .. })) {
                     one.remove(i);
                 }
             }
             send.extend(one);
             s += l.rounds;
-            after_symmetric = true;
+            after_symmetric = symmetric;
             continue;
         }
         for _ in 0..l.rounds {
@@ -393,7 +400,7 @@ proptest! {
         seed in any::<u64>(),
         greedy in any::<bool>(),
     ) {
-        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root)| Launch { kind, rounds, root: root % n }).collect();
+        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root)| Launch { kind, rounds, root: root % n, split: true }).collect();
         let r = run(n, &launches, seed, greedy);
         prop_assert!(r.is_ok(), "{n} ranks, {launches:?}, greedy {greedy}: {}", r.unwrap_err());
     }
@@ -413,7 +420,7 @@ proptest! {
         greedy in any::<bool>(),
     ) {
         // rounds: 0 a launch without this block, 1 one that exchanges, 2 an empty slice.
-        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root)| Launch { kind, rounds, root: root % n }).collect();
+        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root)| Launch { kind, rounds, root: root % n, split: true }).collect();
         let r = run_engine(Engine::Direct, n, &launches, seed, greedy);
         prop_assert!(r.is_ok(), "{n} ranks, {launches:?}, greedy {greedy}: {}", r.unwrap_err());
     }
@@ -429,11 +436,11 @@ proptest! {
     #[test]
     fn the_split_peer_engine_design_holds_in_any_interleaving(
         n in 2usize..=5,
-        ops in prop::collection::vec((kind_strategy(), 0u64..=4, any::<usize>()), 1..8),
+        ops in prop::collection::vec((kind_strategy(), 0u64..=4, any::<usize>(), prop::bool::weighted(0.75)), 1..8),
         seed in any::<u64>(),
         greedy in any::<bool>(),
     ) {
-        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root)| Launch { kind, rounds, root: root % n }).collect();
+        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root, split)| Launch { kind, rounds, root: root % n, split }).collect();
         let r = run_engine(Engine::PeerSplit, n, &launches, seed, greedy);
         prop_assert!(r.is_ok(), "{n} ranks, {launches:?}, greedy {greedy}: {}", r.unwrap_err());
     }
@@ -446,7 +453,7 @@ proptest! {
 #[test]
 fn the_model_catches_a_broken_split_design() {
     let n = 2;
-    let ag = [Launch { kind: Kind::Symmetric, rounds: 6, root: 0 }];
+    let ag = [Launch { kind: Kind::Symmetric, rounds: 6, root: 0, split: true }];
     for seed in 1..200 {
         assert!(run_engine(Engine::PeerSplit, n, &ag, seed, seed % 2 == 0).is_ok());
     }
@@ -469,7 +476,7 @@ fn the_model_catches_a_broken_split_design() {
 #[test]
 fn the_model_catches_a_broken_flow_control() {
     let n = 2;
-    let bcast = Launch { kind: Kind::FromRoot, rounds: 4, root: 0 };
+    let bcast = Launch { kind: Kind::FromRoot, rounds: 4, root: 0, split: false };
     // As the kernel runs it: fine under any schedule tried.
     for seed in 1..200 {
         assert!(run(n, &[bcast], seed, seed % 2 == 0).is_ok());
@@ -504,7 +511,7 @@ fn the_model_catches_a_broken_flow_control() {
     assert!(pc[0] < programs[0].len(), "the root finished without acknowledgements");
     // The direct engine alike: a root running ahead through three broadcasts without room
     // checks overwrites the first one's lines unread.
-    let bcasts = [Launch { kind: Kind::FromRoot, rounds: 1, root: 0 }; 3];
+    let bcasts = [Launch { kind: Kind::FromRoot, rounds: 1, root: 0, split: false }; 3];
     let root: Vec<Step> = strip_room(program_of(Engine::Direct, 0, n, &bcasts));
     let mut w = World::new(n);
     let broke = root.iter().try_for_each(|step| w.take(0, step)).unwrap_err();

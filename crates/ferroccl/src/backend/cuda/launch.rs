@@ -154,7 +154,7 @@ enum Run {
     Direct { blocks: u32 },
     /// The peer kernel, on this many blocks, in rounds of this many elements per block;
     /// `oneshot`: an all-reduce in one crossing (2 ranks).
-    Peer { blocks: u32, chunk: u64, oneshot: bool },
+    Peer { blocks: u32, chunk: u64, oneshot: bool, split: bool },
     /// The copy engines: no kernel; this rank's commands for the shape.
     Copy(Arc<Schedule>),
     /// The plan kernel's point-to-point form: the plan's sends and receives, each with its
@@ -385,7 +385,7 @@ impl CudaComm {
                         Engine::DirectKernel if self.direct.is_some() => Run::Direct { blocks },
                         Engine::PeerKernel if self.peer.is_some() => {
                             let oneshot = c.algo == Algo::OneShot && args[0].kind == CollKind::AllReduce;
-                            Run::Peer { blocks, chunk: c.chunk_elems as u64, oneshot }
+                            Run::Peer { blocks, chunk: c.chunk_elems as u64, oneshot, split: c.split }
                         }
                         Engine::CopyEngine if self.ce.is_some() => {
                             let ce = self.ce.as_ref().expect("checked");
@@ -482,7 +482,7 @@ impl CudaComm {
                 self.last_blocks.store(0, Ordering::Relaxed);
                 self.ce.as_ref().expect("checked when the entry was made").enqueue(&lanes, &ce_op(&args[0]), stream)
             }
-            Run::Peer { blocks, chunk, oneshot } => {
+            Run::Peer { blocks, chunk, oneshot, split } => {
                 let (module, kernels, template) = self.peer.as_ref().expect("checked when the entry was made");
                 let a = &args[0];
                 let param = FcPeer {
@@ -492,6 +492,7 @@ impl CudaComm {
                     nblocks: blocks,
                     root: a.root as u32,
                     oneshot: oneshot as u32,
+                    split: split as u32,
                     op: ops[0],
                     ..*template
                 };

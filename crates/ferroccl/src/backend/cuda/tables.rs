@@ -229,7 +229,9 @@ pub(crate) struct FcPeer {
     /// Blocks the staging is cut for (`tune::peer_blocks`): the stride of the slots' block index,
     /// and the most blocks a launch may run.
     pub blocks: u32,
-    pub reserved: u32,
+    /// 1: the grid's first half sends and its second half receives, a slice on two blocks
+    /// (the tuner's `Choice::split`).
+    pub split: u32,
     pub op: FcOp,
 }
 
@@ -374,7 +376,7 @@ layout! {
                     kind @ 296, rank @ 300, nranks @ 304, root @ 308, nblocks @ 312, reserved @ 316, op @ 320 }
     FcPeer: 400 { stage @ 0, flags @ 128, seqs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
                   chunk @ 296, slot_bytes @ 304, kind @ 312, rank @ 316, nranks @ 320, nblocks @ 324, root @ 328,
-                  oneshot @ 332, blocks @ 336, reserved @ 340, op @ 344 }
+                  oneshot @ 332, blocks @ 336, split @ 340, op @ 344 }
     FcP2pStep: 56 { base @ 0, tail @ 8, counter @ 16, buf @ 24, bytes @ 32, piece @ 36, slots @ 40, conn @ 44,
                     peer @ 48, block @ 52, dir @ 54, ll @ 55 }
     FcP2p: 3624 { conns @ 0, abort @ 8, error @ 16, timeout_ns @ 24, rank @ 32, nsteps @ 36, steps @ 40 }

@@ -76,13 +76,13 @@ __device__ __forceinline__ bool peer_in(const FcPeer& P, fc_u32 q, fc_u32 only) 
 // acknowledgement lines (acquire; usually long since there, so no block barrier stands on the
 // way to the first store), and the warp barrier orders the other lanes' stores after it. False
 // on failure, decided for the block at the next barrier.
-__device__ __forceinline__ bool peer_room(const FcPeer& P, fc_u64 s, fc_u32 to) {
+__device__ __forceinline__ bool peer_room(const FcPeer& P, fc_u32 slice, fc_u64 s, fc_u32 to) {
     if (s <= 2) return true;
     int ok = 1;
     if ((threadIdx.x & 31u) == 0) {
         for (fc_u32 q = 0; q < P.nranks && ok; ++q) {
             if (!peer_in(P, q, to)) continue;
-            const fc_u64* f = peer_flag(P, P.rank, blockIdx.x, q, 2);
+            const fc_u64* f = peer_flag(P, P.rank, slice, q, 2);
             fc_u32 polls = 0;
             fc_u64 since = 0;
             fc_u64 v;
@@ -104,12 +104,12 @@ __device__ __forceinline__ bool peer_room(const FcPeer& P, fc_u64 s, fc_u32 to) 
 // q this block's stores of the phase are done. The ordering of fifo.cuh: the barrier puts
 // every thread's stores before thread q's release, which is cumulative and orders the flag
 // after them.
-__device__ __forceinline__ bool peer_signal(const FcPeer& P, fc_u32 phase, fc_u64 s, fc_u32 to, int bad, fc_u64 ack) {
+__device__ __forceinline__ bool peer_signal(const FcPeer& P, fc_u32 slice, fc_u32 phase, fc_u64 s, fc_u32 to, int bad, fc_u64 ack) {
     if (__syncthreads_or(bad)) return false;
     const fc_u32 q = threadIdx.x;
-    if (ack > 0 && peer_in(P, q, FC_PEER_ALL)) st_release_sys(peer_flag(P, q, blockIdx.x, P.rank, 2), ack);
+    if (ack > 0 && peer_in(P, q, FC_PEER_ALL)) st_release_sys(peer_flag(P, q, slice, P.rank, 2), ack);
     if (phase < FC_PEER_PHASES && peer_in(P, q, to)) {
-        st_release_sys(peer_flag(P, q, blockIdx.x, P.rank, phase), s);
+        st_release_sys(peer_flag(P, q, slice, P.rank, phase), s);
     }
     return true;
 }
@@ -118,11 +118,11 @@ __device__ __forceinline__ bool peer_signal(const FcPeer& P, fc_u32 phase, fc_u6
 // the peers `from` names; false, on every thread, when a wait failed (abort, deadline,
 // another block's failure). The barrier also orders every thread's later loads after the
 // acquiring poll.
-__device__ __forceinline__ bool peer_wait(const FcPeer& P, fc_u32 phase, fc_u64 s, fc_u32 from) {
+__device__ __forceinline__ bool peer_wait(const FcPeer& P, fc_u32 slice, fc_u32 phase, fc_u64 s, fc_u32 from) {
     int bad = 0;
     const fc_u32 q = threadIdx.x;
     if (peer_in(P, q, from)) {
-        const fc_u64* f = peer_flag(P, P.rank, blockIdx.x, q, phase);
+        const fc_u64* f = peer_flag(P, P.rank, slice, q, phase);
         fc_u32 polls = 0;
         fc_u64 since = 0;
         fc_u64 v;
@@ -134,6 +134,22 @@ __device__ __forceinline__ bool peer_wait(const FcPeer& P, fc_u32 phase, fc_u64 
         }
     }
     return __syncthreads_or(bad) == 0;
+}
+
+// A split launch (FcPeer::split, FERROCCL_GPU_PEER_SPLIT, one-phase rounds only) runs each slice
+// on two blocks: the first half of the grid sends (room, stores, flags, the own block's copy),
+// the second half receives (waits, reads, and acknowledges every round to every peer), each at
+// its own pace, so that the link stays busy while the receiver copies out. The flow model's
+// `Engine::PeerSplit` proves the protocol. Otherwise one block does both, as described above.
+#define FC_ROLE_BOTH 0u
+#define FC_ROLE_SEND 1u
+#define FC_ROLE_RECV 2u
+
+// A receive block, at the end of round s: every thread's reads came before the barrier; thread
+// q then acknowledges s to peer q (a release, so that q's stores into the slots come after).
+__device__ __forceinline__ void peer_ack(const FcPeer& P, fc_u32 slice, fc_u64 s) {
+    __syncthreads();
+    if (peer_in(P, threadIdx.x, FC_PEER_ALL)) st_release_sys(peer_flag(P, threadIdx.x, slice, P.rank, 2), s);
 }
 
 // FC_PEER_TRACE (a diagnostic, FERROCCL_KERNEL_DEFINES=FC_PEER_TRACE=64): block 0's thread 0
@@ -152,8 +168,8 @@ __device__ fc_u64 fc_peer_trace[10];
 // which must look at the acknowledgements. D: the element type; SHAPE: the instance's
 // (reduce.cuh, FC_SHAPE_*).
 template <typename D, int SHAPE>
-__device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, bool first) {
-    const fc_u32 n = P.nranks, me = P.rank, b = blockIdx.x, t = P.root;
+__device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, bool first, fc_u32 slice, fc_u32 role) {
+    const fc_u32 n = P.nranks, me = P.rank, b = slice, t = P.root;
     const fc_u32 kind = shape_kind<SHAPE>(P.kind);
     // The reduction is Sum wherever the shape says so: the loops need not choose it.
     constexpr bool SUM = SHAPE != FC_SHAPE_ANY;
@@ -167,10 +183,14 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     // launch's first round after a rooted operation's and rooted rounds look at the
     // acknowledgements.
     const bool symmetric = symmetric_kind(kind);
-    const bool check_room = first || !symmetric;
+    // A send block of a split launch hears of its receivers' reads only from their
+    // acknowledgements: it looks before every round.
+    const bool check_room = first || !symmetric || role == FC_ROLE_SEND;
     // Acknowledgements within a launch matter only to rooted rounds; the launch's last round is
-    // acknowledged at the start of the next, for whatever runs then.
-    const fc_u64 ack = symmetric ? 0 : s - 1;
+    // acknowledged at the start of the next, for whatever runs then. A split launch's receive
+    // blocks acknowledge every round themselves (peer_ack).
+    const fc_u64 ack = (symmetric || role != FC_ROLE_BOTH) ? 0 : s - 1;
+    const bool sending = role != FC_ROLE_RECV, receiving = role != FC_ROLE_SEND;
     if (kind == FC_KIND_ALL_REDUCE && P.oneshot) {
         // One crossing on 2 ranks (the host's choice): each rank stores its whole round (twice a
         // slot, both phases' slots of the parity) into the peer's staging, and both fold the two
@@ -178,13 +198,16 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
         // round each way, twice), without the second flag, wait and copy.
         const fc_u32 q = 1u - me;
         FC_PEER_STAMP(1);
-        const int bad = check_room && !peer_room(P, s, FC_PEER_ALL);
-        FC_PEER_STAMP(2);
-        if (!bad) transform_as<D, SUM>(op, peer_slot(P, q, b, me, 0, s), in + at * es, len, true, false);
-        FC_PEER_STAMP(3);
-        if (!peer_signal(P, 0, s, FC_PEER_ALL, bad, ack)) return false;
+        if (sending) {
+            const int bad = check_room && !peer_room(P, b, s, FC_PEER_ALL);
+            FC_PEER_STAMP(2);
+            if (!bad) transform_as<D, SUM>(op, peer_slot(P, q, b, me, 0, s), in + at * es, len, true, false);
+            FC_PEER_STAMP(3);
+            if (!peer_signal(P, b, 0, s, FC_PEER_ALL, bad, ack)) return false;
+        }
+        if (!receiving) return true;
         FC_PEER_STAMP(4);
-        if (!peer_wait(P, 0, s, FC_PEER_ALL)) return false;
+        if (!peer_wait(P, b, 0, s, FC_PEER_ALL)) return false;
         FC_PEER_STAMP(5);
         // reduce_as folds (received, local): rank 0 gets (rank 1's, rank 0's). Sum, its
         // pre-multiplied and averaged forms, and Prod give the same bits either way round; Max
@@ -193,6 +216,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
         const fc_u8* theirs = peer_slot(P, me, b, q, 0, s);
         const bool swap = !SUM && me == 1u && (op.redop == FC_OP_MAX || op.redop == FC_OP_MIN);
         reduce_as<D, SUM>(op, out + at * es, nullptr, swap ? mine : theirs, swap ? theirs : mine, len, true, true);
+        if (role == FC_ROLE_RECV) peer_ack(P, b, s);
         // No second crossing: the trace's steps after the reduce read 0.
         FC_PEER_STAMP(6);
         FC_PEER_STAMP(7);
@@ -203,7 +227,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     if (kind == FC_KIND_ALL_REDUCE) {
         // Share q of the round: [at + cut(q), at + cut(q + 1)).
         FC_PEER_STAMP(1);
-        const int bad = check_room && !peer_room(P, s, FC_PEER_ALL);
+        const int bad = check_room && !peer_room(P, b, s, FC_PEER_ALL);
         FC_PEER_STAMP(2);
         for (fc_u32 j = 1; j < n && !bad; ++j) {
             const fc_u32 q = (me + j) % n;
@@ -211,9 +235,9 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
             if (e > a) transform_as<D, SUM>(op, peer_slot(P, q, b, me, 0, s), in + (at + a) * es, e - a, true, false);
         }
         FC_PEER_STAMP(3);
-        if (!peer_signal(P, 0, s, FC_PEER_ALL, bad, ack)) return false;
+        if (!peer_signal(P, b, 0, s, FC_PEER_ALL, bad, ack)) return false;
         FC_PEER_STAMP(4);
-        if (!peer_wait(P, 0, s, FC_PEER_ALL)) return false;
+        if (!peer_wait(P, b, 0, s, FC_PEER_ALL)) return false;
         FC_PEER_STAMP(5);
         const fc_u64 a = cut(len, n, me), e = cut(len, n, me + 1);
         fc_u8* own = out + (at + a) * es;
@@ -239,9 +263,9 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
             }
         }
         FC_PEER_STAMP(6);
-        if (!peer_signal(P, 1, s, FC_PEER_ALL, 0, 0)) return false;
+        if (!peer_signal(P, b, 1, s, FC_PEER_ALL, 0, 0)) return false;
         FC_PEER_STAMP(7);
-        if (!peer_wait(P, 1, s, FC_PEER_ALL)) return false;
+        if (!peer_wait(P, b, 1, s, FC_PEER_ALL)) return false;
         FC_PEER_STAMP(8);
         for (fc_u32 j = 1; j < n; ++j) {
             const fc_u32 q = (me + n - j) % n;
@@ -262,8 +286,8 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     const bool sends = !(to_root && me == t) && !(from_root && me != t);
     const bool receives = !(to_root && me != t) && !(from_root && me == t);
     const bool reduces = kind == FC_KIND_REDUCE_SCATTER || kind == FC_KIND_REDUCE;
-    const int bad = sends && check_room && !peer_room(P, s, targets);
-    if (sends && !bad) {
+    const int bad = sending && sends && check_room && !peer_room(P, b, s, targets);
+    if (sending && sends && !bad) {
         for (fc_u32 j = 1; j < n; ++j) {
             const fc_u32 q = (me + j) % n;
             if (!peer_in(P, q, targets)) continue;
@@ -279,11 +303,13 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     const fc_u8* own_src;
     fc_u8* own_dst;
     own_copy(kind, me, t, c, at, es, in, out, own_src, own_dst);
-    if (!peer_signal(P, sends ? 0u : FC_PEER_PHASES, s, targets, bad, ack)) return false;
-    // After the flags: the receivers start on their copies while this block makes its own.
-    if (own_src != nullptr && own_src != own_dst) copy_bytes(own_dst, nullptr, own_src, bytes);
-    if (receives) {
-        if (!peer_wait(P, 0, s, sources)) return false;
+    if (sending) {
+        if (!peer_signal(P, b, sends ? 0u : FC_PEER_PHASES, s, targets, bad, ack)) return false;
+        // After the flags: the receivers start on their copies while this block makes its own.
+        if (own_src != nullptr && own_src != own_dst) copy_bytes(own_dst, nullptr, own_src, bytes);
+    }
+    if (receiving && receives) {
+        if (!peer_wait(P, b, 0, s, sources)) return false;
         if (reduces) {
             fc_u8* o = out + at * es;
             const fc_u8* mine = in + ((kind == FC_KIND_REDUCE_SCATTER ? me * c : 0) + at) * es;
@@ -301,6 +327,8 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
             }
         }
     }
+    // Every round, whether this rank received in it or not, so that the counters move alike.
+    if (role == FC_ROLE_RECV) peer_ack(P, b, s);
     return true;
 }
 
@@ -314,6 +342,8 @@ template <typename D, fc_u32 DTYPE, int SHAPE>
 __device__ __forceinline__ void peer_main(const FcPeer& P) {
     if (blockIdx.x >= P.nblocks || P.nranks < 2u || P.nranks > FC_PEER_MAX_RANKS || P.rank >= P.nranks) return;
     if (P.nblocks > P.blocks || P.blocks > FC_PEER_MAX_BLOCKS) return;
+    // A split launch: an even grid, one-phase rounds (the host's choice; see FC_ROLE_*).
+    if (P.split != 0u && ((P.nblocks & 1u) != 0u || (P.kind == FC_KIND_ALL_REDUCE && P.oneshot == 0u))) return;
     if (P.op.dtype != DTYPE || !fc::redop_valid(P.op.redop) || P.chunk == 0) return;
     if (!fc::shape_serves<SHAPE>(P.kind, P.op.redop)) return;
     if (P.oneshot != 0u && (P.kind != FC_KIND_ALL_REDUCE || P.nranks != 2u)) return;
@@ -323,21 +353,31 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
     if (err != nullptr && err->claimed != 0u) return;
     // Every thread reads the counter itself; thread 0 advances it at the end, past the rounds'
     // barriers (a block without rounds leaves it as it is).
-    const fc_u64 word = ((const volatile fc_u64*)P.seqs)[blockIdx.x];
+    const bool split = P.split != 0u;
+    const fc_u32 nslices = split ? P.nblocks / 2u : P.nblocks;
+    const fc_u32 slice = split ? blockIdx.x % nslices : blockIdx.x;
+    const fc_u32 role = !split ? FC_ROLE_BOTH : (blockIdx.x < nslices ? FC_ROLE_SEND : FC_ROLE_RECV);
+    const fc_u64 word = ((const volatile fc_u64*)P.seqs)[slice];
     const fc_u64 seq = word & ~FC_AFTER_SYMMETRIC;
     const bool after_symmetric = (word & FC_AFTER_SYMMETRIC) != 0;
-    // The previous launch's last round is over here (see the top).
-    if (seq > 0 && fc::peer_in(P, threadIdx.x, FC_PEER_ALL)) fc::st_relaxed_sys(fc::peer_flag(P, threadIdx.x, blockIdx.x, P.rank, 2), seq);
-    const fc_u64 start = fc::cut(P.count, P.nblocks, blockIdx.x), end = fc::cut(P.count, P.nblocks, blockIdx.x + 1);
+    // The previous launch's last round is over here (see the top); in a split launch the receive
+    // block says so, as its own later acknowledgements (same thread, same line) must not be
+    // overtaken by this one.
+    if (seq > 0 && role != FC_ROLE_SEND && fc::peer_in(P, threadIdx.x, FC_PEER_ALL)) {
+        fc::st_relaxed_sys(fc::peer_flag(P, threadIdx.x, slice, P.rank, 2), seq);
+    }
+    const fc_u64 start = fc::cut(P.count, nslices, slice), end = fc::cut(P.count, nslices, slice + 1);
     fc_u64 s = seq;
     for (fc_u64 at = start; at < end; at += P.chunk) {
         const fc_u64 len = end - at < P.chunk ? end - at : P.chunk;
         ++s;
-        if (!fc::peer_round<D, SHAPE>(P, at, len, s, s == seq + 1 && !after_symmetric)) return;
+        if (!fc::peer_round<D, SHAPE>(P, at, len, s, s == seq + 1 && !after_symmetric, slice, role)) return;
     }
     fc::release_next_grid();
-    if (threadIdx.x == 0 && s > seq) {
-        ((volatile fc_u64*)P.seqs)[blockIdx.x] = s | (fc::symmetric_kind(P.kind) ? FC_AFTER_SYMMETRIC : 0);
+    // One block of a slice writes its counter. A split launch's flags say nothing of its
+    // receive blocks' reads, so the next launch looks for room as after a rooted one.
+    if (threadIdx.x == 0 && s > seq && role != FC_ROLE_RECV) {
+        ((volatile fc_u64*)P.seqs)[slice] = s | (fc::symmetric_kind(P.kind) && !split ? FC_AFTER_SYMMETRIC : 0);
     }
 #ifdef FC_PEER_TRACE
     if (threadIdx.x == 0 && blockIdx.x == 0 && P.kind == FC_KIND_ALL_REDUCE && s % FC_PEER_TRACE == 0) {

@@ -258,7 +258,7 @@ struct FcPeer {
     fc_u32 root;                      // rooted operations' root
     fc_u32 oneshot;                   // 1: an all-reduce on 2 ranks in one crossing (peer.cu)
     fc_u32 blocks;                    // blocks the staging is cut for (the slots' block stride)
-    fc_u32 reserved;
+    fc_u32 split;                     // 1: each slice on a send block and a receive block (peer.cu)
     FcOp op;
 };
 FC_CHECK_SIZE(FcPeer, 400);
@@ -278,7 +278,7 @@ FC_CHECK_OFFSET(FcPeer, nblocks, 324);
 FC_CHECK_OFFSET(FcPeer, root, 328);
 FC_CHECK_OFFSET(FcPeer, oneshot, 332);
 FC_CHECK_OFFSET(FcPeer, blocks, 336);
-FC_CHECK_OFFSET(FcPeer, reserved, 340);
+FC_CHECK_OFFSET(FcPeer, split, 340);
 FC_CHECK_OFFSET(FcPeer, op, 344);
 
 // ---- the point-to-point kernel (p2p.cuh, in the plan kernel's module) ---------------------------
