@@ -90,75 +90,87 @@ fn program(me: usize, n: usize, launches: &[Launch]) -> Vec<Step> {
 }
 
 fn program_of(engine: Engine, me: usize, n: usize, launches: &[Launch]) -> Vec<Step> {
-    let peers: Vec<usize> = (0..n).filter(|&q| q != me).collect();
     let mut steps = Vec::new();
     let mut s = 0u64;
     // Whether the block's last round exchanged with every peer (both kernels keep it in their
     // counter's top bit): its flags then stand for the acknowledgements.
     let mut after_symmetric = false;
     for l in launches {
-        // The direct engine's launches: `rounds` 0 stands for one without this block (fewer
-        // blocks), 1 for one that exchanges lines, 2 or more for one whose slice of this block
-        // is empty (it counts the epoch and acknowledges, but stores and reads nothing).
-        let empty_slice = engine == Engine::Direct && l.rounds >= 2;
-        let rounds = if engine == Engine::Direct { l.rounds.min(1) } else { l.rounds };
-        // The launch's start: the previous launch, complete, acknowledged to every peer (its
-        // reads ended at its end, a step of this program before this one). A launch of no
-        // rounds stands for one without this block (fewer blocks), which acknowledges nothing.
-        if s > 0 && rounds > 0 {
-            steps.push(Step::Barrier { ack: s, flag: None, s });
-        }
-        if empty_slice {
-            s += 1;
-            after_symmetric = false;
-            continue;
-        }
-        for k in 0..rounds {
-            s += 1;
-            let symmetric = matches!(l.kind, Kind::AllReduce | Kind::Symmetric);
-            let check_room = (k == 0 && !after_symmetric) || !symmetric;
-            let ack = if symmetric || engine == Engine::Direct { 0 } else { s - 1 };
-            let (targets, sources): (Vec<usize>, Vec<usize>) = match l.kind {
-                Kind::AllReduce | Kind::Symmetric => (peers.clone(), peers.clone()),
-                Kind::FromRoot if me == l.root => (peers.clone(), Vec::new()),
-                Kind::FromRoot => (Vec::new(), vec![l.root]),
-                Kind::ToRoot if me == l.root => (Vec::new(), peers.clone()),
-                Kind::ToRoot => (vec![l.root], Vec::new()),
-            };
-            if check_room && !targets.is_empty() {
-                steps.push(Step::Room { peers: targets.clone(), s });
-            }
-            // The direct engine's one-shot is one line per peer whatever the kind; the peer
-            // engine's one-shot rounds (every kind but the two-shot all-reduce) fill both
-            // phases' slots of their parity.
-            let slots: &'static [usize] = if l.kind != Kind::AllReduce && engine == Engine::Peer { &[0, 1] } else { &[0] };
-            if !targets.is_empty() {
-                steps.push(Step::Store { to: targets.clone(), phases: slots, s });
-            }
-            let flag = (!targets.is_empty()).then(|| (0, targets.clone()));
-            steps.push(Step::Barrier { ack, flag, s });
-            if !sources.is_empty() {
-                steps.push(Step::WaitRead { from: sources.clone(), phase: 0, slots, s });
-            }
-            if l.kind == Kind::AllReduce && engine == Engine::Peer {
-                // The owner's result into every peer's result slot, after reading the inputs.
-                steps.push(Step::Store { to: peers.clone(), phases: &[1], s });
-                steps.push(Step::Barrier { ack: 0, flag: Some((1, peers.clone())), s });
-                steps.push(Step::WaitRead { from: peers.clone(), phase: 1, slots: &[1], s });
-            }
-        }
-        // The launch's end: its reads are over (acknowledged at the next launch's start).
-        if rounds > 0 {
-            steps.push(Step::Barrier { ack: 0, flag: None, s });
-            after_symmetric = matches!(l.kind, Kind::AllReduce | Kind::Symmetric);
-        }
+        push_launch(engine, me, n, l, &mut s, &mut after_symmetric, &mut steps);
     }
     steps
 }
 
+/// Who rank `me` stores into and reads from in a round of `kind` (`root`: a rooted kind's).
+fn ends(kind: Kind, me: usize, n: usize, root: usize) -> (Vec<usize>, Vec<usize>) {
+    let peers: Vec<usize> = (0..n).filter(|&q| q != me).collect();
+    match kind {
+        Kind::AllReduce | Kind::Symmetric => (peers.clone(), peers),
+        Kind::FromRoot if me == root => (peers, Vec::new()),
+        Kind::FromRoot => (Vec::new(), vec![root]),
+        Kind::ToRoot if me == root => (Vec::new(), peers),
+        Kind::ToRoot => (vec![root], Vec::new()),
+    }
+}
+
+/// Appends rank `me`'s steps for launch `l` run whole by one block, its rounds counted on from
+/// `s`, as the kernel runs them.
+fn push_launch(engine: Engine, me: usize, n: usize, l: &Launch, s: &mut u64, after_symmetric: &mut bool, steps: &mut Vec<Step>) {
+    let peers: Vec<usize> = (0..n).filter(|&q| q != me).collect();
+    // The direct engine's launches: `rounds` 0 stands for one without this block (fewer
+    // blocks), 1 for one that exchanges lines, 2 or more for one whose slice of this block
+    // is empty (it counts the epoch and acknowledges, but stores and reads nothing).
+    let empty_slice = engine == Engine::Direct && l.rounds >= 2;
+    let rounds = if engine == Engine::Direct { l.rounds.min(1) } else { l.rounds };
+    // The launch's start: the previous launch, complete, acknowledged to every peer (its
+    // reads ended at its end, a step of this program before this one). A launch of no
+    // rounds stands for one without this block (fewer blocks), which acknowledges nothing.
+    if *s > 0 && rounds > 0 {
+        steps.push(Step::Barrier { ack: *s, flag: None, s: *s });
+    }
+    if empty_slice {
+        *s += 1;
+        *after_symmetric = false;
+        return;
+    }
+    let symmetric = matches!(l.kind, Kind::AllReduce | Kind::Symmetric);
+    for k in 0..rounds {
+        *s += 1;
+        let s = *s;
+        let check_room = (k == 0 && !*after_symmetric) || !symmetric;
+        let ack = if symmetric || engine == Engine::Direct { 0 } else { s - 1 };
+        let (targets, sources) = ends(l.kind, me, n, l.root);
+        if check_room && !targets.is_empty() {
+            steps.push(Step::Room { peers: targets.clone(), s });
+        }
+        // The direct engine's one-shot is one line per peer whatever the kind; the peer
+        // engine's one-shot rounds (every kind but the two-shot all-reduce) fill both
+        // phases' slots of their parity.
+        let slots: &'static [usize] = if l.kind != Kind::AllReduce && engine == Engine::Peer { &[0, 1] } else { &[0] };
+        if !targets.is_empty() {
+            steps.push(Step::Store { to: targets.clone(), phases: slots, s });
+        }
+        let flag = (!targets.is_empty()).then(|| (0, targets));
+        steps.push(Step::Barrier { ack, flag, s });
+        if !sources.is_empty() {
+            steps.push(Step::WaitRead { from: sources, phase: 0, slots, s });
+        }
+        if l.kind == Kind::AllReduce && engine == Engine::Peer {
+            // The owner's result into every peer's result slot, after reading the inputs.
+            steps.push(Step::Store { to: peers.clone(), phases: &[1], s });
+            steps.push(Step::Barrier { ack: 0, flag: Some((1, peers.clone())), s });
+            steps.push(Step::WaitRead { from: peers.clone(), phase: 1, slots: &[1], s });
+        }
+    }
+    // The launch's end: its reads are over (acknowledged at the next launch's start).
+    if rounds > 0 {
+        steps.push(Step::Barrier { ack: 0, flag: None, s: *s });
+        *after_symmetric = symmetric;
+    }
+}
+
 /// The split design's two programs for rank `me`: its send warps' and its receive warps'.
 fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
-    let peers: Vec<usize> = (0..n).filter(|&q| q != me).collect();
     let (mut send, mut recv) = (Vec::new(), Vec::new());
     let mut s = 0u64;
     let mut after_symmetric = false;
@@ -169,51 +181,23 @@ fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
         }
         send.push(Step::Join { id });
         recv.push(Step::Join { id });
-        // The previous launch's last round, acknowledged at the start (a two-shot's: its reads
-        // ended at its kernel's end; a split launch's receive warps acknowledged it already),
-        // by the group that acknowledges this launch's rounds: in a split launch the receive
-        // warps, whose later acknowledgements must not be overtaken by this one.
-        if s > 0 {
-            let who = if l.kind == Kind::AllReduce || !l.split { &mut send } else { &mut recv };
-            who.push(Step::Barrier { ack: s, flag: None, s });
-        }
         if l.kind == Kind::AllReduce || !l.split {
-            // The unsplit program, on the send warps.
-            let mut one = program_of(Engine::Peer, me, n, &[Launch { rounds: l.rounds, ..*l }]);
-            let first = s;
-            for step in one.iter_mut() {
-                match step {
-                    Step::Room { s: x, .. } | Step::Store { s: x, .. } | Step::Barrier { s: x, .. } | Step::WaitRead { s: x, .. } => *x += first,
-                    Step::Join { .. } => {}
-                }
-                if let Step::Barrier { ack, .. } = step {
-                    if *ack > 0 {
-                        *ack += first;
-                    }
-                }
-            }
-            // Its first round looks for room unless the round before was this block's own
-            // symmetric, unsplit one (a split round's flags say nothing of the receive warps).
-            let symmetric = matches!(l.kind, Kind::AllReduce | Kind::Symmetric);
-            if after_symmetric && symmetric {
-                if let Some(i) = one.iter().position(|st| matches!(st, Step::Room { .. })) {
-                    one.remove(i);
-                }
-            }
-            send.extend(one);
-            s += l.rounds;
-            after_symmetric = symmetric;
+            // Whole, as `Peer` runs it, on the send warps (its first round looks for room unless
+            // the round before was this block's own whole symmetric one: a split round's flags
+            // say nothing of the receive warps).
+            push_launch(Engine::Peer, me, n, l, &mut s, &mut after_symmetric, &mut send);
             continue;
+        }
+        // The previous launch's last round, acknowledged at the start (a whole launch's: its
+        // reads ended at its kernel's end; a split launch's receive warps acknowledged it
+        // already) by the receive warps, whose later acknowledgements must not be overtaken by
+        // this one.
+        if s > 0 {
+            recv.push(Step::Barrier { ack: s, flag: None, s });
         }
         for _ in 0..l.rounds {
             s += 1;
-            let (targets, sources): (Vec<usize>, Vec<usize>) = match l.kind {
-                Kind::AllReduce | Kind::Symmetric => (peers.clone(), peers.clone()),
-                Kind::FromRoot if me == l.root => (peers.clone(), Vec::new()),
-                Kind::FromRoot => (Vec::new(), vec![l.root]),
-                Kind::ToRoot if me == l.root => (Vec::new(), peers.clone()),
-                Kind::ToRoot => (vec![l.root], Vec::new()),
-            };
+            let (targets, sources) = ends(l.kind, me, n, l.root);
             if !targets.is_empty() {
                 send.push(Step::Room { peers: targets.clone(), s });
                 send.push(Step::Store { to: targets.clone(), phases: &[0, 1], s });
