@@ -150,7 +150,7 @@ fn push_launch(engine: Engine, me: usize, n: usize, l: &Launch, s: &mut u64, aft
         if !targets.is_empty() {
             steps.push(Step::Store { to: targets.clone(), phases: slots, s });
         }
-        let flag = (!targets.is_empty()).then(|| (0, targets));
+        let flag = (!targets.is_empty()).then_some((0, targets));
         steps.push(Step::Barrier { ack, flag, s });
         if !sources.is_empty() {
             steps.push(Step::WaitRead { from: sources, phase: 0, slots, s });
