@@ -10,39 +10,10 @@
 //   nvcc -O3 -arch=sm_90 -o peer_rooted bench/probes/peer_rooted.cu && ./peer_rooted
 //
 // Prints one line per configuration: GB/s (bytes over the later GPU's time, median of 5 runs).
-#include <cuda_runtime.h>
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <vector>
 
-#define RK(x) do { cudaError_t r_ = (x); if (r_ != cudaSuccess) { std::fprintf(stderr, "%s:%d %s: %s\n", \
-    __FILE__, __LINE__, #x, cudaGetErrorString(r_)); std::exit(1); } } while (0)
-
-typedef unsigned long long u64;
-
-__device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ u64 ld_acquire_sys(const u64* p) {
-    u64 v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
-// dst[i] = src[i] over `n` 16-byte words, the block's threads striding, 4 loads in flight.
-__device__ __forceinline__ void copy16(uint4* dst, const uint4* src, size_t n) {
-    const unsigned nt = blockDim.x;
-    size_t i = threadIdx.x;
-    for (; i + 3 * (size_t)nt < n; i += 4 * (size_t)nt) {
-        uint4 v[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) v[u] = __ldcg(src + i + (size_t)u * nt);
-#pragma unroll
-        for (int u = 0; u < 4; ++u) dst[i + (size_t)u * nt] = v[u];
-    }
-    for (; i < n; i += nt) dst[i] = __ldcg(src + i);
-}
+#include "peer_common.cuh"
 
 // Thread 0 waits until *f reaches v; the barrier orders the block's later accesses after it.
 __device__ __forceinline__ void wait_for(const u64* f, u64 v) {
@@ -70,7 +41,7 @@ __global__ void __launch_bounds__(512) sender(Shape s, uint4* stage_peer, const 
         const size_t len = share - at < s.round ? share - at : s.round;
         if (s.acks && r > (u64)s.parities) wait_for(acks + blockIdx.x * 16, r - s.parities);
         uint4* slot = stage_peer + (((size_t)blockIdx.x * s.parities + (r % s.parities)) * s.round) / 16;
-        copy16(slot, src + (base + at) / 16, len / 16);
+        copy16<4>(slot, src + (base + at) / 16, len / 16);
         __syncthreads();
         if (threadIdx.x == 0) st_release_sys(flags_peer + blockIdx.x * 16, r);
     }
@@ -85,7 +56,7 @@ __global__ void __launch_bounds__(512) receiver(Shape s, const uint4* stage, uin
         const size_t len = share - at < s.round ? share - at : s.round;
         wait_for(flags + blockIdx.x * 16, r);
         const uint4* slot = stage + (((size_t)blockIdx.x * s.parities + (r % s.parities)) * s.round) / 16;
-        if (s.copyout) copy16(out + (base + at) / 16, slot, len / 16);
+        if (s.copyout) copy16<4>(out + (base + at) / 16, slot, len / 16);
         __syncthreads();
         if (threadIdx.x == 0) st_release_sys(acks_peer + blockIdx.x * 16, r);
     }

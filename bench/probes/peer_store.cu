@@ -9,43 +9,20 @@
 //
 // Prints one line per configuration: GB/s per direction (bytes sent by one GPU over the
 // slowest GPU's time, median of 5 runs).
-#include <cuda_runtime.h>
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <vector>
 
-#define RK(x) do { cudaError_t r_ = (x); if (r_ != cudaSuccess) { std::fprintf(stderr, "%s:%d %s: %s\n", \
-    __FILE__, __LINE__, #x, cudaGetErrorString(r_)); std::exit(1); } } while (0)
-
-__device__ __forceinline__ void st_release_sys(unsigned long long* p, unsigned long long v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-// dst[i] = src[i] over `n` 16-byte words, the block's threads striding, U loads in flight.
-template <int U>
-__device__ __forceinline__ void copy16(uint4* dst, const uint4* src, size_t n) {
-    const unsigned nt = blockDim.x;
-    size_t i = threadIdx.x;
-    for (; i + (size_t)(U - 1) * nt < n; i += (size_t)U * nt) {
-        uint4 v[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) v[u] = __ldcg(src + i + (size_t)u * nt);
-#pragma unroll
-        for (int u = 0; u < U; ++u) dst[i + (size_t)u * nt] = v[u];
-    }
-    for (; i < n; i += nt) dst[i] = __ldcg(src + i);
-}
+#include "peer_common.cuh"
 
 // Block b moves its share of `bytes` from src to dst in rounds of `round` bytes. fence: end
 // each round as peer.cu does (barrier, thread 0's release of a flag line at `flags`). out: after
 // each round, copy the same bytes from `stage` to `out` (both local: the receiver's copy-out).
 template <int U>
 __global__ void __launch_bounds__(512) push(uint4* dst, const uint4* src, size_t bytes, size_t round, int fence,
-                                            unsigned long long* flags, uint4* out, const uint4* stage) {
+                                            u64* flags, uint4* out, const uint4* stage) {
     const size_t share = bytes / gridDim.x;
     const size_t base = share * blockIdx.x / 16;
-    unsigned long long r = 0;
+    u64 r = 0;
     for (size_t at = 0; at < share; at += round) {
         const size_t len = (share - at < round ? share - at : round) / 16;
         copy16<U>(dst + base + at / 16, src + base + at / 16, len);
@@ -62,7 +39,7 @@ __global__ void __launch_bounds__(512) push(uint4* dst, const uint4* src, size_t
 struct Gpu {
     int dev;
     uint4 *src, *recv, *out;
-    unsigned long long* flags;
+    u64* flags;
     cudaStream_t s;
     cudaEvent_t e0, e1;
 };
