@@ -51,9 +51,8 @@ namespace fc {
 
 // Slot [from][b][parity][phase] in `owner`'s staging (no slots for the owner itself), for the
 // P.blocks blocks the staging is cut for. Sender first: each sender's slots are one region,
-// which the copy engine borrows whole. A parity's
-// two phases are adjacent: every one-shot round (all but the two-shot all-reduce) stores up to
-// twice a slot from phase 0's on, into both.
+// which the copy engine borrows whole. A parity's two phases are adjacent: every one-shot round
+// (all but the two-shot all-reduce) stores up to twice a slot from phase 0's on, into both.
 __device__ __forceinline__ fc_u8* peer_slot(const FcPeer& P, fc_u32 owner, fc_u32 b, fc_u32 from, fc_u32 phase, fc_u64 s) {
     const fc_u32 f = from < owner ? from : from - 1u;
     const fc_u64 i = (((fc_u64)f * P.blocks + b) * 2u + (s & 1u)) * 2u + phase;
@@ -145,13 +144,6 @@ __device__ __forceinline__ bool peer_wait(const FcPeer& P, fc_u32 slice, fc_u32 
 #define FC_ROLE_SEND 1u
 #define FC_ROLE_RECV 2u
 
-// A receive block, at the end of round s: every thread's reads came before the barrier; thread
-// q then acknowledges s to peer q (a release, so that q's stores into the slots come after).
-__device__ __forceinline__ void peer_ack(const FcPeer& P, fc_u32 slice, fc_u64 s) {
-    __syncthreads();
-    if (peer_in(P, threadIdx.x, FC_PEER_ALL)) st_release_sys(peer_flag(P, threadIdx.x, slice, P.rank, 2), s);
-}
-
 // FC_PEER_TRACE (a diagnostic, FERROCCL_KERNEL_DEFINES=FC_PEER_TRACE=64): block 0's thread 0
 // takes the SM clock at each step of an all-reduce round and prints the steps' cycles for every
 // 64th round; off (and compiled out) otherwise.
@@ -188,7 +180,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     const bool check_room = first || !symmetric || role == FC_ROLE_SEND;
     // Acknowledgements within a launch matter only to rooted rounds; the launch's last round is
     // acknowledged at the start of the next, for whatever runs then. A split launch's receive
-    // blocks acknowledge every round themselves (peer_ack).
+    // blocks acknowledge every round themselves, at its end.
     const fc_u64 ack = (symmetric || role != FC_ROLE_BOTH) ? 0 : s - 1;
     const bool sending = role != FC_ROLE_RECV, receiving = role != FC_ROLE_SEND;
     if (kind == FC_KIND_ALL_REDUCE && P.oneshot) {
@@ -216,7 +208,8 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
         const fc_u8* theirs = peer_slot(P, me, b, q, 0, s);
         const bool swap = !SUM && me == 1u && (op.redop == FC_OP_MAX || op.redop == FC_OP_MIN);
         reduce_as<D, SUM>(op, out + at * es, nullptr, swap ? mine : theirs, swap ? theirs : mine, len, true, true);
-        if (role == FC_ROLE_RECV) peer_ack(P, b, s);
+        // A receive block acknowledges its round at once (peer_signal's barrier ends the reads).
+        if (role == FC_ROLE_RECV) peer_signal(P, b, FC_PEER_PHASES, s, FC_PEER_ALL, 0, s);
         // No second crossing: the trace's steps after the reduce read 0.
         FC_PEER_STAMP(6);
         FC_PEER_STAMP(7);
@@ -328,7 +321,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
         }
     }
     // Every round, whether this rank received in it or not, so that the counters move alike.
-    if (role == FC_ROLE_RECV) peer_ack(P, b, s);
+    if (role == FC_ROLE_RECV) peer_signal(P, b, FC_PEER_PHASES, s, FC_PEER_ALL, 0, s);
     return true;
 }
 
