@@ -16,4 +16,6 @@ for who in nvidia ferroccl; do
     echo "cupy on $who: exit $?"
 done
 python3 "$HERE/compare.py" "$OUT" "$LIB" | tee "$OUT/compare.json"
-[ -n "${NCCL_TESTS:-}" ] && bash "$HERE/nccl_tests.sh" "$OUT" "$LIB" "$NCCL_TESTS"
+if [ -n "${NCCL_TESTS:-}" ]; then
+    bash "$HERE/nccl_tests.sh" "$OUT" "$LIB" "$NCCL_TESTS"
+fi
