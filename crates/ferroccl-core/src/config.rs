@@ -136,15 +136,23 @@ pub struct Config {
     /// At most `tune::PEER_MAX_BLOCKS` (64). Every rank must agree.
     pub gpu_peer_blocks: usize,
     /// FERROCCL_GPU_PEER_SPLIT: the peer engine's one-phase rounds on two blocks a slice, one
-    /// sending and one receiving, each at its own pace (`tune::Choice::split`). Off by default:
-    /// not yet run on a GPU. Every rank must agree.
-    pub gpu_peer_split: bool,
+    /// sending and one receiving, each at its own pace (`tune::Choice::split`). `auto` (None,
+    /// the default): for the kinds and sizes where it measured faster (`tune::peer_split_pays`);
+    /// 1: wherever it is safe; 0: never. Every rank must agree.
+    pub gpu_peer_split: Option<bool>,
     /// FERROCCL_GPU_COPY_ENGINE_BYTES: on GPUs, data-movement collectives alone in their launch
     /// (all-gather, all-to-all, gather, scatter; broadcast on 2 ranks) whose largest buffer is
     /// at least this many bytes move by the GPUs' copy engines, through the peer engine's
     /// staging, with no thread block; 0 (the default until it is measured over NVLink) turns
     /// this off. Every rank must agree.
     pub gpu_copy_engine_bytes: usize,
+    /// FERROCCL_GPU_CE_WINDOW_BYTES (default 32 MiB): on GPUs, a data-movement collective alone
+    /// in its launch (all-gather, all-to-all not in place, gather, scatter; broadcast on 2 ranks)
+    /// whose buffers lie in symmetric windows and whose largest buffer is at least this many
+    /// bytes moves by the GPUs' copy engines straight from input to the peers' outputs: one copy
+    /// per pair over the link, no staging, no thread block. 0 turns this off. Every rank must
+    /// agree.
+    pub gpu_ce_window_bytes: usize,
     /// FERROCCL_GPU_EARLY_LAUNCH (default on): on GPUs of compute capability 9.0 and up, the
     /// engines' kernels are launched allowed to start while the kernel ahead of them in the
     /// stream finishes (programmatic dependent launch), which hides a launch's latency behind
@@ -208,11 +216,12 @@ impl Default for Config {
             gpu_peer_from_bytes: 128 << 10,
             gpu_peer_oneshot_max_bytes: PEER_ONESHOT_MAX_BYTES,
             gpu_peer_blocks: 0,
-            gpu_peer_split: false,
+            gpu_peer_split: None,
             gpu_peer_rooted_max_bytes: PEER_ROOTED_MAX_BYTES,
             gpu_two_shot: false,
             gpu_peer_bytes: 16 << 20,
             gpu_copy_engine_bytes: 0,
+            gpu_ce_window_bytes: 32 << 20,
             gpu_early_launch: true,
             gpu_p2p_kernel: true,
             job_secret: None,
@@ -353,10 +362,16 @@ impl Config {
             c.gpu_peer_blocks = parse("FERROCCL_GPU_PEER_BLOCKS", v)?;
         }
         if let Some(v) = get("FERROCCL_GPU_PEER_SPLIT") {
-            c.gpu_peer_split = parse_bool("FERROCCL_GPU_PEER_SPLIT", v)?;
+            c.gpu_peer_split = match v.trim() {
+                "" | "auto" => None,
+                v => Some(parse_bool("FERROCCL_GPU_PEER_SPLIT", v)?),
+            };
         }
         if let Some(v) = get("FERROCCL_GPU_COPY_ENGINE_BYTES") {
             c.gpu_copy_engine_bytes = parse("FERROCCL_GPU_COPY_ENGINE_BYTES", v)?;
+        }
+        if let Some(v) = get("FERROCCL_GPU_CE_WINDOW_BYTES") {
+            c.gpu_ce_window_bytes = parse("FERROCCL_GPU_CE_WINDOW_BYTES", v)?;
         }
         if let Some(v) = get("FERROCCL_GPU_EARLY_LAUNCH") {
             c.gpu_early_launch = parse_bool("FERROCCL_GPU_EARLY_LAUNCH", v)?;
@@ -425,8 +440,9 @@ impl Config {
             ("FERROCCL_GPU_TWO_SHOT", (self.gpu_two_shot as u8).to_string()),
             ("FERROCCL_GPU_PEER_BYTES", self.gpu_peer_bytes.to_string()),
             ("FERROCCL_GPU_PEER_BLOCKS", self.gpu_peer_blocks.to_string()),
-            ("FERROCCL_GPU_PEER_SPLIT", (self.gpu_peer_split as u8).to_string()),
+            ("FERROCCL_GPU_PEER_SPLIT", self.gpu_peer_split.map_or("auto".into(), |b| (b as u8).to_string())),
             ("FERROCCL_GPU_COPY_ENGINE_BYTES", self.gpu_copy_engine_bytes.to_string()),
+            ("FERROCCL_GPU_CE_WINDOW_BYTES", self.gpu_ce_window_bytes.to_string()),
             ("FERROCCL_CHECK_MISMATCH", (self.check_mismatch as u8).to_string()),
             ("FERROCCL_TCP_CRC", (self.tcp_crc as u8).to_string()),
             ("FERROCCL_HEARTBEAT_INTERVAL", format!("{}", self.heartbeat_interval.as_secs_f64())),
@@ -643,7 +659,11 @@ mod tests {
         assert!(p.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_BYTES" && v == "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BYTES", "2147483648")])).is_err());
         let split = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_SPLIT", "1")])).unwrap();
-        assert!(split.gpu_peer_split && !Config::default().gpu_peer_split);
+        assert_eq!((split.gpu_peer_split, Config::default().gpu_peer_split), (Some(true), None));
+        let off = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_SPLIT", "0")])).unwrap();
+        assert_eq!(off.gpu_peer_split, Some(false));
+        assert_eq!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_SPLIT", "auto")])).unwrap().gpu_peer_split, None);
+        assert!(Config::default().shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_SPLIT" && v == "auto"));
         assert!(split.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_SPLIT" && v == "1"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_SPLIT", "half")])).is_err());
         let pb = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCKS", "16")])).unwrap();
@@ -667,6 +687,10 @@ mod tests {
         assert_eq!((ce.gpu_copy_engine_bytes, Config::default().gpu_copy_engine_bytes), (8 << 20, 0));
         assert!(ce.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_COPY_ENGINE_BYTES" && v == "8388608"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_COPY_ENGINE_BYTES", "lots")])).is_err());
+        let cw = Config::from_vars(&vars(&[("FERROCCL_GPU_CE_WINDOW_BYTES", "0")])).unwrap();
+        assert_eq!((cw.gpu_ce_window_bytes, Config::default().gpu_ce_window_bytes), (0, 32 << 20));
+        assert!(cw.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_CE_WINDOW_BYTES" && v == "0"));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_WINDOW_BYTES", "-1")])).is_err());
         let early = Config::from_vars(&vars(&[("FERROCCL_GPU_EARLY_LAUNCH", "0")])).unwrap();
         assert!(!early.gpu_early_launch && Config::default().gpu_early_launch);
         // How a launch starts changes no plan: ranks may differ.

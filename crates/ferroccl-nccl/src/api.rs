@@ -480,7 +480,14 @@ export! {
         let window = c.gpu().is_some();
         if window {
             // SAFETY: NCCL's contract: the buffer stays allocated until deregistration.
-            unsafe { c.register_window(buff as u64, size) }.map_err(Fail::from)?;
+            // NCCL_WIN_COLL_SYMMETRIC carries NCCL's promise (every rank's buffers at the same
+            // offsets of windows of one size), which lets large data movement skip every copy
+            // but one (`Comm::register_symmetric_window`).
+            if flags & abi::WIN_COLL_SYMMETRIC != 0 {
+                unsafe { c.register_symmetric_window(buff as u64, size) }.map_err(Fail::from)?;
+            } else {
+                unsafe { c.register_window(buff as u64, size) }.map_err(Fail::from)?;
+            }
         }
         unsafe { *win = memory::remember(Registration { comm: comm as usize, ptr: buff as u64, window }) };
         Ok(())

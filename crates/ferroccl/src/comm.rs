@@ -273,6 +273,37 @@ impl Comm {
     /// The range must stay allocated until [`Comm::deregister_window`] (or the communicator's
     /// drop): peers write into it.
     pub unsafe fn register_window(&self, ptr: u64, bytes: usize) -> Result<(), Error> {
+        // SAFETY: the caller's contract.
+        unsafe { self.register(ptr, bytes, false) }
+    }
+
+    /// [`Comm::register_window`] for a symmetric window (NCCL's `NCCL_WIN_COLL_SYMMETRIC`): every
+    /// rank registers a buffer of the same length, and promises that each operation's buffers lie
+    /// at the same offset of their windows on every rank (as the ranks' buffers do when each
+    /// allocates the same sizes in the same order). Large data movement between such windows
+    /// (all-gather, all-to-all, gather, scatter; broadcast on 2 ranks) then goes straight from
+    /// input to output by the GPUs' copy engines, with no thread block
+    /// (`FERROCCL_GPU_CE_WINDOW_BYTES`). Ranks that register differently (one symmetric, one
+    /// not, or other lengths) all get an error, and nothing is registered.
+    ///
+    /// # Safety
+    /// As [`Comm::register_window`]; and an operation whose buffers break the promise has its
+    /// peers' copy engines write into (or read from) the windows at this rank's offsets, inside
+    /// them but not where the peers' buffers are.
+    pub unsafe fn register_symmetric_window(&self, ptr: u64, bytes: usize) -> Result<(), Error> {
+        // SAFETY: the caller's contract.
+        unsafe { self.register(ptr, bytes, true) }
+    }
+
+    /// [`Comm::register_symmetric_window`] for a whole ferroccl buffer.
+    pub fn register_symmetric_buffer(&self, buf: &crate::mem::DeviceBuffer) -> Result<(), Error> {
+        // SAFETY: as `register_buffer`; the symmetric promise is the caller's, as documented.
+        unsafe { self.register_symmetric_window(buf.device_ptr(), buf.len()) }
+    }
+
+    /// # Safety
+    /// As [`Comm::register_window`].
+    unsafe fn register(&self, ptr: u64, bytes: usize, symmetric: bool) -> Result<(), Error> {
         let Some(c) = self.backend.cuda() else {
             return Err(Error::InvalidArgument("windows are GPU memory: this communicator runs on the host".into()));
         };
@@ -281,7 +312,7 @@ impl Comm {
             return Err(Error::Aborted(format!("rank {}: the communicator failed earlier: {e}", self.info.rank)));
         }
         let deadline = std::time::Instant::now() + self.info.config.timeout;
-        c.register(&self.boot, ptr, bytes, &self.abort, deadline).map_err(|e| e.context(format!("rank {}: registering a window", self.info.rank)))
+        c.register(&self.boot, ptr, bytes, symmetric, &self.abort, deadline).map_err(|e| e.context(format!("rank {}: registering a window", self.info.rank)))
     }
 
     /// [`Comm::register_window`] for a whole ferroccl buffer, which is what it is made for.

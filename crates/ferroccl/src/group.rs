@@ -111,7 +111,8 @@ impl<'a> Group<'a> {
         let mut per_comm: Vec<(&Comm, Vec<OpShape>)> = Vec::new();
         for (c, a) in &self.items {
             let windows = c.backend.cuda().is_some_and(|g| g.has_windows());
-            let s = a.shape(&c.info, windows);
+            let symmetric = c.backend.cuda().is_some_and(|g| g.symmetric_far(a, &c.info).is_some());
+            let s = a.shape(&c.info, windows, symmetric);
             match per_comm.iter_mut().find(|(x, _)| std::ptr::eq(*x, *c)) {
                 Some((_, v)) => v.push(s),
                 None => per_comm.push((c, vec![s])),

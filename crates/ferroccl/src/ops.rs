@@ -180,8 +180,9 @@ impl OpArgs {
         Ok(OpArgs { kind, send, recv, count, dtype: T::DTYPE, op, root, device_scalar: None })
     }
 
-    /// The operation as the tuner sees it on `info`'s rank.
-    pub(crate) fn shape(&self, info: &CommInfo, windows: bool) -> OpShape {
+    /// The operation as the tuner sees it on `info`'s rank (`symmetric`: see
+    /// [`OpShape::symmetric`]).
+    pub(crate) fn shape(&self, info: &CommInfo, windows: bool, symmetric: bool) -> OpShape {
         OpShape {
             kind: self.kind,
             count: self.count,
@@ -189,6 +190,7 @@ impl OpArgs {
             nranks: info.nranks,
             in_place: self.is_in_place(info.rank),
             windows,
+            symmetric,
         }
     }
 
@@ -207,8 +209,9 @@ pub(crate) struct Planned {
     pub plan: Plan,
 }
 
-pub(crate) fn plan_launch(info: &CommInfo, args: &[OpArgs], windows: bool) -> Result<Planned, Error> {
-    let shapes: Vec<OpShape> = args.iter().map(|a| a.shape(info, windows)).collect();
+/// `symmetric` says of each operation whether its buffers lie in symmetric windows.
+pub(crate) fn plan_launch(info: &CommInfo, args: &[OpArgs], windows: bool, symmetric: &dyn Fn(&OpArgs) -> bool) -> Result<Planned, Error> {
+    let shapes: Vec<OpShape> = args.iter().map(|a| a.shape(info, windows, symmetric(a))).collect();
     let choices: Vec<Choice> = choose_launch(&shapes, info.device, &info.config);
     let ops: Vec<LaunchOp> = args
         .iter()

@@ -164,6 +164,121 @@ fn registered_windows_take_data_straight_into_the_output() {
     });
 }
 
+/// Symmetric windows, a thread per GPU: ranks that register differently (other lengths) all get
+/// an error and the communicator stays usable; then all-gather (in place and not), all-to-all
+/// and broadcast (2 ranks, each root, in place and not) between symmetric windows move by the
+/// copy engines alone (no thread block in the launch) straight into the outputs, exact to the
+/// bit on fresh random data, twice each (the handshake words back where they started); an
+/// all-to-all in place, which the copy engines cannot order, takes a kernel and is exact too.
+#[test]
+#[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
+    let Some(n) = gpus_for_test() else { return };
+    let cfg = Config { gpu_ce_window_bytes: 1, ..Config::default() };
+    let id = ferroccl::UniqueId::new(&cfg).unwrap();
+    let count = (1 << 20) + 17; // an odd tail
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    eprintln!("symmetric windows: seed {seed}");
+    std::thread::scope(|s| {
+        for r in 0..n {
+            let cfg = cfg.clone();
+            let id = id.clone();
+            s.spawn(move || {
+                let comm = Comm::init_rank(&id, n, r, Device::Cuda(r), &cfg).unwrap();
+                let gpu = comm.gpu().unwrap().clone();
+                let stats = MemStats::new();
+                // Lengths that differ between ranks: refused on every rank.
+                let odd = ferroccl::mem::alloc(&gpu, (4 << 20) + r * 4096, &stats).unwrap();
+                let e = comm.register_symmetric_buffer(&odd).unwrap_err();
+                assert!(e.to_string().contains("one length on every rank"), "{e}");
+                let send = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).unwrap();
+                let recv = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).unwrap();
+                comm.register_symmetric_buffer(&send).unwrap();
+                comm.register_symmetric_buffer(&recv).unwrap();
+                let read = |b: &DeviceBuffer, len: usize| -> Vec<u32> { read_f32(b, len).unwrap().iter().map(|v| v.to_bits()).collect() };
+                let put = |b: &DeviceBuffer, at: usize, v: &[u32]| {
+                    let f: Vec<f32> = v.iter().map(|&x| f32::from_bits(x)).collect();
+                    b.copy_from_host(at * 4, f32_bytes(&f)).unwrap();
+                };
+                // Every rank's data of a round, from the shared seed: rank q's element i.
+                let data = |round: u64, q: usize, len: usize| -> Vec<u32> {
+                    let mut x = seed ^ (round << 32) ^ ((q as u64 + 1) * 0x9e37_79b9_7f4a_7c15);
+                    (0..len)
+                        .map(|_| {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            x as u32
+                        })
+                        .collect()
+                };
+                let run = |kind: CollKind, send_ptr: u64, recv_ptr: u64, cnt: usize, root: usize| {
+                    let a = OpArgs { kind, send: send_ptr as *const u8, recv: recv_ptr as *mut u8, count: cnt, dtype: ferroccl::DataType::Float32, op: ReduceOp::Sum, root, device_scalar: None };
+                    let mut g = Group::new();
+                    unsafe { g.push_raw(&comm, a).unwrap() };
+                    g.launch().unwrap();
+                    let blocks = comm.last_launch_blocks();
+                    comm.synchronize().unwrap();
+                    blocks
+                };
+                let scrub = |b: &DeviceBuffer| put(b, 0, &data(99, r, n * count));
+                for round in 0..2u64 {
+                    // All-gather, out of place and in place.
+                    put(&send, 0, &data(round, r, count));
+                    scrub(&recv);
+                    assert_eq!(run(CollKind::AllGather, send.device_ptr(), recv.device_ptr(), count, 0), Some(0), "all-gather by copy engines");
+                    let got = read(&recv, n * count);
+                    for q in 0..n {
+                        assert!(got[q * count..(q + 1) * count] == data(round, q, count)[..], "round {round}: all-gather block {q}");
+                    }
+                    scrub(&recv);
+                    put(&recv, r * count, &data(round + 10, r, count));
+                    assert_eq!(run(CollKind::AllGather, recv.device_ptr() + (r * count * 4) as u64, recv.device_ptr(), count, 0), Some(0));
+                    let got = read(&recv, n * count);
+                    for q in 0..n {
+                        assert!(got[q * count..(q + 1) * count] == data(round + 10, q, count)[..], "round {round}: in-place all-gather block {q}");
+                    }
+                    // All-to-all: block p of rank q's input lands at block q of rank p's output.
+                    put(&send, 0, &data(round + 20, r, n * count));
+                    scrub(&recv);
+                    assert_eq!(run(CollKind::AllToAll, send.device_ptr(), recv.device_ptr(), count, 0), Some(0), "all-to-all by copy engines");
+                    let got = read(&recv, n * count);
+                    for q in 0..n {
+                        let theirs = data(round + 20, q, n * count);
+                        assert!(got[q * count..(q + 1) * count] == theirs[r * count..(r + 1) * count], "round {round}: all-to-all block {q}");
+                    }
+                    // In place: a kernel, not the copy engines.
+                    put(&recv, 0, &data(round + 30, r, n * count));
+                    assert_ne!(run(CollKind::AllToAll, recv.device_ptr(), recv.device_ptr(), count, 0), Some(0), "in place takes a kernel");
+                    let got = read(&recv, n * count);
+                    for q in 0..n {
+                        let theirs = data(round + 30, q, n * count);
+                        assert!(got[q * count..(q + 1) * count] == theirs[r * count..(r + 1) * count], "round {round}: in-place all-to-all block {q}");
+                    }
+                    if n == 2 {
+                        for root in 0..2 {
+                            put(&send, 0, &data(round + 40, r, count));
+                            scrub(&recv);
+                            assert_eq!(run(CollKind::Broadcast, send.device_ptr(), recv.device_ptr(), count, root), Some(0), "broadcast by copy engines");
+                            assert!(read(&recv, count) == data(round + 40, root, count), "round {round}: broadcast from {root}");
+                            put(&recv, 0, &data(round + 50, r, count));
+                            assert_eq!(run(CollKind::Broadcast, recv.device_ptr(), recv.device_ptr(), count, root), Some(0));
+                            assert!(read(&recv, count) == data(round + 50, root, count), "round {round}: in-place broadcast from {root}");
+                        }
+                    }
+                }
+                comm.deregister_window(send.device_ptr()).unwrap();
+                comm.deregister_window(recv.device_ptr()).unwrap();
+                // Unregistered again: a kernel, exact.
+                put(&send, 0, &data(7, r, count));
+                assert_ne!(run(CollKind::AllGather, send.device_ptr(), recv.device_ptr(), count, 0), Some(0));
+                let got = read(&recv, n * count);
+                assert!((0..n).all(|q| got[q * count..(q + 1) * count] == data(7, q, count)[..]));
+            });
+        }
+    });
+}
+
 #[test]
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn operations_can_be_captured_in_a_cuda_graph() {
@@ -670,7 +785,7 @@ fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
         engine_is_exact(n, &odd, &[AllGather, AllReduce, Gather, ReduceScatter], &|_| tune::Engine::PeerKernel);
         // Split launches (FERROCCL_GPU_PEER_SPLIT): every kind, mixed with two-shot
         // all-reduces (3 ranks) and in-place all-to-alls and all-reduces, which stay whole.
-        let split = Config { gpu_peer_split: true, ..cfg };
+        let split = Config { gpu_peer_split: Some(true), ..cfg };
         engine_is_exact(n, &split, &kinds, &|_| tune::Engine::PeerKernel);
     }
 }
@@ -693,7 +808,7 @@ fn the_one_shot_all_reduce_gives_both_ranks_the_same_bits() {
     };
     for oneshot in [true, false] {
         let cfg = Config { gpu_peer_oneshot_max_bytes: if oneshot { 4 << 20 } else { 0 }, gpu_copy_engine_bytes: 0, ..Config::default() };
-        let shape = OpShape { kind: CollKind::AllReduce, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false };
+        let shape = OpShape { kind: CollKind::AllReduce, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false, symmetric: false };
         let c = tune::choose(&shape, tune::Device::Gpu, &cfg);
         assert_eq!((c.engine, c.algo == tune::Algo::OneShot), (tune::Engine::PeerKernel, oneshot), "{c}");
         let Some(comms) = ranks_on_one_gpu(2, cfg) else { return };
@@ -805,7 +920,7 @@ fn engine_is_exact(n: usize, cfg: &Config, kinds: &[CollKind], engine: &(dyn Fn(
                     unsafe { c.run_raw(&a).unwrap() };
                     c.synchronize().unwrap();
                     // The peer engine ran it, on the tuner's grid.
-                    let shape = OpShape { kind, count, dtype: ferroccl::DataType::Float32, nranks: n, in_place, windows: false };
+                    let shape = OpShape { kind, count, dtype: ferroccl::DataType::Float32, nranks: n, in_place, windows: false, symmetric: false };
                     let choice = tune::choose(&shape, tune::Device::Gpu, cfg);
                     assert_eq!(choice.engine, engine(kind), "{choice}");
                     assert_eq!(c.last_launch_blocks(), Some(choice.channels as u32));
@@ -972,7 +1087,7 @@ fn a_first_launch_does_not_wait_for_a_spinning_kernel_of_the_same_gpu() {
     let cfg = Config { timeout: Duration::from_secs(5), ..Config::default() };
     let comms = Comm::init_devices(&[Device::Cuda(0), Device::Cuda(0)], &cfg).unwrap();
     let count = 1 << 20;
-    let shape = OpShape { kind: CollKind::AllReduce, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false };
+    let shape = OpShape { kind: CollKind::AllReduce, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false, symmetric: false };
     assert_eq!(tune::choose(&shape, tune::Device::Gpu, &cfg).engine, tune::Engine::PeerKernel);
     let t = Instant::now();
     let took: Vec<(Duration, Duration)> = on_each_rank(&comms, |r, c| {
@@ -1007,7 +1122,7 @@ fn a_first_launch_does_not_wait_for_a_spinning_kernel_of_the_same_gpu() {
 fn the_copy_engine_is_freed_by_an_abort() {
     let count = 1 << 20;
     let config = Config { gpu_copy_engine_bytes: 1, ..Config::default() };
-    let shape = OpShape { kind: CollKind::AllGather, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false };
+    let shape = OpShape { kind: CollKind::AllGather, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false, symmetric: false };
     assert_eq!(tune::choose(&shape, tune::Device::Gpu, &config).engine, tune::Engine::CopyEngine);
     let Some(comms) = ranks_on_one_gpu(2, config) else { return };
     let c = &comms[0];
@@ -1047,7 +1162,7 @@ fn the_peer_engine_gives_up_on_a_silent_peer() {
     // one communicator with the default deadline fills the disk cache first.
     drop(Comm::init_devices(&[Device::Cuda(0), Device::Cuda(0)], &Config::default()).unwrap());
     let config = Config { timeout: Duration::from_secs(2), ..Config::default() };
-    let shape = OpShape { kind: CollKind::AllReduce, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false };
+    let shape = OpShape { kind: CollKind::AllReduce, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false, symmetric: false };
     assert_eq!(tune::choose(&shape, tune::Device::Gpu, &config).engine, tune::Engine::PeerKernel);
     for abort in [false, true] {
         let comms = Comm::init_devices(&[Device::Cuda(0), Device::Cuda(0)], &config).unwrap();
@@ -1117,7 +1232,7 @@ fn an_early_started_operation_waits_for_the_kernel_ahead() {
     let image = nvrtc::compile(&req).unwrap();
     let module = gpu.load_module(&image.bytes).unwrap();
     for (count, engine) in [(2048usize, tune::Engine::DirectKernel), (1 << 20, tune::Engine::PeerKernel)] {
-        let shape = OpShape { kind: CollKind::AllReduce, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false };
+        let shape = OpShape { kind: CollKind::AllReduce, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false, symmetric: false };
         assert_eq!(tune::choose(&shape, tune::Device::Gpu, &config).engine, engine);
         on_each_rank(&comms, |r, c| {
             let stats = MemStats::new();

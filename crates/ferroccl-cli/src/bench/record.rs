@@ -201,7 +201,7 @@ impl VsRecord {
                 check: spec.check,
                 graph: args.graph,
                 register: n.reg.name().into(),
-                ferroccl_register: if n.reg == Register::Off { "off".into() } else { "ferroccl::mem buffers registered as windows (Comm::register_buffer)".into() },
+                ferroccl_register: if n.reg == Register::Off { "off".into() } else { "ferroccl::mem buffers registered as symmetric windows (Comm::register_symmetric_buffer)".into() },
                 max_ctas: args.max_ctas,
                 gpu_channels: config.gpu_channels,
                 nvls: n.nvls.clone(),

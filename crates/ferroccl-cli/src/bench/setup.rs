@@ -300,13 +300,14 @@ fn register_all(lib: &Nccl, gpus: &[Gpu], ncomms: &[NcclComm], bufs: &mut [RankB
     res.and(end)
 }
 
-/// Registers (or deregisters) ferroccl's buffers of every rank of this process as windows: a
-/// thread per communicator, since each call is collective.
+/// Registers (or deregisters) ferroccl's buffers of every rank of this process as symmetric
+/// windows: a thread per communicator, since each call is collective.
 fn windows(comms: &[Comm], bufs: &[RankBufs], register: bool) -> Result<(), Error> {
     on_each(comms.iter().zip(bufs), |(c, b)| {
         for buf in [&b.send.dev, &b.recv.dev] {
             let buf = buf.as_ref().ok_or_else(|| Error::InvalidArgument("--register registers GPU memory: this run is on the host backend".into()))?;
-            if register { c.register_buffer(buf)? } else { c.deregister_window(buf.device_ptr())? }
+            // Every rank allocates the same sizes in the same order: symmetric windows.
+            if register { c.register_symmetric_buffer(buf)? } else { c.deregister_window(buf.device_ptr())? }
         }
         Ok(())
     })

@@ -78,6 +78,17 @@ pub fn serves(kind: CollKind, nranks: usize) -> bool {
         }
 }
 
+/// Whether the copy engine's zero-copy runs `kind` on `nranks` ranks between symmetric
+/// windows: each sender's copy engine writes straight into the receiver's output, which it
+/// names by its own output's offset in the window of the same registration. So every rank must
+/// pass an output of the same role: all-gather, all-to-all and broadcast on 2 ranks (whose
+/// outputs are whole buffers on every rank, in place or not). Not gather or scatter: a root in
+/// place has its output inside its input (or the reverse), at another offset than its peers'
+/// buffers, and a non-root's output (gather) or input (scatter) need not exist.
+pub fn zcopy_serves(kind: CollKind, nranks: usize) -> bool {
+    serves(kind, nranks) && matches!(kind, CollKind::AllGather | CollKind::AllToAll | CollKind::Broadcast)
+}
+
 /// One piece of a message between two ranks: bytes `[at, at + bytes)` of the copy, through
 /// staging slot `slot`, on lane `lane` of both ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -90,6 +90,22 @@ pub fn peer_region_bytes(cfg: &Config, nranks: usize) -> usize {
     peer_blocks(cfg, nranks) * 4 * peer_slot_bytes(cfg, nranks)
 }
 
+/// The smallest largest-buffer for which [`peer_split_pays`] splits.
+pub const PEER_SPLIT_MIN_BYTES: usize = 32 << 20;
+
+/// Whether the peer engine's split rounds (half the blocks sending, half receiving) are the
+/// default for `kind` with a largest buffer of `bytes` (`FERROCCL_GPU_PEER_SPLIT=auto`).
+/// Measured on 2 x H200 with 64 blocks, graphs, float32 (docs/PERFORMANCE.md section 18): split
+/// rounds moved all-gather 321 -> 340 GB/s at 2 GiB (out of place), all-to-all 314 -> 348,
+/// scatter 344 -> 353, reduce-scatter 320 -> 325, where the symmetric kinds' blocks no longer
+/// copy out between their stores; and cost gather 359 -> 350, broadcast 348 -> 343, reduce
+/// 362 -> 349, all-reduce 340 -> 332, whose receiving side had every block before. From 32 MiB
+/// (128 MiB and up measured alike; below, not measured).
+pub fn peer_split_pays(kind: CollKind, bytes: Option<usize>) -> bool {
+    matches!(kind, CollKind::AllGather | CollKind::AllToAll | CollKind::ReduceScatter | CollKind::Scatter)
+        && bytes.is_some_and(|b| b >= PEER_SPLIT_MIN_BYTES)
+}
+
 /// Whether the peer engine runs `kind` on `nranks` ranks (given room in its staging): 2 to
 /// [`PEER_MAX_RANKS`] ranks, every collective, no sends or receives. Broadcast and reduce go
 /// one-shot there, the root's link carrying n-1 copies where the chain carries one: beyond 2
@@ -156,6 +172,12 @@ pub struct OpShape {
     /// The communicator has registered windows (collective: the same on every rank), so
     /// outputs that lie in one can be written by the senders directly.
     pub windows: bool,
+    /// The operation's buffers (those NCCL defines on every rank) lie in symmetric windows:
+    /// registered as such on every rank, each rank's buffer at the same offset of the same
+    /// window as every other rank's (the contract of NCCL's symmetric windows, which makes this
+    /// the same on every rank, as it makes `in_place`), so a sender can name a receiver's
+    /// output itself.
+    pub symmetric: bool,
 }
 
 impl OpShape {
@@ -447,6 +469,38 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         }
     }
 
+    // Large pure data movement between symmetric windows: the copy engines copy each message
+    // once, straight from input to output over the link (0 SMs; the link's full rate, 391-395
+    // GB/s per direction on 2 x H200 against 367 for SM stores). The kinds whose outputs every
+    // rank passes alike (`copies::zcopy_serves`), not an all-to-all in place:
+    // each rank's output would take a peer's block before its own left for that peer, and with
+    // no staging nothing can break that cycle (the symmetric contract makes in-place-ness the
+    // same on every rank, so all ranks decide alike).
+    let ce_window = bytes.is_some_and(|b| cfg.gpu_ce_window_bytes > 0 && b >= cfg.gpu_ce_window_bytes);
+    if device == Device::Gpu
+        && may_direct
+        && op.symmetric
+        && ce_window
+        && copies::zcopy_serves(op.kind, op.nranks)
+        && !(op.kind == CollKind::AllToAll && op.in_place)
+    {
+        return Choice {
+            algo: Algo::OneShot,
+            protocol: Protocol::Simple,
+            engine: Engine::CopyEngine,
+            channels: 0,
+            chunk_elems: op.count.max(1),
+            zero_copy: true,
+            post_output: true,
+            split: false,
+            why: Why {
+                algo: "data movement between symmetric windows from FERROCCL_GPU_CE_WINDOW_BYTES up: one copy per pair, input to output",
+                protocol: "one handshake before and after, by stream memory operations",
+                channels: "no thread block: copy engines",
+            },
+        };
+    }
+
     // Large pure data movement goes to the copy engines, leaving every SM to the user.
     let ce_slot = ce_slot_bytes(cfg, op.nranks);
     let ce_size = bytes.is_some_and(|b| b >= cfg.gpu_copy_engine_bytes);
@@ -488,7 +542,8 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         // FERROCCL_GPU_PEER_SPLIT: one-phase rounds on a send block and a receive block a
         // slice. Not in place where the receive block's writes land on input the send block may
         // not have sent yet (all-to-all, the one-shot all-reduce); needs two blocks.
-        let split = cfg.gpu_peer_split && algo == Algo::OneShot && channels >= 2 && !(op.in_place && matches!(op.kind, CollKind::AllToAll | CollKind::AllReduce));
+        let wanted = cfg.gpu_peer_split.unwrap_or_else(|| peer_split_pays(op.kind, bytes));
+        let split = wanted && algo == Algo::OneShot && channels >= 2 && !(op.in_place && matches!(op.kind, CollKind::AllToAll | CollKind::AllReduce));
         let channels = if split { channels / 2 * 2 } else { channels };
         return Choice {
             algo,

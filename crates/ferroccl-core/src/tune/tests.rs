@@ -2,7 +2,7 @@ use super::*;
 use crate::types::DataType::{Bfloat16, Float32, Int8};
 
 fn shape(kind: CollKind, count: usize, dtype: DataType, nranks: usize) -> OpShape {
-    OpShape { kind, count, dtype, nranks, in_place: false, windows: false }
+    OpShape { kind, count, dtype, nranks, in_place: false, windows: false, symmetric: false }
 }
 
 /// (device, kind, count, dtype, ranks) -> (algorithm, engine, protocol, channels).
@@ -454,6 +454,38 @@ fn zero_copy_needs_windows_the_simple_protocol_and_a_safe_output() {
     assert!(!choose(&big, Device::Host, &cfg).zero_copy, "the host has no windows");
 }
 
+#[test]
+fn symmetric_windows_take_the_copy_engine_for_large_data_movement() {
+    let cfg = Config::default();
+    let at = |kind, bytes: usize, n: usize| {
+        let count = bytes / 4 / if matches!(kind, CollKind::AllGather | CollKind::AllToAll | CollKind::Gather | CollKind::Scatter) { n } else { 1 };
+        OpShape { windows: true, symmetric: true, ..shape(kind, count, Float32, n) }
+    };
+    let min = cfg.gpu_ce_window_bytes;
+    for kind in [CollKind::AllGather, CollKind::AllToAll, CollKind::Broadcast] {
+        let c = choose(&at(kind, min, 2), Device::Gpu, &cfg);
+        assert!(c.engine == Engine::CopyEngine && c.zero_copy && c.channels == 0, "{kind}: {c}");
+        // Below the threshold, without the symmetric contract, on the host, in a group, with the
+        // knob at 0: not this.
+        assert_ne!(choose(&at(kind, min / 2, 2), Device::Gpu, &cfg).engine, Engine::CopyEngine, "{kind}");
+        assert_ne!(choose(&OpShape { symmetric: false, ..at(kind, min, 2) }, Device::Gpu, &cfg).engine, Engine::CopyEngine, "{kind}");
+        assert_ne!(choose(&at(kind, min, 2), Device::Host, &cfg).engine, Engine::CopyEngine, "{kind}");
+        assert_ne!(choose_launch(&[at(kind, min, 2), at(kind, min, 2)], Device::Gpu, &cfg)[0].engine, Engine::CopyEngine, "{kind}");
+        let off = Config { gpu_ce_window_bytes: 0, ..cfg.clone() };
+        assert_ne!(choose(&at(kind, 1 << 30, 2), Device::Gpu, &off).engine, Engine::CopyEngine, "{kind}");
+    }
+    // Reductions move no data as copies; a gather's or scatter's root in place names no peer's
+    // buffer; broadcast beyond 2 ranks would send n-1 copies from the root; an all-to-all in
+    // place has no order that works without staging.
+    for kind in [CollKind::AllReduce, CollKind::ReduceScatter, CollKind::Reduce, CollKind::Gather, CollKind::Scatter] {
+        assert_ne!(choose(&at(kind, 1 << 30, 2), Device::Gpu, &cfg).engine, Engine::CopyEngine, "{kind}");
+    }
+    assert_ne!(choose(&at(CollKind::Broadcast, 1 << 30, 3), Device::Gpu, &cfg).engine, Engine::CopyEngine);
+    assert_eq!(choose(&at(CollKind::AllGather, 1 << 30, 3), Device::Gpu, &cfg).engine, Engine::CopyEngine);
+    assert_ne!(choose(&OpShape { in_place: true, ..at(CollKind::AllToAll, 1 << 30, 2) }, Device::Gpu, &cfg).engine, Engine::CopyEngine);
+    assert_eq!(choose(&OpShape { in_place: true, ..at(CollKind::AllGather, 1 << 30, 2) }, Device::Gpu, &cfg).engine, Engine::CopyEngine);
+}
+
 /// Every choice names an algorithm that can build the operation, and nothing but
 /// `post_output` depends on this rank's own buffers.
 #[test]
@@ -539,12 +571,12 @@ fn estimates_grow_with_size_and_ranks_and_match_the_measured_ends() {
 
 /// FERROCCL_GPU_PEER_SPLIT: the peer engine's one-phase rounds on a send block and a receive
 /// block a slice (an even grid), never a two-shot all-reduce, an in-place all-to-all or
-/// all-reduce (the receive block could overwrite input not yet sent), nor a single block; off
-/// by default.
+/// all-reduce (the receive block could overwrite input not yet sent), nor a single block; by
+/// default for the kinds and sizes where it measured faster, never with 0.
 #[test]
 fn the_peer_engine_splits_one_phase_rounds_only_where_asked_and_safe() {
     use CollKind::*;
-    let on = Config { gpu_peer_split: true, ..Config::default() };
+    let on = Config { gpu_peer_split: Some(true), ..Config::default() };
     for (kind, n, in_place, split) in [
         (AllGather, 2, false, true),
         (AllGather, 2, true, true),
@@ -566,8 +598,19 @@ fn the_peer_engine_splits_one_phase_rounds_only_where_asked_and_safe() {
             assert!(c.channels >= 2 && c.channels.is_multiple_of(2) && c.channels <= peer_blocks(&on, n), "{c}");
             assert!(c.to_string().contains("FERROCCL_GPU_PEER_SPLIT"), "{c}");
         }
-        assert!(!choose(&shape, Device::Gpu, &Config::default()).split, "off by default");
+        let off = choose(&shape, Device::Gpu, &Config { gpu_peer_split: Some(false), ..on.clone() });
+        assert!(!off.split, "{kind}: {off}");
     }
+    // Auto: the kinds it pays for, from PEER_SPLIT_MIN_BYTES, where safe.
+    let auto = Config::default();
+    for (kind, split) in [(AllGather, true), (AllToAll, true), (ReduceScatter, true), (Scatter, true), (Gather, false), (Broadcast, false), (Reduce, false), (AllReduce, false)] {
+        let per_rank = if matches!(kind, AllGather | AllToAll | Gather | Scatter | ReduceScatter) { 2 } else { 1 };
+        let big = shape(kind, PEER_SPLIT_MIN_BYTES / 4 / per_rank, Float32, 2);
+        assert_eq!(big.largest_bytes(), Some(PEER_SPLIT_MIN_BYTES), "{kind}");
+        assert_eq!(choose(&big, Device::Gpu, &auto).split, split, "{kind}");
+        assert!(!choose(&OpShape { count: big.count / 2, ..big }, Device::Gpu, &auto).split, "{kind}: below the size");
+    }
+    assert!(!choose(&OpShape { in_place: true, ..shape(AllToAll, 1 << 24, Float32, 2) }, Device::Gpu, &auto).split);
     // Odd grids round down; one block stays whole.
     let odd = Config { gpu_peer_blocks: 7, ..on.clone() };
     assert_eq!(choose(&shape(AllGather, 1 << 22, Float32, 2), Device::Gpu, &odd).channels, 6);

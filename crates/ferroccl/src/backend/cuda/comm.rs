@@ -13,6 +13,8 @@ use crate::cuda::device::{Gpu, KernelHandle, Module};
 use crate::cuda::nvrtc::Image;
 use crate::cuda::mem::{DeviceBuffer, MemStats};
 use crate::cuda::pinned::MappedWord;
+use crate::info::CommInfo;
+use crate::ops::OpArgs;
 use cudarc::driver::sys;
 use ferroccl_core::{Config, DataType, Error};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
@@ -187,8 +189,8 @@ impl CudaComm {
         let mut fabric = Fabric::new(&gpu, boot, config, geo, &stats, abort, &status)?;
         let ce_slot = ferroccl_core::tune::ce_slot_bytes(config, boot.nranks());
         let ce = match fabric.ce.take() {
-            Some(f) if ce_slot > 0 => Some(Arc::new(CopyEngine::new(&gpu, boot.rank(), boot.nranks(), ce_slot, f)?)),
-            _ => None,
+            Some(f) => Some(Arc::new(CopyEngine::new(&gpu, boot.rank(), boot.nranks(), ce_slot, f)?)),
+            None => None,
         };
         let timeout_ns = config.timeout.as_nanos().min(u64::MAX as u128) as u64;
         let direct = match fabric.direct {
@@ -375,9 +377,16 @@ impl CudaComm {
 
     /// Registers a window with every rank (collective; see window.rs). Holds the windows lock,
     /// which every launch takes too, so no launch of this rank sees half a registration.
-    pub fn register(&self, boot: &Bootstrap, ptr: u64, len: usize, abort: &AtomicBool, deadline: std::time::Instant) -> Result<(), Error> {
+    pub fn register(&self, boot: &Bootstrap, ptr: u64, len: usize, symmetric: bool, abort: &AtomicBool, deadline: std::time::Instant) -> Result<(), Error> {
         let mut w = self.windows.lock().map_err(|_| Error::Internal("windows lock poisoned".into()))?;
-        w.register(&self.gpu, boot, ptr, len, &self.stats, abort, deadline)
+        w.register(&self.gpu, boot, ptr, len, symmetric, &self.stats, abort, deadline)
+    }
+
+    /// For an operation the copy engine's zero-copy could take, whose output on this rank lies
+    /// in a symmetric window: where this process maps every rank's output
+    /// (`copy_engine::zcopy_schedule`).
+    pub(crate) fn symmetric_far(&self, a: &OpArgs, info: &CommInfo) -> Option<Vec<u64>> {
+        self.windows.lock().ok().and_then(|w| far_buffers(&w, a, info))
     }
 
     /// Forgets the window at `ptr` (collective), after the queued work that may use it.
@@ -400,6 +409,15 @@ impl CudaComm {
 }
 
 /// Frees the copy engine's stalled streams from a thread of its own (an abort must not wait).
+/// `CudaComm::symmetric_far` with the windows at hand (the launch path holds their lock).
+pub(crate) fn far_buffers(w: &Windows, a: &OpArgs, info: &CommInfo) -> Option<Vec<u64>> {
+    if w.is_empty() || !ferroccl_core::plan::copies::zcopy_serves(a.kind, info.nranks) {
+        return None;
+    }
+    let (_, recv) = a.kind.buffer_counts(a.count, info.nranks, a.root == info.rank)?;
+    w.symmetric_far(a.recv as u64, recv.checked_mul(a.dtype.size())? as u64)
+}
+
 fn release_copies(ce: &Option<Arc<CopyEngine>>) {
     if let Some(ce) = ce.clone() {
         let _ = std::thread::Builder::new().name("ferroccl-ce-release".into()).spawn(move || ce.release(std::time::Duration::from_secs(60)));

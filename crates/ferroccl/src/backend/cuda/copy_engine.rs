@@ -26,7 +26,7 @@ use crate::cuda::cu_ok;
 use crate::cuda::device::Gpu;
 use crate::cuda::hostpage::HostPage;
 use cudarc::driver::sys;
-use ferroccl_core::plan::copies::{copies, pieces, Piece, Transfer, CE_LANES, CE_SLOTS};
+use ferroccl_core::plan::copies::{copies, pieces, zcopy_serves, Piece, Transfer, CE_LANES, CE_SLOTS};
 use ferroccl_core::{CollKind, Error, Rank};
 use std::time::{Duration, Instant};
 
@@ -88,6 +88,9 @@ pub(crate) enum Addr {
     Recv(usize),
     /// Slot `slot` of sender `from`'s region in `owner`'s staging.
     Stage { owner: Rank, from: Rank, slot: usize },
+    /// A device address as this process maps it: a peer's buffer in a symmetric window
+    /// (`zcopy_schedule`; its schedules are kept per buffer address).
+    Abs(u64),
 }
 
 /// Which stream of a rank runs a lane: a peer's lane carries both directions (what this rank
@@ -173,6 +176,57 @@ pub(crate) fn schedule(op: &CeOp, me: Rank, n: usize, slot_bytes: usize) -> Resu
     Ok(lanes)
 }
 
+/// Rank `me`'s commands for `op` when its output lies in a symmetric window
+/// (`plan::copies::zcopy_serves`): every copy between two ranks goes once, straight from the
+/// sender's input to the receiver's output over the link, by the sender's copy engine. `far[q]`
+/// is where this process maps rank q's output.
+///
+/// One lane per peer, one handshake before and one after. The receiver first tells the sender
+/// it has entered the operation (`ready`: all it did before, reads of that output included, is
+/// done), and leaves the operation only once the sender says the copy is complete (`full` of
+/// slot 0); the sender waits for `ready`, copies, raises `full`. Each word goes back to 0 by its
+/// waiter, as a CUDA graph's replay wants. An all-to-all in place has no order that works (each
+/// rank's output takes a peer's block before its own left for that peer) and is refused.
+pub(crate) fn zcopy_schedule(op: &CeOp, me: Rank, n: usize, far: &[u64]) -> Result<Schedule, Error> {
+    if !zcopy_serves(op.kind, n) || (op.kind == CollKind::AllToAll && op.send == op.recv) {
+        return Err(Error::Internal(format!("the copy engine's zero-copy got {}{} on {n} ranks", op.kind, if op.send == op.recv { " in place" } else { "" })));
+    }
+    if far.len() != n {
+        return Err(Error::Internal(format!("the copy engine's zero-copy got {} peer addresses for {n} ranks", far.len())));
+    }
+    let list = copies(op.kind, op.count, op.elem, n, op.root)
+        .ok_or_else(|| Error::Internal(format!("the copy engine got {} on {n} ranks", op.kind)))?;
+    let mut lanes: Vec<(Lane, Vec<Cmd>)> = Vec::new();
+    if let Some(c) = list.iter().find(|c| c.from == me && c.to == me) {
+        lanes.push((Lane::Local, vec![Cmd::Copy { dst: Addr::Recv(c.dst), src: Addr::Send(c.src), bytes: c.bytes }]));
+    }
+    for q in (0..n).filter(|&q| q != me) {
+        let out = list.iter().find(|c| c.from == me && c.to == q);
+        let inc = list.iter().find(|c| c.from == q && c.to == me);
+        if out.is_none() && inc.is_none() {
+            continue;
+        }
+        let mut v = Vec::new();
+        if inc.is_some() {
+            v.push(Cmd::Write { page: q, word: CeFlags::ready(n, me, 0), value: 1 });
+        }
+        if let Some(c) = out {
+            let ready = CeFlags::ready(n, q, 0);
+            v.push(Cmd::Wait { page: me, word: ready });
+            v.push(Cmd::Write { page: me, word: ready, value: 0 });
+            v.push(Cmd::Copy { dst: Addr::Abs(far[q] + c.dst as u64), src: Addr::Send(c.src), bytes: c.bytes });
+            v.push(Cmd::Write { page: q, word: CeFlags::full(n, me, 0), value: 1 });
+        }
+        if inc.is_some() {
+            let full = CeFlags::full(n, q, 0);
+            v.push(Cmd::Wait { page: me, word: full });
+            v.push(Cmd::Write { page: me, word: full, value: 0 });
+        }
+        lanes.push((Lane::Peer { peer: q, lane: 0 }, v));
+    }
+    Ok(lanes)
+}
+
 /// A rank's streams for the copy engine and the events that order them after the caller's
 /// stream (fork) and it after them (joins).
 struct Streams {
@@ -204,7 +258,7 @@ impl CopyEngine {
     /// other stream of its queue. Made together, early, this rank's lanes get queues of their
     /// own as far as there are queues (see docs/ENV.md on `CUDA_DEVICE_MAX_CONNECTIONS`).
     pub fn new(gpu: &Gpu, rank: Rank, nranks: usize, slot_bytes: usize, fabric: CeFabric) -> Result<CopyEngine, Error> {
-        if slot_bytes == 0 || slot_bytes * CE_SLOTS > fabric.region_bytes {
+        if slot_bytes * CE_SLOTS > fabric.region_bytes {
             return Err(Error::Internal(format!("copy-engine slots of {slot_bytes} bytes do not fit a region of {}", fabric.region_bytes)));
         }
         gpu.bind()?;
@@ -215,7 +269,16 @@ impl CopyEngine {
     /// This rank's commands for `op` (every call of its shape enqueues the same: the launch
     /// path keeps them with the shape).
     pub fn schedule(&self, op: &CeOp) -> Result<Schedule, Error> {
+        if self.slot_bytes == 0 {
+            return Err(Error::Internal("the copy engine's staging is off (FERROCCL_GPU_COPY_ENGINE_BYTES=0)".into()));
+        }
         schedule(op, self.rank, self.nranks, self.slot_bytes)
+    }
+
+    /// This rank's commands for `op` between symmetric windows (`zcopy_schedule`; the launch
+    /// path keeps them with the buffers' addresses).
+    pub fn zcopy_schedule(&self, op: &CeOp, far: &[u64]) -> Result<Schedule, Error> {
+        zcopy_schedule(op, self.rank, self.nranks, far)
     }
 
     fn addr(&self, a: Addr, op: &CeOp) -> u64 {
@@ -226,6 +289,7 @@ impl CopyEngine {
                 let region = if from < owner { from } else { from - 1 };
                 self.fabric.stage[owner] + (region * self.fabric.region_bytes + slot * self.slot_bytes) as u64
             }
+            Addr::Abs(a) => a,
         }
     }
 
@@ -573,6 +637,162 @@ mod tests {
         };
         let e = run_model_with(2, &ops, &no_drain, ahead).unwrap_err();
         assert!(e.contains("ended with a piece still in slot"), "{e}");
+    }
+
+    /// Where the zero-copy model's ranks map rank q's far buffer: a tag the model reads back.
+    fn far_of(q: Rank) -> u64 {
+        ((q as u64) + 1) << 40
+    }
+
+    /// Runs every rank's zero-copy schedule of `ops` as `run_model_with` runs the staged ones.
+    /// Checks that a copy touches a peer's buffer only while that peer is in the same operation
+    /// (it has entered it: its earlier work on the buffer is done; it has not left it: its later
+    /// work will see the copy), that every copy of every operation happens exactly once with the
+    /// addresses `copies` gives, that nothing deadlocks, and that every word ends where it
+    /// started.
+    fn run_zcopy_model(n: usize, ops: &[CeOp], sched: Sched, mut pick: impl FnMut(&[(usize, usize)]) -> usize) -> Result<(), String> {
+        let mut pages: Vec<Vec<u32>> = (0..n).map(|_| (0..CeFlags::words(n)).map(|i| CeFlags::initial(n, i)).collect()).collect();
+        let mut at_op = vec![0usize; n];
+        let load = |r: Rank, k: usize| -> Vec<(Lane, Vec<Cmd>, usize)> { sched(&ops[k], r).into_iter().map(|(l, c)| (l, c, 0)).collect() };
+        let mut lanes: Vec<Vec<(Lane, Vec<Cmd>, usize)>> = (0..n).map(|r| load(r, 0)).collect();
+        // Per operation: the copies done, as (from, to, src, dst, bytes).
+        let mut done: Vec<Vec<(Rank, Rank, usize, usize, usize)>> = vec![Vec::new(); ops.len()];
+        let want = |k: usize| -> Vec<(Rank, Rank, usize, usize, usize)> {
+            let o = &ops[k];
+            let mut v: Vec<_> = copies(o.kind, o.count, o.elem, n, o.root).unwrap().iter().map(|c| (c.from, c.to, c.src, c.dst, c.bytes)).collect();
+            v.sort_unstable();
+            v
+        };
+        let finished = |lanes: &[(Lane, Vec<Cmd>, usize)]| lanes.iter().all(|(_, c, pc)| *pc == c.len());
+        loop {
+            for r in 0..n {
+                while finished(&lanes[r]) && at_op[r] + 1 < ops.len() {
+                    let k = at_op[r];
+                    if let Some(c) = want(k).into_iter().find(|c| (c.0 == r || c.1 == r) && !done[k].contains(c)) {
+                        return Err(format!("rank {r} left op {k} before copy {c:?} was made"));
+                    }
+                    at_op[r] += 1;
+                    lanes[r] = load(r, at_op[r]);
+                }
+            }
+            let runnable: Vec<(usize, usize)> = (0..n)
+                .flat_map(|r| (0..lanes[r].len()).map(move |i| (r, i)))
+                .filter(|&(r, i)| {
+                    let (_, cmds, pc) = &lanes[r][i];
+                    match cmds.get(*pc) {
+                        None => false,
+                        Some(Cmd::Wait { page, word }) => pages[*page][*word] == 1,
+                        Some(_) => true,
+                    }
+                })
+                .collect();
+            if runnable.is_empty() {
+                if !(0..n).all(|r| at_op[r] + 1 == ops.len() && finished(&lanes[r])) {
+                    return Err(format!("deadlock: ranks at operations {at_op:?}"));
+                }
+                break;
+            }
+            let (r, i) = runnable[pick(&runnable) % runnable.len()];
+            let k = at_op[r];
+            let (_, cmds, pc) = &mut lanes[r][i];
+            match cmds[*pc] {
+                Cmd::Wait { .. } => {}
+                Cmd::Write { page, word, value } => pages[page][word] = value,
+                Cmd::Copy { dst, src, bytes } => {
+                    let far = |a: u64| ((a >> 40) as usize - 1, (a & ((1 << 40) - 1)) as usize);
+                    let c = match (src, dst) {
+                        (Addr::Send(s), Addr::Recv(d)) => (r, r, s, d, bytes),
+                        (Addr::Send(s), Addr::Abs(a)) => (r, far(a).0, s, far(a).1, bytes),
+                        (Addr::Abs(a), Addr::Recv(d)) => (far(a).0, r, far(a).1, d, bytes),
+                        other => return Err(format!("rank {r} copies {other:?}")),
+                    };
+                    let peer = if c.0 == r { c.1 } else { c.0 };
+                    if at_op[peer] != k {
+                        return Err(format!("rank {r} copies {c:?} of op {k} while rank {peer} is at op {}", at_op[peer]));
+                    }
+                    if done[k].contains(&c) {
+                        return Err(format!("rank {r} makes copy {c:?} of op {k} twice"));
+                    }
+                    done[k].push(c);
+                }
+            }
+            *pc += 1;
+        }
+        for (k, d) in done.iter_mut().enumerate() {
+            d.sort_unstable();
+            if *d != want(k) {
+                return Err(format!("op {k} made copies {d:?}, expected {:?}", want(k)));
+            }
+        }
+        for r in 0..n {
+            for (i, &w) in pages[r].iter().enumerate() {
+                if w != CeFlags::initial(n, i) {
+                    return Err(format!("rank {r}'s word {i} ends at {w}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn zcopy_of(n: usize) -> impl Fn(&CeOp, Rank) -> Vec<(Lane, Vec<Cmd>)> {
+        move |op, me| {
+            let far: Vec<u64> = (0..n).map(far_of).collect();
+            zcopy_schedule(op, me, n, &far).expect("schedule")
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        /// The zero-copy handshake holds under any interleaving, as the staged one does, for
+        /// every kind it takes (an all-to-all in place aside), in place or not, repeated.
+        #[test]
+        fn the_zero_copy_handshake_holds_under_any_schedule((n, ops, _slot, seed, ahead) in case()) {
+            let served = |o: &&CeOp| zcopy_serves(o.kind, n) && !(o.kind == CollKind::AllToAll && o.send == o.recv);
+            let ops: Vec<CeOp> = ops.iter().chain(ops.iter()).filter(served).copied().collect();
+            prop_assume!(!ops.is_empty());
+            let mut i = 0usize;
+            let r = run_zcopy_model(n, &ops, &zcopy_of(n), |runnable| {
+                i += 1;
+                let x = seed[i % seed.len()] as usize + i / seed.len();
+                if ahead { runnable.iter().position(|&(r, _)| r == runnable[0].0).unwrap() + x % runnable.iter().filter(|&&(r, _)| r == runnable[0].0).count() } else { x }
+            });
+            prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+        }
+    }
+
+    /// The zero-copy model finds what each half of the handshake prevents, and the schedule
+    /// refuses an all-to-all in place.
+    #[test]
+    fn the_zero_copy_model_catches_a_handshake_left_out() {
+        let ops = [
+            CeOp { kind: CollKind::AllGather, count: 16, elem: 4, root: 0, send: 0, recv: 1 },
+            CeOp { kind: CollKind::Broadcast, count: 16, elem: 4, root: 1, send: 0, recv: 1 },
+            CeOp { kind: CollKind::AllToAll, count: 16, elem: 4, root: 0, send: 0, recv: 1 },
+        ];
+        // Rank 1 runs ahead of rank 0 whenever it can.
+        let ahead = |rn: &[(usize, usize)]| rn.iter().position(|&(r, _)| r == 1).unwrap_or(rn.len() - 1);
+        let behind = |rn: &[(usize, usize)]| rn.iter().position(|&(r, _)| r == 0).unwrap_or(rn.len() - 1);
+        assert!(run_zcopy_model(2, &ops, &zcopy_of(2), ahead).is_ok());
+        assert!(run_zcopy_model(2, &ops, &zcopy_of(2), behind).is_ok());
+        let without = |drop_ready: bool| {
+            move |op: &CeOp, me: Rank| -> Vec<(Lane, Vec<Cmd>)> {
+                let ready = |w: usize| w >= 2 * 2 * CE_SLOTS;
+                let keep = |c: &Cmd| match *c {
+                    Cmd::Wait { word, .. } | Cmd::Write { word, .. } => ready(word) != drop_ready,
+                    Cmd::Copy { .. } => true,
+                };
+                zcopy_of(2)(op, me).into_iter().map(|(l, c)| (l, c.into_iter().filter(keep).collect())).collect()
+            }
+        };
+        let e = run_zcopy_model(2, &ops, &without(true), ahead).unwrap_err();
+        assert!(e.contains("while rank 0 is at op"), "{e}");
+        let e = run_zcopy_model(2, &ops, &without(false), ahead).unwrap_err();
+        assert!(e.contains("before copy"), "{e}");
+        let in_place = CeOp { kind: CollKind::AllToAll, count: 16, elem: 4, root: 0, send: 5, recv: 5 };
+        assert!(zcopy_schedule(&in_place, 0, 2, &[0, far_of(1)]).is_err());
+        assert!(zcopy_schedule(&ops[0], 0, 2, &[0]).is_err(), "an address per rank");
+        let gather = CeOp { kind: CollKind::Gather, count: 16, elem: 4, root: 0, send: 0, recv: 1 };
+        assert!(zcopy_schedule(&gather, 0, 2, &[0, far_of(1)]).is_err(), "not a kind it serves");
     }
 
     #[test]

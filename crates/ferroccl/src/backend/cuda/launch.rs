@@ -375,7 +375,13 @@ impl CudaComm {
             // A new shape: the tuner's choices, then a run without tables (a one-kernel engine,
             // the copy engine, the point-to-point form), or the plan's tables encoded and put on
             // the GPU.
-            let planned = plan_launch(info, args, !windows.is_empty())?;
+            // Where the copy engine's zero-copy would copy to or from (an operation alone in
+            // its launch, its far buffer in a symmetric window).
+            let far = match args {
+                [a] => super::comm::far_buffers(&windows, a, info),
+                _ => None,
+            };
+            let planned = plan_launch(info, args, !windows.is_empty(), &|_| far.is_some())?;
             state.log_choices(info, &planned.shapes, &planned.choices);
             let tableless = match planned.choices[..] {
                 // The one-kernel engines: no tables, only the choice.
@@ -389,7 +395,12 @@ impl CudaComm {
                         }
                         Engine::CopyEngine if self.ce.is_some() => {
                             let ce = self.ce.as_ref().expect("checked");
-                            Run::Copy(Arc::new(ce.schedule(&ce_op(&args[0]))?))
+                            // Between symmetric windows (kept by address: `key.by_address`).
+                            let lanes = match (&far, c.zero_copy) {
+                                (Some(far), true) => ce.zcopy_schedule(&ce_op(&args[0]), far)?,
+                                _ => ce.schedule(&ce_op(&args[0]))?,
+                            };
+                            Run::Copy(Arc::new(lanes))
                         }
                         e => return Err(Error::Internal(format!("{e:?} was chosen for {} ranks, which it does not serve", info.nranks))),
                     })

@@ -31,10 +31,13 @@ pub(crate) struct WindowDesc {
     /// The cuMem allocation holding it (what a peer imports and maps).
     pub alloc_base: u64,
     pub alloc_len: u64,
+    /// Registered as symmetric: every rank's buffers of an operation lie at the same offset of
+    /// their windows of this registration, and every rank's window has the same length.
+    pub symmetric: bool,
 }
 
 impl WindowDesc {
-    pub const LEN: usize = 40;
+    pub const LEN: usize = 41;
     pub fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(Self::LEN);
         v.extend_from_slice(&self.pid.to_le_bytes());
@@ -42,6 +45,7 @@ impl WindowDesc {
         for x in [self.ptr, self.len, self.alloc_base, self.alloc_len] {
             v.extend_from_slice(&x.to_le_bytes());
         }
+        v.push(self.symmetric as u8);
         v
     }
     pub fn parse(b: &[u8]) -> Result<WindowDesc, Error> {
@@ -50,7 +54,12 @@ impl WindowDesc {
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        let d = WindowDesc { pid: u32_at(0), gpu: u32_at(4), ptr: u64_at(8), len: u64_at(16), alloc_base: u64_at(24), alloc_len: u64_at(32) };
+        let symmetric = match b[40] {
+            0 => false,
+            1 => true,
+            x => return Err(Error::Protocol(format!("window registration: a peer sent symmetric flag {x}"))),
+        };
+        let d = WindowDesc { pid: u32_at(0), gpu: u32_at(4), ptr: u64_at(8), len: u64_at(16), alloc_base: u64_at(24), alloc_len: u64_at(32), symmetric };
         d.check()?;
         Ok(d)
     }
@@ -74,6 +83,9 @@ struct Window {
     len: u64,
     /// Where each rank maps this rank's window (`views[me] == ptr`).
     views: Vec<u64>,
+    /// Symmetric windows: where this process maps each rank's window of this registration
+    /// (`far[me] == ptr`), all of them `len` bytes long.
+    far: Option<Vec<u64>>,
     /// Peers' windows imported into this process (kept mapped while registered).
     _imported: Vec<DeviceBuffer>,
 }
@@ -99,7 +111,17 @@ impl Windows {
         view_in(self.list.iter().map(|w| (w.ptr, w.len, w.views.as_slice())), ptr, bytes, peer)
     }
 
-    /// Registers `[ptr, ptr + len)` with every rank of `boot` (collective). On error nothing is
+    /// Where this process maps every rank's counterpart of `[ptr, ptr + bytes)` of this rank,
+    /// when a symmetric window holds all of it: each rank's window of the same registration at
+    /// the same offset (the symmetric contract), inside it since all have one length.
+    pub fn symmetric_far(&self, ptr: u64, bytes: u64) -> Option<Vec<u64>> {
+        let end = ptr.checked_add(bytes)?;
+        let w = self.list.iter().find(|w| w.far.is_some() && ptr >= w.ptr && end <= w.ptr + w.len)?;
+        Some(w.far.as_ref()?.iter().map(|base| base + (ptr - w.ptr)).collect())
+    }
+
+    /// Registers `[ptr, ptr + len)` with every rank of `boot` (collective), `symmetric` as every
+    /// rank must (see [`WindowDesc::symmetric`]; checked, with the lengths). On error nothing is
     /// registered here; peers that got further fail too (the exchange is all-or-nothing per
     /// rank, but a failure on one rank is seen by the others as a failed exchange).
     pub fn register(
@@ -108,6 +130,7 @@ impl Windows {
         boot: &Bootstrap,
         ptr: u64,
         len: usize,
+        symmetric: bool,
         stats: &Arc<MemStats>,
         abort: &AtomicBool,
         deadline: Instant,
@@ -124,7 +147,7 @@ impl Windows {
         let job = boot.comm_id() ^ 0x5749_4e44_4f57_0000 ^ self.epoch.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let listener = FdListener::bind(job, me as u32)?;
         let exported = exported.and_then(|(fd, base, size)| {
-            let d = WindowDesc { pid: std::process::id(), gpu: gpu.ordinal() as u32, ptr, len: len as u64, alloc_base: base, alloc_len: size as u64 };
+            let d = WindowDesc { pid: std::process::id(), gpu: gpu.ordinal() as u32, ptr, len: len as u64, alloc_base: base, alloc_len: size as u64, symmetric };
             d.check().map(|()| (fd, base, size))
         });
         // A status byte first (0 = a description follows, 0xff = why not), as in the second
@@ -132,7 +155,7 @@ impl Windows {
         let mine = match &exported {
             Ok((_, base, size)) => {
                 let mut v = vec![0];
-                v.extend(WindowDesc { pid: std::process::id(), gpu: gpu.ordinal() as u32, ptr, len: len as u64, alloc_base: *base, alloc_len: *size as u64 }.encode());
+                v.extend(WindowDesc { pid: std::process::id(), gpu: gpu.ordinal() as u32, ptr, len: len as u64, alloc_base: *base, alloc_len: *size as u64, symmetric }.encode());
                 v
             }
             Err(e) => {
@@ -144,6 +167,7 @@ impl Windows {
         let all = boot.allgather(&mine)?;
         let descs: Vec<WindowDesc> = all.iter().enumerate().map(|(q, b)| parse_desc_row(q, b)).collect::<Result<_, _>>()?;
         let (fd, _, _) = exported?;
+        symmetric_agrees(&descs)?;
         let same_host = |q: Rank| boot.peers()[q].host_id == boot.peers()[me].host_id;
         if let Some(q) = (0..n).find(|&q| !same_host(q)) {
             return Err(Error::InvalidArgument(format!("window registration: rank {q} is on another host; windows are one host's for now")));
@@ -186,7 +210,8 @@ impl Windows {
         let rows = boot.allgather(&view_row(&here, exchanged.as_ref().err()))?;
         exchanged?;
         let views = views_of(&rows, me, n)?;
-        self.list.push(Window { ptr, len: len as u64, views, _imported: imported });
+        let far = symmetric.then_some(here);
+        self.list.push(Window { ptr, len: len as u64, views, far, _imported: imported });
         self.epoch += 1;
         Ok(())
     }
@@ -203,6 +228,26 @@ impl Windows {
         self.epoch += 1;
         Ok(())
     }
+}
+
+/// Every rank registered the window alike: symmetric on all or on none, and symmetric ones of
+/// one length (every rank sees every description, so all fail alike, before mapping anything).
+fn symmetric_agrees(descs: &[WindowDesc]) -> Result<(), Error> {
+    let Some(first) = descs.first() else { return Ok(()) };
+    if let Some(q) = descs.iter().position(|d| d.symmetric != first.symmetric) {
+        return Err(Error::InvalidArgument(format!(
+            "window registration: rank 0 registers a {} window, rank {q} a {} one; every rank must register alike",
+            if first.symmetric { "symmetric" } else { "local" },
+            if descs[q].symmetric { "symmetric" } else { "local" }
+        )));
+    }
+    if let Some(q) = descs.iter().position(|d| first.symmetric && d.len != first.len) {
+        return Err(Error::InvalidArgument(format!(
+            "window registration: symmetric windows must have one length on every rank: rank 0 registers {} bytes, rank {q} {}",
+            first.len, descs[q].len
+        )));
+    }
+    Ok(())
 }
 
 /// The view of `[ptr, ptr + bytes)` for `peer` among windows (ptr, len, views).
@@ -294,9 +339,14 @@ mod tests {
 
     #[test]
     fn window_descriptions_round_trip_and_are_checked() {
-        let d = WindowDesc { pid: 9, gpu: 1, ptr: 0x7f00_0020_0000, len: 4096, alloc_base: 0x7f00_0000_0000, alloc_len: 4 << 20 };
+        let d = WindowDesc { pid: 9, gpu: 1, ptr: 0x7f00_0020_0000, len: 4096, alloc_base: 0x7f00_0000_0000, alloc_len: 4 << 20, symmetric: false };
         assert_eq!(WindowDesc::parse(&d.encode()).unwrap(), d);
-        assert!(matches!(WindowDesc::parse(&d.encode()[..39]), Err(Error::Protocol(_))));
+        let s = WindowDesc { symmetric: true, ..d };
+        assert_eq!(WindowDesc::parse(&s.encode()).unwrap(), s);
+        assert!(matches!(WindowDesc::parse(&d.encode()[..40]), Err(Error::Protocol(_))));
+        let mut bad_flag = d.encode();
+        bad_flag[40] = 2;
+        assert!(matches!(WindowDesc::parse(&bad_flag), Err(Error::Protocol(_))));
         // Empty, before the allocation, past its end, wrapping.
         for bad in [
             WindowDesc { len: 0, ..d },
@@ -311,7 +361,7 @@ mod tests {
     #[test]
     fn first_exchange_rows_carry_a_status() {
         // A pid whose low byte is 0xff must not read as a failure.
-        let d = WindowDesc { pid: 0x1ff, gpu: 0, ptr: 0x20_0000, len: 64, alloc_base: 0x20_0000, alloc_len: 2 << 20 };
+        let d = WindowDesc { pid: 0x1ff, gpu: 0, ptr: 0x20_0000, len: 64, alloc_base: 0x20_0000, alloc_len: 2 << 20, symmetric: false };
         let mut ok = vec![0u8];
         ok.extend(d.encode());
         assert_eq!(parse_desc_row(0, &ok).unwrap(), d);
@@ -338,6 +388,33 @@ mod tests {
         assert_eq!(view_in(ws(), 0x5000, 1, 0), None);
         assert_eq!(view_in(ws(), u64::MAX - 1, 4, 0), None);
         assert_eq!(view_in(ws(), 0x1000, 1, 3), None);
+    }
+
+    #[test]
+    fn symmetric_windows_are_registered_alike_and_name_every_ranks_counterpart() {
+        let d = WindowDesc { pid: 1, gpu: 0, ptr: 0x20_0000, len: 4096, alloc_base: 0x20_0000, alloc_len: 2 << 20, symmetric: true };
+        assert!(symmetric_agrees(&[d, WindowDesc { ptr: 0x40_0000, alloc_base: 0x40_0000, ..d }]).is_ok());
+        let local = WindowDesc { symmetric: false, ..d };
+        assert!(symmetric_agrees(&[local, WindowDesc { len: 64, ..local }]).is_ok(), "local windows may differ in length");
+        let e = symmetric_agrees(&[d, local]).unwrap_err();
+        assert!(e.to_string().contains("rank 1 a local one"), "{e}");
+        let e = symmetric_agrees(&[d, d, WindowDesc { len: 8192, ..d }]).unwrap_err();
+        assert!(e.to_string().contains("rank 2 8192"), "{e}");
+        // Rank 1 of 3: its symmetric window at 0x1000 (512 bytes), mapped for the others at
+        // 0xa000 and 0xc000 here; a local window beside it offers no counterpart.
+        let ws = Windows {
+            list: vec![
+                Window { ptr: 0x1000, len: 512, views: vec![0xa1, 0x1000, 0xc1], far: Some(vec![0xa000, 0x1000, 0xc000]), _imported: Vec::new() },
+                Window { ptr: 0x8000, len: 512, views: vec![0xa2, 0x8000, 0xc2], far: None, _imported: Vec::new() },
+            ],
+            epoch: 2,
+        };
+        assert_eq!(ws.symmetric_far(0x1000, 512), Some(vec![0xa000, 0x1000, 0xc000]));
+        assert_eq!(ws.symmetric_far(0x1100, 16), Some(vec![0xa100, 0x1100, 0xc100]));
+        assert_eq!(ws.symmetric_far(0x1100, 512), None, "past the end");
+        assert_eq!(ws.symmetric_far(0x8000, 16), None, "a local window");
+        assert_eq!(ws.symmetric_far(u64::MAX - 1, 4), None);
+        assert_eq!(ws.view(0x8000, 16, 2), Some(0xc2));
     }
 
     #[test]
