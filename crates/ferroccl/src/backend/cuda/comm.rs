@@ -386,6 +386,9 @@ impl CudaComm {
     /// in a symmetric window: where this process maps every rank's output
     /// (`copy_engine::zcopy_schedule`).
     pub(crate) fn symmetric_far(&self, a: &OpArgs, info: &CommInfo) -> Option<Vec<u64>> {
+        if !self.ce.as_ref().is_some_and(|c| c.zcopy_ok()) {
+            return None;
+        }
         self.windows.lock().ok().and_then(|w| far_buffers(&w, a, info))
     }
 

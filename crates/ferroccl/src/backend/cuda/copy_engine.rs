@@ -275,6 +275,12 @@ impl CopyEngine {
         schedule(op, self.rank, self.nranks, self.slot_bytes)
     }
 
+    /// Whether copies between symmetric windows may run here: no two ranks share a GPU
+    /// (`CeFabric::own_gpus`; the same on every rank).
+    pub fn zcopy_ok(&self) -> bool {
+        self.fabric.own_gpus
+    }
+
     /// This rank's commands for `op` between symmetric windows (`zcopy_schedule`; the launch
     /// path keeps them with the buffers' addresses).
     pub fn zcopy_schedule(&self, op: &CeOp, far: &[u64]) -> Result<Schedule, Error> {

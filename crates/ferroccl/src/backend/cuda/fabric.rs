@@ -114,12 +114,14 @@ impl Geometry {
     fn direct_words_end(&self) -> usize {
         if self.has_direct() { self.direct_epochs_off() + DIRECT_MAX_BLOCKS * 8 } else { self.direct_acks_off() }
     }
-    /// Then the peer engine's round counter of each block (ours).
+    /// Then the peer engine's round counter of each block (ours): one per slice for the blocks
+    /// that send (or do both), then one per slice for a split launch's receive blocks, which
+    /// must not read a counter their slice's send block of the same launch may have moved on.
     pub fn peer_seqs_off(&self) -> usize {
         self.direct_words_end().div_ceil(LINE) * LINE
     }
     pub fn send_arena_bytes(&self) -> usize {
-        if self.has_peer() { self.peer_seqs_off() + PEER_MAX_BLOCKS * 8 } else { self.direct_words_end() }
+        if self.has_peer() { self.peer_seqs_off() + 2 * PEER_MAX_BLOCKS * 8 } else { self.direct_words_end() }
     }
     /// Both arenas are one allocation, the send arena after the receive arena: memory comes in
     /// granules (2 MiB on the GPUs we know), so one allocation rounds up once where two did
@@ -229,6 +231,10 @@ pub(crate) struct CeFabric {
     pub pages: Vec<u64>,
     pub mine: HostPage,
     pub imported: Vec<HostPage>,
+    /// No two ranks of the communicator share a GPU (the same on every rank: from every rank's
+    /// description). Where some do, the copies between symmetric windows stay off: a lane's wait
+    /// for its peer could sit in a hardware queue in front of the very stream the peer must run.
+    pub own_gpus: bool,
 }
 
 impl Fabric {
@@ -325,6 +331,7 @@ impl Fabric {
         let table = status.table_ptr();
         let direct = geo.has_direct().then(|| direct_param(&geo, me, &arenas));
         let peer = geo.has_peer().then(|| peer_param(&geo, me, &arenas));
+        let own_gpus = (0..n).all(|a| (a + 1..n).all(|b| !(peers[a].pid == peers[b].pid && peers[a].gpu == peers[b].gpu)));
         // The copy engine borrows the peer engine's staging: the same addresses.
         let ce = page.zip(peer.as_ref()).map(|(mine, p)| {
             pages[me] = mine.device_ptr();
@@ -334,6 +341,7 @@ impl Fabric {
                 pages,
                 mine,
                 imported: imported_pages,
+                own_gpus,
             }
         });
         Ok(Fabric { geo, _arena: arena, _imported: imported, table, nconns: conns.len() as u32, conns, direct, peer, ce })
@@ -586,7 +594,7 @@ mod tests {
             assert_eq!(g.peer_flags_off() - g.peer_stage_off(), blocks * (n - 1) * 4 * slot);
             assert_eq!(g.recv_arena_bytes() - g.peer_flags_off(), PEER_MAX_BLOCKS * n * PEER_PHASES * LINE);
             assert!(g.peer_seqs_off() >= plain.send_arena_bytes() && g.peer_seqs_off() % LINE == 0);
-            assert_eq!(g.send_arena_bytes(), g.peer_seqs_off() + PEER_MAX_BLOCKS * 8);
+            assert_eq!(g.send_arena_bytes(), g.peer_seqs_off() + 2 * PEER_MAX_BLOCKS * 8);
             // Both arenas in one allocation, as Fabric::new maps them.
             assert!(g.send_arena_off() >= g.recv_arena_bytes() && g.send_arena_off() % 4096 == 0);
             assert_eq!(g.arena_bytes(), g.send_arena_off() + g.send_arena_bytes());

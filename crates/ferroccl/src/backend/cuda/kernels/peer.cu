@@ -35,7 +35,13 @@
 //  operation's (the counter's top bit says whether it was symmetric).
 // Round counters live per block on each rank (seqs[b]) and advance by the same number of
 // rounds on every rank, whatever mix of operations runs, because every rank cuts every
-// operation alike (a rank with nothing to send or receive in a round still counts it).
+// operation alike (a rank with nothing to send or receive in a round still counts it). A split
+// launch's receive blocks keep their own (seqs[FC_PEER_MAX_BLOCKS + b]): a send block with
+// nothing to wait for (a reduce's root, a launch of one or two rounds) can finish and advance
+// its counter before its slice's receive block has even started, which would then begin at the
+// new value, acknowledge rounds it never read and wait for the next launch's flags (found by
+// the GPU test with two ranks sharing one GPU, where not every block starts at once). Blocks
+// that do both write both.
 //
 // Its own module (kernels.rs): NVRTC compiles it beside the plan kernel's and the direct
 // engine's, each on its own thread, so a first start waits for the longest of the three.
@@ -350,7 +356,8 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
     const fc_u32 nslices = split ? P.nblocks / 2u : P.nblocks;
     const fc_u32 slice = split ? blockIdx.x % nslices : blockIdx.x;
     const fc_u32 role = !split ? FC_ROLE_BOTH : (blockIdx.x < nslices ? FC_ROLE_SEND : FC_ROLE_RECV);
-    const fc_u64 word = ((const volatile fc_u64*)P.seqs)[slice];
+    volatile fc_u64* seqs = (volatile fc_u64*)P.seqs;
+    const fc_u64 word = seqs[role == FC_ROLE_RECV ? FC_PEER_MAX_BLOCKS + slice : slice];
     const fc_u64 seq = word & ~FC_AFTER_SYMMETRIC;
     const bool after_symmetric = (word & FC_AFTER_SYMMETRIC) != 0;
     // The previous launch's last round is over here (see the top); in a split launch the receive
@@ -367,10 +374,13 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
         if (!fc::peer_round<D, SHAPE>(P, at, len, s, s == seq + 1 && !after_symmetric, slice, role)) return;
     }
     fc::release_next_grid();
-    // One block of a slice writes its counter. A split launch's flags say nothing of its
-    // receive blocks' reads, so the next launch looks for room as after a rooted one.
-    if (threadIdx.x == 0 && s > seq && role != FC_ROLE_RECV) {
-        ((volatile fc_u64*)P.seqs)[slice] = s | (fc::symmetric_kind(P.kind) && !split ? FC_AFTER_SYMMETRIC : 0);
+    // Each block writes its own counter (a block doing both, both). A split launch's flags say
+    // nothing of its receive blocks' reads, so the next launch looks for room as after a rooted
+    // one.
+    if (threadIdx.x == 0 && s > seq) {
+        const fc_u64 next = s | (fc::symmetric_kind(P.kind) && !split ? FC_AFTER_SYMMETRIC : 0);
+        if (role != FC_ROLE_RECV) seqs[slice] = next;
+        if (role != FC_ROLE_SEND) seqs[FC_PEER_MAX_BLOCKS + slice] = next;
     }
 #ifdef FC_PEER_TRACE
     if (threadIdx.x == 0 && blockIdx.x == 0 && P.kind == FC_KIND_ALL_REDUCE && s % FC_PEER_TRACE == 0) {
