@@ -146,13 +146,14 @@ pub struct Config {
     /// staging, with no thread block; 0 (the default until it is measured over NVLink) turns
     /// this off. Every rank must agree.
     pub gpu_copy_engine_bytes: usize,
-    /// FERROCCL_GPU_CE_WINDOW_BYTES (default 64 MiB): on GPUs, a data-movement collective alone
+    /// FERROCCL_GPU_CE_WINDOW_BYTES (default 128 MiB): on GPUs, a data-movement collective alone
     /// in its launch (all-gather, all-to-all not in place, gather, scatter; broadcast on 2 ranks)
     /// whose buffers lie in symmetric windows and whose largest buffer is at least this many
     /// bytes moves by the GPUs' copy engines straight from input to the peers' outputs: one copy
     /// per pair over the link, no staging, no thread block. 0 turns this off. Every rank must
     /// agree. Measured on 2 x H200 (docs/PERFORMANCE.md section 18): about 25 us of handshakes
-    /// a launch, so the kernels win at 32 MiB and the copy engines from 128 MiB.
+    /// a launch: all-gather at 32 MiB lost 10 % to the kernels, at 64 MiB 5 % out of place (gained 4 %
+    /// in place), at 128 MiB and up it gained 2-18 %.
     pub gpu_ce_window_bytes: usize,
     /// FERROCCL_GPU_EARLY_LAUNCH (default on): on GPUs of compute capability 9.0 and up, the
     /// engines' kernels are launched allowed to start while the kernel ahead of them in the
@@ -222,7 +223,7 @@ impl Default for Config {
             gpu_two_shot: false,
             gpu_peer_bytes: 16 << 20,
             gpu_copy_engine_bytes: 0,
-            gpu_ce_window_bytes: 64 << 20,
+            gpu_ce_window_bytes: 128 << 20,
             gpu_early_launch: true,
             gpu_p2p_kernel: true,
             job_secret: None,
@@ -689,7 +690,7 @@ mod tests {
         assert!(ce.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_COPY_ENGINE_BYTES" && v == "8388608"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_COPY_ENGINE_BYTES", "lots")])).is_err());
         let cw = Config::from_vars(&vars(&[("FERROCCL_GPU_CE_WINDOW_BYTES", "0")])).unwrap();
-        assert_eq!((cw.gpu_ce_window_bytes, Config::default().gpu_ce_window_bytes), (0, 64 << 20));
+        assert_eq!((cw.gpu_ce_window_bytes, Config::default().gpu_ce_window_bytes), (0, 128 << 20));
         assert!(cw.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_CE_WINDOW_BYTES" && v == "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_WINDOW_BYTES", "-1")])).is_err());
         let early = Config::from_vars(&vars(&[("FERROCCL_GPU_EARLY_LAUNCH", "0")])).unwrap();

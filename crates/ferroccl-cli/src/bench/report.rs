@@ -176,7 +176,7 @@ pub fn nccl_preamble(n: &NcclSide, graph: u64, gpu_channels: usize) -> String {
         if graph > 0 { format!("CUDA graph of each row's iterations, replayed {graph} times") } else { "host launches".into() },
         match n.reg {
             Register::Off => "the same cuMem buffers for both".to_string(),
-            r => format!("NCCL's from ncclMemAlloc, registered ({}); ferroccl's from ferroccl::mem, registered as windows (zero-copy)", r.name()),
+            r => format!("NCCL's from ncclMemAlloc, registered ({}); ferroccl's from ferroccl::mem, registered as symmetric windows (zero-copy; copy engines from FERROCCL_GPU_CE_WINDOW_BYTES)", r.name()),
         },
         gpu_channels
     )

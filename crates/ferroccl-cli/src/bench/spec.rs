@@ -17,7 +17,7 @@ pub struct Spec {
     pub warmup: u64,
     pub check: bool,
     pub iter_budget: Option<usize>,
-    /// ferroccl's GPU buffers registered as windows (zero-copy).
+    /// ferroccl's GPU buffers registered as symmetric windows (zero-copy).
     pub register: bool,
 }
 
