@@ -5,7 +5,9 @@
 # built with MPI=1 and mpirun exists). The binaries are the public NVIDIA/nccl-tests, built by
 # hand on the GPU machine against NVIDIA's nccl.h: nothing in this repository builds them.
 # Usage (GPU machine): bash bench/dropin/nccl_tests.sh OUT /path/to/ferroccl/libnccl.so NT_DIR
-#   NT_OPS, NT_MODES ("g t mpi"), NT_GRAPHS ("0 10") pick a part; NT_MIN (4) and NT_MAX (256M)
+#   NT_OPS, NT_MODES ("g t mpi"), NT_GRAPHS ("0 10") pick a part; NT_EXTRA adds arguments (e.g.
+#   "-R 2": buffers from ncclMemAlloc registered as symmetric windows), NT_DTYPE (all) the types;
+#   NT_MIN (4) and NT_MAX (256M)
 #   the sizes (times 4 from NT_MIN: 4 B, 16 B, ... 256 MiB); DEADLINE (seconds, 0 = none) skips
 #   what would start after it; RUN_CAP (600) bounds one run.
 # Writes OUT/nccl-tests-<op>-<mode>-G<n>.log and one line per run in OUT/nccl-tests-summary.txt:
@@ -24,8 +26,10 @@ SUM="$OUT/nccl-tests-summary.txt"
 wrong_lines() { awk '$1 ~ /^[0-9]+$/ && NF >= 13 && (($9 ~ /^[0-9]+$/ && $9 != "0") || ($13 ~ /^[0-9]+$/ && $13 != "0")) {n++} END {print n+0}' "$1"; }
 run_one() { # op mode graph
     local t=$1 mode=$2 graph=$3 log start rc
-    log="$OUT/nccl-tests-${t}-${mode// /}-G$graph.log"
-    local args=(-b "${NT_MIN:-4}" -e "${NT_MAX:-256M}" -f 4 -c 1 -d all -o all -w 1 -n 2 -G "$graph")
+    local extra=${NT_EXTRA:-}
+    log="$OUT/nccl-tests-${t}-${mode// /}-G$graph${extra:+-${extra// /}}.log"
+    # shellcheck disable=SC2206 # NT_EXTRA is words on purpose
+    local args=(-b "${NT_MIN:-4}" -e "${NT_MAX:-256M}" -f 4 -c 1 -d "${NT_DTYPE:-all}" -o all -w 1 -n 2 -G "$graph" $extra)
     start=$(date +%s)
     if [ "$mode" = mpi ]; then
         # Each rank finds the library through LD_PRELOAD, passed on by mpirun.
@@ -35,7 +39,7 @@ run_one() { # op mode graph
         LD_PRELOAD="$LIB" NCCL_DEBUG=INFO timeout "${RUN_CAP:-600}" "$NT/${t}_perf" $mode "${args[@]}" >"$log" 2>&1
     fi
     rc=$?
-    echo "$t ${mode// /} G$graph: exit $rc, $(( $(date +%s) - start )) s, $(grep -c 'ferroccl .*drop-in' "$log") banner(s), $(grep -c '^ *[0-9]' "$log") result lines, $(wrong_lines "$log") with #wrong > 0, $(grep -h 'Out of bounds' "$log" | tr -s ' ')" | tee -a "$SUM"
+    echo "$t ${mode// /} G$graph${extra:+ $extra}: exit $rc, $(( $(date +%s) - start )) s, $(grep -c 'ferroccl .*drop-in' "$log") banner(s), $(grep -c '^ *[0-9]' "$log") result lines, $(wrong_lines "$log") with #wrong > 0, $(grep -h 'Out of bounds' "$log" | tr -s ' ')" | tee -a "$SUM"
 }
 modes=()
 for m in ${NT_MODES:-g t mpi}; do
