@@ -476,30 +476,43 @@ export! {
         if flags & !abi::WIN_COLL_SYMMETRIC != 0 {
             return Err(Fail::arg(format!("winFlags {flags:#x}: only NCCL_WIN_DEFAULT and NCCL_WIN_COLL_SYMMETRIC")));
         }
-        let c = h.comm()?;
-        let window = c.gpu().is_some();
-        if window {
-            // SAFETY: NCCL's contract: the buffer stays allocated until deregistration.
-            // NCCL_WIN_COLL_SYMMETRIC carries NCCL's promise (every rank's buffers at the same
-            // offsets of windows of one size), which lets large data movement skip every copy
-            // but one (`Comm::register_symmetric_window`).
-            if flags & abi::WIN_COLL_SYMMETRIC != 0 {
-                unsafe { c.register_symmetric_window(buff as u64, size) }.map_err(Fail::from)?;
-            } else {
-                unsafe { c.register_window(buff as u64, size) }.map_err(Fail::from)?;
+        let symmetric = flags & abi::WIN_COLL_SYMMETRIC != 0;
+        let comm_key = comm as usize;
+        // The pointer travels to the group's end (NCCL fills the handle there inside a group).
+        let win = win as usize;
+        let buff = buff as usize;
+        let job = move || -> Res {
+            let c = h.comm()?;
+            let window = c.gpu().is_some();
+            if window {
+                // SAFETY: NCCL's contract: the buffer stays allocated until deregistration.
+                // NCCL_WIN_COLL_SYMMETRIC carries NCCL's promise (every rank's buffers at the
+                // same offsets of windows of one size), which lets large data movement skip
+                // every copy but one (`Comm::register_symmetric_window`).
+                if symmetric {
+                    unsafe { c.register_symmetric_window(buff as u64, size) }.map_err(Fail::from)?;
+                } else {
+                    unsafe { c.register_window(buff as u64, size) }.map_err(Fail::from)?;
+                }
             }
-        }
-        unsafe { *win = memory::remember(Registration { comm: comm as usize, ptr: buff as u64, window }) };
-        Ok(())
+            // SAFETY: checked non-null above; the caller's handle lives until the call (or its
+            // group) returns.
+            unsafe { *(win as *mut abi::RawWindow) = memory::remember(Registration { comm: comm_key, ptr: buff as u64, window }) };
+            Ok(())
+        };
+        // Collective: inside a group it runs at the group's end, beside the group's other
+        // collective calls, so that one thread may register on every rank it drives.
+        group::collective(Box::new(job))
     }
 
     fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: RawComm, win: abi::RawWindow) {
         let h = lookup(comm)?;
         let r = memory::forget(win, comm as usize)?;
-        if r.window {
-            h.comm()?.deregister_window(r.ptr).map_err(Fail::from)?;
+        if !r.window {
+            return Ok(());
         }
-        Ok(())
+        // Collective, as the registration: at the group's end inside a group.
+        group::collective(Box::new(move || h.comm()?.deregister_window(r.ptr).map_err(Fail::from)))
     }
 
     fn ncclGroupStart / pncclGroupStart() {

@@ -18,11 +18,17 @@ use std::sync::Arc;
 /// (a split without a color).
 pub type InitJob = Box<dyn FnOnce() -> Result<Option<Comm>, Fail> + Send>;
 
+/// A collective call on an existing communicator (window registration and deregistration)
+/// waiting for its group's end, where the group's such calls run at once, each on a thread of
+/// its own: one thread may register a window on every rank it drives.
+pub type CollJob = Box<dyn FnOnce() -> Res + Send>;
+
 #[derive(Default)]
 struct State {
     depth: u32,
     ops: Vec<(Arc<Handle>, OpArgs, RawStream)>,
     inits: Vec<(Arc<Handle>, InitJob)>,
+    colls: Vec<CollJob>,
     /// A creation in the group asked not to block: the group's end returns `ncclInProgress`
     /// and the creations finish in the background.
     nonblocking: bool,
@@ -33,12 +39,14 @@ pub fn in_progress() -> Fail {
     Fail { code: crate::abi::IN_PROGRESS, msg: String::new() }
 }
 
-/// Runs `inits` on a thread of their own; their handles report "in progress" until done.
-pub fn in_background(inits: Vec<(Arc<Handle>, InitJob)>) -> Res {
+/// Runs `inits` (then `colls`) on a thread of their own; their handles report "in progress"
+/// until done.
+pub fn in_background(inits: Vec<(Arc<Handle>, InitJob)>, colls: Vec<CollJob>) -> Res {
     std::thread::Builder::new()
         .name("ferroccl-nccl-init".into())
         .spawn(move || {
             let _ = run_inits(inits);
+            let _ = run_colls(colls);
         })
         .map(|_| ())
         .map_err(|e| Fail { code: crate::abi::SYSTEM_ERROR, msg: format!("starting a non-blocking creation: {e}") })
@@ -62,17 +70,18 @@ pub fn start() -> Res {
 
 /// Ends one level; the outermost runs what was collected.
 pub fn end() -> Res {
-    let (inits, ops, nonblocking) = take_level()?;
+    let (inits, colls, ops, nonblocking) = take_level()?;
     if nonblocking {
-        in_background(inits)?;
+        in_background(inits, colls)?;
         if !ops.is_empty() {
             launch(&ops)?;
         }
         return Err(in_progress());
     }
     let inited = run_inits(inits);
+    let collected = run_colls(colls);
     let launched = if ops.is_empty() { Ok(()) } else { launch(&ops) };
-    inited.and(launched)
+    inited.and(collected).and(launched)
 }
 
 /// Ends one level as `end` does, except that the outermost estimates its operations' time
@@ -80,11 +89,12 @@ pub fn end() -> Res {
 /// an inner level, which estimates nothing (as NCCL: the outermost end decides).
 pub fn simulate_end() -> Res<Option<f64>> {
     let outermost = STATE.with(|s| s.borrow().depth == 1);
-    let (inits, ops, nonblocking) = take_level()?;
+    let (inits, colls, ops, nonblocking) = take_level()?;
     if nonblocking {
-        in_background(inits)?;
+        in_background(inits, colls)?;
     } else {
         run_inits(inits)?;
+        run_colls(colls)?;
     }
     if !outermost {
         return Ok(None);
@@ -97,8 +107,9 @@ pub fn simulate_end() -> Res<Option<f64>> {
     Ok(Some(g.estimate_us()))
 }
 
-/// What a group's end takes: its creations, its operations, whether a creation is non-blocking.
-type Level = (Vec<(Arc<Handle>, InitJob)>, Vec<(Arc<Handle>, OpArgs, RawStream)>, bool);
+/// What a group's end takes: its creations, its collective calls, its operations, whether a
+/// creation is non-blocking.
+type Level = (Vec<(Arc<Handle>, InitJob)>, Vec<CollJob>, Vec<(Arc<Handle>, OpArgs, RawStream)>, bool);
 
 /// Leaves one level: what the outermost level collected, nothing for an inner one.
 fn take_level() -> Res<Level> {
@@ -109,9 +120,9 @@ fn take_level() -> Res<Level> {
         }
         s.depth -= 1;
         if s.depth > 0 {
-            return Ok((Vec::new(), Vec::new(), false));
+            return Ok((Vec::new(), Vec::new(), Vec::new(), false));
         }
-        Ok((std::mem::take(&mut s.inits), std::mem::take(&mut s.ops), std::mem::take(&mut s.nonblocking)))
+        Ok((std::mem::take(&mut s.inits), std::mem::take(&mut s.colls), std::mem::take(&mut s.ops), std::mem::take(&mut s.nonblocking)))
     })
 }
 
@@ -127,7 +138,7 @@ pub fn init(h: Arc<Handle>, blocking: bool, job: InitJob) -> Res {
         return Ok(());
     }
     if !blocking {
-        in_background(vec![(h, job)])?;
+        in_background(vec![(h, job)], Vec::new())?;
         return Err(in_progress());
     }
     let r = job();
@@ -157,6 +168,31 @@ fn run_inits(inits: Vec<(Arc<Handle>, InitJob)>) -> Res {
         hs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(Fail { code: crate::abi::INTERNAL_ERROR, msg: "a communicator's creation panicked".into() }))).collect()
     });
     results.into_iter().collect()
+}
+
+/// A collective call on an existing communicator: now outside a group, at the group's end
+/// inside one (after its creations, before its operations).
+pub fn collective(job: CollJob) -> Res {
+    if in_group() {
+        STATE.with(|s| s.borrow_mut().colls.push(job));
+        return Ok(());
+    }
+    job()
+}
+
+/// Every collective call of the group at once, a thread each; the first failure is the
+/// group's.
+fn run_colls(colls: Vec<CollJob>) -> Res {
+    match colls.len() {
+        0 => Ok(()),
+        1 => colls.into_iter().next().expect("one")(),
+        _ => std::thread::scope(|s| {
+            let hs: Vec<_> = colls.into_iter().map(|job| s.spawn(job)).collect();
+            let results: Vec<Res> =
+                hs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(Fail { code: crate::abi::INTERNAL_ERROR, msg: "a collective call panicked".into() }))).collect();
+            results.into_iter().collect()
+        }),
+    }
 }
 
 /// An operation on `h`: checked now (a bad argument fails this call and is not kept), run now

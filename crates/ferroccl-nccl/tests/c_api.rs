@@ -572,6 +572,65 @@ fn memory_and_registrations() {
     });
 }
 
+/// One thread registers a window on every rank it drives inside one group, as nccl-tests'
+/// `-R 2 -g N` does: the registrations (collective) run at the group's end, where the handles
+/// are filled (NCCL's rule); an all-reduce on the registered buffers is exact; deregistration
+/// in a group works the same way, and the handles are gone after it.
+#[test]
+fn windows_registered_and_deregistered_inside_a_group_from_one_thread() {
+    let lib = Lib::open();
+    let start: abi::GroupFn = lib.sym("ncclGroupStart");
+    let end: abi::GroupFn = lib.sym("ncclGroupEnd");
+    let init_all: abi::CommInitAllFn = lib.sym("ncclCommInitAll");
+    let mem_alloc: abi::MemAllocFn = lib.sym("ncclMemAlloc");
+    let win_register: abi::CommWindowRegisterFn = lib.sym("ncclCommWindowRegister");
+    let win_deregister: abi::CommWindowDeregisterFn = lib.sym("ncclCommWindowDeregister");
+    let all_reduce: abi::AllReduceFn = lib.sym("ncclAllReduce");
+    let ok = |r: c_int| assert_eq!(r, abi::SUCCESS, "{}", lib.last_error());
+    let n = 3;
+    let count = 777;
+    let mut raws: Vec<RawComm> = vec![null_mut(); n];
+    unsafe { ok(init_all(raws.as_mut_ptr(), n as c_int, std::ptr::null())) };
+    let _comms: Vec<Comm> = raws.iter().map(|&raw| Comm { lib: &lib, raw }).collect();
+    let mut bufs: Vec<*mut c_void> = vec![null_mut(); n];
+    let mut wins: Vec<abi::RawWindow> = vec![null_mut(); n];
+    unsafe {
+        for b in bufs.iter_mut() {
+            ok(mem_alloc(b, count * 4));
+        }
+        ok(start());
+        for r in 0..n {
+            ok(win_register(raws[r], bufs[r], count * 4, &mut wins[r], abi::WIN_COLL_SYMMETRIC));
+        }
+        assert!(wins.iter().all(|w| w.is_null()), "inside the group the handles are not filled yet");
+        ok(end());
+        assert!(wins.iter().all(|w| !w.is_null()), "filled at the group's end");
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| data(r, count, 31)).collect();
+        for r in 0..n {
+            std::ptr::copy_nonoverlapping(inputs[r].as_ptr(), bufs[r] as *mut f32, count);
+        }
+        ok(start());
+        for r in 0..n {
+            ok(all_reduce(bufs[r], bufs[r], count, FLOAT, SUM, raws[r], null_mut()));
+        }
+        ok(end());
+        let want: Vec<f32> = (0..count).map(|j| inputs.iter().map(|v| v[j]).sum()).collect();
+        for r in 0..n {
+            assert!(std::slice::from_raw_parts(bufs[r] as *const f32, count) == &want[..], "rank {r}");
+        }
+        ok(start());
+        for r in 0..n {
+            ok(win_deregister(raws[r], wins[r]));
+        }
+        ok(end());
+        assert_eq!(win_deregister(raws[0], wins[0]), abi::INVALID_ARGUMENT, "gone after the group");
+        let mem_free: abi::MemFreeFn = lib.sym("ncclMemFree");
+        for b in bufs {
+            ok(mem_free(b));
+        }
+    }
+}
+
 /// A simulated group estimates its operations' time without running them (the outputs stay
 /// as they were); a bad simInfo is refused and leaves the group open; an inner level estimates
 /// nothing; larger operations are estimated slower.
