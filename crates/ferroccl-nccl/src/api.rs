@@ -511,8 +511,8 @@ export! {
         if !r.window {
             return Ok(());
         }
-        // Collective, as the registration: at the group's end inside a group.
-        group::collective(Box::new(move || h.comm()?.deregister_window(r.ptr).map_err(Fail::from)))
+        // This rank only (as NCCL's: nccl-tests deregisters every rank in turn from one thread).
+        h.comm()?.deregister_window(r.ptr).map_err(Fail::from)
     }
 
     fn ncclGroupStart / pncclGroupStart() {

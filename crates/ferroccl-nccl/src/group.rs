@@ -18,7 +18,7 @@ use std::sync::Arc;
 /// (a split without a color).
 pub type InitJob = Box<dyn FnOnce() -> Result<Option<Comm>, Fail> + Send>;
 
-/// A collective call on an existing communicator (window registration and deregistration)
+/// A collective call on an existing communicator (window registration)
 /// waiting for its group's end, where the group's such calls run at once, each on a thread of
 /// its own: one thread may register a window on every rank it drives.
 pub type CollJob = Box<dyn FnOnce() -> Res + Send>;

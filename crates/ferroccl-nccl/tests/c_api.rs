@@ -575,7 +575,7 @@ fn memory_and_registrations() {
 /// One thread registers a window on every rank it drives inside one group, as nccl-tests'
 /// `-R 2 -g N` does: the registrations (collective) run at the group's end, where the handles
 /// are filled (NCCL's rule); an all-reduce on the registered buffers is exact; deregistration
-/// in a group works the same way, and the handles are gone after it.
+/// (this rank's own, as NCCL's) works in a group too, and the handles are gone after it.
 #[test]
 fn windows_registered_and_deregistered_inside_a_group_from_one_thread() {
     let lib = Lib::open();

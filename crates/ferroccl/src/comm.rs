@@ -322,14 +322,16 @@ impl Comm {
         unsafe { self.register_window(buf.device_ptr(), buf.len()) }
     }
 
-    /// Forgets the window registered at `ptr` (collective), once the work queued on the
-    /// communicator's stream is done.
+    /// Forgets the window registered at `ptr`, on this rank (not collective, as NCCL's
+    /// deregistration), once the work queued on the communicator's stream is done. Every rank
+    /// must have deregistered its buffer of that registration before the buffers take part in
+    /// an operation again.
     pub fn deregister_window(&self, ptr: u64) -> Result<(), Error> {
         let Some(c) = self.backend.cuda() else {
             return Err(Error::InvalidArgument("windows are GPU memory: this communicator runs on the host".into()));
         };
         let _state = self.state.lock().map_err(|_| Error::Internal("communicator state poisoned".into()))?;
-        c.deregister(&self.boot, ptr)
+        c.deregister(ptr)
     }
 
     /// GPU memory this communicator allocated. The peers' memory it maps (their arenas and

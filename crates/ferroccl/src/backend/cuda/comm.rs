@@ -392,12 +392,13 @@ impl CudaComm {
         self.windows.lock().ok().and_then(|w| far_buffers(&w, a, info))
     }
 
-    /// Forgets the window at `ptr` (collective), after the queued work that may use it.
-    pub fn deregister(&self, boot: &Bootstrap, ptr: u64) -> Result<(), Error> {
+    /// Forgets the window at `ptr` on this rank (see `Windows::deregister`), after the queued
+    /// work that may use it.
+    pub fn deregister(&self, ptr: u64) -> Result<(), Error> {
         let mut w = self.windows.lock().map_err(|_| Error::Internal("windows lock poisoned".into()))?;
         self.gpu.bind()?;
         cu_ok("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(self.current_stream()) })?;
-        w.deregister(boot, ptr)
+        w.deregister(ptr)
     }
 
     /// GPU memory this communicator allocated.

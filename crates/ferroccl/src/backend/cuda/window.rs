@@ -216,15 +216,16 @@ impl Windows {
         Ok(())
     }
 
-    /// Forgets the window registered at `ptr` (collective). The caller has drained the stream.
-    pub fn deregister(&mut self, boot: &Bootstrap, ptr: u64) -> Result<(), Error> {
-        let i = self.list.iter().position(|w| w.ptr == ptr);
-        // Every rank learns whether every rank knew its window, so all drop it or none does.
-        let all = boot.allgather(&[i.is_some() as u8])?;
-        if let Some(q) = all.iter().position(|b| b.first() != Some(&1)) {
-            return Err(Error::InvalidArgument(format!("deregistering {ptr:#x}: rank {q} has no window registered there")));
-        }
-        self.list.remove(i.expect("checked"));
+    /// Forgets the window registered at `ptr`, on this rank only (as NCCL's deregistration,
+    /// which nccl-tests calls for every rank in turn from one thread: a collective one would
+    /// wait there for ranks the same thread has yet to reach). Its views of the peers' windows
+    /// of that registration are unmapped; the peers keep theirs until they deregister too, and
+    /// every rank must have done so before the buffers take part in an operation again (the
+    /// symmetric contract would otherwise disagree between ranks). The caller has drained the
+    /// stream.
+    pub fn deregister(&mut self, ptr: u64) -> Result<(), Error> {
+        let i = self.list.iter().position(|w| w.ptr == ptr).ok_or_else(|| Error::InvalidArgument(format!("deregistering {ptr:#x}: no window of this rank is registered there")))?;
+        self.list.remove(i);
         self.epoch += 1;
         Ok(())
     }
