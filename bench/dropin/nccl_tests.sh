@@ -53,7 +53,7 @@ for graph in ${NT_GRAPHS:-0 10}; do
     for mode in "${modes[@]}"; do
         for t in ${NT_OPS:-all_reduce all_gather reduce_scatter alltoall broadcast reduce gather scatter sendrecv}; do
             if (( DEADLINE > 0 && $(date +%s) - T0 > DEADLINE )); then
-                echo "$t ${mode// /} G$graph: not run (deadline)" | tee -a "$SUM"; continue
+                echo "$t ${mode// /} G$graph${NT_EXTRA:+ $NT_EXTRA}: not run (deadline)" | tee -a "$SUM"; continue
             fi
             run_one "$t" "$mode" "$graph"
         done

@@ -257,6 +257,8 @@ impl CopyEngine {
     /// (`CUDA_DEVICE_MAX_CONNECTIONS` of them), and a stream stalled in a wait holds up every
     /// other stream of its queue. Made together, early, this rank's lanes get queues of their
     /// own as far as there are queues (see docs/ENV.md on `CUDA_DEVICE_MAX_CONNECTIONS`).
+    /// `slot_bytes` 0: no staged copies (`FERROCCL_GPU_COPY_ENGINE_BYTES=0`), only the copies
+    /// between symmetric windows.
     pub fn new(gpu: &Gpu, rank: Rank, nranks: usize, slot_bytes: usize, fabric: CeFabric) -> Result<CopyEngine, Error> {
         if slot_bytes * CE_SLOTS > fabric.region_bytes {
             return Err(Error::Internal(format!("copy-engine slots of {slot_bytes} bytes do not fit a region of {}", fabric.region_bytes)));
