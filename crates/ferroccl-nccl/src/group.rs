@@ -147,27 +147,18 @@ pub fn init(h: Arc<Handle>, blocking: bool, job: InitJob) -> Res {
     out
 }
 
-/// Every creation of the group at once: the ranks of one job created from one thread must
-/// meet in their rendezvous.
+/// Every creation of the group at once (`run_colls`): the ranks of one job created from one
+/// thread must meet in their rendezvous.
 fn run_inits(inits: Vec<(Arc<Handle>, InitJob)>) -> Res {
-    if inits.is_empty() {
-        return Ok(());
-    }
-    let results: Vec<Res> = std::thread::scope(|s| {
-        let hs: Vec<_> = inits
-            .into_iter()
-            .map(|(h, job)| {
-                s.spawn(move || {
-                    let r = job();
-                    let out = r.as_ref().map(|_| ()).map_err(Clone::clone);
-                    h.complete(r);
-                    out
-                })
-            })
-            .collect();
-        hs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(Fail { code: crate::abi::INTERNAL_ERROR, msg: "a communicator's creation panicked".into() }))).collect()
+    let jobs = inits.into_iter().map(|(h, job)| -> CollJob {
+        Box::new(move || {
+            let r = job();
+            let out = r.as_ref().map(|_| ()).map_err(Clone::clone);
+            h.complete(r);
+            out
+        })
     });
-    results.into_iter().collect()
+    run_colls(jobs.collect())
 }
 
 /// A collective call on an existing communicator: now outside a group, at the group's end
@@ -180,8 +171,8 @@ pub fn collective(job: CollJob) -> Res {
     job()
 }
 
-/// Every collective call of the group at once, a thread each; the first failure is the
-/// group's.
+/// Every collective call (or creation) of the group at once, a thread each; the first failure
+/// is the group's.
 fn run_colls(colls: Vec<CollJob>) -> Res {
     match colls.len() {
         0 => Ok(()),
@@ -189,7 +180,7 @@ fn run_colls(colls: Vec<CollJob>) -> Res {
         _ => std::thread::scope(|s| {
             let hs: Vec<_> = colls.into_iter().map(|job| s.spawn(job)).collect();
             let results: Vec<Res> =
-                hs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(Fail { code: crate::abi::INTERNAL_ERROR, msg: "a collective call panicked".into() }))).collect();
+                hs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(Fail { code: crate::abi::INTERNAL_ERROR, msg: "a collective call of the group panicked".into() }))).collect();
             results.into_iter().collect()
         }),
     }

@@ -386,10 +386,16 @@ impl CudaComm {
     /// in a symmetric window: where this process maps every rank's output
     /// (`copy_engine::zcopy_schedule`).
     pub(crate) fn symmetric_far(&self, a: &OpArgs, info: &CommInfo) -> Option<Vec<u64>> {
-        if !self.ce.as_ref().is_some_and(|c| c.zcopy_ok()) {
+        self.windows.lock().ok().and_then(|w| self.far_in(&w, a, info))
+    }
+
+    /// `symmetric_far` with the windows at hand (the launch path holds their lock).
+    pub(super) fn far_in(&self, w: &Windows, a: &OpArgs, info: &CommInfo) -> Option<Vec<u64>> {
+        if w.is_empty() || !self.ce.as_ref().is_some_and(|c| c.zcopy_ok()) || !ferroccl_core::plan::copies::zcopy_serves(a.kind, info.nranks) {
             return None;
         }
-        self.windows.lock().ok().and_then(|w| far_buffers(&w, a, info))
+        let (_, recv) = a.kind.buffer_counts(a.count, info.nranks, a.root == info.rank)?;
+        w.symmetric_far(a.recv as u64, recv.checked_mul(a.dtype.size())? as u64)
     }
 
     /// Forgets the window at `ptr` on this rank (see `Windows::deregister`), after the queued
@@ -413,15 +419,6 @@ impl CudaComm {
 }
 
 /// Frees the copy engine's stalled streams from a thread of its own (an abort must not wait).
-/// `CudaComm::symmetric_far` with the windows at hand (the launch path holds their lock).
-pub(crate) fn far_buffers(w: &Windows, a: &OpArgs, info: &CommInfo) -> Option<Vec<u64>> {
-    if w.is_empty() || !ferroccl_core::plan::copies::zcopy_serves(a.kind, info.nranks) {
-        return None;
-    }
-    let (_, recv) = a.kind.buffer_counts(a.count, info.nranks, a.root == info.rank)?;
-    w.symmetric_far(a.recv as u64, recv.checked_mul(a.dtype.size())? as u64)
-}
-
 fn release_copies(ce: &Option<Arc<CopyEngine>>) {
     if let Some(ce) = ce.clone() {
         let _ = std::thread::Builder::new().name("ferroccl-ce-release".into()).spawn(move || ce.release(std::time::Duration::from_secs(60)));

@@ -122,6 +122,20 @@ fn recv_piece(v: &mut Vec<Cmd>, n: usize, me: Rank, s: Rank, dst: usize, p: &Pie
     v.push(Cmd::Write { page: s, word: CeFlags::free(n, me, p.slot), value: 1 });
 }
 
+/// The lane of `me`'s copy to itself, if the operation has one (it runs on the caller's stream).
+fn local_lane(list: &[Transfer], me: Rank) -> Schedule {
+    list.iter()
+        .find(|c| c.from == me && c.to == me)
+        .map(|c| (Lane::Local, vec![Cmd::Copy { dst: Addr::Recv(c.dst), src: Addr::Send(c.src), bytes: c.bytes }]))
+        .into_iter()
+        .collect()
+}
+
+/// What `me` sends `q` and receives from it.
+fn between(list: &[Transfer], me: Rank, q: Rank) -> (Option<&Transfer>, Option<&Transfer>) {
+    (list.iter().find(|c| c.from == me && c.to == q), list.iter().find(|c| c.from == q && c.to == me))
+}
+
 /// A rank's commands for one operation shape, per lane, in order (`schedule`).
 pub(crate) type Schedule = Vec<(Lane, Vec<Cmd>)>;
 
@@ -133,13 +147,9 @@ pub(crate) type Schedule = Vec<(Lane, Vec<Cmd>)>;
 pub(crate) fn schedule(op: &CeOp, me: Rank, n: usize, slot_bytes: usize) -> Result<Schedule, Error> {
     let list = copies(op.kind, op.count, op.elem, n, op.root)
         .ok_or_else(|| Error::Internal(format!("the copy engine got {} on {n} ranks", op.kind)))?;
-    let mut lanes: Vec<(Lane, Vec<Cmd>)> = Vec::new();
-    if let Some(c) = list.iter().find(|c| c.from == me && c.to == me) {
-        lanes.push((Lane::Local, vec![Cmd::Copy { dst: Addr::Recv(c.dst), src: Addr::Send(c.src), bytes: c.bytes }]));
-    }
+    let mut lanes = local_lane(&list, me);
     for q in (0..n).filter(|&q| q != me) {
-        let out = list.iter().find(|c| c.from == me && c.to == q);
-        let inc = list.iter().find(|c| c.from == q && c.to == me);
+        let (out, inc) = between(&list, me, q);
         for lane in 0..CE_LANES {
             let of = |c: Option<&Transfer>| -> Vec<Piece> { c.map_or(Vec::new(), |c| pieces(c.bytes, slot_bytes).filter(|p| p.lane == lane).collect()) };
             let (sends, recvs) = (of(out), of(inc));
@@ -196,13 +206,9 @@ pub(crate) fn zcopy_schedule(op: &CeOp, me: Rank, n: usize, far: &[u64]) -> Resu
     }
     let list = copies(op.kind, op.count, op.elem, n, op.root)
         .ok_or_else(|| Error::Internal(format!("the copy engine got {} on {n} ranks", op.kind)))?;
-    let mut lanes: Vec<(Lane, Vec<Cmd>)> = Vec::new();
-    if let Some(c) = list.iter().find(|c| c.from == me && c.to == me) {
-        lanes.push((Lane::Local, vec![Cmd::Copy { dst: Addr::Recv(c.dst), src: Addr::Send(c.src), bytes: c.bytes }]));
-    }
+    let mut lanes = local_lane(&list, me);
     for q in (0..n).filter(|&q| q != me) {
-        let out = list.iter().find(|c| c.from == me && c.to == q);
-        let inc = list.iter().find(|c| c.from == q && c.to == me);
+        let (out, inc) = between(&list, me, q);
         if out.is_none() && inc.is_none() {
             continue;
         }
@@ -455,6 +461,50 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::HashMap;
 
+    /// Every rank's flag page at its start (`CeFlags::initial`).
+    fn initial_pages(n: usize) -> Vec<Vec<u32>> {
+        (0..n).map(|_| (0..CeFlags::words(n)).map(|i| CeFlags::initial(n, i)).collect()).collect()
+    }
+
+    /// The (rank, lane) pairs whose next command can run now: any but a wait on a word not yet 1.
+    fn runnable_lanes(lanes: &[Vec<(Lane, Vec<Cmd>, usize)>], pages: &[Vec<u32>]) -> Vec<(usize, usize)> {
+        (0..lanes.len())
+            .flat_map(|r| (0..lanes[r].len()).map(move |i| (r, i)))
+            .filter(|&(r, i)| {
+                let (_, cmds, pc) = &lanes[r][i];
+                match cmds.get(*pc) {
+                    None => false,
+                    Some(Cmd::Wait { page, word }) => pages[*page][*word] == 1,
+                    Some(_) => true,
+                }
+            })
+            .collect()
+    }
+
+    /// Every word back where it started (a CUDA graph's replay finds the state it expects).
+    fn words_back(pages: &[Vec<u32>]) -> Result<(), String> {
+        let n = pages.len();
+        for (r, page) in pages.iter().enumerate() {
+            for (i, &w) in page.iter().enumerate() {
+                if w != CeFlags::initial(n, i) {
+                    return Err(format!("rank {r}'s word {i} ends at {w}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A schedule drawn from `seed`: random among the runnable lanes, or (`ahead`) the first
+    /// runnable rank's lanes only, so that it runs as far ahead as it can.
+    fn picker(seed: Vec<u8>, ahead: bool) -> impl FnMut(&[(usize, usize)]) -> usize {
+        let mut i = 0usize;
+        move |runnable| {
+            i += 1;
+            let x = seed[i % seed.len()] as usize + i / seed.len();
+            if ahead { runnable.iter().position(|&(r, _)| r == runnable[0].0).unwrap() + x % runnable.iter().filter(|&&(r, _)| r == runnable[0].0).count() } else { x }
+        }
+    }
+
     /// Runs every rank's schedule of `ops` (one after another, as the caller's stream orders
     /// them) command by command, `pick` choosing which runnable lane goes next, as streams of
     /// different GPUs run at their own pace. Checks that a piece lands only in a slot whose last
@@ -469,7 +519,7 @@ mod tests {
     type Sched<'a> = &'a dyn Fn(&CeOp, Rank) -> Vec<(Lane, Vec<Cmd>)>;
 
     fn run_model_with(n: usize, ops: &[CeOp], sched: Sched, mut pick: impl FnMut(&[(usize, usize)]) -> usize) -> Result<(), String> {
-        let mut pages: Vec<Vec<u32>> = (0..n).map(|_| (0..CeFlags::words(n)).map(|i| CeFlags::initial(n, i)).collect()).collect();
+        let mut pages = initial_pages(n);
         // (owner, from, slot) -> (operation, byte of the copy) of the piece waiting there.
         let mut stage: HashMap<(Rank, Rank, usize), (usize, usize)> = HashMap::new();
         let mut at_op = vec![0usize; n];
@@ -504,17 +554,7 @@ mod tests {
                     unread[r] = unread_of(r, at_op[r]);
                 }
             }
-            let runnable: Vec<(usize, usize)> = (0..n)
-                .flat_map(|r| (0..lanes[r].len()).map(move |i| (r, i)))
-                .filter(|&(r, i)| {
-                    let (_, cmds, pc) = &lanes[r][i];
-                    match cmds.get(*pc) {
-                        None => false,
-                        Some(Cmd::Wait { page, word }) => pages[*page][*word] == 1,
-                        Some(_) => true,
-                    }
-                })
-                .collect();
+            let runnable = runnable_lanes(&lanes, &pages);
             if runnable.is_empty() {
                 let done = (0..n).all(|r| at_op[r] + 1 == ops.len() && lanes[r].iter().all(|(_, c, pc)| *pc == c.len()));
                 if !done {
@@ -564,13 +604,7 @@ mod tests {
                 }
             }
         }
-        for r in 0..n {
-            for (i, &w) in pages[r].iter().enumerate() {
-                if w != CeFlags::initial(n, i) {
-                    return Err(format!("rank {r}'s word {i} ends at {w}"));
-                }
-            }
-        }
+        words_back(&pages)?;
         if !stage.is_empty() {
             return Err(format!("pieces never copied out: {stage:?}"));
         }
@@ -600,12 +634,7 @@ mod tests {
         fn the_copy_engine_handshake_holds_under_any_schedule((n, ops, slot, seed, ahead) in case()) {
             // Repeated: a CUDA graph replays the same commands on the state they left.
             let ops: Vec<CeOp> = ops.iter().chain(ops.iter()).copied().collect();
-            let mut i = 0usize;
-            let r = run_model(n, &ops, slot, |runnable| {
-                i += 1;
-                let x = seed[i % seed.len()] as usize + i / seed.len();
-                if ahead { runnable.iter().position(|&(r, _)| r == runnable[0].0).unwrap() + x % runnable.iter().filter(|&&(r, _)| r == runnable[0].0).count() } else { x }
-            });
+            let r = run_model(n, &ops, slot, picker(seed, ahead));
             prop_assert!(r.is_ok(), "{}", r.unwrap_err());
         }
     }
@@ -647,6 +676,9 @@ mod tests {
         assert!(e.contains("ended with a piece still in slot"), "{e}");
     }
 
+    /// A copy as the zero-copy model checks it: (from, to, src, dst, bytes).
+    type Made = (Rank, Rank, usize, usize, usize);
+
     /// Where the zero-copy model's ranks map rank q's far buffer: a tag the model reads back.
     fn far_of(q: Rank) -> u64 {
         ((q as u64) + 1) << 40
@@ -659,13 +691,13 @@ mod tests {
     /// addresses `copies` gives, that nothing deadlocks, and that every word ends where it
     /// started.
     fn run_zcopy_model(n: usize, ops: &[CeOp], sched: Sched, mut pick: impl FnMut(&[(usize, usize)]) -> usize) -> Result<(), String> {
-        let mut pages: Vec<Vec<u32>> = (0..n).map(|_| (0..CeFlags::words(n)).map(|i| CeFlags::initial(n, i)).collect()).collect();
+        let mut pages = initial_pages(n);
         let mut at_op = vec![0usize; n];
         let load = |r: Rank, k: usize| -> Vec<(Lane, Vec<Cmd>, usize)> { sched(&ops[k], r).into_iter().map(|(l, c)| (l, c, 0)).collect() };
         let mut lanes: Vec<Vec<(Lane, Vec<Cmd>, usize)>> = (0..n).map(|r| load(r, 0)).collect();
         // Per operation: the copies done, as (from, to, src, dst, bytes).
-        let mut done: Vec<Vec<(Rank, Rank, usize, usize, usize)>> = vec![Vec::new(); ops.len()];
-        let want = |k: usize| -> Vec<(Rank, Rank, usize, usize, usize)> {
+        let mut done: Vec<Vec<Made>> = vec![Vec::new(); ops.len()];
+        let want = |k: usize| -> Vec<Made> {
             let o = &ops[k];
             let mut v: Vec<_> = copies(o.kind, o.count, o.elem, n, o.root).unwrap().iter().map(|c| (c.from, c.to, c.src, c.dst, c.bytes)).collect();
             v.sort_unstable();
@@ -683,17 +715,7 @@ mod tests {
                     lanes[r] = load(r, at_op[r]);
                 }
             }
-            let runnable: Vec<(usize, usize)> = (0..n)
-                .flat_map(|r| (0..lanes[r].len()).map(move |i| (r, i)))
-                .filter(|&(r, i)| {
-                    let (_, cmds, pc) = &lanes[r][i];
-                    match cmds.get(*pc) {
-                        None => false,
-                        Some(Cmd::Wait { page, word }) => pages[*page][*word] == 1,
-                        Some(_) => true,
-                    }
-                })
-                .collect();
+            let runnable = runnable_lanes(&lanes, &pages);
             if runnable.is_empty() {
                 if !(0..n).all(|r| at_op[r] + 1 == ops.len() && finished(&lanes[r])) {
                     return Err(format!("deadlock: ranks at operations {at_op:?}"));
@@ -732,13 +754,7 @@ mod tests {
                 return Err(format!("op {k} made copies {d:?}, expected {:?}", want(k)));
             }
         }
-        for r in 0..n {
-            for (i, &w) in pages[r].iter().enumerate() {
-                if w != CeFlags::initial(n, i) {
-                    return Err(format!("rank {r}'s word {i} ends at {w}"));
-                }
-            }
-        }
+        words_back(&pages)?;
         Ok(())
     }
 
@@ -758,12 +774,7 @@ mod tests {
             let served = |o: &&CeOp| zcopy_serves(o.kind, n) && !(o.kind == CollKind::AllToAll && o.send == o.recv);
             let ops: Vec<CeOp> = ops.iter().chain(ops.iter()).filter(served).copied().collect();
             prop_assume!(!ops.is_empty());
-            let mut i = 0usize;
-            let r = run_zcopy_model(n, &ops, &zcopy_of(n), |runnable| {
-                i += 1;
-                let x = seed[i % seed.len()] as usize + i / seed.len();
-                if ahead { runnable.iter().position(|&(r, _)| r == runnable[0].0).unwrap() + x % runnable.iter().filter(|&&(r, _)| r == runnable[0].0).count() } else { x }
-            });
+            let r = run_zcopy_model(n, &ops, &zcopy_of(n), picker(seed, ahead));
             prop_assert!(r.is_ok(), "{}", r.unwrap_err());
         }
     }

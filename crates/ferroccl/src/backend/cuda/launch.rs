@@ -378,7 +378,7 @@ impl CudaComm {
             // Where the copy engine's zero-copy would copy to or from (an operation alone in
             // its launch, its far buffer in a symmetric window).
             let far = match args {
-                [a] if self.ce.as_ref().is_some_and(|c| c.zcopy_ok()) => super::comm::far_buffers(&windows, a, info),
+                [a] => self.far_in(&windows, a, info),
                 _ => None,
             };
             let planned = plan_launch(info, args, !windows.is_empty(), &|_| far.is_some())?;

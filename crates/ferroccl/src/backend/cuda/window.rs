@@ -96,6 +96,9 @@ struct Window {
 pub(crate) struct Windows {
     list: Vec<Window>,
     epoch: u64,
+    /// Registrations so far (collective, so the same on every rank, unlike the epoch, which a
+    /// rank's own deregistrations move too): names each registration's descriptor rendezvous.
+    registrations: u64,
 }
 
 impl Windows {
@@ -144,18 +147,17 @@ impl Windows {
             }
             export_allocation(gpu, ptr, len)
         })();
-        let job = boot.comm_id() ^ 0x5749_4e44_4f57_0000 ^ self.epoch.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.registrations += 1;
+        let job = boot.comm_id() ^ 0x5749_4e44_4f57_0000 ^ self.registrations.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let listener = FdListener::bind(job, me as u32)?;
-        let exported = exported.and_then(|(fd, base, size)| {
-            let d = WindowDesc { pid: std::process::id(), gpu: gpu.ordinal() as u32, ptr, len: len as u64, alloc_base: base, alloc_len: size as u64, symmetric };
-            d.check().map(|()| (fd, base, size))
-        });
+        let desc = |alloc_base: u64, alloc_len: usize| WindowDesc { pid: std::process::id(), gpu: gpu.ordinal() as u32, ptr, len: len as u64, alloc_base, alloc_len: alloc_len as u64, symmetric };
+        let exported = exported.and_then(|(fd, base, size)| desc(base, size).check().map(|()| (fd, base, size)));
         // A status byte first (0 = a description follows, 0xff = why not), as in the second
         // exchange.
         let mine = match &exported {
             Ok((_, base, size)) => {
                 let mut v = vec![0];
-                v.extend(WindowDesc { pid: std::process::id(), gpu: gpu.ordinal() as u32, ptr, len: len as u64, alloc_base: *base, alloc_len: *size as u64, symmetric }.encode());
+                v.extend(desc(*base, *size).encode());
                 v
             }
             Err(e) => {
@@ -409,6 +411,7 @@ mod tests {
                 Window { ptr: 0x8000, len: 512, views: vec![0xa2, 0x8000, 0xc2], far: None, _imported: Vec::new() },
             ],
             epoch: 2,
+            registrations: 2,
         };
         assert_eq!(ws.symmetric_far(0x1000, 512), Some(vec![0xa000, 0x1000, 0xc000]));
         assert_eq!(ws.symmetric_far(0x1100, 16), Some(vec![0xa100, 0x1100, 0xc100]));
