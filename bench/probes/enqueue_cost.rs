@@ -84,7 +84,13 @@ fn driver_floor(c: &Comm, config: &Config, calls: usize) -> Vec<(String, f64)> {
         extern \"C\" __global__ void empty528(const __grid_constant__ P528 p) { if (p.w[65] == 1) p.w[0]; }\n";
     let gpu = c.gpu().expect("a GPU rank");
     let arch = gpu.arch();
-    let req = nvrtc::CompileRequest { name: "empty.cu", source: SRC, arch: &arch, include_dirs: &config.cuda_include, options: &[] };
+    let req = nvrtc::CompileRequest {
+        name: "empty.cu",
+        source: SRC,
+        arch: &arch,
+        include_dirs: &config.cuda_include,
+        options: &[],
+    };
     let image = nvrtc::compile(&req).expect("NVRTC");
     let module = gpu.load_module(&image.bytes).expect("module");
     let stream = c.cuda_stream() as sys::CUstream;
@@ -93,7 +99,12 @@ fn driver_floor(c: &Comm, config: &Config, calls: usize) -> Vec<(String, f64)> {
     // The 8-byte parameter says what the parameter's size costs; the early start (programmatic
     // dependent launch, `cuLaunchKernelEx` with one attribute) what the engines' launch adds.
     let early = gpu.compute_capability() >= (9, 0);
-    for (name, bytes, overlap_prior) in [("empty8", 8usize, false), ("empty376", 376, false), ("empty376", 376, early), ("empty528", 528, false)] {
+    for (name, bytes, overlap_prior) in [
+        ("empty8", 8usize, false),
+        ("empty376", 376, false),
+        ("empty376", 376, early),
+        ("empty528", 528, false),
+    ] {
         let k = module.kernel(name).expect("kernel");
         let mut param = vec![0u64; bytes / 8];
         let mut t = Vec::with_capacity(calls);
@@ -101,14 +112,30 @@ fn driver_floor(c: &Comm, config: &Config, calls: usize) -> Vec<(String, f64)> {
             let mut params = [param.as_mut_ptr() as *mut std::ffi::c_void];
             let start = Instant::now();
             // SAFETY: the kernel takes one struct of `bytes` by value; it reads nothing else.
-            unsafe { k.launch(LaunchDims { grid: (1, 1, 1), block: (32, 1, 1), shared_bytes: 0, overlap_prior }, stream, &mut params) }.expect("launch");
+            unsafe {
+                k.launch(
+                    LaunchDims {
+                        grid: (1, 1, 1),
+                        block: (32, 1, 1),
+                        shared_bytes: 0,
+                        overlap_prior,
+                    },
+                    stream,
+                    &mut params,
+                )
+            }
+            .expect("launch");
             t.push(start.elapsed().as_secs_f64() * 1e6);
             if i % 256 == 255 {
                 c.synchronize().expect("synchronize");
             }
         }
         c.synchronize().expect("synchronize");
-        let how = if overlap_prior { "cuLaunchKernelEx (early start)" } else { "cuLaunchKernel" };
+        let how = if overlap_prior {
+            "cuLaunchKernelEx (early start)"
+        } else {
+            "cuLaunchKernel"
+        };
         out.push((format!("{how}, {bytes} B parameter"), median(t)));
     }
     let mut t = Vec::with_capacity(calls);
@@ -116,7 +143,10 @@ fn driver_floor(c: &Comm, config: &Config, calls: usize) -> Vec<(String, f64)> {
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         let start = Instant::now();
         // SAFETY: the communicator's live stream and an out pointer.
-        cu_ok("cuStreamIsCapturing", unsafe { sys::cuStreamIsCapturing(stream, &mut status) }).expect("capture status");
+        cu_ok("cuStreamIsCapturing", unsafe {
+            sys::cuStreamIsCapturing(stream, &mut status)
+        })
+        .expect("capture status");
         t.push(start.elapsed().as_secs_f64() * 1e6);
     }
     out.push(("cuStreamIsCapturing".into(), median(t)));
@@ -130,18 +160,34 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 
 fn main() {
     // `cargo bench` adds "--bench" to the arguments: take the first number given.
-    let calls: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(2000);
+    let calls: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(2000);
     let gpus = ferroccl::cuda::gpu_count().unwrap_or(0);
     let config = Config::from_env().expect("FERROCCL_* settings");
     // FERROCCL_PROBE_DEVICES=0,0: these GPU ordinals, one rank each (ranks may share a GPU), to
     // time the multi-rank engines' path on a one-GPU machine.
     let ordinals: Vec<usize> = match std::env::var("FERROCCL_PROBE_DEVICES") {
-        Ok(v) if !v.trim().is_empty() => v.split(',').map(|d| d.trim().parse().expect("FERROCCL_PROBE_DEVICES: GPU ordinals")).collect(),
+        Ok(v) if !v.trim().is_empty() => v
+            .split(',')
+            .map(|d| {
+                d.trim()
+                    .parse()
+                    .expect("FERROCCL_PROBE_DEVICES: GPU ordinals")
+            })
+            .collect(),
         _ => (0..gpus).collect(),
     };
     let gpus = if gpus > 0 { ordinals.len() } else { 0 };
     let comms = if gpus > 0 {
-        Comm::init_devices(&ordinals.iter().map(|&d| Device::Cuda(d)).collect::<Vec<_>>(), &config)
+        Comm::init_devices(
+            &ordinals
+                .iter()
+                .map(|&d| Device::Cuda(d))
+                .collect::<Vec<_>>(),
+            &config,
+        )
     } else {
         Comm::init_all(2, &config)
     }
@@ -153,22 +199,39 @@ fn main() {
     let mut dev: Vec<(DeviceBuffer, DeviceBuffer)> = Vec::new();
     for c in &comms {
         match c.gpu() {
-            Some(g) => dev.push((ferroccl::mem::alloc(g, bytes, &stats).unwrap(), ferroccl::mem::alloc(g, bytes, &stats).unwrap())),
+            Some(g) => dev.push((
+                ferroccl::mem::alloc(g, bytes, &stats).unwrap(),
+                ferroccl::mem::alloc(g, bytes, &stats).unwrap(),
+            )),
             None => host.push((vec![1u8; bytes], vec![0u8; bytes])),
         }
     }
     let bases: Vec<(u64, u64)> = if gpus > 0 {
-        dev.iter().map(|(s, r)| (s.device_ptr(), r.device_ptr())).collect()
+        dev.iter()
+            .map(|(s, r)| (s.device_ptr(), r.device_ptr()))
+            .collect()
     } else {
-        host.iter_mut().map(|(s, r)| (s.as_ptr() as u64, r.as_mut_ptr() as u64)).collect()
+        host.iter_mut()
+            .map(|(s, r)| (s.as_ptr() as u64, r.as_mut_ptr() as u64))
+            .collect()
     };
-    let what = if gpus > 0 { format!("{gpus} GPU(s), enqueue cost") } else { "2 host ranks, whole operation".into() };
+    let what = if gpus > 0 {
+        format!("{gpus} GPU(s), enqueue cost")
+    } else {
+        "2 host ranks, whole operation".into()
+    };
     println!("host time of one all-reduce call ({what}), {calls} calls, slowest rank, us");
     println!("{:<12} {:>8} {:>8}", "case", "median", "p90");
     for case in [Case::Repeat, Case::NewBuffers, Case::NewShape] {
         let per_rank: Vec<Vec<f64>> = std::thread::scope(|s| {
-            let hs: Vec<_> = comms.iter().zip(&bases).map(|(c, &(sb, rb))| s.spawn(move || time_calls(c, sb, rb, case, calls))).collect();
-            hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+            let hs: Vec<_> = comms
+                .iter()
+                .zip(&bases)
+                .map(|(c, &(sb, rb))| s.spawn(move || time_calls(c, sb, rb, case, calls)))
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("rank thread"))
+                .collect()
         });
         let (mut med, mut p90) = (0f64, 0f64);
         for mut t in per_rank {

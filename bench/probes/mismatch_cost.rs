@@ -7,7 +7,11 @@ use ferroccl::{Comm, Config, ReduceOp};
 use std::time::Instant;
 
 fn per_op_us(nranks: usize, check: bool, iters: usize) -> f64 {
-    let config = Config { check_mismatch: check, bootstrap_addr: Some("127.0.0.1".into()), ..Config::default() };
+    let config = Config {
+        check_mismatch: check,
+        bootstrap_addr: Some("127.0.0.1".into()),
+        ..Config::default()
+    };
     let comms = Comm::init_all(nranks, &config).unwrap();
     let times: Vec<f64> = std::thread::scope(|s| {
         let hs: Vec<_> = comms
@@ -34,12 +38,17 @@ fn per_op_us(nranks: usize, check: bool, iters: usize) -> f64 {
 
 fn main() {
     // `cargo bench` adds "--bench" to the arguments: take the first number given.
-    let iters: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(5000);
+    let iters: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(5000);
     println!("ranks  check  us/op (all-reduce of 8 floats, {iters} iterations, slowest rank)");
     for n in [2, 4] {
         for check in [false, true] {
             // Best of three: the machine is shared, and the minimum is the least disturbed.
-            let best = (0..3).map(|_| per_op_us(n, check, iters)).fold(f64::INFINITY, f64::min);
+            let best = (0..3)
+                .map(|_| per_op_us(n, check, iters))
+                .fold(f64::INFINITY, f64::min);
             println!("{n:>5}  {:>5}  {best:.1}", if check { "on" } else { "off" });
         }
     }

@@ -12,7 +12,10 @@ pub struct InfoArgs {
 
 fn print_machine(config: &Config) {
     let m = Machine::probe();
-    println!("ferroccl {} (commit {GIT_COMMIT})", env!("CARGO_PKG_VERSION"));
+    println!(
+        "ferroccl {} (commit {GIT_COMMIT})",
+        env!("CARGO_PKG_VERSION")
+    );
     println!("host:      {}", m.hostname);
     println!("os:        {}", m.os);
     println!("cpu:       {}", m.cpu_model);
@@ -20,7 +23,10 @@ fn print_machine(config: &Config) {
     println!("memory:    {}", gib(m.mem_total_bytes));
     println!("/dev/shm:  {}", gib(m.shm_bytes));
     print_gpus();
-    println!("transport: {:?} (FERROCCL_TRANSPORT), timeout {:?}", config.transport, config.timeout);
+    println!(
+        "transport: {:?} (FERROCCL_TRANSPORT), timeout {:?}",
+        config.transport, config.timeout
+    );
 }
 
 /// The GPUs, and how each pair is linked: what a GPU communicator's ranks would use between
@@ -32,7 +38,9 @@ fn print_gpus() {
         Ok(n) => n,
         Err(e) => return println!("GPUs:      none ({e})"),
     };
-    let gpus: Vec<Result<Gpu, String>> = (0..n).map(|i| Gpu::open(i).map_err(|e| e.to_string())).collect();
+    let gpus: Vec<Result<Gpu, String>> = (0..n)
+        .map(|i| Gpu::open(i).map_err(|e| e.to_string()))
+        .collect();
     println!("GPUs:      {n}");
     for (i, g) in gpus.iter().enumerate() {
         match g {
@@ -43,7 +51,11 @@ fn print_gpus() {
                     "  GPU {i}: {}, sm_{major}{minor}, {}, cuMem with fd handles: {}",
                     g.name(),
                     gib(Some(g.total_memory() as u64)),
-                    if fd { "yes" } else { "no (other processes cannot map its memory)" }
+                    if fd {
+                        "yes"
+                    } else {
+                        "no (other processes cannot map its memory)"
+                    }
                 );
             }
             Err(e) => println!("  GPU {i}: cannot open: {e}"),
@@ -59,7 +71,11 @@ fn print_gpus() {
         let Ok(g) = &gpus[a] else { return "?".into() };
         match g.peer_link(b) {
             Ok(l) if !l.access => "no".into(),
-            Ok(l) => format!("{}/{}", if l.native_atomics { "NV" } else { "PCI" }, l.perf_rank),
+            Ok(l) => format!(
+                "{}/{}",
+                if l.native_atomics { "NV" } else { "PCI" },
+                l.perf_rank
+            ),
             Err(_) => "?".into(),
         }
     };
@@ -89,10 +105,13 @@ pub fn main(a: &InfoArgs, config: &Config) -> Result<(), String> {
     if launched.as_ref().map_or(0, |e| e.rank) == 0 {
         print_machine(config);
     }
-    let comms = match &launched {
-        Some(env) => vec![Comm::from_env(config).map_err(|e| format!("joining the {} job: {e}", env.source))?],
-        None => Comm::init_all(a.ranks.max(1), config).map_err(|e| format!("creating {} ranks: {e}", a.ranks))?,
-    };
+    let comms =
+        match &launched {
+            Some(env) => vec![Comm::from_env(config)
+                .map_err(|e| format!("joining the {} job: {e}", env.source))?],
+            None => Comm::init_all(a.ranks.max(1), config)
+                .map_err(|e| format!("creating {} ranks: {e}", a.ranks))?,
+        };
     let c0 = &comms[0];
     if c0.rank() != 0 {
         // Rank 0 prints for the whole job; the others only had to take part in the rendezvous.
@@ -116,13 +135,19 @@ pub fn main(a: &InfoArgs, config: &Config) -> Result<(), String> {
     // In thread mode every rank's own communicator answers; under a launcher this process
     // holds rank 0 only, and the others follow the same rule over the same topology.
     let table = if comms.len() > 1 {
-        square_table(topo.ranks.len(), "rank", |a, b| comms[a].transport_to(b).map_or_else(|e| format!("err: {e}"), |t| t.name().to_string()))
+        square_table(topo.ranks.len(), "rank", |a, b| {
+            comms[a]
+                .transport_to(b)
+                .map_or_else(|e| format!("err: {e}"), |t| t.name().to_string())
+        })
     } else {
         square_table(topo.ranks.len(), "rank", |a, b| {
             if a == 0 {
-                c0.transport_to(b).map_or_else(|e| format!("err: {e}"), |t| t.name().to_string())
+                c0.transport_to(b)
+                    .map_or_else(|e| format!("err: {e}"), |t| t.name().to_string())
             } else {
-                topo.transport(a, b, config.transport).map_or_else(|_| "err".into(), |t| t.name().to_string())
+                topo.transport(a, b, config.transport)
+                    .map_or_else(|_| "err".into(), |t| t.name().to_string())
             }
         })
     };

@@ -82,8 +82,11 @@ pub fn child_env(rank: usize, n: usize, port: u16, secret: &[u8; 16]) -> Vec<(St
 /// A port that was free a moment ago. Rank 0 binds it again shortly; another process could take
 /// it in between, which then shows as a clear bind error in rank 0, not as a hang.
 fn free_port() -> Result<u16, String> {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| format!("finding a free port: {e}"))?;
-    l.local_addr().map(|a| a.port()).map_err(|e| format!("finding a free port: {e}"))
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .map_err(|e| format!("finding a free port: {e}"))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| format!("finding a free port: {e}"))
 }
 
 fn new_secret() -> Result<[u8; 16], String> {
@@ -96,7 +99,10 @@ pub fn describe(status: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(c), _) => format!("exit code {c}"),
-        (None, Some(s)) => format!("signal {s}{}", signal_name(s).map_or(String::new(), |n| format!(" ({n})"))),
+        (None, Some(s)) => format!(
+            "signal {s}{}",
+            signal_name(s).map_or(String::new(), |n| format!(" ({n})"))
+        ),
         _ => format!("{status}"),
     }
 }
@@ -134,7 +140,10 @@ pub fn main(a: &RunArgs) -> Result<u8, String> {
             }
         }
     }
-    tracing::debug!("started {n} ranks of {:?}, rendezvous on 127.0.0.1:{port}", a.cmd);
+    tracing::debug!(
+        "started {n} ranks of {:?}, rendezvous on 127.0.0.1:{port}",
+        a.cmd
+    );
 
     let grace = Duration::from_secs_f64(a.grace.max(0.0));
     let mut first_failure: Option<(usize, String)> = None;
@@ -144,7 +153,10 @@ pub fn main(a: &RunArgs) -> Result<u8, String> {
     while children.iter().any(Option::is_some) {
         let sig = FORWARD.swap(0, Ordering::SeqCst);
         if sig != 0 {
-            eprintln!("ferroccl run: {} received; passing it on to every rank", signal_name(sig).unwrap_or("a signal"));
+            eprintln!(
+                "ferroccl run: {} received; passing it on to every rank",
+                signal_name(sig).unwrap_or("a signal")
+            );
             for c in children.iter().flatten() {
                 // SAFETY: a signal to a child of ours that has not been reaped yet.
                 unsafe { libc::kill(c.id() as libc::pid_t, sig) };
@@ -185,7 +197,10 @@ pub fn main(a: &RunArgs) -> Result<u8, String> {
         std::thread::sleep(Duration::from_millis(20));
     }
     if forwarded != 0 {
-        eprintln!("ferroccl run: ended by {}", signal_name(forwarded).unwrap_or("a signal"));
+        eprintln!(
+            "ferroccl run: ended by {}",
+            signal_name(forwarded).unwrap_or("a signal")
+        );
         return Ok(128 + forwarded as u8);
     }
     match first_failure {
@@ -212,10 +227,16 @@ mod tests {
         assert_eq!(env["LOCAL_WORLD_SIZE"], "4");
         assert_eq!(env["MASTER_ADDR"], "127.0.0.1");
         assert_eq!(env["MASTER_PORT"], "29500");
-        assert_eq!(env["FERROCCL_JOB_SECRET"], "000102030405060708090a0b0c0d0eff");
+        assert_eq!(
+            env["FERROCCL_JOB_SECRET"],
+            "000102030405060708090a0b0c0d0eff"
+        );
         // What the library will make of it.
         let l = ferroccl_core::LaunchEnv::from_vars(&env).unwrap().unwrap();
-        assert_eq!((l.rank, l.world_size, l.master_port, l.source), (2, 4, 29500, "ferroccl run"));
+        assert_eq!(
+            (l.rank, l.world_size, l.master_port, l.source),
+            (2, 4, 29500, "ferroccl run")
+        );
         let c = ferroccl_core::Config::from_vars(&env).unwrap();
         assert_eq!(c.job_secret, Some(secret));
     }
@@ -229,6 +250,9 @@ mod tests {
     fn statuses_name_signals() {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(describe(ExitStatus::from_raw(3 << 8)), "exit code 3");
-        assert_eq!(describe(ExitStatus::from_raw(libc::SIGKILL)), "signal 9 (SIGKILL)");
+        assert_eq!(
+            describe(ExitStatus::from_raw(libc::SIGKILL)),
+            "signal 9 (SIGKILL)"
+        );
     }
 }

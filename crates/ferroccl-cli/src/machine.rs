@@ -36,7 +36,9 @@ pub fn hostname() -> String {
 fn cpu_model(cpuinfo: &str) -> Option<String> {
     cpuinfo
         .lines()
-        .find(|l| l.starts_with("model name") || l.starts_with("Model") || l.starts_with("cpu model"))
+        .find(|l| {
+            l.starts_with("model name") || l.starts_with("Model") || l.starts_with("cpu model")
+        })
         .and_then(|l| l.split_once(':'))
         .map(|(_, v)| v.trim().to_string())
 }
@@ -65,7 +67,10 @@ impl Machine {
             hostname: hostname(),
             cpu_model: cpu_model(&cpuinfo).unwrap_or_else(|| "unknown".into()),
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            cpus_online: cpuinfo.lines().filter(|l| l.starts_with("processor")).count(),
+            cpus_online: cpuinfo
+                .lines()
+                .filter(|l| l.starts_with("processor"))
+                .count(),
             mem_total_bytes: mem_total(&meminfo),
             shm_bytes: fs_size("/dev/shm"),
             os: std::fs::read_to_string("/proc/sys/kernel/osrelease")
@@ -88,13 +93,21 @@ pub struct GpuMachine {
 }
 
 fn nvidia_smi(args: &[&str]) -> Option<String> {
-    let out = std::process::Command::new("nvidia-smi").args(args).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim_end().to_string())
+    let out = std::process::Command::new("nvidia-smi")
+        .args(args)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim_end().to_string())
 }
 
 /// The first line of `nvidia-smi --query-gpu=driver_version` output.
 fn first_line(s: &str) -> Option<String> {
-    s.lines().map(str::trim).find(|l| !l.is_empty()).map(str::to_string)
+    s.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(str::to_string)
 }
 
 impl GpuMachine {
@@ -102,8 +115,14 @@ impl GpuMachine {
     pub fn probe(cuda_version: Option<String>) -> GpuMachine {
         let names = nvidia_smi(&["--query-gpu=name", "--format=csv,noheader"]).unwrap_or_default();
         GpuMachine {
-            gpus: names.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect(),
-            driver: nvidia_smi(&["--query-gpu=driver_version", "--format=csv,noheader"]).as_deref().and_then(first_line),
+            gpus: names
+                .lines()
+                .map(|l| l.trim().to_string())
+                .filter(|l| !l.is_empty())
+                .collect(),
+            driver: nvidia_smi(&["--query-gpu=driver_version", "--format=csv,noheader"])
+                .as_deref()
+                .and_then(first_line),
             cuda: cuda_version,
             topology: nvidia_smi(&["topo", "-m"]),
         }
@@ -111,7 +130,9 @@ impl GpuMachine {
 }
 
 pub fn gib(b: Option<u64>) -> String {
-    b.map_or("unknown".into(), |b| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64))
+    b.map_or("unknown".into(), |b| {
+        format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
+    })
 }
 
 #[cfg(test)]
@@ -120,9 +141,18 @@ mod tests {
 
     #[test]
     fn proc_files_parse() {
-        assert_eq!(cpu_model("processor\t: 0\nmodel name\t: AMD EPYC 9654 96-Core Processor\n").unwrap(), "AMD EPYC 9654 96-Core Processor");
-        assert_eq!(mem_total("MemTotal:       131072 kB\nMemFree: 1 kB\n"), Some(131072 * 1024));
+        assert_eq!(
+            cpu_model("processor\t: 0\nmodel name\t: AMD EPYC 9654 96-Core Processor\n").unwrap(),
+            "AMD EPYC 9654 96-Core Processor"
+        );
+        assert_eq!(
+            mem_total("MemTotal:       131072 kB\nMemFree: 1 kB\n"),
+            Some(131072 * 1024)
+        );
         assert_eq!(mem_total("nothing"), None);
-        assert_eq!(first_line("\n 580.65.06\n580.65.06\n").as_deref(), Some("580.65.06"));
+        assert_eq!(
+            first_line("\n 580.65.06\n580.65.06\n").as_deref(),
+            Some("580.65.06")
+        );
     }
 }

@@ -14,7 +14,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
-#[command(name = "ferroccl", version, about = "ferroccl: collective communication, measured and launched")]
+#[command(
+    name = "ferroccl",
+    version,
+    about = "ferroccl: collective communication, measured and launched"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -41,10 +45,22 @@ enum Cmd {
 /// uses RUST_LOG for itself.
 fn init_tracing() {
     use tracing_subscriber::EnvFilter;
-    let spec = std::env::var("FERROCCL_LOG").ok().filter(|s| !s.is_empty()).or_else(|| std::env::var("RUST_LOG").ok());
-    let filter = spec.and_then(|s| EnvFilter::try_new(s).ok()).unwrap_or_else(|| EnvFilter::new("warn"));
-    let colour = log_in_colour(std::io::IsTerminal::is_terminal(&std::io::stderr()), std::env::var_os("NO_COLOR"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour).try_init();
+    let spec = std::env::var("FERROCCL_LOG")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("RUST_LOG").ok());
+    let filter = spec
+        .and_then(|s| EnvFilter::try_new(s).ok())
+        .unwrap_or_else(|| EnvFilter::new("warn"));
+    let colour = log_in_colour(
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        std::env::var_os("NO_COLOR"),
+    );
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(colour)
+        .try_init();
 }
 
 /// Colour only for a person at a terminal: in a file or a pipe (a job's log) the escape codes
@@ -69,9 +85,13 @@ fn main() -> ExitCode {
     init_tracing();
     let cli = Cli::parse();
     if let Cmd::Bench(a) = &cli.cmd {
-        if bench::shares_a_gpu(a.devices.as_deref()) && std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        if bench::shares_a_gpu(a.devices.as_deref())
+            && std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none()
+        {
             // SAFETY: no thread exists yet, and CUDA reads the variable when it initialises.
-            unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", bench::SHARED_GPU_CONNECTIONS) };
+            unsafe {
+                std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", bench::SHARED_GPU_CONNECTIONS)
+            };
         }
     }
     let config = match ferroccl_core::Config::from_env() {
@@ -100,7 +120,10 @@ mod tests {
     fn logs_are_coloured_only_at_a_terminal_without_no_color() {
         use super::log_in_colour;
         assert!(log_in_colour(true, None));
-        assert!(log_in_colour(true, Some("".into())), "an empty NO_COLOR does not count");
+        assert!(
+            log_in_colour(true, Some("".into())),
+            "an empty NO_COLOR does not count"
+        );
         assert!(!log_in_colour(true, Some("1".into())));
         assert!(!log_in_colour(false, None));
         assert!(!log_in_colour(false, Some("1".into())));

@@ -8,7 +8,12 @@ pub struct NcclPathArgs {}
 
 /// Where cargo and an install put the library, relative to this executable's directory.
 pub fn candidates(exe_dir: &Path) -> Vec<PathBuf> {
-    vec![exe_dir.join("libnccl.so"), exe_dir.join("libnccl.so.2"), exe_dir.join("../lib/libnccl.so.2"), exe_dir.join("../lib/libnccl.so")]
+    vec![
+        exe_dir.join("libnccl.so"),
+        exe_dir.join("libnccl.so.2"),
+        exe_dir.join("../lib/libnccl.so.2"),
+        exe_dir.join("../lib/libnccl.so"),
+    ]
 }
 
 pub fn main(_: &NcclPathArgs) -> Result<(), String> {
@@ -35,6 +40,8 @@ mod tests {
     fn the_library_is_looked_for_beside_the_binary_and_in_lib() {
         let c = candidates(Path::new("/opt/x/bin"));
         assert_eq!(c[0], Path::new("/opt/x/bin/libnccl.so"));
-        assert!(c.iter().any(|p| p == Path::new("/opt/x/bin/../lib/libnccl.so.2")));
+        assert!(c
+            .iter()
+            .any(|p| p == Path::new("/opt/x/bin/../lib/libnccl.so.2")));
     }
 }

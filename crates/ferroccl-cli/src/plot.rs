@@ -46,25 +46,54 @@ fn flatten(path: &Path) -> Result<(String, Flat), String> {
     if let Ok(rec) = record::read(path) {
         let mut v = Flat::new();
         for r in &rec.rows {
-            for (nccl, m) in [(false, &r.ferroccl.out_of_place), (true, &r.nccl.out_of_place)] {
-                v.push((nccl, r.op.clone(), r.dtype.clone(), r.size as f64, m.busbw, m.time_us));
+            for (nccl, m) in [
+                (false, &r.ferroccl.out_of_place),
+                (true, &r.nccl.out_of_place),
+            ] {
+                v.push((
+                    nccl,
+                    r.op.clone(),
+                    r.dtype.clone(),
+                    r.size as f64,
+                    m.busbw,
+                    m.time_us,
+                ));
             }
         }
         return Ok((rec.label, v));
     }
     // A plain `bench --json` record: ferroccl only.
-    let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-    let j: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
-    let rows = j["rows"].as_array().ok_or_else(|| format!("{}: no rows (not a `ferroccl bench --json` record)", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let j: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+    let rows = j["rows"].as_array().ok_or_else(|| {
+        format!(
+            "{}: no rows (not a `ferroccl bench --json` record)",
+            path.display()
+        )
+    })?;
     let mut v = Flat::new();
     for r in rows {
-        let (Some(op), Some(dt), Some(size)) = (r["op"].as_str(), r["dtype"].as_str(), r["size"].as_f64()) else {
+        let (Some(op), Some(dt), Some(size)) =
+            (r["op"].as_str(), r["dtype"].as_str(), r["size"].as_f64())
+        else {
             return Err(format!("{}: a row lacks op, dtype or size", path.display()));
         };
         let m = &r["out_of_place"];
-        v.push((false, op.into(), dt.into(), size, m["busbw"].as_f64().unwrap_or(0.0), m["time_us"].as_f64().unwrap_or(0.0)));
+        v.push((
+            false,
+            op.into(),
+            dt.into(),
+            size,
+            m["busbw"].as_f64().unwrap_or(0.0),
+            m["time_us"].as_f64().unwrap_or(0.0),
+        ));
     }
-    Ok((j["mode"].as_str().unwrap_or("ferroccl bench").to_string(), v))
+    Ok((
+        j["mode"].as_str().unwrap_or("ferroccl bench").to_string(),
+        v,
+    ))
 }
 
 /// Per operation, its lines. Names carry the record's label, made unique with the file name
@@ -79,20 +108,40 @@ pub fn collect(files: &[PathBuf]) -> Result<BTreeMap<String, Vec<Series>>, Strin
     let mut variant = 0;
     for (label, flat, path) in &recs {
         let shared = recs.iter().filter(|r| &r.0 == label).count() > 1;
-        let label = if shared { format!("{label} ({})", path.file_stem().map_or(String::new(), |s| s.to_string_lossy().into_owned())) } else { label.clone() };
+        let label = if shared {
+            format!(
+                "{label} ({})",
+                path.file_stem()
+                    .map_or(String::new(), |s| s.to_string_lossy().into_owned())
+            )
+        } else {
+            label.clone()
+        };
         let mut dtypes: Vec<&String> = flat.iter().map(|r| &r.2).collect();
         dtypes.sort();
         dtypes.dedup();
         let mut lines: BTreeMap<(String, bool, String), Points> = BTreeMap::new();
         for (nccl, op, dt, size, bw, t) in flat {
-            lines.entry((op.clone(), *nccl, dt.clone())).or_default().push((*size, *bw, *t));
+            lines
+                .entry((op.clone(), *nccl, dt.clone()))
+                .or_default()
+                .push((*size, *bw, *t));
         }
         for ((op, nccl, dt), mut points) in lines {
             points.sort_by(|a, b| a.0.total_cmp(&b.0));
             let lib = if nccl { "NCCL" } else { "ferroccl" };
-            let name = if dtypes.len() > 1 { format!("{lib} {label} {dt}") } else { format!("{lib} {label}") };
+            let name = if dtypes.len() > 1 {
+                format!("{lib} {label} {dt}")
+            } else {
+                format!("{lib} {label}")
+            };
             let v = variant + dtypes.iter().position(|d| *d == &dt).unwrap_or(0);
-            out.entry(op).or_default().push(Series { name, nccl, variant: v, points });
+            out.entry(op).or_default().push(Series {
+                name,
+                nccl,
+                variant: v,
+                points,
+            });
         }
         variant += dtypes.len();
     }
@@ -105,7 +154,11 @@ fn size_label(x: &f64) -> String {
     for (u, s) in [(1u64 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")] {
         if x >= u as f64 {
             let v = x / u as f64;
-            return if v.fract() == 0.0 { format!("{v}{s}") } else { format!("{v:.1}{s}") };
+            return if v.fract() == 0.0 {
+                format!("{v}{s}")
+            } else {
+                format!("{v:.1}{s}")
+            };
         }
     }
     format!("{x}")
@@ -116,11 +169,27 @@ type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 /// Line colours: ferroccl in warm hues, NCCL in cool ones, so that the two libraries differ by
 /// colour as well as by dash (a dashed line is hard to tell at a glance where lines cross);
 /// records and types step through each family.
-const FERROCCL_COLOURS: [RGBColor; 5] = [RGBColor(217, 72, 1), RGBColor(203, 24, 29), RGBColor(231, 41, 138), RGBColor(166, 86, 40), RGBColor(240, 160, 0)];
-const NCCL_COLOURS: [RGBColor; 5] = [RGBColor(33, 113, 181), RGBColor(35, 139, 69), RGBColor(106, 81, 163), RGBColor(0, 150, 160), RGBColor(82, 82, 82)];
+const FERROCCL_COLOURS: [RGBColor; 5] = [
+    RGBColor(217, 72, 1),
+    RGBColor(203, 24, 29),
+    RGBColor(231, 41, 138),
+    RGBColor(166, 86, 40),
+    RGBColor(240, 160, 0),
+];
+const NCCL_COLOURS: [RGBColor; 5] = [
+    RGBColor(33, 113, 181),
+    RGBColor(35, 139, 69),
+    RGBColor(106, 81, 163),
+    RGBColor(0, 150, 160),
+    RGBColor(82, 82, 82),
+];
 
 fn line_colour(nccl: bool, variant: usize) -> RGBColor {
-    let family = if nccl { &NCCL_COLOURS } else { &FERROCCL_COLOURS };
+    let family = if nccl {
+        &NCCL_COLOURS
+    } else {
+        &FERROCCL_COLOURS
+    };
     family[variant % family.len()]
 }
 
@@ -142,15 +211,34 @@ fn log2_label(v: &f64) -> String {
 /// The legend goes in the bandwidth panel only: the latency panel beside it uses the same
 /// colours, and its lines would be hidden under a second legend.
 #[allow(clippy::too_many_arguments)]
-fn panel(area: &Area, title: &str, series: &[Series], max_size: f64, y_label: &str, y: fn(&(f64, f64, f64)) -> f64, log_y: bool, legend: bool) -> Result<(), String> {
+fn panel(
+    area: &Area,
+    title: &str,
+    series: &[Series],
+    max_size: f64,
+    y_label: &str,
+    y: fn(&(f64, f64, f64)) -> f64,
+    log_y: bool,
+    legend: bool,
+) -> Result<(), String> {
     let ty = |v: f64| if log_y { v.log2() } else { v };
-    let pts = |s: &Series| -> Vec<(f64, f64)> { s.points.iter().filter(|p| p.0 > 0.0 && p.0 <= max_size && y(p) > 0.0).map(|p| (p.0, ty(y(p)))).collect() };
+    let pts = |s: &Series| -> Vec<(f64, f64)> {
+        s.points
+            .iter()
+            .filter(|p| p.0 > 0.0 && p.0 <= max_size && y(p) > 0.0)
+            .map(|p| (p.0, ty(y(p))))
+            .collect()
+    };
     let all: Vec<(f64, f64)> = series.iter().flat_map(pts).collect();
     if all.is_empty() {
         return Ok(());
     }
-    let (x0, x1) = all.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
-    let (y0, y1) = all.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    let (x0, x1) = all
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
+    let (y0, y1) = all
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
     let x1 = if x1 <= x0 { x0 * 2.0 } else { x1 };
     // Log: a quarter of an octave of room each side, and at least two octaves in view, so that
     // the axis has several powers of two to label. Linear: from zero.
@@ -163,10 +251,17 @@ fn panel(area: &Area, title: &str, series: &[Series], max_size: f64, y_label: &s
     };
     let e = |e: &dyn std::fmt::Display| e.to_string();
     let mut b = ChartBuilder::on(area);
-    b.caption(title, ("sans-serif", 18)).margin(8).x_label_area_size(32).y_label_area_size(56);
-    let mut chart = b.build_cartesian_2d((x0..x1).log_scale().base(2.0), yr).map_err(|x| e(&x))?;
+    b.caption(title, ("sans-serif", 18))
+        .margin(8)
+        .x_label_area_size(32)
+        .y_label_area_size(56);
+    let mut chart = b
+        .build_cartesian_2d((x0..x1).log_scale().base(2.0), yr)
+        .map_err(|x| e(&x))?;
     let mut mesh = chart.configure_mesh();
-    mesh.x_desc("size").y_desc(y_label).x_label_formatter(&size_label);
+    mesh.x_desc("size")
+        .y_desc(y_label)
+        .x_label_formatter(&size_label);
     if log_y {
         mesh.y_labels(12).y_label_formatter(&log2_label);
     }
@@ -175,15 +270,27 @@ fn panel(area: &Area, title: &str, series: &[Series], max_size: f64, y_label: &s
         let c = line_colour(s.nccl, s.variant).to_rgba();
         let p = pts(s);
         if s.nccl {
-            chart.draw_series(DashedLineSeries::new(p.clone(), 6, 4, c.stroke_width(2))).map_err(|x| e(&x))?.label(&s.name).legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
-            });
-            chart.draw_series(p.iter().map(|&q| TriangleMarker::new(q, 4, c.filled()))).map_err(|x| e(&x))?;
+            chart
+                .draw_series(DashedLineSeries::new(p.clone(), 6, 4, c.stroke_width(2)))
+                .map_err(|x| e(&x))?
+                .label(&s.name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                });
+            chart
+                .draw_series(p.iter().map(|&q| TriangleMarker::new(q, 4, c.filled())))
+                .map_err(|x| e(&x))?;
         } else {
-            chart.draw_series(LineSeries::new(p.clone(), c.stroke_width(3))).map_err(|x| e(&x))?.label(&s.name).legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3))
-            });
-            chart.draw_series(p.iter().map(|&q| Circle::new(q, 3, c.filled()))).map_err(|x| e(&x))?;
+            chart
+                .draw_series(LineSeries::new(p.clone(), c.stroke_width(3)))
+                .map_err(|x| e(&x))?
+                .label(&s.name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3))
+                });
+            chart
+                .draw_series(p.iter().map(|&q| Circle::new(q, 3, c.filled())))
+                .map_err(|x| e(&x))?;
         }
     }
     if legend {
@@ -199,7 +306,11 @@ fn panel(area: &Area, title: &str, series: &[Series], max_size: f64, y_label: &s
 }
 
 /// Draws every operation's panels into `out`.
-pub fn render(by_op: &BTreeMap<String, Vec<Series>>, out: &Path, latency_max: usize) -> Result<(), String> {
+pub fn render(
+    by_op: &BTreeMap<String, Vec<Series>>,
+    out: &Path,
+    latency_max: usize,
+) -> Result<(), String> {
     if by_op.is_empty() {
         return Err("nothing to plot: the records have no rows".into());
     }
@@ -208,10 +319,29 @@ pub fn render(by_op: &BTreeMap<String, Vec<Series>>, out: &Path, latency_max: us
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let rows = root.split_evenly((by_op.len(), 2));
     for (i, (op, series)) in by_op.iter().enumerate() {
-        panel(&rows[2 * i], &format!("{op}: bus bandwidth (out of place)"), series, f64::MAX, "busbw (GB/s)", |p| p.1, false, true)?;
-        panel(&rows[2 * i + 1], &format!("{op}: time up to {}", human(latency_max)), series, latency_max as f64, "time (us)", |p| p.2, true, false)?;
+        panel(
+            &rows[2 * i],
+            &format!("{op}: bus bandwidth (out of place)"),
+            series,
+            f64::MAX,
+            "busbw (GB/s)",
+            |p| p.1,
+            false,
+            true,
+        )?;
+        panel(
+            &rows[2 * i + 1],
+            &format!("{op}: time up to {}", human(latency_max)),
+            series,
+            latency_max as f64,
+            "time (us)",
+            |p| p.2,
+            true,
+            false,
+        )?;
     }
-    root.present().map_err(|e| format!("writing {}: {e}", out.display()))
+    root.present()
+        .map_err(|e| format!("writing {}: {e}", out.display()))
 }
 
 pub fn main(a: &PlotArgs) -> Result<(), String> {
@@ -238,20 +368,44 @@ mod tests {
         write(&b, &other).unwrap();
         let by_op = collect(&[a.clone(), b.clone()]).unwrap();
         assert_eq!(by_op.keys().collect::<Vec<_>>(), ["all-reduce", "alltoall"]);
-        let names: Vec<&str> = by_op["all-reduce"].iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, ["ferroccl threads", "NCCL threads", "ferroccl processes, graph", "NCCL processes, graph"]);
+        let names: Vec<&str> = by_op["all-reduce"]
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "ferroccl threads",
+                "NCCL threads",
+                "ferroccl processes, graph",
+                "NCCL processes, graph"
+            ]
+        );
         let out = dir.join("out.svg");
         render(&by_op, &out, 1 << 20).unwrap();
         let svg = std::fs::read_to_string(&out).unwrap();
         assert!(svg.starts_with("<svg"), "{}", &svg[..100.min(svg.len())]);
         // Titles, legends and axis labels are SVG text, drawn without any font file.
-        for s in ["all-reduce: bus bandwidth", "alltoall: time up to 1 MiB", "ferroccl threads", "NCCL processes, graph", "busbw (GB/s)"] {
+        for s in [
+            "all-reduce: bus bandwidth",
+            "alltoall: time up to 1 MiB",
+            "ferroccl threads",
+            "NCCL processes, graph",
+            "busbw (GB/s)",
+        ] {
             assert!(svg.contains(s), "missing {s:?}");
         }
-        assert!(svg.contains("<polyline") || svg.contains("<path"), "no lines drawn");
+        assert!(
+            svg.contains("<polyline") || svg.contains("<path"),
+            "no lines drawn"
+        );
         // The same label twice gets the file names.
         let by_op = collect(&[a.clone(), a.clone()]).unwrap();
-        assert!(by_op["alltoall"][0].name.ends_with("(threads)"), "{}", by_op["alltoall"][0].name);
+        assert!(
+            by_op["alltoall"][0].name.ends_with("(threads)"),
+            "{}",
+            by_op["alltoall"][0].name
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -259,7 +413,11 @@ mod tests {
     fn the_libraries_differ_in_colour_and_the_latency_axis_labels_several_ticks() {
         for v in 0..FERROCCL_COLOURS.len() {
             for w in 0..NCCL_COLOURS.len() {
-                assert_ne!(line_colour(false, v), line_colour(true, w), "ferroccl {v} vs NCCL {w}");
+                assert_ne!(
+                    line_colour(false, v),
+                    line_colour(true, w),
+                    "ferroccl {v} vs NCCL {w}"
+                );
             }
             for w in 0..v {
                 assert_ne!(line_colour(false, v), line_colour(false, w));
@@ -270,22 +428,47 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ferroccl-plot-ticks-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let line = |nccl: bool, t: &[f64]| Series {
-            name: if nccl { "NCCL x".into() } else { "ferroccl x".into() },
+            name: if nccl {
+                "NCCL x".into()
+            } else {
+                "ferroccl x".into()
+            },
             nccl,
             variant: 0,
-            points: t.iter().enumerate().map(|(i, &t)| ((1024usize << (2 * i)) as f64, 1.0, t)).collect(),
+            points: t
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| ((1024usize << (2 * i)) as f64, 1.0, t))
+                .collect(),
         };
-        let by_op = BTreeMap::from([("all-reduce".to_string(), vec![line(false, &[3.0, 5.0, 20.0, 200.0]), line(true, &[4.0, 7.0, 30.0, 150.0])])]);
+        let by_op = BTreeMap::from([(
+            "all-reduce".to_string(),
+            vec![
+                line(false, &[3.0, 5.0, 20.0, 200.0]),
+                line(true, &[4.0, 7.0, 30.0, 150.0]),
+            ],
+        )]);
         let out = dir.join("ticks.svg");
         render(&by_op, &out, 1 << 30).unwrap();
         let svg = std::fs::read_to_string(&out).unwrap();
         // Every text element's content.
-        let texts: Vec<&str> = svg.split("</text>").filter_map(|t| t.rsplit('>').next()).map(str::trim).collect();
+        let texts: Vec<&str> = svg
+            .split("</text>")
+            .filter_map(|t| t.rsplit('>').next())
+            .map(str::trim)
+            .collect();
         for t in ["4", "8", "16", "32", "64", "128"] {
-            assert!(texts.contains(&t), "no tick {t} on the latency axis: {texts:?}");
+            assert!(
+                texts.contains(&t),
+                "no tick {t} on the latency axis: {texts:?}"
+            );
         }
         for c in [line_colour(false, 0), line_colour(true, 0)] {
-            assert!(svg.to_lowercase().contains(&format!("#{:02x}{:02x}{:02x}", c.0, c.1, c.2)), "colour {c:?} not drawn");
+            assert!(
+                svg.to_lowercase()
+                    .contains(&format!("#{:02x}{:02x}{:02x}", c.0, c.1, c.2)),
+                "colour {c:?} not drawn"
+            );
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -300,7 +483,9 @@ mod tests {
         assert_eq!(by_op["all-reduce"].len(), 1);
         assert!(!by_op["all-reduce"][0].nccl);
         std::fs::write(&p, "{}").unwrap();
-        assert!(collect(std::slice::from_ref(&p)).unwrap_err().contains("no rows"));
+        assert!(collect(std::slice::from_ref(&p))
+            .unwrap_err()
+            .contains("no rows"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

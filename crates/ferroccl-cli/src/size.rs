@@ -4,8 +4,14 @@
 pub fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
     // Accept "64M", "64MB", "64MiB" alike: people type all three.
-    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix("ib")).unwrap_or(t);
-    let t = if t.len() > 1 && t.ends_with(['B', 'b']) && t[..t.len() - 1].ends_with(|c: char| c.is_ascii_alphabetic()) {
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix("ib"))
+        .unwrap_or(t);
+    let t = if t.len() > 1
+        && t.ends_with(['B', 'b'])
+        && t[..t.len() - 1].ends_with(|c: char| c.is_ascii_alphabetic())
+    {
         &t[..t.len() - 1]
     } else {
         t
@@ -16,8 +22,12 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         Some('g' | 'G') => (&t[..t.len() - 1], 30),
         _ => (t, 0),
     };
-    let n: usize = num.trim().parse().map_err(|_| format!("'{s}' is not a size (examples: 8, 512K, 64M, 1G)"))?;
-    n.checked_mul(1usize << shift).ok_or_else(|| format!("'{s}' is too large"))
+    let n: usize = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (examples: 8, 512K, 64M, 1G)"))?;
+    n.checked_mul(1usize << shift)
+        .ok_or_else(|| format!("'{s}' is too large"))
 }
 
 /// The sweep nccl-tests walks: from `min` to `max`, multiplying by `factor` (or adding `step`
@@ -27,7 +37,11 @@ pub fn sweep(min: usize, max: usize, factor: usize, step: usize) -> Vec<usize> {
     let mut s = min;
     while s <= max {
         out.push(s);
-        let next = if factor > 1 { s.saturating_mul(factor) } else { s.saturating_add(step.max(1)) };
+        let next = if factor > 1 {
+            s.saturating_mul(factor)
+        } else {
+            s.saturating_add(step.max(1))
+        };
         // A zero minimum would never grow by multiplication.
         let next = if next == s { s + 1 } else { next };
         if next <= s {

@@ -10,12 +10,23 @@ use std::time::{Duration, Instant};
 fn start(dir: &std::path::Path) -> (Child, Vec<i32>) {
     let pids = dir.join("pids");
     let launcher = Command::new(env!("CARGO_BIN_EXE_ferroccl"))
-        .args(["run", "-n", "2", "sh", "-c", &format!("echo $$ >> {}; exec sleep 60", pids.display())])
+        .args([
+            "run",
+            "-n",
+            "2",
+            "sh",
+            "-c",
+            &format!("echo $$ >> {}; exec sleep 60", pids.display()),
+        ])
         .spawn()
         .unwrap();
     let until = Instant::now() + Duration::from_secs(10);
     loop {
-        let got: Vec<i32> = std::fs::read_to_string(&pids).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect();
+        let got: Vec<i32> = std::fs::read_to_string(&pids)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
         if got.len() == 2 {
             return (launcher, got);
         }
@@ -27,7 +38,12 @@ fn start(dir: &std::path::Path) -> (Child, Vec<i32>) {
 /// Gone, or a zombie waiting for a reaper: either way no longer running.
 fn running(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'),
+        Ok(s) => !s
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
         Err(_) => false,
     }
 }
@@ -35,7 +51,10 @@ fn running(pid: i32) -> bool {
 fn all_end_within(pids: &[i32], limit: Duration) -> Duration {
     let t = Instant::now();
     while pids.iter().any(|&p| running(p)) {
-        assert!(t.elapsed() < limit, "ranks {pids:?} still running after {limit:?}");
+        assert!(
+            t.elapsed() < limit,
+            "ranks {pids:?} still running after {limit:?}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     t.elapsed()
@@ -58,7 +77,11 @@ fn sigterm_and_sigint_reach_the_ranks() {
         let took = all_end_within(&pids, Duration::from_secs(2));
         let st = launcher.wait().unwrap();
         eprintln!("signal {sig}: ranks gone after {took:?}; launcher {st:?}");
-        assert_eq!(st.code(), Some(128 + sig), "the launcher reports the signal");
+        assert_eq!(
+            st.code(),
+            Some(128 + sig),
+            "the launcher reports the signal"
+        );
     }
 }
 
@@ -77,11 +100,33 @@ fn a_killed_launcher_takes_its_ranks_along() {
 #[test]
 fn the_bench_under_ferroccl_run_names_it() {
     let out = Command::new(env!("CARGO_BIN_EXE_ferroccl"))
-        .args(["run", "-n", "2", env!("CARGO_BIN_EXE_ferroccl"), "bench", "all-reduce", "-b", "8", "-e", "64", "-n", "1", "-w", "0"])
+        .args([
+            "run",
+            "-n",
+            "2",
+            env!("CARGO_BIN_EXE_ferroccl"),
+            "bench",
+            "all-reduce",
+            "-b",
+            "8",
+            "-e",
+            "64",
+            "-n",
+            "1",
+            "-w",
+            "0",
+        ])
         .env("FERROCCL_TRANSPORT", "tcp")
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("ferroccl run launcher") && !text.contains("torchrun"), "{text}");
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("ferroccl run launcher") && !text.contains("torchrun"),
+        "{text}"
+    );
 }

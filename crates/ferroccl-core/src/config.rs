@@ -50,7 +50,9 @@ impl std::str::FromStr for TransportChoice {
             "auto" | "" => Ok(TransportChoice::Auto),
             "shm" => Ok(TransportChoice::Shm),
             "tcp" | "net" | "socket" => Ok(TransportChoice::Tcp),
-            _ => Err(Error::InvalidArgument(format!("transport '{s}' is not one of auto, shm, tcp"))),
+            _ => Err(Error::InvalidArgument(format!(
+                "transport '{s}' is not one of auto, shm, tcp"
+            ))),
         }
     }
 }
@@ -239,14 +241,18 @@ impl Default for Config {
 }
 
 fn parse<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, Error> {
-    v.trim().parse::<T>().map_err(|_| Error::InvalidArgument(format!("{key}='{v}' is not a valid value")))
+    v.trim()
+        .parse::<T>()
+        .map_err(|_| Error::InvalidArgument(format!("{key}='{v}' is not a valid value")))
 }
 
 /// Parses a 32-hex-digit job secret.
 pub fn parse_secret(s: &str) -> Result<[u8; 16], Error> {
     let s = s.trim();
     if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(Error::InvalidArgument("FERROCCL_JOB_SECRET must be 32 hexadecimal digits".into()));
+        return Err(Error::InvalidArgument(
+            "FERROCCL_JOB_SECRET must be 32 hexadecimal digits".into(),
+        ));
     }
     let mut out = [0u8; 16];
     for (i, b) in out.iter_mut().enumerate() {
@@ -260,7 +266,9 @@ pub fn parse_bool(key: &str, v: &str) -> Result<bool, Error> {
     match v.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),
         "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(Error::InvalidArgument(format!("{key}='{v}' is not a switch (use 1 or 0)"))),
+        _ => Err(Error::InvalidArgument(format!(
+            "{key}='{v}' is not a switch (use 1 or 0)"
+        ))),
     }
 }
 
@@ -272,13 +280,20 @@ pub fn parse_defines(v: &str) -> Result<Vec<String>, Error> {
         .filter(|w| !w.is_empty())
         .map(|w| {
             let (name, value) = w.split_once('=').unwrap_or((w, ""));
-            let ident = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            let ident = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
                 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-            let plain = value.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+            let plain = value
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
             if ident && plain {
                 Ok(format!("-D{w}"))
             } else {
-                Err(Error::InvalidArgument(format!("FERROCCL_KERNEL_DEFINES: '{w}' is not NAME or NAME=VALUE")))
+                Err(Error::InvalidArgument(format!(
+                    "FERROCCL_KERNEL_DEFINES: '{w}' is not NAME or NAME=VALUE"
+                )))
             }
         })
         .collect()
@@ -302,12 +317,16 @@ impl Config {
         if let Some(v) = get("FERROCCL_TIMEOUT") {
             let secs: f64 = parse("FERROCCL_TIMEOUT", v)?;
             if !(secs > 0.0 && secs < 1e9) {
-                return Err(Error::InvalidArgument(format!("FERROCCL_TIMEOUT='{v}' must be a positive number of seconds")));
+                return Err(Error::InvalidArgument(format!(
+                    "FERROCCL_TIMEOUT='{v}' must be a positive number of seconds"
+                )));
             }
             c.timeout = Duration::from_secs_f64(secs);
         }
         if let Some(v) = get("FERROCCL_TRANSPORT") {
-            c.transport = v.parse().map_err(|e: Error| e.context("FERROCCL_TRANSPORT"))?;
+            c.transport = v
+                .parse()
+                .map_err(|e: Error| e.context("FERROCCL_TRANSPORT"))?;
         }
         if let Some(v) = get("FERROCCL_BOOTSTRAP_ADDR") {
             c.bootstrap_addr = Some(v.to_string());
@@ -403,7 +422,9 @@ impl Config {
             c.tcp_crc = parse_bool("FERROCCL_TCP_CRC", v)?;
         }
         if let Some(v) = get("FERROCCL_CUDA_INCLUDE") {
-            let mut dirs: Vec<PathBuf> = std::env::split_paths(v).filter(|p| !p.as_os_str().is_empty()).collect();
+            let mut dirs: Vec<PathBuf> = std::env::split_paths(v)
+                .filter(|p| !p.as_os_str().is_empty())
+                .collect();
             for d in std::mem::take(&mut c.cuda_include) {
                 if !dirs.contains(&d) {
                     dirs.push(d);
@@ -414,7 +435,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_KERNEL_DEFINES") {
             c.kernel_defines = parse_defines(v)?;
         }
-        let cache_base = get("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| get("HOME").map(|h| PathBuf::from(h).join(".cache")));
+        let cache_base = get("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| get("HOME").map(|h| PathBuf::from(h).join(".cache")));
         c.kernel_cache = cache_base.map(|b| b.join("ferroccl").join("kernels"));
         c.validate()?;
         Ok(c)
@@ -425,51 +448,112 @@ impl Config {
     /// means death. The timeout and the addresses may differ.
     pub fn shared_settings(&self) -> Vec<(&'static str, String)> {
         vec![
-            ("FERROCCL_TRANSPORT", format!("{:?}", self.transport).to_lowercase()),
+            (
+                "FERROCCL_TRANSPORT",
+                format!("{:?}", self.transport).to_lowercase(),
+            ),
             ("FERROCCL_CHANNELS", self.channels.to_string()),
             ("FERROCCL_GPU_CHANNELS", self.gpu_channels.to_string()),
-            ("FERROCCL_GPU_P2P_CHANNELS", self.gpu_p2p_channels.to_string()),
-            ("FERROCCL_GPU_CHANNEL_BYTES", self.gpu_channel_bytes.to_string()),
+            (
+                "FERROCCL_GPU_P2P_CHANNELS",
+                self.gpu_p2p_channels.to_string(),
+            ),
+            (
+                "FERROCCL_GPU_CHANNEL_BYTES",
+                self.gpu_channel_bytes.to_string(),
+            ),
             ("FERROCCL_CHUNK_BYTES", self.chunk_bytes.to_string()),
             ("FERROCCL_SLOT_BYTES", self.slot_bytes.to_string()),
             ("FERROCCL_SLOTS", self.slots.to_string()),
             ("FERROCCL_LL_MAX_BYTES", self.ll_max_bytes.to_string()),
-            ("FERROCCL_DIRECT_MAX_BYTES", self.direct_max_bytes.to_string()),
-            ("FERROCCL_GPU_ONESHOT_MAX_BYTES", self.gpu_oneshot_max_bytes.to_string()),
-            ("FERROCCL_GPU_PEER_FROM_BYTES", self.gpu_peer_from_bytes.to_string()),
-            ("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES", self.gpu_peer_oneshot_max_bytes.to_string()),
-            ("FERROCCL_GPU_PEER_ROOTED_MAX_BYTES", self.gpu_peer_rooted_max_bytes.to_string()),
-            ("FERROCCL_GPU_TWO_SHOT", (self.gpu_two_shot as u8).to_string()),
+            (
+                "FERROCCL_DIRECT_MAX_BYTES",
+                self.direct_max_bytes.to_string(),
+            ),
+            (
+                "FERROCCL_GPU_ONESHOT_MAX_BYTES",
+                self.gpu_oneshot_max_bytes.to_string(),
+            ),
+            (
+                "FERROCCL_GPU_PEER_FROM_BYTES",
+                self.gpu_peer_from_bytes.to_string(),
+            ),
+            (
+                "FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES",
+                self.gpu_peer_oneshot_max_bytes.to_string(),
+            ),
+            (
+                "FERROCCL_GPU_PEER_ROOTED_MAX_BYTES",
+                self.gpu_peer_rooted_max_bytes.to_string(),
+            ),
+            (
+                "FERROCCL_GPU_TWO_SHOT",
+                (self.gpu_two_shot as u8).to_string(),
+            ),
             ("FERROCCL_GPU_PEER_BYTES", self.gpu_peer_bytes.to_string()),
             ("FERROCCL_GPU_PEER_BLOCKS", self.gpu_peer_blocks.to_string()),
-            ("FERROCCL_GPU_PEER_SPLIT", self.gpu_peer_split.map_or("auto".into(), |b| (b as u8).to_string())),
-            ("FERROCCL_GPU_COPY_ENGINE_BYTES", self.gpu_copy_engine_bytes.to_string()),
-            ("FERROCCL_GPU_CE_WINDOW_BYTES", self.gpu_ce_window_bytes.to_string()),
-            ("FERROCCL_CHECK_MISMATCH", (self.check_mismatch as u8).to_string()),
+            (
+                "FERROCCL_GPU_PEER_SPLIT",
+                self.gpu_peer_split
+                    .map_or("auto".into(), |b| (b as u8).to_string()),
+            ),
+            (
+                "FERROCCL_GPU_COPY_ENGINE_BYTES",
+                self.gpu_copy_engine_bytes.to_string(),
+            ),
+            (
+                "FERROCCL_GPU_CE_WINDOW_BYTES",
+                self.gpu_ce_window_bytes.to_string(),
+            ),
+            (
+                "FERROCCL_CHECK_MISMATCH",
+                (self.check_mismatch as u8).to_string(),
+            ),
             ("FERROCCL_TCP_CRC", (self.tcp_crc as u8).to_string()),
-            ("FERROCCL_HEARTBEAT_INTERVAL", format!("{}", self.heartbeat_interval.as_secs_f64())),
-            ("FERROCCL_HEARTBEAT_MISSES", self.heartbeat_misses.to_string()),
+            (
+                "FERROCCL_HEARTBEAT_INTERVAL",
+                format!("{}", self.heartbeat_interval.as_secs_f64()),
+            ),
+            (
+                "FERROCCL_HEARTBEAT_MISSES",
+                self.heartbeat_misses.to_string(),
+            ),
         ]
     }
 
     /// [`Config::shared_settings`] as the bytes a rank sends its peers at communicator creation.
     pub fn encode_shared(&self) -> Vec<u8> {
-        self.shared_settings().iter().map(|(k, v)| format!("{k}={v}\n")).collect::<String>().into_bytes()
+        self.shared_settings()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}\n"))
+            .collect::<String>()
+            .into_bytes()
     }
 
     /// Checks the relations between knobs.
     pub fn validate(&self) -> Result<(), Error> {
         if self.channels == 0 || self.channels > 64 {
-            return Err(Error::InvalidArgument(format!("channels={} must be in 1..=64", self.channels)));
+            return Err(Error::InvalidArgument(format!(
+                "channels={} must be in 1..=64",
+                self.channels
+            )));
         }
         if self.gpu_channels == 0 || self.gpu_channels > 128 {
-            return Err(Error::InvalidArgument(format!("gpu_channels={} must be in 1..=128", self.gpu_channels)));
+            return Err(Error::InvalidArgument(format!(
+                "gpu_channels={} must be in 1..=128",
+                self.gpu_channels
+            )));
         }
         if self.gpu_p2p_channels == 0 || self.gpu_p2p_channels > 64 {
-            return Err(Error::InvalidArgument(format!("gpu_p2p_channels={} must be in 1..=64", self.gpu_p2p_channels)));
+            return Err(Error::InvalidArgument(format!(
+                "gpu_p2p_channels={} must be in 1..=64",
+                self.gpu_p2p_channels
+            )));
         }
         if self.gpu_channel_bytes == 0 {
-            return Err(Error::InvalidArgument("gpu_channel_bytes must be at least 1".into()));
+            return Err(Error::InvalidArgument(
+                "gpu_channel_bytes must be at least 1".into(),
+            ));
         }
         if self.slots == 0 || self.slot_bytes < 64 || !self.slot_bytes.is_multiple_of(64) {
             return Err(Error::InvalidArgument(format!(
@@ -506,10 +590,15 @@ impl Config {
             )));
         }
         if self.gpu_peer_bytes > MAX_GPU_PEER_BYTES {
-            return Err(Error::InvalidArgument(format!("gpu_peer_bytes={} must be at most {MAX_GPU_PEER_BYTES}", self.gpu_peer_bytes)));
+            return Err(Error::InvalidArgument(format!(
+                "gpu_peer_bytes={} must be at most {MAX_GPU_PEER_BYTES}",
+                self.gpu_peer_bytes
+            )));
         }
         if self.max_bootstrap_msg < 4096 {
-            return Err(Error::InvalidArgument("max_bootstrap_msg must be at least 4096 bytes".into()));
+            return Err(Error::InvalidArgument(
+                "max_bootstrap_msg must be at least 4096 bytes".into(),
+            ));
         }
         Ok(())
     }
@@ -521,13 +610,21 @@ impl Config {
 pub fn compare_shared(all: &[Vec<u8>]) -> Result<(), Error> {
     let parse = |b: &[u8]| -> Option<Vec<(String, String)>> {
         let text = std::str::from_utf8(b).ok()?;
-        text.lines().map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))).collect()
+        text.lines()
+            .map(|l| {
+                l.split_once('=')
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+            })
+            .collect()
     };
     let parsed: Vec<Option<Vec<(String, String)>>> = all.iter().map(|b| parse(b)).collect();
     if let Some(r) = parsed.iter().position(|p| p.is_none()) {
-        return Err(Error::Protocol(format!("rank {r} sent unreadable settings at communicator creation")));
+        return Err(Error::Protocol(format!(
+            "rank {r} sent unreadable settings at communicator creation"
+        )));
     }
-    let parsed: Vec<Vec<(String, String)>> = parsed.into_iter().map(|p| p.expect("checked")).collect();
+    let parsed: Vec<Vec<(String, String)>> =
+        parsed.into_iter().map(|p| p.expect("checked")).collect();
     let mut diffs = Vec::new();
     // Every name any rank sent (a rank of another build may know a knob the others do not: that
     // is a disagreement too, "(not sent)" against a value), in first-seen order.
@@ -538,7 +635,12 @@ pub fn compare_shared(all: &[Vec<u8>]) -> Result<(), Error> {
         }
     }
     for name in names {
-        let value = |p: &Vec<(String, String)>| p.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()).unwrap_or_else(|| "(not sent)".into());
+        let value = |p: &Vec<(String, String)>| {
+            p.iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_else(|| "(not sent)".into())
+        };
         let values: Vec<String> = parsed.iter().map(value).collect();
         if values.iter().all(|v| *v == values[0]) {
             continue;
@@ -550,7 +652,10 @@ pub fn compare_shared(all: &[Vec<u8>]) -> Result<(), Error> {
                 None => groups.push((v, vec![r])),
             }
         }
-        let said: Vec<String> = groups.iter().map(|(v, rs)| format!("{v} on rank(s) {rs:?}")).collect();
+        let said: Vec<String> = groups
+            .iter()
+            .map(|(v, rs)| format!("{v} on rank(s) {rs:?}"))
+            .collect();
         diffs.push(format!("{name}: {}", said.join(", ")));
     }
     if diffs.is_empty() {
@@ -588,17 +693,35 @@ impl LaunchEnv {
     /// `Ok(None)` when no launcher variables are present; an error when they are present but
     /// incomplete or inconsistent.
     pub fn from_vars(vars: &HashMap<String, String>) -> Result<Option<LaunchEnv>, Error> {
-        let get = |k: &str| vars.get(k).map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
-        let (rank_k, size_k, local_k, source) = if get("RANK").is_some() || get("WORLD_SIZE").is_some() {
-            // `ferroccl run` sets torchrun's variables and says so.
-            let who = if get("FERROCCL_LAUNCHER").as_deref() == Some("ferroccl run") { "ferroccl run" } else { "torchrun" };
-            ("RANK", "WORLD_SIZE", "LOCAL_RANK", who)
-        } else if get("OMPI_COMM_WORLD_RANK").is_some() {
-            ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun")
-        } else {
-            return Ok(None);
+        let get = |k: &str| {
+            vars.get(k)
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
         };
-        let need = |k: &str| get(k).ok_or_else(|| Error::InvalidArgument(format!("{source} environment: {k} is not set")));
+        let (rank_k, size_k, local_k, source) =
+            if get("RANK").is_some() || get("WORLD_SIZE").is_some() {
+                // `ferroccl run` sets torchrun's variables and says so.
+                let who = if get("FERROCCL_LAUNCHER").as_deref() == Some("ferroccl run") {
+                    "ferroccl run"
+                } else {
+                    "torchrun"
+                };
+                ("RANK", "WORLD_SIZE", "LOCAL_RANK", who)
+            } else if get("OMPI_COMM_WORLD_RANK").is_some() {
+                (
+                    "OMPI_COMM_WORLD_RANK",
+                    "OMPI_COMM_WORLD_SIZE",
+                    "OMPI_COMM_WORLD_LOCAL_RANK",
+                    "mpirun",
+                )
+            } else {
+                return Ok(None);
+            };
+        let need = |k: &str| {
+            get(k).ok_or_else(|| {
+                Error::InvalidArgument(format!("{source} environment: {k} is not set"))
+            })
+        };
         let rank: usize = parse(rank_k, &need(rank_k)?)?;
         let world_size: usize = parse(size_k, &need(size_k)?)?;
         let local_rank: usize = match get(local_k) {
@@ -606,17 +729,35 @@ impl LaunchEnv {
             None => 0,
         };
         if world_size == 0 || rank >= world_size {
-            return Err(Error::InvalidArgument(format!("{source} environment: {rank_k}={rank} is not below {size_k}={world_size}")));
+            return Err(Error::InvalidArgument(format!(
+                "{source} environment: {rank_k}={rank} is not below {size_k}={world_size}"
+            )));
         }
         let master_addr = get("MASTER_ADDR")
             .or_else(|| get("FERROCCL_MASTER_ADDR"))
-            .ok_or_else(|| Error::InvalidArgument(format!("{source} environment: MASTER_ADDR (or FERROCCL_MASTER_ADDR) is not set")))?;
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{source} environment: MASTER_ADDR (or FERROCCL_MASTER_ADDR) is not set"
+                ))
+            })?;
         let (port_k, port_s) = ["MASTER_PORT", "FERROCCL_MASTER_PORT"]
             .into_iter()
             .find_map(|k| get(k).map(|v| (k, v)))
-            .ok_or_else(|| Error::InvalidArgument(format!("{source} environment: MASTER_PORT (or FERROCCL_MASTER_PORT) is not set")))?;
-        let master_port = parse_master_port(port_k, &port_s).map_err(|m| Error::InvalidArgument(format!("{source} environment: {m}")))?;
-        Ok(Some(LaunchEnv { rank, world_size, local_rank, master_addr, master_port, source }))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{source} environment: MASTER_PORT (or FERROCCL_MASTER_PORT) is not set"
+                ))
+            })?;
+        let master_port = parse_master_port(port_k, &port_s)
+            .map_err(|m| Error::InvalidArgument(format!("{source} environment: {m}")))?;
+        Ok(Some(LaunchEnv {
+            rank,
+            world_size,
+            local_rank,
+            master_addr,
+            master_port,
+            source,
+        }))
     }
 }
 
@@ -639,86 +780,223 @@ mod tests {
     use super::*;
 
     fn vars(kv: &[(&str, &str)]) -> HashMap<String, String> {
-        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn p2p_channels_and_kernel_defines() {
         let c = Config::from_vars(&vars(&[("FERROCCL_GPU_P2P_CHANNELS", "32")])).unwrap();
-        assert_eq!((c.gpu_p2p_channels, Config::default().gpu_p2p_channels), (32, 32));
-        assert_eq!(Config::from_vars(&vars(&[("FERROCCL_GPU_P2P_CHANNELS", "8")])).unwrap().gpu_p2p_channels, 8);
+        assert_eq!(
+            (c.gpu_p2p_channels, Config::default().gpu_p2p_channels),
+            (32, 32)
+        );
+        assert_eq!(
+            Config::from_vars(&vars(&[("FERROCCL_GPU_P2P_CHANNELS", "8")]))
+                .unwrap()
+                .gpu_p2p_channels,
+            8
+        );
         for bad in ["0", "65", "x"] {
-            assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_P2P_CHANNELS", bad)])).is_err(), "{bad}");
+            assert!(
+                Config::from_vars(&vars(&[("FERROCCL_GPU_P2P_CHANNELS", bad)])).is_err(),
+                "{bad}"
+            );
         }
         // A rank with other p2p channels builds other plans: the knob must be compared.
-        assert!(c.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_P2P_CHANNELS" && v == "32"));
+        assert!(c
+            .shared_settings()
+            .iter()
+            .any(|(k, v)| *k == "FERROCCL_GPU_P2P_CHANNELS" && v == "32"));
         let t = Config::from_vars(&vars(&[("FERROCCL_GPU_TWO_SHOT", "1")])).unwrap();
         assert!(t.gpu_two_shot && !Config::default().gpu_two_shot);
-        assert!(t.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_TWO_SHOT" && v == "1"));
+        assert!(t
+            .shared_settings()
+            .iter()
+            .any(|(k, v)| *k == "FERROCCL_GPU_TWO_SHOT" && v == "1"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_TWO_SHOT", "sometimes")])).is_err());
         let p = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BYTES", "0")])).unwrap();
-        assert_eq!((p.gpu_peer_bytes, Config::default().gpu_peer_bytes), (0, 16 << 20));
-        assert!(p.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_BYTES" && v == "0"));
+        assert_eq!(
+            (p.gpu_peer_bytes, Config::default().gpu_peer_bytes),
+            (0, 16 << 20)
+        );
+        assert!(p
+            .shared_settings()
+            .iter()
+            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_BYTES" && v == "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BYTES", "2147483648")])).is_err());
         let split = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_SPLIT", "1")])).unwrap();
-        assert_eq!((split.gpu_peer_split, Config::default().gpu_peer_split), (Some(true), None));
+        assert_eq!(
+            (split.gpu_peer_split, Config::default().gpu_peer_split),
+            (Some(true), None)
+        );
         let off = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_SPLIT", "0")])).unwrap();
         assert_eq!(off.gpu_peer_split, Some(false));
-        assert_eq!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_SPLIT", "auto")])).unwrap().gpu_peer_split, None);
-        assert!(Config::default().shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_SPLIT" && v == "auto"));
-        assert!(split.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_SPLIT" && v == "1"));
+        assert_eq!(
+            Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_SPLIT", "auto")]))
+                .unwrap()
+                .gpu_peer_split,
+            None
+        );
+        assert!(Config::default()
+            .shared_settings()
+            .iter()
+            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_SPLIT" && v == "auto"));
+        assert!(split
+            .shared_settings()
+            .iter()
+            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_SPLIT" && v == "1"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_SPLIT", "half")])).is_err());
         let pb = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCKS", "16")])).unwrap();
-        assert_eq!((pb.gpu_peer_blocks, Config::default().gpu_peer_blocks), (16, 0));
-        assert!(pb.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_BLOCKS" && v == "16"));
-        let err = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCKS", "65")])).unwrap_err().to_string();
-        assert!(err.contains("gpu_peer_blocks=65") && err.contains("at most 64"), "{err}");
+        assert_eq!(
+            (pb.gpu_peer_blocks, Config::default().gpu_peer_blocks),
+            (16, 0)
+        );
+        assert!(pb
+            .shared_settings()
+            .iter()
+            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_BLOCKS" && v == "16"));
+        let err = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCKS", "65")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("gpu_peer_blocks=65") && err.contains("at most 64"),
+            "{err}"
+        );
         let from = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_FROM_BYTES", "262144")])).unwrap();
-        assert_eq!((from.gpu_peer_from_bytes, Config::default().gpu_peer_from_bytes), (256 << 10, 128 << 10));
-        assert!(from.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_FROM_BYTES" && v == "262144"));
+        assert_eq!(
+            (
+                from.gpu_peer_from_bytes,
+                Config::default().gpu_peer_from_bytes
+            ),
+            (256 << 10, 128 << 10)
+        );
+        assert!(from
+            .shared_settings()
+            .iter()
+            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_FROM_BYTES" && v == "262144"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_FROM_BYTES", "-1")])).is_err());
-        let one = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES", "0")])).unwrap();
-        assert_eq!((one.gpu_peer_oneshot_max_bytes, Config::default().gpu_peer_oneshot_max_bytes), (0, PEER_ONESHOT_MAX_BYTES));
-        assert!(one.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES" && v == "0"));
-        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES", "4M")])).is_err());
-        let rooted = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_ROOTED_MAX_BYTES", "0")])).unwrap();
-        assert_eq!((rooted.gpu_peer_rooted_max_bytes, Config::default().gpu_peer_rooted_max_bytes), (0, PEER_ROOTED_MAX_BYTES));
-        assert!(rooted.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_PEER_ROOTED_MAX_BYTES" && v == "0"));
-        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_ROOTED_MAX_BYTES", "")])).is_ok_and(|c| c.gpu_peer_rooted_max_bytes == PEER_ROOTED_MAX_BYTES));
-        let ce = Config::from_vars(&vars(&[("FERROCCL_GPU_COPY_ENGINE_BYTES", "8388608")])).unwrap();
-        assert_eq!((ce.gpu_copy_engine_bytes, Config::default().gpu_copy_engine_bytes), (8 << 20, 0));
-        assert!(ce.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_COPY_ENGINE_BYTES" && v == "8388608"));
+        let one =
+            Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES", "0")])).unwrap();
+        assert_eq!(
+            (
+                one.gpu_peer_oneshot_max_bytes,
+                Config::default().gpu_peer_oneshot_max_bytes
+            ),
+            (0, PEER_ONESHOT_MAX_BYTES)
+        );
+        assert!(one
+            .shared_settings()
+            .iter()
+            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES" && v == "0"));
+        assert!(
+            Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES", "4M")])).is_err()
+        );
+        let rooted =
+            Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_ROOTED_MAX_BYTES", "0")])).unwrap();
+        assert_eq!(
+            (
+                rooted.gpu_peer_rooted_max_bytes,
+                Config::default().gpu_peer_rooted_max_bytes
+            ),
+            (0, PEER_ROOTED_MAX_BYTES)
+        );
+        assert!(rooted
+            .shared_settings()
+            .iter()
+            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_ROOTED_MAX_BYTES" && v == "0"));
+        assert!(
+            Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_ROOTED_MAX_BYTES", "")]))
+                .is_ok_and(|c| c.gpu_peer_rooted_max_bytes == PEER_ROOTED_MAX_BYTES)
+        );
+        let ce =
+            Config::from_vars(&vars(&[("FERROCCL_GPU_COPY_ENGINE_BYTES", "8388608")])).unwrap();
+        assert_eq!(
+            (
+                ce.gpu_copy_engine_bytes,
+                Config::default().gpu_copy_engine_bytes
+            ),
+            (8 << 20, 0)
+        );
+        assert!(ce
+            .shared_settings()
+            .iter()
+            .any(|(k, v)| *k == "FERROCCL_GPU_COPY_ENGINE_BYTES" && v == "8388608"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_COPY_ENGINE_BYTES", "lots")])).is_err());
         let cw = Config::from_vars(&vars(&[("FERROCCL_GPU_CE_WINDOW_BYTES", "0")])).unwrap();
-        assert_eq!((cw.gpu_ce_window_bytes, Config::default().gpu_ce_window_bytes), (0, 128 << 20));
-        assert!(cw.shared_settings().iter().any(|(k, v)| *k == "FERROCCL_GPU_CE_WINDOW_BYTES" && v == "0"));
+        assert_eq!(
+            (
+                cw.gpu_ce_window_bytes,
+                Config::default().gpu_ce_window_bytes
+            ),
+            (0, 128 << 20)
+        );
+        assert!(cw
+            .shared_settings()
+            .iter()
+            .any(|(k, v)| *k == "FERROCCL_GPU_CE_WINDOW_BYTES" && v == "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_WINDOW_BYTES", "-1")])).is_err());
         let early = Config::from_vars(&vars(&[("FERROCCL_GPU_EARLY_LAUNCH", "0")])).unwrap();
         assert!(!early.gpu_early_launch && Config::default().gpu_early_launch);
         // How a launch starts changes no plan: ranks may differ.
-        assert!(!early.shared_settings().iter().any(|(k, _)| k.contains("EARLY")));
+        assert!(!early
+            .shared_settings()
+            .iter()
+            .any(|(k, _)| k.contains("EARLY")));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_EARLY_LAUNCH", "soon")])).is_err());
         let plain = Config::from_vars(&vars(&[("FERROCCL_GPU_P2P_KERNEL", "0")])).unwrap();
         assert!(!plain.gpu_p2p_kernel && Config::default().gpu_p2p_kernel);
         // Both kernels speak the same protocol on the same connections: ranks may differ.
-        assert!(!plain.shared_settings().iter().any(|(k, _)| k.contains("P2P_KERNEL")));
+        assert!(!plain
+            .shared_settings()
+            .iter()
+            .any(|(k, _)| k.contains("P2P_KERNEL")));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_P2P_KERNEL", "maybe")])).is_err());
-        let d = Config::from_vars(&vars(&[("FERROCCL_KERNEL_DEFINES", " FC_COPY_UNROLL=8 ,FC_X ")])).unwrap();
-        assert_eq!(d.kernel_defines, vec!["-DFC_COPY_UNROLL=8".to_string(), "-DFC_X".to_string()]);
+        let d = Config::from_vars(&vars(&[(
+            "FERROCCL_KERNEL_DEFINES",
+            " FC_COPY_UNROLL=8 ,FC_X ",
+        )]))
+        .unwrap();
+        assert_eq!(
+            d.kernel_defines,
+            vec!["-DFC_COPY_UNROLL=8".to_string(), "-DFC_X".to_string()]
+        );
         // Speed only: not a setting ranks must share.
-        assert!(!d.shared_settings().iter().any(|(k, _)| k.contains("DEFINES")));
+        assert!(!d
+            .shared_settings()
+            .iter()
+            .any(|(k, _)| k.contains("DEFINES")));
         for bad in ["A=1 --use_fast_math", "1A=2", "A=$(x)", "A=1;B", "=3"] {
             let e = Config::from_vars(&vars(&[("FERROCCL_KERNEL_DEFINES", bad)])).unwrap_err();
-            assert!(e.message().contains("FERROCCL_KERNEL_DEFINES"), "{bad}: {e}");
+            assert!(
+                e.message().contains("FERROCCL_KERNEL_DEFINES"),
+                "{bad}: {e}"
+            );
         }
     }
 
     #[test]
     fn env_overrides_defaults() {
-        let c = Config::from_vars(&vars(&[("FERROCCL_TIMEOUT", "2.5"), ("FERROCCL_TRANSPORT", "tcp"), ("FERROCCL_CHANNELS", "3")])).unwrap();
+        let c = Config::from_vars(&vars(&[
+            ("FERROCCL_TIMEOUT", "2.5"),
+            ("FERROCCL_TRANSPORT", "tcp"),
+            ("FERROCCL_CHANNELS", "3"),
+        ]))
+        .unwrap();
         assert_eq!(c.ll_max_bytes, 128 << 10);
-        assert_eq!(Config::from_vars(&vars(&[("FERROCCL_LL_MAX_BYTES", "0")])).unwrap().ll_max_bytes, 0);
-        assert_eq!(Config::from_vars(&vars(&[("FERROCCL_DIRECT_MAX_BYTES", "4096")])).unwrap().direct_max_bytes, 4096);
+        assert_eq!(
+            Config::from_vars(&vars(&[("FERROCCL_LL_MAX_BYTES", "0")]))
+                .unwrap()
+                .ll_max_bytes,
+            0
+        );
+        assert_eq!(
+            Config::from_vars(&vars(&[("FERROCCL_DIRECT_MAX_BYTES", "4096")]))
+                .unwrap()
+                .direct_max_bytes,
+            4096
+        );
         assert!(Config::from_vars(&vars(&[("FERROCCL_LL_MAX_BYTES", "-1")])).is_err());
         assert_eq!(c.timeout, Duration::from_millis(2500));
         assert_eq!(c.transport, TransportChoice::Tcp);
@@ -726,16 +1004,31 @@ mod tests {
         assert!(Config::from_vars(&vars(&[("FERROCCL_TIMEOUT", "-1")])).is_err());
         assert!(Config::from_vars(&vars(&[("FERROCCL_TRANSPORT", "carrier-pigeon")])).is_err());
         assert!(Config::from_vars(&vars(&[("FERROCCL_CHUNK_BYTES", "999999999")])).is_err());
-        let h = Config::from_vars(&vars(&[("FERROCCL_HEARTBEAT_INTERVAL", "0.25"), ("FERROCCL_HEARTBEAT_MISSES", "3")])).unwrap();
-        assert_eq!((h.heartbeat_interval, h.heartbeat_misses), (Duration::from_millis(250), 3));
+        let h = Config::from_vars(&vars(&[
+            ("FERROCCL_HEARTBEAT_INTERVAL", "0.25"),
+            ("FERROCCL_HEARTBEAT_MISSES", "3"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (h.heartbeat_interval, h.heartbeat_misses),
+            (Duration::from_millis(250), 3)
+        );
         assert!(Config::from_vars(&vars(&[("FERROCCL_HEARTBEAT_INTERVAL", "0")])).is_err());
         assert!(Config::from_vars(&vars(&[("FERROCCL_HEARTBEAT_MISSES", "0")])).is_err());
         // Found by the environment fuzzer: products of huge values overflowed (a panic).
         let max = usize::MAX.to_string();
-        for k in ["FERROCCL_CHUNK_BYTES", "FERROCCL_SLOTS", "FERROCCL_SLOT_BYTES"] {
+        for k in [
+            "FERROCCL_CHUNK_BYTES",
+            "FERROCCL_SLOTS",
+            "FERROCCL_SLOT_BYTES",
+        ] {
             assert!(Config::from_vars(&vars(&[(k, &max)])).is_err(), "{k}");
         }
-        let c = Config::from_vars(&vars(&[("FERROCCL_CHECK_MISMATCH", "on"), ("FERROCCL_TCP_CRC", "1")])).unwrap();
+        let c = Config::from_vars(&vars(&[
+            ("FERROCCL_CHECK_MISMATCH", "on"),
+            ("FERROCCL_TCP_CRC", "1"),
+        ]))
+        .unwrap();
         assert!(c.check_mismatch && c.tcp_crc);
         let e = Config::from_vars(&vars(&[("FERROCCL_TCP_CRC", "maybe")])).unwrap_err();
         assert!(e.message().contains("FERROCCL_TCP_CRC='maybe'"), "{e}");
@@ -749,15 +1042,35 @@ mod tests {
         let same = vec![base.encode_shared(); 4];
         assert!(compare_shared(&same).is_ok());
         let mut all = same.clone();
-        all[0] = Config { chunk_bytes: 131072, ..base.clone() }.encode_shared();
-        all[2] = Config { heartbeat_interval: Duration::from_millis(50), ..base.clone() }.encode_shared();
+        all[0] = Config {
+            chunk_bytes: 131072,
+            ..base.clone()
+        }
+        .encode_shared();
+        all[2] = Config {
+            heartbeat_interval: Duration::from_millis(50),
+            ..base.clone()
+        }
+        .encode_shared();
         let e = compare_shared(&all).unwrap_err();
         let m = e.to_string();
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
-        assert!(m.contains("FERROCCL_CHUNK_BYTES: 131072 on rank(s) [0], 262144 on rank(s) [1, 2, 3]"), "{m}");
-        assert!(m.contains("FERROCCL_HEARTBEAT_INTERVAL: 0.5 on rank(s) [0, 1, 3], 0.05 on rank(s) [2]"), "{m}");
+        assert!(
+            m.contains("FERROCCL_CHUNK_BYTES: 131072 on rank(s) [0], 262144 on rank(s) [1, 2, 3]"),
+            "{m}"
+        );
+        assert!(
+            m.contains(
+                "FERROCCL_HEARTBEAT_INTERVAL: 0.5 on rank(s) [0, 1, 3], 0.05 on rank(s) [2]"
+            ),
+            "{m}"
+        );
         // What may differ does not count.
-        let local = Config { timeout: Duration::from_secs(3), bootstrap_addr: Some("10.0.0.1".into()), ..base.clone() };
+        let local = Config {
+            timeout: Duration::from_secs(3),
+            bootstrap_addr: Some("10.0.0.1".into()),
+            ..base.clone()
+        };
         assert!(compare_shared(&[base.encode_shared(), local.encode_shared()]).is_ok());
         // Every knob named is one the environment sets, and each changes the bytes.
         for (k, _) in base.shared_settings() {
@@ -767,10 +1080,22 @@ mod tests {
         // A rank of an older build, which does not send a knob the others do, disagrees on it
         // whichever rank it is (rank 0's list of names is not the only one read).
         let newer = String::from_utf8(base.encode_shared()).unwrap();
-        let older: String = newer.lines().filter(|l| !l.starts_with("FERROCCL_GPU_PEER_BLOCKS=")).map(|l| format!("{l}\n")).collect();
-        for pair in [[older.clone(), newer.clone()], [newer.clone(), older.clone()]] {
-            let e = compare_shared(&pair.map(String::into_bytes)).unwrap_err().to_string();
-            assert!(e.contains("FERROCCL_GPU_PEER_BLOCKS") && e.contains("(not sent)"), "{e}");
+        let older: String = newer
+            .lines()
+            .filter(|l| !l.starts_with("FERROCCL_GPU_PEER_BLOCKS="))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        for pair in [
+            [older.clone(), newer.clone()],
+            [newer.clone(), older.clone()],
+        ] {
+            let e = compare_shared(&pair.map(String::into_bytes))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("FERROCCL_GPU_PEER_BLOCKS") && e.contains("(not sent)"),
+                "{e}"
+            );
         }
     }
 
@@ -796,7 +1121,10 @@ mod tests {
         ]))
         .unwrap()
         .unwrap();
-        assert_eq!((t.rank, t.world_size, t.local_rank, t.master_port, t.source), (2, 4, 2, 29500, "torchrun"));
+        assert_eq!(
+            (t.rank, t.world_size, t.local_rank, t.master_port, t.source),
+            (2, 4, 2, 29500, "torchrun")
+        );
         let f = LaunchEnv::from_vars(&vars(&[
             ("RANK", "0"),
             ("WORLD_SIZE", "2"),
@@ -816,7 +1144,13 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!((m.rank, m.world_size, m.source), (1, 2, "mpirun"));
-        assert!(LaunchEnv::from_vars(&vars(&[("RANK", "4"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "1")])).is_err());
+        assert!(LaunchEnv::from_vars(&vars(&[
+            ("RANK", "4"),
+            ("WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1")
+        ]))
+        .is_err());
         assert!(LaunchEnv::from_vars(&vars(&[("RANK", "0"), ("WORLD_SIZE", "4")])).is_err());
     }
 
@@ -825,17 +1159,49 @@ mod tests {
     #[test]
     fn a_master_port_no_rank_can_connect_to_is_refused_at_once() {
         let with = |k: &str, v: &str| {
-            LaunchEnv::from_vars(&vars(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), (k, v)])).map(|_| ()).unwrap_err().to_string()
+            LaunchEnv::from_vars(&vars(&[
+                ("RANK", "1"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "h"),
+                (k, v),
+            ]))
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
         };
         let e = with("MASTER_PORT", "0");
-        assert!(e.contains("torchrun environment: MASTER_PORT=0 asks for any free port") && e.contains("no other rank would know"), "{e}");
-        assert!(with("FERROCCL_MASTER_PORT", " 0 ").contains("FERROCCL_MASTER_PORT=0 asks for any free port"));
+        assert!(
+            e.contains("torchrun environment: MASTER_PORT=0 asks for any free port")
+                && e.contains("no other rank would know"),
+            "{e}"
+        );
+        assert!(with("FERROCCL_MASTER_PORT", " 0 ")
+            .contains("FERROCCL_MASTER_PORT=0 asks for any free port"));
         let e = with("MASTER_PORT", "70000");
-        assert!(e.contains("MASTER_PORT=70000 is above 65535, the largest TCP port"), "{e}");
+        assert!(
+            e.contains("MASTER_PORT=70000 is above 65535, the largest TCP port"),
+            "{e}"
+        );
         for bad in ["abc", "-1", "29500x", "1.5"] {
             let e = with("MASTER_PORT", bad);
-            assert!(e.contains(&format!("MASTER_PORT='{bad}' is not a port number: give the fixed TCP port (1-65535)")), "{e}");
+            assert!(
+                e.contains(&format!(
+                    "MASTER_PORT='{bad}' is not a port number: give the fixed TCP port (1-65535)"
+                )),
+                "{e}"
+            );
         }
-        assert_eq!(LaunchEnv::from_vars(&vars(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "65535")])).unwrap().unwrap().master_port, 65535);
+        assert_eq!(
+            LaunchEnv::from_vars(&vars(&[
+                ("RANK", "1"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "h"),
+                ("MASTER_PORT", "65535")
+            ]))
+            .unwrap()
+            .unwrap()
+            .master_port,
+            65535
+        );
     }
 }

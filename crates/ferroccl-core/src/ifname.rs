@@ -28,16 +28,33 @@ impl IfSpec {
         if exact {
             s = &s[1..];
         }
-        let names: Vec<String> = s.split(',').map(str::trim).filter(|n| !n.is_empty()).map(String::from).collect();
+        let names: Vec<String> = s
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(String::from)
+            .collect();
         if names.is_empty() && !exclude {
-            return Err(Error::InvalidArgument(format!("interface list '{spec}' names no interface")));
+            return Err(Error::InvalidArgument(format!(
+                "interface list '{spec}' names no interface"
+            )));
         }
-        Ok(IfSpec { exclude, exact, names })
+        Ok(IfSpec {
+            exclude,
+            exact,
+            names,
+        })
     }
 
     /// Whether an interface of that name is chosen.
     pub fn matches(&self, name: &str) -> bool {
-        let hit = self.names.iter().any(|n| if self.exact { name == n } else { name.starts_with(n.as_str()) });
+        let hit = self.names.iter().any(|n| {
+            if self.exact {
+                name == n
+            } else {
+                name.starts_with(n.as_str())
+            }
+        });
         hit != self.exclude
     }
 
@@ -46,7 +63,8 @@ impl IfSpec {
     pub fn pick(&self, interfaces: &[(String, IpAddr)]) -> Option<IpAddr> {
         let ok = |(n, _): &&(String, IpAddr)| self.matches(n);
         let v4 = interfaces.iter().filter(ok).find(|(_, a)| a.is_ipv4());
-        v4.or_else(|| interfaces.iter().filter(ok).find(|(_, a)| a.is_ipv6())).map(|(_, a)| *a)
+        v4.or_else(|| interfaces.iter().filter(ok).find(|(_, a)| a.is_ipv6()))
+            .map(|(_, a)| *a)
     }
 }
 
@@ -55,28 +73,62 @@ mod tests {
     use super::*;
 
     fn ifs() -> Vec<(String, IpAddr)> {
-        [("lo", "127.0.0.1"), ("docker0", "172.17.0.1"), ("eth0", "fe80::1"), ("eth0", "10.0.0.5"), ("eth10", "10.1.0.5"), ("ib0", "fe80::2")]
-            .iter()
-            .map(|(n, a)| (n.to_string(), a.parse().unwrap()))
-            .collect()
+        [
+            ("lo", "127.0.0.1"),
+            ("docker0", "172.17.0.1"),
+            ("eth0", "fe80::1"),
+            ("eth0", "10.0.0.5"),
+            ("eth10", "10.1.0.5"),
+            ("ib0", "fe80::2"),
+        ]
+        .iter()
+        .map(|(n, a)| (n.to_string(), a.parse().unwrap()))
+        .collect()
     }
 
     fn pick(spec: &str) -> Option<String> {
-        IfSpec::parse(spec).unwrap().pick(&ifs()).map(|a| a.to_string())
+        IfSpec::parse(spec)
+            .unwrap()
+            .pick(&ifs())
+            .map(|a| a.to_string())
     }
 
     #[test]
     fn prefixes_exact_names_and_exclusions_as_nccl_reads_them() {
-        assert_eq!(pick("eth").as_deref(), Some("10.0.0.5"), "prefix; IPv4 before IPv6");
+        assert_eq!(
+            pick("eth").as_deref(),
+            Some("10.0.0.5"),
+            "prefix; IPv4 before IPv6"
+        );
         assert_eq!(pick("=eth1"), None, "exact: eth10 is not eth1");
         assert_eq!(pick("=eth10").as_deref(), Some("10.1.0.5"));
-        assert_eq!(pick("ib").as_deref(), Some("fe80::2"), "IPv6 when there is no IPv4");
+        assert_eq!(
+            pick("ib").as_deref(),
+            Some("fe80::2"),
+            "IPv6 when there is no IPv4"
+        );
         assert_eq!(pick("^lo,docker").as_deref(), Some("10.0.0.5"));
         assert_eq!(pick("^=lo").as_deref(), Some("172.17.0.1"));
-        assert_eq!(pick("ib, eth").as_deref(), Some("10.0.0.5"), "spaces ignored; interface order decides");
-        assert_eq!(pick("lo").as_deref(), Some("127.0.0.1"), "loopback when named");
+        assert_eq!(
+            pick("ib, eth").as_deref(),
+            Some("10.0.0.5"),
+            "spaces ignored; interface order decides"
+        );
+        assert_eq!(
+            pick("lo").as_deref(),
+            Some("127.0.0.1"),
+            "loopback when named"
+        );
         assert_eq!(pick("wlan"), None);
         assert!(IfSpec::parse("").is_err() && IfSpec::parse(" , ").is_err());
-        assert_eq!(IfSpec::parse("^").unwrap().pick(&ifs()).unwrap().to_string(), "127.0.0.1", "exclude nothing");
+        assert_eq!(
+            IfSpec::parse("^")
+                .unwrap()
+                .pick(&ifs())
+                .unwrap()
+                .to_string(),
+            "127.0.0.1",
+            "exclude nothing"
+        );
     }
 }

@@ -33,7 +33,9 @@ pub struct UniqueId {
 impl UniqueId {
     /// An id of zeros (an out parameter to fill).
     pub fn zeroed() -> UniqueId {
-        UniqueId { internal: [0; UNIQUE_ID_BYTES] }
+        UniqueId {
+            internal: [0; UNIQUE_ID_BYTES],
+        }
     }
     /// The id's bytes.
     pub fn to_bytes(self) -> Vec<u8> {
@@ -182,19 +184,35 @@ pub type GetUniqueIdFn = unsafe extern "C" fn(*mut UniqueId) -> NcclResult;
 /// `ncclCommInitRank`.
 pub type CommInitRankFn = unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int) -> NcclResult;
 /// `ncclCommInitRankConfig`.
-pub type CommInitRankConfigFn = unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int, *mut Config) -> NcclResult;
+pub type CommInitRankConfigFn =
+    unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int, *mut Config) -> NcclResult;
 /// `ncclCommInitAll`.
 pub type CommInitAllFn = unsafe extern "C" fn(*mut RawComm, c_int, *const c_int) -> NcclResult;
 /// (comm, color, key, new comm out, config)
-pub type CommSplitFn = unsafe extern "C" fn(RawComm, c_int, c_int, *mut RawComm, *mut Config) -> NcclResult;
+pub type CommSplitFn =
+    unsafe extern "C" fn(RawComm, c_int, c_int, *mut RawComm, *mut Config) -> NcclResult;
 /// A call taking only a communicator: `ncclCommDestroy`, `ncclCommAbort`, `ncclCommFinalize`.
 pub type CommFn = unsafe extern "C" fn(RawComm) -> NcclResult;
 /// (comm, exclude list, its length, new comm out, config, flags)
-pub type CommShrinkFn = unsafe extern "C" fn(RawComm, *mut c_int, c_int, *mut RawComm, *mut Config, c_int) -> NcclResult;
+pub type CommShrinkFn = unsafe extern "C" fn(
+    RawComm,
+    *mut c_int,
+    c_int,
+    *mut RawComm,
+    *mut Config,
+    c_int,
+) -> NcclResult;
 /// (comm, flags): ncclCommRevoke.
 pub type CommFlagsFn = unsafe extern "C" fn(RawComm, c_int) -> NcclResult;
 /// (comm out, nranks, rank, number of ids, ids, config)
-pub type CommInitRankScalableFn = unsafe extern "C" fn(*mut RawComm, c_int, c_int, c_int, *mut UniqueId, *mut Config) -> NcclResult;
+pub type CommInitRankScalableFn = unsafe extern "C" fn(
+    *mut RawComm,
+    c_int,
+    c_int,
+    c_int,
+    *mut UniqueId,
+    *mut Config,
+) -> NcclResult;
 /// (comm, int out): ncclCommCount, ncclCommCuDevice, ncclCommUserRank.
 pub type CommIntFn = unsafe extern "C" fn(RawComm, *mut c_int) -> NcclResult;
 /// `ncclGroupStart`, `ncclGroupEnd`.
@@ -206,27 +224,64 @@ pub type GetLastErrorFn = unsafe extern "C" fn(RawComm) -> *const c_char;
 /// `ncclCommGetAsyncError`.
 pub type CommGetAsyncErrorFn = unsafe extern "C" fn(RawComm, *mut NcclResult) -> NcclResult;
 /// (send, recv, count, datatype, op, comm, stream)
-pub type AllReduceFn = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, RawComm, RawStream) -> NcclResult;
+pub type AllReduceFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    RawComm,
+    RawStream,
+) -> NcclResult;
 /// (send, recv, sendcount, datatype, comm, stream); also `ncclAlltoAll` (count per peer).
-pub type AllGatherFn = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, RawComm, RawStream) -> NcclResult;
+pub type AllGatherFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    RawComm,
+    RawStream,
+) -> NcclResult;
 /// (send, recv, recvcount, datatype, op, comm, stream)
 pub type ReduceScatterFn = AllReduceFn;
 /// (send, recv, count, datatype, root, comm, stream); also `ncclGather` / `ncclScatter`.
-pub type BroadcastFn = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, RawComm, RawStream) -> NcclResult;
+pub type BroadcastFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    RawComm,
+    RawStream,
+) -> NcclResult;
 /// (buffer, count, datatype, root, comm, stream): the in-place `ncclBcast`.
-pub type BcastFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, RawStream) -> NcclResult;
+pub type BcastFn =
+    unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, RawStream) -> NcclResult;
 /// (send, recv, count, datatype, op, root, comm, stream)
-pub type ReduceFn = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, c_int, RawComm, RawStream) -> NcclResult;
+pub type ReduceFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    c_int,
+    RawComm,
+    RawStream,
+) -> NcclResult;
 /// (send, count, datatype, peer, comm, stream)
-pub type SendFn = unsafe extern "C" fn(*const c_void, usize, c_int, c_int, RawComm, RawStream) -> NcclResult;
+pub type SendFn =
+    unsafe extern "C" fn(*const c_void, usize, c_int, c_int, RawComm, RawStream) -> NcclResult;
 /// (recv, count, datatype, peer, comm, stream)
-pub type RecvFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, RawStream) -> NcclResult;
+pub type RecvFn =
+    unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, RawStream) -> NcclResult;
 /// (op out, scalar, datatype, residence, comm)
-pub type RedOpCreatePreMulSumFn = unsafe extern "C" fn(*mut c_int, *mut c_void, c_int, c_int, RawComm) -> NcclResult;
+pub type RedOpCreatePreMulSumFn =
+    unsafe extern "C" fn(*mut c_int, *mut c_void, c_int, c_int, RawComm) -> NcclResult;
 /// (op, comm)
 pub type RedOpDestroyFn = unsafe extern "C" fn(c_int, RawComm) -> NcclResult;
 /// (comm, buffer, size, handle out)
-pub type CommRegisterFn = unsafe extern "C" fn(RawComm, *mut c_void, usize, *mut *mut c_void) -> NcclResult;
+pub type CommRegisterFn =
+    unsafe extern "C" fn(RawComm, *mut c_void, usize, *mut *mut c_void) -> NcclResult;
 /// `ncclCommDeregister`.
 pub type CommDeregisterFn = unsafe extern "C" fn(RawComm, *mut c_void) -> NcclResult;
 /// `ncclMemAlloc`.
@@ -234,7 +289,8 @@ pub type MemAllocFn = unsafe extern "C" fn(*mut *mut c_void, usize) -> NcclResul
 /// `ncclMemFree`.
 pub type MemFreeFn = unsafe extern "C" fn(*mut c_void) -> NcclResult;
 /// (comm, buffer, size, window out, flags)
-pub type CommWindowRegisterFn = unsafe extern "C" fn(RawComm, *mut c_void, usize, *mut RawWindow, c_int) -> NcclResult;
+pub type CommWindowRegisterFn =
+    unsafe extern "C" fn(RawComm, *mut c_void, usize, *mut RawWindow, c_int) -> NcclResult;
 /// `ncclCommWindowDeregister`.
 pub type CommWindowDeregisterFn = unsafe extern "C" fn(RawComm, RawWindow) -> NcclResult;
 
@@ -261,7 +317,12 @@ pub const UNDEF_FLOAT: f32 = -1.0;
 impl SimInfo {
     /// What `NCCL_SIM_INFO_INITIALIZER` gives.
     pub fn initializer() -> SimInfo {
-        SimInfo { size: std::mem::size_of::<SimInfo>(), magic: SIM_INFO_MAGIC, version: API_VERSION as u32, estimated_time: UNDEF_FLOAT }
+        SimInfo {
+            size: std::mem::size_of::<SimInfo>(),
+            magic: SIM_INFO_MAGIC,
+            version: API_VERSION as u32,
+            estimated_time: UNDEF_FLOAT,
+        }
     }
 }
 
@@ -324,7 +385,10 @@ mod tests {
         assert_eq!(std::mem::offset_of!(Config, nvlink_centric_sched), 76);
         assert_eq!(std::mem::size_of::<Config>(), 80);
         let c = Config::initializer();
-        assert_eq!((c.size, c.magic, c.blocking), (80, CONFIG_MAGIC, CONFIG_UNDEF_INT));
+        assert_eq!(
+            (c.size, c.magic, c.blocking),
+            (80, CONFIG_MAGIC, CONFIG_UNDEF_INT)
+        );
     }
 
     #[test]

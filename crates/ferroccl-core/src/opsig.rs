@@ -19,7 +19,6 @@ pub const OP_BYTES: usize = 24;
 /// Differences named in one message: enough to see the pattern, short enough to read.
 const MAX_REPORTED: usize = 8;
 
-
 /// One operation as the other ranks must see it. Fields that do not affect an operation
 /// (the reduction of a broadcast, the root of an all-reduce) are normalised away, so that
 /// ranks passing different junk there still agree.
@@ -46,7 +45,11 @@ impl OpSig {
             dtype,
             count: count as u64,
             op: if kind.reduces() { op } else { ReduceOp::Sum },
-            root: if kind.has_root() || p2p { root as u32 } else { 0 },
+            root: if kind.has_root() || p2p {
+                root as u32
+            } else {
+                0
+            },
         }
     }
 
@@ -55,7 +58,10 @@ impl OpSig {
     }
 
     fn encode(&self, out: &mut Vec<u8>) {
-        let kind = CollKind::ALL.iter().position(|&k| k == self.kind).expect("every kind is listed") as u8;
+        let kind = CollKind::ALL
+            .iter()
+            .position(|&k| k == self.kind)
+            .expect("every kind is listed") as u8;
         let scalar = match self.op {
             ReduceOp::PreMulSum(s) => s.to_bits(),
             _ => 0,
@@ -76,7 +82,13 @@ impl OpSig {
         };
         let root = u32::from_le_bytes(b[4..8].try_into().ok()?);
         let count = u64::from_le_bytes(b[8..16].try_into().ok()?);
-        Some(OpSig { kind, dtype, count, op, root })
+        Some(OpSig {
+            kind,
+            dtype,
+            count,
+            op,
+            root,
+        })
     }
 
     /// "premulsum(0.5)" rather than "premulsum": the scalar is part of what must match.
@@ -112,7 +124,10 @@ pub fn decode_launch(b: &[u8]) -> Option<(u64, Vec<OpSig>)> {
     if (b.len() - HEAD) / OP_BYTES != n || !(b.len() - HEAD).is_multiple_of(OP_BYTES) {
         return None;
     }
-    let ops = b[HEAD..].chunks_exact(OP_BYTES).map(OpSig::decode).collect::<Option<Vec<_>>>()?;
+    let ops = b[HEAD..]
+        .chunks_exact(OP_BYTES)
+        .map(OpSig::decode)
+        .collect::<Option<Vec<_>>>()?;
     Some((seq, ops))
 }
 
@@ -125,7 +140,13 @@ fn ranks_list(rs: &[usize]) -> String {
         while j + 1 < rs.len() && rs[j + 1] == rs[j] + 1 {
             j += 1;
         }
-        parts.push(if j > i + 1 { format!("{}-{}", rs[i], rs[j]) } else if j == i + 1 { format!("{}, {}", rs[i], rs[j]) } else { rs[i].to_string() });
+        parts.push(if j > i + 1 {
+            format!("{}-{}", rs[i], rs[j])
+        } else if j == i + 1 {
+            format!("{}, {}", rs[i], rs[j])
+        } else {
+            rs[i].to_string()
+        });
         i = j + 1;
     }
     let noun = if rs.len() == 1 { "rank" } else { "ranks" };
@@ -144,7 +165,10 @@ fn field_diff<V: PartialEq + Display>(field: &str, vals: &[(usize, V)]) -> Optio
     if groups.len() < 2 {
         return None;
     }
-    let parts: Vec<String> = groups.iter().map(|(v, rs)| format!("{}: {v}", ranks_list(rs))).collect();
+    let parts: Vec<String> = groups
+        .iter()
+        .map(|(v, rs)| format!("{}: {v}", ranks_list(rs)))
+        .collect();
     Some(format!("{field} differs ({})", parts.join("; ")))
 }
 
@@ -176,26 +200,55 @@ pub fn compare(all: &[Vec<u8>]) -> Result<(), String> {
     }
     let more = diffs.len().saturating_sub(MAX_REPORTED);
     diffs.truncate(MAX_REPORTED);
-    let tail = if more > 0 { format!("; and {more} more") } else { String::new() };
+    let tail = if more > 0 {
+        format!("; and {more} more")
+    } else {
+        String::new()
+    };
     Err(format!("{}{tail}", diffs.join("; ")))
 }
 
 fn compare_collectives(launches: &[(u64, Vec<OpSig>)], diffs: &mut Vec<String>) {
-    let colls: Vec<Vec<&OpSig>> = launches.iter().map(|(_, ops)| ops.iter().filter(|o| !o.is_p2p()).collect()).collect();
-    let lens: Vec<(usize, usize)> = colls.iter().enumerate().map(|(r, c)| (r, c.len())).collect();
+    let colls: Vec<Vec<&OpSig>> = launches
+        .iter()
+        .map(|(_, ops)| ops.iter().filter(|o| !o.is_p2p()).collect())
+        .collect();
+    let lens: Vec<(usize, usize)> = colls
+        .iter()
+        .enumerate()
+        .map(|(r, c)| (r, c.len()))
+        .collect();
     if let Some(d) = field_diff("number of collectives in the launch", &lens) {
         let lists: Vec<String> = colls
             .iter()
             .enumerate()
-            .map(|(r, c)| format!("rank {r}: [{}]", c.iter().map(|o| o.kind.name()).collect::<Vec<_>>().join(", ")))
+            .map(|(r, c)| {
+                format!(
+                    "rank {r}: [{}]",
+                    c.iter()
+                        .map(|o| o.kind.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })
             .collect();
         diffs.push(format!("{d} ({})", lists.join("; ")));
         return;
     }
     let n = lens.first().map(|l| l.1).unwrap_or(0);
     for i in 0..n {
-        let at = |f: &dyn Fn(&OpSig) -> String| -> Vec<(usize, String)> { colls.iter().enumerate().map(|(r, c)| (r, f(c[i]))).collect() };
-        let which = if n == 1 { String::new() } else { format!("collective {} of {n}: ", i + 1) };
+        let at = |f: &dyn Fn(&OpSig) -> String| -> Vec<(usize, String)> {
+            colls
+                .iter()
+                .enumerate()
+                .map(|(r, c)| (r, f(c[i])))
+                .collect()
+        };
+        let which = if n == 1 {
+            String::new()
+        } else {
+            format!("collective {} of {n}: ", i + 1)
+        };
         let fields: [(&str, Vec<(usize, String)>); 5] = [
             ("operation", at(&|o| o.kind.name().to_string())),
             ("data type", at(&|o| o.dtype.name().to_string())),
@@ -227,16 +280,24 @@ fn compare_p2p(launches: &[(u64, Vec<OpSig>)], diffs: &mut Vec<String>) {
             }
         }
     }
-    let pairs: std::collections::BTreeSet<(usize, usize)> = sends.keys().chain(recvs.keys()).copied().collect();
+    let pairs: std::collections::BTreeSet<(usize, usize)> =
+        sends.keys().chain(recvs.keys()).copied().collect();
     for (from, to) in pairs {
         if from >= n || to >= n {
-            diffs.push(format!("a send or receive names rank {} of a communicator of {n}", from.max(to)));
+            diffs.push(format!(
+                "a send or receive names rank {} of a communicator of {n}",
+                from.max(to)
+            ));
             continue;
         }
         let s = sends.get(&(from, to)).map(|v| v.as_slice()).unwrap_or(&[]);
         let r = recvs.get(&(from, to)).map(|v| v.as_slice()).unwrap_or(&[]);
         if s.len() != r.len() {
-            diffs.push(format!("rank {from} sends {} message(s) to rank {to}, which receives {} from it", s.len(), r.len()));
+            diffs.push(format!(
+                "rank {from} sends {} message(s) to rank {to}, which receives {} from it",
+                s.len(),
+                r.len()
+            ));
             continue;
         }
         for (i, (a, b)) in s.iter().zip(r).enumerate() {
@@ -260,7 +321,13 @@ mod tests {
     use proptest::prelude::*;
 
     fn ar(count: usize) -> OpSig {
-        OpSig::new(CollKind::AllReduce, DataType::Float32, count, ReduceOp::Sum, 0)
+        OpSig::new(
+            CollKind::AllReduce,
+            DataType::Float32,
+            count,
+            ReduceOp::Sum,
+            0,
+        )
     }
 
     fn check(per_rank: &[(u64, Vec<OpSig>)]) -> Result<(), String> {
@@ -272,28 +339,63 @@ mod tests {
     fn agreeing_ranks_pass_and_irrelevant_fields_are_ignored() {
         let bc = |op, root| OpSig::new(CollKind::Broadcast, DataType::Int8, 7, op, root);
         let ag = |root| OpSig::new(CollKind::AllGather, DataType::Int8, 7, ReduceOp::Sum, root);
-        check(&[(3, vec![ar(5), bc(ReduceOp::Max, 1), ag(0)]), (3, vec![ar(5), bc(ReduceOp::Min, 1), ag(1)])]).unwrap();
+        check(&[
+            (3, vec![ar(5), bc(ReduceOp::Max, 1), ag(0)]),
+            (3, vec![ar(5), bc(ReduceOp::Min, 1), ag(1)]),
+        ])
+        .unwrap();
         check(&[(0, vec![])]).unwrap();
     }
 
     #[test]
     fn each_field_is_named_with_the_ranks_that_hold_each_value() {
-        let e = check(&[(1, vec![ar(1024)]), (1, vec![ar(1000)]), (1, vec![ar(1024)])]).unwrap_err();
+        let e = check(&[
+            (1, vec![ar(1024)]),
+            (1, vec![ar(1000)]),
+            (1, vec![ar(1024)]),
+        ])
+        .unwrap_err();
         assert_eq!(e, "count differs (ranks 0, 2: 1024; rank 1: 1000)");
         let f64_ = OpSig::new(CollKind::AllReduce, DataType::Float64, 4, ReduceOp::Sum, 0);
         let e = check(&[(1, vec![ar(4)]), (1, vec![f64_])]).unwrap_err();
-        assert!(e.contains("data type differs (rank 0: float; rank 1: double)"), "{e}");
-        let pm = |s| OpSig::new(CollKind::AllReduce, DataType::Float32, 4, ReduceOp::PreMulSum(s), 0);
+        assert!(
+            e.contains("data type differs (rank 0: float; rank 1: double)"),
+            "{e}"
+        );
+        let pm = |s| {
+            OpSig::new(
+                CollKind::AllReduce,
+                DataType::Float32,
+                4,
+                ReduceOp::PreMulSum(s),
+                0,
+            )
+        };
         let e = check(&[(1, vec![pm(0.5)]), (1, vec![pm(0.25)])]).unwrap_err();
-        assert!(e.contains("reduction differs (rank 0: premulsum(0.5); rank 1: premulsum(0.25))"), "{e}");
+        assert!(
+            e.contains("reduction differs (rank 0: premulsum(0.5); rank 1: premulsum(0.25))"),
+            "{e}"
+        );
         let red = |root| OpSig::new(CollKind::Reduce, DataType::Float32, 4, ReduceOp::Sum, root);
-        let e = check(&[(1, vec![red(0)]), (1, vec![red(1)]), (1, vec![red(1)]), (1, vec![red(1)])]).unwrap_err();
+        let e = check(&[
+            (1, vec![red(0)]),
+            (1, vec![red(1)]),
+            (1, vec![red(1)]),
+            (1, vec![red(1)]),
+        ])
+        .unwrap_err();
         assert!(e.contains("root differs (rank 0: 0; ranks 1-3: 1)"), "{e}");
         let bc = OpSig::new(CollKind::Broadcast, DataType::Float32, 4, ReduceOp::Sum, 0);
         let e = check(&[(1, vec![ar(4)]), (1, vec![bc])]).unwrap_err();
-        assert_eq!(e, "operation differs (rank 0: all_reduce; rank 1: broadcast)");
+        assert_eq!(
+            e,
+            "operation differs (rank 0: all_reduce; rank 1: broadcast)"
+        );
         let e = check(&[(4, vec![ar(4)]), (5, vec![ar(4)])]).unwrap_err();
-        assert!(e.contains("launch sequence number differs (rank 0: 4; rank 1: 5)"), "{e}");
+        assert!(
+            e.contains("launch sequence number differs (rank 0: 4; rank 1: 5)"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -301,13 +403,26 @@ mod tests {
         let send = |to, c| OpSig::new(CollKind::Send, DataType::Int32, c, ReduceOp::Sum, to);
         let recv = |from, c| OpSig::new(CollKind::Recv, DataType::Int32, c, ReduceOp::Sum, from);
         // A ring exchange, collectives interleaved differently with the point-to-point calls.
-        check(&[(1, vec![send(1, 3), ar(2), recv(1, 4)]), (1, vec![ar(2), recv(0, 3), send(0, 4)])]).unwrap();
+        check(&[
+            (1, vec![send(1, 3), ar(2), recv(1, 4)]),
+            (1, vec![ar(2), recv(0, 3), send(0, 4)]),
+        ])
+        .unwrap();
         let e = check(&[(1, vec![send(1, 3)]), (1, vec![recv(0, 5)])]).unwrap_err();
-        assert!(e.contains("message 1 from rank 0 to rank 1: sent as 3 x int32, received as 5 x int32"), "{e}");
+        assert!(
+            e.contains("message 1 from rank 0 to rank 1: sent as 3 x int32, received as 5 x int32"),
+            "{e}"
+        );
         let e = check(&[(1, vec![send(1, 3), send(1, 3)]), (1, vec![recv(0, 3)])]).unwrap_err();
-        assert!(e.contains("rank 0 sends 2 message(s) to rank 1, which receives 1 from it"), "{e}");
+        assert!(
+            e.contains("rank 0 sends 2 message(s) to rank 1, which receives 1 from it"),
+            "{e}"
+        );
         let e = check(&[(1, vec![ar(1), ar(1)]), (1, vec![ar(1)])]).unwrap_err();
-        assert!(e.contains("number of collectives in the launch differs (rank 0: 2; rank 1: 1)"), "{e}");
+        assert!(
+            e.contains("number of collectives in the launch differs (rank 0: 2; rank 1: 1)"),
+            "{e}"
+        );
         assert!(e.contains("rank 0: [all_reduce, all_reduce]"), "{e}");
         let e = check(&[(1, vec![ar(1), ar(2)]), (1, vec![ar(1), ar(3)])]).unwrap_err();
         assert!(e.starts_with("collective 2 of 2: count differs"), "{e}");
@@ -316,7 +431,10 @@ mod tests {
     #[test]
     fn junk_from_a_peer_is_a_clear_error() {
         let e = compare(&[encode_launch(1, &[ar(1)]), b"hello".to_vec()]).unwrap_err();
-        assert!(e.contains("rank 1 sent 5 bytes that are not an operation signature"), "{e}");
+        assert!(
+            e.contains("rank 1 sent 5 bytes that are not an operation signature"),
+            "{e}"
+        );
         let mut lying = encode_launch(1, &[ar(1)]);
         lying[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(decode_launch(&lying).is_none());
@@ -331,10 +449,23 @@ mod tests {
     }
 
     fn any_sig() -> impl Strategy<Value = OpSig> {
-        (0..10usize, 0..12usize, any::<u64>(), 0..6usize, any::<f64>(), any::<u32>()).prop_map(|(k, d, count, o, s, root)| {
-            let op = if o == 5 { ReduceOp::PreMulSum(s) } else { ReduceOp::BUILTIN[o] };
-            OpSig::new(CollKind::ALL[k], DataType::ALL[d], 0, op, root as usize).with_count(count)
-        })
+        (
+            0..10usize,
+            0..12usize,
+            any::<u64>(),
+            0..6usize,
+            any::<f64>(),
+            any::<u32>(),
+        )
+            .prop_map(|(k, d, count, o, s, root)| {
+                let op = if o == 5 {
+                    ReduceOp::PreMulSum(s)
+                } else {
+                    ReduceOp::BUILTIN[o]
+                };
+                OpSig::new(CollKind::ALL[k], DataType::ALL[d], 0, op, root as usize)
+                    .with_count(count)
+            })
     }
 
     impl OpSig {

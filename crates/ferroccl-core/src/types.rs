@@ -6,7 +6,9 @@ use std::fmt;
 pub type Rank = usize;
 
 /// The 12 element types of NCCL, with NCCL's own numbering so that the C ABI maps 1:1.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[repr(i32)]
 pub enum DataType {
     /// Signed 8-bit integer (`ncclInt8`, `ncclChar`).
@@ -91,7 +93,9 @@ impl DataType {
             .iter()
             .copied()
             .find(|d| d.nccl_id() == id)
-            .ok_or_else(|| Error::InvalidArgument(format!("unknown data type {id} (valid: 0..=11)")))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("unknown data type {id} (valid: 0..=11)"))
+            })
     }
 
     /// Short name as nccl-tests prints it.
@@ -162,7 +166,13 @@ pub enum ReduceOp {
 
 impl ReduceOp {
     /// The five fixed ops plus a pre-multiplied sum with a representative scalar.
-    pub const BUILTIN: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg];
+    pub const BUILTIN: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Avg,
+    ];
 
     /// NCCL's `ncclRedOp_t` for the built-in ops; pre-multiplied sums are dynamic in NCCL (>= 5).
     pub const fn nccl_id(self) -> i32 {
@@ -184,7 +194,9 @@ impl ReduceOp {
             2 => Ok(ReduceOp::Max),
             3 => Ok(ReduceOp::Min),
             4 => Ok(ReduceOp::Avg),
-            _ => Err(Error::InvalidArgument(format!("unknown reduce op {id} (valid: 0..=4, or a created pre-mul-sum)"))),
+            _ => Err(Error::InvalidArgument(format!(
+                "unknown reduce op {id} (valid: 0..=4, or a created pre-mul-sum)"
+            ))),
         }
     }
 
@@ -205,7 +217,9 @@ impl ReduceOp {
     pub fn validate(self, dtype: DataType) -> Result<(), Error> {
         if let ReduceOp::PreMulSum(s) = self {
             if !s.is_finite() {
-                return Err(Error::InvalidArgument(format!("pre-mul-sum scalar {s} is not finite")));
+                return Err(Error::InvalidArgument(format!(
+                    "pre-mul-sum scalar {s} is not finite"
+                )));
             }
             if !dtype.is_float() {
                 if s.fract() != 0.0 {
@@ -320,19 +334,30 @@ impl CollKind {
 
     /// Whether it applies a reduction.
     pub const fn reduces(self) -> bool {
-        matches!(self, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce)
+        matches!(
+            self,
+            CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
+        )
     }
 
     /// Whether it has a root (broadcast, reduce, gather, scatter).
     pub const fn has_root(self) -> bool {
-        matches!(self, CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter)
+        matches!(
+            self,
+            CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter
+        )
     }
 
     /// Element counts of the send and receive buffers for a per-rank `count`, with NCCL's
     /// conventions: all-gather's `count` is per rank (recv = count * n), reduce-scatter's is the
     /// per-rank output (send = count * n), all-to-all / gather / scatter move `count` per peer.
     /// `is_root` matters for gather and scatter, where only the root has the large buffer.
-    pub fn buffer_counts(self, count: usize, nranks: usize, is_root: bool) -> Option<(usize, usize)> {
+    pub fn buffer_counts(
+        self,
+        count: usize,
+        nranks: usize,
+        is_root: bool,
+    ) -> Option<(usize, usize)> {
         let big = || count.checked_mul(nranks);
         Some(match self {
             CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce => (count, count),
@@ -460,15 +485,28 @@ pub fn clip_message(msg: &str, max: usize) -> std::borrow::Cow<'_, str> {
     // Cutting before a space at `i` keeps msg[..i]: whole words only.
     let head = &msg[..room];
     let next_is_space = msg.as_bytes()[room] == b' ';
-    let word = if next_is_space { Some(room) } else { head.rfind(' ') };
-    let clause = head.rfind("; ").into_iter().chain(head.rfind(": ")).chain(head.rfind(", ")).max();
+    let word = if next_is_space {
+        Some(room)
+    } else {
+        head.rfind(' ')
+    };
+    let clause = head
+        .rfind("; ")
+        .into_iter()
+        .chain(head.rfind(": "))
+        .chain(head.rfind(", "))
+        .max();
     let cut = match (clause, word) {
         (Some(c), _) if c >= room * 2 / 3 => c,
         (_, Some(w)) if w >= room / 2 => w,
         _ => room,
     };
     let kept = msg[..cut].trim_end_matches([' ', ',', ';', ':', '(', '[']);
-    let mark = if cut == room && !next_is_space { "…" } else { MARK };
+    let mark = if cut == room && !next_is_space {
+        "…"
+    } else {
+        MARK
+    };
     format!("{kept}{mark}").into()
 }
 
@@ -485,11 +523,16 @@ mod tests {
         for max in 20..m.len() {
             let c = clip_message(m, max);
             assert!(c.len() <= max, "{max}: {c}");
-            let kept = c.strip_suffix(" …").unwrap_or_else(|| panic!("{max}: no mark: {c}"));
+            let kept = c
+                .strip_suffix(" …")
+                .unwrap_or_else(|| panic!("{max}: no mark: {c}"));
             assert!(m.starts_with(kept), "{max}: {c}");
             // What follows the kept part in the message is a separator: no word was cut.
             let rest = &m[kept.len()..];
-            assert!(rest.starts_with([' ', ',', ';', ':']), "{max}: cut mid-word: {c}");
+            assert!(
+                rest.starts_with([' ', ',', ';', ':']),
+                "{max}: cut mid-word: {c}"
+            );
             // Nor is a list opened and left empty, or a clause left dangling on its separator.
             assert!(!kept.ends_with(['[', '(', ':', ';', ',']), "{max}: {c}");
         }
@@ -498,7 +541,10 @@ mod tests {
         // One word longer than the room: cut inside it, at a character boundary, still marked.
         let long = format!("gave up {}", "é".repeat(100));
         let c = clip_message(&long, 51);
-        assert!(c.len() <= 51 && c.starts_with("gave up éé") && c.ends_with("é…"), "{c}");
+        assert!(
+            c.len() <= 51 && c.starts_with("gave up éé") && c.ends_with("é…"),
+            "{c}"
+        );
     }
 
     #[test]
@@ -521,13 +567,21 @@ mod tests {
         assert!(ReduceOp::PreMulSum(2.5).validate(DataType::Float32).is_ok());
         assert!(ReduceOp::PreMulSum(2.5).validate(DataType::Int32).is_err());
         assert!(ReduceOp::PreMulSum(-1.0).validate(DataType::Uint8).is_err());
-        assert!(ReduceOp::PreMulSum(f64::NAN).validate(DataType::Float64).is_err());
+        assert!(ReduceOp::PreMulSum(f64::NAN)
+            .validate(DataType::Float64)
+            .is_err());
     }
 
     #[test]
     fn buffer_counts_follow_nccl_conventions() {
-        assert_eq!(CollKind::AllGather.buffer_counts(3, 4, false), Some((3, 12)));
-        assert_eq!(CollKind::ReduceScatter.buffer_counts(3, 4, false), Some((12, 3)));
+        assert_eq!(
+            CollKind::AllGather.buffer_counts(3, 4, false),
+            Some((3, 12))
+        );
+        assert_eq!(
+            CollKind::ReduceScatter.buffer_counts(3, 4, false),
+            Some((12, 3))
+        );
         assert_eq!(CollKind::Gather.buffer_counts(3, 4, false), Some((3, 0)));
         assert_eq!(CollKind::Gather.buffer_counts(3, 4, true), Some((3, 12)));
         assert_eq!(CollKind::AllToAll.buffer_counts(usize::MAX, 2, false), None);

@@ -54,13 +54,25 @@ fn value() -> impl Strategy<Value = String> {
 }
 
 fn vars_of(keys: &[&str], picks: Vec<(usize, String)>) -> HashMap<String, String> {
-    picks.into_iter().map(|(k, v)| (keys[k % keys.len()].to_string(), v)).collect()
+    picks
+        .into_iter()
+        .map(|(k, v)| (keys[k % keys.len()].to_string(), v))
+        .collect()
 }
 
 /// Words that say what a knob is about, as the messages use them.
 fn names_a_knob(m: &str) -> bool {
     m.contains("FERROCCL_")
-        || ["channels", "slots", "slot_bytes", "chunk_bytes", "max_bootstrap_msg", "transport"].iter().any(|k| m.contains(k))
+        || [
+            "channels",
+            "slots",
+            "slot_bytes",
+            "chunk_bytes",
+            "max_bootstrap_msg",
+            "transport",
+        ]
+        .iter()
+        .any(|k| m.contains(k))
 }
 
 proptest! {

@@ -16,10 +16,10 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
+use ferroccl::cuda::cu_ok;
 use ferroccl::cuda::device::{gpu_count, Gpu, LaunchDims, Module};
 use ferroccl::cuda::fdpass::{FdChannel, FdListener};
 use ferroccl::cuda::nvrtc::{self, CompileRequest, KernelCache};
-use ferroccl::cuda::cu_ok;
 use ferroccl::mem::{DeviceBuffer, MemStats};
 use ferroccl::Result;
 
@@ -60,14 +60,24 @@ fn pattern(i: u64, seed: u32) -> u32 {
 }
 
 /// The first mismatch, if any, of `buf[off..off+len]` against the pattern.
-fn verify(buf: &DeviceBuffer, off_words: usize, words: usize, first: u64, seed: u32) -> Result<std::result::Result<(), String>> {
+fn verify(
+    buf: &DeviceBuffer,
+    off_words: usize,
+    words: usize,
+    first: u64,
+    seed: u32,
+) -> Result<std::result::Result<(), String>> {
     let mut host = vec![0u8; words * 4];
     buf.copy_to_host(off_words * 4, &mut host)?;
     for (k, w) in host.chunks_exact(4).enumerate() {
         let got = u32::from_le_bytes(w.try_into().unwrap());
         let want = pattern(first + k as u64, seed);
         if got != want {
-            return Ok(Err(format!("element {} of GPU {}'s buffer: got {got:#010x}, want {want:#010x}", off_words + k, buf.gpu().ordinal())));
+            return Ok(Err(format!(
+                "element {} of GPU {}'s buffer: got {got:#010x}, want {want:#010x}",
+                off_words + k,
+                buf.gpu().ordinal()
+            )));
         }
     }
     Ok(Ok(()))
@@ -80,19 +90,38 @@ struct Kernels {
 
 impl Kernels {
     fn load(gpu: &Gpu, image: &[u8]) -> Result<Kernels> {
-        let sms = gpu.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
-        Ok(Kernels { module: gpu.load_module(image)?, sms })
+        let sms = gpu
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            as u32;
+        Ok(Kernels {
+            module: gpu.load_module(image)?,
+            sms,
+        })
     }
 
     fn dims(&self) -> LaunchDims {
-        LaunchDims { grid: (self.sms * 4, 1, 1), block: (512, 1, 1), shared_bytes: 0, overlap_prior: false }
+        LaunchDims {
+            grid: (self.sms * 4, 1, 1),
+            block: (512, 1, 1),
+            shared_bytes: 0,
+            overlap_prior: false,
+        }
     }
 
     fn fill(&self, ptr: u64, words: u64, first: u64, seed: u32) -> Result<()> {
         let (mut p, mut n, mut f, mut s) = (ptr, words, first, seed);
-        let mut params = [ptr_of(&mut p), ptr_of(&mut n), ptr_of(&mut f), ptr_of(&mut s)];
+        let mut params = [
+            ptr_of(&mut p),
+            ptr_of(&mut n),
+            ptr_of(&mut f),
+            ptr_of(&mut s),
+        ];
         // SAFETY: the parameters match `fill`'s signature and `ptr` maps `words` u32s for this GPU.
-        unsafe { self.module.kernel("fill")?.launch(self.dims(), std::ptr::null_mut(), &mut params) }?;
+        unsafe {
+            self.module
+                .kernel("fill")?
+                .launch(self.dims(), std::ptr::null_mut(), &mut params)
+        }?;
         cu_ok("fill launch", unsafe { sys::cuCtxSynchronize() })
     }
 
@@ -100,7 +129,11 @@ impl Kernels {
         let (mut s, mut d, mut n) = (src, dst, bytes / 16);
         let mut params = [ptr_of(&mut s), ptr_of(&mut d), ptr_of(&mut n)];
         // SAFETY: as for fill; both ranges are mapped for this GPU and 16-byte aligned.
-        unsafe { self.module.kernel("copy16")?.launch(self.dims(), std::ptr::null_mut(), &mut params) }
+        unsafe {
+            self.module
+                .kernel("copy16")?
+                .launch(self.dims(), std::ptr::null_mut(), &mut params)
+        }
     }
 }
 
@@ -119,12 +152,20 @@ fn time_copy(gpu: &Gpu, k: &Kernels, src: u64, dst: u64, bytes: u64, reps: usize
     cu_ok("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })?;
     let mut times = Vec::new();
     for _ in 0..reps {
-        cu_ok("cuEventRecord", unsafe { sys::cuEventRecord(ev[0], std::ptr::null_mut()) })?;
+        cu_ok("cuEventRecord", unsafe {
+            sys::cuEventRecord(ev[0], std::ptr::null_mut())
+        })?;
         k.copy(src, dst, bytes)?;
-        cu_ok("cuEventRecord", unsafe { sys::cuEventRecord(ev[1], std::ptr::null_mut()) })?;
-        cu_ok("cuEventSynchronize", unsafe { sys::cuEventSynchronize(ev[1]) })?;
+        cu_ok("cuEventRecord", unsafe {
+            sys::cuEventRecord(ev[1], std::ptr::null_mut())
+        })?;
+        cu_ok("cuEventSynchronize", unsafe {
+            sys::cuEventSynchronize(ev[1])
+        })?;
         let mut ms = 0f32;
-        cu_ok("cuEventElapsedTime", unsafe { sys::cuEventElapsedTime_v2(&mut ms, ev[0], ev[1]) })?;
+        cu_ok("cuEventElapsedTime", unsafe {
+            sys::cuEventElapsedTime_v2(&mut ms, ev[0], ev[1])
+        })?;
         times.push(ms as f64);
     }
     for e in ev {
@@ -136,22 +177,43 @@ fn time_copy(gpu: &Gpu, k: &Kernels, src: u64, dst: u64, bytes: u64, reps: usize
 
 fn poison(buf: &DeviceBuffer) -> Result<()> {
     buf.gpu().bind()?;
-    cu_ok("cuMemsetD32", unsafe { sys::cuMemsetD32_v2(buf.device_ptr(), 0xDEAD_BEEF, buf.mapped_len() / 4) })
+    cu_ok("cuMemsetD32", unsafe {
+        sys::cuMemsetD32_v2(buf.device_ptr(), 0xDEAD_BEEF, buf.mapped_len() / 4)
+    })
 }
 
 fn compile_kernels(arch: &str) -> Result<Vec<u8>> {
     let config = ferroccl::Config::from_env()?;
-    let req = CompileRequest { name: "gpucheck.cu", source: KERNELS, arch, include_dirs: &config.cuda_include, options: &[] };
+    let req = CompileRequest {
+        name: "gpucheck.cu",
+        source: KERNELS,
+        arch,
+        include_dirs: &config.cuda_include,
+        options: &[],
+    };
     let cache = config.kernel_cache.map(KernelCache::new);
     let t = Instant::now();
     let v = nvrtc::nvrtc_version()?;
     let img = nvrtc::compile(&req)?;
-    println!("nvrtc: NVRTC {}.{} compiled {:?} for {arch}: {} bytes in {:.0} ms", v.0, v.1, img.kind, img.bytes.len(), t.elapsed().as_secs_f64() * 1e3);
+    println!(
+        "nvrtc: NVRTC {}.{} compiled {:?} for {arch}: {} bytes in {:.0} ms",
+        v.0,
+        v.1,
+        img.kind,
+        img.bytes.len(),
+        t.elapsed().as_secs_f64() * 1e3
+    );
     if let Some(c) = cache {
         let t = Instant::now();
         let (_, hit) = c.get_or_compile(&req, v, nvrtc::compile)?;
         let (_, hit2) = c.get_or_compile(&req, v, nvrtc::compile)?;
-        println!("nvrtc: cache {} (first {}, second {}), second lookup {:.2} ms", c.dir().display(), hit, hit2, t.elapsed().as_secs_f64() * 1e3);
+        println!(
+            "nvrtc: cache {} (first {}, second {}), second lookup {:.2} ms",
+            c.dir().display(),
+            hit,
+            hit2,
+            t.elapsed().as_secs_f64() * 1e3
+        );
     }
     Ok(img.bytes)
 }
@@ -186,7 +248,9 @@ fn main() -> ExitCode {
             }
         };
     }
-    let mut rep = Report { failures: Vec::new() };
+    let mut rep = Report {
+        failures: Vec::new(),
+    };
     let n = match gpu_count() {
         Ok(n) => n,
         Err(e) => {
@@ -203,7 +267,10 @@ fn main() -> ExitCode {
         rep.step("single-process checks", Err(e));
     }
     if n >= 2 {
-        rep.step("two processes: fd export, fdpass, import, peer read and write", two_processes());
+        rep.step(
+            "two processes: fd export, fdpass, import, peer read and write",
+            two_processes(),
+        );
     } else {
         println!("SKIP two-process check: needs 2 GPUs");
     }
@@ -237,7 +304,12 @@ fn single_process(n: usize, rep: &mut Report) -> Result<()> {
         let mut line = format!("  gpu {}:", a.ordinal());
         for b in 0..n {
             let l = a.peer_link(b)?;
-            line += &format!("  {}{}{}", if l.access { "A" } else { "-" }, if l.native_atomics { "N" } else { "-" }, l.perf_rank);
+            line += &format!(
+                "  {}{}{}",
+                if l.access { "A" } else { "-" },
+                if l.native_atomics { "N" } else { "-" },
+                l.perf_rank
+            );
         }
         println!("{line}");
     }
@@ -249,22 +321,47 @@ fn single_process(n: usize, rep: &mut Report) -> Result<()> {
         src.push(DeviceBuffer::alloc(g, BYTES, &all, &stats)?);
         dst.push(DeviceBuffer::alloc(g, BYTES, &all, &stats)?);
     }
-    println!("mem: {} buffers of {} MiB, granularity {} KiB, stats {:?}", 2 * n, BYTES >> 20, ferroccl::cuda::mem::granularity(&gpus[0])? >> 10, stats.snapshot());
+    println!(
+        "mem: {} buffers of {} MiB, granularity {} KiB, stats {:?}",
+        2 * n,
+        BYTES >> 20,
+        ferroccl::cuda::mem::granularity(&gpus[0])? >> 10,
+        stats.snapshot()
+    );
     rep.step(
         "MemStats counts the allocations",
-        Ok(if stats.allocated_bytes() == (2 * n * BYTES) as u64 { Ok(()) } else { Err(format!("{:?}", stats.snapshot())) }),
+        Ok(if stats.allocated_bytes() == (2 * n * BYTES) as u64 {
+            Ok(())
+        } else {
+            Err(format!("{:?}", stats.snapshot()))
+        }),
     );
 
     let image = compile_kernels(&gpus[0].arch())?;
-    let ks: Vec<Kernels> = gpus.iter().map(|g| Kernels::load(g, &image)).collect::<Result<_>>()?;
+    let ks: Vec<Kernels> = gpus
+        .iter()
+        .map(|g| Kernels::load(g, &image))
+        .collect::<Result<_>>()?;
     let words = BYTES / 4;
     for (i, (g, k)) in gpus.iter().zip(&ks).enumerate() {
         poison(&src[i])?;
-        let r = k.fill(src[i].device_ptr(), words as u64, 0, i as u32 + 1).and_then(|_| verify(&src[i], 0, words, 0, i as u32 + 1));
-        rep.step(&format!("fill kernel on gpu {}, every element checked", g.ordinal()), r);
+        let r = k
+            .fill(src[i].device_ptr(), words as u64, 0, i as u32 + 1)
+            .and_then(|_| verify(&src[i], 0, words, 0, i as u32 + 1));
+        rep.step(
+            &format!("fill kernel on gpu {}, every element checked", g.ordinal()),
+            r,
+        );
     }
     for (i, k) in ks.iter().enumerate() {
-        let gbs = time_copy(&gpus[i], k, src[i].device_ptr(), dst[i].device_ptr(), BYTES as u64, 20)?;
+        let gbs = time_copy(
+            &gpus[i],
+            k,
+            src[i].device_ptr(),
+            dst[i].device_ptr(),
+            BYTES as u64,
+            20,
+        )?;
         println!("copy gpu {i} -> gpu {i} (local): {gbs:.1} GB/s (bytes copied / time; read+write is twice that)");
     }
     if n >= 2 {
@@ -275,8 +372,18 @@ fn single_process(n: usize, rep: &mut Report) -> Result<()> {
                 .copy(src[s].device_ptr(), dst[d].device_ptr(), BYTES as u64)
                 .and_then(|_| cu_ok("copy16", unsafe { sys::cuCtxSynchronize() }))
                 .and_then(|_| verify(&dst[d], 0, words, 0, s as u32 + 1));
-            rep.step(&format!("gpu {d} reads gpu {s}'s buffer through cuMemSetAccess alone"), r);
-            let gbs = time_copy(&gpus[d], &ks[d], src[s].device_ptr(), dst[d].device_ptr(), BYTES as u64, 20)?;
+            rep.step(
+                &format!("gpu {d} reads gpu {s}'s buffer through cuMemSetAccess alone"),
+                r,
+            );
+            let gbs = time_copy(
+                &gpus[d],
+                &ks[d],
+                src[s].device_ptr(),
+                dst[d].device_ptr(),
+                BYTES as u64,
+                20,
+            )?;
             println!("copy gpu {s} -> gpu {d} (peer read, 16-byte loads): {gbs:.1} GB/s");
         }
     }
@@ -284,13 +391,20 @@ fn single_process(n: usize, rep: &mut Report) -> Result<()> {
     let freed = src.into_iter().chain(dst).try_for_each(ferroccl::mem::free);
     rep.step(
         "every buffer freed and uncounted",
-        freed.map(|_| if stats.snapshot().allocated_bytes == 0 { Ok(()) } else { Err(format!("{:?}", stats.snapshot())) }),
+        freed.map(|_| {
+            if stats.snapshot().allocated_bytes == 0 {
+                Ok(())
+            } else {
+                Err(format!("{:?}", stats.snapshot()))
+            }
+        }),
     );
     Ok(())
 }
 
 fn spawn(role: String) -> Result<Child> {
-    let exe = std::env::current_exe().map_err(|e| ferroccl::Error::System(format!("current_exe: {e}")))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| ferroccl::Error::System(format!("current_exe: {e}")))?;
     Command::new(exe)
         .env(CHILD_ENV, role)
         .env("NCCL_NVLS_ENABLE", "0")
@@ -316,7 +430,9 @@ fn wait_child(mut c: Child, what: &str, deadline: Instant) -> std::result::Resul
 
 fn two_processes() -> Result<std::result::Result<(), String>> {
     let mut id = [0u8; 8];
-    std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut id)).map_err(|e| ferroccl::Error::System(format!("{e}")))?;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut id))
+        .map_err(|e| ferroccl::Error::System(format!("{e}")))?;
     let job = u64::from_le_bytes(id);
     let a = spawn(format!("export {job} 0"))?;
     let b = spawn(format!("import {job} 1"))?;
@@ -339,7 +455,11 @@ const SEED_IMPORTER: u32 = 0xB0;
 fn child(role: &str) -> Result<()> {
     let bad = || ferroccl::Error::InvalidArgument(format!("child role {role:?}"));
     let mut it = role.split(' ');
-    let (kind, job, ord) = (it.next().ok_or_else(bad)?, it.next().ok_or_else(bad)?, it.next().ok_or_else(bad)?);
+    let (kind, job, ord) = (
+        it.next().ok_or_else(bad)?,
+        it.next().ok_or_else(bad)?,
+        it.next().ok_or_else(bad)?,
+    );
     let job: u64 = job.parse().map_err(|_| bad())?;
     let ord: usize = ord.parse().map_err(|_| bad())?;
     let gpu = Gpu::open(ord)?;
@@ -358,11 +478,19 @@ fn child(role: &str) -> Result<()> {
             let listener = FdListener::bind(job, 0)?;
             let ch = listener.accept(deadline, &NEVER)?;
             let fd = buf.export_fd()?;
-            ch.send_fds(&[fd.as_fd()], &(buf.mapped_len() as u64).to_le_bytes(), deadline, &NEVER)?;
+            ch.send_fds(
+                &[fd.as_fd()],
+                &(buf.mapped_len() as u64).to_le_bytes(),
+                deadline,
+                &NEVER,
+            )?;
             drop(fd);
             let (_, reply) = ch.recv_fds(deadline, &NEVER)?;
             if reply != b"written" {
-                return Err(fail(format!("importer said {:?}", String::from_utf8_lossy(&reply))));
+                return Err(fail(format!(
+                    "importer said {:?}",
+                    String::from_utf8_lossy(&reply)
+                )));
             }
             verify(&buf, 0, half, 0, SEED_EXPORTER)?.map_err(&fail)?;
             verify(&buf, half, words - half, half as u64, SEED_IMPORTER)?.map_err(&fail)?;
@@ -379,16 +507,34 @@ fn child(role: &str) -> Result<()> {
             let t = Instant::now();
             let buf = DeviceBuffer::import(fd.as_fd(), size, &gpu, &[], &stats)?;
             drop(fd);
-            println!("{tag} imported {} MiB at {:#x} in {:.2} ms, stats {:?}", size >> 20, buf.device_ptr(), t.elapsed().as_secs_f64() * 1e3, stats.snapshot());
+            println!(
+                "{tag} imported {} MiB at {:#x} in {:.2} ms, stats {:?}",
+                size >> 20,
+                buf.device_ptr(),
+                t.elapsed().as_secs_f64() * 1e3,
+                stats.snapshot()
+            );
             verify(&buf, 0, half, 0, SEED_EXPORTER)?.map_err(&fail)?;
             let local = DeviceBuffer::alloc(&gpu, BYTES, &[], &stats)?;
             poison(&local)?;
             k.copy(buf.device_ptr(), local.device_ptr(), (half * 4) as u64)?;
             cu_ok("copy16", unsafe { sys::cuCtxSynchronize() })?;
             verify(&local, 0, half, 0, SEED_EXPORTER)?.map_err(&fail)?;
-            let gbs = time_copy(&gpu, &k, buf.device_ptr(), local.device_ptr(), BYTES as u64, 20)?;
+            let gbs = time_copy(
+                &gpu,
+                &k,
+                buf.device_ptr(),
+                local.device_ptr(),
+                BYTES as u64,
+                20,
+            )?;
             println!("{tag} copy from the other process's buffer (gpu 0 memory) into gpu {ord}: {gbs:.1} GB/s");
-            k.fill(buf.device_ptr() + (half * 4) as u64, (words - half) as u64, half as u64, SEED_IMPORTER)?;
+            k.fill(
+                buf.device_ptr() + (half * 4) as u64,
+                (words - half) as u64,
+                half as u64,
+                SEED_IMPORTER,
+            )?;
             ch.send_fds(&[], b"written", deadline, &NEVER)?;
             // Keep the mapping until the exporter has checked, then unmap before it frees.
             let (_, bye) = ch.recv_fds(deadline, &NEVER)?;
@@ -398,9 +544,13 @@ fn child(role: &str) -> Result<()> {
             drop(buf);
             let s = stats.snapshot();
             if s.imported_bytes != 0 {
-                return Err(fail(format!("imported bytes still counted after drop: {s:?}")));
+                return Err(fail(format!(
+                    "imported bytes still counted after drop: {s:?}"
+                )));
             }
-            println!("{tag} PASS: read the exporter's half (host and device), wrote the other half");
+            println!(
+                "{tag} PASS: read the exporter's half (host and device), wrote the other half"
+            );
         }
         _ => return Err(bad()),
     }
@@ -415,9 +565,18 @@ mod tests {
     #[test]
     #[ignore = "needs libnvrtc and CUDA's headers (README: NVRTC)"]
     fn kernels_compile_with_nvrtc_for_sm90() {
-        assert!(nvrtc::nvrtc_available(), "libnvrtc cannot be loaded (is its folder on LD_LIBRARY_PATH?)");
+        assert!(
+            nvrtc::nvrtc_available(),
+            "libnvrtc cannot be loaded (is its folder on LD_LIBRARY_PATH?)"
+        );
         let inc = ferroccl::Config::from_env().unwrap().cuda_include;
-        let req = CompileRequest { name: "gpucheck.cu", source: KERNELS, arch: "sm_90", include_dirs: &inc, options: &[] };
+        let req = CompileRequest {
+            name: "gpucheck.cu",
+            source: KERNELS,
+            arch: "sm_90",
+            include_dirs: &inc,
+            options: &[],
+        };
         let img = nvrtc::compile(&req).unwrap_or_else(|e| panic!("{e}"));
         assert!(img.bytes.starts_with(b"\x7fELF"));
     }

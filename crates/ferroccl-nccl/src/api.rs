@@ -10,9 +10,9 @@
 use crate::abi::{self, NcclResult, RawComm, RawStream, UniqueId};
 use crate::fail::{error_string, guard, last_error_ptr, set_thread_error, Fail, Res};
 use crate::group;
+use crate::handle::{lookup, register, unregister, Handle};
 use crate::logging;
 use crate::memory::{self, Registration};
-use crate::handle::{lookup, register, unregister, Handle};
 use ferroccl::{CollKind, Comm, Config, DataType, Device, OpArgs, ReduceOp};
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::AtomicBool;
@@ -50,7 +50,8 @@ fn out<T>(p: *mut T, what: &str) -> Res<*mut T> {
 }
 
 fn dtype(d: c_int) -> Res<DataType> {
-    DataType::from_nccl_id(d).map_err(|_| Fail::arg(format!("datatype {d} is not an ncclDataType_t (0 to 11)")))
+    DataType::from_nccl_id(d)
+        .map_err(|_| Fail::arg(format!("datatype {d} is not an ncclDataType_t (0 to 11)")))
 }
 
 fn rank_arg(v: c_int, what: &str) -> Res<usize> {
@@ -62,7 +63,11 @@ fn device() -> Res<Device> {
     match std::env::var("FERROCCL_NCCL_BACKEND").as_deref() {
         Ok("host") => return Ok(Device::Host),
         Ok("gpu") | Ok("") | Err(_) => {}
-        Ok(other) => return Err(Fail::arg(format!("FERROCCL_NCCL_BACKEND={other}: use host or gpu"))),
+        Ok(other) => {
+            return Err(Fail::arg(format!(
+                "FERROCCL_NCCL_BACKEND={other}: use host or gpu"
+            )))
+        }
     }
     let current = ferroccl::cuda::current_device().map_err(Fail::from)?;
     match (current, std::env::var("FERROCCL_NCCL_BACKEND").as_deref()) {
@@ -80,8 +85,12 @@ fn config() -> Res<Config> {
     // NCCL_SOCKET_IFNAME picks the interface the bootstrap listens on, unless ferroccl's own
     // FERROCCL_BOOTSTRAP_ADDR names an address.
     if cfg.bootstrap_addr.is_none() {
-        if let Some(spec) = std::env::var("NCCL_SOCKET_IFNAME").ok().filter(|s| !s.trim().is_empty()) {
-            let ip = ferroccl::interface_ip(&spec).map_err(|e| Fail::arg(format!("NCCL_SOCKET_IFNAME={spec}: {}", e.message())))?;
+        if let Some(spec) = std::env::var("NCCL_SOCKET_IFNAME")
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+        {
+            let ip = ferroccl::interface_ip(&spec)
+                .map_err(|e| Fail::arg(format!("NCCL_SOCKET_IFNAME={spec}: {}", e.message())))?;
             cfg.bootstrap_addr = Some(ip.to_string());
         }
     }
@@ -92,9 +101,22 @@ fn config() -> Res<Config> {
 /// advance, so that ranks need not ship a unique id to each other.
 fn comm_id_addr(v: &str) -> Res<std::net::SocketAddr> {
     use std::net::ToSocketAddrs;
-    let bad = |why: String| Fail::arg(format!("NCCL_COMM_ID={v}: {why}; give host:port, e.g. 10.0.0.1:29500"));
-    let addrs: Vec<std::net::SocketAddr> = v.trim().to_socket_addrs().map_err(|e| bad(e.to_string()))?.collect();
-    let a = addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()).copied().ok_or_else(|| bad("resolves to no address".into()))?;
+    let bad = |why: String| {
+        Fail::arg(format!(
+            "NCCL_COMM_ID={v}: {why}; give host:port, e.g. 10.0.0.1:29500"
+        ))
+    };
+    let addrs: Vec<std::net::SocketAddr> = v
+        .trim()
+        .to_socket_addrs()
+        .map_err(|e| bad(e.to_string()))?
+        .collect();
+    let a = addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| bad("resolves to no address".into()))?;
     if a.port() == 0 {
         return Err(bad("port 0 cannot be agreed on".into()));
     }
@@ -106,7 +128,9 @@ fn comm_id_addr(v: &str) -> Res<std::net::SocketAddr> {
 fn nvls_setting(v: Option<&str>) -> Res {
     match v.map(str::trim) {
         None | Some("0") => Ok(()),
-        Some(v) => Err(Fail::usage(format!("NCCL_NVLS_ENABLE={v}: ferroccl never uses NVLink multicast; unset it or set 0"))),
+        Some(v) => Err(Fail::usage(format!(
+            "NCCL_NVLS_ENABLE={v}: ferroccl never uses NVLink multicast; unset it or set 0"
+        ))),
     }
 }
 
@@ -114,13 +138,32 @@ fn nvls_setting(v: Option<&str>) -> Res {
 mod tests {
     #[test]
     fn comm_id_is_an_address_with_a_port() {
-        assert_eq!(super::comm_id_addr("127.0.0.1:29500").unwrap().to_string(), "127.0.0.1:29500");
-        assert_eq!(super::comm_id_addr(" [::1]:7 ").unwrap().to_string(), "[::1]:7");
-        assert!(super::comm_id_addr("localhost:29500").unwrap().ip().is_loopback());
-        for bad in ["127.0.0.1", "127.0.0.1:0", "127.0.0.1:port", "", "no.such.host.invalid:1"] {
+        assert_eq!(
+            super::comm_id_addr("127.0.0.1:29500").unwrap().to_string(),
+            "127.0.0.1:29500"
+        );
+        assert_eq!(
+            super::comm_id_addr(" [::1]:7 ").unwrap().to_string(),
+            "[::1]:7"
+        );
+        assert!(super::comm_id_addr("localhost:29500")
+            .unwrap()
+            .ip()
+            .is_loopback());
+        for bad in [
+            "127.0.0.1",
+            "127.0.0.1:0",
+            "127.0.0.1:port",
+            "",
+            "no.such.host.invalid:1",
+        ] {
             let e = super::comm_id_addr(bad).unwrap_err();
             assert_eq!(e.code, crate::abi::INVALID_ARGUMENT);
-            assert!(e.msg.contains("NCCL_COMM_ID") && e.msg.contains("host:port"), "{bad}: {}", e.msg);
+            assert!(
+                e.msg.contains("NCCL_COMM_ID") && e.msg.contains("host:port"),
+                "{bad}: {}",
+                e.msg
+            );
         }
     }
 
@@ -139,7 +182,11 @@ mod tests {
 /// is blocking: `config.blocking`, else NCCL_COMM_BLOCKING, else blocking.
 unsafe fn read_config(c: *const abi::Config) -> Res<bool> {
     let default = || -> Res<bool> {
-        match std::env::var("NCCL_COMM_BLOCKING").ok().as_deref().map(str::trim) {
+        match std::env::var("NCCL_COMM_BLOCKING")
+            .ok()
+            .as_deref()
+            .map(str::trim)
+        {
             None | Some("") => Ok(true),
             Some("0") => Ok(false),
             Some("1") => Ok(true),
@@ -157,24 +204,46 @@ unsafe fn read_config(c: *const abi::Config) -> Res<bool> {
     }
     let covers = |off: usize| size >= off + 4;
     // SAFETY: read only when the caller's struct reaches the field.
-    let blocking = if covers(std::mem::offset_of!(abi::Config, blocking)) { unsafe { (*c).blocking } } else { abi::CONFIG_UNDEF_INT };
+    let blocking = if covers(std::mem::offset_of!(abi::Config, blocking)) {
+        unsafe { (*c).blocking }
+    } else {
+        abi::CONFIG_UNDEF_INT
+    };
     match blocking {
         abi::CONFIG_UNDEF_INT => default(),
         0 => Ok(false),
         1 => Ok(true),
-        v => Err(Fail::arg(format!("config.blocking = {v}: give 0 (non-blocking) or 1"))),
+        v => Err(Fail::arg(format!(
+            "config.blocking = {v}: give 0 (non-blocking) or 1"
+        ))),
     }
 }
 
-fn make_comm(id: UniqueId, nranks: c_int, rank: c_int, device: Device, cfg: &Config, abort: Arc<AtomicBool>) -> Result<Comm, Fail> {
+fn make_comm(
+    id: UniqueId,
+    nranks: c_int,
+    rank: c_int,
+    device: Device,
+    cfg: &Config,
+    abort: Arc<AtomicBool>,
+) -> Result<Comm, Fail> {
     let fid = ferroccl::UniqueId::from_bytes(&id.to_bytes()).map_err(Fail::from)?;
-    Comm::init_rank_abortable(&fid, nranks as usize, rank as usize, device, cfg, abort).map_err(Fail::from)
+    Comm::init_rank_abortable(&fid, nranks as usize, rank as usize, device, cfg, abort)
+        .map_err(Fail::from)
 }
 
-unsafe fn init_rank(comm: *mut RawComm, nranks: c_int, id: UniqueId, rank: c_int, c: *const abi::Config) -> Res {
+unsafe fn init_rank(
+    comm: *mut RawComm,
+    nranks: c_int,
+    id: UniqueId,
+    rank: c_int,
+    c: *const abi::Config,
+) -> Res {
     let comm = out(comm, "comm")?;
     if nranks < 1 || rank < 0 || rank >= nranks {
-        return Err(Fail::arg(format!("rank {rank} of {nranks}: need 0 <= rank < nranks")));
+        return Err(Fail::arg(format!(
+            "rank {rank} of {nranks}: need 0 <= rank < nranks"
+        )));
     }
     let blocking = unsafe { read_config(c) }?;
     let cfg = config()?;
@@ -191,25 +260,65 @@ unsafe fn init_rank(comm: *mut RawComm, nranks: c_int, id: UniqueId, rank: c_int
 /// handle at once (NULL when `gets_one` is false: a split without a color still takes part),
 /// and the job `job` makes for that handle runs now, at the group's end, or in the background.
 /// A creation that fails at once leaves NULL.
-unsafe fn create(newcomm: *mut RawComm, gets_one: bool, blocking: bool, job: impl FnOnce(&Handle) -> group::InitJob) -> Res {
-    let (raw, h) = if gets_one { register(Handle::pending()) } else { (std::ptr::null_mut(), Arc::new(Handle::pending())) };
+unsafe fn create(
+    newcomm: *mut RawComm,
+    gets_one: bool,
+    blocking: bool,
+    job: impl FnOnce(&Handle) -> group::InitJob,
+) -> Res {
+    let (raw, h) = if gets_one {
+        register(Handle::pending())
+    } else {
+        (std::ptr::null_mut(), Arc::new(Handle::pending()))
+    };
     // SAFETY: the caller checked it non-null.
     unsafe { *newcomm = raw };
     let job = job(&h);
     let r = group::init(h, blocking, job);
-    if r.as_ref().is_err_and(|f| f.code != abi::IN_PROGRESS) && !group::in_group() && !raw.is_null() {
+    if r.as_ref().is_err_and(|f| f.code != abi::IN_PROGRESS) && !group::in_group() && !raw.is_null()
+    {
         let _ = unregister(raw);
         unsafe { *newcomm = std::ptr::null_mut() };
     }
     r
 }
 
-unsafe fn op(kind: CollKind, send: *const c_void, recv: *mut c_void, count: usize, dt: c_int, redop: c_int, root: c_int, comm: RawComm, stream: RawStream) -> Res {
+unsafe fn op(
+    kind: CollKind,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dt: c_int,
+    redop: c_int,
+    root: c_int,
+    comm: RawComm,
+    stream: RawStream,
+) -> Res {
     let h = lookup(comm)?;
     let dtype = dtype(dt)?;
-    let (op, device_scalar) = if kind.reduces() { h.redop(redop, dtype)? } else { (ReduceOp::Sum, None) };
-    let root = rank_arg(root, if matches!(kind, CollKind::Send | CollKind::Recv) { "peer" } else { "root" })?;
-    let args = OpArgs { kind, send: send as *const u8, recv: recv as *mut u8, count, dtype, op, root, device_scalar };
+    let (op, device_scalar) = if kind.reduces() {
+        h.redop(redop, dtype)?
+    } else {
+        (ReduceOp::Sum, None)
+    };
+    let root = rank_arg(
+        root,
+        if matches!(kind, CollKind::Send | CollKind::Recv) {
+            "peer"
+        } else {
+            "root"
+        },
+    )?;
+    let args = OpArgs {
+        kind,
+        send: send as *const u8,
+        recv: recv as *mut u8,
+        count,
+        dtype,
+        op,
+        root,
+        device_scalar,
+    };
     group::submit(h, args, stream)
 }
 

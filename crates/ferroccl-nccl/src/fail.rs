@@ -17,16 +17,25 @@ pub struct Fail {
 
 impl Fail {
     pub fn arg(msg: impl Into<String>) -> Fail {
-        Fail { code: abi::INVALID_ARGUMENT, msg: msg.into() }
+        Fail {
+            code: abi::INVALID_ARGUMENT,
+            msg: msg.into(),
+        }
     }
     pub fn usage(msg: impl Into<String>) -> Fail {
-        Fail { code: abi::INVALID_USAGE, msg: msg.into() }
+        Fail {
+            code: abi::INVALID_USAGE,
+            msg: msg.into(),
+        }
     }
 }
 
 impl From<Error> for Fail {
     fn from(e: Error) -> Fail {
-        Fail { code: e.nccl_result(), msg: e.to_string() }
+        Fail {
+            code: e.nccl_result(),
+            msg: e.to_string(),
+        }
     }
 }
 
@@ -96,8 +105,13 @@ pub fn guard(name: &str, f: impl FnOnce() -> Res) -> NcclResult {
             fail.code
         }
         Err(p) => {
-            let what = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_default();
-            let msg = format!("{name}: internal error (a panic in ferroccl, please report it): {what}");
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            let msg =
+                format!("{name}: internal error (a panic in ferroccl, please report it): {what}");
             set_last_error(&msg);
             abi::INTERNAL_ERROR
         }
@@ -130,21 +144,39 @@ mod tests {
     fn panics_and_failures_become_codes_and_texts() {
         let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         assert_eq!(guard("ncclX", || Ok(())), abi::SUCCESS);
-        assert_eq!(guard("ncclX", || Err(Fail::arg("count too large"))), abi::INVALID_ARGUMENT);
-        let text = unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) }.to_str().unwrap().to_string();
+        assert_eq!(
+            guard("ncclX", || Err(Fail::arg("count too large"))),
+            abi::INVALID_ARGUMENT
+        );
+        let text = unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) }
+            .to_str()
+            .unwrap()
+            .to_string();
         assert_eq!(text, "ncclX: count too large");
         assert_eq!(guard("ncclY", || panic!("boom")), abi::INTERNAL_ERROR);
-        let text = unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) }.to_str().unwrap().to_string();
+        let text = unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) }
+            .to_str()
+            .unwrap()
+            .to_string();
         assert!(text.contains("ncclY") && text.contains("boom"), "{text}");
         // A long text is cut at a character boundary, NUL-terminated.
         set_last_error(&"é".repeat(LAST_ERROR_BYTES));
-        let text = unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) }.to_str().unwrap().to_string();
+        let text = unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) }
+            .to_str()
+            .unwrap()
+            .to_string();
         assert!(text.len() < LAST_ERROR_BYTES && text.chars().all(|c| c == 'é'));
-        assert_eq!(Fail::from(Error::Remote("x".into())).code, abi::REMOTE_ERROR);
+        assert_eq!(
+            Fail::from(Error::Remote("x".into())).code,
+            abi::REMOTE_ERROR
+        );
     }
 
     fn text() -> String {
-        unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) }.to_str().unwrap().to_string()
+        unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) }
+            .to_str()
+            .unwrap()
+            .to_string()
     }
 
     #[test]

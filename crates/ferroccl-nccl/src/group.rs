@@ -36,7 +36,10 @@ struct State {
 
 /// `ncclInProgress`: not a failure; the caller polls `ncclCommGetAsyncError`.
 pub fn in_progress() -> Fail {
-    Fail { code: crate::abi::IN_PROGRESS, msg: String::new() }
+    Fail {
+        code: crate::abi::IN_PROGRESS,
+        msg: String::new(),
+    }
 }
 
 /// Runs `inits` (then `colls`) on a thread of their own; their handles report "in progress"
@@ -49,7 +52,10 @@ pub fn in_background(inits: Vec<(Arc<Handle>, InitJob)>, colls: Vec<CollJob>) ->
             let _ = run_colls(colls);
         })
         .map(|_| ())
-        .map_err(|e| Fail { code: crate::abi::SYSTEM_ERROR, msg: format!("starting a non-blocking creation: {e}") })
+        .map_err(|e| Fail {
+            code: crate::abi::SYSTEM_ERROR,
+            msg: format!("starting a non-blocking creation: {e}"),
+        })
 }
 
 thread_local! {
@@ -63,7 +69,10 @@ pub fn in_group() -> bool {
 pub fn start() -> Res {
     STATE.with(|s| {
         let mut s = s.borrow_mut();
-        s.depth = s.depth.checked_add(1).ok_or_else(|| Fail::usage("groups nested too deep"))?;
+        s.depth = s
+            .depth
+            .checked_add(1)
+            .ok_or_else(|| Fail::usage("groups nested too deep"))?;
         Ok(())
     })
 }
@@ -109,20 +118,32 @@ pub fn simulate_end() -> Res<Option<f64>> {
 
 /// What a group's end takes: its creations, its collective calls, its operations, whether a
 /// creation is non-blocking.
-type Level = (Vec<(Arc<Handle>, InitJob)>, Vec<CollJob>, Vec<(Arc<Handle>, OpArgs, RawStream)>, bool);
+type Level = (
+    Vec<(Arc<Handle>, InitJob)>,
+    Vec<CollJob>,
+    Vec<(Arc<Handle>, OpArgs, RawStream)>,
+    bool,
+);
 
 /// Leaves one level: what the outermost level collected, nothing for an inner one.
 fn take_level() -> Res<Level> {
     STATE.with(|s| {
         let mut s = s.borrow_mut();
         if s.depth == 0 {
-            return Err(Fail::usage("ncclGroupEnd without a matching ncclGroupStart"));
+            return Err(Fail::usage(
+                "ncclGroupEnd without a matching ncclGroupStart",
+            ));
         }
         s.depth -= 1;
         if s.depth > 0 {
             return Ok((Vec::new(), Vec::new(), Vec::new(), false));
         }
-        Ok((std::mem::take(&mut s.inits), std::mem::take(&mut s.colls), std::mem::take(&mut s.ops), std::mem::take(&mut s.nonblocking)))
+        Ok((
+            std::mem::take(&mut s.inits),
+            std::mem::take(&mut s.colls),
+            std::mem::take(&mut s.ops),
+            std::mem::take(&mut s.nonblocking),
+        ))
     })
 }
 
@@ -179,8 +200,17 @@ fn run_colls(colls: Vec<CollJob>) -> Res {
         1 => colls.into_iter().next().expect("one")(),
         _ => std::thread::scope(|s| {
             let hs: Vec<_> = colls.into_iter().map(|job| s.spawn(job)).collect();
-            let results: Vec<Res> =
-                hs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(Fail { code: crate::abi::INTERNAL_ERROR, msg: "a collective call of the group panicked".into() }))).collect();
+            let results: Vec<Res> = hs
+                .into_iter()
+                .map(|j| {
+                    j.join().unwrap_or_else(|_| {
+                        Err(Fail {
+                            code: crate::abi::INTERNAL_ERROR,
+                            msg: "a collective call of the group panicked".into(),
+                        })
+                    })
+                })
+                .collect();
             results.into_iter().collect()
         }),
     }
@@ -206,7 +236,11 @@ pub fn submit(h: Arc<Handle>, args: OpArgs, stream: RawStream) -> Res {
 /// NCCL's stream 0 is the legacy default stream (CU_STREAM_LEGACY), which orders with the
 /// caller's other work on it; ferroccl's null stream would be the communicator's own.
 fn cuda_stream(s: RawStream) -> RawStream {
-    if s.is_null() { 0x1 as RawStream } else { s }
+    if s.is_null() {
+        0x1 as RawStream
+    } else {
+        s
+    }
 }
 
 fn launch(ops: &[(Arc<Handle>, OpArgs, RawStream)]) -> Res {
@@ -227,7 +261,10 @@ fn launch(ops: &[(Arc<Handle>, OpArgs, RawStream)]) -> Res {
     let mut streams: Vec<(&Handle, Vec<RawStream>)> = Vec::new();
     for (h, _, s) in ops {
         let s = cuda_stream(*s);
-        match streams.iter_mut().find(|(p, _)| std::ptr::eq(*p, Arc::as_ptr(h))) {
+        match streams
+            .iter_mut()
+            .find(|(p, _)| std::ptr::eq(*p, Arc::as_ptr(h)))
+        {
             Some((_, list)) if !list.contains(&s) => list.push(s),
             Some(_) => {}
             None => streams.push((h, vec![s])),
@@ -240,7 +277,8 @@ fn launch(ops: &[(Arc<Handle>, OpArgs, RawStream)]) -> Res {
             let (main, others) = list.split_first().expect("one stream at least");
             for &o in others {
                 // SAFETY: the caller's streams of this GPU, live by NCCL's contract.
-                unsafe { ferroccl::cuda::stream::order_after(gpu, *main as _, o as _) }.map_err(Fail::from)?;
+                unsafe { ferroccl::cuda::stream::order_after(gpu, *main as _, o as _) }
+                    .map_err(Fail::from)?;
             }
             // SAFETY: as above.
             unsafe { comm.set_stream(*main) };
@@ -257,7 +295,8 @@ fn launch(ops: &[(Arc<Handle>, OpArgs, RawStream)]) -> Res {
         if let (Some(gpu), [main, others @ ..]) = (comm.gpu(), list.as_slice()) {
             for &o in others {
                 // SAFETY: as above.
-                unsafe { ferroccl::cuda::stream::order_after(gpu, o as _, *main as _) }.map_err(Fail::from)?;
+                unsafe { ferroccl::cuda::stream::order_after(gpu, o as _, *main as _) }
+                    .map_err(Fail::from)?;
             }
         }
     }

@@ -37,7 +37,12 @@ pub struct Handle {
 
 impl Handle {
     pub fn pending() -> Handle {
-        Handle { comm: OnceLock::new(), init_failed: Mutex::new(None), redops: Mutex::new(Vec::new()), init_abort: Arc::new(AtomicBool::new(false)) }
+        Handle {
+            comm: OnceLock::new(),
+            init_failed: Mutex::new(None),
+            redops: Mutex::new(Vec::new()),
+            init_abort: Arc::new(AtomicBool::new(false)),
+        }
     }
 
     pub fn ready(comm: Comm) -> Handle {
@@ -89,7 +94,10 @@ impl Handle {
         if (0..abi::NUM_BUILTIN_OPS).contains(&op) {
             return Ok((ReduceOp::from_nccl_id(op).map_err(Fail::from)?, None));
         }
-        let i = op.checked_sub(abi::NUM_BUILTIN_OPS).filter(|i| *i >= 0).map(|i| i as usize);
+        let i = op
+            .checked_sub(abi::NUM_BUILTIN_OPS)
+            .filter(|i| *i >= 0)
+            .map(|i| i as usize);
         let list = self.redops.lock().unwrap_or_else(|p| p.into_inner());
         match i.and_then(|i| list.get(i).copied()) {
             Some(Some(PreMul::Host(v))) => Ok((ReduceOp::PreMulSum(v), None)),
@@ -111,7 +119,12 @@ impl Handle {
     ///
     /// # Safety
     /// With host residence `scalar` must point to one readable element of `dtype`.
-    pub unsafe fn create_premul(&self, scalar: *const u8, dtype: DataType, residence: c_int) -> Res<c_int> {
+    pub unsafe fn create_premul(
+        &self,
+        scalar: *const u8,
+        dtype: DataType,
+        residence: c_int,
+    ) -> Res<c_int> {
         if scalar.is_null() {
             return Err(Fail::arg("the scalar pointer is null"));
         }
@@ -125,9 +138,16 @@ impl Handle {
                 if self.comm()?.gpu().is_none() {
                     return Err(Fail::arg("a device-resident scalar needs a GPU communicator; this one runs on the host (use ncclScalarHostImmediate)"));
                 }
-                PreMul::Device { ptr: scalar as u64, dtype }
+                PreMul::Device {
+                    ptr: scalar as u64,
+                    dtype,
+                }
             }
-            r => return Err(Fail::arg(format!("residence {r} is neither ncclScalarDevice (0) nor ncclScalarHostImmediate (1)"))),
+            r => {
+                return Err(Fail::arg(format!(
+                    "residence {r} is neither ncclScalarDevice (0) nor ncclScalarHostImmediate (1)"
+                )))
+            }
         };
         let mut list = self.redops.lock().unwrap_or_else(|p| p.into_inner());
         let i = match list.iter().position(Option::is_none) {
@@ -140,20 +160,31 @@ impl Handle {
                 list.len() - 1
             }
         };
-        c_int::try_from(i).ok().and_then(|i| i.checked_add(abi::NUM_BUILTIN_OPS)).ok_or_else(|| Fail::usage("too many reduction handles"))
+        c_int::try_from(i)
+            .ok()
+            .and_then(|i| i.checked_add(abi::NUM_BUILTIN_OPS))
+            .ok_or_else(|| Fail::usage("too many reduction handles"))
     }
 
     pub fn destroy_premul(&self, op: c_int) -> Res {
         if (0..abi::NUM_BUILTIN_OPS).contains(&op) {
-            return Err(Fail::arg(format!("reduction {op} is one of NCCL's own and cannot be destroyed")));
+            return Err(Fail::arg(format!(
+                "reduction {op} is one of NCCL's own and cannot be destroyed"
+            )));
         }
         let mut list = self.redops.lock().unwrap_or_else(|p| p.into_inner());
-        match op.checked_sub(abi::NUM_BUILTIN_OPS).and_then(|i| usize::try_from(i).ok()).and_then(|i| list.get_mut(i)) {
+        match op
+            .checked_sub(abi::NUM_BUILTIN_OPS)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| list.get_mut(i))
+        {
             Some(slot @ Some(_)) => {
                 *slot = None;
                 Ok(())
             }
-            _ => Err(Fail::arg(format!("reduction {op} is not a live handle of this communicator"))),
+            _ => Err(Fail::arg(format!(
+                "reduction {op} is not a live handle of this communicator"
+            ))),
         }
     }
 }
@@ -167,7 +198,10 @@ fn registry() -> &'static Mutex<HashMap<usize, Arc<Handle>>> {
 pub fn register(h: Handle) -> (RawComm, Arc<Handle>) {
     let h = Arc::new(h);
     let raw = Arc::as_ptr(&h) as RawComm;
-    registry().lock().unwrap_or_else(|p| p.into_inner()).insert(raw as usize, h.clone());
+    registry()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(raw as usize, h.clone());
     (raw, h)
 }
 
@@ -187,7 +221,11 @@ pub fn lookup(raw: RawComm) -> Res<Arc<Handle>> {
 /// using it returns.
 pub fn unregister(raw: RawComm) -> Res<Arc<Handle>> {
     lookup(raw)?;
-    registry().lock().unwrap_or_else(|p| p.into_inner()).remove(&(raw as usize)).ok_or_else(|| Fail::arg(format!("{raw:p} was destroyed meanwhile")))
+    registry()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&(raw as usize))
+        .ok_or_else(|| Fail::arg(format!("{raw:p} was destroyed meanwhile")))
 }
 
 #[cfg(test)]
@@ -196,23 +234,50 @@ mod tests {
 
     #[test]
     fn handles_are_checked_and_premul_handles_live_on_their_communicator() {
-        assert_eq!(lookup(std::ptr::null_mut()).err().unwrap().code, abi::INVALID_ARGUMENT);
-        assert!(lookup(0x1234 as RawComm).err().unwrap().msg.contains("not a communicator"));
+        assert_eq!(
+            lookup(std::ptr::null_mut()).err().unwrap().code,
+            abi::INVALID_ARGUMENT
+        );
+        assert!(lookup(0x1234 as RawComm)
+            .err()
+            .unwrap()
+            .msg
+            .contains("not a communicator"));
         let (raw, h) = register(Handle::pending());
         assert!(Arc::ptr_eq(&lookup(raw).unwrap(), &h));
-        assert_eq!(h.comm().err().unwrap().code, abi::INVALID_USAGE, "pending until its group ends");
+        assert_eq!(
+            h.comm().err().unwrap().code,
+            abi::INVALID_USAGE,
+            "pending until its group ends"
+        );
         // Host scalars are read at once, in the element type.
         let two = 2.0f32.to_le_bytes();
-        let op = unsafe { h.create_premul(two.as_ptr(), DataType::Float32, abi::SCALAR_HOST_IMMEDIATE) }.unwrap();
+        let op =
+            unsafe { h.create_premul(two.as_ptr(), DataType::Float32, abi::SCALAR_HOST_IMMEDIATE) }
+                .unwrap();
         assert_eq!(op, abi::NUM_BUILTIN_OPS);
-        assert_eq!(h.redop(op, DataType::Float32).unwrap(), (ReduceOp::PreMulSum(2.0), None));
+        assert_eq!(
+            h.redop(op, DataType::Float32).unwrap(),
+            (ReduceOp::PreMulSum(2.0), None)
+        );
         assert_eq!(h.redop(2, DataType::Float32).unwrap().0, ReduceOp::Max);
         assert!(h.redop(op + 1, DataType::Float32).is_err());
         assert!(h.redop(-3, DataType::Float32).is_err());
         assert!(unsafe { h.create_premul(two.as_ptr(), DataType::Float32, 7) }.is_err());
-        assert!(unsafe { h.create_premul(std::ptr::null(), DataType::Float32, abi::SCALAR_HOST_IMMEDIATE) }.is_err());
+        assert!(unsafe {
+            h.create_premul(
+                std::ptr::null(),
+                DataType::Float32,
+                abi::SCALAR_HOST_IMMEDIATE,
+            )
+        }
+        .is_err());
         h.destroy_premul(op).unwrap();
-        assert!(h.redop(op, DataType::Float32).unwrap_err().msg.contains("destroyed"));
+        assert!(h
+            .redop(op, DataType::Float32)
+            .unwrap_err()
+            .msg
+            .contains("destroyed"));
         assert!(h.destroy_premul(op).is_err() && h.destroy_premul(0).is_err());
         unregister(raw).unwrap();
         assert!(lookup(raw).is_err());

@@ -18,14 +18,23 @@ pub fn filter_for(nccl_debug: &str) -> Option<&'static str> {
 /// ferroccl's modules for each of NCCL's subsystems (NCCL_DEBUG_SUBSYS); TUNING shows the
 /// tuner's choices, which ferroccl logs at debug level.
 const SUBSYSTEMS: &[(&str, &[&str])] = &[
-    ("INIT", &["ferroccl::comm", "ferroccl::bootstrap", "ferroccl_nccl"]),
+    (
+        "INIT",
+        &["ferroccl::comm", "ferroccl::bootstrap", "ferroccl_nccl"],
+    ),
     ("BOOTSTRAP", &["ferroccl::bootstrap"]),
-    ("COLL", &["ferroccl::launch", "ferroccl::backend", "ferroccl::group"]),
+    (
+        "COLL",
+        &["ferroccl::launch", "ferroccl::backend", "ferroccl::group"],
+    ),
     ("P2P", &["ferroccl::launch", "ferroccl::backend"]),
     ("SHM", &["ferroccl::transport"]),
     ("NET", &["ferroccl::transport", "ferroccl::bootstrap"]),
     ("ALLOC", &["ferroccl::cuda", "ferroccl_nccl::memory"]),
-    ("REG", &["ferroccl::backend::cuda::window", "ferroccl_nccl::memory"]),
+    (
+        "REG",
+        &["ferroccl::backend::cuda::window", "ferroccl_nccl::memory"],
+    ),
     ("ENV", &["ferroccl_core::config"]),
     ("TUNING", &["ferroccl::info"]),
 ];
@@ -35,17 +44,31 @@ const SUBSYSTEMS: &[(&str, &[&str])] = &[
 /// messages show for the chosen subsystems (all when NCCL_DEBUG_SUBSYS is unset).
 pub fn directives(nccl_debug: &str, subsys: Option<&str>) -> Option<String> {
     let level = filter_for(nccl_debug)?;
-    let Some(list) = subsys.map(str::trim).filter(|s| !s.is_empty()) else { return Some(level.to_string()) };
+    let Some(list) = subsys.map(str::trim).filter(|s| !s.is_empty()) else {
+        return Some(level.to_string());
+    };
     let (exclude, list) = match list.strip_prefix('^') {
         Some(rest) => (true, rest),
         None => (false, list),
     };
-    let names: Vec<String> = list.split(',').map(|n| n.trim().to_ascii_uppercase()).filter(|n| !n.is_empty()).collect();
+    let names: Vec<String> = list
+        .split(',')
+        .map(|n| n.trim().to_ascii_uppercase())
+        .filter(|n| !n.is_empty())
+        .collect();
     if names.iter().any(|n| n == "ALL") {
-        return Some(if exclude { "warn".to_string() } else { level.to_string() });
+        return Some(if exclude {
+            "warn".to_string()
+        } else {
+            level.to_string()
+        });
     }
     let targets = |names: &[String]| -> Vec<&'static str> {
-        let mut t: Vec<&str> = SUBSYSTEMS.iter().filter(|(s, _)| names.iter().any(|n| n == s)).flat_map(|(_, t)| t.iter().copied()).collect();
+        let mut t: Vec<&str> = SUBSYSTEMS
+            .iter()
+            .filter(|(s, _)| names.iter().any(|n| n == s))
+            .flat_map(|(_, t)| t.iter().copied())
+            .collect();
         t.sort_unstable();
         t.dedup();
         t
@@ -54,7 +77,11 @@ pub fn directives(nccl_debug: &str, subsys: Option<&str>) -> Option<String> {
     let chosen = if exclude { "warn" } else { level };
     // TUNING's messages are ferroccl's debug ones: shown at INFO, as NCCL shows its tuning.
     for t in targets(&names) {
-        let lvl = if t == "ferroccl::info" && !exclude && level == "info" { "debug" } else { chosen };
+        let lvl = if t == "ferroccl::info" && !exclude && level == "info" {
+            "debug"
+        } else {
+            chosen
+        };
         d.push(format!("{t}={lvl}"));
     }
     Some(d.join(","))
@@ -96,12 +123,22 @@ mod tests {
         assert_eq!(directives("INFO", Some("ALL")).as_deref(), Some("info"));
         assert_eq!(directives("NONE", Some("INIT")), None);
         assert_eq!(directives("INFO", Some("init,env")).as_deref(), Some("warn,ferroccl::bootstrap=info,ferroccl::comm=info,ferroccl_core::config=info,ferroccl_nccl=info"));
-        assert_eq!(directives("INFO", Some("TUNING")).as_deref(), Some("warn,ferroccl::info=debug"));
-        assert_eq!(directives("TRACE", Some("^SHM")).as_deref(), Some("trace,ferroccl::transport=warn"));
+        assert_eq!(
+            directives("INFO", Some("TUNING")).as_deref(),
+            Some("warn,ferroccl::info=debug")
+        );
+        assert_eq!(
+            directives("TRACE", Some("^SHM")).as_deref(),
+            Some("trace,ferroccl::transport=warn")
+        );
         assert_eq!(directives("INFO", Some("^ALL")).as_deref(), Some("warn"));
         assert_eq!(directives("WARN", Some("UNKNOWN")).as_deref(), Some("warn"));
         // Every directive parses as a tracing filter.
-        for sub in [None, Some("INIT,COLL,P2P,SHM,NET,ALLOC,REG,ENV,TUNING,BOOTSTRAP"), Some("^NET")] {
+        for sub in [
+            None,
+            Some("INIT,COLL,P2P,SHM,NET,ALLOC,REG,ENV,TUNING,BOOTSTRAP"),
+            Some("^NET"),
+        ] {
             let d = directives("TRACE", sub).unwrap();
             assert!(tracing_subscriber::EnvFilter::try_new(&d).is_ok(), "{d}");
         }

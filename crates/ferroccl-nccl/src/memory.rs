@@ -44,7 +44,10 @@ pub fn alloc(bytes: usize, on_gpu: Option<usize>) -> Res<*mut u8> {
             (v.as_mut_ptr() as usize, Allocation::Host(v))
         }
     };
-    table().lock().unwrap_or_else(|p| p.into_inner()).insert(ptr, a);
+    table()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(ptr, a);
     Ok(ptr as *mut u8)
 }
 
@@ -52,13 +55,18 @@ pub fn free(ptr: *mut u8) -> Res {
     if ptr.is_null() {
         return Err(Fail::arg("the pointer is null"));
     }
-    let a = table().lock().unwrap_or_else(|p| p.into_inner()).remove(&(ptr as usize));
+    let a = table()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&(ptr as usize));
     match a {
         Some(a) => {
             drop(a);
             Ok(())
         }
-        None => Err(Fail::arg(format!("{ptr:p} was not returned by ncclMemAlloc (or was freed already)"))),
+        None => Err(Fail::arg(format!(
+            "{ptr:p} was not returned by ncclMemAlloc (or was freed already)"
+        ))),
     }
 }
 
@@ -81,7 +89,10 @@ fn registrations() -> &'static Mutex<HashMap<usize, Box<Registration>>> {
 pub fn remember(r: Registration) -> *mut std::ffi::c_void {
     let b = Box::new(r);
     let key = &*b as *const Registration as usize;
-    registrations().lock().unwrap_or_else(|p| p.into_inner()).insert(key, b);
+    registrations()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, b);
     key as *mut std::ffi::c_void
 }
 
@@ -105,10 +116,20 @@ mod tests {
         // Writable for its whole size.
         unsafe { std::ptr::write_bytes(p, 7, 100) };
         free(p).unwrap();
-        assert!(free(p).unwrap_err().msg.contains("not returned by ncclMemAlloc"));
+        assert!(free(p)
+            .unwrap_err()
+            .msg
+            .contains("not returned by ncclMemAlloc"));
         assert!(alloc(0, None).is_err());
-        let h = remember(Registration { comm: 1, ptr: 0x1000, window: false });
-        assert!(forget(h, 2).unwrap_err().msg.contains("another communicator"));
+        let h = remember(Registration {
+            comm: 1,
+            ptr: 0x1000,
+            window: false,
+        });
+        assert!(forget(h, 2)
+            .unwrap_err()
+            .msg
+            .contains("another communicator"));
         assert_eq!(forget(h, 1).unwrap().ptr, 0x1000);
         assert!(forget(h, 1).is_err());
     }

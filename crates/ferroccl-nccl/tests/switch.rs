@@ -11,14 +11,25 @@ use std::path::Path;
 use std::process::Command;
 
 fn cc(args: &[&str]) {
-    let st = Command::new("cc").args(args).status().expect("a C compiler");
+    let st = Command::new("cc")
+        .args(args)
+        .status()
+        .expect("a C compiler");
     assert!(st.success(), "cc {args:?}");
 }
 
 /// Runs the program; what it prints: the version the loaded libnccl reports.
 fn run(prog: &Path, env: &[(&str, &str)]) -> String {
-    let out = Command::new(prog).env("FERROCCL_NCCL_BACKEND", "host").envs(env.iter().copied()).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(prog)
+        .env("FERROCCL_NCCL_BACKEND", "host")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
@@ -31,9 +42,20 @@ fn ld_preload_or_replacing_the_rpath_target_switches_ld_library_path_does_not() 
     std::fs::create_dir_all(&elsewhere).unwrap();
     // The stand-in for NVIDIA's library: same SONAME, version 1.
     let fake_c = dir.join("fake.c");
-    std::fs::write(&fake_c, "int ncclGetVersion(int* v) { *v = 1; return 0; }\n").unwrap();
+    std::fs::write(
+        &fake_c,
+        "int ncclGetVersion(int* v) { *v = 1; return 0; }\n",
+    )
+    .unwrap();
     let fake = nvidia.join("libnccl.so.2");
-    cc(&["-shared", "-fPIC", "-Wl,-soname,libnccl.so.2", "-o", fake.to_str().unwrap(), fake_c.to_str().unwrap()]);
+    cc(&[
+        "-shared",
+        "-fPIC",
+        "-Wl,-soname,libnccl.so.2",
+        "-o",
+        fake.to_str().unwrap(),
+        fake_c.to_str().unwrap(),
+    ]);
     // The program, linked as PyTorch's libtorch_cuda.so is: NEEDED libnccl.so.2, RPATH there.
     let prog_c = dir.join("prog.c");
     std::fs::write(
@@ -61,10 +83,16 @@ fn ld_preload_or_replacing_the_rpath_target_switches_ld_library_path_does_not() 
 
     // LD_LIBRARY_PATH: loses to the RPATH.
     std::os::unix::fs::symlink(ours(), elsewhere.join("libnccl.so.2")).unwrap();
-    assert_eq!(run(&prog, &[("LD_LIBRARY_PATH", elsewhere.to_str().unwrap())]), "1");
+    assert_eq!(
+        run(&prog, &[("LD_LIBRARY_PATH", elsewhere.to_str().unwrap())]),
+        "1"
+    );
     // LD_PRELOAD: ours answers (its SONAME satisfies the program's NEEDED entry).
     let ours = ours();
-    assert_eq!(run(&prog, &[("LD_PRELOAD", ours.to_str().unwrap())]), version);
+    assert_eq!(
+        run(&prog, &[("LD_PRELOAD", ours.to_str().unwrap())]),
+        version
+    );
     // Replacing the file the RPATH points at (keeping the original aside).
     std::fs::rename(&fake, nvidia.join("libnccl.so.2.nvidia")).unwrap();
     std::fs::copy(&ours, &fake).unwrap();

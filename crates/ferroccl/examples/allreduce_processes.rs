@@ -32,5 +32,9 @@ fn main() -> ExitCode {
     let want = |i: usize| (count * n * (n - 1) / 2 + n * i) as f64;
     let wrong = v.iter().enumerate().filter(|&(i, &x)| x != want(i)).count();
     println!("rank {rank} of {n}: {wrong} wrong elements");
-    if wrong == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    if wrong == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }

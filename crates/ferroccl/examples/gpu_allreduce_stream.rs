@@ -48,7 +48,12 @@ fn run(gpus: usize) -> Result<usize, Box<dyn std::error::Error>> {
         gpu.bind()?;
         let mut stream: sys::CUstream = std::ptr::null_mut();
         // SAFETY: an out pointer for a new stream of the current context (this GPU's).
-        let r = unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) };
+        let r = unsafe {
+            sys::cuStreamCreate(
+                &mut stream,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+            )
+        };
         if r != sys::CUresult::CUDA_SUCCESS {
             return Err(format!("cuStreamCreate: {r:?}").into());
         }
@@ -83,7 +88,11 @@ fn run(gpus: usize) -> Result<usize, Box<dyn std::error::Error>> {
         let mut out = vec![0f32; count];
         recv.copy_to_host(0, bytes_of_mut(&mut out))?;
         // sum over r of (r + i % 1024) = n(n-1)/2 + n (i % 1024)
-        wrong += out.iter().enumerate().filter(|&(i, &x)| x != (n * (n - 1) / 2 + n * (i % 1024)) as f32).count();
+        wrong += out
+            .iter()
+            .enumerate()
+            .filter(|&(i, &x)| x != (n * (n - 1) / 2 + n * (i % 1024)) as f32)
+            .count();
     }
     println!("all-reduce of {count} x f32 over {n} GPUs on the program's streams: {wrong} wrong elements");
     let streams: Vec<sys::CUstream> = ranks.iter().map(|r| r.2).collect();

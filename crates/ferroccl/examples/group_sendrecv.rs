@@ -8,11 +8,19 @@ use ferroccl::{Comm, Config, Group};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let nranks: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(4);
-    let comms = Comm::init_all(nranks, &Config::from_env().expect("FERROCCL_* settings")).expect("creating the communicators");
+    let nranks: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(4);
+    let comms = Comm::init_all(nranks, &Config::from_env().expect("FERROCCL_* settings"))
+        .expect("creating the communicators");
     let count = 100_000;
     // What rank `from` sends to rank `to`.
-    let message = |from: usize, to: usize| -> Vec<u32> { (0..count as u32).map(|i| (from * 1000 + to) as u32 ^ i).collect() };
+    let message = |from: usize, to: usize| -> Vec<u32> {
+        (0..count as u32)
+            .map(|i| (from * 1000 + to) as u32 ^ i)
+            .collect()
+    };
     let wrong: usize = std::thread::scope(|s| {
         let ranks: Vec<_> = comms
             .iter()
@@ -30,12 +38,28 @@ fn main() -> ExitCode {
                         g.recv(c, buf, p).expect("recv");
                     }
                     g.launch().expect("the group");
-                    peers.iter().zip(&incoming).map(|(&p, got)| got.iter().zip(message(p, me)).filter(|(a, b)| **a != *b).count()).sum::<usize>()
+                    peers
+                        .iter()
+                        .zip(&incoming)
+                        .map(|(&p, got)| {
+                            got.iter()
+                                .zip(message(p, me))
+                                .filter(|(a, b)| **a != *b)
+                                .count()
+                        })
+                        .sum::<usize>()
                 })
             })
             .collect();
-        ranks.into_iter().map(|h| h.join().expect("rank thread")).sum()
+        ranks
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .sum()
     });
     println!("{nranks} ranks exchanged {count} x u32 with every other rank in one group each: {wrong} wrong elements");
-    if wrong == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    if wrong == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }

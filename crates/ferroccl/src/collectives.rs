@@ -58,7 +58,14 @@ impl Comm {
     /// [`CollKind::buffer_counts`]): all-reduce, broadcast, reduce, send: `send.len()`;
     /// recv: `recv.len()`; all-gather, gather: `send.len()` per rank; reduce-scatter, scatter:
     /// `recv.len()` per rank; all-to-all: `send.len() / nranks` per peer.
-    pub fn run<T: Element>(&self, kind: CollKind, send: &[T], recv: &mut [T], op: ReduceOp, root: Rank) -> Result<(), Error> {
+    pub fn run<T: Element>(
+        &self,
+        kind: CollKind,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: Rank,
+    ) -> Result<(), Error> {
         self.host_slices(kind)?;
         let args = OpArgs::typed(kind, send, recv, op, root, self.info.rank, self.info.nranks)?;
         // SAFETY: the slices are valid and exclusively borrowed for the call, and their lengths
@@ -68,7 +75,13 @@ impl Comm {
 
     /// Runs `kind` in place on `buf` (NCCL's in-place conventions: all-gather and gather read
     /// this rank's block of `buf`; reduce-scatter and scatter write it).
-    pub fn run_in_place<T: Element>(&self, kind: CollKind, buf: &mut [T], op: ReduceOp, root: Rank) -> Result<(), Error> {
+    pub fn run_in_place<T: Element>(
+        &self,
+        kind: CollKind,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: Rank,
+    ) -> Result<(), Error> {
         self.host_slices(kind)?;
         let args = OpArgs::in_place(kind, buf, op, root, self.info.rank, self.info.nranks)?;
         // SAFETY: as in `run`.
@@ -93,11 +106,20 @@ impl Comm {
     /// });
     /// # Ok::<(), ferroccl::Error>(())
     /// ```
-    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<(), Error> {
+    pub fn all_reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), Error> {
         self.run(CollKind::AllReduce, send, recv, op, 0)
     }
     /// [`Comm::all_reduce`] with `buf` as input and output.
-    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<(), Error> {
+    pub fn all_reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), Error> {
         self.run_in_place(CollKind::AllReduce, buf, op, 0)
     }
     /// Every rank gets every rank's `send` in `recv`, in rank order: rank `r`'s block at
@@ -107,7 +129,12 @@ impl Comm {
     }
     /// The reduction by `op` of all ranks' `send` (`nranks x recv.len()` elements), cut into
     /// `nranks` blocks: rank `r` gets block `r` in `recv`.
-    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<(), Error> {
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), Error> {
         self.run(CollKind::ReduceScatter, send, recv, op, 0)
     }
     /// `root`'s `buf` is copied into every other rank's `buf` (of the same length).
@@ -116,7 +143,13 @@ impl Comm {
     }
     /// `root` gets, in `recv`, the reduction by `op` of all ranks' `send`; other ranks' `recv`
     /// is not written (it may be empty).
-    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: Rank) -> Result<(), Error> {
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: Rank,
+    ) -> Result<(), Error> {
         self.run(CollKind::Reduce, send, recv, op, root)
     }
     /// Block `p` of this rank's `send` (blocks of `send.len() / nranks`) goes to rank `p`, which

@@ -6,9 +6,9 @@ use crate::backend::host::HostComm;
 use crate::backend::Backend;
 use crate::bootstrap::{Bootstrap, UniqueId};
 use crate::info::{CommInfo, CommState, Siblings};
+use ferroccl_core::config::compare_shared;
 use ferroccl_core::numeric::Element;
 use ferroccl_core::topo::{RankLocation, Topology, TransportKind};
-use ferroccl_core::config::compare_shared;
 use ferroccl_core::{Config, DataType, Error, LaunchEnv, Rank};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,21 +34,48 @@ pub struct Comm {
 
 impl std::fmt::Debug for Comm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Comm(rank {} of {}, id {:016x})", self.info.rank, self.info.nranks, self.boot.comm_id())
+        write!(
+            f,
+            "Comm(rank {} of {}, id {:016x})",
+            self.info.rank,
+            self.info.nranks,
+            self.boot.comm_id()
+        )
     }
 }
 
 impl Comm {
     /// Joins the communicator `id` as `rank` of `nranks` (every rank calls this, typically one
     /// per process or thread).
-    pub fn init_rank(id: &UniqueId, nranks: usize, rank: Rank, device: Device, config: &Config) -> Result<Comm, Error> {
-        Comm::init_rank_with_abort(id, nranks, rank, device, config, Arc::new(AtomicBool::new(false)), None)
+    pub fn init_rank(
+        id: &UniqueId,
+        nranks: usize,
+        rank: Rank,
+        device: Device,
+        config: &Config,
+    ) -> Result<Comm, Error> {
+        Comm::init_rank_with_abort(
+            id,
+            nranks,
+            rank,
+            device,
+            config,
+            Arc::new(AtomicBool::new(false)),
+            None,
+        )
     }
 
     /// [`Comm::init_rank`] that another thread can end: raising `abort` while the ranks
     /// assemble makes this return `Error::Aborted` (a non-blocking creation being abandoned);
     /// the flag stays the communicator's abort flag afterwards.
-    pub fn init_rank_abortable(id: &UniqueId, nranks: usize, rank: Rank, device: Device, config: &Config, abort: Arc<AtomicBool>) -> Result<Comm, Error> {
+    pub fn init_rank_abortable(
+        id: &UniqueId,
+        nranks: usize,
+        rank: Rank,
+        device: Device,
+        config: &Config,
+        abort: Arc<AtomicBool>,
+    ) -> Result<Comm, Error> {
         Comm::init_rank_with_abort(id, nranks, rank, device, config, abort, None)
     }
 
@@ -68,18 +95,27 @@ impl Comm {
 
     /// Joins the job described by the launcher's environment on GPU `LOCAL_RANK`.
     pub fn from_env_gpu(config: &Config) -> Result<Comm, Error> {
-        let env = LaunchEnv::from_env()?.ok_or_else(|| Error::InvalidArgument("no launcher environment".into()))?;
+        let env = LaunchEnv::from_env()?
+            .ok_or_else(|| Error::InvalidArgument("no launcher environment".into()))?;
         config.validate()?;
         let abort = Arc::new(AtomicBool::new(false));
         let boot = Bootstrap::init_from_launch(&env, config, abort.clone())?;
-        Comm::from_bootstrap(boot, Device::Cuda(env.local_rank), config.clone(), abort, None)
+        Comm::from_bootstrap(
+            boot,
+            Device::Cuda(env.local_rank),
+            config.clone(),
+            abort,
+            None,
+        )
     }
 
     /// One process driving `nranks` ranks: returns the communicators indexed by rank. Use a
     /// [`Group`](crate::Group) to issue an operation on all of them from one thread.
     pub fn init_all(nranks: usize, config: &Config) -> Result<Vec<Comm>, Error> {
         if nranks == 0 {
-            return Err(Error::InvalidArgument("init_all: nranks must be at least 1".into()));
+            return Err(Error::InvalidArgument(
+                "init_all: nranks must be at least 1".into(),
+            ));
         }
         Comm::init_devices(&vec![Device::Host; nranks], config)
     }
@@ -89,31 +125,47 @@ impl Comm {
     pub fn init_devices(devices: &[Device], config: &Config) -> Result<Vec<Comm>, Error> {
         let nranks = devices.len();
         if nranks == 0 {
-            return Err(Error::InvalidArgument("init_devices: at least one device is needed".into()));
+            return Err(Error::InvalidArgument(
+                "init_devices: at least one device is needed".into(),
+            ));
         }
         let id = UniqueId::new(config)?;
         // One rank failing to start stops the others at once, rather than leaving them to wait
         // for it until the deadline.
-        let aborts: Vec<Arc<AtomicBool>> = (0..nranks).map(|_| Arc::new(AtomicBool::new(false))).collect();
+        let aborts: Vec<Arc<AtomicBool>> = (0..nranks)
+            .map(|_| Arc::new(AtomicBool::new(false)))
+            .collect();
         let siblings = Siblings::new(nranks);
         let results: Vec<Result<Comm, Error>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..nranks)
                 .map(|r| {
                     let (id, aborts, siblings) = (&id, &aborts, &siblings);
                     let dev = devices[r];
-                    std::thread::Builder::new().name(format!("ferroccl-init-{r}")).spawn_scoped(s, move || {
-                        let c = Comm::init_rank_with_abort(id, nranks, r, dev, config, aborts[r].clone(), Some(siblings.clone()));
-                        if c.is_err() {
-                            aborts.iter().for_each(|a| a.store(true, Ordering::Release));
-                        }
-                        c
-                    })
+                    std::thread::Builder::new()
+                        .name(format!("ferroccl-init-{r}"))
+                        .spawn_scoped(s, move || {
+                            let c = Comm::init_rank_with_abort(
+                                id,
+                                nranks,
+                                r,
+                                dev,
+                                config,
+                                aborts[r].clone(),
+                                Some(siblings.clone()),
+                            );
+                            if c.is_err() {
+                                aborts.iter().for_each(|a| a.store(true, Ordering::Release));
+                            }
+                            c
+                        })
                 })
                 .collect();
             handles
                 .into_iter()
                 .map(|h| match h {
-                    Ok(h) => h.join().unwrap_or_else(|_| Err(Error::Internal("init thread panicked".into()))),
+                    Ok(h) => h
+                        .join()
+                        .unwrap_or_else(|_| Err(Error::Internal("init thread panicked".into()))),
                     Err(e) => Err(Error::System(format!("cannot start an init thread: {e}"))),
                 })
                 .collect()
@@ -121,8 +173,16 @@ impl Comm {
         // The cause, not the aborts it set off in the other ranks; and a resource or system
         // failure before the protocol errors it causes in its peers (a rank out of descriptors
         // drops a half-made connection, which its peer sees as a refused handshake).
-        let errs: Vec<&Error> = results.iter().filter_map(|r| r.as_ref().err()).filter(|e| !matches!(e, Error::Aborted(_))).collect();
-        let cause = errs.iter().find(|e| matches!(e, Error::System(_))).or_else(|| errs.first()).map(|e| (*e).clone());
+        let errs: Vec<&Error> = results
+            .iter()
+            .filter_map(|r| r.as_ref().err())
+            .filter(|e| !matches!(e, Error::Aborted(_)))
+            .collect();
+        let cause = errs
+            .iter()
+            .find(|e| matches!(e, Error::System(_)))
+            .or_else(|| errs.first())
+            .map(|e| (*e).clone());
         match cause {
             Some(e) => Err(e),
             None => results.into_iter().collect(),
@@ -156,14 +216,38 @@ impl Comm {
         // would exchange messages they cut differently (wrong results, or a deadline that never
         // names the cause): every rank compares everyone's, and all fail alike.
         let all = boot.allgather(&config.encode_shared())?;
-        compare_shared(&all).map_err(|e| e.context(format!("creating the communicator on rank {} of {}", boot.rank(), boot.nranks())))?;
+        compare_shared(&all).map_err(|e| {
+            e.context(format!(
+                "creating the communicator on rank {} of {}",
+                boot.rank(),
+                boot.nranks()
+            ))
+        })?;
         let peers = boot.peers();
         let me = &peers[boot.rank()];
         let topo = Topology {
-            ranks: peers.iter().map(|p| RankLocation { host_id: p.host_id, hostname: p.hostname.clone(), pid: p.pid }).collect(),
+            ranks: peers
+                .iter()
+                .map(|p| RankLocation {
+                    host_id: p.host_id,
+                    hostname: p.hostname.clone(),
+                    pid: p.pid,
+                })
+                .collect(),
         };
-        let peer_names = peers.iter().map(|p| format!("rank {} ({}, pid {}, {})", p.rank, p.hostname, p.pid, p.addr)).collect();
-        let peer_pids = peers.iter().map(|p| if p.host_id == me.host_id { p.pid } else { 0 }).collect();
+        let peer_names = peers
+            .iter()
+            .map(|p| {
+                format!(
+                    "rank {} ({}, pid {}, {})",
+                    p.rank, p.hostname, p.pid, p.addr
+                )
+            })
+            .collect();
+        let peer_pids = peers
+            .iter()
+            .map(|p| if p.host_id == me.host_id { p.pid } else { 0 })
+            .collect();
         // A forced transport that cannot work fails now, not at the first collective.
         let mut peer_via = Vec::with_capacity(boot.nranks());
         for p in 0..boot.nranks() {
@@ -173,8 +257,17 @@ impl Comm {
             Device::Host => ferroccl_core::tune::Device::Host,
             Device::Cuda(_) => ferroccl_core::tune::Device::Gpu,
         };
-        let info =
-            CommInfo { rank: boot.rank(), nranks: boot.nranks(), config, topo, device: tuner_device, peer_names, peer_pids, peer_via, siblings };
+        let info = CommInfo {
+            rank: boot.rank(),
+            nranks: boot.nranks(),
+            config,
+            topo,
+            device: tuner_device,
+            peer_names,
+            peer_pids,
+            peer_via,
+            siblings,
+        };
         let backend = match device {
             Device::Host => Backend::Host(HostComm::new(&boot)),
             Device::Cuda(ordinal) => {
@@ -185,7 +278,13 @@ impl Comm {
                 Backend::Cuda(Box::new(c))
             }
         };
-        Ok(Comm { info, boot, state: Mutex::new(CommState::default()), abort, backend })
+        Ok(Comm {
+            info,
+            boot,
+            state: Mutex::new(CommState::default()),
+            abort,
+            backend,
+        })
     }
 
     /// The device this communicator's rank runs on.
@@ -220,9 +319,14 @@ impl Comm {
     /// The transport used between this rank and `peer`.
     pub fn transport_to(&self, peer: Rank) -> Result<TransportKind, Error> {
         if peer >= self.info.nranks {
-            return Err(Error::InvalidArgument(format!("peer {peer} is not below nranks {}", self.info.nranks)));
+            return Err(Error::InvalidArgument(format!(
+                "peer {peer} is not below nranks {}",
+                self.info.nranks
+            )));
         }
-        self.info.topo.transport(self.info.rank, peer, self.info.config.transport)
+        self.info
+            .topo
+            .transport(self.info.rank, peer, self.info.config.transport)
     }
 
     /// GPU communicators: waits until every operation enqueued so far completed, and reports
@@ -245,7 +349,10 @@ impl Comm {
 
     /// The CUDA stream operations of a GPU communicator are enqueued on (null for host ones).
     pub fn cuda_stream(&self) -> *mut std::ffi::c_void {
-        self.backend.cuda().map(|c| c.stream() as *mut std::ffi::c_void).unwrap_or(std::ptr::null_mut())
+        self.backend
+            .cuda()
+            .map(|c| c.stream() as *mut std::ffi::c_void)
+            .unwrap_or(std::ptr::null_mut())
     }
 
     /// GPU communicators: later operations are enqueued on `stream` (a `CUstream`; null: the
@@ -305,14 +412,23 @@ impl Comm {
     /// As [`Comm::register_window`].
     unsafe fn register(&self, ptr: u64, bytes: usize, symmetric: bool) -> Result<(), Error> {
         let Some(c) = self.backend.cuda() else {
-            return Err(Error::InvalidArgument("windows are GPU memory: this communicator runs on the host".into()));
+            return Err(Error::InvalidArgument(
+                "windows are GPU memory: this communicator runs on the host".into(),
+            ));
         };
-        let state = self.state.lock().map_err(|_| Error::Internal("communicator state poisoned".into()))?;
+        let state = self
+            .state
+            .lock()
+            .map_err(|_| Error::Internal("communicator state poisoned".into()))?;
         if let Some(e) = &state.failed {
-            return Err(Error::Aborted(format!("rank {}: the communicator failed earlier: {e}", self.info.rank)));
+            return Err(Error::Aborted(format!(
+                "rank {}: the communicator failed earlier: {e}",
+                self.info.rank
+            )));
         }
         let deadline = std::time::Instant::now() + self.info.config.timeout;
-        c.register(&self.boot, ptr, bytes, symmetric, &self.abort, deadline).map_err(|e| e.context(format!("rank {}: registering a window", self.info.rank)))
+        c.register(&self.boot, ptr, bytes, symmetric, &self.abort, deadline)
+            .map_err(|e| e.context(format!("rank {}: registering a window", self.info.rank)))
     }
 
     /// [`Comm::register_window`] for a whole ferroccl buffer, which is what it is made for.
@@ -328,9 +444,14 @@ impl Comm {
     /// an operation again.
     pub fn deregister_window(&self, ptr: u64) -> Result<(), Error> {
         let Some(c) = self.backend.cuda() else {
-            return Err(Error::InvalidArgument("windows are GPU memory: this communicator runs on the host".into()));
+            return Err(Error::InvalidArgument(
+                "windows are GPU memory: this communicator runs on the host".into(),
+            ));
         };
-        let _state = self.state.lock().map_err(|_| Error::Internal("communicator state poisoned".into()))?;
+        let _state = self
+            .state
+            .lock()
+            .map_err(|_| Error::Internal("communicator state poisoned".into()))?;
         c.deregister(ptr)
     }
 
@@ -363,7 +484,10 @@ impl Comm {
     /// compiled (or found in the disk cache) and loaded by this call: make one and keep it.
     /// Host communicators: None (check host buffers with `RankCase` directly).
     pub fn gpu_verifier(&self) -> Result<Option<crate::verify::GpuVerifier<'_>>, Error> {
-        self.backend.cuda().map(|c| crate::verify::GpuVerifier::new(c, &self.info.config)).transpose()
+        self.backend
+            .cuda()
+            .map(|c| crate::verify::GpuVerifier::new(c, &self.info.config))
+            .transpose()
     }
 
     /// Out-of-band barrier over the bootstrap connections.
@@ -380,7 +504,9 @@ impl Comm {
     /// `key` then by rank here; `None` joins none and returns `Ok(None)`.
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Comm>, Error> {
         self.ensure_usable("split")?;
-        let Some(boot) = self.boot.split(color, key)? else { return Ok(None) };
+        let Some(boot) = self.boot.split(color, key)? else {
+            return Ok(None);
+        };
         let abort = Arc::new(AtomicBool::new(false));
         Comm::from_bootstrap(boot, self.device(), self.info.config.clone(), abort, None).map(Some)
     }
@@ -412,7 +538,9 @@ impl Comm {
         self.abort.store(true, Ordering::Release);
         match &self.backend {
             Backend::Cuda(c) => c.abort(),
-            Backend::Host(h) => h.poison(&format!("rank {} aborted its communicator", self.info.rank)),
+            Backend::Host(h) => {
+                h.poison(&format!("rank {} aborted its communicator", self.info.rank))
+            }
         }
         self.boot.abort();
         if let Backend::Host(h) = &self.backend {
@@ -442,14 +570,25 @@ impl Comm {
             Err(_) => format!("{what} on rank {rank} of {n}"),
         };
         if self.abort.load(Ordering::Acquire) {
-            return Err(Error::Aborted(format!("{}: the communicator was aborted (Comm::abort); drop it", label())));
+            return Err(Error::Aborted(format!(
+                "{}: the communicator was aborted (Comm::abort); drop it",
+                label()
+            )));
         }
         if let Some(e) = self.boot.health().failure() {
             return Err(e.context(label()));
         }
-        let failed = self.state.lock().map_err(|_| Error::Internal("communicator state poisoned".into()))?.failed.clone();
+        let failed = self
+            .state
+            .lock()
+            .map_err(|_| Error::Internal("communicator state poisoned".into()))?
+            .failed
+            .clone();
         if let Some(e) = failed {
-            return Err(Error::Aborted(format!("{}: the communicator failed earlier and cannot be used: {e}", label())));
+            return Err(Error::Aborted(format!(
+                "{}: the communicator failed earlier and cannot be used: {e}",
+                label()
+            )));
         }
         Ok(())
     }

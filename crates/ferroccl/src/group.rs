@@ -44,7 +44,10 @@ pub struct Group<'a> {
 impl<'a> Group<'a> {
     /// An empty group.
     pub fn new() -> Group<'a> {
-        Group { items: Vec::new(), _buffers: PhantomData }
+        Group {
+            items: Vec::new(),
+            _buffers: PhantomData,
+        }
     }
 
     /// Adds an operation on raw buffers, checking its arguments now (an invalid one is
@@ -67,7 +70,15 @@ impl<'a> Group<'a> {
     }
 
     /// Adds a typed operation (see [`Comm::run`] for how the count follows from the buffers).
-    pub fn push<T: Element>(&mut self, comm: &'a Comm, kind: CollKind, send: &'a [T], recv: &'a mut [T], op: ReduceOp, root: Rank) -> Result<(), Error> {
+    pub fn push<T: Element>(
+        &mut self,
+        comm: &'a Comm,
+        kind: CollKind,
+        send: &'a [T],
+        recv: &'a mut [T],
+        op: ReduceOp,
+        root: Rank,
+    ) -> Result<(), Error> {
         comm.host_slices(kind)?;
         let args = OpArgs::typed(kind, send, recv, op, root, comm.info.rank, comm.info.nranks)?;
         // SAFETY: the slices are borrowed for 'a, which outlives the group.
@@ -75,7 +86,14 @@ impl<'a> Group<'a> {
     }
 
     /// Adds a typed in-place operation.
-    pub fn push_in_place<T: Element>(&mut self, comm: &'a Comm, kind: CollKind, buf: &'a mut [T], op: ReduceOp, root: Rank) -> Result<(), Error> {
+    pub fn push_in_place<T: Element>(
+        &mut self,
+        comm: &'a Comm,
+        kind: CollKind,
+        buf: &'a mut [T],
+        op: ReduceOp,
+        root: Rank,
+    ) -> Result<(), Error> {
         comm.host_slices(kind)?;
         let args = OpArgs::in_place(kind, buf, op, root, comm.info.rank, comm.info.nranks)?;
         // SAFETY: as in `push`.
@@ -83,15 +101,31 @@ impl<'a> Group<'a> {
     }
 
     /// Adds a send of `buf` to `peer` (see [`Comm::send`]).
-    pub fn send<T: Element>(&mut self, comm: &'a Comm, buf: &'a [T], peer: Rank) -> Result<(), Error> {
+    pub fn send<T: Element>(
+        &mut self,
+        comm: &'a Comm,
+        buf: &'a [T],
+        peer: Rank,
+    ) -> Result<(), Error> {
         self.push(comm, CollKind::Send, buf, &mut [], ReduceOp::Sum, peer)
     }
     /// Adds a receive into `buf` from `peer` (see [`Comm::recv`]).
-    pub fn recv<T: Element>(&mut self, comm: &'a Comm, buf: &'a mut [T], peer: Rank) -> Result<(), Error> {
+    pub fn recv<T: Element>(
+        &mut self,
+        comm: &'a Comm,
+        buf: &'a mut [T],
+        peer: Rank,
+    ) -> Result<(), Error> {
         self.push(comm, CollKind::Recv, &[], buf, ReduceOp::Sum, peer)
     }
     /// Adds an all-reduce (see [`Comm::all_reduce`]).
-    pub fn all_reduce<T: Element>(&mut self, comm: &'a Comm, send: &'a [T], recv: &'a mut [T], op: ReduceOp) -> Result<(), Error> {
+    pub fn all_reduce<T: Element>(
+        &mut self,
+        comm: &'a Comm,
+        send: &'a [T],
+        recv: &'a mut [T],
+        op: ReduceOp,
+    ) -> Result<(), Error> {
         self.push(comm, CollKind::AllReduce, send, recv, op, 0)
     }
 
@@ -111,14 +145,20 @@ impl<'a> Group<'a> {
         let mut per_comm: Vec<(&Comm, Vec<OpShape>)> = Vec::new();
         for (c, a) in &self.items {
             let windows = c.backend.cuda().is_some_and(|g| g.has_windows());
-            let symmetric = c.backend.cuda().is_some_and(|g| g.symmetric_far(a, &c.info).is_some());
+            let symmetric = c
+                .backend
+                .cuda()
+                .is_some_and(|g| g.symmetric_far(a, &c.info).is_some());
             let s = a.shape(&c.info, windows, symmetric);
             match per_comm.iter_mut().find(|(x, _)| std::ptr::eq(*x, *c)) {
                 Some((_, v)) => v.push(s),
                 None => per_comm.push((c, vec![s])),
             }
         }
-        per_comm.iter().map(|(c, shapes)| estimate_launch_us(shapes, c.info.device, &c.info.config)).fold(0.0, f64::max)
+        per_comm
+            .iter()
+            .map(|(c, shapes)| estimate_launch_us(shapes, c.info.device, &c.info.config))
+            .fold(0.0, f64::max)
     }
 
     /// Runs every operation of the group. Host communicators: returns when all are complete.

@@ -39,7 +39,9 @@ pub(crate) struct Siblings {
 
 impl Siblings {
     pub fn new(nranks: usize) -> Arc<Siblings> {
-        Arc::new(Siblings { entered: (0..nranks).map(|_| AtomicU64::new(0)).collect() })
+        Arc::new(Siblings {
+            entered: (0..nranks).map(|_| AtomicU64::new(0)).collect(),
+        })
     }
 }
 
@@ -86,7 +88,15 @@ impl CommState {
         }
         for (s, c) in shapes.iter().zip(choices) {
             if self.logged.insert(*s) {
-                tracing::debug!(rank = info.rank, "{} of {} x {}{} on {} ranks: {c}", s.kind, s.count, s.dtype, if s.in_place { " in place" } else { "" }, s.nranks);
+                tracing::debug!(
+                    rank = info.rank,
+                    "{} of {} x {}{} on {} ranks: {c}",
+                    s.kind,
+                    s.count,
+                    s.dtype,
+                    if s.in_place { " in place" } else { "" },
+                    s.nranks
+                );
             }
         }
     }

@@ -32,28 +32,52 @@ pub(crate) fn launch(items: &[(&Comm, OpArgs)]) -> Result<(), Error> {
     order.sort_by_key(|&i| comms[i].0 as *const Comm as usize);
     let mut guards: Vec<Option<MutexGuard<CommState>>> = (0..comms.len()).map(|_| None).collect();
     for &i in &order {
-        guards[i] = Some(comms[i].0.state.lock().map_err(|_| Error::Internal("communicator state poisoned".into()))?);
+        guards[i] = Some(
+            comms[i]
+                .0
+                .state
+                .lock()
+                .map_err(|_| Error::Internal("communicator state poisoned".into()))?,
+        );
     }
-    let mut states: Vec<MutexGuard<CommState>> = guards.into_iter().map(|g| g.expect("locked")).collect();
+    let mut states: Vec<MutexGuard<CommState>> =
+        guards.into_iter().map(|g| g.expect("locked")).collect();
 
     for ((comm, _), st) in comms.iter().zip(&states) {
         if let Some(e) = &st.failed {
-            return Err(Error::Aborted(format!("rank {}: the communicator failed earlier: {e}", comm.info.rank)));
+            return Err(Error::Aborted(format!(
+                "rank {}: the communicator failed earlier: {e}",
+                comm.info.rank
+            )));
         }
     }
     agree(&comms, &mut states)?;
 
-    let gpus = comms.iter().filter(|(c, _)| matches!(c.backend, Backend::Cuda(_))).count();
+    let gpus = comms
+        .iter()
+        .filter(|(c, _)| matches!(c.backend, Backend::Cuda(_)))
+        .count();
     if gpus > 0 && gpus < comms.len() {
-        return Err(Error::InvalidArgument("a group cannot mix GPU and host communicators".into()));
+        return Err(Error::InvalidArgument(
+            "a group cannot mix GPU and host communicators".into(),
+        ));
     }
     if gpus == 0 {
         let mut members: Vec<HostLaunch> = comms
             .iter()
             .zip(states.iter_mut())
             .map(|((c, args), st)| {
-                let Backend::Host(h) = &c.backend else { unreachable!("counted above") };
-                HostLaunch { info: &c.info, boot: &c.boot, abort: &c.abort, host: h, state: st, args }
+                let Backend::Host(h) = &c.backend else {
+                    unreachable!("counted above")
+                };
+                HostLaunch {
+                    info: &c.info,
+                    boot: &c.boot,
+                    abort: &c.abort,
+                    host: h,
+                    state: st,
+                    args,
+                }
             })
             .collect();
         return host::launch(&mut members);
@@ -61,7 +85,9 @@ pub(crate) fn launch(items: &[(&Comm, OpArgs)]) -> Result<(), Error> {
     // Each GPU's work goes to its stream and the call returns; launches to several GPUs from
     // one thread go back to back, none waits for another's completion.
     for ((c, args), st) in comms.iter().zip(states.iter_mut()) {
-        let Backend::Cuda(cuda) = &c.backend else { unreachable!("counted above") };
+        let Backend::Cuda(cuda) = &c.backend else {
+            unreachable!("counted above")
+        };
         if let Err(e) = cuda.launch(&c.info, st, args) {
             // Peers may have launched their side already: this communicator cannot be trusted.
             st.failed.get_or_insert_with(|| e.clone());
@@ -73,14 +99,26 @@ pub(crate) fn launch(items: &[(&Comm, OpArgs)]) -> Result<(), Error> {
 
 /// Check mode (`FERROCCL_CHECK_MISMATCH`): the communicators that have it on and a collective
 /// in this launch compare every rank's operations before anything moves.
-fn agree(comms: &[(&Comm, Vec<OpArgs>)], states: &mut [MutexGuard<CommState>]) -> Result<(), Error> {
+fn agree(
+    comms: &[(&Comm, Vec<OpArgs>)],
+    states: &mut [MutexGuard<CommState>],
+) -> Result<(), Error> {
     let checked: Vec<usize> = (0..comms.len())
-        .filter(|&i| comms[i].0.info.config.check_mismatch && comms[i].1.iter().any(|a| mismatch::involves_every_rank(a.kind)))
+        .filter(|&i| {
+            comms[i].0.info.config.check_mismatch
+                && comms[i]
+                    .1
+                    .iter()
+                    .any(|a| mismatch::involves_every_rank(a.kind))
+        })
         .collect();
     if checked.is_empty() {
         return Ok(());
     }
-    let sigs: Vec<Vec<u8>> = checked.iter().map(|&i| mismatch::signature(states[i].seq + 1, &comms[i].1)).collect();
+    let sigs: Vec<Vec<u8>> = checked
+        .iter()
+        .map(|&i| mismatch::signature(states[i].seq + 1, &comms[i].1))
+        .collect();
     let boots: Vec<_> = checked.iter().map(|&i| &comms[i].0.boot).collect();
     let mut first: Option<Error> = None;
     for (&i, r) in checked.iter().zip(mismatch::agree(&boots, &sigs)) {

@@ -76,6 +76,8 @@ pub mod mem {
 pub use bootstrap::{interface_ip, UniqueId};
 pub use comm::{Comm, Device};
 pub use ferroccl_core::numeric::{Element, F8E4M3, F8E5M2};
-pub use ferroccl_core::{CollKind, Config, DataType, Error, LaunchEnv, Rank, ReduceOp, Result, TransportChoice};
+pub use ferroccl_core::{
+    CollKind, Config, DataType, Error, LaunchEnv, Rank, ReduceOp, Result, TransportChoice,
+};
 pub use group::Group;
 pub use ops::OpArgs;

@@ -26,7 +26,10 @@ pub(crate) fn involves_every_rank(kind: CollKind) -> bool {
 }
 
 pub(crate) fn signature(seq: u64, args: &[OpArgs]) -> Vec<u8> {
-    let ops: Vec<OpSig> = args.iter().map(|a| OpSig::new(a.kind, a.dtype, a.count, a.op, a.root)).collect();
+    let ops: Vec<OpSig> = args
+        .iter()
+        .map(|a| OpSig::new(a.kind, a.dtype, a.count, a.op, a.root))
+        .collect();
     encode_launch(seq, &ops)
 }
 
@@ -43,9 +46,19 @@ pub(crate) fn agree(boots: &[&Bootstrap], sigs: &[Vec<u8>]) -> Vec<Result<(), Di
         return vec![agree_one(boots[0], &sigs[0])];
     }
     std::thread::scope(|s| {
-        let hs: Vec<_> = boots.iter().zip(sigs).map(|(b, sig)| s.spawn(move || agree_one(b, sig))).collect();
+        let hs: Vec<_> = boots
+            .iter()
+            .zip(sigs)
+            .map(|(b, sig)| s.spawn(move || agree_one(b, sig)))
+            .collect();
         hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(Disagreement::Exchange(Error::Internal("mismatch check thread panicked".into())))))
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Disagreement::Exchange(Error::Internal(
+                        "mismatch check thread panicked".into(),
+                    )))
+                })
+            })
             .collect()
     })
 }

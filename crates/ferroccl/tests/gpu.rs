@@ -46,7 +46,11 @@ fn all_reduce_args(send: &DeviceBuffer, recv: &DeviceBuffer, count: usize) -> Op
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn one_thread_drives_every_gpu_with_one_group() {
     let Some(n) = gpus_for_test() else { return };
-    let comms = Comm::init_devices(&(0..n).map(Device::Cuda).collect::<Vec<_>>(), &Config::default()).unwrap();
+    let comms = Comm::init_devices(
+        &(0..n).map(Device::Cuda).collect::<Vec<_>>(),
+        &Config::default(),
+    )
+    .unwrap();
     let stats = MemStats::new();
     let count = 64 << 20; // 256 MiB of f32 per rank
     let mut bufs = Vec::new();
@@ -77,10 +81,15 @@ fn one_thread_drives_every_gpu_with_one_group() {
         c.synchronize().unwrap();
     }
     let total = t.elapsed();
-    eprintln!("group of {n} all-reduces of 256 MiB: enqueued in {enqueue:?}, completed in {total:?}");
+    eprintln!(
+        "group of {n} all-reduces of 256 MiB: enqueued in {enqueue:?}, completed in {total:?}"
+    );
     // Launches to all GPUs return before any completes: a serialised launch would take the
     // whole operation time per GPU.
-    assert!(enqueue * 10 < total, "enqueue {enqueue:?} vs total {total:?}");
+    assert!(
+        enqueue * 10 < total,
+        "enqueue {enqueue:?} vs total {total:?}"
+    );
     let nn = n as f32;
     for (s, r) in &bufs {
         let _ = s;
@@ -112,16 +121,27 @@ fn registered_windows_take_data_straight_into_the_output() {
                 let stats = MemStats::new();
                 // Not GPU memory at all: refused everywhere, nothing registered.
                 let host = vec![0u8; 4096];
-                let e = unsafe { comm.register_window(host.as_ptr() as u64, host.len()) }.unwrap_err();
+                let e =
+                    unsafe { comm.register_window(host.as_ptr() as u64, host.len()) }.unwrap_err();
                 assert!(e.to_string().contains("ferroccl::mem::alloc"), "{e}");
                 let send = ferroccl::mem::alloc(&gpu, count * 4, &stats).unwrap();
                 let recv = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).unwrap();
                 comm.register_buffer(&send).unwrap();
                 comm.register_buffer(&recv).unwrap();
                 let read = |b: &DeviceBuffer, len: usize| read_f32(b, len).unwrap();
-                let val = |q: usize, i: usize, round: usize| ((i * 7 + q * 3 + round) % 1024) as f32;
+                let val =
+                    |q: usize, i: usize, round: usize| ((i * 7 + q * 3 + round) % 1024) as f32;
                 let run = |kind: CollKind, send_ptr: u64, recv_ptr: u64, cnt: usize| {
-                    let a = OpArgs { kind, send: send_ptr as *const u8, recv: recv_ptr as *mut u8, count: cnt, dtype: ferroccl::DataType::Float32, op: ReduceOp::Sum, root: 0, device_scalar: None };
+                    let a = OpArgs {
+                        kind,
+                        send: send_ptr as *const u8,
+                        recv: recv_ptr as *mut u8,
+                        count: cnt,
+                        dtype: ferroccl::DataType::Float32,
+                        op: ReduceOp::Sum,
+                        root: 0,
+                        device_scalar: None,
+                    };
                     let mut g = Group::new();
                     unsafe { g.push_raw(&comm, a).unwrap() };
                     g.launch().unwrap();
@@ -131,32 +151,64 @@ fn registered_windows_take_data_straight_into_the_output() {
                     let mine: Vec<f32> = (0..count).map(|i| val(r, i, round)).collect();
                     // All-gather out of place, then in place (our block inside recv).
                     send.copy_from_host(0, f32_bytes(&mine)).unwrap();
-                    run(CollKind::AllGather, send.device_ptr(), recv.device_ptr(), count);
+                    run(
+                        CollKind::AllGather,
+                        send.device_ptr(),
+                        recv.device_ptr(),
+                        count,
+                    );
                     let got = read(&recv, n * count);
                     for q in 0..n {
-                        assert!((0..count).all(|i| got[q * count + i] == val(q, i, round)), "round {round}: all-gather block {q}");
+                        assert!(
+                            (0..count).all(|i| got[q * count + i] == val(q, i, round)),
+                            "round {round}: all-gather block {q}"
+                        );
                     }
                     recv.copy_from_host(0, &vec![0u8; n * count * 4]).unwrap();
-                    recv.copy_from_host(r * count * 4, f32_bytes(&mine)).unwrap();
-                    run(CollKind::AllGather, recv.device_ptr() + (r * count * 4) as u64, recv.device_ptr(), count);
+                    recv.copy_from_host(r * count * 4, f32_bytes(&mine))
+                        .unwrap();
+                    run(
+                        CollKind::AllGather,
+                        recv.device_ptr() + (r * count * 4) as u64,
+                        recv.device_ptr(),
+                        count,
+                    );
                     let got = read(&recv, n * count);
                     for q in 0..n {
-                        assert!((0..count).all(|i| got[q * count + i] == val(q, i, round)), "round {round}: in-place all-gather block {q}");
+                        assert!(
+                            (0..count).all(|i| got[q * count + i] == val(q, i, round)),
+                            "round {round}: in-place all-gather block {q}"
+                        );
                     }
                     // All-reduce in place.
                     send.copy_from_host(0, f32_bytes(&mine)).unwrap();
-                    run(CollKind::AllReduce, send.device_ptr(), send.device_ptr(), count);
+                    run(
+                        CollKind::AllReduce,
+                        send.device_ptr(),
+                        send.device_ptr(),
+                        count,
+                    );
                     let got = read(&send, count);
-                    assert!((0..count).all(|i| got[i] == (0..n).map(|q| val(q, i, round)).sum::<f32>()), "round {round}: all-reduce");
+                    assert!(
+                        (0..count).all(|i| got[i] == (0..n).map(|q| val(q, i, round)).sum::<f32>()),
+                        "round {round}: all-reduce"
+                    );
                 }
-                let e = comm.deregister_window(recv.device_ptr() + 4096).unwrap_err();
+                let e = comm
+                    .deregister_window(recv.device_ptr() + 4096)
+                    .unwrap_err();
                 assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
                 comm.deregister_window(send.device_ptr()).unwrap();
                 comm.deregister_window(recv.device_ptr()).unwrap();
                 // Through the FIFOs again.
                 let mine: Vec<f32> = (0..count).map(|i| val(r, i, 9)).collect();
                 send.copy_from_host(0, f32_bytes(&mine)).unwrap();
-                run(CollKind::AllGather, send.device_ptr(), recv.device_ptr(), count);
+                run(
+                    CollKind::AllGather,
+                    send.device_ptr(),
+                    recv.device_ptr(),
+                    count,
+                );
                 let got = read(&recv, n * count);
                 assert!((0..n).all(|q| (0..count).all(|i| got[q * count + i] == val(q, i, 9))));
             });
@@ -174,10 +226,16 @@ fn registered_windows_take_data_straight_into_the_output() {
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
     let Some(n) = gpus_for_test() else { return };
-    let cfg = Config { gpu_ce_window_bytes: 1, ..Config::default() };
+    let cfg = Config {
+        gpu_ce_window_bytes: 1,
+        ..Config::default()
+    };
     let id = ferroccl::UniqueId::new(&cfg).unwrap();
     let count = (1 << 20) + 17; // an odd tail
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
     eprintln!("symmetric windows: seed {seed}");
     std::thread::scope(|s| {
         for r in 0..n {
@@ -195,7 +253,13 @@ fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
                 let recv = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).unwrap();
                 comm.register_symmetric_buffer(&send).unwrap();
                 comm.register_symmetric_buffer(&recv).unwrap();
-                let read = |b: &DeviceBuffer, len: usize| -> Vec<u32> { read_f32(b, len).unwrap().iter().map(|v| v.to_bits()).collect() };
+                let read = |b: &DeviceBuffer, len: usize| -> Vec<u32> {
+                    read_f32(b, len)
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect()
+                };
                 let put = |b: &DeviceBuffer, at: usize, v: &[u32]| {
                     let f: Vec<f32> = v.iter().map(|&x| f32::from_bits(x)).collect();
                     b.copy_from_host(at * 4, f32_bytes(&f)).unwrap();
@@ -212,58 +276,144 @@ fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
                         })
                         .collect()
                 };
-                let run = |kind: CollKind, send_ptr: u64, recv_ptr: u64, cnt: usize, root: usize| {
-                    let a = OpArgs { kind, send: send_ptr as *const u8, recv: recv_ptr as *mut u8, count: cnt, dtype: ferroccl::DataType::Float32, op: ReduceOp::Sum, root, device_scalar: None };
-                    let mut g = Group::new();
-                    unsafe { g.push_raw(&comm, a).unwrap() };
-                    g.launch().unwrap();
-                    let blocks = comm.last_launch_blocks();
-                    comm.synchronize().unwrap();
-                    blocks
-                };
+                let run =
+                    |kind: CollKind, send_ptr: u64, recv_ptr: u64, cnt: usize, root: usize| {
+                        let a = OpArgs {
+                            kind,
+                            send: send_ptr as *const u8,
+                            recv: recv_ptr as *mut u8,
+                            count: cnt,
+                            dtype: ferroccl::DataType::Float32,
+                            op: ReduceOp::Sum,
+                            root,
+                            device_scalar: None,
+                        };
+                        let mut g = Group::new();
+                        unsafe { g.push_raw(&comm, a).unwrap() };
+                        g.launch().unwrap();
+                        let blocks = comm.last_launch_blocks();
+                        comm.synchronize().unwrap();
+                        blocks
+                    };
                 let scrub = |b: &DeviceBuffer| put(b, 0, &data(99, r, n * count));
                 for round in 0..2u64 {
                     // All-gather, out of place and in place.
                     put(&send, 0, &data(round, r, count));
                     scrub(&recv);
-                    assert_eq!(run(CollKind::AllGather, send.device_ptr(), recv.device_ptr(), count, 0), Some(0), "all-gather by copy engines");
+                    assert_eq!(
+                        run(
+                            CollKind::AllGather,
+                            send.device_ptr(),
+                            recv.device_ptr(),
+                            count,
+                            0
+                        ),
+                        Some(0),
+                        "all-gather by copy engines"
+                    );
                     let got = read(&recv, n * count);
                     for q in 0..n {
-                        assert!(got[q * count..(q + 1) * count] == data(round, q, count)[..], "round {round}: all-gather block {q}");
+                        assert!(
+                            got[q * count..(q + 1) * count] == data(round, q, count)[..],
+                            "round {round}: all-gather block {q}"
+                        );
                     }
                     scrub(&recv);
                     put(&recv, r * count, &data(round + 10, r, count));
-                    assert_eq!(run(CollKind::AllGather, recv.device_ptr() + (r * count * 4) as u64, recv.device_ptr(), count, 0), Some(0));
+                    assert_eq!(
+                        run(
+                            CollKind::AllGather,
+                            recv.device_ptr() + (r * count * 4) as u64,
+                            recv.device_ptr(),
+                            count,
+                            0
+                        ),
+                        Some(0)
+                    );
                     let got = read(&recv, n * count);
                     for q in 0..n {
-                        assert!(got[q * count..(q + 1) * count] == data(round + 10, q, count)[..], "round {round}: in-place all-gather block {q}");
+                        assert!(
+                            got[q * count..(q + 1) * count] == data(round + 10, q, count)[..],
+                            "round {round}: in-place all-gather block {q}"
+                        );
                     }
                     // All-to-all: block p of rank q's input lands at block q of rank p's output.
                     put(&send, 0, &data(round + 20, r, n * count));
                     scrub(&recv);
-                    assert_eq!(run(CollKind::AllToAll, send.device_ptr(), recv.device_ptr(), count, 0), Some(0), "all-to-all by copy engines");
+                    assert_eq!(
+                        run(
+                            CollKind::AllToAll,
+                            send.device_ptr(),
+                            recv.device_ptr(),
+                            count,
+                            0
+                        ),
+                        Some(0),
+                        "all-to-all by copy engines"
+                    );
                     let got = read(&recv, n * count);
                     for q in 0..n {
                         let theirs = data(round + 20, q, n * count);
-                        assert!(got[q * count..(q + 1) * count] == theirs[r * count..(r + 1) * count], "round {round}: all-to-all block {q}");
+                        assert!(
+                            got[q * count..(q + 1) * count] == theirs[r * count..(r + 1) * count],
+                            "round {round}: all-to-all block {q}"
+                        );
                     }
                     // In place: a kernel, not the copy engines.
                     put(&recv, 0, &data(round + 30, r, n * count));
-                    assert_ne!(run(CollKind::AllToAll, recv.device_ptr(), recv.device_ptr(), count, 0), Some(0), "in place takes a kernel");
+                    assert_ne!(
+                        run(
+                            CollKind::AllToAll,
+                            recv.device_ptr(),
+                            recv.device_ptr(),
+                            count,
+                            0
+                        ),
+                        Some(0),
+                        "in place takes a kernel"
+                    );
                     let got = read(&recv, n * count);
                     for q in 0..n {
                         let theirs = data(round + 30, q, n * count);
-                        assert!(got[q * count..(q + 1) * count] == theirs[r * count..(r + 1) * count], "round {round}: in-place all-to-all block {q}");
+                        assert!(
+                            got[q * count..(q + 1) * count] == theirs[r * count..(r + 1) * count],
+                            "round {round}: in-place all-to-all block {q}"
+                        );
                     }
                     if n == 2 {
                         for root in 0..2 {
                             put(&send, 0, &data(round + 40, r, count));
                             scrub(&recv);
-                            assert_eq!(run(CollKind::Broadcast, send.device_ptr(), recv.device_ptr(), count, root), Some(0), "broadcast by copy engines");
-                            assert!(read(&recv, count) == data(round + 40, root, count), "round {round}: broadcast from {root}");
+                            assert_eq!(
+                                run(
+                                    CollKind::Broadcast,
+                                    send.device_ptr(),
+                                    recv.device_ptr(),
+                                    count,
+                                    root
+                                ),
+                                Some(0),
+                                "broadcast by copy engines"
+                            );
+                            assert!(
+                                read(&recv, count) == data(round + 40, root, count),
+                                "round {round}: broadcast from {root}"
+                            );
                             put(&recv, 0, &data(round + 50, r, count));
-                            assert_eq!(run(CollKind::Broadcast, recv.device_ptr(), recv.device_ptr(), count, root), Some(0));
-                            assert!(read(&recv, count) == data(round + 50, root, count), "round {round}: in-place broadcast from {root}");
+                            assert_eq!(
+                                run(
+                                    CollKind::Broadcast,
+                                    recv.device_ptr(),
+                                    recv.device_ptr(),
+                                    count,
+                                    root
+                                ),
+                                Some(0)
+                            );
+                            assert!(
+                                read(&recv, count) == data(round + 50, root, count),
+                                "round {round}: in-place broadcast from {root}"
+                            );
                         }
                     }
                 }
@@ -271,7 +421,16 @@ fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
                 comm.deregister_window(recv.device_ptr()).unwrap();
                 // Unregistered again: a kernel, exact.
                 put(&send, 0, &data(7, r, count));
-                assert_ne!(run(CollKind::AllGather, send.device_ptr(), recv.device_ptr(), count, 0), Some(0));
+                assert_ne!(
+                    run(
+                        CollKind::AllGather,
+                        send.device_ptr(),
+                        recv.device_ptr(),
+                        count,
+                        0
+                    ),
+                    Some(0)
+                );
                 let got = read(&recv, n * count);
                 assert!((0..n).all(|q| got[q * count..(q + 1) * count] == data(7, q, count)[..]));
             });
@@ -283,7 +442,11 @@ fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn operations_can_be_captured_in_a_cuda_graph() {
     let Some(n) = gpus_for_test() else { return };
-    let comms = Comm::init_devices(&(0..n).map(Device::Cuda).collect::<Vec<_>>(), &Config::default()).unwrap();
+    let comms = Comm::init_devices(
+        &(0..n).map(Device::Cuda).collect::<Vec<_>>(),
+        &Config::default(),
+    )
+    .unwrap();
     let stats = MemStats::new();
     let count = 1 << 20;
     let results: Vec<Result<(), String>> = std::thread::scope(|s| {
@@ -294,27 +457,46 @@ fn operations_can_be_captured_in_a_cuda_graph() {
                 let stats = &stats;
                 s.spawn(move || -> Result<(), String> {
                     let gpu = c.gpu().unwrap();
-                    let buf = DeviceBuffer::alloc(gpu, count * 4, &[], stats).map_err(|e| e.to_string())?;
+                    let buf = DeviceBuffer::alloc(gpu, count * 4, &[], stats)
+                        .map_err(|e| e.to_string())?;
                     let ones = vec![1f32; count];
-                    buf.copy_from_host(0, f32_bytes(&ones)).map_err(|e| e.to_string())?;
+                    buf.copy_from_host(0, f32_bytes(&ones))
+                        .map_err(|e| e.to_string())?;
                     let args = all_reduce_args(&buf, &buf, count);
                     // Warm-up outside capture: the operation's tables go to the GPU once.
                     unsafe { c.run_raw(&args) }.map_err(|e| e.to_string())?;
                     c.synchronize().map_err(|e| e.to_string())?;
-                    buf.copy_from_host(0, f32_bytes(&ones)).map_err(|e| e.to_string())?;
+                    buf.copy_from_host(0, f32_bytes(&ones))
+                        .map_err(|e| e.to_string())?;
                     let stream = c.cuda_stream() as sys::CUstream;
                     gpu.bind().map_err(|e| e.to_string())?;
                     unsafe {
-                        cu_ok("cuStreamBeginCapture", sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)).map_err(|e| e.to_string())?;
+                        cu_ok(
+                            "cuStreamBeginCapture",
+                            sys::cuStreamBeginCapture_v2(
+                                stream,
+                                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                            ),
+                        )
+                        .map_err(|e| e.to_string())?;
                         // Three in-place all-reduces of ones over n ranks give n^3.
                         for _ in 0..3 {
                             c.run_raw(&args).map_err(|e| e.to_string())?;
                         }
                         let mut graph = std::ptr::null_mut();
-                        cu_ok("cuStreamEndCapture", sys::cuStreamEndCapture(stream, &mut graph)).map_err(|e| e.to_string())?;
+                        cu_ok(
+                            "cuStreamEndCapture",
+                            sys::cuStreamEndCapture(stream, &mut graph),
+                        )
+                        .map_err(|e| e.to_string())?;
                         let mut exec = std::ptr::null_mut();
-                        cu_ok("cuGraphInstantiate", sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)).map_err(|e| e.to_string())?;
-                        cu_ok("cuGraphLaunch", sys::cuGraphLaunch(exec, stream)).map_err(|e| e.to_string())?;
+                        cu_ok(
+                            "cuGraphInstantiate",
+                            sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0),
+                        )
+                        .map_err(|e| e.to_string())?;
+                        cu_ok("cuGraphLaunch", sys::cuGraphLaunch(exec, stream))
+                            .map_err(|e| e.to_string())?;
                         c.synchronize().map_err(|e| e.to_string())?;
                         sys::cuGraphExecDestroy(exec);
                         sys::cuGraphDestroy(graph);
@@ -323,7 +505,10 @@ fn operations_can_be_captured_in_a_cuda_graph() {
                     let want = (n * n * n) as f32;
                     match out.iter().position(|&v| v != want) {
                         None => Ok(()),
-                        Some(i) => Err(format!("rank {r}: element {i} is {}, expected {want}", out[i])),
+                        Some(i) => Err(format!(
+                            "rank {r}: element {i} is {}, expected {want}",
+                            out[i]
+                        )),
                     }
                 })
             })
@@ -339,7 +524,11 @@ fn operations_can_be_captured_in_a_cuda_graph() {
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn a_device_scalar_is_read_when_the_graph_replays() {
     let Some(n) = gpus_for_test() else { return };
-    let comms = Comm::init_devices(&(0..n).map(Device::Cuda).collect::<Vec<_>>(), &Config::default()).unwrap();
+    let comms = Comm::init_devices(
+        &(0..n).map(Device::Cuda).collect::<Vec<_>>(),
+        &Config::default(),
+    )
+    .unwrap();
     let stats = MemStats::new();
     let count = 300_007; // odd: vector bodies and scalar tails
     let results: Vec<Result<(), String>> = std::thread::scope(|s| {
@@ -354,7 +543,8 @@ fn a_device_scalar_is_read_when_the_graph_replays() {
                     let send = DeviceBuffer::alloc(gpu, count * 4, &[], stats).map_err(e)?;
                     let recv = DeviceBuffer::alloc(gpu, count * 4, &[], stats).map_err(e)?;
                     let scalar = DeviceBuffer::alloc(gpu, 4, &[], stats).map_err(e)?;
-                    let input: Vec<f32> = (0..count).map(|i| ((i * 7 + r * 3) % 101) as f32).collect();
+                    let input: Vec<f32> =
+                        (0..count).map(|i| ((i * 7 + r * 3) % 101) as f32).collect();
                     send.copy_from_host(0, f32_bytes(&input)).map_err(e)?;
                     let args = OpArgs {
                         op: ReduceOp::PreMulSum(123.0), // ignored: the device scalar rules
@@ -367,12 +557,27 @@ fn a_device_scalar_is_read_when_the_graph_replays() {
                     c.synchronize().map_err(e)?;
                     gpu.bind().map_err(e)?;
                     let exec = unsafe {
-                        cu_ok("cuStreamBeginCapture", sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)).map_err(e)?;
+                        cu_ok(
+                            "cuStreamBeginCapture",
+                            sys::cuStreamBeginCapture_v2(
+                                stream,
+                                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                            ),
+                        )
+                        .map_err(e)?;
                         c.run_raw(&args).map_err(e)?;
                         let mut graph = std::ptr::null_mut();
-                        cu_ok("cuStreamEndCapture", sys::cuStreamEndCapture(stream, &mut graph)).map_err(e)?;
+                        cu_ok(
+                            "cuStreamEndCapture",
+                            sys::cuStreamEndCapture(stream, &mut graph),
+                        )
+                        .map_err(e)?;
                         let mut exec = std::ptr::null_mut();
-                        cu_ok("cuGraphInstantiate", sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)).map_err(e)?;
+                        cu_ok(
+                            "cuGraphInstantiate",
+                            sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0),
+                        )
+                        .map_err(e)?;
                         sys::cuGraphDestroy(graph);
                         exec
                     };
@@ -385,7 +590,9 @@ fn a_device_scalar_is_read_when_the_graph_replays() {
                         scalar.copy_from_host(0, f32_bytes(&[k])).map_err(e)?;
                         recv.copy_from_host(0, &vec![0xAB; count * 4]).map_err(e)?;
                         c.barrier().map_err(e)?;
-                        unsafe { cu_ok("cuGraphLaunch", sys::cuGraphLaunch(exec, stream)).map_err(e)? };
+                        unsafe {
+                            cu_ok("cuGraphLaunch", sys::cuGraphLaunch(exec, stream)).map_err(e)?
+                        };
                         c.synchronize().map_err(e)?;
                         outs.push((k, read_f32(&recv, count).map_err(e)?));
                     }
@@ -395,7 +602,9 @@ fn a_device_scalar_is_read_when_the_graph_replays() {
                             let sum: usize = (0..n).map(|q| (i * 7 + q * 3) % 101).sum();
                             let want = k * sum as f32; // small integers times 2 or -0.5: exact
                             if *v != want {
-                                return Err(format!("rank {r}, scalar {k}: element {i} is {v}, expected {want}"));
+                                return Err(format!(
+                                    "rank {r}, scalar {k}: element {i} is {v}, expected {want}"
+                                ));
                             }
                         }
                     }
@@ -431,7 +640,9 @@ fn child_gpu_kill_loop() {
         let r: Result<(), Error> = unsafe { comm.run_raw(&args) }.and_then(|_| {
             if raw {
                 comm.gpu().unwrap().bind()?;
-                cu_ok("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(stream) })?;
+                cu_ok("cuStreamSynchronize", unsafe {
+                    sys::cuStreamSynchronize(stream)
+                })?;
             }
             comm.synchronize()
         });
@@ -473,7 +684,10 @@ fn a_killed_gpu_process_fails_its_peers_within_seconds() {
     }
     let Some(_) = gpus_for_test() else { return };
     let (text, _) = kill_rank_1(&[]);
-    assert!(text.contains("rank 1"), "the error does not name the dead rank: {text}");
+    assert!(
+        text.contains("rank 1"),
+        "the error does not name the dead rank: {text}"
+    );
 }
 
 #[test]
@@ -484,15 +698,18 @@ fn a_killed_peer_frees_kernels_a_framework_waits_on() {
     }
     let Some(_) = gpus_for_test() else { return };
     let (text, _) = kill_rank_1(&[("RAW_SYNC", "1".into())]);
-    assert!(text.contains("rank 1") && text.contains("died"), "the error does not say that rank 1 died: {text}");
+    assert!(
+        text.contains("rank 1") && text.contains("died"),
+        "the error does not say that rank 1 died: {text}"
+    );
 }
 
 mod gpu_verifier {
     use super::gpus_for_test;
     use ferroccl::mem::{DeviceBuffer, MemStats};
     use ferroccl::{CollKind, Comm, Config, DataType, Device, ReduceOp};
-    use ferroccl_core::numeric::expected::RankCase;
     use ferroccl_core::numeric::element::store_f64;
+    use ferroccl_core::numeric::expected::RankCase;
     use std::time::Instant;
 
     fn same(a: f64, b: f64) -> bool {
@@ -515,7 +732,10 @@ mod gpu_verifier {
         let comms = Comm::init_devices(&[Device::Cuda(0)], &Config::default()).unwrap();
         let comm = &comms[0];
         let t = Instant::now();
-        let chk = comm.gpu_verifier().unwrap().expect("a GPU communicator has a checker");
+        let chk = comm
+            .gpu_verifier()
+            .unwrap()
+            .expect("a GPU communicator has a checker");
         eprintln!("checker ready in {:?}", t.elapsed());
         let gpu = comm.gpu().unwrap();
         let stats = MemStats::new();
@@ -525,12 +745,24 @@ mod gpu_verifier {
             // Odd: a tail after the packs; large enough for many blocks.
             let len = 300_007usize;
             let buf = DeviceBuffer::alloc(gpu, (len + 1) * w, &[], &stats).unwrap();
-            let mut inputs: Vec<(CollKind, ReduceOp)> = ops(dtype).into_iter().map(|o| (CollKind::AllReduce, o)).collect();
+            let mut inputs: Vec<(CollKind, ReduceOp)> = ops(dtype)
+                .into_iter()
+                .map(|o| (CollKind::AllReduce, o))
+                .collect();
             inputs.push((CollKind::AllGather, ReduceOp::Sum));
             for (kind, op) in inputs {
                 for shift in [0, w] {
                     seed += 1;
-                    let case = RankCase { kind, dtype, op, nranks: 5, rank: 3, count: len, root: 0, seed };
+                    let case = RankCase {
+                        kind,
+                        dtype,
+                        op,
+                        nranks: 5,
+                        rank: 3,
+                        count: len,
+                        root: 0,
+                        seed,
+                    };
                     let ptr = (buf.device_ptr() as usize + shift) as *mut u8;
                     unsafe { chk.fill(&case, ptr, len) }.unwrap();
                     comm.synchronize().unwrap();
@@ -538,25 +770,107 @@ mod gpu_verifier {
                     buf.copy_to_host(shift, &mut got).unwrap();
                     let mut want = vec![0u8; len * w];
                     case.fill_input(&mut want);
-                    if let Some(i) = (0..len).find(|&i| got[i * w..(i + 1) * w] != want[i * w..(i + 1) * w]) {
-                        panic!("{case:?} at +{shift}: element {i} is {:x?}, host {:x?}", &got[i * w..(i + 1) * w], &want[i * w..(i + 1) * w]);
+                    if let Some(i) =
+                        (0..len).find(|&i| got[i * w..(i + 1) * w] != want[i * w..(i + 1) * w])
+                    {
+                        panic!(
+                            "{case:?} at +{shift}: element {i} is {:x?}, host {:x?}",
+                            &got[i * w..(i + 1) * w],
+                            &want[i * w..(i + 1) * w]
+                        );
                     }
                 }
             }
 
             let count = 7001;
             let outs = [
-                RankCase { kind: CollKind::AllReduce, dtype, op: ReduceOp::Sum, nranks: 4, rank: 1, count, root: 0, seed },
-                RankCase { kind: CollKind::AllReduce, dtype, op: ReduceOp::Avg, nranks: 3, rank: 0, count, root: 0, seed },
-                RankCase { kind: CollKind::ReduceScatter, dtype, op: ReduceOp::Prod, nranks: 4, rank: 2, count, root: 0, seed },
-                RankCase { kind: CollKind::Reduce, dtype, op: ReduceOp::Min, nranks: 5, rank: 2, count, root: 2, seed },
-                RankCase { kind: CollKind::AllReduce, dtype, op: ops(dtype)[5], nranks: 6, rank: 5, count, root: 0, seed },
-                RankCase { kind: CollKind::AllGather, dtype, op: ReduceOp::Sum, nranks: 4, rank: 3, count, root: 0, seed },
-                RankCase { kind: CollKind::AllToAll, dtype, op: ReduceOp::Sum, nranks: 3, rank: 1, count, root: 0, seed },
-                RankCase { kind: CollKind::Recv, dtype, op: ReduceOp::Sum, nranks: 2, rank: 1, count, root: 0, seed },
+                RankCase {
+                    kind: CollKind::AllReduce,
+                    dtype,
+                    op: ReduceOp::Sum,
+                    nranks: 4,
+                    rank: 1,
+                    count,
+                    root: 0,
+                    seed,
+                },
+                RankCase {
+                    kind: CollKind::AllReduce,
+                    dtype,
+                    op: ReduceOp::Avg,
+                    nranks: 3,
+                    rank: 0,
+                    count,
+                    root: 0,
+                    seed,
+                },
+                RankCase {
+                    kind: CollKind::ReduceScatter,
+                    dtype,
+                    op: ReduceOp::Prod,
+                    nranks: 4,
+                    rank: 2,
+                    count,
+                    root: 0,
+                    seed,
+                },
+                RankCase {
+                    kind: CollKind::Reduce,
+                    dtype,
+                    op: ReduceOp::Min,
+                    nranks: 5,
+                    rank: 2,
+                    count,
+                    root: 2,
+                    seed,
+                },
+                RankCase {
+                    kind: CollKind::AllReduce,
+                    dtype,
+                    op: ops(dtype)[5],
+                    nranks: 6,
+                    rank: 5,
+                    count,
+                    root: 0,
+                    seed,
+                },
+                RankCase {
+                    kind: CollKind::AllGather,
+                    dtype,
+                    op: ReduceOp::Sum,
+                    nranks: 4,
+                    rank: 3,
+                    count,
+                    root: 0,
+                    seed,
+                },
+                RankCase {
+                    kind: CollKind::AllToAll,
+                    dtype,
+                    op: ReduceOp::Sum,
+                    nranks: 3,
+                    rank: 1,
+                    count,
+                    root: 0,
+                    seed,
+                },
+                RankCase {
+                    kind: CollKind::Recv,
+                    dtype,
+                    op: ReduceOp::Sum,
+                    nranks: 2,
+                    rank: 1,
+                    count,
+                    root: 0,
+                    seed,
+                },
             ];
             for case in outs {
-                let len = case.kind.buffer_counts(count, case.nranks, case.rank == case.root).unwrap().1;
+                let len = case
+                    .kind
+                    .buffer_counts(count, case.nranks, case.rank == case.root)
+                    .unwrap()
+                    .1;
                 let mut out = vec![0u8; len * w];
                 for j in 0..len {
                     store_f64(dtype, &mut out, j, case.expected(j).unwrap());
@@ -567,39 +881,108 @@ mod gpu_verifier {
                     let x = case.expected(j).unwrap();
                     // 64 away: beyond every tolerance (fp8 pre-mul-sums by 0.3 accept a sign flip
                     // of small values), and still 60 away after rounding to fp8.
-                    store_f64(dtype, &mut out, j, if x > 0.0 { x - 64.0 } else { x + 64.0 });
+                    store_f64(
+                        dtype,
+                        &mut out,
+                        j,
+                        if x > 0.0 { x - 64.0 } else { x + 64.0 },
+                    );
                 }
                 let mut host_first = None;
                 let host = case.count_wrong(&out, &mut host_first) as u64;
-                assert_eq!(host, planted.len() as u64, "{case:?}: the host reference does not see the planted elements");
+                assert_eq!(
+                    host,
+                    planted.len() as u64,
+                    "{case:?}: the host reference does not see the planted elements"
+                );
                 for shift in [0, w] {
                     buf.copy_from_host(shift, &out).unwrap();
                     let ptr = (buf.device_ptr() as usize + shift) as *const u8;
                     let got = unsafe { chk.count_wrong(&case, ptr, len) }.unwrap();
                     assert_eq!(got.count, host, "{case:?} at +{shift}");
                     let ((gj, gg, gw), (hj, hg, hw)) = (got.first.unwrap(), host_first.unwrap());
-                    assert!(gj == hj && same(gg, hg) && same(gw, hw), "{case:?}: first {:?}, host {:?}", got.first, host_first);
+                    assert!(
+                        gj == hj && same(gg, hg) && same(gw, hw),
+                        "{case:?}: first {:?}, host {:?}",
+                        got.first,
+                        host_first
+                    );
                 }
             }
             // A rank whose output the operation leaves alone has nothing wrong, whatever it holds.
-            let idle = RankCase { kind: CollKind::Gather, dtype, op: ReduceOp::Sum, nranks: 3, rank: 1, count, root: 0, seed };
-            assert_eq!(unsafe { chk.count_wrong(&idle, buf.device_ptr() as *const u8, count) }.unwrap().count, 0);
+            let idle = RankCase {
+                kind: CollKind::Gather,
+                dtype,
+                op: ReduceOp::Sum,
+                nranks: 3,
+                rank: 1,
+                count,
+                root: 0,
+                seed,
+            };
+            assert_eq!(
+                unsafe { chk.count_wrong(&idle, buf.device_ptr() as *const u8, count) }
+                    .unwrap()
+                    .count,
+                0
+            );
         }
 
         // Speed on 256 MiB: a broadcast's output is the root's data, an all-reduce over one rank
         // its own input, so filling as the source and counting as the receiver finds nothing.
         let bytes = 256usize << 20;
         let buf = DeviceBuffer::alloc(gpu, bytes, &[], &stats).unwrap();
-        for dtype in [DataType::Float32, DataType::Bfloat16, DataType::Float8E4M3, DataType::Int64] {
+        for dtype in [
+            DataType::Float32,
+            DataType::Bfloat16,
+            DataType::Float8E4M3,
+            DataType::Int64,
+        ] {
             let len = bytes / dtype.size();
             for (src, dst) in [
                 (
-                    RankCase { kind: CollKind::Broadcast, dtype, op: ReduceOp::Sum, nranks: 4, rank: 0, count: len, root: 0, seed: 9 },
-                    RankCase { kind: CollKind::Broadcast, dtype, op: ReduceOp::Sum, nranks: 4, rank: 2, count: len, root: 0, seed: 9 },
+                    RankCase {
+                        kind: CollKind::Broadcast,
+                        dtype,
+                        op: ReduceOp::Sum,
+                        nranks: 4,
+                        rank: 0,
+                        count: len,
+                        root: 0,
+                        seed: 9,
+                    },
+                    RankCase {
+                        kind: CollKind::Broadcast,
+                        dtype,
+                        op: ReduceOp::Sum,
+                        nranks: 4,
+                        rank: 2,
+                        count: len,
+                        root: 0,
+                        seed: 9,
+                    },
                 ),
                 (
-                    RankCase { kind: CollKind::AllReduce, dtype, op: ReduceOp::Sum, nranks: 1, rank: 0, count: len, root: 0, seed: 9 },
-                    RankCase { kind: CollKind::AllReduce, dtype, op: ReduceOp::Sum, nranks: 1, rank: 0, count: len, root: 0, seed: 9 },
+                    RankCase {
+                        kind: CollKind::AllReduce,
+                        dtype,
+                        op: ReduceOp::Sum,
+                        nranks: 1,
+                        rank: 0,
+                        count: len,
+                        root: 0,
+                        seed: 9,
+                    },
+                    RankCase {
+                        kind: CollKind::AllReduce,
+                        dtype,
+                        op: ReduceOp::Sum,
+                        nranks: 1,
+                        rank: 0,
+                        count: len,
+                        root: 0,
+                        seed: 9,
+                    },
                 ),
             ] {
                 let ptr = buf.device_ptr() as *mut u8;
@@ -614,7 +997,12 @@ mod gpu_verifier {
                 let count = t.elapsed();
                 assert_eq!(w.count, 0, "{dst:?}: {w:?}");
                 let gbs = |d: std::time::Duration| bytes as f64 / d.as_secs_f64() / 1e9;
-                eprintln!("{dtype} {:?}: fill {fill:?} ({:.0} GB/s), count {count:?} ({:.0} GB/s)", src.kind, gbs(fill), gbs(count));
+                eprintln!(
+                    "{dtype} {:?}: fill {fill:?} ({:.0} GB/s), count {count:?} ({:.0} GB/s)",
+                    src.kind,
+                    gbs(fill),
+                    gbs(count)
+                );
             }
         }
     }
@@ -626,10 +1014,19 @@ mod gpu_verifier {
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn gpu_communicators_refuse_host_slices() {
     let Some(n) = gpus_for_test() else { return };
-    let comms = Comm::init_devices(&(0..n).map(Device::Cuda).collect::<Vec<_>>(), &Config::default()).unwrap();
+    let comms = Comm::init_devices(
+        &(0..n).map(Device::Cuda).collect::<Vec<_>>(),
+        &Config::default(),
+    )
+    .unwrap();
     let c = &comms[0];
     let (a, mut b) = (vec![1f32; 8], vec![0f32; 8 * n]);
-    let refused = |e: Error| assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("host memory") && m.contains("run_raw")), "{e}");
+    let refused = |e: Error| {
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains("host memory") && m.contains("run_raw")),
+            "{e}"
+        )
+    };
     refused(c.all_reduce(&a, &mut b, ReduceOp::Sum).unwrap_err());
     refused(c.all_gather(&a, &mut b).unwrap_err());
     refused(c.all_reduce_in_place(&mut b, ReduceOp::Sum).unwrap_err());
@@ -645,7 +1042,10 @@ fn ranks_on_one_gpu(n: usize, config: Config) -> Option<Vec<Comm>> {
     if !common::one_gpu_for_test() {
         return None;
     }
-    let config = Config { timeout: Duration::from_secs(20), ..config };
+    let config = Config {
+        timeout: Duration::from_secs(20),
+        ..config
+    };
     Some(Comm::init_devices(&vec![Device::Cuda(0); n], &config).unwrap())
 }
 
@@ -659,7 +1059,11 @@ fn two_ranks_on_one_gpu() -> Option<Vec<Comm>> {
 fn on_each_rank<T: Send>(comms: &[Comm], f: impl Fn(usize, &Comm) -> T + Sync) -> Vec<T> {
     std::thread::scope(|s| {
         let f = &f;
-        let hs: Vec<_> = comms.iter().enumerate().map(|(r, c)| s.spawn(move || f(r, c))).collect();
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| s.spawn(move || f(r, c)))
+            .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     })
 }
@@ -675,7 +1079,15 @@ fn on_each_rank<T: Send>(comms: &[Comm], f: impl Fn(usize, &Comm) -> T + Sync) -
 #[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn ranks_sharing_a_gpu_evict_tables_without_waiting_for_each_other() {
     // The plan kernel's tables: the peer engine (which has none) off.
-    let Some(comms) = ranks_on_one_gpu(2, Config { gpu_peer_bytes: 0, ..Config::default() }) else { return };
+    let Some(comms) = ranks_on_one_gpu(
+        2,
+        Config {
+            gpu_peer_bytes: 0,
+            ..Config::default()
+        },
+    ) else {
+        return;
+    };
     // Beyond the direct engine (256 KiB per rank), so every shape has plan tables.
     let (base, shapes) = (70_000usize, 3000usize);
     let max = base + 3 * shapes;
@@ -692,7 +1104,10 @@ fn ranks_sharing_a_gpu_evict_tables_without_waiting_for_each_other() {
         let mut most = at_start;
         for k in 0..shapes {
             // SAFETY: device buffers of max >= count f32, alive past synchronize.
-            unsafe { c.run_raw(&all_reduce_args(&send, &recv, base + 3 * k)).unwrap() };
+            unsafe {
+                c.run_raw(&all_reduce_args(&send, &recv, base + 3 * k))
+                    .unwrap()
+            };
             most = most.max(c.device_memory_bytes());
         }
         c.synchronize().unwrap();
@@ -705,7 +1120,10 @@ fn ranks_sharing_a_gpu_evict_tables_without_waiting_for_each_other() {
     eprintln!("{shapes} new shapes on two ranks of one GPU in {:?}; memory (at start, most) per rank: {held:?}", t.elapsed());
     for (start, most) in held {
         // The 8 MiB pool, and a slab of slack: evicted and refilled, never grown past it.
-        assert!(most <= start + (10 << 20), "grew from {start} to {most} bytes");
+        assert!(
+            most <= start + (10 << 20),
+            "grew from {start} to {most} bytes"
+        );
     }
 }
 
@@ -717,7 +1135,9 @@ fn ranks_sharing_a_gpu_evict_tables_without_waiting_for_each_other() {
 #[test]
 #[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn sends_to_oneself_land_in_the_matching_receive() {
-    let Some(comms) = two_ranks_on_one_gpu() else { return };
+    let Some(comms) = two_ranks_on_one_gpu() else {
+        return;
+    };
     let n = comms.len();
     // Below and beyond the LL limit, so both protocols carry the sends to the other rank.
     for count in [1000usize, 300_000] {
@@ -727,15 +1147,29 @@ fn sends_to_oneself_land_in_the_matching_receive() {
             let gpu = c.gpu().unwrap();
             let send = DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap();
             let recv = DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap();
-            let host: Vec<f32> = (0..n * count).map(|i| value(r, i / count, i % count)).collect();
+            let host: Vec<f32> = (0..n * count)
+                .map(|i| value(r, i / count, i % count))
+                .collect();
             send.copy_from_host(0, f32_bytes(&host)).unwrap();
             recv.copy_from_host(0, &vec![0xff; n * count * 4]).unwrap();
             let mut g = Group::new();
             for q in 0..n {
                 let at = (q * count * 4) as u64;
                 let base = all_reduce_args(&send, &recv, count);
-                let s_args = OpArgs { kind: CollKind::Send, send: (send.device_ptr() + at) as *const u8, recv: std::ptr::null_mut(), root: q, ..base };
-                let r_args = OpArgs { kind: CollKind::Recv, send: std::ptr::null(), recv: (recv.device_ptr() + at) as *mut u8, root: q, ..base };
+                let s_args = OpArgs {
+                    kind: CollKind::Send,
+                    send: (send.device_ptr() + at) as *const u8,
+                    recv: std::ptr::null_mut(),
+                    root: q,
+                    ..base
+                };
+                let r_args = OpArgs {
+                    kind: CollKind::Recv,
+                    send: std::ptr::null(),
+                    recv: (recv.device_ptr() + at) as *mut u8,
+                    root: q,
+                    ..base
+                };
                 // SAFETY: device buffers of n x count f32, alive past synchronize.
                 unsafe {
                     g.push_raw(c, s_args).unwrap();
@@ -747,7 +1181,11 @@ fn sends_to_oneself_land_in_the_matching_receive() {
             let out = read_f32(&recv, n * count).unwrap();
             for (i, v) in out.iter().enumerate() {
                 let (from, k) = (i / count, i % count);
-                assert_eq!(*v, value(from, r, k), "count {count}: rank {r} element {k} from rank {from}");
+                assert_eq!(
+                    *v,
+                    value(from, r, k),
+                    "count {count}: rank {r} element {k} from rank {from}"
+                );
             }
         });
     }
@@ -769,23 +1207,57 @@ fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
     for n in [2usize, 3] {
         // 16 KiB slots: blocks (64 on 2 ranks, 32 on 3) x (n - 1) peers x 4 slots; no copy engine.
         let blocks = tune::peer_blocks(&Config::default(), n);
-        let cfg = Config { gpu_peer_bytes: (n - 1) * blocks * 4 * (16 << 10), gpu_copy_engine_bytes: 0, gpu_peer_rooted_max_bytes: usize::MAX, ..Config::default() };
+        let cfg = Config {
+            gpu_peer_bytes: (n - 1) * blocks * 4 * (16 << 10),
+            gpu_copy_engine_bytes: 0,
+            gpu_peer_rooted_max_bytes: usize::MAX,
+            ..Config::default()
+        };
         assert_eq!(tune::peer_slot_bytes(&cfg, n), 16 << 10);
-        let kinds = [AllReduce, ReduceScatter, AllGather, AllToAll, Gather, Scatter, Broadcast, Reduce];
+        let kinds = [
+            AllReduce,
+            ReduceScatter,
+            AllGather,
+            AllToAll,
+            Gather,
+            Scatter,
+            Broadcast,
+            Reduce,
+        ];
         engine_is_exact(n, &cfg, &kinds, &|_| tune::Engine::PeerKernel);
         if n == 2 {
             // The all-reduce two-shot at every size as well (one-shot by default, at every size).
-            let two = Config { gpu_peer_oneshot_max_bytes: 0, ..cfg.clone() };
-            engine_is_exact(n, &two, &[AllReduce, ReduceScatter, AllReduce], &|_| tune::Engine::PeerKernel);
+            let two = Config {
+                gpu_peer_oneshot_max_bytes: 0,
+                ..cfg.clone()
+            };
+            engine_is_exact(n, &two, &[AllReduce, ReduceScatter, AllReduce], &|_| {
+                tune::Engine::PeerKernel
+            });
         }
         // Staging cut for an odd number of blocks: the slots' block stride is the kernel's
         // parameter, not its largest grid (on 3 ranks the sender's index multiplies it too).
-        let odd = Config { gpu_peer_blocks: 7, gpu_peer_bytes: (n - 1) * 7 * 4 * (16 << 10), ..cfg.clone() };
-        assert_eq!((tune::peer_blocks(&odd, n), tune::peer_slot_bytes(&odd, n)), (7, 16 << 10));
-        engine_is_exact(n, &odd, &[AllGather, AllReduce, Gather, ReduceScatter], &|_| tune::Engine::PeerKernel);
+        let odd = Config {
+            gpu_peer_blocks: 7,
+            gpu_peer_bytes: (n - 1) * 7 * 4 * (16 << 10),
+            ..cfg.clone()
+        };
+        assert_eq!(
+            (tune::peer_blocks(&odd, n), tune::peer_slot_bytes(&odd, n)),
+            (7, 16 << 10)
+        );
+        engine_is_exact(
+            n,
+            &odd,
+            &[AllGather, AllReduce, Gather, ReduceScatter],
+            &|_| tune::Engine::PeerKernel,
+        );
         // Split launches (FERROCCL_GPU_PEER_SPLIT): every kind, mixed with two-shot
         // all-reduces (3 ranks) and in-place all-to-alls and all-reduces, which stay whole.
-        let split = Config { gpu_peer_split: Some(true), ..cfg };
+        let split = Config {
+            gpu_peer_split: Some(true),
+            ..cfg
+        };
         engine_is_exact(n, &split, &kinds, &|_| tune::Engine::PeerKernel);
     }
 }
@@ -801,18 +1273,54 @@ fn the_one_shot_all_reduce_gives_both_ranks_the_same_bits() {
     let nan = |payload: u32| f32::from_bits(0x7fc0_0000 | payload);
     // Rank r's element i: signed zeros and NaNs that differ between the ranks, and ordinary values.
     let val = |r: usize, i: usize| match i % 4 {
-        0 => if (i / 4 + r) % 2 == 0 { 0.0f32 } else { -0.0 },
+        0 => {
+            if (i / 4 + r) % 2 == 0 {
+                0.0f32
+            } else {
+                -0.0
+            }
+        }
         1 => nan((r as u32 + 1) * 0x111 + (i as u32 & 0xff)),
-        2 => if r == 0 { nan(0x2a) } else { (i % 97) as f32 },
+        2 => {
+            if r == 0 {
+                nan(0x2a)
+            } else {
+                (i % 97) as f32
+            }
+        }
         _ => ((i * 7 + r * 13) % 101) as f32 - 50.0,
     };
     for oneshot in [true, false] {
-        let cfg = Config { gpu_peer_oneshot_max_bytes: if oneshot { 4 << 20 } else { 0 }, gpu_copy_engine_bytes: 0, ..Config::default() };
-        let shape = OpShape { kind: CollKind::AllReduce, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false, symmetric: false };
+        let cfg = Config {
+            gpu_peer_oneshot_max_bytes: if oneshot { 4 << 20 } else { 0 },
+            gpu_copy_engine_bytes: 0,
+            ..Config::default()
+        };
+        let shape = OpShape {
+            kind: CollKind::AllReduce,
+            count,
+            dtype: ferroccl::DataType::Float32,
+            nranks: 2,
+            in_place: false,
+            windows: false,
+            symmetric: false,
+        };
         let c = tune::choose(&shape, tune::Device::Gpu, &cfg);
-        assert_eq!((c.engine, c.algo == tune::Algo::OneShot), (tune::Engine::PeerKernel, oneshot), "{c}");
-        let Some(comms) = ranks_on_one_gpu(2, cfg) else { return };
-        for op in [ReduceOp::Max, ReduceOp::Min, ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Avg] {
+        assert_eq!(
+            (c.engine, c.algo == tune::Algo::OneShot),
+            (tune::Engine::PeerKernel, oneshot),
+            "{c}"
+        );
+        let Some(comms) = ranks_on_one_gpu(2, cfg) else {
+            return;
+        };
+        for op in [
+            ReduceOp::Max,
+            ReduceOp::Min,
+            ReduceOp::Sum,
+            ReduceOp::Prod,
+            ReduceOp::Avg,
+        ] {
             let outs = on_each_rank(&comms, |r, comm| {
                 let stats = MemStats::new();
                 let gpu = comm.gpu().unwrap();
@@ -820,11 +1328,18 @@ fn the_one_shot_all_reduce_gives_both_ranks_the_same_bits() {
                 let recv = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
                 let mine: Vec<f32> = (0..count).map(|i| val(r, i)).collect();
                 send.copy_from_host(0, f32_bytes(&mine)).unwrap();
-                let a = OpArgs { op, ..all_reduce_args(&send, &recv, count) };
+                let a = OpArgs {
+                    op,
+                    ..all_reduce_args(&send, &recv, count)
+                };
                 // SAFETY: device buffers of count f32, alive past synchronize.
                 unsafe { comm.run_raw(&a).unwrap() };
                 comm.synchronize().unwrap();
-                read_f32(&recv, count).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+                read_f32(&recv, count)
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<u32>>()
             });
             let differ = (0..count).filter(|&i| outs[0][i] != outs[1][i]).count();
             assert_eq!(differ, 0, "{op:?} one-shot {oneshot}: {differ} elements differ between the ranks, first at {:?}",
@@ -839,7 +1354,11 @@ fn the_one_shot_all_reduce_gives_both_ranks_the_same_bits() {
                     ReduceOp::Prod => x * y,
                     _ => (x + y) / 2.0,
                 };
-                assert_eq!(f32::from_bits(outs[0][i]), want, "{op:?} one-shot {oneshot} element {i}");
+                assert_eq!(
+                    f32::from_bits(outs[0][i]),
+                    want,
+                    "{op:?} one-shot {oneshot} element {i}"
+                );
             }
         }
     }
@@ -854,22 +1373,47 @@ fn the_copy_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
     use CollKind::*;
     for n in [2usize, 3] {
         // 32 blocks: 16 KiB peer slots, so that a sender's region (2 MiB) makes 512 KiB pieces.
-        let cfg = Config { gpu_peer_bytes: (n - 1) * (2 << 20), gpu_peer_blocks: 32, gpu_copy_engine_bytes: 1, ..Config::default() };
+        let cfg = Config {
+            gpu_peer_bytes: (n - 1) * (2 << 20),
+            gpu_peer_blocks: 32,
+            gpu_copy_engine_bytes: 1,
+            ..Config::default()
+        };
         assert_eq!(tune::ce_slot_bytes(&cfg, n), 512 << 10);
-        let mut kinds = vec![AllReduce, AllGather, ReduceScatter, AllToAll, Gather, Scatter];
+        let mut kinds = vec![
+            AllReduce,
+            AllGather,
+            ReduceScatter,
+            AllToAll,
+            Gather,
+            Scatter,
+        ];
         if n == 2 {
             kinds.extend([Broadcast, Reduce]);
         }
-        let engine = move |k| if ferroccl_core::plan::copies::serves(k, n) { tune::Engine::CopyEngine } else { tune::Engine::PeerKernel };
+        let engine = move |k| {
+            if ferroccl_core::plan::copies::serves(k, n) {
+                tune::Engine::CopyEngine
+            } else {
+                tune::Engine::PeerKernel
+            }
+        };
         engine_is_exact(n, &cfg, &kinds, &engine);
     }
 }
 
 /// Every rank of `n` on one GPU runs every kind of `kinds` at three sizes, in place and out,
 /// and checks every element; the tuner must give each to `engine`.
-fn engine_is_exact(n: usize, cfg: &Config, kinds: &[CollKind], engine: &(dyn Fn(CollKind) -> tune::Engine + Sync)) {
+fn engine_is_exact(
+    n: usize,
+    cfg: &Config,
+    kinds: &[CollKind],
+    engine: &(dyn Fn(CollKind) -> tune::Engine + Sync),
+) {
     use CollKind::*;
-    let Some(comms) = ranks_on_one_gpu(n, cfg.clone()) else { return };
+    let Some(comms) = ranks_on_one_gpu(n, cfg.clone()) else {
+        return;
+    };
     // Per-rank counts: one round of one block, many rounds with a tail, a different grid.
     let counts = [70_001usize, (3 << 20) + 17, 300_003];
     let max = n * counts.iter().max().unwrap();
@@ -900,7 +1444,8 @@ fn engine_is_exact(n: usize, cfg: &Config, kinds: &[CollKind], engine: &(dyn Fn(
                     // The output starts poisoned; in place, the input lies inside it
                     // where NCCL's convention puts it (the larger buffer holds both).
                     let whole = sc.max(rc);
-                    recv.copy_from_host(0, f32_bytes(&vec![poison; whole])).unwrap();
+                    recv.copy_from_host(0, f32_bytes(&vec![poison; whole]))
+                        .unwrap();
                     let (sp, rp, out_at) = if in_place {
                         let (in_at, out_at) = match kind {
                             AllGather => (r * count, 0),
@@ -910,32 +1455,63 @@ fn engine_is_exact(n: usize, cfg: &Config, kinds: &[CollKind], engine: &(dyn Fn(
                             _ => (0, 0),
                         };
                         recv.copy_from_host(in_at * 4, f32_bytes(&mine)).unwrap();
-                        (recv.device_ptr() + (in_at * 4) as u64, recv.device_ptr() + (out_at * 4) as u64, out_at)
+                        (
+                            recv.device_ptr() + (in_at * 4) as u64,
+                            recv.device_ptr() + (out_at * 4) as u64,
+                            out_at,
+                        )
                     } else {
                         send.copy_from_host(0, f32_bytes(&mine)).unwrap();
                         (send.device_ptr(), recv.device_ptr(), 0)
                     };
-                    let a = OpArgs { kind, send: sp as *const u8, recv: rp as *mut u8, count, root: t, ..all_reduce_args(&send, &recv, count) };
+                    let a = OpArgs {
+                        kind,
+                        send: sp as *const u8,
+                        recv: rp as *mut u8,
+                        count,
+                        root: t,
+                        ..all_reduce_args(&send, &recv, count)
+                    };
                     // SAFETY: device buffers of max >= every count used, alive past synchronize.
                     unsafe { c.run_raw(&a).unwrap() };
                     c.synchronize().unwrap();
                     // The peer engine ran it, on the tuner's grid.
-                    let shape = OpShape { kind, count, dtype: ferroccl::DataType::Float32, nranks: n, in_place, windows: false, symmetric: false };
+                    let shape = OpShape {
+                        kind,
+                        count,
+                        dtype: ferroccl::DataType::Float32,
+                        nranks: n,
+                        in_place,
+                        windows: false,
+                        symmetric: false,
+                    };
                     let choice = tune::choose(&shape, tune::Device::Gpu, cfg);
                     assert_eq!(choice.engine, engine(kind), "{choice}");
                     assert_eq!(c.last_launch_blocks(), Some(choice.channels as u32));
                     let got = read_f32(&recv, whole).unwrap();
-                    let what = format!("{n} ranks, {kind} of {count} (in place {in_place}): rank {r}");
+                    let what =
+                        format!("{n} ranks, {kind} of {count} (in place {in_place}): rank {r}");
                     if kind == Reduce && r != t {
                         // A non-root's output is not written (in place it is its input).
-                        let want: Vec<f32> = if in_place { mine.clone() } else { vec![poison; whole] };
-                        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: a non-root's output changed");
+                        let want: Vec<f32> = if in_place {
+                            mine.clone()
+                        } else {
+                            vec![poison; whole]
+                        };
+                        assert!(
+                            got.iter()
+                                .zip(&want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{what}: a non-root's output changed"
+                        );
                         continue;
                     }
                     for i in 0..rc {
                         let want = match kind {
                             AllReduce | Reduce => (0..n).map(|q| val(q, i, step)).sum::<f32>(),
-                            ReduceScatter => (0..n).map(|q| val(q, r * count + i, step)).sum::<f32>(),
+                            ReduceScatter => {
+                                (0..n).map(|q| val(q, r * count + i, step)).sum::<f32>()
+                            }
                             AllGather | Gather => val(i / count, i % count, step),
                             AllToAll => val(i / count, r * count + i % count, step),
                             Broadcast => val(t, i, step),
@@ -957,8 +1533,15 @@ fn engine_is_exact(n: usize, cfg: &Config, kinds: &[CollKind], engine: &(dyn Fn(
 #[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn the_copy_engine_replays_in_cuda_graphs() {
     let n = 2;
-    let cfg = Config { gpu_peer_bytes: 2 << 20, gpu_peer_blocks: 32, gpu_copy_engine_bytes: 1, ..Config::default() };
-    let Some(comms) = ranks_on_one_gpu(n, cfg) else { return };
+    let cfg = Config {
+        gpu_peer_bytes: 2 << 20,
+        gpu_peer_blocks: 32,
+        gpu_copy_engine_bytes: 1,
+        ..Config::default()
+    };
+    let Some(comms) = ranks_on_one_gpu(n, cfg) else {
+        return;
+    };
     let count = (3 << 20) + 5; // 12 MiB a block: 24 pieces of 512 KiB
     let val = |q: usize, i: usize, rep: usize| ((i * 5 + q * 977 + rep * 31) % 4093) as f32;
     on_each_rank(&comms, |r, c| {
@@ -967,18 +1550,39 @@ fn the_copy_engine_replays_in_cuda_graphs() {
         let send = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
         let gathered = DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap();
         let a2a = DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap();
-        let ag = OpArgs { kind: CollKind::AllGather, ..all_reduce_args(&send, &gathered, count) };
-        let at = OpArgs { kind: CollKind::AllToAll, ..all_reduce_args(&a2a, &a2a, count) };
+        let ag = OpArgs {
+            kind: CollKind::AllGather,
+            ..all_reduce_args(&send, &gathered, count)
+        };
+        let at = OpArgs {
+            kind: CollKind::AllToAll,
+            ..all_reduce_args(&a2a, &a2a, count)
+        };
         let stream = c.cuda_stream() as sys::CUstream;
         gpu.bind().unwrap();
         let (mut graph, mut exec) = (std::ptr::null_mut(), std::ptr::null_mut());
         // SAFETY: buffers alive past every replay's synchronize; our stream.
         unsafe {
-            cu_ok("cuStreamBeginCapture", sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)).unwrap();
+            cu_ok(
+                "cuStreamBeginCapture",
+                sys::cuStreamBeginCapture_v2(
+                    stream,
+                    sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                ),
+            )
+            .unwrap();
             c.run_raw(&ag).unwrap();
             c.run_raw(&at).unwrap();
-            cu_ok("cuStreamEndCapture", sys::cuStreamEndCapture(stream, &mut graph)).unwrap();
-            cu_ok("cuGraphInstantiate", sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)).unwrap();
+            cu_ok(
+                "cuStreamEndCapture",
+                sys::cuStreamEndCapture(stream, &mut graph),
+            )
+            .unwrap();
+            cu_ok(
+                "cuGraphInstantiate",
+                sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0),
+            )
+            .unwrap();
         }
         assert_eq!(c.last_launch_blocks(), Some(0), "no thread block");
         for rep in 0..3 {
@@ -993,8 +1597,16 @@ fn the_copy_engine_replays_in_cuda_graphs() {
             let g = read_f32(&gathered, n * count).unwrap();
             let t = read_f32(&a2a, n * count).unwrap();
             for i in 0..n * count {
-                assert_eq!(g[i], val(i / count, i % count, rep), "rank {r} replay {rep}: all-gather element {i}");
-                assert_eq!(t[i], val(i / count, r * count + i % count, rep + 10), "rank {r} replay {rep}: all-to-all element {i}");
+                assert_eq!(
+                    g[i],
+                    val(i / count, i % count, rep),
+                    "rank {r} replay {rep}: all-gather element {i}"
+                );
+                assert_eq!(
+                    t[i],
+                    val(i / count, r * count + i % count, rep + 10),
+                    "rank {r} replay {rep}: all-to-all element {i}"
+                );
             }
         }
         // SAFETY: ours, no replay in flight.
@@ -1014,7 +1626,9 @@ fn the_copy_engine_replays_in_cuda_graphs() {
 #[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn operations_on_two_streams_run_in_call_order() {
     let n = 2;
-    let Some(comms) = ranks_on_one_gpu(n, Config::default()) else { return };
+    let Some(comms) = ranks_on_one_gpu(n, Config::default()) else {
+        return;
+    };
     let count = (1 << 20) + 3; // 4 MiB a rank: many rounds of the peer engine
     let val = |q: usize, i: usize, rep: usize| ((i * 3 + q * 101 + rep * 7) % 1021) as f32;
     on_each_rank(&comms, |r, c| {
@@ -1027,9 +1641,15 @@ fn operations_on_two_streams_run_in_call_order() {
             unsafe { cu_ok("cuStreamCreate", sys::cuStreamCreate(st, 1)).unwrap() };
         }
         let reps = 3;
-        let ins: Vec<DeviceBuffer> = (0..reps).map(|_| DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap()).collect();
-        let gathered: Vec<DeviceBuffer> = (0..reps).map(|_| DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap()).collect();
-        let reduced: Vec<DeviceBuffer> = (0..reps).map(|_| DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap()).collect();
+        let ins: Vec<DeviceBuffer> = (0..reps)
+            .map(|_| DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap())
+            .collect();
+        let gathered: Vec<DeviceBuffer> = (0..reps)
+            .map(|_| DeviceBuffer::alloc(gpu, n * count * 4, &[], &stats).unwrap())
+            .collect();
+        let reduced: Vec<DeviceBuffer> = (0..reps)
+            .map(|_| DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap())
+            .collect();
         for rep in 0..reps {
             let mine: Vec<f32> = (0..count).map(|i| val(r, i, rep)).collect();
             ins[rep].copy_from_host(0, f32_bytes(&mine)).unwrap();
@@ -1038,9 +1658,14 @@ fn operations_on_two_streams_run_in_call_order() {
             // SAFETY: our streams; buffers alive past the synchronizations below.
             unsafe {
                 c.set_stream(streams[0] as _);
-                c.run_raw(&OpArgs { kind: CollKind::AllGather, ..all_reduce_args(&ins[rep], &gathered[rep], count) }).unwrap();
+                c.run_raw(&OpArgs {
+                    kind: CollKind::AllGather,
+                    ..all_reduce_args(&ins[rep], &gathered[rep], count)
+                })
+                .unwrap();
                 c.set_stream(streams[1] as _);
-                c.run_raw(&all_reduce_args(&ins[rep], &reduced[rep], count)).unwrap();
+                c.run_raw(&all_reduce_args(&ins[rep], &reduced[rep], count))
+                    .unwrap();
             }
         }
         gpu.bind().unwrap();
@@ -1052,10 +1677,18 @@ fn operations_on_two_streams_run_in_call_order() {
             let g = read_f32(&gathered[rep], n * count).unwrap();
             let a = read_f32(&reduced[rep], count).unwrap();
             for i in 0..n * count {
-                assert_eq!(g[i], val(i / count, i % count, rep), "rank {r} rep {rep}: all-gather element {i}");
+                assert_eq!(
+                    g[i],
+                    val(i / count, i % count, rep),
+                    "rank {r} rep {rep}: all-gather element {i}"
+                );
             }
             for i in 0..count {
-                assert_eq!(a[i], (0..n).map(|q| val(q, i, rep)).sum::<f32>(), "rank {r} rep {rep}: all-reduce element {i}");
+                assert_eq!(
+                    a[i],
+                    (0..n).map(|q| val(q, i, rep)).sum::<f32>(),
+                    "rank {r} rep {rep}: all-reduce element {i}"
+                );
             }
         }
         // SAFETY: back to the communicator's own stream before ours go.
@@ -1084,18 +1717,33 @@ fn a_first_launch_does_not_wait_for_a_spinning_kernel_of_the_same_gpu() {
     }
     // The kernels' compile (NVRTC, first run on a machine) would outlast a short deadline.
     drop(Comm::init_devices(&[Device::Cuda(0), Device::Cuda(0)], &Config::default()).unwrap());
-    let cfg = Config { timeout: Duration::from_secs(5), ..Config::default() };
+    let cfg = Config {
+        timeout: Duration::from_secs(5),
+        ..Config::default()
+    };
     let comms = Comm::init_devices(&[Device::Cuda(0), Device::Cuda(0)], &cfg).unwrap();
     let count = 1 << 20;
-    let shape = OpShape { kind: CollKind::AllReduce, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false, symmetric: false };
-    assert_eq!(tune::choose(&shape, tune::Device::Gpu, &cfg).engine, tune::Engine::PeerKernel);
+    let shape = OpShape {
+        kind: CollKind::AllReduce,
+        count,
+        dtype: ferroccl::DataType::Float32,
+        nranks: 2,
+        in_place: false,
+        windows: false,
+        symmetric: false,
+    };
+    assert_eq!(
+        tune::choose(&shape, tune::Device::Gpu, &cfg).engine,
+        tune::Engine::PeerKernel
+    );
     let t = Instant::now();
     let took: Vec<(Duration, Duration)> = on_each_rank(&comms, |r, c| {
         let stats = MemStats::new();
         let gpu = c.gpu().unwrap();
         let send = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
         let recv = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
-        send.copy_from_host(0, f32_bytes(&vec![(r + 1) as f32; count])).unwrap();
+        send.copy_from_host(0, f32_bytes(&vec![(r + 1) as f32; count]))
+            .unwrap();
         if r == 1 {
             std::thread::sleep(Duration::from_millis(300));
         }
@@ -1104,11 +1752,21 @@ fn a_first_launch_does_not_wait_for_a_spinning_kernel_of_the_same_gpu() {
         unsafe { c.run_raw(&all_reduce_args(&send, &recv, count)).unwrap() };
         let launched = t0.elapsed();
         c.synchronize().unwrap();
-        assert!(read_f32(&recv, count).unwrap().iter().all(|&v| v == 3.0), "rank {r}");
+        assert!(
+            read_f32(&recv, count).unwrap().iter().all(|&v| v == 3.0),
+            "rank {r}"
+        );
         (launched, t0.elapsed())
     });
-    eprintln!("launch, launch to done, per rank: {took:?}; all done after {:?}", t.elapsed());
-    assert!(took[1].0 < Duration::from_millis(500), "rank 1's launch waited {:?}", took[1].0);
+    eprintln!(
+        "launch, launch to done, per rank: {took:?}; all done after {:?}",
+        t.elapsed()
+    );
+    assert!(
+        took[1].0 < Duration::from_millis(500),
+        "rank 1's launch waited {:?}",
+        took[1].0
+    );
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
 }
 
@@ -1121,16 +1779,35 @@ fn a_first_launch_does_not_wait_for_a_spinning_kernel_of_the_same_gpu() {
 #[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn the_copy_engine_is_freed_by_an_abort() {
     let count = 1 << 20;
-    let config = Config { gpu_copy_engine_bytes: 1, ..Config::default() };
-    let shape = OpShape { kind: CollKind::AllGather, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false, symmetric: false };
-    assert_eq!(tune::choose(&shape, tune::Device::Gpu, &config).engine, tune::Engine::CopyEngine);
-    let Some(comms) = ranks_on_one_gpu(2, config) else { return };
+    let config = Config {
+        gpu_copy_engine_bytes: 1,
+        ..Config::default()
+    };
+    let shape = OpShape {
+        kind: CollKind::AllGather,
+        count,
+        dtype: ferroccl::DataType::Float32,
+        nranks: 2,
+        in_place: false,
+        windows: false,
+        symmetric: false,
+    };
+    assert_eq!(
+        tune::choose(&shape, tune::Device::Gpu, &config).engine,
+        tune::Engine::CopyEngine
+    );
+    let Some(comms) = ranks_on_one_gpu(2, config) else {
+        return;
+    };
     let c = &comms[0];
     let stats = MemStats::new();
     let gpu = c.gpu().unwrap();
     let send = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
     let recv = DeviceBuffer::alloc(gpu, 2 * count * 4, &[], &stats).unwrap();
-    let a = OpArgs { kind: CollKind::AllGather, ..all_reduce_args(&send, &recv, count) };
+    let a = OpArgs {
+        kind: CollKind::AllGather,
+        ..all_reduce_args(&send, &recv, count)
+    };
     // SAFETY: device buffers of the sizes an all-gather of `count` needs, alive past synchronize.
     unsafe { c.run_raw(&a).unwrap() };
     std::thread::sleep(Duration::from_millis(300));
@@ -1142,7 +1819,10 @@ fn the_copy_engine_is_freed_by_an_abort() {
     assert!(matches!(e, Error::Aborted(_)), "{e}");
     assert!(took < Duration::from_millis(1500), "{took:?}");
     // SAFETY: as above.
-    assert!(unsafe { c.run_raw(&a) }.is_err(), "an aborted communicator refuses calls");
+    assert!(
+        unsafe { c.run_raw(&a) }.is_err(),
+        "an aborted communicator refuses calls"
+    );
     drop(comms);
 }
 
@@ -1158,12 +1838,26 @@ fn the_peer_engine_gives_up_on_a_silent_peer() {
         return;
     }
     let count = 1 << 20; // 4 MiB of f32: beyond the direct engine
-    // The kernels' compile (NVRTC, first run on a machine) outlasts a 2 s deadline at init:
-    // one communicator with the default deadline fills the disk cache first.
+                         // The kernels' compile (NVRTC, first run on a machine) outlasts a 2 s deadline at init:
+                         // one communicator with the default deadline fills the disk cache first.
     drop(Comm::init_devices(&[Device::Cuda(0), Device::Cuda(0)], &Config::default()).unwrap());
-    let config = Config { timeout: Duration::from_secs(2), ..Config::default() };
-    let shape = OpShape { kind: CollKind::AllReduce, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false, symmetric: false };
-    assert_eq!(tune::choose(&shape, tune::Device::Gpu, &config).engine, tune::Engine::PeerKernel);
+    let config = Config {
+        timeout: Duration::from_secs(2),
+        ..Config::default()
+    };
+    let shape = OpShape {
+        kind: CollKind::AllReduce,
+        count,
+        dtype: ferroccl::DataType::Float32,
+        nranks: 2,
+        in_place: false,
+        windows: false,
+        symmetric: false,
+    };
+    assert_eq!(
+        tune::choose(&shape, tune::Device::Gpu, &config).engine,
+        tune::Engine::PeerKernel
+    );
     for abort in [false, true] {
         let comms = Comm::init_devices(&[Device::Cuda(0), Device::Cuda(0)], &config).unwrap();
         let c = &comms[0];
@@ -1192,11 +1886,20 @@ fn the_peer_engine_gives_up_on_a_silent_peer() {
             assert!(matches!(e, Error::Timeout(_)), "{e}");
             assert!(e.to_string().contains("rank 1"), "{e}");
             // The first round's flag, never raised: what the wait was for and what it saw.
-            assert!(e.to_string().contains("for flag value 1; it was at 0"), "{e}");
-            assert!(took >= Duration::from_millis(1500) && took < Duration::from_secs(10), "{took:?}");
+            assert!(
+                e.to_string().contains("for flag value 1; it was at 0"),
+                "{e}"
+            );
+            assert!(
+                took >= Duration::from_millis(1500) && took < Duration::from_secs(10),
+                "{took:?}"
+            );
         }
         // SAFETY: as above.
-        assert!(unsafe { c.run_raw(&all_reduce_args(&send, &recv, count)) }.is_err(), "a failed communicator refuses calls");
+        assert!(
+            unsafe { c.run_raw(&all_reduce_args(&send, &recv, count)) }.is_err(),
+            "a failed communicator refuses calls"
+        );
         drop(comms);
     }
 }
@@ -1219,37 +1922,73 @@ fn an_early_started_operation_waits_for_the_kernel_ahead() {
         do { asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t)); } while (t - t0 < spin_ns);\n\
         for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] = v;\n\
     }\n";
-    let Some(comms) = two_ranks_on_one_gpu() else { return };
+    let Some(comms) = two_ranks_on_one_gpu() else {
+        return;
+    };
     let gpu = comms[0].gpu().unwrap();
     if gpu.compute_capability() < (9, 0) {
-        eprintln!("skipped: early launch needs compute capability 9.0 (this GPU: {:?})", gpu.compute_capability());
+        eprintln!(
+            "skipped: early launch needs compute capability 9.0 (this GPU: {:?})",
+            gpu.compute_capability()
+        );
         return;
     }
     let config = Config::default();
     assert!(config.gpu_early_launch, "early launch is the default");
     let arch = gpu.arch();
-    let req = nvrtc::CompileRequest { name: "produce.cu", source: SRC, arch: &arch, include_dirs: &config.cuda_include, options: &[] };
+    let req = nvrtc::CompileRequest {
+        name: "produce.cu",
+        source: SRC,
+        arch: &arch,
+        include_dirs: &config.cuda_include,
+        options: &[],
+    };
     let image = nvrtc::compile(&req).unwrap();
     let module = gpu.load_module(&image.bytes).unwrap();
-    for (count, engine) in [(2048usize, tune::Engine::DirectKernel), (1 << 20, tune::Engine::PeerKernel)] {
-        let shape = OpShape { kind: CollKind::AllReduce, count, dtype: ferroccl::DataType::Float32, nranks: 2, in_place: false, windows: false, symmetric: false };
-        assert_eq!(tune::choose(&shape, tune::Device::Gpu, &config).engine, engine);
+    for (count, engine) in [
+        (2048usize, tune::Engine::DirectKernel),
+        (1 << 20, tune::Engine::PeerKernel),
+    ] {
+        let shape = OpShape {
+            kind: CollKind::AllReduce,
+            count,
+            dtype: ferroccl::DataType::Float32,
+            nranks: 2,
+            in_place: false,
+            windows: false,
+            symmetric: false,
+        };
+        assert_eq!(
+            tune::choose(&shape, tune::Device::Gpu, &config).engine,
+            engine
+        );
         on_each_rank(&comms, |r, c| {
             let stats = MemStats::new();
             let send = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
             let recv = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
-            send.copy_from_host(0, f32_bytes(&vec![(r + 1) as f32; count])).unwrap();
+            send.copy_from_host(0, f32_bytes(&vec![(r + 1) as f32; count]))
+                .unwrap();
             let stream = c.cuda_stream() as sys::CUstream;
             for round in 0..3u32 {
                 let k = module.kernel("produce").unwrap();
-                let (mut x, mut n, mut v, mut spin) = (send.device_ptr(), count as u64, (10 * (r + 1)) as f32 + round as f32, 200_000u64);
+                let (mut x, mut n, mut v, mut spin) = (
+                    send.device_ptr(),
+                    count as u64,
+                    (10 * (r + 1)) as f32 + round as f32,
+                    200_000u64,
+                );
                 let mut params = [
                     &mut x as *mut _ as *mut std::ffi::c_void,
                     &mut n as *mut _ as *mut std::ffi::c_void,
                     &mut v as *mut _ as *mut std::ffi::c_void,
                     &mut spin as *mut _ as *mut std::ffi::c_void,
                 ];
-                let dims = LaunchDims { grid: (8, 1, 1), block: (256, 1, 1), shared_bytes: 0, overlap_prior: true };
+                let dims = LaunchDims {
+                    grid: (8, 1, 1),
+                    block: (256, 1, 1),
+                    shared_bytes: 0,
+                    overlap_prior: true,
+                };
                 // SAFETY: produce(float*, u64, float, u64) with a device buffer of `count` f32.
                 unsafe { k.launch(dims, stream, &mut params) }.unwrap();
                 // SAFETY: device buffers of count f32, alive past synchronize.
@@ -1285,14 +2024,19 @@ fn the_point_to_point_form_and_the_plan_kernel_share_connections() {
         .map(|r| {
             let env = [
                 ("LOCAL_RANK", "0".to_string()),
-                ("FERROCCL_GPU_P2P_KERNEL", if r == 1 { "0" } else { "1" }.to_string()),
+                (
+                    "FERROCCL_GPU_P2P_KERNEL",
+                    if r == 1 { "0" } else { "1" }.to_string(),
+                ),
                 ("FERROCCL_SLOT_BYTES", "1024".to_string()),
                 ("FERROCCL_CHUNK_BYTES", "2048".to_string()),
                 ("FERROCCL_GPU_CHANNEL_BYTES", (1 << 20).to_string()),
                 ("FERROCCL_TIMEOUT", "20".to_string()),
                 ("CUDA_DEVICE_MAX_CONNECTIONS", "32".to_string()),
             ];
-            common::launch::rank_command("child_p2p_mix", "p2p-mix", r, n, port, &env).spawn().unwrap()
+            common::launch::rank_command("child_p2p_mix", "p2p-mix", r, n, port, &env)
+                .spawn()
+                .unwrap()
         })
         .collect();
     for (r, (ok, text)) in wait_all(kids).into_iter().enumerate() {
@@ -1324,7 +2068,16 @@ fn child_p2p_mix() {
     let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
     let p2p = |kind, buf: &DeviceBuffer, at: usize, cnt: usize, dtype, peer| {
         let p = buf.device_ptr() + at as u64;
-        OpArgs { kind, send: p as *const u8, recv: p as *mut u8, count: cnt, dtype, op: ReduceOp::Sum, root: peer, device_scalar: None }
+        OpArgs {
+            kind,
+            send: p as *const u8,
+            recv: p as *mut u8,
+            count: cnt,
+            dtype,
+            op: ReduceOp::Sum,
+            root: peer,
+            device_scalar: None,
+        }
     };
     let mut out = vec![0u8; cap];
     for k in 0..iters {
@@ -1338,31 +2091,55 @@ fn child_p2p_mix() {
         let to_self = k % 5 == 4;
         let mut g = Group::new();
         // Every fourth launch splits each message in two: two steps per connection.
-        let halves = |c: usize| if k % 4 == 3 && c > 1 { vec![(0, c / 2), (c / 2, c - c / 2)] } else { vec![(0, c)] };
+        let halves = |c: usize| {
+            if k % 4 == 3 && c > 1 {
+                vec![(0, c / 2), (c / 2, c - c / 2)]
+            } else {
+                vec![(0, c)]
+            }
+        };
         // SAFETY: device buffers of `cap` bytes, alive past synchronize.
         unsafe {
             for (at, c) in halves(cs) {
-                g.push_raw(&comm, p2p(CollKind::Send, &send, at * es, c, dtype, next)).unwrap();
+                g.push_raw(&comm, p2p(CollKind::Send, &send, at * es, c, dtype, next))
+                    .unwrap();
             }
             for (at, c) in halves(cr) {
-                g.push_raw(&comm, p2p(CollKind::Recv, &recv, at * es, c, dtype, prev)).unwrap();
+                g.push_raw(&comm, p2p(CollKind::Recv, &recv, at * es, c, dtype, prev))
+                    .unwrap();
             }
             if to_self {
-                g.push_raw(&comm, p2p(CollKind::Send, &send, 0, cs, dtype, r)).unwrap();
-                g.push_raw(&comm, p2p(CollKind::Recv, &own, 0, cs, dtype, r)).unwrap();
+                g.push_raw(&comm, p2p(CollKind::Send, &send, 0, cs, dtype, r))
+                    .unwrap();
+                g.push_raw(&comm, p2p(CollKind::Recv, &own, 0, cs, dtype, r))
+                    .unwrap();
             }
         }
         g.launch().unwrap();
-        comm.synchronize().unwrap_or_else(|e| panic!("launch {k} ({dtype}, send {cs} receive {cr}, to itself {to_self}): rank {r}: {e}"));
+        comm.synchronize().unwrap_or_else(|e| {
+            panic!(
+                "launch {k} ({dtype}, send {cs} receive {cr}, to itself {to_self}): rank {r}: {e}"
+            )
+        });
         recv.copy_to_host(0, &mut out).unwrap();
         for (i, b) in out.iter().enumerate() {
             let want = if i < cr * es { byte(k, prev, i) } else { 0xee };
-            assert_eq!(*b, want, "launch {k} ({dtype}, {cr} elements): rank {r} byte {i}");
+            assert_eq!(
+                *b, want,
+                "launch {k} ({dtype}, {cr} elements): rank {r} byte {i}"
+            );
         }
         own.copy_to_host(0, &mut out).unwrap();
         for (i, b) in out.iter().enumerate() {
-            let want = if to_self && i < cs * es { byte(k, r, i) } else { 0xee };
-            assert_eq!(*b, want, "launch {k} ({dtype}, {cs} elements to itself): rank {r} byte {i}");
+            let want = if to_self && i < cs * es {
+                byte(k, r, i)
+            } else {
+                0xee
+            };
+            assert_eq!(
+                *b, want,
+                "launch {k} ({dtype}, {cs} elements to itself): rank {r} byte {i}"
+            );
         }
     }
 
@@ -1378,23 +2155,41 @@ fn child_p2p_mix() {
     // SAFETY: our stream, captured by this thread only; the graph is replayed and destroyed
     // before the buffers go.
     unsafe {
-        cu_ok("cuStreamBeginCapture", sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)).unwrap();
+        cu_ok(
+            "cuStreamBeginCapture",
+            sys::cuStreamBeginCapture_v2(
+                stream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            ),
+        )
+        .unwrap();
         for _ in 0..3 {
             let mut g = Group::new();
-            g.push_raw(&comm, p2p(CollKind::Send, &send, 0, c, dtype, next)).unwrap();
-            g.push_raw(&comm, p2p(CollKind::Recv, &recv, 0, c, dtype, prev)).unwrap();
+            g.push_raw(&comm, p2p(CollKind::Send, &send, 0, c, dtype, next))
+                .unwrap();
+            g.push_raw(&comm, p2p(CollKind::Recv, &recv, 0, c, dtype, prev))
+                .unwrap();
             g.launch().unwrap();
         }
         let mut graph = std::ptr::null_mut();
-        cu_ok("cuStreamEndCapture", sys::cuStreamEndCapture(stream, &mut graph)).unwrap();
-        cu_ok("cuGraphInstantiate", sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)).unwrap();
+        cu_ok(
+            "cuStreamEndCapture",
+            sys::cuStreamEndCapture(stream, &mut graph),
+        )
+        .unwrap();
+        cu_ok(
+            "cuGraphInstantiate",
+            sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0),
+        )
+        .unwrap();
         sys::cuGraphDestroy(graph);
     }
     for replay in 0..5 {
         recv.copy_from_host(0, &vec![0xee; cap]).unwrap();
         // SAFETY: the graph made above, on our stream.
         unsafe { cu_ok("cuGraphLaunch", sys::cuGraphLaunch(exec, stream)).unwrap() };
-        comm.synchronize().unwrap_or_else(|e| panic!("graph replay {replay}: rank {r}: {e}"));
+        comm.synchronize()
+            .unwrap_or_else(|e| panic!("graph replay {replay}: rank {r}: {e}"));
         recv.copy_to_host(0, &mut out).unwrap();
         for (i, b) in out.iter().enumerate() {
             let want = if i < c * 8 { byte(1000, prev, i) } else { 0xee };
@@ -1419,7 +2214,10 @@ fn ranks_of_one_gpu_made_by_init_rank_in_threads_run_at_once() {
     }
     let n = 3usize;
     let id = ferroccl::UniqueId::new(&Config::default()).unwrap();
-    let cfg = Config { timeout: Duration::from_secs(20), ..Config::default() };
+    let cfg = Config {
+        timeout: Duration::from_secs(20),
+        ..Config::default()
+    };
     std::thread::scope(|s| {
         for r in 0..n {
             let (id, cfg) = (id.clone(), cfg.clone());
@@ -1436,19 +2234,41 @@ fn ranks_of_one_gpu_made_by_init_rank_in_threads_run_at_once() {
                     let mut g = Group::new();
                     // SAFETY: device buffers of `count` f32, alive past synchronize.
                     unsafe {
-                        g.push_raw(&comm, OpArgs { kind: CollKind::Send, root: (r + 1) % n, ..base }).unwrap();
-                        g.push_raw(&comm, OpArgs { kind: CollKind::Recv, root: (r + n - 1) % n, ..base }).unwrap();
+                        g.push_raw(
+                            &comm,
+                            OpArgs {
+                                kind: CollKind::Send,
+                                root: (r + 1) % n,
+                                ..base
+                            },
+                        )
+                        .unwrap();
+                        g.push_raw(
+                            &comm,
+                            OpArgs {
+                                kind: CollKind::Recv,
+                                root: (r + n - 1) % n,
+                                ..base
+                            },
+                        )
+                        .unwrap();
                     }
                     g.launch().unwrap();
-                    comm.synchronize().unwrap_or_else(|e| panic!("rank {r}, sendrecv of {count}: {e}"));
+                    comm.synchronize()
+                        .unwrap_or_else(|e| panic!("rank {r}, sendrecv of {count}: {e}"));
                     let got = read_f32(&recv, count).unwrap();
                     let prev = (r + n - 1) % n;
                     for (i, v) in got.iter().enumerate() {
-                        assert_eq!(*v, (prev * 1000 + i % 997) as f32, "rank {r} sendrecv of {count}, element {i}");
+                        assert_eq!(
+                            *v,
+                            (prev * 1000 + i % 997) as f32,
+                            "rank {r} sendrecv of {count}, element {i}"
+                        );
                     }
                     // SAFETY: as above.
                     unsafe { comm.run_raw(&base).unwrap() };
-                    comm.synchronize().unwrap_or_else(|e| panic!("rank {r}, all-reduce of {count}: {e}"));
+                    comm.synchronize()
+                        .unwrap_or_else(|e| panic!("rank {r}, all-reduce of {count}: {e}"));
                     let got = read_f32(&recv, count).unwrap();
                     for (i, v) in got.iter().enumerate() {
                         let want: f32 = (0..n).map(|q| (q * 1000 + i % 997) as f32).sum();

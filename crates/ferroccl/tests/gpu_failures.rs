@@ -56,7 +56,13 @@ fn xorshift(seed: u64) -> impl FnMut() -> u64 {
 impl Plan {
     fn seeded(seed: u64) -> Plan {
         let mut next = xorshift(seed);
-        let kinds = [CollKind::AllReduce, CollKind::AllGather, CollKind::ReduceScatter, CollKind::Broadcast, CollKind::Send];
+        let kinds = [
+            CollKind::AllReduce,
+            CollKind::AllGather,
+            CollKind::ReduceScatter,
+            CollKind::Broadcast,
+            CollKind::Send,
+        ];
         let kind = kinds[next() as usize % kinds.len()];
         // 8 B to 64 MiB per rank, spread evenly over the powers of two.
         let count = (1usize << (1 + next() % 24)) + (next() as usize % 7);
@@ -65,7 +71,15 @@ impl Plan {
         let victim = (next() % 2) as usize;
         let stop = next().is_multiple_of(4);
         let delay = Duration::from_millis(200 + next() % 1800);
-        Plan { kind, count, depth, mode, victim, stop, delay }
+        Plan {
+            kind,
+            count,
+            depth,
+            mode,
+            victim,
+            stop,
+            delay,
+        }
     }
 
     fn env(&self) -> Vec<(&'static str, String)> {
@@ -83,7 +97,11 @@ impl Plan {
 
     fn from_env() -> Plan {
         let get = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} unset"));
-        let kind = CollKind::ALL.iter().copied().find(|k| k.name() == get("GPU_PLAN_KIND")).expect("kind");
+        let kind = CollKind::ALL
+            .iter()
+            .copied()
+            .find(|k| k.name() == get("GPU_PLAN_KIND"))
+            .expect("kind");
         let mode = match get("GPU_PLAN_MODE").as_str() {
             "Queued" => Mode::Queued,
             "DriverWait" => Mode::DriverWait,
@@ -137,7 +155,14 @@ fn child_gpu_victim() {
         let mut g = Group::new();
         unsafe {
             g.push_raw(&comm, OpArgs { root: peer, ..args })?;
-            g.push_raw(&comm, OpArgs { kind: CollKind::Recv, root: peer, ..args })?;
+            g.push_raw(
+                &comm,
+                OpArgs {
+                    kind: CollKind::Recv,
+                    root: peer,
+                    ..args
+                },
+            )?;
         }
         g.launch()
     };
@@ -149,14 +174,29 @@ fn child_gpu_victim() {
         comm.synchronize().unwrap();
         gpu.bind().unwrap();
         unsafe {
-            cu_ok("cuStreamBeginCapture", sys::cuStreamBeginCapture_v2(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)).unwrap();
+            cu_ok(
+                "cuStreamBeginCapture",
+                sys::cuStreamBeginCapture_v2(
+                    stream,
+                    sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                ),
+            )
+            .unwrap();
             for _ in 0..plan.depth {
                 call().unwrap();
             }
             let mut g = std::ptr::null_mut();
-            cu_ok("cuStreamEndCapture", sys::cuStreamEndCapture(stream, &mut g)).unwrap();
+            cu_ok(
+                "cuStreamEndCapture",
+                sys::cuStreamEndCapture(stream, &mut g),
+            )
+            .unwrap();
             let mut exec = std::ptr::null_mut();
-            cu_ok("cuGraphInstantiate", sys::cuGraphInstantiateWithFlags(&mut exec, g, 0)).unwrap();
+            cu_ok(
+                "cuGraphInstantiate",
+                sys::cuGraphInstantiateWithFlags(&mut exec, g, 0),
+            )
+            .unwrap();
             graph = Some((g, exec));
         }
     }
@@ -174,7 +214,9 @@ fn child_gpu_victim() {
         }
         if plan.mode == Mode::DriverWait {
             gpu.bind()?;
-            cu_ok("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(stream) })?;
+            cu_ok("cuStreamSynchronize", unsafe {
+                sys::cuStreamSynchronize(stream)
+            })?;
         }
         comm.synchronize()
     };
@@ -231,7 +273,9 @@ fn carry_on(comm: &Comm, dead: &[usize], stats: &std::sync::Arc<MemStats>) -> St
         let r = (|| -> Result<Vec<f32>, Error> {
             let send = DeviceBuffer::alloc(&gpu, count * 4, &[], stats)?;
             let recv = DeviceBuffer::alloc(&gpu, count * 4, &[], stats)?;
-            send.copy_from_host(0, unsafe { std::slice::from_raw_parts(mine.as_ptr() as *const u8, count * 4) })?;
+            send.copy_from_host(0, unsafe {
+                std::slice::from_raw_parts(mine.as_ptr() as *const u8, count * 4)
+            })?;
             recv.copy_from_host(0, &vec![0xa5u8; count * 4])?;
             let args = OpArgs {
                 kind: CollKind::AllReduce,
@@ -246,7 +290,9 @@ fn carry_on(comm: &Comm, dead: &[usize], stats: &std::sync::Arc<MemStats>) -> St
             unsafe { sub.run_raw(&args) }?;
             sub.synchronize()?;
             let mut out = vec![0f32; count];
-            recv.copy_to_host(0, unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, count * 4) })?;
+            recv.copy_to_host(0, unsafe {
+                std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, count * 4)
+            })?;
             Ok(out)
         })();
         match r {
@@ -254,7 +300,10 @@ fn carry_on(comm: &Comm, dead: &[usize], stats: &std::sync::Arc<MemStats>) -> St
             // One survivor on two GPUs: the sum over the new communicator is its own input.
             Ok(out) if n == 1 => {
                 if let Some(k) = out.iter().zip(&mine).position(|(a, b)| a != b) {
-                    return format!("all-reduce {i} after shrink: element {k} is {}, expected {}", out[k], mine[k]);
+                    return format!(
+                        "all-reduce {i} after shrink: element {k} is {}, expected {}",
+                        out[k], mine[k]
+                    );
                 }
             }
             Ok(_) => return format!("{n} survivors: this test knows the answer for one"),
@@ -276,37 +325,68 @@ struct Outcome {
 fn run(plan: &Plan) -> Result<Outcome, String> {
     let mut job = Job::spawn(2, "child_gpu_victim", "gpu-victim", &plan.env());
     let ctx = |job: &Job, what: &str| format!("{plan:?}: {what}\n{}", job.transcript());
-    let both_ready = |s: &[Vec<(Instant, String)>]| s.iter().all(|l| l.iter().any(|(_, x)| x.starts_with("READY")));
+    let both_ready = |s: &[Vec<(Instant, String)>]| {
+        s.iter()
+            .all(|l| l.iter().any(|(_, x)| x.starts_with("READY")))
+    };
     if !job.wait_for(Instant::now() + Duration::from_secs(60), both_ready) {
         return Err(ctx(&job, "the ranks never started"));
     }
     std::thread::sleep(plan.delay);
-    let sig = if plan.stop { libc::SIGSTOP } else { libc::SIGKILL };
+    let sig = if plan.stop {
+        libc::SIGSTOP
+    } else {
+        libc::SIGKILL
+    };
     job.signal(plan.victim, sig);
     let at = Instant::now();
     let s = 1 - plan.victim;
-    if !job.wait_for(at + Duration::from_secs(20), |l| l[s].iter().any(|(_, x)| x.starts_with("EXIT") || x.starts_with("NOERR"))) {
+    if !job.wait_for(at + Duration::from_secs(20), |l| {
+        l[s].iter()
+            .any(|(_, x)| x.starts_with("EXIT") || x.starts_with("NOERR"))
+    }) {
         return Err(ctx(&job, "HANG: the survivor did not finish within 20 s"));
     }
-    let Some((t, line)) = job.first(s, "ERROR").cloned() else { return Err(ctx(&job, "the survivor never failed")) };
+    let Some((t, line)) = job.first(s, "ERROR").cloned() else {
+        return Err(ctx(&job, "the survivor never failed"));
+    };
     let after = t.saturating_duration_since(at);
     // A stopped peer is declared dead after 5 missed heartbeats of 100 ms; then 2 s at most.
-    let allowed = if plan.stop { Duration::from_millis(2600) } else { Duration::from_secs(2) };
+    let allowed = if plan.stop {
+        Duration::from_millis(2600)
+    } else {
+        Duration::from_secs(2)
+    };
     if after > allowed {
-        return Err(ctx(&job, &format!("the survivor failed only {after:?} after the signal")));
+        return Err(ctx(
+            &job,
+            &format!("the survivor failed only {after:?} after the signal"),
+        ));
     }
     if !line.contains(&format!("rank {} (", plan.victim)) {
-        return Err(ctx(&job, "the survivor's error does not name the dead rank"));
+        return Err(ctx(
+            &job,
+            "the survivor's error does not name the dead rank",
+        ));
     }
     if job.first(s, "SHRUNK").map(|x| x.1.as_str()) != Some("SHRUNK ok") {
-        return Err(ctx(&job, "the survivor did not carry on exactly after shrink"));
+        return Err(ctx(
+            &job,
+            "the survivor did not carry on exactly after shrink",
+        ));
     }
     // No CUDA error but the one reported: a fault would poison the context for good.
     if let Some((_, bad)) = job.seen[s].iter().find(|(_, l)| l.contains("CUDA_ERROR")) {
         return Err(ctx(&job, &format!("a CUDA error in the survivor: {bad}")));
     }
-    let exited = job.first(s, "EXIT").map_or(Duration::MAX, |x| x.0.saturating_duration_since(at));
-    Ok(Outcome { after, exited, error: line })
+    let exited = job
+        .first(s, "EXIT")
+        .map_or(Duration::MAX, |x| x.0.saturating_duration_since(at));
+    Ok(Outcome {
+        after,
+        exited,
+        error: line,
+    })
 }
 
 #[test]
@@ -334,7 +414,15 @@ fn a_stopped_peer_frees_the_gpu_without_a_fault() {
     if role().is_some() || gpus_for_test().is_none() {
         return;
     }
-    let plan = Plan { kind: CollKind::AllReduce, count: 1 << 18, depth: 1000, mode: Mode::Queued, victim: 1, stop: true, delay: Duration::from_secs(1) };
+    let plan = Plan {
+        kind: CollKind::AllReduce,
+        count: 1 << 18,
+        depth: 1000,
+        mode: Mode::Queued,
+        victim: 1,
+        stop: true,
+        delay: Duration::from_secs(1),
+    };
     let o = run(&plan).unwrap_or_else(|e| panic!("{e}"));
     assert!(o.error.contains("no heartbeat"), "{}", o.error);
     eprintln!("stopped peer, 1000 queued 1 MiB all-reduces: survivor failed {:?} after SIGSTOP (carried on and exited after {:?}): {}", o.after, o.exited, o.error);
@@ -347,8 +435,14 @@ fn survivors_carry_on_after_seeded_kills() {
     if role().is_some() || gpus_for_test().is_none() {
         return;
     }
-    let runs: u64 = std::env::var("GPU_KILL_RUNS").ok().and_then(|s| s.parse().ok()).unwrap_or(50);
-    let base: u64 = std::env::var("GPU_KILL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(7000);
+    let runs: u64 = std::env::var("GPU_KILL_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(50);
+    let base: u64 = std::env::var("GPU_KILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(7000);
     let t = Instant::now();
     let mut worst = Duration::ZERO;
     let mut failures = Vec::new();
@@ -357,7 +451,10 @@ fn survivors_carry_on_after_seeded_kills() {
         match run(&plan) {
             Ok(o) => {
                 worst = worst.max(o.after);
-                eprintln!("seed {seed}: {plan:?}: failed {:?} after the signal, exited after {:?}", o.after, o.exited);
+                eprintln!(
+                    "seed {seed}: {plan:?}: failed {:?} after the signal, exited after {:?}",
+                    o.after, o.exited
+                );
             }
             Err(e) => {
                 eprintln!("seed {seed}: FAILED {e}");
@@ -366,5 +463,8 @@ fn survivors_carry_on_after_seeded_kills() {
         }
     }
     eprintln!("GPU kill test: {runs} runs in {:?}; {} failed {failures:?}; slowest survivor error {worst:?}", t.elapsed(), failures.len());
-    assert!(failures.is_empty(), "seeds {failures:?} failed (GPU_KILL_RUNS=1 GPU_KILL_SEED=<seed> reproduces one)");
+    assert!(
+        failures.is_empty(),
+        "seeds {failures:?} failed (GPU_KILL_RUNS=1 GPU_KILL_SEED=<seed> reproduces one)"
+    );
 }

@@ -19,18 +19,39 @@ fn child_rank() {
     let comm = Comm::from_env(&cfg).unwrap();
     // The full product runs as threads (matrix_threads.rs); processes add the launcher, the
     // cross-process shared memory and sockets, which every pair of factors exercises.
-    let (cases, errors) = common::run_matrix(&comm, &SIZES, Coverage::Pairwise, 0xc0ffee + comm.nranks() as u64);
+    let (cases, errors) = common::run_matrix(
+        &comm,
+        &SIZES,
+        Coverage::Pairwise,
+        0xc0ffee + comm.nranks() as u64,
+    );
     println!("rank {} ran {cases} cases", comm.rank());
-    assert!(errors.is_empty(), "{} failures, first: {:#?}", errors.len(), &errors[..errors.len().min(5)]);
+    assert!(
+        errors.is_empty(),
+        "{} failures, first: {:#?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
 }
 
 fn matrix(transport: &str, n: usize) {
     let t = std::time::Instant::now();
-    let kids = spawn_ranks(n, "child_rank", "matrix", &[("FERROCCL_TRANSPORT", transport.into()), ("FERROCCL_TIMEOUT", "60".into())]);
+    let kids = spawn_ranks(
+        n,
+        "child_rank",
+        "matrix",
+        &[
+            ("FERROCCL_TRANSPORT", transport.into()),
+            ("FERROCCL_TIMEOUT", "60".into()),
+        ],
+    );
     let results = wait_all(kids);
     for (r, (ok, out)) in results.iter().enumerate() {
         assert!(ok, "rank {r} of {n} over {transport} failed:\n{out}");
-        assert!(out.contains(&format!("rank {r} ran")), "rank {r} did not run the matrix:\n{out}");
+        assert!(
+            out.contains(&format!("rank {r} ran")),
+            "rank {r} did not run the matrix:\n{out}"
+        );
     }
     eprintln!("{transport} x {n} processes: {:.1?}", t.elapsed());
 }

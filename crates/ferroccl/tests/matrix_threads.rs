@@ -10,17 +10,36 @@ use std::time::{Duration, Instant};
 pub const SIZES: [usize; 5] = [0, 1, 7, 4099, (1 << 20) + 3];
 
 fn matrix(transport: TransportChoice, nranks: usize, coverage: Coverage) {
-    let cfg = Config { transport, timeout: Duration::from_secs(60), ..Config::default() };
+    let cfg = Config {
+        transport,
+        timeout: Duration::from_secs(60),
+        ..Config::default()
+    };
     let comms = Comm::init_all(nranks, &cfg).expect("init");
     let t = Instant::now();
     let results: Vec<(usize, Vec<String>)> = std::thread::scope(|s| {
-        let hs: Vec<_> = comms.iter().map(|c| s.spawn(move || common::run_matrix(c, &SIZES, coverage, 0x5eed + nranks as u64))).collect();
-        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+        let hs: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                s.spawn(move || common::run_matrix(c, &SIZES, coverage, 0x5eed + nranks as u64))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
     });
     let cases = results[0].0;
     let errors: Vec<&String> = results.iter().flat_map(|r| r.1.iter()).collect();
-    eprintln!("{transport:?} x {nranks} ranks, {coverage:?}: {cases} cases per rank in {:.1?}", t.elapsed());
-    assert!(errors.is_empty(), "{} failures, first: {:#?}", errors.len(), &errors[..errors.len().min(5)]);
+    eprintln!(
+        "{transport:?} x {nranks} ranks, {coverage:?}: {cases} cases per rank in {:.1?}",
+        t.elapsed()
+    );
+    assert!(
+        errors.is_empty(),
+        "{} failures, first: {:#?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
     assert!(cases > 0);
 }
 
@@ -59,9 +78,21 @@ fn the_pairwise_matrix_covers_every_pair() {
     let got: HashSet<String> = pairwise.iter().flat_map(common::factor_pairs).collect();
     let missing: Vec<&String> = want.difference(&got).collect();
     assert!(missing.is_empty(), "pairs never met: {missing:?}");
-    assert!(pairwise.iter().all(|c| full.contains(c)), "only valid cases");
-    let triples = |v: &[common::Case]| v.iter().map(|c| format!("{:?} {} {}", c.op, c.dtype, c.redop)).collect::<HashSet<_>>();
+    assert!(
+        pairwise.iter().all(|c| full.contains(c)),
+        "only valid cases"
+    );
+    let triples = |v: &[common::Case]| {
+        v.iter()
+            .map(|c| format!("{:?} {} {}", c.op, c.dtype, c.redop))
+            .collect::<HashSet<_>>()
+    };
     assert_eq!(triples(&pairwise), triples(&full));
     eprintln!("pairwise: {} cases of {}", pairwise.len(), full.len());
-    assert!(pairwise.len() * 5 < full.len(), "{} of {}", pairwise.len(), full.len());
+    assert!(
+        pairwise.len() * 5 < full.len(),
+        "{} of {}",
+        pairwise.len(),
+        full.len()
+    );
 }

@@ -18,14 +18,18 @@ fn cu(s: Stream) -> sys::CUstream {
 /// neither pays for the other's way of reporting errors.
 pub fn stream_sync(gpu: &Gpu, stream: Stream) -> Result<(), Error> {
     gpu.bind()?;
-    cu_ok("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(cu(stream)) })
+    cu_ok("cuStreamSynchronize", unsafe {
+        sys::cuStreamSynchronize(cu(stream))
+    })
 }
 
 /// (free, total) bytes of the GPU's memory, as the driver sees it now.
 pub fn mem_info(gpu: &Gpu) -> Result<(u64, u64), Error> {
     gpu.bind()?;
     let (mut free, mut total) = (0usize, 0usize);
-    cu_ok("cuMemGetInfo", unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
+    cu_ok("cuMemGetInfo", unsafe {
+        sys::cuMemGetInfo_v2(&mut free, &mut total)
+    })?;
     Ok((free as u64, total as u64))
 }
 
@@ -33,7 +37,8 @@ pub fn mem_info(gpu: &Gpu) -> Result<(u64, u64), Error> {
 pub fn driver_cuda_version() -> Option<String> {
     ferroccl::cuda::device::init().ok()?;
     let mut v = 0;
-    (unsafe { sys::cuDriverGetVersion(&mut v) } == sys::CUresult::CUDA_SUCCESS).then(|| format!("{}.{}", v / 1000, (v % 1000) / 10))
+    (unsafe { sys::cuDriverGetVersion(&mut v) } == sys::CUresult::CUDA_SUCCESS)
+        .then(|| format!("{}.{}", v / 1000, (v % 1000) / 10))
 }
 
 /// Starts capturing `stream` into a graph. Thread-local mode: other threads (other ranks of
@@ -42,7 +47,10 @@ pub fn driver_cuda_version() -> Option<String> {
 pub fn begin_capture(gpu: &Gpu, stream: Stream) -> Result<(), Error> {
     gpu.bind()?;
     cu_ok("cuStreamBeginCapture", unsafe {
-        sys::cuStreamBeginCapture_v2(cu(stream), sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        sys::cuStreamBeginCapture_v2(
+            cu(stream),
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        )
     })
 }
 
@@ -50,8 +58,13 @@ pub fn begin_capture(gpu: &Gpu, stream: Stream) -> Result<(), Error> {
 pub fn end_capture(gpu: &Gpu, stream: Stream) -> Result<Captured, Error> {
     gpu.bind()?;
     let mut g: sys::CUgraph = std::ptr::null_mut();
-    cu_ok("cuStreamEndCapture", unsafe { sys::cuStreamEndCapture(cu(stream), &mut g) })?;
-    Ok(Captured { gpu: gpu.clone(), graph: g })
+    cu_ok("cuStreamEndCapture", unsafe {
+        sys::cuStreamEndCapture(cu(stream), &mut g)
+    })?;
+    Ok(Captured {
+        gpu: gpu.clone(),
+        graph: g,
+    })
 }
 
 /// A captured, not yet instantiated graph.
@@ -69,20 +82,28 @@ impl Captured {
     pub fn kernel_grids(&self) -> Result<Vec<u32>, Error> {
         self.gpu.bind()?;
         let mut n = 0usize;
-        cu_ok("cuGraphGetNodes", unsafe { sys::cuGraphGetNodes(self.graph, std::ptr::null_mut(), &mut n) })?;
+        cu_ok("cuGraphGetNodes", unsafe {
+            sys::cuGraphGetNodes(self.graph, std::ptr::null_mut(), &mut n)
+        })?;
         let mut nodes = vec![std::ptr::null_mut(); n];
         if n > 0 {
-            cu_ok("cuGraphGetNodes", unsafe { sys::cuGraphGetNodes(self.graph, nodes.as_mut_ptr(), &mut n) })?;
+            cu_ok("cuGraphGetNodes", unsafe {
+                sys::cuGraphGetNodes(self.graph, nodes.as_mut_ptr(), &mut n)
+            })?;
         }
         let mut grids = Vec::new();
         for &node in nodes.iter().take(n) {
             let mut t = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
-            cu_ok("cuGraphNodeGetType", unsafe { sys::cuGraphNodeGetType(node, &mut t) })?;
+            cu_ok("cuGraphNodeGetType", unsafe {
+                sys::cuGraphNodeGetType(node, &mut t)
+            })?;
             if t != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
                 continue;
             }
             let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
-            cu_ok("cuGraphKernelNodeGetParams", unsafe { sys::cuGraphKernelNodeGetParams_v2(node, &mut p) })?;
+            cu_ok("cuGraphKernelNodeGetParams", unsafe {
+                sys::cuGraphKernelNodeGetParams_v2(node, &mut p)
+            })?;
             grids.push(p.gridDimX * p.gridDimY * p.gridDimZ);
         }
         Ok(grids)
@@ -91,8 +112,13 @@ impl Captured {
     pub fn instantiate(self) -> Result<Graph, Error> {
         self.gpu.bind()?;
         let mut exec: sys::CUgraphExec = std::ptr::null_mut();
-        cu_ok("cuGraphInstantiate", unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, self.graph, 0) })?;
-        Ok(Graph { exec, _captured: self })
+        cu_ok("cuGraphInstantiate", unsafe {
+            sys::cuGraphInstantiateWithFlags(&mut exec, self.graph, 0)
+        })?;
+        Ok(Graph {
+            exec,
+            _captured: self,
+        })
     }
 }
 
@@ -115,7 +141,9 @@ unsafe impl Send for Graph {}
 impl Graph {
     pub fn launch(&self, stream: Stream) -> Result<(), Error> {
         self._captured.gpu.bind()?;
-        cu_ok("cuGraphLaunch", unsafe { sys::cuGraphLaunch(self.exec, cu(stream)) })
+        cu_ok("cuGraphLaunch", unsafe {
+            sys::cuGraphLaunch(self.exec, cu(stream))
+        })
     }
 }
 

@@ -49,7 +49,11 @@ impl Lib<'_> {
                 g.launch()
             }
             Lib::Nccl(lib) => {
-                let grouped = ranks.len() > 1 || matches!(call.rs.op, BenchOp::AllToAll | BenchOp::Gather | BenchOp::Scatter | BenchOp::SendRecv);
+                let grouped = ranks.len() > 1
+                    || matches!(
+                        call.rs.op,
+                        BenchOp::AllToAll | BenchOp::Gather | BenchOp::Scatter | BenchOp::SendRecv
+                    );
                 if grouped {
                     lib.group_start()?;
                 }
@@ -58,7 +62,9 @@ impl Lib<'_> {
                     let (s, d) = side.at(reg);
                     let me = r.comm.rank();
                     // SAFETY: as above.
-                    call.ops(me, s, d).try_for_each(|a| unsafe { nccl_call(lib, &a, me, call.nranks, nc, r.stream()) })
+                    call.ops(me, s, d).try_for_each(|a| unsafe {
+                        nccl_call(lib, &a, me, call.nranks, nc, r.stream())
+                    })
                 });
                 // The group is closed even after a failed call, so NCCL's state stays sane.
                 let end = if grouped { lib.group_end() } else { Ok(()) };
@@ -115,8 +121,18 @@ impl Call {
         let (ops, len) = match rs.op {
             BenchOp::SendRecv => (
                 [
-                    OpArgs { kind: CollKind::Send, recv: std::ptr::null_mut(), root: (me + 1) % n, ..args },
-                    OpArgs { kind: CollKind::Recv, send: std::ptr::null(), root: (me + n - 1) % n, ..args },
+                    OpArgs {
+                        kind: CollKind::Send,
+                        recv: std::ptr::null_mut(),
+                        root: (me + 1) % n,
+                        ..args
+                    },
+                    OpArgs {
+                        kind: CollKind::Recv,
+                        send: std::ptr::null(),
+                        root: (me + n - 1) % n,
+                        ..args
+                    },
                 ],
                 2,
             ),
@@ -136,7 +152,17 @@ impl Call {
             rank: me,
             count: a.count,
             // A send's or a receive's root is its peer.
-            root: if matches!(a.kind, CollKind::AllReduce | CollKind::AllGather | CollKind::ReduceScatter | CollKind::AllToAll) { 0 } else { a.root },
+            root: if matches!(
+                a.kind,
+                CollKind::AllReduce
+                    | CollKind::AllGather
+                    | CollKind::ReduceScatter
+                    | CollKind::AllToAll
+            ) {
+                0
+            } else {
+                a.root
+            },
             seed,
         };
         let mut ops = self.ops(me, 0, 0);
@@ -151,7 +177,14 @@ impl Call {
 ///
 /// # Safety
 /// The operation's buffers are device memory of the rank's GPU holding the row's regions.
-unsafe fn nccl_call(lib: &Nccl, a: &OpArgs, me: usize, n: usize, nc: NcclComm, st: *mut c_void) -> Result<(), Error> {
+unsafe fn nccl_call(
+    lib: &Nccl,
+    a: &OpArgs,
+    me: usize,
+    n: usize,
+    nc: NcclComm,
+    st: *mut c_void,
+) -> Result<(), Error> {
     let (c, dt, op, root) = (a.count, a.dtype.nccl_id(), a.op.nccl_id(), a.root);
     let blk = c * a.dtype.size();
     let sp = |p: usize| a.send.wrapping_add(p * blk) as *const c_void;
@@ -215,16 +248,27 @@ impl Register {
             Some("auto") if lib.has_window_register() => Register::Symmetric,
             Some("auto") | Some("local") => Register::Local,
             Some("symmetric") | Some("window") => Register::Symmetric,
-            Some(x) => return Err(format!("--register {x}: one of symmetric, local (or no value)")),
+            Some(x) => {
+                return Err(format!(
+                    "--register {x}: one of symmetric, local (or no value)"
+                ))
+            }
         };
         if !lib.has_mem_alloc() {
-            return Err(format!("--register needs ncclMemAlloc, which NCCL {} lacks", lib.version_string()));
+            return Err(format!(
+                "--register needs ncclMemAlloc, which NCCL {} lacks",
+                lib.version_string()
+            ));
         }
         match r {
-            Register::Symmetric if !lib.has_window_register() => {
-                Err(format!("--register symmetric needs ncclCommWindowRegister (NCCL 2.27+); NCCL {} lacks it", lib.version_string()))
-            }
-            Register::Local if !lib.has_local_register() => Err(format!("--register local needs ncclCommRegister; NCCL {} lacks it", lib.version_string())),
+            Register::Symmetric if !lib.has_window_register() => Err(format!(
+                "--register symmetric needs ncclCommWindowRegister (NCCL 2.27+); NCCL {} lacks it",
+                lib.version_string()
+            )),
+            Register::Local if !lib.has_local_register() => Err(format!(
+                "--register local needs ncclCommRegister; NCCL {} lacks it",
+                lib.version_string()
+            )),
             r => Ok(r),
         }
     }
@@ -251,7 +295,9 @@ impl NcclSide {
     pub fn from_args(args: &BenchArgs, spec: &Spec) -> Result<Option<NcclSide>, String> {
         let Some(path) = &args.vs_nccl else {
             if args.graph > 0 && args.gpus == 0 {
-                return Err("--graph captures CUDA graphs: it needs GPU ranks (-g N or --devices)".into());
+                return Err(
+                    "--graph captures CUDA graphs: it needs GPU ranks (-g N or --devices)".into(),
+                );
             }
             if args.graph > 0 && spec.check {
                 // Alone, --check checks every timed iteration, each on its own: nothing to
@@ -266,7 +312,11 @@ impl NcclSide {
         if args.gpus == 0 {
             return Err("--vs-nccl compares GPU libraries: add -g N (N GPUs in this process, or -g 1 under a launcher)".into());
         }
-        if spec.redops.iter().any(|o| matches!(o, ReduceOp::PreMulSum(_))) {
+        if spec
+            .redops
+            .iter()
+            .any(|o| matches!(o, ReduceOp::PreMulSum(_)))
+        {
             return Err("--vs-nccl: premulsum is not compared (NCCL needs a per-communicator operator for it)".into());
         }
         let nvls = ensure_nvls_off()?;
@@ -312,7 +362,10 @@ mod tests {
         let before = std::env::var("NCCL_NVLS_ENABLE").ok();
         std::env::set_var("NCCL_NVLS_ENABLE", "1");
         let e = ensure_nvls_off().unwrap_err();
-        assert!(e.contains("NCCL_NVLS_ENABLE=1") && e.contains("must stay off"), "{e}");
+        assert!(
+            e.contains("NCCL_NVLS_ENABLE=1") && e.contains("must stay off"),
+            "{e}"
+        );
         std::env::remove_var("NCCL_NVLS_ENABLE");
         assert!(ensure_nvls_off().unwrap().contains("set by ferroccl"));
         assert_eq!(std::env::var("NCCL_NVLS_ENABLE").unwrap(), "0");

@@ -7,7 +7,9 @@ use ferroccl::mem::Gpu;
 
 /// Free memory of each GPU of this process, as the driver sees it now.
 pub fn free_of(gpus: &[Gpu]) -> Result<Vec<u64>, String> {
-    gpus.iter().map(|g| cu::mem_info(g).map(|m| m.0).map_err(|e| e.to_string())).collect()
+    gpus.iter()
+        .map(|g| cu::mem_info(g).map(|m| m.0).map_err(|e| e.to_string()))
+        .collect()
 }
 
 /// The readings of one process, one entry per GPU, in the order they are taken.
@@ -67,8 +69,15 @@ pub fn print(memory: &[RankMemory]) {
 /// Without NCCL: each rank's GPU memory by ferroccl's own count, after init and at the end.
 pub fn print_alone(ranks: &[usize], gpus: &[Gpu], init: &[u64], end: &[u64]) {
     for (i, g) in gpus.iter().enumerate() {
-        let (Some(r), Some(a), Some(b)) = (ranks.get(i), init.get(i), end.get(i)) else { continue };
-        println!("# GPU memory, rank {r} (GPU {}): ferroccl holds {} by its own count ({} after init)", g.ordinal(), mib(*b as i64), mib(*a as i64));
+        let (Some(r), Some(a), Some(b)) = (ranks.get(i), init.get(i), end.get(i)) else {
+            continue;
+        };
+        println!(
+            "# GPU memory, rank {r} (GPU {}): ferroccl holds {} by its own count ({} after init)",
+            g.ordinal(),
+            mib(*b as i64),
+            mib(*a as i64)
+        );
     }
 }
 

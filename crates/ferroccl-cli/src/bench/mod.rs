@@ -144,7 +144,9 @@ pub const SHARED_GPU_CONNECTIONS: &str = "32";
 /// Runs the benchmark; the exit code says whether it ran and every element was right.
 pub fn main(args: &BenchArgs, config: &Config) -> Result<ExitCode, String> {
     // No driver, or no GPU: the host backend.
-    let args = &args.clone().resolve(|| ferroccl::cuda::gpu_count().unwrap_or(0));
+    let args = &args
+        .clone()
+        .resolve(|| ferroccl::cuda::gpu_count().unwrap_or(0));
     let spec = Spec::from_args(args)?;
     let config = &setup::bench_config(args, config)?;
     let nccl = NcclSide::from_args(args, &spec)?;
@@ -153,12 +155,21 @@ pub fn main(args: &BenchArgs, config: &Config) -> Result<ExitCode, String> {
     if reporter.is_some() {
         println!("{}", report::preamble(&job.comms, &spec, &job.mode));
         if let Some(n) = &job.nccl {
-            println!("{}", report::nccl_preamble(n, args.graph, config.gpu_channels));
+            println!(
+                "{}",
+                report::nccl_preamble(n, args.graph, config.gpu_channels)
+            );
         }
     }
     let ctxs = job.contexts(spec.check)?;
     let libs = job.libs();
-    let runner = Runner { libs: &libs, ranks: &ctxs, nranks: job.nranks, spec: &spec, graph: args.graph };
+    let runner = Runner {
+        libs: &libs,
+        ranks: &ctxs,
+        nranks: job.nranks,
+        spec: &spec,
+        graph: args.graph,
+    };
     let wrong = runner.run(args.one_thread, reporter.as_mut());
     drop(ctxs);
     if let Some(r) = &reporter {
@@ -175,9 +186,19 @@ pub fn main(args: &BenchArgs, config: &Config) -> Result<ExitCode, String> {
     memory::print(&memory);
     if let Some(Rows::VsNccl(rows)) = rows {
         let (fw, nw) = (wrong[0], wrong[1]);
-        println!("{}", if spec.check { format!("# Wrong elements: ferroccl {fw}, NCCL {nw}") } else { "# Wrong elements: N/A (run with --check)".into() });
+        println!(
+            "{}",
+            if spec.check {
+                format!("# Wrong elements: ferroccl {fw}, NCCL {nw}")
+            } else {
+                "# Wrong elements: N/A (run with --check)".into()
+            }
+        );
         if let Some(p) = &args.json {
-            record::write(p, &VsRecord::new(args, &spec, config, &job, memory, &wrong, rows)?)?;
+            record::write(
+                p,
+                &VsRecord::new(args, &spec, config, &job, memory, &wrong, rows)?,
+            )?;
         }
     }
     if wrong.iter().all(|&w| w == 0) {
@@ -202,7 +223,9 @@ pub(crate) mod tests {
             #[command(flatten)]
             a: BenchArgs,
         }
-        P::try_parse_from(std::iter::once("bench").chain(v.iter().copied())).unwrap().a
+        P::try_parse_from(std::iter::once("bench").chain(v.iter().copied()))
+            .unwrap()
+            .a
     }
 
     /// Arguments as clap gives them with no options, for tests to adjust.
@@ -213,8 +236,16 @@ pub(crate) mod tests {
     #[test]
     fn gpus_default_to_what_the_host_has() {
         assert_eq!(parse(&["all-reduce"]).resolve(|| 4).gpus, 4);
-        assert_eq!(parse(&["all-reduce"]).resolve(|| 0).gpus, 0, "no GPU: the host backend");
-        assert_eq!(parse(&["all-reduce", "-g", "0"]).resolve(|| 4).gpus, 0, "-g 0 forces the host");
+        assert_eq!(
+            parse(&["all-reduce"]).resolve(|| 0).gpus,
+            0,
+            "no GPU: the host backend"
+        );
+        assert_eq!(
+            parse(&["all-reduce", "-g", "0"]).resolve(|| 4).gpus,
+            0,
+            "-g 0 forces the host"
+        );
         assert_eq!(parse(&["all-reduce", "-g", "2"]).resolve(|| 4).gpus, 2);
     }
 
@@ -227,10 +258,20 @@ pub(crate) mod tests {
             let spec = Spec::from_args(&a).unwrap();
             NcclSide::from_args(&a, &spec).map(|s| s.is_none())
         };
-        assert_eq!(side(&["all-reduce", "--graph", "10", "--devices", "0,0"]), Ok(true));
+        assert_eq!(
+            side(&["all-reduce", "--graph", "10", "--devices", "0,0"]),
+            Ok(true)
+        );
         assert_eq!(side(&["all-reduce", "--graph", "10", "-g", "2"]), Ok(true));
-        assert!(side(&["all-reduce", "--graph", "10"]).unwrap_err().contains("GPU ranks"), "the host backend has no graphs");
-        assert!(side(&["all-reduce", "--graph", "10", "-g", "2", "--check"]).unwrap_err().contains("--check"));
+        assert!(
+            side(&["all-reduce", "--graph", "10"])
+                .unwrap_err()
+                .contains("GPU ranks"),
+            "the host backend has no graphs"
+        );
+        assert!(side(&["all-reduce", "--graph", "10", "-g", "2", "--check"])
+            .unwrap_err()
+            .contains("--check"));
         assert_eq!(side(&["all-reduce", "-g", "2", "--check"]), Ok(true));
     }
 
@@ -246,7 +287,10 @@ pub(crate) mod tests {
     #[test]
     fn devices_give_one_rank_per_ordinal_repeats_allowed() {
         let a = parse(&["all-reduce", "--devices", "0,0,1"]).resolve(|| 1);
-        assert_eq!((a.gpus, a.devices.as_deref()), (3, Some(&[0usize, 0, 1][..])));
+        assert_eq!(
+            (a.gpus, a.devices.as_deref()),
+            (3, Some(&[0usize, 0, 1][..]))
+        );
         let refused = |v: &[&str]| {
             use clap::Parser;
             #[derive(Parser)]
@@ -254,15 +298,30 @@ pub(crate) mod tests {
                 #[command(flatten)]
                 a: BenchArgs,
             }
-            P::try_parse_from(std::iter::once("bench").chain(v.iter().copied())).err().map(|e| e.to_string())
+            P::try_parse_from(std::iter::once("bench").chain(v.iter().copied()))
+                .err()
+                .map(|e| e.to_string())
         };
-        assert!(refused(&["all-reduce", "-g", "2", "--devices", "0,0"]).is_some(), "-g and --devices together are refused");
+        assert!(
+            refused(&["all-reduce", "-g", "2", "--devices", "0,0"]).is_some(),
+            "-g and --devices together are refused"
+        );
         // Not beside NCCL (which refuses two ranks on a GPU), not under a launcher.
-        let e = refused(&["all-reduce", "--devices", "0,0", "--vs-nccl"]).expect("--devices with --vs-nccl is refused");
+        let e = refused(&["all-reduce", "--devices", "0,0", "--vs-nccl"])
+            .expect("--devices with --vs-nccl is refused");
         assert!(e.contains("--devices"), "{e}");
         let v = parse(&["all-reduce", "--devices", "0,0"]).resolve(|| 1);
-        let env = ferroccl::LaunchEnv { rank: 0, world_size: 2, local_rank: 0, master_addr: "127.0.0.1".into(), master_port: 1, source: "test" };
-        let err = setup::make_comms(&v, &ferroccl::Config::default(), Some(&env)).err().unwrap();
+        let env = ferroccl::LaunchEnv {
+            rank: 0,
+            world_size: 2,
+            local_rank: 0,
+            master_addr: "127.0.0.1".into(),
+            master_port: 1,
+            source: "test",
+        };
+        let err = setup::make_comms(&v, &ferroccl::Config::default(), Some(&env))
+            .err()
+            .unwrap();
         assert!(err.contains("--devices"), "{err}");
     }
 }

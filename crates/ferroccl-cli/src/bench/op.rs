@@ -104,7 +104,11 @@ impl BenchOp {
         let n = nranks as f64;
         match self {
             BenchOp::AllReduce => 2.0 * (n - 1.0) / n,
-            BenchOp::AllGather | BenchOp::ReduceScatter | BenchOp::AllToAll | BenchOp::Gather | BenchOp::Scatter => (n - 1.0) / n,
+            BenchOp::AllGather
+            | BenchOp::ReduceScatter
+            | BenchOp::AllToAll
+            | BenchOp::Gather
+            | BenchOp::Scatter => (n - 1.0) / n,
             BenchOp::Broadcast | BenchOp::Reduce | BenchOp::SendRecv => 1.0,
         }
     }
@@ -122,7 +126,11 @@ impl BenchOp {
         let elems = size / w;
         let per_rank_split = matches!(
             self,
-            BenchOp::AllGather | BenchOp::ReduceScatter | BenchOp::AllToAll | BenchOp::Gather | BenchOp::Scatter
+            BenchOp::AllGather
+                | BenchOp::ReduceScatter
+                | BenchOp::AllToAll
+                | BenchOp::Gather
+                | BenchOp::Scatter
         );
         let (count, total) = if per_rank_split {
             let c = elems / nranks;
@@ -130,7 +138,10 @@ impl BenchOp {
         } else {
             (elems, elems)
         };
-        Layout { count, bytes: total * w }
+        Layout {
+            count,
+            bytes: total * w,
+        }
     }
 }
 
@@ -154,7 +165,15 @@ pub struct Regions {
 }
 
 impl Regions {
-    pub fn new(op: BenchOp, count: usize, dtype: DataType, nranks: usize, rank: usize, root: usize, in_place: bool) -> Result<Regions, Error> {
+    pub fn new(
+        op: BenchOp,
+        count: usize,
+        dtype: DataType,
+        nranks: usize,
+        rank: usize,
+        root: usize,
+        in_place: bool,
+    ) -> Result<Regions, Error> {
         let w = dtype.size();
         let is_root = op.has_root() && rank == root;
         let (sc, rc) = match op {
@@ -162,11 +181,21 @@ impl Regions {
             _ => op
                 .kind()
                 .buffer_counts(count, nranks, is_root)
-                .ok_or_else(|| Error::InvalidArgument(format!("{count} elements per rank overflow on {nranks} ranks")))?,
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "{count} elements per rank overflow on {nranks} ranks"
+                    ))
+                })?,
         };
         let (sl, rl) = (sc * w, rc * w);
         if !in_place {
-            return Ok(Regions { send_off: 0, send_len: sl, recv_off: 0, recv_len: rl, in_place });
+            return Ok(Regions {
+                send_off: 0,
+                send_len: sl,
+                recv_off: 0,
+                recv_len: rl,
+                in_place,
+            });
         }
         // NCCL's in-place conventions: the small buffer is this rank's slot of the large one.
         let slot = rank * count * w;
@@ -177,12 +206,22 @@ impl Regions {
             BenchOp::Scatter if is_root => (0, slot),
             _ => (0, 0),
         };
-        Ok(Regions { send_off: so, send_len: sl, recv_off: ro, recv_len: rl, in_place })
+        Ok(Regions {
+            send_off: so,
+            send_len: sl,
+            recv_off: ro,
+            recv_len: rl,
+            in_place,
+        })
     }
 
     /// Bytes of the one in-place buffer, or of the send buffer out of place.
     pub fn send_buffer_len(&self) -> usize {
-        if self.in_place { (self.send_off + self.send_len).max(self.recv_off + self.recv_len) } else { self.send_len }
+        if self.in_place {
+            (self.send_off + self.send_len).max(self.recv_off + self.recv_len)
+        } else {
+            self.send_len
+        }
     }
 }
 
@@ -205,7 +244,13 @@ mod tests {
         assert_eq!(f(BenchOp::AllReduce, 4), 1.5);
         assert_eq!(f(BenchOp::AllReduce, 2), 1.0);
         assert_eq!(f(BenchOp::AllReduce, 1), 0.0);
-        for op in [BenchOp::AllGather, BenchOp::ReduceScatter, BenchOp::AllToAll, BenchOp::Gather, BenchOp::Scatter] {
+        for op in [
+            BenchOp::AllGather,
+            BenchOp::ReduceScatter,
+            BenchOp::AllToAll,
+            BenchOp::Gather,
+            BenchOp::Scatter,
+        ] {
             assert_eq!(f(op, 4), 0.75, "{op:?}");
             assert_eq!(f(op, 8), 0.875, "{op:?}");
         }
@@ -221,12 +266,42 @@ mod tests {
     #[test]
     fn layouts_follow_nccl_tests_size_conventions() {
         let f = DataType::Float32;
-        assert_eq!(BenchOp::AllReduce.layout(1024, f, 4), Layout { count: 256, bytes: 1024 });
-        assert_eq!(BenchOp::AllGather.layout(1024, f, 4), Layout { count: 64, bytes: 1024 });
-        assert_eq!(BenchOp::ReduceScatter.layout(1000, f, 3), Layout { count: 83, bytes: 996 });
-        assert_eq!(BenchOp::AllGather.layout(8, f, 4), Layout { count: 0, bytes: 0 });
-        assert_eq!(BenchOp::Broadcast.layout(7, DataType::Float64, 4), Layout { count: 0, bytes: 0 });
-        assert_eq!(BenchOp::SendRecv.layout(64, DataType::Int8, 4), Layout { count: 64, bytes: 64 });
+        assert_eq!(
+            BenchOp::AllReduce.layout(1024, f, 4),
+            Layout {
+                count: 256,
+                bytes: 1024
+            }
+        );
+        assert_eq!(
+            BenchOp::AllGather.layout(1024, f, 4),
+            Layout {
+                count: 64,
+                bytes: 1024
+            }
+        );
+        assert_eq!(
+            BenchOp::ReduceScatter.layout(1000, f, 3),
+            Layout {
+                count: 83,
+                bytes: 996
+            }
+        );
+        assert_eq!(
+            BenchOp::AllGather.layout(8, f, 4),
+            Layout { count: 0, bytes: 0 }
+        );
+        assert_eq!(
+            BenchOp::Broadcast.layout(7, DataType::Float64, 4),
+            Layout { count: 0, bytes: 0 }
+        );
+        assert_eq!(
+            BenchOp::SendRecv.layout(64, DataType::Int8, 4),
+            Layout {
+                count: 64,
+                bytes: 64
+            }
+        );
     }
 
     #[test]
@@ -235,7 +310,10 @@ mod tests {
             assert_eq!(BenchOp::parse(op.name()).unwrap(), vec![op]);
         }
         assert_eq!(BenchOp::parse("all").unwrap().len(), 9);
-        assert_eq!(BenchOp::parse("all_reduce").unwrap(), vec![BenchOp::AllReduce]);
+        assert_eq!(
+            BenchOp::parse("all_reduce").unwrap(),
+            vec![BenchOp::AllReduce]
+        );
         assert!(BenchOp::parse("allsum").is_err());
     }
 
@@ -243,14 +321,29 @@ mod tests {
     fn in_place_regions_follow_nccl() {
         let f = DataType::Float32;
         let g = Regions::new(BenchOp::AllGather, 3, f, 4, 2, 0, true).unwrap();
-        assert_eq!((g.send_off, g.send_len, g.recv_off, g.recv_len, g.send_buffer_len()), (24, 12, 0, 48, 48));
+        assert_eq!(
+            (
+                g.send_off,
+                g.send_len,
+                g.recv_off,
+                g.recv_len,
+                g.send_buffer_len()
+            ),
+            (24, 12, 0, 48, 48)
+        );
         let g = Regions::new(BenchOp::ReduceScatter, 3, f, 4, 1, 0, true).unwrap();
-        assert_eq!((g.send_off, g.send_len, g.recv_off, g.recv_len), (0, 48, 12, 12));
+        assert_eq!(
+            (g.send_off, g.send_len, g.recv_off, g.recv_len),
+            (0, 48, 12, 12)
+        );
         let g = Regions::new(BenchOp::Gather, 3, f, 4, 1, 1, true).unwrap();
         assert_eq!((g.send_off, g.recv_len), (12, 48));
         let g = Regions::new(BenchOp::Gather, 3, f, 4, 2, 1, true).unwrap();
         assert_eq!((g.send_off, g.send_len, g.recv_len), (0, 12, 0));
         let g = Regions::new(BenchOp::AllReduce, 3, f, 4, 2, 0, false).unwrap();
-        assert_eq!((g.send_off, g.recv_off, g.recv_len, g.send_buffer_len()), (0, 0, 12, 12));
+        assert_eq!(
+            (g.send_off, g.recv_off, g.recv_len, g.send_buffer_len()),
+            (0, 0, 12, 12)
+        );
     }
 }

@@ -7,8 +7,8 @@ use super::libs::Lib;
 use super::op::Regions;
 use crate::api::{Comm, Error};
 use crate::nccl::NcclComm;
-use ferroccl::verify::{GpuVerifier, Wrong};
 use ferroccl::mem::Gpu;
+use ferroccl::verify::{GpuVerifier, Wrong};
 use ferroccl_core::numeric::expected::RankCase;
 
 /// Poison byte for outputs: 0xA5A5... is a large or NaN-free odd value in every type, unlikely
@@ -56,11 +56,15 @@ impl RankCtx<'_> {
     }
 
     pub fn on_gpu(&self) -> Result<(&Gpu, Stream), Error> {
-        self.gpu.as_ref().map(|(g, s)| (g, *s)).ok_or_else(|| Error::InvalidArgument("CUDA graphs need GPU ranks".into()))
+        self.gpu
+            .as_ref()
+            .map(|(g, s)| (g, *s))
+            .ok_or_else(|| Error::InvalidArgument("CUDA graphs need GPU ranks".into()))
     }
 
     pub fn nccl(&self) -> Result<(NcclComm, Side), Error> {
-        self.nccl.ok_or_else(|| Error::Internal("this rank has no NCCL communicator".into()))
+        self.nccl
+            .ok_or_else(|| Error::Internal("this rank has no NCCL communicator".into()))
     }
 
     pub fn side(&self, lib: Lib) -> Result<Side, Error> {
@@ -74,7 +78,11 @@ impl RankCtx<'_> {
     /// checks write through raw addresses.
     pub fn regions(&self, g: Regions) -> Result<Regions, Error> {
         if g.send_buffer_len().max(g.recv_len) > self.bytes {
-            return Err(Error::Internal(format!("a row needs {} bytes, more than the {} of a buffer", g.send_buffer_len().max(g.recv_len), self.bytes)));
+            return Err(Error::Internal(format!(
+                "a row needs {} bytes, more than the {} of a buffer",
+                g.send_buffer_len().max(g.recv_len),
+                self.bytes
+            )));
         }
         Ok(g)
     }
@@ -88,7 +96,10 @@ impl RankCtx<'_> {
             // in flight.
             unsafe {
                 std::slice::from_raw_parts_mut(d as usize as *mut u8, g.recv_len).fill(POISON);
-                case.fill_input(std::slice::from_raw_parts_mut(s as usize as *mut u8, g.send_len));
+                case.fill_input(std::slice::from_raw_parts_mut(
+                    s as usize as *mut u8,
+                    g.send_len,
+                ));
             }
             return Ok(());
         }
@@ -108,13 +119,24 @@ impl RankCtx<'_> {
             let mut first = None;
             // SAFETY: as in fill; the operation completed.
             let out = unsafe { std::slice::from_raw_parts(d as usize as *const u8, g.recv_len) };
-            return Ok(Wrong { count: case.count_wrong(out, &mut first) as u64, first });
+            return Ok(Wrong {
+                count: case.count_wrong(out, &mut first) as u64,
+                first,
+            });
         }
         // SAFETY: the output region of this rank, on its GPU.
-        unsafe { self.verifier()?.count_wrong(case, d as usize as *const u8, g.recv_len / case.dtype.size()) }
+        unsafe {
+            self.verifier()?.count_wrong(
+                case,
+                d as usize as *const u8,
+                g.recv_len / case.dtype.size(),
+            )
+        }
     }
 
     fn verifier(&self) -> Result<&GpuVerifier<'_>, Error> {
-        self.check.as_ref().ok_or_else(|| Error::Internal("checking a GPU rank without its verifier".into()))
+        self.check
+            .as_ref()
+            .ok_or_else(|| Error::Internal("checking a GPU rank without its verifier".into()))
     }
 }

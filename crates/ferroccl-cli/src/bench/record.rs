@@ -34,8 +34,23 @@ struct AloneRecord<'a> {
     rows: &'a [Row],
 }
 
-pub fn write_alone(path: &Path, spec: &Spec, rows: &[Row], mode: &str, nranks: usize) -> Result<(), String> {
-    let avg = spec.ops.iter().map(|&op| (op.name(), table::avg_busbw(rows.iter().filter(|r| r.op == op.name())))).collect();
+pub fn write_alone(
+    path: &Path,
+    spec: &Spec,
+    rows: &[Row],
+    mode: &str,
+    nranks: usize,
+) -> Result<(), String> {
+    let avg = spec
+        .ops
+        .iter()
+        .map(|&op| {
+            (
+                op.name(),
+                table::avg_busbw(rows.iter().filter(|r| r.op == op.name())),
+            )
+        })
+        .collect();
     let rep = AloneRecord {
         tool: "ferroccl bench",
         version: env!("CARGO_PKG_VERSION"),
@@ -174,8 +189,19 @@ pub struct VsRecord {
 impl VsRecord {
     /// The record of a run beside NCCL that ended well: `wrong` per library, `memory` from
     /// `Job::close`.
-    pub fn new(args: &BenchArgs, spec: &Spec, config: &Config, job: &Job, memory: Vec<RankMemory>, wrong: &[u64], rows: Vec<VsRow>) -> Result<VsRecord, String> {
-        let n = job.nccl.as_ref().ok_or("a record beside NCCL of a run without it")?;
+    pub fn new(
+        args: &BenchArgs,
+        spec: &Spec,
+        config: &Config,
+        job: &Job,
+        memory: Vec<RankMemory>,
+        wrong: &[u64],
+        rows: Vec<VsRow>,
+    ) -> Result<VsRecord, String> {
+        let n = job
+            .nccl
+            .as_ref()
+            .ok_or("a record beside NCCL of a run without it")?;
         let lib = &n.lib;
         Ok(VsRecord {
             tool: "ferroccl bench --vs-nccl".into(),
@@ -187,7 +213,12 @@ impl VsRecord {
             nranks: job.nranks,
             machine: Machine::probe(),
             gpu_machine: GpuMachine::probe(cu::driver_cuda_version()),
-            nccl: NcclInfo { path: lib.path().into(), version: lib.version_string(), version_code: lib.version(), native_all_to_all: lib.has_native_all_to_all() },
+            nccl: NcclInfo {
+                path: lib.path().into(),
+                version: lib.version_string(),
+                version_code: lib.version(),
+                native_all_to_all: lib.has_native_all_to_all(),
+            },
             options: VsOptions {
                 ops: spec.ops.iter().map(|o| o.name().to_string()).collect(),
                 dtypes: spec.dtypes.iter().map(|d| d.name().to_string()).collect(),
@@ -201,7 +232,11 @@ impl VsRecord {
                 check: spec.check,
                 graph: args.graph,
                 register: n.reg.name().into(),
-                ferroccl_register: if n.reg == Register::Off { "off".into() } else { "ferroccl::mem buffers registered as symmetric windows (Comm::register_symmetric_buffer)".into() },
+                ferroccl_register: if n.reg == Register::Off {
+                    "off".into()
+                } else {
+                    "ferroccl::mem buffers registered as symmetric windows (Comm::register_symmetric_buffer)".into()
+                },
                 max_ctas: args.max_ctas,
                 gpu_channels: config.gpu_channels,
                 nvls: n.nvls.clone(),
@@ -235,8 +270,10 @@ pub fn write(path: &Path, rec: &VsRecord) -> Result<(), String> {
 }
 
 pub fn read(path: &Path) -> Result<VsRecord, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: not a `bench --vs-nccl` record: {e}", path.display()))
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    serde_json::from_str(&text)
+        .map_err(|e| format!("{}: not a `bench --vs-nccl` record: {e}", path.display()))
 }
 
 #[cfg(test)]
@@ -244,25 +281,46 @@ pub mod tests {
     use super::*;
 
     fn m(t: f64, bus: f64) -> Measure {
-        Measure { time_us: t, algbw: bus / 1.5, busbw: bus, wrong: None }
+        Measure {
+            time_us: t,
+            algbw: bus / 1.5,
+            busbw: bus,
+            wrong: None,
+        }
     }
 
     /// A small record with two ops and two sizes, for the JSON and plot tests.
     pub fn sample() -> VsRecord {
         let mut rows = Vec::new();
         for op in ["all-reduce", "alltoall"] {
-            for (size, ft, nt) in [(8usize, 40.0, 9.0), (1 << 20, 30.0, 20.0), (1 << 30, 4000.0, 3000.0)] {
+            for (size, ft, nt) in [
+                (8usize, 40.0, 9.0),
+                (1 << 20, 30.0, 20.0),
+                (1 << 30, 4000.0, 3000.0),
+            ] {
                 let mut r = VsRow {
                     op: op.into(),
                     size,
                     count: size / 4,
                     dtype: "float".into(),
-                    redop: if op == "all-reduce" { "sum".into() } else { "none".into() },
+                    redop: if op == "all-reduce" {
+                        "sum".into()
+                    } else {
+                        "none".into()
+                    },
                     root: -1,
-                    ferroccl: LibResult { out_of_place: m(ft, size as f64 / ft / 1e3), in_place: Some(m(ft, 1.0)), blocks: Some(32) },
+                    ferroccl: LibResult {
+                        out_of_place: m(ft, size as f64 / ft / 1e3),
+                        in_place: Some(m(ft, 1.0)),
+                        blocks: Some(32),
+                    },
                     nccl: LibResult {
                         out_of_place: m(nt, size as f64 / nt / 1e3),
-                        in_place: if op == "alltoall" { None } else { Some(m(nt, 2.0)) },
+                        in_place: if op == "alltoall" {
+                            None
+                        } else {
+                            Some(m(nt, 2.0))
+                        },
                         blocks: Some(24),
                     },
                     ratio_out_of_place: None,
@@ -281,8 +339,18 @@ pub mod tests {
             mode: "4 GPUs driven by one process (a thread each)".into(),
             nranks: 4,
             machine: Machine::probe(),
-            gpu_machine: GpuMachine { gpus: vec!["NVIDIA H200".into(); 4], driver: Some("580".into()), cuda: Some("13.0".into()), topology: Some("\tGPU0\tGPU1\nGPU0\t X \tNV18".into()) },
-            nccl: NcclInfo { path: "/x/libnccl.so.2".into(), version: "2.28.9".into(), version_code: 22809, native_all_to_all: true },
+            gpu_machine: GpuMachine {
+                gpus: vec!["NVIDIA H200".into(); 4],
+                driver: Some("580".into()),
+                cuda: Some("13.0".into()),
+                topology: Some("\tGPU0\tGPU1\nGPU0\t X \tNV18".into()),
+            },
+            nccl: NcclInfo {
+                path: "/x/libnccl.so.2".into(),
+                version: "2.28.9".into(),
+                version_code: 22809,
+                native_all_to_all: true,
+            },
             options: VsOptions {
                 ops: vec!["all-reduce".into(), "alltoall".into()],
                 dtypes: vec!["float".into()],
@@ -301,7 +369,13 @@ pub mod tests {
                 gpu_channels: 32,
                 nvls: "0".into(),
             },
-            memory: vec![RankMemory { rank: 0, gpu: 0, ferroccl_accounted_end: 1 << 28, nccl_held_end: 800 << 20, ..Default::default() }],
+            memory: vec![RankMemory {
+                rank: 0,
+                gpu: 0,
+                ferroccl_accounted_end: 1 << 28,
+                nccl_held_end: 800 << 20,
+                ..Default::default()
+            }],
             wrong_ferroccl: 0,
             wrong_nccl: 0,
             rows,
@@ -311,14 +385,20 @@ pub mod tests {
     #[test]
     fn labels_name_mode_and_options() {
         assert_eq!(label("threads", 0, Register::Off, None), "threads");
-        assert_eq!(label("processes", 4, Register::Symmetric, Some(8)), "processes, graph, registered (symmetric), max 8 CTAs");
+        assert_eq!(
+            label("processes", 4, Register::Symmetric, Some(8)),
+            "processes, graph, registered (symmetric), max 8 CTAs"
+        );
     }
 
     #[test]
     fn record_round_trips_through_json() {
         let rec = sample();
         assert_eq!(rec.rows[1].ratio_out_of_place, Some(20.0 / 30.0));
-        assert_eq!(rec.rows[3].ratio_in_place, None, "NCCL has no in-place all-to-all");
+        assert_eq!(
+            rec.rows[3].ratio_in_place, None,
+            "NCCL has no in-place all-to-all"
+        );
         let p = std::env::temp_dir().join(format!("ferroccl-record-{}.json", std::process::id()));
         write(&p, &rec).unwrap();
         let back = read(&p).unwrap();

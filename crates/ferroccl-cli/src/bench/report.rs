@@ -32,13 +32,24 @@ impl Reporter {
         // A bar only helps a person watching a long sweep; logs and pipes get none.
         let pb = (std::io::stderr().is_terminal() && spec.total_rows() >= 12).then(|| {
             let pb = ProgressBar::new(spec.total_rows() as u64);
-            if let Ok(s) = ProgressStyle::with_template("{bar:40} {pos}/{len} rows {elapsed_precise} {msg}") {
+            if let Ok(s) =
+                ProgressStyle::with_template("{bar:40} {pos}/{len} rows {elapsed_precise} {msg}")
+            {
                 pb.set_style(s);
             }
             pb
         });
-        let rows = if vs_nccl { Rows::VsNccl(Vec::new()) } else { Rows::Alone(Vec::new()) };
-        Reporter { rows, section_start: 0, pb, check: spec.check }
+        let rows = if vs_nccl {
+            Rows::VsNccl(Vec::new())
+        } else {
+            Rows::Alone(Vec::new())
+        };
+        Reporter {
+            rows,
+            section_start: 0,
+            pb,
+            check: spec.check,
+        }
     }
 
     fn print(&self, s: &str) {
@@ -75,14 +86,25 @@ impl Reporter {
         let line = match &mut self.rows {
             Rows::Alone(v) => {
                 let f = &libs[0];
-                let r = Row { op: op.name(), size: call.lay.bytes, count: call.lay.count, dtype: rs.dtype.name(), redop, root, out_of_place: f.out_of_place, in_place: f.in_place };
+                let r = Row {
+                    op: op.name(),
+                    size: call.lay.bytes,
+                    count: call.lay.count,
+                    dtype: rs.dtype.name(),
+                    redop,
+                    root,
+                    out_of_place: f.out_of_place,
+                    in_place: f.in_place,
+                };
                 let line = table::format_row(&r);
                 v.push(r);
                 line
             }
             Rows::VsNccl(v) => {
                 let mut libs = libs.into_iter();
-                let (Some(ferroccl), Some(nccl)) = (libs.next(), libs.next()) else { return };
+                let (Some(ferroccl), Some(nccl)) = (libs.next(), libs.next()) else {
+                    return;
+                };
                 let mut r = VsRow {
                     op: op.name().into(),
                     size: call.lay.bytes,
@@ -152,13 +174,21 @@ pub fn preamble(comms: &[Comm], spec: &Spec, mode: &str) -> String {
     );
     // A rank's device is known to its own process only: ranks of other processes show as
     // "a GPU" (`--devices 0,0` puts two ranks of this process on GPU 0).
-    let device = |r: usize| match (comm.gpu(), comms.iter().find(|c| c.rank() == r).and_then(|c| c.gpu())) {
+    let device = |r: usize| match (
+        comm.gpu(),
+        comms.iter().find(|c| c.rank() == r).and_then(|c| c.gpu()),
+    ) {
         (Some(_), Some(g)) => format!("GPU {}", g.ordinal()),
         (Some(_), None) => "a GPU".to_string(),
         (None, _) => "host memory".to_string(),
     };
     for (r, loc) in topo.ranks.iter().enumerate() {
-        s += &format!("#  Rank {r:>3} Pid {:>7} on {:>12} device {}\n", loc.pid, loc.hostname, device(r));
+        s += &format!(
+            "#  Rank {r:>3} Pid {:>7} on {:>12} device {}\n",
+            loc.pid,
+            loc.hostname,
+            device(r)
+        );
     }
     s.pop();
     s

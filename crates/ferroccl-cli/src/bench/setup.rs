@@ -40,26 +40,49 @@ pub fn bench_config(args: &BenchArgs, config: &Config) -> Result<Config, String>
 
 /// The communicators of this process for the launch mode the arguments and the environment
 /// say, with a description of the mode.
-pub(super) fn make_comms(args: &BenchArgs, config: &Config, launched: Option<&LaunchEnv>) -> Result<(String, Vec<Comm>), String> {
+pub(super) fn make_comms(
+    args: &BenchArgs,
+    config: &Config,
+    launched: Option<&LaunchEnv>,
+) -> Result<(String, Vec<Comm>), String> {
     // (--vs-nccl, whose NCCL refuses two ranks on one GPU, is refused with it by the parser.)
     if args.devices.is_some() && launched.is_some() {
         return Err("--devices: ranks on chosen GPUs are for one process alone, not under a launcher (each rank takes GPU LOCAL_RANK there)".into());
     }
     Ok(match launched {
         Some(env) if args.gpus > 0 => {
-            let comm = Comm::from_env_gpu(config).map_err(|e| format!("joining the {} job on GPU {}: {e}", env.source, env.local_rank))?;
-            (format!("one process per GPU, {} launcher", env.source), vec![comm])
+            let comm = Comm::from_env_gpu(config).map_err(|e| {
+                format!(
+                    "joining the {} job on GPU {}: {e}",
+                    env.source, env.local_rank
+                )
+            })?;
+            (
+                format!("one process per GPU, {} launcher", env.source),
+                vec![comm],
+            )
         }
         Some(env) => {
-            let comm = Comm::from_env(config).map_err(|e| format!("joining the {} job: {e}", env.source))?;
-            (format!("one process per rank, {} launcher", env.source), vec![comm])
+            let comm = Comm::from_env(config)
+                .map_err(|e| format!("joining the {} job: {e}", env.source))?;
+            (
+                format!("one process per rank, {} launcher", env.source),
+                vec![comm],
+            )
         }
         None if args.gpus > 0 => {
-            let ordinals: Vec<usize> = args.devices.clone().unwrap_or_else(|| (0..args.gpus).collect());
+            let ordinals: Vec<usize> = args
+                .devices
+                .clone()
+                .unwrap_or_else(|| (0..args.gpus).collect());
             let devices: Vec<Device> = ordinals.iter().map(|&o| Device::Cuda(o)).collect();
-            let comms = Comm::init_devices(&devices, config).map_err(|e| format!("creating {} GPU ranks: {e}", args.gpus))?;
+            let comms = Comm::init_devices(&devices, config)
+                .map_err(|e| format!("creating {} GPU ranks: {e}", args.gpus))?;
             let what = match &args.devices {
-                Some(d) => format!("{} ranks on GPUs {d:?} driven by one process (a thread each)", d.len()),
+                Some(d) => format!(
+                    "{} ranks on GPUs {d:?} driven by one process (a thread each)",
+                    d.len()
+                ),
                 None => format!("{} GPUs driven by one process (a thread each)", args.gpus),
             };
             (what, comms)
@@ -68,7 +91,8 @@ pub(super) fn make_comms(args: &BenchArgs, config: &Config, launched: Option<&La
             if args.ranks == 0 {
                 return Err("--ranks must be at least 1".into());
             }
-            let comms = Comm::init_all(args.ranks, config).map_err(|e| format!("creating {} ranks: {e}", args.ranks))?;
+            let comms = Comm::init_all(args.ranks, config)
+                .map_err(|e| format!("creating {} ranks: {e}", args.ranks))?;
             ("threads of one process".to_string(), comms)
         }
     })
@@ -76,11 +100,19 @@ pub(super) fn make_comms(args: &BenchArgs, config: &Config, launched: Option<&La
 
 /// `f` on every item at once, a thread each: for calls that are collective over the ranks of
 /// this process (window registration), which one thread cannot make for several ranks in turn.
-fn on_each<I: Send, T: Send>(items: impl IntoIterator<Item = I>, f: impl Fn(I) -> Result<T, Error> + Sync) -> Result<Vec<T>, Error> {
+fn on_each<I: Send, T: Send>(
+    items: impl IntoIterator<Item = I>,
+    f: impl Fn(I) -> Result<T, Error> + Sync,
+) -> Result<Vec<T>, Error> {
     std::thread::scope(|s| {
         let f = &f;
         let hs: Vec<_> = items.into_iter().map(|i| s.spawn(move || f(i))).collect();
-        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("a rank's thread panicked".into())))).collect()
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Internal("a rank's thread panicked".into())))
+            })
+            .collect()
     })
 }
 
@@ -93,15 +125,32 @@ struct Buffer {
 }
 
 impl Buffer {
-    fn new(gpu: Option<&Gpu>, bytes: usize, register: bool, stats: &Arc<MemStats>) -> Result<Buffer, Error> {
+    fn new(
+        gpu: Option<&Gpu>,
+        bytes: usize,
+        register: bool,
+        stats: &Arc<MemStats>,
+    ) -> Result<Buffer, Error> {
         let Some(g) = gpu else {
             let mut host = vec![u64::from_ne_bytes([FILL; 8]); bytes.div_ceil(8)];
-            return Ok(Buffer { addr: host.as_mut_ptr() as u64, _host: host, dev: None });
+            return Ok(Buffer {
+                addr: host.as_mut_ptr() as u64,
+                _host: host,
+                dev: None,
+            });
         };
         // Windows are made of ferroccl::mem's buffers, as --register promises.
-        let b = if register { ferroccl::mem::alloc(g, bytes, stats)? } else { DeviceBuffer::alloc(g, bytes, &[], stats)? };
+        let b = if register {
+            ferroccl::mem::alloc(g, bytes, stats)?
+        } else {
+            DeviceBuffer::alloc(g, bytes, &[], stats)?
+        };
         cu::memset(g, b.device_ptr(), FILL, bytes)?;
-        Ok(Buffer { addr: b.device_ptr(), _host: Vec::new(), dev: Some(b) })
+        Ok(Buffer {
+            addr: b.device_ptr(),
+            _host: Vec::new(),
+            dev: Some(b),
+        })
     }
 }
 
@@ -130,19 +179,30 @@ pub struct Job {
 }
 
 impl Job {
-    pub fn open(args: &BenchArgs, config: &Config, spec: &Spec, nccl: Option<NcclSide>) -> Result<Job, String> {
+    pub fn open(
+        args: &BenchArgs,
+        config: &Config,
+        spec: &Spec,
+        nccl: Option<NcclSide>,
+    ) -> Result<Job, String> {
         let launched = crate::launcher_env()?;
         if args.one_thread && launched.is_some() {
-            return Err("--one-thread needs every rank in this process (not under a launcher)".into());
+            return Err(
+                "--one-thread needs every rank in this process (not under a launcher)".into(),
+            );
         }
         let mut mem = Readings::default();
         // Beside NCCL the GPUs' contexts come first, so that the free-memory deltas below are
         // the communicators' alone.
-        let opened: Vec<Gpu> = match (&nccl, &launched) {
-            (None, _) => Vec::new(),
-            (Some(_), Some(env)) => vec![Gpu::open(env.local_rank).map_err(|e| format!("GPU {}: {e}", env.local_rank))?],
-            (Some(_), None) => (0..args.gpus).map(|o| Gpu::open(o).map_err(|e| format!("GPU {o}: {e}"))).collect::<Result<_, _>>()?,
-        };
+        let opened: Vec<Gpu> =
+            match (&nccl, &launched) {
+                (None, _) => Vec::new(),
+                (Some(_), Some(env)) => vec![Gpu::open(env.local_rank)
+                    .map_err(|e| format!("GPU {}: {e}", env.local_rank))?],
+                (Some(_), None) => (0..args.gpus)
+                    .map(|o| Gpu::open(o).map_err(|e| format!("GPU {o}: {e}")))
+                    .collect::<Result<_, _>>()?,
+            };
         mem.free_start = free_of(&opened)?;
         let (mode, comms) = make_comms(args, config, launched.as_ref())?;
         let (mode, short) = match (&launched, args.one_thread) {
@@ -150,7 +210,11 @@ impl Job {
             (None, true) => (format!("{mode}, one thread driving all"), "one thread"),
             (None, false) => (mode, "threads"),
         };
-        let gpus = if nccl.is_some() { opened } else { comms.iter().filter_map(|c| c.gpu().cloned()).collect() };
+        let gpus = if nccl.is_some() {
+            opened
+        } else {
+            comms.iter().filter_map(|c| c.gpu().cloned()).collect()
+        };
         let mut job = Job {
             nranks: comms[0].nranks(),
             comms,
@@ -169,7 +233,10 @@ impl Job {
             job.mem.free_ferroccl = free_of(&job.gpus)?;
         }
         if spec.root >= job.nranks && spec.ops.iter().any(|o| o.has_root()) {
-            return Err(format!("root {} is not below the {} ranks", spec.root, job.nranks));
+            return Err(format!(
+                "root {} is not below the {} ranks",
+                spec.root, job.nranks
+            ));
         }
         if let Some(n) = &job.nccl {
             job.ncomms = job.nccl_comms(&n.lib, launched.is_some())?;
@@ -186,11 +253,19 @@ impl Job {
         }
         let comm = &self.comms[0];
         // Rank 0's id reaches everyone through the ferroccl communicator's bootstrap.
-        let mine = if comm.rank() == 0 { lib.unique_id().map_err(|e| e.to_string())?.to_bytes() } else { vec![0u8; 128] };
-        let all = comm.allgather_bytes(&mine).map_err(|e| format!("sharing the NCCL id: {e}"))?;
+        let mine = if comm.rank() == 0 {
+            lib.unique_id().map_err(|e| e.to_string())?.to_bytes()
+        } else {
+            vec![0u8; 128]
+        };
+        let all = comm
+            .allgather_bytes(&mine)
+            .map_err(|e| format!("sharing the NCCL id: {e}"))?;
         let id = UniqueId::from_bytes(&all[0]).ok_or("rank 0 sent an NCCL id of the wrong size")?;
         self.gpus[0].bind().map_err(|e| e.to_string())?;
-        Ok(vec![lib.init_rank(self.nranks, &id, comm.rank()).map_err(|e| e.to_string())?])
+        Ok(vec![lib
+            .init_rank(self.nranks, &id, comm.rank())
+            .map_err(|e| e.to_string())?])
     }
 
     fn alloc_buffers(&mut self) -> Result<(), String> {
@@ -198,7 +273,10 @@ impl Job {
         for i in 0..self.comms.len() {
             let gpu = self.gpus.get(i);
             let place = gpu.map_or("host".to_string(), |g| format!("GPU {}", g.ordinal()));
-            let alloc = || Buffer::new(gpu, bytes, self.register, &stats).map_err(|e| format!("{place}: {bytes} bytes: {e}"));
+            let alloc = || {
+                Buffer::new(gpu, bytes, self.register, &stats)
+                    .map_err(|e| format!("{place}: {bytes} bytes: {e}"))
+            };
             let (send, recv) = (alloc()?, alloc()?);
             let nccl = match (&self.nccl, gpu) {
                 (Some(n), Some(g)) if n.reg != Register::Off => {
@@ -216,7 +294,15 @@ impl Job {
         }
         if self.register {
             if let Some(n) = &self.nccl {
-                register_all(&n.lib, &self.gpus, &self.ncomms, &mut self.bufs, bytes, n.reg == Register::Symmetric).map_err(|e| e.to_string())?;
+                register_all(
+                    &n.lib,
+                    &self.gpus,
+                    &self.ncomms,
+                    &mut self.bufs,
+                    bytes,
+                    n.reg == Register::Symmetric,
+                )
+                .map_err(|e| e.to_string())?;
             }
             // ferroccl's buffers become windows: zero-copy (beside NCCL: against its registered
             // buffers).
@@ -227,7 +313,9 @@ impl Job {
 
     /// ferroccl, and NCCL beside it.
     pub fn libs(&self) -> Vec<Lib<'_>> {
-        std::iter::once(Lib::Ferroccl).chain(self.nccl.as_ref().map(|n| Lib::Nccl(&n.lib))).collect()
+        std::iter::once(Lib::Ferroccl)
+            .chain(self.nccl.as_ref().map(|n| Lib::Nccl(&n.lib)))
+            .collect()
     }
 
     /// The ranks of this process as the sweep drives them. Under --check each GPU rank's
@@ -236,11 +324,33 @@ impl Job {
         let mut out = Vec::new();
         for (i, comm) in self.comms.iter().enumerate() {
             let b = &self.bufs[i];
-            let ferroccl = Side { send: b.send.addr, recv: b.recv.addr };
-            let nccl = self.ncomms.get(i).map(|&nc| (nc, b.nccl.as_ref().map_or(ferroccl, |(s, r, _)| Side { send: *s, recv: *r })));
+            let ferroccl = Side {
+                send: b.send.addr,
+                recv: b.recv.addr,
+            };
+            let nccl = self.ncomms.get(i).map(|&nc| {
+                (
+                    nc,
+                    b.nccl
+                        .as_ref()
+                        .map_or(ferroccl, |(s, r, _)| Side { send: *s, recv: *r }),
+                )
+            });
             let gpu = self.gpus.get(i).map(|g| (g.clone(), comm.cuda_stream()));
-            let check = if check { comm.gpu_verifier().map_err(|e| format!("rank {}: the GPU verifier: {e}", comm.rank()))? } else { None };
-            out.push(RankCtx { comm, gpu, check, ferroccl, nccl, bytes: self.bytes });
+            let check = if check {
+                comm.gpu_verifier()
+                    .map_err(|e| format!("rank {}: the GPU verifier: {e}", comm.rank()))?
+            } else {
+                None
+            };
+            out.push(RankCtx {
+                comm,
+                gpu,
+                check,
+                ferroccl,
+                nccl,
+                bytes: self.bytes,
+            });
         }
         Ok(out)
     }
@@ -259,11 +369,23 @@ impl Job {
             // Alone: ferroccl's own count is all there is to say (free-memory deltas need the
             // readings taken around NCCL).
             if !self.gpus.is_empty() {
-                super::memory::print_alone(&ranks, &self.gpus, &self.mem.accounted_init, &self.mem.accounted_end);
+                super::memory::print_alone(
+                    &ranks,
+                    &self.gpus,
+                    &self.mem.accounted_init,
+                    &self.mem.accounted_end,
+                );
             }
             return Ok(Vec::new());
         };
-        free_buffers(&n.lib, &self.gpus, &self.ncomms, bufs, n.reg == Register::Symmetric).map_err(|e| e.to_string())?;
+        free_buffers(
+            &n.lib,
+            &self.gpus,
+            &self.ncomms,
+            bufs,
+            n.reg == Register::Symmetric,
+        )
+        .map_err(|e| e.to_string())?;
         self.mem.free_end = free_of(&self.gpus)?;
         for c in self.ncomms.drain(..) {
             n.lib.destroy(c).map_err(|e| e.to_string())?;
@@ -277,18 +399,29 @@ impl Job {
 
 /// Registers NCCL's buffers with its communicators. Symmetric windows are collective: with
 /// several ranks in this process, one group spans them (a lone call would wait for the others).
-fn register_all(lib: &Nccl, gpus: &[Gpu], ncomms: &[NcclComm], bufs: &mut [RankBufs], bytes: usize, symmetric: bool) -> Result<(), Error> {
+fn register_all(
+    lib: &Nccl,
+    gpus: &[Gpu],
+    ncomms: &[NcclComm],
+    bufs: &mut [RankBufs],
+    bytes: usize,
+    symmetric: bool,
+) -> Result<(), Error> {
     let grouped = symmetric && ncomms.len() > 1;
     if grouped {
         lib.group_start()?;
     }
     let mut res = Ok(());
     for ((g, &nc), b) in gpus.iter().zip(ncomms).zip(bufs.iter_mut()) {
-        let Some((s, r, regs)) = b.nccl.as_mut() else { continue };
+        let Some((s, r, regs)) = b.nccl.as_mut() else {
+            continue;
+        };
         res = g.bind().and_then(|()| {
             for p in [*s, *r] {
                 // SAFETY: p is an ncclMemAlloc allocation of `bytes`, freed after deregistration.
-                regs.push(unsafe { lib.register(nc, p as usize as *mut c_void, bytes, symmetric)? });
+                regs.push(unsafe {
+                    lib.register(nc, p as usize as *mut c_void, bytes, symmetric)?
+                });
             }
             Ok(())
         });
@@ -305,9 +438,17 @@ fn register_all(lib: &Nccl, gpus: &[Gpu], ncomms: &[NcclComm], bufs: &mut [RankB
 fn windows(comms: &[Comm], bufs: &[RankBufs], register: bool) -> Result<(), Error> {
     on_each(comms.iter().zip(bufs), |(c, b)| {
         for buf in [&b.send.dev, &b.recv.dev] {
-            let buf = buf.as_ref().ok_or_else(|| Error::InvalidArgument("--register registers GPU memory: this run is on the host backend".into()))?;
+            let buf = buf.as_ref().ok_or_else(|| {
+                Error::InvalidArgument(
+                    "--register registers GPU memory: this run is on the host backend".into(),
+                )
+            })?;
             // Every rank allocates the same sizes in the same order: symmetric windows.
-            if register { c.register_symmetric_buffer(buf)? } else { c.deregister_window(buf.device_ptr())? }
+            if register {
+                c.register_symmetric_buffer(buf)?
+            } else {
+                c.deregister_window(buf.device_ptr())?
+            }
         }
         Ok(())
     })
@@ -315,7 +456,13 @@ fn windows(comms: &[Comm], bufs: &[RankBufs], register: bool) -> Result<(), Erro
 }
 
 /// Deregisters and frees NCCL's buffers (grouped like registration) and drops ferroccl's.
-fn free_buffers(lib: &Nccl, gpus: &[Gpu], ncomms: &[NcclComm], bufs: Vec<RankBufs>, symmetric: bool) -> Result<(), Error> {
+fn free_buffers(
+    lib: &Nccl,
+    gpus: &[Gpu],
+    ncomms: &[NcclComm],
+    bufs: Vec<RankBufs>,
+    symmetric: bool,
+) -> Result<(), Error> {
     let grouped = symmetric && ncomms.len() > 1 && bufs.iter().any(|b| b.nccl.is_some());
     if grouped {
         lib.group_start()?;

@@ -39,11 +39,18 @@ impl Spec {
             DataType::ALL.to_vec()
         } else {
             // A comma list runs several types in one sweep (e.g. `-d float,bfloat16`).
-            a.dtype.split(',').map(|d| d.trim().parse::<DataType>().map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?
+            a.dtype
+                .split(',')
+                .map(|d| d.trim().parse::<DataType>().map_err(|e| e.to_string()))
+                .collect::<Result<Vec<_>, _>>()?
         };
         let redops = if a.redop.eq_ignore_ascii_case("all") {
             // premulsum by 2: a scalar valid for every type, integers included.
-            ReduceOp::BUILTIN.iter().copied().chain([ReduceOp::PreMulSum(2.0)]).collect()
+            ReduceOp::BUILTIN
+                .iter()
+                .copied()
+                .chain([ReduceOp::PreMulSum(2.0)])
+                .collect()
         } else {
             vec![a.redop.parse::<ReduceOp>().map_err(|e| e.to_string())?]
         };
@@ -88,12 +95,22 @@ impl Spec {
     /// nccl-tests' loop order: size, then type, then reduction.
     pub fn rows(&self, op: BenchOp) -> Vec<RowSpec> {
         let base = self.ops.iter().position(|&o| o == op).unwrap_or(0) as u64 * 1_000_000;
-        let redops: Vec<Option<ReduceOp>> = if op.reduces() { self.redops.iter().copied().map(Some).collect() } else { vec![None] };
+        let redops: Vec<Option<ReduceOp>> = if op.reduces() {
+            self.redops.iter().copied().map(Some).collect()
+        } else {
+            vec![None]
+        };
         let mut out = Vec::new();
         for &size in &self.sizes {
             for &dtype in &self.dtypes {
                 for &redop in &redops {
-                    out.push(RowSpec { op, size, dtype, redop, index: base + out.len() as u64 });
+                    out.push(RowSpec {
+                        op,
+                        size,
+                        dtype,
+                        redop,
+                        index: base + out.len() as u64,
+                    });
                 }
             }
         }
@@ -141,14 +158,20 @@ mod tests {
         assert!(Spec::from_args(&a).unwrap_err().contains("-i 0"));
         // -f 1 -i N adds N bytes a row, every row distinct.
         (a.min, a.max, a.step) = (1 << 20, 4 << 20, 1 << 20);
-        assert_eq!(Spec::from_args(&a).unwrap().sizes, vec![1 << 20, 2 << 20, 3 << 20, 4 << 20]);
+        assert_eq!(
+            Spec::from_args(&a).unwrap().sizes,
+            vec![1 << 20, 2 << 20, 3 << 20, 4 << 20]
+        );
     }
 
     #[test]
     fn data_types_may_be_a_list() {
         let mut a = args();
         a.dtype = "float, bfloat16".into();
-        assert_eq!(Spec::from_args(&a).unwrap().dtypes, vec![DataType::Float32, DataType::Bfloat16]);
+        assert_eq!(
+            Spec::from_args(&a).unwrap().dtypes,
+            vec![DataType::Float32, DataType::Bfloat16]
+        );
         a.dtype = "float,nonsense".into();
         assert!(Spec::from_args(&a).is_err());
     }
@@ -156,9 +179,15 @@ mod tests {
     #[test]
     fn rows_get_distinct_seed_indices() {
         let mut a = args();
-        (a.op, a.max, a.iters, a.warmup, a.dtype, a.redop, a.check) = ("all".into(), 64, 1, 0, "all".into(), "all".into(), true);
+        (a.op, a.max, a.iters, a.warmup, a.dtype, a.redop, a.check) =
+            ("all".into(), 64, 1, 0, "all".into(), "all".into(), true);
         let spec = Spec::from_args(&a).unwrap();
-        let mut idx: Vec<u64> = spec.ops.iter().flat_map(|&o| spec.rows(o)).map(|r| r.index).collect();
+        let mut idx: Vec<u64> = spec
+            .ops
+            .iter()
+            .flat_map(|&o| spec.rows(o))
+            .map(|r| r.index)
+            .collect();
         let n = idx.len();
         // 4 sizes x 12 types x (6 reductions, pre-mul-sum included, for 3 ops + 1 for 6 ops).
         assert_eq!(n, 4 * 12 * (3 * 6 + 6));

@@ -65,12 +65,31 @@ impl Runner<'_> {
 
     fn regions(&self, call: &Call, in_place: bool) -> Result<Vec<Regions>, Error> {
         let (rs, n) = (&call.rs, self.nranks);
-        self.ranks.iter().map(|r| r.regions(Regions::new(rs.op, call.lay.count, rs.dtype, n, r.comm.rank(), call.root, in_place)?)).collect()
+        self.ranks
+            .iter()
+            .map(|r| {
+                r.regions(Regions::new(
+                    rs.op,
+                    call.lay.count,
+                    rs.dtype,
+                    n,
+                    r.comm.rank(),
+                    call.root,
+                    in_place,
+                )?)
+            })
+            .collect()
     }
 
     /// One iteration with fresh verifiable inputs and poisoned outputs: its time (us) and the
     /// wrong elements of this thread's ranks.
-    fn checked(&self, lib: Lib, call: &Call, regs: &[Regions], seed: u64) -> Result<(f64, u64), Error> {
+    fn checked(
+        &self,
+        lib: Lib,
+        call: &Call,
+        regs: &[Regions],
+        seed: u64,
+    ) -> Result<(f64, u64), Error> {
         for (r, g) in self.ranks.iter().zip(regs) {
             r.fill(lib, g, &call.check_cases(r.comm.rank(), seed).0)?;
         }
@@ -103,11 +122,20 @@ impl Runner<'_> {
 
     /// Captures `n_ops` iterations on every stream of this thread. The captures are ended
     /// whatever happens, so that a failure leaves the streams usable.
-    fn capture(&self, lib: Lib, call: &Call, regs: &[Regions], n_ops: u64) -> Result<Vec<cu::Captured>, Error> {
+    fn capture(
+        &self,
+        lib: Lib,
+        call: &Call,
+        regs: &[Regions],
+        n_ops: u64,
+    ) -> Result<Vec<cu::Captured>, Error> {
         let mut begun = 0;
         let mut res = Ok(());
         for r in self.ranks {
-            if let Err(e) = r.on_gpu().and_then(|(gpu, stream)| cu::begin_capture(gpu, stream)) {
+            if let Err(e) = r
+                .on_gpu()
+                .and_then(|(gpu, stream)| cu::begin_capture(gpu, stream))
+            {
                 res = Err(e);
                 break;
             }
@@ -118,7 +146,10 @@ impl Runner<'_> {
         }
         let mut caps = Vec::new();
         for r in &self.ranks[..begun] {
-            match r.on_gpu().and_then(|(gpu, stream)| cu::end_capture(gpu, stream)) {
+            match r
+                .on_gpu()
+                .and_then(|(gpu, stream)| cu::end_capture(gpu, stream))
+            {
                 Ok(c) => caps.push(c),
                 Err(e) => res = res.and(Err(e)),
             }
@@ -139,7 +170,10 @@ impl Runner<'_> {
     /// Instantiates one graph per stream and replays each once: the first replay uploads the
     /// graph to the GPU.
     fn replay_once(&self, caps: Vec<cu::Captured>) -> Result<Vec<cu::Graph>, Error> {
-        let graphs = caps.into_iter().map(|c| c.instantiate()).collect::<Result<Vec<_>, _>>()?;
+        let graphs = caps
+            .into_iter()
+            .map(|c| c.instantiate())
+            .collect::<Result<Vec<_>, _>>()?;
         for (r, g) in self.ranks.iter().zip(&graphs) {
             g.launch(r.stream())?;
         }
@@ -212,7 +246,12 @@ impl Runner<'_> {
             t.elapsed().as_secs_f64() * 1e6 / iters as f64
         };
         if let Lib::Ferroccl = lib {
-            half.blocks = self.ranks.iter().filter_map(|r| r.comm.last_launch_blocks()).max().unwrap_or(0);
+            half.blocks = self
+                .ranks
+                .iter()
+                .filter_map(|r| r.comm.last_launch_blocks())
+                .max()
+                .unwrap_or(0);
         }
         lib.errors(self.ranks)?;
         Ok(half)
@@ -228,7 +267,12 @@ impl Runner<'_> {
                 r.begin(op);
             }
             for rs in spec.rows(op) {
-                let call = Call { rs, lay: op.layout(rs.size, rs.dtype, n), root: spec.root, nranks: n };
+                let call = Call {
+                    rs,
+                    lay: op.layout(rs.size, rs.dtype, n),
+                    root: spec.root,
+                    nranks: n,
+                };
                 // Each half in turn, ferroccl then NCCL: both see the same moment of the machine.
                 let mut halves = vec![[None, None]; self.libs.len()];
                 for (h, in_place) in [false, true].into_iter().enumerate() {
@@ -241,15 +285,26 @@ impl Runner<'_> {
                 // The slowest rank's time, the most blocks (out of place), the wrong elements of
                 // all.
                 let h = |x: Option<Half>| x.unwrap_or_default();
-                let mut times: Vec<f64> = halves.iter().flat_map(|&[o, i]| [h(o).time_us, h(i).time_us, h(o).blocks as f64]).collect();
-                let mut wrong: Vec<u64> = halves.iter().flat_map(|&[o, i]| [h(o).wrong, h(i).wrong]).collect();
+                let mut times: Vec<f64> = halves
+                    .iter()
+                    .flat_map(|&[o, i]| [h(o).time_us, h(i).time_us, h(o).blocks as f64])
+                    .collect();
+                let mut wrong: Vec<u64> = halves
+                    .iter()
+                    .flat_map(|&[o, i]| [h(o).wrong, h(i).wrong])
+                    .collect();
                 if self.ranks.len() < n {
                     allreduce_max_f64(self.ranks[0].comm, &mut times)?;
                     allreduce_sum_u64(self.ranks[0].comm, &mut wrong)?;
                 }
                 let m = |t: f64, w: u64| {
                     let (algbw, busbw) = bandwidths(op, call.lay.bytes, t, n);
-                    Measure { time_us: t, algbw, busbw, wrong: spec.check.then_some(w) }
+                    Measure {
+                        time_us: t,
+                        algbw,
+                        busbw,
+                        wrong: spec.check.then_some(w),
+                    }
                 };
                 let mut results = Vec::new();
                 for (l, [_, ip]) in halves.iter().enumerate() {
@@ -304,8 +359,15 @@ impl Runner<'_> {
                 .ranks
                 .iter()
                 .map(|ctx| {
-                    let rep = if ctx.comm.rank() == 0 { report.take() } else { None };
-                    let runner = Runner { ranks: std::slice::from_ref(ctx), ..*self };
+                    let rep = if ctx.comm.rank() == 0 {
+                        report.take()
+                    } else {
+                        None
+                    };
+                    let runner = Runner {
+                        ranks: std::slice::from_ref(ctx),
+                        ..*self
+                    };
                     let abort = &abort;
                     s.spawn(move || {
                         let out = runner.sweep(rep);
@@ -316,7 +378,13 @@ impl Runner<'_> {
                     })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("a rank thread panicked".into())))).collect()
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Internal("a rank thread panicked".into())))
+                })
+                .collect()
         });
         let mut wrong = vec![0; self.libs.len()];
         let mut failed = Vec::new();

@@ -52,9 +52,17 @@ fn half(m: Option<&Measure>) -> String {
     match m {
         Some(m) => {
             let wrong = m.wrong.map_or("N/A".to_string(), |w| w.to_string());
-            format!("  {}  {:>W_BW$.2}  {:>W_BW$.2}  {wrong:>W_WRONG$}", time_str(m.time_us), m.algbw, m.busbw)
+            format!(
+                "  {}  {:>W_BW$.2}  {:>W_BW$.2}  {wrong:>W_WRONG$}",
+                time_str(m.time_us),
+                m.algbw,
+                m.busbw
+            )
         }
-        None => format!("  {:>W_TIME$}  {:>W_BW$}  {:>W_BW$}  {:>W_WRONG$}", "n/a", "", "", ""),
+        None => format!(
+            "  {:>W_TIME$}  {:>W_BW$}  {:>W_BW$}  {:>W_WRONG$}",
+            "n/a", "", "", ""
+        ),
     }
 }
 
@@ -75,13 +83,26 @@ pub fn format_row(r: &Row) -> String {
 /// The three column-header lines.
 pub fn header() -> String {
     let left = |a: &str, b: &str, c: &str, d: &str, e: &str| {
-        format!("#{:>w1$}  {b:>W_COUNT$}  {c:>W_TYPE$}  {d:>W_REDOP$}  {e:>W_ROOT$}", a, w1 = W_SIZE - 1)
+        format!(
+            "#{:>w1$}  {b:>W_COUNT$}  {c:>W_TYPE$}  {d:>W_REDOP$}  {e:>W_ROOT$}",
+            a,
+            w1 = W_SIZE - 1
+        )
     };
     let half_w = 2 + W_TIME + 2 + W_BW + 2 + W_BW + 2 + W_WRONG;
-    let cols = |t: &str, a: &str, b: &str, w: &str| format!("  {t:>W_TIME$}  {a:>W_BW$}  {b:>W_BW$}  {w:>W_WRONG$}");
-    let l0 = format!("#{}{:>half_w$}{:>half_w$}", " ".repeat(W_SIZE - 1 + 2 + W_COUNT + 2 + W_TYPE + 2 + W_REDOP + 2 + W_ROOT), "out-of-place", "in-place");
-    let l1 = left("size", "count", "type", "redop", "root") + &cols("time", "algbw", "busbw", "#wrong").repeat(2);
-    let l2 = left("(B)", "(elements)", "", "", "") + &cols("(us)", "(GB/s)", "(GB/s)", "").repeat(2);
+    let cols = |t: &str, a: &str, b: &str, w: &str| {
+        format!("  {t:>W_TIME$}  {a:>W_BW$}  {b:>W_BW$}  {w:>W_WRONG$}")
+    };
+    let l0 = format!(
+        "#{}{:>half_w$}{:>half_w$}",
+        " ".repeat(W_SIZE - 1 + 2 + W_COUNT + 2 + W_TYPE + 2 + W_REDOP + 2 + W_ROOT),
+        "out-of-place",
+        "in-place"
+    );
+    let l1 = left("size", "count", "type", "redop", "root")
+        + &cols("time", "algbw", "busbw", "#wrong").repeat(2);
+    let l2 =
+        left("(B)", "(elements)", "", "", "") + &cols("(us)", "(GB/s)", "(GB/s)", "").repeat(2);
     format!("{l0}\n{l1}\n{l2}")
 }
 
@@ -92,15 +113,25 @@ pub fn footer(rows: &[Row], check: bool) -> String {
     let oob = if !check {
         "# Out of bounds values : N/A (run with --check)".to_string()
     } else {
-        format!("# Out of bounds values : {wrong} {}", if wrong == 0 { "OK" } else { "FAILED" })
+        format!(
+            "# Out of bounds values : {wrong} {}",
+            if wrong == 0 { "OK" } else { "FAILED" }
+        )
     };
     format!("{oob}\n# Avg bus bandwidth    : {avg:.4} \n#")
 }
 
 /// The mean bus bandwidth over both halves of `rows`.
 pub fn avg_busbw<'a>(rows: impl IntoIterator<Item = &'a Row>) -> f64 {
-    let bws: Vec<f64> = rows.into_iter().flat_map(|r| std::iter::once(r.out_of_place.busbw).chain(r.in_place.map(|m| m.busbw))).collect();
-    if bws.is_empty() { 0.0 } else { bws.iter().sum::<f64>() / bws.len() as f64 }
+    let bws: Vec<f64> = rows
+        .into_iter()
+        .flat_map(|r| std::iter::once(r.out_of_place.busbw).chain(r.in_place.map(|m| m.busbw)))
+        .collect();
+    if bws.is_empty() {
+        0.0
+    } else {
+        bws.iter().sum::<f64>() / bws.len() as f64
+    }
 }
 
 pub fn total_wrong(rows: &[Row]) -> u64 {
@@ -122,8 +153,18 @@ mod tests {
             dtype: "float",
             redop: "sum",
             root: -1,
-            out_of_place: Measure { time_us: 123.456, algbw: 8.49, busbw: 12.74, wrong: Some(0) },
-            in_place: Some(Measure { time_us: 12345.6, algbw: 0.085, busbw: 0.127, wrong: Some(3) }),
+            out_of_place: Measure {
+                time_us: 123.456,
+                algbw: 8.49,
+                busbw: 12.74,
+                wrong: Some(0),
+            },
+            in_place: Some(Measure {
+                time_us: 12345.6,
+                algbw: 0.085,
+                busbw: 0.127,
+                wrong: Some(3),
+            }),
         }
     }
 
@@ -139,7 +180,10 @@ mod tests {
         r.out_of_place.wrong = None;
         r.out_of_place.time_us = 5.0;
         let s = format_row(&r);
-        assert!(s.ends_with("     5.00    8.49   12.74     N/A      n/a"), "{s}");
+        assert!(
+            s.ends_with("     5.00    8.49   12.74     N/A      n/a"),
+            "{s}"
+        );
     }
 
     #[test]

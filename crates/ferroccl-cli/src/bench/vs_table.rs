@@ -16,11 +16,15 @@ const W_BLOCKS: usize = 7;
 const W_WRONG: usize = 8;
 
 fn time(m: Option<&Measure>) -> String {
-    m.map_or(format!("{:>W_TIME$}", "n/a"), |m| format!("{:>W_TIME$}", time_str(m.time_us).trim()))
+    m.map_or(format!("{:>W_TIME$}", "n/a"), |m| {
+        format!("{:>W_TIME$}", time_str(m.time_us).trim())
+    })
 }
 
 fn bw(m: Option<&Measure>) -> String {
-    m.map_or(format!("{:>W_BW$}", ""), |m| format!("{:>W_BW$.2}", m.busbw))
+    m.map_or(format!("{:>W_BW$}", ""), |m| {
+        format!("{:>W_BW$.2}", m.busbw)
+    })
 }
 
 fn ratio(r: Option<f64>) -> String {
@@ -28,7 +32,14 @@ fn ratio(r: Option<f64>) -> String {
 }
 
 fn half(f: Option<&Measure>, n: Option<&Measure>, r: Option<f64>) -> String {
-    format!("  {} {}  {} {}  {}", time(f), bw(f), time(n), bw(n), ratio(r))
+    format!(
+        "  {} {}  {} {}  {}",
+        time(f),
+        bw(f),
+        time(n),
+        bw(n),
+        ratio(r)
+    )
 }
 
 fn blocks(b: Option<u32>) -> String {
@@ -36,7 +47,8 @@ fn blocks(b: Option<u32>) -> String {
 }
 
 fn wrong(m: Option<&Measure>) -> String {
-    m.and_then(|m| m.wrong).map_or("-".into(), |w| w.to_string())
+    m.and_then(|m| m.wrong)
+        .map_or("-".into(), |w| w.to_string())
 }
 
 pub fn format_row(r: &VsRow, check: bool) -> String {
@@ -47,8 +59,16 @@ pub fn format_row(r: &VsRow, check: bool) -> String {
         r.dtype,
         r.redop,
         r.root,
-        half(Some(&r.ferroccl.out_of_place), Some(&r.nccl.out_of_place), r.ratio_out_of_place),
-        half(r.ferroccl.in_place.as_ref(), r.nccl.in_place.as_ref(), r.ratio_in_place),
+        half(
+            Some(&r.ferroccl.out_of_place),
+            Some(&r.nccl.out_of_place),
+            r.ratio_out_of_place
+        ),
+        half(
+            r.ferroccl.in_place.as_ref(),
+            r.nccl.in_place.as_ref(),
+            r.ratio_in_place
+        ),
         format!("{}/{}", blocks(r.ferroccl.blocks), blocks(r.nccl.blocks)),
     );
     if check {
@@ -69,15 +89,30 @@ pub fn format_row(r: &VsRow, check: bool) -> String {
 pub fn header(check: bool) -> String {
     let lead = 1 + W_SIZE + 1 + W_COUNT + 1 + W_TYPE + 1 + W_REDOP + 1 + W_ROOT - 1;
     let half_w = 2 + W_TIME + 1 + W_BW + 2 + W_TIME + 1 + W_BW + 2 + W_RATIO;
-    let h = |t: &str, b: &str, t2: &str, b2: &str, r: &str| format!("  {t:>W_TIME$} {b:>W_BW$}  {t2:>W_TIME$} {b2:>W_BW$}  {r:>W_RATIO$}");
-    let mut l0 = format!("#{}{:>half_w$}{:>half_w$}", " ".repeat(lead - 1), "---- out-of-place ----", "------ in-place ------");
+    let h = |t: &str, b: &str, t2: &str, b2: &str, r: &str| {
+        format!("  {t:>W_TIME$} {b:>W_BW$}  {t2:>W_TIME$} {b2:>W_BW$}  {r:>W_RATIO$}")
+    };
+    let mut l0 = format!(
+        "#{}{:>half_w$}{:>half_w$}",
+        " ".repeat(lead - 1),
+        "---- out-of-place ----",
+        "------ in-place ------"
+    );
     // The leading columns, both halves (the same heads) and the blocks column of one line.
     let line = |lead: [&str; 5], half: String, blocks: &str| {
         let [size, count, ty, redop, root] = lead;
         format!("#{size:>w$} {count:>W_COUNT$} {ty:>W_TYPE$} {redop:>W_REDOP$} {root:>W_ROOT$}{half}{half}  {blocks:>W_BLOCKS$}", w = W_SIZE - 1)
     };
-    let mut l1 = line(["size", "count", "type", "redop", "root"], h("ferroccl", "busbw", "NCCL", "busbw", "ratio"), "blocks");
-    let mut l2 = line(["(B)", "(elements)", "", "", ""], h("(us)", "(GB/s)", "(us)", "(GB/s)", "f/N"), "f/N");
+    let mut l1 = line(
+        ["size", "count", "type", "redop", "root"],
+        h("ferroccl", "busbw", "NCCL", "busbw", "ratio"),
+        "blocks",
+    );
+    let mut l2 = line(
+        ["(B)", "(elements)", "", "", ""],
+        h("(us)", "(GB/s)", "(us)", "(GB/s)", "f/N"),
+        "f/N",
+    );
     if check {
         l0 += &format!("  {:>w$}", "#wrong", w = 2 * W_WRONG + 1);
         l1 += &format!("  {:>W_WRONG$} {:>W_WRONG$}", "ferroccl", "NCCL");
@@ -90,11 +125,27 @@ pub fn header(check: bool) -> String {
 pub fn footer(rows: &[VsRow]) -> String {
     let mean = |pick: &dyn Fn(&VsRow) -> Vec<f64>| {
         let v: Vec<f64> = rows.iter().flat_map(pick).collect();
-        if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 }
+        if v.is_empty() {
+            0.0
+        } else {
+            v.iter().sum::<f64>() / v.len() as f64
+        }
     };
-    let f = mean(&|r| std::iter::once(r.ferroccl.out_of_place.busbw).chain(r.ferroccl.in_place.map(|m| m.busbw)).collect());
-    let n = mean(&|r| std::iter::once(r.nccl.out_of_place.busbw).chain(r.nccl.in_place.map(|m| m.busbw)).collect());
-    let ratio = if n > 0.0 { format!("{:.3}", f / n) } else { "-".into() };
+    let f = mean(&|r| {
+        std::iter::once(r.ferroccl.out_of_place.busbw)
+            .chain(r.ferroccl.in_place.map(|m| m.busbw))
+            .collect()
+    });
+    let n = mean(&|r| {
+        std::iter::once(r.nccl.out_of_place.busbw)
+            .chain(r.nccl.in_place.map(|m| m.busbw))
+            .collect()
+    });
+    let ratio = if n > 0.0 {
+        format!("{:.3}", f / n)
+    } else {
+        "-".into()
+    };
     format!("# Avg bus bandwidth    : ferroccl {f:.4}  NCCL {n:.4}  ratio {ratio}\n#")
 }
 
@@ -117,7 +168,10 @@ mod tests {
             assert_eq!(&r[end - 4..end], "0.67", "\n{h}\n{r}");
         }
         let r = format_row(&rec.rows[4], false);
-        assert!(r.contains("n/a"), "alltoall in place has no NCCL figure: {r}");
+        assert!(
+            r.contains("n/a"),
+            "alltoall in place has no NCCL figure: {r}"
+        );
         assert!(r.ends_with("32/24"), "{r}");
         let f = footer(&rec.rows);
         assert!(f.starts_with("# Avg bus bandwidth    : ferroccl "), "{f}");

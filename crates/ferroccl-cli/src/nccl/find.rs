@@ -42,8 +42,14 @@ fn python_package_dirs() -> Vec<PathBuf> {
         d = []\n\
         try:\n    d += site.getsitepackages() + [site.getusersitepackages()]\nexcept Exception:\n    pass\n\
         print('\\n'.join(p + '/nvidia' for p in d + sys.path if p))\n";
-    let Ok(out) = Command::new("python3").arg("-c").arg(script).output() else { return Vec::new() };
-    String::from_utf8_lossy(&out.stdout).lines().map(|l| PathBuf::from(l.trim())).filter(|p| !p.as_os_str().is_empty()).collect()
+    let Ok(out) = Command::new("python3").arg("-c").arg(script).output() else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| PathBuf::from(l.trim()))
+        .filter(|p| !p.as_os_str().is_empty())
+        .collect()
 }
 
 /// `<nvidia>/nccl/lib/libnccl.so.2` for each `nvidia` package folder that has one, deduplicated.
@@ -67,7 +73,11 @@ pub fn candidates(explicit: Option<&Path>) -> Vec<Candidate> {
         return vec![Candidate::Explicit(resolve_explicit(p))];
     }
     let mut v = vec![Candidate::Loader];
-    v.extend(python_candidates_in(&python_package_dirs()).into_iter().map(Candidate::Python));
+    v.extend(
+        python_candidates_in(&python_package_dirs())
+            .into_iter()
+            .map(Candidate::Python),
+    );
     v
 }
 
@@ -84,7 +94,10 @@ mod tests {
         let nv = t.join("site/nvidia");
         let found = python_candidates_in(&[nv.clone(), nv.clone(), t.join("elsewhere/nvidia")]);
         assert_eq!(found.len(), 1);
-        assert!(found[0].ends_with("nvidia/nccl/lib/libnccl.so.2"), "{found:?}");
+        assert!(
+            found[0].ends_with("nvidia/nccl/lib/libnccl.so.2"),
+            "{found:?}"
+        );
         // A folder given by the user is searched for the library.
         assert!(resolve_explicit(&t.join("site/nvidia/nccl")).ends_with("nccl/lib/libnccl.so.2"));
         assert_eq!(resolve_explicit(&lib.join(SONAME)), lib.join(SONAME));
@@ -94,6 +107,11 @@ mod tests {
     #[test]
     fn explicit_path_is_the_only_candidate() {
         let c = candidates(Some(Path::new("/nonexistent/libnccl.so.2")));
-        assert_eq!(c, vec![Candidate::Explicit(PathBuf::from("/nonexistent/libnccl.so.2"))]);
+        assert_eq!(
+            c,
+            vec![Candidate::Explicit(PathBuf::from(
+                "/nonexistent/libnccl.so.2"
+            ))]
+        );
     }
 }

@@ -121,7 +121,8 @@ struct Handle(*mut c_void);
 
 impl Handle {
     fn open(name: &str) -> Result<Handle, String> {
-        let c = CString::new(name).map_err(|_| format!("library path {name:?} contains a NUL byte"))?;
+        let c =
+            CString::new(name).map_err(|_| format!("library path {name:?} contains a NUL byte"))?;
         // SAFETY: c is a valid C string. RTLD_NOW: a library with unresolvable dependencies
         // fails here, with the loader's message, instead of at the first call.
         let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
@@ -160,8 +161,14 @@ impl Nccl {
         for c in find::candidates(explicit) {
             let (name, what) = match &c {
                 find::Candidate::Explicit(p) => (p.display().to_string(), p.display().to_string()),
-                find::Candidate::Loader => (find::SONAME.to_string(), format!("{} (system loader)", find::SONAME)),
-                find::Candidate::Python(p) => (p.display().to_string(), format!("{} (Python package nvidia-nccl)", p.display())),
+                find::Candidate::Loader => (
+                    find::SONAME.to_string(),
+                    format!("{} (system loader)", find::SONAME),
+                ),
+                find::Candidate::Python(p) => (
+                    p.display().to_string(),
+                    format!("{} (Python package nvidia-nccl)", p.display()),
+                ),
             };
             match Nccl::load_from(&name) {
                 Ok(n) => return Ok(n),
@@ -183,9 +190,12 @@ impl Nccl {
             return Err("no such file".into());
         }
         let h = Handle::open(name)?;
-        let ver_sym = h.sym("ncclGetVersion").ok_or_else(|| "lacks the symbol ncclGetVersion: not an NCCL library".to_string())?;
+        let ver_sym = h
+            .sym("ncclGetVersion")
+            .ok_or_else(|| "lacks the symbol ncclGetVersion: not an NCCL library".to_string())?;
         // SAFETY: ncclGetVersion(int*) per nccl.h.
-        let get_version: GetVersionFn = unsafe { std::mem::transmute::<*mut c_void, GetVersionFn>(ver_sym) };
+        let get_version: GetVersionFn =
+            unsafe { std::mem::transmute::<*mut c_void, GetVersionFn>(ver_sym) };
         let mut version: c_int = 0;
         let r = unsafe { get_version(&mut version) };
         if r != SUCCESS {
@@ -198,7 +208,11 @@ impl Nccl {
                 version_string(MIN_VERSION)
             ));
         }
-        let missing: Vec<&str> = REQUIRED.iter().copied().filter(|s| h.sym(s).is_none()).collect();
+        let missing: Vec<&str> = REQUIRED
+            .iter()
+            .copied()
+            .filter(|s| h.sym(s).is_none())
+            .collect();
         if !missing.is_empty() {
             return Err(format!(
                 "NCCL {} lacks the symbol{} {}",
@@ -217,7 +231,8 @@ impl Nccl {
         macro_rules! opt {
             ($name:literal, $t:ty) => {
                 // SAFETY: as above, where present.
-                h.sym($name).map(|p| unsafe { std::mem::transmute::<*mut c_void, $t>(p) })
+                h.sym($name)
+                    .map(|p| unsafe { std::mem::transmute::<*mut c_void, $t>(p) })
             };
         }
         let f = Fns {
@@ -286,11 +301,21 @@ impl Nccl {
         }
         // SAFETY: ncclGetErrorString returns a static string (or null from a broken library).
         let text = unsafe { (self.f.get_error_string)(r) };
-        let text = if text.is_null() { String::new() } else { unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned() };
+        let text = if text.is_null() {
+            String::new()
+        } else {
+            unsafe { CStr::from_ptr(text) }
+                .to_string_lossy()
+                .into_owned()
+        };
         let last = match (comm, self.f.get_last_error) {
             (Some(c), Some(f)) => {
                 let p = unsafe { f(c) };
-                if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() }
+                if p.is_null() {
+                    String::new()
+                } else {
+                    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+                }
             }
             _ => String::new(),
         };
@@ -307,14 +332,22 @@ impl Nccl {
 
     pub fn unique_id(&self) -> Result<UniqueId, Error> {
         let mut id = UniqueId::zeroed();
-        self.check("ncclGetUniqueId", unsafe { (self.f.get_unique_id)(&mut id) }, None)?;
+        self.check(
+            "ncclGetUniqueId",
+            unsafe { (self.f.get_unique_id)(&mut id) },
+            None,
+        )?;
         Ok(id)
     }
 
     /// Joins a communicator on the calling thread's current CUDA device (its current context).
     pub fn init_rank(&self, nranks: usize, id: &UniqueId, rank: usize) -> Result<NcclComm, Error> {
         let mut c: RawComm = std::ptr::null_mut();
-        self.check("ncclCommInitRank", unsafe { (self.f.comm_init_rank)(&mut c, nranks as c_int, *id, rank as c_int) }, None)?;
+        self.check(
+            "ncclCommInitRank",
+            unsafe { (self.f.comm_init_rank)(&mut c, nranks as c_int, *id, rank as c_int) },
+            None,
+        )?;
         Ok(NcclComm(c))
     }
 
@@ -322,12 +355,22 @@ impl Nccl {
     pub fn init_all(&self, devices: &[usize]) -> Result<Vec<NcclComm>, Error> {
         let devs: Vec<c_int> = devices.iter().map(|&d| d as c_int).collect();
         let mut comms: Vec<RawComm> = vec![std::ptr::null_mut(); devs.len()];
-        self.check("ncclCommInitAll", unsafe { (self.f.comm_init_all)(comms.as_mut_ptr(), devs.len() as c_int, devs.as_ptr()) }, None)?;
+        self.check(
+            "ncclCommInitAll",
+            unsafe {
+                (self.f.comm_init_all)(comms.as_mut_ptr(), devs.len() as c_int, devs.as_ptr())
+            },
+            None,
+        )?;
         Ok(comms.into_iter().map(NcclComm).collect())
     }
 
     pub fn destroy(&self, c: NcclComm) -> Result<(), Error> {
-        self.check("ncclCommDestroy", unsafe { (self.f.comm_destroy)(c.0) }, None)
+        self.check(
+            "ncclCommDestroy",
+            unsafe { (self.f.comm_destroy)(c.0) },
+            None,
+        )
     }
 
     /// Stops a communicator whose peers may be gone (ncclCommAbort), else destroys it.
@@ -341,7 +384,11 @@ impl Nccl {
     /// An error NCCL recorded asynchronously (a kernel or proxy failure).
     pub fn async_error(&self, c: NcclComm) -> Result<(), Error> {
         let mut r = SUCCESS;
-        self.check("ncclCommGetAsyncError", unsafe { (self.f.comm_get_async_error)(c.0, &mut r) }, Some(c.0))?;
+        self.check(
+            "ncclCommGetAsyncError",
+            unsafe { (self.f.comm_get_async_error)(c.0, &mut r) },
+            Some(c.0),
+        )?;
         if r == SUCCESS || r == IN_PROGRESS {
             return Ok(());
         }
@@ -358,45 +405,186 @@ impl Nccl {
     /// # Safety (for this and the calls below)
     /// The buffers must be device memory of the communicator's GPU, valid for the extents
     /// NCCL's documentation gives for the call, until the stream has run the operation.
-    pub unsafe fn all_reduce(&self, s: *const c_void, r: *mut c_void, count: usize, dt: i32, op: i32, c: NcclComm, st: RawStream) -> Result<(), Error> {
-        self.check("ncclAllReduce", unsafe { (self.f.all_reduce)(s, r, count, dt, op, c.0, st) }, Some(c.0))
+    pub unsafe fn all_reduce(
+        &self,
+        s: *const c_void,
+        r: *mut c_void,
+        count: usize,
+        dt: i32,
+        op: i32,
+        c: NcclComm,
+        st: RawStream,
+    ) -> Result<(), Error> {
+        self.check(
+            "ncclAllReduce",
+            unsafe { (self.f.all_reduce)(s, r, count, dt, op, c.0, st) },
+            Some(c.0),
+        )
     }
-    pub unsafe fn all_gather(&self, s: *const c_void, r: *mut c_void, count: usize, dt: i32, c: NcclComm, st: RawStream) -> Result<(), Error> {
-        self.check("ncclAllGather", unsafe { (self.f.all_gather)(s, r, count, dt, c.0, st) }, Some(c.0))
+    pub unsafe fn all_gather(
+        &self,
+        s: *const c_void,
+        r: *mut c_void,
+        count: usize,
+        dt: i32,
+        c: NcclComm,
+        st: RawStream,
+    ) -> Result<(), Error> {
+        self.check(
+            "ncclAllGather",
+            unsafe { (self.f.all_gather)(s, r, count, dt, c.0, st) },
+            Some(c.0),
+        )
     }
-    pub unsafe fn reduce_scatter(&self, s: *const c_void, r: *mut c_void, count: usize, dt: i32, op: i32, c: NcclComm, st: RawStream) -> Result<(), Error> {
-        self.check("ncclReduceScatter", unsafe { (self.f.reduce_scatter)(s, r, count, dt, op, c.0, st) }, Some(c.0))
+    pub unsafe fn reduce_scatter(
+        &self,
+        s: *const c_void,
+        r: *mut c_void,
+        count: usize,
+        dt: i32,
+        op: i32,
+        c: NcclComm,
+        st: RawStream,
+    ) -> Result<(), Error> {
+        self.check(
+            "ncclReduceScatter",
+            unsafe { (self.f.reduce_scatter)(s, r, count, dt, op, c.0, st) },
+            Some(c.0),
+        )
     }
-    pub unsafe fn broadcast(&self, s: *const c_void, r: *mut c_void, count: usize, dt: i32, root: usize, c: NcclComm, st: RawStream) -> Result<(), Error> {
-        self.check("ncclBroadcast", unsafe { (self.f.broadcast)(s, r, count, dt, root as c_int, c.0, st) }, Some(c.0))
+    pub unsafe fn broadcast(
+        &self,
+        s: *const c_void,
+        r: *mut c_void,
+        count: usize,
+        dt: i32,
+        root: usize,
+        c: NcclComm,
+        st: RawStream,
+    ) -> Result<(), Error> {
+        self.check(
+            "ncclBroadcast",
+            unsafe { (self.f.broadcast)(s, r, count, dt, root as c_int, c.0, st) },
+            Some(c.0),
+        )
     }
-    pub unsafe fn reduce(&self, s: *const c_void, r: *mut c_void, count: usize, dt: i32, op: i32, root: usize, c: NcclComm, st: RawStream) -> Result<(), Error> {
-        self.check("ncclReduce", unsafe { (self.f.reduce)(s, r, count, dt, op, root as c_int, c.0, st) }, Some(c.0))
+    pub unsafe fn reduce(
+        &self,
+        s: *const c_void,
+        r: *mut c_void,
+        count: usize,
+        dt: i32,
+        op: i32,
+        root: usize,
+        c: NcclComm,
+        st: RawStream,
+    ) -> Result<(), Error> {
+        self.check(
+            "ncclReduce",
+            unsafe { (self.f.reduce)(s, r, count, dt, op, root as c_int, c.0, st) },
+            Some(c.0),
+        )
     }
-    pub unsafe fn send(&self, s: *const c_void, count: usize, dt: i32, peer: usize, c: NcclComm, st: RawStream) -> Result<(), Error> {
-        self.check("ncclSend", unsafe { (self.f.send)(s, count, dt, peer as c_int, c.0, st) }, Some(c.0))
+    pub unsafe fn send(
+        &self,
+        s: *const c_void,
+        count: usize,
+        dt: i32,
+        peer: usize,
+        c: NcclComm,
+        st: RawStream,
+    ) -> Result<(), Error> {
+        self.check(
+            "ncclSend",
+            unsafe { (self.f.send)(s, count, dt, peer as c_int, c.0, st) },
+            Some(c.0),
+        )
     }
-    pub unsafe fn recv(&self, r: *mut c_void, count: usize, dt: i32, peer: usize, c: NcclComm, st: RawStream) -> Result<(), Error> {
-        self.check("ncclRecv", unsafe { (self.f.recv)(r, count, dt, peer as c_int, c.0, st) }, Some(c.0))
+    pub unsafe fn recv(
+        &self,
+        r: *mut c_void,
+        count: usize,
+        dt: i32,
+        peer: usize,
+        c: NcclComm,
+        st: RawStream,
+    ) -> Result<(), Error> {
+        self.check(
+            "ncclRecv",
+            unsafe { (self.f.recv)(r, count, dt, peer as c_int, c.0, st) },
+            Some(c.0),
+        )
     }
     /// Returns false (and does nothing) when this NCCL has no ncclAlltoAll.
-    pub unsafe fn all_to_all(&self, s: *const c_void, r: *mut c_void, count: usize, dt: i32, c: NcclComm, st: RawStream) -> Result<bool, Error> {
-        let Some(f) = self.f.all_to_all else { return Ok(false) };
-        self.check("ncclAlltoAll", unsafe { f(s, r, count, dt, c.0, st) }, Some(c.0)).map(|()| true)
+    pub unsafe fn all_to_all(
+        &self,
+        s: *const c_void,
+        r: *mut c_void,
+        count: usize,
+        dt: i32,
+        c: NcclComm,
+        st: RawStream,
+    ) -> Result<bool, Error> {
+        let Some(f) = self.f.all_to_all else {
+            return Ok(false);
+        };
+        self.check(
+            "ncclAlltoAll",
+            unsafe { f(s, r, count, dt, c.0, st) },
+            Some(c.0),
+        )
+        .map(|()| true)
     }
-    pub unsafe fn gather(&self, s: *const c_void, r: *mut c_void, count: usize, dt: i32, root: usize, c: NcclComm, st: RawStream) -> Result<bool, Error> {
-        let Some(f) = self.f.gather else { return Ok(false) };
-        self.check("ncclGather", unsafe { f(s, r, count, dt, root as c_int, c.0, st) }, Some(c.0)).map(|()| true)
+    pub unsafe fn gather(
+        &self,
+        s: *const c_void,
+        r: *mut c_void,
+        count: usize,
+        dt: i32,
+        root: usize,
+        c: NcclComm,
+        st: RawStream,
+    ) -> Result<bool, Error> {
+        let Some(f) = self.f.gather else {
+            return Ok(false);
+        };
+        self.check(
+            "ncclGather",
+            unsafe { f(s, r, count, dt, root as c_int, c.0, st) },
+            Some(c.0),
+        )
+        .map(|()| true)
     }
-    pub unsafe fn scatter(&self, s: *const c_void, r: *mut c_void, count: usize, dt: i32, root: usize, c: NcclComm, st: RawStream) -> Result<bool, Error> {
-        let Some(f) = self.f.scatter else { return Ok(false) };
-        self.check("ncclScatter", unsafe { f(s, r, count, dt, root as c_int, c.0, st) }, Some(c.0)).map(|()| true)
+    pub unsafe fn scatter(
+        &self,
+        s: *const c_void,
+        r: *mut c_void,
+        count: usize,
+        dt: i32,
+        root: usize,
+        c: NcclComm,
+        st: RawStream,
+    ) -> Result<bool, Error> {
+        let Some(f) = self.f.scatter else {
+            return Ok(false);
+        };
+        self.check(
+            "ncclScatter",
+            unsafe { f(s, r, count, dt, root as c_int, c.0, st) },
+            Some(c.0),
+        )
+        .map(|()| true)
     }
 
     /// Device memory from `ncclMemAlloc` (cuMem, suitable for registration), on the current
     /// device.
     pub fn mem_alloc(&self, bytes: usize) -> Result<*mut c_void, Error> {
-        let f = self.f.mem_alloc.ok_or_else(|| Error::InvalidArgument(format!("NCCL {} has no ncclMemAlloc", self.version_string())))?;
+        let f = self.f.mem_alloc.ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "NCCL {} has no ncclMemAlloc",
+                self.version_string()
+            ))
+        })?;
         let mut p = std::ptr::null_mut();
         self.check("ncclMemAlloc", unsafe { f(&mut p, bytes) }, None)?;
         Ok(p)
@@ -405,7 +593,10 @@ impl Nccl {
     /// # Safety
     /// `p` came from `mem_alloc` and nothing uses it any more.
     pub unsafe fn mem_free(&self, p: *mut c_void) -> Result<(), Error> {
-        let f = self.f.mem_free.ok_or_else(|| Error::Internal("ncclMemFree missing".into()))?;
+        let f = self
+            .f
+            .mem_free
+            .ok_or_else(|| Error::Internal("ncclMemFree missing".into()))?;
         self.check("ncclMemFree", unsafe { f(p) }, None)
     }
 
@@ -414,17 +605,41 @@ impl Nccl {
     ///
     /// # Safety
     /// `p` is device memory of `bytes` bytes that outlives the registration.
-    pub unsafe fn register(&self, c: NcclComm, p: *mut c_void, bytes: usize, symmetric: bool) -> Result<Registration, Error> {
+    pub unsafe fn register(
+        &self,
+        c: NcclComm,
+        p: *mut c_void,
+        bytes: usize,
+        symmetric: bool,
+    ) -> Result<Registration, Error> {
         if symmetric {
-            let f = self.f.window_register.ok_or_else(|| Error::InvalidArgument(format!("NCCL {} has no ncclCommWindowRegister", self.version_string())))?;
+            let f = self.f.window_register.ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "NCCL {} has no ncclCommWindowRegister",
+                    self.version_string()
+                ))
+            })?;
             let mut w: Box<RawWindow> = Box::new(std::ptr::null_mut());
             let slot: *mut RawWindow = &mut *w;
-            self.check("ncclCommWindowRegister", unsafe { f(c.0, p, bytes, slot, WIN_COLL_SYMMETRIC) }, Some(c.0))?;
+            self.check(
+                "ncclCommWindowRegister",
+                unsafe { f(c.0, p, bytes, slot, WIN_COLL_SYMMETRIC) },
+                Some(c.0),
+            )?;
             Ok(Registration::Window(w))
         } else {
-            let f = self.f.comm_register.ok_or_else(|| Error::InvalidArgument(format!("NCCL {} has no ncclCommRegister", self.version_string())))?;
+            let f = self.f.comm_register.ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "NCCL {} has no ncclCommRegister",
+                    self.version_string()
+                ))
+            })?;
             let mut h = std::ptr::null_mut();
-            self.check("ncclCommRegister", unsafe { f(c.0, p, bytes, &mut h) }, Some(c.0))?;
+            self.check(
+                "ncclCommRegister",
+                unsafe { f(c.0, p, bytes, &mut h) },
+                Some(c.0),
+            )?;
             Ok(Registration::Local(h))
         }
     }
@@ -436,9 +651,15 @@ impl Nccl {
                 Some(f) => self.check("ncclCommDeregister", unsafe { f(c.0, *h) }, Some(c.0)),
                 None => Ok(()),
             },
-            Registration::Window(w) if w.is_null() => Err(Error::Internal("ncclCommWindowRegister gave no window".into())),
+            Registration::Window(w) if w.is_null() => Err(Error::Internal(
+                "ncclCommWindowRegister gave no window".into(),
+            )),
             Registration::Window(w) => match self.f.window_deregister {
-                Some(f) => self.check("ncclCommWindowDeregister", unsafe { f(c.0, **w) }, Some(c.0)),
+                Some(f) => self.check(
+                    "ncclCommWindowDeregister",
+                    unsafe { f(c.0, **w) },
+                    Some(c.0),
+                ),
                 None => Ok(()),
             },
         }
@@ -454,8 +675,14 @@ fn loaded_path(h: &Handle, sym: &str) -> Option<String> {
     if unsafe { libc::dladdr(p, &mut info) } == 0 || info.dli_fname.is_null() {
         return None;
     }
-    let s = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
-    Some(std::fs::canonicalize(&s).map(|p| p.display().to_string()).unwrap_or(s))
+    let s = unsafe { CStr::from_ptr(info.dli_fname) }
+        .to_string_lossy()
+        .into_owned();
+    Some(
+        std::fs::canonicalize(&s)
+            .map(|p| p.display().to_string())
+            .unwrap_or(s),
+    )
 }
 
 #[cfg(test)]

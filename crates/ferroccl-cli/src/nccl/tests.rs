@@ -21,8 +21,17 @@ fn build_lib(dir: &Path, name: &str, c_source: &str) -> Option<PathBuf> {
     let src = dir.join(format!("{name}.c"));
     let lib = dir.join(format!("{name}.so"));
     std::fs::write(&src, c_source).unwrap();
-    let out = Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&lib).arg(&src).output().unwrap();
-    assert!(out.status.success(), "cc failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     Some(lib)
 }
 
@@ -47,17 +56,27 @@ fn fake_source(version: i32, symbols: &[&str]) -> String {
 
 #[test]
 fn missing_library_is_a_clear_error() {
-    let e = Nccl::load(Some(Path::new("/nonexistent/dir/libnccl.so.2"))).err().expect("must fail");
-    assert!(e.contains("/nonexistent/dir/libnccl.so.2") && e.contains("no such file"), "{e}");
+    let e = Nccl::load(Some(Path::new("/nonexistent/dir/libnccl.so.2")))
+        .err()
+        .expect("must fail");
+    assert!(
+        e.contains("/nonexistent/dir/libnccl.so.2") && e.contains("no such file"),
+        "{e}"
+    );
     // A file that exists but is no library: the loader's own words come through.
     let d = workdir("garbage");
     let f = d.join("libnccl.so.2");
     std::fs::write(&f, b"not an ELF file").unwrap();
     let e = Nccl::load(Some(&f)).err().expect("must fail");
     assert!(e.contains(&f.display().to_string()), "{e}");
-    assert!(e.to_lowercase().contains("elf") || e.contains("too short") || e.contains("invalid"), "{e}");
+    assert!(
+        e.to_lowercase().contains("elf") || e.contains("too short") || e.contains("invalid"),
+        "{e}"
+    );
     // A folder is searched for the library.
-    let e = Nccl::load(Some(&d.join("nothing-here"))).err().expect("must fail");
+    let e = Nccl::load(Some(&d.join("nothing-here")))
+        .err()
+        .expect("must fail");
     assert!(e.contains("nothing-here"), "{e}");
     std::fs::remove_dir_all(&d).unwrap();
 }
@@ -66,30 +85,49 @@ fn missing_library_is_a_clear_error() {
 fn a_library_without_nccl_symbols_names_them() {
     let d = workdir("missing");
     // Not NCCL at all: no ncclGetVersion.
-    let Some(lib) = build_lib(&d, "libnotnccl", "int something_else(void) { return 1; }\n") else { return };
+    let Some(lib) = build_lib(&d, "libnotnccl", "int something_else(void) { return 1; }\n") else {
+        return;
+    };
     let e = Nccl::load(Some(&lib)).err().expect("must fail");
-    assert!(e.contains("ncclGetVersion") && e.contains("not an NCCL library"), "{e}");
+    assert!(
+        e.contains("ncclGetVersion") && e.contains("not an NCCL library"),
+        "{e}"
+    );
     // NCCL-like, but without two of the entry points the comparison calls.
-    let some: Vec<&str> = REQUIRED.iter().copied().filter(|s| *s != "ncclAllReduce" && *s != "ncclRecv").collect();
+    let some: Vec<&str> = REQUIRED
+        .iter()
+        .copied()
+        .filter(|s| *s != "ncclAllReduce" && *s != "ncclRecv")
+        .collect();
     let lib = build_lib(&d, "libpartial", &fake_source(22809, &some)).unwrap();
     let e = Nccl::load(Some(&lib)).err().expect("must fail");
-    assert!(e.contains("NCCL 2.28.9 lacks the symbols ncclAllReduce, ncclRecv"), "{e}");
+    assert!(
+        e.contains("NCCL 2.28.9 lacks the symbols ncclAllReduce, ncclRecv"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn an_old_nccl_is_refused_with_its_version() {
     let d = workdir("old");
-    let Some(lib) = build_lib(&d, "libold", &fake_source(21000, REQUIRED)) else { return };
+    let Some(lib) = build_lib(&d, "libold", &fake_source(21000, REQUIRED)) else {
+        return;
+    };
     let e = Nccl::load(Some(&lib)).err().expect("must fail");
-    assert!(e.contains("NCCL 2.10.0 is too old") && e.contains("2.19.0 or newer"), "{e}");
+    assert!(
+        e.contains("NCCL 2.10.0 is too old") && e.contains("2.19.0 or newer"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn a_complete_library_loads_and_reports_errors_by_name() {
     let d = workdir("ok");
-    let Some(lib) = build_lib(&d, "libgood", &fake_source(22809, REQUIRED)) else { return };
+    let Some(lib) = build_lib(&d, "libgood", &fake_source(22809, REQUIRED)) else {
+        return;
+    };
     let n = Nccl::load(Some(&lib)).expect("loads");
     assert_eq!(n.version_string(), "2.28.9");
     assert_eq!(n.version(), 22809);
@@ -99,8 +137,15 @@ fn a_complete_library_loads_and_reports_errors_by_name() {
     let e = n.unique_id().err().expect("the fake fails ncclGetUniqueId");
     let s = e.to_string();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
-    assert!(s.contains("ncclGetUniqueId failed: ncclInvalidArgument (invalid argument (fake))"), "{s}");
-    assert!(n.mem_alloc(64).unwrap_err().to_string().contains("has no ncclMemAlloc"));
+    assert!(
+        s.contains("ncclGetUniqueId failed: ncclInvalidArgument (invalid argument (fake))"),
+        "{s}"
+    );
+    assert!(n
+        .mem_alloc(64)
+        .unwrap_err()
+        .to_string()
+        .contains("has no ncclMemAlloc"));
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -113,7 +158,11 @@ fn a_complete_library_loads_and_reports_errors_by_name() {
 #[test]
 fn windows_registered_in_a_group_are_written_at_its_end_and_deregistered() {
     let d = workdir("window");
-    let generic: Vec<&str> = REQUIRED.iter().copied().filter(|s| *s != "ncclGroupStart" && *s != "ncclGroupEnd").collect();
+    let generic: Vec<&str> = REQUIRED
+        .iter()
+        .copied()
+        .filter(|s| *s != "ncclGroupStart" && *s != "ncclGroupEnd")
+        .collect();
     let src = fake_source(22809, &generic)
         + r#"
 #include <stddef.h>
@@ -143,7 +192,9 @@ int ncclCommWindowDeregister(void* comm, void* win) {
     return 0;
 }
 "#;
-    let Some(lib) = build_lib(&d, "libwin", &src) else { return };
+    let Some(lib) = build_lib(&d, "libwin", &src) else {
+        return;
+    };
     let n = Nccl::load(Some(&lib)).expect("loads");
     assert!(n.has_window_register());
     let comm = NcclComm(std::ptr::dangling_mut::<c_void>());
@@ -158,7 +209,11 @@ int ncclCommWindowDeregister(void* comm, void* win) {
     n.group_end().unwrap();
     for (r, buf) in regs.iter().zip([0x1000usize, 0x2000, 0x3000]) {
         match r {
-            Registration::Window(w) => assert_eq!(**w as usize, buf + 1, "the window NCCL wrote at ncclGroupEnd"),
+            Registration::Window(w) => assert_eq!(
+                **w as usize,
+                buf + 1,
+                "the window NCCL wrote at ncclGroupEnd"
+            ),
             Registration::Local(_) => panic!("a symmetric registration gave a local one"),
         }
     }
@@ -167,6 +222,10 @@ int ncclCommWindowDeregister(void* comm, void* win) {
     }
     // A window NCCL never wrote is an error, not a null handle passed back to it.
     let empty = Registration::Window(Box::new(std::ptr::null_mut()));
-    assert!(n.deregister(comm, &empty).unwrap_err().to_string().contains("gave no window"));
+    assert!(n
+        .deregister(comm, &empty)
+        .unwrap_err()
+        .to_string()
+        .contains("gave no window"));
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -9,7 +9,11 @@ use crate::types::Rank;
 
 /// Distance from the root along the ring order.
 fn depth(ctx: &ChannelCtx, root: Rank) -> usize {
-    let root_pos = ctx.order.iter().position(|&r| r == root).expect("root in ring order");
+    let root_pos = ctx
+        .order
+        .iter()
+        .position(|&r| r == root)
+        .expect("root in ring order");
     (ctx.pos() + ctx.nranks - root_pos) % ctx.nranks
 }
 
@@ -27,9 +31,18 @@ pub(crate) fn broadcast(lane: &mut Lane, ctx: &ChannelCtx, root: Rank) {
     let prev = ctx.at(p - 1);
     for (off, len) in loops(ctx.start, ctx.end, ctx.chunk) {
         if d == 0 {
-            lane.steps.push(Step::Send { to: next, src: input(ctx.op, off, len), pre: false });
+            lane.steps.push(Step::Send {
+                to: next,
+                src: input(ctx.op, off, len),
+                pre: false,
+            });
         } else {
-            lane.steps.push(Step::RecvCopy { from: prev, count: len, dst: Some(output(ctx.op, off, len)), to: (d < n - 1).then_some(next) });
+            lane.steps.push(Step::RecvCopy {
+                from: prev,
+                count: len,
+                dst: Some(output(ctx.op, off, len)),
+                to: (d < n - 1).then_some(next),
+            });
         }
     }
 }
@@ -48,11 +61,29 @@ pub(crate) fn reduce(lane: &mut Lane, ctx: &ChannelCtx, root: Rank) {
     for (off, len) in loops(ctx.start, ctx.end, ctx.chunk) {
         let local = input(ctx.op, off, len);
         let step = if d == n - 1 {
-            Step::Send { to: toward_root, src: local, pre: true }
+            Step::Send {
+                to: toward_root,
+                src: local,
+                pre: true,
+            }
         } else if d == 0 {
-            Step::RecvReduce { from: away, local, pre_local: true, post: true, dst: Some(output(ctx.op, off, len)), to: None }
+            Step::RecvReduce {
+                from: away,
+                local,
+                pre_local: true,
+                post: true,
+                dst: Some(output(ctx.op, off, len)),
+                to: None,
+            }
         } else {
-            Step::RecvReduce { from: away, local, pre_local: true, post: false, dst: None, to: Some(toward_root) }
+            Step::RecvReduce {
+                from: away,
+                local,
+                pre_local: true,
+                post: false,
+                dst: None,
+                to: Some(toward_root),
+            }
         };
         lane.steps.push(step);
     }

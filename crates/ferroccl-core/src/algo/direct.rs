@@ -35,10 +35,17 @@ pub(crate) fn all_to_all(lane: &mut Lane, ctx: &ChannelCtx) {
     // message of room per connection.
     for (off, len) in loops(ctx.start, ctx.end, ctx.chunk) {
         for peer in peers_after(r, n) {
-            lane.steps.push(Step::Send { to: peer, src: input(ctx.op, peer * c + off, len), pre: false });
+            lane.steps.push(Step::Send {
+                to: peer,
+                src: input(ctx.op, peer * c + off, len),
+                pre: false,
+            });
         }
         for peer in peers_before(r, n) {
-            lane.steps.push(Step::Recv { from: peer, dst: output(ctx.op, peer * c + off, len) });
+            lane.steps.push(Step::Recv {
+                from: peer,
+                dst: output(ctx.op, peer * c + off, len),
+            });
         }
     }
 }
@@ -60,7 +67,11 @@ pub(crate) fn all_reduce_two_shot(lane: &mut Lane, ctx: &ChannelCtx) {
         for peer in peers_after(r, n) {
             let (off, l) = share(peer);
             if l > 0 {
-                lane.steps.push(Step::Send { to: peer, src: input(ctx.op, off, l), pre: true });
+                lane.steps.push(Step::Send {
+                    to: peer,
+                    src: input(ctx.op, off, l),
+                    pre: true,
+                });
             }
         }
         let (off, l) = share(r);
@@ -69,7 +80,11 @@ pub(crate) fn all_reduce_two_shot(lane: &mut Lane, ctx: &ChannelCtx) {
                 let first = i == 0;
                 lane.steps.push(Step::RecvReduce {
                     from: peer,
-                    local: if first { input(ctx.op, off, l) } else { output(ctx.op, off, l) },
+                    local: if first {
+                        input(ctx.op, off, l)
+                    } else {
+                        output(ctx.op, off, l)
+                    },
                     pre_local: first,
                     post: i == n - 2,
                     dst: Some(output(ctx.op, off, l)),
@@ -77,13 +92,20 @@ pub(crate) fn all_reduce_two_shot(lane: &mut Lane, ctx: &ChannelCtx) {
                 });
             }
             for peer in peers_after(r, n) {
-                lane.steps.push(Step::Send { to: peer, src: output(ctx.op, off, l), pre: false });
+                lane.steps.push(Step::Send {
+                    to: peer,
+                    src: output(ctx.op, off, l),
+                    pre: false,
+                });
             }
         }
         for peer in peers_before(r, n) {
             let (off, l) = share(peer);
             if l > 0 {
-                lane.steps.push(Step::Recv { from: peer, dst: output(ctx.op, off, l) });
+                lane.steps.push(Step::Recv {
+                    from: peer,
+                    dst: output(ctx.op, off, l),
+                });
             }
         }
     }
@@ -97,10 +119,17 @@ pub(crate) fn gather(lane: &mut Lane, ctx: &ChannelCtx, root: Rank) {
     for (off, len) in loops(ctx.start, ctx.end, ctx.chunk) {
         if r == root {
             for peer in peers_after(r, n) {
-                lane.steps.push(Step::Recv { from: peer, dst: output(ctx.op, peer * c + off, len) });
+                lane.steps.push(Step::Recv {
+                    from: peer,
+                    dst: output(ctx.op, peer * c + off, len),
+                });
             }
         } else {
-            lane.steps.push(Step::Send { to: root, src: input(ctx.op, off, len), pre: false });
+            lane.steps.push(Step::Send {
+                to: root,
+                src: input(ctx.op, off, len),
+                pre: false,
+            });
         }
     }
 }
@@ -113,21 +142,41 @@ pub(crate) fn scatter(lane: &mut Lane, ctx: &ChannelCtx, root: Rank) {
     for (off, len) in loops(ctx.start, ctx.end, ctx.chunk) {
         if r == root {
             for peer in peers_after(r, n) {
-                lane.steps.push(Step::Send { to: peer, src: input(ctx.op, peer * c + off, len), pre: false });
+                lane.steps.push(Step::Send {
+                    to: peer,
+                    src: input(ctx.op, peer * c + off, len),
+                    pre: false,
+                });
             }
         } else {
-            lane.steps.push(Step::Recv { from: root, dst: output(ctx.op, off, len) });
+            lane.steps.push(Step::Recv {
+                from: root,
+                dst: output(ctx.op, off, len),
+            });
         }
     }
 }
 
 /// One channel's slice of a send or a receive: one lane per peer, direction and channel.
-pub(crate) fn p2p(lane: &mut Lane, desc: &CollDesc, op: u16, t: &Tuning, (start, end): (usize, usize)) {
+pub(crate) fn p2p(
+    lane: &mut Lane,
+    desc: &CollDesc,
+    op: u16,
+    t: &Tuning,
+    (start, end): (usize, usize),
+) {
     for (off, len) in loops(start, end, t.chunk_elems) {
         let step = if desc.kind == CollKind::Send {
-            Step::Send { to: desc.root, src: input(op, off, len), pre: false }
+            Step::Send {
+                to: desc.root,
+                src: input(op, off, len),
+                pre: false,
+            }
         } else {
-            Step::Recv { from: desc.root, dst: output(op, off, len) }
+            Step::Recv {
+                from: desc.root,
+                dst: output(op, off, len),
+            }
         };
         lane.steps.push(step);
     }

@@ -40,7 +40,11 @@ pub struct Tuning {
 impl Tuning {
     /// The default algorithm for `kind`, cut into `channels` and `chunk_elems`.
     pub fn default_for(kind: CollKind, channels: usize, chunk_elems: usize) -> Tuning {
-        Tuning { algo: Algo::default_for(kind), channels, chunk_elems }
+        Tuning {
+            algo: Algo::default_for(kind),
+            channels,
+            chunk_elems,
+        }
     }
 }
 
@@ -63,7 +67,9 @@ pub fn channel_slice(count: usize, channels: usize, c: usize) -> (usize, usize) 
             return count;
         }
         let raw = (count as u128 * i as u128 / channels as u128) as usize;
-        raw.div_ceil(SLICE_ALIGN).saturating_mul(SLICE_ALIGN).min(count)
+        raw.div_ceil(SLICE_ALIGN)
+            .saturating_mul(SLICE_ALIGN)
+            .min(count)
     };
     (cut(c), cut(c + 1))
 }
@@ -79,7 +85,11 @@ pub fn ring_order(nranks: usize, c: usize) -> Vec<Rank> {
 }
 
 /// Successive `(offset, len)` pieces of at most `chunk` elements covering `[start, end)`.
-pub(crate) fn loops(start: usize, end: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(crate) fn loops(
+    start: usize,
+    end: usize,
+    chunk: usize,
+) -> impl Iterator<Item = (usize, usize)> {
     let chunk = chunk.max(1);
     let mut at = start;
     std::iter::from_fn(move || {
@@ -106,21 +116,30 @@ pub fn validate(desc: &CollDesc, rank: Rank, nranks: usize) -> Result<(), Error>
         return Err(Error::InvalidArgument("communicator of 0 ranks".into()));
     }
     if rank >= nranks {
-        return Err(Error::InvalidArgument(format!("rank {rank} is not below nranks {nranks}")));
+        return Err(Error::InvalidArgument(format!(
+            "rank {rank} is not below nranks {nranks}"
+        )));
     }
     match desc.kind {
-        CollKind::Send | CollKind::Recv
-            if desc.root >= nranks => {
-                return Err(Error::InvalidArgument(format!("{} peer {} is not below nranks {nranks}", desc.kind, desc.root)));
-            }
-        k if k.has_root()
-            && desc.root >= nranks => {
-                return Err(Error::InvalidArgument(format!("{k} root {} is not below nranks {nranks}", desc.root)));
-            }
+        CollKind::Send | CollKind::Recv if desc.root >= nranks => {
+            return Err(Error::InvalidArgument(format!(
+                "{} peer {} is not below nranks {nranks}",
+                desc.kind, desc.root
+            )));
+        }
+        k if k.has_root() && desc.root >= nranks => {
+            return Err(Error::InvalidArgument(format!(
+                "{k} root {} is not below nranks {nranks}",
+                desc.root
+            )));
+        }
         _ => {}
     }
     if desc.kind.buffer_counts(desc.count, nranks, true).is_none() {
-        return Err(Error::InvalidArgument(format!("{} count {} times {nranks} ranks overflows", desc.kind, desc.count)));
+        return Err(Error::InvalidArgument(format!(
+            "{} count {} times {nranks} ranks overflows",
+            desc.kind, desc.count
+        )));
     }
     Ok(())
 }
@@ -128,14 +147,33 @@ pub fn validate(desc: &CollDesc, rank: Rank, nranks: usize) -> Result<(), Error>
 /// The plan of `rank` for `desc`, whose buffers are operation `op` of the launch, by the
 /// algorithm `t` names (which must support the operation: the tuner only names those).
 pub fn build(desc: &CollDesc, op: u16, rank: Rank, nranks: usize, t: &Tuning) -> Plan {
-    assert!(t.algo.supports(desc.kind), "{} has no {} plan", desc.kind, t.algo.name());
-    let mut plan = Plan { rank, nranks, lanes: Vec::new() };
+    assert!(
+        t.algo.supports(desc.kind),
+        "{} has no {} plan",
+        desc.kind,
+        t.algo.name()
+    );
+    let mut plan = Plan {
+        rank,
+        nranks,
+        lanes: Vec::new(),
+    };
     if let CollKind::Send | CollKind::Recv = desc.kind {
-        let dir = if desc.kind == CollKind::Send { Dir::Send } else { Dir::Recv };
+        let dir = if desc.kind == CollKind::Send {
+            Dir::Send
+        } else {
+            Dir::Recv
+        };
         // Like a collective, the message is cut into channel slices, each its own lane.
         for c in 0..t.channels {
             let mut lane = Lane::p2p(desc.root, dir, c);
-            direct::p2p(&mut lane, desc, op, t, channel_slice(desc.count, t.channels, c));
+            direct::p2p(
+                &mut lane,
+                desc,
+                op,
+                t,
+                channel_slice(desc.count, t.channels, c),
+            );
             plan.lanes.push(lane);
         }
         return plan;
@@ -147,7 +185,16 @@ pub fn build(desc: &CollDesc, op: u16, rank: Rank, nranks: usize, t: &Tuning) ->
         let (s, e) = channel_slice(desc.count, t.channels, c);
         let mut lane = Lane::collective(c);
         let order = ring_order(nranks, c);
-        let ctx = ChannelCtx { op, rank, nranks, order: &order, start: s, end: e, chunk: t.chunk_elems, count: desc.count };
+        let ctx = ChannelCtx {
+            op,
+            rank,
+            nranks,
+            order: &order,
+            start: s,
+            end: e,
+            chunk: t.chunk_elems,
+            count: desc.count,
+        };
         match (t.algo, desc.kind) {
             (Algo::TwoShot, _) => direct::all_reduce_two_shot(&mut lane, &ctx),
             (Algo::Ring, CollKind::AllReduce) => ring::all_reduce(&mut lane, &ctx),
@@ -191,13 +238,22 @@ pub const SELF_LANE: u64 = u64::MAX;
 /// every connection. A send to oneself is a copy into the matching receive from oneself, in
 /// issue order; they must pair up in count and type.
 pub fn build_launch(rank: Rank, nranks: usize, ops: &[LaunchOp]) -> Result<Plan, Error> {
-    let mut plan = Plan { rank, nranks, lanes: Vec::new() };
+    let mut plan = Plan {
+        rank,
+        nranks,
+        lanes: Vec::new(),
+    };
     let mut self_sends = Vec::new();
     let mut self_recvs = Vec::new();
     for (i, o) in ops.iter().enumerate() {
-        let i16 = u16::try_from(i).map_err(|_| Error::InvalidArgument("a group holds at most 65536 operations".into()))?;
+        let i16 = u16::try_from(i)
+            .map_err(|_| Error::InvalidArgument("a group holds at most 65536 operations".into()))?;
         if matches!(o.desc.kind, CollKind::Send | CollKind::Recv) && o.desc.root == rank {
-            if o.desc.kind == CollKind::Send { self_sends.push(i) } else { self_recvs.push(i) }
+            if o.desc.kind == CollKind::Send {
+                self_sends.push(i)
+            } else {
+                self_recvs.push(i)
+            }
             continue;
         }
         plan.append(build(&o.desc, i16, rank, nranks, &o.tuning));
@@ -209,7 +265,11 @@ pub fn build_launch(rank: Rank, nranks: usize, ops: &[LaunchOp]) -> Result<Plan,
             self_recvs.len()
         )));
     }
-    let mut lane = Lane { id: SELF_LANE, channel: 0, steps: Vec::new() };
+    let mut lane = Lane {
+        id: SELF_LANE,
+        channel: 0,
+        steps: Vec::new(),
+    };
     for (&s, &r) in self_sends.iter().zip(&self_recvs) {
         let (a, b) = (&ops[s], &ops[r]);
         if a.desc.count != b.desc.count || a.dtype != b.dtype {
@@ -249,7 +309,10 @@ pub(crate) struct ChannelCtx<'a> {
 
 impl ChannelCtx<'_> {
     pub fn pos(&self) -> usize {
-        self.order.iter().position(|&r| r == self.rank).expect("rank in ring order")
+        self.order
+            .iter()
+            .position(|&r| r == self.rank)
+            .expect("rank in ring order")
     }
     pub fn at(&self, pos: isize) -> Rank {
         self.order[pos.rem_euclid(self.nranks as isize) as usize]

@@ -25,7 +25,14 @@ fn fold_peers(lane: &mut Lane, ctx: &ChannelCtx, out: usize, len: usize) {
     for (i, &q) in peers.iter().enumerate() {
         let o = output(ctx.op, out, len);
         let post = i + 1 == peers.len();
-        lane.steps.push(Step::RecvReduce { from: q, local: o, pre_local: false, post, dst: Some(o), to: None });
+        lane.steps.push(Step::RecvReduce {
+            from: q,
+            local: o,
+            pre_local: false,
+            post,
+            dst: Some(o),
+            to: None,
+        });
     }
 }
 
@@ -47,7 +54,13 @@ pub(crate) fn reduce(lane: &mut Lane, ctx: &ChannelCtx, root: Rank) {
 
 /// The reductions' common shape: rank q reduces what every rank sends it from input offset
 /// `src(q)` (every rank when `root` is None, else only the root), its own from `own`.
-fn reduce_to(lane: &mut Lane, ctx: &ChannelCtx, root: Option<Rank>, src: impl Fn(Rank) -> usize, own: usize) {
+fn reduce_to(
+    lane: &mut Lane,
+    ctx: &ChannelCtx,
+    root: Option<Rank>,
+    src: impl Fn(Rank) -> usize,
+    own: usize,
+) {
     let (r, n) = (ctx.rank, ctx.nranks);
     let receives = root.is_none_or(|t| t == r);
     for (off, len) in loops(ctx.start, ctx.end, ctx.chunk) {
@@ -57,11 +70,20 @@ fn reduce_to(lane: &mut Lane, ctx: &ChannelCtx, root: Option<Rank>, src: impl Fn
             Some(_) => Vec::new(),
         };
         for q in targets {
-            lane.steps.push(Step::Send { to: q, src: input(ctx.op, src(q) + off, len), pre: true });
+            lane.steps.push(Step::Send {
+                to: q,
+                src: input(ctx.op, src(q) + off, len),
+                pre: true,
+            });
         }
         if receives {
             let out = output(ctx.op, off, len);
-            lane.steps.push(Step::Copy { src: input(ctx.op, own + off, len), dst: out, pre: true, post: n == 1 });
+            lane.steps.push(Step::Copy {
+                src: input(ctx.op, own + off, len),
+                dst: out,
+                pre: true,
+                post: n == 1,
+            });
             fold_peers(lane, ctx, off, len);
         }
     }
@@ -72,11 +94,23 @@ pub(crate) fn all_gather(lane: &mut Lane, ctx: &ChannelCtx) {
     let (r, n, c) = (ctx.rank, ctx.nranks, ctx.count);
     for (off, len) in loops(ctx.start, ctx.end, ctx.chunk) {
         for q in peers_after(r, n) {
-            lane.steps.push(Step::Send { to: q, src: input(ctx.op, off, len), pre: false });
+            lane.steps.push(Step::Send {
+                to: q,
+                src: input(ctx.op, off, len),
+                pre: false,
+            });
         }
-        lane.steps.push(Step::Copy { src: input(ctx.op, off, len), dst: output(ctx.op, r * c + off, len), pre: false, post: false });
+        lane.steps.push(Step::Copy {
+            src: input(ctx.op, off, len),
+            dst: output(ctx.op, r * c + off, len),
+            pre: false,
+            post: false,
+        });
         for q in others(r, n) {
-            lane.steps.push(Step::Recv { from: q, dst: output(ctx.op, q * c + off, len) });
+            lane.steps.push(Step::Recv {
+                from: q,
+                dst: output(ctx.op, q * c + off, len),
+            });
         }
     }
 }
@@ -87,11 +121,23 @@ pub(crate) fn broadcast(lane: &mut Lane, ctx: &ChannelCtx, root: Rank) {
     for (off, len) in loops(ctx.start, ctx.end, ctx.chunk) {
         if r == root {
             for q in peers_after(r, n) {
-                lane.steps.push(Step::Send { to: q, src: input(ctx.op, off, len), pre: false });
+                lane.steps.push(Step::Send {
+                    to: q,
+                    src: input(ctx.op, off, len),
+                    pre: false,
+                });
             }
-            lane.steps.push(Step::Copy { src: input(ctx.op, off, len), dst: output(ctx.op, off, len), pre: false, post: false });
+            lane.steps.push(Step::Copy {
+                src: input(ctx.op, off, len),
+                dst: output(ctx.op, off, len),
+                pre: false,
+                post: false,
+            });
         } else {
-            lane.steps.push(Step::Recv { from: root, dst: output(ctx.op, off, len) });
+            lane.steps.push(Step::Recv {
+                from: root,
+                dst: output(ctx.op, off, len),
+            });
         }
     }
 }

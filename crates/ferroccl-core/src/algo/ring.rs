@@ -23,7 +23,11 @@ fn reduce_scatter_loop(lane: &mut Lane, ctx: &ChannelCtx, map: &dyn ChunkMap, fo
     let chunk = |s: isize| (p - s).rem_euclid(n) as usize;
     let c0 = map.input(chunk(0));
     if c0.count > 0 {
-        lane.steps.push(Step::Send { to: next, src: c0, pre: true });
+        lane.steps.push(Step::Send {
+            to: next,
+            src: c0,
+            pre: true,
+        });
     }
     for s in 1..n {
         let c = chunk(s);
@@ -54,7 +58,12 @@ fn all_gather_loop(lane: &mut Lane, ctx: &ChannelCtx, map: &dyn ChunkMap) {
         if dst.count == 0 {
             continue;
         }
-        lane.steps.push(Step::RecvCopy { from: prev, count: dst.count, dst: Some(dst), to: (t < n - 1).then_some(next) });
+        lane.steps.push(Step::RecvCopy {
+            from: prev,
+            count: dst.count,
+            dst: Some(dst),
+            to: (t < n - 1).then_some(next),
+        });
     }
 }
 
@@ -91,7 +100,12 @@ pub(crate) fn all_reduce(lane: &mut Lane, ctx: &ChannelCtx) {
     }
     let loop_elems = ctx.chunk.saturating_mul(n);
     for (base, len) in loops(ctx.start, ctx.end, loop_elems) {
-        let map = AllReduceLoop { op: ctx.op, base, len, per: len.div_ceil(n) };
+        let map = AllReduceLoop {
+            op: ctx.op,
+            base,
+            len,
+            per: len.div_ceil(n),
+        };
         reduce_scatter_loop(lane, ctx, &map, true);
         all_gather_loop(lane, ctx, &map);
     }
@@ -137,7 +151,13 @@ pub(crate) fn reduce_scatter(lane: &mut Lane, ctx: &ChannelCtx) {
         return;
     }
     for (off, len) in loops(ctx.start, ctx.end, ctx.chunk) {
-        let map = BlockLoop { op: ctx.op, ctx, off, len, rs: true };
+        let map = BlockLoop {
+            op: ctx.op,
+            ctx,
+            off,
+            len,
+            rs: true,
+        };
         reduce_scatter_loop(lane, ctx, &map, false);
     }
 }
@@ -146,15 +166,30 @@ pub(crate) fn all_gather(lane: &mut Lane, ctx: &ChannelCtx) {
     let len = ctx.end - ctx.start;
     if len > 0 {
         let own = ctx.rank * ctx.count + ctx.start;
-        lane.steps.push(Step::Copy { src: input(ctx.op, ctx.start, len), dst: output(ctx.op, own, len), pre: false, post: false });
+        lane.steps.push(Step::Copy {
+            src: input(ctx.op, ctx.start, len),
+            dst: output(ctx.op, own, len),
+            pre: false,
+            post: false,
+        });
     }
     if ctx.nranks == 1 {
         return;
     }
     let next = ctx.at(ctx.pos() as isize + 1);
     for (off, len) in loops(ctx.start, ctx.end, ctx.chunk) {
-        let map = BlockLoop { op: ctx.op, ctx, off, len, rs: false };
-        lane.steps.push(Step::Send { to: next, src: map.input(0), pre: false });
+        let map = BlockLoop {
+            op: ctx.op,
+            ctx,
+            off,
+            len,
+            rs: false,
+        };
+        lane.steps.push(Step::Send {
+            to: next,
+            src: map.input(0),
+            pre: false,
+        });
         all_gather_loop(lane, ctx, &map);
     }
 }

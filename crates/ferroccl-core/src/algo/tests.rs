@@ -21,10 +21,18 @@ struct Cut {
 
 impl Cut {
     fn plain(channels: usize, chunk_elems: usize) -> Cut {
-        Cut { channels, chunk_elems, direct_max: 0, one_shot: false, peer: false }
+        Cut {
+            channels,
+            chunk_elems,
+            direct_max: 0,
+            one_shot: false,
+            peer: false,
+        }
     }
     fn tuning(&self, kind: CollKind, n: usize, count: usize) -> Tuning {
-        let two_shot = kind == CollKind::AllReduce && count <= self.direct_max && two_shot_fits(n, count, self.chunk_elems);
+        let two_shot = kind == CollKind::AllReduce
+            && count <= self.direct_max
+            && two_shot_fits(n, count, self.chunk_elems);
         let peer = self.peer && crate::tune::peer_engine_serves(kind, n);
         let algo = if peer && kind == CollKind::AllReduce && !(n == 2 && count % 2 == 1) {
             Algo::TwoShot
@@ -35,7 +43,11 @@ impl Cut {
         } else {
             Algo::default_for(kind)
         };
-        Tuning { algo, channels: self.channels, chunk_elems: self.chunk_elems }
+        Tuning {
+            algo,
+            channels: self.channels,
+            chunk_elems: self.chunk_elems,
+        }
     }
     fn build(&self, desc: &CollDesc, op: u16, rank: Rank, n: usize) -> Plan {
         build(desc, op, rank, n, &self.tuning(desc.kind, n, desc.count))
@@ -49,9 +61,17 @@ fn plans_for(ops: &[Vec<SimOp>], t: &Cut) -> Vec<Plan> {
             let launch: Vec<LaunchOp> = ops[r]
                 .iter()
                 .map(|op| {
-                    let desc = CollDesc { kind: op.kind, count: op.count, root: op.root };
+                    let desc = CollDesc {
+                        kind: op.kind,
+                        count: op.count,
+                        root: op.root,
+                    };
                     validate(&desc, r, n).expect("valid description");
-                    LaunchOp { desc, dtype: crate::types::DataType::Float32, tuning: t.tuning(op.kind, n, op.count) }
+                    LaunchOp {
+                        desc,
+                        dtype: crate::types::DataType::Float32,
+                        tuning: t.tuning(op.kind, n, op.count),
+                    }
                 })
                 .collect();
             build_launch(r, n, &launch).expect("a launch plan")
@@ -59,8 +79,25 @@ fn plans_for(ops: &[Vec<SimOp>], t: &Cut) -> Vec<Plan> {
         .collect()
 }
 
-fn run_collective(kind: CollKind, n: usize, count: usize, root: Rank, in_place: bool, t: Cut, seed: u64) -> Result<usize, String> {
-    let ops: Vec<Vec<SimOp>> = (0..n).map(|_| vec![SimOp { kind, count, root, in_place }]).collect();
+fn run_collective(
+    kind: CollKind,
+    n: usize,
+    count: usize,
+    root: Rank,
+    in_place: bool,
+    t: Cut,
+    seed: u64,
+) -> Result<usize, String> {
+    let ops: Vec<Vec<SimOp>> = (0..n)
+        .map(|_| {
+            vec![SimOp {
+                kind,
+                count,
+                root,
+                in_place,
+            }]
+        })
+        .collect();
     simulate(&ops, &plans_for(&ops, &t), CAP, seed)
 }
 
@@ -72,7 +109,14 @@ fn remote_for(ops: &[Vec<SimOp>], plans: &[Plan], t: &Cut) -> Vec<RemoteDsts> {
         .map(|r| {
             remote_dsts(&plans[r], |op, p| {
                 let o = ops[r][op as usize];
-                let d = peer_desc(&CollDesc { kind: o.kind, count: o.count, root: o.root }, r)?;
+                let d = peer_desc(
+                    &CollDesc {
+                        kind: o.kind,
+                        count: o.count,
+                        root: o.root,
+                    },
+                    r,
+                )?;
                 Some(t.build(&d, op, p, n))
             })
         })
@@ -83,7 +127,8 @@ fn remote_for(ops: &[Vec<SimOp>], plans: &[Plan], t: &Cut) -> Vec<RemoteDsts> {
 fn run_both(ops: &[Vec<SimOp>], t: &Cut, seed: u64, zero_copy: bool) -> Result<usize, String> {
     let plans = plans_for(ops, t);
     if zero_copy {
-        simulate_zero_copy(ops, &plans, CAP, seed, &remote_for(ops, &plans, t)).map_err(|e| format!("zero-copy: {e}"))
+        simulate_zero_copy(ops, &plans, CAP, seed, &remote_for(ops, &plans, t))
+            .map_err(|e| format!("zero-copy: {e}"))
     } else {
         simulate(ops, &plans, CAP, seed)
     }
@@ -202,7 +247,16 @@ fn the_simulator_catches_a_wrong_plan() {
     // A ring all-reduce that forgets the final division is caught, and so is one that
     // sends a chunk twice, and a pair that both receive first (deadlock).
     let n = 3;
-    let ops: Vec<Vec<SimOp>> = (0..n).map(|_| vec![SimOp { kind: CollKind::AllReduce, count: 30, root: 0, in_place: false }]).collect();
+    let ops: Vec<Vec<SimOp>> = (0..n)
+        .map(|_| {
+            vec![SimOp {
+                kind: CollKind::AllReduce,
+                count: 30,
+                root: 0,
+                in_place: false,
+            }]
+        })
+        .collect();
     let t = Cut::plain(1, 10);
     let good = plans_for(&ops, &t);
     assert!(simulate(&ops, &good, CAP, 1).is_ok());
@@ -215,7 +269,9 @@ fn the_simulator_catches_a_wrong_plan() {
             }
         }
     }
-    assert!(simulate(&ops, &no_post, CAP, 1).unwrap_err().contains("output"));
+    assert!(simulate(&ops, &no_post, CAP, 1)
+        .unwrap_err()
+        .contains("output"));
 
     let mut dup = good.clone();
     let first = dup[0].lanes[0].steps[0];
@@ -226,8 +282,18 @@ fn the_simulator_catches_a_wrong_plan() {
     let two: Vec<Vec<SimOp>> = (0..2)
         .map(|r| {
             vec![
-                SimOp { kind: CollKind::Recv, count: 5, root: 1 - r, in_place: false },
-                SimOp { kind: CollKind::Send, count: 5, root: 1 - r, in_place: false },
+                SimOp {
+                    kind: CollKind::Recv,
+                    count: 5,
+                    root: 1 - r,
+                    in_place: false,
+                },
+                SimOp {
+                    kind: CollKind::Send,
+                    count: 5,
+                    root: 1 - r,
+                    in_place: false,
+                },
             ]
         })
         .collect();
@@ -246,10 +312,28 @@ fn ring_all_reduce_moves_the_optimal_volume() {
     // Each rank sends 2(n-1)/n of the buffer: the bandwidth bound that busbw assumes.
     for n in [2usize, 3, 4, 8] {
         let count = 1 << 16;
-        let plan = Cut::plain(2, 1024).build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, 0, n);
-        let sent: usize = plan.lanes.iter().flat_map(|l| l.steps.iter()).filter(|s| s.send_to().is_some()).map(|s| s.count()).sum();
+        let plan = Cut::plain(2, 1024).build(
+            &CollDesc {
+                kind: CollKind::AllReduce,
+                count,
+                root: 0,
+            },
+            0,
+            0,
+            n,
+        );
+        let sent: usize = plan
+            .lanes
+            .iter()
+            .flat_map(|l| l.steps.iter())
+            .filter(|s| s.send_to().is_some())
+            .map(|s| s.count())
+            .sum();
         let ideal = 2 * (n - 1) * count / n;
-        assert!(sent >= ideal && sent <= ideal + 2 * n * 64, "n={n}: sent {sent}, ideal {ideal}");
+        assert!(
+            sent >= ideal && sent <= ideal + 2 * n * 64,
+            "n={n}: sent {sent}, ideal {ideal}"
+        );
     }
 }
 
@@ -271,14 +355,48 @@ fn small_all_reduces_go_two_shot() {
     for n in 3..=9 {
         for channels in 1..=3 {
             for count in [0, 1, 7, 64, 65, 200, 4099] {
-                let t = Cut { channels, chunk_elems: 4099, direct_max: 4099, one_shot: false, peer: false };
+                let t = Cut {
+                    channels,
+                    chunk_elems: 4099,
+                    direct_max: 4099,
+                    one_shot: false,
+                    peer: false,
+                };
                 for in_place in [false, true] {
-                    let r = run_collective(CollKind::AllReduce, n, count, 0, in_place, t, 7 + n as u64);
-                    assert!(r.is_ok(), "n={n} ch={channels} count={count} in_place={in_place}: {}", r.unwrap_err());
+                    let r =
+                        run_collective(CollKind::AllReduce, n, count, 0, in_place, t, 7 + n as u64);
+                    assert!(
+                        r.is_ok(),
+                        "n={n} ch={channels} count={count} in_place={in_place}: {}",
+                        r.unwrap_err()
+                    );
                 }
-                let plans: Vec<Plan> = (0..n).map(|r| t.build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, r, n)).collect();
-                let steps: Vec<&Step> = plans.iter().flat_map(|p| &p.lanes).flat_map(|l| &l.steps).collect();
-                assert!(steps.iter().all(|s| !matches!(s, Step::RecvReduce { to: Some(_), .. } | Step::RecvCopy { .. })), "n={n} count={count}: a ring step");
+                let plans: Vec<Plan> = (0..n)
+                    .map(|r| {
+                        t.build(
+                            &CollDesc {
+                                kind: CollKind::AllReduce,
+                                count,
+                                root: 0,
+                            },
+                            0,
+                            r,
+                            n,
+                        )
+                    })
+                    .collect();
+                let steps: Vec<&Step> = plans
+                    .iter()
+                    .flat_map(|p| &p.lanes)
+                    .flat_map(|l| &l.steps)
+                    .collect();
+                assert!(
+                    steps.iter().all(|s| !matches!(
+                        s,
+                        Step::RecvReduce { to: Some(_), .. } | Step::RecvCopy { .. }
+                    )),
+                    "n={n} count={count}: a ring step"
+                );
                 // Some rank owns the data (shares are cut at multiples of 64 elements).
                 if count > 0 {
                     assert!(steps.iter().any(|s| matches!(s, Step::RecvReduce { .. })));
@@ -288,9 +406,30 @@ fn small_all_reduces_go_two_shot() {
     }
     // Not for 2 ranks (the ring is two messages too), nor above the limit.
     for (n, count) in [(2, 10), (4, 4100)] {
-        let t = Cut { channels: 1, chunk_elems: 1 << 20, direct_max: 4099, one_shot: false, peer: false };
-        let plan = t.build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, 0, n);
-        assert!(plan.lanes.iter().flat_map(|l| &l.steps).any(|s| matches!(s, Step::RecvReduce { to: Some(_), .. })), "n={n} count={count}");
+        let t = Cut {
+            channels: 1,
+            chunk_elems: 1 << 20,
+            direct_max: 4099,
+            one_shot: false,
+            peer: false,
+        };
+        let plan = t.build(
+            &CollDesc {
+                kind: CollKind::AllReduce,
+                count,
+                root: 0,
+            },
+            0,
+            0,
+            n,
+        );
+        assert!(
+            plan.lanes
+                .iter()
+                .flat_map(|l| &l.steps)
+                .any(|s| matches!(s, Step::RecvReduce { to: Some(_), .. })),
+            "n={n} count={count}"
+        );
     }
 }
 
@@ -300,12 +439,24 @@ fn small_all_reduces_go_two_shot() {
 fn zero_copy_catches_the_in_place_all_to_all_hazard() {
     assert!(!may_post(CollKind::AllToAll, true) && may_post(CollKind::AllToAll, false));
     let t = Cut::plain(1, 4);
-    let ops: Vec<Vec<SimOp>> = (0..3).map(|_| vec![SimOp { kind: CollKind::AllToAll, count: 8, root: 0, in_place: true }]).collect();
+    let ops: Vec<Vec<SimOp>> = (0..3)
+        .map(|_| {
+            vec![SimOp {
+                kind: CollKind::AllToAll,
+                count: 8,
+                root: 0,
+                in_place: true,
+            }]
+        })
+        .collect();
     assert!(run_both(&ops, &t, 3, true).is_ok());
     // With every receiver posting, a peer's block lands before this rank sent its own.
     let plans = plans_for(&ops, &t);
     let remote = remote_for(&ops, &plans, &t);
-    assert!(remote.iter().flatten().flatten().any(|m| m.is_some()), "all-to-all sends are stored by their receivers");
+    assert!(
+        remote.iter().flatten().flatten().any(|m| m.is_some()),
+        "all-to-all sends are stored by their receivers"
+    );
     let err = simulate_zero_copy_with(&ops, &plans, CAP, 3, &remote, |_, _| true).unwrap_err();
     assert!(err.contains("output"), "{err}");
 }
@@ -318,24 +469,58 @@ fn one_shot_plans_are_one_round_per_loop() {
     for &kind in &CollKind::COLLECTIVES {
         for n in 1..=9 {
             for count in [0, 1, 63, 64, 1000] {
-                let t = Cut { channels: 2, chunk_elems: 1 << 20, direct_max: 0, one_shot: true, peer: false };
+                let t = Cut {
+                    channels: 2,
+                    chunk_elems: 1 << 20,
+                    direct_max: 0,
+                    one_shot: true,
+                    peer: false,
+                };
                 for in_place in [false, true] {
                     let r = run_collective(kind, n, count, n / 2, in_place, t, 11);
-                    assert!(r.is_ok(), "{kind} n={n} count={count} in_place={in_place}: {}", r.unwrap_err());
+                    assert!(
+                        r.is_ok(),
+                        "{kind} n={n} count={count} in_place={in_place}: {}",
+                        r.unwrap_err()
+                    );
                 }
                 for rank in 0..n {
-                    let plan = t.build(&CollDesc { kind, count, root: n / 2 }, 0, rank, n);
+                    let plan = t.build(
+                        &CollDesc {
+                            kind,
+                            count,
+                            root: n / 2,
+                        },
+                        0,
+                        rank,
+                        n,
+                    );
                     for lane in &plan.lanes {
-                        let first_recv = lane.steps.iter().position(|s| s.recv_from().is_some()).unwrap_or(lane.steps.len());
-                        assert!(lane.steps[first_recv..].iter().all(|s| s.send_to().is_none()), "{kind} n={n}: a send after a receive");
-                        let mut to: Vec<Rank> = lane.steps.iter().filter_map(|s| s.send_to()).collect();
-                        let mut from: Vec<Rank> = lane.steps.iter().filter_map(|s| s.recv_from()).collect();
+                        let first_recv = lane
+                            .steps
+                            .iter()
+                            .position(|s| s.recv_from().is_some())
+                            .unwrap_or(lane.steps.len());
+                        assert!(
+                            lane.steps[first_recv..]
+                                .iter()
+                                .all(|s| s.send_to().is_none()),
+                            "{kind} n={n}: a send after a receive"
+                        );
+                        let mut to: Vec<Rank> =
+                            lane.steps.iter().filter_map(|s| s.send_to()).collect();
+                        let mut from: Vec<Rank> =
+                            lane.steps.iter().filter_map(|s| s.recv_from()).collect();
                         let (nt, nf) = (to.len(), from.len());
                         to.sort();
                         to.dedup();
                         from.sort();
                         from.dedup();
-                        assert_eq!((to.len(), from.len()), (nt, nf), "{kind} n={n}: two messages to one peer in a lane");
+                        assert_eq!(
+                            (to.len(), from.len()),
+                            (nt, nf),
+                            "{kind} n={n}: two messages to one peer in a lane"
+                        );
                     }
                 }
             }

@@ -65,7 +65,15 @@ impl Element for f64 {
 /// IEEE binary16/bfloat16-style rounding from f64: `m` mantissa bits, `emin`/`emax` normal
 /// exponent range, `inf` the infinity code, `qnan` a quiet NaN code.
 #[inline]
-fn ieee_from_f64(v: f64, m: u32, emin: i32, emax: i32, inf: u16, qnan: u16, sign_shift: u32) -> u16 {
+fn ieee_from_f64(
+    v: f64,
+    m: u32,
+    emin: i32,
+    emax: i32,
+    inf: u16,
+    qnan: u16,
+    sign_shift: u32,
+) -> u16 {
     let bits = v.to_bits();
     let sign = ((bits >> 63) as u16) << sign_shift;
     if v.is_nan() {
@@ -207,13 +215,19 @@ mod tests {
     fn dynamic_conversions_round_like_the_element_trait() {
         // half's own f64 conversion rounds this one down; the trait's (and the GPU's) to nearest.
         let v = 352.6250116;
-        assert_eq!(round_to(DataType::Float16, v), <f16 as Element>::from_f64(v).to_f64());
+        assert_eq!(
+            round_to(DataType::Float16, v),
+            <f16 as Element>::from_f64(v).to_f64()
+        );
         assert_eq!(<f16 as Element>::from_f64(v).to_bits(), 0x5d83);
         let mut b = [0u8; 2];
         store_f64(DataType::Float16, &mut b, 0, v);
         assert_eq!(u16::from_ne_bytes(b), 0x5d83);
         for x in [1.0 / 3.0, 352.6250116, -1.0e-5, 65519.99] {
-            assert_eq!(round_to(DataType::Bfloat16, x), <bf16 as Element>::from_f64(x).to_f64());
+            assert_eq!(
+                round_to(DataType::Bfloat16, x),
+                <bf16 as Element>::from_f64(x).to_f64()
+            );
         }
     }
 
@@ -242,10 +256,19 @@ mod tests {
             let mut buf = vec![0u8; dtype.size() * 5 + 1];
             let inner = &mut buf[1..];
             for i in 0..5 {
-                store_f64(dtype, inner, i, i as f64 - 2.0 * (dtype.is_signed() as u8 as f64));
+                store_f64(
+                    dtype,
+                    inner,
+                    i,
+                    i as f64 - 2.0 * (dtype.is_signed() as u8 as f64),
+                );
             }
             for i in 0..5 {
-                assert_eq!(load_f64(dtype, inner, i), i as f64 - 2.0 * (dtype.is_signed() as u8 as f64), "{dtype}");
+                assert_eq!(
+                    load_f64(dtype, inner, i),
+                    i as f64 - 2.0 * (dtype.is_signed() as u8 as f64),
+                    "{dtype}"
+                );
             }
         }
     }
@@ -264,7 +287,10 @@ mod tests {
         assert!(f16::from_f64(f64::NAN).to_f32().is_nan());
         assert_eq!(<f16 as Element>::from_f64(2f64.powi(-24)).to_bits(), 1);
         assert_eq!(<f16 as Element>::from_f64(2f64.powi(-25)).to_bits(), 0);
-        assert_eq!(<f16 as Element>::from_f64(-2f64.powi(-25) * 1.5).to_bits(), 0x8001);
+        assert_eq!(
+            <f16 as Element>::from_f64(-2f64.powi(-25) * 1.5).to_bits(),
+            0x8001
+        );
         assert!(<bf16 as Element>::from_f64(f64::MAX).to_f32().is_infinite());
         assert!(<bf16 as Element>::from_f64(-f64::INFINITY).to_f32() == f32::NEG_INFINITY);
         assert_eq!(<i8 as Element>::from_f64(300.0), 127);
@@ -298,7 +324,11 @@ mod tests {
                 }
                 let a = T::from_f64_exact(v).to_f64();
                 let b = T::from_f64(v).to_f64();
-                assert!(a == b && a.is_sign_negative() == b.is_sign_negative(), "{}: {v}", T::DTYPE);
+                assert!(
+                    a == b && a.is_sign_negative() == b.is_sign_negative(),
+                    "{}: {v}",
+                    T::DTYPE
+                );
             }
         }
         check::<f16>();

@@ -1,10 +1,13 @@
 //! What every rank puts in and must get out of each operation, element by element, for the
 //! correctness tests and `ferroccl bench --check` (nccl-tests' verifiable mode, for every op).
 
-use super::element::Element;
 #[cfg(test)]
 use super::element::store_f64;
-use super::verify::{data_value, data_values_into, expected_reduced, expected_reduced_into, fill_data, fill_input, input_value, Matcher};
+use super::element::Element;
+use super::verify::{
+    data_value, data_values_into, expected_reduced, expected_reduced_into, fill_data, fill_input,
+    input_value, Matcher,
+};
 use crate::types::{CollKind, DataType, Rank, ReduceOp};
 
 /// Elements whose expected values `count_wrong` works out at a time.
@@ -52,7 +55,15 @@ impl RankCase {
     /// Fills `buf` (the input, `buf.len() / dtype.size()` elements).
     pub fn fill_input(&self, buf: &mut [u8]) {
         if self.kind.reduces() {
-            fill_input(self.dtype, self.op, self.nranks, self.rank, 0, self.seed, buf)
+            fill_input(
+                self.dtype,
+                self.op,
+                self.nranks,
+                self.rank,
+                0,
+                self.seed,
+                buf,
+            )
         } else {
             fill_data(self.dtype, self.rank, 0, self.seed, buf)
         }
@@ -80,7 +91,9 @@ impl RankCase {
     /// The value output element `j` must hold, or None where the operation leaves it alone.
     pub fn expected(&self, j: usize) -> Option<f64> {
         Some(match self.source(j)?.0 {
-            Source::Reduced(idx) => expected_reduced(self.dtype, self.op, self.nranks, idx, self.seed),
+            Source::Reduced(idx) => {
+                expected_reduced(self.dtype, self.op, self.nranks, idx, self.seed)
+            }
             Source::Data(rank, idx) => data_value(self.dtype, rank, idx, self.seed),
         })
     }
@@ -102,14 +115,25 @@ impl RankCase {
         let mut wrong = 0;
         let mut j = 0;
         while j < len {
-            let Some((src, run)) = self.source(j) else { break };
+            let Some((src, run)) = self.source(j) else {
+                break;
+            };
             let m = run.min(BLOCK).min(len - j);
             let want = &mut want[..m];
             match src {
-                Source::Reduced(idx) => expected_reduced_into(self.dtype, self.op, self.nranks, idx, self.seed, want),
+                Source::Reduced(idx) => {
+                    expected_reduced_into(self.dtype, self.op, self.nranks, idx, self.seed, want)
+                }
                 Source::Data(rank, idx) => data_values_into(self.dtype, rank, idx, self.seed, want),
             }
-            wrong += compare(self.dtype, matcher, &out[j * self.dtype.size()..(j + m) * self.dtype.size()], want, j, first_bad);
+            wrong += compare(
+                self.dtype,
+                matcher,
+                &out[j * self.dtype.size()..(j + m) * self.dtype.size()],
+                want,
+                j,
+                first_bad,
+            );
             j += m;
         }
         wrong
@@ -118,7 +142,14 @@ impl RankCase {
 
 /// Counts the elements of `got` (native endian) that do not match `want`; the first is reported
 /// (with its index offset by `base`) unless one already was.
-fn compare(dtype: DataType, matcher: Matcher, got: &[u8], want: &[f64], base: usize, first_bad: &mut Option<(usize, f64, f64)>) -> usize {
+fn compare(
+    dtype: DataType,
+    matcher: Matcher,
+    got: &[u8],
+    want: &[f64],
+    base: usize,
+    first_bad: &mut Option<(usize, f64, f64)>,
+) -> usize {
     let mut wrong = 0;
     with_element_type!(dtype, T => {
         for (i, (chunk, &w)) in got.chunks_exact(std::mem::size_of::<T>()).zip(want).enumerate() {
@@ -141,7 +172,16 @@ mod tests {
 
     #[test]
     fn a_wrong_output_is_counted() {
-        let case = RankCase { kind: CollKind::AllGather, dtype: DataType::Float32, op: ReduceOp::Sum, nranks: 3, rank: 1, count: 5, root: 0, seed: 9 };
+        let case = RankCase {
+            kind: CollKind::AllGather,
+            dtype: DataType::Float32,
+            op: ReduceOp::Sum,
+            nranks: 3,
+            rank: 1,
+            count: 5,
+            root: 0,
+            seed: 9,
+        };
         let mut out = vec![0u8; 15 * 4];
         for j in 0..15 {
             store_f64(DataType::Float32, &mut out, j, case.expected(j).unwrap());

@@ -213,8 +213,18 @@ mod tests {
     #[test]
     fn decode_matches_spec_for_all_codes() {
         for c in 0..=255u8 {
-            assert!(same(F8E4M3(c).to_f32() as f64, e4(c)), "e4m3 {c:#04x}: {} vs {}", F8E4M3(c).to_f32(), e4(c));
-            assert!(same(F8E5M2(c).to_f32() as f64, e5(c)), "e5m2 {c:#04x}: {} vs {}", F8E5M2(c).to_f32(), e5(c));
+            assert!(
+                same(F8E4M3(c).to_f32() as f64, e4(c)),
+                "e4m3 {c:#04x}: {} vs {}",
+                F8E4M3(c).to_f32(),
+                e4(c)
+            );
+            assert!(
+                same(F8E5M2(c).to_f32() as f64, e5(c)),
+                "e5m2 {c:#04x}: {} vs {}",
+                F8E5M2(c).to_f32(),
+                e5(c)
+            );
         }
         let nan4 = (0..=255u8).filter(|&c| F8E4M3(c).to_f32().is_nan()).count();
         let nan5 = (0..=255u8).filter(|&c| F8E5M2(c).to_f32().is_nan()).count();
@@ -253,7 +263,16 @@ mod tests {
 
     #[test]
     fn saturation_and_nan() {
-        for v in [448.0f32, 449.0, 463.9, 464.0, 480.0, 1e6, f32::MAX, f32::INFINITY] {
+        for v in [
+            448.0f32,
+            449.0,
+            463.9,
+            464.0,
+            480.0,
+            1e6,
+            f32::MAX,
+            f32::INFINITY,
+        ] {
             assert_eq!(F8E4M3::from_f32(v), F8E4M3(0x7e), "{v}");
             assert_eq!(F8E4M3::from_f32(-v), F8E4M3(0xfe), "{}", -v);
         }
@@ -315,7 +334,10 @@ mod tests {
         let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
         // Beyond the largest finite value that value is nearest; clamping keeps the f64
         // distances below exact (for huge x they would all round to the same number).
-        let max = (0..=255u8).map(decode).filter(|v| v.is_finite()).fold(0.0, f64::max);
+        let max = (0..=255u8)
+            .map(decode)
+            .filter(|v| v.is_finite())
+            .fold(0.0, f64::max);
         let x = x.clamp(-max, max);
         for c in (0..=127u8).map(|c| c | sign) {
             let v = decode(c);
@@ -325,7 +347,9 @@ mod tests {
             let d = (v - x).abs();
             best = match best {
                 None => Some((d, c)),
-                Some((bd, bc)) if d < bd || (d == bd && decode(bc) != v && c & 1 == 0) => Some((d, c)),
+                Some((bd, bc)) if d < bd || (d == bd && decode(bc) != v && c & 1 == 0) => {
+                    Some((d, c))
+                }
                 b => b,
             };
         }
@@ -341,10 +365,16 @@ mod tests {
         }
         let got4 = F8E4M3::from_f32(x).to_f32() as f64;
         let want4 = brute(x64, e4);
-        prop_assert!(got4.to_bits() == want4.to_bits(), "e4m3({x}) = {got4}, want {want4}");
+        prop_assert!(
+            got4.to_bits() == want4.to_bits(),
+            "e4m3({x}) = {got4}, want {want4}"
+        );
         let got5 = F8E5M2::from_f32(x).to_f32() as f64;
         let want5 = brute(x64, e5);
-        prop_assert!(got5.to_bits() == want5.to_bits(), "e5m2({x}) = {got5}, want {want5}");
+        prop_assert!(
+            got5.to_bits() == want5.to_bits(),
+            "e5m2({x}) = {got5}, want {want5}"
+        );
         Ok(())
     }
 

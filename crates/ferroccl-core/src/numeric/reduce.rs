@@ -151,7 +151,11 @@ const BLOCK: usize = 512;
 #[inline(always)]
 unsafe fn copy_out<T>(dsts: &[*mut u8], buf: &[T], first: usize) {
     for &d in dsts {
-        ptr::copy_nonoverlapping(buf.as_ptr() as *const u8, d.add(first * size_of::<T>()), std::mem::size_of_val(buf));
+        ptr::copy_nonoverlapping(
+            buf.as_ptr() as *const u8,
+            d.add(first * size_of::<T>()),
+            std::mem::size_of_val(buf),
+        );
     }
 }
 
@@ -227,7 +231,9 @@ impl Reducer {
     /// Errors (Error::InvalidArgument) for nranks == 0 or an op invalid for dtype.
     pub fn new(dtype: DataType, op: ReduceOp, nranks: usize) -> Result<Reducer, Error> {
         if nranks == 0 {
-            return Err(Error::InvalidArgument("a reduction needs at least one rank".into()));
+            return Err(Error::InvalidArgument(
+                "a reduction needs at least one rank".into(),
+            ));
         }
         op.validate(dtype)?;
         Ok(Reducer { dtype, op, nranks })
@@ -257,7 +263,14 @@ impl Reducer {
     /// # Safety
     /// `src` must be readable and every dst writable for `n` elements of the dtype; alignment is
     /// not required. A dst may be exactly `src` but must not partially overlap it or another dst.
-    pub unsafe fn transform(&self, dsts: &[*mut u8], src: *const u8, n: usize, pre: bool, post: bool) {
+    pub unsafe fn transform(
+        &self,
+        dsts: &[*mut u8],
+        src: *const u8,
+        n: usize,
+        pre: bool,
+        post: bool,
+    ) {
         if n == 0 || dsts.is_empty() {
             return;
         }
@@ -271,7 +284,15 @@ impl Reducer {
     /// `recv` and `local` must be readable and every dst writable for `n` elements of the dtype;
     /// alignment is not required. A dst may be exactly `recv` or `local` but must not partially
     /// overlap them or another dst.
-    pub unsafe fn reduce(&self, dsts: &[*mut u8], recv: *const u8, local: *const u8, n: usize, pre_local: bool, post: bool) {
+    pub unsafe fn reduce(
+        &self,
+        dsts: &[*mut u8],
+        recv: *const u8,
+        local: *const u8,
+        n: usize,
+        pre_local: bool,
+        post: bool,
+    ) {
         if n == 0 || dsts.is_empty() {
             return;
         }
@@ -286,7 +307,14 @@ impl Reducer {
     }
 
     #[inline(always)]
-    unsafe fn transform_typed<T: Lane>(&self, dsts: &[*mut u8], src: *const u8, n: usize, pre: bool, post: bool) {
+    unsafe fn transform_typed<T: Lane>(
+        &self,
+        dsts: &[*mut u8],
+        src: *const u8,
+        n: usize,
+        pre: bool,
+        post: bool,
+    ) {
         let pre = pre && matches!(self.op, ReduceOp::PreMulSum(_));
         let post = post && self.op == ReduceOp::Avg;
         let (s, k) = (self.scalar::<T>(), self.nranks);
@@ -299,7 +327,15 @@ impl Reducer {
     }
 
     #[inline(always)]
-    unsafe fn reduce_typed<T: Lane>(&self, dsts: &[*mut u8], recv: *const u8, local: *const u8, n: usize, pre: bool, post: bool) {
+    unsafe fn reduce_typed<T: Lane>(
+        &self,
+        dsts: &[*mut u8],
+        recv: *const u8,
+        local: *const u8,
+        n: usize,
+        pre: bool,
+        post: bool,
+    ) {
         let (s, k) = (self.scalar::<T>(), self.nranks);
         match self.op {
             ReduceOp::Sum => reduce_loop::<T, Sum, false, false>(s, k, dsts, recv, local, n),
@@ -308,8 +344,12 @@ impl Reducer {
             ReduceOp::Min => reduce_loop::<T, Min, false, false>(s, k, dsts, recv, local, n),
             ReduceOp::Avg if post => reduce_loop::<T, Sum, false, true>(s, k, dsts, recv, local, n),
             ReduceOp::Avg => reduce_loop::<T, Sum, false, false>(s, k, dsts, recv, local, n),
-            ReduceOp::PreMulSum(_) if pre => reduce_loop::<T, Sum, true, false>(s, k, dsts, recv, local, n),
-            ReduceOp::PreMulSum(_) => reduce_loop::<T, Sum, false, false>(s, k, dsts, recv, local, n),
+            ReduceOp::PreMulSum(_) if pre => {
+                reduce_loop::<T, Sum, true, false>(s, k, dsts, recv, local, n)
+            }
+            ReduceOp::PreMulSum(_) => {
+                reduce_loop::<T, Sum, false, false>(s, k, dsts, recv, local, n)
+            }
         }
     }
 }

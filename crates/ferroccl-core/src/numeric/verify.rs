@@ -111,7 +111,11 @@ fn pow2(e: i32) -> f64 {
 #[inline]
 fn ulp_in(p: i32, emin: i32, x: f64) -> f64 {
     let a = x.abs();
-    let e = if a == 0.0 || !a.is_normal() { emin } else { (((a.to_bits() >> 52) as i32) - 1023).max(emin) };
+    let e = if a == 0.0 || !a.is_normal() {
+        emin
+    } else {
+        (((a.to_bits() >> 52) as i32) - 1023).max(emin)
+    };
     pow2(e - p + 1)
 }
 
@@ -364,7 +368,9 @@ impl Inputs {
                 let rot = self.prod_rotation(key, index);
                 self.prod_value(self.pos(rank, rot), at(rkey, index))
             }
-            ReduceOp::Max | ReduceOp::Min => random_value_in(self.dtype, self.mask, at(rkey, index)),
+            ReduceOp::Max | ReduceOp::Min => {
+                random_value_in(self.dtype, self.mask, at(rkey, index))
+            }
         }
     }
 
@@ -377,7 +383,14 @@ impl Inputs {
 
 /// The value rank `rank` puts at element `index` of its input, for a reduction `op` over
 /// `nranks` ranks, seeded. Exact in dtype; see the module comment for how it is chosen.
-pub fn input_value(dtype: DataType, op: ReduceOp, nranks: usize, rank: usize, index: usize, seed: u64) -> f64 {
+pub fn input_value(
+    dtype: DataType,
+    op: ReduceOp,
+    nranks: usize,
+    rank: usize,
+    index: usize,
+    seed: u64,
+) -> f64 {
     Inputs::new(dtype, op, nranks).value(rank, index, seed)
 }
 
@@ -395,24 +408,36 @@ fn fill_with(dtype: DataType, first_index: usize, out: &mut [u8], f: impl Fn(u64
 
 /// Fill a whole buffer (`out.len() / dtype.size()` elements, native endian) with `input_value`
 /// for element offsets starting at `first_index`.
-pub fn fill_input(dtype: DataType, op: ReduceOp, nranks: usize, rank: usize, first_index: usize, seed: u64, out: &mut [u8]) {
+pub fn fill_input(
+    dtype: DataType,
+    op: ReduceOp,
+    nranks: usize,
+    rank: usize,
+    first_index: usize,
+    seed: u64,
+    out: &mut [u8],
+) {
     let inp = Inputs::new(dtype, op, nranks);
     let rank = rank as u64 % inp.n;
     let key = tag_key(seed, inp.tag());
     let rkey = rank_key(key, rank);
     match op {
-        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => fill_with(dtype, first_index, out, |i| {
-            let (k, rot, q) = inp.sum_window(key, i);
-            let v = inp.sum_value(at(rkey, i), q);
-            (v * (inp.pos(rank, rot) < k) as i64) as f64
-        }),
+        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => {
+            fill_with(dtype, first_index, out, |i| {
+                let (k, rot, q) = inp.sum_window(key, i);
+                let v = inp.sum_value(at(rkey, i), q);
+                (v * (inp.pos(rank, rot) < k) as i64) as f64
+            })
+        }
         ReduceOp::Prod => fill_with(dtype, first_index, out, |i| {
             let rot = inp.prod_rotation(key, i);
             inp.prod_value(inp.pos(rank, rot), at(rkey, i))
         }),
         ReduceOp::Max | ReduceOp::Min => {
             let mask = inp.mask;
-            fill_with(dtype, first_index, out, |i| random_value_in(dtype, mask, at(rkey, i)))
+            fill_with(dtype, first_index, out, |i| {
+                random_value_in(dtype, mask, at(rkey, i))
+            })
         }
     }
 }
@@ -421,11 +446,19 @@ pub fn fill_input(dtype: DataType, op: ReduceOp, nranks: usize, rank: usize, fir
 pub fn fill_data(dtype: DataType, rank: usize, first_index: usize, seed: u64, out: &mut [u8]) {
     let rkey = rank_key(tag_key(seed, TAG_DATA), rank as u64);
     let mask = mantissa_mask(dtype);
-    fill_with(dtype, first_index, out, |i| random_value_in(dtype, mask, at(rkey, i)))
+    fill_with(dtype, first_index, out, |i| {
+        random_value_in(dtype, mask, at(rkey, i))
+    })
 }
 
 /// `data_value(dtype, rank, first_index + i, seed)` into `out[i]`.
-pub fn data_values_into(dtype: DataType, rank: usize, first_index: usize, seed: u64, out: &mut [f64]) {
+pub fn data_values_into(
+    dtype: DataType,
+    rank: usize,
+    first_index: usize,
+    seed: u64,
+    out: &mut [f64],
+) {
     let rkey = rank_key(tag_key(seed, TAG_DATA), rank as u64);
     let mask = mantissa_mask(dtype);
     macro_rules! go {
@@ -466,7 +499,13 @@ fn wrap(dtype: DataType, v: i128) -> i128 {
 /// arithmetic with Avg truncating toward zero after the full sum; floats in exact (f64)
 /// arithmetic, PreMulSum with the scalar as converted to the dtype, Avg as sum / nranks
 /// unrounded.
-pub fn expected_reduced(dtype: DataType, op: ReduceOp, nranks: usize, index: usize, seed: u64) -> f64 {
+pub fn expected_reduced(
+    dtype: DataType,
+    op: ReduceOp,
+    nranks: usize,
+    index: usize,
+    seed: u64,
+) -> f64 {
     let mut out = [0.0];
     expected_reduced_into(dtype, op, nranks, index, seed, &mut out);
     out[0]
@@ -474,7 +513,14 @@ pub fn expected_reduced(dtype: DataType, op: ReduceOp, nranks: usize, index: usi
 
 /// `expected_reduced(dtype, op, nranks, first_index + i, seed)` into `out[i]`, hashing each
 /// rank's key and each index's window once.
-pub fn expected_reduced_into(dtype: DataType, op: ReduceOp, nranks: usize, first_index: usize, seed: u64, out: &mut [f64]) {
+pub fn expected_reduced_into(
+    dtype: DataType,
+    op: ReduceOp,
+    nranks: usize,
+    first_index: usize,
+    seed: u64,
+    out: &mut [f64],
+) {
     if nranks == 0 {
         // No contributions: the folds' identities (the integer accumulator starts at 0).
         let v = match op {
@@ -573,7 +619,11 @@ pub fn expected_reduced_into(dtype: DataType, op: ReduceOp, nranks: usize, first
             let max = op == ReduceOp::Max;
             let mask = inp.mask;
             for (o, i) in out.iter_mut().zip(first..) {
-                let mut acc = if max { f64::NEG_INFINITY } else { f64::INFINITY };
+                let mut acc = if max {
+                    f64::NEG_INFINITY
+                } else {
+                    f64::INFINITY
+                };
                 for &rk in rkeys {
                     let v = random_value_in(dtype, mask, at(rk, i));
                     acc = if max { acc.max(v) } else { acc.min(v) };
@@ -658,7 +708,10 @@ pub fn matches(dtype: DataType, op: ReduceOp, nranks: usize, got: f64, expected:
 /// dtype; exact in dtype, arbitrary (floats in ±[2^-4, 2^5), integers over the type's range,
 /// 64-bit ones within ±2^53).
 pub fn data_value(dtype: DataType, rank: usize, index: usize, seed: u64) -> f64 {
-    random_value(dtype, at(rank_key(tag_key(seed, TAG_DATA), rank as u64), index as u64))
+    random_value(
+        dtype,
+        at(rank_key(tag_key(seed, TAG_DATA), rank as u64), index as u64),
+    )
 }
 
 #[cfg(test)]

@@ -41,24 +41,43 @@ pub struct Transfer {
 /// receive, broadcast beyond 2 ranks) or sizes that overflow. Copies of no bytes are left out.
 /// In-place operations still list the own copy: the backend skips a copy whose source is its
 /// destination.
-pub fn copies(kind: CollKind, count: usize, elem: usize, nranks: usize, root: Rank) -> Option<Vec<Transfer>> {
+pub fn copies(
+    kind: CollKind,
+    count: usize,
+    elem: usize,
+    nranks: usize,
+    root: Rank,
+) -> Option<Vec<Transfer>> {
     let block = count.checked_mul(elem)?;
     block.checked_mul(nranks)?;
-    let rooted = matches!(kind, CollKind::Gather | CollKind::Scatter | CollKind::Broadcast);
+    let rooted = matches!(
+        kind,
+        CollKind::Gather | CollKind::Scatter | CollKind::Broadcast
+    );
     if nranks == 0 || (rooted && root >= nranks) {
         return None;
     }
     let mut v = Vec::new();
     let mut add = |from: Rank, to: Rank, src: usize, dst: usize| {
         if block > 0 {
-            v.push(Transfer { from, to, src, dst, bytes: block });
+            v.push(Transfer {
+                from,
+                to,
+                src,
+                dst,
+                bytes: block,
+            });
         }
     };
     match kind {
         // Each rank's block to every rank, at the sender's place in the output.
-        CollKind::AllGather => (0..nranks).for_each(|s| (0..nranks).for_each(|r| add(s, r, 0, s * block))),
+        CollKind::AllGather => {
+            (0..nranks).for_each(|s| (0..nranks).for_each(|r| add(s, r, 0, s * block)))
+        }
         // Block r of each sender's input to rank r, at the sender's place.
-        CollKind::AllToAll => (0..nranks).for_each(|s| (0..nranks).for_each(|r| add(s, r, r * block, s * block))),
+        CollKind::AllToAll => {
+            (0..nranks).for_each(|s| (0..nranks).for_each(|r| add(s, r, r * block, s * block)))
+        }
         CollKind::Gather => (0..nranks).for_each(|s| add(s, root, 0, s * block)),
         CollKind::Scatter => (0..nranks).for_each(|r| add(root, r, r * block, 0)),
         // One-shot from the root: its link carries n-1 copies where a chain carries one.
@@ -86,7 +105,11 @@ pub fn serves(kind: CollKind, nranks: usize) -> bool {
 /// place has its output inside its input (or the reverse), at another offset than its peers'
 /// buffers, and a non-root's output (gather) or input (scatter) need not exist.
 pub fn zcopy_serves(kind: CollKind, nranks: usize) -> bool {
-    serves(kind, nranks) && matches!(kind, CollKind::AllGather | CollKind::AllToAll | CollKind::Broadcast)
+    serves(kind, nranks)
+        && matches!(
+            kind,
+            CollKind::AllGather | CollKind::AllToAll | CollKind::Broadcast
+        )
 }
 
 /// One piece of a message between two ranks: bytes `[at, at + bytes)` of the copy, through
@@ -109,7 +132,12 @@ pub fn pieces(bytes: usize, slot_bytes: usize) -> impl Iterator<Item = Piece> {
     let slot_bytes = slot_bytes.max(1);
     (0..bytes.div_ceil(slot_bytes)).map(move |k| {
         let at = k * slot_bytes;
-        Piece { at, bytes: slot_bytes.min(bytes - at), slot: k % CE_SLOTS, lane: k % CE_LANES }
+        Piece {
+            at,
+            bytes: slot_bytes.min(bytes - at),
+            slot: k % CE_SLOTS,
+            lane: k % CE_LANES,
+        }
     })
 }
 
@@ -120,7 +148,14 @@ mod tests {
 
     /// What rank `r`'s output holds at byte `b` after `kind`, as (source rank, input byte), from
     /// NCCL's definitions; None where the output has no such byte.
-    fn reference(kind: CollKind, block: usize, n: usize, root: Rank, r: Rank, b: usize) -> Option<(Rank, usize)> {
+    fn reference(
+        kind: CollKind,
+        block: usize,
+        n: usize,
+        root: Rank,
+        r: Rank,
+        b: usize,
+    ) -> Option<(Rank, usize)> {
         let (blk, off) = (b / block, b % block);
         match kind {
             CollKind::AllGather => (blk < n).then_some((blk, off)),
@@ -194,14 +229,26 @@ mod tests {
 
     #[test]
     fn only_data_movement_is_served() {
-        for k in [CollKind::AllReduce, CollKind::ReduceScatter, CollKind::Reduce, CollKind::Send, CollKind::Recv] {
+        for k in [
+            CollKind::AllReduce,
+            CollKind::ReduceScatter,
+            CollKind::Reduce,
+            CollKind::Send,
+            CollKind::Recv,
+        ] {
             assert!(!serves(k, 2));
             assert!(copies(k, 8, 4, 2, 0).is_none());
         }
         assert!(serves(CollKind::Broadcast, 2) && !serves(CollKind::Broadcast, 3));
         assert!(!serves(CollKind::AllGather, 1));
-        assert!(copies(CollKind::AllToAll, usize::MAX / 2, 4, 2, 0).is_none(), "overflow");
-        assert!(copies(CollKind::Gather, 8, 4, 2, 2).is_none(), "root out of range");
+        assert!(
+            copies(CollKind::AllToAll, usize::MAX / 2, 4, 2, 0).is_none(),
+            "overflow"
+        );
+        assert!(
+            copies(CollKind::Gather, 8, 4, 2, 2).is_none(),
+            "root out of range"
+        );
         assert_eq!(copies(CollKind::AllGather, 0, 4, 3, 0), Some(vec![]));
     }
 }

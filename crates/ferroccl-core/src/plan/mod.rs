@@ -41,7 +41,12 @@ pub struct Region {
 impl Region {
     /// `count` elements of `op`'s `buf` from element `offset`.
     pub const fn new(op: u16, buf: BufKind, offset: usize, count: usize) -> Region {
-        Region { op, buf, offset, count }
+        Region {
+            op,
+            buf,
+            offset,
+            count,
+        }
     }
     /// One past its last element.
     pub const fn end(&self) -> usize {
@@ -61,18 +66,37 @@ pub enum Step {
     Recv { from: Rank, dst: Region },
     /// Receive `local.count` elements from `from`, combine each with `local` (pre'd first when
     /// `pre_local`), post the result when `post`, then store it into `dst` and/or forward it to `to`.
-    RecvReduce { from: Rank, local: Region, pre_local: bool, post: bool, dst: Option<Region>, to: Option<Rank> },
+    RecvReduce {
+        from: Rank,
+        local: Region,
+        pre_local: bool,
+        post: bool,
+        dst: Option<Region>,
+        to: Option<Rank>,
+    },
     /// Receive `count` elements from `from`, store them into `dst` and/or forward them to `to`.
-    RecvCopy { from: Rank, count: usize, dst: Option<Region>, to: Option<Rank> },
+    RecvCopy {
+        from: Rank,
+        count: usize,
+        dst: Option<Region>,
+        to: Option<Rank>,
+    },
     /// Copy `src` to `dst` locally (same element count), with the reduction transforms.
-    Copy { src: Region, dst: Region, pre: bool, post: bool },
+    Copy {
+        src: Region,
+        dst: Region,
+        pre: bool,
+        post: bool,
+    },
 }
 
 impl Step {
     /// The peer this step receives from, if any.
     pub fn recv_from(&self) -> Option<Rank> {
         match *self {
-            Step::Recv { from, .. } | Step::RecvReduce { from, .. } | Step::RecvCopy { from, .. } => Some(from),
+            Step::Recv { from, .. }
+            | Step::RecvReduce { from, .. }
+            | Step::RecvCopy { from, .. } => Some(from),
             _ => None,
         }
     }
@@ -122,13 +146,21 @@ pub struct Lane {
 impl Lane {
     /// The lane of channel `c` of a collective.
     pub fn collective(c: usize) -> Lane {
-        Lane { id: c as u64, channel: c as u32, steps: Vec::new() }
+        Lane {
+            id: c as u64,
+            channel: c as u32,
+            steps: Vec::new(),
+        }
     }
     /// The lane of point-to-point channel `c` of the sends to (`dir == Send`) or receives from
     /// `peer` of a group.
     pub fn p2p(peer: Rank, dir: Dir, c: usize) -> Lane {
         let d = if dir == Dir::Send { 0 } else { 1 };
-        Lane { id: (1 << 40) | ((c as u64) << 32) | ((peer as u64) << 1) | d, channel: P2P_CHANNEL_BASE + c as u32, steps: Vec::new() }
+        Lane {
+            id: (1 << 40) | ((c as u64) << 32) | ((peer as u64) << 1) | d,
+            channel: P2P_CHANNEL_BASE + c as u32,
+            steps: Vec::new(),
+        }
     }
 }
 
@@ -174,10 +206,18 @@ impl Plan {
         for lane in &self.lanes {
             for s in &lane.steps {
                 if let Some(p) = s.recv_from() {
-                    v.push(ConnKey { peer: p, channel: lane.channel, dir: Dir::Recv });
+                    v.push(ConnKey {
+                        peer: p,
+                        channel: lane.channel,
+                        dir: Dir::Recv,
+                    });
                 }
                 if let Some(p) = s.send_to() {
-                    v.push(ConnKey { peer: p, channel: lane.channel, dir: Dir::Send });
+                    v.push(ConnKey {
+                        peer: p,
+                        channel: lane.channel,
+                        dir: Dir::Send,
+                    });
                 }
             }
         }
@@ -197,10 +237,17 @@ impl Plan {
                     if peer >= self.nranks || peer == self.rank {
                         return Err(format!("rank {}: step {s:?} names peer {peer}", self.rank));
                     }
-                    let key = ConnKey { peer, channel: lane.channel, dir };
+                    let key = ConnKey {
+                        peer,
+                        channel: lane.channel,
+                        dir,
+                    };
                     if let Some(&o) = owner.get(&key) {
                         if o != li {
-                            return Err(format!("rank {}: lanes {o} and {li} share connection {key:?}", self.rank));
+                            return Err(format!(
+                                "rank {}: lanes {o} and {li} share connection {key:?}",
+                                self.rank
+                            ));
                         }
                     }
                     owner.insert(key, li);
@@ -213,12 +260,15 @@ impl Plan {
                     Step::Copy { src, dst, .. } => [Some(src), Some(dst)],
                 };
                 for r in regions.into_iter().flatten() {
-                    let (inp, out) = *sizes
-                        .get(r.op as usize)
-                        .ok_or_else(|| format!("rank {}: region of unknown op {}", self.rank, r.op))?;
+                    let (inp, out) = *sizes.get(r.op as usize).ok_or_else(|| {
+                        format!("rank {}: region of unknown op {}", self.rank, r.op)
+                    })?;
                     let cap = if r.buf == BufKind::Input { inp } else { out };
                     if r.offset.checked_add(r.count).is_none_or(|e| e > cap) {
-                        return Err(format!("rank {}: region {r:?} outside its buffer of {cap} elements", self.rank));
+                        return Err(format!(
+                            "rank {}: region {r:?} outside its buffer of {cap} elements",
+                            self.rank
+                        ));
                     }
                     if r.count != s.count() {
                         return Err(format!("rank {}: step {s:?} mixes region sizes", self.rank));

@@ -33,7 +33,17 @@ pub enum Sym {
 impl Sym {
     fn advance(self, by: usize) -> Sym {
         match self {
-            Sym::Val { idx, contrib, scaled, posted } => Sym::Val { idx: idx + by, contrib, scaled, posted },
+            Sym::Val {
+                idx,
+                contrib,
+                scaled,
+                posted,
+            } => Sym::Val {
+                idx: idx + by,
+                contrib,
+                scaled,
+                posted,
+            },
             g => g,
         }
     }
@@ -41,9 +51,20 @@ impl Sym {
     fn continues(self, len: usize, next: Sym) -> bool {
         match (self, next) {
             (Sym::Garbage, Sym::Garbage) => true,
-            (Sym::Val { idx, contrib, scaled, posted }, Sym::Val { idx: i2, contrib: c2, scaled: s2, posted: p2 }) => {
-                idx.checked_add(len) == Some(i2) && contrib == c2 && scaled == s2 && posted == p2
-            }
+            (
+                Sym::Val {
+                    idx,
+                    contrib,
+                    scaled,
+                    posted,
+                },
+                Sym::Val {
+                    idx: i2,
+                    contrib: c2,
+                    scaled: s2,
+                    posted: p2,
+                },
+            ) => idx.checked_add(len) == Some(i2) && contrib == c2 && scaled == s2 && posted == p2,
             _ => false,
         }
     }
@@ -95,7 +116,8 @@ impl Mem {
         let (&start, &(len, s)) = self.runs.range(..=at).next_back().expect("memory covered");
         if start < at && at < start + len {
             self.runs.insert(start, (at - start, s));
-            self.runs.insert(at, (start + len - at, s.advance(at - start)));
+            self.runs
+                .insert(at, (start + len - at, s.advance(at - start)));
         }
     }
     fn read(&mut self, off: usize, count: usize) -> Run {
@@ -125,7 +147,11 @@ impl Mem {
 }
 
 /// Applies `f` elementwise to two runs of equal length, cutting runs where either changes.
-fn zip(a: &Run, b: &Run, mut f: impl FnMut(Sym, Sym) -> Result<Sym, String>) -> Result<Run, String> {
+fn zip(
+    a: &Run,
+    b: &Run,
+    mut f: impl FnMut(Sym, Sym) -> Result<Sym, String>,
+) -> Result<Run, String> {
     let mut out = Vec::new();
     let (mut i, mut j, mut ai, mut bj) = (0usize, 0usize, 0usize, 0usize);
     while i < a.len() && j < b.len() {
@@ -153,14 +179,34 @@ fn map(a: &Run, mut f: impl FnMut(Sym) -> Result<Sym, String>) -> Result<Run, St
 
 fn pre(s: Sym) -> Result<Sym, String> {
     match s {
-        Sym::Val { idx, contrib, scaled: false, posted: false } => Ok(Sym::Val { idx, contrib, scaled: true, posted: false }),
+        Sym::Val {
+            idx,
+            contrib,
+            scaled: false,
+            posted: false,
+        } => Ok(Sym::Val {
+            idx,
+            contrib,
+            scaled: true,
+            posted: false,
+        }),
         other => Err(format!("pre-multiplication applied to {other:?}")),
     }
 }
 
 fn post(s: Sym) -> Result<Sym, String> {
     match s {
-        Sym::Val { idx, contrib, scaled, posted: false } => Ok(Sym::Val { idx, contrib, scaled, posted: true }),
+        Sym::Val {
+            idx,
+            contrib,
+            scaled,
+            posted: false,
+        } => Ok(Sym::Val {
+            idx,
+            contrib,
+            scaled,
+            posted: true,
+        }),
         other => Err(format!("final division applied to {other:?}")),
     }
 }
@@ -168,9 +214,24 @@ fn post(s: Sym) -> Result<Sym, String> {
 fn combine(a: Sym, b: Sym) -> Result<Sym, String> {
     match (a, b) {
         (
-            Sym::Val { idx: i1, contrib: c1, scaled: true, posted: false },
-            Sym::Val { idx: i2, contrib: c2, scaled: true, posted: false },
-        ) if i1 == i2 && c1 & c2 == 0 => Ok(Sym::Val { idx: i1, contrib: c1 | c2, scaled: true, posted: false }),
+            Sym::Val {
+                idx: i1,
+                contrib: c1,
+                scaled: true,
+                posted: false,
+            },
+            Sym::Val {
+                idx: i2,
+                contrib: c2,
+                scaled: true,
+                posted: false,
+            },
+        ) if i1 == i2 && c1 & c2 == 0 => Ok(Sym::Val {
+            idx: i1,
+            contrib: c1 | c2,
+            scaled: true,
+            posted: false,
+        }),
         _ => Err(format!("bad reduction of {a:?} with {b:?}")),
     }
 }
@@ -193,7 +254,10 @@ type Layout = (usize, usize, usize, usize, usize);
 
 /// Where the input and output of an operation lie in the rank's memory for it.
 fn layout(op: &SimOp, rank: Rank, n: usize) -> Layout {
-    let (inp, out) = op.kind.buffer_counts(op.count, n, rank == op.root).expect("sizes fit");
+    let (inp, out) = op
+        .kind
+        .buffer_counts(op.count, n, rank == op.root)
+        .expect("sizes fit");
     if !op.in_place {
         return (inp + out, 0, inp, inp, out);
     }
@@ -213,8 +277,18 @@ fn layout(op: &SimOp, rank: Rank, n: usize) -> Layout {
 fn expected(op: &SimOp, rank: Rank, n: usize) -> Option<Run> {
     let c = op.count;
     let all: u32 = if n == 32 { u32::MAX } else { (1u32 << n) - 1 };
-    let reduced = |idx| Sym::Val { idx, contrib: all, scaled: true, posted: true };
-    let from = |idx, r: Rank| Sym::Val { idx, contrib: 1 << r, scaled: false, posted: false };
+    let reduced = |idx| Sym::Val {
+        idx,
+        contrib: all,
+        scaled: true,
+        posted: true,
+    };
+    let from = |idx, r: Rank| Sym::Val {
+        idx,
+        contrib: 1 << r,
+        scaled: false,
+        posted: false,
+    };
     let run = match op.kind {
         CollKind::AllReduce => vec![(c, reduced(0))],
         CollKind::ReduceScatter => vec![(c, reduced(rank * c))],
@@ -234,7 +308,12 @@ fn expected(op: &SimOp, rank: Rank, n: usize) -> Option<Run> {
 
 /// Runs every rank's plan; `ops[r]` are rank r's operations in plan op order. Returns the
 /// number of lock-step rounds on success.
-pub fn simulate(ops: &[Vec<SimOp>], plans: &[Plan], capacity: usize, seed: u64) -> Result<usize, String> {
+pub fn simulate(
+    ops: &[Vec<SimOp>],
+    plans: &[Plan],
+    capacity: usize,
+    seed: u64,
+) -> Result<usize, String> {
     run(ops, plans, capacity, seed, None)
 }
 
@@ -264,7 +343,12 @@ pub fn simulate_zero_copy_with(
     rule: PostRule,
 ) -> Result<usize, String> {
     let shape_ok = remote.len() == plans.len()
-        && remote.iter().zip(plans).all(|(m, p)| m.len() == p.lanes.len() && m.iter().zip(&p.lanes).all(|(a, l)| a.len() == l.steps.len()));
+        && remote.iter().zip(plans).all(|(m, p)| {
+            m.len() == p.lanes.len()
+                && m.iter()
+                    .zip(&p.lanes)
+                    .all(|(a, l)| a.len() == l.steps.len())
+        });
     if !shape_ok {
         return Err("remote destinations do not have the plans' shape".into());
     }
@@ -297,7 +381,18 @@ fn run(
             let lo = layout(op, r, n);
             let mut mem = Mem::new(lo.0);
             if lo.2 > 0 {
-                mem.write(lo.1, &vec![(lo.2, Sym::Val { idx: 0, contrib: 1 << r, scaled: false, posted: false })]);
+                mem.write(
+                    lo.1,
+                    &vec![(
+                        lo.2,
+                        Sym::Val {
+                            idx: 0,
+                            contrib: 1 << r,
+                            scaled: false,
+                            posted: false,
+                        },
+                    )],
+                );
             }
             m.push(mem);
             l.push(lo);
@@ -307,7 +402,10 @@ fn run(
         let sizes: Vec<(usize, usize)> = lay[r].iter().map(|x| (x.2, x.4)).collect();
         plans[r].validate(&sizes)?;
         if plans[r].rank != r || plans[r].nranks != n {
-            return Err(format!("plan {r} is for rank {} of {}", plans[r].rank, plans[r].nranks));
+            return Err(format!(
+                "plan {r} is for rank {} of {}",
+                plans[r].rank, plans[r].nranks
+            ));
         }
     }
     let addr = |lay: &Vec<Vec<Layout>>, r: Rank, reg: &Region| -> usize {
@@ -320,9 +418,16 @@ fn run(
     // posted; posts by (receiver, sender, channel) = (receiver's op, or None when it refused,
     // first message number); messages sent and received per connection; per sending (lane,
     // run, peer) the number of its first message, and the peers a run waits for.
-    let lane_ops: Vec<Vec<Vec<u16>>> = plans.iter().map(|p| p.lanes.iter().map(|l| step_ops(&l.steps)).collect()).collect();
-    let lane_runs: Vec<Vec<Vec<usize>>> = lane_ops.iter().map(|p| p.iter().map(|o| run_starts(o)).collect()).collect();
-    let mut posted_run: Vec<Vec<Option<usize>>> = plans.iter().map(|p| vec![None; p.lanes.len()]).collect();
+    let lane_ops: Vec<Vec<Vec<u16>>> = plans
+        .iter()
+        .map(|p| p.lanes.iter().map(|l| step_ops(&l.steps)).collect())
+        .collect();
+    let lane_runs: Vec<Vec<Vec<usize>>> = lane_ops
+        .iter()
+        .map(|p| p.iter().map(|o| run_starts(o)).collect())
+        .collect();
+    let mut posted_run: Vec<Vec<Option<usize>>> =
+        plans.iter().map(|p| vec![None; p.lanes.len()]).collect();
     let mut posts: HashMap<(Rank, Rank, u32), (Option<u16>, usize)> = HashMap::new();
     let mut sent: HashMap<(Rank, Rank, u32), usize> = HashMap::new();
     let mut recvd: HashMap<(Rank, Rank, u32), usize> = HashMap::new();
@@ -342,7 +447,9 @@ fn run(
             for k in 0..nl {
                 let li = (k + rot) % nl;
                 let lane = &plans[r].lanes[li];
-                let Some(step) = lane.steps.get(cursor[r][li]) else { continue };
+                let Some(step) = lane.steps.get(cursor[r][li]) else {
+                    continue;
+                };
                 remaining = true;
                 let ch = lane.channel;
                 let si = cursor[r][li];
@@ -354,7 +461,13 @@ fn run(
                     let so = ops[r][op as usize];
                     let open = zc.is_some_and(|z| (z.1)(so.kind, so.in_place));
                     for from in posts_of_run(&lane.steps, &lane_ops[r][li], rs) {
-                        posts.insert((r, from, ch), (open.then_some(op), recvd.get(&(from, r, ch)).copied().unwrap_or(0)));
+                        posts.insert(
+                            (r, from, ch),
+                            (
+                                open.then_some(op),
+                                recvd.get(&(from, r, ch)).copied().unwrap_or(0),
+                            ),
+                        );
                     }
                     posted_run[r][li] = Some(rs);
                     progressed = true;
@@ -367,14 +480,17 @@ fn run(
                 // Where this step's message goes straight to: (receiver's op, output offset).
                 let mut direct_to: Option<(u16, usize)> = None;
                 if let Some(to) = step.send_to() {
-                    if queues.get(&(r, to, ch)).is_some_and(|q| q.len() >= capacity) {
+                    if queues
+                        .get(&(r, to, ch))
+                        .is_some_and(|q| q.len() >= capacity)
+                    {
                         continue;
                     }
                     if let Some(rem) = remote {
                         let marks = &rem[r][li];
-                        let waits = run_waits
-                            .entry((r, li, rs))
-                            .or_insert_with(|| waits_of_run(&lane.steps, &lane_ops[r][li], marks, rs));
+                        let waits = run_waits.entry((r, li, rs)).or_insert_with(|| {
+                            waits_of_run(&lane.steps, &lane_ops[r][li], marks, rs)
+                        });
                         if waits.contains(&to) {
                             let first = *run_first
                                 .entry((r, li, rs, to))
@@ -386,12 +502,19 @@ fn run(
                         }
                     }
                 }
-                let ctx = |e: String| format!("rank {r} lane {li} step {} {step:?}: {e}", cursor[r][li]);
+                let ctx =
+                    |e: String| format!("rank {r} lane {li} step {} {step:?}: {e}", cursor[r][li]);
                 let mut take = |from: Rank, count: usize| -> Result<Msg, String> {
-                    let msg = queues.get_mut(&(from, r, ch)).and_then(|q| q.pop_front()).expect("checked");
+                    let msg = queues
+                        .get_mut(&(from, r, ch))
+                        .and_then(|q| q.pop_front())
+                        .expect("checked");
                     *recvd.entry((from, r, ch)).or_insert(0) += 1;
                     if run_len(&msg.0) != count {
-                        return Err(format!("received {} elements from {from}, expected {count}", run_len(&msg.0)));
+                        return Err(format!(
+                            "received {} elements from {from}, expected {count}",
+                            run_len(&msg.0)
+                        ));
                     }
                     Ok(msg)
                 };
@@ -422,10 +545,19 @@ fn run(
                             mems[r][dst.op as usize].write(a, &d);
                         }
                     }
-                    Step::RecvReduce { from, local, pre_local, post: ps, dst, to } => {
+                    Step::RecvReduce {
+                        from,
+                        local,
+                        pre_local,
+                        post: ps,
+                        dst,
+                        to,
+                    } => {
                         let (got, at) = take(from, local.count).map_err(ctx)?;
                         if at.is_some() {
-                            return Err(ctx("a message to be reduced went straight to the output".into()));
+                            return Err(ctx(
+                                "a message to be reduced went straight to the output".into()
+                            ));
                         }
                         let a = addr(&lay, r, &local);
                         let mut l = mems[r][local.op as usize].read(a, local.count);
@@ -444,7 +576,12 @@ fn run(
                             outbox = Some((to, v));
                         }
                     }
-                    Step::RecvCopy { from, count, dst, to } => {
+                    Step::RecvCopy {
+                        from,
+                        count,
+                        dst,
+                        to,
+                    } => {
                         let (mut v, at) = take(from, count).map_err(ctx)?;
                         if landed(at, dst).map_err(ctx)? {
                             // Forwarded from where it landed, as the kernel does.
@@ -458,7 +595,12 @@ fn run(
                             outbox = Some((to, v));
                         }
                     }
-                    Step::Copy { src, dst, pre: p, post: ps } => {
+                    Step::Copy {
+                        src,
+                        dst,
+                        pre: p,
+                        post: ps,
+                    } => {
                         let a = addr(&lay, r, &src);
                         let mut v = mems[r][src.op as usize].read(a, src.count);
                         if p {
@@ -496,17 +638,29 @@ fn run(
             let stuck: Vec<String> = (0..n)
                 .flat_map(|r| {
                     let cursor = &cursor;
-                    plans[r].lanes.iter().enumerate().filter_map(move |(li, l)| {
-                        l.steps.get(cursor[r][li]).map(|s| format!("rank {r} lane {li} at {s:?}"))
-                    })
+                    plans[r]
+                        .lanes
+                        .iter()
+                        .enumerate()
+                        .filter_map(move |(li, l)| {
+                            l.steps
+                                .get(cursor[r][li])
+                                .map(|s| format!("rank {r} lane {li} at {s:?}"))
+                        })
                 })
                 .collect();
-            return Err(format!("deadlock after {rounds} rounds: {}", stuck.join("; ")));
+            return Err(format!(
+                "deadlock after {rounds} rounds: {}",
+                stuck.join("; ")
+            ));
         }
         rounds += 1;
     }
     if let Some(((f, t, c), q)) = queues.iter().find(|(_, q)| !q.is_empty()) {
-        return Err(format!("{} unreceived message(s) from {f} to {t} on channel {c}", q.len()));
+        return Err(format!(
+            "{} unreceived message(s) from {f} to {t} on channel {c}",
+            q.len()
+        ));
     }
     for r in 0..n {
         for (oi, op) in ops[r].iter().enumerate() {
@@ -515,7 +669,9 @@ fn run(
             match expected(op, r, n) {
                 Some(want) => {
                     if got != want {
-                        return Err(format!("rank {r} op {oi} {op:?}: output {got:?}, expected {want:?}"));
+                        return Err(format!(
+                            "rank {r} op {oi} {op:?}: output {got:?}, expected {want:?}"
+                        ));
                     }
                 }
                 None => {
@@ -523,17 +679,38 @@ fn run(
                     let all = mems[r][oi].all();
                     let mut fresh = Mem::new(l.0);
                     if l.2 > 0 {
-                        fresh.write(l.1, &vec![(l.2, Sym::Val { idx: 0, contrib: 1 << r, scaled: false, posted: false })]);
+                        fresh.write(
+                            l.1,
+                            &vec![(
+                                l.2,
+                                Sym::Val {
+                                    idx: 0,
+                                    contrib: 1 << r,
+                                    scaled: false,
+                                    posted: false,
+                                },
+                            )],
+                        );
                     }
                     if all != fresh.all() {
-                        return Err(format!("rank {r} op {oi} {op:?}: memory changed where it must not"));
+                        return Err(format!(
+                            "rank {r} op {oi} {op:?}: memory changed where it must not"
+                        ));
                     }
                 }
             }
             // Inputs are read-only unless they alias the output.
             if !op.in_place && l.2 > 0 {
                 let inp = normalize(mems[r][oi].read(l.1, l.2));
-                let want = vec![(l.2, Sym::Val { idx: 0, contrib: 1 << r, scaled: false, posted: false })];
+                let want = vec![(
+                    l.2,
+                    Sym::Val {
+                        idx: 0,
+                        contrib: 1 << r,
+                        scaled: false,
+                        posted: false,
+                    },
+                )];
                 if inp != want {
                     return Err(format!("rank {r} op {oi} {op:?}: input was modified"));
                 }

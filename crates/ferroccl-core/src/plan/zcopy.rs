@@ -188,7 +188,11 @@ mod tests {
 
     #[test]
     fn ring_all_gather_forwards_go_direct_and_match_the_receivers_offsets() {
-        let t = Tuning { algo: Algo::Ring, channels: 2, chunk_elems: 100 };
+        let t = Tuning {
+            algo: Algo::Ring,
+            channels: 2,
+            chunk_elems: 100,
+        };
         let (n, count) = (4, 1000);
         let desc = CollDesc {
             kind: CollKind::AllGather,
@@ -230,7 +234,11 @@ mod tests {
 
     #[test]
     fn reductions_received_into_a_sum_never_go_direct() {
-        let t = Tuning { algo: Algo::Ring, channels: 1, chunk_elems: 64 };
+        let t = Tuning {
+            algo: Algo::Ring,
+            channels: 1,
+            chunk_elems: 64,
+        };
         let n = 3;
         let desc = CollDesc {
             kind: CollKind::AllReduce,
@@ -256,7 +264,11 @@ mod tests {
 
     #[test]
     fn a_send_matches_the_peers_receive_and_a_missing_peer_plan_means_fifo() {
-        let t = Tuning { algo: Algo::Direct, channels: 2, chunk_elems: 10 };
+        let t = Tuning {
+            algo: Algo::Direct,
+            channels: 2,
+            chunk_elems: 10,
+        };
         let send = CollDesc {
             kind: CollKind::Send,
             count: 55,

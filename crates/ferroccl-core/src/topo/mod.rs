@@ -66,11 +66,20 @@ impl Topology {
     }
 
     /// The transport between `a` and `b` under the configured choice.
-    pub fn transport(&self, a: Rank, b: Rank, choice: TransportChoice) -> Result<TransportKind, Error> {
+    pub fn transport(
+        &self,
+        a: Rank,
+        b: Rank,
+        choice: TransportChoice,
+    ) -> Result<TransportKind, Error> {
         let link = self.link(a, b);
         match (choice, link) {
-            (TransportChoice::Tcp, _) | (TransportChoice::Auto, Link::Network) => Ok(TransportKind::Tcp),
-            (TransportChoice::Shm | TransportChoice::Auto, Link::SameProcess | Link::SameHost) => Ok(TransportKind::Shm),
+            (TransportChoice::Tcp, _) | (TransportChoice::Auto, Link::Network) => {
+                Ok(TransportKind::Tcp)
+            }
+            (TransportChoice::Shm | TransportChoice::Auto, Link::SameProcess | Link::SameHost) => {
+                Ok(TransportKind::Shm)
+            }
             (TransportChoice::Shm, Link::Network) => Err(Error::InvalidArgument(format!(
                 "transport shm was forced, but ranks {a} ({}) and {b} ({}) are on different hosts",
                 self.ranks[a].hostname, self.ranks[b].hostname
@@ -93,15 +102,34 @@ mod tests {
 
     #[test]
     fn transports_follow_topology_and_choice() {
-        let loc = |h, p| RankLocation { host_id: h, hostname: format!("h{h}"), pid: p };
-        let t = Topology { ranks: vec![loc(1, 10), loc(1, 10), loc(1, 11), loc(2, 10)] };
+        let loc = |h, p| RankLocation {
+            host_id: h,
+            hostname: format!("h{h}"),
+            pid: p,
+        };
+        let t = Topology {
+            ranks: vec![loc(1, 10), loc(1, 10), loc(1, 11), loc(2, 10)],
+        };
         assert_eq!(t.link(0, 1), Link::SameProcess);
         assert_eq!(t.link(0, 2), Link::SameHost);
         assert_eq!(t.link(0, 3), Link::Network);
-        assert_eq!(t.transport(0, 2, TransportChoice::Auto).unwrap(), TransportKind::Shm);
-        assert_eq!(t.transport(0, 3, TransportChoice::Auto).unwrap(), TransportKind::Tcp);
-        assert_eq!(t.transport(0, 1, TransportChoice::Tcp).unwrap(), TransportKind::Tcp);
-        assert!(t.transport(0, 3, TransportChoice::Shm).unwrap_err().to_string().contains("different hosts"));
+        assert_eq!(
+            t.transport(0, 2, TransportChoice::Auto).unwrap(),
+            TransportKind::Shm
+        );
+        assert_eq!(
+            t.transport(0, 3, TransportChoice::Auto).unwrap(),
+            TransportKind::Tcp
+        );
+        assert_eq!(
+            t.transport(0, 1, TransportChoice::Tcp).unwrap(),
+            TransportKind::Tcp
+        );
+        assert!(t
+            .transport(0, 3, TransportChoice::Shm)
+            .unwrap_err()
+            .to_string()
+            .contains("different hosts"));
         assert_eq!(t.hosts(), 2);
     }
 }

@@ -80,7 +80,11 @@ pub fn peer_slot_bytes(cfg: &Config, nranks: usize) -> usize {
         return 0;
     }
     let slot = cfg.gpu_peer_bytes / (peer_blocks(cfg, nranks) * (nranks - 1) * 4) / 4096 * 4096;
-    if slot < PEER_MIN_SLOT_BYTES { 0 } else { slot }
+    if slot < PEER_MIN_SLOT_BYTES {
+        0
+    } else {
+        slot
+    }
 }
 
 /// Bytes of one sender's region in a rank's peer-engine staging on a communicator of `nranks`
@@ -102,8 +106,10 @@ pub const PEER_SPLIT_MIN_BYTES: usize = 32 << 20;
 /// 362 -> 349, all-reduce 340 -> 332, whose receiving side had every block before. From 32 MiB
 /// (128 MiB and up measured alike; below, not measured).
 pub fn peer_split_pays(kind: CollKind, bytes: Option<usize>) -> bool {
-    matches!(kind, CollKind::AllGather | CollKind::AllToAll | CollKind::ReduceScatter | CollKind::Scatter)
-        && bytes.is_some_and(|b| b >= PEER_SPLIT_MIN_BYTES)
+    matches!(
+        kind,
+        CollKind::AllGather | CollKind::AllToAll | CollKind::ReduceScatter | CollKind::Scatter
+    ) && bytes.is_some_and(|b| b >= PEER_SPLIT_MIN_BYTES)
 }
 
 /// Whether the peer engine runs `kind` on `nranks` ranks (given room in its staging): 2 to
@@ -121,9 +127,9 @@ pub fn peer_engine_serves(kind: CollKind, nranks: usize) -> bool {
 /// always fit.
 pub fn peer_rooted_fits(kind: CollKind, nranks: usize, bytes: Option<usize>, cfg: &Config) -> bool {
     match kind {
-        CollKind::Broadcast | CollKind::Reduce if nranks > 2 => {
-            bytes.and_then(|b| b.checked_mul(nranks - 1)).is_some_and(|b| b <= cfg.gpu_peer_rooted_max_bytes)
-        }
+        CollKind::Broadcast | CollKind::Reduce if nranks > 2 => bytes
+            .and_then(|b| b.checked_mul(nranks - 1))
+            .is_some_and(|b| b <= cfg.gpu_peer_rooted_max_bytes),
         _ => true,
     }
 }
@@ -140,7 +146,11 @@ pub fn ce_slot_bytes(cfg: &Config, nranks: usize) -> usize {
         return 0;
     }
     let slot = peer_region_bytes(cfg, nranks) / CE_SLOTS / 4096 * 4096;
-    if slot < CE_MIN_SLOT_BYTES { 0 } else { slot }
+    if slot < CE_MIN_SLOT_BYTES {
+        0
+    } else {
+        slot
+    }
 }
 
 /// Copy-engine slots below this size are not worth their handshake (several stream memory
@@ -329,7 +339,11 @@ pub struct Choice {
 impl Choice {
     /// What the plan builder needs.
     pub fn tuning(&self) -> Tuning {
-        Tuning { algo: self.algo, channels: self.channels, chunk_elems: self.chunk_elems }
+        Tuning {
+            algo: self.algo,
+            channels: self.channels,
+            chunk_elems: self.chunk_elems,
+        }
     }
 }
 
@@ -383,7 +397,9 @@ pub fn channel_budget(device: Device, cfg: &Config, nranks: usize) -> (usize, us
         Device::Gpu => {
             let coll = cfg.gpu_channels.max(1);
             let peers = nranks.saturating_sub(1).max(1);
-            let p2p = (GPU_P2P_LANES / peers).max(GPU_P2P_CHANNELS_MIN).min(cfg.gpu_p2p_channels.max(1));
+            let p2p = (GPU_P2P_LANES / peers)
+                .max(GPU_P2P_CHANNELS_MIN)
+                .min(cfg.gpu_p2p_channels.max(1));
             (coll, p2p)
         }
     }
@@ -394,14 +410,19 @@ pub fn channel_budget(device: Device, cfg: &Config, nranks: usize) -> (usize, us
 /// to every peer before receiving from any (all-to-all, two-shot all-reduce) need that room;
 /// piece-by-piece pipelining cannot help when every rank is sending.
 pub fn ll_limit(cfg: &Config) -> usize {
-    cfg.ll_max_bytes.min(cfg.slots.saturating_mul(cfg.slot_bytes.min(LL_DATA_BYTES) & !7))
+    cfg.ll_max_bytes.min(
+        cfg.slots
+            .saturating_mul(cfg.slot_bytes.min(LL_DATA_BYTES) & !7),
+    )
 }
 
 /// Decides how each operation of a launch runs. The direct engine runs one operation per
 /// launch: a group whose operations would take it runs them all on the plan kernel instead.
 pub fn choose_launch(ops: &[OpShape], device: Device, cfg: &Config) -> Vec<Choice> {
     let single = ops.len() == 1;
-    ops.iter().map(|op| choose_with(op, device, cfg, single)).collect()
+    ops.iter()
+        .map(|op| choose_with(op, device, cfg, single))
+        .collect()
 }
 
 /// Decides how `op` runs on `device` under `cfg`, alone in its launch.
@@ -414,7 +435,9 @@ pub fn choose(op: &OpShape, device: Device, cfg: &Config) -> Choice {
 /// `gpu_channels` if fewer) cannot carry it.
 fn direct_blocks(count: usize, es: usize, cfg: &Config) -> Option<usize> {
     let max = DIRECT_MAX_BLOCKS.min(cfg.gpu_channels.max(1));
-    let want = (count * es).div_ceil(cfg.gpu_channel_bytes.max(1)).clamp(1, max);
+    let want = (count * es)
+        .div_ceil(cfg.gpu_channel_bytes.max(1))
+        .clamp(1, max);
     (want..=max).find(|&ch| {
         (0..ch).all(|c| {
             let (a, b) = crate::algo::channel_slice(count, ch, c);
@@ -427,7 +450,9 @@ fn direct_blocks(count: usize, es: usize, cfg: &Config) -> Option<usize> {
 /// it serves the kind on this many ranks, the staging gives it slots, and a rooted operation's
 /// copies fit (`bytes`: the operation's largest buffer, as `choose_with` has it).
 fn peer_takes(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
-    peer_engine_serves(op.kind, op.nranks) && peer_slot_bytes(cfg, op.nranks) > 0 && peer_rooted_fits(op.kind, op.nranks, bytes, cfg)
+    peer_engine_serves(op.kind, op.nranks)
+        && peer_slot_bytes(cfg, op.nranks) > 0
+        && peer_rooted_fits(op.kind, op.nranks, bytes, cfg)
 }
 
 fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> Choice {
@@ -447,7 +472,11 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         // Where the peer engine would take over, it does so sooner: it beats the direct engine
         // once each rank sends more than FERROCCL_GPU_PEER_FROM_BYTES (docs/PERFORMANCE.md,
         // section 12), where the plan kernel, the next engine otherwise, does not.
-        let limit = if peer_takes(op, bytes, cfg) { cfg.gpu_oneshot_max_bytes.min(cfg.gpu_peer_from_bytes) } else { cfg.gpu_oneshot_max_bytes };
+        let limit = if peer_takes(op, bytes, cfg) {
+            cfg.gpu_oneshot_max_bytes.min(cfg.gpu_peer_from_bytes)
+        } else {
+            cfg.gpu_oneshot_max_bytes
+        };
         let fits = sent.is_some_and(|b| b <= limit);
         if let Some(channels) = fits.then(|| direct_blocks(op.count, es, cfg)).flatten() {
             return Choice {
@@ -476,7 +505,8 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
     // each rank's output would take a peer's block before its own left for that peer, and with
     // no staging nothing can break that cycle (the symmetric contract makes in-place-ness the
     // same on every rank, so all ranks decide alike).
-    let ce_window = bytes.is_some_and(|b| cfg.gpu_ce_window_bytes > 0 && b >= cfg.gpu_ce_window_bytes);
+    let ce_window =
+        bytes.is_some_and(|b| cfg.gpu_ce_window_bytes > 0 && b >= cfg.gpu_ce_window_bytes);
     if device == Device::Gpu
         && may_direct
         && op.symmetric
@@ -504,7 +534,12 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
     // Large pure data movement goes to the copy engines, leaving every SM to the user.
     let ce_slot = ce_slot_bytes(cfg, op.nranks);
     let ce_size = bytes.is_some_and(|b| b >= cfg.gpu_copy_engine_bytes);
-    if device == Device::Gpu && may_direct && ce_slot > 0 && ce_size && copies::serves(op.kind, op.nranks) {
+    if device == Device::Gpu
+        && may_direct
+        && ce_slot > 0
+        && ce_size
+        && copies::serves(op.kind, op.nranks)
+    {
         return Choice {
             algo: Algo::OneShot,
             protocol: Protocol::Simple,
@@ -528,22 +563,33 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
     if device == Device::Gpu && may_direct && peer_takes(op, bytes, cfg) {
         let slot = peer_slot_bytes(cfg, op.nranks);
         let slot_elems = slot / es;
-        let per = bytes.unwrap_or(usize::MAX).div_ceil(PEER_BLOCK_BYTES).max(1);
+        let per = bytes
+            .unwrap_or(usize::MAX)
+            .div_ceil(PEER_BLOCK_BYTES)
+            .max(1);
         let channels = per.min(peer_blocks(cfg, op.nranks));
         // A two-shot all-reduce round fills a slot per peer and phase (its shares, then the
         // results). Every one-shot round (every other kind, and the all-reduce on 2 ranks within
         // FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES) has one phase and fills both phases' slots of its
         // parity, which lie side by side: twice the bytes per flag, wait and acknowledgement.
-        let one_crossing = op.nranks == 2 && bytes.is_some_and(|b| b <= cfg.gpu_peer_oneshot_max_bytes);
+        let one_crossing =
+            op.nranks == 2 && bytes.is_some_and(|b| b <= cfg.gpu_peer_oneshot_max_bytes);
         let (algo, chunk_elems) = match op.kind {
-            CollKind::AllReduce if !one_crossing => (Algo::TwoShot, slot_elems.saturating_mul(op.nranks)),
+            CollKind::AllReduce if !one_crossing => {
+                (Algo::TwoShot, slot_elems.saturating_mul(op.nranks))
+            }
             _ => (Algo::OneShot, slot_elems.saturating_mul(2)),
         };
         // FERROCCL_GPU_PEER_SPLIT: one-phase rounds on a send block and a receive block a
         // slice. Not in place where the receive block's writes land on input the send block may
         // not have sent yet (all-to-all, the one-shot all-reduce); needs two blocks.
-        let wanted = cfg.gpu_peer_split.unwrap_or_else(|| peer_split_pays(op.kind, bytes));
-        let split = wanted && algo == Algo::OneShot && channels >= 2 && !(op.in_place && matches!(op.kind, CollKind::AllToAll | CollKind::AllReduce));
+        let wanted = cfg
+            .gpu_peer_split
+            .unwrap_or_else(|| peer_split_pays(op.kind, bytes));
+        let split = wanted
+            && algo == Algo::OneShot
+            && channels >= 2
+            && !(op.in_place && matches!(op.kind, CollKind::AllToAll | CollKind::AllReduce));
         let channels = if split { channels / 2 * 2 } else { channels };
         return Choice {
             algo,
@@ -579,16 +625,24 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         // Proven by the simulator and checked on the host backend, and on a GPU with 3 ranks
         // sharing it, but not yet on 3 or more GPUs (no such machine was lent since it landed):
         // GPUs keep the ring unless FERROCCL_GPU_TWO_SHOT asks for it, as the check there will.
-        Device::Gpu if two_shot_fits && cfg.gpu_two_shot => (Algo::TwoShot, "all-reduce on 3+ ranks within a chunk (FERROCCL_GPU_TWO_SHOT)"),
-        Device::Gpu if two_shot_fits => (Algo::Ring, "two-shot not yet checked on 3+ GPUs (FERROCCL_GPU_TWO_SHOT=1 takes it)"),
+        Device::Gpu if two_shot_fits && cfg.gpu_two_shot => (
+            Algo::TwoShot,
+            "all-reduce on 3+ ranks within a chunk (FERROCCL_GPU_TWO_SHOT)",
+        ),
+        Device::Gpu if two_shot_fits => (
+            Algo::Ring,
+            "two-shot not yet checked on 3+ GPUs (FERROCCL_GPU_TWO_SHOT=1 takes it)",
+        ),
         // On the host a rank reduces what it receives in arrival order, own data first, so
         // reductions go one-shot only where that order cannot differ between ranks (2 ranks).
-        Device::Host if one_shot_here && (op.nranks == 2 || !op.kind.reduces()) => {
-            (Algo::OneShot, "one round of messages within FERROCCL_DIRECT_MAX_BYTES")
-        }
-        Device::Host if two_shot_fits && op.count <= cfg.direct_max_bytes / es => {
-            (Algo::TwoShot, "all-reduce within FERROCCL_DIRECT_MAX_BYTES on 3+ ranks")
-        }
+        Device::Host if one_shot_here && (op.nranks == 2 || !op.kind.reduces()) => (
+            Algo::OneShot,
+            "one round of messages within FERROCCL_DIRECT_MAX_BYTES",
+        ),
+        Device::Host if two_shot_fits && op.count <= cfg.direct_max_bytes / es => (
+            Algo::TwoShot,
+            "all-reduce within FERROCCL_DIRECT_MAX_BYTES on 3+ ranks",
+        ),
         _ => (Algo::default_for(op.kind), "the default for the operation"),
     };
     let (protocol, why_protocol) = match (device, bytes) {
@@ -601,7 +655,14 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
     let max = if p2p { p2p_max } else { coll_max };
     let (channels, why_channels) = match device {
         // The host executor polls every lane from one thread: channels only add lanes.
-        Device::Host => (max, if p2p { "one lane per peer direction on the host" } else { "FERROCCL_CHANNELS" }),
+        Device::Host => (
+            max,
+            if p2p {
+                "one lane per peer direction on the host"
+            } else {
+                "FERROCCL_CHANNELS"
+            },
+        ),
         // A block per channel: as many as the bytes can keep busy (FERROCCL_GPU_CHANNEL_BYTES
         // each), up to the budget. Launching idle blocks costs launch and exit time.
         Device::Gpu => {
@@ -610,7 +671,10 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             if want >= max {
                 (max, "the budget: FERROCCL_GPU_CHANNELS (send/recv: FERROCCL_GPU_P2P_CHANNELS, fewer with many ranks)")
             } else {
-                (want, "one per FERROCCL_GPU_CHANNEL_BYTES of the largest buffer")
+                (
+                    want,
+                    "one per FERROCCL_GPU_CHANNEL_BYTES of the largest buffer",
+                )
             }
         }
     };
@@ -630,7 +694,11 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         zero_copy,
         post_output: zero_copy && may_post(op.kind, op.in_place),
         split: false,
-        why: Why { algo: why_algo, protocol: why_protocol, channels: why_channels },
+        why: Why {
+            algo: why_algo,
+            protocol: why_protocol,
+            channels: why_channels,
+        },
     }
 }
 
@@ -656,13 +724,37 @@ pub fn cost(engine: Engine, protocol: Protocol) -> Cost {
     match (engine, protocol) {
         // The link's copy-engine rate on 2 x H200 (../shared/ANCHORS.md); a few memory
         // operations per piece. Not yet measured as an engine there.
-        (Engine::CopyEngine, _) => Cost { launch_us: 8.0, hop_us: 0.0, bytes_per_us: 380_000.0 },
-        (Engine::DirectKernel, _) => Cost { launch_us: 4.0, hop_us: 0.0, bytes_per_us: 40_000.0 },
+        (Engine::CopyEngine, _) => Cost {
+            launch_us: 8.0,
+            hop_us: 0.0,
+            bytes_per_us: 380_000.0,
+        },
+        (Engine::DirectKernel, _) => Cost {
+            launch_us: 4.0,
+            hop_us: 0.0,
+            bytes_per_us: 40_000.0,
+        },
         // Not yet measured over NVLink: the plan kernel's figures until it is.
-        (Engine::PeerKernel, _) => Cost { launch_us: 5.0, hop_us: 1.5, bytes_per_us: 260_000.0 },
-        (Engine::PlanKernel, Protocol::LL) => Cost { launch_us: 5.0, hop_us: 1.0, bytes_per_us: 40_000.0 },
-        (Engine::PlanKernel, Protocol::Simple) => Cost { launch_us: 6.0, hop_us: 1.5, bytes_per_us: 260_000.0 },
-        (Engine::HostExecutor, _) => Cost { launch_us: 1.0, hop_us: 0.5, bytes_per_us: 8_000.0 },
+        (Engine::PeerKernel, _) => Cost {
+            launch_us: 5.0,
+            hop_us: 1.5,
+            bytes_per_us: 260_000.0,
+        },
+        (Engine::PlanKernel, Protocol::LL) => Cost {
+            launch_us: 5.0,
+            hop_us: 1.0,
+            bytes_per_us: 40_000.0,
+        },
+        (Engine::PlanKernel, Protocol::Simple) => Cost {
+            launch_us: 6.0,
+            hop_us: 1.5,
+            bytes_per_us: 260_000.0,
+        },
+        (Engine::HostExecutor, _) => Cost {
+            launch_us: 1.0,
+            hop_us: 0.5,
+            bytes_per_us: 8_000.0,
+        },
     }
 }
 
@@ -695,12 +787,17 @@ pub fn traffic(op: &OpShape, algo: Algo) -> Option<(usize, usize)> {
 /// no decision is taken from it.
 pub fn estimate_us(op: &OpShape, choice: &Choice) -> f64 {
     let c = cost(choice.engine, choice.protocol);
-    let Some((hops, bytes)) = traffic(op, choice.algo) else { return f64::INFINITY };
+    let Some((hops, bytes)) = traffic(op, choice.algo) else {
+        return f64::INFINITY;
+    };
     c.launch_us + hops as f64 * c.hop_us + bytes as f64 / c.bytes_per_us
 }
 
 /// The time of a launch of `ops`, which run one after the other within it.
 pub fn estimate_launch_us(ops: &[OpShape], device: Device, cfg: &Config) -> f64 {
     let choices = choose_launch(ops, device, cfg);
-    ops.iter().zip(&choices).map(|(op, c)| estimate_us(op, c)).sum()
+    ops.iter()
+        .zip(&choices)
+        .map(|(op, c)| estimate_us(op, c))
+        .sum()
 }

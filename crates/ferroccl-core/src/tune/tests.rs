@@ -2,26 +2,64 @@ use super::*;
 use crate::types::DataType::{Bfloat16, Float32, Int8};
 
 fn shape(kind: CollKind, count: usize, dtype: DataType, nranks: usize) -> OpShape {
-    OpShape { kind, count, dtype, nranks, in_place: false, windows: false, symmetric: false }
+    OpShape {
+        kind,
+        count,
+        dtype,
+        nranks,
+        in_place: false,
+        windows: false,
+        symmetric: false,
+    }
 }
 
 /// (device, kind, count, dtype, ranks) -> (algorithm, engine, protocol, channels).
-type Row = (Device, CollKind, usize, DataType, usize, Algo, Engine, Protocol, usize);
+type Row = (
+    Device,
+    CollKind,
+    usize,
+    DataType,
+    usize,
+    Algo,
+    Engine,
+    Protocol,
+    usize,
+);
 
 /// Point-to-point channels per peer: the knob with few ranks; a full exchange with every peer
 /// within 32 blocks beyond that; never below 8 (unless the knob is); collectives unaffected.
 #[test]
 fn p2p_budget_shrinks_with_ranks_but_not_below_the_floor() {
     let cfg = Config::default();
-    let rows = [(1, 32), (2, 32), (3, 16), (4, 10), (5, 8), (8, 8), (9, 8), (16, 8), (1024, 8)];
+    let rows = [
+        (1, 32),
+        (2, 32),
+        (3, 16),
+        (4, 10),
+        (5, 8),
+        (8, 8),
+        (9, 8),
+        (16, 8),
+        (1024, 8),
+    ];
     for (n, p2p) in rows {
         assert_eq!(channel_budget(Device::Gpu, &cfg, n), (32, p2p), "{n} ranks");
         if n > 3 && p2p > GPU_P2P_CHANNELS_MIN {
-            assert!((n - 1) * p2p <= GPU_P2P_LANES, "{n} ranks: sends to every peer stay within the lane budget");
+            assert!(
+                (n - 1) * p2p <= GPU_P2P_LANES,
+                "{n} ranks: sends to every peer stay within the lane budget"
+            );
         }
     }
-    let few = Config { gpu_p2p_channels: 4, ..Config::default() };
-    assert_eq!(channel_budget(Device::Gpu, &few, 2), (32, 4), "the knob caps it, below the floor too");
+    let few = Config {
+        gpu_p2p_channels: 4,
+        ..Config::default()
+    };
+    assert_eq!(
+        channel_budget(Device::Gpu, &few, 2),
+        (32, 4),
+        "the knob caps it, below the floor too"
+    );
     assert_eq!(channel_budget(Device::Host, &cfg, 8), (1, 1));
 }
 
@@ -38,52 +76,312 @@ fn choices_follow_the_table() {
         (Gpu, AllReduce, 2, Float32, 2, Algo::OneShot, D, LL, 1),
         (Gpu, AllReduce, 1024, Float32, 2, Algo::OneShot, D, LL, 1),
         (Gpu, AllReduce, 1025, Float32, 2, Algo::OneShot, D, LL, 2),
-        (Gpu, AllReduce, 16 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
-        (Gpu, AllReduce, 32 << 10, Bfloat16, 2, Algo::OneShot, D, LL, 16),
+        (
+            Gpu,
+            AllReduce,
+            16 << 10,
+            Float32,
+            2,
+            Algo::OneShot,
+            D,
+            LL,
+            16,
+        ),
+        (
+            Gpu,
+            AllReduce,
+            32 << 10,
+            Bfloat16,
+            2,
+            Algo::OneShot,
+            D,
+            LL,
+            16,
+        ),
         (Gpu, AllReduce, 64, Float32, 8, Algo::OneShot, D, LL, 1),
         // More ranks, smaller operations: each rank sends its block to n-1 peers.
         (Gpu, AllReduce, 4681, Float32, 8, Algo::OneShot, D, LL, 5),
-        (Gpu, AllReduce, 4682, Float32, 8, Algo::TwoShot, K, Simple, 1),
+        (
+            Gpu,
+            AllReduce,
+            4682,
+            Float32,
+            8,
+            Algo::TwoShot,
+            K,
+            Simple,
+            1,
+        ),
         (Gpu, AllGather, 1024, Float32, 4, Algo::OneShot, D, LL, 1),
         (Gpu, Reduce, 2, Float32, 2, Algo::OneShot, D, LL, 1),
         (Gpu, Gather, 100, Float32, 8, Algo::OneShot, D, LL, 1),
-        (Gpu, AllReduce, 64 << 10, Bfloat16, 2, Algo::OneShot, D, LL, 16),
-        (Gpu, AllReduce, 32 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
+        (
+            Gpu,
+            AllReduce,
+            64 << 10,
+            Bfloat16,
+            2,
+            Algo::OneShot,
+            D,
+            LL,
+            16,
+        ),
+        (
+            Gpu,
+            AllReduce,
+            32 << 10,
+            Float32,
+            2,
+            Algo::OneShot,
+            D,
+            LL,
+            16,
+        ),
         // Reduce and broadcast on 3+ ranks go on to the peer engine while the root's link
         // carries at most FERROCCL_GPU_PEER_ROOTED_MAX_BYTES (4 MiB: n-1 copies), then to the
         // plan kernel's chain.
         (Gpu, Reduce, 16 << 10, Float32, 3, Algo::OneShot, D, LL, 16),
-        (Gpu, Reduce, (16 << 10) + 1, Float32, 3, Algo::OneShot, K, Simple, 3),
-        (Gpu, Reduce, 1 << 19, Float32, 3, Algo::OneShot, K, Simple, 32),
-        (Gpu, Reduce, (1 << 19) + 1, Float32, 3, Algo::Chain, P, Simple, 32),
-        (Gpu, Broadcast, (4 << 20) / 7, Int8, 8, Algo::OneShot, K, Simple, 19),
-        (Gpu, Broadcast, (4 << 20) / 7 + 1, Int8, 8, Algo::Chain, P, Simple, 32),
+        (
+            Gpu,
+            Reduce,
+            (16 << 10) + 1,
+            Float32,
+            3,
+            Algo::OneShot,
+            K,
+            Simple,
+            3,
+        ),
+        (
+            Gpu,
+            Reduce,
+            1 << 19,
+            Float32,
+            3,
+            Algo::OneShot,
+            K,
+            Simple,
+            32,
+        ),
+        (
+            Gpu,
+            Reduce,
+            (1 << 19) + 1,
+            Float32,
+            3,
+            Algo::Chain,
+            P,
+            Simple,
+            32,
+        ),
+        (
+            Gpu,
+            Broadcast,
+            (4 << 20) / 7,
+            Int8,
+            8,
+            Algo::OneShot,
+            K,
+            Simple,
+            19,
+        ),
+        (
+            Gpu,
+            Broadcast,
+            (4 << 20) / 7 + 1,
+            Int8,
+            8,
+            Algo::Chain,
+            P,
+            Simple,
+            32,
+        ),
         // Beyond FERROCCL_GPU_PEER_FROM_BYTES (128 KiB): the peer engine, a block per 32 KiB
         // of the largest buffer up to 64 on 2 ranks, 32 beyond; broadcast and reduce beyond 2 ranks on the plan
         // kernel (the chain), its grid following the bytes.
         // All-reduces on 2 ranks one-shot there up to FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES (by
         // default every size), two-shot on more ranks.
-        (Gpu, AllReduce, (32 << 10) + 1, Float32, 2, Algo::OneShot, K, Simple, 5),
-        (Gpu, AllReduce, (64 << 10) + 1, Float32, 2, Algo::OneShot, K, Simple, 9),
-        (Gpu, AllReduce, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 64),
-        (Gpu, AllReduce, (1 << 20) + 1, Float32, 2, Algo::OneShot, K, Simple, 64),
-        (Gpu, AllReduce, 256 << 20, Float32, 2, Algo::OneShot, K, Simple, 64),
-        (Gpu, AllReduce, 1 << 20, Float32, 3, Algo::TwoShot, K, Simple, 32),
-        (Gpu, AllGather, 32 << 10, Float32, 2, Algo::OneShot, D, LL, 16),
-        (Gpu, AllGather, (32 << 10) + 1, Float32, 2, Algo::OneShot, K, Simple, 9),
-        (Gpu, ReduceScatter, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 64),
-        (Gpu, ReduceScatter, 4 << 10, Float32, 8, Algo::OneShot, D, LL, 4),
-        (Gpu, Broadcast, (8 << 20) - 1, Int8, 2, Algo::OneShot, K, Simple, 64),
+        (
+            Gpu,
+            AllReduce,
+            (32 << 10) + 1,
+            Float32,
+            2,
+            Algo::OneShot,
+            K,
+            Simple,
+            5,
+        ),
+        (
+            Gpu,
+            AllReduce,
+            (64 << 10) + 1,
+            Float32,
+            2,
+            Algo::OneShot,
+            K,
+            Simple,
+            9,
+        ),
+        (
+            Gpu,
+            AllReduce,
+            1 << 20,
+            Float32,
+            2,
+            Algo::OneShot,
+            K,
+            Simple,
+            64,
+        ),
+        (
+            Gpu,
+            AllReduce,
+            (1 << 20) + 1,
+            Float32,
+            2,
+            Algo::OneShot,
+            K,
+            Simple,
+            64,
+        ),
+        (
+            Gpu,
+            AllReduce,
+            256 << 20,
+            Float32,
+            2,
+            Algo::OneShot,
+            K,
+            Simple,
+            64,
+        ),
+        (
+            Gpu,
+            AllReduce,
+            1 << 20,
+            Float32,
+            3,
+            Algo::TwoShot,
+            K,
+            Simple,
+            32,
+        ),
+        (
+            Gpu,
+            AllGather,
+            32 << 10,
+            Float32,
+            2,
+            Algo::OneShot,
+            D,
+            LL,
+            16,
+        ),
+        (
+            Gpu,
+            AllGather,
+            (32 << 10) + 1,
+            Float32,
+            2,
+            Algo::OneShot,
+            K,
+            Simple,
+            9,
+        ),
+        (
+            Gpu,
+            ReduceScatter,
+            1 << 20,
+            Float32,
+            2,
+            Algo::OneShot,
+            K,
+            Simple,
+            64,
+        ),
+        (
+            Gpu,
+            ReduceScatter,
+            4 << 10,
+            Float32,
+            8,
+            Algo::OneShot,
+            D,
+            LL,
+            4,
+        ),
+        (
+            Gpu,
+            Broadcast,
+            (8 << 20) - 1,
+            Int8,
+            2,
+            Algo::OneShot,
+            K,
+            Simple,
+            64,
+        ),
         (Gpu, Broadcast, 8 << 20, Int8, 3, Algo::Chain, P, Simple, 32),
         (Gpu, Reduce, 8 << 20, Int8, 4, Algo::Chain, P, Simple, 32),
-        (Gpu, AllToAll, (1 << 20) - 1, Float32, 2, Algo::OneShot, K, Simple, 64),
-        (Gpu, Scatter, (1 << 18) - 1, Float32, 8, Algo::OneShot, K, Simple, 32),
-        (Gpu, Gather, 1 << 20, Float32, 10, Algo::Direct, P, Simple, 32),
+        (
+            Gpu,
+            AllToAll,
+            (1 << 20) - 1,
+            Float32,
+            2,
+            Algo::OneShot,
+            K,
+            Simple,
+            64,
+        ),
+        (
+            Gpu,
+            Scatter,
+            (1 << 18) - 1,
+            Float32,
+            8,
+            Algo::OneShot,
+            K,
+            Simple,
+            32,
+        ),
+        (
+            Gpu,
+            Gather,
+            1 << 20,
+            Float32,
+            10,
+            Algo::Direct,
+            P,
+            Simple,
+            32,
+        ),
         // The copy engine is off by default (not yet measured over NVLink).
-        (Gpu, AllGather, 1 << 20, Float32, 2, Algo::OneShot, K, Simple, 64),
+        (
+            Gpu,
+            AllGather,
+            1 << 20,
+            Float32,
+            2,
+            Algo::OneShot,
+            K,
+            Simple,
+            64,
+        ),
         // More ranks than the direct and peer engines serve.
         (Gpu, AllReduce, 2, Float32, 17, Algo::Ring, P, LL, 1),
-        (Gpu, AllReduce, 1 << 20, Float32, 17, Algo::Ring, P, Simple, 32),
+        (
+            Gpu,
+            AllReduce,
+            1 << 20,
+            Float32,
+            17,
+            Algo::Ring,
+            P,
+            Simple,
+            32,
+        ),
         // Sends and receives: the plan kernel, one block per 4 KiB up to the per-peer budget:
         // 32 with 2 ranks, 32 / (n - 1) with more, never below 8.
         (Gpu, Send, 2, Float32, 2, Algo::Direct, P, LL, 1),
@@ -98,24 +396,76 @@ fn choices_follow_the_table() {
         // direction for sends and receives.
         (Host, AllReduce, 2, Float32, 2, Algo::OneShot, H, Simple, 1),
         (Host, AllReduce, 2, Float32, 3, Algo::TwoShot, H, Simple, 1),
-        (Host, AllReduce, 32 << 10, Float32, 8, Algo::TwoShot, H, Simple, 1),
-        (Host, AllReduce, (32 << 10) + 1, Float32, 8, Algo::Ring, H, Simple, 1),
-        (Host, ReduceScatter, 16, Float32, 4, Algo::Ring, H, Simple, 1),
+        (
+            Host,
+            AllReduce,
+            32 << 10,
+            Float32,
+            8,
+            Algo::TwoShot,
+            H,
+            Simple,
+            1,
+        ),
+        (
+            Host,
+            AllReduce,
+            (32 << 10) + 1,
+            Float32,
+            8,
+            Algo::Ring,
+            H,
+            Simple,
+            1,
+        ),
+        (
+            Host,
+            ReduceScatter,
+            16,
+            Float32,
+            4,
+            Algo::Ring,
+            H,
+            Simple,
+            1,
+        ),
         (Host, AllGather, 16, Float32, 4, Algo::OneShot, H, Simple, 1),
-        (Host, AllGather, 64 << 10, Float32, 4, Algo::Ring, H, Simple, 1),
+        (
+            Host,
+            AllGather,
+            64 << 10,
+            Float32,
+            4,
+            Algo::Ring,
+            H,
+            Simple,
+            1,
+        ),
         (Host, Broadcast, 16, Float32, 4, Algo::OneShot, H, Simple, 1),
         (Host, Send, 1 << 20, Float32, 4, Algo::Direct, H, Simple, 1),
     ];
     for &(dev, kind, count, dtype, n, algo, engine, protocol, channels) in rows {
         let c = choose(&shape(kind, count, dtype, n), dev, &cfg);
-        assert_eq!((c.algo, c.engine, c.protocol, c.channels), (algo, engine, protocol, channels), "{dev:?} {kind} {count} x {dtype} on {n}: {c}");
+        assert_eq!(
+            (c.algo, c.engine, c.protocol, c.channels),
+            (algo, engine, protocol, channels),
+            "{dev:?} {kind} {count} x {dtype} on {n}: {c}"
+        );
         match engine {
             D => {}
             // A round: a two-shot all-reduce's a slot per share (n shares); a one-shot round
             // fills both phases' slots of its parity.
             K => {
                 let slot = peer_slot_bytes(&cfg, n) / dtype.size();
-                assert_eq!(c.chunk_elems, if c.algo == Algo::TwoShot { slot * n } else { 2 * slot }, "{c}");
+                assert_eq!(
+                    c.chunk_elems,
+                    if c.algo == Algo::TwoShot {
+                        slot * n
+                    } else {
+                        2 * slot
+                    },
+                    "{c}"
+                );
             }
             _ => assert_eq!(c.chunk_elems, cfg.chunk_bytes / dtype.size()),
         }
@@ -128,25 +478,90 @@ fn choices_follow_the_table() {
 #[test]
 fn copy_engine_slots_cut_the_peer_regions() {
     assert_eq!(ce_slot_bytes(&Config::default(), 2), 0, "off by default");
-    let cfg = Config { gpu_copy_engine_bytes: 8 << 20, ..Config::default() };
+    let cfg = Config {
+        gpu_copy_engine_bytes: 8 << 20,
+        ..Config::default()
+    };
     assert_eq!(ce_slot_bytes(&cfg, 2), 4 << 20);
     assert_eq!(ce_slot_bytes(&cfg, 3), 2 << 20);
     assert_eq!(ce_slot_bytes(&cfg, 8), 512 << 10);
-    assert_eq!(ce_slot_bytes(&cfg, 10), 0, "no peer staging beyond 9 ranks by default");
-    assert_eq!(ce_slot_bytes(&Config { gpu_copy_engine_bytes: 0, ..cfg.clone() }, 2), 0);
-    assert_eq!(ce_slot_bytes(&Config { gpu_peer_bytes: 0, ..cfg.clone() }, 2), 0);
+    assert_eq!(
+        ce_slot_bytes(&cfg, 10),
+        0,
+        "no peer staging beyond 9 ranks by default"
+    );
+    assert_eq!(
+        ce_slot_bytes(
+            &Config {
+                gpu_copy_engine_bytes: 0,
+                ..cfg.clone()
+            },
+            2
+        ),
+        0
+    );
+    assert_eq!(
+        ce_slot_bytes(
+            &Config {
+                gpu_peer_bytes: 0,
+                ..cfg.clone()
+            },
+            2
+        ),
+        0
+    );
     // 4 MiB of staging on 2 ranks (64 blocks): 16 KiB peer slots, 1 MiB copy-engine slots;
     // 2 MiB: 8 KiB peer slots, no peer engine to borrow from.
-    assert_eq!(ce_slot_bytes(&Config { gpu_peer_bytes: 4 << 20, ..cfg.clone() }, 2), 1 << 20);
-    assert_eq!(ce_slot_bytes(&Config { gpu_peer_bytes: 2 << 20, ..cfg.clone() }, 2), 0);
+    assert_eq!(
+        ce_slot_bytes(
+            &Config {
+                gpu_peer_bytes: 4 << 20,
+                ..cfg.clone()
+            },
+            2
+        ),
+        1 << 20
+    );
+    assert_eq!(
+        ce_slot_bytes(
+            &Config {
+                gpu_peer_bytes: 2 << 20,
+                ..cfg.clone()
+            },
+            2
+        ),
+        0
+    );
     // Fewer peer blocks, larger peer slots: the copy engine's slots stay a quarter of a region.
-    assert_eq!(ce_slot_bytes(&Config { gpu_peer_bytes: 2 << 20, gpu_peer_blocks: 32, ..cfg.clone() }, 2), 512 << 10);
-    assert_eq!(ce_slot_bytes(&Config { gpu_peer_bytes: 8 << 20, ..cfg.clone() }, 9), 0);
+    assert_eq!(
+        ce_slot_bytes(
+            &Config {
+                gpu_peer_bytes: 2 << 20,
+                gpu_peer_blocks: 32,
+                ..cfg.clone()
+            },
+            2
+        ),
+        512 << 10
+    );
+    assert_eq!(
+        ce_slot_bytes(
+            &Config {
+                gpu_peer_bytes: 8 << 20,
+                ..cfg.clone()
+            },
+            9
+        ),
+        0
+    );
     // Every slot is a multiple of 4 KiB and CE_SLOTS of them fit a sender's region.
     for n in 2..=16 {
         let (ce, peer) = (ce_slot_bytes(&cfg, n), peer_slot_bytes(&cfg, n));
         assert_eq!(ce % 4096, 0);
-        assert!(ce * CE_SLOTS <= peer_blocks(&cfg, n) * 4 * peer, "{n} ranks");
+        assert!(
+            ce * CE_SLOTS <= peer_blocks(&cfg, n) * 4 * peer,
+            "{n} ranks"
+        );
         assert_eq!(peer_region_bytes(&cfg, n), peer_blocks(&cfg, n) * 4 * peer);
     }
     // Data movement whose largest buffer reaches FERROCCL_GPU_COPY_ENGINE_BYTES: the copy
@@ -170,61 +585,153 @@ fn copy_engine_slots_cut_the_peer_regions() {
     ];
     for (kind, count, dtype, n, ce) in rows {
         let c = choose(&shape(kind, count, dtype, n), Device::Gpu, &cfg);
-        assert_eq!(c.engine == Engine::CopyEngine, ce, "{kind} {count} x {dtype} on {n}: {c}");
+        assert_eq!(
+            c.engine == Engine::CopyEngine,
+            ce,
+            "{kind} {count} x {dtype} on {n}: {c}"
+        );
         if ce {
-            assert_eq!((c.algo, c.protocol, c.channels), (Algo::OneShot, Protocol::Simple, 0));
+            assert_eq!(
+                (c.algo, c.protocol, c.channels),
+                (Algo::OneShot, Protocol::Simple, 0)
+            );
             assert_eq!(c.chunk_elems, ce_slot_bytes(&cfg, n) / dtype.size());
         }
     }
     // Off: the peer engine takes what the copy engine would.
     let big = shape(CollKind::AllGather, 64 << 20, Float32, 2);
     assert_eq!(choose(&big, Device::Gpu, &cfg).engine, Engine::CopyEngine);
-    assert_eq!(choose(&big, Device::Gpu, &Config { gpu_copy_engine_bytes: 0, ..cfg.clone() }).engine, Engine::PeerKernel);
+    assert_eq!(
+        choose(
+            &big,
+            Device::Gpu,
+            &Config {
+                gpu_copy_engine_bytes: 0,
+                ..cfg.clone()
+            }
+        )
+        .engine,
+        Engine::PeerKernel
+    );
     // In a group: the plan kernel, like the one-kernel engines.
-    assert!(choose_launch(&[big, big], Device::Gpu, &cfg).iter().all(|c| c.engine == Engine::PlanKernel));
+    assert!(choose_launch(&[big, big], Device::Gpu, &cfg)
+        .iter()
+        .all(|c| c.engine == Engine::PlanKernel));
 }
 
 /// The direct engine runs one operation per launch and one message per peer and block, which
 /// fits its slots.
 #[test]
 fn the_direct_engine_takes_lone_operations_whose_slices_fit_its_slots() {
-    let cfg = Config { gpu_oneshot_max_bytes: 4 << 20, gpu_peer_from_bytes: 4 << 20, ..Config::default() };
+    let cfg = Config {
+        gpu_oneshot_max_bytes: 4 << 20,
+        gpu_peer_from_bytes: 4 << 20,
+        ..Config::default()
+    };
     let ar = |count| shape(CollKind::AllReduce, count, Float32, 2);
     // (4 MiB per rank in all on 2 ranks: the 256 KiB block bound decides.)
     for count in [1, 7, 1000, 4096, 4097, 50_000, 65_536] {
         let c = choose(&ar(count), Device::Gpu, &cfg);
         assert_eq!(c.engine, Engine::DirectKernel, "{count}");
-        assert!(c.channels <= DIRECT_MAX_BLOCKS && c.chunk_elems >= count, "{c}");
+        assert!(
+            c.channels <= DIRECT_MAX_BLOCKS && c.chunk_elems >= count,
+            "{c}"
+        );
         for ch in 0..c.channels {
             let (a, b) = crate::algo::channel_slice(count, c.channels, ch);
-            assert!((b - a) * 4 <= DIRECT_SLOT_BYTES, "{count}: slice {ch} of {}", c.channels);
+            assert!(
+                (b - a) * 4 <= DIRECT_SLOT_BYTES,
+                "{count}: slice {ch} of {}",
+                c.channels
+            );
         }
     }
     // 256 KiB per peer is the most; beyond, the peer engine.
-    assert_eq!(choose(&ar(65_537), Device::Gpu, &cfg).engine, Engine::PeerKernel);
+    assert_eq!(
+        choose(&ar(65_537), Device::Gpu, &cfg).engine,
+        Engine::PeerKernel
+    );
     // In a group, every operation takes the plan kernel.
     let group = choose_launch(&[ar(2), ar(2)], Device::Gpu, &cfg);
-    assert!(group.iter().all(|c| c.engine == Engine::PlanKernel && c.algo == Algo::Ring), "{group:?}");
-    assert_eq!(choose_launch(&[ar(2)], Device::Gpu, &cfg)[0].engine, Engine::DirectKernel);
+    assert!(
+        group
+            .iter()
+            .all(|c| c.engine == Engine::PlanKernel && c.algo == Algo::Ring),
+        "{group:?}"
+    );
+    assert_eq!(
+        choose_launch(&[ar(2)], Device::Gpu, &cfg)[0].engine,
+        Engine::DirectKernel
+    );
     // Off: the peer engine, or with it off too, the plan kernel.
-    assert_eq!(choose(&ar(2), Device::Gpu, &Config { gpu_oneshot_max_bytes: 0, ..cfg.clone() }).engine, Engine::PeerKernel);
-    let neither = Config { gpu_oneshot_max_bytes: 0, gpu_peer_bytes: 0, ..cfg.clone() };
-    assert_eq!(choose(&ar(2), Device::Gpu, &neither).engine, Engine::PlanKernel);
+    assert_eq!(
+        choose(
+            &ar(2),
+            Device::Gpu,
+            &Config {
+                gpu_oneshot_max_bytes: 0,
+                ..cfg.clone()
+            }
+        )
+        .engine,
+        Engine::PeerKernel
+    );
+    let neither = Config {
+        gpu_oneshot_max_bytes: 0,
+        gpu_peer_bytes: 0,
+        ..cfg.clone()
+    };
+    assert_eq!(
+        choose(&ar(2), Device::Gpu, &neither).engine,
+        Engine::PlanKernel
+    );
     // The peer engine takes over from FERROCCL_GPU_PEER_FROM_BYTES where it serves; where it
     // does not, the direct engine keeps its whole limit.
-    let from = Config { gpu_peer_from_bytes: 64 << 10, ..Config::default() };
-    assert_eq!(choose(&ar(16 << 10), Device::Gpu, &from).engine, Engine::DirectKernel);
-    assert_eq!(choose(&ar((16 << 10) + 1), Device::Gpu, &from).engine, Engine::PeerKernel);
+    let from = Config {
+        gpu_peer_from_bytes: 64 << 10,
+        ..Config::default()
+    };
+    assert_eq!(
+        choose(&ar(16 << 10), Device::Gpu, &from).engine,
+        Engine::DirectKernel
+    );
+    assert_eq!(
+        choose(&ar((16 << 10) + 1), Device::Gpu, &from).engine,
+        Engine::PeerKernel
+    );
     let reduce3 = |count| shape(CollKind::Reduce, count, Float32, 3);
     // A reduce on 3 ranks is the peer engine's while the root's link carries at most
     // FERROCCL_GPU_PEER_ROOTED_MAX_BYTES; with that at 0, the chain is next.
-    assert_eq!(choose(&reduce3(8 << 10), Device::Gpu, &from).engine, Engine::DirectKernel);
-    assert_eq!(choose(&reduce3((16 << 10) + 1), Device::Gpu, &from).engine, Engine::PeerKernel);
-    let chain = Config { gpu_peer_rooted_max_bytes: 0, ..from.clone() };
-    assert_eq!(choose(&reduce3(32 << 10), Device::Gpu, &chain).engine, Engine::DirectKernel, "256 KiB sent, no peer engine next");
-    assert_eq!(choose(&reduce3((32 << 10) + 1), Device::Gpu, &chain).engine, Engine::PlanKernel);
-    let no_peer = Config { gpu_peer_bytes: 0, ..from.clone() };
-    assert_eq!(choose(&ar(64 << 10), Device::Gpu, &no_peer).engine, Engine::DirectKernel, "no staging: the direct engine's own limit");
+    assert_eq!(
+        choose(&reduce3(8 << 10), Device::Gpu, &from).engine,
+        Engine::DirectKernel
+    );
+    assert_eq!(
+        choose(&reduce3((16 << 10) + 1), Device::Gpu, &from).engine,
+        Engine::PeerKernel
+    );
+    let chain = Config {
+        gpu_peer_rooted_max_bytes: 0,
+        ..from.clone()
+    };
+    assert_eq!(
+        choose(&reduce3(32 << 10), Device::Gpu, &chain).engine,
+        Engine::DirectKernel,
+        "256 KiB sent, no peer engine next"
+    );
+    assert_eq!(
+        choose(&reduce3((32 << 10) + 1), Device::Gpu, &chain).engine,
+        Engine::PlanKernel
+    );
+    let no_peer = Config {
+        gpu_peer_bytes: 0,
+        ..from.clone()
+    };
+    assert_eq!(
+        choose(&ar(64 << 10), Device::Gpu, &no_peer).engine,
+        Engine::DirectKernel,
+        "no staging: the direct engine's own limit"
+    );
 }
 
 /// The peer engine: symmetric collectives alone in their launch, 2 to 16 ranks, staging of at
@@ -233,45 +740,125 @@ fn the_direct_engine_takes_lone_operations_whose_slices_fit_its_slots() {
 #[test]
 fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots() {
     let cfg = Config::default();
-    assert_eq!((peer_blocks(&cfg, 2), peer_blocks(&cfg, 3), peer_blocks(&cfg, 16)), (64, 32, 32));
+    assert_eq!(
+        (
+            peer_blocks(&cfg, 2),
+            peer_blocks(&cfg, 3),
+            peer_blocks(&cfg, 16)
+        ),
+        (64, 32, 32)
+    );
     assert_eq!(peer_slot_bytes(&cfg, 2), 64 << 10, "64 blocks on 2 ranks");
-    assert_eq!(peer_slot_bytes(&cfg, 3), 64 << 10, "32 blocks, the staging shared by the peers");
+    assert_eq!(
+        peer_slot_bytes(&cfg, 3),
+        64 << 10,
+        "32 blocks, the staging shared by the peers"
+    );
     assert_eq!(peer_slot_bytes(&cfg, 8), 16 << 10);
     assert_eq!(peer_slot_bytes(&cfg, 9), 16 << 10);
     assert_eq!(peer_slot_bytes(&cfg, 10), 0, "under 16 KiB a slot: off");
-    assert_eq!(peer_slot_bytes(&Config { gpu_peer_bytes: 32 << 20, ..Config::default() }, 16), 16 << 10);
+    assert_eq!(
+        peer_slot_bytes(
+            &Config {
+                gpu_peer_bytes: 32 << 20,
+                ..Config::default()
+            },
+            16
+        ),
+        16 << 10
+    );
     assert_eq!(peer_slot_bytes(&cfg, 1), 0);
     assert_eq!(peer_slot_bytes(&cfg, 17), 0);
     let two = peer_blocks(&cfg, 2);
-    let small = Config { gpu_peer_bytes: (PEER_MIN_SLOT_BYTES * two * 4) - 1, ..Config::default() };
-    assert_eq!(peer_slot_bytes(&Config { gpu_peer_bytes: PEER_MIN_SLOT_BYTES * two * 4, ..Config::default() }, 2), PEER_MIN_SLOT_BYTES);
+    let small = Config {
+        gpu_peer_bytes: (PEER_MIN_SLOT_BYTES * two * 4) - 1,
+        ..Config::default()
+    };
+    assert_eq!(
+        peer_slot_bytes(
+            &Config {
+                gpu_peer_bytes: PEER_MIN_SLOT_BYTES * two * 4,
+                ..Config::default()
+            },
+            2
+        ),
+        PEER_MIN_SLOT_BYTES
+    );
     assert_eq!(peer_slot_bytes(&small, 2), 0, "below 16 KiB a slot: off");
-    let odd = Config { gpu_peer_bytes: 5 << 20, ..Config::default() };
+    let odd = Config {
+        gpu_peer_bytes: 5 << 20,
+        ..Config::default()
+    };
     assert_eq!(peer_slot_bytes(&odd, 2) % 4096, 0);
     // FERROCCL_GPU_PEER_BLOCKS is the most: fewer where slots would fall under 16 KiB, so that
     // many blocks on many ranks (bench --max-ctas 64 on 8) keep the engine rather than turn it off.
-    for (n, knob, blocks) in [(2, 16, 16), (2, 64, 64), (3, 64, 64), (8, 64, 36), (9, 64, 32), (10, 64, 28), (16, 7, 7)] {
-        let c = Config { gpu_peer_blocks: knob, ..Config::default() };
+    for (n, knob, blocks) in [
+        (2, 16, 16),
+        (2, 64, 64),
+        (3, 64, 64),
+        (8, 64, 36),
+        (9, 64, 32),
+        (10, 64, 28),
+        (16, 7, 7),
+    ] {
+        let c = Config {
+            gpu_peer_blocks: knob,
+            ..Config::default()
+        };
         assert_eq!(peer_blocks(&c, n), blocks, "{n} ranks, knob {knob}");
         let slot = peer_slot_bytes(&c, n);
-        assert!(slot >= PEER_MIN_SLOT_BYTES && slot.is_multiple_of(4096) && blocks * (n - 1) * 4 * slot <= c.gpu_peer_bytes, "{n} ranks: {slot}");
+        assert!(
+            slot >= PEER_MIN_SLOT_BYTES
+                && slot.is_multiple_of(4096)
+                && blocks * (n - 1) * 4 * slot <= c.gpu_peer_bytes,
+            "{n} ranks: {slot}"
+        );
     }
-    let tiny = Config { gpu_peer_blocks: 64, gpu_peer_bytes: 64 << 10, ..Config::default() };
-    assert_eq!((peer_blocks(&tiny, 2), peer_slot_bytes(&tiny, 2)), (1, 16 << 10), "one block of 16 KiB slots");
-    assert_eq!(peer_slot_bytes(&Config { gpu_peer_bytes: (64 << 10) - 1, ..tiny }, 2), 0, "under one block's slots: off");
+    let tiny = Config {
+        gpu_peer_blocks: 64,
+        gpu_peer_bytes: 64 << 10,
+        ..Config::default()
+    };
+    assert_eq!(
+        (peer_blocks(&tiny, 2), peer_slot_bytes(&tiny, 2)),
+        (1, 16 << 10),
+        "one block of 16 KiB slots"
+    );
+    assert_eq!(
+        peer_slot_bytes(
+            &Config {
+                gpu_peer_bytes: (64 << 10) - 1,
+                ..tiny
+            },
+            2
+        ),
+        0,
+        "under one block's slots: off"
+    );
     for n in [2, 3, 5, 8] {
         for dtype in [Int8, Bfloat16, Float32, DataType::Float64] {
             let es = dtype.size();
             let slot = peer_slot_bytes(&cfg, n);
             assert_eq!((slot / es) % 64, 0, "a slot holds whole 64-element cuts");
-            let mut kinds = vec![CollKind::AllReduce, CollKind::ReduceScatter, CollKind::AllGather, CollKind::AllToAll, CollKind::Gather, CollKind::Scatter];
+            let mut kinds = vec![
+                CollKind::AllReduce,
+                CollKind::ReduceScatter,
+                CollKind::AllGather,
+                CollKind::AllToAll,
+                CollKind::Gather,
+                CollKind::Scatter,
+            ];
             if n == 2 {
                 kinds.extend([CollKind::Broadcast, CollKind::Reduce]);
             }
             for kind in kinds {
                 for count in [(256 << 10) / es + 1, 1 << 20, 3 << 24, 123_456_789] {
                     let c = choose(&shape(kind, count, dtype, n), Device::Gpu, &cfg);
-                    assert_eq!(c.engine, Engine::PeerKernel, "{kind} {count} x {dtype} on {n}: {c}");
+                    assert_eq!(
+                        c.engine,
+                        Engine::PeerKernel,
+                        "{kind} {count} x {dtype} on {n}: {c}"
+                    );
                     assert!((1..=peer_blocks(&cfg, n)).contains(&c.channels));
                     // Every share of every round of every block fits a slot.
                     for ch in [0, c.channels - 1] {
@@ -281,12 +868,19 @@ fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots
                         // phases' slots of a parity, which are adjacent: two slots.
                         if c.algo == Algo::OneShot {
                             assert!(kind != CollKind::AllReduce || n == 2, "{c}");
-                            assert!(len * es <= 2 * slot, "{kind} {count} x {dtype} on {n}: a one-shot round of {len}");
+                            assert!(
+                                len * es <= 2 * slot,
+                                "{kind} {count} x {dtype} on {n}: a one-shot round of {len}"
+                            );
                         } else {
                             assert_eq!((kind, c.algo), (CollKind::AllReduce, Algo::TwoShot));
                             for q in 0..n {
                                 let (x, y) = crate::algo::channel_slice(len, n, q);
-                                assert!((y - x) * es <= slot, "{kind} {count} x {dtype} on {n}: share {q} of {} elements", y - x);
+                                assert!(
+                                    (y - x) * es <= slot,
+                                    "{kind} {count} x {dtype} on {n}: share {q} of {} elements",
+                                    y - x
+                                );
                             }
                         }
                     }
@@ -301,25 +895,76 @@ fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots
                 for kind in [CollKind::Broadcast, CollKind::Reduce] {
                     let fits = cfg.gpu_peer_rooted_max_bytes / (n - 1) / es;
                     let c = choose(&shape(kind, fits, dtype, n), Device::Gpu, &cfg);
-                    assert_eq!((c.engine, c.algo), (Engine::PeerKernel, Algo::OneShot), "{kind} {fits} x {dtype} on {n}: {c}");
+                    assert_eq!(
+                        (c.engine, c.algo),
+                        (Engine::PeerKernel, Algo::OneShot),
+                        "{kind} {fits} x {dtype} on {n}: {c}"
+                    );
                     assert!(c.chunk_elems * es <= 2 * slot);
                     let c = choose(&shape(kind, fits + 1, dtype, n), Device::Gpu, &cfg);
-                    assert_eq!(c.engine, Engine::PlanKernel, "{kind} {} x {dtype} on {n}: {c}", fits + 1);
+                    assert_eq!(
+                        c.engine,
+                        Engine::PlanKernel,
+                        "{kind} {} x {dtype} on {n}: {c}",
+                        fits + 1
+                    );
                 }
             }
             for kind in plan {
-                assert_eq!(choose(&shape(kind, 1 << 22, dtype, n), Device::Gpu, &cfg).engine, Engine::PlanKernel, "{kind}");
+                assert_eq!(
+                    choose(&shape(kind, 1 << 22, dtype, n), Device::Gpu, &cfg).engine,
+                    Engine::PlanKernel,
+                    "{kind}"
+                );
             }
         }
     }
     // Groups, too many ranks, the knob off: the plan kernel.
     let ar = shape(CollKind::AllReduce, 1 << 22, Float32, 2);
-    assert!(choose_launch(&[ar, ar], Device::Gpu, &cfg).iter().all(|c| c.engine == Engine::PlanKernel));
-    assert_eq!(choose(&OpShape { nranks: 17, ..ar }, Device::Gpu, &cfg).engine, Engine::PlanKernel);
-    assert_eq!(choose(&ar, Device::Gpu, &Config { gpu_peer_bytes: 0, ..cfg.clone() }).engine, Engine::PlanKernel);
+    assert!(choose_launch(&[ar, ar], Device::Gpu, &cfg)
+        .iter()
+        .all(|c| c.engine == Engine::PlanKernel));
+    assert_eq!(
+        choose(&OpShape { nranks: 17, ..ar }, Device::Gpu, &cfg).engine,
+        Engine::PlanKernel
+    );
+    assert_eq!(
+        choose(
+            &ar,
+            Device::Gpu,
+            &Config {
+                gpu_peer_bytes: 0,
+                ..cfg.clone()
+            }
+        )
+        .engine,
+        Engine::PlanKernel
+    );
     // FERROCCL_GPU_PEER_BLOCKS caps its blocks, FERROCCL_GPU_CHANNELS the plan kernel's only.
-    assert_eq!(choose(&ar, Device::Gpu, &Config { gpu_peer_blocks: 8, ..cfg.clone() }).channels, 8);
-    assert_eq!(choose(&ar, Device::Gpu, &Config { gpu_channels: 8, ..cfg.clone() }).channels, 64);
+    assert_eq!(
+        choose(
+            &ar,
+            Device::Gpu,
+            &Config {
+                gpu_peer_blocks: 8,
+                ..cfg.clone()
+            }
+        )
+        .channels,
+        8
+    );
+    assert_eq!(
+        choose(
+            &ar,
+            Device::Gpu,
+            &Config {
+                gpu_channels: 8,
+                ..cfg.clone()
+            }
+        )
+        .channels,
+        64
+    );
     // Every rank plans the same: the plan the simulator proves for these cuts is tested in
     // algo::tests (the `peer` cuts).
 }
@@ -330,29 +975,84 @@ fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots
 #[test]
 fn the_peer_engine_all_reduce_goes_one_shot_on_two_ranks_within_its_knob() {
     // By default at every size on 2 ranks (a round of two slots); the knob's bound at 4 MiB.
-    let two_gib = choose(&shape(CollKind::AllReduce, 1 << 29, Float32, 2), Device::Gpu, &Config::default());
-    assert_eq!((two_gib.engine, two_gib.algo), (Engine::PeerKernel, Algo::OneShot), "{two_gib}");
-    let cfg = Config { gpu_peer_oneshot_max_bytes: 4 << 20, ..Config::default() };
+    let two_gib = choose(
+        &shape(CollKind::AllReduce, 1 << 29, Float32, 2),
+        Device::Gpu,
+        &Config::default(),
+    );
+    assert_eq!(
+        (two_gib.engine, two_gib.algo),
+        (Engine::PeerKernel, Algo::OneShot),
+        "{two_gib}"
+    );
+    let cfg = Config {
+        gpu_peer_oneshot_max_bytes: 4 << 20,
+        ..Config::default()
+    };
     let slot = peer_slot_bytes(&cfg, 2);
     for dtype in [Int8, Bfloat16, Float32, DataType::Float64] {
         let es = dtype.size();
         let at = cfg.gpu_peer_oneshot_max_bytes / es;
         let c = choose(&shape(CollKind::AllReduce, at, dtype, 2), Device::Gpu, &cfg);
-        assert_eq!((c.engine, c.algo, c.chunk_elems * es), (Engine::PeerKernel, Algo::OneShot, 2 * slot), "{c}");
-        assert!(c.to_string().contains("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES"), "{c}");
-        let beyond = choose(&shape(CollKind::AllReduce, at + 1, dtype, 2), Device::Gpu, &cfg);
-        assert_eq!((beyond.algo, beyond.chunk_elems * es, beyond.channels), (Algo::TwoShot, 2 * slot, c.channels));
-        let off = Config { gpu_peer_oneshot_max_bytes: 0, ..cfg.clone() };
-        assert_eq!(choose(&shape(CollKind::AllReduce, at, dtype, 2), Device::Gpu, &off).algo, Algo::TwoShot);
-        let all = Config { gpu_peer_oneshot_max_bytes: usize::MAX, ..cfg.clone() };
-        assert_eq!(choose(&shape(CollKind::AllReduce, 1 << 28, dtype, 2), Device::Gpu, &all).algo, Algo::OneShot);
+        assert_eq!(
+            (c.engine, c.algo, c.chunk_elems * es),
+            (Engine::PeerKernel, Algo::OneShot, 2 * slot),
+            "{c}"
+        );
+        assert!(
+            c.to_string()
+                .contains("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES"),
+            "{c}"
+        );
+        let beyond = choose(
+            &shape(CollKind::AllReduce, at + 1, dtype, 2),
+            Device::Gpu,
+            &cfg,
+        );
+        assert_eq!(
+            (beyond.algo, beyond.chunk_elems * es, beyond.channels),
+            (Algo::TwoShot, 2 * slot, c.channels)
+        );
+        let off = Config {
+            gpu_peer_oneshot_max_bytes: 0,
+            ..cfg.clone()
+        };
+        assert_eq!(
+            choose(&shape(CollKind::AllReduce, at, dtype, 2), Device::Gpu, &off).algo,
+            Algo::TwoShot
+        );
+        let all = Config {
+            gpu_peer_oneshot_max_bytes: usize::MAX,
+            ..cfg.clone()
+        };
+        assert_eq!(
+            choose(
+                &shape(CollKind::AllReduce, 1 << 28, dtype, 2),
+                Device::Gpu,
+                &all
+            )
+            .algo,
+            Algo::OneShot
+        );
         for n in [3, 4, 8] {
-            let c = choose(&shape(CollKind::AllReduce, (1 << 20) / es, dtype, n), Device::Gpu, &all);
-            assert_eq!((c.engine, c.algo), (Engine::PeerKernel, Algo::TwoShot), "{n} ranks: {c}");
+            let c = choose(
+                &shape(CollKind::AllReduce, (1 << 20) / es, dtype, n),
+                Device::Gpu,
+                &all,
+            );
+            assert_eq!(
+                (c.engine, c.algo),
+                (Engine::PeerKernel, Algo::TwoShot),
+                "{n} ranks: {c}"
+            );
         }
     }
     // The other kinds' one-shot rounds fill both phases' slots of a parity too.
-    let rs = choose(&shape(CollKind::ReduceScatter, 1 << 20, Float32, 2), Device::Gpu, &cfg);
+    let rs = choose(
+        &shape(CollKind::ReduceScatter, 1 << 20, Float32, 2),
+        Device::Gpu,
+        &cfg,
+    );
     assert_eq!((rs.algo, rs.chunk_elems * 4), (Algo::OneShot, 2 * slot));
 }
 
@@ -362,61 +1062,216 @@ fn the_peer_engine_all_reduce_goes_one_shot_on_two_ranks_within_its_knob() {
 fn gpu_two_shot_only_when_asked() {
     // (With the peer engine off: it takes these operations otherwise.)
     // (A chunk of 1 MiB, as the test's sizes say.)
-    let on = Config { gpu_two_shot: true, gpu_peer_bytes: 0, chunk_bytes: 1 << 20, ..Config::default() };
-    let off = Config { gpu_peer_bytes: 0, chunk_bytes: 1 << 20, ..Config::default() };
+    let on = Config {
+        gpu_two_shot: true,
+        gpu_peer_bytes: 0,
+        chunk_bytes: 1 << 20,
+        ..Config::default()
+    };
+    let off = Config {
+        gpu_peer_bytes: 0,
+        chunk_bytes: 1 << 20,
+        ..Config::default()
+    };
     let ar = |count, n| shape(CollKind::AllReduce, count, Float32, n);
     // 3 ranks, 256K floats (1 MiB per rank): past the direct engine, one chunk.
-    assert_eq!(choose(&ar(256 << 10, 3), Device::Gpu, &off).algo, Algo::Ring);
+    assert_eq!(
+        choose(&ar(256 << 10, 3), Device::Gpu, &off).algo,
+        Algo::Ring
+    );
     let c = choose(&ar(256 << 10, 3), Device::Gpu, &on);
-    assert_eq!((c.algo, c.engine), (Algo::TwoShot, Engine::PlanKernel), "{c}");
+    assert_eq!(
+        (c.algo, c.engine),
+        (Algo::TwoShot, Engine::PlanKernel),
+        "{c}"
+    );
     assert!(c.to_string().contains("FERROCCL_GPU_TWO_SHOT"), "{c}");
-    assert_eq!(choose(&ar(256 << 10, 2), Device::Gpu, &on).algo, Algo::Ring, "2 ranks: the ring");
-    assert_eq!(choose(&ar((256 << 10) + 1, 3), Device::Gpu, &on).algo, Algo::Ring, "beyond a chunk: the ring");
-    assert_eq!(choose(&ar(2, 3), Device::Gpu, &on).engine, Engine::DirectKernel, "small: the direct engine");
-    assert_eq!(choose(&shape(CollKind::ReduceScatter, 256 << 10, Float32, 3), Device::Gpu, &on).algo, Algo::Ring);
+    assert_eq!(
+        choose(&ar(256 << 10, 2), Device::Gpu, &on).algo,
+        Algo::Ring,
+        "2 ranks: the ring"
+    );
+    assert_eq!(
+        choose(&ar((256 << 10) + 1, 3), Device::Gpu, &on).algo,
+        Algo::Ring,
+        "beyond a chunk: the ring"
+    );
+    assert_eq!(
+        choose(&ar(2, 3), Device::Gpu, &on).engine,
+        Engine::DirectKernel,
+        "small: the direct engine"
+    );
+    assert_eq!(
+        choose(
+            &shape(CollKind::ReduceScatter, 256 << 10, Float32, 3),
+            Device::Gpu,
+            &on
+        )
+        .algo,
+        Algo::Ring
+    );
 }
 
 #[test]
 fn knobs_move_the_choices() {
     let small = shape(CollKind::AllReduce, 2, Float32, 4);
-    let mut cfg = Config { channels: 3, gpu_channels: 16, ..Config::default() };
+    let mut cfg = Config {
+        channels: 3,
+        gpu_channels: 16,
+        ..Config::default()
+    };
     assert_eq!(choose(&small, Device::Host, &cfg).channels, 3);
     // The peer engine's blocks follow their own knob (the blocks its staging is cut for), the
     // plan kernel's the channels'.
     let big = shape(CollKind::AllReduce, 1 << 20, Float32, 2);
     assert_eq!(choose(&big, Device::Gpu, &cfg).channels, 64);
-    let peer16 = Config { gpu_peer_blocks: 16, ..cfg.clone() };
+    let peer16 = Config {
+        gpu_peer_blocks: 16,
+        ..cfg.clone()
+    };
     let c = choose(&big, Device::Gpu, &peer16);
     assert_eq!((c.engine, c.channels), (Engine::PeerKernel, 16));
-    assert_eq!(c.chunk_elems * 4, 2 * peer_slot_bytes(&peer16, 2), "larger slots with fewer blocks");
+    assert_eq!(
+        c.chunk_elems * 4,
+        2 * peer_slot_bytes(&peer16, 2),
+        "larger slots with fewer blocks"
+    );
     assert_eq!(peer_slot_bytes(&peer16, 2), 256 << 10);
-    assert_eq!(choose(&big, Device::Gpu, &Config { gpu_peer_bytes: 0, ..cfg.clone() }).channels, 16, "the plan kernel: FERROCCL_GPU_CHANNELS");
+    assert_eq!(
+        choose(
+            &big,
+            Device::Gpu,
+            &Config {
+                gpu_peer_bytes: 0,
+                ..cfg.clone()
+            }
+        )
+        .channels,
+        16,
+        "the plan kernel: FERROCCL_GPU_CHANNELS"
+    );
     // Sends follow their own knob, not the collectives'.
-    assert_eq!(choose(&shape(CollKind::Send, 1 << 20, Float32, 2), Device::Gpu, &cfg).channels, 32);
+    assert_eq!(
+        choose(
+            &shape(CollKind::Send, 1 << 20, Float32, 2),
+            Device::Gpu,
+            &cfg
+        )
+        .channels,
+        32
+    );
     cfg.gpu_p2p_channels = 4;
-    assert_eq!(choose(&shape(CollKind::Send, 1 << 20, Float32, 2), Device::Gpu, &cfg).channels, 4);
+    assert_eq!(
+        choose(
+            &shape(CollKind::Send, 1 << 20, Float32, 2),
+            Device::Gpu,
+            &cfg
+        )
+        .channels,
+        4
+    );
     cfg.gpu_channels = 4;
     cfg.gpu_channel_bytes = 1;
     cfg.gpu_oneshot_max_bytes = 0;
     cfg.gpu_peer_bytes = 0;
-    assert_eq!(choose(&shape(CollKind::AllReduce, 2, Float32, 2), Device::Gpu, &cfg).channels, 4);
+    assert_eq!(
+        choose(
+            &shape(CollKind::AllReduce, 2, Float32, 2),
+            Device::Gpu,
+            &cfg
+        )
+        .channels,
+        4
+    );
     // FERROCCL_DIRECT_MAX_BYTES=0 turns the two-shot off; the chunk bounds it too.
-    assert_eq!(choose(&small, Device::Host, &Config { direct_max_bytes: 0, ..Config::default() }).algo, Algo::Ring);
-    let chunked = Config { chunk_bytes: 64, direct_max_bytes: 1 << 20, ..Config::default() };
-    assert_eq!(choose(&shape(CollKind::AllReduce, 16, Float32, 4), Device::Host, &chunked).algo, Algo::TwoShot);
-    assert_eq!(choose(&shape(CollKind::AllReduce, 17, Float32, 4), Device::Host, &chunked).algo, Algo::Ring);
+    assert_eq!(
+        choose(
+            &small,
+            Device::Host,
+            &Config {
+                direct_max_bytes: 0,
+                ..Config::default()
+            }
+        )
+        .algo,
+        Algo::Ring
+    );
+    let chunked = Config {
+        chunk_bytes: 64,
+        direct_max_bytes: 1 << 20,
+        ..Config::default()
+    };
+    assert_eq!(
+        choose(
+            &shape(CollKind::AllReduce, 16, Float32, 4),
+            Device::Host,
+            &chunked
+        )
+        .algo,
+        Algo::TwoShot
+    );
+    assert_eq!(
+        choose(
+            &shape(CollKind::AllReduce, 17, Float32, 4),
+            Device::Host,
+            &chunked
+        )
+        .algo,
+        Algo::Ring
+    );
     // LL off, or smaller (on the plan kernel).
     let gpu_small = shape(CollKind::AllReduce, 2, Float32, 2);
-    let plan_kernel = Config { gpu_oneshot_max_bytes: 0, gpu_peer_bytes: 0, ..Config::default() };
-    assert_eq!(choose(&gpu_small, Device::Gpu, &Config { ll_max_bytes: 0, ..plan_kernel.clone() }).protocol, Protocol::Simple);
-    let ll16 = Config { ll_max_bytes: 16 << 10, ..plan_kernel };
-    assert_eq!(choose(&shape(CollKind::AllReduce, 4096, Float32, 8), Device::Gpu, &ll16).protocol, Protocol::LL);
-    assert_eq!(choose(&shape(CollKind::AllReduce, 4097, Float32, 8), Device::Gpu, &ll16).protocol, Protocol::Simple);
+    let plan_kernel = Config {
+        gpu_oneshot_max_bytes: 0,
+        gpu_peer_bytes: 0,
+        ..Config::default()
+    };
+    assert_eq!(
+        choose(
+            &gpu_small,
+            Device::Gpu,
+            &Config {
+                ll_max_bytes: 0,
+                ..plan_kernel.clone()
+            }
+        )
+        .protocol,
+        Protocol::Simple
+    );
+    let ll16 = Config {
+        ll_max_bytes: 16 << 10,
+        ..plan_kernel
+    };
+    assert_eq!(
+        choose(
+            &shape(CollKind::AllReduce, 4096, Float32, 8),
+            Device::Gpu,
+            &ll16
+        )
+        .protocol,
+        Protocol::LL
+    );
+    assert_eq!(
+        choose(
+            &shape(CollKind::AllReduce, 4097, Float32, 8),
+            Device::Gpu,
+            &ll16
+        )
+        .protocol,
+        Protocol::Simple
+    );
 }
 
 #[test]
 fn ll_never_carries_more_than_a_connection_holds() {
-    let ll = |ll_max_bytes, slots, slot_bytes| ll_limit(&Config { ll_max_bytes, slots, slot_bytes, ..Config::default() });
+    let ll = |ll_max_bytes, slots, slot_bytes| {
+        ll_limit(&Config {
+            ll_max_bytes,
+            slots,
+            slot_bytes,
+            ..Config::default()
+        })
+    };
     assert_eq!(ll(128 << 10, 8, 256 << 10), 64 << 10);
     assert_eq!(ll(16 << 10, 8, 256 << 10), 16 << 10);
     assert_eq!(ll(128 << 10, 2, 4096), 8192);
@@ -428,62 +1283,188 @@ fn ll_never_carries_more_than_a_connection_holds() {
 #[test]
 fn ll_is_decided_by_the_largest_buffer_of_any_rank() {
     // (The plan kernel's protocol: both one-operation engines off.)
-    let cfg = Config { ll_max_bytes: 16 << 10, gpu_oneshot_max_bytes: 0, gpu_peer_bytes: 0, ..Config::default() };
+    let cfg = Config {
+        ll_max_bytes: 16 << 10,
+        gpu_oneshot_max_bytes: 0,
+        gpu_peer_bytes: 0,
+        ..Config::default()
+    };
     let p = |kind, count| choose(&shape(kind, count, Float32, 4), Device::Gpu, &cfg).protocol;
     assert_eq!(p(CollKind::Gather, 1024), Protocol::LL);
     assert_eq!(p(CollKind::Gather, 1025), Protocol::Simple);
     assert_eq!(p(CollKind::Send, 4096), Protocol::LL);
     assert_eq!(p(CollKind::Recv, 4096), Protocol::LL);
     // An overflowing size is not small, and takes every channel.
-    let huge = choose(&shape(CollKind::AllGather, usize::MAX / 2, Float32, 4), Device::Gpu, &cfg);
-    assert_eq!((huge.protocol, huge.channels), (Protocol::Simple, cfg.gpu_channels));
+    let huge = choose(
+        &shape(CollKind::AllGather, usize::MAX / 2, Float32, 4),
+        Device::Gpu,
+        &cfg,
+    );
+    assert_eq!(
+        (huge.protocol, huge.channels),
+        (Protocol::Simple, cfg.gpu_channels)
+    );
 }
 
 #[test]
 fn zero_copy_needs_windows_the_simple_protocol_and_a_safe_output() {
     // The plan kernel's zero-copy (the peer engine stages everything).
-    let cfg = Config { gpu_peer_bytes: 0, ..Config::default() };
-    let big = OpShape { windows: true, ..shape(CollKind::AllToAll, 1 << 20, Float32, 2) };
+    let cfg = Config {
+        gpu_peer_bytes: 0,
+        ..Config::default()
+    };
+    let big = OpShape {
+        windows: true,
+        ..shape(CollKind::AllToAll, 1 << 20, Float32, 2)
+    };
     let c = choose(&big, Device::Gpu, &cfg);
     assert!(c.zero_copy && c.post_output, "{c}");
     // In place, an all-to-all still takes part in the handshake but offers nothing.
-    let c = choose(&OpShape { in_place: true, ..big }, Device::Gpu, &cfg);
+    let c = choose(
+        &OpShape {
+            in_place: true,
+            ..big
+        },
+        Device::Gpu,
+        &cfg,
+    );
     assert!(c.zero_copy && !c.post_output, "{c}");
-    assert!(!choose(&OpShape { count: 2, ..big }, Device::Gpu, &cfg).zero_copy, "LL carries flags in the data");
-    assert!(!choose(&OpShape { windows: false, ..big }, Device::Gpu, &cfg).zero_copy);
-    assert!(!choose(&big, Device::Host, &cfg).zero_copy, "the host has no windows");
+    assert!(
+        !choose(&OpShape { count: 2, ..big }, Device::Gpu, &cfg).zero_copy,
+        "LL carries flags in the data"
+    );
+    assert!(
+        !choose(
+            &OpShape {
+                windows: false,
+                ..big
+            },
+            Device::Gpu,
+            &cfg
+        )
+        .zero_copy
+    );
+    assert!(
+        !choose(&big, Device::Host, &cfg).zero_copy,
+        "the host has no windows"
+    );
 }
 
 #[test]
 fn symmetric_windows_take_the_copy_engine_for_large_data_movement() {
     let cfg = Config::default();
     let at = |kind, bytes: usize, n: usize| {
-        let count = bytes / 4 / if matches!(kind, CollKind::AllGather | CollKind::AllToAll | CollKind::Gather | CollKind::Scatter) { n } else { 1 };
-        OpShape { windows: true, symmetric: true, ..shape(kind, count, Float32, n) }
+        let count = bytes
+            / 4
+            / if matches!(
+                kind,
+                CollKind::AllGather | CollKind::AllToAll | CollKind::Gather | CollKind::Scatter
+            ) {
+                n
+            } else {
+                1
+            };
+        OpShape {
+            windows: true,
+            symmetric: true,
+            ..shape(kind, count, Float32, n)
+        }
     };
     let min = cfg.gpu_ce_window_bytes;
     for kind in [CollKind::AllGather, CollKind::AllToAll, CollKind::Broadcast] {
         let c = choose(&at(kind, min, 2), Device::Gpu, &cfg);
-        assert!(c.engine == Engine::CopyEngine && c.zero_copy && c.channels == 0, "{kind}: {c}");
+        assert!(
+            c.engine == Engine::CopyEngine && c.zero_copy && c.channels == 0,
+            "{kind}: {c}"
+        );
         // Below the threshold, without the symmetric contract, on the host, in a group, with the
         // knob at 0: not this.
-        assert_ne!(choose(&at(kind, min / 2, 2), Device::Gpu, &cfg).engine, Engine::CopyEngine, "{kind}");
-        assert_ne!(choose(&OpShape { symmetric: false, ..at(kind, min, 2) }, Device::Gpu, &cfg).engine, Engine::CopyEngine, "{kind}");
-        assert_ne!(choose(&at(kind, min, 2), Device::Host, &cfg).engine, Engine::CopyEngine, "{kind}");
-        assert_ne!(choose_launch(&[at(kind, min, 2), at(kind, min, 2)], Device::Gpu, &cfg)[0].engine, Engine::CopyEngine, "{kind}");
-        let off = Config { gpu_ce_window_bytes: 0, ..cfg.clone() };
-        assert_ne!(choose(&at(kind, 1 << 30, 2), Device::Gpu, &off).engine, Engine::CopyEngine, "{kind}");
+        assert_ne!(
+            choose(&at(kind, min / 2, 2), Device::Gpu, &cfg).engine,
+            Engine::CopyEngine,
+            "{kind}"
+        );
+        assert_ne!(
+            choose(
+                &OpShape {
+                    symmetric: false,
+                    ..at(kind, min, 2)
+                },
+                Device::Gpu,
+                &cfg
+            )
+            .engine,
+            Engine::CopyEngine,
+            "{kind}"
+        );
+        assert_ne!(
+            choose(&at(kind, min, 2), Device::Host, &cfg).engine,
+            Engine::CopyEngine,
+            "{kind}"
+        );
+        assert_ne!(
+            choose_launch(&[at(kind, min, 2), at(kind, min, 2)], Device::Gpu, &cfg)[0].engine,
+            Engine::CopyEngine,
+            "{kind}"
+        );
+        let off = Config {
+            gpu_ce_window_bytes: 0,
+            ..cfg.clone()
+        };
+        assert_ne!(
+            choose(&at(kind, 1 << 30, 2), Device::Gpu, &off).engine,
+            Engine::CopyEngine,
+            "{kind}"
+        );
     }
     // Reductions move no data as copies; a gather's or scatter's root in place names no peer's
     // buffer; broadcast beyond 2 ranks would send n-1 copies from the root; an all-to-all in
     // place has no order that works without staging.
-    for kind in [CollKind::AllReduce, CollKind::ReduceScatter, CollKind::Reduce, CollKind::Gather, CollKind::Scatter] {
-        assert_ne!(choose(&at(kind, 1 << 30, 2), Device::Gpu, &cfg).engine, Engine::CopyEngine, "{kind}");
+    for kind in [
+        CollKind::AllReduce,
+        CollKind::ReduceScatter,
+        CollKind::Reduce,
+        CollKind::Gather,
+        CollKind::Scatter,
+    ] {
+        assert_ne!(
+            choose(&at(kind, 1 << 30, 2), Device::Gpu, &cfg).engine,
+            Engine::CopyEngine,
+            "{kind}"
+        );
     }
-    assert_ne!(choose(&at(CollKind::Broadcast, 1 << 30, 3), Device::Gpu, &cfg).engine, Engine::CopyEngine);
-    assert_eq!(choose(&at(CollKind::AllGather, 1 << 30, 3), Device::Gpu, &cfg).engine, Engine::CopyEngine);
-    assert_ne!(choose(&OpShape { in_place: true, ..at(CollKind::AllToAll, 1 << 30, 2) }, Device::Gpu, &cfg).engine, Engine::CopyEngine);
-    assert_eq!(choose(&OpShape { in_place: true, ..at(CollKind::AllGather, 1 << 30, 2) }, Device::Gpu, &cfg).engine, Engine::CopyEngine);
+    assert_ne!(
+        choose(&at(CollKind::Broadcast, 1 << 30, 3), Device::Gpu, &cfg).engine,
+        Engine::CopyEngine
+    );
+    assert_eq!(
+        choose(&at(CollKind::AllGather, 1 << 30, 3), Device::Gpu, &cfg).engine,
+        Engine::CopyEngine
+    );
+    assert_ne!(
+        choose(
+            &OpShape {
+                in_place: true,
+                ..at(CollKind::AllToAll, 1 << 30, 2)
+            },
+            Device::Gpu,
+            &cfg
+        )
+        .engine,
+        Engine::CopyEngine
+    );
+    assert_eq!(
+        choose(
+            &OpShape {
+                in_place: true,
+                ..at(CollKind::AllGather, 1 << 30, 2)
+            },
+            Device::Gpu,
+            &cfg
+        )
+        .engine,
+        Engine::CopyEngine
+    );
 }
 
 /// Every choice names an algorithm that can build the operation, and nothing but
@@ -492,8 +1473,17 @@ fn symmetric_windows_take_the_copy_engine_for_large_data_movement() {
 fn every_choice_is_buildable_and_shared() {
     let cfgs = [
         Config::default(),
-        Config { channels: 4, gpu_channels: 3, ll_max_bytes: 0, direct_max_bytes: 0, ..Config::default() },
-        Config { gpu_copy_engine_bytes: 1, ..Config::default() },
+        Config {
+            channels: 4,
+            gpu_channels: 3,
+            ll_max_bytes: 0,
+            direct_max_bytes: 0,
+            ..Config::default()
+        },
+        Config {
+            gpu_copy_engine_bytes: 1,
+            ..Config::default()
+        },
     ];
     for cfg in &cfgs {
         for dev in [Device::Host, Device::Gpu] {
@@ -504,7 +1494,11 @@ fn every_choice_is_buildable_and_shared() {
                             let base = shape(kind, count, dtype, n);
                             let c = choose(&base, dev, cfg);
                             assert!(c.algo.supports(kind), "{dev:?} {kind}: {c}");
-                            assert!((c.channels >= 1 || c.engine == Engine::CopyEngine) && c.chunk_elems >= 1, "{c}");
+                            assert!(
+                                (c.channels >= 1 || c.engine == Engine::CopyEngine)
+                                    && c.chunk_elems >= 1,
+                                "{c}"
+                            );
                             let (coll, p2p) = channel_budget(dev, cfg, n);
                             // The peer engine's blocks are its own (its staging is cut for them), not FIFO channels.
                             let most = match (kind, c.engine) {
@@ -513,9 +1507,21 @@ fn every_choice_is_buildable_and_shared() {
                                 _ => coll,
                             };
                             assert!(c.channels <= most, "{c}");
-                            for (in_place, windows) in [(true, false), (false, true), (true, true)] {
-                                let o = choose(&OpShape { in_place, windows, ..base }, dev, cfg);
-                                assert_eq!((o.algo, o.protocol, o.channels, o.chunk_elems), (c.algo, c.protocol, c.channels, c.chunk_elems));
+                            for (in_place, windows) in [(true, false), (false, true), (true, true)]
+                            {
+                                let o = choose(
+                                    &OpShape {
+                                        in_place,
+                                        windows,
+                                        ..base
+                                    },
+                                    dev,
+                                    cfg,
+                                );
+                                assert_eq!(
+                                    (o.algo, o.protocol, o.channels, o.chunk_elems),
+                                    (c.algo, c.protocol, c.channels, c.chunk_elems)
+                                );
                             }
                         }
                     }
@@ -527,9 +1533,19 @@ fn every_choice_is_buildable_and_shared() {
 
 #[test]
 fn the_reason_is_readable() {
-    let c = choose(&shape(CollKind::AllReduce, 2, Float32, 2), Device::Gpu, &Config::default());
+    let c = choose(
+        &shape(CollKind::AllReduce, 2, Float32, 2),
+        Device::Gpu,
+        &Config::default(),
+    );
     let s = c.to_string();
-    for want in ["one-shot", "LL", "1 channels", "FERROCCL_GPU_CHANNEL_BYTES", "DirectKernel"] {
+    for want in [
+        "one-shot",
+        "LL",
+        "1 channels",
+        "FERROCCL_GPU_CHANNEL_BYTES",
+        "DirectKernel",
+    ] {
         assert!(s.contains(want), "{want} missing from: {s}");
     }
 }
@@ -549,24 +1565,48 @@ fn estimates_grow_with_size_and_ranks_and_match_the_measured_ends() {
     let big = t(CollKind::AllReduce, 512 << 20, 2, Device::Gpu);
     let busbw = (2u64 << 30) as f64 / big / 1e3;
     assert!((200.0..350.0).contains(&busbw), "{busbw} GB/s");
-    for kind in [CollKind::AllReduce, CollKind::AllGather, CollKind::ReduceScatter, CollKind::AllToAll, CollKind::Broadcast, CollKind::Reduce, CollKind::Gather, CollKind::Scatter, CollKind::Send] {
+    for kind in [
+        CollKind::AllReduce,
+        CollKind::AllGather,
+        CollKind::ReduceScatter,
+        CollKind::AllToAll,
+        CollKind::Broadcast,
+        CollKind::Reduce,
+        CollKind::Gather,
+        CollKind::Scatter,
+        CollKind::Send,
+    ] {
         for d in [Device::Gpu, Device::Host] {
             let mut last = 0.0;
             for count in [1usize, 1 << 10, 1 << 16, 1 << 22, 1 << 26] {
                 let e = t(kind, count, 4, d);
-                assert!(e.is_finite() && e > last, "{kind:?} {d:?} {count}: {e} after {last}");
+                assert!(
+                    e.is_finite() && e > last,
+                    "{kind:?} {d:?} {count}: {e} after {last}"
+                );
                 last = e;
             }
-            assert!(t(kind, 1 << 20, 8, d) >= t(kind, 1 << 20, 2, d), "{kind:?} {d:?}: more ranks, more time");
+            assert!(
+                t(kind, 1 << 20, 8, d) >= t(kind, 1 << 20, 2, d),
+                "{kind:?} {d:?}: more ranks, more time"
+            );
         }
     }
     // A group costs its operations' sum; one rank costs only the launch.
     let one = f32_shape(CollKind::AllReduce, 1 << 20, 4);
     let two = estimate_launch_us(&[one, one], Device::Host, &cfg);
     assert!((two - 2.0 * estimate_launch_us(&[one], Device::Host, &cfg)).abs() < 1e-6);
-    assert_eq!(t(CollKind::AllReduce, 1 << 20, 1, Device::Host), cost(Engine::HostExecutor, Protocol::Simple).launch_us);
+    assert_eq!(
+        t(CollKind::AllReduce, 1 << 20, 1, Device::Host),
+        cost(Engine::HostExecutor, Protocol::Simple).launch_us
+    );
     // Sizes that overflow are infinitely slow, not a panic.
-    assert!(estimate_launch_us(&[f32_shape(CollKind::AllGather, usize::MAX / 2, 4)], Device::Gpu, &cfg).is_infinite());
+    assert!(estimate_launch_us(
+        &[f32_shape(CollKind::AllGather, usize::MAX / 2, 4)],
+        Device::Gpu,
+        &cfg
+    )
+    .is_infinite());
 }
 
 /// FERROCCL_GPU_PEER_SPLIT: the peer engine's one-phase rounds on a send block and a receive
@@ -576,7 +1616,10 @@ fn estimates_grow_with_size_and_ranks_and_match_the_measured_ends() {
 #[test]
 fn the_peer_engine_splits_one_phase_rounds_only_where_asked_and_safe() {
     use CollKind::*;
-    let on = Config { gpu_peer_split: Some(true), ..Config::default() };
+    let on = Config {
+        gpu_peer_split: Some(true),
+        ..Config::default()
+    };
     for (kind, n, in_place, split) in [
         (AllGather, 2, false, true),
         (AllGather, 2, true, true),
@@ -590,32 +1633,92 @@ fn the_peer_engine_splits_one_phase_rounds_only_where_asked_and_safe() {
         (Broadcast, 2, true, true),
         (Reduce, 2, false, true),
     ] {
-        let shape = OpShape { in_place, ..shape(kind, 1 << 22, Float32, n) };
+        let shape = OpShape {
+            in_place,
+            ..shape(kind, 1 << 22, Float32, n)
+        };
         let c = choose(&shape, Device::Gpu, &on);
         assert_eq!(c.engine, Engine::PeerKernel, "{kind} on {n}: {c}");
         assert_eq!(c.split, split, "{kind} on {n}, in place {in_place}: {c}");
         if split {
-            assert!(c.channels >= 2 && c.channels.is_multiple_of(2) && c.channels <= peer_blocks(&on, n), "{c}");
+            assert!(
+                c.channels >= 2
+                    && c.channels.is_multiple_of(2)
+                    && c.channels <= peer_blocks(&on, n),
+                "{c}"
+            );
             assert!(c.to_string().contains("FERROCCL_GPU_PEER_SPLIT"), "{c}");
         }
-        let off = choose(&shape, Device::Gpu, &Config { gpu_peer_split: Some(false), ..on.clone() });
+        let off = choose(
+            &shape,
+            Device::Gpu,
+            &Config {
+                gpu_peer_split: Some(false),
+                ..on.clone()
+            },
+        );
         assert!(!off.split, "{kind}: {off}");
     }
     // Auto: the kinds it pays for, from PEER_SPLIT_MIN_BYTES, where safe.
     let auto = Config::default();
-    for (kind, split) in [(AllGather, true), (AllToAll, true), (ReduceScatter, true), (Scatter, true), (Gather, false), (Broadcast, false), (Reduce, false), (AllReduce, false)] {
-        let per_rank = if matches!(kind, AllGather | AllToAll | Gather | Scatter | ReduceScatter) { 2 } else { 1 };
+    for (kind, split) in [
+        (AllGather, true),
+        (AllToAll, true),
+        (ReduceScatter, true),
+        (Scatter, true),
+        (Gather, false),
+        (Broadcast, false),
+        (Reduce, false),
+        (AllReduce, false),
+    ] {
+        let per_rank = if matches!(
+            kind,
+            AllGather | AllToAll | Gather | Scatter | ReduceScatter
+        ) {
+            2
+        } else {
+            1
+        };
         let big = shape(kind, PEER_SPLIT_MIN_BYTES / 4 / per_rank, Float32, 2);
         assert_eq!(big.largest_bytes(), Some(PEER_SPLIT_MIN_BYTES), "{kind}");
         assert_eq!(choose(&big, Device::Gpu, &auto).split, split, "{kind}");
-        assert!(!choose(&OpShape { count: big.count / 2, ..big }, Device::Gpu, &auto).split, "{kind}: below the size");
+        assert!(
+            !choose(
+                &OpShape {
+                    count: big.count / 2,
+                    ..big
+                },
+                Device::Gpu,
+                &auto
+            )
+            .split,
+            "{kind}: below the size"
+        );
     }
-    assert!(!choose(&OpShape { in_place: true, ..shape(AllToAll, 1 << 24, Float32, 2) }, Device::Gpu, &auto).split);
+    assert!(
+        !choose(
+            &OpShape {
+                in_place: true,
+                ..shape(AllToAll, 1 << 24, Float32, 2)
+            },
+            Device::Gpu,
+            &auto
+        )
+        .split
+    );
     // Odd grids round down; one block stays whole.
-    let odd = Config { gpu_peer_blocks: 7, ..on.clone() };
-    assert_eq!(choose(&shape(AllGather, 1 << 22, Float32, 2), Device::Gpu, &odd).channels, 6);
-    let one = Config { gpu_peer_blocks: 1, ..on };
+    let odd = Config {
+        gpu_peer_blocks: 7,
+        ..on.clone()
+    };
+    assert_eq!(
+        choose(&shape(AllGather, 1 << 22, Float32, 2), Device::Gpu, &odd).channels,
+        6
+    );
+    let one = Config {
+        gpu_peer_blocks: 1,
+        ..on
+    };
     let c = choose(&shape(AllGather, 1 << 22, Float32, 2), Device::Gpu, &one);
     assert_eq!((c.channels, c.split), (1, false));
 }
-

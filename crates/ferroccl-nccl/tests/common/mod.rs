@@ -9,10 +9,13 @@ use std::path::PathBuf;
 pub fn library_path() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
-    [deps.join("libnccl.so"), deps.parent().unwrap().join("libnccl.so")]
-        .into_iter()
-        .find(|p| p.exists())
-        .expect("libnccl.so next to the test binary (cargo builds the cdylib for integration tests)")
+    [
+        deps.join("libnccl.so"),
+        deps.parent().unwrap().join("libnccl.so"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .expect("libnccl.so next to the test binary (cargo builds the cdylib for integration tests)")
 }
 
 /// The library, dlopened.
@@ -42,7 +45,9 @@ impl Lib {
     /// `ncclGetLastError(NULL)`.
     pub fn last_error(&self) -> String {
         let f: abi::GetLastErrorFn = self.sym("ncclGetLastError");
-        unsafe { CStr::from_ptr(f(std::ptr::null_mut())) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(f(std::ptr::null_mut())) }
+            .to_string_lossy()
+            .into_owned()
     }
 
     /// A fresh `ncclGetUniqueId`.

@@ -33,7 +33,8 @@ pub(crate) fn refusal_for_lack_of_fds() -> [u8; 40] {
 
 pub(crate) fn random_bytes<const N: usize>() -> Result<[u8; N], Error> {
     let mut b = [0u8; N];
-    getrandom::getrandom(&mut b).map_err(|e| Error::System(format!("no randomness from the OS: {e}")))?;
+    getrandom::getrandom(&mut b)
+        .map_err(|e| Error::System(format!("no randomness from the OS: {e}")))?;
     Ok(b)
 }
 
@@ -45,7 +46,12 @@ fn mac(secret: &[u8; 16], label: &[u8], a: &[u8], b: &[u8]) -> HmacSha256 {
     m
 }
 
-pub(crate) fn server(s: &mut TcpStream, secret: &[u8; 16], w: &Wait, peer: &str) -> Result<(), Error> {
+pub(crate) fn server(
+    s: &mut TcpStream,
+    secret: &[u8; 16],
+    w: &Wait,
+    peer: &str,
+) -> Result<(), Error> {
     let sn: [u8; 32] = random_bytes()?;
     let mut hello = [0u8; 40];
     hello[..8].copy_from_slice(&MAGIC);
@@ -57,27 +63,46 @@ pub(crate) fn server(s: &mut TcpStream, secret: &[u8; 16], w: &Wait, peer: &str)
     // verify_slice compares in constant time.
     mac(secret, b"client", &sn, cn)
         .verify_slice(tag)
-        .map_err(|_| Error::Protocol(format!("{peer} failed authentication (wrong job secret, or not a ferroccl rank)")))?;
+        .map_err(|_| {
+            Error::Protocol(format!(
+                "{peer} failed authentication (wrong job secret, or not a ferroccl rank)"
+            ))
+        })?;
     let answer = mac(secret, b"server", cn, &sn).finalize().into_bytes();
     write_all(s, &answer, w, peer)
 }
 
 #[cfg(test)]
-pub(crate) fn client(s: &mut TcpStream, secret: &[u8; 16], w: &Wait, peer: &str) -> Result<(), Error> {
+pub(crate) fn client(
+    s: &mut TcpStream,
+    secret: &[u8; 16],
+    w: &Wait,
+    peer: &str,
+) -> Result<(), Error> {
     client_or_retry(s, secret, w, peer).map_err(|(_, e)| e)
 }
 
 /// Connects to `addr` and authenticates. A server that closes the connection before its
 /// first byte (a listener cutting off handshakes under a flood of strangers) is tried again
 /// until the deadline; anything later is final.
-pub(crate) fn connect(addr: SocketAddr, secret: &[u8; 16], w: &Wait, what: &str, peer: &str) -> Result<TcpStream, Error> {
+pub(crate) fn connect(
+    addr: SocketAddr,
+    secret: &[u8; 16],
+    w: &Wait,
+    what: &str,
+    peer: &str,
+) -> Result<TcpStream, Error> {
     loop {
         let mut s = wire::connect_retry(addr, w, what)?;
         match client_or_retry(&mut s, secret, &w.capped(HANDSHAKE_MAX), peer) {
             Ok(()) => return Ok(s),
             Err((true, e)) => {
-                tracing::debug!("{peer} closed the connection before its handshake, trying again: {e}");
-                w.check(|| format!("authenticating with {peer} (it kept closing connections: {e})"))?;
+                tracing::debug!(
+                    "{peer} closed the connection before its handshake, trying again: {e}"
+                );
+                w.check(|| {
+                    format!("authenticating with {peer} (it kept closing connections: {e})")
+                })?;
                 std::thread::sleep(POLL.min(w.remaining()));
             }
             Err((false, e)) => return Err(e),
@@ -86,21 +111,34 @@ pub(crate) fn connect(addr: SocketAddr, secret: &[u8; 16], w: &Wait, what: &str,
 }
 
 /// The client handshake; the flag in the error says whether it is worth trying again.
-fn client_or_retry(s: &mut TcpStream, secret: &[u8; 16], w: &Wait, peer: &str) -> Result<(), (bool, Error)> {
+fn client_or_retry(
+    s: &mut TcpStream,
+    secret: &[u8; 16],
+    w: &Wait,
+    peer: &str,
+) -> Result<(), (bool, Error)> {
     let mut hello = [0u8; 40];
     read_exact(s, &mut hello[..1], w, peer).map_err(|e| (matches!(e, Error::Remote(_)), e))?;
     read_exact(s, &mut hello[1..], w, peer).map_err(|e| (false, e))?;
     client_rest(s, secret, w, peer, &hello).map_err(|e| (false, e))
 }
 
-fn client_rest(s: &mut TcpStream, secret: &[u8; 16], w: &Wait, peer: &str, hello: &[u8; 40]) -> Result<(), Error> {
+fn client_rest(
+    s: &mut TcpStream,
+    secret: &[u8; 16],
+    w: &Wait,
+    peer: &str,
+    hello: &[u8; 40],
+) -> Result<(), Error> {
     if hello[..8] == NO_FDS {
         return Err(Error::System(format!(
             "{peer} has run out of file descriptors and cannot accept connections: raise `ulimit -n` (RLIMIT_NOFILE) for that process"
         )));
     }
     if hello[..8] != MAGIC {
-        return Err(Error::Protocol(format!("{peer} is not a ferroccl bootstrap endpoint of this version")));
+        return Err(Error::Protocol(format!(
+            "{peer} is not a ferroccl bootstrap endpoint of this version"
+        )));
     }
     let sn = &hello[8..];
     let cn: [u8; 32] = random_bytes()?;
@@ -113,7 +151,9 @@ fn client_rest(s: &mut TcpStream, secret: &[u8; 16], w: &Wait, peer: &str, hello
         Ok(()) => {}
         // The server drops us without a word when our proof is wrong.
         Err(Error::Remote(m)) => {
-            return Err(Error::Protocol(format!("{peer} rejected our authentication (wrong job secret?): {m}")))
+            return Err(Error::Protocol(format!(
+                "{peer} rejected our authentication (wrong job secret?): {m}"
+            )))
         }
         Err(e) => return Err(e),
     }

@@ -44,12 +44,21 @@ impl Drop for Slot {
 
 impl Gate {
     pub fn new() -> Gate {
-        Gate { threads: Arc::new(AtomicUsize::new(0)), pending: Arc::default(), next_id: Arc::default() }
+        Gate {
+            threads: Arc::new(AtomicUsize::new(0)),
+            pending: Arc::default(),
+            next_id: Arc::default(),
+        }
     }
 
     /// Runs `f(stream)` on a handshake thread. `f` hands the stream on when the handshake
     /// succeeds; it is then no longer counted as pending.
-    pub fn run(&self, stream: TcpStream, from: SocketAddr, f: impl FnOnce(TcpStream, &dyn Fn()) + Send + 'static) {
+    pub fn run(
+        &self,
+        stream: TcpStream,
+        from: SocketAddr,
+        f: impl FnOnce(TcpStream, &dyn Fn()) + Send + 'static,
+    ) {
         if self.threads.fetch_add(1, Ordering::AcqRel) >= MAX_THREADS {
             self.threads.fetch_sub(1, Ordering::AcqRel);
             tracing::warn!(remote = %from, "bootstrap listener: {MAX_THREADS} handshake threads busy, dropping a connection");
@@ -67,19 +76,27 @@ impl Gate {
             match stream.try_clone() {
                 Ok(h) => p.push_back((id, from, h)),
                 // Without a handle it cannot be cut off, but it still times out on its own.
-                Err(e) => tracing::warn!(remote = %from, "bootstrap listener: cannot track a handshake: {e}"),
+                Err(e) => {
+                    tracing::warn!(remote = %from, "bootstrap listener: cannot track a handshake: {e}")
+                }
             }
         }
-        let slot = Slot { id, gate: self.clone() };
+        let slot = Slot {
+            id,
+            gate: self.clone(),
+        };
         let done_gate = self.clone();
-        let r = std::thread::Builder::new().name("ferroccl-auth".into()).stack_size(STACK).spawn(move || {
-            let slot = slot;
-            let done = || {
-                let mut p = done_gate.pending.lock().unwrap_or_else(|e| e.into_inner());
-                p.retain(|(i, _, _)| *i != slot.id);
-            };
-            f(stream, &done)
-        });
+        let r = std::thread::Builder::new()
+            .name("ferroccl-auth".into())
+            .stack_size(STACK)
+            .spawn(move || {
+                let slot = slot;
+                let done = || {
+                    let mut p = done_gate.pending.lock().unwrap_or_else(|e| e.into_inner());
+                    p.retain(|(i, _, _)| *i != slot.id);
+                };
+                f(stream, &done)
+            });
         if let Err(e) = r {
             tracing::warn!(remote = %from, "bootstrap listener: cannot start a handshake thread: {e}");
         }

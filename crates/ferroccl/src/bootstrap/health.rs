@@ -73,7 +73,11 @@ impl Health {
 
     fn report(&self, rank: Rank, why: &str, dead: bool) -> bool {
         let mut st = self.lock();
-        let new = if dead { st.dead.insert(rank) } else { !st.dead.contains(&rank) && st.aborted.insert(rank) };
+        let new = if dead {
+            st.dead.insert(rank)
+        } else {
+            !st.dead.contains(&rank) && st.aborted.insert(rank)
+        };
         if new {
             st.first.get_or_insert_with(|| why.to_string());
             tracing::warn!("{why}");
@@ -97,7 +101,10 @@ impl Health {
     /// react without anyone waiting, such as kernels spinning on a peer that died.
     pub fn on_failure(&self, hook: impl Fn() + Send + Sync + 'static) {
         let hook: Hook = std::sync::Arc::new(hook);
-        self.hooks.lock().unwrap_or_else(|p| p.into_inner()).push(hook.clone());
+        self.hooks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(hook.clone());
         if self.is_failed() {
             hook();
         }
@@ -128,10 +135,15 @@ impl Health {
         // Ranks that died or aborted take no further part: the others can go on without them.
         let gone: BTreeSet<Rank> = st.dead.iter().chain(&st.aborted).copied().collect();
         let advice = if gone.is_empty() {
-            "the communicator cannot be used any more: drop it (or abort it) on every rank".to_string()
+            "the communicator cannot be used any more: drop it (or abort it) on every rank"
+                .to_string()
         } else {
             let gone: Vec<Rank> = gone.into_iter().collect();
-            let what = if st.aborted.iter().all(|r| st.dead.contains(r)) { "dead" } else { "failed" };
+            let what = if st.aborted.iter().all(|r| st.dead.contains(r)) {
+                "dead"
+            } else {
+                "failed"
+            };
             format!(
                 "the communicator cannot be used any more: drop it, or call shrink(&{gone:?}) on every surviving rank \
                  to continue without the {what} rank(s)"
@@ -174,19 +186,36 @@ mod tests {
             e.fetch_add(1, Ordering::SeqCst);
         });
         h.report_left(3);
-        assert_eq!(early.load(Ordering::SeqCst), 0, "a clean leave is no failure");
+        assert_eq!(
+            early.load(Ordering::SeqCst),
+            0,
+            "a clean leave is no failure"
+        );
         assert!(h.report_aborted(1, "rank 1 aborted"));
         // An aborted rank takes no further part either: the others may shrink it out.
         let msg = h.failure().unwrap().to_string();
-        assert!(msg.contains("rank 1 aborted") && msg.contains("shrink(&[1])") && msg.contains("failed rank(s)"), "{msg}");
+        assert!(
+            msg.contains("rank 1 aborted")
+                && msg.contains("shrink(&[1])")
+                && msg.contains("failed rank(s)"),
+            "{msg}"
+        );
         assert!(h.report_dead(2, "rank 2 died"));
-        assert_eq!(early.load(Ordering::SeqCst), 1, "once, at the first failure");
+        assert_eq!(
+            early.load(Ordering::SeqCst),
+            1,
+            "once, at the first failure"
+        );
         let late = Arc::new(AtomicUsize::new(0));
         let l = late.clone();
         h.on_failure(move || {
             l.fetch_add(1, Ordering::SeqCst);
         });
-        assert_eq!(late.load(Ordering::SeqCst), 1, "registered after the failure: run at once");
+        assert_eq!(
+            late.load(Ordering::SeqCst),
+            1,
+            "registered after the failure: run at once"
+        );
     }
 
     #[test]
@@ -194,12 +223,20 @@ mod tests {
         let h = Health::default();
         assert!(h.report_dead(1, "rank 1 died: its heartbeat connection closed"));
         assert!(!h.is_declared_dead());
-        assert!(h.report_declared_dead("this rank, rank 2, was declared dead by the other ranks".into()));
+        assert!(h.report_declared_dead(
+            "this rank, rank 2, was declared dead by the other ranks".into()
+        ));
         assert!(!h.report_declared_dead("again".into()));
         assert!(h.is_declared_dead() && h.is_failed());
         let msg = h.failure().unwrap().to_string();
-        assert!(msg.contains("this rank, rank 2, was declared dead") && msg.contains("cannot rejoin"), "{msg}");
-        assert!(!msg.contains("shrink") && !msg.contains("rank 1 died"), "{msg}");
+        assert!(
+            msg.contains("this rank, rank 2, was declared dead") && msg.contains("cannot rejoin"),
+            "{msg}"
+        );
+        assert!(
+            !msg.contains("shrink") && !msg.contains("rank 1 died"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -208,17 +245,28 @@ mod tests {
         assert!(h.failure().is_none() && !h.is_failed());
         assert!(h.report_left(3) && !h.report_left(3));
         assert!(!h.is_failed(), "a clean goodbye is not a failure");
-        assert!(h.gone(3).is_none(), "data sent before a goodbye may still be on its way");
+        assert!(
+            h.gone(3).is_none(),
+            "data sent before a goodbye may still be on its way"
+        );
         assert!(h.report_aborted(1, "rank 1 aborted"));
         // An aborted rank takes no further part either: the others may shrink it out.
         let msg = h.failure().unwrap().to_string();
-        assert!(msg.contains("rank 1 aborted") && msg.contains("shrink(&[1])") && msg.contains("failed rank(s)"), "{msg}");
+        assert!(
+            msg.contains("rank 1 aborted")
+                && msg.contains("shrink(&[1])")
+                && msg.contains("failed rank(s)"),
+            "{msg}"
+        );
         assert!(h.report_dead(2, "rank 2 died"));
         assert!(!h.report_dead(2, "rank 2 died again"));
         assert!(h.report_dead(1, "rank 1 died after all"));
         assert!(!h.report_aborted(1, "too late"));
         let msg = h.failure().unwrap().to_string();
-        assert!(msg.contains("rank 1 aborted") && msg.contains("shrink(&[1, 2])"), "{msg}");
+        assert!(
+            msg.contains("rank 1 aborted") && msg.contains("shrink(&[1, 2])"),
+            "{msg}"
+        );
         assert_eq!(h.dead(), vec![1, 2]);
         assert_eq!(h.gone(2), Some("died"));
         assert_eq!(h.gone(0), None);

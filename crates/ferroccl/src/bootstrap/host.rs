@@ -21,7 +21,9 @@ pub(crate) fn hostname() -> String {
 }
 
 fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// Hostnames alone collide across containers (same image, same name); the kernel boot id
@@ -54,7 +56,11 @@ pub(crate) fn first_ipv4() -> Option<Ipv4Addr> {
             let ifa = &*cur;
             let up = ifa.ifa_flags & libc::IFF_UP as libc::c_uint != 0;
             let lo = ifa.ifa_flags & libc::IFF_LOOPBACK as libc::c_uint != 0;
-            if up && !lo && !ifa.ifa_addr.is_null() && (*ifa.ifa_addr).sa_family as libc::c_int == libc::AF_INET {
+            if up
+                && !lo
+                && !ifa.ifa_addr.is_null()
+                && (*ifa.ifa_addr).sa_family as libc::c_int == libc::AF_INET
+            {
                 let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
                 let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
                 if !ip.is_loopback() && !ip.is_unspecified() {
@@ -82,13 +88,26 @@ pub(crate) fn interfaces() -> Vec<(String, IpAddr)> {
         while !cur.is_null() {
             let ifa = &*cur;
             cur = ifa.ifa_next;
-            if ifa.ifa_flags & libc::IFF_UP as libc::c_uint == 0 || ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            if ifa.ifa_flags & libc::IFF_UP as libc::c_uint == 0
+                || ifa.ifa_addr.is_null()
+                || ifa.ifa_name.is_null()
+            {
                 continue;
             }
-            let name = std::ffi::CStr::from_ptr(ifa.ifa_name).to_string_lossy().into_owned();
+            let name = std::ffi::CStr::from_ptr(ifa.ifa_name)
+                .to_string_lossy()
+                .into_owned();
             let ip = match (*ifa.ifa_addr).sa_family as libc::c_int {
-                libc::AF_INET => IpAddr::V4(Ipv4Addr::from(u32::from_be((*(ifa.ifa_addr as *const libc::sockaddr_in)).sin_addr.s_addr))),
-                libc::AF_INET6 => IpAddr::V6(Ipv6Addr::from((*(ifa.ifa_addr as *const libc::sockaddr_in6)).sin6_addr.s6_addr)),
+                libc::AF_INET => IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                    (*(ifa.ifa_addr as *const libc::sockaddr_in))
+                        .sin_addr
+                        .s_addr,
+                ))),
+                libc::AF_INET6 => IpAddr::V6(Ipv6Addr::from(
+                    (*(ifa.ifa_addr as *const libc::sockaddr_in6))
+                        .sin6_addr
+                        .s6_addr,
+                )),
                 _ => continue,
             };
             out.push((name, ip));
@@ -106,6 +125,9 @@ pub fn interface_ip(spec: &str) -> Result<IpAddr, ferroccl_core::Error> {
     s.pick(&all).ok_or_else(|| {
         let mut names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
         names.dedup();
-        ferroccl_core::Error::InvalidArgument(format!("no interface that is up matches '{spec}' (interfaces: {})", names.join(", ")))
+        ferroccl_core::Error::InvalidArgument(format!(
+            "no interface that is up matches '{spec}' (interfaces: {})",
+            names.join(", ")
+        ))
     })
 }

@@ -58,7 +58,10 @@ fn warned(addr: SocketAddr, what: &str, within: Duration) -> bool {
     let a = addr.to_string();
     let until = Instant::now() + within;
     loop {
-        if lock(logged()).iter().any(|l| l.contains(&a) && l.contains(what)) {
+        if lock(logged())
+            .iter()
+            .any(|l| l.contains(&a) && l.contains(what))
+        {
             return true;
         }
         if Instant::now() >= until {
@@ -70,7 +73,12 @@ fn warned(addr: SocketAddr, what: &str, within: Duration) -> bool {
 
 fn threads_now() -> usize {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    s.lines().find_map(|l| l.strip_prefix("Threads:")).unwrap().trim().parse().unwrap()
+    s.lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// The strangers of one attack, and where each came from.
@@ -111,10 +119,16 @@ fn attack(target: SocketAddr) -> Strangers {
 
 fn assert_logged(s: &Strangers) {
     for &a in &s.wrong_secret {
-        assert!(warned(a, "failed authentication", Duration::from_secs(3)), "no warning for wrong secret from {a}");
+        assert!(
+            warned(a, "failed authentication", Duration::from_secs(3)),
+            "no warning for wrong secret from {a}"
+        );
     }
     for &a in s.partial.iter().chain(&s.garbage) {
-        assert!(warned(a, "", Duration::from_secs(3)), "no warning for stranger {a}");
+        assert!(
+            warned(a, "", Duration::from_secs(3)),
+            "no warning for stranger {a}"
+        );
     }
 }
 
@@ -125,7 +139,9 @@ fn strangers_are_turned_away_and_logged_while_the_job_starts_and_runs() {
     let id = UniqueId::new(&c).unwrap();
     let root = id.root_addr();
     // Hundreds of silent connections, more than the listener will run handshakes for.
-    let silent: Vec<TcpStream> = (0..700).map(|_| TcpStream::connect(root).unwrap()).collect();
+    let silent: Vec<TcpStream> = (0..700)
+        .map(|_| TcpStream::connect(root).unwrap())
+        .collect();
     // The listener accepts them in the background; give it time to take them all in.
     thread::sleep(Duration::from_millis(300));
     let peak = threads_now();
@@ -140,14 +156,19 @@ fn strangers_are_turned_away_and_logged_while_the_job_starts_and_runs() {
     });
     let strangers = strangers.into_inner().unwrap().unwrap();
     // Without the cap this would be a thread per silent connection.
-    assert!(peak < MAX_THREADS + 150, "{peak} threads with 700 silent connections open");
+    assert!(
+        peak < MAX_THREADS + 150,
+        "{peak} threads with 700 silent connections open"
+    );
     check_allgather(&bs);
     assert_logged(&strangers);
     drop(silent);
 
     // The same against a rank's own listener, while the job talks.
     let target = bs[1].peers()[1].addr;
-    let silent: Vec<TcpStream> = (0..300).map(|_| TcpStream::connect(target).unwrap()).collect();
+    let silent: Vec<TcpStream> = (0..300)
+        .map(|_| TcpStream::connect(target).unwrap())
+        .collect();
     let bsr = &bs;
     let strangers = thread::scope(|s| {
         let h = s.spawn(|| attack(target));
@@ -197,7 +218,10 @@ fn a_recorded_handshake_replayed_is_rejected() {
     s.read_exact(&mut hello).unwrap();
     s.write_all(&rec[0][..64 + 37]).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-    assert!(matches!(s.read(&mut [0u8; 32]), Ok(0) | Err(_)), "the replay got an answer");
+    assert!(
+        matches!(s.read(&mut [0u8; 32]), Ok(0) | Err(_)),
+        "the replay got an answer"
+    );
     assert!(warned(me, "failed authentication", Duration::from_secs(3)));
     // Nothing was parked under the replayed announce: an accept for it finds nothing.
     let e = Bootstrap::accept(&bs[1], 0, 9).unwrap_err();
@@ -240,7 +264,14 @@ fn two_jobs_on_one_host_keep_to_themselves() {
         }
         3..=5 => Ok(Some(Bootstrap::init(&b, 3, i - 3, &c, flag()).unwrap())),
         // A rank of job B given job A's address (a wrong MASTER_PORT, say).
-        _ => Bootstrap::init(&UniqueId::compose(a.root_addr(), &b.secret()), 3, 1, &c, flag()).map(|_| None),
+        _ => Bootstrap::init(
+            &UniqueId::compose(a.root_addr(), &b.secret()),
+            3,
+            1,
+            &c,
+            flag(),
+        )
+        .map(|_| None),
     });
     let mut jobs = jobs.into_iter();
     let ja: Vec<Bootstrap> = jobs.by_ref().take(3).map(|r| r.unwrap().unwrap()).collect();
@@ -249,7 +280,9 @@ fn two_jobs_on_one_host_keep_to_themselves() {
     // Refused for its secret; or, on a loaded machine where it knocked only after job A had
     // gathered and its root had closed, unable to connect at all. Never admitted.
     let refused = matches!(e, Error::Protocol(_)) && e.message().contains("wrong job secret");
-    let too_late = matches!(e, Error::Timeout(_)) && e.message().contains("could not connect to the bootstrap root");
+    let too_late = matches!(e, Error::Timeout(_))
+        && e.message()
+            .contains("could not connect to the bootstrap root");
     assert!(refused || too_late, "{e}");
     assert!(e.message().contains(&a.root_addr().to_string()), "{e}");
     assert_ne!(ja[0].comm_id(), jb[0].comm_id());

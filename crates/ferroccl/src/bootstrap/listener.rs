@@ -58,14 +58,20 @@ pub(crate) struct Listener {
 
 pub(crate) fn encode_announce(comm_id: u64, from: usize, kind: u8, tag: u64) -> Vec<u8> {
     let mut e = Enc::default();
-    e.raw(&ANNOUNCE_MAGIC).u64(comm_id).u64(from as u64).u8(kind).u64(tag);
+    e.raw(&ANNOUNCE_MAGIC)
+        .u64(comm_id)
+        .u64(from as u64)
+        .u8(kind)
+        .u64(tag);
     e.0
 }
 
 pub(crate) fn decode_announce(b: &[u8]) -> Result<Key, Error> {
     let mut d = Dec::new(b, "connection announce");
     if d.take(4)? != ANNOUNCE_MAGIC {
-        return Err(Error::Protocol("connection announce has a bad magic".into()));
+        return Err(Error::Protocol(
+            "connection announce has a bad magic".into(),
+        ));
     }
     let k = (d.u64()?, d.usize()?, d.u8()?, d.u64()?);
     d.finish()?;
@@ -74,18 +80,47 @@ pub(crate) fn decode_announce(b: &[u8]) -> Result<Key, Error> {
 
 impl Listener {
     pub fn bind(ip: IpAddr, secret: [u8; 16], timeout: Duration) -> Result<Arc<Listener>, Error> {
-        let l = TcpListener::bind((ip, 0)).map_err(|e| Error::System(format!("binding the bootstrap listener on {ip}: {e}{}", wire::fd_hint(&e))))?;
-        let addr = l.local_addr().map_err(|e| Error::System(format!("bootstrap listener: {e}{}", super::wire::fd_hint(&e))))?;
-        l.set_nonblocking(true).map_err(|e| Error::System(format!("bootstrap listener: {e}{}", super::wire::fd_hint(&e))))?;
-        let shared = Arc::new(Shared { state: Mutex::new(State::default()), cv: Condvar::new() });
+        let l = TcpListener::bind((ip, 0)).map_err(|e| {
+            Error::System(format!(
+                "binding the bootstrap listener on {ip}: {e}{}",
+                wire::fd_hint(&e)
+            ))
+        })?;
+        let addr = l.local_addr().map_err(|e| {
+            Error::System(format!(
+                "bootstrap listener: {e}{}",
+                super::wire::fd_hint(&e)
+            ))
+        })?;
+        l.set_nonblocking(true).map_err(|e| {
+            Error::System(format!(
+                "bootstrap listener: {e}{}",
+                super::wire::fd_hint(&e)
+            ))
+        })?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            cv: Condvar::new(),
+        });
         let stop = Arc::new(AtomicBool::new(false));
-        let wake = l.try_clone().map_err(|e| Error::System(format!("bootstrap listener: {e}{}", super::wire::fd_hint(&e))))?;
+        let wake = l.try_clone().map_err(|e| {
+            Error::System(format!(
+                "bootstrap listener: {e}{}",
+                super::wire::fd_hint(&e)
+            ))
+        })?;
         let (sh, st) = (shared.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name("ferroccl-listen".into())
             .spawn(move || serve(l, secret, timeout, sh, st))
             .map_err(|e| Error::System(format!("starting the bootstrap listener thread: {e}")))?;
-        Ok(Arc::new(Listener { addr, wake, shared, stop, thread: Some(thread) }))
+        Ok(Arc::new(Listener {
+            addr,
+            wake,
+            shared,
+            stop,
+            thread: Some(thread),
+        }))
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -135,7 +170,12 @@ impl Listener {
             }
             refuse(&st.parked)?;
             w.check(|| format!("waiting for a connection from {peer} (tag {})", key.3))?;
-            st = self.shared.cv.wait_timeout(st, POLL).unwrap_or_else(|p| p.into_inner()).0;
+            st = self
+                .shared
+                .cv
+                .wait_timeout(st, POLL)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 
@@ -160,7 +200,13 @@ impl Drop for Listener {
     }
 }
 
-fn serve(l: TcpListener, secret: [u8; 16], timeout: Duration, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
+fn serve(
+    l: TcpListener,
+    secret: [u8; 16],
+    timeout: Duration,
+    shared: Arc<Shared>,
+    stop: Arc<AtomicBool>,
+) {
     let gate = Gate::new();
     let mut spare = wire::SpareFd::new();
     while !stop.load(Ordering::Acquire) {
@@ -177,7 +223,10 @@ fn serve(l: TcpListener, secret: [u8; 16], timeout: Duration, shared: Arc<Shared
                 continue;
             }
         };
-        let (shared, w) = (shared.clone(), Wait::new(timeout, AbortSet::new(stop.clone())).capped(HANDSHAKE_MAX));
+        let (shared, w) = (
+            shared.clone(),
+            Wait::new(timeout, AbortSet::new(stop.clone())).capped(HANDSHAKE_MAX),
+        );
         gate.run(stream, from, move |mut stream, done| {
             let peer = from.to_string();
             let r = auth::server(&mut stream, &secret, &w, &peer)
@@ -192,7 +241,9 @@ fn serve(l: TcpListener, secret: [u8; 16], timeout: Duration, shared: Arc<Shared
                         shared.cv.notify_all();
                     }
                 }
-                Err(e) => tracing::warn!(remote = %from, "bootstrap listener dropped a connection: {e}"),
+                Err(e) => {
+                    tracing::warn!(remote = %from, "bootstrap listener dropped a connection: {e}")
+                }
             }
         });
     }

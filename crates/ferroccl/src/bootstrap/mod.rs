@@ -29,11 +29,11 @@ mod watch;
 mod wire;
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod hostile_tests;
 #[cfg(test)]
 mod parser_fuzz;
+#[cfg(test)]
+mod tests;
 
 pub use host::interface_ip;
 pub use unique_id::UniqueId;
@@ -110,7 +110,10 @@ fn describe(p: &PeerInfo) -> String {
 
 /// The long form, for failures: "rank 2 (host, pid 123, 10.0.0.2:41234)".
 fn name_of(p: &PeerInfo) -> String {
-    format!("rank {} ({}, pid {}, {})", p.rank, p.hostname, p.pid, p.addr)
+    format!(
+        "rank {} ({}, pid {}, {})",
+        p.rank, p.hostname, p.pid, p.addr
+    )
 }
 
 /// What a new communicator's bootstrap inherits or gets fresh (see `assemble`).
@@ -127,24 +130,44 @@ struct Parts {
 }
 
 impl Bootstrap {
-    pub fn init(id: &UniqueId, nranks: usize, rank: usize, config: &Config, abort: Arc<AtomicBool>) -> Result<Bootstrap, Error> {
+    pub fn init(
+        id: &UniqueId,
+        nranks: usize,
+        rank: usize,
+        config: &Config,
+        abort: Arc<AtomicBool>,
+    ) -> Result<Bootstrap, Error> {
         if id.root_by_rank0() && rank == 0 && nranks > 0 {
             start_root(id.root_addr(), id.secret(), config)?;
         }
         Bootstrap::join(id.root_addr(), id.secret(), nranks, rank, config, abort)
     }
 
-    pub fn init_from_launch(env: &LaunchEnv, config: &Config, abort: Arc<AtomicBool>) -> Result<Bootstrap, Error> {
+    pub fn init_from_launch(
+        env: &LaunchEnv,
+        config: &Config,
+        abort: Arc<AtomicBool>,
+    ) -> Result<Bootstrap, Error> {
         let addrs: Vec<SocketAddr> = (env.master_addr.as_str(), env.master_port)
             .to_socket_addrs()
-            .map_err(|e| Error::InvalidArgument(format!("{} environment: cannot resolve MASTER_ADDR '{}': {e}", env.source, env.master_addr)))?
+            .map_err(|e| {
+                Error::InvalidArgument(format!(
+                    "{} environment: cannot resolve MASTER_ADDR '{}': {e}",
+                    env.source, env.master_addr
+                ))
+            })?
             .collect();
         let root = addrs
             .iter()
             .find(|a| a.is_ipv4())
             .or(addrs.first())
             .copied()
-            .ok_or_else(|| Error::InvalidArgument(format!("MASTER_ADDR '{}' resolves to no address", env.master_addr)))?;
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "MASTER_ADDR '{}' resolves to no address",
+                    env.master_addr
+                ))
+            })?;
         let secret = config.job_secret.unwrap_or([0u8; 16]);
         if env.rank == 0 && env.world_size > 0 {
             start_root(root, secret, config)?;
@@ -152,12 +175,21 @@ impl Bootstrap {
         Bootstrap::join(root, secret, env.world_size, env.rank, config, abort)
     }
 
-    fn join(root: SocketAddr, secret: [u8; 16], nranks: usize, rank: usize, config: &Config, abort: Arc<AtomicBool>) -> Result<Bootstrap, Error> {
+    fn join(
+        root: SocketAddr,
+        secret: [u8; 16],
+        nranks: usize,
+        rank: usize,
+        config: &Config,
+        abort: Arc<AtomicBool>,
+    ) -> Result<Bootstrap, Error> {
         if nranks == 0 {
             return Err(Error::InvalidArgument("nranks must be at least 1".into()));
         }
         if rank >= nranks {
-            return Err(Error::InvalidArgument(format!("rank {rank} is not below nranks={nranks}")));
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank} is not below nranks={nranks}"
+            )));
         }
         let health = Arc::new(Health::default());
         let aset = AbortSet::new(abort.clone()).with_health(health.clone());
@@ -169,7 +201,10 @@ impl Bootstrap {
         // that interface is known to reach at least the root's network.
         let ip: IpAddr = match &config.bootstrap_addr {
             Some(_) => unique_id::local_ip(config)?,
-            None => s.local_addr().map_err(|e| Error::System(format!("root connection: {e}{}", wire::fd_hint(&e))))?.ip(),
+            None => s
+                .local_addr()
+                .map_err(|e| Error::System(format!("root connection: {e}{}", wire::fd_hint(&e))))?
+                .ip(),
         };
         let listener = Listener::bind(ip, secret, config.timeout)?;
         let me = PeerInfo {
@@ -181,15 +216,29 @@ impl Bootstrap {
         };
         let mut rw = w.clone();
         rw.deadline += ROOT_GRACE;
-        let (comm_id, peers) = root::rendezvous(&mut s, root, nranks, &me, config.max_bootstrap_msg, &rw)?;
+        let (comm_id, peers) =
+            root::rendezvous(&mut s, root, nranks, &me, config.max_bootstrap_msg, &rw)?;
         drop(s);
-        let parts = Parts { secret, config: config.clone(), abort: aset, own_abort: abort, listener, health, tag: 0 };
+        let parts = Parts {
+            secret,
+            config: config.clone(),
+            abort: aset,
+            own_abort: abort,
+            listener,
+            health,
+            tag: 0,
+        };
         Bootstrap::assemble(rank, comm_id, peers, parts)
     }
 
     /// Builds a communicator from an agreed table: connects the ring (this rank to the next)
     /// and the heartbeat links to both ring neighbours.
-    fn assemble(rank: usize, comm_id: u64, peers: Vec<PeerInfo>, p: Parts) -> Result<Bootstrap, Error> {
+    fn assemble(
+        rank: usize,
+        comm_id: u64,
+        peers: Vec<PeerInfo>,
+        p: Parts,
+    ) -> Result<Bootstrap, Error> {
         let mut b = Bootstrap {
             rank,
             nranks: peers.len(),
@@ -224,14 +273,26 @@ impl Bootstrap {
         let (next_rank, prev_rank) = ((rank + 1) % n, (rank + n - 1) % n);
         let pp = describe(&self.peers[prev_rank]);
         let next = self.connect_kind(next_rank, KIND_RING, tag, &w)?;
-        let prev = self.listener.take_exact((comm_id, prev_rank, KIND_RING, tag), &w, &pp)?;
+        let prev = self
+            .listener
+            .take_exact((comm_id, prev_rank, KIND_RING, tag), &w, &pp)?;
         let watch_next = self.connect_kind(next_rank, KIND_WATCH, tag, &w)?;
-        let watch_prev = self.listener.take_exact((comm_id, prev_rank, KIND_WATCH, tag), &w, &pp)?;
+        let watch_prev =
+            self.listener
+                .take_exact((comm_id, prev_rank, KIND_WATCH, tag), &w, &pp)?;
         for s in [&next, &prev] {
-            let d = s.try_clone().map_err(|e| Error::System(format!("duplicating a bootstrap socket: {e}{}", wire::fd_hint(&e))))?;
+            let d = s.try_clone().map_err(|e| {
+                Error::System(format!(
+                    "duplicating a bootstrap socket: {e}{}",
+                    wire::fd_hint(&e)
+                ))
+            })?;
             self.shutdown.push(d);
         }
-        self.ring = Some(Ring { next: Mutex::new(next), prev: Mutex::new(prev) });
+        self.ring = Some(Ring {
+            next: Mutex::new(next),
+            prev: Mutex::new(prev),
+        });
         let spec = watch::WatchSpec {
             me: rank,
             names: self.peers.iter().map(name_of).collect(),
@@ -253,7 +314,12 @@ impl Bootstrap {
 fn start_root(root: SocketAddr, secret: [u8; 16], config: &Config) -> Result<(), Error> {
     // std's TcpListener sets SO_REUSEADDR on Unix, so a port left in TIME_WAIT by the
     // previous job can be bound again right away.
-    let l = TcpListener::bind(root).map_err(|e| Error::System(format!("rank 0 cannot bind the rendezvous on {root}: {e}{}", wire::fd_hint(&e))))?;
+    let l = TcpListener::bind(root).map_err(|e| {
+        Error::System(format!(
+            "rank 0 cannot bind the rendezvous on {root}: {e}{}",
+            wire::fd_hint(&e)
+        ))
+    })?;
     if secret == [0u8; 16] {
         tracing::warn!(
             "bootstrap root at {root}: the job is unauthenticated (all-zero secret); any process that can reach this port may join. Set FERROCCL_JOB_SECRET"
@@ -290,7 +356,12 @@ impl InitWatch {
             .map(|(q, p)| (q, p.pid, describe(p)))
             .collect();
         if local.is_empty() {
-            return InitWatch { stop, thread: None, local, health };
+            return InitWatch {
+                stop,
+                thread: None,
+                local,
+                health,
+            };
         }
         let (s, watched, h) = (stop.clone(), local.clone(), health.clone());
         let thread = std::thread::Builder::new()
@@ -302,7 +373,12 @@ impl InitWatch {
                 }
             })
             .ok();
-        InitWatch { stop, thread, local, health }
+        InitWatch {
+            stop,
+            thread,
+            local,
+            health,
+        }
     }
 
     /// The error to report for a failed step of the assembly. A peer that died mid-step
@@ -313,7 +389,12 @@ impl InitWatch {
         // A process closes its sockets on exit a moment before it stops existing: after a
         // closed connection, give a dying neighbour that moment.
         let closed = matches!(e, Error::Remote(_) | Error::Protocol(_));
-        let until = std::time::Instant::now() + if closed { EXIT_GRACE } else { std::time::Duration::ZERO };
+        let until = std::time::Instant::now()
+            + if closed {
+                EXIT_GRACE
+            } else {
+                std::time::Duration::ZERO
+            };
         loop {
             look(&self.local, &self.health);
             if !self.health.dead().is_empty() || std::time::Instant::now() >= until {
@@ -332,7 +413,12 @@ impl InitWatch {
 fn look(local: &[(usize, u32, String)], health: &Health) {
     for (q, pid, name) in local {
         if !crate::transport::pid_alive(*pid) {
-            health.report_dead(*q, &format!("{name} died while the communicator was being created (process {pid} is gone)"));
+            health.report_dead(
+                *q,
+                &format!(
+                    "{name} died while the communicator was being created (process {pid} is gone)"
+                ),
+            );
         }
     }
 }
@@ -347,7 +433,6 @@ impl Drop for InitWatch {
 }
 
 impl Bootstrap {
-
     fn connect_kind(&self, peer: usize, kind: u8, tag: u64, w: &Wait) -> Result<TcpStream, Error> {
         let p = &self.peers[peer];
         let name = describe(p);
@@ -411,7 +496,9 @@ impl Bootstrap {
         for s in 0..n - 1 {
             let origin = (me + n - s) % n;
             let want = (me + n - s - 1) % n;
-            let block = out[origin].as_deref().expect("forwarded blocks arrived in an earlier step");
+            let block = out[origin]
+                .as_deref()
+                .expect("forwarded blocks arrived in an earlier step");
             let mut head = Enc::default();
             head.u64(seq).u32(origin as u32);
             let read = |prev: &mut TcpStream, w: &Wait| -> Result<Vec<u8>, Error> {
@@ -428,7 +515,8 @@ impl Bootstrap {
             };
             let got = if block.len() <= INLINE_BLOCK {
                 let w = self.wait();
-                wire::write_frame(&mut next, &[&head.0, block], &w, &next_name).and_then(|_| read(&mut prev, &w))
+                wire::write_frame(&mut next, &[&head.0, block], &w, &next_name)
+                    .and_then(|_| read(&mut prev, &w))
             } else {
                 // Either side failing stops the other at once instead of at the deadline.
                 let failed = Arc::new(AtomicBool::new(false));
@@ -439,7 +527,8 @@ impl Bootstrap {
                     failed.store(true, Ordering::Release);
                 };
                 let r = std::thread::scope(|sc| {
-                    let (next, w2, fail, next_name, head) = (&mut *next, &w, &fail, &next_name, &head);
+                    let (next, w2, fail, next_name, head) =
+                        (&mut *next, &w, &fail, &next_name, &head);
                     sc.spawn(move || {
                         if let Err(e) = wire::write_frame(next, &[&head.0, block], w2, next_name) {
                             fail(e);
@@ -451,7 +540,9 @@ impl Bootstrap {
                 match (r, e) {
                     (Some(b), None) => Ok(b),
                     (_, Some(e)) => Err(e),
-                    (None, None) => Err(Error::Internal("all-gather step failed without a reason".into())),
+                    (None, None) => Err(Error::Internal(
+                        "all-gather step failed without a reason".into(),
+                    )),
                 }
             };
             match got {
@@ -467,7 +558,10 @@ impl Bootstrap {
                 }
             }
         }
-        Ok(out.into_iter().map(|b| b.expect("every block arrived")).collect())
+        Ok(out
+            .into_iter()
+            .map(|b| b.expect("every block arrived"))
+            .collect())
     }
 
     pub fn barrier(&self) -> Result<(), Error> {
@@ -478,7 +572,12 @@ impl Bootstrap {
         self.check_peer(peer)?;
         let s = self
             .connect_kind(peer, KIND_USER, tag, &self.wait())
-            .map_err(|e| e.context(format!("rank {} connecting to rank {peer} (tag {tag})", self.rank)))?;
+            .map_err(|e| {
+                e.context(format!(
+                    "rank {} connecting to rank {peer} (tag {tag})",
+                    self.rank
+                ))
+            })?;
         wire::into_user_stream(s)
     }
 
@@ -486,14 +585,21 @@ impl Bootstrap {
         self.check_peer(peer)?;
         let s = self
             .listener
-            .take((self.comm_id, peer, KIND_USER, tag), &self.wait(), &describe(&self.peers[peer]))
+            .take(
+                (self.comm_id, peer, KIND_USER, tag),
+                &self.wait(),
+                &describe(&self.peers[peer]),
+            )
             .map_err(|e| e.context(format!("rank {}", self.rank)))?;
         wire::into_user_stream(s)
     }
 
     fn check_peer(&self, peer: usize) -> Result<(), Error> {
         if peer >= self.nranks {
-            return Err(Error::InvalidArgument(format!("peer {peer} is not below nranks={}", self.nranks)));
+            return Err(Error::InvalidArgument(format!(
+                "peer {peer} is not below nranks={}",
+                self.nranks
+            )));
         }
         Ok(())
     }
@@ -501,7 +607,10 @@ impl Bootstrap {
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Bootstrap>, Error> {
         let nonce: [u8; 8] = auth::random_bytes()?;
         let mut e = Enc::default();
-        e.u8(color.is_some() as u8).u32(color.unwrap_or(0)).i32(key).raw(&nonce);
+        e.u8(color.is_some() as u8)
+            .u32(color.unwrap_or(0))
+            .i32(key)
+            .raw(&nonce);
         let all = self.allgather(&e.0)?;
         let mut members = Vec::new(); // (key, old rank, nonce)
         for (r, b) in all.iter().enumerate() {
@@ -516,7 +625,10 @@ impl Bootstrap {
             return Ok(None);
         };
         members.sort_unstable_by_key(|&(k, r, _)| (k, r));
-        let new_rank = members.iter().position(|&(_, r, _)| r == self.rank).expect("this rank is a member");
+        let new_rank = members
+            .iter()
+            .position(|&(_, r, _)| r == self.rank)
+            .expect("this rank is a member");
         // Every member hashes the same inputs, and the fresh nonces make the id unique even
         // when the same split is repeated.
         let mut h = Sha256::new();
@@ -530,7 +642,10 @@ impl Bootstrap {
         let peers = members
             .iter()
             .enumerate()
-            .map(|(i, &(_, r, _))| PeerInfo { rank: i, ..self.peers[r].clone() })
+            .map(|(i, &(_, r, _))| PeerInfo {
+                rank: i,
+                ..self.peers[r].clone()
+            })
             .collect();
         let own = Arc::new(AtomicBool::new(false));
         let health = Arc::new(Health::default());
@@ -556,14 +671,20 @@ impl Bootstrap {
     pub fn shrink(&self, exclude: &[usize]) -> Result<Bootstrap, Error> {
         if self.health.is_declared_dead() {
             // The others shrink without this rank; no list given here can bring it back.
-            return Err(self.health.failure().expect("declared dead is a failure").context("shrink"));
+            return Err(self
+                .health
+                .failure()
+                .expect("declared dead is a failure")
+                .context("shrink"));
         }
         let n = self.nranks;
         let mut ex = exclude.to_vec();
         ex.sort_unstable();
         ex.dedup();
         if let Some(&bad) = ex.iter().find(|&&r| r >= n) {
-            return Err(Error::InvalidArgument(format!("shrink: excluded rank {bad} is not below nranks={n}")));
+            return Err(Error::InvalidArgument(format!(
+                "shrink: excluded rank {bad} is not below nranks={n}"
+            )));
         }
         if ex.contains(&self.rank) {
             return Err(Error::InvalidArgument(format!(
@@ -571,7 +692,12 @@ impl Bootstrap {
                 self.rank
             )));
         }
-        let unexcluded: Vec<usize> = self.health.dead().into_iter().filter(|r| !ex.contains(r)).collect();
+        let unexcluded: Vec<usize> = self
+            .health
+            .dead()
+            .into_iter()
+            .filter(|r| !ex.contains(r))
+            .collect();
         if !unexcluded.is_empty() {
             return Err(Error::InvalidArgument(format!(
                 "shrink: rank(s) {unexcluded:?} died but are not in the exclude list {ex:?}; exclude every dead rank"
@@ -579,7 +705,10 @@ impl Bootstrap {
         }
         let generation = self.shrinks.fetch_add(1, Ordering::Relaxed);
         let members: Vec<usize> = (0..n).filter(|r| !ex.contains(r)).collect();
-        let new_rank = members.iter().position(|&r| r == self.rank).expect("not excluded");
+        let new_rank = members
+            .iter()
+            .position(|&r| r == self.rank)
+            .expect("not excluded");
         let hash = |parts: &[&[u8]]| {
             let mut h = Sha256::new();
             for p in parts {
@@ -587,10 +716,24 @@ impl Bootstrap {
             }
             u64::from_le_bytes(h.finalize()[..8].try_into().expect("8 bytes"))
         };
-        let comm_id = hash(&[b"ferroccl shrink\0", &self.comm_id.to_le_bytes(), &generation.to_le_bytes()]);
-        let member_bytes: Vec<u8> = members.iter().flat_map(|&r| (r as u64).to_le_bytes()).collect();
+        let comm_id = hash(&[
+            b"ferroccl shrink\0",
+            &self.comm_id.to_le_bytes(),
+            &generation.to_le_bytes(),
+        ]);
+        let member_bytes: Vec<u8> = members
+            .iter()
+            .flat_map(|&r| (r as u64).to_le_bytes())
+            .collect();
         let tag = hash(&[b"ferroccl survivors\0", &member_bytes]);
-        let peers = members.iter().enumerate().map(|(i, &r)| PeerInfo { rank: i, ..self.peers[r].clone() }).collect();
+        let peers = members
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| PeerInfo {
+                rank: i,
+                ..self.peers[r].clone()
+            })
+            .collect();
         // A fresh abort set: the old communicator is typically aborted or failed already.
         let own = Arc::new(AtomicBool::new(false));
         let health = Arc::new(Health::default());

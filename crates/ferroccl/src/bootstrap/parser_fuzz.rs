@@ -28,7 +28,13 @@ fn mutated(valid: Vec<u8>) -> impl Strategy<Value = Vec<u8>> {
 }
 
 fn sample_peer() -> PeerInfo {
-    PeerInfo { rank: 1, addr: "10.1.2.3:4567".parse().unwrap(), host_id: 42, pid: 7, hostname: "node-17".into() }
+    PeerInfo {
+        rank: 1,
+        addr: "10.1.2.3:4567".parse().unwrap(),
+        host_id: 42,
+        pid: 7,
+        hostname: "node-17".into(),
+    }
 }
 
 fn valid_hello() -> Vec<u8> {
@@ -41,7 +47,13 @@ fn valid_hello() -> Vec<u8> {
 fn valid_reply() -> Vec<u8> {
     let mut e = Enc::default();
     e.u8(0).u64(99).u64(2);
-    root::encode_peer(&mut e, &PeerInfo { rank: 0, ..sample_peer() });
+    root::encode_peer(
+        &mut e,
+        &PeerInfo {
+            rank: 0,
+            ..sample_peer()
+        },
+    );
     root::encode_peer(&mut e, &sample_peer());
     e.0
 }
@@ -49,7 +61,11 @@ fn valid_reply() -> Vec<u8> {
 /// Runs `parse` on `input` and checks that it neither panics nor allocates beyond the input.
 fn bounded<T>(input: &[u8], parse: impl FnOnce(&[u8]) -> T) -> T {
     let (out, largest) = largest_allocation_during(|| parse(input));
-    assert!(largest <= input.len() + SLACK, "a {}-byte input made the parser allocate {largest} bytes", input.len());
+    assert!(
+        largest <= input.len() + SLACK,
+        "a {}-byte input made the parser allocate {largest} bytes",
+        input.len()
+    );
     out
 }
 

@@ -28,11 +28,21 @@ const KIND_TIMEOUT: u8 = 2;
 const KIND_PROTOCOL: u8 = 3;
 
 pub(crate) fn encode_peer(e: &mut Enc, p: &PeerInfo) {
-    e.u64(p.rank as u64).addr(p.addr).u64(p.host_id).u32(p.pid).str(&p.hostname);
+    e.u64(p.rank as u64)
+        .addr(p.addr)
+        .u64(p.host_id)
+        .u32(p.pid)
+        .str(&p.hostname);
 }
 
 pub(crate) fn decode_peer(d: &mut Dec) -> Result<PeerInfo, Error> {
-    Ok(PeerInfo { rank: d.usize()?, addr: d.addr()?, host_id: d.u64()?, pid: d.u32()?, hostname: d.str(MAX_HOSTNAME)? })
+    Ok(PeerInfo {
+        rank: d.usize()?,
+        addr: d.addr()?,
+        host_id: d.u64()?,
+        pid: d.u32()?,
+        hostname: d.str(MAX_HOSTNAME)?,
+    })
 }
 
 /// A rank's hello: (nranks, its PeerInfo).
@@ -53,7 +63,12 @@ struct Arrival {
 
 /// Starts the root thread on an already bound listener (so that bind errors reach the caller).
 pub(crate) fn spawn(l: TcpListener, secret: [u8; 16], config: Config) -> Result<(), Error> {
-    l.set_nonblocking(true).map_err(|e| Error::System(format!("bootstrap root socket: {e}{}", super::wire::fd_hint(&e))))?;
+    l.set_nonblocking(true).map_err(|e| {
+        Error::System(format!(
+            "bootstrap root socket: {e}{}",
+            super::wire::fd_hint(&e)
+        ))
+    })?;
     std::thread::Builder::new()
         .name("ferroccl-root".into())
         .spawn(move || serve(l, secret, config))
@@ -71,7 +86,10 @@ fn reply_error(a: &mut Arrival, kind: u8, msg: &str, hs: &Wait) {
 }
 
 fn serve(l: TcpListener, secret: [u8; 16], config: Config) {
-    let root_addr = l.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+    let root_addr = l
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".into());
     // Tells the handshake threads that nobody will take their connection any more.
     let done = Arc::new(AtomicBool::new(false));
     let gate = Gate::new();
@@ -84,7 +102,8 @@ fn serve(l: TcpListener, secret: [u8; 16], config: Config) {
     // and the report must say so (and why) rather than count them among the missing.
     let mut refused: BTreeMap<usize, usize> = BTreeMap::new(); // rank -> the nranks it gave
     let mut first_at: Option<Instant> = None;
-    let hs_wait = || Wait::new(config.timeout, wire::AbortSet::new(done.clone())).capped(HANDSHAKE_MAX);
+    let hs_wait =
+        || Wait::new(config.timeout, wire::AbortSet::new(done.clone())).capped(HANDSHAKE_MAX);
 
     // Hellos arrive from handshake threads, not through the socket poll(2) watches: once
     // connections come in, poll briefly so that the last hello is not left waiting a full POLL
@@ -159,7 +178,9 @@ fn serve(l: TcpListener, secret: [u8; 16], config: Config) {
             if arrived == n {
                 let comm_id = u64::from_le_bytes(auth::random_bytes().unwrap_or_else(|_| {
                     // Without OS randomness, a time-derived id still separates communicators.
-                    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                    let t = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default();
                     (t.as_nanos() as u64 ^ std::process::id() as u64).to_le_bytes()
                 }));
                 let mut e = Enc::default();
@@ -179,7 +200,9 @@ fn serve(l: TcpListener, secret: [u8; 16], config: Config) {
             // Not ended at a refusal: the refused rank's place may still be taken by a rank that
             // gives the right size (a stray process, then the real one).
             if first_at.is_some_and(|t| t.elapsed() >= config.timeout) {
-                let missing: Vec<usize> = (0..n).filter(|&i| slots[i].is_none() && !refused.contains_key(&i)).collect();
+                let missing: Vec<usize> = (0..n)
+                    .filter(|&i| slots[i].is_none() && !refused.contains_key(&i))
+                    .collect();
                 let (r0, from0) = nranks.map(|x| (x.1, x.2)).expect("set with n");
                 let mut parts = Vec::new();
                 if !refused.is_empty() {
@@ -196,7 +219,11 @@ fn serve(l: TcpListener, secret: [u8; 16], config: Config) {
                     ));
                 }
                 let m = parts.join("; ");
-                let kind = if refused.is_empty() { KIND_TIMEOUT } else { KIND_INVALID };
+                let kind = if refused.is_empty() {
+                    KIND_TIMEOUT
+                } else {
+                    KIND_INVALID
+                };
                 tracing::warn!("{m}");
                 for a in slots.iter_mut().flatten() {
                     reply_error(a, kind, &m, &hs_wait());
@@ -218,8 +245,16 @@ fn size_claims(refused: &BTreeMap<usize, usize>) -> String {
         .iter()
         .enumerate()
         .map(|(i, (n, rs))| {
-            let who = format!("rank{} {}", if rs.len() > 1 { "s" } else { "" }, rs.join(", "));
-            if i == 0 { format!("{who} arrived saying the job has {n} ranks") } else { format!("{who} saying {n}") }
+            let who = format!(
+                "rank{} {}",
+                if rs.len() > 1 { "s" } else { "" },
+                rs.join(", ")
+            );
+            if i == 0 {
+                format!("{who} arrived saying the job has {n} ranks")
+            } else {
+                format!("{who} saying {n}")
+            }
         })
         .collect();
     claims.join("; ")
@@ -252,20 +287,29 @@ pub(crate) fn rendezvous(
 }
 
 /// The root's answer: (comm_id, peers indexed by rank), or the error it reports.
-pub(crate) fn decode_reply(msg: &[u8], nranks: usize, peer: &str) -> Result<(u64, Vec<PeerInfo>), Error> {
+pub(crate) fn decode_reply(
+    msg: &[u8],
+    nranks: usize,
+    peer: &str,
+) -> Result<(u64, Vec<PeerInfo>), Error> {
     let mut d = Dec::new(msg, "rendezvous reply");
     match d.u8()? {
         0 => {
             let comm_id = d.u64()?;
             let n = d.usize()?;
             if n != nranks {
-                return Err(Error::Protocol(format!("{peer} sent a table of {n} ranks, expected {nranks}")));
+                return Err(Error::Protocol(format!(
+                    "{peer} sent a table of {n} ranks, expected {nranks}"
+                )));
             }
             let mut peers = Vec::with_capacity(n.min(msg.len() / 40));
             for i in 0..n {
                 let p = decode_peer(&mut d)?;
                 if p.rank != i {
-                    return Err(Error::Protocol(format!("{peer} sent a table with rank {} at position {i}", p.rank)));
+                    return Err(Error::Protocol(format!(
+                        "{peer} sent a table with rank {} at position {i}",
+                        p.rank
+                    )));
                 }
                 peers.push(p);
             }
@@ -282,6 +326,8 @@ pub(crate) fn decode_reply(msg: &[u8], nranks: usize, peer: &str) -> Result<(u64
                 _ => Error::Remote(m),
             })
         }
-        t => Err(Error::Protocol(format!("{peer} sent an unknown reply type {t}"))),
+        t => Err(Error::Protocol(format!(
+            "{peer} sent an unknown reply type {t}"
+        ))),
     }
 }

@@ -6,7 +6,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 pub(super) fn cfg(timeout_ms: u64) -> Config {
-    Config { timeout: Duration::from_millis(timeout_ms), bootstrap_addr: Some("127.0.0.1".into()), ..Config::default() }
+    Config {
+        timeout: Duration::from_millis(timeout_ms),
+        bootstrap_addr: Some("127.0.0.1".into()),
+        ..Config::default()
+    }
 }
 
 pub(super) fn flag() -> Arc<AtomicBool> {
@@ -16,8 +20,17 @@ pub(super) fn flag() -> Arc<AtomicBool> {
 /// Runs `f(rank)` on `n` threads and returns the results indexed by rank.
 pub(super) fn on_ranks<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
     thread::scope(|s| {
-        let hs: Vec<_> = (0..n).map(|r| s.spawn({ let f = &f; move || f(r) })).collect();
-        hs.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                s.spawn({
+                    let f = &f;
+                    move || f(r)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread panicked"))
+            .collect()
     })
 }
 
@@ -27,7 +40,11 @@ pub(super) fn init_all(n: usize, c: &Config) -> Vec<Bootstrap> {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn data_of(r: usize) -> Vec<u8> {
@@ -71,19 +88,39 @@ fn unique_id_layout_and_validation() {
     let back = UniqueId::from_bytes(b).unwrap();
     assert_eq!(back.root_addr(), addr);
     assert_eq!(back.secret(), secret);
-    assert!(!format!("{back:?}").contains("7, 7"), "Debug must not show the secret");
+    assert!(
+        !format!("{back:?}").contains("7, 7"),
+        "Debug must not show the secret"
+    );
 
     let v6: SocketAddr = "[fe80::1234:5678]:9".parse().unwrap();
-    assert_eq!(UniqueId::from_bytes(UniqueId::compose(v6, &secret).as_bytes()).unwrap().root_addr(), v6);
+    assert_eq!(
+        UniqueId::from_bytes(UniqueId::compose(v6, &secret).as_bytes())
+            .unwrap()
+            .root_addr(),
+        v6
+    );
 
-    assert!(matches!(UniqueId::from_bytes(&b[..127]), Err(Error::InvalidArgument(_))));
-    assert!(matches!(UniqueId::from_bytes(&[b.as_slice(), &[0]].concat()), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        UniqueId::from_bytes(&b[..127]),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        UniqueId::from_bytes(&[b.as_slice(), &[0]].concat()),
+        Err(Error::InvalidArgument(_))
+    ));
     let mut bad = *b;
     bad[0] ^= 1;
-    assert!(UniqueId::from_bytes(&bad).unwrap_err().message().contains("magic"));
+    assert!(UniqueId::from_bytes(&bad)
+        .unwrap_err()
+        .message()
+        .contains("magic"));
     let mut bad = *b;
     bad[8] = 2;
-    assert!(UniqueId::from_bytes(&bad).unwrap_err().message().contains("version"));
+    assert!(UniqueId::from_bytes(&bad)
+        .unwrap_err()
+        .message()
+        .contains("version"));
     let mut bad = *b;
     bad[100] = 1;
     assert!(UniqueId::from_bytes(&bad).is_err());
@@ -97,7 +134,10 @@ fn unique_id_layout_and_validation() {
     assert!(UniqueId::from_bytes(at.as_bytes()).unwrap().root_by_rank0() && !back.root_by_rank0());
     let mut bad = *at.as_bytes();
     bad[45] = 2;
-    assert!(UniqueId::from_bytes(&bad).unwrap_err().message().contains("flags"));
+    assert!(UniqueId::from_bytes(&bad)
+        .unwrap_err()
+        .message()
+        .contains("flags"));
     // Arbitrary input never panics, whatever it holds after a valid header.
     for i in 0..2000u32 {
         let mut r: [u8; 128] = auth::random_bytes().unwrap();
@@ -111,8 +151,14 @@ fn unique_id_layout_and_validation() {
 
 #[test]
 fn host_identity() {
-    assert_ne!(host::host_id_of("node", "boot-a"), host::host_id_of("node", "boot-b"));
-    assert_ne!(host::host_id_of("node-a", "boot"), host::host_id_of("node-b", "boot"));
+    assert_ne!(
+        host::host_id_of("node", "boot-a"),
+        host::host_id_of("node", "boot-b")
+    );
+    assert_ne!(
+        host::host_id_of("node-a", "boot"),
+        host::host_id_of("node-b", "boot")
+    );
     assert_eq!(host::host_id_of("n", "b"), host::host_id_of("n", "b"));
     assert_eq!(host::host_id(), host::host_id());
     assert!(!host::hostname().is_empty());
@@ -147,14 +193,23 @@ fn frames_are_bounded_and_truncation_names_the_peer() {
     drop(c);
     let e = wire::read_frame(&mut s, 4096, &w(1000), "peer 1.2.3.4:5").unwrap_err();
     assert!(matches!(e, Error::Remote(_)), "{e}");
-    assert!(e.message().contains("1.2.3.4:5") && e.message().contains("10 of 100"), "{e}");
+    assert!(
+        e.message().contains("1.2.3.4:5") && e.message().contains("10 of 100"),
+        "{e}"
+    );
 
     let (mut c, mut s) = pair();
     wire::write_frame(&mut c, &[b"ab", b"cde"], &w(1000), "x").unwrap();
     let big = vec![3u8; 200_000];
     wire::write_frame(&mut c, &[&big], &w(1000), "x").unwrap();
-    assert_eq!(wire::read_frame(&mut s, 4096, &w(1000), "x").unwrap(), b"abcde");
-    assert_eq!(wire::read_frame(&mut s, 200_000, &w(1000), "x").unwrap(), big);
+    assert_eq!(
+        wire::read_frame(&mut s, 4096, &w(1000), "x").unwrap(),
+        b"abcde"
+    );
+    assert_eq!(
+        wire::read_frame(&mut s, 200_000, &w(1000), "x").unwrap(),
+        big
+    );
 
     // A silent peer: the read ends at the deadline.
     let t = Instant::now();
@@ -168,15 +223,23 @@ fn frames_are_bounded_and_truncation_names_the_peer() {
 #[test]
 fn an_expired_handshake_names_its_own_limit_not_ferroccl_timeout() {
     let (_c, mut s) = pair();
-    let hs = Wait::new(Duration::from_secs(30), AbortSet::new(flag())).capped(Duration::from_millis(50));
+    let hs =
+        Wait::new(Duration::from_secs(30), AbortSet::new(flag())).capped(Duration::from_millis(50));
     let e = wire::read_exact(&mut s, &mut [0u8; 8], &hs, "a stranger").unwrap_err();
     let m = e.message();
     assert!(matches!(e, Error::Timeout(_)), "{e}");
-    assert!(m.contains("within 50ms (the limit on a bootstrap handshake; FERROCCL_TIMEOUT is 30s)"), "{m}");
+    assert!(
+        m.contains("within 50ms (the limit on a bootstrap handshake; FERROCCL_TIMEOUT is 30s)"),
+        "{m}"
+    );
     // Not capped (the cap is beyond the deadline): FERROCCL_TIMEOUT is the limit, and says so.
-    let full = Wait::new(Duration::from_millis(50), AbortSet::new(flag())).capped(Duration::from_secs(10));
+    let full =
+        Wait::new(Duration::from_millis(50), AbortSet::new(flag())).capped(Duration::from_secs(10));
     let e = wire::read_exact(&mut s, &mut [0u8; 8], &full, "a stranger").unwrap_err();
-    assert!(e.message().contains("within 50ms (FERROCCL_TIMEOUT)"), "{e}");
+    assert!(
+        e.message().contains("within 50ms (FERROCCL_TIMEOUT)"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -207,7 +270,8 @@ fn handshake_is_mutual_and_resists_replay() {
     m.update(b"client");
     m.update(&old_nonce);
     m.update(&cn);
-    c.write_all(&[cn.as_slice(), &m.finalize().into_bytes()].concat()).unwrap();
+    c.write_all(&[cn.as_slice(), &m.finalize().into_bytes()].concat())
+        .unwrap();
     assert!(matches!(srv.join().unwrap(), Err(Error::Protocol(_))));
 }
 
@@ -229,11 +293,17 @@ fn init_allgather_barrier_for_various_sizes() {
 
 #[test]
 fn default_address_selection_works() {
-    let c = Config { timeout: Duration::from_secs(5), ..Config::default() };
+    let c = Config {
+        timeout: Duration::from_secs(5),
+        ..Config::default()
+    };
     let bs = init_all(2, &c);
     check_allgather(&bs);
     assert!(matches!(
-        UniqueId::new(&Config { bootstrap_addr: Some("not-an-ip".into()), ..cfg(1000) }),
+        UniqueId::new(&Config {
+            bootstrap_addr: Some("not-an-ip".into()),
+            ..cfg(1000)
+        }),
         Err(Error::InvalidArgument(_))
     ));
 }
@@ -248,9 +318,15 @@ fn allgather_of_large_blocks_does_not_deadlock() {
             assert!(b.iter().all(|&x| x == r as u8));
         }
     }
-    let small = Config { max_bootstrap_msg: 4096, ..cfg(1000) };
+    let small = Config {
+        max_bootstrap_msg: 4096,
+        ..cfg(1000)
+    };
     let bs = init_all(1, &small);
-    assert!(matches!(bs[0].allgather(&[0; 5000]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        bs[0].allgather(&[0; 5000]),
+        Err(Error::InvalidArgument(_))
+    ));
 }
 
 #[test]
@@ -258,9 +334,21 @@ fn allgather_of_mixed_small_and_large_blocks() {
     // Small blocks go out inline and large ones from a helper thread; a ring mixing both, with
     // every rank far ahead of or behind its successor, must neither deadlock nor reorder.
     let bs = init_all(5, &cfg(10_000));
-    let size = |r: usize, round: usize| if (r + round).is_multiple_of(3) { 200_000 + r } else { r * 100 };
+    let size = |r: usize, round: usize| {
+        if (r + round).is_multiple_of(3) {
+            200_000 + r
+        } else {
+            r * 100
+        }
+    };
     let outs = on_ranks(5, |r| {
-        (0..6).map(|round| bs[r].allgather(&vec![(r * 10 + round) as u8; size(r, round)]).unwrap()).collect::<Vec<_>>()
+        (0..6)
+            .map(|round| {
+                bs[r]
+                    .allgather(&vec![(r * 10 + round) as u8; size(r, round)])
+                    .unwrap()
+            })
+            .collect::<Vec<_>>()
     });
     for o in outs {
         for (round, all) in o.iter().enumerate() {
@@ -275,7 +363,10 @@ fn allgather_of_mixed_small_and_large_blocks() {
 fn init_from_launch_with_and_without_secret() {
     for secret in [Some([0x42u8; 16]), None] {
         let port = free_port();
-        let c = Config { job_secret: secret, ..cfg(5000) };
+        let c = Config {
+            job_secret: secret,
+            ..cfg(5000)
+        };
         let bs = on_ranks(4, |r| {
             // Rank 0 (the root) comes last: the others must keep retrying until it listens.
             if r == 0 {
@@ -327,7 +418,7 @@ fn junk_connections_do_not_disturb_the_root() {
     huge.resize(64, 0xFF);
     h.write_all(&huge).unwrap(); // a "frame" with an absurd length
     let _silent = TcpStream::connect(root).unwrap(); // says nothing, stays open
-    // Authenticated, then an oversized hello frame.
+                                                     // Authenticated, then an oversized hello frame.
     let mut a = wire::connect_retry(root, &w(1000), "root").unwrap();
     auth::client(&mut a, &id.secret(), &w(1000), "root").unwrap();
     a.write_all(&u64::MAX.to_le_bytes()).unwrap();
@@ -345,9 +436,18 @@ fn argument_errors() {
     let c = cfg(1000);
     let id = UniqueId::compose("127.0.0.1:1".parse().unwrap(), &[0; 16]);
     let t = Instant::now();
-    assert!(matches!(Bootstrap::init(&id, 0, 0, &c, flag()), Err(Error::InvalidArgument(_))));
-    assert!(matches!(Bootstrap::init(&id, 4, 4, &c, flag()), Err(Error::InvalidArgument(_))));
-    assert!(t.elapsed() < Duration::from_millis(500), "checked before contacting the root (the deadline is 1 s)");
+    assert!(matches!(
+        Bootstrap::init(&id, 0, 0, &c, flag()),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        Bootstrap::init(&id, 4, 4, &c, flag()),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "checked before contacting the root (the deadline is 1 s)"
+    );
 }
 
 #[test]
@@ -358,18 +458,34 @@ fn root_rejects_bad_ranks_and_keeps_the_first_of_a_duplicate() {
     // A hello that bypasses the local checks: rank 5 of 2.
     let mut s = wire::connect_retry(root, &w(1000), "root").unwrap();
     auth::client(&mut s, &id.secret(), &w(1000), "root").unwrap();
-    let me = PeerInfo { rank: 5, addr: "127.0.0.1:9".parse().unwrap(), host_id: 1, pid: 2, hostname: "h".into() };
+    let me = PeerInfo {
+        rank: 5,
+        addr: "127.0.0.1:9".parse().unwrap(),
+        host_id: 1,
+        pid: 2,
+        hostname: "h".into(),
+    };
     let e = root::rendezvous(&mut s, root, 2, &me, 1 << 20, &w(2000)).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(_)) && e.message().contains("rank 5"), "{e}");
+    assert!(
+        matches!(e, Error::InvalidArgument(_)) && e.message().contains("rank 5"),
+        "{e}"
+    );
 
     thread::scope(|sc| {
         let first = sc.spawn(|| Bootstrap::init(&id, 2, 0, &c, flag()));
         thread::sleep(Duration::from_millis(300));
         let e = Bootstrap::init(&id, 2, 0, &c, flag()).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
-        assert!(e.message().contains("rank 0 is already taken by 127.0.0.1:"), "{e}");
+        assert!(
+            e.message()
+                .contains("rank 0 is already taken by 127.0.0.1:"),
+            "{e}"
+        );
         let e = Bootstrap::init(&id, 3, 1, &c, flag()).unwrap_err();
-        assert!(e.message().contains("nranks=3") && e.message().contains("nranks=2"), "{e}");
+        assert!(
+            e.message().contains("nranks=3") && e.message().contains("nranks=2"),
+            "{e}"
+        );
         let second = Bootstrap::init(&id, 2, 1, &c, flag()).unwrap();
         let first = first.join().unwrap().unwrap();
         let _ = (first, second);
@@ -388,18 +504,38 @@ fn ranks_refused_for_another_job_size_are_reported_as_such() {
         if r > 0 {
             thread::sleep(Duration::from_millis(200));
         }
-        Bootstrap::init(&id, if r == 0 { 3 } else { 4 }, r, &c, flag()).map(|_| ()).unwrap_err()
+        Bootstrap::init(&id, if r == 0 { 3 } else { 4 }, r, &c, flag())
+            .map(|_| ())
+            .unwrap_err()
     });
     let m = rs[0].message();
-    eprintln!("root given 3 ranks, the others 4: rank 0 after {:?}: {m}", t.elapsed());
+    eprintln!(
+        "root given 3 ranks, the others 4: rank 0 after {:?}: {m}",
+        t.elapsed()
+    );
     assert!(matches!(rs[0], Error::InvalidArgument(_)), "{m}");
-    assert!(m.contains("ranks 1, 2, 3 arrived saying the job has 4 ranks, but rank 0 ("), "{m}");
-    assert!(m.contains("saying 3: the number of ranks (WORLD_SIZE under a launcher) differs between ranks"), "{m}");
+    assert!(
+        m.contains("ranks 1, 2, 3 arrived saying the job has 4 ranks, but rank 0 ("),
+        "{m}"
+    );
+    assert!(
+        m.contains(
+            "saying 3: the number of ranks (WORLD_SIZE under a launcher) differs between ranks"
+        ),
+        "{m}"
+    );
     assert!(!m.contains("never arrived"), "{m}");
     for e in &rs[1..] {
-        assert!(e.message().contains("joined with nranks=4, but rank 0"), "{e}");
+        assert!(
+            e.message().contains("joined with nranks=4, but rank 0"),
+            "{e}"
+        );
     }
-    assert!(t.elapsed() < Duration::from_millis(2500), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        t.elapsed()
+    );
 }
 
 #[test]
@@ -407,19 +543,35 @@ fn missing_rank_times_out_everywhere_with_its_name() {
     let c = cfg(2000);
     let id = UniqueId::new(&c).unwrap();
     let t = Instant::now();
-    let rs = on_ranks(3, |r| if r == 2 { None } else { Some(Bootstrap::init(&id, 4, r, &c, flag())) });
+    let rs = on_ranks(3, |r| {
+        if r == 2 {
+            None
+        } else {
+            Some(Bootstrap::init(&id, 4, r, &c, flag()))
+        }
+    });
     for r in rs.into_iter().flatten() {
         let e = r.unwrap_err();
         assert!(matches!(e, Error::Timeout(_)), "{e}");
-        let want = format!("ranks [2, 3] of 4 never arrived at the rendezvous at {} within 2s", id.root_addr());
+        let want = format!(
+            "ranks [2, 3] of 4 never arrived at the rendezvous at {} within 2s",
+            id.root_addr()
+        );
         assert!(e.message().contains(&want), "{e}");
     }
-    assert!(t.elapsed() < Duration::from_millis(3000), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(3000),
+        "{:?}",
+        t.elapsed()
+    );
 }
 
 #[test]
 fn unreachable_root_times_out() {
-    let id = UniqueId::compose(format!("127.0.0.1:{}", free_port()).parse().unwrap(), &[0; 16]);
+    let id = UniqueId::compose(
+        format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+        &[0; 16],
+    );
     let t = Instant::now();
     let e = Bootstrap::init(&id, 2, 1, &cfg(500), flag()).unwrap_err();
     assert!(matches!(e, Error::Timeout(_)), "{e}");
@@ -471,7 +623,9 @@ fn abort_interrupts_every_wait() {
     // The caller's flag stops an all-gather whose peer never joins.
     let f = flag();
     let id = UniqueId::new(&c).unwrap();
-    let bs = on_ranks(2, |r| Bootstrap::init(&id, 2, r, &c, if r == 0 { f.clone() } else { flag() }).unwrap());
+    let bs = on_ranks(2, |r| {
+        Bootstrap::init(&id, 2, r, &c, if r == 0 { f.clone() } else { flag() }).unwrap()
+    });
     thread::scope(|sc| {
         let h = sc.spawn(|| bs[0].barrier());
         thread::sleep(Duration::from_millis(200));
@@ -511,7 +665,10 @@ fn connect_and_accept_in_either_order_with_tags() {
         exchange(&mut c, &mut a, 2);
     });
     // several tags, accepted in another order than connected
-    let mut cs: Vec<_> = [5u64, 6, 7].iter().map(|&t| (t, bs[1].connect(0, t).unwrap())).collect();
+    let mut cs: Vec<_> = [5u64, 6, 7]
+        .iter()
+        .map(|&t| (t, bs[1].connect(0, t).unwrap()))
+        .collect();
     for &t in &[7u64, 5, 6] {
         let mut a = bs[0].accept(1, t).unwrap();
         let c = &mut cs.iter_mut().find(|(ct, _)| *ct == t).unwrap().1;
@@ -519,8 +676,14 @@ fn connect_and_accept_in_either_order_with_tags() {
     }
     // a tag nobody connected times out, naming the peer
     let e = Bootstrap::accept(&bs[0], 2, 99).unwrap_err();
-    assert!(matches!(e, Error::Timeout(_)) && e.message().contains("rank 2"), "{e}");
-    assert!(matches!(bs[0].connect(3, 0), Err(Error::InvalidArgument(_))));
+    assert!(
+        matches!(e, Error::Timeout(_)) && e.message().contains("rank 2"),
+        "{e}"
+    );
+    assert!(matches!(
+        bs[0].connect(3, 0),
+        Err(Error::InvalidArgument(_))
+    ));
 }
 
 #[test]
@@ -533,7 +696,13 @@ fn split_by_color_and_reversed_key() {
     });
     assert!(kids[5].is_none());
     // color 0: old ranks 0, 2, 4 ordered by key -r => 4, 2, 0. color 1: 1, 3 => 3, 1.
-    let expect = [(0usize, 2usize, 3usize), (1, 1, 2), (2, 1, 3), (3, 0, 2), (4, 0, 3)];
+    let expect = [
+        (0usize, 2usize, 3usize),
+        (1, 1, 2),
+        (2, 1, 3),
+        (3, 0, 2),
+        (4, 0, 3),
+    ];
     for &(old, new, size) in &expect {
         let k = kids[old].as_ref().unwrap();
         assert_eq!((k.rank(), k.nranks()), (new, size), "old rank {old}");
@@ -546,14 +715,26 @@ fn split_by_color_and_reversed_key() {
     assert_eq!(kids[2].as_ref().unwrap().comm_id(), c0);
     assert_eq!(kids[3].as_ref().unwrap().comm_id(), c1);
 
-    let outs = on_ranks(n, |r| kids[r].as_ref().map(|k| k.allgather(&[r as u8; 2]).unwrap()));
-    assert_eq!(outs[0].as_ref().unwrap(), &vec![vec![4u8; 2], vec![2; 2], vec![0; 2]]);
+    let outs = on_ranks(n, |r| {
+        kids[r]
+            .as_ref()
+            .map(|k| k.allgather(&[r as u8; 2]).unwrap())
+    });
+    assert_eq!(
+        outs[0].as_ref().unwrap(),
+        &vec![vec![4u8; 2], vec![2; 2], vec![0; 2]]
+    );
     assert_eq!(outs[1].as_ref().unwrap(), &vec![vec![3u8; 2], vec![1; 2]]);
     // Children have their own connections; the parent still works, and aborting a child
     // leaves the parent alone.
     kids[1].as_ref().unwrap().abort();
     check_allgather(&bs);
-    let grand = on_ranks(n, |r| kids[r].as_ref().filter(|_| r % 2 == 0).map(|k| k.split(Some(0), 0).unwrap().unwrap()));
+    let grand = on_ranks(n, |r| {
+        kids[r]
+            .as_ref()
+            .filter(|_| r % 2 == 0)
+            .map(|k| k.split(Some(0), 0).unwrap().unwrap())
+    });
     let g: Vec<_> = grand.into_iter().flatten().collect();
     assert_eq!(g.len(), 3);
     let outs = on_ranks(3, |i| g[i].allgather(&[g[i].rank() as u8]).unwrap());
@@ -569,32 +750,59 @@ fn a_rank_dying_between_rendezvous_and_the_ring_is_named_at_once() {
     let c = cfg(20_000);
     if let Ok(hex) = std::env::var(ROLE) {
         // The child: rank 2 of 3 joins the rendezvous with this id, then dies.
-        let bytes: Vec<u8> = (0..hex.len() / 2).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap()).collect();
+        let bytes: Vec<u8> = (0..hex.len() / 2)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
         let id = UniqueId::from_bytes(&bytes).unwrap();
         let w = Wait::new(c.timeout, AbortSet::new(flag()));
-        let mut s = auth::connect(id.root_addr(), &id.secret(), &w, "the bootstrap root", "root").unwrap();
-        let listener = Listener::bind("127.0.0.1".parse().unwrap(), id.secret(), c.timeout).unwrap();
-        let me = PeerInfo { rank: 2, addr: listener.addr(), host_id: host::host_id(), pid: std::process::id(), hostname: host::hostname() };
+        let mut s = auth::connect(
+            id.root_addr(),
+            &id.secret(),
+            &w,
+            "the bootstrap root",
+            "root",
+        )
+        .unwrap();
+        let listener =
+            Listener::bind("127.0.0.1".parse().unwrap(), id.secret(), c.timeout).unwrap();
+        let me = PeerInfo {
+            rank: 2,
+            addr: listener.addr(),
+            host_id: host::host_id(),
+            pid: std::process::id(),
+            hostname: host::hostname(),
+        };
         root::rendezvous(&mut s, id.root_addr(), 3, &me, c.max_bootstrap_msg, &w).unwrap();
         std::process::exit(0);
     }
     let id = UniqueId::new(&c).unwrap();
     let hex: String = id.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["bootstrap::tests::a_rank_dying_between_rendezvous_and_the_ring_is_named_at_once", "--exact", "--test-threads=1"])
+        .args([
+            "bootstrap::tests::a_rank_dying_between_rendezvous_and_the_ring_is_named_at_once",
+            "--exact",
+            "--test-threads=1",
+        ])
         .env(ROLE, hex)
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
     let t = Instant::now();
-    let errs = on_ranks(2, |r| Bootstrap::init(&id, 3, r, &c, flag()).map(|_| ()).unwrap_err());
+    let errs = on_ranks(2, |r| {
+        Bootstrap::init(&id, 3, r, &c, flag())
+            .map(|_| ())
+            .unwrap_err()
+    });
     let took = t.elapsed();
     let _ = child.wait();
     eprintln!("rank 2 died after the rendezvous: {took:?}: {errs:#?}");
     assert!(took < Duration::from_secs(2), "{took:?}");
     for e in &errs {
         let m = e.to_string();
-        assert!(m.contains("rank 2") && m.contains("died while the communicator was being created"), "{m}");
+        assert!(
+            m.contains("rank 2") && m.contains("died while the communicator was being created"),
+            "{m}"
+        );
     }
 }
 
@@ -604,7 +812,11 @@ fn a_rank_dying_between_rendezvous_and_the_ring_is_named_at_once() {
 #[test]
 fn ids_at_an_agreed_address_need_no_shipping() {
     let c = cfg(10_000);
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let n = 3;
     let bs = on_ranks(n, |r| {
@@ -618,6 +830,12 @@ fn ids_at_an_agreed_address_need_no_shipping() {
     // The address taken by something else: rank 0 says so at once.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let busy = taken.local_addr().unwrap();
-    let e = Bootstrap::init(&UniqueId::at(busy, [3u8; 16]), 2, 0, &c, flag()).map(|_| ()).unwrap_err();
-    assert!(e.to_string().contains(&format!("cannot bind the rendezvous on {busy}")), "{e}");
+    let e = Bootstrap::init(&UniqueId::at(busy, [3u8; 16]), 2, 0, &c, flag())
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains(&format!("cannot bind the rendezvous on {busy}")),
+        "{e}"
+    );
 }

@@ -35,18 +35,21 @@ pub struct UniqueId {
 // The secret must not end up in logs, so Debug shows only the address.
 impl std::fmt::Debug for UniqueId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UniqueId").field("root", &self.root_addr()).finish_non_exhaustive()
+        f.debug_struct("UniqueId")
+            .field("root", &self.root_addr())
+            .finish_non_exhaustive()
     }
 }
 
 /// The IP this process listens on and advertises when nothing says otherwise.
 pub(crate) fn local_ip(config: &Config) -> Result<IpAddr, Error> {
     match &config.bootstrap_addr {
-        Some(a) => a
-            .trim()
-            .parse::<IpAddr>()
-            .map_err(|_| Error::InvalidArgument(format!("bootstrap address '{a}' is not an IP address"))),
-        None => Ok(IpAddr::V4(host::first_ipv4().unwrap_or(Ipv4Addr::LOCALHOST))),
+        Some(a) => a.trim().parse::<IpAddr>().map_err(|_| {
+            Error::InvalidArgument(format!("bootstrap address '{a}' is not an IP address"))
+        }),
+        None => Ok(IpAddr::V4(
+            host::first_ipv4().unwrap_or(Ipv4Addr::LOCALHOST),
+        )),
     }
 }
 
@@ -55,8 +58,18 @@ impl UniqueId {
     /// `config.bootstrap_addr`, else the first non-loopback IPv4 address) on a free port.
     pub fn new(config: &Config) -> Result<UniqueId, Error> {
         let ip = local_ip(config)?;
-        let l = TcpListener::bind((ip, 0)).map_err(|e| Error::System(format!("binding the bootstrap root on {ip}: {e}{}", wire::fd_hint(&e))))?;
-        let addr = l.local_addr().map_err(|e| Error::System(format!("bootstrap root socket: {e}{}", super::wire::fd_hint(&e))))?;
+        let l = TcpListener::bind((ip, 0)).map_err(|e| {
+            Error::System(format!(
+                "binding the bootstrap root on {ip}: {e}{}",
+                wire::fd_hint(&e)
+            ))
+        })?;
+        let addr = l.local_addr().map_err(|e| {
+            Error::System(format!(
+                "bootstrap root socket: {e}{}",
+                super::wire::fd_hint(&e)
+            ))
+        })?;
         let secret: [u8; 16] = random_bytes()?;
         root::spawn(l, secret, config.clone())?;
         Ok(UniqueId::compose(addr, &secret))
@@ -92,26 +105,37 @@ impl UniqueId {
 
     /// The id from its bytes, checked (length, magic, version, address, padding).
     pub fn from_bytes(b: &[u8]) -> Result<UniqueId, Error> {
-        let bytes: [u8; 128] = b
-            .try_into()
-            .map_err(|_| Error::InvalidArgument(format!("a unique id is 128 bytes, got {}", b.len())))?;
+        let bytes: [u8; 128] = b.try_into().map_err(|_| {
+            Error::InvalidArgument(format!("a unique id is 128 bytes, got {}", b.len()))
+        })?;
         if bytes[..8] != MAGIC {
-            return Err(Error::InvalidArgument("not a ferroccl unique id (bad magic)".into()));
+            return Err(Error::InvalidArgument(
+                "not a ferroccl unique id (bad magic)".into(),
+            ));
         }
         let v = u16::from_le_bytes([bytes[8], bytes[9]]);
         if v != VERSION {
-            return Err(Error::InvalidArgument(format!("unique id version {v}, this build understands {VERSION}")));
+            return Err(Error::InvalidArgument(format!(
+                "unique id version {v}, this build understands {VERSION}"
+            )));
         }
         let a: &[u8; wire::ADDR_LEN] = bytes[ADDR_AT..SECRET_AT].try_into().expect("ADDR_LEN");
-        let addr = wire::decode_addr(a).ok_or_else(|| Error::InvalidArgument("unique id holds no valid root address".into()))?;
+        let addr = wire::decode_addr(a).ok_or_else(|| {
+            Error::InvalidArgument("unique id holds no valid root address".into())
+        })?;
         if addr.port() == 0 {
             return Err(Error::InvalidArgument("unique id holds root port 0".into()));
         }
         if bytes[FLAGS_AT] & !ROOT_BY_RANK0 != 0 {
-            return Err(Error::InvalidArgument(format!("unique id flags {:#x} unknown (corrupted?)", bytes[FLAGS_AT])));
+            return Err(Error::InvalidArgument(format!(
+                "unique id flags {:#x} unknown (corrupted?)",
+                bytes[FLAGS_AT]
+            )));
         }
         if bytes[FLAGS_AT + 1..].iter().any(|&x| x != 0) {
-            return Err(Error::InvalidArgument("unique id padding is not zero (corrupted?)".into()));
+            return Err(Error::InvalidArgument(
+                "unique id padding is not zero (corrupted?)".into(),
+            ));
         }
         Ok(UniqueId { bytes })
     }

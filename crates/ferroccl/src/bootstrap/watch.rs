@@ -67,23 +67,56 @@ pub(crate) struct Watch {
 
 impl Watch {
     /// Starts the thread on the connections to the ring neighbours (`(peer, socket)`).
-    pub fn start(spec: WatchSpec, links: Vec<(Rank, TcpStream)>, health: Arc<Health>) -> Result<Watch, Error> {
-        let sys = |e: io::Error| Error::System(format!("rank {}: setting up heartbeats: {e}{}", spec.me, super::wire::fd_hint(&e)));
+    pub fn start(
+        spec: WatchSpec,
+        links: Vec<(Rank, TcpStream)>,
+        health: Arc<Health>,
+    ) -> Result<Watch, Error> {
+        let sys = |e: io::Error| {
+            Error::System(format!(
+                "rank {}: setting up heartbeats: {e}{}",
+                spec.me,
+                super::wire::fd_hint(&e)
+            ))
+        };
         let (wake, wake_rx) = UnixStream::pair().map_err(sys)?;
         wake_rx.set_nonblocking(true).map_err(sys)?;
         let now = Instant::now();
         let mut ls = Vec::with_capacity(links.len());
         for (peer, sock) in links {
             sock.set_nonblocking(true).map_err(sys)?;
-            ls.push(Link { peer, sock, inbuf: Vec::new(), out: Vec::new(), heard: now, leaving: false, open: true });
+            ls.push(Link {
+                peer,
+                sock,
+                inbuf: Vec::new(),
+                out: Vec::new(),
+                heard: now,
+                leaving: false,
+                open: true,
+            });
         }
         let abort = Arc::new(AtomicBool::new(false));
         let ab = abort.clone();
         let thread = std::thread::Builder::new()
             .name("ferroccl-watch".into())
-            .spawn(move || Watcher { spec, links: ls, health }.run(&wake_rx, &ab))
-            .map_err(|e| Error::System(format!("starting the heartbeat thread: {e} (thread limit reached?)")))?;
-        Ok(Watch { wake, abort, thread: Some(thread) })
+            .spawn(move || {
+                Watcher {
+                    spec,
+                    links: ls,
+                    health,
+                }
+                .run(&wake_rx, &ab)
+            })
+            .map_err(|e| {
+                Error::System(format!(
+                    "starting the heartbeat thread: {e} (thread limit reached?)"
+                ))
+            })?;
+        Ok(Watch {
+            wake,
+            abort,
+            thread: Some(thread),
+        })
     }
 
     /// Tells the neighbours we leave (`aborted`: because of an abort) and ends the thread.
@@ -92,7 +125,14 @@ impl Watch {
             self.abort.store(aborted, Ordering::Release);
             // send, not write: MSG_NOSIGNAL, in case the watcher is already gone.
             // SAFETY: one byte from a live buffer to our own socket.
-            let _ = unsafe { libc::send(self.wake.as_raw_fd(), [1u8].as_ptr().cast(), 1, libc::MSG_NOSIGNAL) };
+            let _ = unsafe {
+                libc::send(
+                    self.wake.as_raw_fd(),
+                    [1u8].as_ptr().cast(),
+                    1,
+                    libc::MSG_NOSIGNAL,
+                )
+            };
             let _ = t.join();
         }
     }
@@ -134,7 +174,11 @@ impl Watcher {
             let now = Instant::now();
             if now >= next_beat {
                 let hb = frame(HEARTBEAT, self.spec.me, "");
-                for l in self.links.iter_mut().filter(|l| l.open && l.out.len() < MAX_QUEUED) {
+                for l in self
+                    .links
+                    .iter_mut()
+                    .filter(|l| l.open && l.out.len() < MAX_QUEUED)
+                {
                     l.out.extend_from_slice(&hb);
                 }
                 next_beat = now + self.spec.interval;
@@ -166,13 +210,24 @@ impl Watcher {
             for l in self.links.iter().filter(|l| l.open && !l.leaving) {
                 until = until.min(l.heard + silence);
             }
-            let mut fds = vec![libc::pollfd { fd: wake.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+            let mut fds = vec![libc::pollfd {
+                fd: wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
             for l in &self.links {
                 let fd = if l.open { l.sock.as_raw_fd() } else { -1 };
                 let out = if l.out.is_empty() { 0 } else { libc::POLLOUT };
-                fds.push(libc::pollfd { fd, events: libc::POLLIN | out, revents: 0 });
+                fds.push(libc::pollfd {
+                    fd,
+                    events: libc::POLLIN | out,
+                    revents: 0,
+                });
             }
-            let ms = until.saturating_duration_since(Instant::now()).as_millis().clamp(1, 60_000) as libc::c_int;
+            let ms = until
+                .saturating_duration_since(Instant::now())
+                .as_millis()
+                .clamp(1, 60_000) as libc::c_int;
             // SAFETY: `fds` is a valid array of pollfd; negative fds are ignored by poll.
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
             if fds[0].revents != 0 {
@@ -193,9 +248,12 @@ impl Watcher {
         let peer = self.links[i].peer;
         match ev {
             // Frames come only from authenticated peers: a bad rank is a bug or corruption.
-            Event::Frame(k, r, _) if r >= self.spec.names.len() => {
-                self.close(i, &format!("sent a heartbeat frame (kind {k}) about rank {r}, outside the communicator"))
-            }
+            Event::Frame(k, r, _) if r >= self.spec.names.len() => self.close(
+                i,
+                &format!(
+                    "sent a heartbeat frame (kind {k}) about rank {r}, outside the communicator"
+                ),
+            ),
             Event::Closed(detail) => self.close(i, &detail),
             Event::Frame(HEARTBEAT, ..) => {}
             Event::Frame(LEFT, r, _) => {
@@ -226,7 +284,9 @@ impl Watcher {
                     self.forward(i, &frame(DEAD, r, &why));
                 }
             }
-            Event::Frame(k, ..) => self.close(i, &format!("sent an unknown heartbeat frame kind {k}")),
+            Event::Frame(k, ..) => {
+                self.close(i, &format!("sent an unknown heartbeat frame kind {k}"))
+            }
         }
     }
 
@@ -240,7 +300,10 @@ impl Watcher {
         }
         l.open = false;
         let peer = l.peer;
-        let why = format!("{} died: {detail}; noticed by rank {}", self.spec.names[peer], self.spec.me);
+        let why = format!(
+            "{} died: {detail}; noticed by rank {}",
+            self.spec.names[peer], self.spec.me
+        );
         if news {
             // Told to the neighbour itself too: if it is only stopped or starved, it reads this
             // when it runs again and learns that it was declared dead, by whom and why, instead
@@ -287,7 +350,11 @@ impl Watcher {
     fn leave(mut self, aborted: bool) {
         let me = self.spec.me;
         let f = if aborted {
-            frame(ABORTED, me, &format!("{} aborted its communicator", self.spec.names[me]))
+            frame(
+                ABORTED,
+                me,
+                &format!("{} aborted its communicator", self.spec.names[me]),
+            )
         } else {
             frame(LEFT, me, "")
         };
@@ -384,7 +451,9 @@ fn read_link(l: &mut Link) -> Vec<Event> {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
             Err(e) => {
-                closed = Some(format!("its heartbeat connection failed ({e}): process killed or network cut"));
+                closed = Some(format!(
+                    "its heartbeat connection failed ({e}): process killed or network cut"
+                ));
                 break;
             }
         }
@@ -403,7 +472,11 @@ fn read_link(l: &mut Link) -> Vec<Event> {
         if b.len() < HEAD + len {
             break;
         }
-        evs.push(Event::Frame(kind, rank, String::from_utf8_lossy(&b[HEAD..HEAD + len]).into_owned()));
+        evs.push(Event::Frame(
+            kind,
+            rank,
+            String::from_utf8_lossy(&b[HEAD..HEAD + len]).into_owned(),
+        ));
         at += HEAD + len;
     }
     l.inbuf.drain(..at);

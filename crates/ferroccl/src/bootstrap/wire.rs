@@ -29,7 +29,10 @@ pub(crate) struct AbortSet {
 
 impl AbortSet {
     pub fn new(flag: Arc<AtomicBool>) -> AbortSet {
-        AbortSet { flags: vec![flag], health: None }
+        AbortSet {
+            flags: vec![flag],
+            health: None,
+        }
     }
 
     pub fn with(&self, flag: Arc<AtomicBool>) -> AbortSet {
@@ -40,7 +43,10 @@ impl AbortSet {
 
     /// The same flags, watching `health` (a communicator's own, replacing any parent's).
     pub fn with_health(&self, health: Arc<Health>) -> AbortSet {
-        AbortSet { flags: self.flags.clone(), health: Some(health) }
+        AbortSet {
+            flags: self.flags.clone(),
+            health: Some(health),
+        }
     }
 
     pub fn is_set(&self) -> bool {
@@ -74,7 +80,12 @@ pub(crate) struct Wait {
 
 impl Wait {
     pub fn new(timeout: Duration, abort: AbortSet) -> Wait {
-        Wait { deadline: Instant::now() + timeout, timeout, capped_from: None, abort }
+        Wait {
+            deadline: Instant::now() + timeout,
+            timeout,
+            capped_from: None,
+            abort,
+        }
     }
 
     /// A handshake's wait inside this one: at most `cap`, never beyond this one's deadline.
@@ -83,13 +94,21 @@ impl Wait {
         if d >= self.deadline {
             return self.clone();
         }
-        Wait { deadline: d, timeout: cap, capped_from: Some(self.capped_from.unwrap_or(self.timeout)), abort: self.abort.clone() }
+        Wait {
+            deadline: d,
+            timeout: cap,
+            capped_from: Some(self.capped_from.unwrap_or(self.timeout)),
+            abort: self.abort.clone(),
+        }
     }
 
     /// The limit and where it comes from, for messages: "30s (FERROCCL_TIMEOUT)".
     pub fn limit(&self) -> String {
         match self.capped_from {
-            Some(t) => format!("{:?} (the limit on a bootstrap handshake; FERROCCL_TIMEOUT is {t:?})", self.timeout),
+            Some(t) => format!(
+                "{:?} (the limit on a bootstrap handshake; FERROCCL_TIMEOUT is {t:?})",
+                self.timeout
+            ),
             None => format!("{:?} (FERROCCL_TIMEOUT)", self.timeout),
         }
     }
@@ -110,11 +129,17 @@ impl Wait {
     /// failure elsewhere in the job only `PEER_FAILURE_GRACE` after `*seen` (set here the first
     /// time), since the peer at the other end of this socket may still be sending what it owes
     /// us (the rest of an all-gather the failed rank already finished, say).
-    fn check_blocked(&self, seen: &mut Option<Instant>, doing: impl FnOnce() -> String) -> Result<(), Error> {
+    fn check_blocked(
+        &self,
+        seen: &mut Option<Instant>,
+        doing: impl FnOnce() -> String,
+    ) -> Result<(), Error> {
         if self.abort.flagged() {
             return Err(self.abort.error(doing));
         }
-        if self.abort.is_set() && seen.get_or_insert_with(Instant::now).elapsed() >= PEER_FAILURE_GRACE {
+        if self.abort.is_set()
+            && seen.get_or_insert_with(Instant::now).elapsed() >= PEER_FAILURE_GRACE
+        {
             return Err(self.abort.error(doing));
         }
         self.check_deadline(doing)
@@ -181,19 +206,31 @@ impl SpareFd {
 /// Failures that retrying cannot cure: connecting again only fails again, so they end a
 /// connection attempt at once instead of at the deadline.
 pub(crate) fn is_resource_exhaustion(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM))
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS) | Some(libc::ENOMEM)
+    )
 }
 
 fn is_retry(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted)
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
 }
 
 /// How long a socket wait goes on after another rank's failure, for what its own peer still
 /// sends (see `Wait::check_blocked`).
 const PEER_FAILURE_GRACE: Duration = Duration::from_millis(200);
 
-pub(crate) fn read_exact(s: &mut TcpStream, buf: &mut [u8], w: &Wait, peer: &str) -> Result<(), Error> {
-    s.set_read_timeout(Some(POLL)).map_err(|e| Error::System(format!("socket to {peer}: {e}{}", fd_hint(&e))))?;
+pub(crate) fn read_exact(
+    s: &mut TcpStream,
+    buf: &mut [u8],
+    w: &Wait,
+    peer: &str,
+) -> Result<(), Error> {
+    s.set_read_timeout(Some(POLL))
+        .map_err(|e| Error::System(format!("socket to {peer}: {e}{}", fd_hint(&e))))?;
     let mut got = 0;
     let mut seen = None;
     while got < buf.len() {
@@ -220,23 +257,41 @@ pub(crate) fn read_exact(s: &mut TcpStream, buf: &mut [u8], w: &Wait, peer: &str
     Ok(())
 }
 
-pub(crate) fn write_all(s: &mut TcpStream, mut buf: &[u8], w: &Wait, peer: &str) -> Result<(), Error> {
-    s.set_write_timeout(Some(POLL)).map_err(|e| Error::System(format!("socket to {peer}: {e}{}", fd_hint(&e))))?;
+pub(crate) fn write_all(
+    s: &mut TcpStream,
+    mut buf: &[u8],
+    w: &Wait,
+    peer: &str,
+) -> Result<(), Error> {
+    s.set_write_timeout(Some(POLL))
+        .map_err(|e| Error::System(format!("socket to {peer}: {e}{}", fd_hint(&e))))?;
     let mut seen = None;
     while !buf.is_empty() {
         w.check_deadline(|| format!("writing to {peer}"))?;
         match s.write(buf) {
             Ok(0) => return Err(Error::Remote(format!("{peer} stopped accepting data"))),
             Ok(k) => buf = &buf[k..],
-            Err(e) if is_retry(&e) => w.check_blocked(&mut seen, || format!("writing to {peer}"))?,
-            Err(e) => return Err(w.aborted_or(|| format!("writing to {peer}"), Error::Remote(format!("writing to {peer}: {e}")))),
+            Err(e) if is_retry(&e) => {
+                w.check_blocked(&mut seen, || format!("writing to {peer}"))?
+            }
+            Err(e) => {
+                return Err(w.aborted_or(
+                    || format!("writing to {peer}"),
+                    Error::Remote(format!("writing to {peer}: {e}")),
+                ))
+            }
         }
     }
     Ok(())
 }
 
 /// One frame: a little-endian u64 length, then the concatenation of `parts`.
-pub(crate) fn write_frame(s: &mut TcpStream, parts: &[&[u8]], w: &Wait, peer: &str) -> Result<(), Error> {
+pub(crate) fn write_frame(
+    s: &mut TcpStream,
+    parts: &[&[u8]],
+    w: &Wait,
+    peer: &str,
+) -> Result<(), Error> {
     let len: usize = parts.iter().map(|p| p.len()).sum();
     let mut head = Vec::with_capacity(8 + if len <= 64 << 10 { len } else { 0 });
     head.extend_from_slice(&(len as u64).to_le_bytes());
@@ -255,12 +310,19 @@ pub(crate) fn write_frame(s: &mut TcpStream, parts: &[&[u8]], w: &Wait, peer: &s
 }
 
 /// Reads one frame; a declared length above `max` is rejected before anything is allocated.
-pub(crate) fn read_frame(s: &mut TcpStream, max: usize, w: &Wait, peer: &str) -> Result<Vec<u8>, Error> {
+pub(crate) fn read_frame(
+    s: &mut TcpStream,
+    max: usize,
+    w: &Wait,
+    peer: &str,
+) -> Result<Vec<u8>, Error> {
     let mut head = [0u8; 8];
     read_exact(s, &mut head, w, peer)?;
     let len = u64::from_le_bytes(head);
     if len > max as u64 {
-        return Err(Error::Protocol(format!("{peer} sent a {len}-byte message, above the limit of {max} bytes")));
+        return Err(Error::Protocol(format!(
+            "{peer} sent a {len}-byte message, above the limit of {max} bytes"
+        )));
     }
     let mut buf = vec![0u8; len as usize];
     read_exact(s, &mut buf, w, peer)?;
@@ -276,8 +338,13 @@ pub(crate) fn connect_retry(addr: SocketAddr, w: &Wait, what: &str) -> Result<Tc
             return Err(w.abort.error(|| format!("connecting to {what} at {addr}")));
         }
         if Instant::now() >= w.deadline {
-            let why = last.map(|e| format!(" (last error: {e})")).unwrap_or_default();
-            return Err(Error::Timeout(format!("could not connect to {what} at {addr} within {}{why}", w.limit())));
+            let why = last
+                .map(|e| format!(" (last error: {e})"))
+                .unwrap_or_default();
+            return Err(Error::Timeout(format!(
+                "could not connect to {what} at {addr} within {}{why}",
+                w.limit()
+            )));
         }
         match connect_once(addr, w) {
             Ok(s) => {
@@ -285,7 +352,10 @@ pub(crate) fn connect_retry(addr: SocketAddr, w: &Wait, what: &str) -> Result<Tc
                 return Ok(s);
             }
             Err(Some(e)) if is_resource_exhaustion(&e) => {
-                return Err(Error::System(format!("cannot connect to {what} at {addr}: {e}{}", fd_hint(&e))));
+                return Err(Error::System(format!(
+                    "cannot connect to {what} at {addr}: {e}{}",
+                    fd_hint(&e)
+                )));
             }
             Err(Some(e)) => {
                 last = Some(e);
@@ -300,9 +370,19 @@ pub(crate) fn connect_retry(addr: SocketAddr, w: &Wait, what: &str) -> Result<Tc
 /// A non-blocking connect polled in `POLL` steps: std's `connect_timeout` cannot watch an
 /// abort flag, and a short fixed timeout would fail on slow links. `Err(None)` = interrupted.
 fn connect_once(addr: SocketAddr, w: &Wait) -> Result<TcpStream, Option<io::Error>> {
-    let fam = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    let fam = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
     // SAFETY: plain socket(2); the fd is owned by the TcpStream right after.
-    let fd = unsafe { libc::socket(fam, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
+    let fd = unsafe {
+        libc::socket(
+            fam,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
     if fd < 0 {
         return Err(Some(io::Error::last_os_error()));
     }
@@ -310,7 +390,13 @@ fn connect_once(addr: SocketAddr, w: &Wait) -> Result<TcpStream, Option<io::Erro
     let stream = unsafe { TcpStream::from_raw_fd(fd) };
     let (ss, len) = sockaddr_of(addr);
     // SAFETY: ss holds a properly initialised sockaddr of `len` bytes.
-    let r = unsafe { libc::connect(fd, &ss as *const libc::sockaddr_storage as *const libc::sockaddr, len) };
+    let r = unsafe {
+        libc::connect(
+            fd,
+            &ss as *const libc::sockaddr_storage as *const libc::sockaddr,
+            len,
+        )
+    };
     if r != 0 {
         let e = io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EINPROGRESS) {
@@ -320,7 +406,11 @@ fn connect_once(addr: SocketAddr, w: &Wait) -> Result<TcpStream, Option<io::Erro
             if w.abort.is_set() || Instant::now() >= w.deadline {
                 return Err(None);
             }
-            let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLOUT,
+                revents: 0,
+            };
             let ms = POLL.min(w.remaining()).as_millis().max(1) as libc::c_int;
             // SAFETY: one valid pollfd.
             let n = unsafe { libc::poll(&mut p, 1, ms) };
@@ -350,33 +440,57 @@ fn sockaddr_of(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     match addr {
         SocketAddr::V4(a) => {
             // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
-            let sin = unsafe { &mut *(&mut ss as *mut libc::sockaddr_storage as *mut libc::sockaddr_in) };
+            let sin =
+                unsafe { &mut *(&mut ss as *mut libc::sockaddr_storage as *mut libc::sockaddr_in) };
             sin.sin_family = libc::AF_INET as libc::sa_family_t;
             sin.sin_port = a.port().to_be();
-            sin.sin_addr = libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) };
-            (ss, std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t)
+            sin.sin_addr = libc::in_addr {
+                s_addr: u32::from_ne_bytes(a.ip().octets()),
+            };
+            (
+                ss,
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
         }
         SocketAddr::V6(a) => {
             // SAFETY: as above, for sockaddr_in6.
-            let sin6 = unsafe { &mut *(&mut ss as *mut libc::sockaddr_storage as *mut libc::sockaddr_in6) };
+            let sin6 = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage as *mut libc::sockaddr_in6)
+            };
             sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
             sin6.sin6_port = a.port().to_be();
             sin6.sin6_flowinfo = a.flowinfo();
-            sin6.sin6_addr = libc::in6_addr { s6_addr: a.ip().octets() };
+            sin6.sin6_addr = libc::in6_addr {
+                s6_addr: a.ip().octets(),
+            };
             sin6.sin6_scope_id = a.scope_id();
-            (ss, std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t)
+            (
+                ss,
+                std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+            )
         }
     }
 }
 
 /// Waits up to `timeout` for a pending connection on a non-blocking listener.
-pub(crate) fn poll_accept(l: &std::net::TcpListener, timeout: Duration) -> io::Result<Option<(TcpStream, SocketAddr)>> {
-    let mut p = libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+pub(crate) fn poll_accept(
+    l: &std::net::TcpListener,
+    timeout: Duration,
+) -> io::Result<Option<(TcpStream, SocketAddr)>> {
+    let mut p = libc::pollfd {
+        fd: l.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
     // SAFETY: one valid pollfd.
     let n = unsafe { libc::poll(&mut p, 1, timeout.as_millis().max(1) as libc::c_int) };
     if n < 0 {
         let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::Interrupted { Ok(None) } else { Err(e) };
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(None)
+        } else {
+            Err(e)
+        };
     }
     if n == 0 {
         return Ok(None);
@@ -397,7 +511,12 @@ pub(crate) fn into_user_stream(s: TcpStream) -> Result<TcpStream, Error> {
     s.set_read_timeout(None)
         .and_then(|_| s.set_write_timeout(None))
         .and_then(|_| s.set_nonblocking(false))
-        .map_err(|e| Error::System(format!("configuring a bootstrap connection: {e}{}", fd_hint(&e))))?;
+        .map_err(|e| {
+            Error::System(format!(
+                "configuring a bootstrap connection: {e}{}",
+                fd_hint(&e)
+            ))
+        })?;
     Ok(s)
 }
 
@@ -465,7 +584,10 @@ pub(crate) fn encode_addr(a: SocketAddr) -> [u8; ADDR_LEN] {
 pub(crate) fn decode_addr(b: &[u8; ADDR_LEN]) -> Option<SocketAddr> {
     let port = u16::from_be_bytes([b[17], b[18]]);
     match b[0] {
-        4 if b[5..17].iter().all(|&x| x == 0) => Some(SocketAddr::new(Ipv4Addr::new(b[1], b[2], b[3], b[4]).into(), port)),
+        4 if b[5..17].iter().all(|&x| x == 0) => Some(SocketAddr::new(
+            Ipv4Addr::new(b[1], b[2], b[3], b[4]).into(),
+            port,
+        )),
         6 => {
             let mut o = [0u8; 16];
             o.copy_from_slice(&b[1..17]);
@@ -487,7 +609,10 @@ impl<'a> Dec<'a> {
         Dec { b, pos: 0, what }
     }
     fn bad(&self, why: &str) -> Error {
-        Error::Protocol(format!("malformed {}: {why} at byte {}", self.what, self.pos))
+        Error::Protocol(format!(
+            "malformed {}: {why} at byte {}",
+            self.what, self.pos
+        ))
     }
     pub fn take(&mut self, n: usize) -> Result<&'a [u8], Error> {
         if self.b.len() - self.pos < n {
@@ -501,16 +626,24 @@ impl<'a> Dec<'a> {
         Ok(self.take(1)?[0])
     }
     pub fn u16(&mut self) -> Result<u16, Error> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
     }
     pub fn u32(&mut self) -> Result<u32, Error> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     pub fn u64(&mut self) -> Result<u64, Error> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
     pub fn i32(&mut self) -> Result<i32, Error> {
-        Ok(i32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(i32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     pub fn usize(&mut self) -> Result<usize, Error> {
         let v = self.u64()?;

@@ -2,8 +2,8 @@
 //! rank 1: what each becomes, and how long it takes.
 
 use super::*;
-use ferroccl_core::ReduceOp;
 use crate::testing::fault_proxy::{Fault, FaultProxy};
+use ferroccl_core::ReduceOp;
 use std::time::{Duration, Instant};
 
 const COUNT: usize = 16 << 10;
@@ -28,17 +28,27 @@ fn proxied_pair(config: &Config) -> (Vec<Comm>, FaultProxy) {
     let id = UniqueId::new(config).unwrap();
     let aborts: Vec<Arc<AtomicBool>> = (0..2).map(|_| Arc::new(AtomicBool::new(false))).collect();
     let mut boots: Vec<Bootstrap> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..2).map(|r| {
-            let (id, a) = (&id, aborts[r].clone());
-            s.spawn(move || Bootstrap::init(id, 2, r, config, a).unwrap())
-        }).collect();
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let (id, a) = (&id, aborts[r].clone());
+                s.spawn(move || Bootstrap::init(id, 2, r, config, a).unwrap())
+            })
+            .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let proxy = FaultProxy::start(boots[1].peers()[1].addr);
     boots[0].redirect_peer(1, proxy.addr());
     // Together: creating a communicator compares every rank's settings.
     let comms = std::thread::scope(|s| {
-        let hs: Vec<_> = boots.into_iter().zip(aborts).map(|(b, a)| s.spawn(move || Comm::from_bootstrap(b, Device::Host, config.clone(), a, None).unwrap())).collect();
+        let hs: Vec<_> = boots
+            .into_iter()
+            .zip(aborts)
+            .map(|(b, a)| {
+                s.spawn(move || {
+                    Comm::from_bootstrap(b, Device::Host, config.clone(), a, None).unwrap()
+                })
+            })
+            .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     (comms, proxy)
@@ -51,7 +61,9 @@ fn all_reduce(comms: &[Comm]) -> Vec<(Result<Vec<i32>, Error>, Duration)> {
             .iter()
             .map(|c| {
                 s.spawn(move || {
-                    let send: Vec<i32> = (0..COUNT).map(|i| (c.rank() as i32 + 1) * (i as i32 % 7)).collect();
+                    let send: Vec<i32> = (0..COUNT)
+                        .map(|i| (c.rank() as i32 + 1) * (i as i32 % 7))
+                        .collect();
                     let mut recv = vec![0i32; COUNT];
                     let t = Instant::now();
                     let r = c.all_reduce(&send, &mut recv, ReduceOp::Sum).map(|_| recv);
@@ -82,11 +94,20 @@ fn with_crc_corruption_is_an_error_naming_the_peer_not_data() {
         eprintln!("corrupt byte, CRC on: rank {r} failed after {took:?}");
         assert!(*took < Duration::from_secs(2), "rank {r} took {took:?}");
         // Rank 0 learns it from rank 1's report.
-        assert!(e.message().contains("CRC32C mismatch") || (r == 0 && e.message().contains("rank 1 failed")), "rank {r}: {e}");
+        assert!(
+            e.message().contains("CRC32C mismatch")
+                || (r == 0 && e.message().contains("rank 1 failed")),
+            "rank {r}: {e}"
+        );
     }
     let e = out[1].0.as_ref().unwrap_err();
     assert!(matches!(e, Error::Protocol(_)), "{e}");
-    assert!(e.message().contains("rank 0 (") && e.message().contains("127.0.0.1:") && e.message().contains("over tcp"), "{e}");
+    assert!(
+        e.message().contains("rank 0 (")
+            && e.message().contains("127.0.0.1:")
+            && e.message().contains("over tcp"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -126,9 +147,15 @@ fn reset_connection_fails_both_ranks_at_once_naming_the_peer() {
         let e = res.as_ref().expect_err("a reset connection cannot deliver");
         eprintln!("connection reset: rank {r} failed after {took:?}");
         // Far below the 10 s deadline: a reset is noticed, not waited out.
-        assert!(*took < Duration::from_secs(2), "rank {r} took {took:?}: {e}");
+        assert!(
+            *took < Duration::from_secs(2),
+            "rank {r} took {took:?}: {e}"
+        );
         let peer = 1 - r;
-        assert!(e.message().contains(&format!("rank {peer}")), "rank {r}: {e}");
+        assert!(
+            e.message().contains(&format!("rank {peer}")),
+            "rank {r}: {e}"
+        );
     }
 }
 
@@ -141,12 +168,23 @@ fn black_hole_fails_by_the_deadline_naming_the_peer() {
     proxy.set(Fault::Drop);
     let out = all_reduce(&comms);
     for (r, (res, took)) in out.iter().enumerate() {
-        let e = res.as_ref().expect_err("nothing arrives through a black hole");
+        let e = res
+            .as_ref()
+            .expect_err("nothing arrives through a black hole");
         eprintln!("black hole, 1.5 s deadline: rank {r} failed after {took:?}");
-        assert!(*took < Duration::from_millis(1500 + 1000), "rank {r} took {took:?}: {e}");
-        assert!(e.message().contains(&format!("rank {}", 1 - r)), "rank {r}: {e}");
+        assert!(
+            *took < Duration::from_millis(1500 + 1000),
+            "rank {r} took {took:?}: {e}"
+        );
+        assert!(
+            e.message().contains(&format!("rank {}", 1 - r)),
+            "rank {r}: {e}"
+        );
     }
     // The rank that waited for the swallowed data says so.
     let e = out[1].0.as_ref().unwrap_err();
-    assert!(matches!(e, Error::Timeout(_)) && e.message().contains("data from rank 0"), "{e}");
+    assert!(
+        matches!(e, Error::Timeout(_)) && e.message().contains("data from rank 0"),
+        "{e}"
+    );
 }

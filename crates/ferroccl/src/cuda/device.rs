@@ -29,7 +29,8 @@ fn driver() -> &'static Driver {
     DRIVER.get_or_init(|| {
         // cudarc panics, rather than returning an error, when the library or a symbol is
         // missing; a panic must never be how a CPU-only machine learns it has no GPU.
-        let present = std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
+        let present =
+            std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
         if !present {
             return Driver::Absent;
         }
@@ -51,8 +52,12 @@ pub fn driver_present() -> bool {
 pub fn init() -> Result<()> {
     match driver() {
         Driver::Ready => Ok(()),
-        Driver::Absent => Err(Error::System("CUDA driver library (libcuda.so) not found".into())),
-        Driver::NoDevice => Err(Error::System("cuInit failed: CUDA_ERROR_NO_DEVICE (no CUDA-capable device)".into())),
+        Driver::Absent => Err(Error::System(
+            "CUDA driver library (libcuda.so) not found".into(),
+        )),
+        Driver::NoDevice => Err(Error::System(
+            "cuInit failed: CUDA_ERROR_NO_DEVICE (no CUDA-capable device)".into(),
+        )),
         Driver::Failed(m) => Err(Error::System(m.clone())),
     }
 }
@@ -124,7 +129,11 @@ unsafe impl Sync for GpuInner {}
 
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Gpu({}: {}, sm_{}{})", self.0.ordinal, self.0.name, self.0.cc.0, self.0.cc.1)
+        write!(
+            f,
+            "Gpu({}: {}, sm_{}{})",
+            self.0.ordinal, self.0.name, self.0.cc.0, self.0.cc.1
+        )
     }
 }
 
@@ -134,19 +143,37 @@ impl Gpu {
         init()?;
         let count = gpu_count()?;
         if ordinal >= count {
-            return Err(Error::InvalidArgument(format!("GPU {ordinal} does not exist ({count} visible)")));
+            return Err(Error::InvalidArgument(format!(
+                "GPU {ordinal} does not exist ({count} visible)"
+            )));
         }
         let mut dev = 0;
-        cu_ok("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) })?;
+        cu_ok("cuDeviceGet", unsafe {
+            sys::cuDeviceGet(&mut dev, ordinal as i32)
+        })?;
         let mut name = [0u8; 256];
-        cu_ok("cuDeviceGetName", unsafe { sys::cuDeviceGetName(name.as_mut_ptr().cast(), name.len() as i32, dev) })?;
-        let name = CStr::from_bytes_until_nul(&name).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
+        cu_ok("cuDeviceGetName", unsafe {
+            sys::cuDeviceGetName(name.as_mut_ptr().cast(), name.len() as i32, dev)
+        })?;
+        let name = CStr::from_bytes_until_nul(&name)
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let mut total_mem = 0usize;
-        cu_ok("cuDeviceTotalMem", unsafe { sys::cuDeviceTotalMem_v2(&mut total_mem, dev) })?;
-        let major = attribute(dev, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-        let minor = attribute(dev, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        cu_ok("cuDeviceTotalMem", unsafe {
+            sys::cuDeviceTotalMem_v2(&mut total_mem, dev)
+        })?;
+        let major = attribute(
+            dev,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+        )?;
+        let minor = attribute(
+            dev,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+        )?;
         let mut ctx = std::ptr::null_mut();
-        cu_ok("cuDevicePrimaryCtxRetain", unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) })?;
+        cu_ok("cuDevicePrimaryCtxRetain", unsafe {
+            sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
+        })?;
         let gpu = Gpu(Arc::new(GpuInner {
             ordinal,
             dev,
@@ -183,7 +210,9 @@ impl Gpu {
     /// Makes this GPU's context current on the calling thread. Every call that touches the
     /// GPU does this first, so callers never depend on which thread last used which GPU.
     pub fn bind(&self) -> Result<()> {
-        cu_ok("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.0.ctx) })
+        cu_ok("cuCtxSetCurrent", unsafe {
+            sys::cuCtxSetCurrent(self.0.ctx)
+        })
     }
 
     /// A device attribute (`cuDeviceGetAttribute`).
@@ -195,22 +224,36 @@ impl Gpu {
     /// descriptors: the two things the p2p transport needs.
     pub fn supports_cumem_fd(&self) -> Result<bool> {
         use sys::CUdevice_attribute::*;
-        Ok(self.attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED)? != 0
-            && self.attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)? != 0)
+        Ok(
+            self.attribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED)? != 0
+                && self
+                    .attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)?
+                    != 0,
+        )
     }
 
     /// How this GPU reaches `peer` (by ordinal). A GPU reaches itself trivially.
     pub fn peer_link(&self, peer: usize) -> Result<PeerLink> {
         if peer == self.0.ordinal {
-            return Ok(PeerLink { access: true, native_atomics: true, perf_rank: 0 });
+            return Ok(PeerLink {
+                access: true,
+                native_atomics: true,
+                perf_rank: 0,
+            });
         }
         let mut pdev = 0;
-        cu_ok("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut pdev, peer as i32) })?;
+        cu_ok("cuDeviceGet", unsafe {
+            sys::cuDeviceGet(&mut pdev, peer as i32)
+        })?;
         let mut can = 0;
-        cu_ok("cuDeviceCanAccessPeer", unsafe { sys::cuDeviceCanAccessPeer(&mut can, self.0.dev, pdev) })?;
+        cu_ok("cuDeviceCanAccessPeer", unsafe {
+            sys::cuDeviceCanAccessPeer(&mut can, self.0.dev, pdev)
+        })?;
         let p2p = |a| -> Result<i32> {
             let mut v = 0;
-            cu_ok("cuDeviceGetP2PAttribute", unsafe { sys::cuDeviceGetP2PAttribute(&mut v, a, self.0.dev, pdev) })?;
+            cu_ok("cuDeviceGetP2PAttribute", unsafe {
+                sys::cuDeviceGetP2PAttribute(&mut v, a, self.0.dev, pdev)
+            })?;
             Ok(v)
         };
         use sys::CUdevice_P2PAttribute::*;
@@ -232,16 +275,22 @@ impl Gpu {
         self.bind()?;
         // PTX is text the driver reads up to its NUL; a cubin is an ELF image with its own
         // length, and must not be touched.
-        let data: std::borrow::Cow<[u8]> = if !image.starts_with(b"\x7fELF") && image.last() != Some(&0) {
-            let mut v = image.to_vec();
-            v.push(0);
-            v.into()
-        } else {
-            image.into()
-        };
+        let data: std::borrow::Cow<[u8]> =
+            if !image.starts_with(b"\x7fELF") && image.last() != Some(&0) {
+                let mut v = image.to_vec();
+                v.push(0);
+                v.into()
+            } else {
+                image.into()
+            };
         let mut module = std::ptr::null_mut();
-        cu_ok("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut module, data.as_ptr().cast()) })?;
-        Ok(Module { gpu: self.clone(), module })
+        cu_ok("cuModuleLoadData", unsafe {
+            sys::cuModuleLoadData(&mut module, data.as_ptr().cast())
+        })?;
+        Ok(Module {
+            gpu: self.clone(),
+            module,
+        })
     }
 }
 
@@ -256,7 +305,9 @@ impl Drop for GpuInner {
 
 fn attribute(dev: sys::CUdevice, attr: sys::CUdevice_attribute) -> Result<i32> {
     let mut v = MaybeUninit::uninit();
-    cu_ok("cuDeviceGetAttribute", unsafe { sys::cuDeviceGetAttribute(v.as_mut_ptr(), attr, dev) })?;
+    cu_ok("cuDeviceGetAttribute", unsafe {
+        sys::cuDeviceGetAttribute(v.as_mut_ptr(), attr, dev)
+    })?;
     Ok(unsafe { v.assume_init() })
 }
 
@@ -278,7 +329,8 @@ impl Module {
 
     /// An `extern "C"` kernel of this module.
     pub fn kernel(&self, name: &str) -> Result<Kernel<'_>> {
-        let cname = std::ffi::CString::new(name).map_err(|_| Error::InvalidArgument(format!("kernel name {name:?}")))?;
+        let cname = std::ffi::CString::new(name)
+            .map_err(|_| Error::InvalidArgument(format!("kernel name {name:?}")))?;
         let mut f = std::ptr::null_mut();
         cu_ok(&format!("cuModuleGetFunction({name})"), unsafe {
             sys::cuModuleGetFunction(&mut f, self.module, cname.as_ptr())
@@ -288,7 +340,10 @@ impl Module {
 
     /// The kernel of a handle taken from `kernel` earlier: no driver lookup, for launch paths.
     pub fn kernel_at(&self, h: KernelHandle) -> Kernel<'_> {
-        Kernel { f: h.0, module: self }
+        Kernel {
+            f: h.0,
+            module: self,
+        }
     }
 }
 
@@ -342,7 +397,9 @@ impl Kernel<'_> {
     pub fn load(&self) -> Result<()> {
         let mut v = 0;
         // SAFETY: an out pointer.
-        cu_ok("cuDriverGetVersion", unsafe { sys::cuDriverGetVersion(&mut v) })?;
+        cu_ok("cuDriverGetVersion", unsafe {
+            sys::cuDriverGetVersion(&mut v)
+        })?;
         if v < 12040 {
             return Ok(());
         }
@@ -363,7 +420,10 @@ impl Kernel<'_> {
         cu_ok("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
             sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, self.f, threads as i32, 0)
         })?;
-        let sms = self.module.gpu.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let sms = self
+            .module
+            .gpu
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         Ok((per_sm.max(0) as u32).saturating_mul(sms.max(0) as u32))
     }
 
@@ -372,7 +432,12 @@ impl Kernel<'_> {
     /// # Safety
     /// `params` must point to one value per kernel parameter, of the kernel's parameter
     /// types, and every pointer the kernel dereferences must be valid on this GPU.
-    pub unsafe fn launch(&self, dims: LaunchDims, stream: sys::CUstream, params: &mut [*mut c_void]) -> Result<()> {
+    pub unsafe fn launch(
+        &self,
+        dims: LaunchDims,
+        stream: sys::CUstream,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
         self.module.gpu.bind()?;
         let (g, b) = (dims.grid, dims.block);
         if dims.overlap_prior {

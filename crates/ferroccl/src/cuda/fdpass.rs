@@ -44,7 +44,10 @@ fn sockaddr(name: &[u8]) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
     if name.len() > addr.sun_path.len() {
-        return Err(Error::InvalidArgument(format!("socket name of {} bytes is too long", name.len())));
+        return Err(Error::InvalidArgument(format!(
+            "socket name of {} bytes is too long",
+            name.len()
+        )));
     }
     for (d, s) in addr.sun_path.iter_mut().zip(name) {
         *d = *s as libc::c_char;
@@ -55,7 +58,13 @@ fn sockaddr(name: &[u8]) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
 }
 
 fn seqpacket_socket() -> Result<OwnedFd> {
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
     if fd < 0 {
         return Err(sys_err("socket(AF_UNIX, SOCK_SEQPACKET)"));
     }
@@ -63,17 +72,29 @@ fn seqpacket_socket() -> Result<OwnedFd> {
 }
 
 /// Waits until `fd` is ready for `events`, the deadline passes, or `abort` is set.
-fn wait(fd: BorrowedFd<'_>, events: libc::c_short, deadline: Instant, abort: &AtomicBool, what: &str) -> Result<()> {
+fn wait(
+    fd: BorrowedFd<'_>,
+    events: libc::c_short,
+    deadline: Instant,
+    abort: &AtomicBool,
+    what: &str,
+) -> Result<()> {
     loop {
         if abort.load(Ordering::Relaxed) {
             return Err(Error::Aborted(format!("{what}: aborted")));
         }
         let now = Instant::now();
         if now >= deadline {
-            return Err(Error::Timeout(format!("{what}: no progress before the deadline")));
+            return Err(Error::Timeout(format!(
+                "{what}: no progress before the deadline"
+            )));
         }
         let slice = (deadline - now).min(SLICE);
-        let mut p = libc::pollfd { fd: fd.as_raw_fd(), events, revents: 0 };
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events,
+            revents: 0,
+        };
         let r = unsafe { libc::poll(&mut p, 1, slice.as_millis().max(1) as libc::c_int) };
         if r > 0 {
             return Ok(());
@@ -89,14 +110,23 @@ fn check_peer_user(sock: BorrowedFd<'_>) -> Result<()> {
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     let r = unsafe {
-        libc::getsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len)
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
     };
     if r != 0 {
         return Err(sys_err("getsockopt(SO_PEERCRED)"));
     }
     let me = unsafe { libc::geteuid() };
     if cred.uid != me {
-        return Err(Error::Protocol(format!("fd-passing peer (pid {}) runs as uid {}, not {me}", cred.pid, cred.uid)));
+        return Err(Error::Protocol(format!(
+            "fd-passing peer (pid {}) runs as uid {}, not {me}",
+            cred.pid, cred.uid
+        )));
     }
     Ok(())
 }
@@ -113,8 +143,17 @@ impl FdListener {
     pub fn bind(job: u64, rank: u32) -> Result<FdListener> {
         let sock = seqpacket_socket()?;
         let (addr, len) = sockaddr(&socket_name(job, rank))?;
-        if unsafe { libc::bind(sock.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) } != 0 {
-            return Err(sys_err(&format!("bind(fd socket of job {job:016x} rank {rank})")));
+        if unsafe {
+            libc::bind(
+                sock.as_raw_fd(),
+                (&addr as *const libc::sockaddr_un).cast(),
+                len,
+            )
+        } != 0
+        {
+            return Err(sys_err(&format!(
+                "bind(fd socket of job {job:016x} rank {rank})"
+            )));
         }
         if unsafe { libc::listen(sock.as_raw_fd(), 64) } != 0 {
             return Err(sys_err("listen(fd socket)"));
@@ -124,18 +163,30 @@ impl FdListener {
 
     /// The next peer to connect.
     pub fn accept(&self, deadline: Instant, abort: &AtomicBool) -> Result<FdChannel> {
-        let what = format!("accepting on the fd socket of job {:016x} rank {}", self.job, self.rank);
+        let what = format!(
+            "accepting on the fd socket of job {:016x} rank {}",
+            self.job, self.rank
+        );
         loop {
             let fd = unsafe {
-                libc::accept4(self.sock.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK)
+                libc::accept4(
+                    self.sock.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                )
             };
             if fd >= 0 {
-                let ch = FdChannel { sock: unsafe { OwnedFd::from_raw_fd(fd) } };
+                let ch = FdChannel {
+                    sock: unsafe { OwnedFd::from_raw_fd(fd) },
+                };
                 check_peer_user(ch.sock.as_fd())?;
                 return Ok(ch);
             }
             match io::Error::last_os_error().kind() {
-                io::ErrorKind::WouldBlock => wait(self.sock.as_fd(), libc::POLLIN, deadline, abort, &what)?,
+                io::ErrorKind::WouldBlock => {
+                    wait(self.sock.as_fd(), libc::POLLIN, deadline, abort, &what)?
+                }
                 io::ErrorKind::Interrupted => {}
                 _ => return Err(sys_err(&what)),
             }
@@ -151,13 +202,24 @@ pub struct FdChannel {
 impl FdChannel {
     /// Connects to `rank`'s listener in `job`, retrying until it exists or the deadline
     /// passes: peers start in any order.
-    pub fn connect(job: u64, rank: u32, deadline: Instant, abort: &AtomicBool) -> Result<FdChannel> {
+    pub fn connect(
+        job: u64,
+        rank: u32,
+        deadline: Instant,
+        abort: &AtomicBool,
+    ) -> Result<FdChannel> {
         let (addr, len) = sockaddr(&socket_name(job, rank))?;
         let what = format!("connecting to the fd socket of job {job:016x} rank {rank}");
         let mut backoff = Duration::from_millis(1);
         loop {
             let sock = seqpacket_socket()?;
-            let r = unsafe { libc::connect(sock.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) };
+            let r = unsafe {
+                libc::connect(
+                    sock.as_raw_fd(),
+                    (&addr as *const libc::sockaddr_un).cast(),
+                    len,
+                )
+            };
             if r == 0 {
                 check_peer_user(sock.as_fd())?;
                 return Ok(FdChannel { sock });
@@ -165,14 +227,19 @@ impl FdChannel {
             let err = io::Error::last_os_error();
             match err.raw_os_error() {
                 // No listener yet, or its backlog is full: the peer is still starting.
-                Some(libc::ECONNREFUSED) | Some(libc::ENOENT) | Some(libc::EAGAIN) | Some(libc::EINTR) => {}
+                Some(libc::ECONNREFUSED)
+                | Some(libc::ENOENT)
+                | Some(libc::EAGAIN)
+                | Some(libc::EINTR) => {}
                 _ => return Err(Error::System(format!("{what}: {err}"))),
             }
             if abort.load(Ordering::Relaxed) {
                 return Err(Error::Aborted(format!("{what}: aborted")));
             }
             if Instant::now() + backoff >= deadline {
-                return Err(Error::Timeout(format!("{what}: no listener before the deadline ({err})")));
+                return Err(Error::Timeout(format!(
+                    "{what}: no listener before the deadline ({err})"
+                )));
             }
             std::thread::sleep(backoff);
             backoff = (backoff * 2).min(Duration::from_millis(50));
@@ -183,21 +250,47 @@ impl FdChannel {
     pub fn pair() -> Result<(FdChannel, FdChannel)> {
         let mut fds = [0; 2];
         let r = unsafe {
-            libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0, fds.as_mut_ptr())
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                0,
+                fds.as_mut_ptr(),
+            )
         };
         if r != 0 {
             return Err(sys_err("socketpair(AF_UNIX, SOCK_SEQPACKET)"));
         }
-        unsafe { Ok((FdChannel { sock: OwnedFd::from_raw_fd(fds[0]) }, FdChannel { sock: OwnedFd::from_raw_fd(fds[1]) })) }
+        unsafe {
+            Ok((
+                FdChannel {
+                    sock: OwnedFd::from_raw_fd(fds[0]),
+                },
+                FdChannel {
+                    sock: OwnedFd::from_raw_fd(fds[1]),
+                },
+            ))
+        }
     }
 
     /// Sends `fds` (duplicated into the peer; ours stay open) and `payload` as one message.
-    pub fn send_fds(&self, fds: &[BorrowedFd<'_>], payload: &[u8], deadline: Instant, abort: &AtomicBool) -> Result<()> {
+    pub fn send_fds(
+        &self,
+        fds: &[BorrowedFd<'_>],
+        payload: &[u8],
+        deadline: Instant,
+        abort: &AtomicBool,
+    ) -> Result<()> {
         if fds.len() > MAX_FDS {
-            return Err(Error::InvalidArgument(format!("{} descriptors in one message (at most {MAX_FDS})", fds.len())));
+            return Err(Error::InvalidArgument(format!(
+                "{} descriptors in one message (at most {MAX_FDS})",
+                fds.len()
+            )));
         }
         if payload.len() > MAX_PAYLOAD {
-            return Err(Error::InvalidArgument(format!("{} payload bytes in one message (at most {MAX_PAYLOAD})", payload.len())));
+            return Err(Error::InvalidArgument(format!(
+                "{} payload bytes in one message (at most {MAX_PAYLOAD})",
+                payload.len()
+            )));
         }
         let mut data = Vec::with_capacity(HEADER + payload.len());
         data.extend_from_slice(&MAGIC.to_le_bytes());
@@ -207,7 +300,10 @@ impl FdChannel {
 
         let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
         let mut cbuf = CmsgBuf::new();
-        let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut c_void, iov_len: data.len() };
+        let mut iov = libc::iovec {
+            iov_base: data.as_ptr() as *mut c_void,
+            iov_len: data.len(),
+        };
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
@@ -220,7 +316,11 @@ impl FdChannel {
                 (*c).cmsg_level = libc::SOL_SOCKET;
                 (*c).cmsg_type = libc::SCM_RIGHTS;
                 (*c).cmsg_len = libc::CMSG_LEN(bytes as u32) as _;
-                std::ptr::copy_nonoverlapping(raw.as_ptr(), libc::CMSG_DATA(c).cast::<RawFd>(), raw.len());
+                std::ptr::copy_nonoverlapping(
+                    raw.as_ptr(),
+                    libc::CMSG_DATA(c).cast::<RawFd>(),
+                    raw.len(),
+                );
             }
         }
         loop {
@@ -230,15 +330,26 @@ impl FdChannel {
                 return if n as usize == data.len() {
                     Ok(())
                 } else {
-                    Err(Error::Internal(format!("sendmsg sent {n} of {} bytes", data.len())))
+                    Err(Error::Internal(format!(
+                        "sendmsg sent {n} of {} bytes",
+                        data.len()
+                    )))
                 };
             }
             let err = io::Error::last_os_error();
             match err.raw_os_error() {
-                Some(libc::EAGAIN) => wait(self.sock.as_fd(), libc::POLLOUT, deadline, abort, "sending descriptors")?,
+                Some(libc::EAGAIN) => wait(
+                    self.sock.as_fd(),
+                    libc::POLLOUT,
+                    deadline,
+                    abort,
+                    "sending descriptors",
+                )?,
                 Some(libc::EINTR) => {}
                 Some(libc::EPIPE) | Some(libc::ECONNRESET) => {
-                    return Err(Error::Remote(format!("sending descriptors: the peer closed its socket ({err})")))
+                    return Err(Error::Remote(format!(
+                        "sending descriptors: the peer closed its socket ({err})"
+                    )))
                 }
                 _ => return Err(Error::System(format!("sendmsg(SCM_RIGHTS): {err}"))),
             }
@@ -247,27 +358,43 @@ impl FdChannel {
 
     /// Receives one message: its descriptors (close-on-exec, owned by the caller) and
     /// payload.
-    pub fn recv_fds(&self, deadline: Instant, abort: &AtomicBool) -> Result<(Vec<OwnedFd>, Vec<u8>)> {
+    pub fn recv_fds(
+        &self,
+        deadline: Instant,
+        abort: &AtomicBool,
+    ) -> Result<(Vec<OwnedFd>, Vec<u8>)> {
         let mut data = vec![0u8; HEADER + MAX_PAYLOAD];
         let mut cbuf = CmsgBuf::new();
         loop {
-            let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
+            let mut iov = libc::iovec {
+                iov_base: data.as_mut_ptr().cast(),
+                iov_len: data.len(),
+            };
             let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
             msg.msg_iov = &mut iov;
             msg.msg_iovlen = 1;
             msg.msg_control = cbuf.as_mut_ptr();
             msg.msg_controllen = CmsgBuf::LEN as _;
-            let n = unsafe { libc::recvmsg(self.sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+            let n =
+                unsafe { libc::recvmsg(self.sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
             if n < 0 {
                 let err = io::Error::last_os_error();
                 match err.raw_os_error() {
                     Some(libc::EAGAIN) => {
-                        wait(self.sock.as_fd(), libc::POLLIN, deadline, abort, "receiving descriptors")?;
+                        wait(
+                            self.sock.as_fd(),
+                            libc::POLLIN,
+                            deadline,
+                            abort,
+                            "receiving descriptors",
+                        )?;
                         continue;
                     }
                     Some(libc::EINTR) => continue,
                     Some(libc::ECONNRESET) => {
-                        return Err(Error::Remote(format!("receiving descriptors: the peer closed its socket ({err})")))
+                        return Err(Error::Remote(format!(
+                            "receiving descriptors: the peer closed its socket ({err})"
+                        )))
                     }
                     _ => return Err(Error::System(format!("recvmsg(SCM_RIGHTS): {err}"))),
                 }
@@ -276,15 +403,21 @@ impl FdChannel {
             // message cannot leak descriptors into this process.
             let fds = unsafe { take_fds(&msg) };
             if n == 0 {
-                return Err(Error::Remote("receiving descriptors: the peer closed its socket".into()));
+                return Err(Error::Remote(
+                    "receiving descriptors: the peer closed its socket".into(),
+                ));
             }
             if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
-                return Err(Error::Protocol("fd message larger than its bounds (truncated)".into()));
+                return Err(Error::Protocol(
+                    "fd message larger than its bounds (truncated)".into(),
+                ));
             }
             let n = n as usize;
             let word = |i: usize| u32::from_le_bytes(data[i..i + 4].try_into().unwrap());
             if n < HEADER || word(0) != MAGIC {
-                return Err(Error::Protocol("fd message without ferroccl's header".into()));
+                return Err(Error::Protocol(
+                    "fd message without ferroccl's header".into(),
+                ));
             }
             let (nfds, len) = (word(4) as usize, word(8) as usize);
             if nfds != fds.len() || len > MAX_PAYLOAD || HEADER + len != n {
@@ -317,7 +450,9 @@ impl CmsgBuf {
     const LEN: usize = 16 + ((MAX_FDS * 4 + 7) & !7);
     const WORDS: usize = CmsgBuf::LEN / 8;
     fn new() -> Self {
-        CmsgBuf { buf: [0; CmsgBuf::WORDS] }
+        CmsgBuf {
+            buf: [0; CmsgBuf::WORDS],
+        }
     }
     fn as_mut_ptr(&mut self) -> *mut c_void {
         self.buf.as_mut_ptr().cast()
@@ -387,7 +522,8 @@ mod tests {
         let (a, b) = FdChannel::pair().unwrap();
         let m1 = memfd_with(b"first");
         let m2 = memfd_with(b"second");
-        a.send_fds(&[m1.as_fd(), m2.as_fd()], b"hello", soon(), &NEVER).unwrap();
+        a.send_fds(&[m1.as_fd(), m2.as_fd()], b"hello", soon(), &NEVER)
+            .unwrap();
         a.send_fds(&[], b"", soon(), &NEVER).unwrap();
         let (fds, payload) = b.recv_fds(soon(), &NEVER).unwrap();
         assert_eq!(payload, b"hello");
@@ -403,11 +539,20 @@ mod tests {
         let (a, b) = FdChannel::pair().unwrap();
         let m = memfd_with(b"x");
         let many: Vec<_> = (0..=MAX_FDS).map(|_| m.as_fd()).collect();
-        assert!(matches!(a.send_fds(&many, b"", soon(), &NEVER), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            a.send_fds(&many, b"", soon(), &NEVER),
+            Err(Error::InvalidArgument(_))
+        ));
         let big = vec![0u8; MAX_PAYLOAD + 1];
-        assert!(matches!(a.send_fds(&[], &big, soon(), &NEVER), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            a.send_fds(&[], &big, soon(), &NEVER),
+            Err(Error::InvalidArgument(_))
+        ));
         let t = Instant::now();
-        assert!(matches!(b.recv_fds(t + Duration::from_millis(100), &NEVER), Err(Error::Timeout(_))));
+        assert!(matches!(
+            b.recv_fds(t + Duration::from_millis(100), &NEVER),
+            Err(Error::Timeout(_))
+        ));
         assert!(t.elapsed() < Duration::from_secs(5));
         let abort = AtomicBool::new(true);
         assert!(matches!(b.recv_fds(soon(), &abort), Err(Error::Aborted(_))));
@@ -421,7 +566,10 @@ mod tests {
         let junk = b"not a ferroccl message";
         let n = unsafe { libc::send(a.as_fd().as_raw_fd(), junk.as_ptr().cast(), junk.len(), 0) };
         assert_eq!(n as usize, junk.len());
-        assert!(matches!(b.recv_fds(soon(), &NEVER), Err(Error::Protocol(_))));
+        assert!(matches!(
+            b.recv_fds(soon(), &NEVER),
+            Err(Error::Protocol(_))
+        ));
     }
 
     #[test]
@@ -443,7 +591,12 @@ mod tests {
         let job = u64::from_le_bytes(id);
         let listener = FdListener::bind(job, 0).unwrap();
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["cuda::fdpass::tests::child_entry", "--exact", "--nocapture", "--test-threads=1"])
+            .args([
+                "cuda::fdpass::tests::child_entry",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD_ENV, format!("{job}"))
             .stdout(Stdio::null())
             .spawn()
@@ -463,7 +616,9 @@ mod tests {
 
     #[test]
     fn child_entry() {
-        let Ok(job) = std::env::var(CHILD_ENV) else { return };
+        let Ok(job) = std::env::var(CHILD_ENV) else {
+            return;
+        };
         let job: u64 = job.parse().unwrap();
         let ch = FdChannel::connect(job, 0, soon(), &NEVER).unwrap();
         let (mut fds, payload) = ch.recv_fds(soon(), &NEVER).unwrap();

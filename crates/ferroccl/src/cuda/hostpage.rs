@@ -38,28 +38,48 @@ impl HostPage {
         // SAFETY: a static, NUL-terminated name; flags as documented.
         let raw = unsafe { libc::memfd_create(c"ferroccl-ce-flags".as_ptr(), libc::MFD_CLOEXEC) };
         if raw < 0 {
-            return Err(Error::System(format!("memfd_create for the copy engine's flags failed: {}", std::io::Error::last_os_error())));
+            return Err(Error::System(format!(
+                "memfd_create for the copy engine's flags failed: {}",
+                std::io::Error::last_os_error()
+            )));
         }
         // SAFETY: a descriptor we just opened and own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         // SAFETY: our descriptor.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), PAGE_BYTES as libc::off_t) } != 0 {
-            return Err(Error::System(format!("ftruncate of the copy engine's flag page failed: {}", std::io::Error::last_os_error())));
+            return Err(Error::System(format!(
+                "ftruncate of the copy engine's flag page failed: {}",
+                std::io::Error::last_os_error()
+            )));
         }
         Self::map(fd, gpu)
     }
 
     /// Maps and registers a peer's page from its descriptor.
     pub fn import(fd: BorrowedFd<'_>, gpu: &Gpu) -> Result<HostPage> {
-        let fd = fd.try_clone_to_owned().map_err(|e| Error::System(format!("dup of a peer's flag page descriptor failed: {e}")))?;
+        let fd = fd.try_clone_to_owned().map_err(|e| {
+            Error::System(format!("dup of a peer's flag page descriptor failed: {e}"))
+        })?;
         Self::map(fd, gpu)
     }
 
     fn map(fd: OwnedFd, gpu: &Gpu) -> Result<HostPage> {
         // SAFETY: a fresh shared mapping of the page; checked below.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), PAGE_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PAGE_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
         if p == libc::MAP_FAILED {
-            return Err(Error::System(format!("mmap of a copy-engine flag page failed: {}", std::io::Error::last_os_error())));
+            return Err(Error::System(format!(
+                "mmap of a copy-engine flag page failed: {}",
+                std::io::Error::last_os_error()
+            )));
         }
         let unmap = || unsafe { libc::munmap(p, PAGE_BYTES) };
         if let Err(e) = gpu.bind() {
@@ -68,18 +88,28 @@ impl HostPage {
         }
         let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
         // SAFETY: a page-aligned mapping of PAGE_BYTES that lives until drop.
-        if let Err(e) = cu_ok("cuMemHostRegister(flag page)", unsafe { sys::cuMemHostRegister_v2(p, PAGE_BYTES, flags) }) {
+        if let Err(e) = cu_ok("cuMemHostRegister(flag page)", unsafe {
+            sys::cuMemHostRegister_v2(p, PAGE_BYTES, flags)
+        }) {
             unmap();
             return Err(e);
         }
         let mut device: sys::CUdeviceptr = 0;
         // SAFETY: registered above.
-        if let Err(e) = cu_ok("cuMemHostGetDevicePointer(flag page)", unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, p, 0) }) {
+        if let Err(e) = cu_ok("cuMemHostGetDevicePointer(flag page)", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut device, p, 0)
+        }) {
             unsafe { sys::cuMemHostUnregister(p) };
             unmap();
             return Err(e);
         }
-        Ok(HostPage { gpu: gpu.clone(), fd, host: p as *mut u32, device, keep: Default::default() })
+        Ok(HostPage {
+            gpu: gpu.clone(),
+            fd,
+            host: p as *mut u32,
+            device,
+            keep: Default::default(),
+        })
     }
 
     /// Leaves the page mapped and registered when dropped (leaked): for a page that stalled GPU

@@ -110,21 +110,33 @@ pub(crate) fn round_up(bytes: usize, granularity: usize) -> Result<usize> {
         return Err(Error::InvalidArgument("GPU buffer of 0 bytes".into()));
     }
     if granularity == 0 || !granularity.is_power_of_two() {
-        return Err(Error::Internal(format!("allocation granularity {granularity} is not a power of two")));
+        return Err(Error::Internal(format!(
+            "allocation granularity {granularity} is not a power of two"
+        )));
     }
     bytes
         .checked_add(granularity - 1)
         .map(|b| b & !(granularity - 1))
-        .ok_or_else(|| Error::InvalidArgument(format!("GPU buffer of {bytes} bytes overflows the address space")))
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "GPU buffer of {bytes} bytes overflows the address space"
+            ))
+        })
 }
 
 /// The GPUs to grant read/write access: the owner first (a mapping its own GPU cannot
 /// touch is useless, so it is always included), then each listed peer once.
-pub(crate) fn access_ordinals(owner: usize, peers: &[usize], gpu_count: usize) -> Result<Vec<usize>> {
+pub(crate) fn access_ordinals(
+    owner: usize,
+    peers: &[usize],
+    gpu_count: usize,
+) -> Result<Vec<usize>> {
     let mut out = vec![owner];
     for &p in peers {
         if p >= gpu_count {
-            return Err(Error::InvalidArgument(format!("access for GPU {p}, but only {gpu_count} are visible")));
+            return Err(Error::InvalidArgument(format!(
+                "access for GPU {p}, but only {gpu_count} are visible"
+            )));
         }
         if !out.contains(&p) {
             out.push(p);
@@ -134,7 +146,10 @@ pub(crate) fn access_ordinals(owner: usize, peers: &[usize], gpu_count: usize) -
 }
 
 fn device_location(ordinal: usize) -> sys::CUmemLocation {
-    sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal as i32 }
+    sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: ordinal as i32,
+    }
 }
 
 pub(crate) fn access_descs(ordinals: &[usize]) -> Vec<sys::CUmemAccessDesc> {
@@ -152,7 +167,8 @@ pub(crate) fn alloc_prop(ordinal: usize) -> sys::CUmemAllocationProp {
     // SAFETY: a plain C struct for which all-zero is the documented "no extra flags" value.
     let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
     prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.requestedHandleTypes =
+        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     prop.location = device_location(ordinal);
     prop
 }
@@ -199,18 +215,32 @@ impl std::fmt::Debug for DeviceBuffer {
 impl DeviceBuffer {
     /// At least `bytes` of memory on `gpu`, readable and writable by `gpu` and every GPU in
     /// `access` (ordinals). The size is rounded up to the allocation granularity.
-    pub fn alloc(gpu: &Gpu, bytes: usize, access: &[usize], stats: &Arc<MemStats>) -> Result<DeviceBuffer> {
+    pub fn alloc(
+        gpu: &Gpu,
+        bytes: usize,
+        access: &[usize],
+        stats: &Arc<MemStats>,
+    ) -> Result<DeviceBuffer> {
         gpu.bind()?;
         let who = access_ordinals(gpu.ordinal(), access, gpu_count()?)?;
         let gran = granularity(gpu)?;
         let mapped = round_up(bytes, gran)?;
         let prop = alloc_prop(gpu.ordinal());
         let mut handle = 0;
-        cu_ok(&format!("cuMemCreate({mapped} bytes on GPU {})", gpu.ordinal()), unsafe {
-            sys::cuMemCreate(&mut handle, mapped, &prop, 0)
-        })?;
+        cu_ok(
+            &format!("cuMemCreate({mapped} bytes on GPU {})", gpu.ordinal()),
+            unsafe { sys::cuMemCreate(&mut handle, mapped, &prop, 0) },
+        )?;
         match map_handle(handle, mapped, gran, &who) {
-            Ok(ptr) => Ok(Self::adopt(gpu, ptr, bytes, mapped, handle, Origin::Allocated, stats)),
+            Ok(ptr) => Ok(Self::adopt(
+                gpu,
+                ptr,
+                bytes,
+                mapped,
+                handle,
+                Origin::Allocated,
+                stats,
+            )),
             Err(e) => {
                 unsafe { sys::cuMemRelease(handle) };
                 Err(e)
@@ -221,7 +251,13 @@ impl DeviceBuffer {
     /// Maps memory another process exported (see [`DeviceBuffer::export_fd`]) on `gpu`,
     /// with access for `gpu` and `access`. `bytes` is at most the exporter's size; the fd
     /// stays the caller's and may be closed once this returns.
-    pub fn import(fd: BorrowedFd<'_>, bytes: usize, gpu: &Gpu, access: &[usize], stats: &Arc<MemStats>) -> Result<DeviceBuffer> {
+    pub fn import(
+        fd: BorrowedFd<'_>,
+        bytes: usize,
+        gpu: &Gpu,
+        access: &[usize],
+        stats: &Arc<MemStats>,
+    ) -> Result<DeviceBuffer> {
         gpu.bind()?;
         let who = access_ordinals(gpu.ordinal(), access, gpu_count()?)?;
         let gran = granularity(gpu)?;
@@ -236,7 +272,15 @@ impl DeviceBuffer {
             )
         })?;
         match map_handle(handle, mapped, gran, &who) {
-            Ok(ptr) => Ok(Self::adopt(gpu, ptr, bytes, mapped, handle, Origin::Imported, stats)),
+            Ok(ptr) => Ok(Self::adopt(
+                gpu,
+                ptr,
+                bytes,
+                mapped,
+                handle,
+                Origin::Imported,
+                stats,
+            )),
             Err(e) => {
                 unsafe { sys::cuMemRelease(handle) };
                 Err(e)
@@ -254,7 +298,15 @@ impl DeviceBuffer {
         stats: &Arc<MemStats>,
     ) -> DeviceBuffer {
         stats.add(origin, mapped as u64);
-        DeviceBuffer { gpu: gpu.clone(), ptr, len, mapped, handle, origin, stats: stats.clone() }
+        DeviceBuffer {
+            gpu: gpu.clone(),
+            ptr,
+            len,
+            mapped,
+            handle,
+            origin,
+            stats: stats.clone(),
+        }
     }
 
     /// A new file descriptor for this allocation, for another process to
@@ -316,7 +368,9 @@ impl DeviceBuffer {
         // non-blocking stream would then read the old contents. The DMA runs on the legacy
         // stream: waiting for that stream waits for it, and not for other streams' kernels
         // (which may be waiting for this thread: another rank on the same GPU).
-        cu_ok("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) })
+        cu_ok("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(std::ptr::null_mut())
+        })
     }
 
     /// Synchronous copy to host memory, for setup and checks (not the data path).
@@ -340,8 +394,12 @@ impl DeviceBuffer {
         let _ = self.gpu.bind();
         // Unmap before freeing the addresses, and release the handle last: the order the
         // driver documents, and the one that leaves nothing half-torn-down on an error.
-        let a = cu_ok("cuMemUnmap", unsafe { sys::cuMemUnmap(self.ptr, self.mapped) });
-        let b = cu_ok("cuMemAddressFree", unsafe { sys::cuMemAddressFree(self.ptr, self.mapped) });
+        let a = cu_ok("cuMemUnmap", unsafe {
+            sys::cuMemUnmap(self.ptr, self.mapped)
+        });
+        let b = cu_ok("cuMemAddressFree", unsafe {
+            sys::cuMemAddressFree(self.ptr, self.mapped)
+        });
         let c = cu_ok("cuMemRelease", unsafe { sys::cuMemRelease(self.handle) });
         a.and(b).and(c)
     }
@@ -362,10 +420,19 @@ unsafe impl Send for DeviceBuffer {}
 unsafe impl Sync for DeviceBuffer {}
 
 /// Reserves addresses for `handle`, maps it and sets access; undoes its own steps on error.
-fn map_handle(handle: sys::CUmemGenericAllocationHandle, size: usize, align: usize, who: &[usize]) -> Result<sys::CUdeviceptr> {
+fn map_handle(
+    handle: sys::CUmemGenericAllocationHandle,
+    size: usize,
+    align: usize,
+    who: &[usize],
+) -> Result<sys::CUdeviceptr> {
     let mut ptr = 0;
-    cu_ok("cuMemAddressReserve", unsafe { sys::cuMemAddressReserve(&mut ptr, size, align, 0, 0) })?;
-    if let Err(e) = cu_ok("cuMemMap", unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) }) {
+    cu_ok("cuMemAddressReserve", unsafe {
+        sys::cuMemAddressReserve(&mut ptr, size, align, 0, 0)
+    })?;
+    if let Err(e) = cu_ok("cuMemMap", unsafe {
+        sys::cuMemMap(ptr, size, 0, handle, 0)
+    }) {
         unsafe { sys::cuMemAddressFree(ptr, size) };
         return Err(e);
     }
@@ -394,20 +461,37 @@ pub(crate) fn export_allocation(gpu: &Gpu, ptr: u64, len: usize) -> Result<(Owne
     gpu.bind()?;
     let hint = "register memory from ferroccl::mem::alloc (ncclMemAlloc), or any cuMem allocation made with POSIX file-descriptor handles";
     let (mut base, mut size) = (0u64, 0usize);
-    cu_ok("cuMemGetAddressRange", unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) })
-        .map_err(|e| Error::InvalidArgument(format!("{ptr:#x} is not GPU memory of this process ({e}); {hint}")))?;
-    if ptr.checked_add(len as u64).is_none_or(|e| e > base + size as u64) {
+    cu_ok("cuMemGetAddressRange", unsafe {
+        sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
+    })
+    .map_err(|e| {
+        Error::InvalidArgument(format!(
+            "{ptr:#x} is not GPU memory of this process ({e}); {hint}"
+        ))
+    })?;
+    if ptr
+        .checked_add(len as u64)
+        .is_none_or(|e| e > base + size as u64)
+    {
         return Err(Error::InvalidArgument(format!(
             "{len} bytes at {ptr:#x} run past the end of their allocation ({size} bytes at {base:#x})"
         )));
     }
     let mut handle = 0;
-    cu_ok("cuMemRetainAllocationHandle", unsafe { sys::cuMemRetainAllocationHandle(&mut handle, ptr as *mut std::ffi::c_void) })
-        .map_err(|e| Error::InvalidArgument(format!("{ptr:#x} is not a cuMem allocation ({e}); {hint}")))?;
+    cu_ok("cuMemRetainAllocationHandle", unsafe {
+        sys::cuMemRetainAllocationHandle(&mut handle, ptr as *mut std::ffi::c_void)
+    })
+    .map_err(|e| {
+        Error::InvalidArgument(format!("{ptr:#x} is not a cuMem allocation ({e}); {hint}"))
+    })?;
     let r = export_handle(handle);
     // The retained reference is ours to drop; the allocation stays its owner's.
     unsafe { sys::cuMemRelease(handle) };
-    let fd = r.map_err(|e| Error::InvalidArgument(format!("the allocation at {base:#x} cannot be shared as a file descriptor ({e}); {hint}")))?;
+    let fd = r.map_err(|e| {
+        Error::InvalidArgument(format!(
+            "the allocation at {base:#x} cannot be shared as a file descriptor ({e}); {hint}"
+        ))
+    })?;
     Ok((fd, base, size))
 }
 
@@ -423,7 +507,9 @@ fn export_handle(handle: sys::CUmemGenericAllocationHandle) -> Result<OwnedFd> {
         )
     })?;
     if fd < 0 {
-        return Err(Error::System("cuMemExportToShareableHandle returned no file descriptor".into()));
+        return Err(Error::System(
+            "cuMemExportToShareableHandle returned no file descriptor".into(),
+        ));
     }
     // SAFETY: the driver just created this descriptor for us to own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -467,7 +553,10 @@ mod tests {
         assert_eq!(round_up(MIB2 + 1, MIB2).unwrap(), 2 * MIB2);
         assert_eq!(round_up(64 << 20, MIB2).unwrap(), 64 << 20);
         assert!(matches!(round_up(0, MIB2), Err(Error::InvalidArgument(_))));
-        assert!(matches!(round_up(usize::MAX - 5, MIB2), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            round_up(usize::MAX - 5, MIB2),
+            Err(Error::InvalidArgument(_))
+        ));
         assert!(matches!(round_up(10, 3), Err(Error::Internal(_))));
         assert!(matches!(round_up(10, 0), Err(Error::Internal(_))));
         // The largest size that still fits.
@@ -478,8 +567,14 @@ mod tests {
     #[test]
     fn access_list_owner_first_and_deduplicated() {
         assert_eq!(access_ordinals(2, &[], 4).unwrap(), vec![2]);
-        assert_eq!(access_ordinals(2, &[0, 2, 3, 0, 1], 4).unwrap(), vec![2, 0, 3, 1]);
-        assert!(matches!(access_ordinals(0, &[4], 4), Err(Error::InvalidArgument(_))));
+        assert_eq!(
+            access_ordinals(2, &[0, 2, 3, 0, 1], 4).unwrap(),
+            vec![2, 0, 3, 1]
+        );
+        assert!(matches!(
+            access_ordinals(0, &[4], 4),
+            Err(Error::InvalidArgument(_))
+        ));
     }
 
     #[test]
@@ -489,16 +584,28 @@ mod tests {
         assert_eq!(d[0].location.id, 1);
         assert_eq!(d[1].location.id, 0);
         for x in &d {
-            assert_eq!(x.location.type_, sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE);
-            assert_eq!(x.flags, sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+            assert_eq!(
+                x.location.type_,
+                sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE
+            );
+            assert_eq!(
+                x.flags,
+                sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            );
         }
     }
 
     #[test]
     fn allocation_props_request_posix_fds() {
         let p = alloc_prop(3);
-        assert_eq!(p.type_, sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED);
-        assert_eq!(p.requestedHandleTypes, sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        assert_eq!(
+            p.type_,
+            sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED
+        );
+        assert_eq!(
+            p.requestedHandleTypes,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        );
         assert_eq!(p.location.id, 3);
         assert_eq!(p.allocFlags.gpuDirectRDMACapable, 0);
     }
@@ -513,7 +620,12 @@ mod tests {
         s.add(Origin::Allocated, 20);
         assert_eq!(
             s.snapshot(),
-            MemStatsSnapshot { allocated_bytes: 70, imported_bytes: 7, peak_allocated_bytes: 150, live_buffers: 3 }
+            MemStatsSnapshot {
+                allocated_bytes: 70,
+                imported_bytes: 7,
+                peak_allocated_bytes: 150,
+                live_buffers: 3
+            }
         );
         s.sub(Origin::Imported, 7);
         assert_eq!(s.imported_bytes(), 0);

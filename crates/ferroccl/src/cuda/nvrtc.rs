@@ -62,10 +62,18 @@ pub struct CompileRequest<'a> {
 /// The compute capability digits of an `sm_XX[a|f]` architecture ("90a" -> "90a"), checked
 /// so that nothing odd reaches NVRTC's command line.
 pub fn parse_arch(arch: &str) -> Result<&str> {
-    let bad = || Error::InvalidArgument(format!("GPU architecture {arch:?} is not of the form sm_90 / sm_90a"));
+    let bad = || {
+        Error::InvalidArgument(format!(
+            "GPU architecture {arch:?} is not of the form sm_90 / sm_90a"
+        ))
+    };
     let rest = arch.strip_prefix("sm_").ok_or_else(bad)?;
     let digits = rest.trim_end_matches(['a', 'f']);
-    if digits.len() < 2 || digits.len() > 3 || !digits.bytes().all(|b| b.is_ascii_digit()) || rest.len() > digits.len() + 1 {
+    if digits.len() < 2
+        || digits.len() > 3
+        || !digits.bytes().all(|b| b.is_ascii_digit())
+        || rest.len() > digits.len() + 1
+    {
         return Err(bad());
     }
     Ok(rest)
@@ -82,7 +90,9 @@ pub fn compiler_options(req: &CompileRequest<'_>, kind: ImageKind) -> Result<Vec
         "--std=c++17".to_string(),
     ];
     for d in req.include_dirs {
-        let d = d.to_str().ok_or_else(|| Error::InvalidArgument(format!("include path {d:?} is not UTF-8")))?;
+        let d = d
+            .to_str()
+            .ok_or_else(|| Error::InvalidArgument(format!("include path {d:?} is not UTF-8")))?;
         o.push(format!("--include-path={d}"));
     }
     o.extend(req.options.iter().cloned());
@@ -99,7 +109,10 @@ fn ensure_loaded() -> Result<()> {
     if nvrtc_available() {
         Ok(())
     } else {
-        Err(Error::System("NVRTC library (libnvrtc.so) not found: put CUDA's lib directory on LD_LIBRARY_PATH".into()))
+        Err(Error::System(
+            "NVRTC library (libnvrtc.so) not found: put CUDA's lib directory on LD_LIBRARY_PATH"
+                .into(),
+        ))
     }
 }
 
@@ -107,7 +120,9 @@ fn ensure_loaded() -> Result<()> {
 pub fn nvrtc_version() -> Result<(i32, i32)> {
     ensure_loaded()?;
     let (mut major, mut minor) = (0, 0);
-    nv("nvrtcVersion", unsafe { sys::nvrtcVersion(&mut major, &mut minor) })?;
+    nv("nvrtcVersion", unsafe {
+        sys::nvrtcVersion(&mut major, &mut minor)
+    })?;
     Ok((major, minor))
 }
 
@@ -130,21 +145,32 @@ impl Drop for Program {
 impl Program {
     fn log(&self) -> String {
         let mut n = 0usize;
-        if unsafe { sys::nvrtcGetProgramLogSize(self.0, &mut n) } != sys::nvrtcResult::NVRTC_SUCCESS || n == 0 {
+        if unsafe { sys::nvrtcGetProgramLogSize(self.0, &mut n) } != sys::nvrtcResult::NVRTC_SUCCESS
+            || n == 0
+        {
             return String::new();
         }
         let mut buf = vec![0u8; n];
-        if unsafe { sys::nvrtcGetProgramLog(self.0, buf.as_mut_ptr().cast()) } != sys::nvrtcResult::NVRTC_SUCCESS {
+        if unsafe { sys::nvrtcGetProgramLog(self.0, buf.as_mut_ptr().cast()) }
+            != sys::nvrtcResult::NVRTC_SUCCESS
+        {
             return String::new();
         }
-        CStr::from_bytes_until_nul(&buf).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
+        CStr::from_bytes_until_nul(&buf)
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default()
     }
 }
 
-fn compile_as(req: &CompileRequest<'_>, kind: ImageKind) -> std::result::Result<Image, (sys::nvrtcResult, Error)> {
+fn compile_as(
+    req: &CompileRequest<'_>,
+    kind: ImageKind,
+) -> std::result::Result<Image, (sys::nvrtcResult, Error)> {
     let sys_err = |e: Error| (sys::nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR, e);
-    let src = CString::new(req.source).map_err(|_| sys_err(Error::InvalidArgument("kernel source contains NUL".into())))?;
-    let name = CString::new(req.name).map_err(|_| sys_err(Error::InvalidArgument("kernel name contains NUL".into())))?;
+    let src = CString::new(req.source)
+        .map_err(|_| sys_err(Error::InvalidArgument("kernel source contains NUL".into())))?;
+    let name = CString::new(req.name)
+        .map_err(|_| sys_err(Error::InvalidArgument("kernel name contains NUL".into())))?;
     let opts = compiler_options(req, kind).map_err(sys_err)?;
     let copts: Vec<CString> = opts
         .iter()
@@ -154,7 +180,16 @@ fn compile_as(req: &CompileRequest<'_>, kind: ImageKind) -> std::result::Result<
     let ptrs: Vec<*const std::ffi::c_char> = copts.iter().map(|c| c.as_ptr()).collect();
 
     let mut raw = std::ptr::null_mut();
-    let r = unsafe { sys::nvrtcCreateProgram(&mut raw, src.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null()) };
+    let r = unsafe {
+        sys::nvrtcCreateProgram(
+            &mut raw,
+            src.as_ptr(),
+            name.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
     nv("nvrtcCreateProgram", r).map_err(|e| (r, e))?;
     let prog = Program(raw);
     let r = unsafe { sys::nvrtcCompileProgram(prog.0, ptrs.len() as i32, ptrs.as_ptr()) };
@@ -189,7 +224,10 @@ fn compile_as(req: &CompileRequest<'_>, kind: ImageKind) -> std::result::Result<
     };
     nv(what, r).map_err(|e| (r, e))?;
     if bytes.is_empty() {
-        return Err((sys::nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR, Error::System(format!("{what} returned an empty image"))));
+        return Err((
+            sys::nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR,
+            Error::System(format!("{what} returned an empty image")),
+        ));
     }
     Ok(Image { kind, bytes })
 }
@@ -201,7 +239,8 @@ pub fn compile(req: &CompileRequest<'_>) -> Result<Image> {
     match compile_as(req, ImageKind::Cubin) {
         Ok(img) => Ok(img),
         Err((sys::nvrtcResult::NVRTC_ERROR_INVALID_OPTION, first)) => {
-            compile_as(req, ImageKind::Ptx).map_err(|(_, e)| Error::System(format!("{e}\n(after sm_ was refused: {first})")))
+            compile_as(req, ImageKind::Ptx)
+                .map_err(|(_, e)| Error::System(format!("{e}\n(after sm_ was refused: {first})")))
         }
         Err((_, e)) => Err(e),
     }
@@ -254,20 +293,29 @@ impl KernelCache {
 
     /// The cached image for `key`, if a complete one is there.
     pub fn lookup(&self, key: &str) -> Option<Image> {
-        [ImageKind::Cubin, ImageKind::Ptx].into_iter().find_map(|kind| {
-            let bytes = std::fs::read(self.path(key, kind)).ok()?;
-            (!bytes.is_empty()).then_some(Image { kind, bytes })
-        })
+        [ImageKind::Cubin, ImageKind::Ptx]
+            .into_iter()
+            .find_map(|kind| {
+                let bytes = std::fs::read(self.path(key, kind)).ok()?;
+                (!bytes.is_empty()).then_some(Image { kind, bytes })
+            })
     }
 
     /// Stores `img` under `key`.
     pub fn store(&self, key: &str, img: &Image) -> Result<()> {
-        let io = |what: &str, e: std::io::Error| Error::System(format!("kernel cache {}: {what}: {e}", self.dir.display()));
+        let io = |what: &str, e: std::io::Error| {
+            Error::System(format!("kernel cache {}: {what}: {e}", self.dir.display()))
+        };
         std::fs::create_dir_all(&self.dir).map_err(|e| io("create", e))?;
         let mut nonce = [0u8; 8];
         let _ = getrandom::getrandom(&mut nonce);
-        let tmp = self.dir.join(format!(".{key}.{}.{:016x}.tmp", std::process::id(), u64::from_le_bytes(nonce)));
-        let r = std::fs::write(&tmp, &img.bytes).and_then(|_| std::fs::rename(&tmp, self.path(key, img.kind)));
+        let tmp = self.dir.join(format!(
+            ".{key}.{}.{:016x}.tmp",
+            std::process::id(),
+            u64::from_le_bytes(nonce)
+        ));
+        let r = std::fs::write(&tmp, &img.bytes)
+            .and_then(|_| std::fs::rename(&tmp, self.path(key, img.kind)));
         if let Err(e) = r {
             let _ = std::fs::remove_file(&tmp);
             return Err(io("write", e));
@@ -302,12 +350,18 @@ impl KernelCache {
 /// instead of compiling again beside it. Failures are not kept: the next caller tries again.
 #[derive(Default)]
 pub(crate) struct ProcessImages {
-    by_key: std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<std::sync::Mutex<Option<Image>>>>>,
+    by_key: std::sync::Mutex<
+        std::collections::HashMap<String, std::sync::Arc<std::sync::Mutex<Option<Image>>>>,
+    >,
 }
 
 impl ProcessImages {
     /// The image under `key`, from this process's earlier call or from `make`.
-    pub(crate) fn get_or_make(&self, key: &str, make: impl FnOnce() -> Result<Image>) -> Result<Image> {
+    pub(crate) fn get_or_make(
+        &self,
+        key: &str,
+        make: impl FnOnce() -> Result<Image>,
+    ) -> Result<Image> {
         let slot = {
             let mut map = self.by_key.lock().unwrap_or_else(|p| p.into_inner());
             map.entry(key.to_string()).or_default().clone()
@@ -343,14 +397,29 @@ mod tests {
     use super::*;
     use std::cell::Cell;
 
-    fn req<'a>(src: &'a str, arch: &'a str, inc: &'a [PathBuf], opts: &'a [String]) -> CompileRequest<'a> {
-        CompileRequest { name: "t.cu", source: src, arch, include_dirs: inc, options: opts }
+    fn req<'a>(
+        src: &'a str,
+        arch: &'a str,
+        inc: &'a [PathBuf],
+        opts: &'a [String],
+    ) -> CompileRequest<'a> {
+        CompileRequest {
+            name: "t.cu",
+            source: src,
+            arch,
+            include_dirs: inc,
+            options: opts,
+        }
     }
 
     fn temp_dir(tag: &str) -> PathBuf {
         let mut n = [0u8; 8];
         getrandom::getrandom(&mut n).unwrap();
-        std::env::temp_dir().join(format!("ferroccl-nvrtc-{tag}-{}-{:016x}", std::process::id(), u64::from_le_bytes(n)))
+        std::env::temp_dir().join(format!(
+            "ferroccl-nvrtc-{tag}-{}-{:016x}",
+            std::process::id(),
+            u64::from_le_bytes(n)
+        ))
     }
 
     #[test]
@@ -358,11 +427,32 @@ mod tests {
         assert_eq!(parse_arch("sm_90").unwrap(), "90");
         assert_eq!(parse_arch("sm_90a").unwrap(), "90a");
         assert_eq!(parse_arch("sm_100f").unwrap(), "100f");
-        for bad in ["90", "sm_", "sm_9", "sm_9x", "compute_90", "sm_90aa", "sm_90 -G", "sm_1000"] {
+        for bad in [
+            "90",
+            "sm_",
+            "sm_9",
+            "sm_9x",
+            "compute_90",
+            "sm_90aa",
+            "sm_90 -G",
+            "sm_1000",
+        ] {
             assert!(parse_arch(bad).is_err(), "{bad}");
         }
-        let o = compiler_options(&req("", "sm_90", &[PathBuf::from("/x")], &["-DA=1".into()]), ImageKind::Ptx).unwrap();
-        assert_eq!(o, ["--gpu-architecture=compute_90", "--std=c++17", "--include-path=/x", "-DA=1"]);
+        let o = compiler_options(
+            &req("", "sm_90", &[PathBuf::from("/x")], &["-DA=1".into()]),
+            ImageKind::Ptx,
+        )
+        .unwrap();
+        assert_eq!(
+            o,
+            [
+                "--gpu-architecture=compute_90",
+                "--std=c++17",
+                "--include-path=/x",
+                "-DA=1"
+            ]
+        );
     }
 
     #[test]
@@ -371,7 +461,10 @@ mod tests {
         let opts = ["-DN=4".to_string()];
         let base = cache_key(&req("k", "sm_90", &inc, &opts), (13, 0)).unwrap();
         assert_eq!(base.len(), 64);
-        assert_eq!(base, cache_key(&req("k", "sm_90", &inc, &opts), (13, 0)).unwrap());
+        assert_eq!(
+            base,
+            cache_key(&req("k", "sm_90", &inc, &opts), (13, 0)).unwrap()
+        );
         let others = [
             cache_key(&req("k2", "sm_90", &inc, &opts), (13, 0)).unwrap(),
             cache_key(&req("k", "sm_90a", &inc, &opts), (13, 0)).unwrap(),
@@ -384,7 +477,11 @@ mod tests {
             assert_ne!(&base, o, "variant {i} did not change the key");
         }
         // Moving text between fields must not collide.
-        let a = cache_key(&req("k", "sm_90", &[], &["-DA".into(), "B".into()]), (13, 0)).unwrap();
+        let a = cache_key(
+            &req("k", "sm_90", &[], &["-DA".into(), "B".into()]),
+            (13, 0),
+        )
+        .unwrap();
         let b = cache_key(&req("k", "sm_90", &[], &["-DAB".into()]), (13, 0)).unwrap();
         assert_ne!(a, b);
     }
@@ -393,7 +490,10 @@ mod tests {
     fn a_process_makes_each_image_once_while_its_threads_wait() {
         let images = ProcessImages::default();
         let made = std::sync::atomic::AtomicUsize::new(0);
-        let img = |b: u8| Image { kind: ImageKind::Cubin, bytes: vec![b; 4] };
+        let img = |b: u8| Image {
+            kind: ImageKind::Cubin,
+            bytes: vec![b; 4],
+        };
         let got: Vec<Image> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..4)
                 .map(|_| {
@@ -408,10 +508,16 @@ mod tests {
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
         });
-        assert_eq!(made.load(std::sync::atomic::Ordering::SeqCst), 1, "one thread compiled, the others waited");
+        assert_eq!(
+            made.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "one thread compiled, the others waited"
+        );
         assert!(got.iter().all(|i| *i == img(1)));
         // Another key is made apart; a failure is not kept.
-        assert!(images.get_or_make("bad", || Err(Error::System("nvrtc failed".into()))).is_err());
+        assert!(images
+            .get_or_make("bad", || Err(Error::System("nvrtc failed".into())))
+            .is_err());
         assert_eq!(images.get_or_make("bad", || Ok(img(2))).unwrap(), img(2));
         assert_eq!(images.get_or_make("k", || Ok(img(3))).unwrap(), img(1));
     }
@@ -424,7 +530,10 @@ mod tests {
         let calls = Cell::new(0);
         let fake = |_: &CompileRequest<'_>| {
             calls.set(calls.get() + 1);
-            Ok(Image { kind: ImageKind::Cubin, bytes: b"\x7fELF fake".to_vec() })
+            Ok(Image {
+                kind: ImageKind::Cubin,
+                bytes: b"\x7fELF fake".to_vec(),
+            })
         };
         let (a, hit) = cache.get_or_compile(&r, (13, 0), fake).unwrap();
         assert!(!hit);
@@ -437,9 +546,14 @@ mod tests {
         assert!(!hit);
         assert_eq!(calls.get(), 2);
         // No temporary files are left behind.
-        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names.len(), 2, "{names:?}");
-        assert!(names.iter().all(|n| n.to_string_lossy().ends_with(".cubin")));
+        assert!(names
+            .iter()
+            .all(|n| n.to_string_lossy().ends_with(".cubin")));
         // A truncated entry is a miss, and a failed compile is not cached.
         let key = cache_key(&r, (13, 0)).unwrap();
         std::fs::write(dir.join(format!("{key}.cubin")), b"").unwrap();
@@ -454,8 +568,14 @@ mod tests {
     fn unwritable_cache_still_compiles() {
         let cache = KernelCache::new("/proc/ferroccl-cannot-write-here");
         let r = req("x", "sm_90", &[], &[]);
-        let (img, hit) =
-            cache.get_or_compile(&r, (13, 0), |_| Ok(Image { kind: ImageKind::Ptx, bytes: b"ptx\0".to_vec() })).unwrap();
+        let (img, hit) = cache
+            .get_or_compile(&r, (13, 0), |_| {
+                Ok(Image {
+                    kind: ImageKind::Ptx,
+                    bytes: b"ptx\0".to_vec(),
+                })
+            })
+            .unwrap();
         assert!(!hit);
         assert_eq!(img.kind, ImageKind::Ptx);
     }
@@ -474,28 +594,52 @@ extern "C" __global__ void mixed(const __half* a, const __nv_bfloat16* b, const 
     #[test]
     #[ignore = "needs libnvrtc and CUDA's headers (README: NVRTC)"]
     fn nvrtc_compiles_fp16_bf16_fp8_for_sm90() {
-        assert!(nvrtc_available(), "libnvrtc cannot be loaded (is its folder on LD_LIBRARY_PATH?)");
-        let inc = ferroccl_core::Config::from_env().expect("a valid environment").cuda_include;
+        assert!(
+            nvrtc_available(),
+            "libnvrtc cannot be loaded (is its folder on LD_LIBRARY_PATH?)"
+        );
+        let inc = ferroccl_core::Config::from_env()
+            .expect("a valid environment")
+            .cuda_include;
         let v = nvrtc_version().unwrap();
         eprintln!("NVRTC {}.{}, include dirs {inc:?}", v.0, v.1);
-        let r = CompileRequest { name: "mixed.cu", source: HALF_KERNEL, arch: "sm_90", include_dirs: &inc, options: &[] };
+        let r = CompileRequest {
+            name: "mixed.cu",
+            source: HALF_KERNEL,
+            arch: "sm_90",
+            include_dirs: &inc,
+            options: &[],
+        };
         let dir = temp_dir("real");
         let cache = KernelCache::new(&dir);
         let t = std::time::Instant::now();
         let img = compile_cached(&r, Some(&cache)).unwrap_or_else(|e| panic!("{e}"));
-        eprintln!("compiled to {:?} ({} bytes) in {:?}", img.kind, img.bytes.len(), t.elapsed());
+        eprintln!(
+            "compiled to {:?} ({} bytes) in {:?}",
+            img.kind,
+            img.bytes.len(),
+            t.elapsed()
+        );
         match img.kind {
             ImageKind::Cubin => assert!(img.bytes.starts_with(b"\x7fELF")),
             ImageKind::Ptx => assert!(String::from_utf8_lossy(&img.bytes).contains(".entry mixed")),
         }
-        let (again, hit) = cache.get_or_compile(&r, v, |_| panic!("should be cached")).unwrap();
+        let (again, hit) = cache
+            .get_or_compile(&r, v, |_| panic!("should be cached"))
+            .unwrap();
         assert!(hit);
         assert_eq!(again, img);
 
         // A syntax error comes back with NVRTC's log in the message.
-        let bad = CompileRequest { source: "extern \"C\" __global__ void k() { int x = ; }", ..r.clone() };
+        let bad = CompileRequest {
+            source: "extern \"C\" __global__ void k() { int x = ; }",
+            ..r.clone()
+        };
         let e = compile(&bad).unwrap_err().to_string();
-        assert!(e.contains("NVRTC_ERROR_COMPILATION") && e.contains("expected an expression"), "{e}");
+        assert!(
+            e.contains("NVRTC_ERROR_COMPILATION") && e.contains("expected an expression"),
+            "{e}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

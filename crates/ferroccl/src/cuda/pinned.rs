@@ -29,16 +29,24 @@ impl MappedWord {
         gpu.bind()?;
         let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        cu_ok("cuMemHostAlloc(4 bytes, mapped)", unsafe { sys::cuMemHostAlloc(&mut p, 4, flags) })?;
+        cu_ok("cuMemHostAlloc(4 bytes, mapped)", unsafe {
+            sys::cuMemHostAlloc(&mut p, 4, flags)
+        })?;
         let host = p as *mut u32;
         // SAFETY: 4 fresh bytes of pinned memory.
         unsafe { host.write_volatile(0) };
         let mut device: sys::CUdeviceptr = 0;
-        if let Err(e) = cu_ok("cuMemHostGetDevicePointer", unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, p, 0) }) {
+        if let Err(e) = cu_ok("cuMemHostGetDevicePointer", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut device, p, 0)
+        }) {
             unsafe { sys::cuMemFreeHost(p) };
             return Err(e);
         }
-        Ok(MappedWord { gpu: gpu.clone(), host, device })
+        Ok(MappedWord {
+            gpu: gpu.clone(),
+            host,
+            device,
+        })
     }
 
     /// The address kernels poll.

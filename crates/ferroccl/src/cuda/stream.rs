@@ -20,10 +20,15 @@ pub unsafe fn order_after(gpu: &Gpu, waiter: sys::CUstream, on: sys::CUstream) -
     gpu.bind()?;
     let mut ev: sys::CUevent = std::ptr::null_mut();
     // SAFETY: an out pointer for a new event of the current context.
-    cu_ok("cuEventCreate", unsafe { sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) })?;
+    cu_ok("cuEventCreate", unsafe {
+        sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+    })?;
     // SAFETY: the event is ours and the streams live (the caller's contract).
-    let r = cu_ok("cuEventRecord", unsafe { sys::cuEventRecord(ev, on) })
-        .and_then(|()| cu_ok("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(waiter, ev, 0) }));
+    let r = cu_ok("cuEventRecord", unsafe { sys::cuEventRecord(ev, on) }).and_then(|()| {
+        cu_ok("cuStreamWaitEvent", unsafe {
+            sys::cuStreamWaitEvent(waiter, ev, 0)
+        })
+    });
     // SAFETY: destroying a recorded event is allowed; its resources go once the wait is done.
     unsafe { sys::cuEventDestroy_v2(ev) };
     r

@@ -65,7 +65,9 @@ impl FaultProxy {
             while !sh.stop.load(Ordering::Acquire) {
                 match l.accept() {
                     Ok((client, _)) => {
-                        let Ok(server) = TcpStream::connect(target) else { continue };
+                        let Ok(server) = TcpStream::connect(target) else {
+                            continue;
+                        };
                         for s in [&client, &server] {
                             s.set_nonblocking(false).ok();
                             s.set_nodelay(true).ok();
@@ -82,7 +84,11 @@ impl FaultProxy {
                 }
             }
         });
-        FaultProxy { addr, shared, accept: Some(accept) }
+        FaultProxy {
+            addr,
+            shared,
+            accept: Some(accept),
+        }
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -126,7 +132,10 @@ impl Drop for FaultProxy {
 
 /// An abortive close: SO_LINGER with a zero timeout makes close() send RST, not FIN.
 fn reset(s: &TcpStream) {
-    let lin = libc::linger { l_onoff: 1, l_linger: 0 };
+    let lin = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
     // SAFETY: setsockopt on a descriptor we own, with a correctly sized linger struct.
     unsafe {
         libc::setsockopt(
@@ -159,7 +168,14 @@ fn pump(mut from: TcpStream, mut to: TcpStream, client_to_server: bool, sh: Arc<
         let n = match from.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => n,
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
                 if *sh.fault.lock().unwrap() == Fault::Reset {
                     break;
                 }

@@ -61,14 +61,16 @@ impl FifoLayout {
     fn checked_total(&self) -> Option<usize> {
         let data = (self.slots as usize).checked_mul(self.slot_bytes)?;
         let end = self.data_offset().checked_add(data)?;
-        end.checked_add(CACHE_LINE - 1).map(|e| e / CACHE_LINE * CACHE_LINE)
+        end.checked_add(CACHE_LINE - 1)
+            .map(|e| e / CACHE_LINE * CACHE_LINE)
     }
 
     /// Header + slot lengths + data, rounded up to a cache line.
     ///
     /// Panics only for layouts that `validate` rejects (sizes overflowing the address space).
     pub fn total_bytes(&self) -> usize {
-        self.checked_total().expect("FifoLayout::total_bytes: layout overflows usize")
+        self.checked_total()
+            .expect("FifoLayout::total_bytes: layout overflows usize")
     }
 
     pub(crate) fn validate(&self) -> Result<(), Error> {
@@ -191,16 +193,27 @@ impl FifoMem {
 
     /// SAFETY: `base` must point to `len >= layout.total_bytes()` bytes, 64-aligned, that stay
     /// valid until `backing` releases them in Drop.
-    pub(crate) unsafe fn from_raw(base: NonNull<u8>, len: usize, layout: FifoLayout, backing: Backing) -> FifoMem {
+    pub(crate) unsafe fn from_raw(
+        base: NonNull<u8>,
+        len: usize,
+        layout: FifoLayout,
+        backing: Backing,
+    ) -> FifoMem {
         debug_assert!(len >= std::mem::size_of::<Header>());
-        FifoMem { base, len, layout, backing }
+        FifoMem {
+            base,
+            len,
+            layout,
+            backing,
+        }
     }
 
     /// Writes the layout and publishes the ready magic. The memory must be zeroed.
     pub(crate) fn init_header(&self) {
         let m = &self.header().meta;
         m.slots.store(self.layout.slots, Ordering::Relaxed);
-        m.slot_bytes.store(self.layout.slot_bytes as u64, Ordering::Relaxed);
+        m.slot_bytes
+            .store(self.layout.slot_bytes as u64, Ordering::Relaxed);
         m.magic.store(READY_MAGIC, Ordering::Release);
     }
 
@@ -218,13 +231,23 @@ impl FifoMem {
         debug_assert!(slot < self.layout.slots);
         // SAFETY: the length array lies inside the block (total_bytes covers it) and is
         // 4-aligned because the header size is a multiple of 64.
-        unsafe { &*(self.base.as_ptr().add(FifoLayout::LENS_OFFSET + slot as usize * 4) as *const AtomicU32) }
+        unsafe {
+            &*(self
+                .base
+                .as_ptr()
+                .add(FifoLayout::LENS_OFFSET + slot as usize * 4)
+                as *const AtomicU32)
+        }
     }
 
     fn slot_ptr(&self, slot: u32) -> *mut u8 {
         debug_assert!(slot < self.layout.slots);
         // SAFETY: inside the block by construction of total_bytes.
-        unsafe { self.base.as_ptr().add(self.layout.data_offset() + slot as usize * self.layout.slot_bytes) }
+        unsafe {
+            self.base
+                .as_ptr()
+                .add(self.layout.data_offset() + slot as usize * self.layout.slot_bytes)
+        }
     }
 
     /// Marks the FIFO failed so that the other end stops waiting; the first reason wins.
@@ -236,7 +259,15 @@ impl FifoMem {
         let m = &self.header().meta;
         // Clipped before the race: readers spin while the winner writes.
         let reason = ferroccl_core::types::clip_message(reason, REASON_CAP);
-        if m.poison.compare_exchange(POISON_NONE, POISON_WRITING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+        if m.poison
+            .compare_exchange(
+                POISON_NONE,
+                POISON_WRITING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
             let n = reason.len();
             // SAFETY: winning the CAS makes us the only writer; readers look only after the
             // Release store of the final state below.
@@ -402,7 +433,9 @@ pub fn pid_alive(pid: u32) -> bool {
         return true;
     }
     // kill() with a pid that is negative after the cast would signal a process group.
-    let Ok(p) = libc::pid_t::try_from(pid) else { return false };
+    let Ok(p) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
     // SAFETY: signal 0 only checks existence and permissions.
     let r = unsafe { libc::kill(p, 0) };
     let exists = r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
@@ -412,8 +445,12 @@ pub fn pid_alive(pid: u32) -> bool {
 /// Reads the state field of /proc/PID/stat ("pid (comm) S ..."; comm may contain spaces and
 /// parentheses, so the state is the first field after the last ')').
 fn is_zombie(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    let state = stat.rfind(')').and_then(|i| stat[i + 1..].trim_start().chars().next());
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].trim_start().chars().next());
     matches!(state, Some('Z') | Some('X'))
 }
 
@@ -432,11 +469,18 @@ pub struct Producer {
 impl Producer {
     pub fn new(mem: Arc<FifoMem>) -> Producer {
         let h = mem.header();
-        h.meta.producer_pid.store(std::process::id(), Ordering::Release);
+        h.meta
+            .producer_pid
+            .store(std::process::id(), Ordering::Release);
         let head = h.head.value.load(Ordering::Acquire);
         let tail_seen = h.tail.value.load(Ordering::Acquire);
         let idx = head % mem.layout.slots;
-        Producer { mem, head, idx, tail_seen }
+        Producer {
+            mem,
+            head,
+            idx,
+            tail_seen,
+        }
     }
 
     pub fn slot_bytes(&self) -> usize {
@@ -459,7 +503,9 @@ impl Producer {
             return Err(e);
         }
         if m.consumer_closed.load(Ordering::Acquire) != 0 {
-            return Err(Error::Remote("the receiving end of the connection was closed".into()));
+            return Err(Error::Remote(
+                "the receiving end of the connection was closed".into(),
+            ));
         }
         if !self.has_space(self.tail_seen) {
             self.tail_seen = self.mem.header().tail.value.load(Ordering::Acquire);
@@ -479,11 +525,20 @@ impl Producer {
             "commit of {len} bytes into {}-byte slots",
             self.mem.layout.slot_bytes
         );
-        assert!(self.has_space(self.tail_seen), "Producer::commit without a reserved slot");
+        assert!(
+            self.has_space(self.tail_seen),
+            "Producer::commit without a reserved slot"
+        );
         let h = self.mem.header();
-        self.mem.len_word(self.idx).store(len as u32, Ordering::Relaxed);
+        self.mem
+            .len_word(self.idx)
+            .store(len as u32, Ordering::Relaxed);
         self.head = self.head.wrapping_add(1);
-        self.idx = if self.idx + 1 == self.mem.layout.slots { 0 } else { self.idx + 1 };
+        self.idx = if self.idx + 1 == self.mem.layout.slots {
+            0
+        } else {
+            self.idx + 1
+        };
         // Release: slot bytes and length become visible no later than the new head.
         h.head.value.store(self.head, Ordering::Release);
         wake_if_waiting(&h.consumer_wait);
@@ -512,7 +567,12 @@ impl Producer {
 
     /// Whether the consumer has been dropped (for TCP: its bridge thread has exited).
     pub fn peer_closed(&self) -> bool {
-        self.mem.header().meta.consumer_closed.load(Ordering::Acquire) != 0
+        self.mem
+            .header()
+            .meta
+            .consumer_closed
+            .load(Ordering::Acquire)
+            != 0
     }
 }
 
@@ -534,11 +594,18 @@ pub struct Consumer {
 impl Consumer {
     pub fn new(mem: Arc<FifoMem>) -> Consumer {
         let h = mem.header();
-        h.meta.consumer_pid.store(std::process::id(), Ordering::Release);
+        h.meta
+            .consumer_pid
+            .store(std::process::id(), Ordering::Release);
         let tail = h.tail.value.load(Ordering::Acquire);
         let head_seen = h.head.value.load(Ordering::Acquire);
         let idx = tail % mem.layout.slots;
-        Consumer { mem, tail, idx, head_seen }
+        Consumer {
+            mem,
+            tail,
+            idx,
+            head_seen,
+        }
     }
 
     #[cfg(test)]
@@ -565,23 +632,35 @@ impl Consumer {
                     return Err(self.mem.poison_error().expect("poison is never cleared"));
                 }
                 if closed {
-                    return Err(Error::Remote("the sending end of the connection was closed".into()));
+                    return Err(Error::Remote(
+                        "the sending end of the connection was closed".into(),
+                    ));
                 }
                 return Ok(None);
             }
         }
         let len = self.mem.len_word(self.idx).load(Ordering::Relaxed) as usize;
-        Ok(Some((self.mem.slot_ptr(self.idx) as *const u8, len.min(self.mem.layout.slot_bytes))))
+        Ok(Some((
+            self.mem.slot_ptr(self.idx) as *const u8,
+            len.min(self.mem.layout.slot_bytes),
+        )))
     }
 
     /// Frees the slot returned by try_peek and wakes a waiting producer.
     ///
     /// Panics if nothing is available to release.
     pub fn release(&mut self) {
-        assert!(self.head_seen != self.tail, "Consumer::release without a peeked slot");
+        assert!(
+            self.head_seen != self.tail,
+            "Consumer::release without a peeked slot"
+        );
         let h = self.mem.header();
         self.tail = self.tail.wrapping_add(1);
-        self.idx = if self.idx + 1 == self.mem.layout.slots { 0 } else { self.idx + 1 };
+        self.idx = if self.idx + 1 == self.mem.layout.slots {
+            0
+        } else {
+            self.idx + 1
+        };
         // Release: our reads of the slot finish before the producer may overwrite it.
         h.tail.value.store(self.tail, Ordering::Release);
         wake_if_waiting(&h.producer_wait);
@@ -610,7 +689,12 @@ impl Consumer {
 
     /// Whether the producer has been dropped (for TCP: its bridge thread has exited).
     pub fn peer_closed(&self) -> bool {
-        self.mem.header().meta.producer_closed.load(Ordering::Acquire) != 0
+        self.mem
+            .header()
+            .meta
+            .producer_closed
+            .load(Ordering::Acquire)
+            != 0
     }
 }
 

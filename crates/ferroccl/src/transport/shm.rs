@@ -17,14 +17,20 @@ use std::time::{Duration, Instant};
 const OPEN_POLL_MAX: Duration = Duration::from_millis(10);
 
 fn c_name(name: &str) -> Result<CString, Error> {
-    let full = if name.starts_with('/') { name.to_string() } else { format!("/{name}") };
+    let full = if name.starts_with('/') {
+        name.to_string()
+    } else {
+        format!("/{name}")
+    };
     // One leading slash and nothing else is portable; NAME_MAX is 255 on Linux.
     if full.len() < 2 || full.len() > 255 || full[1..].contains('/') {
         return Err(Error::InvalidArgument(format!(
             "shared-memory name '{name}' must be 1..=254 characters without '/' (except a leading one)"
         )));
     }
-    CString::new(full).map_err(|_| Error::InvalidArgument(format!("shared-memory name '{name}' contains a NUL byte")))
+    CString::new(full).map_err(|_| {
+        Error::InvalidArgument(format!("shared-memory name '{name}' contains a NUL byte"))
+    })
 }
 
 /// Turns an errno from shm_open/ftruncate/mmap into an error that says what to do about it.
@@ -47,7 +53,9 @@ fn sys_error(what: &str, name: &str, err: io::Error) -> Error {
         }
         _ => "",
     };
-    Error::System(format!("{what} of shared-memory segment {name} failed: {err}{hint}"))
+    Error::System(format!(
+        "{what} of shared-memory segment {name} failed: {err}{hint}"
+    ))
 }
 
 struct Fd(libc::c_int);
@@ -61,8 +69,16 @@ impl Drop for Fd {
 
 fn map(fd: &Fd, len: usize, name: &str) -> Result<NonNull<u8>, Error> {
     // SAFETY: a fresh shared mapping of a descriptor we own; the kernel picks the address.
-    let p =
-        unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.0, 0) };
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.0,
+            0,
+        )
+    };
     if p == libc::MAP_FAILED {
         return Err(sys_error("mmap", name, io::Error::last_os_error()));
     }
@@ -78,7 +94,13 @@ impl FifoMem {
         // Errors name the size too: it is what a full /dev/shm could not hold.
         let what = format!("{name} ({len} bytes)");
         // SAFETY: plain syscall with a valid C string.
-        let raw = unsafe { libc::shm_open(cname.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600) };
+        let raw = unsafe {
+            libc::shm_open(
+                cname.as_ptr(),
+                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+                0o600,
+            )
+        };
         if raw < 0 {
             return Err(sys_error("creation", &what, io::Error::last_os_error()));
         }
@@ -96,7 +118,11 @@ impl FifoMem {
         // SAFETY: valid descriptor; returns an errno value instead of setting errno.
         let r = unsafe { libc::posix_fallocate(fd.0, 0, len as libc::off_t) };
         if r != 0 && r != libc::EOPNOTSUPP && r != libc::EINVAL {
-            return Err(fail(sys_error("reserving space", &what, io::Error::from_raw_os_error(r))));
+            return Err(fail(sys_error(
+                "reserving space",
+                &what,
+                io::Error::from_raw_os_error(r),
+            )));
         }
         let base = map(&fd, len, &what).map_err(fail)?;
         // SAFETY: `len` bytes, page-aligned, released by munmap in FifoMem::drop.
@@ -113,7 +139,11 @@ impl FifoMem {
         deadline: Instant,
         abort: &std::sync::atomic::AtomicBool,
     ) -> Result<Arc<FifoMem>, Error> {
-        let stop = || abort.load(Ordering::Acquire).then(|| Error::Aborted(format!("while waiting for shared-memory segment {name}")));
+        let stop = || {
+            abort
+                .load(Ordering::Acquire)
+                .then(|| Error::Aborted(format!("while waiting for shared-memory segment {name}")))
+        };
         FifoMem::shm_open_until(name, layout, deadline, &stop)
     }
 
@@ -210,7 +240,10 @@ fn try_attach(
             "shared-memory segment {name} is not a FIFO of this ferroccl version (magic {magic:#x}, expected {READY_MAGIC:#x})"
         )));
     }
-    let (slots, slot_bytes) = (meta.slots.load(Ordering::Relaxed), meta.slot_bytes.load(Ordering::Relaxed));
+    let (slots, slot_bytes) = (
+        meta.slots.load(Ordering::Relaxed),
+        meta.slot_bytes.load(Ordering::Relaxed),
+    );
     if slots != layout.slots || slot_bytes != layout.slot_bytes as u64 || size != want {
         return Err(Error::Protocol(format!(
             "shared-memory segment {name} has {slots} slots x {slot_bytes} bytes ({size} bytes) but this rank expects \

@@ -37,7 +37,11 @@ pub enum FrameCheck {
 
 impl FrameCheck {
     pub fn from_config(crc: bool) -> FrameCheck {
-        if crc { FrameCheck::Crc32c } else { FrameCheck::None }
+        if crc {
+            FrameCheck::Crc32c
+        } else {
+            FrameCheck::None
+        }
     }
     fn preamble(self) -> [u8; 4] {
         match self {
@@ -81,18 +85,36 @@ fn prepare(stream: &TcpStream, label: &str) -> Result<(), Error> {
 }
 
 fn is_timeout(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted)
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
 }
 
-fn spawn(name: &str, label: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, Error> {
-    std::thread::Builder::new().name(name.into()).spawn(f).map_err(|e| {
-        Error::System(format!("{label}: cannot start a transport thread: {e} (thread or memory limit reached)"))
-    })
+fn spawn(
+    name: &str,
+    label: &str,
+    f: impl FnOnce() + Send + 'static,
+) -> Result<JoinHandle<()>, Error> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map_err(|e| {
+            Error::System(format!(
+                "{label}: cannot start a transport thread: {e} (thread or memory limit reached)"
+            ))
+        })
 }
 
 #[cfg(test)]
 /// Starts a thread that sends everything committed to the returned Producer over `stream`.
-pub fn tcp_sender(stream: TcpStream, layout: FifoLayout, check: FrameCheck, label: String, abort: Arc<AtomicBool>) -> Result<Producer, Error> {
+pub fn tcp_sender(
+    stream: TcpStream,
+    layout: FifoLayout,
+    check: FrameCheck,
+    label: String,
+    abort: Arc<AtomicBool>,
+) -> Result<Producer, Error> {
     tcp_sender_joinable(stream, layout, check, label, abort).map(|(p, _)| p)
 }
 
@@ -119,7 +141,13 @@ pub fn tcp_sender_joinable(
     Ok((producer, t))
 }
 
-fn send_loop(stream: &TcpStream, consumer: &mut Consumer, check: FrameCheck, label: &str, abort: &AtomicBool) -> Stop {
+fn send_loop(
+    stream: &TcpStream,
+    consumer: &mut Consumer,
+    check: FrameCheck,
+    label: &str,
+    abort: &AtomicBool,
+) -> Stop {
     let mut stream = stream;
     if let Err(s) = write_frame(&mut stream, &[&check.preamble()], consumer, label, abort) {
         return s;
@@ -139,9 +167,13 @@ fn send_loop(stream: &TcpStream, consumer: &mut Consumer, check: FrameCheck, lab
                 let hdr = (len as u32).to_le_bytes();
                 let sum = match check {
                     FrameCheck::None => &[][..],
-                    FrameCheck::Crc32c => &crc32c::extend(crc32c::crc32c(&hdr), payload).to_le_bytes()[..],
+                    FrameCheck::Crc32c => {
+                        &crc32c::extend(crc32c::crc32c(&hdr), payload).to_le_bytes()[..]
+                    }
                 };
-                if let Err(s) = write_frame(&mut stream, &[&hdr, payload, sum], consumer, label, abort) {
+                if let Err(s) =
+                    write_frame(&mut stream, &[&hdr, payload, sum], consumer, label, abort)
+                {
                     return s;
                 }
                 consumer.release();
@@ -184,13 +216,22 @@ fn peer_gone(stream: &TcpStream, label: &str) -> Option<Stop> {
     let mut b = 0u8;
     // SAFETY: one-byte peek into a local; MSG_DONTWAIT keeps it from blocking.
     let r = unsafe {
-        libc::recv(stream.as_raw_fd(), &mut b as *mut u8 as *mut libc::c_void, 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+        libc::recv(
+            stream.as_raw_fd(),
+            &mut b as *mut u8 as *mut libc::c_void,
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
     };
     match r {
-        0 => Some(Stop::Fail(PoisonKind::Remote, format!("{label}: connection closed by peer"))),
-        n if n > 0 => {
-            Some(Stop::Fail(PoisonKind::Protocol, format!("{label}: peer sent data on a send-only connection")))
-        }
+        0 => Some(Stop::Fail(
+            PoisonKind::Remote,
+            format!("{label}: connection closed by peer"),
+        )),
+        n if n > 0 => Some(Stop::Fail(
+            PoisonKind::Protocol,
+            format!("{label}: peer sent data on a send-only connection"),
+        )),
         _ => {
             let e = io::Error::last_os_error();
             if is_timeout(&e) {
@@ -214,12 +255,22 @@ pub(crate) fn send_vectored(stream: &TcpStream, iov: &[IoSlice]) -> std::io::Res
     msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
     msg.msg_iovlen = iov.len() as _;
     let n = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(n as usize) }
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
 }
 
 /// Writes the concatenation of `parts` (a frame's header, payload and checksum), in as few
 /// system calls as the socket allows.
-fn write_frame(stream: &mut &TcpStream, parts: &[&[u8]], consumer: &Consumer, label: &str, abort: &AtomicBool) -> Result<(), Stop> {
+fn write_frame(
+    stream: &mut &TcpStream,
+    parts: &[&[u8]],
+    consumer: &Consumer,
+    label: &str,
+    abort: &AtomicBool,
+) -> Result<(), Stop> {
     let total: usize = parts.iter().map(|p| p.len()).sum();
     let mut done = 0usize;
     let mut last_progress = Instant::now();
@@ -238,7 +289,12 @@ fn write_frame(stream: &mut &TcpStream, parts: &[&[u8]], consumer: &Consumer, la
             k += 1;
         }
         match send_vectored(stream, &iov[..k]) {
-            Ok(0) => return Err(Stop::Fail(PoisonKind::Remote, format!("{label}: connection closed by peer"))),
+            Ok(0) => {
+                return Err(Stop::Fail(
+                    PoisonKind::Remote,
+                    format!("{label}: connection closed by peer"),
+                ))
+            }
             Ok(n) => {
                 done += n;
                 last_progress = Instant::now();
@@ -265,7 +321,13 @@ fn write_frame(stream: &mut &TcpStream, parts: &[&[u8]], consumer: &Consumer, la
 
 #[cfg(test)]
 /// Starts a thread that receives frames from `stream` into the returned Consumer.
-pub fn tcp_receiver(stream: TcpStream, layout: FifoLayout, check: FrameCheck, label: String, abort: Arc<AtomicBool>) -> Result<Consumer, Error> {
+pub fn tcp_receiver(
+    stream: TcpStream,
+    layout: FifoLayout,
+    check: FrameCheck,
+    label: String,
+    abort: Arc<AtomicBool>,
+) -> Result<Consumer, Error> {
     tcp_receiver_joinable(stream, layout, check, label, abort).map(|(c, _)| c)
 }
 
@@ -292,17 +354,30 @@ pub fn tcp_receiver_joinable(
     Ok((consumer, t))
 }
 
-fn recv_loop(stream: &TcpStream, producer: &mut Producer, check: FrameCheck, label: &str, abort: &AtomicBool) -> Stop {
+fn recv_loop(
+    stream: &TcpStream,
+    producer: &mut Producer,
+    check: FrameCheck,
+    label: &str,
+    abort: &AtomicBool,
+) -> Stop {
     let mut stream = stream;
     let slot_bytes = producer.slot_bytes();
     let mut pre = [0u8; 4];
     match read_full(&mut stream, &mut pre, producer, label, abort) {
         Ok(()) => {}
-        Err(ReadEnd::Eof(_)) => return Stop::Fail(PoisonKind::Remote, format!("{label}: connection closed by peer before its first frame")),
+        Err(ReadEnd::Eof(_)) => {
+            return Stop::Fail(
+                PoisonKind::Remote,
+                format!("{label}: connection closed by peer before its first frame"),
+            )
+        }
         Err(ReadEnd::Stop(s)) => return s,
     }
     if pre != check.preamble() {
-        let theirs = [FrameCheck::None, FrameCheck::Crc32c].into_iter().find(|c| c.preamble() == pre);
+        let theirs = [FrameCheck::None, FrameCheck::Crc32c]
+            .into_iter()
+            .find(|c| c.preamble() == pre);
         return Stop::Fail(
             PoisonKind::Protocol,
             match theirs {
@@ -321,10 +396,16 @@ fn recv_loop(stream: &TcpStream, producer: &mut Producer, check: FrameCheck, lab
         match read_full(&mut stream, &mut hdr, producer, label, abort) {
             Ok(()) => {}
             Err(ReadEnd::Eof(0)) => {
-                return Stop::Fail(PoisonKind::Remote, format!("{label}: connection closed by peer"));
+                return Stop::Fail(
+                    PoisonKind::Remote,
+                    format!("{label}: connection closed by peer"),
+                );
             }
             Err(ReadEnd::Eof(_)) => {
-                return Stop::Fail(PoisonKind::Remote, format!("{label}: connection closed by peer in a frame header"));
+                return Stop::Fail(
+                    PoisonKind::Remote,
+                    format!("{label}: connection closed by peer in a frame header"),
+                );
             }
             Err(ReadEnd::Stop(s)) => return s,
         }
@@ -338,7 +419,10 @@ fn recv_loop(stream: &TcpStream, producer: &mut Producer, check: FrameCheck, lab
                     reason = String::from_utf8_lossy(&b).into_owned();
                 }
             }
-            return Stop::Fail(PoisonKind::Remote, format!("{label}: the peer failed: {reason}"));
+            return Stop::Fail(
+                PoisonKind::Remote,
+                format!("{label}: the peer failed: {reason}"),
+            );
         }
         let len = u32::from_le_bytes(hdr) as usize;
         if len > slot_bytes {
@@ -365,11 +449,17 @@ fn recv_loop(stream: &TcpStream, producer: &mut Producer, check: FrameCheck, lab
                 match read_full(&mut stream, &mut sum, producer, label, abort) {
                     Ok(()) => {}
                     Err(ReadEnd::Eof(_)) => {
-                        return Stop::Fail(PoisonKind::Remote, format!("{label}: connection closed by peer in a frame checksum"))
+                        return Stop::Fail(
+                            PoisonKind::Remote,
+                            format!("{label}: connection closed by peer in a frame checksum"),
+                        )
                     }
                     Err(ReadEnd::Stop(s)) => return s,
                 }
-                let (got, want) = (u32::from_le_bytes(sum), crc32c::extend(crc32c::crc32c(&hdr), buf));
+                let (got, want) = (
+                    u32::from_le_bytes(sum),
+                    crc32c::extend(crc32c::crc32c(&hdr), buf),
+                );
                 if got != want {
                     // Not committed: the corrupt bytes never reach the executor.
                     return Stop::Fail(
@@ -391,7 +481,9 @@ fn recv_loop(stream: &TcpStream, producer: &mut Producer, check: FrameCheck, lab
             Err(ReadEnd::Eof(got)) => {
                 return Stop::Fail(
                     PoisonKind::Remote,
-                    format!("{label}: connection closed by peer after {got} of {len} bytes of a frame"),
+                    format!(
+                        "{label}: connection closed by peer after {got} of {len} bytes of a frame"
+                    ),
                 );
             }
             Err(ReadEnd::Stop(s)) => return s,
@@ -419,7 +511,10 @@ fn read_full(
             Ok(n) => got += n,
             Err(e) if is_timeout(&e) => {
                 if abort.load(Ordering::Acquire) {
-                    return Err(ReadEnd::Stop(Stop::Fail(PoisonKind::Aborted, format!("{label}: aborted"))));
+                    return Err(ReadEnd::Stop(Stop::Fail(
+                        PoisonKind::Aborted,
+                        format!("{label}: aborted"),
+                    )));
                 }
                 if producer.peer_closed() || producer.mem().is_poisoned() {
                     return Err(ReadEnd::Stop(Stop::Local));

@@ -64,8 +64,17 @@ fn recv_stream(c: &mut Consumer, total: usize) -> Result<(), Error> {
         let got = unsafe { std::slice::from_raw_parts(p, len) };
         let off = pos % PERIOD;
         if got != &pat[off..off + len] {
-            let i = got.iter().zip(&pat[off..]).position(|(a, b)| a != b).unwrap();
-            panic!("mismatch at stream byte {}: got {} expected {}", pos + i, got[i], pat[off + i]);
+            let i = got
+                .iter()
+                .zip(&pat[off..])
+                .position(|(a, b)| a != b)
+                .unwrap();
+            panic!(
+                "mismatch at stream byte {}: got {} expected {}",
+                pos + i,
+                got[i],
+                pat[off + i]
+            );
         }
         c.release();
         pos += len;
@@ -86,11 +95,17 @@ fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
 
 fn unique_name(tag: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
-    format!("/ferroccl-test-{}-{tag}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "/ferroccl-test-{}-{tag}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 fn dev_shm_has(name: &str) -> bool {
-    std::path::Path::new("/dev/shm").join(name.trim_start_matches('/')).exists()
+    std::path::Path::new("/dev/shm")
+        .join(name.trim_start_matches('/'))
+        .exists()
 }
 
 fn mib_per_s(bytes: usize, d: Duration) -> f64 {
@@ -105,7 +120,12 @@ const CHILD_ENV: &str = "FERROCCL_TRANSPORT_TEST_CHILD";
 
 fn spawn_child(role: &str) -> Child {
     Command::new(std::env::current_exe().unwrap())
-        .args(["transport::tests::child_process_entry", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "transport::tests::child_process_entry",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, role)
         .stdout(Stdio::null())
         .spawn()
@@ -114,11 +134,22 @@ fn spawn_child(role: &str) -> Child {
 
 #[test]
 fn child_process_entry() {
-    let Ok(role) = std::env::var(CHILD_ENV) else { return };
+    let Ok(role) = std::env::var(CHILD_ENV) else {
+        return;
+    };
     let args: Vec<&str> = role.split(' ').collect();
-    let layout = FifoLayout { slots: args[2].parse().unwrap(), slot_bytes: args[3].parse().unwrap() };
+    let layout = FifoLayout {
+        slots: args[2].parse().unwrap(),
+        slot_bytes: args[3].parse().unwrap(),
+    };
     let never = AtomicBool::new(false);
-    let mem = FifoMem::shm_open(args[1], layout, Instant::now() + Duration::from_secs(30), &never).unwrap();
+    let mem = FifoMem::shm_open(
+        args[1],
+        layout,
+        Instant::now() + Duration::from_secs(30),
+        &never,
+    )
+    .unwrap();
     let mut p = Producer::new(mem);
     match args[0] {
         "send" => send_stream(&mut p, args[4].parse().unwrap(), false).unwrap(),
@@ -158,10 +189,16 @@ fn header_layout_is_stable() {
     assert_eq!(offset_of!(Header, producer_wait), 256);
     assert_eq!(offset_of!(Header, reason), 320);
     assert_eq!(size_of::<Header>(), 576);
-    let l = FifoLayout { slots: 8, slot_bytes: 4096 };
+    let l = FifoLayout {
+        slots: 8,
+        slot_bytes: 4096,
+    };
     assert_eq!(l.data_offset(), 640);
     assert_eq!(l.total_bytes(), 640 + 8 * 4096);
-    let odd = FifoLayout { slots: 3, slot_bytes: 100 };
+    let odd = FifoLayout {
+        slots: 3,
+        slot_bytes: 100,
+    };
     assert_eq!(odd.total_bytes() % 64, 0);
     assert!(odd.total_bytes() >= 576 + 12 + 300);
 }
@@ -169,14 +206,32 @@ fn header_layout_is_stable() {
 #[test]
 fn invalid_layouts_are_rejected() {
     for l in [
-        FifoLayout { slots: 0, slot_bytes: 64 },
-        FifoLayout { slots: 4, slot_bytes: 0 },
-        FifoLayout { slots: u32::MAX, slot_bytes: usize::MAX / 2 },
+        FifoLayout {
+            slots: 0,
+            slot_bytes: 64,
+        },
+        FifoLayout {
+            slots: 4,
+            slot_bytes: 0,
+        },
+        FifoLayout {
+            slots: u32::MAX,
+            slot_bytes: usize::MAX / 2,
+        },
     ] {
-        assert!(matches!(FifoMem::heap(l), Err(Error::InvalidArgument(_))), "{l:?}");
+        assert!(
+            matches!(FifoMem::heap(l), Err(Error::InvalidArgument(_))),
+            "{l:?}"
+        );
     }
     assert!(matches!(
-        FifoMem::shm_create("a/b", FifoLayout { slots: 1, slot_bytes: 64 }),
+        FifoMem::shm_create(
+            "a/b",
+            FifoLayout {
+                slots: 1,
+                slot_bytes: 64
+            }
+        ),
         Err(Error::InvalidArgument(_))
     ));
 }
@@ -214,12 +269,19 @@ fn heap_fifo_eight_slots_streams_10mb() {
 fn heap_fifo_throughput() {
     let total = 64 << 20;
     let d = heap_stream(8, 256 << 10, total, false);
-    println!("heap FIFO, 8 x 256 KiB slots, 64 MiB between threads: {:.0} MiB/s", mib_per_s(total, d));
+    println!(
+        "heap FIFO, 8 x 256 KiB slots, 64 MiB between threads: {:.0} MiB/s",
+        mib_per_s(total, d)
+    );
 }
 
 #[test]
 fn counters_wrap_around_with_odd_slot_count() {
-    let mem = FifoMem::heap(FifoLayout { slots: 3, slot_bytes: 64 }).unwrap();
+    let mem = FifoMem::heap(FifoLayout {
+        slots: 3,
+        slot_bytes: 64,
+    })
+    .unwrap();
     let start = u32::MAX - 4;
     mem.header().head.value.store(start, Ordering::Relaxed);
     mem.header().tail.value.store(start, Ordering::Relaxed);
@@ -228,12 +290,19 @@ fn counters_wrap_around_with_odd_slot_count() {
     let tx = thread::spawn(move || send_stream(&mut p, 20_000, true).unwrap());
     recv_stream(&mut c, 20_000).unwrap();
     tx.join().unwrap();
-    assert!(mem.header().head.value.load(Ordering::Relaxed) < 1000, "head did not wrap");
+    assert!(
+        mem.header().head.value.load(Ordering::Relaxed) < 1000,
+        "head did not wrap"
+    );
 }
 
 #[test]
 fn reserve_is_idempotent_and_full_fifo_reports_none() {
-    let mem = FifoMem::heap(FifoLayout { slots: 2, slot_bytes: 64 }).unwrap();
+    let mem = FifoMem::heap(FifoLayout {
+        slots: 2,
+        slot_bytes: 64,
+    })
+    .unwrap();
     let mut p = Producer::new(mem.clone());
     let mut c = Consumer::new(mem);
     let a = p.try_reserve().unwrap().unwrap();
@@ -245,7 +314,10 @@ fn reserve_is_idempotent_and_full_fifo_reports_none() {
     assert_eq!(p.try_reserve().unwrap(), None);
     let t0 = Instant::now();
     p.wait(Duration::from_millis(30));
-    assert!(t0.elapsed() >= Duration::from_millis(25), "wait on a full FIFO returned early");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(25),
+        "wait on a full FIFO returned early"
+    );
     assert_eq!(c.try_peek().unwrap().unwrap(), (a as *const u8, 10));
     assert_eq!(c.try_peek().unwrap().unwrap(), (a as *const u8, 10));
     c.release();
@@ -257,7 +329,11 @@ fn reserve_is_idempotent_and_full_fifo_reports_none() {
 
 #[test]
 fn waiter_is_woken_by_commit_and_release() {
-    let mem = FifoMem::heap(FifoLayout { slots: 1, slot_bytes: 64 }).unwrap();
+    let mem = FifoMem::heap(FifoLayout {
+        slots: 1,
+        slot_bytes: 64,
+    })
+    .unwrap();
     let mut p = Producer::new(mem.clone());
     let mut c = Consumer::new(mem);
     let rx = thread::spawn(move || {
@@ -275,7 +351,10 @@ fn waiter_is_woken_by_commit_and_release() {
     // Woken by the commit, not by the 5 s timeout; the margin covers a loaded 2-core machine
     // running the whole suite at once.
     let after = rx.join().unwrap().saturating_duration_since(committed);
-    assert!(after < Duration::from_secs(1), "consumer woke {after:?} after the commit");
+    assert!(
+        after < Duration::from_secs(1),
+        "consumer woke {after:?} after the commit"
+    );
 }
 
 fn assert_remote(r: Result<impl std::fmt::Debug, Error>, needle: &str) {
@@ -287,7 +366,11 @@ fn assert_remote(r: Result<impl std::fmt::Debug, Error>, needle: &str) {
 
 #[test]
 fn poison_from_producer_wakes_consumer_and_reports_reason() {
-    let mem = FifoMem::heap(FifoLayout { slots: 4, slot_bytes: 64 }).unwrap();
+    let mem = FifoMem::heap(FifoLayout {
+        slots: 4,
+        slot_bytes: 64,
+    })
+    .unwrap();
     let mut p = Producer::new(mem.clone());
     let mut c = Consumer::new(mem);
     // Published data is still delivered before the error.
@@ -306,14 +389,22 @@ fn poison_from_producer_wakes_consumer_and_reports_reason() {
     p.poison("rank 2 failed: out of memory");
     let (woke, r) = rx.join().unwrap();
     // Woken by the poison, not by the 5 s timeout (the margin is for a loaded CI machine).
-    assert!(woke.duration_since(poisoned) < Duration::from_secs(1), "woke {:?} after poison", woke - poisoned);
+    assert!(
+        woke.duration_since(poisoned) < Duration::from_secs(1),
+        "woke {:?} after poison",
+        woke - poisoned
+    );
     assert_remote(r, "rank 2 failed: out of memory");
     assert!(p.try_reserve().is_err());
 }
 
 #[test]
 fn poison_from_consumer_wakes_producer_and_reports_reason() {
-    let mem = FifoMem::heap(FifoLayout { slots: 1, slot_bytes: 64 }).unwrap();
+    let mem = FifoMem::heap(FifoLayout {
+        slots: 1,
+        slot_bytes: 64,
+    })
+    .unwrap();
     let mut p = Producer::new(mem.clone());
     let c = Consumer::new(mem);
     p.try_reserve().unwrap().unwrap();
@@ -330,11 +421,18 @@ fn poison_from_consumer_wakes_producer_and_reports_reason() {
     let reason = format!("consumer gave up {}", "é".repeat(200));
     c.poison(&reason);
     let (woke, r) = tx.join().unwrap();
-    assert!(woke.duration_since(poisoned) < Duration::from_secs(1), "woke {:?} after poison", woke - poisoned);
+    assert!(
+        woke.duration_since(poisoned) < Duration::from_secs(1),
+        "woke {:?} after poison",
+        woke - poisoned
+    );
     match r {
         Err(Error::Remote(m)) => {
             assert!(m.starts_with("consumer gave up é"));
-            assert!(m.len() <= 240 && reason.starts_with(m.strip_suffix('…').unwrap()), "{m}");
+            assert!(
+                m.len() <= 240 && reason.starts_with(m.strip_suffix('…').unwrap()),
+                "{m}"
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -351,10 +449,17 @@ fn long_reason() -> String {
 
 /// The message ends with the clip mark after a whole word of `reason`: no cut word, no empty list.
 fn assert_clipped_between_words(m: &str, reason: &str) {
-    let kept = m.strip_suffix(" …").unwrap_or_else(|| panic!("no clip mark: {m}"));
+    let kept = m
+        .strip_suffix(" …")
+        .unwrap_or_else(|| panic!("no clip mark: {m}"));
     let last = kept.rsplit(' ').next().unwrap();
     let words: Vec<&str> = reason.split(' ').collect();
-    assert!(words.iter().any(|w| w.trim_end_matches([',', ';', ':']) == last), "cut mid-word ({last:?}): {m}");
+    assert!(
+        words
+            .iter()
+            .any(|w| w.trim_end_matches([',', ';', ':']) == last),
+        "cut mid-word ({last:?}): {m}"
+    );
     assert!(!kept.ends_with(['[', '(', ':', ';', ',']), "{m}");
 }
 
@@ -363,17 +468,41 @@ fn a_long_poison_reason_is_clipped_between_words_over_shm_and_tcp() {
     let reason = long_reason();
     assert!(reason.len() > 240);
     // Shared memory (here on the heap: the same header).
-    let mem = FifoMem::heap(FifoLayout { slots: 1, slot_bytes: 64 }).unwrap();
+    let mem = FifoMem::heap(FifoLayout {
+        slots: 1,
+        slot_bytes: 64,
+    })
+    .unwrap();
     let mut c = Consumer::new(mem.clone());
     mem.poison(&reason);
     let m = c.try_peek().unwrap_err().message().to_string();
-    assert!(m.len() <= 240 && reason.starts_with(m.strip_suffix(" …").unwrap_or(&m)), "{m}");
+    assert!(
+        m.len() <= 240 && reason.starts_with(m.strip_suffix(" …").unwrap_or(&m)),
+        "{m}"
+    );
     assert_clipped_between_words(&m, &reason);
     // TCP: the sender's poison frame, then the receiver's own FIFO.
-    let layout = FifoLayout { slots: 2, slot_bytes: 64 };
+    let layout = FifoLayout {
+        slots: 2,
+        slot_bytes: 64,
+    };
     let (a, b) = socket_pair();
-    let p = tcp_sender(a, layout, FrameCheck::None, "rank 1 channel 0".into(), no_abort()).unwrap();
-    let mut c = tcp_receiver(b, layout, FrameCheck::None, "rank 0 channel 0".into(), no_abort()).unwrap();
+    let p = tcp_sender(
+        a,
+        layout,
+        FrameCheck::None,
+        "rank 1 channel 0".into(),
+        no_abort(),
+    )
+    .unwrap();
+    let mut c = tcp_receiver(
+        b,
+        layout,
+        FrameCheck::None,
+        "rank 0 channel 0".into(),
+        no_abort(),
+    )
+    .unwrap();
     p.poison(&reason);
     let r = loop {
         match c.try_peek() {
@@ -382,13 +511,20 @@ fn a_long_poison_reason_is_clipped_between_words_over_shm_and_tcp() {
         }
     };
     let m = r.unwrap_err().message().to_string();
-    assert!(m.contains("the peer failed") && m.contains("rank 1 failed: all_reduce #5"), "{m}");
+    assert!(
+        m.contains("the peer failed") && m.contains("rank 1 failed: all_reduce #5"),
+        "{m}"
+    );
     assert_clipped_between_words(&m, &reason);
 }
 
 #[test]
 fn first_poison_wins() {
-    let mem = FifoMem::heap(FifoLayout { slots: 1, slot_bytes: 64 }).unwrap();
+    let mem = FifoMem::heap(FifoLayout {
+        slots: 1,
+        slot_bytes: 64,
+    })
+    .unwrap();
     let mut c = Consumer::new(mem.clone());
     mem.poison("first");
     mem.poison("second");
@@ -397,7 +533,11 @@ fn first_poison_wins() {
 
 #[test]
 fn dropped_consumer_fails_producer() {
-    let mem = FifoMem::heap(FifoLayout { slots: 1, slot_bytes: 64 }).unwrap();
+    let mem = FifoMem::heap(FifoLayout {
+        slots: 1,
+        slot_bytes: 64,
+    })
+    .unwrap();
     let mut p = Producer::new(mem.clone());
     drop(Consumer::new(mem));
     assert!(p.peer_closed());
@@ -419,7 +559,14 @@ fn pid_alive_basics() {
 fn shm_fifo_between_processes_streams_64mib() {
     let name = unique_name("stream");
     let (slots, sb, total) = (8u32, 256usize << 10, 64usize << 20);
-    let mem = FifoMem::shm_create(&name, FifoLayout { slots, slot_bytes: sb }).unwrap();
+    let mem = FifoMem::shm_create(
+        &name,
+        FifoLayout {
+            slots,
+            slot_bytes: sb,
+        },
+    )
+    .unwrap();
     let mut c = Consumer::new(mem);
     let mut child = spawn_child(&format!("send {name} {slots} {sb} {total}"));
     // Time from the first slot, so process start-up is not counted.
@@ -433,17 +580,29 @@ fn shm_fifo_between_processes_streams_64mib() {
     assert!(child.wait().unwrap().success());
     assert!(!dev_shm_has(&name), "sender should have unlinked the name");
     FifoMem::shm_unlink(&name);
-    println!("shm FIFO, 8 x 256 KiB slots, 64 MiB between processes: {:.0} MiB/s", mib_per_s(total, d));
+    println!(
+        "shm FIFO, 8 x 256 KiB slots, 64 MiB between processes: {:.0} MiB/s",
+        mib_per_s(total, d)
+    );
 }
 
 #[test]
 fn shm_open_retries_until_created_then_unlinks() {
     let name = unique_name("late");
-    let layout = FifoLayout { slots: 4, slot_bytes: 1024 };
+    let layout = FifoLayout {
+        slots: 4,
+        slot_bytes: 1024,
+    };
     let n2 = name.clone();
     let opener = thread::spawn(move || {
         let never = AtomicBool::new(false);
-        let mem = FifoMem::shm_open(&n2, layout, Instant::now() + Duration::from_secs(10), &never).unwrap();
+        let mem = FifoMem::shm_open(
+            &n2,
+            layout,
+            Instant::now() + Duration::from_secs(10),
+            &never,
+        )
+        .unwrap();
         let mut p = Producer::new(mem);
         send_stream(&mut p, 100_000, true).unwrap();
     });
@@ -459,11 +618,20 @@ fn shm_open_retries_until_created_then_unlinks() {
 #[test]
 fn shm_name_is_removed_once_sender_has_mapped_it() {
     let name = unique_name("unlink");
-    let layout = FifoLayout { slots: 2, slot_bytes: 256 };
+    let layout = FifoLayout {
+        slots: 2,
+        slot_bytes: 256,
+    };
     let rmem = FifoMem::shm_create(&name, layout).unwrap();
     assert!(dev_shm_has(&name));
     let never = AtomicBool::new(false);
-    let smem = FifoMem::shm_open(&name, layout, Instant::now() + Duration::from_secs(1), &never).unwrap();
+    let smem = FifoMem::shm_open(
+        &name,
+        layout,
+        Instant::now() + Duration::from_secs(1),
+        &never,
+    )
+    .unwrap();
     assert!(!dev_shm_has(&name));
     // The memory itself is still shared after the name is gone.
     let mut p = Producer::new(smem);
@@ -477,10 +645,24 @@ fn shm_open_times_out_promptly_when_nobody_creates() {
     let name = unique_name("never");
     let never = AtomicBool::new(false);
     let t0 = Instant::now();
-    let r = FifoMem::shm_open(&name, FifoLayout { slots: 1, slot_bytes: 64 }, t0 + Duration::from_millis(200), &never);
+    let r = FifoMem::shm_open(
+        &name,
+        FifoLayout {
+            slots: 1,
+            slot_bytes: 64,
+        },
+        t0 + Duration::from_millis(200),
+        &never,
+    );
     let d = t0.elapsed();
-    assert!(matches!(r, Err(Error::Timeout(ref m)) if m.contains(&name)), "{r:?}");
-    assert!(d >= Duration::from_millis(200) && d < Duration::from_millis(1200), "took {d:?}");
+    assert!(
+        matches!(r, Err(Error::Timeout(ref m)) if m.contains(&name)),
+        "{r:?}"
+    );
+    assert!(
+        d >= Duration::from_millis(200) && d < Duration::from_millis(1200),
+        "took {d:?}"
+    );
 }
 
 #[test]
@@ -495,7 +677,10 @@ fn shm_open_stops_on_abort() {
     });
     let r = FifoMem::shm_open(
         &name,
-        FifoLayout { slots: 1, slot_bytes: 64 },
+        FifoLayout {
+            slots: 1,
+            slot_bytes: 64,
+        },
         Instant::now() + Duration::from_secs(10),
         &abort,
     );
@@ -503,21 +688,38 @@ fn shm_open_stops_on_abort() {
     let set = setter.join().unwrap();
     assert!(matches!(r, Err(Error::Aborted(_))), "{r:?}");
     // Seen at the next poll, long before the 10 s deadline.
-    assert!(seen.duration_since(set) < Duration::from_secs(1), "{:?}", seen.duration_since(set));
+    assert!(
+        seen.duration_since(set) < Duration::from_secs(1),
+        "{:?}",
+        seen.duration_since(set)
+    );
 }
 
 #[test]
 fn shm_layout_mismatch_is_an_error() {
     let name = unique_name("mismatch");
-    let _mem = FifoMem::shm_create(&name, FifoLayout { slots: 4, slot_bytes: 4096 }).unwrap();
+    let _mem = FifoMem::shm_create(
+        &name,
+        FifoLayout {
+            slots: 4,
+            slot_bytes: 4096,
+        },
+    )
+    .unwrap();
     let never = AtomicBool::new(false);
     let r = FifoMem::shm_open(
         &name,
-        FifoLayout { slots: 8, slot_bytes: 4096 },
+        FifoLayout {
+            slots: 8,
+            slot_bytes: 4096,
+        },
         Instant::now() + Duration::from_secs(1),
         &never,
     );
-    assert!(matches!(r, Err(Error::Protocol(ref m)) if m.contains("4 slots")), "{r:?}");
+    assert!(
+        matches!(r, Err(Error::Protocol(ref m)) if m.contains("4 slots")),
+        "{r:?}"
+    );
     FifoMem::shm_unlink(&name);
     assert!(!dev_shm_has(&name));
 }
@@ -525,17 +727,26 @@ fn shm_layout_mismatch_is_an_error() {
 #[test]
 fn shm_create_of_existing_name_is_a_system_error() {
     let name = unique_name("dup");
-    let layout = FifoLayout { slots: 1, slot_bytes: 64 };
+    let layout = FifoLayout {
+        slots: 1,
+        slot_bytes: 64,
+    };
     let _a = FifoMem::shm_create(&name, layout).unwrap();
     let r = FifoMem::shm_create(&name, layout);
-    assert!(matches!(r, Err(Error::System(ref m)) if m.contains(&name) && m.contains("stale")), "{r:?}");
+    assert!(
+        matches!(r, Err(Error::System(ref m)) if m.contains(&name) && m.contains("stale")),
+        "{r:?}"
+    );
     FifoMem::shm_unlink(&name);
 }
 
 #[test]
 fn shm_poison_crosses_processes() {
     let name = unique_name("poison");
-    let layout = FifoLayout { slots: 2, slot_bytes: 64 };
+    let layout = FifoLayout {
+        slots: 2,
+        slot_bytes: 64,
+    };
     let mem = FifoMem::shm_create(&name, layout).unwrap();
     let mut c = Consumer::new(mem);
     let mut child = spawn_child(&format!("poison {name} 2 64"));
@@ -555,10 +766,20 @@ fn shm_poison_crosses_processes() {
 #[test]
 fn killed_producer_process_is_detected_by_pid() {
     let name = unique_name("kill");
-    let mem = FifoMem::shm_create(&name, FifoLayout { slots: 2, slot_bytes: 64 }).unwrap();
+    let mem = FifoMem::shm_create(
+        &name,
+        FifoLayout {
+            slots: 2,
+            slot_bytes: 64,
+        },
+    )
+    .unwrap();
     let mut c = Consumer::new(mem);
     let mut child = spawn_child(&format!("hold {name} 2 64"));
-    assert!(wait_for(Duration::from_secs(20), || c.try_peek().unwrap().is_some()));
+    assert!(wait_for(Duration::from_secs(20), || c
+        .try_peek()
+        .unwrap()
+        .is_some()));
     let pid = c.peer_pid();
     assert_eq!(pid, child.id());
     assert!(pid_alive(pid));
@@ -584,10 +805,27 @@ fn no_abort() -> Arc<AtomicBool> {
 
 #[test]
 fn tcp_bridge_streams_20mb() {
-    let layout = FifoLayout { slots: 8, slot_bytes: 64 << 10 };
+    let layout = FifoLayout {
+        slots: 8,
+        slot_bytes: 64 << 10,
+    };
     let (a, b) = socket_pair();
-    let mut p = tcp_sender(a, layout, FrameCheck::None, "rank 1 (tx) channel 0".into(), no_abort()).unwrap();
-    let mut c = tcp_receiver(b, layout, FrameCheck::None, "rank 0 (rx) channel 0".into(), no_abort()).unwrap();
+    let mut p = tcp_sender(
+        a,
+        layout,
+        FrameCheck::None,
+        "rank 1 (tx) channel 0".into(),
+        no_abort(),
+    )
+    .unwrap();
+    let mut c = tcp_receiver(
+        b,
+        layout,
+        FrameCheck::None,
+        "rank 0 (rx) channel 0".into(),
+        no_abort(),
+    )
+    .unwrap();
     let total = 20_000_000;
     let t0 = Instant::now();
     let tx = thread::spawn(move || {
@@ -600,12 +838,18 @@ fn tcp_bridge_streams_20mb() {
     // The sender shut the socket down after draining, which ends the receiving side too.
     assert!(wait_for(Duration::from_secs(5), || c.peer_closed()));
     assert_remote(c.try_peek(), "rank 0 (rx) channel 0: connection closed");
-    println!("TCP bridge over loopback, 8 x 64 KiB slots, 20 MB: {:.0} MiB/s", mib_per_s(total, d));
+    println!(
+        "TCP bridge over loopback, 8 x 64 KiB slots, 20 MB: {:.0} MiB/s",
+        mib_per_s(total, d)
+    );
 }
 
 #[test]
 fn tcp_peer_closing_mid_stream_fails_the_consumer() {
-    let layout = FifoLayout { slots: 4, slot_bytes: 1024 };
+    let layout = FifoLayout {
+        slots: 4,
+        slot_bytes: 1024,
+    };
     let (mut raw, b) = socket_pair();
     let label = "rank 3 (10.0.0.5:4242) channel 0".to_string();
     let mut c = tcp_receiver(b, layout, FrameCheck::None, label.clone(), no_abort()).unwrap();
@@ -616,16 +860,25 @@ fn tcp_peer_closing_mid_stream_fails_the_consumer() {
     raw.write_all(&100u32.to_le_bytes()).unwrap();
     raw.write_all(&[7u8; 40]).unwrap();
     drop(raw);
-    assert!(wait_for(Duration::from_secs(5), || c.peer_closed()), "bridge thread did not exit");
+    assert!(
+        wait_for(Duration::from_secs(5), || c.peer_closed()),
+        "bridge thread did not exit"
+    );
     let (p, len) = c.try_peek().unwrap().unwrap();
     assert_eq!(unsafe { std::slice::from_raw_parts(p, len) }, b"abc");
     c.release();
-    assert_remote(c.try_peek(), &format!("{label}: connection closed by peer after 40 of 100 bytes"));
+    assert_remote(
+        c.try_peek(),
+        &format!("{label}: connection closed by peer after 40 of 100 bytes"),
+    );
 }
 
 #[test]
 fn tcp_peer_closing_mid_stream_fails_the_producer() {
-    let layout = FifoLayout { slots: 4, slot_bytes: 16 << 10 };
+    let layout = FifoLayout {
+        slots: 4,
+        slot_bytes: 16 << 10,
+    };
     let (a, mut raw) = socket_pair();
     let label = "rank 5 (10.0.0.7:4242) channel 1".to_string();
     let mut p = tcp_sender(a, layout, FrameCheck::None, label.clone(), no_abort()).unwrap();
@@ -639,24 +892,50 @@ fn tcp_peer_closing_mid_stream_fails_the_producer() {
     reader.join().unwrap();
     assert!(t0.elapsed() < Duration::from_secs(10));
     assert_remote(r, &label);
-    assert!(wait_for(Duration::from_secs(5), || p.peer_closed()), "bridge thread did not exit");
+    assert!(
+        wait_for(Duration::from_secs(5), || p.peer_closed()),
+        "bridge thread did not exit"
+    );
 }
 
 #[test]
 fn tcp_idle_sender_notices_closed_peer() {
-    let layout = FifoLayout { slots: 2, slot_bytes: 64 };
+    let layout = FifoLayout {
+        slots: 2,
+        slot_bytes: 64,
+    };
     let (a, raw) = socket_pair();
-    let mut p = tcp_sender(a, layout, FrameCheck::None, "rank 9 channel 0".into(), no_abort()).unwrap();
+    let mut p = tcp_sender(
+        a,
+        layout,
+        FrameCheck::None,
+        "rank 9 channel 0".into(),
+        no_abort(),
+    )
+    .unwrap();
     drop(raw);
     assert!(wait_for(Duration::from_secs(2), || p.peer_closed()));
-    assert_remote(p.try_reserve(), "rank 9 channel 0: connection closed by peer");
+    assert_remote(
+        p.try_reserve(),
+        "rank 9 channel 0: connection closed by peer",
+    );
 }
 
 #[test]
 fn tcp_oversized_frame_is_a_protocol_error() {
-    let layout = FifoLayout { slots: 2, slot_bytes: 4096 };
+    let layout = FifoLayout {
+        slots: 2,
+        slot_bytes: 4096,
+    };
     let (mut raw, b) = socket_pair();
-    let mut c = tcp_receiver(b, layout, FrameCheck::None, "rank 4 channel 2".into(), no_abort()).unwrap();
+    let mut c = tcp_receiver(
+        b,
+        layout,
+        FrameCheck::None,
+        "rank 4 channel 2".into(),
+        no_abort(),
+    )
+    .unwrap();
     raw.write_all(b"FCT0").unwrap();
     raw.write_all(&4097u32.to_le_bytes()).unwrap();
     let r = loop {
@@ -665,7 +944,10 @@ fn tcp_oversized_frame_is_a_protocol_error() {
             other => break other,
         }
     };
-    assert!(matches!(r, Err(Error::Protocol(ref m)) if m.contains("rank 4 channel 2") && m.contains("4097")), "{r:?}");
+    assert!(
+        matches!(r, Err(Error::Protocol(ref m)) if m.contains("rank 4 channel 2") && m.contains("4097")),
+        "{r:?}"
+    );
     assert!(wait_for(Duration::from_secs(2), || c.peer_closed()));
     // The bridge closed its socket.
     raw.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
@@ -674,7 +956,10 @@ fn tcp_oversized_frame_is_a_protocol_error() {
 
 #[test]
 fn tcp_abort_stops_both_bridges() {
-    let layout = FifoLayout { slots: 2, slot_bytes: 64 };
+    let layout = FifoLayout {
+        slots: 2,
+        slot_bytes: 64,
+    };
     let abort = no_abort();
     let (a, _keep_a) = socket_pair();
     let (b, _keep_b) = socket_pair();
@@ -683,15 +968,23 @@ fn tcp_abort_stops_both_bridges() {
     thread::sleep(Duration::from_millis(30));
     let t0 = Instant::now();
     abort.store(true, Ordering::Release);
-    assert!(wait_for(Duration::from_secs(1), || p.peer_closed() && c.peer_closed()));
-    assert!(t0.elapsed() < Duration::from_secs(1), "bridges took {:?} to stop", t0.elapsed());
+    assert!(wait_for(Duration::from_secs(1), || p.peer_closed()
+        && c.peer_closed()));
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "bridges took {:?} to stop",
+        t0.elapsed()
+    );
     assert!(matches!(p.try_reserve(), Err(Error::Aborted(ref m)) if m.contains("tx")));
     assert!(matches!(c.try_peek(), Err(Error::Aborted(ref m)) if m.contains("rx")));
 }
 
 #[test]
 fn tcp_dropping_the_local_end_stops_the_bridge() {
-    let layout = FifoLayout { slots: 2, slot_bytes: 64 };
+    let layout = FifoLayout {
+        slots: 2,
+        slot_bytes: 64,
+    };
     let (mut raw, b) = socket_pair();
     let c = tcp_receiver(b, layout, FrameCheck::None, "rx".into(), no_abort()).unwrap();
     drop(c);
@@ -703,10 +996,27 @@ fn tcp_dropping_the_local_end_stops_the_bridge() {
 
 #[test]
 fn tcp_ranks_that_disagree_on_the_crc_fail_at_once() {
-    let layout = FifoLayout { slots: 2, slot_bytes: 4096 };
+    let layout = FifoLayout {
+        slots: 2,
+        slot_bytes: 4096,
+    };
     let (a, b) = socket_pair();
-    let mut p = tcp_sender(a, layout, FrameCheck::Crc32c, "rank 1 channel 0".into(), no_abort()).unwrap();
-    let mut c = tcp_receiver(b, layout, FrameCheck::None, "rank 0 (10.0.0.1:7) channel 0".into(), no_abort()).unwrap();
+    let mut p = tcp_sender(
+        a,
+        layout,
+        FrameCheck::Crc32c,
+        "rank 1 channel 0".into(),
+        no_abort(),
+    )
+    .unwrap();
+    let mut c = tcp_receiver(
+        b,
+        layout,
+        FrameCheck::None,
+        "rank 0 (10.0.0.1:7) channel 0".into(),
+        no_abort(),
+    )
+    .unwrap();
     let slot = loop {
         if let Some(s) = p.try_reserve().unwrap() {
             break s;
@@ -722,12 +1032,18 @@ fn tcp_ranks_that_disagree_on_the_crc_fail_at_once() {
         }
     };
     let want = "rank 0 (10.0.0.1:7) channel 0: the peer sends with FERROCCL_TCP_CRC on but this rank expects it off";
-    assert!(matches!(r, Err(Error::Protocol(ref m)) if m.contains(want)), "{r:?}");
+    assert!(
+        matches!(r, Err(Error::Protocol(ref m)) if m.contains(want)),
+        "{r:?}"
+    );
 }
 
 #[test]
 fn tcp_bridge_with_crc_streams_varied_frames() {
-    let layout = FifoLayout { slots: 4, slot_bytes: 16 << 10 };
+    let layout = FifoLayout {
+        slots: 4,
+        slot_bytes: 16 << 10,
+    };
     let (a, b) = socket_pair();
     let mut p = tcp_sender(a, layout, FrameCheck::Crc32c, "tx".into(), no_abort()).unwrap();
     let mut c = tcp_receiver(b, layout, FrameCheck::Crc32c, "rx".into(), no_abort()).unwrap();
@@ -749,8 +1065,18 @@ fn a_dead_peer_never_raises_sigpipe() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         drop(l.accept().unwrap().0);
-        let layout = FifoLayout { slots: 4, slot_bytes: 4096 };
-        let mut p = tcp_sender(a, layout, FrameCheck::None, "to a dead peer".into(), Arc::new(AtomicBool::new(false))).unwrap();
+        let layout = FifoLayout {
+            slots: 4,
+            slot_bytes: 4096,
+        };
+        let mut p = tcp_sender(
+            a,
+            layout,
+            FrameCheck::None,
+            "to a dead peer".into(),
+            Arc::new(AtomicBool::new(false)),
+        )
+        .unwrap();
         let until = Instant::now() + Duration::from_secs(5);
         let e = loop {
             if let Err(e) = send_stream(&mut p, 1 << 20, false) {
@@ -762,12 +1088,26 @@ fn a_dead_peer_never_raises_sigpipe() {
         return;
     }
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["transport::tests::a_dead_peer_never_raises_sigpipe", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "transport::tests::a_dead_peer_never_raises_sigpipe",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ROLE, "1")
         .output()
         .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     use std::os::unix::process::ExitStatusExt;
-    assert_eq!(out.status.signal(), None, "the sender was killed by signal {:?}:\n{text}", out.status.signal());
+    assert_eq!(
+        out.status.signal(),
+        None,
+        "the sender was killed by signal {:?}:\n{text}",
+        out.status.signal()
+    );
     assert!(out.status.success() && text.contains("survived"), "{text}");
 }

@@ -5,21 +5,40 @@ use std::process::{Child, Command, Stdio};
 
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Starts `n` processes running test `test_name` of this binary as ranks of one job;
 /// `role` selects what the child does (read from FERROCCL_TEST_ROLE).
 pub fn spawn_ranks(n: usize, test_name: &str, role: &str, extra: &[(&str, String)]) -> Vec<Child> {
     let port = free_port();
-    (0..n).map(|r| rank_command(test_name, role, r, n, port, extra).spawn().unwrap()).collect()
+    (0..n)
+        .map(|r| {
+            rank_command(test_name, role, r, n, port, extra)
+                .spawn()
+                .unwrap()
+        })
+        .collect()
 }
 
 /// The command of rank `r` of `n` of a job whose root listens on `port`: this binary running
 /// test `test_name` in role `role`, with a launcher's environment plus `extra`, output piped.
-pub fn rank_command(test_name: &str, role: &str, r: usize, n: usize, port: u16, extra: &[(&str, String)]) -> Command {
+pub fn rank_command(
+    test_name: &str,
+    role: &str,
+    r: usize,
+    n: usize,
+    port: u16,
+    extra: &[(&str, String)],
+) -> Command {
     // Any secret every rank shares will do; from the port, so two jobs differ.
-    let secret: String = (0..32).map(|i| b"0123456789abcdef"[(port as usize * 7 + i * 13) % 16] as char).collect();
+    let secret: String = (0..32)
+        .map(|i| b"0123456789abcdef"[(port as usize * 7 + i * 13) % 16] as char)
+        .collect();
     let mut c = Command::new(std::env::current_exe().unwrap());
     c.args(["--exact", test_name, "--nocapture", "--test-threads=1"])
         .env("FERROCCL_TEST_ROLE", role)
@@ -48,7 +67,11 @@ pub fn wait_all(children: Vec<Child>) -> Vec<(bool, String)> {
         .into_iter()
         .map(|c| {
             let out = c.wait_with_output().unwrap();
-            let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
             (out.status.success(), text)
         })
         .collect()
@@ -72,8 +95,14 @@ impl Job {
         let (tx, rx) = std::sync::mpsc::channel();
         let kids = (0..n)
             .map(|r| {
-                let mut child = rank_command(test_name, role, r, n, port, env).stdin(Stdio::null()).spawn().unwrap();
-                for out in [Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>, Box::new(child.stderr.take().unwrap())] {
+                let mut child = rank_command(test_name, role, r, n, port, env)
+                    .stdin(Stdio::null())
+                    .spawn()
+                    .unwrap();
+                for out in [
+                    Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+                    Box::new(child.stderr.take().unwrap()),
+                ] {
                     let tx = tx.clone();
                     std::thread::spawn(move || {
                         for line in BufReader::new(out).lines().map_while(Result::ok) {
@@ -88,11 +117,19 @@ impl Job {
                 child
             })
             .collect();
-        Job { kids, lines: rx, seen: vec![Vec::new(); n] }
+        Job {
+            kids,
+            lines: rx,
+            seen: vec![Vec::new(); n],
+        }
     }
 
     /// Collects lines until `pred` holds for those seen so far (true) or `until` passes (false).
-    pub fn wait_for(&mut self, until: std::time::Instant, pred: impl Fn(&[Vec<(std::time::Instant, String)>]) -> bool) -> bool {
+    pub fn wait_for(
+        &mut self,
+        until: std::time::Instant,
+        pred: impl Fn(&[Vec<(std::time::Instant, String)>]) -> bool,
+    ) -> bool {
         loop {
             if pred(&self.seen) {
                 return true;
@@ -101,7 +138,10 @@ impl Job {
             if left.is_zero() {
                 return false;
             }
-            if let Ok((r, t, l)) = self.lines.recv_timeout(left.min(std::time::Duration::from_millis(20))) {
+            if let Ok((r, t, l)) = self
+                .lines
+                .recv_timeout(left.min(std::time::Duration::from_millis(20)))
+            {
                 self.seen[r].push((t, l));
             }
         }
@@ -141,5 +181,6 @@ impl Drop for Job {
 
 /// Whether every rank of `who` has printed a line starting with `prefix`.
 pub fn has_all(seen: &[Vec<(std::time::Instant, String)>], who: &[usize], prefix: &str) -> bool {
-    who.iter().all(|&r| seen[r].iter().any(|(_, l)| l.starts_with(prefix)))
+    who.iter()
+        .all(|&r| seen[r].iter().any(|(_, l)| l.starts_with(prefix)))
 }

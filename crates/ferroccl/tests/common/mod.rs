@@ -21,7 +21,10 @@ fn gpus_at_least(min: usize) -> Option<usize> {
         return None;
     }
     let n = ferroccl::cuda::gpu_count().expect("CUDA driver");
-    assert!(n >= min, "these GPU tests need at least {min} GPUs, found {n}");
+    assert!(
+        n >= min,
+        "these GPU tests need at least {min} GPUs, found {n}"
+    );
     Some(n)
 }
 
@@ -36,14 +39,24 @@ pub enum MatrixOp {
 }
 
 pub fn all_ops() -> Vec<MatrixOp> {
-    let mut v: Vec<MatrixOp> = CollKind::COLLECTIVES.iter().map(|&k| MatrixOp::Coll(k)).collect();
+    let mut v: Vec<MatrixOp> = CollKind::COLLECTIVES
+        .iter()
+        .map(|&k| MatrixOp::Coll(k))
+        .collect();
     v.push(MatrixOp::SendRecv);
     v
 }
 
 pub fn reduce_ops(kind: CollKind) -> Vec<ReduceOp> {
     if kind.reduces() {
-        vec![ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg, ReduceOp::PreMulSum(2.0)]
+        vec![
+            ReduceOp::Sum,
+            ReduceOp::Prod,
+            ReduceOp::Max,
+            ReduceOp::Min,
+            ReduceOp::Avg,
+            ReduceOp::PreMulSum(2.0),
+        ]
     } else {
         vec![ReduceOp::Sum]
     }
@@ -81,7 +94,15 @@ impl Drop for Buf {
 }
 
 /// Runs one case on this rank; returns the number of wrong output elements (and the first).
-pub fn run_case(comm: &Comm, op: MatrixOp, dtype: DataType, redop: ReduceOp, count: usize, in_place: bool, seed: u64) -> Result<(usize, String), String> {
+pub fn run_case(
+    comm: &Comm,
+    op: MatrixOp,
+    dtype: DataType,
+    redop: ReduceOp,
+    count: usize,
+    in_place: bool,
+    seed: u64,
+) -> Result<(usize, String), String> {
     let (r, n) = (comm.rank(), comm.nranks());
     let es = dtype.size();
     let root = (seed as usize) % n;
@@ -89,8 +110,25 @@ pub fn run_case(comm: &Comm, op: MatrixOp, dtype: DataType, redop: ReduceOp, cou
         MatrixOp::Coll(k) => (k, root),
         MatrixOp::SendRecv => (CollKind::Recv, (r + n - 1) % n),
     };
-    let send_case = RankCase { kind: if op == MatrixOp::SendRecv { CollKind::Send } else { kind }, dtype, op: redop, nranks: n, rank: r, count, root: case_root, seed };
-    let recv_case = RankCase { kind, root: case_root, ..send_case };
+    let send_case = RankCase {
+        kind: if op == MatrixOp::SendRecv {
+            CollKind::Send
+        } else {
+            kind
+        },
+        dtype,
+        op: redop,
+        nranks: n,
+        rank: r,
+        count,
+        root: case_root,
+        seed,
+    };
+    let recv_case = RankCase {
+        kind,
+        root: case_root,
+        ..send_case
+    };
     let (sc, rc) = match op {
         MatrixOp::Coll(k) => k.buffer_counts(count, n, r == root).unwrap(),
         MatrixOp::SendRecv => (count, count),
@@ -117,21 +155,52 @@ pub fn run_case(comm: &Comm, op: MatrixOp, dtype: DataType, redop: ReduceOp, cou
     let (send, recv) = unsafe { (base.add(send_off) as *const u8, base.add(recv_off)) };
     let result = match op {
         MatrixOp::Coll(k) => {
-            let args = OpArgs { kind: k, send, recv, count, dtype, op: redop, root, device_scalar: None };
+            let args = OpArgs {
+                kind: k,
+                send,
+                recv,
+                count,
+                dtype,
+                op: redop,
+                root,
+                device_scalar: None,
+            };
             // SAFETY: buffers are valid for the extents computed above.
             unsafe { comm.run_raw(&args) }
         }
         MatrixOp::SendRecv => {
             let mut g = Group::new();
-            let s = OpArgs { kind: CollKind::Send, send, recv: std::ptr::null_mut(), count, dtype, op: redop, root: (r + 1) % n, device_scalar: None };
-            let v = OpArgs { kind: CollKind::Recv, send: std::ptr::null(), recv, count, dtype, op: redop, root: (r + n - 1) % n, device_scalar: None };
+            let s = OpArgs {
+                kind: CollKind::Send,
+                send,
+                recv: std::ptr::null_mut(),
+                count,
+                dtype,
+                op: redop,
+                root: (r + 1) % n,
+                device_scalar: None,
+            };
+            let v = OpArgs {
+                kind: CollKind::Recv,
+                send: std::ptr::null(),
+                recv,
+                count,
+                dtype,
+                op: redop,
+                root: (r + n - 1) % n,
+                device_scalar: None,
+            };
             // SAFETY: as above.
             unsafe {
-                g.push_raw(comm, s).and_then(|_| g.push_raw(comm, v)).and_then(|_| g.launch())
+                g.push_raw(comm, s)
+                    .and_then(|_| g.push_raw(comm, v))
+                    .and_then(|_| g.launch())
             }
         }
     };
-    result.map_err(|e| format!("rank {r}: {op:?} {dtype} {redop} count {count} in_place {in_place}: {e}"))?;
+    result.map_err(|e| {
+        format!("rank {r}: {op:?} {dtype} {redop} count {count} in_place {in_place}: {e}")
+    })?;
     let mut first = None;
     let wrong = recv_case.count_wrong(mem.bytes(recv_off, rb), &mut first);
     let detail = match first {
@@ -168,7 +237,11 @@ pub enum Coverage {
 }
 
 fn in_place_forms(op: MatrixOp) -> &'static [bool] {
-    if op == MatrixOp::SendRecv { &[false] } else { &[false, true] }
+    if op == MatrixOp::SendRecv {
+        &[false]
+    } else {
+        &[false, true]
+    }
 }
 
 fn kind_of(op: MatrixOp) -> CollKind {
@@ -186,7 +259,13 @@ pub fn cases(nsizes: usize, coverage: Coverage) -> Vec<Case> {
             for redop in reduce_ops(kind_of(op)) {
                 for size in 0..nsizes {
                     for &in_place in in_place_forms(op) {
-                        full.push(Case { op, dtype, redop, size, in_place });
+                        full.push(Case {
+                            op,
+                            dtype,
+                            redop,
+                            size,
+                            in_place,
+                        });
                     }
                 }
             }
@@ -204,7 +283,13 @@ pub fn cases(nsizes: usize, coverage: Coverage) -> Vec<Case> {
         for dtype in DataType::ALL {
             for redop in reduce_ops(kind_of(op)) {
                 let forms = in_place_forms(op);
-                out.push(Case { op, dtype, redop, size: k % nsizes, in_place: forms[(k / nsizes) % forms.len()] });
+                out.push(Case {
+                    op,
+                    dtype,
+                    redop,
+                    size: k % nsizes,
+                    in_place: forms[(k / nsizes) % forms.len()],
+                });
                 k += 1;
             }
         }
@@ -239,13 +324,28 @@ pub fn factor_pairs(c: &Case) -> Vec<String> {
 }
 
 /// The cases of `coverage` over `sizes` on this rank. Returns (cases, errors).
-pub fn run_matrix(comm: &Comm, sizes: &[usize], coverage: Coverage, seed: u64) -> (usize, Vec<String>) {
+pub fn run_matrix(
+    comm: &Comm,
+    sizes: &[usize],
+    coverage: Coverage,
+    seed: u64,
+) -> (usize, Vec<String>) {
     let mut errors = Vec::new();
     let mut s = seed;
     let all = cases(sizes.len(), coverage);
     for (i, c) in all.iter().enumerate() {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        match run_case(comm, c.op, c.dtype, c.redop, sizes[c.size], c.in_place, s >> 16) {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        match run_case(
+            comm,
+            c.op,
+            c.dtype,
+            c.redop,
+            sizes[c.size],
+            c.in_place,
+            s >> 16,
+        ) {
             Ok((0, _)) => {}
             Ok((_, detail)) => errors.push(detail),
             Err(e) => {

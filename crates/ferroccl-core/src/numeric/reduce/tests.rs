@@ -67,7 +67,11 @@ fn fill_random(dtype: DataType, b: &mut [u8], rng: &mut Rng) {
             let m = 1.0 + (h >> 12) as f64 / (1u64 << 52) as f64;
             let e = (h % 11) as i32 - 5;
             let s = if h & (1 << 8) != 0 { -1.0 } else { 1.0 };
-            let v = if h.is_multiple_of(17) { 0.0 } else { s * m * 2f64.powi(e) };
+            let v = if h.is_multiple_of(17) {
+                0.0
+            } else {
+                s * m * 2f64.powi(e)
+            };
             store_f64(dtype, b, i, v);
         } else {
             let h = rng.next().to_ne_bytes();
@@ -81,23 +85,44 @@ fn fill_random(dtype: DataType, b: &mut [u8], rng: &mut Rng) {
 /// kernels: i128 for integers, f64 rounded to f32 after each step for the types that compute in
 /// f32 (f64 rounding then f32 rounding equals one f32 rounding for + * /).
 #[allow(clippy::too_many_arguments)]
-fn expected(op: ReduceOp, dtype: DataType, nranks: usize, recv: &[u8], local: Option<&[u8]>, i: usize, pre: bool, post: bool, out: &mut [u8]) {
+fn expected(
+    op: ReduceOp,
+    dtype: DataType,
+    nranks: usize,
+    recv: &[u8],
+    local: Option<&[u8]>,
+    i: usize,
+    pre: bool,
+    post: bool,
+    out: &mut [u8],
+) {
     let is_pms = matches!(op, ReduceOp::PreMulSum(_));
-    let scalar = if let ReduceOp::PreMulSum(s) = op { s } else { 1.0 };
+    let scalar = if let ReduceOp::PreMulSum(s) = op {
+        s
+    } else {
+        1.0
+    };
     if !dtype.is_float() {
-        let s = wrap(dtype, { let mut t = vec![0u8; dtype.size()]; store_f64(dtype, &mut t, 0, scalar); load_int(dtype, &t, 0) });
+        let s = wrap(dtype, {
+            let mut t = vec![0u8; dtype.size()];
+            store_f64(dtype, &mut t, 0, scalar);
+            load_int(dtype, &t, 0)
+        });
         let mut v = load_int(dtype, recv, i);
         if let Some(local) = local {
             let mut l = load_int(dtype, local, i);
             if pre && is_pms {
                 l = wrap(dtype, l.wrapping_mul(s));
             }
-            v = wrap(dtype, match op {
-                ReduceOp::Prod => v.wrapping_mul(l),
-                ReduceOp::Max => v.max(l),
-                ReduceOp::Min => v.min(l),
-                _ => v + l,
-            });
+            v = wrap(
+                dtype,
+                match op {
+                    ReduceOp::Prod => v.wrapping_mul(l),
+                    ReduceOp::Max => v.max(l),
+                    ReduceOp::Min => v.min(l),
+                    _ => v + l,
+                },
+            );
         } else if pre && is_pms {
             v = wrap(dtype, v.wrapping_mul(s));
         }
@@ -120,8 +145,20 @@ fn expected(op: ReduceOp, dtype: DataType, nranks: usize, recv: &[u8], local: Op
         }
         v = match op {
             ReduceOp::Prod => r(v * l),
-            ReduceOp::Max => if v.is_nan() || v > l { v } else { l },
-            ReduceOp::Min => if v.is_nan() || v < l { v } else { l },
+            ReduceOp::Max => {
+                if v.is_nan() || v > l {
+                    v
+                } else {
+                    l
+                }
+            }
+            ReduceOp::Min => {
+                if v.is_nan() || v < l {
+                    v
+                } else {
+                    l
+                }
+            }
             _ => r(v + l),
         };
     } else if pre && is_pms {
@@ -142,7 +179,14 @@ fn same_element(dtype: DataType, a: &[u8], b: &[u8], i: usize) -> bool {
 }
 
 fn ops_for(dtype: DataType) -> Vec<ReduceOp> {
-    let mut ops = vec![ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg, ReduceOp::PreMulSum(3.0)];
+    let mut ops = vec![
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Avg,
+        ReduceOp::PreMulSum(3.0),
+    ];
     if dtype.is_float() {
         ops.push(ReduceOp::PreMulSum(0.3));
     }
@@ -164,7 +208,13 @@ enum Layout {
 #[test]
 fn reduce_matches_reference_for_every_dtype_op_and_layout() {
     let mut rng = Rng(1);
-    let layouts = [Layout::Separate, Layout::IntoLocal, Layout::IntoRecv, Layout::TwoDsts, Layout::TwoDstsOneLocal];
+    let layouts = [
+        Layout::Separate,
+        Layout::IntoLocal,
+        Layout::IntoRecv,
+        Layout::TwoDsts,
+        Layout::TwoDstsOneLocal,
+    ];
     for dtype in DataType::ALL {
         for op in ops_for(dtype) {
             for nranks in [1usize, 3, 4] {
@@ -183,7 +233,17 @@ fn reduce_matches_reference_for_every_dtype_op_and_layout() {
                                     fill_random(dtype, local.bytes_mut(), &mut rng);
                                     let mut want = vec![0u8; len];
                                     for i in 0..n {
-                                        expected(op, dtype, nranks, recv.bytes(), Some(local.bytes()), i, pre, post, &mut want);
+                                        expected(
+                                            op,
+                                            dtype,
+                                            nranks,
+                                            recv.bytes(),
+                                            Some(local.bytes()),
+                                            i,
+                                            pre,
+                                            post,
+                                            &mut want,
+                                        );
                                     }
                                     let (rp, lp) = (recv.ptr(), local.ptr());
                                     let dsts: Vec<*mut u8> = match layout {
@@ -240,7 +300,17 @@ fn transform_matches_reference() {
                                     fill_random(dtype, src.bytes_mut(), &mut rng);
                                     let mut want = vec![0u8; len];
                                     for i in 0..n {
-                                        expected(op, dtype, 3, src.bytes(), None, i, pre, post, &mut want);
+                                        expected(
+                                            op,
+                                            dtype,
+                                            3,
+                                            src.bytes(),
+                                            None,
+                                            i,
+                                            pre,
+                                            post,
+                                            &mut want,
+                                        );
                                     }
                                     let sp = src.ptr();
                                     let mut dsts = vec![if in_place { sp } else { d0.ptr() }];
@@ -248,7 +318,8 @@ fn transform_matches_reference() {
                                         dsts.push(d1.ptr());
                                     }
                                     unsafe { red.transform(&dsts, sp, n, pre, post) };
-                                    let mut outs = vec![if in_place { src.bytes() } else { d0.bytes() }];
+                                    let mut outs =
+                                        vec![if in_place { src.bytes() } else { d0.bytes() }];
                                     if two {
                                         outs.push(d1.bytes());
                                     }
@@ -280,7 +351,15 @@ fn nan_propagates_through_max_and_min() {
             let sz = dtype.size();
             let mut a = vec![0u8; 4 * sz];
             let mut b = vec![0u8; 4 * sz];
-            for (i, (x, y)) in [(f64::NAN, 1.0), (1.0, f64::NAN), (f64::NAN, f64::NAN), (-1.0, 2.0)].iter().enumerate() {
+            for (i, (x, y)) in [
+                (f64::NAN, 1.0),
+                (1.0, f64::NAN),
+                (f64::NAN, f64::NAN),
+                (-1.0, 2.0),
+            ]
+            .iter()
+            .enumerate()
+            {
                 store_f64(dtype, &mut a, i, *x);
                 store_f64(dtype, &mut b, i, *y);
             }
@@ -289,7 +368,10 @@ fn nan_propagates_through_max_and_min() {
             for i in 0..3 {
                 assert!(load_f64(dtype, &out, i).is_nan(), "{dtype} {op:?} {i}");
             }
-            assert_eq!(load_f64(dtype, &out, 3), if op == ReduceOp::Max { 2.0 } else { -1.0 });
+            assert_eq!(
+                load_f64(dtype, &out, 3),
+                if op == ReduceOp::Max { 2.0 } else { -1.0 }
+            );
         }
     }
 }
@@ -300,22 +382,53 @@ fn integer_avg_truncates_toward_zero() {
     let a: [i32; 3] = [-7, 7, i32::MIN];
     let b: [i32; 3] = [0, 0, 0];
     let mut out = [0i32; 3];
-    unsafe { red.reduce(&[out.as_mut_ptr() as *mut u8], a.as_ptr() as *const u8, b.as_ptr() as *const u8, 3, false, true) };
+    unsafe {
+        red.reduce(
+            &[out.as_mut_ptr() as *mut u8],
+            a.as_ptr() as *const u8,
+            b.as_ptr() as *const u8,
+            3,
+            false,
+            true,
+        )
+    };
     assert_eq!(out, [-1, 1, i32::MIN / 4]);
     // More ranks than an i8 can count still divide correctly.
     let red = Reducer::new(DataType::Int8, ReduceOp::Avg, 128).unwrap();
     let src = [-128i8];
     let mut out = [0i8];
-    unsafe { red.transform(&[out.as_mut_ptr() as *mut u8], src.as_ptr() as *const u8, 1, false, true) };
+    unsafe {
+        red.transform(
+            &[out.as_mut_ptr() as *mut u8],
+            src.as_ptr() as *const u8,
+            1,
+            false,
+            true,
+        )
+    };
     assert_eq!(out, [-1]);
 }
 
 #[test]
 fn new_rejects_bad_arguments() {
-    assert!(matches!(Reducer::new(DataType::Float32, ReduceOp::Sum, 0), Err(Error::InvalidArgument(_))));
-    assert!(matches!(Reducer::new(DataType::Int32, ReduceOp::PreMulSum(0.5), 2), Err(Error::InvalidArgument(_))));
-    assert!(matches!(Reducer::new(DataType::Float32, ReduceOp::PreMulSum(f64::INFINITY), 2), Err(Error::InvalidArgument(_))));
-    assert_eq!(Reducer::new(DataType::Bfloat16, ReduceOp::Max, 2).unwrap().dtype(), DataType::Bfloat16);
+    assert!(matches!(
+        Reducer::new(DataType::Float32, ReduceOp::Sum, 0),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        Reducer::new(DataType::Int32, ReduceOp::PreMulSum(0.5), 2),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        Reducer::new(DataType::Float32, ReduceOp::PreMulSum(f64::INFINITY), 2),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(
+        Reducer::new(DataType::Bfloat16, ReduceOp::Max, 2)
+            .unwrap()
+            .dtype(),
+        DataType::Bfloat16
+    );
 }
 
 /// Throughput of the hot case against a plain copy of the same bytes. Run with
@@ -332,11 +445,27 @@ fn reduce_throughput() {
         let mut best = f64::MAX;
         for _ in 0..5 {
             let t = std::time::Instant::now();
-            let dst = if in_place { b.as_mut_ptr() as *mut u8 } else { c.as_mut_ptr() as *mut u8 };
-            unsafe { red.reduce(&[dst], a.as_ptr() as *const u8, b.as_ptr() as *const u8, n, false, false) };
+            let dst = if in_place {
+                b.as_mut_ptr() as *mut u8
+            } else {
+                c.as_mut_ptr() as *mut u8
+            };
+            unsafe {
+                red.reduce(
+                    &[dst],
+                    a.as_ptr() as *const u8,
+                    b.as_ptr() as *const u8,
+                    n,
+                    false,
+                    false,
+                )
+            };
             best = best.min(t.elapsed().as_secs_f64());
         }
-        println!("f32 sum {name}: {:.2} GB/s (3 x 64 MiB moved per call)", 3.0 * (n * 4) as f64 / best / 1e9);
+        println!(
+            "f32 sum {name}: {:.2} GB/s (3 x 64 MiB moved per call)",
+            3.0 * (n * 4) as f64 / best / 1e9
+        );
     }
     let mut best = f64::MAX;
     for _ in 0..5 {
@@ -344,6 +473,9 @@ fn reduce_throughput() {
         c.copy_from_slice(&a);
         best = best.min(t.elapsed().as_secs_f64());
     }
-    println!("memcpy: {:.2} GB/s (2 x 64 MiB moved)", 2.0 * (n * 4) as f64 / best / 1e9);
+    println!(
+        "memcpy: {:.2} GB/s (2 x 64 MiB moved)",
+        2.0 * (n * 4) as f64 / best / 1e9
+    );
     std::hint::black_box(&c);
 }

@@ -38,7 +38,13 @@ fn reduce_in_order(red: &Reducer, ins: &[Vec<u8>], order: &[usize]) -> Vec<u8> {
     let mut acc = vec![0u8; ins[0].len()];
     let last = order.len() - 1;
     unsafe {
-        red.transform(&[acc.as_mut_ptr()], ins[order[0]].as_ptr(), COUNT, true, last == 0);
+        red.transform(
+            &[acc.as_mut_ptr()],
+            ins[order[0]].as_ptr(),
+            COUNT,
+            true,
+            last == 0,
+        );
         for (step, &r) in order.iter().enumerate().skip(1) {
             let p = acc.as_mut_ptr();
             red.reduce(&[p], p, ins[r].as_ptr(), COUNT, true, step == last);
@@ -58,8 +64,10 @@ fn expected_matches_host_reduction_in_both_orders() {
                 let fwd: Vec<usize> = (0..nranks).collect();
                 let rev: Vec<usize> = (0..nranks).rev().collect();
                 let exact_case = !(dtype.is_float()
-                    && (op == ReduceOp::Avg || matches!(op, ReduceOp::PreMulSum(s) if !is_pow2(round_to(dtype, s).abs()))));
-                let big_scalar = matches!(op, ReduceOp::PreMulSum(s) if s.abs() > exact_limit(dtype) as f64);
+                    && (op == ReduceOp::Avg
+                        || matches!(op, ReduceOp::PreMulSum(s) if !is_pow2(round_to(dtype, s).abs()))));
+                let big_scalar =
+                    matches!(op, ReduceOp::PreMulSum(s) if s.abs() > exact_limit(dtype) as f64);
                 for order in [&fwd, &rev] {
                     let out = reduce_in_order(&red, &ins, order);
                     for i in 0..COUNT {
@@ -94,16 +102,26 @@ fn inputs_are_exact_nonzero_and_vary() {
                 let b = inputs(dtype, op, nranks, 2);
                 // An unsigned type with a saturated scalar leaves each index one contributor of
                 // value 1: only which rank it is varies.
-                let degenerate = !dtype.is_signed() && op != ReduceOp::Prod && sum_budget(dtype, op, nranks) == 1;
+                let degenerate = !dtype.is_signed()
+                    && op != ReduceOp::Prod
+                    && sum_budget(dtype, op, nranks) == 1;
                 if degenerate {
                     continue;
                 }
                 assert_ne!(a, b, "{dtype} {op:?} nranks {nranks}: seeds do not matter");
                 for r in 0..nranks {
-                    let vals: Vec<f64> = (0..COUNT).map(|i| input_value(dtype, op, nranks, r, i, 1)).collect();
-                    assert!(vals.iter().any(|&v| v != 0.0), "{dtype} {op:?} nranks {nranks} rank {r}: all zero");
+                    let vals: Vec<f64> = (0..COUNT)
+                        .map(|i| input_value(dtype, op, nranks, r, i, 1))
+                        .collect();
+                    assert!(
+                        vals.iter().any(|&v| v != 0.0),
+                        "{dtype} {op:?} nranks {nranks} rank {r}: all zero"
+                    );
                     if op != ReduceOp::Prod || dtype.is_signed() {
-                        assert!(vals.iter().any(|&v| v != vals[0]), "{dtype} {op:?} rank {r}: constant");
+                        assert!(
+                            vals.iter().any(|&v| v != vals[0]),
+                            "{dtype} {op:?} rank {r}: constant"
+                        );
                     }
                     for (i, &v) in vals.iter().enumerate() {
                         assert_eq!(round_to(dtype, v), v, "{dtype} {op:?}: {v} is not exact");
@@ -113,11 +131,18 @@ fn inputs_are_exact_nonzero_and_vary() {
                 if nranks > 1 && a[0] == a[1] {
                     panic!("{dtype} {op:?} nranks {nranks}: ranks 0 and 1 have the same data");
                 }
-                let ea: Vec<f64> = (0..COUNT).map(|i| expected_reduced(dtype, op, nranks, i, 1)).collect();
-                let eb: Vec<f64> = (0..COUNT).map(|i| expected_reduced(dtype, op, nranks, i, 2)).collect();
+                let ea: Vec<f64> = (0..COUNT)
+                    .map(|i| expected_reduced(dtype, op, nranks, i, 1))
+                    .collect();
+                let eb: Vec<f64> = (0..COUNT)
+                    .map(|i| expected_reduced(dtype, op, nranks, i, 2))
+                    .collect();
                 assert_ne!(ea, eb, "{dtype} {op:?} nranks {nranks}");
                 if op != ReduceOp::Avg {
-                    assert!(ea.iter().any(|&v| v != 0.0), "{dtype} {op:?} nranks {nranks}: results all zero");
+                    assert!(
+                        ea.iter().any(|&v| v != 0.0),
+                        "{dtype} {op:?} nranks {nranks}: results all zero"
+                    );
                 }
             }
         }
@@ -130,7 +155,10 @@ fn fill_input_honours_first_index() {
         let mut b = vec![0u8; 10 * dtype.size()];
         fill_input(dtype, ReduceOp::Sum, 4, 2, 1000, 9, &mut b);
         for i in 0..10 {
-            assert_eq!(load_f64(dtype, &b, i), input_value(dtype, ReduceOp::Sum, 4, 2, 1000 + i, 9));
+            assert_eq!(
+                load_f64(dtype, &b, i),
+                input_value(dtype, ReduceOp::Sum, 4, 2, 1000 + i, 9)
+            );
         }
     }
 }
@@ -161,7 +189,11 @@ fn errors_change_results() {
                     let wrong = combine(without, inputs.value(r, i + 1, 3));
                     shifted += (wrong != want) as usize;
                 }
-                for (what, hits) in [("missing", missing), ("duplicated", dup), ("wrong index", shifted)] {
+                for (what, hits) in [
+                    ("missing", missing),
+                    ("duplicated", dup),
+                    ("wrong index", shifted),
+                ] {
                     assert!(hits * 10 > COUNT, "{dtype} {op:?} nranks {nranks}: a {what} contribution shows only {hits}/{COUNT} times");
                 }
             }
@@ -179,8 +211,18 @@ fn data_values_are_exact_and_distinct() {
         }
         let distinct = vals.iter().filter(|&&v| v != vals[0]).count();
         assert!(distinct > 0, "{dtype}");
-        assert_ne!(vals, (0..64).map(|i| data_value(dtype, 4, i, 7)).collect::<Vec<_>>());
-        assert_ne!(vals, (0..64).map(|i| data_value(dtype, 3, i, 8)).collect::<Vec<_>>());
+        assert_ne!(
+            vals,
+            (0..64)
+                .map(|i| data_value(dtype, 4, i, 7))
+                .collect::<Vec<_>>()
+        );
+        assert_ne!(
+            vals,
+            (0..64)
+                .map(|i| data_value(dtype, 3, i, 8))
+                .collect::<Vec<_>>()
+        );
     }
 }
 
@@ -188,9 +230,39 @@ fn data_values_are_exact_and_distinct() {
 fn tolerances() {
     assert!(matches(DataType::Int32, ReduceOp::Avg, 3, 2.0, 2.0));
     assert!(!matches(DataType::Int32, ReduceOp::Avg, 3, 2.0, 3.0));
-    assert!(matches(DataType::Float16, ReduceOp::Avg, 3, 1.0 / 3.0 + 2f64.powi(-13), 1.0 / 3.0));
-    assert!(!matches(DataType::Float16, ReduceOp::Avg, 3, 1.0 / 3.0 + 2f64.powi(-8), 1.0 / 3.0));
-    assert!(!matches(DataType::Float32, ReduceOp::Sum, 3, 1.0 + 2f64.powi(-23), 1.0));
-    assert!(!matches(DataType::Float32, ReduceOp::Sum, 3, f64::NAN, f64::NAN));
-    assert!(!matches(DataType::Float32, ReduceOp::PreMulSum(2.0), 3, 4.5, 4.0));
+    assert!(matches(
+        DataType::Float16,
+        ReduceOp::Avg,
+        3,
+        1.0 / 3.0 + 2f64.powi(-13),
+        1.0 / 3.0
+    ));
+    assert!(!matches(
+        DataType::Float16,
+        ReduceOp::Avg,
+        3,
+        1.0 / 3.0 + 2f64.powi(-8),
+        1.0 / 3.0
+    ));
+    assert!(!matches(
+        DataType::Float32,
+        ReduceOp::Sum,
+        3,
+        1.0 + 2f64.powi(-23),
+        1.0
+    ));
+    assert!(!matches(
+        DataType::Float32,
+        ReduceOp::Sum,
+        3,
+        f64::NAN,
+        f64::NAN
+    ));
+    assert!(!matches(
+        DataType::Float32,
+        ReduceOp::PreMulSum(2.0),
+        3,
+        4.5,
+        4.0
+    ));
 }

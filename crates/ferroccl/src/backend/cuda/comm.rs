@@ -3,15 +3,18 @@
 
 use super::copy_engine::CopyEngine;
 use super::fabric::{Fabric, Geometry};
-use super::launch::{PlanCache, StreamOrder};
-use super::tables::{FcDirect, FcError, FcP2pHead, FcPeer, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA, WHAT_LENGTH, WHAT_POST, WHAT_ROOM};
-use super::window::Windows;
 use super::kernels;
+use super::launch::{PlanCache, StreamOrder};
+use super::tables::{
+    FcDirect, FcError, FcP2pHead, FcPeer, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA,
+    WHAT_LENGTH, WHAT_POST, WHAT_ROOM,
+};
+use super::window::Windows;
 use crate::bootstrap::Bootstrap;
 use crate::cuda::cu_ok;
 use crate::cuda::device::{Gpu, KernelHandle, Module};
-use crate::cuda::nvrtc::Image;
 use crate::cuda::mem::{DeviceBuffer, MemStats};
+use crate::cuda::nvrtc::Image;
 use crate::cuda::pinned::MappedWord;
 use crate::info::CommInfo;
 use crate::ops::OpArgs;
@@ -87,7 +90,12 @@ impl TypedKernels {
             }
             Ok(f.map(|h| h.expect("DataType::ALL holds every NCCL type number once")))
         };
-        Ok(TypedKernels { by_shape: shapes.iter().map(|&s| Ok((s, load(s)?))).collect::<Result<_, Error>>()? })
+        Ok(TypedKernels {
+            by_shape: shapes
+                .iter()
+                .map(|&s| Ok((s, load(s)?)))
+                .collect::<Result<_, Error>>()?,
+        })
     }
 
     /// The kernel for `a`.
@@ -97,7 +105,12 @@ impl TypedKernels {
             .iter()
             .find(|(s, _)| s.serves(a.kind, a.op))
             .map(|(_, f)| f[t])
-            .ok_or_else(|| Error::Internal(format!("no engine kernel serves {} with {:?}", a.kind, a.op)))
+            .ok_or_else(|| {
+                Error::Internal(format!(
+                    "no engine kernel serves {} with {:?}",
+                    a.kind, a.op
+                ))
+            })
     }
 }
 
@@ -129,7 +142,11 @@ impl Status {
     fn new(gpu: &Gpu, stats: &Arc<MemStats>, table_bytes: usize) -> Result<Status, Error> {
         let local = DeviceBuffer::alloc(gpu, TABLE_OFF + table_bytes, &[], stats)?;
         local.copy_from_host(0, &[0u8; std::mem::size_of::<FcError>()])?;
-        Ok(Status { local, table_bytes, abort: MappedWord::new(gpu)? })
+        Ok(Status {
+            local,
+            table_bytes,
+            abort: MappedWord::new(gpu)?,
+        })
     }
     pub(super) fn error_ptr(&self) -> u64 {
         self.local.device_ptr()
@@ -141,7 +158,11 @@ impl Status {
     /// Writes the connection table, which must fit the room made for it.
     pub(super) fn write_table(&self, bytes: &[u8]) -> Result<(), Error> {
         if bytes.len() > self.table_bytes {
-            return Err(Error::Internal(format!("a connection table of {} bytes where {} were made", bytes.len(), self.table_bytes)));
+            return Err(Error::Internal(format!(
+                "a connection table of {} bytes where {} were made",
+                bytes.len(),
+                self.table_bytes
+            )));
         }
         self.local.copy_from_host(TABLE_OFF, bytes)
     }
@@ -160,7 +181,12 @@ impl Status {
 }
 
 impl CudaComm {
-    pub fn new(ordinal: usize, boot: &Bootstrap, config: &Config, abort: &AtomicBool) -> Result<CudaComm, Error> {
+    pub fn new(
+        ordinal: usize,
+        boot: &Bootstrap,
+        config: &Config,
+        abort: &AtomicBool,
+    ) -> Result<CudaComm, Error> {
         let gpu = Gpu::open(ordinal)?;
         // The modules this communicator needs, compiled at once (NVRTC is single-threaded): a
         // first start on a machine waits for the longest compile, not their sum; later starts
@@ -173,9 +199,14 @@ impl CudaComm {
             };
             let peer = compile("peer.cu", kernels::peer_source, geo.has_peer());
             let direct = compile("direct.cu", kernels::direct_source, geo.has_direct());
-            let plan = kernels::compile_for(&gpu, config, "plan_exec.cu", &kernels::plan_exec_source());
+            let plan =
+                kernels::compile_for(&gpu, config, "plan_exec.cu", &kernels::plan_exec_source());
             let join = |h: Option<std::thread::ScopedJoinHandle<'_, Result<Image, Error>>>| {
-                h.map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("an NVRTC compile thread panicked".into()))))
+                h.map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::Internal("an NVRTC compile thread panicked".into()))
+                    })
+                })
             };
             (plan, join(peer), join(direct))
         });
@@ -189,13 +220,21 @@ impl CudaComm {
         let mut fabric = Fabric::new(&gpu, boot, config, geo, &stats, abort, &status)?;
         let ce_slot = ferroccl_core::tune::ce_slot_bytes(config, boot.nranks());
         let ce = match fabric.ce.take() {
-            Some(f) => Some(Arc::new(CopyEngine::new(&gpu, boot.rank(), boot.nranks(), ce_slot, f)?)),
+            Some(f) => Some(Arc::new(CopyEngine::new(
+                &gpu,
+                boot.rank(),
+                boot.nranks(),
+                ce_slot,
+                f,
+            )?)),
             None => None,
         };
         let timeout_ns = config.timeout.as_nanos().min(u64::MAX as u128) as u64;
         let direct = match fabric.direct {
             Some(p) => {
-                let image = direct_image.ok_or_else(|| Error::Internal("the direct engine's module was not compiled".into()))??;
+                let image = direct_image.ok_or_else(|| {
+                    Error::Internal("the direct engine's module was not compiled".into())
+                })??;
                 let m = gpu.load_module(&image.bytes)?;
                 let f = TypedKernels::load(&m, kernels::DIRECT_KERNELS, kernels::DIRECT_SHAPES)?;
                 let p = FcDirect {
@@ -210,10 +249,21 @@ impl CudaComm {
         };
         let peer = match fabric.peer {
             Some(p) => {
-                let image = peer_image.ok_or_else(|| Error::Internal("the peer engine's module was not compiled".into()))??;
+                let image = peer_image.ok_or_else(|| {
+                    Error::Internal("the peer engine's module was not compiled".into())
+                })??;
                 let m = gpu.load_module(&image.bytes)?;
                 let f = TypedKernels::load(&m, kernels::PEER_KERNELS, kernels::PEER_SHAPES)?;
-                Some((m, f, FcPeer { abort: status.abort_ptr(), error: status.error_ptr(), timeout_ns, ..p }))
+                Some((
+                    m,
+                    f,
+                    FcPeer {
+                        abort: status.abort_ptr(),
+                        error: status.error_ptr(),
+                        timeout_ns,
+                        ..p
+                    },
+                ))
             }
             None => None,
         };
@@ -223,7 +273,14 @@ impl CudaComm {
                 k.load()?;
                 let wide = module.kernel(kernels::P2P_WIDE_KERNEL)?;
                 wide.load()?;
-                let p = FcP2pHead { conns: fabric.table, abort: status.abort_ptr(), error: status.error_ptr(), timeout_ns, rank: boot.rank() as u32, ..Default::default() };
+                let p = FcP2pHead {
+                    conns: fabric.table,
+                    abort: status.abort_ptr(),
+                    error: status.error_ptr(),
+                    timeout_ns,
+                    rank: boot.rank() as u32,
+                    ..Default::default()
+                };
                 Some((k.handle(), wide.handle(), p))
             }
             false => None,
@@ -231,7 +288,12 @@ impl CudaComm {
         let overlap_prior = config.gpu_early_launch && gpu.compute_capability() >= (9, 0);
         let mut stream = std::ptr::null_mut();
         gpu.bind()?;
-        cu_ok("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
+        cu_ok("cuStreamCreate", unsafe {
+            sys::cuStreamCreate(
+                &mut stream,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+            )
+        })?;
         // No rank launches before every rank has loaded its kernels (the engines' modules load
         // after the fabric's barrier): ranks of one process on one GPU share a context,
         // and a rank still loading a module there waited for a rank already waiting for it in
@@ -268,12 +330,17 @@ impl CudaComm {
 
     /// Makes later operations go to `stream` (null: back to the communicator's own).
     pub fn set_stream(&self, stream: sys::CUstream) {
-        self.user_stream.store(stream as *mut std::ffi::c_void, Ordering::Release);
+        self.user_stream
+            .store(stream as *mut std::ffi::c_void, Ordering::Release);
     }
 
     pub(crate) fn current_stream(&self) -> sys::CUstream {
         let s = self.user_stream.load(Ordering::Acquire);
-        if s.is_null() { self.stream } else { s as sys::CUstream }
+        if s.is_null() {
+            self.stream
+        } else {
+            s as sys::CUstream
+        }
     }
 
     /// Raises the abort word that every waiting block polls, so that kernels stuck on a dead
@@ -312,7 +379,13 @@ impl CudaComm {
         let e = self.status.read_error()?;
         // The kernels may have left because of a failure seen while nobody polled here (the
         // heartbeat watcher raised the word while the caller waited on the stream itself).
-        let cause = cause.or_else(|| if e.code == ERR_ABORTED { failure() } else { None });
+        let cause = cause.or_else(|| {
+            if e.code == ERR_ABORTED {
+                failure()
+            } else {
+                None
+            }
+        });
         if let Some(cause) = cause {
             return Err(cause);
         }
@@ -320,7 +393,11 @@ impl CudaComm {
             // Copy-engine operations record nothing: after an abort they ended because the
             // abort freed their waits, not because their peers delivered.
             if self.status.abort.get() != 0 {
-                return Err(Error::Aborted(format!("GPU {} rank {}: the communicator was aborted", self.gpu.ordinal(), self.rank)));
+                return Err(Error::Aborted(format!(
+                    "GPU {} rank {}: the communicator was aborted",
+                    self.gpu.ordinal(),
+                    self.rank
+                )));
             }
             return Ok(());
         }
@@ -344,7 +421,11 @@ impl CudaComm {
             )
         } else {
             // The point-to-point kernel on a connection also says which LL flag it waited for.
-            let flag = if e.wanted != 0 { format!(" (LL flag {}; the line held {})", e.wanted, e.seen) } else { String::new() };
+            let flag = if e.wanted != 0 {
+                format!(" (LL flag {}; the line held {})", e.wanted, e.seen)
+            } else {
+                String::new()
+            };
             format!(
                 "GPU {} rank {}: lane {} step {} waiting for {what} rank {} (connection {}): expected {} got {}{flag}",
                 self.gpu.ordinal(),
@@ -377,33 +458,66 @@ impl CudaComm {
 
     /// Registers a window with every rank (collective; see window.rs). Holds the windows lock,
     /// which every launch takes too, so no launch of this rank sees half a registration.
-    pub fn register(&self, boot: &Bootstrap, ptr: u64, len: usize, symmetric: bool, abort: &AtomicBool, deadline: std::time::Instant) -> Result<(), Error> {
-        let mut w = self.windows.lock().map_err(|_| Error::Internal("windows lock poisoned".into()))?;
-        w.register(&self.gpu, boot, ptr, len, symmetric, &self.stats, abort, deadline)
+    pub fn register(
+        &self,
+        boot: &Bootstrap,
+        ptr: u64,
+        len: usize,
+        symmetric: bool,
+        abort: &AtomicBool,
+        deadline: std::time::Instant,
+    ) -> Result<(), Error> {
+        let mut w = self
+            .windows
+            .lock()
+            .map_err(|_| Error::Internal("windows lock poisoned".into()))?;
+        w.register(
+            &self.gpu,
+            boot,
+            ptr,
+            len,
+            symmetric,
+            &self.stats,
+            abort,
+            deadline,
+        )
     }
 
     /// For an operation the copy engine's zero-copy could take, whose output on this rank lies
     /// in a symmetric window: where this process maps every rank's output
     /// (`copy_engine::zcopy_schedule`).
     pub(crate) fn symmetric_far(&self, a: &OpArgs, info: &CommInfo) -> Option<Vec<u64>> {
-        self.windows.lock().ok().and_then(|w| self.far_in(&w, a, info))
+        self.windows
+            .lock()
+            .ok()
+            .and_then(|w| self.far_in(&w, a, info))
     }
 
     /// `symmetric_far` with the windows at hand (the launch path holds their lock).
     pub(super) fn far_in(&self, w: &Windows, a: &OpArgs, info: &CommInfo) -> Option<Vec<u64>> {
-        if w.is_empty() || !self.ce.as_ref().is_some_and(|c| c.zcopy_ok()) || !ferroccl_core::plan::copies::zcopy_serves(a.kind, info.nranks) {
+        if w.is_empty()
+            || !self.ce.as_ref().is_some_and(|c| c.zcopy_ok())
+            || !ferroccl_core::plan::copies::zcopy_serves(a.kind, info.nranks)
+        {
             return None;
         }
-        let (_, recv) = a.kind.buffer_counts(a.count, info.nranks, a.root == info.rank)?;
+        let (_, recv) = a
+            .kind
+            .buffer_counts(a.count, info.nranks, a.root == info.rank)?;
         w.symmetric_far(a.recv as u64, recv.checked_mul(a.dtype.size())? as u64)
     }
 
     /// Forgets the window at `ptr` on this rank (see `Windows::deregister`), after the queued
     /// work that may use it.
     pub fn deregister(&self, ptr: u64) -> Result<(), Error> {
-        let mut w = self.windows.lock().map_err(|_| Error::Internal("windows lock poisoned".into()))?;
+        let mut w = self
+            .windows
+            .lock()
+            .map_err(|_| Error::Internal("windows lock poisoned".into()))?;
         self.gpu.bind()?;
-        cu_ok("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(self.current_stream()) })?;
+        cu_ok("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(self.current_stream())
+        })?;
         w.deregister(ptr)
     }
 
@@ -421,7 +535,9 @@ impl CudaComm {
 /// Frees the copy engine's stalled streams from a thread of its own (an abort must not wait).
 fn release_copies(ce: &Option<Arc<CopyEngine>>) {
     if let Some(ce) = ce.clone() {
-        let _ = std::thread::Builder::new().name("ferroccl-ce-release".into()).spawn(move || ce.release(std::time::Duration::from_secs(60)));
+        let _ = std::thread::Builder::new()
+            .name("ferroccl-ce-release".into())
+            .spawn(move || ce.release(std::time::Duration::from_secs(60)));
     }
 }
 
@@ -480,21 +596,49 @@ mod tests {
         // Idle after 3 polls, nothing failed.
         let n = Cell::new(0);
         let raised = Cell::new(0);
-        let r = poll_until_done(|| Ok({ n.set(n.get() + 1); n.get() > 3 }), || None, || raised.set(raised.get() + 1));
+        let r = poll_until_done(
+            || {
+                Ok({
+                    n.set(n.get() + 1);
+                    n.get() > 3
+                })
+            },
+            || None,
+            || raised.set(raised.get() + 1),
+        );
         assert!(matches!(r, Ok(None)));
         assert_eq!(raised.get(), 0);
         // A death is reported at poll 5; the kernel leaves 10 polls after the word is raised.
         let n = Cell::new(0);
         let at = Cell::new(None::<u32>);
         let r = poll_until_done(
-            || Ok({ n.set(n.get() + 1); at.get().is_some_and(|a| n.get() >= a + 10) }),
+            || {
+                Ok({
+                    n.set(n.get() + 1);
+                    at.get().is_some_and(|a| n.get() >= a + 10)
+                })
+            },
             || (n.get() >= 5).then(|| Error::Remote("rank 1 died".into())),
-            || { raised.set(raised.get() + 1); at.set(Some(n.get())) },
+            || {
+                raised.set(raised.get() + 1);
+                at.set(Some(n.get()))
+            },
         );
         assert_eq!(raised.get(), 1, "raised once");
-        assert!(matches!(r, Ok(Some(Error::Remote(ref m))) if m.contains("rank 1 died")), "{r:?}");
+        assert!(
+            matches!(r, Ok(Some(Error::Remote(ref m))) if m.contains("rank 1 died")),
+            "{r:?}"
+        );
         // A driver error ends the wait as an error.
-        let r = poll_until_done(|| Err(Error::System("cuStreamQuery: CUDA_ERROR_LAUNCH_FAILED".into())), || None, || {});
+        let r = poll_until_done(
+            || {
+                Err(Error::System(
+                    "cuStreamQuery: CUDA_ERROR_LAUNCH_FAILED".into(),
+                ))
+            },
+            || None,
+            || {},
+        );
         assert!(matches!(r, Err(Error::System(_))));
     }
 }

@@ -26,7 +26,9 @@ use crate::cuda::cu_ok;
 use crate::cuda::device::Gpu;
 use crate::cuda::hostpage::HostPage;
 use cudarc::driver::sys;
-use ferroccl_core::plan::copies::{copies, pieces, zcopy_serves, Piece, Transfer, CE_LANES, CE_SLOTS};
+use ferroccl_core::plan::copies::{
+    copies, pieces, zcopy_serves, Piece, Transfer, CE_LANES, CE_SLOTS,
+};
 use ferroccl_core::{CollKind, Error, Rank};
 use std::time::{Duration, Instant};
 
@@ -87,7 +89,11 @@ pub(crate) enum Addr {
     Send(usize),
     Recv(usize),
     /// Slot `slot` of sender `from`'s region in `owner`'s staging.
-    Stage { owner: Rank, from: Rank, slot: usize },
+    Stage {
+        owner: Rank,
+        from: Rank,
+        slot: usize,
+    },
     /// A device address as this process maps it: a peer's buffer in a symmetric window
     /// (`zcopy_schedule`; its schedules are kept per buffer address).
     Abs(u64),
@@ -106,34 +112,84 @@ pub(crate) enum Lane {
 /// rank's input), on the sender's side.
 fn send_piece(v: &mut Vec<Cmd>, n: usize, me: Rank, r: Rank, src: usize, p: &Piece) {
     let free = CeFlags::free(n, r, p.slot);
-    v.push(Cmd::Wait { page: me, word: free });
-    v.push(Cmd::Write { page: me, word: free, value: 0 });
-    v.push(Cmd::Copy { dst: Addr::Stage { owner: r, from: me, slot: p.slot }, src: Addr::Send(src + p.at), bytes: p.bytes });
-    v.push(Cmd::Write { page: r, word: CeFlags::full(n, me, p.slot), value: 1 });
+    v.push(Cmd::Wait {
+        page: me,
+        word: free,
+    });
+    v.push(Cmd::Write {
+        page: me,
+        word: free,
+        value: 0,
+    });
+    v.push(Cmd::Copy {
+        dst: Addr::Stage {
+            owner: r,
+            from: me,
+            slot: p.slot,
+        },
+        src: Addr::Send(src + p.at),
+        bytes: p.bytes,
+    });
+    v.push(Cmd::Write {
+        page: r,
+        word: CeFlags::full(n, me, p.slot),
+        value: 1,
+    });
 }
 
 /// The commands that take piece `p` of the message from `s` to `me` out of the staging to
 /// `dst` in this rank's output.
 fn recv_piece(v: &mut Vec<Cmd>, n: usize, me: Rank, s: Rank, dst: usize, p: &Piece) {
     let full = CeFlags::full(n, s, p.slot);
-    v.push(Cmd::Wait { page: me, word: full });
-    v.push(Cmd::Write { page: me, word: full, value: 0 });
-    v.push(Cmd::Copy { dst: Addr::Recv(dst + p.at), src: Addr::Stage { owner: me, from: s, slot: p.slot }, bytes: p.bytes });
-    v.push(Cmd::Write { page: s, word: CeFlags::free(n, me, p.slot), value: 1 });
+    v.push(Cmd::Wait {
+        page: me,
+        word: full,
+    });
+    v.push(Cmd::Write {
+        page: me,
+        word: full,
+        value: 0,
+    });
+    v.push(Cmd::Copy {
+        dst: Addr::Recv(dst + p.at),
+        src: Addr::Stage {
+            owner: me,
+            from: s,
+            slot: p.slot,
+        },
+        bytes: p.bytes,
+    });
+    v.push(Cmd::Write {
+        page: s,
+        word: CeFlags::free(n, me, p.slot),
+        value: 1,
+    });
 }
 
 /// The lane of `me`'s copy to itself, if the operation has one (it runs on the caller's stream).
 fn local_lane(list: &[Transfer], me: Rank) -> Schedule {
     list.iter()
         .find(|c| c.from == me && c.to == me)
-        .map(|c| (Lane::Local, vec![Cmd::Copy { dst: Addr::Recv(c.dst), src: Addr::Send(c.src), bytes: c.bytes }]))
+        .map(|c| {
+            (
+                Lane::Local,
+                vec![Cmd::Copy {
+                    dst: Addr::Recv(c.dst),
+                    src: Addr::Send(c.src),
+                    bytes: c.bytes,
+                }],
+            )
+        })
         .into_iter()
         .collect()
 }
 
 /// What `me` sends `q` and receives from it.
 fn between(list: &[Transfer], me: Rank, q: Rank) -> (Option<&Transfer>, Option<&Transfer>) {
-    (list.iter().find(|c| c.from == me && c.to == q), list.iter().find(|c| c.from == q && c.to == me))
+    (
+        list.iter().find(|c| c.from == me && c.to == q),
+        list.iter().find(|c| c.from == q && c.to == me),
+    )
 }
 
 /// A rank's commands for one operation shape, per lane, in order (`schedule`).
@@ -144,14 +200,25 @@ pub(crate) type Schedule = Vec<(Lane, Vec<Cmd>)>;
 /// On a peer's lane, piece k of what this rank sends goes before piece k of what it receives:
 /// an all-to-all in place receives block q into the very bytes it sends q, so each piece must
 /// have left before its peer's lands there (both messages have the same length and cut).
-pub(crate) fn schedule(op: &CeOp, me: Rank, n: usize, slot_bytes: usize) -> Result<Schedule, Error> {
+pub(crate) fn schedule(
+    op: &CeOp,
+    me: Rank,
+    n: usize,
+    slot_bytes: usize,
+) -> Result<Schedule, Error> {
     let list = copies(op.kind, op.count, op.elem, n, op.root)
         .ok_or_else(|| Error::Internal(format!("the copy engine got {} on {n} ranks", op.kind)))?;
     let mut lanes = local_lane(&list, me);
     for q in (0..n).filter(|&q| q != me) {
         let (out, inc) = between(&list, me, q);
         for lane in 0..CE_LANES {
-            let of = |c: Option<&Transfer>| -> Vec<Piece> { c.map_or(Vec::new(), |c| pieces(c.bytes, slot_bytes).filter(|p| p.lane == lane).collect()) };
+            let of = |c: Option<&Transfer>| -> Vec<Piece> {
+                c.map_or(Vec::new(), |c| {
+                    pieces(c.bytes, slot_bytes)
+                        .filter(|p| p.lane == lane)
+                        .collect()
+                })
+            };
             let (sends, recvs) = (of(out), of(inc));
             if sends.is_empty() && recvs.is_empty() {
                 continue;
@@ -160,12 +227,23 @@ pub(crate) fn schedule(op: &CeOp, me: Rank, n: usize, slot_bytes: usize) -> Resu
             // Tell the peer we are in this operation (our earlier reads of its region are
             // over), then wait until it says the same of ours.
             if !recvs.is_empty() {
-                v.push(Cmd::Write { page: q, word: CeFlags::ready(n, me, lane), value: 1 });
+                v.push(Cmd::Write {
+                    page: q,
+                    word: CeFlags::ready(n, me, lane),
+                    value: 1,
+                });
             }
             if !sends.is_empty() {
                 let ready = CeFlags::ready(n, q, lane);
-                v.push(Cmd::Wait { page: me, word: ready });
-                v.push(Cmd::Write { page: me, word: ready, value: 0 });
+                v.push(Cmd::Wait {
+                    page: me,
+                    word: ready,
+                });
+                v.push(Cmd::Write {
+                    page: me,
+                    word: ready,
+                    value: 0,
+                });
             }
             for i in 0..sends.len().max(recvs.len()) {
                 if let (Some(p), Some(c)) = (sends.get(i), out) {
@@ -179,7 +257,10 @@ pub(crate) fn schedule(op: &CeOp, me: Rank, n: usize, slot_bytes: usize) -> Resu
             let mut used: Vec<usize> = sends.iter().map(|p| p.slot).collect();
             used.sort_unstable();
             used.dedup();
-            v.extend(used.into_iter().map(|slot| Cmd::Wait { page: me, word: CeFlags::free(n, q, slot) }));
+            v.extend(used.into_iter().map(|slot| Cmd::Wait {
+                page: me,
+                word: CeFlags::free(n, q, slot),
+            }));
             lanes.push((Lane::Peer { peer: q, lane }, v));
         }
     }
@@ -197,12 +278,24 @@ pub(crate) fn schedule(op: &CeOp, me: Rank, n: usize, slot_bytes: usize) -> Resu
 /// slot 0); the sender waits for `ready`, copies, raises `full`. Each word goes back to 0 by its
 /// waiter, as a CUDA graph's replay wants. An all-to-all in place has no order that works (each
 /// rank's output takes a peer's block before its own left for that peer) and is refused.
-pub(crate) fn zcopy_schedule(op: &CeOp, me: Rank, n: usize, far: &[u64]) -> Result<Schedule, Error> {
+pub(crate) fn zcopy_schedule(
+    op: &CeOp,
+    me: Rank,
+    n: usize,
+    far: &[u64],
+) -> Result<Schedule, Error> {
     if !zcopy_serves(op.kind, n) || (op.kind == CollKind::AllToAll && op.send == op.recv) {
-        return Err(Error::Internal(format!("the copy engine's zero-copy got {}{} on {n} ranks", op.kind, if op.send == op.recv { " in place" } else { "" })));
+        return Err(Error::Internal(format!(
+            "the copy engine's zero-copy got {}{} on {n} ranks",
+            op.kind,
+            if op.send == op.recv { " in place" } else { "" }
+        )));
     }
     if far.len() != n {
-        return Err(Error::Internal(format!("the copy engine's zero-copy got {} peer addresses for {n} ranks", far.len())));
+        return Err(Error::Internal(format!(
+            "the copy engine's zero-copy got {} peer addresses for {n} ranks",
+            far.len()
+        )));
     }
     let list = copies(op.kind, op.count, op.elem, n, op.root)
         .ok_or_else(|| Error::Internal(format!("the copy engine got {} on {n} ranks", op.kind)))?;
@@ -214,19 +307,45 @@ pub(crate) fn zcopy_schedule(op: &CeOp, me: Rank, n: usize, far: &[u64]) -> Resu
         }
         let mut v = Vec::new();
         if inc.is_some() {
-            v.push(Cmd::Write { page: q, word: CeFlags::ready(n, me, 0), value: 1 });
+            v.push(Cmd::Write {
+                page: q,
+                word: CeFlags::ready(n, me, 0),
+                value: 1,
+            });
         }
         if let Some(c) = out {
             let ready = CeFlags::ready(n, q, 0);
-            v.push(Cmd::Wait { page: me, word: ready });
-            v.push(Cmd::Write { page: me, word: ready, value: 0 });
-            v.push(Cmd::Copy { dst: Addr::Abs(far[q] + c.dst as u64), src: Addr::Send(c.src), bytes: c.bytes });
-            v.push(Cmd::Write { page: q, word: CeFlags::full(n, me, 0), value: 1 });
+            v.push(Cmd::Wait {
+                page: me,
+                word: ready,
+            });
+            v.push(Cmd::Write {
+                page: me,
+                word: ready,
+                value: 0,
+            });
+            v.push(Cmd::Copy {
+                dst: Addr::Abs(far[q] + c.dst as u64),
+                src: Addr::Send(c.src),
+                bytes: c.bytes,
+            });
+            v.push(Cmd::Write {
+                page: q,
+                word: CeFlags::full(n, me, 0),
+                value: 1,
+            });
         }
         if inc.is_some() {
             let full = CeFlags::full(n, q, 0);
-            v.push(Cmd::Wait { page: me, word: full });
-            v.push(Cmd::Write { page: me, word: full, value: 0 });
+            v.push(Cmd::Wait {
+                page: me,
+                word: full,
+            });
+            v.push(Cmd::Write {
+                page: me,
+                word: full,
+                value: 0,
+            });
         }
         lanes.push((Lane::Peer { peer: q, lane: 0 }, v));
     }
@@ -265,20 +384,38 @@ impl CopyEngine {
     /// own as far as there are queues (see docs/ENV.md on `CUDA_DEVICE_MAX_CONNECTIONS`).
     /// `slot_bytes` 0: no staged copies (`FERROCCL_GPU_COPY_ENGINE_BYTES=0`), only the copies
     /// between symmetric windows.
-    pub fn new(gpu: &Gpu, rank: Rank, nranks: usize, slot_bytes: usize, fabric: CeFabric) -> Result<CopyEngine, Error> {
+    pub fn new(
+        gpu: &Gpu,
+        rank: Rank,
+        nranks: usize,
+        slot_bytes: usize,
+        fabric: CeFabric,
+    ) -> Result<CopyEngine, Error> {
         if slot_bytes * CE_SLOTS > fabric.region_bytes {
-            return Err(Error::Internal(format!("copy-engine slots of {slot_bytes} bytes do not fit a region of {}", fabric.region_bytes)));
+            return Err(Error::Internal(format!(
+                "copy-engine slots of {slot_bytes} bytes do not fit a region of {}",
+                fabric.region_bytes
+            )));
         }
         gpu.bind()?;
         let streams = Streams::new(rank, nranks)?;
-        Ok(CopyEngine { gpu: gpu.clone(), rank, nranks, slot_bytes, streams, fabric })
+        Ok(CopyEngine {
+            gpu: gpu.clone(),
+            rank,
+            nranks,
+            slot_bytes,
+            streams,
+            fabric,
+        })
     }
 
     /// This rank's commands for `op` (every call of its shape enqueues the same: the launch
     /// path keeps them with the shape).
     pub fn schedule(&self, op: &CeOp) -> Result<Schedule, Error> {
         if self.slot_bytes == 0 {
-            return Err(Error::Internal("the copy engine's staging is off (FERROCCL_GPU_COPY_ENGINE_BYTES=0)".into()));
+            return Err(Error::Internal(
+                "the copy engine's staging is off (FERROCCL_GPU_COPY_ENGINE_BYTES=0)".into(),
+            ));
         }
         schedule(op, self.rank, self.nranks, self.slot_bytes)
     }
@@ -301,7 +438,8 @@ impl CopyEngine {
             Addr::Recv(o) => op.recv + o as u64,
             Addr::Stage { owner, from, slot } => {
                 let region = if from < owner { from } else { from - 1 };
-                self.fabric.stage[owner] + (region * self.fabric.region_bytes + slot * self.slot_bytes) as u64
+                self.fabric.stage[owner]
+                    + (region * self.fabric.region_bytes + slot * self.slot_bytes) as u64
             }
             Addr::Abs(a) => a,
         }
@@ -326,7 +464,10 @@ impl CopyEngine {
             cu_ok("cuEventRecord", sys::cuEventRecord(s.fork, user))?;
             for (lane, _) in lanes {
                 if let Some(i) = lane_index(*lane) {
-                    cu_ok("cuStreamWaitEvent", sys::cuStreamWaitEvent(s.streams[i], s.fork, 0))?;
+                    cu_ok(
+                        "cuStreamWaitEvent",
+                        sys::cuStreamWaitEvent(s.streams[i], s.fork, 0),
+                    )?;
                 }
             }
             for (lane, cmds) in lanes {
@@ -335,18 +476,31 @@ impl CopyEngine {
                     match *c {
                         Cmd::Wait { page, word } => cu_ok(
                             "cuStreamWaitValue32",
-                            sys::cuStreamWaitValue32_v2(st, self.word(page, word), 1, sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32),
+                            sys::cuStreamWaitValue32_v2(
+                                st,
+                                self.word(page, word),
+                                1,
+                                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32,
+                            ),
                         )?,
                         // The default flags put a system-wide fence before the store: the copy
                         // before it has landed when the peer sees the word.
                         Cmd::Write { page, word, value } => cu_ok(
                             "cuStreamWriteValue32",
-                            sys::cuStreamWriteValue32_v2(st, self.word(page, word), value, sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32),
+                            sys::cuStreamWriteValue32_v2(
+                                st,
+                                self.word(page, word),
+                                value,
+                                sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+                            ),
                         )?,
                         Cmd::Copy { dst, src, bytes } => {
                             let (d, sr) = (self.addr(dst, op), self.addr(src, op));
                             if d != sr {
-                                cu_ok("cuMemcpyDtoDAsync", sys::cuMemcpyDtoDAsync_v2(d, sr, bytes, st))?;
+                                cu_ok(
+                                    "cuMemcpyDtoDAsync",
+                                    sys::cuMemcpyDtoDAsync_v2(d, sr, bytes, st),
+                                )?;
                             }
                         }
                     }
@@ -354,8 +508,14 @@ impl CopyEngine {
             }
             for (lane, _) in lanes {
                 if let Some(i) = lane_index(*lane) {
-                    cu_ok("cuEventRecord", sys::cuEventRecord(s.joins[i], s.streams[i]))?;
-                    cu_ok("cuStreamWaitEvent", sys::cuStreamWaitEvent(user, s.joins[i], 0))?;
+                    cu_ok(
+                        "cuEventRecord",
+                        sys::cuEventRecord(s.joins[i], s.streams[i]),
+                    )?;
+                    cu_ok(
+                        "cuStreamWaitEvent",
+                        sys::cuStreamWaitEvent(user, s.joins[i], 0),
+                    )?;
                 }
             }
         }
@@ -368,7 +528,11 @@ impl CopyEngine {
             return false;
         }
         // SAFETY: our live streams.
-        self.streams.streams.iter().filter(|st| !st.is_null()).all(|&st| unsafe { sys::cuStreamQuery(st) } == sys::CUresult::CUDA_SUCCESS)
+        self.streams
+            .streams
+            .iter()
+            .filter(|st| !st.is_null())
+            .all(|&st| unsafe { sys::cuStreamQuery(st) } == sys::CUresult::CUDA_SUCCESS)
     }
 
     /// Frees streams stalled on this rank's words (abort, a dead peer): stores 1 into every
@@ -391,7 +555,6 @@ impl CopyEngine {
             std::thread::sleep(Duration::from_micros(50));
         }
     }
-
 }
 
 /// The stream of a peer's lane (None: the caller's stream).
@@ -408,16 +571,29 @@ impl Streams {
     /// be bound.
     fn new(me: Rank, n: usize) -> Result<Streams, Error> {
         let count = n * CE_LANES;
-        let mut s = Streams { streams: vec![std::ptr::null_mut(); count], fork: std::ptr::null_mut(), joins: vec![std::ptr::null_mut(); count] };
+        let mut s = Streams {
+            streams: vec![std::ptr::null_mut(); count],
+            fork: std::ptr::null_mut(),
+            joins: vec![std::ptr::null_mut(); count],
+        };
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         // SAFETY: out pointers for new objects of the bound context; on error the ones made so
         // far are released when `s` drops.
-        cu_ok("cuEventCreate", unsafe { sys::cuEventCreate(&mut s.fork, flags) })?;
+        cu_ok("cuEventCreate", unsafe {
+            sys::cuEventCreate(&mut s.fork, flags)
+        })?;
         for q in (0..n).filter(|&q| q != me) {
             for lane in 0..CE_LANES {
                 let i = q * CE_LANES + lane;
-                cu_ok("cuStreamCreate", unsafe { sys::cuStreamCreate(&mut s.streams[i], sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) })?;
-                cu_ok("cuEventCreate", unsafe { sys::cuEventCreate(&mut s.joins[i], flags) })?;
+                cu_ok("cuStreamCreate", unsafe {
+                    sys::cuStreamCreate(
+                        &mut s.streams[i],
+                        sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                    )
+                })?;
+                cu_ok("cuEventCreate", unsafe {
+                    sys::cuEventCreate(&mut s.joins[i], flags)
+                })?;
             }
         }
         Ok(s)
@@ -463,11 +639,20 @@ mod tests {
 
     /// Every rank's flag page at its start (`CeFlags::initial`).
     fn initial_pages(n: usize) -> Vec<Vec<u32>> {
-        (0..n).map(|_| (0..CeFlags::words(n)).map(|i| CeFlags::initial(n, i)).collect()).collect()
+        (0..n)
+            .map(|_| {
+                (0..CeFlags::words(n))
+                    .map(|i| CeFlags::initial(n, i))
+                    .collect()
+            })
+            .collect()
     }
 
     /// The (rank, lane) pairs whose next command can run now: any but a wait on a word not yet 1.
-    fn runnable_lanes(lanes: &[Vec<(Lane, Vec<Cmd>, usize)>], pages: &[Vec<u32>]) -> Vec<(usize, usize)> {
+    fn runnable_lanes(
+        lanes: &[Vec<(Lane, Vec<Cmd>, usize)>],
+        pages: &[Vec<u32>],
+    ) -> Vec<(usize, usize)> {
         (0..lanes.len())
             .flat_map(|r| (0..lanes[r].len()).map(move |i| (r, i)))
             .filter(|&(r, i)| {
@@ -501,7 +686,18 @@ mod tests {
         move |runnable| {
             i += 1;
             let x = seed[i % seed.len()] as usize + i / seed.len();
-            if ahead { runnable.iter().position(|&(r, _)| r == runnable[0].0).unwrap() + x % runnable.iter().filter(|&&(r, _)| r == runnable[0].0).count() } else { x }
+            if ahead {
+                runnable
+                    .iter()
+                    .position(|&(r, _)| r == runnable[0].0)
+                    .unwrap()
+                    + x % runnable
+                        .iter()
+                        .filter(|&&(r, _)| r == runnable[0].0)
+                        .count()
+            } else {
+                x
+            }
         }
     }
 
@@ -512,20 +708,38 @@ mod tests {
     /// peer engine's reads of the region from earlier operations are over); that every copy out
     /// finds the piece it expects; that a sender's lanes end only when their pieces were copied
     /// out; that nothing deadlocks; and that every word is back where it started.
-    fn run_model(n: usize, ops: &[CeOp], slot: usize, pick: impl FnMut(&[(usize, usize)]) -> usize) -> Result<(), String> {
-        run_model_with(n, ops, &|op, me| schedule(op, me, n, slot).expect("schedule"), pick)
+    fn run_model(
+        n: usize,
+        ops: &[CeOp],
+        slot: usize,
+        pick: impl FnMut(&[(usize, usize)]) -> usize,
+    ) -> Result<(), String> {
+        run_model_with(
+            n,
+            ops,
+            &|op, me| schedule(op, me, n, slot).expect("schedule"),
+            pick,
+        )
     }
 
     type Sched<'a> = &'a dyn Fn(&CeOp, Rank) -> Vec<(Lane, Vec<Cmd>)>;
 
-    fn run_model_with(n: usize, ops: &[CeOp], sched: Sched, mut pick: impl FnMut(&[(usize, usize)]) -> usize) -> Result<(), String> {
+    fn run_model_with(
+        n: usize,
+        ops: &[CeOp],
+        sched: Sched,
+        mut pick: impl FnMut(&[(usize, usize)]) -> usize,
+    ) -> Result<(), String> {
         let mut pages = initial_pages(n);
         // (owner, from, slot) -> (operation, byte of the copy) of the piece waiting there.
         let mut stage: HashMap<(Rank, Rank, usize), (usize, usize)> = HashMap::new();
         let mut at_op = vec![0usize; n];
         let mut lanes: Vec<Vec<(Lane, Vec<Cmd>, usize)>> = vec![Vec::new(); n];
         let load = |r: Rank, k: usize| -> Vec<(Lane, Vec<Cmd>, usize)> {
-            sched(&ops[k], r).into_iter().map(|(l, c)| (l, c, 0)).collect()
+            sched(&ops[k], r)
+                .into_iter()
+                .map(|(l, c)| (l, c, 0))
+                .collect()
         };
         for r in 0..n {
             lanes[r] = load(r, 0);
@@ -535,7 +749,11 @@ mod tests {
         let unread_of = |r: Rank, k: usize| -> Vec<bool> {
             let o = &ops[k];
             let mut v = vec![false; o.count * o.elem * n];
-            for c in copies(o.kind, o.count, o.elem, n, o.root).unwrap().iter().filter(|c| c.from == r) {
+            for c in copies(o.kind, o.count, o.elem, n, o.root)
+                .unwrap()
+                .iter()
+                .filter(|c| c.from == r)
+            {
                 v[c.src..c.src + c.bytes].iter_mut().for_each(|b| *b = true);
             }
             v
@@ -543,7 +761,11 @@ mod tests {
         let mut unread: Vec<Vec<bool>> = (0..n).map(|r| unread_of(r, 0)).collect();
         let copy_of = |k: usize, from: Rank, to: Rank| {
             let o = &ops[k];
-            *copies(o.kind, o.count, o.elem, n, o.root).unwrap().iter().find(|c| c.from == from && c.to == to).expect("a copy")
+            *copies(o.kind, o.count, o.elem, n, o.root)
+                .unwrap()
+                .iter()
+                .find(|c| c.from == from && c.to == to)
+                .expect("a copy")
         };
         loop {
             // Ranks whose lanes are all done move to their next operation.
@@ -556,7 +778,9 @@ mod tests {
             }
             let runnable = runnable_lanes(&lanes, &pages);
             if runnable.is_empty() {
-                let done = (0..n).all(|r| at_op[r] + 1 == ops.len() && lanes[r].iter().all(|(_, c, pc)| *pc == c.len()));
+                let done = (0..n).all(|r| {
+                    at_op[r] + 1 == ops.len() && lanes[r].iter().all(|(_, c, pc)| *pc == c.len())
+                });
                 if !done {
                     return Err(format!("deadlock: ranks at operations {at_op:?}"));
                 }
@@ -565,10 +789,20 @@ mod tests {
             let (r, i) = runnable[pick(&runnable) % runnable.len()];
             let k = at_op[r];
             let (lane, cmds, pc) = &mut lanes[r][i];
-            if let Cmd::Copy { src: Addr::Send(o), bytes, .. } = cmds[*pc] {
+            if let Cmd::Copy {
+                src: Addr::Send(o),
+                bytes,
+                ..
+            } = cmds[*pc]
+            {
                 unread[r][o..o + bytes].iter_mut().for_each(|b| *b = false);
             }
-            if let Cmd::Copy { dst: Addr::Recv(o), bytes, .. } = cmds[*pc] {
+            if let Cmd::Copy {
+                dst: Addr::Recv(o),
+                bytes,
+                ..
+            } = cmds[*pc]
+            {
                 if ops[k].send == ops[k].recv && unread[r][o..o + bytes].iter().any(|&b| b) {
                     return Err(format!("rank {r} receives into bytes {o}.. of its buffer before sending them (op {k}, in place)"));
                 }
@@ -576,21 +810,35 @@ mod tests {
             match cmds[*pc] {
                 Cmd::Wait { .. } => {}
                 Cmd::Write { page, word, value } => pages[page][word] = value,
-                Cmd::Copy { dst: Addr::Stage { owner, from, slot }, src: Addr::Send(o), .. } => {
+                Cmd::Copy {
+                    dst: Addr::Stage { owner, from, slot },
+                    src: Addr::Send(o),
+                    ..
+                } => {
                     if at_op[owner] != k {
                         return Err(format!("rank {r} stores op {k} into rank {owner}'s staging while it is at op {}", at_op[owner]));
                     }
                     let c = copy_of(k, from, owner);
                     if let Some(old) = stage.insert((owner, from, slot), (k, o - c.src)) {
-                        return Err(format!("rank {r} overwrites piece {old:?} in slot {slot} of rank {owner}"));
+                        return Err(format!(
+                            "rank {r} overwrites piece {old:?} in slot {slot} of rank {owner}"
+                        ));
                     }
                 }
-                Cmd::Copy { dst: Addr::Recv(o), src: Addr::Stage { owner, from, slot }, .. } => {
+                Cmd::Copy {
+                    dst: Addr::Recv(o),
+                    src: Addr::Stage { owner, from, slot },
+                    ..
+                } => {
                     let c = copy_of(k, from, owner);
                     let want = (k, o - c.dst);
                     match stage.remove(&(owner, from, slot)) {
                         Some(got) if got == want => {}
-                        got => return Err(format!("rank {r} copies out {got:?} from slot {slot}, expected {want:?}")),
+                        got => {
+                            return Err(format!(
+                                "rank {r} copies out {got:?} from slot {slot}, expected {want:?}"
+                            ))
+                        }
                     }
                 }
                 Cmd::Copy { .. } => {}
@@ -598,7 +846,10 @@ mod tests {
             *pc += 1;
             if *pc == cmds.len() {
                 if let Lane::Peer { peer: to, lane } = *lane {
-                    if let Some(left) = stage.keys().find(|&&(o, f, s)| o == to && f == r && s % CE_LANES == lane) {
+                    if let Some(left) = stage
+                        .keys()
+                        .find(|&&(o, f, s)| o == to && f == r && s % CE_LANES == lane)
+                    {
                         return Err(format!("rank {r}'s send lane to {to} ended with a piece still in slot {left:?}"));
                     }
                 }
@@ -613,17 +864,44 @@ mod tests {
 
     fn op_strategy(n: usize) -> impl Strategy<Value = CeOp> {
         let kinds = if n == 2 {
-            vec![CollKind::AllGather, CollKind::AllToAll, CollKind::Gather, CollKind::Scatter, CollKind::Broadcast]
+            vec![
+                CollKind::AllGather,
+                CollKind::AllToAll,
+                CollKind::Gather,
+                CollKind::Scatter,
+                CollKind::Broadcast,
+            ]
         } else {
-            vec![CollKind::AllGather, CollKind::AllToAll, CollKind::Gather, CollKind::Scatter]
+            vec![
+                CollKind::AllGather,
+                CollKind::AllToAll,
+                CollKind::Gather,
+                CollKind::Scatter,
+            ]
         };
         // An all-to-all in place: input and output one buffer (send == recv).
-        (prop::sample::select(kinds), 0usize..40, 0..n, any::<bool>())
-            .prop_map(|(kind, count, root, in_place)| CeOp { kind, count, elem: 4, root, send: 0, recv: (!(in_place && kind == CollKind::AllToAll)) as u64 })
+        (prop::sample::select(kinds), 0usize..40, 0..n, any::<bool>()).prop_map(
+            |(kind, count, root, in_place)| CeOp {
+                kind,
+                count,
+                elem: 4,
+                root,
+                send: 0,
+                recv: (!(in_place && kind == CollKind::AllToAll)) as u64,
+            },
+        )
     }
 
     fn case() -> impl Strategy<Value = (usize, Vec<CeOp>, usize, Vec<u8>, bool)> {
-        (2usize..5).prop_flat_map(|n| (Just(n), prop::collection::vec(op_strategy(n), 1..5), 4usize..24, prop::collection::vec(any::<u8>(), 64), any::<bool>()))
+        (2usize..5).prop_flat_map(|n| {
+            (
+                Just(n),
+                prop::collection::vec(op_strategy(n), 1..5),
+                4usize..24,
+                prop::collection::vec(any::<u8>(), 64),
+                any::<bool>(),
+            )
+        })
     }
 
     proptest! {
@@ -645,11 +923,26 @@ mod tests {
     #[test]
     fn the_model_catches_a_handshake_left_out() {
         let ops = [
-            CeOp { kind: CollKind::Gather, count: 16, elem: 4, root: 0, send: 0, recv: 0 },
-            CeOp { kind: CollKind::AllGather, count: 16, elem: 4, root: 0, send: 0, recv: 0 },
+            CeOp {
+                kind: CollKind::Gather,
+                count: 16,
+                elem: 4,
+                root: 0,
+                send: 0,
+                recv: 0,
+            },
+            CeOp {
+                kind: CollKind::AllGather,
+                count: 16,
+                elem: 4,
+                root: 0,
+                send: 0,
+                recv: 0,
+            },
         ];
         // Rank 1 runs ahead of rank 0 whenever it can; rank 0 leaves its local copy for last.
-        let ahead = |rn: &[(usize, usize)]| rn.iter().position(|&(r, _)| r == 1).unwrap_or(rn.len() - 1);
+        let ahead =
+            |rn: &[(usize, usize)]| rn.iter().position(|&(r, _)| r == 1).unwrap_or(rn.len() - 1);
         assert!(run_model(2, &ops, 8, ahead).is_ok());
         let ready_word = |w: usize| w >= 2 * 2 * CE_SLOTS;
         let no_ready = |op: &CeOp, me: Rank| -> Vec<(Lane, Vec<Cmd>)> {
@@ -657,7 +950,11 @@ mod tests {
                 Cmd::Wait { word, .. } | Cmd::Write { word, .. } => !ready_word(word),
                 Cmd::Copy { .. } => true,
             };
-            schedule(op, me, 2, 8).unwrap().into_iter().map(|(l, c)| (l, c.into_iter().filter(keep).collect())).collect()
+            schedule(op, me, 2, 8)
+                .unwrap()
+                .into_iter()
+                .map(|(l, c)| (l, c.into_iter().filter(keep).collect()))
+                .collect()
         };
         let e = run_model_with(2, &ops, &no_ready, ahead).unwrap_err();
         assert!(e.contains("while it is at op 0"), "{e}");
@@ -670,7 +967,11 @@ mod tests {
                 }
                 (l, c)
             };
-            schedule(op, me, 2, 8).unwrap().into_iter().map(cut).collect()
+            schedule(op, me, 2, 8)
+                .unwrap()
+                .into_iter()
+                .map(cut)
+                .collect()
         };
         let e = run_model_with(2, &ops, &no_drain, ahead).unwrap_err();
         assert!(e.contains("ended with a piece still in slot"), "{e}");
@@ -690,25 +991,43 @@ mod tests {
     /// work will see the copy), that every copy of every operation happens exactly once with the
     /// addresses `copies` gives, that nothing deadlocks, and that every word ends where it
     /// started.
-    fn run_zcopy_model(n: usize, ops: &[CeOp], sched: Sched, mut pick: impl FnMut(&[(usize, usize)]) -> usize) -> Result<(), String> {
+    fn run_zcopy_model(
+        n: usize,
+        ops: &[CeOp],
+        sched: Sched,
+        mut pick: impl FnMut(&[(usize, usize)]) -> usize,
+    ) -> Result<(), String> {
         let mut pages = initial_pages(n);
         let mut at_op = vec![0usize; n];
-        let load = |r: Rank, k: usize| -> Vec<(Lane, Vec<Cmd>, usize)> { sched(&ops[k], r).into_iter().map(|(l, c)| (l, c, 0)).collect() };
+        let load = |r: Rank, k: usize| -> Vec<(Lane, Vec<Cmd>, usize)> {
+            sched(&ops[k], r)
+                .into_iter()
+                .map(|(l, c)| (l, c, 0))
+                .collect()
+        };
         let mut lanes: Vec<Vec<(Lane, Vec<Cmd>, usize)>> = (0..n).map(|r| load(r, 0)).collect();
         // Per operation: the copies done, as (from, to, src, dst, bytes).
         let mut done: Vec<Vec<Made>> = vec![Vec::new(); ops.len()];
         let want = |k: usize| -> Vec<Made> {
             let o = &ops[k];
-            let mut v: Vec<_> = copies(o.kind, o.count, o.elem, n, o.root).unwrap().iter().map(|c| (c.from, c.to, c.src, c.dst, c.bytes)).collect();
+            let mut v: Vec<_> = copies(o.kind, o.count, o.elem, n, o.root)
+                .unwrap()
+                .iter()
+                .map(|c| (c.from, c.to, c.src, c.dst, c.bytes))
+                .collect();
             v.sort_unstable();
             v
         };
-        let finished = |lanes: &[(Lane, Vec<Cmd>, usize)]| lanes.iter().all(|(_, c, pc)| *pc == c.len());
+        let finished =
+            |lanes: &[(Lane, Vec<Cmd>, usize)]| lanes.iter().all(|(_, c, pc)| *pc == c.len());
         loop {
             for r in 0..n {
                 while finished(&lanes[r]) && at_op[r] + 1 < ops.len() {
                     let k = at_op[r];
-                    if let Some(c) = want(k).into_iter().find(|c| (c.0 == r || c.1 == r) && !done[k].contains(c)) {
+                    if let Some(c) = want(k)
+                        .into_iter()
+                        .find(|c| (c.0 == r || c.1 == r) && !done[k].contains(c))
+                    {
                         return Err(format!("rank {r} left op {k} before copy {c:?} was made"));
                     }
                     at_op[r] += 1;
@@ -738,7 +1057,10 @@ mod tests {
                     };
                     let peer = if c.0 == r { c.1 } else { c.0 };
                     if at_op[peer] != k {
-                        return Err(format!("rank {r} copies {c:?} of op {k} while rank {peer} is at op {}", at_op[peer]));
+                        return Err(format!(
+                            "rank {r} copies {c:?} of op {k} while rank {peer} is at op {}",
+                            at_op[peer]
+                        ));
                     }
                     if done[k].contains(&c) {
                         return Err(format!("rank {r} makes copy {c:?} of op {k} twice"));
@@ -784,13 +1106,36 @@ mod tests {
     #[test]
     fn the_zero_copy_model_catches_a_handshake_left_out() {
         let ops = [
-            CeOp { kind: CollKind::AllGather, count: 16, elem: 4, root: 0, send: 0, recv: 1 },
-            CeOp { kind: CollKind::Broadcast, count: 16, elem: 4, root: 1, send: 0, recv: 1 },
-            CeOp { kind: CollKind::AllToAll, count: 16, elem: 4, root: 0, send: 0, recv: 1 },
+            CeOp {
+                kind: CollKind::AllGather,
+                count: 16,
+                elem: 4,
+                root: 0,
+                send: 0,
+                recv: 1,
+            },
+            CeOp {
+                kind: CollKind::Broadcast,
+                count: 16,
+                elem: 4,
+                root: 1,
+                send: 0,
+                recv: 1,
+            },
+            CeOp {
+                kind: CollKind::AllToAll,
+                count: 16,
+                elem: 4,
+                root: 0,
+                send: 0,
+                recv: 1,
+            },
         ];
         // Rank 1 runs ahead of rank 0 whenever it can.
-        let ahead = |rn: &[(usize, usize)]| rn.iter().position(|&(r, _)| r == 1).unwrap_or(rn.len() - 1);
-        let behind = |rn: &[(usize, usize)]| rn.iter().position(|&(r, _)| r == 0).unwrap_or(rn.len() - 1);
+        let ahead =
+            |rn: &[(usize, usize)]| rn.iter().position(|&(r, _)| r == 1).unwrap_or(rn.len() - 1);
+        let behind =
+            |rn: &[(usize, usize)]| rn.iter().position(|&(r, _)| r == 0).unwrap_or(rn.len() - 1);
         assert!(run_zcopy_model(2, &ops, &zcopy_of(2), ahead).is_ok());
         assert!(run_zcopy_model(2, &ops, &zcopy_of(2), behind).is_ok());
         let without = |drop_ready: bool| {
@@ -800,18 +1145,41 @@ mod tests {
                     Cmd::Wait { word, .. } | Cmd::Write { word, .. } => ready(word) != drop_ready,
                     Cmd::Copy { .. } => true,
                 };
-                zcopy_of(2)(op, me).into_iter().map(|(l, c)| (l, c.into_iter().filter(keep).collect())).collect()
+                zcopy_of(2)(op, me)
+                    .into_iter()
+                    .map(|(l, c)| (l, c.into_iter().filter(keep).collect()))
+                    .collect()
             }
         };
         let e = run_zcopy_model(2, &ops, &without(true), ahead).unwrap_err();
         assert!(e.contains("while rank 0 is at op"), "{e}");
         let e = run_zcopy_model(2, &ops, &without(false), ahead).unwrap_err();
         assert!(e.contains("before copy"), "{e}");
-        let in_place = CeOp { kind: CollKind::AllToAll, count: 16, elem: 4, root: 0, send: 5, recv: 5 };
+        let in_place = CeOp {
+            kind: CollKind::AllToAll,
+            count: 16,
+            elem: 4,
+            root: 0,
+            send: 5,
+            recv: 5,
+        };
         assert!(zcopy_schedule(&in_place, 0, 2, &[0, far_of(1)]).is_err());
-        assert!(zcopy_schedule(&ops[0], 0, 2, &[0]).is_err(), "an address per rank");
-        let gather = CeOp { kind: CollKind::Gather, count: 16, elem: 4, root: 0, send: 0, recv: 1 };
-        assert!(zcopy_schedule(&gather, 0, 2, &[0, far_of(1)]).is_err(), "not a kind it serves");
+        assert!(
+            zcopy_schedule(&ops[0], 0, 2, &[0]).is_err(),
+            "an address per rank"
+        );
+        let gather = CeOp {
+            kind: CollKind::Gather,
+            count: 16,
+            elem: 4,
+            root: 0,
+            send: 0,
+            recv: 1,
+        };
+        assert!(
+            zcopy_schedule(&gather, 0, 2, &[0, far_of(1)]).is_err(),
+            "not a kind it serves"
+        );
     }
 
     #[test]

@@ -9,14 +9,17 @@
 //! `produced` (ours). Each word
 //! has its own 128-byte line so that remote writes never share a line with local spins.
 
-use super::tables::{FcConn, FcDirect, FcPeer, CONN_RECV, CONN_SEND, DIRECT_MAX_BLOCKS, DIRECT_MAX_RANKS, DIRECT_SLOT_BYTES, LL_DATA_BYTES, PEER_MAX_BLOCKS, PEER_PHASES};
+use super::comm::Status;
+use super::copy_engine::CeFlags;
+use super::tables::{
+    FcConn, FcDirect, FcPeer, CONN_RECV, CONN_SEND, DIRECT_MAX_BLOCKS, DIRECT_MAX_RANKS,
+    DIRECT_SLOT_BYTES, LL_DATA_BYTES, PEER_MAX_BLOCKS, PEER_PHASES,
+};
+use crate::bootstrap::Bootstrap;
 use crate::cuda::device::Gpu;
 use crate::cuda::fdpass::{FdChannel, FdListener};
-use super::copy_engine::CeFlags;
-use super::comm::Status;
 use crate::cuda::hostpage::HostPage;
 use crate::cuda::mem::{DeviceBuffer, MemStats};
-use crate::bootstrap::Bootstrap;
 use ferroccl_core::plan::{ConnKey, Dir, P2P_CHANNEL_BASE};
 use ferroccl_core::tune::{ce_slot_bytes, channel_budget, peer_blocks, peer_slot_bytes, Device};
 use ferroccl_core::{Config, Error, Rank};
@@ -77,7 +80,11 @@ impl Geometry {
         q * self.nchan + chan
     }
     fn direct_slots_end(&self) -> usize {
-        let direct = if self.has_direct() { DIRECT_MAX_BLOCKS * self.nranks * 2 * 2 * DIRECT_SLOT_BYTES } else { 0 };
+        let direct = if self.has_direct() {
+            DIRECT_MAX_BLOCKS * self.nranks * 2 * 2 * DIRECT_SLOT_BYTES
+        } else {
+            0
+        };
         self.direct_slots_off() + direct
     }
     /// Whether the communicator has the peer engine's staging.
@@ -101,7 +108,11 @@ impl Geometry {
         self.peer_stage_off() + self.nranks.saturating_sub(1) * self.peer_region_bytes()
     }
     pub fn recv_arena_bytes(&self) -> usize {
-        if self.has_peer() { self.peer_flags_off() + PEER_MAX_BLOCKS * self.nranks * PEER_PHASES * LINE } else { self.direct_slots_end() }
+        if self.has_peer() {
+            self.peer_flags_off() + PEER_MAX_BLOCKS * self.nranks * PEER_PHASES * LINE
+        } else {
+            self.direct_slots_end()
+        }
     }
     /// The send arena: every counter pair, then the direct acks [block][receiver] (written by
     /// the receivers), then the epoch word of each block (ours).
@@ -112,7 +123,11 @@ impl Geometry {
         (self.direct_acks_off() + DIRECT_MAX_BLOCKS * self.nranks * 8).div_ceil(LINE) * LINE
     }
     fn direct_words_end(&self) -> usize {
-        if self.has_direct() { self.direct_epochs_off() + DIRECT_MAX_BLOCKS * 8 } else { self.direct_acks_off() }
+        if self.has_direct() {
+            self.direct_epochs_off() + DIRECT_MAX_BLOCKS * 8
+        } else {
+            self.direct_acks_off()
+        }
     }
     /// Then the peer engine's round counter of each block (ours): one per slice for the blocks
     /// that send (or do both), then one per slice for a split launch's receive blocks, which
@@ -121,7 +136,11 @@ impl Geometry {
         self.direct_words_end().div_ceil(LINE) * LINE
     }
     pub fn send_arena_bytes(&self) -> usize {
-        if self.has_peer() { self.peer_seqs_off() + 2 * PEER_MAX_BLOCKS * 8 } else { self.direct_words_end() }
+        if self.has_peer() {
+            self.peer_seqs_off() + 2 * PEER_MAX_BLOCKS * 8
+        } else {
+            self.direct_words_end()
+        }
     }
     /// Both arenas are one allocation, the send arena after the receive arena: memory comes in
     /// granules (2 MiB on the GPUs we know), so one allocation rounds up once where two did
@@ -165,7 +184,13 @@ impl Geometry {
     }
     /// Channel index of a plan channel: collective channels first, point-to-point last.
     pub fn chan_index(&self, channel: u32) -> Option<usize> {
-        let i = if channel >= P2P_CHANNEL_BASE { self.coll + (channel - P2P_CHANNEL_BASE) as usize } else if (channel as usize) < self.coll { channel as usize } else { return None };
+        let i = if channel >= P2P_CHANNEL_BASE {
+            self.coll + (channel - P2P_CHANNEL_BASE) as usize
+        } else if (channel as usize) < self.coll {
+            channel as usize
+        } else {
+            return None;
+        };
         (i < self.nchan).then_some(i)
     }
     /// Index of a connection in the kernel's table.
@@ -185,7 +210,13 @@ struct Arenas {
 
 /// A failed arena allocation, explained: out of GPU memory names what the communicator needs
 /// and the knobs that size it; any other failure is passed on as it is.
-pub(crate) fn explain_alloc_failure(e: Error, geo: &Geometry, nranks: usize, ordinal: usize, need: usize) -> Error {
+pub(crate) fn explain_alloc_failure(
+    e: Error,
+    geo: &Geometry,
+    nranks: usize,
+    ordinal: usize,
+    need: usize,
+) -> Error {
     if !e.message().contains("CUDA_ERROR_OUT_OF_MEMORY") {
         return e;
     }
@@ -240,7 +271,15 @@ pub(crate) struct CeFabric {
 impl Fabric {
     /// `geo`: `Geometry::of(config, nranks)`, which the caller already needed.
     /// The connection table goes into `status`'s room for it.
-    pub fn new(gpu: &Gpu, boot: &Bootstrap, config: &Config, geo: Geometry, stats: &Arc<MemStats>, abort: &AtomicBool, status: &Status) -> Result<Fabric, Error> {
+    pub fn new(
+        gpu: &Gpu,
+        boot: &Bootstrap,
+        config: &Config,
+        geo: Geometry,
+        stats: &Arc<MemStats>,
+        abort: &AtomicBool,
+        status: &Status,
+    ) -> Result<Fabric, Error> {
         let (me, n) = (boot.rank(), boot.nranks());
         debug_assert_eq!(geo, Geometry::of(config, n));
         let need = geo.arena_bytes();
@@ -272,16 +311,25 @@ impl Fabric {
             flags: page.as_ref().map_or(0, |p| p.device_ptr()),
         };
         let all = boot.allgather(&mine.encode())?;
-        let peers: Vec<ArenaDesc> = all.iter().map(|b| ArenaDesc::parse(b)).collect::<Result<_, _>>()?;
+        let peers: Vec<ArenaDesc> = all
+            .iter()
+            .map(|b| ArenaDesc::parse(b))
+            .collect::<Result<_, _>>()?;
         let same_host = |q: Rank| boot.peers()[q].host_id == boot.peers()[me].host_id;
         // Peers in this process reach our arenas at the same addresses once access is granted.
-        let local_gpus: Vec<usize> = (0..n).filter(|&q| q != me && peers[q].pid == pid && same_host(q)).map(|q| peers[q].gpu as usize).collect();
+        let local_gpus: Vec<usize> = (0..n)
+            .filter(|&q| q != me && peers[q].pid == pid && same_host(q))
+            .map(|q| peers[q].gpu as usize)
+            .collect();
         arena.grant_access(&local_gpus)?;
         let mut arenas = vec![Arenas::default(); n];
         let mut pages = vec![0u64; n];
         for q in 0..n {
             if peers[q].pid == pid && same_host(q) {
-                arenas[q] = Arenas { recv: peers[q].recv, send: peers[q].send };
+                arenas[q] = Arenas {
+                    recv: peers[q].recv,
+                    send: peers[q].send,
+                };
                 pages[q] = peers[q].flags;
             } else if !same_host(q) {
                 return Err(Error::InvalidArgument(format!(
@@ -306,10 +354,20 @@ impl Fabric {
             for _ in &remote {
                 let ch = listener.accept(deadline, abort)?;
                 let (got, payload) = ch.recv_fds(deadline, abort)?;
-                let q = check_fd_message(got.len(), fds.len(), &payload, &remote, &arenas, &imported_ranks)?;
+                let q = check_fd_message(
+                    got.len(),
+                    fds.len(),
+                    &payload,
+                    &remote,
+                    &arenas,
+                    &imported_ranks,
+                )?;
                 imported_ranks.push(q);
                 let a = DeviceBuffer::import(got[0].as_fd(), geo.arena_bytes(), gpu, &[], stats)?;
-                arenas[q] = Arenas { recv: a.device_ptr(), send: a.device_ptr() + send_off };
+                arenas[q] = Arenas {
+                    recv: a.device_ptr(),
+                    send: a.device_ptr() + send_off,
+                };
                 imported.push(a);
                 if let Some(fd) = got.get(1) {
                     let p = HostPage::import(fd.as_fd(), gpu)?;
@@ -321,7 +379,10 @@ impl Fabric {
         // Nobody may write into a peer's arena before that peer granted access.
         boot.barrier()?;
 
-        arenas[me] = Arenas { recv: arena.device_ptr(), send: arena.device_ptr() + send_off };
+        arenas[me] = Arenas {
+            recv: arena.device_ptr(),
+            send: arena.device_ptr() + send_off,
+        };
         let conns = conn_table(&geo, me, &arenas);
         let bytes = conns.len() * std::mem::size_of::<FcConn>();
         debug_assert_eq!(bytes, geo.conn_table_bytes());
@@ -331,7 +392,9 @@ impl Fabric {
         let table = status.table_ptr();
         let direct = geo.has_direct().then(|| direct_param(&geo, me, &arenas));
         let peer = geo.has_peer().then(|| peer_param(&geo, me, &arenas));
-        let own_gpus = (0..n).all(|a| (a + 1..n).all(|b| !(peers[a].pid == peers[b].pid && peers[a].gpu == peers[b].gpu)));
+        let own_gpus = (0..n).all(|a| {
+            (a + 1..n).all(|b| !(peers[a].pid == peers[b].pid && peers[a].gpu == peers[b].gpu))
+        });
         // The copy engine borrows the peer engine's staging: the same addresses.
         let ce = page.zip(peer.as_ref()).map(|(mine, p)| {
             pages[me] = mine.device_ptr();
@@ -344,7 +407,17 @@ impl Fabric {
                 own_gpus,
             }
         });
-        Ok(Fabric { geo, _arena: arena, _imported: imported, table, nconns: conns.len() as u32, conns, direct, peer, ce })
+        Ok(Fabric {
+            geo,
+            _arena: arena,
+            _imported: imported,
+            table,
+            nconns: conns.len() as u32,
+            conns,
+            direct,
+            peer,
+            ce,
+        })
     }
 }
 
@@ -373,13 +446,25 @@ impl ArenaDesc {
     }
     fn parse(b: &[u8]) -> Result<ArenaDesc, Error> {
         if b.len() != Self::LEN {
-            return Err(Error::Protocol(format!("GPU fabric: a peer sent {} bytes of arena description, expected {}", b.len(), Self::LEN)));
+            return Err(Error::Protocol(format!(
+                "GPU fabric: a peer sent {} bytes of arena description, expected {}",
+                b.len(),
+                Self::LEN
+            )));
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        let d = ArenaDesc { pid: u32_at(0), gpu: u32_at(4), recv: u64_at(8), send: u64_at(16), flags: u64_at(24) };
+        let d = ArenaDesc {
+            pid: u32_at(0),
+            gpu: u32_at(4),
+            recv: u64_at(8),
+            send: u64_at(16),
+            flags: u64_at(24),
+        };
         if d.recv == 0 || d.send == 0 {
-            return Err(Error::Protocol("GPU fabric: a peer described a null arena".into()));
+            return Err(Error::Protocol(
+                "GPU fabric: a peer described a null arena".into(),
+            ));
         }
         Ok(d)
     }
@@ -389,7 +474,14 @@ impl ArenaDesc {
 /// we send (the arenas' allocation, and the copy engine's flag page where it is on: a setting every rank
 /// shares) and the sender's rank, a rank that is expected to send them and has
 /// not yet. Returns the rank.
-fn check_fd_message(nfds: usize, want: usize, payload: &[u8], expected: &[Rank], arenas: &[Arenas], seen: &[Rank]) -> Result<Rank, Error> {
+fn check_fd_message(
+    nfds: usize,
+    want: usize,
+    payload: &[u8],
+    expected: &[Rank],
+    arenas: &[Arenas],
+    seen: &[Rank],
+) -> Result<Rank, Error> {
     if nfds != want || payload.len() != 4 {
         return Err(Error::Protocol(format!(
             "GPU fabric: a peer sent a malformed arena descriptor ({nfds} descriptors, {} payload bytes; expected {want} and 4)",
@@ -406,7 +498,12 @@ fn check_fd_message(nfds: usize, want: usize, payload: &[u8], expected: &[Rank],
 /// The direct kernel's parameter with rank `me`'s view of every rank's slots and acks, and its
 /// own epochs; the operation's fields are the launch's.
 fn direct_param(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> FcDirect {
-    let mut p = FcDirect { epochs: arenas[me].send + geo.direct_epochs_off() as u64, rank: me as u32, nranks: arenas.len() as u32, ..Default::default() };
+    let mut p = FcDirect {
+        epochs: arenas[me].send + geo.direct_epochs_off() as u64,
+        rank: me as u32,
+        nranks: arenas.len() as u32,
+        ..Default::default()
+    };
     for (q, a) in arenas.iter().enumerate() {
         p.slots[q] = a.recv + geo.direct_slots_off() as u64;
         p.acks[q] = a.send + geo.direct_acks_off() as u64;
@@ -441,8 +538,11 @@ fn conn_table(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> Vec<FcConn> {
     for q in (0..n).filter(|&q| q != me) {
         for c in 0..geo.nchan {
             // The FIFO for `of` in `owner`'s receive arena; the counters for `of` in a send arena.
-            let fifo = |owner: Rank, of: Rank| arenas[owner].recv + (geo.fifo_index(owner, of, c) * geo.fifo_stride()) as u64;
-            let ctr = |base: u64, of: Rank| base + (geo.index(of, c) * Geometry::COUNTER_STRIDE) as u64;
+            let fifo = |owner: Rank, of: Rank| {
+                arenas[owner].recv + (geo.fifo_index(owner, of, c) * geo.fifo_stride()) as u64
+            };
+            let ctr =
+                |base: u64, of: Rank| base + (geo.index(of, c) * Geometry::COUNTER_STRIDE) as u64;
             // Receiving from q: our FIFO for q; q's send counters for us.
             let rbase = fifo(me, q);
             conns[geo.index(q, c) * 2 + 1] = FcConn {
@@ -474,8 +574,8 @@ fn conn_table(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> Vec<FcConn> {
                 ll: sbase + geo.ll_off() as u64,
                 post: mine + Geometry::POST_OFF as u64,
             };
+        }
     }
-}
     conns
 }
 
@@ -485,7 +585,15 @@ mod tests {
 
     #[test]
     fn geometry_keeps_words_on_their_own_lines_and_indexes_every_connection_once() {
-        let g = Geometry { slots: 8, slot_bytes: 1 << 18, coll: 2, nchan: 3, nranks: 4, peer_slot: 0, peer_blocks: 32 };
+        let g = Geometry {
+            slots: 8,
+            slot_bytes: 1 << 18,
+            coll: 2,
+            nchan: 3,
+            nranks: 4,
+            peer_slot: 0,
+            peer_blocks: 32,
+        };
         assert_eq!(g.head_off() % LINE, 0);
         assert!(g.head_off() >= g.lens_off() + 8 * 4);
         assert_eq!(g.consumed_off() - g.head_off(), LINE);
@@ -502,7 +610,14 @@ mod tests {
         for peer in 0..4 {
             for ch in [0, 1, P2P_CHANNEL_BASE] {
                 for dir in [Dir::Send, Dir::Recv] {
-                    assert!(seen.insert(g.conn_index(ConnKey { peer, channel: ch, dir }).unwrap()));
+                    assert!(seen.insert(
+                        g.conn_index(ConnKey {
+                            peer,
+                            channel: ch,
+                            dir
+                        })
+                        .unwrap()
+                    ));
                 }
             }
         }
@@ -515,31 +630,73 @@ mod tests {
     #[test]
     fn direct_slots_and_words_lie_inside_the_arenas_past_the_fifos() {
         for n in [1, 2, 5, 16] {
-            let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: n, peer_slot: 0, peer_blocks: 32 };
+            let g = Geometry {
+                slots: 4,
+                slot_bytes: 1 << 12,
+                coll: 2,
+                nchan: 3,
+                nranks: n,
+                peer_slot: 0,
+                peer_blocks: 32,
+            };
             assert!(g.has_direct());
             // FIFOs for the other ranks only: with 2 ranks, one peer's worth.
-            assert_eq!(g.direct_slots_off(), ((n - 1) * g.nchan * g.fifo_stride()).div_ceil(LINE) * LINE);
-            assert_eq!(g.recv_arena_bytes() - g.direct_slots_off(), DIRECT_MAX_BLOCKS * n * 4 * DIRECT_SLOT_BYTES);
+            assert_eq!(
+                g.direct_slots_off(),
+                ((n - 1) * g.nchan * g.fifo_stride()).div_ceil(LINE) * LINE
+            );
+            assert_eq!(
+                g.recv_arena_bytes() - g.direct_slots_off(),
+                DIRECT_MAX_BLOCKS * n * 4 * DIRECT_SLOT_BYTES
+            );
             assert!(g.direct_acks_off() >= n * g.nchan * Geometry::COUNTER_STRIDE);
             assert!(g.direct_epochs_off() >= g.direct_acks_off() + DIRECT_MAX_BLOCKS * n * 8);
-            assert_eq!(g.send_arena_bytes(), g.direct_epochs_off() + DIRECT_MAX_BLOCKS * 8);
-            let arenas: Vec<Arenas> = (0..n as u64).map(|q| Arenas { recv: (q + 1) << 36, send: ((q + 1) << 36) + (1 << 34) }).collect();
+            assert_eq!(
+                g.send_arena_bytes(),
+                g.direct_epochs_off() + DIRECT_MAX_BLOCKS * 8
+            );
+            let arenas: Vec<Arenas> = (0..n as u64)
+                .map(|q| Arenas {
+                    recv: (q + 1) << 36,
+                    send: ((q + 1) << 36) + (1 << 34),
+                })
+                .collect();
             for me in 0..n {
                 let p = direct_param(&g, me, &arenas);
                 assert_eq!((p.rank, p.nranks), (me as u32, n as u32));
                 for q in 0..n {
                     assert_eq!(p.slots[q], arenas[q].recv + g.direct_slots_off() as u64);
-                    let last_line = p.slots[q] + (((DIRECT_MAX_BLOCKS * n - 1) * 2 + 1) * 2 * DIRECT_SLOT_BYTES) as u64 + (2 * DIRECT_SLOT_BYTES) as u64;
+                    let last_line = p.slots[q]
+                        + (((DIRECT_MAX_BLOCKS * n - 1) * 2 + 1) * 2 * DIRECT_SLOT_BYTES) as u64
+                        + (2 * DIRECT_SLOT_BYTES) as u64;
                     assert!(last_line <= arenas[q].recv + g.recv_arena_bytes() as u64);
                     let last_ack = p.acks[q] + ((DIRECT_MAX_BLOCKS * n) * 8) as u64;
                     assert!(last_ack <= arenas[q].send + g.direct_epochs_off() as u64);
                 }
-                assert!(p.epochs + (DIRECT_MAX_BLOCKS * 8) as u64 <= arenas[me].send + g.send_arena_bytes() as u64);
-                assert_eq!(p.slots[n..].iter().chain(&p.acks[n..]).filter(|&&a| a != 0).count(), 0);
+                assert!(
+                    p.epochs + (DIRECT_MAX_BLOCKS * 8) as u64
+                        <= arenas[me].send + g.send_arena_bytes() as u64
+                );
+                assert_eq!(
+                    p.slots[n..]
+                        .iter()
+                        .chain(&p.acks[n..])
+                        .filter(|&&a| a != 0)
+                        .count(),
+                    0
+                );
             }
         }
         // Beyond 16 ranks there is no direct engine and no room taken for it.
-        let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: 17, peer_slot: 0, peer_blocks: 32 };
+        let g = Geometry {
+            slots: 4,
+            slot_bytes: 1 << 12,
+            coll: 2,
+            nchan: 3,
+            nranks: 17,
+            peer_slot: 0,
+            peer_blocks: 32,
+        };
         assert!(!g.has_direct());
         assert_eq!(g.recv_arena_bytes(), g.direct_slots_off());
         assert_eq!(g.send_arena_bytes(), g.direct_acks_off());
@@ -567,13 +724,29 @@ mod tests {
     fn the_geometry_cuts_the_staging_as_the_tuner_plans_it() {
         for knob in [0usize, 7, 16, 64] {
             for n in 2..=16 {
-                let cfg = Config { gpu_peer_blocks: knob, ..Config::default() };
+                let cfg = Config {
+                    gpu_peer_blocks: knob,
+                    ..Config::default()
+                };
                 let g = Geometry::of(&cfg, n);
-                assert_eq!((g.peer_blocks, g.peer_slot), (peer_blocks(&cfg, n), peer_slot_bytes(&cfg, n)), "{n} ranks, knob {knob}");
-                assert_eq!(g.peer_region_bytes(), ferroccl_core::tune::peer_region_bytes(&cfg, n));
+                assert_eq!(
+                    (g.peer_blocks, g.peer_slot),
+                    (peer_blocks(&cfg, n), peer_slot_bytes(&cfg, n)),
+                    "{n} ranks, knob {knob}"
+                );
+                assert_eq!(
+                    g.peer_region_bytes(),
+                    ferroccl_core::tune::peer_region_bytes(&cfg, n)
+                );
                 if g.has_peer() {
-                    assert!((n - 1) * g.peer_region_bytes() <= cfg.gpu_peer_bytes, "the staging stays within FERROCCL_GPU_PEER_BYTES");
-                    assert!(g.peer_blocks <= PEER_MAX_BLOCKS, "flags and counters are laid out for PEER_MAX_BLOCKS");
+                    assert!(
+                        (n - 1) * g.peer_region_bytes() <= cfg.gpu_peer_bytes,
+                        "the staging stays within FERROCCL_GPU_PEER_BYTES"
+                    );
+                    assert!(
+                        g.peer_blocks <= PEER_MAX_BLOCKS,
+                        "flags and counters are laid out for PEER_MAX_BLOCKS"
+                    );
                 }
             }
         }
@@ -586,49 +759,91 @@ mod tests {
     fn peer_staging_and_flags_lie_inside_the_arenas_apart() {
         for (n, blocks) in [(2usize, 64usize), (2, 32), (3, 32), (3, 7), (16, 32)] {
             let slot = 16 << 10;
-            let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: n, peer_slot: slot, peer_blocks: blocks };
+            let g = Geometry {
+                slots: 4,
+                slot_bytes: 1 << 12,
+                coll: 2,
+                nchan: 3,
+                nranks: n,
+                peer_slot: slot,
+                peer_blocks: blocks,
+            };
             let plain = Geometry { peer_slot: 0, ..g };
             assert!(g.has_peer() && !plain.has_peer());
             assert_eq!(g.peer_stage_off() % 4096, 0);
             assert!(g.peer_stage_off() >= plain.recv_arena_bytes());
-            assert_eq!(g.peer_flags_off() - g.peer_stage_off(), blocks * (n - 1) * 4 * slot);
-            assert_eq!(g.recv_arena_bytes() - g.peer_flags_off(), PEER_MAX_BLOCKS * n * PEER_PHASES * LINE);
+            assert_eq!(
+                g.peer_flags_off() - g.peer_stage_off(),
+                blocks * (n - 1) * 4 * slot
+            );
+            assert_eq!(
+                g.recv_arena_bytes() - g.peer_flags_off(),
+                PEER_MAX_BLOCKS * n * PEER_PHASES * LINE
+            );
             assert!(g.peer_seqs_off() >= plain.send_arena_bytes() && g.peer_seqs_off() % LINE == 0);
-            assert_eq!(g.send_arena_bytes(), g.peer_seqs_off() + 2 * PEER_MAX_BLOCKS * 8);
+            assert_eq!(
+                g.send_arena_bytes(),
+                g.peer_seqs_off() + 2 * PEER_MAX_BLOCKS * 8
+            );
             // Both arenas in one allocation, as Fabric::new maps them.
             assert!(g.send_arena_off() >= g.recv_arena_bytes() && g.send_arena_off() % 4096 == 0);
             assert_eq!(g.arena_bytes(), g.send_arena_off() + g.send_arena_bytes());
-            let arenas: Vec<Arenas> = (0..n as u64).map(|q| Arenas { recv: (q + 1) << 40, send: ((q + 1) << 40) + g.send_arena_off() as u64 }).collect();
+            let arenas: Vec<Arenas> = (0..n as u64)
+                .map(|q| Arenas {
+                    recv: (q + 1) << 40,
+                    send: ((q + 1) << 40) + g.send_arena_off() as u64,
+                })
+                .collect();
             // The kernel's addressing (peer.cu's peer_slot), in Rust.
-            let slot_at = |p: &FcPeer, owner: usize, b: usize, from: usize, phase: usize, parity: usize| {
-                let f = if from < owner { from } else { from - 1 };
-                p.stage[owner] + ((((f * p.blocks as usize + b) * 2 + parity) * 2 + phase) * slot) as u64
+            let slot_at =
+                |p: &FcPeer, owner: usize, b: usize, from: usize, phase: usize, parity: usize| {
+                    let f = if from < owner { from } else { from - 1 };
+                    p.stage[owner]
+                        + ((((f * p.blocks as usize + b) * 2 + parity) * 2 + phase) * slot) as u64
+                };
+            let flag_at = |p: &FcPeer, owner: usize, b: usize, from: usize, phase: usize| {
+                p.flags[owner] + (((b * n + from) * PEER_PHASES + phase) * LINE) as u64
             };
-            let flag_at = |p: &FcPeer, owner: usize, b: usize, from: usize, phase: usize| p.flags[owner] + (((b * n + from) * PEER_PHASES + phase) * LINE) as u64;
             for me in 0..n {
                 let p = peer_param(&g, me, &arenas);
-                assert_eq!((p.rank, p.nranks, p.slot_bytes, p.blocks), (me as u32, n as u32, slot as u64, blocks as u32));
+                assert_eq!(
+                    (p.rank, p.nranks, p.slot_bytes, p.blocks),
+                    (me as u32, n as u32, slot as u64, blocks as u32)
+                );
                 assert_eq!(p.seqs, arenas[me].send + g.peer_seqs_off() as u64);
                 let mut slots = std::collections::HashSet::new();
                 let mut flags = std::collections::HashSet::new();
                 for owner in 0..n {
-                    let (lo, hi) = (arenas[owner].recv + g.peer_stage_off() as u64, arenas[owner].recv + g.peer_flags_off() as u64);
+                    let (lo, hi) = (
+                        arenas[owner].recv + g.peer_stage_off() as u64,
+                        arenas[owner].recv + g.peer_flags_off() as u64,
+                    );
                     for b in [0, 1, blocks - 1] {
                         for from in (0..n).filter(|&f| f != owner) {
                             for phase in 0..2 {
                                 for parity in 0..2 {
                                     let a = slot_at(&p, owner, b, from, phase, parity);
-                                    assert!(a >= lo && a + slot as u64 <= hi, "slot outside the staging");
+                                    assert!(
+                                        a >= lo && a + slot as u64 <= hi,
+                                        "slot outside the staging"
+                                    );
                                     assert!(slots.insert(a));
                                     // A one-shot all-reduce's round spans both phases' slots.
                                     if phase == 1 {
-                                        assert_eq!(a, slot_at(&p, owner, b, from, 0, parity) + slot as u64);
+                                        assert_eq!(
+                                            a,
+                                            slot_at(&p, owner, b, from, 0, parity) + slot as u64
+                                        );
                                     }
                                 }
                             }
                             for phase in 0..PEER_PHASES {
                                 let f = flag_at(&p, owner, b, from, phase);
-                                assert!(f >= hi && f + LINE as u64 <= arenas[owner].recv + g.recv_arena_bytes() as u64);
+                                assert!(
+                                    f >= hi
+                                        && f + LINE as u64
+                                            <= arenas[owner].recv + g.recv_arena_bytes() as u64
+                                );
                                 assert!(flags.insert(f));
                             }
                         }
@@ -640,14 +855,30 @@ mod tests {
 
     fn fake_arenas(g: &Geometry, n: usize) -> Vec<Arenas> {
         // Disjoint ranges, as if every rank's arenas were mapped in one process.
-        let (r, s) = ((n * g.nchan * g.fifo_stride()) as u64, (n * g.nchan * Geometry::COUNTER_STRIDE) as u64);
-        (0..n as u64).map(|q| Arenas { recv: 0x1000_0000_0000 + q * (r + s + (1 << 21)), send: 0x1000_0000_0000 + q * (r + s + (1 << 21)) + r }).collect()
+        let (r, s) = (
+            (n * g.nchan * g.fifo_stride()) as u64,
+            (n * g.nchan * Geometry::COUNTER_STRIDE) as u64,
+        );
+        (0..n as u64)
+            .map(|q| Arenas {
+                recv: 0x1000_0000_0000 + q * (r + s + (1 << 21)),
+                send: 0x1000_0000_0000 + q * (r + s + (1 << 21)) + r,
+            })
+            .collect()
     }
 
     #[test]
     fn both_ends_of_every_connection_agree_and_no_word_is_shared() {
         for n in [2usize, 3, 4, 5] {
-            let g = Geometry { slots: 4, slot_bytes: 1 << 12, coll: 2, nchan: 3, nranks: n, peer_slot: 0, peer_blocks: 32 };
+            let g = Geometry {
+                slots: 4,
+                slot_bytes: 1 << 12,
+                coll: 2,
+                nchan: 3,
+                nranks: n,
+                peer_slot: 0,
+                peer_blocks: 32,
+            };
             let arenas = fake_arenas(&g, n);
             let tables: Vec<Vec<FcConn>> = (0..n).map(|me| conn_table(&g, me, &arenas)).collect();
             let mut words = std::collections::HashSet::new();
@@ -655,22 +886,58 @@ mod tests {
             for a in 0..n {
                 for b in (0..n).filter(|&b| b != a) {
                     for ch in [0, 1, P2P_CHANNEL_BASE] {
-                        let at = |me: usize, peer: usize, dir| tables[me][g.conn_index(ConnKey { peer, channel: ch, dir }).unwrap() as usize];
+                        let at = |me: usize, peer: usize, dir| {
+                            tables[me][g
+                                .conn_index(ConnKey {
+                                    peer,
+                                    channel: ch,
+                                    dir,
+                                })
+                                .unwrap() as usize]
+                        };
                         let (s, r) = (at(a, b, Dir::Send), at(b, a, Dir::Recv));
-                        assert_eq!((s.dir, r.dir, s.peer, r.peer), (CONN_SEND, CONN_RECV, b as u32, a as u32));
+                        assert_eq!(
+                            (s.dir, r.dir, s.peer, r.peer),
+                            (CONN_SEND, CONN_RECV, b as u32, a as u32)
+                        );
                         // One FIFO, seen from both ends: the receiver's memory, before its direct
                         // slots (the receiver keeps FIFOs for the other ranks only).
-                        assert_eq!((s.data, s.lens, s.head, s.ll, s.tail), (r.data, r.lens, r.head, r.ll, r.tail));
-                        let in_recv_arena = |x: u64| x >= arenas[b].recv && x < arenas[b].recv + g.direct_slots_off() as u64;
-                        assert!([s.data, s.lens, s.head, s.ll, r.counter, s.data + g.fifo_stride() as u64 - 1].into_iter().all(in_recv_arena));
+                        assert_eq!(
+                            (s.data, s.lens, s.head, s.ll, s.tail),
+                            (r.data, r.lens, r.head, r.ll, r.tail)
+                        );
+                        let in_recv_arena = |x: u64| {
+                            x >= arenas[b].recv && x < arenas[b].recv + g.direct_slots_off() as u64
+                        };
+                        assert!([
+                            s.data,
+                            s.lens,
+                            s.head,
+                            s.ll,
+                            r.counter,
+                            s.data + g.fifo_stride() as u64 - 1
+                        ]
+                        .into_iter()
+                        .all(in_recv_arena));
                         fifos.push((s.data, s.data + g.fifo_stride() as u64));
                         // tail and the producer's counter live with the sender.
-                        let in_send_arena = |x: u64| x >= arenas[a].send && x < arenas[a].send + (n * g.nchan * Geometry::COUNTER_STRIDE) as u64;
-                        assert!(in_send_arena(s.tail) && in_send_arena(s.counter) && in_send_arena(s.post));
+                        let in_send_arena = |x: u64| {
+                            x >= arenas[a].send
+                                && x < arenas[a].send
+                                    + (n * g.nchan * Geometry::COUNTER_STRIDE) as u64
+                        };
+                        assert!(
+                            in_send_arena(s.tail)
+                                && in_send_arena(s.counter)
+                                && in_send_arena(s.post)
+                        );
                         // The receiver posts into the sender's memory, where the sender polls it.
                         assert_eq!(s.post, r.post);
                         assert_eq!(s.post - s.tail, Geometry::POST_OFF as u64);
-                        assert!(s.ll >= s.data + (g.slots * g.slot_bytes) as u64, "LL slots overlap the data slots");
+                        assert!(
+                            s.ll >= s.data + (g.slots * g.slot_bytes) as u64,
+                            "LL slots overlap the data slots"
+                        );
                         for w in [s.head, s.tail, s.counter, r.counter, s.post] {
                             assert!(words.insert(w), "word {w:#x} belongs to two connections");
                         }
@@ -678,27 +945,55 @@ mod tests {
                     }
                 }
                 // No connection to oneself.
-                assert!(tables[a][g.index(a, 0) * 2].data == 0 && tables[a][g.index(a, 0) * 2 + 1].data == 0);
+                assert!(
+                    tables[a][g.index(a, 0) * 2].data == 0
+                        && tables[a][g.index(a, 0) * 2 + 1].data == 0
+                );
             }
             fifos.sort_unstable();
             assert_eq!(fifos.len(), n * (n - 1) * g.nchan);
-            assert!(fifos.windows(2).all(|w| w[0].1 <= w[1].0), "{n} ranks: two FIFOs overlap");
+            assert!(
+                fifos.windows(2).all(|w| w[0].1 <= w[1].0),
+                "{n} ranks: two FIFOs overlap"
+            );
         }
     }
 
     #[test]
     fn arena_messages_are_checked() {
-        let d = ArenaDesc { pid: 7, gpu: 3, recv: 0x7f00_0000_0000, send: 0x7f10_0000_0000, flags: 0x7f20_0000_0000 };
+        let d = ArenaDesc {
+            pid: 7,
+            gpu: 3,
+            recv: 0x7f00_0000_0000,
+            send: 0x7f10_0000_0000,
+            flags: 0x7f20_0000_0000,
+        };
         assert_eq!(ArenaDesc::parse(&d.encode()).unwrap(), d);
-        assert!(matches!(ArenaDesc::parse(&d.encode()[..31]), Err(Error::Protocol(_))));
-        assert!(matches!(ArenaDesc::parse(&ArenaDesc { recv: 0, ..d }.encode()), Err(Error::Protocol(_))));
+        assert!(matches!(
+            ArenaDesc::parse(&d.encode()[..31]),
+            Err(Error::Protocol(_))
+        ));
+        assert!(matches!(
+            ArenaDesc::parse(&ArenaDesc { recv: 0, ..d }.encode()),
+            Err(Error::Protocol(_))
+        ));
         let arenas = vec![Arenas::default(); 4];
         let from = |q: u32| q.to_le_bytes();
         // The arenas' allocation and the copy engine's flag page, or the allocation alone.
-        assert_eq!(check_fd_message(2, 2, &from(2), &[1, 2], &arenas, &[]).unwrap(), 2);
-        assert_eq!(check_fd_message(1, 1, &from(2), &[1, 2], &arenas, &[]).unwrap(), 2, "no staging: no flag page");
+        assert_eq!(
+            check_fd_message(2, 2, &from(2), &[1, 2], &arenas, &[]).unwrap(),
+            2
+        );
+        assert_eq!(
+            check_fd_message(1, 1, &from(2), &[1, 2], &arenas, &[]).unwrap(),
+            2,
+            "no staging: no flag page"
+        );
         let e = check_fd_message(1, 2, &from(2), &[1, 2], &arenas, &[]).unwrap_err();
-        assert!(e.to_string().contains("1 descriptors") && e.to_string().contains("expected 2"), "{e}");
+        assert!(
+            e.to_string().contains("1 descriptors") && e.to_string().contains("expected 2"),
+            "{e}"
+        );
         assert!(check_fd_message(2, 2, &[2, 0], &[1, 2], &arenas, &[]).is_err());
         // A rank in this process, an unknown rank, and a second message from one rank.
         assert!(check_fd_message(2, 2, &from(3), &[1, 2], &arenas, &[]).is_err());
@@ -713,16 +1008,40 @@ mod oom_tests {
 
     #[test]
     fn out_of_gpu_memory_names_the_size_and_the_knobs() {
-        let geo = Geometry { slots: 8, slot_bytes: 262144, coll: 32, nchan: 40, nranks: 4, peer_slot: 0, peer_blocks: 32 };
-        let oom = Error::System("cuMemCreate(84934656 bytes on GPU 3) failed: CUDA_ERROR_OUT_OF_MEMORY (out of memory)".into());
+        let geo = Geometry {
+            slots: 8,
+            slot_bytes: 262144,
+            coll: 32,
+            nchan: 40,
+            nranks: 4,
+            peer_slot: 0,
+            peer_blocks: 32,
+        };
+        let oom = Error::System(
+            "cuMemCreate(84934656 bytes on GPU 3) failed: CUDA_ERROR_OUT_OF_MEMORY (out of memory)"
+                .into(),
+        );
         let e = explain_alloc_failure(oom, &geo, 4, 3, 84_000_000);
         assert!(matches!(e, Error::System(_)), "{e}");
         let m = e.message();
-        for want in ["GPU 3", "84000000 bytes", "3 peers x 40 channels", "FERROCCL_GPU_PEER_BYTES", "FERROCCL_GPU_CHANNELS=32", "8 point-to-point", "FERROCCL_GPU_P2P_CHANNELS", "FERROCCL_SLOTS", "FERROCCL_SLOT_BYTES", "CUDA_ERROR_OUT_OF_MEMORY"] {
+        for want in [
+            "GPU 3",
+            "84000000 bytes",
+            "3 peers x 40 channels",
+            "FERROCCL_GPU_PEER_BYTES",
+            "FERROCCL_GPU_CHANNELS=32",
+            "8 point-to-point",
+            "FERROCCL_GPU_P2P_CHANNELS",
+            "FERROCCL_SLOTS",
+            "FERROCCL_SLOT_BYTES",
+            "CUDA_ERROR_OUT_OF_MEMORY",
+        ] {
             assert!(m.contains(want), "{want:?} missing from: {m}");
         }
         // Other failures are not dressed up as a memory problem.
-        let other = Error::System("cuMemCreate(4096 bytes on GPU 0) failed: CUDA_ERROR_INVALID_VALUE".into());
+        let other = Error::System(
+            "cuMemCreate(4096 bytes on GPU 0) failed: CUDA_ERROR_INVALID_VALUE".into(),
+        );
         assert_eq!(explain_alloc_failure(other.clone(), &geo, 4, 0, 1), other);
     }
 }

@@ -58,13 +58,26 @@ enum Step {
     /// Wait until every rank in `peers` acknowledged round `s - 2` (this rank's lines).
     Room { peers: Vec<usize>, s: u64 },
     /// Store round `s` into these ranks' slots of `phases`.
-    Store { to: Vec<usize>, phases: &'static [usize], s: u64 },
+    Store {
+        to: Vec<usize>,
+        phases: &'static [usize],
+        s: u64,
+    },
     /// A barrier: the reads in progress end; then acknowledge round `ack` to every peer (0:
     /// none) and raise the `phase` flag to `s` at these ranks.
-    Barrier { ack: u64, flag: Option<(usize, Vec<usize>)>, s: u64 },
+    Barrier {
+        ack: u64,
+        flag: Option<(usize, Vec<usize>)>,
+        s: u64,
+    },
     /// Wait for the `phase` flags of these ranks to reach `s`, then read their slots of
     /// `slots` (the phase's own, or both for a one-shot all-reduce).
-    WaitRead { from: Vec<usize>, phase: usize, slots: &'static [usize], s: u64 },
+    WaitRead {
+        from: Vec<usize>,
+        phase: usize,
+        slots: &'static [usize],
+        s: u64,
+    },
     /// The split block's two warp groups meet at a kernel boundary: launch `id` starts once
     /// both finished everything before it.
     Join { id: usize },
@@ -117,18 +130,34 @@ fn ends(kind: Kind, me: usize, n: usize, root: usize) -> (Vec<usize>, Vec<usize>
 
 /// Appends rank `me`'s steps for launch `l` run whole by one block, its rounds counted on from
 /// `s`, as the kernel runs them.
-fn push_launch(engine: Engine, me: usize, n: usize, l: &Launch, s: &mut u64, after_symmetric: &mut bool, steps: &mut Vec<Step>) {
+fn push_launch(
+    engine: Engine,
+    me: usize,
+    n: usize,
+    l: &Launch,
+    s: &mut u64,
+    after_symmetric: &mut bool,
+    steps: &mut Vec<Step>,
+) {
     let peers: Vec<usize> = (0..n).filter(|&q| q != me).collect();
     // The direct engine's launches: `rounds` 0 stands for one without this block (fewer
     // blocks), 1 for one that exchanges lines, 2 or more for one whose slice of this block
     // is empty (it counts the epoch and acknowledges, but stores and reads nothing).
     let empty_slice = engine == Engine::Direct && l.rounds >= 2;
-    let rounds = if engine == Engine::Direct { l.rounds.min(1) } else { l.rounds };
+    let rounds = if engine == Engine::Direct {
+        l.rounds.min(1)
+    } else {
+        l.rounds
+    };
     // The launch's start: the previous launch, complete, acknowledged to every peer (its
     // reads ended at its end, a step of this program before this one). A launch of no
     // rounds stands for one without this block (fewer blocks), which acknowledges nothing.
     if *s > 0 && rounds > 0 {
-        steps.push(Step::Barrier { ack: *s, flag: None, s: *s });
+        steps.push(Step::Barrier {
+            ack: *s,
+            flag: None,
+            s: *s,
+        });
     }
     if empty_slice {
         *s += 1;
@@ -140,33 +169,70 @@ fn push_launch(engine: Engine, me: usize, n: usize, l: &Launch, s: &mut u64, aft
         *s += 1;
         let s = *s;
         let check_room = (k == 0 && !*after_symmetric) || !symmetric;
-        let ack = if symmetric || engine == Engine::Direct { 0 } else { s - 1 };
+        let ack = if symmetric || engine == Engine::Direct {
+            0
+        } else {
+            s - 1
+        };
         let (targets, sources) = ends(l.kind, me, n, l.root);
         if check_room && !targets.is_empty() {
-            steps.push(Step::Room { peers: targets.clone(), s });
+            steps.push(Step::Room {
+                peers: targets.clone(),
+                s,
+            });
         }
         // The direct engine's one-shot is one line per peer whatever the kind; the peer
         // engine's one-shot rounds (every kind but the two-shot all-reduce) fill both
         // phases' slots of their parity.
-        let slots: &'static [usize] = if l.kind != Kind::AllReduce && engine == Engine::Peer { &[0, 1] } else { &[0] };
+        let slots: &'static [usize] = if l.kind != Kind::AllReduce && engine == Engine::Peer {
+            &[0, 1]
+        } else {
+            &[0]
+        };
         if !targets.is_empty() {
-            steps.push(Step::Store { to: targets.clone(), phases: slots, s });
+            steps.push(Step::Store {
+                to: targets.clone(),
+                phases: slots,
+                s,
+            });
         }
         let flag = (!targets.is_empty()).then_some((0, targets));
         steps.push(Step::Barrier { ack, flag, s });
         if !sources.is_empty() {
-            steps.push(Step::WaitRead { from: sources, phase: 0, slots, s });
+            steps.push(Step::WaitRead {
+                from: sources,
+                phase: 0,
+                slots,
+                s,
+            });
         }
         if l.kind == Kind::AllReduce && engine == Engine::Peer {
             // The owner's result into every peer's result slot, after reading the inputs.
-            steps.push(Step::Store { to: peers.clone(), phases: &[1], s });
-            steps.push(Step::Barrier { ack: 0, flag: Some((1, peers.clone())), s });
-            steps.push(Step::WaitRead { from: peers.clone(), phase: 1, slots: &[1], s });
+            steps.push(Step::Store {
+                to: peers.clone(),
+                phases: &[1],
+                s,
+            });
+            steps.push(Step::Barrier {
+                ack: 0,
+                flag: Some((1, peers.clone())),
+                s,
+            });
+            steps.push(Step::WaitRead {
+                from: peers.clone(),
+                phase: 1,
+                slots: &[1],
+                s,
+            });
         }
     }
     // The launch's end: its reads are over (acknowledged at the next launch's start).
     if rounds > 0 {
-        steps.push(Step::Barrier { ack: 0, flag: None, s: *s });
+        steps.push(Step::Barrier {
+            ack: 0,
+            flag: None,
+            s: *s,
+        });
         *after_symmetric = symmetric;
     }
 }
@@ -187,7 +253,15 @@ fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
             // Whole, as `Peer` runs it, on the send warps (its first round looks for room unless
             // the round before was this block's own whole symmetric one: a split round's flags
             // say nothing of the receive warps).
-            push_launch(Engine::Peer, me, n, l, &mut s, &mut after_symmetric, &mut send);
+            push_launch(
+                Engine::Peer,
+                me,
+                n,
+                l,
+                &mut s,
+                &mut after_symmetric,
+                &mut send,
+            );
             continue;
         }
         // The previous launch's last round, acknowledged at the start (a whole launch's: its
@@ -195,21 +269,45 @@ fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
         // already) by the receive warps, whose later acknowledgements must not be overtaken by
         // this one.
         if s > 0 {
-            recv.push(Step::Barrier { ack: s, flag: None, s });
+            recv.push(Step::Barrier {
+                ack: s,
+                flag: None,
+                s,
+            });
         }
         for _ in 0..l.rounds {
             s += 1;
             let (targets, sources) = ends(l.kind, me, n, l.root);
             if !targets.is_empty() {
-                send.push(Step::Room { peers: targets.clone(), s });
-                send.push(Step::Store { to: targets.clone(), phases: &[0, 1], s });
-                send.push(Step::Barrier { ack: 0, flag: Some((0, targets)), s });
+                send.push(Step::Room {
+                    peers: targets.clone(),
+                    s,
+                });
+                send.push(Step::Store {
+                    to: targets.clone(),
+                    phases: &[0, 1],
+                    s,
+                });
+                send.push(Step::Barrier {
+                    ack: 0,
+                    flag: Some((0, targets)),
+                    s,
+                });
             }
             if !sources.is_empty() {
-                recv.push(Step::WaitRead { from: sources, phase: 0, slots: &[0, 1], s });
+                recv.push(Step::WaitRead {
+                    from: sources,
+                    phase: 0,
+                    slots: &[0, 1],
+                    s,
+                });
             }
             // Every round acknowledged to every peer, read or not, so that the counters move alike.
-            recv.push(Step::Barrier { ack: s, flag: None, s });
+            recv.push(Step::Barrier {
+                ack: s,
+                flag: None,
+                s,
+            });
         }
         after_symmetric = false;
     }
@@ -232,7 +330,13 @@ impl World {
         World::with_agents(n, 1)
     }
     fn with_agents(n: usize, agents: usize) -> World {
-        World { n, slots: HashMap::new(), flags: vec![vec![[0; 3]; n]; n], reading: vec![Vec::new(); n * agents], agents }
+        World {
+            n,
+            slots: HashMap::new(),
+            flags: vec![vec![[0; 3]; n]; n],
+            reading: vec![Vec::new(); n * agents],
+            agents,
+        }
     }
 
     /// Whether agent `agent` (of rank `agent / agents`) can take `step` now (joins are the
@@ -241,7 +345,9 @@ impl World {
         let me = agent / self.agents;
         match step {
             Step::Room { peers, s } => peers.iter().all(|&q| self.flags[me][q][2] + 2 >= *s),
-            Step::WaitRead { from, phase, s, .. } => from.iter().all(|&q| self.flags[me][q][*phase] >= *s),
+            Step::WaitRead { from, phase, s, .. } => {
+                from.iter().all(|&q| self.flags[me][q][*phase] >= *s)
+            }
             _ => true,
         }
     }
@@ -257,7 +363,9 @@ impl World {
                         let key = (q, me, phase, s & 1);
                         match self.slots.get(&key) {
                             None | Some(Slot::Released(_)) => {}
-                            Some(other) => return Err(format!("rank {me} stores round {s} into {key:?} while it holds {other:?}")),
+                            Some(other) => return Err(format!(
+                                "rank {me} stores round {s} into {key:?} while it holds {other:?}"
+                            )),
                         }
                         self.slots.insert(key, Slot::Written(*s));
                     }
@@ -288,7 +396,11 @@ impl World {
                         let key = (me, q, phase, s & 1);
                         match self.slots.get(&key) {
                             Some(Slot::Written(r)) if r == s => {}
-                            other => return Err(format!("rank {me} reads round {s} from {key:?} but finds {other:?}")),
+                            other => {
+                                return Err(format!(
+                                    "rank {me} reads round {s} from {key:?} but finds {other:?}"
+                                ))
+                            }
                         }
                         self.slots.insert(key, Slot::Reading(*s));
                         self.reading[agent].push(key);
@@ -307,9 +419,17 @@ fn run(n: usize, launches: &[Launch], seed: u64, greedy: bool) -> Result<usize, 
     run_engine(Engine::Peer, n, launches, seed, greedy)
 }
 
-fn run_engine(engine: Engine, n: usize, launches: &[Launch], seed: u64, greedy: bool) -> Result<usize, String> {
+fn run_engine(
+    engine: Engine,
+    n: usize,
+    launches: &[Launch],
+    seed: u64,
+    greedy: bool,
+) -> Result<usize, String> {
     let programs: Vec<Vec<Step>> = if engine == Engine::PeerSplit {
-        (0..n).flat_map(|r| split_programs(r, n, launches)).collect()
+        (0..n)
+            .flat_map(|r| split_programs(r, n, launches))
+            .collect()
     } else {
         (0..n).map(|r| program_of(engine, r, n, launches)).collect()
     };
@@ -318,7 +438,12 @@ fn run_engine(engine: Engine, n: usize, launches: &[Launch], seed: u64, greedy: 
 
 /// Runs `programs` (`programs.len() / n` agents per rank, rank r's agents next to each other)
 /// under a schedule drawn from `seed`, as `run` does.
-fn run_programs(n: usize, programs: &[Vec<Step>], seed: u64, greedy: bool) -> Result<usize, String> {
+fn run_programs(
+    n: usize,
+    programs: &[Vec<Step>],
+    seed: u64,
+    greedy: bool,
+) -> Result<usize, String> {
     let agents = programs.len() / n;
     let total = programs.len();
     let mut pc = vec![0usize; total];
@@ -338,7 +463,12 @@ fn run_programs(n: usize, programs: &[Vec<Step>], seed: u64, greedy: bool) -> Re
         let rank = a / agents;
         (rank * agents..(rank + 1) * agents)
             .filter(|&b| b != a)
-            .all(|b| joined[b].is_some_and(|j| j >= id) || programs[b].get(pc[b]).is_some_and(|st| matches!(st, Step::Join { id: x } if *x == id)))
+            .all(|b| {
+                joined[b].is_some_and(|j| j >= id)
+                    || programs[b]
+                        .get(pc[b])
+                        .is_some_and(|st| matches!(st, Step::Join { id: x } if *x == id))
+            })
     };
     loop {
         let ready: Vec<usize> = (0..total)
@@ -354,11 +484,24 @@ fn run_programs(n: usize, programs: &[Vec<Step>], seed: u64, greedy: bool) -> Re
             if (0..total).all(|a| pc[a] == programs[a].len()) {
                 return Ok(steps);
             }
-            let stuck: Vec<String> =
-                (0..total).filter(|&a| pc[a] < programs[a].len()).map(|a| format!("rank {} agent {} at {:?}", a / agents, a % agents, programs[a][pc[a]])).collect();
+            let stuck: Vec<String> = (0..total)
+                .filter(|&a| pc[a] < programs[a].len())
+                .map(|a| {
+                    format!(
+                        "rank {} agent {} at {:?}",
+                        a / agents,
+                        a % agents,
+                        programs[a][pc[a]]
+                    )
+                })
+                .collect();
             return Err(format!("deadlock: {}", stuck.join("; ")));
         }
-        let a = if greedy && ready.contains(&current) && next() % 8 != 0 { current } else { ready[(next() % ready.len() as u64) as usize] };
+        let a = if greedy && ready.contains(&current) && next() % 8 != 0 {
+            current
+        } else {
+            ready[(next() % ready.len() as u64) as usize]
+        };
         current = a;
         if let Step::Join { id } = programs[a][pc[a]] {
             joined[a] = Some(id);
@@ -370,7 +513,12 @@ fn run_programs(n: usize, programs: &[Vec<Step>], seed: u64, greedy: bool) -> Re
 }
 
 fn kind_strategy() -> impl Strategy<Value = Kind> {
-    prop::sample::select(vec![Kind::AllReduce, Kind::Symmetric, Kind::FromRoot, Kind::ToRoot])
+    prop::sample::select(vec![
+        Kind::AllReduce,
+        Kind::Symmetric,
+        Kind::FromRoot,
+        Kind::ToRoot,
+    ])
 }
 
 proptest! {
@@ -439,20 +587,33 @@ proptest! {
 #[test]
 fn the_model_catches_a_broken_split_design() {
     let n = 2;
-    let ag = [Launch { kind: Kind::Symmetric, rounds: 6, root: 0, split: true }];
+    let ag = [Launch {
+        kind: Kind::Symmetric,
+        rounds: 6,
+        root: 0,
+        split: true,
+    }];
     for seed in 1..200 {
         assert!(run_engine(Engine::PeerSplit, n, &ag, seed, seed % 2 == 0).is_ok());
     }
     let programs = |f: &dyn Fn(Step) -> Option<Step>| -> Vec<Vec<Step>> {
-        (0..n).flat_map(|r| split_programs(r, n, &ag)).map(|p| p.into_iter().filter_map(f).collect()).collect()
+        (0..n)
+            .flat_map(|r| split_programs(r, n, &ag))
+            .map(|p| p.into_iter().filter_map(f).collect())
+            .collect()
     };
     let no_room = programs(&|st| (!matches!(st, Step::Room { .. })).then_some(st));
     let broke = (1..400).find_map(|seed| run_programs(n, &no_room, seed, true).err());
-    assert!(broke.as_ref().is_some_and(|e| e.contains("while it holds")), "no overwrite found: {broke:?}");
-    let no_ack = programs(&|st| Some(match st {
-        Step::Barrier { flag, s, .. } => Step::Barrier { ack: 0, flag, s },
-        st => st,
-    }));
+    assert!(
+        broke.as_ref().is_some_and(|e| e.contains("while it holds")),
+        "no overwrite found: {broke:?}"
+    );
+    let no_ack = programs(&|st| {
+        Some(match st {
+            Step::Barrier { flag, s, .. } => Step::Barrier { ack: 0, flag, s },
+            st => st,
+        })
+    });
     let e = run_programs(n, &no_ack, 7, false).unwrap_err();
     assert!(e.starts_with("deadlock") && e.contains("Room"), "{e}");
 }
@@ -462,15 +623,26 @@ fn the_model_catches_a_broken_split_design() {
 #[test]
 fn the_model_catches_a_broken_flow_control() {
     let n = 2;
-    let bcast = Launch { kind: Kind::FromRoot, rounds: 4, root: 0, split: false };
+    let bcast = Launch {
+        kind: Kind::FromRoot,
+        rounds: 4,
+        root: 0,
+        split: false,
+    };
     // As the kernel runs it: fine under any schedule tried.
     for seed in 1..200 {
         assert!(run(n, &[bcast], seed, seed % 2 == 0).is_ok());
     }
     // Without room checks in rooted rounds, a root that runs ahead overwrites round 1's slot
     // with round 3 before the receiver read it.
-    let strip_room = |p: Vec<Step>| -> Vec<Step> { p.into_iter().filter(|s| !matches!(s, Step::Room { .. })).collect() };
-    let programs: Vec<Vec<Step>> = (0..n).map(|r| strip_room(program(r, n, &[bcast]))).collect();
+    let strip_room = |p: Vec<Step>| -> Vec<Step> {
+        p.into_iter()
+            .filter(|s| !matches!(s, Step::Room { .. }))
+            .collect()
+    };
+    let programs: Vec<Vec<Step>> = (0..n)
+        .map(|r| strip_room(program(r, n, &[bcast])))
+        .collect();
     let mut w = World::new(n);
     let mut broke = None;
     'root: for step in &programs[0] {
@@ -482,31 +654,59 @@ fn the_model_catches_a_broken_flow_control() {
             break;
         }
     }
-    assert!(broke.is_some_and(|e| e.contains("stores round 3")), "the root ran ahead unnoticed");
+    assert!(
+        broke.is_some_and(|e| e.contains("stores round 3")),
+        "the root ran ahead unnoticed"
+    );
     // Without any acknowledgement, the root's third round waits forever.
     let no_ack = |p: Vec<Step>| -> Vec<Step> {
-        p.into_iter().map(|s| match s { Step::Barrier { flag, s, .. } => Step::Barrier { ack: 0, flag, s }, s => s }).collect()
+        p.into_iter()
+            .map(|s| match s {
+                Step::Barrier { flag, s, .. } => Step::Barrier { ack: 0, flag, s },
+                s => s,
+            })
+            .collect()
     };
     let programs: Vec<Vec<Step>> = (0..n).map(|r| no_ack(program(r, n, &[bcast]))).collect();
     let mut w = World::new(n);
     let mut pc = [0usize; 2];
-    while let Some(r) = (0..n).find(|&r| pc[r] < programs[r].len() && w.enabled(r, &programs[r][pc[r]])) {
+    while let Some(r) =
+        (0..n).find(|&r| pc[r] < programs[r].len() && w.enabled(r, &programs[r][pc[r]]))
+    {
         w.take(r, &programs[r][pc[r]]).unwrap();
         pc[r] += 1;
     }
-    assert!(pc[0] < programs[0].len(), "the root finished without acknowledgements");
+    assert!(
+        pc[0] < programs[0].len(),
+        "the root finished without acknowledgements"
+    );
     // The direct engine alike: a root running ahead through three broadcasts without room
     // checks overwrites the first one's lines unread.
-    let bcasts = [Launch { kind: Kind::FromRoot, rounds: 1, root: 0, split: false }; 3];
+    let bcasts = [Launch {
+        kind: Kind::FromRoot,
+        rounds: 1,
+        root: 0,
+        split: false,
+    }; 3];
     let root: Vec<Step> = strip_room(program_of(Engine::Direct, 0, n, &bcasts));
     let mut w = World::new(n);
-    let broke = root.iter().try_for_each(|step| w.take(0, step)).unwrap_err();
+    let broke = root
+        .iter()
+        .try_for_each(|step| w.take(0, step))
+        .unwrap_err();
     assert!(broke.contains("stores round 3"), "{broke}");
     // With them, the root waits at its third launch until the receiver's second started.
     let root = program_of(Engine::Direct, 0, n, &bcasts);
     let mut w = World::new(n);
-    let ran = root.iter().take_while(|step| w.enabled(0, step) && w.take(0, step).is_ok()).count();
-    assert!(matches!(root[ran], Step::Room { s: 3, .. }), "the root stopped at {:?}", root.get(ran));
+    let ran = root
+        .iter()
+        .take_while(|step| w.enabled(0, step) && w.take(0, step).is_ok())
+        .count();
+    assert!(
+        matches!(root[ran], Step::Room { s: 3, .. }),
+        "the root stopped at {:?}",
+        root.get(ran)
+    );
 }
 
 /// Where a block of a slice keeps its round counter between launches (`kernels/peer.cu`,
@@ -526,7 +726,11 @@ enum Counters {
 /// move (each block: read its word, run, write its word(s); a launch starts once every block
 /// of the one before ended, the kernel boundary). Checks that every block starts from the
 /// rounds all earlier launches counted, which its flags, acknowledgements and slots depend on.
-fn run_counters(launches: &[(u64, bool)], counters: Counters, mut pick: impl FnMut(usize) -> usize) -> Result<(), String> {
+fn run_counters(
+    launches: &[(u64, bool)],
+    counters: Counters,
+    mut pick: impl FnMut(usize) -> usize,
+) -> Result<(), String> {
     // words[0]: the send (or whole) word; words[1]: the receive word.
     let mut words = [0u64; 2];
     let mut counted = 0u64;
@@ -540,7 +744,11 @@ fn run_counters(launches: &[(u64, bool)], counters: Counters, mut pick: impl FnM
             (!live.is_empty()).then(|| live[pick(live.len()) % live.len()])
         } {
             let role = roles[b];
-            let own = if role == 2 && counters == Counters::PerRole { 1 } else { 0 };
+            let own = if role == 2 && counters == Counters::PerRole {
+                1
+            } else {
+                0
+            };
             if next[b] == 0 {
                 seen[b] = words[own];
                 if seen[b] != counted {
@@ -592,7 +800,10 @@ fn the_model_catches_a_shared_round_counter() {
     let launches = [(3u64, true), (2, true)];
     // The send block first, to its end, then the receive block.
     let e = run_counters(&launches, Counters::Shared, |_| 0).unwrap_err();
-    assert!(e.contains("launch 0: block of role 2 starts at round 3 where 0 were counted"), "{e}");
+    assert!(
+        e.contains("launch 0: block of role 2 starts at round 3 where 0 were counted"),
+        "{e}"
+    );
     // The receive block first: no harm in that order.
     assert!(run_counters(&launches, Counters::Shared, |live| live - 1).is_ok());
     assert!(run_counters(&launches, Counters::PerRole, |_| 0).is_ok());

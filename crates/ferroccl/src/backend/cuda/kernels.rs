@@ -116,7 +116,8 @@ pub(crate) fn check_source() -> String {
 }
 
 fn spliced(name: &str, text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + HEADERS.iter().map(|h| h.1.len() + 64).sum::<usize>());
+    let mut out =
+        String::with_capacity(text.len() + HEADERS.iter().map(|h| h.1.len() + 64).sum::<usize>());
     let mut seen = Vec::new();
     splice(&mut out, name, text, &mut seen);
     out
@@ -124,7 +125,12 @@ fn spliced(name: &str, text: &str) -> String {
 
 /// The header a line includes with quotes, if it is one of ours.
 fn quoted_include(line: &str) -> Option<&'static (&'static str, &'static str)> {
-    let rest = line.trim_start().strip_prefix('#')?.trim_start().strip_prefix("include")?.trim();
+    let rest = line
+        .trim_start()
+        .strip_prefix('#')?
+        .trim_start()
+        .strip_prefix("include")?
+        .trim();
     let name = rest.strip_prefix('"')?.split('"').next()?;
     HEADERS.iter().find(|h| h.0 == name)
 }
@@ -163,7 +169,13 @@ pub(crate) fn compile_for(
     let arch = gpu.arch();
     let mut options = nvrtc_flags();
     options.extend(config.kernel_defines.iter().cloned());
-    let req = nvrtc::CompileRequest { name, source, arch: &arch, include_dirs: &config.cuda_include, options: &options };
+    let req = nvrtc::CompileRequest {
+        name,
+        source,
+        arch: &arch,
+        include_dirs: &config.cuda_include,
+        options: &options,
+    };
     let cache = config.kernel_cache.clone().map(nvrtc::KernelCache::new);
     nvrtc::compile_cached(&req, cache.as_ref())
 }
@@ -171,11 +183,20 @@ pub(crate) fn compile_for(
 /// The flags of [`compile_options`] as NVRTC command-line options, for `nvrtc::compile`
 /// (which adds the architecture and include directories itself).
 pub(crate) fn nvrtc_flags() -> Vec<String> {
-    ["--ftz=false", "--prec-div=true", "--prec-sqrt=true", "--fmad=false", "--std=c++17", "-default-device"]
-        .iter()
-        .map(|s| s.to_string())
-        .chain(std::iter::once(format!("-DFC_MAX_THREADS={PLAN_EXEC_MAX_THREADS}")))
-        .collect()
+    [
+        "--ftz=false",
+        "--prec-div=true",
+        "--prec-sqrt=true",
+        "--fmad=false",
+        "--std=c++17",
+        "-default-device",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(std::iter::once(format!(
+        "-DFC_MAX_THREADS={PLAN_EXEC_MAX_THREADS}"
+    )))
+    .collect()
 }
 
 /// NVRTC options for `arch` (e.g. "sm_90"). `cuda_include` holds the folders with `cuda_fp16.h`,
@@ -184,14 +205,20 @@ pub(crate) fn nvrtc_flags() -> Vec<String> {
 /// No fast-math, no flush-to-zero, no FMA contraction: results must equal the host reduction
 /// bit for bit (the kernel also uses the `_rn` intrinsics, so this is belt and braces).
 #[cfg(test)]
-pub(crate) fn compile_options(arch: &'static str, cuda_include: &[std::path::PathBuf]) -> CompileOptions {
+pub(crate) fn compile_options(
+    arch: &'static str,
+    cuda_include: &[std::path::PathBuf],
+) -> CompileOptions {
     CompileOptions {
         ftz: Some(false),
         prec_div: Some(true),
         prec_sqrt: Some(true),
         fmad: Some(false),
         arch: Some(arch),
-        include_paths: cuda_include.iter().map(|p| p.to_string_lossy().into_owned()).collect(),
+        include_paths: cuda_include
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect(),
         options: vec![
             "--std=c++17".into(),
             "-default-device".into(),
@@ -209,9 +236,20 @@ mod tests {
     #[test]
     fn each_operation_takes_the_narrowest_instance_that_serves_it() {
         use ferroccl_core::{CollKind, ReduceOp};
-        let ops = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg, ReduceOp::PreMulSum(2.0)];
+        let ops = [
+            ReduceOp::Sum,
+            ReduceOp::Prod,
+            ReduceOp::Max,
+            ReduceOp::Min,
+            ReduceOp::Avg,
+            ReduceOp::PreMulSum(2.0),
+        ];
         for shapes in [DIRECT_SHAPES, PEER_SHAPES] {
-            assert_eq!(shapes.last(), Some(&Shape::Any), "every operation has an instance");
+            assert_eq!(
+                shapes.last(),
+                Some(&Shape::Any),
+                "every operation has an instance"
+            );
             for kind in CollKind::COLLECTIVES {
                 for op in ops {
                     let pick = shapes.iter().find(|s| s.serves(kind, op)).unwrap();
@@ -236,23 +274,45 @@ mod tests {
     #[test]
     fn splicing_inlines_each_header_once() {
         for (src, uses) in [
-            (plan_exec_source(), &["ints.cuh", "types.cuh", "fifo.cuh", "reduce.cuh", "p2p.cuh"][..]),
-            (peer_source(), &["ints.cuh", "types.cuh", "fifo.cuh", "reduce.cuh"][..]),
-            (direct_source(), &["ints.cuh", "types.cuh", "fifo.cuh", "reduce.cuh"][..]),
+            (
+                plan_exec_source(),
+                &["ints.cuh", "types.cuh", "fifo.cuh", "reduce.cuh", "p2p.cuh"][..],
+            ),
+            (
+                peer_source(),
+                &["ints.cuh", "types.cuh", "fifo.cuh", "reduce.cuh"][..],
+            ),
+            (
+                direct_source(),
+                &["ints.cuh", "types.cuh", "fifo.cuh", "reduce.cuh"][..],
+            ),
             (check_source(), &["ints.cuh", "check.cuh"][..]),
         ] {
-            assert!(!src.lines().any(|l| quoted_include(l).is_some()), "a quoted include survived");
+            assert!(
+                !src.lines().any(|l| quoted_include(l).is_some()),
+                "a quoted include survived"
+            );
             for (name, body) in HEADERS {
                 let want = uses.contains(name) as usize;
-                assert_eq!(src.matches(&format!("#line 1 \"{name}\"")).count(), want, "{name}");
+                assert_eq!(
+                    src.matches(&format!("#line 1 \"{name}\"")).count(),
+                    want,
+                    "{name}"
+                );
                 if want == 1 {
-                    assert!(src.contains(body.lines().find(|l| l.starts_with("#pragma once")).unwrap_or("")));
+                    assert!(src.contains(
+                        body.lines()
+                            .find(|l| l.starts_with("#pragma once"))
+                            .unwrap_or("")
+                    ));
                 }
             }
         }
         let src = plan_exec_source();
         assert!(src.contains("#include <cuda_fp8.h>"));
-        assert!(src.contains(&format!("void __launch_bounds__(FC_MAX_THREADS, 1) {PLAN_EXEC_KERNEL}(")));
+        assert!(src.contains(&format!(
+            "void __launch_bounds__(FC_MAX_THREADS, 1) {PLAN_EXEC_KERNEL}("
+        )));
     }
 
     #[test]
@@ -261,8 +321,16 @@ mod tests {
         // After the last header, the next line must be the .cu line right after its include.
         let cu: Vec<&str> = PLAN_EXEC_SRC.lines().collect();
         let lines: Vec<&str> = src.lines().collect();
-        let last = lines.iter().rposition(|l| l.starts_with("#line ") && l.ends_with("\"plan_exec.cu\"")).unwrap();
-        let n: usize = lines[last].split_whitespace().nth(1).unwrap().parse().unwrap();
+        let last = lines
+            .iter()
+            .rposition(|l| l.starts_with("#line ") && l.ends_with("\"plan_exec.cu\""))
+            .unwrap();
+        let n: usize = lines[last]
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
         assert_eq!(lines[last + 1], cu[n - 1]);
     }
 
@@ -271,12 +339,17 @@ mod tests {
     #[test]
     #[ignore = "needs libnvrtc and CUDA's headers (README: NVRTC)"]
     fn kernels_compile_with_nvrtc() {
-        let include = ferroccl_core::Config::from_env().expect("a valid environment").cuda_include;
+        let include = ferroccl_core::Config::from_env()
+            .expect("a valid environment")
+            .cuda_include;
         let (mut major, mut minor) = (0, 0);
         // SAFETY: two valid out-pointers; the library is present.
         unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
         let t = std::time::Instant::now();
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(plan_exec_source(), compile_options("sm_90", &include));
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(
+            plan_exec_source(),
+            compile_options("sm_90", &include),
+        );
         let took = t.elapsed();
         let ptx = match ptx {
             Ok(p) => p.to_src(),
@@ -285,20 +358,34 @@ mod tests {
             }
             Err(e) => panic!("NVRTC failed: {e:?}"),
         };
-        eprintln!("NVRTC {major}.{minor}: plan_exec.cu -> {} bytes of PTX in {took:?}", ptx.len());
-        assert!(ptx.contains(&format!(".entry {PLAN_EXEC_KERNEL}(")), "no entry {PLAN_EXEC_KERNEL} in the PTX");
+        eprintln!(
+            "NVRTC {major}.{minor}: plan_exec.cu -> {} bytes of PTX in {took:?}",
+            ptx.len()
+        );
+        assert!(
+            ptx.contains(&format!(".entry {PLAN_EXEC_KERNEL}(")),
+            "no entry {PLAN_EXEC_KERNEL} in the PTX"
+        );
         assert!(ptx.contains(".target sm_90"));
         // The FIFO protocol's ordering lives in these instructions; losing one is a silent race.
         assert!(ptx.contains("ld.acquire.sys.global.u64"));
         assert!(ptx.contains("st.release.sys.global.u64"));
         assert!(ptx.contains("%globaltimer"));
         // The point-to-point form shares the module.
-        assert!(ptx.contains(&format!(".entry {P2P_KERNEL}(")), "no entry {P2P_KERNEL} in the PTX");
-        assert!(ptx.contains(&format!(".entry {P2P_WIDE_KERNEL}(")), "no entry {P2P_WIDE_KERNEL} in the PTX");
+        assert!(
+            ptx.contains(&format!(".entry {P2P_KERNEL}(")),
+            "no entry {P2P_KERNEL} in the PTX"
+        );
+        assert!(
+            ptx.contains(&format!(".entry {P2P_WIDE_KERNEL}(")),
+            "no entry {P2P_WIDE_KERNEL} in the PTX"
+        );
         let compile = |name: &str, src: String| {
             cudarc::nvrtc::compile_ptx_with_opts(src, compile_options("sm_90", &include))
                 .unwrap_or_else(|e| match e {
-                    cudarc::nvrtc::CompileError::CompileError { log, .. } => panic!("NVRTC rejected {name}:\n{}", log.to_string_lossy()),
+                    cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                        panic!("NVRTC rejected {name}:\n{}", log.to_string_lossy())
+                    }
                     e => panic!("NVRTC failed: {e:?}"),
                 })
                 .to_src()
@@ -307,12 +394,23 @@ mod tests {
         let peer = compile("peer.cu", peer_source());
         // Each engine's kernels: one per type, and one per type for all-reduces with Sum.
         let typed = |stem: &str, shapes: &[Shape]| -> Vec<String> {
-            ferroccl_core::DataType::ALL.iter().flat_map(|&t| shapes.iter().map(move |&s| typed_kernel(stem, t, s))).collect()
+            ferroccl_core::DataType::ALL
+                .iter()
+                .flat_map(|&t| shapes.iter().map(move |&s| typed_kernel(stem, t, s)))
+                .collect()
         };
         let direct_entries = typed(DIRECT_KERNELS, DIRECT_SHAPES);
         let peer_entries = typed(PEER_KERNELS, PEER_SHAPES);
-        let plan_entries = vec![PLAN_EXEC_KERNEL.to_string(), P2P_KERNEL.to_string(), P2P_WIDE_KERNEL.to_string()];
-        let modules = [(&ptx, &plan_entries), (&peer, &peer_entries), (&direct, &direct_entries)];
+        let plan_entries = vec![
+            PLAN_EXEC_KERNEL.to_string(),
+            P2P_KERNEL.to_string(),
+            P2P_WIDE_KERNEL.to_string(),
+        ];
+        let modules = [
+            (&ptx, &plan_entries),
+            (&peer, &peer_entries),
+            (&direct, &direct_entries),
+        ];
         for (src, entries) in modules {
             for e in entries {
                 assert!(src.contains(&format!(".entry {e}(")), "no entry {e}");
@@ -320,10 +418,16 @@ mod tests {
         }
         // The peer engine's flags are released after the block's stores and acquired by the
         // receivers.
-        assert!(peer.contains("st.release.sys.global.u64") && peer.contains("ld.acquire.sys.global.u64"));
+        assert!(
+            peer.contains("st.release.sys.global.u64")
+                && peer.contains("ld.acquire.sys.global.u64")
+        );
         // The epochs' acknowledgements are system-scope stores (relaxed: the kernel boundary
         // orders them), read with acquire; LL lines are 16-byte volatile stores.
-        assert!(direct.contains("st.relaxed.sys.global.u64") && direct.contains("ld.acquire.sys.global.u64"));
+        assert!(
+            direct.contains("st.relaxed.sys.global.u64")
+                && direct.contains("ld.acquire.sys.global.u64")
+        );
         assert!(direct.contains("st.volatile.global.v4.u32"));
         // Every engine's kernel is launched to start early on sm_90: each must wait for the
         // kernel ahead of it before its first access to memory (a missing wait is a silent race
@@ -332,9 +436,17 @@ mod tests {
             for e in entries {
                 let body = &src[src.find(&format!(".entry {e}(")).expect("entry")..];
                 let body = &body[..body.find("\n}\n").unwrap_or(body.len())];
-                let wait = body.find("griddepcontrol.wait").unwrap_or_else(|| panic!("{e} never waits for the kernel ahead"));
-                let first_load = body.find("ld.global").or(body.find("ld.volatile.global")).unwrap_or(usize::MAX);
-                assert!(wait < first_load, "{e} reads global memory before it waits for the kernel ahead");
+                let wait = body
+                    .find("griddepcontrol.wait")
+                    .unwrap_or_else(|| panic!("{e} never waits for the kernel ahead"));
+                let first_load = body
+                    .find("ld.global")
+                    .or(body.find("ld.volatile.global"))
+                    .unwrap_or(usize::MAX);
+                assert!(
+                    wait < first_load,
+                    "{e} reads global memory before it waits for the kernel ahead"
+                );
             }
         }
     }
@@ -348,7 +460,9 @@ mod tests {
 mod gpu_tests {
     use super::*;
     use crate::backend::cuda::tables::*;
-    use cudarc::driver::{result as drv, CudaContext, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+    use cudarc::driver::{
+        result as drv, CudaContext, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+    };
     use ferroccl_core::algo::{build, Algo, CollDesc, Tuning};
     use ferroccl_core::numeric::{Element, Reducer};
     use ferroccl_core::plan::zcopy::remote_dsts;
@@ -384,7 +498,10 @@ mod gpu_tests {
     fn bytes_of<T: Element>(vals: &[f64]) -> Vec<u8> {
         let v: Vec<T> = vals.iter().map(|&x| T::from_f64(x)).collect();
         // SAFETY: element types are plain data.
-        unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(&v[..])) }.to_vec()
+        unsafe {
+            std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(&v[..]))
+        }
+        .to_vec()
     }
     fn to_bytes(d: DataType, vals: &[f64]) -> Vec<u8> {
         use ferroccl_core::numeric::{F8E4M3, F8E5M2};
@@ -414,13 +531,18 @@ mod gpu_tests {
             eprintln!("gpu test skipped: FERROCCL_GPU_TEST is not 1");
             return None;
         }
-        let include = ferroccl_core::Config::from_env().expect("a valid environment").cuda_include;
+        let include = ferroccl_core::Config::from_env()
+            .expect("a valid environment")
+            .cuda_include;
         let ctx = CudaContext::new(0).unwrap();
         // SAFETY: the test orders everything itself (synchronous copies, explicit syncs).
         unsafe { ctx.disable_event_tracking() };
         let t = std::time::Instant::now();
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(plan_exec_source(), compile_options("sm_90", &include))
-            .unwrap_or_else(|e| panic!("{e:?}"));
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(
+            plan_exec_source(),
+            compile_options("sm_90", &include),
+        )
+        .unwrap_or_else(|e| panic!("{e:?}"));
         let t_nvrtc = t.elapsed();
         let module = ctx.load_module(ptx).unwrap();
         let func = module.load_function(PLAN_EXEC_KERNEL).unwrap();
@@ -433,12 +555,20 @@ mod gpu_tests {
 
     /// FIFOs for every connection of every plan, laid out in `arena`; returns each rank's
     /// FcConn table and numbering.
-    fn make_conns(arena: &mut Arena, plans: &[Plan], slot_bytes: u32) -> Vec<(Vec<FcConn>, Vec<ConnKey>)> {
+    fn make_conns(
+        arena: &mut Arena,
+        plans: &[Plan],
+        slot_bytes: u32,
+    ) -> Vec<(Vec<FcConn>, Vec<ConnKey>)> {
         // One FIFO per (sender, receiver, channel).
         let mut fifos: HashMap<(usize, usize, u32), FcConn> = HashMap::new();
         for p in plans {
             for k in p.connections() {
-                let (s, r) = if k.dir == Dir::Send { (p.rank, k.peer) } else { (k.peer, p.rank) };
+                let (s, r) = if k.dir == Dir::Send {
+                    (p.rank, k.peer)
+                } else {
+                    (k.peer, p.rank)
+                };
                 fifos.entry((s, r, k.channel)).or_insert_with(|| FcConn {
                     data: arena.take((SLOTS * slot_bytes) as usize),
                     lens: arena.put(&[0u32; SLOTS as usize]),
@@ -462,11 +592,21 @@ mod gpu_tests {
                 let table = keys
                     .iter()
                     .map(|k| {
-                        let (s, r) = if k.dir == Dir::Send { (p.rank, k.peer) } else { (k.peer, p.rank) };
+                        let (s, r) = if k.dir == Dir::Send {
+                            (p.rank, k.peer)
+                        } else {
+                            (k.peer, p.rank)
+                        };
                         let mut c = fifos[&(s, r, k.channel)];
                         c.peer = k.peer as u32;
-                        c.dir = if k.dir == Dir::Send { CONN_SEND } else { CONN_RECV };
-                        c.counter = *counters.entry((s, r, k.channel, k.dir)).or_insert_with(|| arena.put(&[0u64]));
+                        c.dir = if k.dir == Dir::Send {
+                            CONN_SEND
+                        } else {
+                            CONN_RECV
+                        };
+                        c.counter = *counters
+                            .entry((s, r, k.channel, k.dir))
+                            .or_insert_with(|| arena.put(&[0u64]));
                         c
                     })
                     .collect();
@@ -518,13 +658,20 @@ mod gpu_tests {
         ops.push(ReduceOp::PreMulSum(2.0));
         let mut checked = 0;
         let arena_bytes = 64 << 20;
-        let arena_alloc = g.ctx.default_stream().alloc_zeros::<u8>(arena_bytes).unwrap();
+        let arena_alloc = g
+            .ctx
+            .default_stream()
+            .alloc_zeros::<u8>(arena_bytes)
+            .unwrap();
         let arena_base = {
             use cudarc::driver::DevicePtr;
             arena_alloc.device_ptr(&g.ctx.default_stream()).0
         };
         // Simple, LL, and simple with zero-copy (every rank's output posted to its senders).
-        for (dtype, ll, zc) in DataType::ALL.into_iter().flat_map(|d| [(d, false, false), (d, true, false), (d, false, true)]) {
+        for (dtype, ll, zc) in DataType::ALL
+            .into_iter()
+            .flat_map(|d| [(d, false, false), (d, true, false), (d, false, true)])
+        {
             for &op in &ops {
                 if op.validate(dtype).is_err() {
                     continue;
@@ -532,13 +679,34 @@ mod gpu_tests {
                 let es = dtype.size();
                 // Fresh zeroes for every combination: FIFO words and counters start at zero.
                 unsafe { drv::memset_d8_sync(arena_base, 0, arena_bytes) }.unwrap();
-                let mut arena = Arena { base: arena_base, used: 0, cap: arena_bytes as u64 };
+                let mut arena = Arena {
+                    base: arena_base,
+                    used: 0,
+                    cap: arena_bytes as u64,
+                };
                 // A FIFO must hold PLAN_FIFO_MESSAGES chunks, as config.rs demands on the host: a
                 // ring step forwards into a FIFO that may still hold the previous chunk.
-                let chunk_bytes = (SLOTS * SLOT_BYTES) as usize / ferroccl_core::config::PLAN_FIFO_MESSAGES;
-                let t = Tuning { algo: Algo::Ring, channels: 2, chunk_elems: chunk_bytes / es };
+                let chunk_bytes =
+                    (SLOTS * SLOT_BYTES) as usize / ferroccl_core::config::PLAN_FIFO_MESSAGES;
+                let t = Tuning {
+                    algo: Algo::Ring,
+                    channels: 2,
+                    chunk_elems: chunk_bytes / es,
+                };
                 let plans: Vec<Plan> = (0..nranks)
-                    .map(|r| build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, 0, r, nranks, &t))
+                    .map(|r| {
+                        build(
+                            &CollDesc {
+                                kind: CollKind::AllReduce,
+                                count,
+                                root: 0,
+                            },
+                            0,
+                            r,
+                            nranks,
+                            &t,
+                        )
+                    })
                     .collect();
                 let tables = make_conns(&mut arena, &plans, SLOT_BYTES);
                 // Values whose sums, products and averages are exact in every type (so the ring's
@@ -552,8 +720,9 @@ mod gpu_tests {
                         (_, false) => k,
                     }
                 };
-                let inputs: Vec<Vec<u8>> =
-                    (0..nranks).map(|r| to_bytes(dtype, &(0..count).map(|i| val(r, i)).collect::<Vec<_>>())).collect();
+                let inputs: Vec<Vec<u8>> = (0..nranks)
+                    .map(|r| to_bytes(dtype, &(0..count).map(|i| val(r, i)).collect::<Vec<_>>()))
+                    .collect();
                 // The host's answer: the same transforms, folded in rank order.
                 let red = Reducer::new(dtype, op, nranks).unwrap();
                 let mut want = inputs[0].clone();
@@ -570,14 +739,49 @@ mod gpu_tests {
                     let (conns, keys) = &tables[r];
                     let send = arena.put(&inputs[r]);
                     let recv = recvs[r];
-                    let desc = OpDesc { send, recv, send_count: count, recv_count: count, dtype, op, scalar_dev: 0, ll, zero_copy: zc, post_output: zc };
-                    let remote = remote_dsts(plan, |op, p| Some(build(&CollDesc { kind: CollKind::AllReduce, count, root: 0 }, op, p, nranks, &t)));
+                    let desc = OpDesc {
+                        send,
+                        recv,
+                        send_count: count,
+                        recv_count: count,
+                        dtype,
+                        op,
+                        scalar_dev: 0,
+                        ll,
+                        zero_copy: zc,
+                        post_output: zc,
+                    };
+                    let remote = remote_dsts(plan, |op, p| {
+                        Some(build(
+                            &CollDesc {
+                                kind: CollKind::AllReduce,
+                                count,
+                                root: 0,
+                            },
+                            op,
+                            p,
+                            nranks,
+                            &t,
+                        ))
+                    });
                     // One GPU: every rank's output is at the same address for all.
                     let post = |_: usize, _: usize| (recv, (count * es) as u64);
-                    let z = ZeroCopy { remote: &remote, post: &post };
-                    let e = encode(plan, &[desc], |k| keys.iter().position(|c| *c == k).map(|i| i as u32), zc.then_some(&z)).unwrap();
+                    let z = ZeroCopy {
+                        remote: &remote,
+                        post: &post,
+                    };
+                    let e = encode(
+                        plan,
+                        &[desc],
+                        |k| keys.iter().position(|c| *c == k).map(|i| i as u32),
+                        zc.then_some(&z),
+                    )
+                    .unwrap();
                     if zc {
-                        assert!(e.steps.iter().any(|s| s.kind == STEP_POST) && e.steps.iter().any(|s| s.flags & FLAG_RDST != 0));
+                        assert!(
+                            e.steps.iter().any(|s| s.kind == STEP_POST)
+                                && e.steps.iter().any(|s| s.flags & FLAG_RDST != 0)
+                        );
                     }
                     let at = DeviceTables {
                         steps: arena.put(&e.steps),
@@ -609,7 +813,9 @@ mod gpu_tests {
                         assert_eq!(e.code, 0, "{dtype} {op:?} ll {ll} zc {zc} round {round} rank {r}: kernel error {e:?}");
                         let mut got = vec![0u8; count * es];
                         unsafe { drv::memcpy_dtoh_sync(&mut got, run.out) }.unwrap();
-                        if let Some(i) = (0..count).find(|&i| got[i * es..(i + 1) * es] != want[i * es..(i + 1) * es]) {
+                        if let Some(i) = (0..count)
+                            .find(|&i| got[i * es..(i + 1) * es] != want[i * es..(i + 1) * es])
+                        {
                             panic!(
                                 "{dtype} {op:?} ll {ll} zc {zc} round {round} rank {r}: element {i}: got {:?} want {:?}",
                                 &got[i * es..(i + 1) * es],
@@ -638,15 +844,27 @@ mod gpu_tests {
             use cudarc::driver::DevicePtr;
             arena_alloc.device_ptr(&s).0
         };
-        let mut arena = Arena { base, used: 0, cap: 1 << 20 };
+        let mut arena = Arena {
+            base,
+            used: 0,
+            cap: 1 << 20,
+        };
         let plans: Vec<Plan> = (0..2)
             .map(|r| {
                 build(
-                    &CollDesc { kind: CollKind::AllReduce, count: 1000, root: 0 },
+                    &CollDesc {
+                        kind: CollKind::AllReduce,
+                        count: 1000,
+                        root: 0,
+                    },
                     0,
                     r,
                     2,
-                    &Tuning { algo: Algo::Ring, channels: 2, chunk_elems: 100 },
+                    &Tuning {
+                        algo: Algo::Ring,
+                        channels: 2,
+                        chunk_elems: 100,
+                    },
                 )
             })
             .collect();
@@ -654,9 +872,25 @@ mod gpu_tests {
         let (conns, keys) = &tables[0];
         let send = arena.take(4000);
         let recv = arena.take(4000);
-        let desc =
-            OpDesc { send, recv, send_count: 1000, recv_count: 1000, dtype: DataType::Float32, op: ReduceOp::Sum, scalar_dev: 0, ll: false, zero_copy: false, post_output: false };
-        let e = encode(&plans[0], &[desc], |k| keys.iter().position(|c| *c == k).map(|i| i as u32), None).unwrap();
+        let desc = OpDesc {
+            send,
+            recv,
+            send_count: 1000,
+            recv_count: 1000,
+            dtype: DataType::Float32,
+            op: ReduceOp::Sum,
+            scalar_dev: 0,
+            ll: false,
+            zero_copy: false,
+            post_output: false,
+        };
+        let e = encode(
+            &plans[0],
+            &[desc],
+            |k| keys.iter().position(|c| *c == k).map(|i| i as u32),
+            None,
+        )
+        .unwrap();
         let at = DeviceTables {
             steps: arena.put(&e.steps),
             lanes: arena.put(&e.lanes),
@@ -674,7 +908,12 @@ mod gpu_tests {
         launch_all(
             &g,
             std::slice::from_ref(&s),
-            &[RankRun { launch: FcLaunch::new(&at, &e.ops), nlanes: 2, out: recv, error: at.error }],
+            &[RankRun {
+                launch: FcLaunch::new(&at, &e.ops),
+                nlanes: 2,
+                out: recv,
+                error: at.error,
+            }],
         );
         let took = t0.elapsed();
         let rec = read_error(at.error);

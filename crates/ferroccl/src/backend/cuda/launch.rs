@@ -18,7 +18,10 @@
 use super::comm::{CudaComm, BLOCK_THREADS};
 use super::copy_engine::{CeOp, Schedule};
 use super::p2p::{p2p_form, P2pForm};
-use super::tables::{encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcLaunch, FcOp, FcPeer, OpDesc, ZeroCopy, DIRECT_THREADS, INLINE_OPS, P2P_MAX_STEPS, P2P_SMALL_STEPS, PEER_THREADS};
+use super::tables::{
+    encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcLaunch, FcOp, FcPeer, OpDesc,
+    ZeroCopy, DIRECT_THREADS, INLINE_OPS, P2P_MAX_STEPS, P2P_SMALL_STEPS, PEER_THREADS,
+};
 use super::window::Windows;
 use crate::cuda::cu_ok;
 use crate::cuda::device::{Kernel, LaunchDims};
@@ -32,8 +35,8 @@ use ferroccl_core::tune::{Algo, Choice, Engine, Protocol};
 use ferroccl_core::CollKind;
 use ferroccl_core::Error;
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Bytes of one slab (the cuMem granularity on the GPUs we know); a larger table set gets a
 /// slab of its own size.
@@ -79,7 +82,10 @@ struct Key<'a> {
 
 impl Key<'_> {
     fn words(&self) -> impl Iterator<Item = u64> + '_ {
-        self.args.iter().flat_map(|a| op_words(a, self.rank, self.by_address)).chain([self.epoch, self.args.len() as u64])
+        self.args
+            .iter()
+            .flat_map(|a| op_words(a, self.rank, self.by_address))
+            .chain([self.epoch, self.args.len() as u64])
     }
     fn hash(&self) -> u64 {
         // Multiply-xorshift over the words: quality enough for a table of a few hundred shapes.
@@ -116,7 +122,11 @@ impl<B> Default for SlabPool<B> {
 impl<B> SlabPool<B> {
     /// (slab, offset) of `bytes` in a slab with room, if any.
     fn place(&mut self, bytes: usize) -> Option<(usize, usize)> {
-        let (i, s) = self.slabs.iter_mut().enumerate().find(|(_, s)| s.cap - s.used >= bytes)?;
+        let (i, s) = self
+            .slabs
+            .iter_mut()
+            .enumerate()
+            .find(|(_, s)| s.cap - s.used >= bytes)?;
         let at = s.used;
         s.used = (s.used + bytes).div_ceil(TABLE_ALIGN) * TABLE_ALIGN;
         s.used = s.used.min(s.cap);
@@ -129,8 +139,14 @@ impl<B> SlabPool<B> {
     }
     /// A new slab for `bytes`, holding them at its start.
     fn grow(&mut self, bytes: usize, mem: B) -> (usize, usize) {
-        self.slabs.push(Slab { mem, cap: slab_size(bytes), used: 0, live: 0 });
-        self.place(bytes).expect("a fresh slab holds what it was made for")
+        self.slabs.push(Slab {
+            mem,
+            cap: slab_size(bytes),
+            used: 0,
+            live: 0,
+        });
+        self.place(bytes)
+            .expect("a fresh slab holds what it was made for")
     }
     fn release(&mut self, slab: usize) {
         let s = &mut self.slabs[slab];
@@ -154,7 +170,12 @@ enum Run {
     Direct { blocks: u32 },
     /// The peer kernel, on this many blocks, in rounds of this many elements per block;
     /// `oneshot`: an all-reduce in one crossing (2 ranks).
-    Peer { blocks: u32, chunk: u64, oneshot: bool, split: bool },
+    Peer {
+        blocks: u32,
+        chunk: u64,
+        oneshot: bool,
+        split: bool,
+    },
     /// The copy engines: no kernel; this rank's commands for the shape.
     Copy(Arc<Schedule>),
     /// The plan kernel's point-to-point form: the plan's sends and receives, each with its
@@ -213,7 +234,10 @@ pub(crate) struct StreamOrder {
 
 impl Default for StreamOrder {
     fn default() -> Self {
-        StreamOrder { last: std::ptr::null_mut(), event: std::ptr::null_mut() }
+        StreamOrder {
+            last: std::ptr::null_mut(),
+            event: std::ptr::null_mut(),
+        }
     }
 }
 
@@ -222,7 +246,9 @@ impl StreamOrder {
     fn before(&self, stream: sys::CUstream) -> Result<(), Error> {
         if !self.last.is_null() && self.last != stream {
             // SAFETY: the caller's live stream; our event, recorded after the previous launch.
-            cu_ok("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(stream, self.event, 0) })?;
+            cu_ok("cuStreamWaitEvent", unsafe {
+                sys::cuStreamWaitEvent(stream, self.event, 0)
+            })?;
         }
         Ok(())
     }
@@ -231,10 +257,17 @@ impl StreamOrder {
     fn after(&mut self, stream: sys::CUstream) -> Result<(), Error> {
         if self.event.is_null() {
             // SAFETY: an out pointer for a new event of the bound context.
-            cu_ok("cuEventCreate", unsafe { sys::cuEventCreate(&mut self.event, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) })?;
+            cu_ok("cuEventCreate", unsafe {
+                sys::cuEventCreate(
+                    &mut self.event,
+                    sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+                )
+            })?;
         }
         // SAFETY: our event; the stream just launched on.
-        cu_ok("cuEventRecord", unsafe { sys::cuEventRecord(self.event, stream) })?;
+        cu_ok("cuEventRecord", unsafe {
+            sys::cuEventRecord(self.event, stream)
+        })?;
         self.last = stream;
         Ok(())
     }
@@ -246,7 +279,9 @@ impl StreamOrder {
             return Ok(());
         }
         // SAFETY: our recorded event.
-        cu_ok("cuEventSynchronize", unsafe { sys::cuEventSynchronize(self.event) })
+        cu_ok("cuEventSynchronize", unsafe {
+            sys::cuEventSynchronize(self.event)
+        })
     }
 }
 
@@ -261,7 +296,10 @@ impl Drop for StreamOrder {
 
 impl PlanCache {
     fn get(&mut self, key: &Key) -> Option<&mut Entry> {
-        self.map.get_mut(&key.hash())?.iter_mut().find(|e| key.matches(&e.words))
+        self.map
+            .get_mut(&key.hash())?
+            .iter_mut()
+            .find(|e| key.matches(&e.words))
     }
 
     /// Adds an entry without tables, first dropping the unpinned ones beyond [`TABLELESS_MAX`].
@@ -272,7 +310,12 @@ impl PlanCache {
                 v.retain(|e| e.slab.is_some() || e.pinned);
             }
             self.map.retain(|_, v| !v.is_empty());
-            self.tableless = self.map.values().flatten().filter(|e| e.slab.is_none()).count();
+            self.tableless = self
+                .map
+                .values()
+                .flatten()
+                .filter(|e| e.slab.is_none())
+                .count();
             // Captured entries stay for good: trim again only once as many new ones came.
             self.trim_at = 2 * self.tableless;
         }
@@ -292,14 +335,21 @@ impl PlanCache {
             });
         }
         self.map.retain(|_, v| !v.is_empty());
-        self.tableless = self.map.values().flatten().filter(|e| e.slab.is_none()).count();
+        self.tableless = self
+            .map
+            .values()
+            .flatten()
+            .filter(|e| e.slab.is_none())
+            .count();
     }
 }
 
 /// Whether `stream` is being captured into a CUDA graph.
 fn capturing(stream: sys::CUstream) -> Result<bool, Error> {
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    cu_ok("cuStreamIsCapturing", unsafe { sys::cuStreamIsCapturing(stream, &mut status) })?;
+    cu_ok("cuStreamIsCapturing", unsafe {
+        sys::cuStreamIsCapturing(stream, &mut status)
+    })?;
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
@@ -318,7 +368,10 @@ fn check_residency(lanes: u32, resident: u32) -> Result<(), Error> {
 /// One operation's buffers and arithmetic as the tables see them; the flags come from the
 /// tuner's choice (None: only the buffers are wanted, for the op entry).
 fn op_desc(a: &OpArgs, info: &CommInfo, choice: Option<&Choice>) -> OpDesc {
-    let (sc, rc) = a.kind.buffer_counts(a.count, info.nranks, a.root == info.rank).expect("validated");
+    let (sc, rc) = a
+        .kind
+        .buffer_counts(a.count, info.nranks, a.root == info.rank)
+        .expect("validated");
     OpDesc {
         send: a.send as u64,
         recv: a.recv as u64,
@@ -326,7 +379,11 @@ fn op_desc(a: &OpArgs, info: &CommInfo, choice: Option<&Choice>) -> OpDesc {
         recv_count: rc,
         dtype: a.dtype,
         op: a.redop(),
-        scalar_dev: if a.kind.reduces() { a.device_scalar.unwrap_or(0) } else { 0 },
+        scalar_dev: if a.kind.reduces() {
+            a.device_scalar.unwrap_or(0)
+        } else {
+            0
+        },
         ll: choice.is_some_and(|c| c.protocol == Protocol::LL),
         zero_copy: choice.is_some_and(|c| c.zero_copy),
         post_output: choice.is_some_and(|c| c.post_output),
@@ -335,7 +392,14 @@ fn op_desc(a: &OpArgs, info: &CommInfo, choice: Option<&Choice>) -> OpDesc {
 
 /// The copy engine's view of one operation.
 fn ce_op(a: &OpArgs) -> CeOp {
-    CeOp { kind: a.kind, count: a.count, elem: a.dtype.size(), root: a.root, send: a.send as u64, recv: a.recv as u64 }
+    CeOp {
+        kind: a.kind,
+        count: a.count,
+        elem: a.dtype.size(),
+        root: a.root,
+        send: a.send as u64,
+        recv: a.recv as u64,
+    }
 }
 
 /// The `FC_KIND_*` code of the one operation a one-kernel engine runs (collectives only).
@@ -346,9 +410,15 @@ fn engine_kind(a: &OpArgs) -> Result<u32, Error> {
 impl CudaComm {
     /// Enqueues the operations `args` (one call, or a group's share on this communicator) on
     /// the current stream as one kernel launch, and returns.
-    pub(crate) fn launch(&self, info: &CommInfo, state: &mut CommState, args: &[OpArgs]) -> Result<(), Error> {
+    pub(crate) fn launch(
+        &self,
+        info: &CommInfo,
+        state: &mut CommState,
+        args: &[OpArgs],
+    ) -> Result<(), Error> {
         state.seq += 1;
-        let nranks = u32::try_from(info.nranks).map_err(|_| Error::InvalidArgument("too many ranks".into()))?;
+        let nranks = u32::try_from(info.nranks)
+            .map_err(|_| Error::InvalidArgument("too many ranks".into()))?;
         let mut inline = [FcOp::default(); INLINE_OPS];
         let many: Vec<FcOp>;
         let ops: &[FcOp] = if args.len() <= INLINE_OPS {
@@ -357,14 +427,29 @@ impl CudaComm {
             }
             &inline[..args.len()]
         } else {
-            many = args.iter().enumerate().map(|(i, a)| fc_op(i, &op_desc(a, info, None), nranks)).collect::<Result<_, _>>()?;
+            many = args
+                .iter()
+                .enumerate()
+                .map(|(i, a)| fc_op(i, &op_desc(a, info, None), nranks))
+                .collect::<Result<_, _>>()?;
             &many
         };
 
         let stream = self.current_stream();
-        let windows = self.windows.lock().map_err(|_| Error::Internal("windows lock poisoned".into()))?;
-        let key = Key { args, rank: info.rank, by_address: !windows.is_empty() || args.len() > INLINE_OPS, epoch: windows.epoch() };
-        let mut cache = self.plans.lock().map_err(|_| Error::Internal("GPU tables lock poisoned".into()))?;
+        let windows = self
+            .windows
+            .lock()
+            .map_err(|_| Error::Internal("windows lock poisoned".into()))?;
+        let key = Key {
+            args,
+            rank: info.rank,
+            by_address: !windows.is_empty() || args.len() > INLINE_OPS,
+            epoch: windows.epoch(),
+        };
+        let mut cache = self
+            .plans
+            .lock()
+            .map_err(|_| Error::Internal("GPU tables lock poisoned".into()))?;
         self.gpu.bind()?;
         let captured = capturing(stream)?;
         // A captured launch runs when its graph does: its order is the graph's.
@@ -385,13 +470,23 @@ impl CudaComm {
             state.log_choices(info, &planned.shapes, &planned.choices);
             let tableless = match planned.choices[..] {
                 // The one-kernel engines: no tables, only the choice.
-                [c] if matches!(c.engine, Engine::DirectKernel | Engine::PeerKernel | Engine::CopyEngine) => {
+                [c] if matches!(
+                    c.engine,
+                    Engine::DirectKernel | Engine::PeerKernel | Engine::CopyEngine
+                ) =>
+                {
                     let blocks = c.channels as u32;
                     Some(match c.engine {
                         Engine::DirectKernel if self.direct.is_some() => Run::Direct { blocks },
                         Engine::PeerKernel if self.peer.is_some() => {
-                            let oneshot = c.algo == Algo::OneShot && args[0].kind == CollKind::AllReduce;
-                            Run::Peer { blocks, chunk: c.chunk_elems as u64, oneshot, split: c.split }
+                            let oneshot =
+                                c.algo == Algo::OneShot && args[0].kind == CollKind::AllReduce;
+                            Run::Peer {
+                                blocks,
+                                chunk: c.chunk_elems as u64,
+                                oneshot,
+                                split: c.split,
+                            }
                         }
                         Engine::CopyEngine if self.ce.is_some() => {
                             let ce = self.ce.as_ref().expect("checked");
@@ -402,14 +497,23 @@ impl CudaComm {
                             };
                             Run::Copy(Arc::new(lanes))
                         }
-                        e => return Err(Error::Internal(format!("{e:?} was chosen for {} ranks, which it does not serve", info.nranks))),
+                        e => {
+                            return Err(Error::Internal(format!(
+                                "{e:?} was chosen for {} ranks, which it does not serve",
+                                info.nranks
+                            )))
+                        }
                     })
                 }
                 _ => {
                     let enc = self.encode(info, args, &planned, &windows)?;
                     // Only sends and receives: the point-to-point form runs the same steps (each
                     // rank decides for itself; the peers see the same messages).
-                    match self.p2p.as_ref().and_then(|_| p2p_form(&enc, &self.fabric.conns)) {
+                    match self
+                        .p2p
+                        .as_ref()
+                        .and_then(|_| p2p_form(&enc, &self.fabric.conns))
+                    {
                         Some(form) => {
                             tracing::debug!(
                                 rank = info.rank,
@@ -421,14 +525,27 @@ impl CudaComm {
                             Some(Run::P2p(Arc::new(form)))
                         }
                         None => {
-                            self.store(&mut cache, &key, &enc, ops.len() > INLINE_OPS, stream, captured)?;
+                            self.store(
+                                &mut cache,
+                                &key,
+                                &enc,
+                                ops.len() > INLINE_OPS,
+                                stream,
+                                captured,
+                            )?;
                             None
                         }
                     }
                 }
             };
             if let Some(run) = tableless {
-                let entry = Entry { words: key.words().collect(), slab: None, run, pinned: false, _host: Vec::new() };
+                let entry = Entry {
+                    words: key.words().collect(),
+                    slab: None,
+                    run,
+                    pinned: false,
+                    _host: Vec::new(),
+                };
                 cache.insert_tableless(key.hash(), entry);
             }
         }
@@ -446,11 +563,19 @@ impl CudaComm {
     }
 
     fn order(&self) -> Result<std::sync::MutexGuard<'_, StreamOrder>, Error> {
-        self.order.lock().map_err(|_| Error::Internal("stream order lock poisoned".into()))
+        self.order
+            .lock()
+            .map_err(|_| Error::Internal("stream order lock poisoned".into()))
     }
 
     /// Enqueues what `run` says for `args` on `stream`.
-    fn run_entry(&self, run: Run, args: &[OpArgs], ops: &[FcOp], stream: sys::CUstream) -> Result<(), Error> {
+    fn run_entry(
+        &self,
+        run: Run,
+        args: &[OpArgs],
+        ops: &[FcOp],
+        stream: sys::CUstream,
+    ) -> Result<(), Error> {
         match run {
             Run::Plan(at) => {
                 self.last_blocks.store(at.nlanes, Ordering::Relaxed);
@@ -459,7 +584,12 @@ impl CudaComm {
                 }
                 let mut param = FcLaunch::new(&at, ops);
                 let kernel = self.module.kernel_at(self.plan_fn);
-                let dims = LaunchDims { grid: (at.nlanes, 1, 1), block: (BLOCK_THREADS, 1, 1), shared_bytes: 0, overlap_prior: self.overlap_prior };
+                let dims = LaunchDims {
+                    grid: (at.nlanes, 1, 1),
+                    block: (BLOCK_THREADS, 1, 1),
+                    shared_bytes: 0,
+                    overlap_prior: self.overlap_prior,
+                };
                 let mut params = [&mut param as *mut _ as *mut std::ffi::c_void];
                 // SAFETY: the kernel takes one FcLaunch by value; every address in it is device
                 // memory of this GPU or mapped for it, valid while the cache entry (tables), the
@@ -467,34 +597,74 @@ impl CudaComm {
                 unsafe { kernel.launch(dims, stream, &mut params) }
             }
             Run::Direct { blocks } => {
-                let (module, kernels, template) = self.direct.as_ref().expect("checked when the entry was made");
+                let (module, kernels, template) = self
+                    .direct
+                    .as_ref()
+                    .expect("checked when the entry was made");
                 let a = &args[0];
-                let param = FcDirect { count: a.count as u64, kind: engine_kind(a)?, root: a.root as u32, nblocks: blocks, op: ops[0], ..*template };
+                let param = FcDirect {
+                    count: a.count as u64,
+                    kind: engine_kind(a)?,
+                    root: a.root as u32,
+                    nblocks: blocks,
+                    op: ops[0],
+                    ..*template
+                };
                 // SAFETY: the direct kernel takes one FcDirect; its slots, acks and epochs are
                 // this communicator's fabric (mapped for this GPU).
-                unsafe { self.launch_engine(module.kernel_at(kernels.pick(a)?), blocks, DIRECT_THREADS, param, stream) }
+                unsafe {
+                    self.launch_engine(
+                        module.kernel_at(kernels.pick(a)?),
+                        blocks,
+                        DIRECT_THREADS,
+                        param,
+                        stream,
+                    )
+                }
             }
             Run::P2p(form) => {
-                let (small, wide, head) = self.p2p.as_ref().expect("checked when the entry was made");
+                let (small, wide, head) =
+                    self.p2p.as_ref().expect("checked when the entry was made");
                 // SAFETY: each point-to-point kernel takes one parameter of its size; its
                 // connections' words are this communicator's fabric (mapped for this GPU), its
                 // buffers the caller's.
                 unsafe {
                     if form.small() {
                         let param = form.param::<P2P_SMALL_STEPS>(ops, head);
-                        self.launch_engine(self.module.kernel_at(*small), form.blocks, form.threads(), param, stream)
+                        self.launch_engine(
+                            self.module.kernel_at(*small),
+                            form.blocks,
+                            form.threads(),
+                            param,
+                            stream,
+                        )
                     } else {
                         let param = form.param::<P2P_MAX_STEPS>(ops, head);
-                        self.launch_engine(self.module.kernel_at(*wide), form.blocks, form.threads(), param, stream)
+                        self.launch_engine(
+                            self.module.kernel_at(*wide),
+                            form.blocks,
+                            form.threads(),
+                            param,
+                            stream,
+                        )
                     }
                 }
             }
             Run::Copy(lanes) => {
                 self.last_blocks.store(0, Ordering::Relaxed);
-                self.ce.as_ref().expect("checked when the entry was made").enqueue(&lanes, &ce_op(&args[0]), stream)
+                self.ce
+                    .as_ref()
+                    .expect("checked when the entry was made")
+                    .enqueue(&lanes, &ce_op(&args[0]), stream)
             }
-            Run::Peer { blocks, chunk, oneshot, split } => {
-                let (module, kernels, template) = self.peer.as_ref().expect("checked when the entry was made");
+            Run::Peer {
+                blocks,
+                chunk,
+                oneshot,
+                split,
+            } => {
+                let (module, kernels, template) =
+                    self.peer.as_ref().expect("checked when the entry was made");
                 let a = &args[0];
                 let param = FcPeer {
                     count: a.count as u64,
@@ -509,7 +679,15 @@ impl CudaComm {
                 };
                 // SAFETY: the peer kernel takes one FcPeer; its staging, flags and counters are
                 // this communicator's fabric (mapped for this GPU).
-                unsafe { self.launch_engine(module.kernel_at(kernels.pick(a)?), blocks, PEER_THREADS, param, stream) }
+                unsafe {
+                    self.launch_engine(
+                        module.kernel_at(kernels.pick(a)?),
+                        blocks,
+                        PEER_THREADS,
+                        param,
+                        stream,
+                    )
+                }
             }
         }
     }
@@ -519,9 +697,21 @@ impl CudaComm {
     /// # Safety
     /// `kernel` takes exactly one parameter of type `P`, every address in which is valid for
     /// the operation: the communicator's fabric, and the caller's buffers (its contract).
-    unsafe fn launch_engine<P>(&self, kernel: Kernel<'_>, blocks: u32, threads: u32, mut param: P, stream: sys::CUstream) -> Result<(), Error> {
+    unsafe fn launch_engine<P>(
+        &self,
+        kernel: Kernel<'_>,
+        blocks: u32,
+        threads: u32,
+        mut param: P,
+        stream: sys::CUstream,
+    ) -> Result<(), Error> {
         self.last_blocks.store(blocks, Ordering::Relaxed);
-        let dims = LaunchDims { grid: (blocks, 1, 1), block: (threads, 1, 1), shared_bytes: 0, overlap_prior: self.overlap_prior };
+        let dims = LaunchDims {
+            grid: (blocks, 1, 1),
+            block: (threads, 1, 1),
+            shared_bytes: 0,
+            overlap_prior: self.overlap_prior,
+        };
         let mut params = [&mut param as *mut P as *mut std::ffi::c_void];
         // SAFETY: the caller's contract.
         unsafe { kernel.launch(dims, stream, &mut params) }
@@ -529,23 +719,56 @@ impl CudaComm {
 
     /// The plan kernel's tables of a planned launch, with the zero-copy marks where windows are
     /// registered.
-    fn encode(&self, info: &CommInfo, args: &[OpArgs], planned: &Planned, windows: &Windows) -> Result<Encoded, Error> {
+    fn encode(
+        &self,
+        info: &CommInfo,
+        args: &[OpArgs],
+        planned: &Planned,
+        windows: &Windows,
+    ) -> Result<Encoded, Error> {
         check_residency(planned.plan.lanes.len() as u32, self.resident)?;
-        let descs: Vec<OpDesc> = args.iter().zip(&planned.choices).map(|(a, c)| op_desc(a, info, Some(c))).collect();
+        let descs: Vec<OpDesc> = args
+            .iter()
+            .zip(&planned.choices)
+            .map(|(a, c)| op_desc(a, info, Some(c)))
+            .collect();
         // The peers' plans of the same operations say where each message lands.
         let remote = planned.choices.iter().any(|c| c.zero_copy).then(|| {
             remote_dsts(&planned.plan, |op, peer| {
                 let a = &args[op as usize];
-                let desc = peer_desc(&CollDesc { kind: a.kind, count: a.count, root: a.root }, info.rank)?;
-                Some(build(&desc, op, peer, info.nranks, &planned.choices[op as usize].tuning()))
+                let desc = peer_desc(
+                    &CollDesc {
+                        kind: a.kind,
+                        count: a.count,
+                        root: a.root,
+                    },
+                    info.rank,
+                )?;
+                Some(build(
+                    &desc,
+                    op,
+                    peer,
+                    info.nranks,
+                    &planned.choices[op as usize].tuning(),
+                ))
             })
         });
         let post = |op: usize, peer: usize| -> (u64, u64) {
             let o = &descs[op];
             let bytes = (o.recv_count * o.dtype.size()) as u64;
-            (if o.post_output { windows.view(o.recv, bytes, peer).unwrap_or(0) } else { 0 }, bytes)
+            (
+                if o.post_output {
+                    windows.view(o.recv, bytes, peer).unwrap_or(0)
+                } else {
+                    0
+                },
+                bytes,
+            )
         };
-        let zc = remote.as_ref().map(|remote| ZeroCopy { remote, post: &post });
+        let zc = remote.as_ref().map(|remote| ZeroCopy {
+            remote,
+            post: &post,
+        });
         let geo = self.fabric.geo;
         encode(&planned.plan, &descs, |k| geo.conn_index(k), zc.as_ref())
     }
@@ -564,9 +787,22 @@ impl CudaComm {
     ) -> Result<(), Error> {
         let as_bytes = |p: *const u8, n: usize| unsafe { std::slice::from_raw_parts(p, n) };
         let parts = [
-            as_bytes(enc.steps.as_ptr() as *const u8, std::mem::size_of_val(&enc.steps[..])),
-            as_bytes(enc.lanes.as_ptr() as *const u8, std::mem::size_of_val(&enc.lanes[..])),
-            if with_ops { as_bytes(enc.ops.as_ptr() as *const u8, std::mem::size_of_val(&enc.ops[..])) } else { &[] },
+            as_bytes(
+                enc.steps.as_ptr() as *const u8,
+                std::mem::size_of_val(&enc.steps[..]),
+            ),
+            as_bytes(
+                enc.lanes.as_ptr() as *const u8,
+                std::mem::size_of_val(&enc.lanes[..]),
+            ),
+            if with_ops {
+                as_bytes(
+                    enc.ops.as_ptr() as *const u8,
+                    std::mem::size_of_val(&enc.ops[..]),
+                )
+            } else {
+                &[]
+            },
         ];
         let mut offs = [0usize; 3];
         let mut total = 0;
@@ -582,7 +818,10 @@ impl CudaComm {
 
         let (slab, at) = match cache.pool.place(total) {
             Some(p) => p,
-            None if captured || cache.pool.may_grow(total) => cache.pool.grow(total, DeviceBuffer::alloc(&self.gpu, slab_size(total), &[], &self.stats)?),
+            None if captured || cache.pool.may_grow(total) => cache.pool.grow(
+                total,
+                DeviceBuffer::alloc(&self.gpu, slab_size(total), &[], &self.stats)?,
+            ),
             None => {
                 // Tables in use by this communicator's queued kernels, on any stream, must
                 // outlive them; other kernels of the context are none of our business.
@@ -590,12 +829,17 @@ impl CudaComm {
                 cache.evict();
                 match cache.pool.place(total) {
                     Some(p) => p,
-                    None => cache.pool.grow(total, DeviceBuffer::alloc(&self.gpu, slab_size(total), &[], &self.stats)?),
+                    None => cache.pool.grow(
+                        total,
+                        DeviceBuffer::alloc(&self.gpu, slab_size(total), &[], &self.stats)?,
+                    ),
                 }
             }
         };
         let base = cache.pool.slabs[slab].mem.device_ptr() + at as u64;
-        cu_ok("cuMemcpyHtoDAsync", unsafe { sys::cuMemcpyHtoDAsync_v2(base, host.as_ptr().cast(), total, stream) })?;
+        cu_ok("cuMemcpyHtoDAsync", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(base, host.as_ptr().cast(), total, stream)
+        })?;
         let at = DeviceTables {
             steps: base + offs[0] as u64,
             lanes: base + offs[1] as u64,
@@ -609,7 +853,13 @@ impl CudaComm {
             timeout_ns: self.timeout_ns,
             rank: enc.rank,
         };
-        let entry = Entry { words: key.words().collect(), slab: Some(slab), run: Run::Plan(at), pinned: captured, _host: if captured { host } else { Vec::new() } };
+        let entry = Entry {
+            words: key.words().collect(),
+            slab: Some(slab),
+            run: Run::Plan(at),
+            pinned: captured,
+            _host: if captured { host } else { Vec::new() },
+        };
         cache.map.entry(key.hash()).or_default().push(entry);
         Ok(())
     }
@@ -621,11 +871,25 @@ mod tests {
     use ferroccl_core::{CollKind, DataType, ReduceOp};
 
     fn args(kind: CollKind, send: usize, recv: usize, count: usize) -> OpArgs {
-        OpArgs { kind, send: send as *const u8, recv: recv as *mut u8, count, dtype: DataType::Float32, op: ReduceOp::Sum, root: 0, device_scalar: None }
+        OpArgs {
+            kind,
+            send: send as *const u8,
+            recv: recv as *mut u8,
+            count,
+            dtype: DataType::Float32,
+            op: ReduceOp::Sum,
+            root: 0,
+            device_scalar: None,
+        }
     }
 
     fn key(a: &[OpArgs], by_address: bool, epoch: u64) -> (u64, Vec<u64>) {
-        let k = Key { args: a, rank: 0, by_address, epoch };
+        let k = Key {
+            args: a,
+            rank: 0,
+            by_address,
+            epoch,
+        };
         (k.hash(), k.words().collect())
     }
 
@@ -633,35 +897,82 @@ mod tests {
     fn shapes_key_the_tables_and_buffers_only_where_the_tables_hold_them() {
         let base = args(CollKind::AllReduce, 0x1000, 0x2000, 64);
         // New buffers of a known shape: the same tables.
-        let moved = OpArgs { send: 0x5000 as *const u8, recv: 0x6000 as *mut u8, ..base };
+        let moved = OpArgs {
+            send: 0x5000 as *const u8,
+            recv: 0x6000 as *mut u8,
+            ..base
+        };
         assert_eq!(key(&[base], false, 0), key(&[moved], false, 0));
         // Not with windows (a post names the output), nor in a big group's op table.
         assert_ne!(key(&[base], true, 1), key(&[moved], true, 1));
-        assert_ne!(key(&[base], false, 0), key(&[base], false, 1), "another set of windows");
+        assert_ne!(
+            key(&[base], false, 0),
+            key(&[base], false, 1),
+            "another set of windows"
+        );
         // Everything the steps depend on changes the key.
         let variants = [
             base,
-            OpArgs { op: ReduceOp::Prod, ..base },
-            OpArgs { kind: CollKind::Reduce, ..base },
-            OpArgs { kind: CollKind::Reduce, root: 1, ..base },
+            OpArgs {
+                op: ReduceOp::Prod,
+                ..base
+            },
+            OpArgs {
+                kind: CollKind::Reduce,
+                ..base
+            },
+            OpArgs {
+                kind: CollKind::Reduce,
+                root: 1,
+                ..base
+            },
             OpArgs { count: 65, ..base },
-            OpArgs { dtype: DataType::Int32, ..base },
-            OpArgs { recv: 0x1000 as *mut u8, ..base },
+            OpArgs {
+                dtype: DataType::Int32,
+                ..base
+            },
+            OpArgs {
+                recv: 0x1000 as *mut u8,
+                ..base
+            },
         ];
-        let keys: Vec<_> = variants.iter().map(|a| key(std::slice::from_ref(a), false, 0).1).collect();
+        let keys: Vec<_> = variants
+            .iter()
+            .map(|a| key(std::slice::from_ref(a), false, 0).1)
+            .collect();
         for i in 0..keys.len() {
             for j in 0..i {
-                assert_ne!(keys[i], keys[j], "{:?} and {:?} share tables", variants[i], variants[j]);
+                assert_ne!(
+                    keys[i], keys[j],
+                    "{:?} and {:?} share tables",
+                    variants[i], variants[j]
+                );
             }
         }
         // The pre-mul-sum scalar rides in the op entry; PreMulSum(0.0) is not Sum.
-        let pms = |s, dev| OpArgs { op: ReduceOp::PreMulSum(s), device_scalar: dev, ..base };
-        assert_eq!(key(&[pms(0.0, None)], false, 0), key(&[pms(3.0, Some(0x3000))], false, 0));
+        let pms = |s, dev| OpArgs {
+            op: ReduceOp::PreMulSum(s),
+            device_scalar: dev,
+            ..base
+        };
+        assert_eq!(
+            key(&[pms(0.0, None)], false, 0),
+            key(&[pms(3.0, Some(0x3000))], false, 0)
+        );
         assert_ne!(key(&[pms(0.0, None)], false, 0), key(&[base], false, 0));
-        assert_ne!(key(&[pms(0.0, None)], true, 0), key(&[pms(1.0, None)], true, 0));
-        assert_ne!(key(&[pms(1.0, Some(0x3000))], true, 0), key(&[pms(1.0, Some(0x3004))], true, 0));
+        assert_ne!(
+            key(&[pms(0.0, None)], true, 0),
+            key(&[pms(1.0, None)], true, 0)
+        );
+        assert_ne!(
+            key(&[pms(1.0, Some(0x3000))], true, 0),
+            key(&[pms(1.0, Some(0x3004))], true, 0)
+        );
         // A group is keyed by all its operations, in order.
-        assert_ne!(key(&[variants[0], variants[1]], false, 0), key(&[variants[1], variants[0]], false, 0));
+        assert_ne!(
+            key(&[variants[0], variants[1]], false, 0),
+            key(&[variants[1], variants[0]], false, 0)
+        );
         assert_ne!(key(&[base], false, 0), key(&[base, base], false, 0));
     }
 
@@ -689,25 +1000,51 @@ mod tests {
 
     #[test]
     fn entries_without_tables_stay_bounded_and_captured_ones_stay() {
-        let entry = |i: u64, pinned: bool| Entry { words: vec![i], slab: None, run: Run::Direct { blocks: 1 }, pinned, _host: Vec::new() };
+        let entry = |i: u64, pinned: bool| Entry {
+            words: vec![i],
+            slab: None,
+            run: Run::Direct { blocks: 1 },
+            pinned,
+            _host: Vec::new(),
+        };
         let mut c = PlanCache::default();
         let count = |c: &PlanCache| c.map.values().flatten().count();
         // Ever-new shapes (new buffers, keyed by address): never more than the bound.
         for i in 0..10 * TABLELESS_MAX as u64 {
             c.insert_tableless(i, entry(i, i % 1000 == 0));
-            assert!(count(&c) <= TABLELESS_MAX + 1 + (i as usize / 1000), "{} entries after {i}", count(&c));
+            assert!(
+                count(&c) <= TABLELESS_MAX + 1 + (i as usize / 1000),
+                "{} entries after {i}",
+                count(&c)
+            );
         }
         // Every captured entry is still there (a graph may replay it), and the latest shape.
         for i in (0..10 * TABLELESS_MAX as u64).step_by(1000) {
-            assert!(c.map.get(&i).is_some_and(|v| v.iter().any(|e| e.pinned && e.words == [i])), "captured {i} dropped");
+            assert!(
+                c.map
+                    .get(&i)
+                    .is_some_and(|v| v.iter().any(|e| e.pinned && e.words == [i])),
+                "captured {i} dropped"
+            );
         }
         let last = 10 * TABLELESS_MAX as u64 - 1;
         assert!(c.map.contains_key(&last));
         // A lookup of a dropped shape misses (it is planned again), of a kept one hits.
         let a = args(CollKind::AllReduce, 0x1000, 0x2000, 64);
-        let k = Key { args: std::slice::from_ref(&a), rank: 0, by_address: false, epoch: 0 };
+        let k = Key {
+            args: std::slice::from_ref(&a),
+            rank: 0,
+            by_address: false,
+            epoch: 0,
+        };
         assert!(c.get(&k).is_none());
-        c.insert_tableless(k.hash(), Entry { words: k.words().collect(), ..entry(0, false) });
+        c.insert_tableless(
+            k.hash(),
+            Entry {
+                words: k.words().collect(),
+                ..entry(0, false)
+            },
+        );
         assert!(c.get(&k).is_some());
         // Eviction keeps the captured ones and recounts.
         c.evict();
@@ -720,6 +1057,10 @@ mod tests {
         assert!(check_residency(132, 132).is_ok());
         let e = check_residency(133, 132).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)));
-        assert!(e.to_string().contains("133 thread blocks") && e.to_string().contains("FERROCCL_GPU_CHANNELS"), "{e}");
+        assert!(
+            e.to_string().contains("133 thread blocks")
+                && e.to_string().contains("FERROCCL_GPU_CHANNELS"),
+            "{e}"
+        );
     }
 }

@@ -15,13 +15,13 @@
 mod comm;
 mod copy_engine;
 pub(crate) mod fabric;
+#[cfg(test)]
+mod flow_model;
 pub(crate) mod kernels;
 mod launch;
 mod p2p;
 pub(crate) mod tables;
 pub(crate) mod verify;
 pub(crate) mod window;
-#[cfg(test)]
-mod flow_model;
 
 pub(crate) use comm::CudaComm;

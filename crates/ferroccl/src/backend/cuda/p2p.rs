@@ -14,7 +14,8 @@
 //! pieces) run as one step, so that large messages fit the parameter.
 
 use super::tables::{
-    Encoded, FcConn, FcOp, FcP2pHead, FcP2pN, FcP2pStep, FcStep, BUF_OUTPUT, CONN_RECV, CONN_SEND, FLAG_LL, LL_DATA_BYTES, P2P_COPY, P2P_MAX_STEPS, P2P_SMALL_STEPS, P2P_THREADS, STEP_COPY,
+    Encoded, FcConn, FcOp, FcP2pHead, FcP2pN, FcP2pStep, FcStep, BUF_OUTPUT, CONN_RECV, CONN_SEND,
+    FLAG_LL, LL_DATA_BYTES, P2P_COPY, P2P_MAX_STEPS, P2P_SMALL_STEPS, P2P_THREADS, STEP_COPY,
     STEP_RECV, STEP_SEND,
 };
 
@@ -53,7 +54,11 @@ pub(crate) struct P2pForm {
 /// LL, `ll_piece_bytes` in fifo.cuh; simple, the slot; either cut to whole elements as
 /// `run_lane` cuts it.
 fn piece_bytes(slot_bytes: u32, es: u32, ll: bool) -> u32 {
-    let b = if ll { slot_bytes.min(LL_DATA_BYTES as u32) & !7 } else { slot_bytes };
+    let b = if ll {
+        slot_bytes.min(LL_DATA_BYTES as u32) & !7
+    } else {
+        slot_bytes
+    };
     b.checked_div(es).map_or(0, |k| k * es)
 }
 
@@ -69,9 +74,24 @@ fn self_copy(s: &FcStep, ops: &[FcOp], block: u16) -> Option<FormStep> {
         return None;
     }
     let bytes = u32::try_from(s.count.checked_mul(es)?).ok()?;
-    let src = Source { op: s.op as usize, output: s.src_buf == BUF_OUTPUT, offset: s.src_off.checked_mul(es)? };
-    let dst = Source { op: s.dst_op as usize, output: s.dst_buf == BUF_OUTPUT, offset: s.dst_off.checked_mul(es)? };
-    let step = FcP2pStep { bytes, conn: -1, peer: u32::MAX, block, dir: P2P_COPY, ..Default::default() };
+    let src = Source {
+        op: s.op as usize,
+        output: s.src_buf == BUF_OUTPUT,
+        offset: s.src_off.checked_mul(es)?,
+    };
+    let dst = Source {
+        op: s.dst_op as usize,
+        output: s.dst_buf == BUF_OUTPUT,
+        offset: s.dst_off.checked_mul(es)?,
+    };
+    let step = FcP2pStep {
+        bytes,
+        conn: -1,
+        peer: u32::MAX,
+        block,
+        dir: P2P_COPY,
+        ..Default::default()
+    };
     Some((step, src, Some(dst)))
 }
 
@@ -119,7 +139,11 @@ pub(crate) fn p2p_form(enc: &Encoded, conns: &[FcConn]) -> Option<P2pForm> {
                 };
                 let c = conns.get(usize::try_from(conn).ok()?)?;
                 let base = if ll { c.ll } else { c.data };
-                if c.dir != dir || c.slots == 0 || base == 0 || (!ll && (c.lens == 0 || c.head == 0)) {
+                if c.dir != dir
+                    || c.slots == 0
+                    || base == 0
+                    || (!ll && (c.lens == 0 || c.head == 0))
+                {
                     return None;
                 }
                 match owners.iter().find(|o| o.0 == conn) {
@@ -146,7 +170,15 @@ pub(crate) fn p2p_form(enc: &Encoded, conns: &[FcConn]) -> Option<P2pForm> {
                     dir: dir as u8,
                     ll: ll as u8,
                 };
-                (p, Source { op: s.op as usize, output: buf == BUF_OUTPUT, offset: off.checked_mul(es as u64)? }, None)
+                (
+                    p,
+                    Source {
+                        op: s.op as usize,
+                        output: buf == BUF_OUTPUT,
+                        offset: off.checked_mul(es as u64)?,
+                    },
+                    None,
+                )
             };
             match steps.last_mut() {
                 Some(prev) if joins(prev, &step) => prev.0.bytes += step.0.bytes,
@@ -161,7 +193,11 @@ pub(crate) fn p2p_form(enc: &Encoded, conns: &[FcConn]) -> Option<P2pForm> {
         return None;
     }
     let ll_only = steps.iter().all(|(p, _, _)| p.dir == P2P_COPY || p.ll == 1);
-    Some(P2pForm { steps, blocks: u32::try_from(enc.lanes.len()).ok()?, ll_only })
+    Some(P2pForm {
+        steps,
+        blocks: u32::try_from(enc.lanes.len()).ok()?,
+        ll_only,
+    })
 }
 
 impl P2pForm {
@@ -175,13 +211,21 @@ impl P2pForm {
     /// block-wide copy loop; half where every step is LL or a copy, a few lines per thread at
     /// most (more threads only cost a small launch their start and exit).
     pub fn threads(&self) -> u32 {
-        if self.ll_only { P2P_THREADS / 2 } else { P2P_THREADS }
+        if self.ll_only {
+            P2P_THREADS / 2
+        } else {
+            P2P_THREADS
+        }
     }
 
     /// The kernel parameter (of room for `N` steps, at least as many as the form has) for this
     /// call's operations `ops`, on `head`'s table and status words.
     pub fn param<const N: usize>(&self, ops: &[FcOp], head: &FcP2pHead) -> FcP2pN<N> {
-        assert!(self.steps.len() <= N, "a parameter of {N} steps for {} steps", self.steps.len());
+        assert!(
+            self.steps.len() <= N,
+            "a parameter of {N} steps for {} steps",
+            self.steps.len()
+        );
         let mut p = FcP2pN::<N> {
             conns: head.conns,
             abort: head.abort,
@@ -192,7 +236,10 @@ impl P2pForm {
             ..Default::default()
         };
         for (slot, (step, src, dst)) in p.steps.iter_mut().zip(&self.steps) {
-            *slot = FcP2pStep { buf: src.at(ops), ..*step };
+            *slot = FcP2pStep {
+                buf: src.at(ops),
+                ..*step
+            };
             if let Some(d) = dst {
                 slot.base = d.at(ops);
             }
@@ -204,12 +251,14 @@ impl P2pForm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cuda::tables::{encode, FcLane, FcStep, OpDesc, FLAG_POST, FLAG_PRE, P2P_THREADS, STEP_COPY, STEP_RECV_COPY};
+    use crate::backend::cuda::tables::{
+        encode, FcLane, FcStep, OpDesc, FLAG_POST, FLAG_PRE, P2P_THREADS, STEP_COPY, STEP_RECV_COPY,
+    };
     use ferroccl_core::algo::{build_launch, Algo, CollDesc, LaunchOp, Tuning};
     use ferroccl_core::plan::{ConnKey, Dir, P2P_CHANNEL_BASE};
+    use ferroccl_core::{CollKind, DataType, ReduceOp};
     use proptest::prelude::*;
     use std::collections::HashMap;
-    use ferroccl_core::{CollKind, DataType, ReduceOp};
 
     /// A connection table of `nranks` ranks with `chans` channels per peer and direction, its
     /// words at recognisable addresses: index = ((peer * chans) + chan) * 2 + dir.
@@ -239,7 +288,9 @@ mod tests {
     }
     fn index(key: ConnKey, chans: usize) -> Option<u32> {
         let ch = key.channel.checked_sub(P2P_CHANNEL_BASE)? as usize;
-        (ch < chans).then(|| ((key.peer * chans + ch) * 2 + if key.dir == Dir::Send { 0 } else { 1 }) as u32)
+        (ch < chans).then(|| {
+            ((key.peer * chans + ch) * 2 + if key.dir == Dir::Send { 0 } else { 1 }) as u32
+        })
     }
 
     struct Op {
@@ -254,13 +305,28 @@ mod tests {
         encoded_in_chunks(rank, nranks, chans, 1 << 20, ops, ll)
     }
 
-    fn encoded_in_chunks(rank: usize, nranks: usize, chans: usize, chunk_elems: usize, ops: &[Op], ll: bool) -> Encoded {
+    fn encoded_in_chunks(
+        rank: usize,
+        nranks: usize,
+        chans: usize,
+        chunk_elems: usize,
+        ops: &[Op],
+        ll: bool,
+    ) -> Encoded {
         let launch: Vec<LaunchOp> = ops
             .iter()
             .map(|o| LaunchOp {
-                desc: CollDesc { kind: o.kind, count: o.count, root: o.peer },
+                desc: CollDesc {
+                    kind: o.kind,
+                    count: o.count,
+                    root: o.peer,
+                },
                 dtype: o.dtype,
-                tuning: Tuning { algo: Algo::Direct, channels: chans, chunk_elems },
+                tuning: Tuning {
+                    algo: Algo::Direct,
+                    channels: chans,
+                    chunk_elems,
+                },
             })
             .collect();
         let plan = build_launch(rank, nranks, &launch).unwrap();
@@ -288,8 +354,18 @@ mod tests {
         let (n, chans) = (2, 4);
         let t = conns(n, chans);
         let ops = [
-            Op { kind: CollKind::Send, peer: 1, count: 1000, dtype: DataType::Float64 },
-            Op { kind: CollKind::Recv, peer: 1, count: 1000, dtype: DataType::Float64 },
+            Op {
+                kind: CollKind::Send,
+                peer: 1,
+                count: 1000,
+                dtype: DataType::Float64,
+            },
+            Op {
+                kind: CollKind::Recv,
+                peer: 1,
+                count: 1000,
+                dtype: DataType::Float64,
+            },
         ];
         let enc = encoded(0, n, chans, &ops, true);
         let form = p2p_form(&enc, &t).expect("LL sends and receives take the form");
@@ -300,41 +376,86 @@ mod tests {
         assert_eq!(form.steps.len(), enc.steps.len());
         // Every plan step appears once, on its lane's block, with its connection's words.
         for (li, lane) in enc.lanes.iter().enumerate() {
-            for s in &enc.steps[lane.first_step as usize..(lane.first_step + lane.nsteps) as usize] {
-                let conn = if s.kind == STEP_SEND { s.send_conn } else { s.recv_conn };
-                let (p, src, _) = form.steps.iter().find(|(p, _, _)| p.conn == conn && p.block == li as u16).expect("step kept");
+            for s in &enc.steps[lane.first_step as usize..(lane.first_step + lane.nsteps) as usize]
+            {
+                let conn = if s.kind == STEP_SEND {
+                    s.send_conn
+                } else {
+                    s.recv_conn
+                };
+                let (p, src, _) = form
+                    .steps
+                    .iter()
+                    .find(|(p, _, _)| p.conn == conn && p.block == li as u16)
+                    .expect("step kept");
                 let c = &t[conn as usize];
-                assert_eq!((p.base, p.tail, p.counter, p.slots, p.peer, p.ll), (c.ll, c.tail, c.counter, c.slots, c.peer, 1));
+                assert_eq!(
+                    (p.base, p.tail, p.counter, p.slots, p.peer, p.ll),
+                    (c.ll, c.tail, c.counter, c.slots, c.peer, 1)
+                );
                 assert_eq!(p.bytes as u64, s.count * 8);
                 // 8 KiB LL pieces of whole float64 elements.
                 assert_eq!(p.piece, 8192);
-                let off = if s.kind == STEP_SEND { s.src_off } else { s.dst_off };
+                let off = if s.kind == STEP_SEND {
+                    s.src_off
+                } else {
+                    s.dst_off
+                };
                 assert_eq!((src.op, src.offset), (s.op as usize, off * 8));
                 assert_eq!(src.output, s.kind == STEP_RECV);
             }
         }
         // The whole message is covered, each byte once, per direction.
-        let mut sent: Vec<(u64, u64)> = form.steps.iter().filter(|(p, _, _)| p.dir == CONN_SEND as u8).map(|(p, s, _)| (s.offset, p.bytes as u64)).collect();
+        let mut sent: Vec<(u64, u64)> = form
+            .steps
+            .iter()
+            .filter(|(p, _, _)| p.dir == CONN_SEND as u8)
+            .map(|(p, s, _)| (s.offset, p.bytes as u64))
+            .collect();
         sent.sort();
         assert_eq!(sent.iter().map(|x| x.1).sum::<u64>(), 8000);
         assert!(sent.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
 
         // This call's buffers land in the parameter; nothing else changes between calls.
         let fc_ops = [
-            FcOp { send: 0xa000, recv: 0xb000, elem_size: 8, ..Default::default() },
-            FcOp { send: 0xc000, recv: 0xd000, elem_size: 8, ..Default::default() },
+            FcOp {
+                send: 0xa000,
+                recv: 0xb000,
+                elem_size: 8,
+                ..Default::default()
+            },
+            FcOp {
+                send: 0xc000,
+                recv: 0xd000,
+                elem_size: 8,
+                ..Default::default()
+            },
         ];
-        let base = FcP2pHead { abort: 1, error: 2, timeout_ns: 3, rank: 0, ..Default::default() };
+        let base = FcP2pHead {
+            abort: 1,
+            error: 2,
+            timeout_ns: 3,
+            rank: 0,
+            ..Default::default()
+        };
         let p = form.param::<P2P_MAX_STEPS>(&fc_ops, &base);
         assert!(form.small());
-        assert_eq!(form.param::<P2P_SMALL_STEPS>(&fc_ops, &base).steps[..form.steps.len()], p.steps[..form.steps.len()]);
-        assert_eq!((p.abort, p.error, p.timeout_ns, p.nsteps as usize), (1, 2, 3, form.steps.len()));
+        assert_eq!(
+            form.param::<P2P_SMALL_STEPS>(&fc_ops, &base).steps[..form.steps.len()],
+            p.steps[..form.steps.len()]
+        );
+        assert_eq!(
+            (p.abort, p.error, p.timeout_ns, p.nsteps as usize),
+            (1, 2, 3, form.steps.len())
+        );
         for (k, (step, src, dst)) in form.steps.iter().enumerate() {
             let want = if src.op == 0 { 0xa000 } else { 0xd000 } + src.offset;
             assert_eq!(*dst, None);
             assert_eq!(p.steps[k], FcP2pStep { buf: want, ..*step });
         }
-        assert!(p.steps[form.steps.len()..].iter().all(|s| *s == FcP2pStep::default()));
+        assert!(p.steps[form.steps.len()..]
+            .iter()
+            .all(|s| *s == FcP2pStep::default()));
     }
 
     #[test]
@@ -356,16 +477,49 @@ mod tests {
     fn launches_with_anything_but_ll_sends_and_receives_stay_on_the_plan_kernel() {
         let (n, chans) = (3, 2);
         let t = conns(n, chans);
-        let p2p = |kind, peer| Op { kind, peer, count: 64, dtype: DataType::Int32 };
+        let p2p = |kind, peer| Op {
+            kind,
+            peer,
+            count: 64,
+            dtype: DataType::Int32,
+        };
         // The simple protocol too, on the data slots with their length and head words.
-        let simple = p2p_form(&encoded(0, n, chans, &[p2p(CollKind::Send, 1)], false), &t).expect("simple sends");
-        assert!(simple.steps.iter().all(|(p, _, _)| p.ll == 0 && p.base == t[p.conn as usize].data));
-        assert_eq!(simple.threads(), P2P_THREADS, "the block-wide copy loop's threads");
+        let simple = p2p_form(&encoded(0, n, chans, &[p2p(CollKind::Send, 1)], false), &t)
+            .expect("simple sends");
+        assert!(simple
+            .steps
+            .iter()
+            .all(|(p, _, _)| p.ll == 0 && p.base == t[p.conn as usize].data));
+        assert_eq!(
+            simple.threads(),
+            P2P_THREADS,
+            "the block-wide copy loop's threads"
+        );
         assert!(!simple.small(), "the small kernel has no simple protocol");
         // Sends to oneself alone are copies, with no message to speed up.
-        assert!(p2p_form(&encoded(0, n, chans, &[p2p(CollKind::Send, 0), p2p(CollKind::Recv, 0)], true), &t).is_none());
+        assert!(p2p_form(
+            &encoded(
+                0,
+                n,
+                chans,
+                &[p2p(CollKind::Send, 0), p2p(CollKind::Recv, 0)],
+                true
+            ),
+            &t
+        )
+        .is_none());
         // Several peers at once: fine.
-        let ok = encoded(0, n, chans, &[p2p(CollKind::Send, 1), p2p(CollKind::Recv, 2), p2p(CollKind::Send, 2)], true);
+        let ok = encoded(
+            0,
+            n,
+            chans,
+            &[
+                p2p(CollKind::Send, 1),
+                p2p(CollKind::Recv, 2),
+                p2p(CollKind::Send, 2),
+            ],
+            true,
+        );
         assert!(p2p_form(&ok, &t).is_some());
 
         // Hand-made tables for what the builder would not make.
@@ -375,30 +529,53 @@ mod tests {
             f(&mut e);
             p2p_form(&e, &t)
         };
-        assert!(with(&|e| e.steps[0].flags |= FLAG_PRE).is_none(), "a pre-multiplied send");
-        assert!(with(&|e| {
-            e.steps[0].kind = STEP_COPY;
-            e.steps[0].flags |= FLAG_POST;
-        })
-        .is_none(), "a copy that divides (an average's own block)");
+        assert!(
+            with(&|e| e.steps[0].flags |= FLAG_PRE).is_none(),
+            "a pre-multiplied send"
+        );
+        assert!(
+            with(&|e| {
+                e.steps[0].kind = STEP_COPY;
+                e.steps[0].flags |= FLAG_POST;
+            })
+            .is_none(),
+            "a copy that divides (an average's own block)"
+        );
         assert!(with(&|e| e.steps[0].kind = STEP_RECV_COPY).is_none());
-        assert!(with(&|e| e.steps[0].send_conn = t.len() as i32).is_none(), "a connection the table lacks");
+        assert!(
+            with(&|e| e.steps[0].send_conn = t.len() as i32).is_none(),
+            "a connection the table lacks"
+        );
         assert!(with(&|e| e.steps[0].send_conn = -1).is_none());
         // The send connection named as if it received.
-        let recv_conn = ok.steps.iter().find(|s| s.kind == STEP_RECV).unwrap().recv_conn;
-        assert!(with(&|e| e.steps[0].send_conn = recv_conn).is_none(), "a receive connection used to send");
+        let recv_conn = ok
+            .steps
+            .iter()
+            .find(|s| s.kind == STEP_RECV)
+            .unwrap()
+            .recv_conn;
+        assert!(
+            with(&|e| e.steps[0].send_conn = recv_conn).is_none(),
+            "a receive connection used to send"
+        );
         // A connection on two lanes: two blocks would own its counter.
         assert!(with(&|e| {
             let s: FcStep = e.steps[0];
             e.steps.push(s);
-            e.lanes.push(FcLane { first_step: e.steps.len() as u32 - 1, nsteps: 1 });
+            e.lanes.push(FcLane {
+                first_step: e.steps.len() as u32 - 1,
+                nsteps: 1,
+            });
         })
         .is_none());
         // Too many steps for the parameter.
         assert!(with(&|e| {
             let s = e.steps[0];
             let l = e.lanes[0];
-            e.steps.splice(l.first_step as usize..l.first_step as usize, std::iter::repeat_n(s, P2P_MAX_STEPS));
+            e.steps.splice(
+                l.first_step as usize..l.first_step as usize,
+                std::iter::repeat_n(s, P2P_MAX_STEPS),
+            );
             for x in e.lanes.iter_mut() {
                 if x.first_step > l.first_step {
                     x.first_step += P2P_MAX_STEPS as u32;
@@ -418,24 +595,55 @@ mod tests {
         // nccl-tests issue an all-to-all), each 40 int32.
         let mut ops = Vec::new();
         for q in 0..n {
-            ops.push(Op { kind: CollKind::Send, peer: q, count: 40, dtype: DataType::Int32 });
-            ops.push(Op { kind: CollKind::Recv, peer: q, count: 40, dtype: DataType::Int32 });
+            ops.push(Op {
+                kind: CollKind::Send,
+                peer: q,
+                count: 40,
+                dtype: DataType::Int32,
+            });
+            ops.push(Op {
+                kind: CollKind::Recv,
+                peer: q,
+                count: 40,
+                dtype: DataType::Int32,
+            });
         }
         let enc = encoded(1, n, chans, &ops, true);
         let form = p2p_form(&enc, &t).expect("sends, receives and the copy to oneself");
-        let copies: Vec<_> = form.steps.iter().filter(|(p, _, _)| p.dir == P2P_COPY).collect();
+        let copies: Vec<_> = form
+            .steps
+            .iter()
+            .filter(|(p, _, _)| p.dir == P2P_COPY)
+            .collect();
         assert_eq!(copies.len(), 1);
         let (c, src, dst) = copies[0];
         // From the send to rank 1 (op 2) into the receive from rank 1 (op 3), all 160 bytes.
         assert_eq!((src.op, src.output, src.offset), (2, false, 0));
         assert_eq!(dst.map(|d| (d.op, d.output, d.offset)), Some((3, true, 0)));
         assert_eq!((c.bytes, c.conn, c.base, c.counter), (160, -1, 0, 0));
-        let fc_ops: Vec<FcOp> = (0..ops.len() as u64).map(|i| FcOp { send: 0x1000 * (i + 1), recv: 0x10_0000 * (i + 1), elem_size: 4, ..Default::default() }).collect();
+        let fc_ops: Vec<FcOp> = (0..ops.len() as u64)
+            .map(|i| FcOp {
+                send: 0x1000 * (i + 1),
+                recv: 0x10_0000 * (i + 1),
+                elem_size: 4,
+                ..Default::default()
+            })
+            .collect();
         let p = form.param::<P2P_MAX_STEPS>(&fc_ops, &FcP2pHead::default());
-        let k = form.steps.iter().position(|(p, _, _)| p.dir == P2P_COPY).unwrap();
+        let k = form
+            .steps
+            .iter()
+            .position(|(p, _, _)| p.dir == P2P_COPY)
+            .unwrap();
         assert_eq!((p.steps[k].buf, p.steps[k].base), (0x3000, 0x40_0000));
         // Every other step is a message to or from another rank.
-        assert_eq!(form.steps.iter().filter(|(p, _, _)| p.dir != P2P_COPY && p.peer != 1).count(), form.steps.len() - 1);
+        assert_eq!(
+            form.steps
+                .iter()
+                .filter(|(p, _, _)| p.dir != P2P_COPY && p.peer != 1)
+                .count(),
+            form.steps.len() - 1
+        );
 
         // A copy that multiplies is a collective's, not a send's: not this form.
         let mut e = enc.clone();
@@ -451,7 +659,20 @@ mod tests {
         // 4 lanes, each 1 MiB of int64 in chunks of 256 KiB: four plan steps a lane, each two
         // 128 KiB slots: joined into one step a lane.
         let count = 4 * (1 << 20) / 8;
-        let ops = [Op { kind: CollKind::Send, peer: 1, count, dtype: DataType::Int64 }, Op { kind: CollKind::Recv, peer: 1, count, dtype: DataType::Int64 }];
+        let ops = [
+            Op {
+                kind: CollKind::Send,
+                peer: 1,
+                count,
+                dtype: DataType::Int64,
+            },
+            Op {
+                kind: CollKind::Recv,
+                peer: 1,
+                count,
+                dtype: DataType::Int64,
+            },
+        ];
         let enc = encoded_in_chunks(0, n, chans, (256 << 10) / 8, &ops, false);
         assert_eq!(enc.steps.len(), 2 * chans * 4);
         let form = p2p_form(&enc, &t).expect("joined, it fits");
@@ -466,14 +687,33 @@ mod tests {
         assert!(enc.steps.len() > P2P_MAX_STEPS);
         assert!(p2p_form(&enc, &t).is_none());
         let small = [
-            Op { kind: CollKind::Send, peer: 1, count: 3 * (96 << 10) / 8, dtype: DataType::Int64 },
-            Op { kind: CollKind::Recv, peer: 1, count: 3 * (96 << 10) / 8, dtype: DataType::Int64 },
+            Op {
+                kind: CollKind::Send,
+                peer: 1,
+                count: 3 * (96 << 10) / 8,
+                dtype: DataType::Int64,
+            },
+            Op {
+                kind: CollKind::Recv,
+                peer: 1,
+                count: 3 * (96 << 10) / 8,
+                dtype: DataType::Int64,
+            },
         ];
         let enc = encoded_in_chunks(0, n, 1, (96 << 10) / 8, &small, false);
         let form = p2p_form(&enc, &t).unwrap();
-        assert_eq!((enc.steps.len(), form.steps.len()), (6, 6), "96 KiB steps of 128 KiB slots stay apart");
+        assert_eq!(
+            (enc.steps.len(), form.steps.len()),
+            (6, 6),
+            "96 KiB steps of 128 KiB slots stay apart"
+        );
         // Two messages on one connection are never joined, even back to back in one buffer.
-        let a = || Op { kind: CollKind::Send, peer: 1, count: 16 << 10, dtype: DataType::Int64 };
+        let a = || Op {
+            kind: CollKind::Send,
+            peer: 1,
+            count: 16 << 10,
+            dtype: DataType::Int64,
+        };
         let enc = encoded_in_chunks(0, n, 1, 1 << 20, &[a(), a()], false);
         let form = p2p_form(&enc, &t).unwrap();
         assert_eq!(form.steps.len(), 2);
@@ -486,23 +726,55 @@ mod tests {
     fn plan_pieces(enc: &Encoded, t: &[FcConn]) -> Vec<Piece> {
         let mut v = Vec::new();
         for (li, lane) in enc.lanes.iter().enumerate() {
-            for s in &enc.steps[lane.first_step as usize..(lane.first_step + lane.nsteps) as usize] {
+            for s in &enc.steps[lane.first_step as usize..(lane.first_step + lane.nsteps) as usize]
+            {
                 let es = enc.ops[s.op as usize].elem_size as u64;
                 if s.kind == STEP_COPY {
-                    v.push((li as u16, -1, P2P_COPY, s.op as usize, s.src_buf == BUF_OUTPUT, s.src_off * es, s.count * es));
-                    v.push((li as u16, -1, P2P_COPY, s.dst_op as usize, s.dst_buf == BUF_OUTPUT, s.dst_off * es, s.count * es));
+                    v.push((
+                        li as u16,
+                        -1,
+                        P2P_COPY,
+                        s.op as usize,
+                        s.src_buf == BUF_OUTPUT,
+                        s.src_off * es,
+                        s.count * es,
+                    ));
+                    v.push((
+                        li as u16,
+                        -1,
+                        P2P_COPY,
+                        s.dst_op as usize,
+                        s.dst_buf == BUF_OUTPUT,
+                        s.dst_off * es,
+                        s.count * es,
+                    ));
                     continue;
                 }
-                let (conn, dir, buf, off) =
-                    if s.kind == STEP_SEND { (s.send_conn, CONN_SEND, s.src_buf, s.src_off) } else { (s.recv_conn, CONN_RECV, s.dst_buf, s.dst_off) };
+                let (conn, dir, buf, off) = if s.kind == STEP_SEND {
+                    (s.send_conn, CONN_SEND, s.src_buf, s.src_off)
+                } else {
+                    (s.recv_conn, CONN_RECV, s.dst_buf, s.dst_off)
+                };
                 let c = &t[conn as usize];
                 // run_lane's cut: whole elements of the LL or simple piece.
                 let ll = s.flags & FLAG_LL != 0;
-                let piece = (if ll { (c.slot_bytes.min(LL_DATA_BYTES as u32) & !7) as u64 } else { c.slot_bytes as u64 }) / es;
+                let piece = (if ll {
+                    (c.slot_bytes.min(LL_DATA_BYTES as u32) & !7) as u64
+                } else {
+                    c.slot_bytes as u64
+                }) / es;
                 let mut done = 0;
                 while done < s.count {
                     let n = piece.min(s.count - done);
-                    v.push((li as u16, conn, dir as u8, s.op as usize, buf == BUF_OUTPUT, (off + done) * es, n * es));
+                    v.push((
+                        li as u16,
+                        conn,
+                        dir as u8,
+                        s.op as usize,
+                        buf == BUF_OUTPUT,
+                        (off + done) * es,
+                        n * es,
+                    ));
                     done += n;
                 }
             }
@@ -515,15 +787,39 @@ mod tests {
         for (p, src, dst) in &form.steps {
             if p.dir == P2P_COPY {
                 let d = dst.expect("a copy has a destination");
-                v.push((p.block, -1, P2P_COPY, src.op, src.output, src.offset, p.bytes as u64));
-                v.push((p.block, -1, P2P_COPY, d.op, d.output, d.offset, p.bytes as u64));
+                v.push((
+                    p.block,
+                    -1,
+                    P2P_COPY,
+                    src.op,
+                    src.output,
+                    src.offset,
+                    p.bytes as u64,
+                ));
+                v.push((
+                    p.block,
+                    -1,
+                    P2P_COPY,
+                    d.op,
+                    d.output,
+                    d.offset,
+                    p.bytes as u64,
+                ));
                 continue;
             }
             assert!(dst.is_none());
             let mut off = 0u64;
             while off < p.bytes as u64 {
                 let nb = (p.piece as u64).min(p.bytes as u64 - off);
-                v.push((p.block, p.conn, p.dir, src.op, src.output, src.offset + off, nb));
+                v.push((
+                    p.block,
+                    p.conn,
+                    p.dir,
+                    src.op,
+                    src.output,
+                    src.offset + off,
+                    nb,
+                ));
                 off += nb;
             }
         }

@@ -194,7 +194,9 @@ pub(crate) struct FcDirect {
     pub op: FcOp,
 }
 
-pub(crate) use ferroccl_core::tune::{DIRECT_MAX_BLOCKS, DIRECT_MAX_RANKS, DIRECT_SLOT_BYTES, PEER_MAX_BLOCKS, PEER_MAX_RANKS};
+pub(crate) use ferroccl_core::tune::{
+    DIRECT_MAX_BLOCKS, DIRECT_MAX_RANKS, DIRECT_SLOT_BYTES, PEER_MAX_BLOCKS, PEER_MAX_RANKS,
+};
 
 /// The peer kernel's only parameter (`kernels/peer.cu`): the communicator's staging, flag lines and
 /// round counters (filled once), and one operation with its cut. Addresses are device
@@ -294,7 +296,15 @@ pub(crate) struct FcP2pN<const N: usize> {
 
 impl<const N: usize> Default for FcP2pN<N> {
     fn default() -> Self {
-        FcP2pN { conns: 0, abort: 0, error: 0, timeout_ns: 0, rank: 0, nsteps: 0, steps: [FcP2pStep::default(); N] }
+        FcP2pN {
+            conns: 0,
+            abort: 0,
+            error: 0,
+            timeout_ns: 0,
+            rank: 0,
+            nsteps: 0,
+            steps: [FcP2pStep::default(); N],
+        }
     }
 }
 
@@ -318,7 +328,10 @@ pub(crate) const DIRECT_THREADS: u32 = 256;
 
 /// `FC_KIND_*`: a collective in declaration order (the direct kernel serves collectives only).
 pub(crate) fn kind_code(kind: ferroccl_core::CollKind) -> Option<u32> {
-    ferroccl_core::CollKind::COLLECTIVES.iter().position(|&k| k == kind).map(|i| i as u32)
+    ferroccl_core::CollKind::COLLECTIVES
+        .iter()
+        .position(|&k| k == kind)
+        .map(|i| i as u32)
 }
 
 /// What the kernel reports when a lane fails; `code != 0` means the record is complete.
@@ -468,7 +481,9 @@ fn rounded<T: Element>(s: f64) -> f64 {
 
 /// The PreMulSum scalar in the element type, as (float value, integer value).
 fn scalar_of(dtype: DataType, op: ReduceOp) -> (f64, i64) {
-    let ReduceOp::PreMulSum(s) = op else { return (0.0, 0) };
+    let ReduceOp::PreMulSum(s) = op else {
+        return (0.0, 0);
+    };
     match dtype {
         DataType::Int8 => (0.0, i8::from_f64(s) as i64),
         DataType::Uint8 => (0.0, u8::from_f64(s) as i64),
@@ -486,7 +501,11 @@ fn scalar_of(dtype: DataType, op: ReduceOp) -> (f64, i64) {
 }
 
 fn to_u32(v: usize, what: &str) -> Result<u32, Error> {
-    u32::try_from(v).map_err(|_| Error::InvalidArgument(format!("{what} {v} does not fit the kernel's 32-bit tables")))
+    u32::try_from(v).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "{what} {v} does not fit the kernel's 32-bit tables"
+        ))
+    })
 }
 
 /// The optional store and forward of a receive step.
@@ -512,21 +531,35 @@ fn buf_code(b: BufKind) -> u32 {
 /// the reduction for the type, no null buffer with elements, nothing wrapping the address space,
 /// a device scalar aligned and only for a pre-mul-sum.
 pub(crate) fn fc_op(i: usize, o: &OpDesc, nranks: u32) -> Result<FcOp, Error> {
-    o.op.validate(o.dtype).map_err(|e| e.context(format!("operation {i}")))?;
+    o.op.validate(o.dtype)
+        .map_err(|e| e.context(format!("operation {i}")))?;
     let es = o.dtype.size();
-    for (what, addr, count) in [("input", o.send, o.send_count), ("output", o.recv, o.recv_count)] {
+    for (what, addr, count) in [
+        ("input", o.send, o.send_count),
+        ("output", o.recv, o.recv_count),
+    ] {
         let bytes = count
             .checked_mul(es)
             .and_then(|b| u64::try_from(b).ok())
-            .ok_or_else(|| Error::InvalidArgument(format!("operation {i}: {what} of {count} elements overflows")))?;
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "operation {i}: {what} of {count} elements overflows"
+                ))
+            })?;
         if count > 0 && addr == 0 {
-            return Err(Error::InvalidArgument(format!("operation {i}: null {what} buffer of {count} elements")));
+            return Err(Error::InvalidArgument(format!(
+                "operation {i}: null {what} buffer of {count} elements"
+            )));
         }
         if addr.checked_add(bytes).is_none() {
-            return Err(Error::InvalidArgument(format!("operation {i}: {what} buffer wraps the address space")));
+            return Err(Error::InvalidArgument(format!(
+                "operation {i}: {what} buffer wraps the address space"
+            )));
         }
     }
-    if o.scalar_dev != 0 && (!matches!(o.op, ReduceOp::PreMulSum(_)) || !o.scalar_dev.is_multiple_of(es as u64)) {
+    if o.scalar_dev != 0
+        && (!matches!(o.op, ReduceOp::PreMulSum(_)) || !o.scalar_dev.is_multiple_of(es as u64))
+    {
         return Err(Error::InvalidArgument(format!(
             "operation {i}: a device scalar ({:#x}) needs a pre-mul-sum and {es}-byte alignment for {}",
             o.scalar_dev, o.dtype
@@ -565,19 +598,31 @@ pub(crate) fn encode(
     zc: Option<&ZeroCopy<'_>>,
 ) -> Result<Encoded, Error> {
     if let Some(z) = zc {
-        let shape_ok = z.remote.len() == plan.lanes.len() && z.remote.iter().zip(&plan.lanes).all(|(m, l)| m.len() == l.steps.len());
+        let shape_ok = z.remote.len() == plan.lanes.len()
+            && z.remote
+                .iter()
+                .zip(&plan.lanes)
+                .all(|(m, l)| m.len() == l.steps.len());
         if !shape_ok {
-            return Err(Error::Internal("zero-copy marks do not have the plan's shape".into()));
+            return Err(Error::Internal(
+                "zero-copy marks do not have the plan's shape".into(),
+            ));
         }
     }
     let nranks = to_u32(plan.nranks, "rank count")?;
     if nranks == 0 {
-        return Err(Error::InvalidArgument("a plan for a communicator of 0 ranks".into()));
+        return Err(Error::InvalidArgument(
+            "a plan for a communicator of 0 ranks".into(),
+        ));
     }
     let sizes: Vec<(usize, usize)> = ops.iter().map(|o| (o.send_count, o.recv_count)).collect();
     plan.validate(&sizes).map_err(Error::Internal)?;
 
-    let fc_ops = ops.iter().enumerate().map(|(i, o)| fc_op(i, o, nranks)).collect::<Result<Vec<_>, _>>()?;
+    let fc_ops = ops
+        .iter()
+        .enumerate()
+        .map(|(i, o)| fc_op(i, o, nranks))
+        .collect::<Result<Vec<_>, _>>()?;
     to_u32(fc_ops.len(), "operation count")?;
 
     let mut lanes = Vec::with_capacity(plan.lanes.len());
@@ -597,8 +642,14 @@ pub(crate) fn encode(
                 if let Some(z) = zc_here {
                     waits = waits_of_run(&lane.steps, &lane_ops, &z.remote[li], si);
                     for peer in posts_of_run(&lane.steps, &lane_ops, si) {
-                        let key = ConnKey { peer, channel: lane.channel, dir: Dir::Recv };
-                        let c = conn_index(key).ok_or_else(|| Error::Internal(format!("no connection {key:?} to post on")))?;
+                        let key = ConnKey {
+                            peer,
+                            channel: lane.channel,
+                            dir: Dir::Recv,
+                        };
+                        let c = conn_index(key).ok_or_else(|| {
+                            Error::Internal(format!("no connection {key:?} to post on"))
+                        })?;
                         let (addr, bytes) = (z.post)(run_op, peer);
                         steps.push(FcStep {
                             kind: STEP_POST,
@@ -612,16 +663,29 @@ pub(crate) fn encode(
                     }
                 }
             }
-            let at = |e: Error| e.context(format!("rank {} lane {li} step {si} ({step:?})", plan.rank));
+            let at =
+                |e: Error| e.context(format!("rank {} lane {li} step {si} ({step:?})", plan.rank));
             let conn = |peer: Option<usize>, dir: Dir| -> Result<i32, Error> {
                 let Some(peer) = peer else { return Ok(-1) };
-                let key = ConnKey { peer, channel: lane.channel, dir };
-                let i = conn_index(key).ok_or_else(|| at(Error::Internal(format!("no connection {key:?}"))))?;
-                i32::try_from(i).map_err(|_| at(Error::Internal(format!("connection index {i} out of range"))))
+                let key = ConnKey {
+                    peer,
+                    channel: lane.channel,
+                    dir,
+                };
+                let i = conn_index(key)
+                    .ok_or_else(|| at(Error::Internal(format!("no connection {key:?}"))))?;
+                i32::try_from(i).map_err(|_| {
+                    at(Error::Internal(format!(
+                        "connection index {i} out of range"
+                    )))
+                })
             };
             let op = step.op();
             if op as usize >= ops.len() {
-                return Err(at(Error::Internal(format!("operation {op} of {}", ops.len()))));
+                return Err(at(Error::Internal(format!(
+                    "operation {op} of {}",
+                    ops.len()
+                ))));
             }
             let mut s = FcStep {
                 kind: 0,
@@ -648,24 +712,41 @@ pub(crate) fn encode(
                     s.dst_buf = buf_code(dst.buf);
                     s.dst_off = dst.offset as u64;
                 }
-                Step::RecvReduce { local, pre_local, post, dst, to, .. } => {
+                Step::RecvReduce {
+                    local,
+                    pre_local,
+                    post,
+                    dst,
+                    to,
+                    ..
+                } => {
                     src(local);
                     s.kind = STEP_RECV_REDUCE;
-                    s.flags = if pre_local { FLAG_PRE_LOCAL } else { 0 } | if post { FLAG_POST } else { 0 };
+                    s.flags = if pre_local { FLAG_PRE_LOCAL } else { 0 }
+                        | if post { FLAG_POST } else { 0 };
                     set_dst_to(&mut s, dst, to.is_some());
                 }
                 Step::RecvCopy { dst, to, .. } => {
                     s.kind = STEP_RECV_COPY;
                     set_dst_to(&mut s, dst, to.is_some());
                 }
-                Step::Copy { src: r, dst, pre, post } => {
+                Step::Copy {
+                    src: r,
+                    dst,
+                    pre,
+                    post,
+                } => {
                     src(r);
                     s.kind = STEP_COPY;
                     s.flags = if pre { FLAG_PRE } else { 0 } | if post { FLAG_POST } else { 0 };
                     s.dst_buf = buf_code(dst.buf);
                     s.dst_off = dst.offset as u64;
                     if dst.op as usize >= ops.len() {
-                        return Err(at(Error::Internal(format!("operation {} of {}", dst.op, ops.len()))));
+                        return Err(at(Error::Internal(format!(
+                            "operation {} of {}",
+                            dst.op,
+                            ops.len()
+                        ))));
                     }
                     s.dst_op = dst.op as u32;
                 }
@@ -678,7 +759,10 @@ pub(crate) fn encode(
                     s.flags |= FLAG_RDST;
                     s.rdst_off = off as u64;
                 }
-                if let Some(to) = step.send_to().filter(|t| waits.contains(t) && !waited.contains(t)) {
+                if let Some(to) = step
+                    .send_to()
+                    .filter(|t| waits.contains(t) && !waited.contains(t))
+                {
                     s.flags |= FLAG_WAIT_POST;
                     waited.push(to);
                 }
@@ -690,7 +774,12 @@ pub(crate) fn encode(
     }
     to_u32(steps.len(), "step count")?;
     to_u32(lanes.len(), "lane count")?;
-    Ok(Encoded { lanes, steps, ops: fc_ops, rank: to_u32(plan.rank, "rank")? })
+    Ok(Encoded {
+        lanes,
+        steps,
+        ops: fc_ops,
+        rank: to_u32(plan.rank, "rank")?,
+    })
 }
 
 #[cfg(test)]
@@ -700,7 +789,11 @@ mod tests {
     use ferroccl_core::CollKind;
 
     fn ring(channels: usize, chunk_elems: usize) -> Tuning {
-        Tuning { algo: Algo::Ring, channels, chunk_elems }
+        Tuning {
+            algo: Algo::Ring,
+            channels,
+            chunk_elems,
+        }
     }
 
     const TYPES_CUH: &str = include_str!("kernels/types.cuh");
@@ -717,8 +810,16 @@ mod tests {
             } else {
                 continue;
             };
-            let args: Vec<&str> = args.trim_end_matches(");").split(',').map(str::trim).collect();
-            let (t, f, n) = if field { (args[0], args[1], args[2]) } else { (args[0], "", args[1]) };
+            let args: Vec<&str> = args
+                .trim_end_matches(");")
+                .split(',')
+                .map(str::trim)
+                .collect();
+            let (t, f, n) = if field {
+                (args[0], args[1], args[2])
+            } else {
+                (args[0], "", args[1])
+            };
             v.push((t.to_string(), f.to_string(), n.parse().unwrap()));
         }
         v
@@ -727,8 +828,10 @@ mod tests {
     #[test]
     fn cuda_header_pins_the_same_layout() {
         let mut cuda = cuda_layout();
-        let mut rust: Vec<(String, String, usize)> =
-            LAYOUT.iter().map(|&(t, f, n)| (t.to_string(), f.to_string(), n)).collect();
+        let mut rust: Vec<(String, String, usize)> = LAYOUT
+            .iter()
+            .map(|&(t, f, n)| (t.to_string(), f.to_string(), n))
+            .collect();
         cuda.sort();
         rust.sort();
         assert_eq!(cuda, rust);
@@ -746,7 +849,12 @@ mod tests {
                 Some((name, val.strip_suffix('u')?.parse().ok()?))
             })
             .collect();
-        let get = |n: &str| defs.iter().find(|d| d.0 == n).unwrap_or_else(|| panic!("{n} not in types.cuh")).1;
+        let get = |n: &str| {
+            defs.iter()
+                .find(|d| d.0 == n)
+                .unwrap_or_else(|| panic!("{n} not in types.cuh"))
+                .1
+        };
         for (n, v) in [
             ("FC_STEP_SEND", STEP_SEND),
             ("FC_STEP_RECV", STEP_RECV),
@@ -793,15 +901,30 @@ mod tests {
         ] {
             assert_eq!(get(n), v, "{n}");
         }
-        for (i, n) in ["ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "BROADCAST", "REDUCE", "ALL_TO_ALL", "GATHER", "SCATTER"]
-            .iter()
-            .enumerate()
+        for (i, n) in [
+            "ALL_REDUCE",
+            "ALL_GATHER",
+            "REDUCE_SCATTER",
+            "BROADCAST",
+            "REDUCE",
+            "ALL_TO_ALL",
+            "GATHER",
+            "SCATTER",
+        ]
+        .iter()
+        .enumerate()
         {
-            assert_eq!(Some(get(&format!("FC_KIND_{n}"))), kind_code(ferroccl_core::CollKind::COLLECTIVES[i]), "{n}");
+            assert_eq!(
+                Some(get(&format!("FC_KIND_{n}"))),
+                kind_code(ferroccl_core::CollKind::COLLECTIVES[i]),
+                "{n}"
+            );
         }
         assert_eq!(kind_code(ferroccl_core::CollKind::Send), None);
-        let dtypes =
-            ["INT8", "UINT8", "INT32", "UINT32", "INT64", "UINT64", "FLOAT16", "FLOAT32", "FLOAT64", "BFLOAT16"];
+        let dtypes = [
+            "INT8", "UINT8", "INT32", "UINT32", "INT64", "UINT64", "FLOAT16", "FLOAT32", "FLOAT64",
+            "BFLOAT16",
+        ];
         for (i, n) in dtypes.iter().enumerate() {
             assert_eq!(get(&format!("FC_{n}")) as i32, DataType::ALL[i].nccl_id());
         }
@@ -852,9 +975,20 @@ mod tests {
             next += fl.nsteps;
             for (i, step) in lane.steps.iter().enumerate() {
                 let s = e.steps[(fl.first_step as usize) + i];
-                let rc =
-                    step.recv_from().map_or(-1, |p| idx(ConnKey { peer: p, channel: lane.channel, dir: Dir::Recv }));
-                let sc = step.send_to().map_or(-1, |p| idx(ConnKey { peer: p, channel: lane.channel, dir: Dir::Send }));
+                let rc = step.recv_from().map_or(-1, |p| {
+                    idx(ConnKey {
+                        peer: p,
+                        channel: lane.channel,
+                        dir: Dir::Recv,
+                    })
+                });
+                let sc = step.send_to().map_or(-1, |p| {
+                    idx(ConnKey {
+                        peer: p,
+                        channel: lane.channel,
+                        dir: Dir::Send,
+                    })
+                });
                 assert_eq!((s.recv_conn, s.send_conn), (rc, sc), "{step:?}");
                 assert_eq!(s.count, step.count() as u64);
                 assert_eq!(s.op, step.op() as u32);
@@ -874,7 +1008,14 @@ mod tests {
                         assert_eq!(s.flags, 0);
                         assert_eq!(reg(s.dst_buf, s.dst_off), r(dst));
                     }
-                    Step::RecvReduce { local, pre_local, post, dst, to, .. } => {
+                    Step::RecvReduce {
+                        local,
+                        pre_local,
+                        post,
+                        dst,
+                        to,
+                        ..
+                    } => {
                         assert_eq!(s.kind, STEP_RECV_REDUCE);
                         assert_eq!(s.flags & FLAG_PRE_LOCAL != 0, pre_local);
                         assert_eq!(s.flags & FLAG_POST != 0, post);
@@ -895,9 +1036,17 @@ mod tests {
                             assert_eq!(reg(s.dst_buf, s.dst_off), r(d));
                         }
                     }
-                    Step::Copy { src, dst, pre, post } => {
+                    Step::Copy {
+                        src,
+                        dst,
+                        pre,
+                        post,
+                    } => {
                         assert_eq!(s.kind, STEP_COPY);
-                        assert_eq!(s.flags, if pre { FLAG_PRE } else { 0 } | if post { FLAG_POST } else { 0 });
+                        assert_eq!(
+                            s.flags,
+                            if pre { FLAG_PRE } else { 0 } | if post { FLAG_POST } else { 0 }
+                        );
                         assert_eq!(reg(s.src_buf, s.src_off), r(src));
                         assert_eq!(reg(s.dst_buf, s.dst_off), r(dst));
                         assert_eq!((s.op, s.dst_op), (src.op as u32, dst.op as u32), "{step:?}");
@@ -910,11 +1059,18 @@ mod tests {
 
     #[test]
     fn ring_all_reduce_encodes_one_to_one() {
-        for (nranks, channels, count, chunk) in
-            [(4, 2, 10_000, 512), (3, 1, 7, 2), (8, 4, 1 << 16, 4096), (1, 2, 100, 16)]
-        {
+        for (nranks, channels, count, chunk) in [
+            (4, 2, 10_000, 512),
+            (3, 1, 7, 2),
+            (8, 4, 1 << 16, 4096),
+            (1, 2, 100, 16),
+        ] {
             for rank in 0..nranks {
-                let desc = CollDesc { kind: CollKind::AllReduce, count, root: 0 };
+                let desc = CollDesc {
+                    kind: CollKind::AllReduce,
+                    count,
+                    root: 0,
+                };
                 let plan = build(&desc, 0, rank, nranks, &ring(channels, chunk));
                 let ops = [op_desc(DataType::Float32, ReduceOp::Avg, count, count)];
                 let e = encode(&plan, &ops, numbering(&plan), None).unwrap();
@@ -930,9 +1086,14 @@ mod tests {
                     let lane0 = &e.steps[..e.lanes[0].nsteps as usize];
                     assert_eq!(lane0[0].kind, STEP_SEND);
                     assert_eq!(lane0[0].flags, FLAG_PRE);
-                    let last_red =
-                        lane0.iter().position(|s| s.kind == STEP_RECV_REDUCE && s.flags & FLAG_POST != 0).unwrap();
-                    assert_eq!(lane0[last_red].flags & (FLAG_HAS_DST | FLAG_HAS_TO), FLAG_HAS_DST | FLAG_HAS_TO);
+                    let last_red = lane0
+                        .iter()
+                        .position(|s| s.kind == STEP_RECV_REDUCE && s.flags & FLAG_POST != 0)
+                        .unwrap();
+                    assert_eq!(
+                        lane0[last_red].flags & (FLAG_HAS_DST | FLAG_HAS_TO),
+                        FLAG_HAS_DST | FLAG_HAS_TO
+                    );
                     assert_eq!(lane0[last_red].dst_buf, BUF_OUTPUT);
                     assert_eq!(lane0[last_red + 1].kind, STEP_RECV_COPY);
                 }
@@ -947,8 +1108,11 @@ mod tests {
             for nranks in [1, 2, 5] {
                 for rank in 0..nranks {
                     let count = 1000;
-                    let root =
-                        if matches!(kind, CollKind::Send | CollKind::Recv) { (rank + 1) % nranks } else { nranks - 1 };
+                    let root = if matches!(kind, CollKind::Send | CollKind::Recv) {
+                        (rank + 1) % nranks
+                    } else {
+                        nranks - 1
+                    };
                     if matches!(kind, CollKind::Send | CollKind::Recv) && root == rank {
                         continue;
                     }
@@ -967,11 +1131,35 @@ mod tests {
     #[test]
     fn group_of_two_ops_keeps_op_indices() {
         let t = ring(2, 64);
-        let mut plan = build(&CollDesc { kind: CollKind::AllReduce, count: 300, root: 0 }, 0, 1, 3, &t);
-        plan.append(build(&CollDesc { kind: CollKind::AllGather, count: 100, root: 0 }, 1, 1, 3, &t));
+        let mut plan = build(
+            &CollDesc {
+                kind: CollKind::AllReduce,
+                count: 300,
+                root: 0,
+            },
+            0,
+            1,
+            3,
+            &t,
+        );
+        plan.append(build(
+            &CollDesc {
+                kind: CollKind::AllGather,
+                count: 100,
+                root: 0,
+            },
+            1,
+            1,
+            3,
+            &t,
+        ));
         let ops = [
             op_desc(DataType::Int32, ReduceOp::Max, 300, 300),
-            OpDesc { send: 0x10_0000, recv: 0x20_0000, ..op_desc(DataType::Uint8, ReduceOp::Sum, 100, 300) },
+            OpDesc {
+                send: 0x10_0000,
+                recv: 0x20_0000,
+                ..op_desc(DataType::Uint8, ReduceOp::Sum, 100, 300)
+            },
         ];
         let e = encode(&plan, &ops, numbering(&plan), None).unwrap();
         assert_one_to_one(&plan, &e);
@@ -986,17 +1174,50 @@ mod tests {
     #[test]
     fn a_send_to_oneself_copies_into_the_receive_of_another_op() {
         use ferroccl_core::algo::{build_launch, LaunchOp, SELF_LANE};
-        let t = Tuning { algo: Algo::Direct, channels: 2, chunk_elems: 64 };
-        let p2p = |kind, root| LaunchOp { desc: CollDesc { kind, count: 100, root }, dtype: DataType::Float32, tuning: t };
+        let t = Tuning {
+            algo: Algo::Direct,
+            channels: 2,
+            chunk_elems: 64,
+        };
+        let p2p = |kind, root| LaunchOp {
+            desc: CollDesc {
+                kind,
+                count: 100,
+                root,
+            },
+            dtype: DataType::Float32,
+            tuning: t,
+        };
         // Rank 1 of 3: receive from itself (op 0), send to 2 (op 1), send to itself (op 2).
-        let ops = [p2p(CollKind::Recv, 1), p2p(CollKind::Send, 2), p2p(CollKind::Send, 1)];
+        let ops = [
+            p2p(CollKind::Recv, 1),
+            p2p(CollKind::Send, 2),
+            p2p(CollKind::Send, 1),
+        ];
         let plan = build_launch(1, 3, &ops).unwrap();
-        let descs: Vec<OpDesc> = ops.iter().map(|_| op_desc(DataType::Float32, ReduceOp::Sum, 100, 100)).collect();
+        let descs: Vec<OpDesc> = ops
+            .iter()
+            .map(|_| op_desc(DataType::Float32, ReduceOp::Sum, 100, 100))
+            .collect();
         let e = encode(&plan, &descs, numbering(&plan), None).unwrap();
         assert_one_to_one(&plan, &e);
-        let li = plan.lanes.iter().position(|l| l.id == SELF_LANE).expect("a lane for the copy");
+        let li = plan
+            .lanes
+            .iter()
+            .position(|l| l.id == SELF_LANE)
+            .expect("a lane for the copy");
         let s = e.steps[e.lanes[li].first_step as usize];
-        assert_eq!((s.kind, s.op, s.dst_op, s.src_buf, s.dst_buf, s.count), (STEP_COPY, 2, 0, buf_code(BufKind::Input), buf_code(BufKind::Output), 100));
+        assert_eq!(
+            (s.kind, s.op, s.dst_op, s.src_buf, s.dst_buf, s.count),
+            (
+                STEP_COPY,
+                2,
+                0,
+                buf_code(BufKind::Input),
+                buf_code(BufKind::Output),
+                100
+            )
+        );
     }
 
     #[test]
@@ -1006,42 +1227,100 @@ mod tests {
         assert_eq!(f(DataType::Float64, 0.1), (0.1, 0));
         // 1 + 2^-11 ties to even in f16 (1.0); in bf16, 1/3 rounds to 0x3eab.
         assert_eq!(f(DataType::Float16, 1.0 + 2f64.powi(-11)).0, 1.0);
-        assert_eq!(f(DataType::Bfloat16, 1.0 / 3.0).0, bf16::from_bits(0x3eab).to_f64());
+        assert_eq!(
+            f(DataType::Bfloat16, 1.0 / 3.0).0,
+            bf16::from_bits(0x3eab).to_f64()
+        );
         assert_eq!(f(DataType::Float8E4M3, 1000.0).0, 448.0);
         assert_eq!(f(DataType::Float8E5M2, -1e9).0, -57344.0);
         assert_eq!(f(DataType::Int8, -3.0), (0.0, -3));
         assert_eq!(f(DataType::Int8, 300.0), (0.0, 127));
         assert_eq!(f(DataType::Uint64, 3.0), (0.0, 3));
-        assert_eq!(f(DataType::Uint64, 1.8e19).1 as u64, 18_000_000_000_000_000_000);
+        assert_eq!(
+            f(DataType::Uint64, 1.8e19).1 as u64,
+            18_000_000_000_000_000_000
+        );
         assert_eq!(scalar_of(DataType::Float32, ReduceOp::Sum), (0.0, 0));
     }
 
     #[test]
     fn ll_marks_every_step_and_nothing_else() {
         let f = DataType::Float32;
-        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 300, root: 0 }, 0, 1, 3, &ring(2, 64));
+        let plan = build(
+            &CollDesc {
+                kind: CollKind::AllReduce,
+                count: 300,
+                root: 0,
+            },
+            0,
+            1,
+            3,
+            &ring(2, 64),
+        );
         let n = numbering(&plan);
-        let on = encode(&plan, &[OpDesc { ll: true, ..op_desc(f, ReduceOp::Sum, 300, 300) }], &n, None).unwrap();
+        let on = encode(
+            &plan,
+            &[OpDesc {
+                ll: true,
+                ..op_desc(f, ReduceOp::Sum, 300, 300)
+            }],
+            &n,
+            None,
+        )
+        .unwrap();
         let off = encode(&plan, &[op_desc(f, ReduceOp::Sum, 300, 300)], &n, None).unwrap();
         assert!(on.steps.iter().all(|s| s.flags & FLAG_LL != 0));
         assert!(off.steps.iter().all(|s| s.flags & FLAG_LL == 0));
         // Nothing else differs.
-        let strip = |e: &Encoded| e.steps.iter().map(|s| FcStep { flags: s.flags & !FLAG_LL, ..*s }).collect::<Vec<_>>();
+        let strip = |e: &Encoded| {
+            e.steps
+                .iter()
+                .map(|s| FcStep {
+                    flags: s.flags & !FLAG_LL,
+                    ..*s
+                })
+                .collect::<Vec<_>>()
+        };
         assert_eq!(strip(&on), strip(&off));
     }
 
     #[test]
     fn a_device_scalar_reaches_the_op_table() {
-        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 64, root: 0 }, 0, 0, 2, &ring(1, 8));
+        let plan = build(
+            &CollDesc {
+                kind: CollKind::AllReduce,
+                count: 64,
+                root: 0,
+            },
+            0,
+            0,
+            2,
+            &ring(1, 8),
+        );
         let n = numbering(&plan);
-        let dev = |op, at| OpDesc { scalar_dev: at, ..op_desc(DataType::Float16, op, 64, 64) };
+        let dev = |op, at| OpDesc {
+            scalar_dev: at,
+            ..op_desc(DataType::Float16, op, 64, 64)
+        };
         let e = encode(&plan, &[dev(ReduceOp::PreMulSum(0.0), 0x5000)], &n, None).unwrap();
         assert_eq!(e.ops[0].scalar_dev, 0x5000);
         assert_eq!(e.ops[0].redop, 5);
-        assert_eq!(encode(&plan, &[dev(ReduceOp::PreMulSum(3.0), 0)], &n, None).unwrap().ops[0].scalar_dev, 0);
+        assert_eq!(
+            encode(&plan, &[dev(ReduceOp::PreMulSum(3.0), 0)], &n, None)
+                .unwrap()
+                .ops[0]
+                .scalar_dev,
+            0
+        );
         // Not a pre-mul-sum, or an address the kernel cannot load an f16 from.
-        assert!(matches!(encode(&plan, &[dev(ReduceOp::Sum, 0x5000)], &n, None), Err(Error::InvalidArgument(_))));
-        assert!(matches!(encode(&plan, &[dev(ReduceOp::PreMulSum(1.0), 0x5001)], &n, None), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            encode(&plan, &[dev(ReduceOp::Sum, 0x5000)], &n, None),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            encode(&plan, &[dev(ReduceOp::PreMulSum(1.0), 0x5001)], &n, None),
+            Err(Error::InvalidArgument(_))
+        ));
     }
 
     /// Zero-copy tables: a POST per receiving peer where a lane starts an op's run (before its
@@ -1053,37 +1332,92 @@ mod tests {
         use ferroccl_core::plan::zcopy::{peer_desc, remote_dsts};
         let t = ring(2, 64);
         let (n, me, count) = (3, 1, 1000);
-        let ag = CollDesc { kind: CollKind::AllGather, count, root: 0 };
-        let ar = CollDesc { kind: CollKind::AllReduce, count, root: 0 };
+        let ag = CollDesc {
+            kind: CollKind::AllGather,
+            count,
+            root: 0,
+        };
+        let ar = CollDesc {
+            kind: CollKind::AllReduce,
+            count,
+            root: 0,
+        };
         let mut plan = build(&ag, 0, me, n, &t);
         plan.append(build(&ar, 1, me, n, &t));
         let descs = [ag, ar];
-        let remote = remote_dsts(&plan, |op, p| Some(build(&peer_desc(&descs[op as usize], me).unwrap(), op, p, n, &t)));
-        let post = |op: usize, peer: usize| (0xa000_0000 + (op as u64) * 0x1000 + peer as u64, 4000 * (op as u64 + 1));
-        let z = ZeroCopy { remote: &remote, post: &post };
-        let ops = [op_desc(DataType::Float32, ReduceOp::Sum, count, n * count), op_desc(DataType::Float32, ReduceOp::Sum, count, count)];
+        let remote = remote_dsts(&plan, |op, p| {
+            Some(build(
+                &peer_desc(&descs[op as usize], me).unwrap(),
+                op,
+                p,
+                n,
+                &t,
+            ))
+        });
+        let post = |op: usize, peer: usize| {
+            (
+                0xa000_0000 + (op as u64) * 0x1000 + peer as u64,
+                4000 * (op as u64 + 1),
+            )
+        };
+        let z = ZeroCopy {
+            remote: &remote,
+            post: &post,
+        };
+        let ops = [
+            op_desc(DataType::Float32, ReduceOp::Sum, count, n * count),
+            op_desc(DataType::Float32, ReduceOp::Sum, count, count),
+        ];
         let nb = numbering(&plan);
         let with = encode(&plan, &ops, &nb, Some(&z)).unwrap();
         let without = encode(&plan, &ops, &nb, None).unwrap();
         let prev = (me + n - 1) % n;
         for (li, lane) in plan.lanes.iter().enumerate() {
-            let w = &with.steps[with.lanes[li].first_step as usize..][..with.lanes[li].nsteps as usize];
-            let plain = &without.steps[without.lanes[li].first_step as usize..][..without.lanes[li].nsteps as usize];
+            let w =
+                &with.steps[with.lanes[li].first_step as usize..][..with.lanes[li].nsteps as usize];
+            let plain = &without.steps[without.lanes[li].first_step as usize..]
+                [..without.lanes[li].nsteps as usize];
             // Two runs (one per op), each opened by one POST to the ring's previous rank (even
             // channels; odd channels run the other way).
-            let from = if lane.channel % 2 == 0 { prev } else { (me + 1) % n };
+            let from = if lane.channel % 2 == 0 {
+                prev
+            } else {
+                (me + 1) % n
+            };
             let posts: Vec<&FcStep> = w.iter().filter(|s| s.kind == STEP_POST).collect();
             assert_eq!(posts.len(), 2, "lane {li}");
             for (k, p) in posts.iter().enumerate() {
-                assert_eq!((p.op, p.src_off, p.count), (k as u32, post(k, from).0, post(k, from).1));
-                assert_eq!(p.recv_conn, nb(ConnKey { peer: from, channel: lane.channel, dir: Dir::Recv }).unwrap() as i32);
+                assert_eq!(
+                    (p.op, p.src_off, p.count),
+                    (k as u32, post(k, from).0, post(k, from).1)
+                );
+                assert_eq!(
+                    p.recv_conn,
+                    nb(ConnKey {
+                        peer: from,
+                        channel: lane.channel,
+                        dir: Dir::Recv
+                    })
+                    .unwrap() as i32
+                );
             }
             assert_eq!(w[0].kind, STEP_POST, "a lane posts before its first step");
             let body: Vec<FcStep> = w.iter().filter(|s| s.kind != STEP_POST).copied().collect();
             assert_eq!(body.len(), lane.steps.len());
             let mut waits = [0; 2];
-            for ((s, p), (step, m)) in body.iter().zip(plain).zip(lane.steps.iter().zip(&remote[li])) {
-                assert_eq!(FcStep { flags: s.flags & !(FLAG_RDST | FLAG_WAIT_POST), rdst_off: 0, ..*s }, *p);
+            for ((s, p), (step, m)) in body
+                .iter()
+                .zip(plain)
+                .zip(lane.steps.iter().zip(&remote[li]))
+            {
+                assert_eq!(
+                    FcStep {
+                        flags: s.flags & !(FLAG_RDST | FLAG_WAIT_POST),
+                        rdst_off: 0,
+                        ..*s
+                    },
+                    *p
+                );
                 assert_eq!(s.flags & FLAG_RDST != 0, m.is_some(), "{step:?}");
                 assert_eq!(s.rdst_off, m.unwrap_or(0) as u64);
                 if s.flags & FLAG_WAIT_POST != 0 {
@@ -1094,23 +1428,52 @@ mod tests {
             // All-gather: every send is direct, the first waits. All-reduce: the first send
             // feeds a reduction, yet it waits (the run has direct messages to that peer).
             assert_eq!(waits, [1, 1], "lane {li}");
-            let first_ar_send = body.iter().position(|s| s.op == 1 && s.send_conn >= 0).unwrap();
-            assert_eq!(body[first_ar_send].flags & (FLAG_WAIT_POST | FLAG_RDST), FLAG_WAIT_POST);
-            assert!(body.iter().filter(|s| s.op == 0 && s.send_conn >= 0).all(|s| s.flags & FLAG_RDST != 0));
+            let first_ar_send = body
+                .iter()
+                .position(|s| s.op == 1 && s.send_conn >= 0)
+                .unwrap();
+            assert_eq!(
+                body[first_ar_send].flags & (FLAG_WAIT_POST | FLAG_RDST),
+                FLAG_WAIT_POST
+            );
+            assert!(body
+                .iter()
+                .filter(|s| s.op == 0 && s.send_conn >= 0)
+                .all(|s| s.flags & FLAG_RDST != 0));
         }
         // Ops outside the handshake take none of it (LL ops: the tuner never puts them in it).
-        let ll_ops = ops.map(|o| OpDesc { ll: true, zero_copy: false, ..o });
+        let ll_ops = ops.map(|o| OpDesc {
+            ll: true,
+            zero_copy: false,
+            ..o
+        });
         let ll = encode(&plan, &ll_ops, &nb, Some(&z)).unwrap();
-        assert!(ll.steps.iter().all(|s| s.kind != STEP_POST && s.flags & (FLAG_RDST | FLAG_WAIT_POST) == 0));
+        assert!(ll
+            .steps
+            .iter()
+            .all(|s| s.kind != STEP_POST && s.flags & (FLAG_RDST | FLAG_WAIT_POST) == 0));
         // Marks of another plan's shape are an internal error, not a wrong table.
         let short: RemoteDsts = remote[..1].to_vec();
-        assert!(encode(&plan, &ops, &nb, Some(&ZeroCopy { remote: &short, post: &post })).is_err());
+        assert!(encode(
+            &plan,
+            &ops,
+            &nb,
+            Some(&ZeroCopy {
+                remote: &short,
+                post: &post
+            })
+        )
+        .is_err());
     }
 
     #[test]
     fn missing_connection_is_an_error() {
         let plan = build(
-            &CollDesc { kind: CollKind::AllReduce, count: 64, root: 0 },
+            &CollDesc {
+                kind: CollKind::AllReduce,
+                count: 64,
+                root: 0,
+            },
             0,
             0,
             2,
@@ -1119,13 +1482,20 @@ mod tests {
         let ops = [op_desc(DataType::Float32, ReduceOp::Sum, 64, 64)];
         let only_recv = |k: ConnKey| (k.dir == Dir::Recv).then_some(0);
         let err = encode(&plan, &ops, only_recv, None).unwrap_err();
-        assert!(matches!(err, Error::Internal(ref m) if m.contains("no connection")), "{err}");
+        assert!(
+            matches!(err, Error::Internal(ref m) if m.contains("no connection")),
+            "{err}"
+        );
     }
 
     #[test]
     fn bad_tables_are_rejected() {
         let plan = build(
-            &CollDesc { kind: CollKind::AllReduce, count: 64, root: 0 },
+            &CollDesc {
+                kind: CollKind::AllReduce,
+                count: 64,
+                root: 0,
+            },
             0,
             0,
             2,
@@ -1133,26 +1503,62 @@ mod tests {
         );
         let n = numbering(&plan);
         // Regions beyond the buffers the caller gave.
-        assert!(encode(&plan, &[op_desc(DataType::Float32, ReduceOp::Sum, 63, 64)], &n, None).is_err());
+        assert!(encode(
+            &plan,
+            &[op_desc(DataType::Float32, ReduceOp::Sum, 63, 64)],
+            &n,
+            None
+        )
+        .is_err());
         // No op for the plan's op 0.
         assert!(encode(&plan, &[], &n, None).is_err());
         // A null buffer with elements.
-        let null = OpDesc { send: 0, ..op_desc(DataType::Float32, ReduceOp::Sum, 64, 64) };
-        assert!(matches!(encode(&plan, &[null], &n, None), Err(Error::InvalidArgument(_))));
+        let null = OpDesc {
+            send: 0,
+            ..op_desc(DataType::Float32, ReduceOp::Sum, 64, 64)
+        };
+        assert!(matches!(
+            encode(&plan, &[null], &n, None),
+            Err(Error::InvalidArgument(_))
+        ));
         // An op the dtype cannot do.
         assert!(matches!(
-            encode(&plan, &[op_desc(DataType::Int32, ReduceOp::PreMulSum(0.5), 64, 64)], &n, None),
+            encode(
+                &plan,
+                &[op_desc(DataType::Int32, ReduceOp::PreMulSum(0.5), 64, 64)],
+                &n,
+                None
+            ),
             Err(Error::InvalidArgument(_))
         ));
         // A buffer running off the end of the address space.
-        let wrap = OpDesc { recv: u64::MAX - 16, ..op_desc(DataType::Float32, ReduceOp::Sum, 64, 64) };
+        let wrap = OpDesc {
+            recv: u64::MAX - 16,
+            ..op_desc(DataType::Float32, ReduceOp::Sum, 64, 64)
+        };
         assert!(encode(&plan, &[wrap], &n, None).is_err());
     }
 
     #[test]
     fn launch_carries_tables_and_inline_ops() {
-        let plan = build(&CollDesc { kind: CollKind::AllReduce, count: 1000, root: 0 }, 0, 2, 4, &ring(3, 50));
-        let e = encode(&plan, &[op_desc(DataType::Float32, ReduceOp::Sum, 1000, 1000)], numbering(&plan), None).unwrap();
+        let plan = build(
+            &CollDesc {
+                kind: CollKind::AllReduce,
+                count: 1000,
+                root: 0,
+            },
+            0,
+            2,
+            4,
+            &ring(3, 50),
+        );
+        let e = encode(
+            &plan,
+            &[op_desc(DataType::Float32, ReduceOp::Sum, 1000, 1000)],
+            numbering(&plan),
+            None,
+        )
+        .unwrap();
         let at = DeviceTables {
             steps: 1,
             lanes: 2,
@@ -1167,8 +1573,14 @@ mod tests {
             rank: 2,
         };
         let l = FcLaunch::new(&at, &e.ops);
-        assert_eq!((l.nlanes, l.nsteps, l.nops, l.nconns, l.rank), (3, e.steps.len() as u32, 1, 6, 2));
-        assert_eq!((l.steps, l.lanes, l.conns, l.abort, l.error, l.timeout_ns), (1, 2, 4, 5, 6, 7));
+        assert_eq!(
+            (l.nlanes, l.nsteps, l.nops, l.nconns, l.rank),
+            (3, e.steps.len() as u32, 1, 6, 2)
+        );
+        assert_eq!(
+            (l.steps, l.lanes, l.conns, l.abort, l.error, l.timeout_ns),
+            (1, 2, 4, 5, 6, 7)
+        );
         // One op rides in the parameter; the op table is not read.
         assert_eq!((l.ops, l.inline_ops[0]), (0, e.ops[0]));
         assert_eq!(l.inline_ops[1], FcOp::default());

@@ -122,7 +122,9 @@ impl FcCheckCase {
     /// count (0 for a fill).
     pub(crate) fn new(case: &RankCase, data: u64, len: u64, result: u64) -> Result<FcCheckCase> {
         if case.nranks == 0 {
-            return Err(Error::InvalidArgument("a check case needs at least one rank".into()));
+            return Err(Error::InvalidArgument(
+                "a check case needs at least one rank".into(),
+            ));
         }
         let p = value_params(case.dtype, case.op, case.nranks);
         let (matcher, match_p, match_emin, tol) = match case.matcher() {
@@ -198,9 +200,18 @@ impl<'c> GpuVerifier<'c> {
         for k in [FILL_KERNEL, COUNT_KERNEL, FIRST_KERNEL] {
             module.kernel(k)?.load()?;
         }
-        let sms = gpu.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
-        let result = DeviceBuffer::alloc(gpu, std::mem::size_of::<FcCheckResult>(), &[], &comm.stats)?;
-        Ok(GpuVerifier { comm, module, result, busy: Mutex::new(()), max_blocks: sms * BLOCKS_PER_SM })
+        let sms = gpu
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            .max(1) as u32;
+        let result =
+            DeviceBuffer::alloc(gpu, std::mem::size_of::<FcCheckResult>(), &[], &comm.stats)?;
+        Ok(GpuVerifier {
+            comm,
+            module,
+            result,
+            busy: Mutex::new(()),
+            max_blocks: sms * BLOCKS_PER_SM,
+        })
     }
 
     fn stream(&self) -> sys::CUstream {
@@ -216,7 +227,9 @@ impl<'c> GpuVerifier<'c> {
             return Ok(());
         }
         self.comm.gpu.bind()?;
-        cu_ok("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(dst as u64, byte, bytes, self.stream()) })
+        cu_ok("cuMemsetD8Async", unsafe {
+            sys::cuMemsetD8Async(dst as u64, byte, bytes, self.stream())
+        })
     }
 
     /// Writes this rank's input for `case` (`RankCase::fill_input`) into the `len` elements
@@ -236,14 +249,21 @@ impl<'c> GpuVerifier<'c> {
     /// # Safety
     /// `out` must hold `len` elements of `case.dtype` in device memory of this GPU.
     pub unsafe fn count_wrong(&self, case: &RankCase, out: *const u8, len: usize) -> Result<Wrong> {
-        let _busy = self.busy.lock().map_err(|_| Error::Internal("GPU checker lock poisoned".into()))?;
+        let _busy = self
+            .busy
+            .lock()
+            .map_err(|_| Error::Internal("GPU checker lock poisoned".into()))?;
         let res = self.result.device_ptr();
         let c = self.case(case, out as u64, len, res)?;
         let stream = self.stream();
         self.comm.gpu.bind()?;
         // wrong = 0, first = none.
-        cu_ok("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(res, 0, 8, stream) })?;
-        cu_ok("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(res + 8, 0xff, 8, stream) })?;
+        cu_ok("cuMemsetD8Async", unsafe {
+            sys::cuMemsetD8Async(res, 0, 8, stream)
+        })?;
+        cu_ok("cuMemsetD8Async", unsafe {
+            sys::cuMemsetD8Async(res + 8, 0xff, 8, stream)
+        })?;
         if len > 0 {
             self.launch(COUNT_KERNEL, self.grid(case, len), THREADS, &c)?;
             self.launch(FIRST_KERNEL, 1, 1, &c)?;
@@ -251,15 +271,25 @@ impl<'c> GpuVerifier<'c> {
         let mut host = FcCheckResult::default();
         let bytes = std::mem::size_of::<FcCheckResult>();
         self.comm.gpu.bind()?;
-        cu_ok("cuMemcpyDtoHAsync", unsafe { sys::cuMemcpyDtoHAsync_v2((&mut host as *mut FcCheckResult).cast(), res, bytes, stream) })?;
-        cu_ok("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(stream) })?;
-        Ok(Wrong { count: host.wrong, first: (host.wrong > 0).then_some((host.first as usize, host.got, host.want)) })
+        cu_ok("cuMemcpyDtoHAsync", unsafe {
+            sys::cuMemcpyDtoHAsync_v2((&mut host as *mut FcCheckResult).cast(), res, bytes, stream)
+        })?;
+        cu_ok("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(stream)
+        })?;
+        Ok(Wrong {
+            count: host.wrong,
+            first: (host.wrong > 0).then_some((host.first as usize, host.got, host.want)),
+        })
     }
 
     fn case(&self, case: &RankCase, data: u64, len: usize, result: u64) -> Result<FcCheckCase> {
         let size = case.dtype.size() as u64;
         if len > 0 && (data == 0 || !data.is_multiple_of(size)) {
-            return Err(Error::InvalidArgument(format!("check buffer {data:#x} is null or not aligned to {}", case.dtype)));
+            return Err(Error::InvalidArgument(format!(
+                "check buffer {data:#x} is null or not aligned to {}",
+                case.dtype
+            )));
         }
         FcCheckCase::new(case, data, len as u64, result)
     }
@@ -267,7 +297,9 @@ impl<'c> GpuVerifier<'c> {
     /// Blocks for `len` elements: one 16-byte pack per thread, up to what the GPU holds at once.
     fn grid(&self, case: &RankCase, len: usize) -> u32 {
         let packs = (len as u64).div_ceil(16 / case.dtype.size() as u64);
-        packs.div_ceil(THREADS as u64).clamp(1, self.max_blocks as u64) as u32
+        packs
+            .div_ceil(THREADS as u64)
+            .clamp(1, self.max_blocks as u64) as u32
     }
 
     fn launch(&self, name: &str, grid: u32, block: u32, c: &FcCheckCase) -> Result<()> {
@@ -277,7 +309,12 @@ impl<'c> GpuVerifier<'c> {
         let kernel = self.module.kernel(name)?;
         let mut param = *c;
         let mut params = [&mut param as *mut FcCheckCase as *mut c_void];
-        let dims = LaunchDims { grid: (grid, 1, 1), block: (block, 1, 1), shared_bytes: 0, overlap_prior: false };
+        let dims = LaunchDims {
+            grid: (grid, 1, 1),
+            block: (block, 1, 1),
+            shared_bytes: 0,
+            overlap_prior: false,
+        };
         // SAFETY: every check kernel takes one FcCheckCase by value; its buffers are the
         // caller's (see the public methods' contracts) and `result` is ours.
         unsafe { kernel.launch(dims, self.stream(), &mut params) }
@@ -305,8 +342,16 @@ mod tests {
             } else {
                 continue;
             };
-            let args: Vec<&str> = args.trim_end_matches(");").split(',').map(str::trim).collect();
-            let (t, f, n) = if field { (args[0], args[1], args[2]) } else { (args[0], "", args[1]) };
+            let args: Vec<&str> = args
+                .trim_end_matches(");")
+                .split(',')
+                .map(str::trim)
+                .collect();
+            let (t, f, n) = if field {
+                (args[0], args[1], args[2])
+            } else {
+                (args[0], "", args[1])
+            };
             let f = if f == "match" { "matcher" } else { f };
             v.push((t.to_string(), f.to_string(), n.parse().unwrap()));
         }
@@ -316,7 +361,10 @@ mod tests {
     #[test]
     fn cuda_header_pins_the_same_layout() {
         let mut cuda = cuda_layout();
-        let mut rust: Vec<(String, String, usize)> = LAYOUT.iter().map(|&(t, f, n)| (t.to_string(), f.to_string(), n)).collect();
+        let mut rust: Vec<(String, String, usize)> = LAYOUT
+            .iter()
+            .map(|&(t, f, n)| (t.to_string(), f.to_string(), n))
+            .collect();
         cuda.sort();
         rust.sort();
         assert_eq!(cuda, rust);
@@ -350,17 +398,38 @@ mod tests {
         for (n, k) in kinds {
             assert_eq!(header_define(&format!("FC_CK_{n}")), kind_code(k), "{n}");
         }
-        let names = ["INT8", "UINT8", "INT32", "UINT32", "INT64", "UINT64", "FLOAT16", "FLOAT32", "FLOAT64", "BFLOAT16", "FP8E4M3", "FP8E5M2"];
+        let names = [
+            "INT8", "UINT8", "INT32", "UINT32", "INT64", "UINT64", "FLOAT16", "FLOAT32", "FLOAT64",
+            "BFLOAT16", "FP8E4M3", "FP8E5M2",
+        ];
         for (n, d) in names.iter().zip(DataType::ALL) {
-            assert_eq!(header_define(&format!("FC_CK_{n}")) as i32, d.nccl_id(), "{n}");
+            assert_eq!(
+                header_define(&format!("FC_CK_{n}")) as i32,
+                d.nccl_id(),
+                "{n}"
+            );
         }
-        for (n, op) in [("SUM", ReduceOp::Sum), ("PROD", ReduceOp::Prod), ("MAX", ReduceOp::Max), ("MIN", ReduceOp::Min), ("AVG", ReduceOp::Avg), ("PREMULSUM", ReduceOp::PreMulSum(2.0))] {
-            assert_eq!(header_define(&format!("FC_CK_OP_{n}")) as i32, op.nccl_id(), "{n}");
+        for (n, op) in [
+            ("SUM", ReduceOp::Sum),
+            ("PROD", ReduceOp::Prod),
+            ("MAX", ReduceOp::Max),
+            ("MIN", ReduceOp::Min),
+            ("AVG", ReduceOp::Avg),
+            ("PREMULSUM", ReduceOp::PreMulSum(2.0)),
+        ] {
+            assert_eq!(
+                header_define(&format!("FC_CK_OP_{n}")) as i32,
+                op.nccl_id(),
+                "{n}"
+            );
         }
         assert_eq!(header_define("FC_CK_MATCH_EXACT"), MATCH_EXACT);
         assert_eq!(header_define("FC_CK_MATCH_AVG"), MATCH_AVG);
         assert_eq!(header_define("FC_CK_MATCH_WITHIN"), MATCH_WITHIN);
-        let threads = kernels::CHECK_SRC.lines().find_map(|l| l.strip_prefix("#define FC_CK_THREADS ")).unwrap();
+        let threads = kernels::CHECK_SRC
+            .lines()
+            .find_map(|l| l.strip_prefix("#define FC_CK_THREADS "))
+            .unwrap();
         assert_eq!(threads.trim().parse::<u32>().unwrap(), THREADS);
     }
 
@@ -371,24 +440,49 @@ mod tests {
     fn check_kernels_compile_with_nvrtc() {
         let source = kernels::check_source();
         let options = kernels::nvrtc_flags();
-        let include_dirs = Config::from_env().expect("a valid environment").cuda_include;
-        let req = nvrtc::CompileRequest { name: "check.cu", source: &source, arch: "sm_90", include_dirs: &include_dirs, options: &options };
+        let include_dirs = Config::from_env()
+            .expect("a valid environment")
+            .cuda_include;
+        let req = nvrtc::CompileRequest {
+            name: "check.cu",
+            source: &source,
+            arch: "sm_90",
+            include_dirs: &include_dirs,
+            options: &options,
+        };
         let t = std::time::Instant::now();
         let img = nvrtc::compile(&req).unwrap_or_else(|e| panic!("{e}"));
-        eprintln!("check.cu -> {:?} of {} bytes in {:?}", img.kind, img.bytes.len(), t.elapsed());
+        eprintln!(
+            "check.cu -> {:?} of {} bytes in {:?}",
+            img.kind,
+            img.bytes.len(),
+            t.elapsed()
+        );
         for k in [FILL_KERNEL, COUNT_KERNEL, FIRST_KERNEL] {
-            assert!(img.bytes.windows(k.len()).any(|w| w == k.as_bytes()), "no {k} in the image");
+            assert!(
+                img.bytes.windows(k.len()).any(|w| w == k.as_bytes()),
+                "no {k} in the image"
+            );
         }
-        let text = cudarc::nvrtc::compile_ptx_with_opts(source, kernels::compile_options("sm_90", &include_dirs))
-            .unwrap_or_else(|e| panic!("{e:?}"))
-            .to_src();
+        let text = cudarc::nvrtc::compile_ptx_with_opts(
+            source,
+            kernels::compile_options("sm_90", &include_dirs),
+        )
+        .unwrap_or_else(|e| panic!("{e:?}"))
+        .to_src();
         for k in [FILL_KERNEL, COUNT_KERNEL, FIRST_KERNEL] {
             assert!(text.contains(&format!(".entry {k}(")), "no entry {k}");
         }
         // The expected sums must round like the host's: no fused multiply-add on f64.
         assert!(!text.contains("fma.rn.f64"), "an f64 FMA in the checker");
         // 16-byte packs: the fill's stores and the count's loads are vectorised.
-        assert!(text.contains("st.global.v4.u32") || text.contains("st.global.v4.b32"), "no vector store");
-        assert!(text.contains("ld.global.cs.v4.u32") || text.contains("ld.global.cs.v4.b32"), "no vector load");
+        assert!(
+            text.contains("st.global.v4.u32") || text.contains("st.global.v4.b32"),
+            "no vector store"
+        );
+        assert!(
+            text.contains("ld.global.cs.v4.u32") || text.contains("ld.global.cs.v4.b32"),
+            "no vector load"
+        );
     }
 }

@@ -10,10 +10,10 @@
 //! ([`crate::mem::alloc`], or any other such allocation); anything else is refused with a clear
 //! error before any peer maps anything.
 
+use crate::bootstrap::Bootstrap;
 use crate::cuda::device::Gpu;
 use crate::cuda::fdpass::{FdChannel, FdListener};
 use crate::cuda::mem::{export_allocation, DeviceBuffer, MemStats};
-use crate::bootstrap::Bootstrap;
 use ferroccl_core::{Error, Rank};
 use std::os::fd::AsFd;
 use std::sync::atomic::AtomicBool;
@@ -50,16 +50,32 @@ impl WindowDesc {
     }
     pub fn parse(b: &[u8]) -> Result<WindowDesc, Error> {
         if b.len() != Self::LEN {
-            return Err(Error::Protocol(format!("window registration: a peer sent {} bytes, expected {}", b.len(), Self::LEN)));
+            return Err(Error::Protocol(format!(
+                "window registration: a peer sent {} bytes, expected {}",
+                b.len(),
+                Self::LEN
+            )));
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         let symmetric = match b[40] {
             0 => false,
             1 => true,
-            x => return Err(Error::Protocol(format!("window registration: a peer sent symmetric flag {x}"))),
+            x => {
+                return Err(Error::Protocol(format!(
+                    "window registration: a peer sent symmetric flag {x}"
+                )))
+            }
         };
-        let d = WindowDesc { pid: u32_at(0), gpu: u32_at(4), ptr: u64_at(8), len: u64_at(16), alloc_base: u64_at(24), alloc_len: u64_at(32), symmetric };
+        let d = WindowDesc {
+            pid: u32_at(0),
+            gpu: u32_at(4),
+            ptr: u64_at(8),
+            len: u64_at(16),
+            alloc_base: u64_at(24),
+            alloc_len: u64_at(32),
+            symmetric,
+        };
         d.check()?;
         Ok(d)
     }
@@ -111,7 +127,12 @@ impl Windows {
     /// The address at which `peer` reaches `[ptr, ptr + bytes)` of this rank, when a window
     /// holds all of it.
     pub fn view(&self, ptr: u64, bytes: u64, peer: Rank) -> Option<u64> {
-        view_in(self.list.iter().map(|w| (w.ptr, w.len, w.views.as_slice())), ptr, bytes, peer)
+        view_in(
+            self.list.iter().map(|w| (w.ptr, w.len, w.views.as_slice())),
+            ptr,
+            bytes,
+            peer,
+        )
     }
 
     /// Where this process maps every rank's counterpart of `[ptr, ptr + bytes)` of this rank,
@@ -119,8 +140,17 @@ impl Windows {
     /// the same offset (the symmetric contract), inside it since all have one length.
     pub fn symmetric_far(&self, ptr: u64, bytes: u64) -> Option<Vec<u64>> {
         let end = ptr.checked_add(bytes)?;
-        let w = self.list.iter().find(|w| w.far.is_some() && ptr >= w.ptr && end <= w.ptr + w.len)?;
-        Some(w.far.as_ref()?.iter().map(|base| base + (ptr - w.ptr)).collect())
+        let w = self
+            .list
+            .iter()
+            .find(|w| w.far.is_some() && ptr >= w.ptr && end <= w.ptr + w.len)?;
+        Some(
+            w.far
+                .as_ref()?
+                .iter()
+                .map(|base| base + (ptr - w.ptr))
+                .collect(),
+        )
     }
 
     /// Registers `[ptr, ptr + len)` with every rank of `boot` (collective), `symmetric` as every
@@ -143,15 +173,28 @@ impl Windows {
         // cannot register fails every rank alike before anything is mapped.
         let exported = (|| {
             if len == 0 || ptr == 0 {
-                return Err(Error::InvalidArgument(format!("registering {len} bytes at {ptr:#x}")));
+                return Err(Error::InvalidArgument(format!(
+                    "registering {len} bytes at {ptr:#x}"
+                )));
             }
             export_allocation(gpu, ptr, len)
         })();
         self.registrations += 1;
-        let job = boot.comm_id() ^ 0x5749_4e44_4f57_0000 ^ self.registrations.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let job = boot.comm_id()
+            ^ 0x5749_4e44_4f57_0000
+            ^ self.registrations.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let listener = FdListener::bind(job, me as u32)?;
-        let desc = |alloc_base: u64, alloc_len: usize| WindowDesc { pid: std::process::id(), gpu: gpu.ordinal() as u32, ptr, len: len as u64, alloc_base, alloc_len: alloc_len as u64, symmetric };
-        let exported = exported.and_then(|(fd, base, size)| desc(base, size).check().map(|()| (fd, base, size)));
+        let desc = |alloc_base: u64, alloc_len: usize| WindowDesc {
+            pid: std::process::id(),
+            gpu: gpu.ordinal() as u32,
+            ptr,
+            len: len as u64,
+            alloc_base,
+            alloc_len: alloc_len as u64,
+            symmetric,
+        };
+        let exported = exported
+            .and_then(|(fd, base, size)| desc(base, size).check().map(|()| (fd, base, size)));
         // A status byte first (0 = a description follows, 0xff = why not), as in the second
         // exchange.
         let mine = match &exported {
@@ -167,19 +210,33 @@ impl Windows {
             }
         };
         let all = boot.allgather(&mine)?;
-        let descs: Vec<WindowDesc> = all.iter().enumerate().map(|(q, b)| parse_desc_row(q, b)).collect::<Result<_, _>>()?;
+        let descs: Vec<WindowDesc> = all
+            .iter()
+            .enumerate()
+            .map(|(q, b)| parse_desc_row(q, b))
+            .collect::<Result<_, _>>()?;
         let (fd, _, _) = exported?;
         symmetric_agrees(&descs)?;
         let same_host = |q: Rank| boot.peers()[q].host_id == boot.peers()[me].host_id;
         if let Some(q) = (0..n).find(|&q| !same_host(q)) {
-            return Err(Error::InvalidArgument(format!("window registration: rank {q} is on another host; windows are one host's for now")));
+            return Err(Error::InvalidArgument(format!(
+                "window registration: rank {q} is on another host; windows are one host's for now"
+            )));
         }
         let pid = std::process::id();
         // Peers of this process reach the buffer at its own address once their GPU may.
-        let local_gpus: Vec<usize> = (0..n).filter(|&q| q != me && descs[q].pid == pid).map(|q| descs[q].gpu as usize).collect();
+        let local_gpus: Vec<usize> = (0..n)
+            .filter(|&q| q != me && descs[q].pid == pid)
+            .map(|q| descs[q].gpu as usize)
+            .collect();
         let mine = descs[me];
         if !local_gpus.is_empty() {
-            crate::cuda::mem::grant_range(gpu, mine.alloc_base, mine.alloc_len as usize, &local_gpus)?;
+            crate::cuda::mem::grant_range(
+                gpu,
+                mine.alloc_base,
+                mine.alloc_len as usize,
+                &local_gpus,
+            )?;
         }
         let mut here = vec![0u64; n];
         here[me] = ptr;
@@ -200,7 +257,8 @@ impl Windows {
                 let q = check_window_message(fds.len(), &payload, &remote, &seen)?;
                 seen.push(q);
                 let d = descs[q];
-                let buf = DeviceBuffer::import(fds[0].as_fd(), d.alloc_len as usize, gpu, &[], stats)?;
+                let buf =
+                    DeviceBuffer::import(fds[0].as_fd(), d.alloc_len as usize, gpu, &[], stats)?;
                 here[q] = buf.device_ptr() + (d.ptr - d.alloc_base);
                 imported.push(buf);
             }
@@ -213,7 +271,13 @@ impl Windows {
         exchanged?;
         let views = views_of(&rows, me, n)?;
         let far = symmetric.then_some(here);
-        self.list.push(Window { ptr, len: len as u64, views, far, _imported: imported });
+        self.list.push(Window {
+            ptr,
+            len: len as u64,
+            views,
+            far,
+            _imported: imported,
+        });
         self.epoch += 1;
         Ok(())
     }
@@ -226,7 +290,11 @@ impl Windows {
     /// symmetric contract would otherwise disagree between ranks). The caller has drained the
     /// stream.
     pub fn deregister(&mut self, ptr: u64) -> Result<(), Error> {
-        let i = self.list.iter().position(|w| w.ptr == ptr).ok_or_else(|| Error::InvalidArgument(format!("deregistering {ptr:#x}: no window of this rank is registered there")))?;
+        let i = self.list.iter().position(|w| w.ptr == ptr).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "deregistering {ptr:#x}: no window of this rank is registered there"
+            ))
+        })?;
         self.list.remove(i);
         self.epoch += 1;
         Ok(())
@@ -236,7 +304,9 @@ impl Windows {
 /// Every rank registered the window alike: symmetric on all or on none, and symmetric ones of
 /// one length (every rank sees every description, so all fail alike, before mapping anything).
 fn symmetric_agrees(descs: &[WindowDesc]) -> Result<(), Error> {
-    let Some(first) = descs.first() else { return Ok(()) };
+    let Some(first) = descs.first() else {
+        return Ok(());
+    };
     if let Some(q) = descs.iter().position(|d| d.symmetric != first.symmetric) {
         return Err(Error::InvalidArgument(format!(
             "window registration: rank 0 registers a {} window, rank {q} a {} one; every rank must register alike",
@@ -244,7 +314,10 @@ fn symmetric_agrees(descs: &[WindowDesc]) -> Result<(), Error> {
             if descs[q].symmetric { "symmetric" } else { "local" }
         )));
     }
-    if let Some(q) = descs.iter().position(|d| first.symmetric && d.len != first.len) {
+    if let Some(q) = descs
+        .iter()
+        .position(|d| first.symmetric && d.len != first.len)
+    {
         return Err(Error::InvalidArgument(format!(
             "window registration: symmetric windows must have one length on every rank: rank 0 registers {} bytes, rank {q} {}",
             first.len, descs[q].len
@@ -254,7 +327,12 @@ fn symmetric_agrees(descs: &[WindowDesc]) -> Result<(), Error> {
 }
 
 /// The view of `[ptr, ptr + bytes)` for `peer` among windows (ptr, len, views).
-fn view_in<'a>(windows: impl Iterator<Item = (u64, u64, &'a [u64])>, ptr: u64, bytes: u64, peer: Rank) -> Option<u64> {
+fn view_in<'a>(
+    windows: impl Iterator<Item = (u64, u64, &'a [u64])>,
+    ptr: u64,
+    bytes: u64,
+    peer: Rank,
+) -> Option<u64> {
     let end = ptr.checked_add(bytes)?;
     for (base, len, views) in windows {
         if ptr >= base && end <= base + len {
@@ -268,8 +346,13 @@ fn view_in<'a>(windows: impl Iterator<Item = (u64, u64, &'a [u64])>, ptr: u64, b
 fn parse_desc_row(q: Rank, b: &[u8]) -> Result<WindowDesc, Error> {
     match b.split_first() {
         Some((0, d)) => WindowDesc::parse(d).map_err(|e| e.context(format!("rank {q}'s window"))),
-        Some((0xff, why)) => Err(Error::InvalidArgument(format!("rank {q} could not register its buffer: {}", String::from_utf8_lossy(why)))),
-        _ => Err(Error::Protocol(format!("window registration: rank {q} sent a description without a status"))),
+        Some((0xff, why)) => Err(Error::InvalidArgument(format!(
+            "rank {q} could not register its buffer: {}",
+            String::from_utf8_lossy(why)
+        ))),
+        _ => Err(Error::Protocol(format!(
+            "window registration: rank {q} sent a description without a status"
+        ))),
     }
 }
 
@@ -292,7 +375,10 @@ fn view_row(here: &[u64], failed: Option<&Error>) -> Vec<u8> {
 /// From every rank's row of where it maps each window: where each rank maps ours.
 fn views_of(rows: &[Vec<u8>], me: Rank, n: usize) -> Result<Vec<u64>, Error> {
     if rows.len() != n {
-        return Err(Error::Protocol(format!("window registration: {} rows of views for {n} ranks", rows.len())));
+        return Err(Error::Protocol(format!(
+            "window registration: {} rows of views for {n} ranks",
+            rows.len()
+        )));
     }
     rows.iter()
         .enumerate()
@@ -305,15 +391,25 @@ fn views_of(rows: &[Vec<u8>], me: Rank, n: usize) -> Result<Vec<u64>, Error> {
                         String::from_utf8_lossy(why)
                     )))
                 }
-                _ => return Err(Error::Protocol(format!("window registration: rank {q} sent a row without a status"))),
+                _ => {
+                    return Err(Error::Protocol(format!(
+                        "window registration: rank {q} sent a row without a status"
+                    )))
+                }
             }
             let r = &r[1..];
             if r.len() != 8 * n {
-                return Err(Error::Protocol(format!("window registration: rank {q} sent {} bytes of views, expected {}", r.len(), 8 * n)));
+                return Err(Error::Protocol(format!(
+                    "window registration: rank {q} sent {} bytes of views, expected {}",
+                    r.len(),
+                    8 * n
+                )));
             }
             let v = u64::from_le_bytes(r[8 * me..8 * me + 8].try_into().expect("8 bytes"));
             if v == 0 {
-                return Err(Error::Protocol(format!("window registration: rank {q} did not map our window")));
+                return Err(Error::Protocol(format!(
+                    "window registration: rank {q} did not map our window"
+                )));
             }
             Ok(v)
         })
@@ -322,7 +418,12 @@ fn views_of(rows: &[Vec<u8>], me: Rank, n: usize) -> Result<Vec<u64>, Error> {
 
 /// Checks one message of a window's descriptor: one fd, from a rank expected to send one and
 /// that has not yet.
-fn check_window_message(nfds: usize, payload: &[u8], expected: &[Rank], seen: &[Rank]) -> Result<Rank, Error> {
+fn check_window_message(
+    nfds: usize,
+    payload: &[u8],
+    expected: &[Rank],
+    seen: &[Rank],
+) -> Result<Rank, Error> {
     if nfds != 1 || payload.len() != 4 {
         return Err(Error::Protocol(format!(
             "window registration: a malformed message ({nfds} descriptors, {} payload bytes; expected 1 and 4)",
@@ -342,39 +443,86 @@ mod tests {
 
     #[test]
     fn window_descriptions_round_trip_and_are_checked() {
-        let d = WindowDesc { pid: 9, gpu: 1, ptr: 0x7f00_0020_0000, len: 4096, alloc_base: 0x7f00_0000_0000, alloc_len: 4 << 20, symmetric: false };
+        let d = WindowDesc {
+            pid: 9,
+            gpu: 1,
+            ptr: 0x7f00_0020_0000,
+            len: 4096,
+            alloc_base: 0x7f00_0000_0000,
+            alloc_len: 4 << 20,
+            symmetric: false,
+        };
         assert_eq!(WindowDesc::parse(&d.encode()).unwrap(), d);
-        let s = WindowDesc { symmetric: true, ..d };
+        let s = WindowDesc {
+            symmetric: true,
+            ..d
+        };
         assert_eq!(WindowDesc::parse(&s.encode()).unwrap(), s);
-        assert!(matches!(WindowDesc::parse(&d.encode()[..40]), Err(Error::Protocol(_))));
+        assert!(matches!(
+            WindowDesc::parse(&d.encode()[..40]),
+            Err(Error::Protocol(_))
+        ));
         let mut bad_flag = d.encode();
         bad_flag[40] = 2;
-        assert!(matches!(WindowDesc::parse(&bad_flag), Err(Error::Protocol(_))));
+        assert!(matches!(
+            WindowDesc::parse(&bad_flag),
+            Err(Error::Protocol(_))
+        ));
         // Empty, before the allocation, past its end, wrapping.
         for bad in [
             WindowDesc { len: 0, ..d },
-            WindowDesc { ptr: d.alloc_base - 1, ..d },
+            WindowDesc {
+                ptr: d.alloc_base - 1,
+                ..d
+            },
             WindowDesc { len: 4 << 20, ..d },
-            WindowDesc { ptr: u64::MAX - 10, alloc_base: u64::MAX - 20, alloc_len: 20, len: 100, ..d },
+            WindowDesc {
+                ptr: u64::MAX - 10,
+                alloc_base: u64::MAX - 20,
+                alloc_len: 20,
+                len: 100,
+                ..d
+            },
         ] {
-            assert!(matches!(WindowDesc::parse(&bad.encode()), Err(Error::InvalidArgument(_))), "{bad:?}");
+            assert!(
+                matches!(
+                    WindowDesc::parse(&bad.encode()),
+                    Err(Error::InvalidArgument(_))
+                ),
+                "{bad:?}"
+            );
         }
     }
 
     #[test]
     fn first_exchange_rows_carry_a_status() {
         // A pid whose low byte is 0xff must not read as a failure.
-        let d = WindowDesc { pid: 0x1ff, gpu: 0, ptr: 0x20_0000, len: 64, alloc_base: 0x20_0000, alloc_len: 2 << 20, symmetric: false };
+        let d = WindowDesc {
+            pid: 0x1ff,
+            gpu: 0,
+            ptr: 0x20_0000,
+            len: 64,
+            alloc_base: 0x20_0000,
+            alloc_len: 2 << 20,
+            symmetric: false,
+        };
         let mut ok = vec![0u8];
         ok.extend(d.encode());
         assert_eq!(parse_desc_row(0, &ok).unwrap(), d);
         let mut bad = vec![0xffu8];
         bad.extend(b"0x1000 is not GPU memory");
         let e = parse_desc_row(3, &bad).unwrap_err();
-        assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("rank 3 could not register"), "{e}");
+        assert!(
+            matches!(e, Error::InvalidArgument(_))
+                && e.to_string().contains("rank 3 could not register"),
+            "{e}"
+        );
         assert!(matches!(parse_desc_row(0, &[]), Err(Error::Protocol(_))));
         let d7 = WindowDesc { pid: 7, ..d };
-        assert!(matches!(parse_desc_row(0, &d7.encode()), Err(Error::Protocol(_))), "a row without its status byte");
+        assert!(
+            matches!(parse_desc_row(0, &d7.encode()), Err(Error::Protocol(_))),
+            "a row without its status byte"
+        );
     }
 
     #[test]
@@ -395,10 +543,32 @@ mod tests {
 
     #[test]
     fn symmetric_windows_are_registered_alike_and_name_every_ranks_counterpart() {
-        let d = WindowDesc { pid: 1, gpu: 0, ptr: 0x20_0000, len: 4096, alloc_base: 0x20_0000, alloc_len: 2 << 20, symmetric: true };
-        assert!(symmetric_agrees(&[d, WindowDesc { ptr: 0x40_0000, alloc_base: 0x40_0000, ..d }]).is_ok());
-        let local = WindowDesc { symmetric: false, ..d };
-        assert!(symmetric_agrees(&[local, WindowDesc { len: 64, ..local }]).is_ok(), "local windows may differ in length");
+        let d = WindowDesc {
+            pid: 1,
+            gpu: 0,
+            ptr: 0x20_0000,
+            len: 4096,
+            alloc_base: 0x20_0000,
+            alloc_len: 2 << 20,
+            symmetric: true,
+        };
+        assert!(symmetric_agrees(&[
+            d,
+            WindowDesc {
+                ptr: 0x40_0000,
+                alloc_base: 0x40_0000,
+                ..d
+            }
+        ])
+        .is_ok());
+        let local = WindowDesc {
+            symmetric: false,
+            ..d
+        };
+        assert!(
+            symmetric_agrees(&[local, WindowDesc { len: 64, ..local }]).is_ok(),
+            "local windows may differ in length"
+        );
         let e = symmetric_agrees(&[d, local]).unwrap_err();
         assert!(e.to_string().contains("rank 1 a local one"), "{e}");
         let e = symmetric_agrees(&[d, d, WindowDesc { len: 8192, ..d }]).unwrap_err();
@@ -407,14 +577,32 @@ mod tests {
         // 0xa000 and 0xc000 here; a local window beside it offers no counterpart.
         let ws = Windows {
             list: vec![
-                Window { ptr: 0x1000, len: 512, views: vec![0xa1, 0x1000, 0xc1], far: Some(vec![0xa000, 0x1000, 0xc000]), _imported: Vec::new() },
-                Window { ptr: 0x8000, len: 512, views: vec![0xa2, 0x8000, 0xc2], far: None, _imported: Vec::new() },
+                Window {
+                    ptr: 0x1000,
+                    len: 512,
+                    views: vec![0xa1, 0x1000, 0xc1],
+                    far: Some(vec![0xa000, 0x1000, 0xc000]),
+                    _imported: Vec::new(),
+                },
+                Window {
+                    ptr: 0x8000,
+                    len: 512,
+                    views: vec![0xa2, 0x8000, 0xc2],
+                    far: None,
+                    _imported: Vec::new(),
+                },
             ],
             epoch: 2,
             registrations: 2,
         };
-        assert_eq!(ws.symmetric_far(0x1000, 512), Some(vec![0xa000, 0x1000, 0xc000]));
-        assert_eq!(ws.symmetric_far(0x1100, 16), Some(vec![0xa100, 0x1100, 0xc100]));
+        assert_eq!(
+            ws.symmetric_far(0x1000, 512),
+            Some(vec![0xa000, 0x1000, 0xc000])
+        );
+        assert_eq!(
+            ws.symmetric_far(0x1100, 16),
+            Some(vec![0xa100, 0x1100, 0xc100])
+        );
         assert_eq!(ws.symmetric_far(0x1100, 512), None, "past the end");
         assert_eq!(ws.symmetric_far(0x8000, 16), None, "a local window");
         assert_eq!(ws.symmetric_far(u64::MAX - 1, 4), None);
@@ -425,7 +613,11 @@ mod tests {
     fn views_are_read_from_every_ranks_row() {
         let row = |vals: &[u64]| view_row(vals, None);
         // Rank q's row says where q maps each rank's window; we are rank 1.
-        let rows = vec![row(&[0xa0, 0xa1, 0xa2]), row(&[0xb0, 0xb1, 0xb2]), row(&[0xc0, 0xc1, 0xc2])];
+        let rows = vec![
+            row(&[0xa0, 0xa1, 0xa2]),
+            row(&[0xb0, 0xb1, 0xb2]),
+            row(&[0xc0, 0xc1, 0xc2]),
+        ];
         assert_eq!(views_of(&rows, 1, 3).unwrap(), vec![0xa1, 0xb1, 0xc1]);
         assert!(views_of(&rows[..2], 1, 3).is_err());
         let mut short = rows.clone();
@@ -433,13 +625,28 @@ mod tests {
         assert!(matches!(views_of(&short, 1, 3), Err(Error::Protocol(_))));
         // A rank that could not map a window says why, and every rank fails with it.
         let mut failed = rows.clone();
-        failed[2] = view_row(&[], Some(&Error::System("cuMemImportFromShareableHandle failed: CUDA_ERROR_INVALID_VALUE".into())));
+        failed[2] = view_row(
+            &[],
+            Some(&Error::System(
+                "cuMemImportFromShareableHandle failed: CUDA_ERROR_INVALID_VALUE".into(),
+            )),
+        );
         let e = views_of(&failed, 1, 3).unwrap_err();
-        assert!(e.to_string().contains("rank 2 could not map") && e.to_string().contains("CUDA_ERROR_INVALID_VALUE"), "{e}");
-        assert!(matches!(views_of(&[vec![], rows[1].clone(), rows[2].clone()], 1, 3), Err(Error::Protocol(_))));
+        assert!(
+            e.to_string().contains("rank 2 could not map")
+                && e.to_string().contains("CUDA_ERROR_INVALID_VALUE"),
+            "{e}"
+        );
+        assert!(matches!(
+            views_of(&[vec![], rows[1].clone(), rows[2].clone()], 1, 3),
+            Err(Error::Protocol(_))
+        ));
         let mut unmapped = rows.clone();
         unmapped[0] = row(&[0xa0, 0, 0xa2]);
-        assert!(views_of(&unmapped, 1, 3).unwrap_err().to_string().contains("rank 0 did not map"));
+        assert!(views_of(&unmapped, 1, 3)
+            .unwrap_err()
+            .to_string()
+            .contains("rank 0 did not map"));
     }
 
     #[test]

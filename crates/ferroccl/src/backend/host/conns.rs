@@ -8,9 +8,11 @@
 //! a peer's phase 1 (map the peers' FIFOs, take the accepted sockets).
 
 use crate::bootstrap::Bootstrap;
-use crate::transport::{tcp_receiver_joinable, tcp_sender_joinable, Consumer, FifoLayout, FifoMem, FrameCheck, Producer};
-use ferroccl_core::plan::{ConnKey, Dir};
 use crate::info::CommInfo;
+use crate::transport::{
+    tcp_receiver_joinable, tcp_sender_joinable, Consumer, FifoLayout, FifoMem, FrameCheck, Producer,
+};
+use ferroccl_core::plan::{ConnKey, Dir};
 use ferroccl_core::topo::TransportKind;
 use ferroccl_core::{Config, Error, Rank};
 use std::collections::HashMap;
@@ -56,11 +58,21 @@ pub(crate) struct Conns {
 
 impl Conns {
     pub fn new(fifos: Arc<Mutex<Vec<Arc<FifoMem>>>>) -> Conns {
-        Conns { send: HashMap::new(), recv: HashMap::new(), created: Vec::new(), tcp_send: Vec::new(), threads: Vec::new(), fifos }
+        Conns {
+            send: HashMap::new(),
+            recv: HashMap::new(),
+            created: Vec::new(),
+            tcp_send: Vec::new(),
+            threads: Vec::new(),
+            fifos,
+        }
     }
 
     fn layout(config: &Config) -> FifoLayout {
-        FifoLayout { slots: config.slots as u32, slot_bytes: config.slot_bytes }
+        FifoLayout {
+            slots: config.slots as u32,
+            slot_bytes: config.slot_bytes,
+        }
     }
 
     fn shm_name(boot: &Bootstrap, from: Rank, to: Rank, channel: u32) -> String {
@@ -69,7 +81,13 @@ impl Conns {
 
     fn label(ctx: &ConnCtx, peer: Rank, channel: u32, kind: TransportKind) -> String {
         let p = &ctx.boot.peers()[peer];
-        format!("rank {peer} ({}, pid {}, {}) channel {channel} over {}", p.hostname, p.pid, p.addr, kind.name())
+        format!(
+            "rank {peer} ({}, pid {}, {}) channel {channel} over {}",
+            p.hostname,
+            p.pid,
+            p.addr,
+            kind.name()
+        )
     }
 
     fn register(&self, mem: &Arc<FifoMem>) {
@@ -80,9 +98,14 @@ impl Conns {
     pub fn setup_phase1(&mut self, keys: &[ConnKey], ctx: &ConnCtx) -> Result<(), Error> {
         let me = ctx.boot.rank();
         for k in keys {
-            let kind = ctx.info.topo.transport(me, k.peer, ctx.info.config.transport)?;
+            let kind = ctx
+                .info
+                .topo
+                .transport(me, k.peer, ctx.info.config.transport)?;
             match (k.dir, kind) {
-                (Dir::Recv, TransportKind::Shm) if !self.recv.contains_key(&(k.peer, k.channel)) => {
+                (Dir::Recv, TransportKind::Shm)
+                    if !self.recv.contains_key(&(k.peer, k.channel)) =>
+                {
                     let name = Self::shm_name(ctx.boot, k.peer, me, k.channel);
                     let mem = FifoMem::shm_create(&name, Self::layout(&ctx.info.config))
                         .map_err(|e| e.context(Self::label(ctx, k.peer, k.channel, kind)))?;
@@ -90,11 +113,22 @@ impl Conns {
                     self.register(&mem);
                     self.recv.insert((k.peer, k.channel), Consumer::new(mem));
                 }
-                (Dir::Send, TransportKind::Tcp) if !self.send.contains_key(&(k.peer, k.channel)) => {
+                (Dir::Send, TransportKind::Tcp)
+                    if !self.send.contains_key(&(k.peer, k.channel)) =>
+                {
                     let label = Self::label(ctx, k.peer, k.channel, kind);
-                    let stream = ctx.boot.connect(k.peer, k.channel as u64).map_err(|e| e.context(&label))?;
+                    let stream = ctx
+                        .boot
+                        .connect(k.peer, k.channel as u64)
+                        .map_err(|e| e.context(&label))?;
                     let check = FrameCheck::from_config(ctx.info.config.tcp_crc);
-                    let (p, t) = tcp_sender_joinable(stream, Self::layout(&ctx.info.config), check, label, ctx.abort.clone())?;
+                    let (p, t) = tcp_sender_joinable(
+                        stream,
+                        Self::layout(&ctx.info.config),
+                        check,
+                        label,
+                        ctx.abort.clone(),
+                    )?;
                     self.threads.push(t);
                     self.register(p.mem());
                     self.tcp_send.push((k.peer, k.channel));
@@ -110,16 +144,23 @@ impl Conns {
     pub fn setup_phase2(&mut self, keys: &[ConnKey], ctx: &ConnCtx) -> Result<(), Error> {
         let me = ctx.boot.rank();
         for k in keys {
-            let kind = ctx.info.topo.transport(me, k.peer, ctx.info.config.transport)?;
+            let kind = ctx
+                .info
+                .topo
+                .transport(me, k.peer, ctx.info.config.transport)?;
             match (k.dir, kind) {
-                (Dir::Send, TransportKind::Shm) if !self.send.contains_key(&(k.peer, k.channel)) => {
+                (Dir::Send, TransportKind::Shm)
+                    if !self.send.contains_key(&(k.peer, k.channel)) =>
+                {
                     let name = Self::shm_name(ctx.boot, me, k.peer, k.channel);
                     // The receiver creates the segment; if it died first, its death ends this wait.
                     let health = ctx.boot.health();
                     let (since, warned) = (Instant::now(), std::cell::Cell::new(false));
                     let stop = || {
                         if ctx.abort.load(Ordering::Acquire) {
-                            return Some(Error::Aborted(format!("while waiting for shared-memory segment {name}")));
+                            return Some(Error::Aborted(format!(
+                                "while waiting for shared-memory segment {name}"
+                            )));
                         }
                         if !warned.get() && since.elapsed() >= super::exec::SIBLING_WARN_AFTER {
                             warned.set(true);
@@ -129,16 +170,34 @@ impl Conns {
                         }
                         health.failure()
                     };
-                    let mem = FifoMem::shm_open_until(&name, Self::layout(&ctx.info.config), ctx.deadline, &stop)
-                        .map_err(|e| ctx.explain(e.context(Self::label(ctx, k.peer, k.channel, kind)), k.peer))?;
+                    let mem = FifoMem::shm_open_until(
+                        &name,
+                        Self::layout(&ctx.info.config),
+                        ctx.deadline,
+                        &stop,
+                    )
+                    .map_err(|e| {
+                        ctx.explain(e.context(Self::label(ctx, k.peer, k.channel, kind)), k.peer)
+                    })?;
                     self.register(&mem);
                     self.send.insert((k.peer, k.channel), Producer::new(mem));
                 }
-                (Dir::Recv, TransportKind::Tcp) if !self.recv.contains_key(&(k.peer, k.channel)) => {
+                (Dir::Recv, TransportKind::Tcp)
+                    if !self.recv.contains_key(&(k.peer, k.channel)) =>
+                {
                     let label = Self::label(ctx, k.peer, k.channel, kind);
-                    let stream = ctx.boot.accept(k.peer, k.channel as u64).map_err(|e| ctx.explain(e.context(&label), k.peer))?;
+                    let stream = ctx
+                        .boot
+                        .accept(k.peer, k.channel as u64)
+                        .map_err(|e| ctx.explain(e.context(&label), k.peer))?;
                     let check = FrameCheck::from_config(ctx.info.config.tcp_crc);
-                    let (c, t) = tcp_receiver_joinable(stream, Self::layout(&ctx.info.config), check, label, ctx.abort.clone())?;
+                    let (c, t) = tcp_receiver_joinable(
+                        stream,
+                        Self::layout(&ctx.info.config),
+                        check,
+                        label,
+                        ctx.abort.clone(),
+                    )?;
                     self.threads.push(t);
                     self.register(c.mem());
                     self.recv.insert((k.peer, k.channel), c);
@@ -157,10 +216,19 @@ impl Conns {
         if dead.is_empty() {
             return;
         }
-        let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
+        let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+            return;
+        };
         // Every channel of each pair: the names differ only in their last field.
-        let prefixes: Vec<String> =
-            dead.iter().flat_map(|q| [format!("ferroccl-{comm_id:016x}-{me}-{q}-"), format!("ferroccl-{comm_id:016x}-{q}-{me}-")]).collect();
+        let prefixes: Vec<String> = dead
+            .iter()
+            .flat_map(|q| {
+                [
+                    format!("ferroccl-{comm_id:016x}-{me}-{q}-"),
+                    format!("ferroccl-{comm_id:016x}-{q}-{me}-"),
+                ]
+            })
+            .collect();
         for e in dir.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if prefixes.iter().any(|p| name.starts_with(p.as_str())) {
@@ -196,14 +264,19 @@ impl Conns {
     /// The most informative failure among our FIFOs within `grace`: a peer's own report of
     /// what went wrong (which names the rank that died) beats a bare "connection closed".
     pub fn explain(&self, first: Error, grace: std::time::Duration) -> Error {
-        let informative = |e: &Error| e.message().contains("failed") || e.message().contains("died");
+        let informative =
+            |e: &Error| e.message().contains("failed") || e.message().contains("died");
         if informative(&first) {
             return first;
         }
         let until = Instant::now() + grace;
         loop {
             if let Ok(list) = self.fifos.lock() {
-                if let Some(e) = list.iter().filter_map(|f| f.poison_error()).find(informative) {
+                if let Some(e) = list
+                    .iter()
+                    .filter_map(|f| f.poison_error())
+                    .find(informative)
+                {
                     return first.clone().context(format!("{e}; and"));
                 }
             }

@@ -62,16 +62,27 @@ enum Moved {
 fn region_ptr(ops: &[OpBufs], r: &Region, skip: usize) -> *mut u8 {
     let o = &ops[r.op as usize];
     let es = o.reducer.dtype().size();
-    let base = if r.buf == BufKind::Input { o.send as *mut u8 } else { o.recv };
+    let base = if r.buf == BufKind::Input {
+        o.send as *mut u8
+    } else {
+        o.recv
+    };
     // SAFETY: regions were validated against the buffer extents when the plan was built.
     unsafe { base.add((r.offset + skip) * es) }
 }
 
 fn recv_port(conns: &mut Conns, peer: Rank, ch: u32) -> Result<&mut Consumer, Error> {
-    conns.recv.get_mut(&(peer, ch)).ok_or_else(|| Error::Internal(format!("no receive connection from rank {peer} channel {ch}")))
+    conns.recv.get_mut(&(peer, ch)).ok_or_else(|| {
+        Error::Internal(format!(
+            "no receive connection from rank {peer} channel {ch}"
+        ))
+    })
 }
 fn send_port(conns: &mut Conns, peer: Rank, ch: u32) -> Result<&mut Producer, Error> {
-    conns.send.get_mut(&(peer, ch)).ok_or_else(|| Error::Internal(format!("no send connection to rank {peer} channel {ch}")))
+    conns
+        .send
+        .get_mut(&(peer, ch))
+        .ok_or_else(|| Error::Internal(format!("no send connection to rank {peer} channel {ch}")))
 }
 
 /// Tries to move the next piece of `step`. Never blocks.
@@ -79,7 +90,13 @@ fn try_piece(u: &mut Unit, ch: u32, step: &Step, cur: &mut Cursor) -> Result<Mov
     let es = u.ops[step.op() as usize].reducer.dtype().size();
     let piece_elems = (u.info.config.slot_bytes / es).max(1);
     let left = step.count() - cur.done;
-    if let Step::Copy { src, dst, pre, post } = *step {
+    if let Step::Copy {
+        src,
+        dst,
+        pre,
+        post,
+    } = *step
+    {
         let (s, d) = (region_ptr(&u.ops, &src, 0), region_ptr(&u.ops, &dst, 0));
         if pre || post {
             let red = &u.ops[src.op as usize].reducer;
@@ -129,15 +146,27 @@ fn try_piece(u: &mut Unit, ch: u32, step: &Step, cur: &mut Cursor) -> Result<Mov
                 let s = region_ptr(&u.ops, &src, cur.done);
                 let d = out_slot.expect("send slot");
                 if pre {
-                    u.ops[src.op as usize].reducer.transform(&[d], s, n, true, false);
+                    u.ops[src.op as usize]
+                        .reducer
+                        .transform(&[d], s, n, true, false);
                 } else {
                     std::ptr::copy_nonoverlapping(s, d, bytes);
                 }
             }
             Step::Recv { dst, .. } => {
-                std::ptr::copy_nonoverlapping(incoming.expect("recv slot"), region_ptr(&u.ops, &dst, cur.done), bytes);
+                std::ptr::copy_nonoverlapping(
+                    incoming.expect("recv slot"),
+                    region_ptr(&u.ops, &dst, cur.done),
+                    bytes,
+                );
             }
-            Step::RecvReduce { local, pre_local, post, dst, .. } => {
+            Step::RecvReduce {
+                local,
+                pre_local,
+                post,
+                dst,
+                ..
+            } => {
                 let l = region_ptr(&u.ops, &local, cur.done);
                 let mut dsts: [*mut u8; 2] = [std::ptr::null_mut(); 2];
                 let mut nd = 0;
@@ -149,7 +178,14 @@ fn try_piece(u: &mut Unit, ch: u32, step: &Step, cur: &mut Cursor) -> Result<Mov
                     dsts[nd] = s;
                     nd += 1;
                 }
-                u.ops[local.op as usize].reducer.reduce(&dsts[..nd], incoming.expect("recv slot"), l, n, pre_local, post);
+                u.ops[local.op as usize].reducer.reduce(
+                    &dsts[..nd],
+                    incoming.expect("recv slot"),
+                    l,
+                    n,
+                    pre_local,
+                    post,
+                );
             }
             Step::RecvCopy { dst, .. } => {
                 let inc = incoming.expect("recv slot");
@@ -191,7 +227,10 @@ pub(crate) const SIBLING_WARN_AFTER: Duration = Duration::from_secs(3);
 /// Runs every unit to completion, or fails them all on the first error (after poisoning their
 /// connections so that peers fail promptly instead of at their deadline).
 pub(crate) fn execute(units: &mut [Unit], deadline: Instant) -> Result<(), Error> {
-    let mut cursors: Vec<Vec<Cursor>> = units.iter().map(|u| vec![Cursor::default(); u.plan.lanes.len()]).collect();
+    let mut cursors: Vec<Vec<Cursor>> = units
+        .iter()
+        .map(|u| vec![Cursor::default(); u.plan.lanes.len()])
+        .collect();
     let mut idle_rounds = 0u32;
     let mut last_check = Instant::now();
     let mut last_progress = Instant::now();
@@ -238,18 +277,23 @@ pub(crate) fn execute(units: &mut [Unit], deadline: Instant) -> Result<(), Error
             continue;
         }
         idle_rounds += 1;
-        let (ui, b) = *blocked.first().expect("a remaining lane that did not move is blocked");
+        let (ui, b) = *blocked
+            .first()
+            .expect("a remaining lane that did not move is blocked");
         let now = Instant::now();
         if idle_rounds == 1 {
             last_progress = now;
         }
-        if now.duration_since(last_check) >= Duration::from_millis(20) || idle_rounds.is_multiple_of(64) {
+        if now.duration_since(last_check) >= Duration::from_millis(20)
+            || idle_rounds.is_multiple_of(64)
+        {
             last_check = now;
             // The heartbeats' verdict on every peer we wait on (an atomic load while nobody
             // died); the process check (two syscalls) for the first one only: the heartbeats
             // cover the others within milliseconds anyway.
             for (i, &(ui, b)) in blocked.iter().enumerate() {
-                check_health(&units[ui], b, now.duration_since(last_progress), i == 0).map_err(|e| e.context(&units[ui].label))?;
+                check_health(&units[ui], b, now.duration_since(last_progress), i == 0)
+                    .map_err(|e| e.context(&units[ui].label))?;
             }
             if now >= deadline {
                 return Err(timeout_error(units, &blocked));
@@ -268,7 +312,11 @@ pub(crate) fn execute(units: &mut [Unit], deadline: Instant) -> Result<(), Error
         }
         // One blocked lane: sleep on its FIFO until it moves. Several: sleep briefly, since the
         // one we sleep on may not be the one that moves first.
-        let timeout = if blocked.len() == 1 { Duration::from_millis(10) } else { Duration::from_micros(100) };
+        let timeout = if blocked.len() == 1 {
+            Duration::from_millis(10)
+        } else {
+            Duration::from_micros(100)
+        };
         let u = &mut units[ui];
         match b {
             Blocked::Recv(p, ch) => recv_port(u.conns, p, ch)?.wait(timeout),
@@ -279,8 +327,20 @@ pub(crate) fn execute(units: &mut [Unit], deadline: Instant) -> Result<(), Error
 
 fn waiting_for(u: &Unit, b: Blocked) -> (Rank, String) {
     match b {
-        Blocked::Recv(p, ch) => (p, format!("data from {} on channel {ch} over {}", u.info.peer_names[p], u.info.peer_via[p])),
-        Blocked::Send(p, ch) => (p, format!("room in the connection to {} on channel {ch} over {}", u.info.peer_names[p], u.info.peer_via[p])),
+        Blocked::Recv(p, ch) => (
+            p,
+            format!(
+                "data from {} on channel {ch} over {}",
+                u.info.peer_names[p], u.info.peer_via[p]
+            ),
+        ),
+        Blocked::Send(p, ch) => (
+            p,
+            format!(
+                "room in the connection to {} on channel {ch} over {}",
+                u.info.peer_names[p], u.info.peer_via[p]
+            ),
+        ),
     }
 }
 
@@ -288,7 +348,9 @@ fn waiting_for(u: &Unit, b: Blocked) -> (Rank, String) {
 /// whether the peer's process still exists (same host only).
 fn check_health(u: &Unit, b: Blocked, stalled: Duration, process: bool) -> Result<(), Error> {
     if u.abort.load(Ordering::Acquire) {
-        return Err(Error::Aborted("the communicator was aborted (Comm::abort)".into()));
+        return Err(Error::Aborted(
+            "the communicator was aborted (Comm::abort)".into(),
+        ));
     }
     if !u.health.is_failed() && !process {
         return Ok(());
@@ -296,7 +358,10 @@ fn check_health(u: &Unit, b: Blocked, stalled: Duration, process: bool) -> Resul
     let (peer, what) = waiting_for(u, b);
     let pid = u.info.peer_pids[peer];
     if process && pid != 0 && pid != std::process::id() && !pid_alive(pid) {
-        return Err(Error::Remote(format!("{} died (process {pid} is gone) while we waited for {what}", u.info.peer_names[peer])));
+        return Err(Error::Remote(format!(
+            "{} died (process {pid} is gone) while we waited for {what}",
+            u.info.peer_names[peer]
+        )));
     }
     if let Some(how) = u.health.gone(peer) {
         let e = u.health.failure().unwrap_or_else(|| {
@@ -318,12 +383,25 @@ fn check_health(u: &Unit, b: Blocked, stalled: Duration, process: bool) -> Resul
 /// The deadline passed: names every peer not heard from, so that the stuck rank stands out.
 fn timeout_error(units: &[Unit], blocked: &[(usize, Blocked)]) -> Error {
     let (ui, _) = blocked[0];
-    let mut peers: Vec<Rank> = blocked.iter().filter(|(u, _)| *u == ui).map(|(_, b)| waiting_for(&units[ui], *b).0).collect();
+    let mut peers: Vec<Rank> = blocked
+        .iter()
+        .filter(|(u, _)| *u == ui)
+        .map(|(_, b)| waiting_for(&units[ui], *b).0)
+        .collect();
     peers.sort_unstable();
     peers.dedup();
-    let whats: Vec<String> = blocked.iter().filter(|(u, _)| *u == ui).map(|(_, b)| waiting_for(&units[ui], *b).1).take(4).collect();
+    let whats: Vec<String> = blocked
+        .iter()
+        .filter(|(u, _)| *u == ui)
+        .map(|(_, b)| waiting_for(&units[ui], *b).1)
+        .take(4)
+        .collect();
     let u = &units[ui];
-    let hint = peers.iter().find_map(|&p| u.info.sibling_hint(p, u.seq)).map(|h| format!(". {h}")).unwrap_or_default();
+    let hint = peers
+        .iter()
+        .find_map(|&p| u.info.sibling_hint(p, u.seq))
+        .map(|h| format!(". {h}"))
+        .unwrap_or_default();
     Error::Timeout(format!(
         "{}: waited past the deadline (FERROCCL_TIMEOUT) for {}; not heard from rank(s) {peers:?}: they are stuck, \
          slow, or called a different operation (raise FERROCCL_TIMEOUT if they are only slow){hint}",

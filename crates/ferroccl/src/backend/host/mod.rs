@@ -47,7 +47,10 @@ impl HostComm {
                 Conns::unlink_left_by(id, me, &h.dead());
             }
         });
-        HostComm { conns: Mutex::new(Conns::new(fifos.clone())), fifos }
+        HostComm {
+            conns: Mutex::new(Conns::new(fifos.clone())),
+            fifos,
+        }
     }
 
     /// Poisons every FIFO with `reason`, so that peers waiting on us fail at once.
@@ -64,7 +67,9 @@ impl HostComm {
             match self.conns.try_lock() {
                 Ok(mut c) => return c.release(),
                 Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner().release(),
-                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < until => std::thread::sleep(Duration::from_millis(1)),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
                 Err(std::sync::TryLockError::WouldBlock) => return,
             }
         }
@@ -101,7 +106,13 @@ pub(crate) fn launch(members: &mut [HostLaunch]) -> Result<(), Error> {
         let p = plan_launch(m.info, m.args, false, &|_| false)?;
         m.state.log_choices(m.info, &p.shapes, &p.choices);
         planned.push(p);
-        let ops = m.args.iter().map(|a| Ok(OpBufs { send: a.send, recv: a.recv, reducer: Reducer::new(a.dtype, a.redop(), m.info.nranks)? }));
+        let ops = m.args.iter().map(|a| {
+            Ok(OpBufs {
+                send: a.send,
+                recv: a.recv,
+                reducer: Reducer::new(a.dtype, a.redop(), m.info.nranks)?,
+            })
+        });
         bufs.push(ops.collect::<Result<_, Error>>()?);
     }
     // Connections locked in address order, so that two launches over the same communicators
@@ -110,11 +121,23 @@ pub(crate) fn launch(members: &mut [HostLaunch]) -> Result<(), Error> {
     order.sort_by_key(|&i| members[i].host as *const HostComm as usize);
     let mut guards: Vec<Option<MutexGuard<Conns>>> = (0..members.len()).map(|_| None).collect();
     for &i in &order {
-        guards[i] = Some(members[i].host.conns.lock().map_err(|_| Error::Internal("connections lock poisoned".into()))?);
+        guards[i] = Some(
+            members[i]
+                .host
+                .conns
+                .lock()
+                .map_err(|_| Error::Internal("connections lock poisoned".into()))?,
+        );
     }
-    let mut conns: Vec<MutexGuard<Conns>> = guards.into_iter().map(|g| g.expect("locked")).collect();
+    let mut conns: Vec<MutexGuard<Conns>> =
+        guards.into_iter().map(|g| g.expect("locked")).collect();
 
-    let deadline = Instant::now() + members.iter().map(|m| m.info.config.timeout).min().expect("a communicator");
+    let deadline = Instant::now()
+        + members
+            .iter()
+            .map(|m| m.info.config.timeout)
+            .min()
+            .expect("a communicator");
     let labels: Vec<String> = members
         .iter_mut()
         .map(|m| {
@@ -128,19 +151,43 @@ pub(crate) fn launch(members: &mut [HostLaunch]) -> Result<(), Error> {
         for phase in 0..2 {
             for (ci, m) in members.iter().enumerate() {
                 let keys = planned[ci].plan.connections();
-                let ctx = ConnCtx { boot: m.boot, info: m.info, seq: m.state.seq, abort: m.abort, deadline };
+                let ctx = ConnCtx {
+                    boot: m.boot,
+                    info: m.info,
+                    seq: m.state.seq,
+                    abort: m.abort,
+                    deadline,
+                };
                 if let Some(e) = m.boot.health().failure() {
                     return Err(e.context(&labels[ci]));
                 }
                 let c = &mut conns[ci];
-                let r = if phase == 0 { c.setup_phase1(&keys, &ctx) } else { c.setup_phase2(&keys, &ctx) };
+                let r = if phase == 0 {
+                    c.setup_phase1(&keys, &ctx)
+                } else {
+                    c.setup_phase2(&keys, &ctx)
+                };
                 r.map_err(|e| e.context(&labels[ci]))?;
             }
         }
         let mut units: Vec<Unit> = Vec::with_capacity(members.len());
-        for (((m, p), c), (ops, label)) in members.iter().zip(&planned).zip(conns.iter_mut()).zip(bufs.drain(..).zip(&labels)) {
+        for (((m, p), c), (ops, label)) in members
+            .iter()
+            .zip(&planned)
+            .zip(conns.iter_mut())
+            .zip(bufs.drain(..).zip(&labels))
+        {
             let (abort, health, seq) = (m.abort, m.boot.health(), m.state.seq);
-            units.push(Unit { plan: &p.plan, ops, conns: c, abort, label: label.clone(), info: m.info, health, seq });
+            units.push(Unit {
+                plan: &p.plan,
+                ops,
+                conns: c,
+                abort,
+                label: label.clone(),
+                info: m.info,
+                health,
+                seq,
+            });
         }
         execute(&mut units, deadline)
     })();
@@ -148,14 +195,24 @@ pub(crate) fn launch(members: &mut [HostLaunch]) -> Result<(), Error> {
     result.map_err(|e| {
         // A dead peer is the cause that matters, whichever symptom showed first here; the
         // heartbeats name it within milliseconds of a death, so wait for them a moment.
-        let e = if let Some(label) = members.iter().zip(&labels).find(|(m, _)| m.abort.load(Ordering::Acquire)).map(|x| x.1) {
+        let e = if let Some(label) = members
+            .iter()
+            .zip(&labels)
+            .find(|(m, _)| m.abort.load(Ordering::Acquire))
+            .map(|x| x.1)
+        {
             // Our own abort explains everything, including the poison it spread.
-            Error::Aborted(format!("{label}: the communicator was aborted (Comm::abort)"))
+            Error::Aborted(format!(
+                "{label}: the communicator was aborted (Comm::abort)"
+            ))
         } else if let Some(d) = dead_peer_error(members, &labels, &e) {
             d
         } else {
             // Remote peers' reports arrive a moment after the bare EOF their exit causes.
-            conns.first().map(|c| c.explain(e.clone(), FAILURE_GRACE)).unwrap_or(e)
+            conns
+                .first()
+                .map(|c| c.explain(e.clone(), FAILURE_GRACE))
+                .unwrap_or(e)
         };
         for m in members.iter_mut() {
             m.state.failed.get_or_insert_with(|| e.clone());

@@ -8,10 +8,10 @@
 //! Skips where no C compiler can be run (`CC`, else `cc`).
 
 use super::{FcCheckCase, FcCheckResult};
-use ferroccl_core::numeric::expected::RankCase;
 use ferroccl_core::numeric::element::{load_f64, store_f64};
-use ferroccl_core::numeric::{Element, F8E4M3, F8E5M2};
+use ferroccl_core::numeric::expected::RankCase;
 use ferroccl_core::numeric::verify::{fill_data, fill_input};
+use ferroccl_core::numeric::{Element, F8E4M3, F8E5M2};
 use ferroccl_core::{CollKind, DataType, ReduceOp};
 use std::ffi::{c_void, CString};
 use std::path::{Path, PathBuf};
@@ -128,7 +128,11 @@ fn size_of_dtype(code: u32) -> usize {
 fn temp_dir() -> PathBuf {
     let mut n = [0u8; 8];
     getrandom::getrandom(&mut n).unwrap();
-    let d = std::env::temp_dir().join(format!("ferroccl-check-cuh-{}-{:016x}", std::process::id(), u64::from_le_bytes(n)));
+    let d = std::env::temp_dir().join(format!(
+        "ferroccl-check-cuh-{}-{:016x}",
+        std::process::id(),
+        u64::from_le_bytes(n)
+    ));
     std::fs::create_dir_all(&d).unwrap();
     d
 }
@@ -137,9 +141,25 @@ fn temp_dir() -> PathBuf {
 /// compiler cannot be run here. A compiler that runs but rejects the header fails the test.
 fn build(dir: &Path, compiler: &str, lang: &str) -> Option<Lib> {
     let so = dir.join(format!("libcheck-{}.so", lang.replace('+', "p")));
-    let std = if lang == "c" { "-std=c11" } else { "-std=c++17" };
+    let std = if lang == "c" {
+        "-std=c11"
+    } else {
+        "-std=c++17"
+    };
     let out = Command::new(compiler)
-        .args(["-x", lang, std, "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", "-o"])
+        .args([
+            "-x",
+            lang,
+            std,
+            "-O2",
+            "-fPIC",
+            "-shared",
+            "-ffp-contract=off",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+        ])
         .arg(&so)
         .arg(dir.join("harness.c"))
         .output();
@@ -150,7 +170,11 @@ fn build(dir: &Path, compiler: &str, lang: &str) -> Option<Lib> {
             return None;
         }
     };
-    assert!(out.status.success(), "{compiler} -x {lang} rejected check.cuh:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{compiler} -x {lang} rejected check.cuh:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let path = CString::new(so.to_str().unwrap()).unwrap();
     // SAFETY: a library we just built, with no initialisers of its own.
     let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
@@ -189,12 +213,19 @@ fn libs() -> &'static [Lib] {
         let mut v = Vec::new();
         if let Some(l) = build(&dir, &cc, "c") {
             v.push(l);
-            if let Some(l) = build(&dir, &std::env::var("CXX").unwrap_or_else(|_| "c++".into()), "c++") {
+            if let Some(l) = build(
+                &dir,
+                &std::env::var("CXX").unwrap_or_else(|_| "c++".into()),
+                "c++",
+            ) {
                 v.push(l);
             }
         }
         let _ = std::fs::remove_dir_all(&dir);
-        eprintln!("check.cuh built by: {:?}", v.iter().map(|l| &l.name).collect::<Vec<_>>());
+        eprintln!(
+            "check.cuh built by: {:?}",
+            v.iter().map(|l| &l.name).collect::<Vec<_>>()
+        );
         v
     })
 }
@@ -222,7 +253,13 @@ fn rust_bits(d: DataType, v: f64) -> u64 {
         let x = T::from_f64(v);
         let mut b = [0u8; 8];
         // SAFETY: T is plain data of at most 8 bytes.
-        unsafe { std::ptr::copy_nonoverlapping(&x as *const T as *const u8, b.as_mut_ptr(), std::mem::size_of::<T>()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                &x as *const T as *const u8,
+                b.as_mut_ptr(),
+                std::mem::size_of::<T>(),
+            )
+        };
         u64::from_le_bytes(b)
     }
     match d {
@@ -249,31 +286,87 @@ fn rust_value(d: DataType, bits: u64) -> f64 {
 /// between neighbours and the f64s right beside them, range limits, and random bit patterns.
 fn conversion_inputs() -> Vec<f64> {
     let mut v = vec![
-        0.0, -0.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, -f64::NAN, f64::MIN_POSITIVE, 5e-324, -5e-324, f64::MAX,
-        f64::MIN, 1e300, -1e300, 1e-300, 65504.0, 65519.99, 65520.0, 448.0, 449.0, 464.0, 57344.0, 61440.0, 1e-30, 127.5,
-        -128.5, 255.5, 256.0, -1.0, -0.5, 0.5, 0.99, -0.99,
+        0.0,
+        -0.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        -f64::NAN,
+        f64::MIN_POSITIVE,
+        5e-324,
+        -5e-324,
+        f64::MAX,
+        f64::MIN,
+        1e300,
+        -1e300,
+        1e-300,
+        65504.0,
+        65519.99,
+        65520.0,
+        448.0,
+        449.0,
+        464.0,
+        57344.0,
+        61440.0,
+        1e-30,
+        127.5,
+        -128.5,
+        255.5,
+        256.0,
+        -1.0,
+        -0.5,
+        0.5,
+        0.99,
+        -0.99,
     ];
     for e in [7, 8, 31, 32, 53, 63, 64] {
         let p = 2f64.powi(e);
-        v.extend([p, -p, p - 1.0, -p - 1.0, p + 2048.0, -p - 2048.0, f64::from_bits(p.to_bits() - 1)]);
+        v.extend([
+            p,
+            -p,
+            p - 1.0,
+            -p - 1.0,
+            p + 2048.0,
+            -p - 2048.0,
+            f64::from_bits(p.to_bits() - 1),
+        ]);
     }
     for e in -160..=130 {
         let p = 2f64.powi(e);
         v.extend([p, -p, p * 1.5, p * 1.25, p * 1.0625, -p * 1.75]);
     }
-    for d in [DataType::Float16, DataType::Bfloat16, DataType::Float8E4M3, DataType::Float8E5M2] {
-        let codes = if d.size() == 1 { 0..256u64 } else { 0..65536u64 };
-        let vals: Vec<f64> = codes.map(|c| rust_value(d, c)).filter(|x| x.is_finite()).collect();
+    for d in [
+        DataType::Float16,
+        DataType::Bfloat16,
+        DataType::Float8E4M3,
+        DataType::Float8E5M2,
+    ] {
+        let codes = if d.size() == 1 {
+            0..256u64
+        } else {
+            0..65536u64
+        };
+        let vals: Vec<f64> = codes
+            .map(|c| rust_value(d, c))
+            .filter(|x| x.is_finite())
+            .collect();
         for w in vals.windows(2) {
             let mid = (w[0] + w[1]) / 2.0;
-            v.extend([w[0], mid, f64::from_bits(mid.to_bits() + 1), f64::from_bits(mid.to_bits().wrapping_sub(1))]);
+            v.extend([
+                w[0],
+                mid,
+                f64::from_bits(mid.to_bits() + 1),
+                f64::from_bits(mid.to_bits().wrapping_sub(1)),
+            ]);
         }
     }
     let mut rng = Rng(7);
     for _ in 0..20000 {
         v.push(f64::from_bits(rng.next()));
         let m = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
-        v.push(m * 2f64.powi(rng.below(80) as i32 - 30) * if rng.next() & 1 == 1 { -1.0 } else { 1.0 });
+        v.push(
+            m * 2f64.powi(rng.below(80) as i32 - 30) * if rng.next() & 1 == 1 { -1.0 } else { 1.0 },
+        );
     }
     v
 }
@@ -291,19 +384,37 @@ fn conversions_match_element_rs() {
             for &x in &inputs {
                 let (c, r) = (lib.bits_of(d, x), rust_bits(d, x));
                 // NaN payloads of f32/f64 are the hardware's business (no fill makes a NaN).
-                let nan_ok = matches!(d, DataType::Float32 | DataType::Float64) && x.is_nan() && rust_value(d, c).is_nan();
-                assert!(c == r || nan_ok, "{}: {d} from {x:e} ({:#x}): {c:#x}, Rust {r:#x}", lib.name, x.to_bits());
+                let nan_ok = matches!(d, DataType::Float32 | DataType::Float64)
+                    && x.is_nan()
+                    && rust_value(d, c).is_nan();
+                assert!(
+                    c == r || nan_ok,
+                    "{}: {d} from {x:e} ({:#x}): {c:#x}, Rust {r:#x}",
+                    lib.name,
+                    x.to_bits()
+                );
             }
             let mut rng = Rng(d as u64);
             let bits: Vec<u64> = match d.size() {
                 1 => (0..256).collect(),
                 2 => (0..65536).collect(),
-                _ => (0..100_000).map(|_| rng.next()).chain(inputs.iter().map(|x| rust_bits(d, *x))).collect(),
+                _ => (0..100_000)
+                    .map(|_| rng.next())
+                    .chain(inputs.iter().map(|x| rust_bits(d, *x)))
+                    .collect(),
             };
             for b in bits {
-                let b = if d.size() == 8 { b } else { b & ((1u64 << (8 * d.size())) - 1) };
+                let b = if d.size() == 8 {
+                    b
+                } else {
+                    b & ((1u64 << (8 * d.size())) - 1)
+                };
                 let (c, r) = (lib.value_of(d, b), rust_value(d, b));
-                assert!(same_f64(c, r), "{}: {d} bits {b:#x}: {c:e}, Rust {r:e}", lib.name);
+                assert!(
+                    same_f64(c, r),
+                    "{}: {d} bits {b:#x}: {c:e}, Rust {r:e}",
+                    lib.name
+                );
             }
         }
     }
@@ -311,11 +422,19 @@ fn conversions_match_element_rs() {
 
 fn ops_for(d: DataType) -> Vec<ReduceOp> {
     let mut ops = ReduceOp::BUILTIN.to_vec();
-    let scalars: &[f64] = if d.is_float() { &[0.5, 3.0, -1.75, 0.3, 1000.0, 0.0] } else { &[3.0, -2.0, 0.0, 1000.0, 1.0] };
-    ops.extend(scalars.iter().map(|&s| ReduceOp::PreMulSum(s)).filter(|o| o.validate(d).is_ok()));
+    let scalars: &[f64] = if d.is_float() {
+        &[0.5, 3.0, -1.75, 0.3, 1000.0, 0.0]
+    } else {
+        &[3.0, -2.0, 0.0, 1000.0, 1.0]
+    };
+    ops.extend(
+        scalars
+            .iter()
+            .map(|&s| ReduceOp::PreMulSum(s))
+            .filter(|o| o.validate(d).is_ok()),
+    );
     ops
 }
-
 
 /// Every (dtype, op, kind, nranks, rank, root, seed) the comparisons run over: reductions with
 /// every op, data movement with one (the op does not matter to them).
@@ -334,9 +453,22 @@ fn cases(nranks: &[usize], seeds: u64) -> Vec<RankCase> {
                     for rank in ranks {
                         for s in 0..seeds {
                             // Half the cases are the root's.
-                            let root = if s % 2 == 0 { rank } else { rng.below(n as u64) as usize };
+                            let root = if s % 2 == 0 {
+                                rank
+                            } else {
+                                rng.below(n as u64) as usize
+                            };
                             let count = [1, 13, 40][rng.below(3) as usize];
-                            v.push(RankCase { kind, dtype, op, nranks: n, rank, count, root, seed: rng.next() });
+                            v.push(RankCase {
+                                kind,
+                                dtype,
+                                op,
+                                nranks: n,
+                                rank,
+                                count,
+                                root,
+                                seed: rng.next(),
+                            });
                         }
                     }
                 }
@@ -348,7 +480,9 @@ fn cases(nranks: &[usize], seeds: u64) -> Vec<RankCase> {
 
 /// (input, output) element counts of a case's buffers.
 fn lens(c: &RankCase) -> (usize, usize) {
-    c.kind.buffer_counts(c.count, c.nranks, c.kind.has_root() && c.rank == c.root).unwrap()
+    c.kind
+        .buffer_counts(c.count, c.nranks, c.kind.has_root() && c.rank == c.root)
+        .unwrap()
 }
 
 #[test]
@@ -367,16 +501,32 @@ fn fill_and_expected_match_check_case() {
             let c = FcCheckCase::new(case, 0, inl as u64, 0).unwrap();
             let mut want = vec![0u8; inl * w];
             case.fill_input(&mut want);
-            assert!(lib.fill(&c, 0, inl) == want, "{}: fill of {case:?}", lib.name);
+            assert!(
+                lib.fill(&c, 0, inl) == want,
+                "{}: fill of {case:?}",
+                lib.name
+            );
             // Far indices, through the functions RankCase::fill_input calls.
             let first = (1u64 << 33) + case.seed % 1000;
             let mut far = vec![0u8; 8 * w];
             if case.kind.reduces() {
-                fill_input(case.dtype, case.op, case.nranks, case.rank, first as usize, case.seed, &mut far);
+                fill_input(
+                    case.dtype,
+                    case.op,
+                    case.nranks,
+                    case.rank,
+                    first as usize,
+                    case.seed,
+                    &mut far,
+                );
             } else {
                 fill_data(case.dtype, case.rank, first as usize, case.seed, &mut far);
             }
-            assert!(lib.fill(&c, first, 8) == far, "{}: fill at {first} of {case:?}", lib.name);
+            assert!(
+                lib.fill(&c, first, 8) == far,
+                "{}: fill at {first} of {case:?}",
+                lib.name
+            );
             checked.0 += inl + 8;
 
             let c = FcCheckCase::new(case, 0, outl as u64, 0).unwrap();
@@ -391,13 +541,22 @@ fn fill_and_expected_match_check_case() {
                         (None, None) => true,
                         _ => false,
                     };
-                    assert!(ok, "{}: expected[{j}] of {case:?} with {nkeys} keys: {g:?}, Rust {r:?}", lib.name);
+                    assert!(
+                        ok,
+                        "{}: expected[{j}] of {case:?} with {nkeys} keys: {g:?}, Rust {r:?}",
+                        lib.name
+                    );
                 }
                 checked.1 += 1;
             }
         }
     }
-    eprintln!("{} cases: {} filled and {} expected elements agree", cases.len(), checked.0, checked.1);
+    eprintln!(
+        "{} cases: {} filled and {} expected elements agree",
+        cases.len(),
+        checked.0,
+        checked.1
+    );
 }
 
 #[test]
@@ -446,11 +605,18 @@ fn count_wrong_matches_check_case() {
                     None => assert_eq!(got.first, u64::MAX, "{}: {case:?}", lib.name),
                     Some((j, g, x)) => {
                         assert_eq!(got.first, j as u64, "{}: {case:?}", lib.name);
-                        assert!(same_f64(got.got, g) && same_f64(got.want, x), "{}: {case:?}: {got:?} vs {first:?}", lib.name);
+                        assert!(
+                            same_f64(got.got, g) && same_f64(got.want, x),
+                            "{}: {case:?}: {got:?} vs {first:?}",
+                            lib.name
+                        );
                     }
                 }
             }
         }
     }
-    eprintln!("{} cases, {planted} planted errors: counts agree", cases.len());
+    eprintln!(
+        "{} cases, {planted} planted errors: counts agree",
+        cases.len()
+    );
 }
