@@ -142,6 +142,11 @@ pub struct Config {
     /// the default): for the kinds and sizes where it measured faster (`tune::peer_split_pays`);
     /// 1: wherever it is safe; 0: never. Every rank must agree.
     pub gpu_peer_split: Option<bool>,
+    /// FERROCCL_GPU_PEER_DIRECT (default on): the peer engine's direct rounds: a receiver whose
+    /// output lies in a window posts it, and its senders store straight into it instead of its
+    /// staging (`tune::Choice::zero_copy`). A run-time choice that each receiver learns round
+    /// by round, so ranks may differ.
+    pub gpu_peer_direct: bool,
     /// FERROCCL_GPU_COPY_ENGINE_BYTES: on GPUs, data-movement collectives alone in their launch
     /// (all-gather, all-to-all, gather, scatter; broadcast on 2 ranks) whose largest buffer is
     /// at least this many bytes move by the GPUs' copy engines, through the peer engine's
@@ -221,6 +226,7 @@ impl Default for Config {
             gpu_peer_oneshot_max_bytes: PEER_ONESHOT_MAX_BYTES,
             gpu_peer_blocks: 0,
             gpu_peer_split: None,
+            gpu_peer_direct: true,
             gpu_peer_rooted_max_bytes: PEER_ROOTED_MAX_BYTES,
             gpu_two_shot: false,
             gpu_peer_bytes: 16 << 20,
@@ -387,6 +393,9 @@ impl Config {
                 "" | "auto" => None,
                 v => Some(parse_bool("FERROCCL_GPU_PEER_SPLIT", v)?),
             };
+        }
+        if let Some(v) = get("FERROCCL_GPU_PEER_DIRECT") {
+            c.gpu_peer_direct = parse_bool("FERROCCL_GPU_PEER_DIRECT", v)?;
         }
         if let Some(v) = get("FERROCCL_GPU_COPY_ENGINE_BYTES") {
             c.gpu_copy_engine_bytes = parse("FERROCCL_GPU_COPY_ENGINE_BYTES", v)?;

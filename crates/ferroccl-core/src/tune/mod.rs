@@ -324,7 +324,9 @@ pub struct Choice {
     /// Elements one message carries at most (the pipeline unit).
     pub chunk_elems: usize,
     /// Zero-copy: receivers post their output (or that they offer none) where a run of the
-    /// operation's steps starts, and senders write straight into posted outputs.
+    /// operation's steps starts, and senders write straight into posted outputs. On the peer
+    /// engine (its direct rounds) senders look for posts without waiting for them, so a rank
+    /// that posts nothing only costs its senders a look per round.
     pub zero_copy: bool,
     /// This rank may offer its output (when it lies in a window): not where a peer's write
     /// could land before this rank has read the input it overwrites.
@@ -444,6 +446,19 @@ fn direct_blocks(count: usize, es: usize, cfg: &Config) -> Option<usize> {
             (b - a) * es <= DIRECT_SLOT_BYTES
         })
     })
+}
+
+/// The kinds that only move data: a peer-engine sender may store their messages straight into
+/// the receiver's output (the kernel's `movement_kind`).
+pub fn moves_only(kind: CollKind) -> bool {
+    matches!(
+        kind,
+        CollKind::AllGather
+            | CollKind::AllToAll
+            | CollKind::Broadcast
+            | CollKind::Gather
+            | CollKind::Scatter
+    )
 }
 
 /// Whether the peer engine takes `op` when it is alone in its launch beyond the direct engine:
@@ -591,14 +606,17 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             && channels >= 2
             && !(op.in_place && matches!(op.kind, CollKind::AllToAll | CollKind::AllReduce));
         let channels = if split { channels / 2 * 2 } else { channels };
+        // Direct rounds: a sender stores straight into an output its receiver posts (a window's,
+        // found at run time: nobody waits for a post), so only what moves data unreduced.
+        let zero_copy = cfg.gpu_peer_direct && moves_only(op.kind);
         return Choice {
             algo,
             protocol: Protocol::Simple,
             engine: Engine::PeerKernel,
             channels,
             chunk_elems,
-            zero_copy: false,
-            post_output: false,
+            zero_copy,
+            post_output: zero_copy && may_post(op.kind, op.in_place),
             split,
             why: Why {
                 algo: if algo == Algo::TwoShot {

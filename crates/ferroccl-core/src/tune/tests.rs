@@ -469,7 +469,13 @@ fn choices_follow_the_table() {
             }
             _ => assert_eq!(c.chunk_elems, cfg.chunk_bytes / dtype.size()),
         }
-        assert!(!c.zero_copy && !c.post_output, "no windows, no zero-copy");
+        // The plan kernel goes zero-copy only with windows; the peer engine's direct rounds
+        // are found at run time, so its choice is the kind's.
+        let direct = engine == K && moves_only(kind);
+        assert!(
+            c.zero_copy == direct && c.post_output == direct,
+            "no windows, no zero-copy but the peer engine's direct rounds: {c}"
+        );
     }
 }
 
@@ -1721,4 +1727,52 @@ fn the_peer_engine_splits_one_phase_rounds_only_where_asked_and_safe() {
     };
     let c = choose(&shape(AllGather, 1 << 22, Float32, 2), Device::Gpu, &one);
     assert_eq!((c.channels, c.split), (1, false));
+}
+
+/// FERROCCL_GPU_PEER_DIRECT: the peer engine's direct rounds for the kinds that only move data
+/// (senders store straight into posted outputs), never for a reduction; receivers post except
+/// in an in-place all-to-all (a peer's block could land on input not yet sent); off with 0.
+#[test]
+fn the_peer_engine_goes_direct_only_where_data_only_moves() {
+    use CollKind::*;
+    let cfg = Config::default();
+    for (kind, in_place, direct, post) in [
+        (AllGather, false, true, true),
+        (AllGather, true, true, true),
+        (AllToAll, false, true, true),
+        (AllToAll, true, true, false),
+        (Broadcast, true, true, true),
+        (Gather, false, true, true),
+        (Scatter, true, true, true),
+        (ReduceScatter, false, false, false),
+        (Reduce, false, false, false),
+        (AllReduce, false, false, false),
+    ] {
+        let s = OpShape {
+            in_place,
+            ..shape(kind, 1 << 22, Float32, 2)
+        };
+        let c = choose(&s, Device::Gpu, &cfg);
+        assert_eq!(c.engine, Engine::PeerKernel, "{kind}: {c}");
+        assert_eq!(
+            (c.zero_copy, c.post_output),
+            (direct, post),
+            "{kind}, in place {in_place}: {c}"
+        );
+        assert_eq!(moves_only(kind), direct, "{kind}");
+        let off = choose(
+            &s,
+            Device::Gpu,
+            &Config {
+                gpu_peer_direct: false,
+                ..cfg.clone()
+            },
+        );
+        assert!(!off.zero_copy && !off.post_output, "{kind}: {off}");
+        assert_eq!(
+            (off.engine, off.channels, off.chunk_elems, off.split),
+            (c.engine, c.channels, c.chunk_elems, c.split),
+            "only the direct rounds change"
+        );
+    }
 }

@@ -10,6 +10,14 @@
 //! programs take each launch's starting round as given; `run_counters` checks that the blocks'
 //! counter words give them that round in any interleaving of a split launch's blocks.
 //!
+//! Direct rounds (the peer engine's, `FcPeer::direct`): receivers post their output at a launch's
+//! start (some do, some do not), senders look for the posts after every round and store
+//! straight into a posted output two rounds on, skipping the room check there, and mark their
+//! first direct round; a receiver takes a round from its output when the mark says so, else
+//! from the slot. The model checks that a direct store lands only in an output whose owner is
+//! in that very launch (its earlier operations complete, as its post promised) and that every
+//! read finds its round where the mark says it is.
+//!
 //! What a step is: between two block barriers a block's threads store and load at will, so a
 //! read of a slot lasts from the wait that allowed it to the block's next barrier (the next
 //! signal, or the launch's end); a store is checked against every read in progress.
@@ -40,6 +48,10 @@ struct Launch {
     /// `Engine::PeerSplit` only: whether a one-phase launch is split (the tuner keeps in-place
     /// all-to-alls and all-reduces whole); two-shot all-reduces never are.
     split: bool,
+    /// The peer engines: senders look for posts (the movement kinds; not all-reduces).
+    direct: bool,
+    /// Which ranks post their output (bit r: rank r's output lies in a window).
+    posts: u32,
 }
 
 /// A slot's life: stored round s, being read (until the reader's next barrier), released.
@@ -81,6 +93,13 @@ enum Step {
     /// The split block's two warp groups meet at a kernel boundary: launch `id` starts once
     /// both finished everything before it.
     Join { id: usize },
+    /// A launch starts at round `s0` (this rank's output is now that operation's); one of
+    /// direct rounds (`direct`) posts this rank's output to every peer (`post`) and forgets the
+    /// last launch's direct choices.
+    Start { s0: u64, direct: bool, post: bool },
+    /// After round `s`'s barrier: for each of `to` not yet direct whose post of this launch is
+    /// there, store directly from round `s + 2` on.
+    Look { to: Vec<usize>, s: u64 },
 }
 
 /// Which kernel's launches a program is made of.
@@ -164,6 +183,14 @@ fn push_launch(
         *after_symmetric = false;
         return;
     }
+    let direct = l.direct && engine == Engine::Peer && l.kind != Kind::AllReduce;
+    if rounds > 0 {
+        steps.push(Step::Start {
+            s0: *s + 1,
+            direct,
+            post: direct && l.posts >> me & 1 == 1,
+        });
+    }
     let symmetric = matches!(l.kind, Kind::AllReduce | Kind::Symmetric);
     for k in 0..rounds {
         *s += 1;
@@ -196,8 +223,11 @@ fn push_launch(
                 s,
             });
         }
-        let flag = (!targets.is_empty()).then_some((0, targets));
+        let flag = (!targets.is_empty()).then_some((0, targets.clone()));
         steps.push(Step::Barrier { ack, flag, s });
+        if direct && !targets.is_empty() {
+            steps.push(Step::Look { to: targets, s });
+        }
         if !sources.is_empty() {
             steps.push(Step::WaitRead {
                 from: sources,
@@ -275,6 +305,17 @@ fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
                 s,
             });
         }
+        // The receive warps post; the send warps look.
+        recv.push(Step::Start {
+            s0: s + 1,
+            direct: l.direct,
+            post: l.direct && l.posts >> me & 1 == 1,
+        });
+        send.push(Step::Start {
+            s0: s + 1,
+            direct: l.direct,
+            post: false,
+        });
         for _ in 0..l.rounds {
             s += 1;
             let (targets, sources) = ends(l.kind, me, n, l.root);
@@ -290,9 +331,12 @@ fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
                 });
                 send.push(Step::Barrier {
                     ack: 0,
-                    flag: Some((0, targets)),
+                    flag: Some((0, targets.clone())),
                     s,
                 });
+                if l.direct {
+                    send.push(Step::Look { to: targets, s });
+                }
             }
             if !sources.is_empty() {
                 recv.push(Step::WaitRead {
@@ -323,6 +367,22 @@ struct World {
     /// one of its warp groups in the split design: `agents` per rank).
     reading: Vec<Vec<Key>>,
     agents: usize,
+    /// Direct rounds: posts[sender][receiver], the first round of the receiver's posted launch.
+    posts: Vec<Vec<u64>>,
+    /// Per agent: the first round of its current launch of direct rounds (0: none).
+    launch: Vec<u64>,
+    /// Per rank: the first round of the launch it is in (its output belongs to that operation).
+    current: Vec<u64>,
+    /// Per agent and peer: the first round it stores directly into the peer's output.
+    direct_at: Vec<Vec<Option<u64>>>,
+    /// marks[receiver][sender]: the sender's first direct round (its mark in the flag line).
+    marks: Vec<Vec<u64>>,
+    /// Rounds stored straight into outputs: (receiver, sender, round).
+    outputs: std::collections::HashSet<(usize, usize, u64)>,
+    /// Mutations, for the model's own tests: senders that go direct without a post, receivers
+    /// that ignore the marks.
+    ignore_posts: bool,
+    ignore_marks: bool,
 }
 
 impl World {
@@ -336,6 +396,14 @@ impl World {
             flags: vec![vec![[0; 3]; n]; n],
             reading: vec![Vec::new(); n * agents],
             agents,
+            posts: vec![vec![0; n]; n],
+            launch: vec![0; n * agents],
+            current: vec![0; n],
+            direct_at: vec![vec![None; n]; n * agents],
+            marks: vec![vec![0; n]; n],
+            outputs: std::collections::HashSet::new(),
+            ignore_posts: false,
+            ignore_marks: false,
         }
     }
 
@@ -344,7 +412,9 @@ impl World {
     fn enabled(&self, agent: usize, step: &Step) -> bool {
         let me = agent / self.agents;
         match step {
-            Step::Room { peers, s } => peers.iter().all(|&q| self.flags[me][q][2] + 2 >= *s),
+            Step::Room { peers, s } => peers.iter().all(|&q| {
+                self.flags[me][q][2] + 2 >= *s || self.direct_at[agent][q].is_some_and(|d| d <= *s)
+            }),
             Step::WaitRead { from, phase, s, .. } => {
                 from.iter().all(|&q| self.flags[me][q][*phase] >= *s)
             }
@@ -357,8 +427,40 @@ impl World {
         let me = agent / self.agents;
         match step {
             Step::Room { .. } | Step::Join { .. } => {}
+            Step::Start { s0, direct, post } => {
+                self.launch[agent] = if *direct { *s0 } else { 0 };
+                self.current[me] = *s0;
+                self.direct_at[agent] = vec![None; self.n];
+                if *post {
+                    for q in (0..self.n).filter(|&q| q != me) {
+                        self.posts[q][me] = *s0;
+                    }
+                }
+            }
+            Step::Look { to, s } => {
+                let s0 = self.launch[agent];
+                for &q in to {
+                    if self.direct_at[agent][q].is_none()
+                        && (self.posts[me][q] == s0 || self.ignore_posts)
+                    {
+                        self.direct_at[agent][q] = Some(s + 2);
+                    }
+                }
+            }
             Step::Store { to, phases, s } => {
                 for &q in to {
+                    if self.direct_at[agent][q].is_some_and(|d| d <= *s) {
+                        // Straight into q's output: q must be in this very launch.
+                        let s0 = self.launch[agent];
+                        if self.current[q] != s0 {
+                            return Err(format!("rank {me} stores round {s} straight into rank {q}'s output, which is in the launch from round {} (not {s0})", self.current[q]));
+                        }
+                        if self.marks[q][me] < s0 {
+                            self.marks[q][me] = *s;
+                        }
+                        self.outputs.insert((q, me, *s));
+                        continue;
+                    }
                     for &phase in *phases {
                         let key = (q, me, phase, s & 1);
                         match self.slots.get(&key) {
@@ -392,6 +494,14 @@ impl World {
             }
             Step::WaitRead { from, slots, s, .. } => {
                 for &q in from {
+                    let s0 = self.launch[agent];
+                    let m = self.marks[me][q];
+                    if s0 > 0 && m >= s0 && m <= *s && !self.ignore_marks {
+                        if !self.outputs.contains(&(me, q, *s)) {
+                            return Err(format!("rank {me} takes round {s} from its output, where rank {q} did not store it"));
+                        }
+                        continue;
+                    }
                     for &phase in *slots {
                         let key = (me, q, phase, s & 1);
                         match self.slots.get(&key) {
@@ -444,11 +554,25 @@ fn run_programs(
     seed: u64,
     greedy: bool,
 ) -> Result<usize, String> {
-    let agents = programs.len() / n;
+    run_world(
+        &mut World::with_agents(n, programs.len() / n),
+        programs,
+        seed,
+        greedy,
+    )
+}
+
+/// `run_programs` in a world of the caller's (its mutations, and what it holds after).
+fn run_world(
+    w: &mut World,
+    programs: &[Vec<Step>],
+    seed: u64,
+    greedy: bool,
+) -> Result<usize, String> {
+    let agents = w.agents;
     let total = programs.len();
     let mut pc = vec![0usize; total];
     let mut joined: Vec<Option<usize>> = vec![None; total];
-    let mut w = World::with_agents(n, agents);
     let mut rng = seed | 1;
     let mut next = || {
         rng ^= rng << 13;
@@ -524,17 +648,18 @@ fn kind_strategy() -> impl Strategy<Value = Kind> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
 
-    /// Any mix of operations, round counts and roots, on 2 to 5 ranks, under random and
-    /// run-ahead schedules: no slot overwritten before its receiver is done with it, every read
-    /// finds its round, no deadlock.
+    /// Any mix of operations, round counts and roots, on 2 to 5 ranks, with direct rounds or
+    /// not and any ranks posting, under random and run-ahead schedules: no slot overwritten
+    /// before its receiver is done with it, no direct store into an output of another
+    /// operation, every read finds its round, no deadlock.
     #[test]
     fn the_peer_engine_flow_control_holds_in_any_interleaving(
         n in 2usize..=5,
-        ops in prop::collection::vec((kind_strategy(), 0u64..=4, any::<usize>()), 1..8),
+        ops in prop::collection::vec((kind_strategy(), 0u64..=6, any::<usize>(), any::<bool>(), any::<u32>()), 1..8),
         seed in any::<u64>(),
         greedy in any::<bool>(),
     ) {
-        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root)| Launch { kind, rounds, root: root % n, split: true }).collect();
+        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root, direct, posts)| Launch { kind, rounds, root: root % n, split: true, direct, posts }).collect();
         let r = run(n, &launches, seed, greedy);
         prop_assert!(r.is_ok(), "{n} ranks, {launches:?}, greedy {greedy}: {}", r.unwrap_err());
     }
@@ -554,7 +679,7 @@ proptest! {
         greedy in any::<bool>(),
     ) {
         // rounds: 0 a launch without this block, 1 one that exchanges, 2 an empty slice.
-        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root)| Launch { kind, rounds, root: root % n, split: true }).collect();
+        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root)| Launch { kind, rounds, root: root % n, split: true, direct: false, posts: 0 }).collect();
         let r = run_engine(Engine::Direct, n, &launches, seed, greedy);
         prop_assert!(r.is_ok(), "{n} ranks, {launches:?}, greedy {greedy}: {}", r.unwrap_err());
     }
@@ -570,11 +695,11 @@ proptest! {
     #[test]
     fn the_split_peer_engine_design_holds_in_any_interleaving(
         n in 2usize..=5,
-        ops in prop::collection::vec((kind_strategy(), 0u64..=4, any::<usize>(), prop::bool::weighted(0.75)), 1..8),
+        ops in prop::collection::vec((kind_strategy(), 0u64..=6, any::<usize>(), prop::bool::weighted(0.75), any::<bool>(), any::<u32>()), 1..8),
         seed in any::<u64>(),
         greedy in any::<bool>(),
     ) {
-        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root, split)| Launch { kind, rounds, root: root % n, split }).collect();
+        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root, split, direct, posts)| Launch { kind, rounds, root: root % n, split, direct, posts }).collect();
         let r = run_engine(Engine::PeerSplit, n, &launches, seed, greedy);
         prop_assert!(r.is_ok(), "{n} ranks, {launches:?}, greedy {greedy}: {}", r.unwrap_err());
     }
@@ -592,6 +717,8 @@ fn the_model_catches_a_broken_split_design() {
         rounds: 6,
         root: 0,
         split: true,
+        direct: false,
+        posts: 0,
     }];
     for seed in 1..200 {
         assert!(run_engine(Engine::PeerSplit, n, &ag, seed, seed % 2 == 0).is_ok());
@@ -628,6 +755,8 @@ fn the_model_catches_a_broken_flow_control() {
         rounds: 4,
         root: 0,
         split: false,
+        direct: false,
+        posts: 0,
     };
     // As the kernel runs it: fine under any schedule tried.
     for seed in 1..200 {
@@ -687,6 +816,8 @@ fn the_model_catches_a_broken_flow_control() {
         rounds: 1,
         root: 0,
         split: false,
+        direct: false,
+        posts: 0,
     }; 3];
     let root: Vec<Step> = strip_room(program_of(Engine::Direct, 0, n, &bcasts));
     let mut w = World::new(n);
@@ -807,4 +938,59 @@ fn the_model_catches_a_shared_round_counter() {
     // The receive block first: no harm in that order.
     assert!(run_counters(&launches, Counters::Shared, |live| live - 1).is_ok());
     assert!(run_counters(&launches, Counters::PerRole, |_| 0).is_ok());
+}
+
+/// Direct rounds need both their rules: a sender that goes direct without its receiver's post
+/// of this launch stores into an output still the previous operation's, and a receiver that
+/// ignores the marks looks for a direct round in its slot. As the kernel runs them, both hold.
+#[test]
+fn the_model_catches_direct_rounds_without_posts_or_marks() {
+    let n = 2;
+    // A broadcast that posts nothing on the receiver, then one that does: only the second goes
+    // direct, from its third round.
+    let mut bcasts = [Launch {
+        kind: Kind::FromRoot,
+        rounds: 6,
+        root: 0,
+        split: false,
+        direct: true,
+        posts: 0,
+    }; 2];
+    bcasts[1].posts = 0b10;
+    let programs: Vec<Vec<Step>> = (0..n).map(|r| program(r, n, &bcasts)).collect();
+    let mut direct_seen = false;
+    for seed in 1..200 {
+        let mut w = World::new(n);
+        let r = run_world(&mut w, &programs, seed, seed % 2 == 0);
+        assert!(r.is_ok(), "seed {seed}: {r:?}");
+        assert!(
+            !w.outputs.iter().any(|&(_, _, s)| s <= 6),
+            "the first broadcast went direct without a post"
+        );
+        direct_seen |= !w.outputs.is_empty();
+    }
+    assert!(direct_seen, "no schedule went direct");
+    // The root running ahead, going direct without a post: it stores into the receiver's
+    // output while the receiver is still in the launch before.
+    let broke = (1..400).find_map(|seed| {
+        let mut w = World::new(n);
+        w.ignore_posts = true;
+        run_world(&mut w, &programs, seed, true).err()
+    });
+    assert!(
+        broke
+            .as_ref()
+            .is_some_and(|e| e.contains("straight into rank 1's output")),
+        "{broke:?}"
+    );
+    // A receiver ignoring the marks reads a direct round from its slot.
+    let broke = (1..400).find_map(|seed| {
+        let mut w = World::new(n);
+        w.ignore_marks = true;
+        run_world(&mut w, &programs, seed, seed % 2 == 0).err()
+    });
+    assert!(
+        broke.as_ref().is_some_and(|e| e.contains("reads round")),
+        "{broke:?}"
+    );
 }

@@ -20,7 +20,8 @@ use super::copy_engine::{CeOp, Schedule};
 use super::p2p::{p2p_form, P2pForm};
 use super::tables::{
     encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcLaunch, FcOp, FcPeer, OpDesc,
-    ZeroCopy, DIRECT_THREADS, INLINE_OPS, P2P_MAX_STEPS, P2P_SMALL_STEPS, PEER_THREADS,
+    ZeroCopy, DIRECT_THREADS, INLINE_OPS, P2P_MAX_STEPS, P2P_SMALL_STEPS, PEER_MAX_RANKS,
+    PEER_THREADS,
 };
 use super::window::Windows;
 use crate::cuda::cu_ok;
@@ -169,12 +170,16 @@ enum Run {
     /// The direct kernel, on this many blocks.
     Direct { blocks: u32 },
     /// The peer kernel, on this many blocks, in rounds of this many elements per block;
-    /// `oneshot`: an all-reduce in one crossing (2 ranks).
+    /// `oneshot`: an all-reduce in one crossing (2 ranks); `direct`: senders store straight into
+    /// outputs their receivers post (the tuner's zero-copy), `post`: this rank posts its output
+    /// where a window holds it.
     Peer {
         blocks: u32,
         chunk: u64,
         oneshot: bool,
         split: bool,
+        direct: bool,
+        post: bool,
     },
     /// The copy engines: no kernel; this rank's commands for the shape.
     Copy(Arc<Schedule>),
@@ -390,6 +395,21 @@ fn op_desc(a: &OpArgs, info: &CommInfo, choice: Option<&Choice>) -> OpDesc {
     }
 }
 
+/// Where each peer maps this rank's output of `o` (the whole receive buffer), when a window
+/// holds it (None: no peer may store into it).
+fn peer_views(windows: &Windows, o: &OpDesc, nranks: usize) -> Option<[u64; PEER_MAX_RANKS]> {
+    let bytes = (o.recv_count * o.dtype.size()) as u64;
+    let mut views = [0u64; PEER_MAX_RANKS];
+    for (q, v) in views
+        .iter_mut()
+        .enumerate()
+        .take(nranks.min(PEER_MAX_RANKS))
+    {
+        *v = windows.view(o.recv, bytes, q).unwrap_or(0);
+    }
+    views.iter().any(|&v| v != 0).then_some(views)
+}
+
 /// The copy engine's view of one operation.
 fn ce_op(a: &OpArgs) -> CeOp {
     CeOp {
@@ -486,6 +506,8 @@ impl CudaComm {
                                 chunk: c.chunk_elems as u64,
                                 oneshot,
                                 split: c.split,
+                                direct: c.zero_copy,
+                                post: c.post_output,
                             }
                         }
                         Engine::CopyEngine if self.ce.is_some() => {
@@ -553,9 +575,17 @@ impl CudaComm {
         entry.pinned |= captured;
         let run = entry.run.clone();
         drop(cache);
+        // Where each peer may store straight into this rank's output (the peer engine's direct
+        // rounds): looked up at every launch, as the buffers are.
+        let views = match run {
+            Run::Peer { post: true, .. } if !windows.is_empty() => {
+                peer_views(&windows, &op_desc(&args[0], info, None), info.nranks)
+            }
+            _ => None,
+        };
         drop(windows);
 
-        self.run_entry(run, args, ops, stream)?;
+        self.run_entry(run, args, ops, stream, views)?;
         if !captured {
             self.order()?.after(stream)?;
         }
@@ -575,6 +605,7 @@ impl CudaComm {
         args: &[OpArgs],
         ops: &[FcOp],
         stream: sys::CUstream,
+        views: Option<[u64; PEER_MAX_RANKS]>,
     ) -> Result<(), Error> {
         match run {
             Run::Plan(at) => {
@@ -662,6 +693,8 @@ impl CudaComm {
                 chunk,
                 oneshot,
                 split,
+                direct,
+                post: _,
             } => {
                 let (module, kernels, template) =
                     self.peer.as_ref().expect("checked when the entry was made");
@@ -675,6 +708,9 @@ impl CudaComm {
                     oneshot: oneshot as u32,
                     split: split as u32,
                     op: ops[0],
+                    views: views.unwrap_or_default(),
+                    direct: direct as u32,
+                    post: views.is_some() as u32,
                     ..*template
                 };
                 // SAFETY: the peer kernel takes one FcPeer; its staging, flags and counters are

@@ -235,6 +235,14 @@ pub(crate) struct FcPeer {
     /// (the tuner's `Choice::split`).
     pub split: u32,
     pub op: FcOp,
+    /// Where rank q may store straight into this rank's output (q's mapping of the output's
+    /// base; 0: it may not): posted to q at the launch's start when `post` is 1.
+    pub views: [u64; PEER_MAX_RANKS],
+    /// 1: senders look for their receivers' posts and store straight into the outputs posted
+    /// (the tuner's `Choice::zero_copy`; movement kinds only).
+    pub direct: u32,
+    /// 1: this rank posts `views` (the tuner's `Choice::post_output`, and a view to post).
+    pub post: u32,
 }
 
 /// Steps the point-to-point kernel's parameter holds (`FC_P2P_MAX_STEPS`): launches with more
@@ -387,9 +395,9 @@ layout! {
                   expected @ 32, got @ 40, wanted @ 48, seen @ 56 }
     FcDirect: 376 { slots @ 0, acks @ 128, epochs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
                     kind @ 296, rank @ 300, nranks @ 304, root @ 308, nblocks @ 312, reserved @ 316, op @ 320 }
-    FcPeer: 400 { stage @ 0, flags @ 128, seqs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
+    FcPeer: 536 { stage @ 0, flags @ 128, seqs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
                   chunk @ 296, slot_bytes @ 304, kind @ 312, rank @ 316, nranks @ 320, nblocks @ 324, root @ 328,
-                  oneshot @ 332, blocks @ 336, split @ 340, op @ 344 }
+                  oneshot @ 332, blocks @ 336, split @ 340, op @ 344, views @ 400, direct @ 528, post @ 532 }
     FcP2pStep: 56 { base @ 0, tail @ 8, counter @ 16, buf @ 24, bytes @ 32, piece @ 36, slots @ 40, conn @ 44,
                     peer @ 48, block @ 52, dir @ 54, ll @ 55 }
     FcP2p: 3624 { conns @ 0, abort @ 8, error @ 16, timeout_ns @ 24, rank @ 32, nsteps @ 36, steps @ 40 }

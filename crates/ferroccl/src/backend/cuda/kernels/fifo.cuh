@@ -165,6 +165,13 @@ __device__ __forceinline__ bool symmetric_kind(fc_u32 kind) {
     return kind == FC_KIND_ALL_REDUCE || kind == FC_KIND_REDUCE_SCATTER || kind == FC_KIND_ALL_GATHER || kind == FC_KIND_ALL_TO_ALL;
 }
 
+// The kinds that only move data (no reduction): what a peer-engine sender may store straight into
+// its receiver's output.
+__device__ __forceinline__ bool movement_kind(fc_u32 kind) {
+    return kind == FC_KIND_ALL_GATHER || kind == FC_KIND_ALL_TO_ALL || kind == FC_KIND_BROADCAST || kind == FC_KIND_GATHER ||
+           kind == FC_KIND_SCATTER;
+}
+
 // The top bit of a one-kernel engine's per-block counter (direct: epoch; peer: round): the
 // block's last round exchanged with every peer, so the next needs no acknowledgement check.
 #define FC_AFTER_SYMMETRIC (1ull << 63)

@@ -43,6 +43,20 @@
 // the GPU test with two ranks sharing one GPU, where not every block starts at once). Blocks
 // that do both write both.
 //
+// Direct rounds (FcPeer::direct, the movement kinds): a receiver whose output lies in memory its
+// senders have mapped (a registered buffer or window) posts that output at its launch's start,
+// once every earlier operation of its stream is complete: the address each sender maps it at and
+// the launch's first round, in the second half of the acknowledgement line it owns in the
+// sender's memory. A sender looks for the post at the start and then at every round's end, and
+// from the first round after it finds one it stores that receiver's messages straight into the
+// output (no room check: no slot is involved) until the launch ends; it marks that first direct
+// round in the second half of the receiver's flag line before the flag that covers it, so a
+// receiver that waited for round s knows whether s came straight (the mark is of this launch and
+// not after s) and skips its copy out of the staging. Nobody waits for a post: a receiver that
+// posts late, or not at all, gets staged rounds. A post is read only between the launch's start
+// and the sender's last store to that receiver, before which the receiver cannot finish the
+// launch and post the next one, so a post's address and round are always one launch's.
+//
 // Its own module (kernels.rs): NVRTC compiles it beside the plan kernel's and the direct
 // engine's, each on its own thread, so a first start waits for the longest of the three.
 #include <cuda_fp16.h>
@@ -76,17 +90,55 @@ __device__ __forceinline__ bool peer_in(const FcPeer& P, fc_u32 q, fc_u32 only) 
     return q < P.nranks && q != P.rank && (only == FC_PEER_ALL || q == only);
 }
 
+// A block's direct-round state (see the top), in shared memory.
+struct PeerDirect {
+    bool on;         // the launch may run direct rounds (FcPeer::direct, a movement kind)
+    fc_u64 s0;       // the launch's first round
+    fc_u64* to;      // [2][FC_PEER_MAX_RANKS]: where the round of parity p stores q's messages
+                     // (q's posted output; 0: q's staging slot), set by thread q two rounds ahead
+    fc_u32* from;    // [FC_PEER_MAX_RANKS]: 1 when the round waited for came straight from q
+    fc_u32* marked;  // [FC_PEER_MAX_RANKS]: thread q marked its first direct round for q
+};
+
+// Thread q, a sender: the output receiver q posted to this block for the launch starting at
+// round s0, or 0.
+__device__ __forceinline__ fc_u64 peer_posted(const FcPeer& P, fc_u32 slice, fc_u32 q, fc_u64 s0) {
+    const fc_u8* line = (const fc_u8*)peer_flag(P, P.rank, slice, q, 2);
+    if (ld_acquire_sys((const fc_u64*)(line + FC_PEER_POST_SEQ)) != s0) return 0;
+    return *(const volatile fc_u64*)(line + FC_PEER_POST_ADDR);
+}
+
+// Thread q, a sender to q, before round s's barrier: when round s is its first direct round to
+// q, the mark in q's flag line (the flag released after the barrier covers it).
+__device__ __forceinline__ void peer_direct_mark(const FcPeer& P, const PeerDirect& D, fc_u32 slice, fc_u64 s, fc_u32 to) {
+    const fc_u32 q = threadIdx.x;
+    if (!D.on || !peer_in(P, q, to) || D.marked[q] != 0u || D.to[(s & 1u) * FC_PEER_MAX_RANKS + q] == 0) return;
+    st_relaxed_sys((fc_u64*)((fc_u8*)peer_flag(P, q, slice, P.rank, 0) + FC_PEER_DIRECT_FROM), s);
+    D.marked[q] = 1u;
+}
+
+// Thread q, a sender to q, after round s's barrier (every thread's use of round s's choice is
+// over, and round s + 2's comes after round s + 1's barrier): where round s + 2 stores q's
+// messages, direct once round s + 1 is, else as the post now says. Off the rounds' critical
+// path: only thread q's warp waits for the load.
+__device__ __forceinline__ void peer_direct_look(const FcPeer& P, const PeerDirect& D, fc_u32 slice, fc_u64 s, fc_u32 to) {
+    const fc_u32 q = threadIdx.x;
+    if (!D.on || !peer_in(P, q, to)) return;
+    const fc_u64 next = D.to[((s + 1u) & 1u) * FC_PEER_MAX_RANKS + q];
+    D.to[(s & 1u) * FC_PEER_MAX_RANKS + q] = next != 0 ? next : peer_posted(P, slice, q, D.s0);
+}
+
 // Every warp for itself, before its first store of round s: the peers this round sends to
 // (`to`) have read their slots of round s - 2, the same parity. Lane 0 polls this rank's own
 // acknowledgement lines (acquire; usually long since there, so no block barrier stands on the
 // way to the first store), and the warp barrier orders the other lanes' stores after it. False
 // on failure, decided for the block at the next barrier.
-__device__ __forceinline__ bool peer_room(const FcPeer& P, fc_u32 slice, fc_u64 s, fc_u32 to) {
+__device__ __forceinline__ bool peer_room(const FcPeer& P, fc_u32 slice, fc_u64 s, fc_u32 to, const fc_u64* direct_to = nullptr) {
     if (s <= 2) return true;
     int ok = 1;
     if ((threadIdx.x & 31u) == 0) {
         for (fc_u32 q = 0; q < P.nranks && ok; ++q) {
-            if (!peer_in(P, q, to)) continue;
+            if (!peer_in(P, q, to) || (direct_to != nullptr && direct_to[q] != 0)) continue;
             const fc_u64* f = peer_flag(P, P.rank, slice, q, 2);
             fc_u32 polls = 0;
             fc_u64 since = 0;
@@ -123,7 +175,9 @@ __device__ __forceinline__ bool peer_signal(const FcPeer& P, fc_u32 slice, fc_u3
 // the peers `from` names; false, on every thread, when a wait failed (abort, deadline,
 // another block's failure). The barrier also orders every thread's later loads after the
 // acquiring poll.
-__device__ __forceinline__ bool peer_wait(const FcPeer& P, fc_u32 slice, fc_u32 phase, fc_u64 s, fc_u32 from) {
+// With `D` (phase 0 of a launch that may run direct rounds), thread q also records whether
+// round s came straight into the output (q's mark of this launch, not after s).
+__device__ __forceinline__ bool peer_wait(const FcPeer& P, fc_u32 slice, fc_u32 phase, fc_u64 s, fc_u32 from, const PeerDirect* D = nullptr) {
     int bad = 0;
     const fc_u32 q = threadIdx.x;
     if (peer_in(P, q, from)) {
@@ -136,6 +190,10 @@ __device__ __forceinline__ bool peer_wait(const FcPeer& P, fc_u32 slice, fc_u32 
                 bad = 1;
                 break;
             }
+        }
+        if (D != nullptr && D->on) {
+            const fc_u64 d = *(const volatile fc_u64*)((const fc_u8*)f + FC_PEER_DIRECT_FROM);
+            D->from[q] = (d >= D->s0 && d <= s) ? 1u : 0u;
         }
     }
     return __syncthreads_or(bad) == 0;
@@ -166,7 +224,7 @@ __device__ fc_u64 fc_peer_trace[10];
 // which must look at the acknowledgements. D: the element type; SHAPE: the instance's
 // (reduce.cuh, FC_SHAPE_*).
 template <typename D, int SHAPE>
-__device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, bool first, fc_u32 slice, fc_u32 role) {
+__device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, bool first, fc_u32 slice, fc_u32 role, const PeerDirect& DR) {
     const fc_u32 n = P.nranks, me = P.rank, b = slice, t = P.root;
     const fc_u32 kind = shape_kind<SHAPE>(P.kind);
     // The reduction is Sum wherever the shape says so: the loops need not choose it.
@@ -285,12 +343,17 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     const bool sends = !(to_root && me == t) && !(from_root && me != t);
     const bool receives = !(to_root && me != t) && !(from_root && me == t);
     const bool reduces = kind == FC_KIND_REDUCE_SCATTER || kind == FC_KIND_REDUCE;
-    const int bad = sending && sends && check_room && !peer_room(P, b, s, targets);
+    // Where each receiver keeps what a sender sends it: per sender, or one block.
+    const bool per_sender = kind != FC_KIND_BROADCAST && kind != FC_KIND_SCATTER;
+    const fc_u64* direct_to = DR.on ? DR.to + (s & 1u) * FC_PEER_MAX_RANKS : nullptr;
+    const int bad = sending && sends && check_room && !peer_room(P, b, s, targets, direct_to);
     if (sending && sends && !bad) {
         for (fc_u32 j = 1; j < n; ++j) {
             const fc_u32 q = (me + j) % n;
             if (!peer_in(P, q, targets)) continue;
-            fc_u8* slot = peer_slot(P, q, b, me, 0, s);
+            // q's staging slot, or its output where q posted it (a direct round).
+            fc_u8* slot = direct_to != nullptr && direct_to[q] != 0 ? (fc_u8*)direct_to[q] + ((per_sender ? me * c : 0) + at) * es
+                                                                    : peer_slot(P, q, b, me, 0, s);
             // The block of this rank's input that q gets.
             const bool per_peer = kind == FC_KIND_REDUCE_SCATTER || kind == FC_KIND_ALL_TO_ALL || kind == FC_KIND_SCATTER;
             const fc_u8* src = in + ((per_peer ? q * c : 0) + at) * es;
@@ -298,17 +361,19 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
             else copy_bytes(slot, nullptr, src, bytes);
         }
     }
+    if (sending && sends) peer_direct_mark(P, DR, b, s, targets);
     // This rank's own block, where it moves without a reduction.
     const fc_u8* own_src;
     fc_u8* own_dst;
     own_copy(kind, me, t, c, at, es, in, out, own_src, own_dst);
     if (sending) {
         if (!peer_signal(P, b, sends ? 0u : FC_PEER_PHASES, s, targets, bad, ack)) return false;
+        if (sends) peer_direct_look(P, DR, b, s, targets);
         // After the flags: the receivers start on their copies while this block makes its own.
         if (own_src != nullptr && own_src != own_dst) copy_bytes(own_dst, nullptr, own_src, bytes);
     }
     if (receiving && receives) {
-        if (!peer_wait(P, b, 0, s, sources)) return false;
+        if (!peer_wait(P, b, 0, s, sources, &DR)) return false;
         if (reduces) {
             fc_u8* o = out + at * es;
             const fc_u8* mine = in + ((kind == FC_KIND_REDUCE_SCATTER ? me * c : 0) + at) * es;
@@ -320,9 +385,9 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
         } else {
             for (fc_u32 j = 1; j < n; ++j) {
                 const fc_u32 q = (me + n - j) % n;
-                if (!peer_in(P, q, sources)) continue;
-                const bool per_peer = kind != FC_KIND_BROADCAST && kind != FC_KIND_SCATTER;
-                copy_bytes(out + ((per_peer ? q * c : 0) + at) * es, nullptr, peer_slot(P, me, b, q, 0, s), bytes);
+                // A direct round is in the output already.
+                if (!peer_in(P, q, sources) || (DR.on && DR.from[q] != 0)) continue;
+                copy_bytes(out + ((per_sender ? q * c : 0) + at) * es, nullptr, peer_slot(P, me, b, q, 0, s), bytes);
             }
         }
     }
@@ -367,11 +432,32 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
         fc::st_relaxed_sys(fc::peer_flag(P, threadIdx.x, slice, P.rank, 2), seq);
     }
     const fc_u64 start = fc::cut(P.count, nslices, slice), end = fc::cut(P.count, nslices, slice + 1);
+    // Direct rounds (see the top): the receiving side posts its output, the sending side looks
+    // for its receivers' posts, once before the first round and then at every round's end.
+    // The first two rounds are staged: a post is rarely there as both ranks start.
+    __shared__ fc_u64 direct_to[2 * FC_PEER_MAX_RANKS];
+    __shared__ fc_u32 direct_from[FC_PEER_MAX_RANKS], direct_marked[FC_PEER_MAX_RANKS];
+    const fc::PeerDirect DR{P.direct != 0u && fc::movement_kind(P.kind) && start < end, seq + 1, direct_to, direct_from, direct_marked};
+    if (DR.on) {
+        const fc_u32 q = threadIdx.x;
+        if (P.post != 0u && role != FC_ROLE_SEND && fc::peer_in(P, q, FC_PEER_ALL)) {
+            fc_u8* line = (fc_u8*)fc::peer_flag(P, q, slice, P.rank, 2);
+            fc::st_relaxed_sys((fc_u64*)(line + FC_PEER_POST_ADDR), P.views[q]);
+            fc::st_release_sys((fc_u64*)(line + FC_PEER_POST_SEQ), DR.s0);
+        }
+        if (q < FC_PEER_MAX_RANKS) {
+            direct_to[q] = 0;
+            direct_to[FC_PEER_MAX_RANKS + q] = 0;
+            direct_from[q] = 0;
+            direct_marked[q] = 0;
+        }
+        __syncthreads();
+    }
     fc_u64 s = seq;
     for (fc_u64 at = start; at < end; at += P.chunk) {
         const fc_u64 len = end - at < P.chunk ? end - at : P.chunk;
         ++s;
-        if (!fc::peer_round<D, SHAPE>(P, at, len, s, s == seq + 1 && !after_symmetric, slice, role)) return;
+        if (!fc::peer_round<D, SHAPE>(P, at, len, s, s == seq + 1 && !after_symmetric, slice, role, DR)) return;
     }
     fc::release_next_grid();
     // Each block writes its own counter (a block doing both, both). A split launch's flags say

@@ -234,11 +234,17 @@ FC_CHECK_OFFSET(FcDirect, op, 320);
 // staging slot [p][b][s parity][phase] and raises q's flag line [b][p][phase] to s; q waits for
 // its senders' flags, then reads its slots. Phase 0 carries inputs (all-reduce: the owner's
 // share), phase 1 an all-reduce owner's result (a one-shot all-reduce's round fills both);
-// flag phase 2 is q's acknowledgement of round s in p's memory.
+// flag phase 2 is q's acknowledgement of round s in p's memory. Direct rounds (peer.cu) use the
+// lines' second halves: q posts its output there in phase 2's line (FC_PEER_POST_*), and p marks
+// its first direct round in phase 0's (FC_PEER_DIRECT_FROM).
 #define FC_PEER_MAX_RANKS 16u
 #define FC_PEER_MAX_BLOCKS 64u
 #define FC_PEER_THREADS 512u
 #define FC_PEER_PHASES 3u
+// Byte offsets in a 128-byte flag line (the flag or acknowledgement is at 0).
+#define FC_PEER_POST_SEQ 64u
+#define FC_PEER_POST_ADDR 72u
+#define FC_PEER_DIRECT_FROM 64u
 
 // Passed by value; the communicator's part is filled once, the op per call.
 struct FcPeer {
@@ -260,8 +266,11 @@ struct FcPeer {
     fc_u32 blocks;                    // blocks the staging is cut for (the slots' block stride)
     fc_u32 split;                     // 1: each slice on a send block and a receive block (peer.cu)
     FcOp op;
+    fc_u64 views[FC_PEER_MAX_RANKS];  // where rank q may store into this rank's output (0: it may not)
+    fc_u32 direct;                    // 1: senders store straight into outputs their receivers post
+    fc_u32 post;                      // 1: this rank posts `views` to its senders
 };
-FC_CHECK_SIZE(FcPeer, 400);
+FC_CHECK_SIZE(FcPeer, 536);
 FC_CHECK_OFFSET(FcPeer, stage, 0);
 FC_CHECK_OFFSET(FcPeer, flags, 128);
 FC_CHECK_OFFSET(FcPeer, seqs, 256);
@@ -280,6 +289,9 @@ FC_CHECK_OFFSET(FcPeer, oneshot, 332);
 FC_CHECK_OFFSET(FcPeer, blocks, 336);
 FC_CHECK_OFFSET(FcPeer, split, 340);
 FC_CHECK_OFFSET(FcPeer, op, 344);
+FC_CHECK_OFFSET(FcPeer, views, 400);
+FC_CHECK_OFFSET(FcPeer, direct, 528);
+FC_CHECK_OFFSET(FcPeer, post, 532);
 
 // ---- the point-to-point kernel (p2p.cuh, in the plan kernel's module) ---------------------------
 // A launch whose plan is only sends and receives (and copies for sends to oneself), run over the
