@@ -12,7 +12,7 @@ use crate::fail::{error_string, guard, last_error_ptr, set_thread_error, Fail, R
 use crate::group;
 use crate::handle::{lookup, register, unregister, Handle};
 use crate::logging;
-use crate::memory::{self, Registration};
+use crate::memory::{self, RegKind, Registration};
 use ferroccl::{CollKind, Comm, Config, DataType, Device, OpArgs, ReduceOp};
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::AtomicBool;
@@ -559,19 +559,32 @@ export! {
 
     /// A registration for later operations. ferroccl takes buffers without registration; this
     /// returns a handle (zero-copy comes with windows, `ncclCommWindowRegister`).
+    /// This rank alone: GPU memory (cuMem) is lent to the peers, which then store an
+    /// operation's messages straight into it where it is the output (`Comm::register_local`);
+    /// other GPU memory is refused. Host communicators keep a handle only.
     fn ncclCommRegister / pncclCommRegister(comm: RawComm, buff: *mut c_void, size: usize, handle: *mut *mut c_void) {
-        lookup(comm)?.comm()?;
+        let h = lookup(comm)?;
+        let c = h.comm()?;
         let handle = out(handle, "handle")?;
         if buff.is_null() || size == 0 {
             return Err(Fail::arg(format!("buffer {buff:p} of {size} bytes")));
         }
-        unsafe { *handle = memory::remember(Registration { comm: comm as usize, ptr: buff as u64, window: false }) };
+        let made = c.gpu().is_some();
+        if made {
+            // SAFETY: NCCL's contract: the buffer stays allocated until deregistration.
+            unsafe { c.register_local(buff as u64, size) }.map_err(Fail::from)?;
+        }
+        unsafe { *handle = memory::remember(Registration { comm: comm as usize, ptr: buff as u64, kind: RegKind::Buffer, made }) };
         Ok(())
     }
 
     fn ncclCommDeregister / pncclCommDeregister(comm: RawComm, handle: *mut c_void) {
-        lookup(comm)?;
-        memory::forget(handle, comm as usize).map(|_| ())
+        let h = lookup(comm)?;
+        let r = memory::forget(handle, comm as usize, RegKind::Buffer)?;
+        if !r.made {
+            return Ok(());
+        }
+        h.comm()?.deregister_local(r.ptr).map_err(Fail::from)
     }
 
     /// Collective: every rank registers its buffer; GPU memory from ncclMemAlloc (cuMem) is
@@ -606,7 +619,7 @@ export! {
             }
             // SAFETY: checked non-null above; the caller's handle lives until the call (or its
             // group) returns.
-            unsafe { *(win as *mut abi::RawWindow) = memory::remember(Registration { comm: comm_key, ptr: buff as u64, window }) };
+            unsafe { *(win as *mut abi::RawWindow) = memory::remember(Registration { comm: comm_key, ptr: buff as u64, kind: RegKind::Window, made: window }) };
             Ok(())
         };
         // Collective: inside a group it runs at the group's end, beside the group's other
@@ -616,8 +629,8 @@ export! {
 
     fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: RawComm, win: abi::RawWindow) {
         let h = lookup(comm)?;
-        let r = memory::forget(win, comm as usize)?;
-        if !r.window {
+        let r = memory::forget(win, comm as usize, RegKind::Window)?;
+        if !r.made {
             return Ok(());
         }
         // This rank only (as NCCL's: nccl-tests deregisters every rank in turn from one thread).

@@ -77,8 +77,19 @@ pub struct Registration {
     /// The communicator handle it was made on.
     pub comm: usize,
     pub ptr: u64,
-    /// A ferroccl window (zero-copy) was registered, to deregister collectively.
-    pub window: bool,
+    /// Which call made it (and so which call takes it back).
+    pub kind: RegKind,
+    /// ferroccl registered the memory (a GPU communicator's local registration or window),
+    /// which deregistration undoes; host communicators keep the handle only.
+    pub made: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegKind {
+    /// `ncclCommRegister`.
+    Buffer,
+    /// `ncclCommWindowRegister`.
+    Window,
 }
 
 fn registrations() -> &'static Mutex<HashMap<usize, Box<Registration>>> {
@@ -96,11 +107,16 @@ pub fn remember(r: Registration) -> *mut std::ffi::c_void {
     key as *mut std::ffi::c_void
 }
 
-pub fn forget(handle: *mut std::ffi::c_void, comm: usize) -> Res<Box<Registration>> {
+/// Takes back a handle of `kind` made on `comm`; anything else is refused and changes nothing.
+pub fn forget(handle: *mut std::ffi::c_void, comm: usize, kind: RegKind) -> Res<Box<Registration>> {
     let mut t = registrations().lock().unwrap_or_else(|p| p.into_inner());
     match t.get(&(handle as usize)) {
         None => Err(Fail::arg(format!("{handle:p} is not a registration handle (deregistered already, or never returned by ncclCommRegister / ncclCommWindowRegister)"))),
         Some(r) if r.comm != comm => Err(Fail::arg(format!("{handle:p} was registered on another communicator"))),
+        Some(r) if r.kind != kind => Err(Fail::arg(match r.kind {
+            RegKind::Buffer => format!("{handle:p} came from ncclCommRegister: take it back with ncclCommDeregister"),
+            RegKind::Window => format!("{handle:p} is a window from ncclCommWindowRegister: take it back with ncclCommWindowDeregister"),
+        })),
         Some(_) => Ok(t.remove(&(handle as usize)).expect("present")),
     }
 }
@@ -124,13 +140,29 @@ mod tests {
         let h = remember(Registration {
             comm: 1,
             ptr: 0x1000,
-            window: false,
+            kind: RegKind::Buffer,
+            made: false,
         });
-        assert!(forget(h, 2)
+        assert!(forget(h, 2, RegKind::Buffer)
             .unwrap_err()
             .msg
             .contains("another communicator"));
-        assert_eq!(forget(h, 1).unwrap().ptr, 0x1000);
-        assert!(forget(h, 1).is_err());
+        assert!(forget(h, 1, RegKind::Window)
+            .unwrap_err()
+            .msg
+            .contains("take it back with ncclCommDeregister"));
+        assert_eq!(forget(h, 1, RegKind::Buffer).unwrap().ptr, 0x1000);
+        assert!(forget(h, 1, RegKind::Buffer).is_err());
+        let w = remember(Registration {
+            comm: 1,
+            ptr: 0x2000,
+            kind: RegKind::Window,
+            made: true,
+        });
+        assert!(forget(w, 1, RegKind::Buffer)
+            .unwrap_err()
+            .msg
+            .contains("ncclCommWindowDeregister"));
+        assert!(forget(w, 1, RegKind::Window).unwrap().made);
     }
 }

@@ -897,6 +897,22 @@ fn memory_and_registrations() {
             .iter()
             .enumerate()
             .all(|(i, &x)| x == 2.0 * (i % 50) as f32 + 1.0));
+        {
+            // Each handle goes back through its own call: the other refuses it, keeping it.
+            let _one_at_a_time = errors.lock().unwrap();
+            assert_eq!(deregister(c.raw, w), abi::INVALID_ARGUMENT);
+            assert!(
+                lib.last_error().contains("ncclCommWindowDeregister"),
+                "{}",
+                lib.last_error()
+            );
+            assert_eq!(win_deregister(c.raw, h), abi::INVALID_ARGUMENT);
+            assert!(
+                lib.last_error().contains("ncclCommDeregister"),
+                "{}",
+                lib.last_error()
+            );
+        }
         assert_eq!(win_deregister(c.raw, w), abi::SUCCESS);
         assert_eq!(deregister(c.raw, h), abi::SUCCESS);
         assert_eq!(mem_free(p), abi::SUCCESS);

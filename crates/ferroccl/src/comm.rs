@@ -416,16 +416,7 @@ impl Comm {
                 "windows are GPU memory: this communicator runs on the host".into(),
             ));
         };
-        let state = self
-            .state
-            .lock()
-            .map_err(|_| Error::Internal("communicator state poisoned".into()))?;
-        if let Some(e) = &state.failed {
-            return Err(Error::Aborted(format!(
-                "rank {}: the communicator failed earlier: {e}",
-                self.info.rank
-            )));
-        }
+        let _state = self.live_state()?;
         let deadline = std::time::Instant::now() + self.info.config.timeout;
         c.register(&self.boot, ptr, bytes, symmetric, &self.abort, deadline)
             .map_err(|e| e.context(format!("rank {}: registering a window", self.info.rank)))
@@ -455,6 +446,77 @@ impl Comm {
         c.deregister(ptr)
     }
 
+    /// Registers `bytes` of GPU memory at `ptr` for this rank alone (NCCL's `ncclCommRegister`:
+    /// not collective; peers take no part in the call). Where an operation's output on this rank
+    /// lies in it, the peers that could map it store their messages straight into it (the peer
+    /// engine's direct rounds: all-gather, all-to-all, broadcast, gather, scatter), skipping this
+    /// rank's copy out of its staging; the others stage as for any buffer. Peers of this process
+    /// reach it at its own address, peers of other processes through their mapper threads, which
+    /// map it when this call hands it to them. The memory must be a cuMem allocation with POSIX
+    /// file-descriptor handles ([`crate::mem::alloc`], `ncclMemAlloc`, PyTorch's expandable
+    /// segments, ...): anything else is refused, and nothing changes. The same buffer may be
+    /// registered more than once; each [`Comm::deregister_local`] undoes one.
+    ///
+    /// # Safety
+    /// The range must stay allocated until [`Comm::deregister_local`] (or the communicator's
+    /// drop), and not take part in an operation after its memory is freed: peers write into it.
+    pub unsafe fn register_local(&self, ptr: u64, bytes: usize) -> Result<(), Error> {
+        let Some(c) = self.backend.cuda() else {
+            return Err(Error::InvalidArgument(
+                "registrations are GPU memory: this communicator runs on the host".into(),
+            ));
+        };
+        let _state = self.live_state()?;
+        c.register_local(ptr, bytes, &self.abort, self.loan_deadline())
+            .map_err(|e| {
+                e.context(format!(
+                    "rank {}: registering {bytes} bytes at {ptr:#x}",
+                    self.info.rank
+                ))
+            })
+    }
+
+    /// Undoes the latest [`Comm::register_local`] of `ptr`, once the work queued on the
+    /// communicator's stream is done; peers of other processes are asked to unmap it.
+    pub fn deregister_local(&self, ptr: u64) -> Result<(), Error> {
+        let Some(c) = self.backend.cuda() else {
+            return Err(Error::InvalidArgument(
+                "registrations are GPU memory: this communicator runs on the host".into(),
+            ));
+        };
+        let _state = self
+            .state
+            .lock()
+            .map_err(|_| Error::Internal("communicator state poisoned".into()))?;
+        c.deregister_local(ptr, &self.abort, self.loan_deadline())
+    }
+
+    /// How long a local registration waits for a peer's mapper: not the communicator's whole
+    /// timeout, as one unreachable peer only costs that peer's direct rounds.
+    fn loan_deadline(&self) -> std::time::Instant {
+        std::time::Instant::now()
+            + self
+                .info
+                .config
+                .timeout
+                .min(std::time::Duration::from_secs(10))
+    }
+
+    /// The state, refused when the communicator failed earlier.
+    fn live_state(&self) -> Result<std::sync::MutexGuard<'_, CommState>, Error> {
+        let state = self
+            .state
+            .lock()
+            .map_err(|_| Error::Internal("communicator state poisoned".into()))?;
+        if let Some(e) = &state.failed {
+            return Err(Error::Aborted(format!(
+                "rank {}: the communicator failed earlier: {e}",
+                self.info.rank
+            )));
+        }
+        Ok(state)
+    }
+
     /// GPU memory this communicator allocated. The peers' memory it maps (their arenas and
     /// windows, from other processes) is theirs and not counted: [`Comm::device_memory_mapped_bytes`].
     pub fn device_memory_bytes(&self) -> u64 {
@@ -473,6 +535,14 @@ impl Comm {
     /// group on this rank.
     pub fn last_launch_blocks(&self) -> Option<u32> {
         self.backend.cuda().map(|c| c.last_blocks())
+    }
+
+    /// GPU communicators: how many messages peers stored straight into this rank's registered
+    /// outputs (the peer engine's direct rounds: a block's round from one sender each) since
+    /// creation, after the work queued so far; None for host communicators. A diagnostic: it
+    /// tells whether registering paid off.
+    pub fn direct_rounds(&self) -> Option<Result<u64, Error>> {
+        self.backend.cuda().map(|c| c.direct_rounds())
     }
 
     /// The GPU of a GPU communicator.

@@ -2279,3 +2279,176 @@ fn ranks_of_one_gpu_made_by_init_rank_in_threads_run_at_once() {
         }
     });
 }
+
+/// One rank's part of the local-registration tests: the five movement kinds on outputs
+/// registered by this rank alone (`Comm::register_local`, NCCL's `ncclCommRegister`), large
+/// enough for several peer-engine rounds a block, exact on fresh data each time; the peers'
+/// direct rounds land in them (counted), and none before registration or after
+/// deregistration; memory that is not cuMem is refused. Returns the direct rounds received.
+fn local_register_body(comm: &Comm) -> Result<u64, String> {
+    use ferroccl::DataType;
+    let (n, r) = (comm.nranks(), comm.rank());
+    let gpu = comm.gpu().unwrap().clone();
+    let stats = MemStats::new();
+    // 64 MiB a rank's block: 8 rounds of 128 KiB per block of 64.
+    let count = (16 << 20) + 5;
+    let send = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).map_err(|e| e.to_string())?;
+    let recv = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).map_err(|e| e.to_string())?;
+    let host = vec![0u8; 4096];
+    let e = unsafe { comm.register_local(host.as_ptr() as u64, host.len()) }.unwrap_err();
+    if !e.to_string().contains("not GPU memory") {
+        return Err(format!("host memory: {e}"));
+    }
+    let direct = || comm.direct_rounds().unwrap().map_err(|e| e.to_string());
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as usize;
+    let mut round = 0usize;
+    let mut run_all = |what: &str| -> Result<(), String> {
+        for kind in [
+            CollKind::AllGather,
+            CollKind::AllToAll,
+            CollKind::Broadcast,
+            CollKind::Gather,
+            CollKind::Scatter,
+        ] {
+            round += 1;
+            // Exact small integers, new every launch; the same formula on every rank.
+            let val =
+                |q: usize, i: usize| ((i * 7 + q * 13 + round * 31 + seed % 997) % 2039) as f32;
+            let root = round % n;
+            let sends = if matches!(kind, CollKind::AllToAll | CollKind::Scatter) {
+                n * count
+            } else {
+                count
+            };
+            let mine: Vec<f32> = (0..sends).map(|i| val(r, i)).collect();
+            send.copy_from_host(0, f32_bytes(&mine))
+                .map_err(|e| e.to_string())?;
+            recv.copy_from_host(0, &vec![0xffu8; n * count * 4])
+                .map_err(|e| e.to_string())?;
+            let a = OpArgs {
+                kind,
+                send: send.device_ptr() as *const u8,
+                recv: recv.device_ptr() as *mut u8,
+                count,
+                dtype: DataType::Float32,
+                op: ReduceOp::Sum,
+                root,
+                device_scalar: None,
+            };
+            unsafe { comm.run_raw(&a) }.map_err(|e| e.to_string())?;
+            comm.synchronize().map_err(|e| e.to_string())?;
+            let got = read_f32(&recv, n * count).map_err(|e| e.to_string())?;
+            // Element i of the output: which rank's input, which of its elements.
+            let want = |i: usize| -> Option<f32> {
+                match kind {
+                    CollKind::AllGather => Some(val(i / count, i % count)),
+                    CollKind::AllToAll => Some(val(i / count, r * count + i % count)),
+                    CollKind::Broadcast => (i < count).then(|| val(root, i)),
+                    CollKind::Gather => (r == root).then(|| val(i / count, i % count)),
+                    _ => (i < count).then(|| val(root, r * count + i)),
+                }
+            };
+            if let Some(i) = (0..n * count).find(|&i| want(i).is_some_and(|w| got[i] != w)) {
+                return Err(format!(
+                    "{what}, {kind} (root {root}): element {i} is {}, expected {:?}",
+                    got[i],
+                    want(i)
+                ));
+            }
+        }
+        Ok(())
+    };
+    run_all("unregistered")?;
+    let before = direct()?;
+    if before != 0 {
+        return Err(format!("{before} direct rounds into unregistered outputs"));
+    }
+    unsafe { comm.register_local(recv.device_ptr(), n * count * 4) }.map_err(|e| e.to_string())?;
+    run_all("registered")?;
+    run_all("registered, again")?;
+    let during = direct()?;
+    if during == 0 {
+        return Err("no direct round into a registered output".into());
+    }
+    comm.deregister_local(recv.device_ptr())
+        .map_err(|e| e.to_string())?;
+    if comm.deregister_local(recv.device_ptr()).is_ok() {
+        return Err("deregistered twice".into());
+    }
+    run_all("deregistered")?;
+    let after = direct()?;
+    if after != during {
+        return Err(format!(
+            "{} direct rounds after deregistration",
+            after - during
+        ));
+    }
+    Ok(during)
+}
+
+/// Local registrations across processes: each rank's mapper maps what the other lends it.
+#[test]
+#[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn locally_registered_outputs_take_direct_rounds_across_processes() {
+    if role().is_some() {
+        return;
+    }
+    let Some(_) = gpus_for_test() else { return };
+    let kids = spawn_ranks(
+        2,
+        "child_local_register",
+        "local-register",
+        &[("FERROCCL_TIMEOUT", "60".to_string())],
+    );
+    for (r, (ok, text)) in wait_all(kids).into_iter().enumerate() {
+        assert!(
+            ok && text.contains("LOCAL REGISTER OK"),
+            "rank {r}:\n{text}"
+        );
+    }
+}
+
+/// Child of the test above.
+#[test]
+fn child_local_register() {
+    if role().as_deref() != Some("local-register") {
+        return;
+    }
+    let cfg = Config::from_env().unwrap();
+    let comm = Comm::from_env_gpu(&cfg).unwrap();
+    match local_register_body(&comm) {
+        Ok(d) => println!("LOCAL REGISTER OK direct={d}"),
+        Err(e) => {
+            println!("rank {}: {e}", comm.rank());
+            std::process::exit(3);
+        }
+    }
+}
+
+/// Local registrations between threads of one process: peers reach the buffer at its own
+/// address once their GPU may.
+#[test]
+#[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn locally_registered_outputs_take_direct_rounds_in_one_process() {
+    let Some(n) = gpus_for_test() else { return };
+    let id = ferroccl::UniqueId::new(&Config::default()).unwrap();
+    let results: Vec<Result<u64, String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let id = id.clone();
+                s.spawn(move || {
+                    let comm =
+                        Comm::init_rank(&id, n, r, Device::Cuda(r), &Config::default()).unwrap();
+                    local_register_body(&comm)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        assert!(res.as_ref().is_ok_and(|&d| d > 0), "rank {r}: {res:?}");
+    }
+}

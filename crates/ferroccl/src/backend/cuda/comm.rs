@@ -5,6 +5,7 @@ use super::copy_engine::CopyEngine;
 use super::fabric::{Fabric, Geometry};
 use super::kernels;
 use super::launch::{PlanCache, StreamOrder};
+use super::mapper::Mapper;
 use super::tables::{
     FcDirect, FcError, FcP2pHead, FcPeer, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA,
     WHAT_LENGTH, WHAT_POST, WHAT_ROOM,
@@ -62,8 +63,12 @@ pub(crate) struct CudaComm {
     /// The plan kernel's point-to-point form (in `module`): its small and wide kernels, and the
     /// part of their parameter this communicator fills once (None: FERROCCL_GPU_P2P_KERNEL=0).
     pub(super) p2p: Option<(KernelHandle, KernelHandle, FcP2pHead)>,
-    /// Registered windows (zero-copy).
+    /// Registered windows and local registrations (zero-copy).
     pub(super) windows: Mutex<Windows>,
+    /// Maps what peers of other processes register locally (None: every peer is in this
+    /// process). Dropped before the fabric: its mappings are the peers' buffers.
+    _mapper: Option<Mapper>,
+    comm_id: u64,
     /// Whether the engines' kernels are launched to start early, behind the kernel ahead of
     /// them (FERROCCL_GPU_EARLY_LAUNCH, on GPUs that can: compute capability 9.0 and up).
     pub(super) overlap_prior: bool,
@@ -132,16 +137,20 @@ pub(crate) struct Status {
     abort: MappedWord,
 }
 
-/// Where the connection table starts in the status allocation (past the record, aligned for the
-/// kernels' loads).
+/// Where the connection table starts in the status allocation (past the record and the
+/// counters, aligned for the kernels' loads).
 const TABLE_OFF: usize = 256;
-const _: () = assert!(std::mem::size_of::<FcError>() <= TABLE_OFF);
+/// The peer engine's count of direct rounds received (`FcPeer::stats`), past the record.
+const DIRECT_ROUNDS_OFF: usize = 128;
+const _: () = assert!(
+    std::mem::size_of::<FcError>() <= DIRECT_ROUNDS_OFF && DIRECT_ROUNDS_OFF + 8 <= TABLE_OFF
+);
 
 impl Status {
     /// The record, cleared, and room for a connection table of `table_bytes`.
     fn new(gpu: &Gpu, stats: &Arc<MemStats>, table_bytes: usize) -> Result<Status, Error> {
         let local = DeviceBuffer::alloc(gpu, TABLE_OFF + table_bytes, &[], stats)?;
-        local.copy_from_host(0, &[0u8; std::mem::size_of::<FcError>()])?;
+        local.copy_from_host(0, &[0u8; TABLE_OFF])?;
         Ok(Status {
             local,
             table_bytes,
@@ -165,6 +174,15 @@ impl Status {
             )));
         }
         self.local.copy_from_host(TABLE_OFF, bytes)
+    }
+    /// The peer engine's direct-round counter (`FcPeer::stats`).
+    pub(super) fn direct_rounds_ptr(&self) -> u64 {
+        self.local.device_ptr() + DIRECT_ROUNDS_OFF as u64
+    }
+    fn direct_rounds(&self) -> Result<u64, Error> {
+        let mut b = [0u8; 8];
+        self.local.copy_to_host(DIRECT_ROUNDS_OFF, &mut b)?;
+        Ok(u64::from_le_bytes(b))
     }
     pub(super) fn abort_ptr(&self) -> u64 {
         self.abort.device_ptr()
@@ -260,6 +278,7 @@ impl CudaComm {
                     FcPeer {
                         abort: status.abort_ptr(),
                         error: status.error_ptr(),
+                        stats: status.direct_rounds_ptr(),
                         timeout_ns,
                         ..p
                     },
@@ -299,8 +318,21 @@ impl CudaComm {
         // and a rank still loading a module there waited for a rank already waiting for it in
         // its first operation (three ranks made by `init_rank` in one process's threads hung so
         // at their first operation, with either kernel; session 9).
+        let pid = std::process::id();
+        let mapper = match fabric.places.iter().any(|p| p.pid != pid) {
+            true => Some(Mapper::start(
+                &gpu,
+                boot.comm_id(),
+                boot.rank(),
+                fabric.places.clone(),
+                &stats,
+            )?),
+            false => None,
+        };
         boot.barrier()?;
         Ok(CudaComm {
+            _mapper: mapper,
+            comm_id: boot.comm_id(),
             gpu,
             module,
             stats,
@@ -446,6 +478,17 @@ impl CudaComm {
         })
     }
 
+    /// Messages the peer engine's senders stored straight into this rank's outputs (direct
+    /// rounds, counted per block, round and sender by the receiving kernels), since creation;
+    /// read after the work queued so far (a synchronous copy).
+    pub fn direct_rounds(&self) -> Result<u64, Error> {
+        self.gpu.bind()?;
+        cu_ok("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(self.current_stream())
+        })?;
+        self.status.direct_rounds()
+    }
+
     /// Thread blocks of the latest launch (0 before the first, or when it had no lanes).
     pub fn last_blocks(&self) -> u32 {
         self.last_blocks.load(Ordering::Relaxed)
@@ -505,6 +548,49 @@ impl CudaComm {
             .kind
             .buffer_counts(a.count, info.nranks, a.root == info.rank)?;
         w.symmetric_far(a.recv as u64, recv.checked_mul(a.dtype.size())? as u64)
+    }
+
+    /// Registers `[ptr, ptr + len)` of this rank alone (see `Windows::register_local`).
+    pub fn register_local(
+        &self,
+        ptr: u64,
+        len: usize,
+        abort: &AtomicBool,
+        deadline: std::time::Instant,
+    ) -> Result<(), Error> {
+        let mut w = self
+            .windows
+            .lock()
+            .map_err(|_| Error::Internal("windows lock poisoned".into()))?;
+        w.register_local(
+            &self.gpu,
+            self.rank,
+            &self.fabric.places,
+            self.comm_id,
+            ptr,
+            len,
+            abort,
+            deadline,
+        )
+    }
+
+    /// Forgets the latest local registration at `ptr` (see `Windows::deregister_local`), after
+    /// the queued work that may use it.
+    pub fn deregister_local(
+        &self,
+        ptr: u64,
+        abort: &AtomicBool,
+        deadline: std::time::Instant,
+    ) -> Result<(), Error> {
+        let mut w = self
+            .windows
+            .lock()
+            .map_err(|_| Error::Internal("windows lock poisoned".into()))?;
+        self.gpu.bind()?;
+        cu_ok("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(self.current_stream())
+        })?;
+        w.deregister_local(self.rank, self.comm_id, ptr, abort, deadline)
     }
 
     /// Forgets the window at `ptr` on this rank (see `Windows::deregister`), after the queued

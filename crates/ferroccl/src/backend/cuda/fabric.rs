@@ -11,6 +11,7 @@
 
 use super::comm::Status;
 use super::copy_engine::CeFlags;
+use super::mapper::Place;
 use super::tables::{
     FcConn, FcDirect, FcPeer, CONN_RECV, CONN_SEND, DIRECT_MAX_BLOCKS, DIRECT_MAX_RANKS,
     DIRECT_SLOT_BYTES, LL_DATA_BYTES, PEER_MAX_BLOCKS, PEER_PHASES,
@@ -251,6 +252,8 @@ pub(crate) struct Fabric {
     /// Every rank's staging and copy-engine flag page as this process addresses them, and
     /// this rank's page (None: the copy engine is off).
     pub ce: Option<CeFabric>,
+    /// Where every rank runs (process, GPU), as each described itself here.
+    pub places: Vec<Place>,
 }
 
 /// What the copy engine needs of the fabric: where every rank's staging starts and how big
@@ -408,6 +411,13 @@ impl Fabric {
             }
         });
         Ok(Fabric {
+            places: peers
+                .iter()
+                .map(|p| Place {
+                    pid: p.pid,
+                    gpu: p.gpu,
+                })
+                .collect(),
             geo,
             _arena: arena,
             _imported: imported,

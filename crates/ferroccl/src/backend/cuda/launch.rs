@@ -578,7 +578,7 @@ impl CudaComm {
         // Where each peer may store straight into this rank's output (the peer engine's direct
         // rounds): looked up at every launch, as the buffers are.
         let views = match run {
-            Run::Peer { post: true, .. } if !windows.is_empty() => {
+            Run::Peer { post: true, .. } if !windows.none_at_all() => {
                 peer_views(&windows, &op_desc(&args[0], info, None), info.nranks)
             }
             _ => None,

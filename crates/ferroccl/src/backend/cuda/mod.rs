@@ -19,6 +19,7 @@ pub(crate) mod fabric;
 mod flow_model;
 pub(crate) mod kernels;
 mod launch;
+pub(crate) mod mapper;
 mod p2p;
 pub(crate) mod tables;
 pub(crate) mod verify;

@@ -243,6 +243,8 @@ pub(crate) struct FcPeer {
     pub direct: u32,
     /// 1: this rank posts `views` (the tuner's `Choice::post_output`, and a view to post).
     pub post: u32,
+    /// Where the receiving kernels count the direct rounds they got (a diagnostic).
+    pub stats: u64,
 }
 
 /// Steps the point-to-point kernel's parameter holds (`FC_P2P_MAX_STEPS`): launches with more
@@ -395,9 +397,9 @@ layout! {
                   expected @ 32, got @ 40, wanted @ 48, seen @ 56 }
     FcDirect: 376 { slots @ 0, acks @ 128, epochs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
                     kind @ 296, rank @ 300, nranks @ 304, root @ 308, nblocks @ 312, reserved @ 316, op @ 320 }
-    FcPeer: 536 { stage @ 0, flags @ 128, seqs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
+    FcPeer: 544 { stage @ 0, flags @ 128, seqs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
                   chunk @ 296, slot_bytes @ 304, kind @ 312, rank @ 316, nranks @ 320, nblocks @ 324, root @ 328,
-                  oneshot @ 332, blocks @ 336, split @ 340, op @ 344, views @ 400, direct @ 528, post @ 532 }
+                  oneshot @ 332, blocks @ 336, split @ 340, op @ 344, views @ 400, direct @ 528, post @ 532, stats @ 536 }
     FcP2pStep: 56 { base @ 0, tail @ 8, counter @ 16, buf @ 24, bytes @ 32, piece @ 36, slots @ 40, conn @ 44,
                     peer @ 48, block @ 52, dir @ 54, ll @ 55 }
     FcP2p: 3624 { conns @ 0, abort @ 8, error @ 16, timeout_ns @ 24, rank @ 32, nsteps @ 36, steps @ 40 }

@@ -10,6 +10,7 @@
 //! ([`crate::mem::alloc`], or any other such allocation); anything else is refused with a clear
 //! error before any peer maps anything.
 
+use super::mapper::{lend, recall, Place, Request};
 use crate::bootstrap::Bootstrap;
 use crate::cuda::device::Gpu;
 use crate::cuda::fdpass::{FdChannel, FdListener};
@@ -104,6 +105,15 @@ struct Window {
     far: Option<Vec<u64>>,
     /// Peers' windows imported into this process (kept mapped while registered).
     _imported: Vec<DeviceBuffer>,
+    /// A local registration (`register_local`): its number, and the ranks whose mappers hold
+    /// it. None: a window, registered collectively.
+    local: Option<Loan>,
+}
+
+/// A local registration's record: what deregistration recalls.
+struct Loan {
+    id: u64,
+    lent_to: Vec<Rank>,
 }
 
 /// The windows of one rank, and an epoch that changes with every registration, so that plan
@@ -115,13 +125,21 @@ pub(crate) struct Windows {
     /// Registrations so far (collective, so the same on every rank, unlike the epoch, which a
     /// rank's own deregistrations move too): names each registration's descriptor rendezvous.
     registrations: u64,
+    /// Local registrations so far: numbers them for the peers' mappers.
+    loans: u64,
 }
 
 impl Windows {
     pub fn epoch(&self) -> u64 {
         self.epoch
     }
+    /// No window is registered (collectively: the same on every rank, so the tuner may plan by
+    /// it). Local registrations do not count: each rank makes its own.
     pub fn is_empty(&self) -> bool {
+        self.list.iter().all(|w| w.local.is_some())
+    }
+    /// Nothing at all is registered, windows or local registrations: no output is posted.
+    pub fn none_at_all(&self) -> bool {
         self.list.is_empty()
     }
     /// The address at which `peer` reaches `[ptr, ptr + bytes)` of this rank, when a window
@@ -277,8 +295,135 @@ impl Windows {
             views,
             far,
             _imported: imported,
+            local: None,
         });
         self.epoch += 1;
+        Ok(())
+    }
+
+    /// Registers `[ptr, ptr + len)` of this rank alone (`ncclCommRegister`): peers of this
+    /// process reach it at its own address once their GPUs may (granted here), peers of other
+    /// processes where their mappers map it (`mapper.rs`; a peer that cannot map it gets no
+    /// address and stages). `places`: where every rank runs; `comm_id` names the mappers.
+    /// Memory that is not a cuMem allocation with POSIX fd handles is refused, and nothing
+    /// changes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn register_local(
+        &mut self,
+        gpu: &Gpu,
+        me: Rank,
+        places: &[Place],
+        comm_id: u64,
+        ptr: u64,
+        len: usize,
+        abort: &AtomicBool,
+        deadline: Instant,
+    ) -> Result<(), Error> {
+        if len == 0 || ptr == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "registering {len} bytes at {ptr:#x}"
+            )));
+        }
+        let (fd, base, size) = export_allocation(gpu, ptr, len)?;
+        let pid = std::process::id();
+        let desc = WindowDesc {
+            pid,
+            gpu: gpu.ordinal() as u32,
+            ptr,
+            len: len as u64,
+            alloc_base: base,
+            alloc_len: size as u64,
+            symmetric: false,
+        };
+        desc.check()?;
+        let n = places.len();
+        let mut views = vec![0u64; n];
+        views[me] = ptr;
+        let here: Vec<Rank> = (0..n)
+            .filter(|&q| q != me && places[q].pid == pid)
+            .collect();
+        let mut gpus: Vec<usize> = here
+            .iter()
+            .map(|&q| places[q].gpu as usize)
+            .filter(|&g| g != gpu.ordinal())
+            .collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        if !gpus.is_empty() {
+            crate::cuda::mem::grant_range(gpu, base, size, &gpus)?;
+        }
+        for &q in &here {
+            views[q] = ptr;
+        }
+        self.loans += 1;
+        let id = self.loans;
+        let req = Request::Lend {
+            from: me as u32,
+            id,
+            desc,
+        };
+        let mut lent_to = Vec::new();
+        for q in (0..n).filter(|&q| q != me && places[q].pid != pid) {
+            match lend(comm_id, q, &req, fd.as_fd(), deadline, abort) {
+                Ok(addr) => {
+                    views[q] = addr;
+                    lent_to.push(q);
+                }
+                Err(e) => tracing::warn!(rank = me, "registering {len} bytes at {ptr:#x}: rank {q} cannot map them, and gets them staged: {e}"),
+            }
+        }
+        self.list.push(Window {
+            ptr,
+            len: len as u64,
+            views,
+            far: None,
+            _imported: Vec::new(),
+            local: Some(Loan { id, lent_to }),
+        });
+        self.epoch += 1;
+        Ok(())
+    }
+
+    /// Forgets the latest local registration at `ptr` and has the peers' mappers unmap it (a
+    /// peer that does not answer keeps its mapping until its communicator ends). The caller has
+    /// drained the stream: no launch of this rank posts the buffer any more.
+    pub fn deregister_local(
+        &mut self,
+        me: Rank,
+        comm_id: u64,
+        ptr: u64,
+        abort: &AtomicBool,
+        deadline: Instant,
+    ) -> Result<(), Error> {
+        let i = self
+            .list
+            .iter()
+            .rposition(|w| w.ptr == ptr && w.local.is_some())
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "deregistering {ptr:#x}: no local registration of this rank is there"
+                ))
+            })?;
+        let w = self.list.remove(i);
+        self.epoch += 1;
+        let loan = w.local.expect("a local registration");
+        for q in loan.lent_to {
+            if let Err(e) = recall(
+                comm_id,
+                q,
+                &Request::Recall {
+                    from: me as u32,
+                    id: loan.id,
+                },
+                deadline,
+                abort,
+            ) {
+                tracing::warn!(
+                    rank = me,
+                    "deregistering {ptr:#x}: rank {q}'s mapper did not unmap it: {e}"
+                );
+            }
+        }
         Ok(())
     }
 
@@ -290,11 +435,15 @@ impl Windows {
     /// symmetric contract would otherwise disagree between ranks). The caller has drained the
     /// stream.
     pub fn deregister(&mut self, ptr: u64) -> Result<(), Error> {
-        let i = self.list.iter().position(|w| w.ptr == ptr).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "deregistering {ptr:#x}: no window of this rank is registered there"
-            ))
-        })?;
+        let i = self
+            .list
+            .iter()
+            .position(|w| w.ptr == ptr && w.local.is_none())
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "deregistering {ptr:#x}: no window of this rank is registered there"
+                ))
+            })?;
         self.list.remove(i);
         self.epoch += 1;
         Ok(())
@@ -335,8 +484,12 @@ fn view_in<'a>(
 ) -> Option<u64> {
     let end = ptr.checked_add(bytes)?;
     for (base, len, views) in windows {
+        // A view of 0: that peer could not map it (local registrations).
         if ptr >= base && end <= base + len {
-            return views.get(peer).map(|v| v + (ptr - base));
+            return views
+                .get(peer)
+                .filter(|&&v| v != 0)
+                .map(|v| v + (ptr - base));
         }
     }
     None
@@ -539,6 +692,11 @@ mod tests {
         assert_eq!(view_in(ws(), 0x5000, 1, 0), None);
         assert_eq!(view_in(ws(), u64::MAX - 1, 4, 0), None);
         assert_eq!(view_in(ws(), 0x1000, 1, 3), None);
+        // A peer that could not map a local registration has no view of it.
+        let v2 = [0x7000u64, 0, 0x8000];
+        let local = || [(0x7000u64, 0x100u64, &v2[..])].into_iter();
+        assert_eq!(view_in(local(), 0x7010, 0x10, 1), None);
+        assert_eq!(view_in(local(), 0x7010, 0x10, 2), Some(0x8010));
     }
 
     #[test]
@@ -583,6 +741,7 @@ mod tests {
                     views: vec![0xa1, 0x1000, 0xc1],
                     far: Some(vec![0xa000, 0x1000, 0xc000]),
                     _imported: Vec::new(),
+                    local: None,
                 },
                 Window {
                     ptr: 0x8000,
@@ -590,10 +749,12 @@ mod tests {
                     views: vec![0xa2, 0x8000, 0xc2],
                     far: None,
                     _imported: Vec::new(),
+                    local: None,
                 },
             ],
             epoch: 2,
             registrations: 2,
+            loans: 0,
         };
         assert_eq!(
             ws.symmetric_far(0x1000, 512),
@@ -607,6 +768,62 @@ mod tests {
         assert_eq!(ws.symmetric_far(0x8000, 16), None, "a local window");
         assert_eq!(ws.symmetric_far(u64::MAX - 1, 4), None);
         assert_eq!(ws.view(0x8000, 16, 2), Some(0xc2));
+    }
+
+    /// Local registrations post outputs like windows but leave the tuner's collective view
+    /// alone, and each kind of deregistration finds only its own kind.
+    #[test]
+    fn local_registrations_are_apart_from_windows() {
+        let at = |ptr: u64, local: Option<u64>| Window {
+            ptr,
+            len: 256,
+            views: vec![ptr, 0xb000 + ptr],
+            far: None,
+            _imported: Vec::new(),
+            local: local.map(|id| Loan {
+                id,
+                lent_to: Vec::new(),
+            }),
+        };
+        let mut ws = Windows {
+            list: vec![at(0x1000, Some(1))],
+            epoch: 1,
+            registrations: 0,
+            loans: 1,
+        };
+        assert!(ws.is_empty(), "a local registration is not a window");
+        assert!(!ws.none_at_all());
+        assert_eq!(ws.view(0x1000, 16, 1), Some(0xc000));
+        let never = AtomicBool::new(false);
+        let soon = Instant::now();
+        // The window deregistration does not take a local registration, nor the other way.
+        assert!(ws
+            .deregister(0x1000)
+            .unwrap_err()
+            .to_string()
+            .contains("no window"));
+        ws.list.push(at(0x2000, None));
+        assert!(!ws.is_empty());
+        assert!(ws
+            .deregister_local(0, 7, 0x2000, &never, soon)
+            .unwrap_err()
+            .to_string()
+            .contains("no local registration"));
+        // The same buffer registered twice locally: one deregistration each, latest first.
+        ws.list.push(at(0x1000, Some(2)));
+        ws.deregister_local(0, 7, 0x1000, &never, soon).unwrap();
+        assert_eq!(
+            ws.list
+                .iter()
+                .filter_map(|w| w.local.as_ref().map(|l| l.id))
+                .collect::<Vec<_>>(),
+            vec![1]
+        );
+        ws.deregister_local(0, 7, 0x1000, &never, soon).unwrap();
+        assert!(ws.deregister_local(0, 7, 0x1000, &never, soon).is_err());
+        ws.deregister(0x2000).unwrap();
+        assert!(ws.none_at_all());
+        assert_eq!(ws.epoch(), 4, "every change moves the epoch");
     }
 
     #[test]

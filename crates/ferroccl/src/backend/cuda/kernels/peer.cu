@@ -90,6 +90,9 @@ __device__ __forceinline__ bool peer_in(const FcPeer& P, fc_u32 q, fc_u32 only) 
     return q < P.nranks && q != P.rank && (only == FC_PEER_ALL || q == only);
 }
 
+// Direct rounds between the flags of a sender that waits for nothing (see peer_round).
+#define FC_PEER_DIRECT_FLAGS 4u
+
 // A block's direct-round state (see the top), in shared memory.
 struct PeerDirect {
     bool on;         // the launch may run direct rounds (FcPeer::direct, a movement kind)
@@ -224,7 +227,7 @@ __device__ fc_u64 fc_peer_trace[10];
 // which must look at the acknowledgements. D: the element type; SHAPE: the instance's
 // (reduce.cuh, FC_SHAPE_*).
 template <typename D, int SHAPE>
-__device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, bool first, fc_u32 slice, fc_u32 role, const PeerDirect& DR) {
+__device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, bool first, bool last, fc_u32 slice, fc_u32 role, const PeerDirect& DR) {
     const fc_u32 n = P.nranks, me = P.rank, b = slice, t = P.root;
     const fc_u32 kind = shape_kind<SHAPE>(P.kind);
     // The reduction is Sum wherever the shape says so: the loops need not choose it.
@@ -366,9 +369,18 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     const fc_u8* own_src;
     fc_u8* own_dst;
     own_copy(kind, me, t, c, at, es, in, out, own_src, own_dst);
-    if (sending) {
+    // A sender that waits for nothing in this round, storing straight into every receiver's
+    // output, raises its flags only every FC_PEER_DIRECT_FLAGS-th round and at its last: a flag
+    // covers every store before it, and each release drains the block's stores over the link.
+    // Only once both parities' choices are direct: their looks have nothing left to change, so
+    // no thread's write to them can race a read that no barrier orders.
+    bool quiet = DR.on && sends && !(receiving && receives) && !last && (s % FC_PEER_DIRECT_FLAGS) != 0;
+    for (fc_u32 q = 0; q < n && quiet; ++q) quiet = !peer_in(P, q, targets) || (DR.to[q] != 0 && DR.to[FC_PEER_MAX_RANKS + q] != 0);
+    if (sending && !quiet) {
         if (!peer_signal(P, b, sends ? 0u : FC_PEER_PHASES, s, targets, bad, ack)) return false;
         if (sends) peer_direct_look(P, DR, b, s, targets);
+    }
+    if (sending) {
         // After the flags: the receivers start on their copies while this block makes its own.
         if (own_src != nullptr && own_src != own_dst) copy_bytes(own_dst, nullptr, own_src, bytes);
     }
@@ -383,6 +395,11 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
                 reduce_as<D, SUM>(op, o, nullptr, peer_slot(P, me, b, q, 0, s), i == 0 ? mine : o, len, i == 0, i + 2 == n);
             }
         } else {
+            if (DR.on && threadIdx.x == 0 && P.stats != 0) {
+                fc_u64 got = 0;
+                for (fc_u32 q = 0; q < n; ++q) got += peer_in(P, q, sources) && DR.from[q] != 0 ? 1u : 0u;
+                if (got != 0) atomicAdd((unsigned long long*)P.stats, (unsigned long long)got);
+            }
             for (fc_u32 j = 1; j < n; ++j) {
                 const fc_u32 q = (me + n - j) % n;
                 // A direct round is in the output already.
@@ -457,7 +474,7 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
     for (fc_u64 at = start; at < end; at += P.chunk) {
         const fc_u64 len = end - at < P.chunk ? end - at : P.chunk;
         ++s;
-        if (!fc::peer_round<D, SHAPE>(P, at, len, s, s == seq + 1 && !after_symmetric, slice, role, DR)) return;
+        if (!fc::peer_round<D, SHAPE>(P, at, len, s, s == seq + 1 && !after_symmetric, at + len >= end, slice, role, DR)) return;
     }
     fc::release_next_grid();
     // Each block writes its own counter (a block doing both, both). A split launch's flags say

@@ -269,8 +269,9 @@ struct FcPeer {
     fc_u64 views[FC_PEER_MAX_RANKS];  // where rank q may store into this rank's output (0: it may not)
     fc_u32 direct;                    // 1: senders store straight into outputs their receivers post
     fc_u32 post;                      // 1: this rank posts `views` to its senders
+    fc_u64 stats;                     // where receivers count the direct rounds they got
 };
-FC_CHECK_SIZE(FcPeer, 536);
+FC_CHECK_SIZE(FcPeer, 544);
 FC_CHECK_OFFSET(FcPeer, stage, 0);
 FC_CHECK_OFFSET(FcPeer, flags, 128);
 FC_CHECK_OFFSET(FcPeer, seqs, 256);
@@ -292,6 +293,7 @@ FC_CHECK_OFFSET(FcPeer, op, 344);
 FC_CHECK_OFFSET(FcPeer, views, 400);
 FC_CHECK_OFFSET(FcPeer, direct, 528);
 FC_CHECK_OFFSET(FcPeer, post, 532);
+FC_CHECK_OFFSET(FcPeer, stats, 536);
 
 // ---- the point-to-point kernel (p2p.cuh, in the plan kernel's module) ---------------------------
 // A launch whose plan is only sends and receives (and copies for sends to oneself), run over the

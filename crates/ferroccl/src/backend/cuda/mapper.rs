@@ -1,0 +1,515 @@
+//! Local registrations (`ncclCommRegister`, [`crate::Comm::register_local`]) reach peers in
+//! other processes through each rank's mapper: a thread that maps the buffers its peers lend it
+//! and answers where it mapped them.
+//!
+//! A local registration is one rank's own call: its peers are busy with their own work and take
+//! no part, unlike a window's registration, which is collective. So the registering rank
+//! exports the cuMem allocation holding its buffer as a file descriptor and hands it to every
+//! peer process's mapper, which imports and maps it for its GPU and replies with the address;
+//! that address is what the registering rank posts to that peer when an operation's output
+//! lies in the buffer (the peer engine's direct rounds). A peer it cannot reach (or whose
+//! mapper fails) keeps no address: it stages, as for any unregistered buffer. Deregistration
+//! asks the mappers to unmap. Peers in the same process need no mapper: they reach the buffer at
+//! its own address once their GPU may.
+//!
+//! The mapper listens on an abstract socket named by the communicator and rank
+//! ([`socket_job`]), talks only to processes of the same user (`fdpass`), checks every message
+//! (a lender must be a rank of the communicator in another process, as it described itself at
+//! creation, and say what it lends consistently) and never maps more than [`MAX_LOANS`] buffers.
+
+use super::window::WindowDesc;
+use crate::cuda::device::Gpu;
+use crate::cuda::fdpass::{FdChannel, FdListener};
+use crate::cuda::mem::{DeviceBuffer, MemStats};
+use ferroccl_core::{Error, Rank};
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The most buffers one mapper keeps mapped for all its peers together.
+pub(crate) const MAX_LOANS: usize = 4096;
+
+/// How long the mapper waits for one message of a peer that connected.
+const MESSAGE_WAIT: Duration = Duration::from_secs(5);
+
+const LEND: u8 = b'L';
+const RECALL: u8 = b'R';
+const OK: u8 = 0;
+const REFUSED: u8 = 0xff;
+
+/// The fd-socket job of communicator `comm_id`'s mappers (apart from its creation's sockets).
+pub(crate) fn socket_job(comm_id: u64) -> u64 {
+    comm_id ^ 0x4d41_5050_4552_0000
+}
+
+/// Where each rank runs: what a mapper checks lenders against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub pid: u32,
+    pub gpu: u32,
+}
+
+/// A lend request: rank `from` lends registration `id`, described by `desc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Request {
+    Lend {
+        from: u32,
+        id: u64,
+        desc: WindowDesc,
+    },
+    Recall {
+        from: u32,
+        id: u64,
+    },
+}
+
+impl Request {
+    pub fn encode(&self) -> Vec<u8> {
+        let (tag, from, id) = match *self {
+            Request::Lend { from, id, .. } => (LEND, from, id),
+            Request::Recall { from, id } => (RECALL, from, id),
+        };
+        let mut v = vec![tag];
+        v.extend_from_slice(&from.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+        if let Request::Lend { desc, .. } = self {
+            v.extend(desc.encode());
+        }
+        v
+    }
+
+    /// A request as a peer sent it, checked against where the ranks run (`places`, this rank
+    /// `me`): the lender is another process's rank, and a lent buffer is that process's, on its
+    /// GPU, inside its allocation.
+    pub fn parse(b: &[u8], places: &[Place], me: Rank) -> Result<Request, Error> {
+        let bad = |why: String| Error::Protocol(format!("mapper: {why}"));
+        if b.len() < 13 {
+            return Err(bad(format!("a request of {} bytes", b.len())));
+        }
+        let from = u32::from_le_bytes(b[1..5].try_into().expect("4 bytes"));
+        let id = u64::from_le_bytes(b[5..13].try_into().expect("8 bytes"));
+        let place = places
+            .get(from as usize)
+            .filter(|_| from as usize != me)
+            .ok_or_else(|| bad(format!("rank {from} is not a peer")))?;
+        if place.pid == std::process::id() {
+            return Err(bad(format!(
+                "rank {from} runs in this process: it needs no mapper"
+            )));
+        }
+        match (b[0], b.len() - 13) {
+            (LEND, WindowDesc::LEN) => {
+                let desc = WindowDesc::parse(&b[13..])?;
+                if desc.pid != place.pid || desc.gpu != place.gpu {
+                    return Err(bad(format!(
+                        "rank {from} lends a buffer of pid {} GPU {}, but runs as pid {} on GPU {}",
+                        desc.pid, desc.gpu, place.pid, place.gpu
+                    )));
+                }
+                Ok(Request::Lend { from, id, desc })
+            }
+            (RECALL, 0) => Ok(Request::Recall { from, id }),
+            (tag, extra) => Err(bad(format!("request {tag:#x} with {extra} more bytes"))),
+        }
+    }
+}
+
+/// What the mapper answers: the lent buffer's address here, or why not.
+pub(crate) fn encode_reply(r: &Result<u64, Error>) -> Vec<u8> {
+    match r {
+        Ok(addr) => {
+            let mut v = vec![OK];
+            v.extend_from_slice(&addr.to_le_bytes());
+            v
+        }
+        Err(e) => {
+            let mut v = vec![REFUSED];
+            v.extend(e.to_string().bytes().take(300));
+            v
+        }
+    }
+}
+
+pub(crate) fn parse_reply(b: &[u8]) -> Result<u64, Error> {
+    match b.split_first() {
+        Some((&OK, rest)) if rest.len() == 8 => {
+            Ok(u64::from_le_bytes(rest.try_into().expect("8 bytes")))
+        }
+        Some((&REFUSED, why)) => Err(Error::Remote(format!(
+            "the peer's mapper refused: {}",
+            String::from_utf8_lossy(why)
+        ))),
+        _ => Err(Error::Protocol(format!(
+            "mapper: a reply of {} bytes",
+            b.len()
+        ))),
+    }
+}
+
+/// The buffers a mapper holds, by (lender, registration), and what it does with a request.
+/// `import` maps a lent allocation (its fd and length) and returns the mapping.
+pub(crate) struct Loans<B> {
+    held: HashMap<(u32, u64), (B, u64)>,
+}
+
+impl<B> Default for Loans<B> {
+    fn default() -> Self {
+        Loans {
+            held: HashMap::new(),
+        }
+    }
+}
+
+impl<B> Loans<B> {
+    /// Serves one request (`fds`: the descriptors that came with it); returns the address of a
+    /// lent buffer as mapped here (0 for a recall).
+    pub fn serve(
+        &mut self,
+        req: Request,
+        fds: usize,
+        import: impl FnOnce(u64) -> Result<(B, u64), Error>,
+    ) -> Result<u64, Error> {
+        match req {
+            Request::Lend { from, id, desc } => {
+                if fds != 1 {
+                    return Err(Error::Protocol(format!(
+                        "mapper: a loan came with {fds} descriptors, not 1"
+                    )));
+                }
+                if self.held.contains_key(&(from, id)) {
+                    return Err(Error::Protocol(format!(
+                        "mapper: rank {from} lends registration {id} twice"
+                    )));
+                }
+                if self.held.len() >= MAX_LOANS {
+                    return Err(Error::InvalidArgument(format!(
+                        "mapper: {MAX_LOANS} buffers mapped already"
+                    )));
+                }
+                let (buf, base) = import(desc.alloc_len)?;
+                let addr = base + (desc.ptr - desc.alloc_base);
+                self.held.insert((from, id), (buf, addr));
+                Ok(addr)
+            }
+            Request::Recall { from, id } => {
+                if fds != 0 {
+                    return Err(Error::Protocol(format!(
+                        "mapper: a recall came with {fds} descriptors"
+                    )));
+                }
+                // Forgetting unmaps (the buffer's drop); a recall of nothing is not an error:
+                // the loan may have failed.
+                self.held.remove(&(from, id));
+                Ok(0)
+            }
+        }
+    }
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+}
+
+/// A rank's mapper thread; stopped and joined on drop (its mappings go with it).
+pub(crate) struct Mapper {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Mapper {
+    /// Starts rank `me`'s mapper for communicator `comm_id`, mapping on `gpu`; listening before
+    /// it returns, so a peer may lend as soon as creation is over.
+    pub fn start(
+        gpu: &Gpu,
+        comm_id: u64,
+        me: Rank,
+        places: Vec<Place>,
+        stats: &Arc<MemStats>,
+    ) -> Result<Mapper, Error> {
+        let listener = FdListener::bind(socket_job(comm_id), me as u32)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (gpu, stats, halt) = (gpu.clone(), stats.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("ferroccl-mapper-{me}"))
+            .spawn(move || serve(&listener, &gpu, me, &places, &stats, &halt))
+            .map_err(|e| Error::System(format!("starting the mapper thread: {e}")))?;
+        Ok(Mapper {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Mapper {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve(
+    listener: &FdListener,
+    gpu: &Gpu,
+    me: Rank,
+    places: &[Place],
+    stats: &Arc<MemStats>,
+    stop: &AtomicBool,
+) {
+    let mut loans: Loans<DeviceBuffer> = Loans::default();
+    while !stop.load(Ordering::Relaxed) {
+        // Short waits: the stop word is looked at between them.
+        let Ok(ch) = listener.accept(Instant::now() + Duration::from_millis(200), stop) else {
+            continue;
+        };
+        let deadline = Instant::now() + MESSAGE_WAIT;
+        let Ok((fds, payload)) = ch.recv_fds(deadline, stop) else {
+            continue;
+        };
+        let answer = Request::parse(&payload, places, me).and_then(|req| {
+            loans.serve(req, fds.len(), |len| {
+                let b = DeviceBuffer::import(fds[0].as_fd(), len as usize, gpu, &[], stats)?;
+                let base = b.device_ptr();
+                Ok((b, base))
+            })
+        });
+        if let Err(e) = &answer {
+            tracing::warn!(rank = me, "mapper: {e}");
+        }
+        let _ = ch.send_fds(&[], &encode_reply(&answer), deadline, stop);
+    }
+}
+
+/// Lends registration `id` of rank `from` (described by `desc`, its allocation's fd `fd`) to
+/// rank `to`'s mapper; returns where `to` maps the buffer.
+pub(crate) fn lend(
+    comm_id: u64,
+    to: Rank,
+    req: &Request,
+    fd: BorrowedFd<'_>,
+    deadline: Instant,
+    abort: &AtomicBool,
+) -> Result<u64, Error> {
+    let ch = FdChannel::connect(socket_job(comm_id), to as u32, deadline, abort)?;
+    ch.send_fds(&[fd], &req.encode(), deadline, abort)?;
+    let (_, reply) = ch.recv_fds(deadline, abort)?;
+    parse_reply(&reply)
+}
+
+/// Asks rank `to`'s mapper to unmap a loan.
+pub(crate) fn recall(
+    comm_id: u64,
+    to: Rank,
+    req: &Request,
+    deadline: Instant,
+    abort: &AtomicBool,
+) -> Result<(), Error> {
+    let ch = FdChannel::connect(socket_job(comm_id), to as u32, deadline, abort)?;
+    ch.send_fds(&[], &req.encode(), deadline, abort)?;
+    let (_, reply) = ch.recv_fds(deadline, abort)?;
+    parse_reply(&reply).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn places() -> Vec<Place> {
+        let me = std::process::id();
+        vec![
+            Place { pid: me, gpu: 0 },
+            Place {
+                pid: me + 1,
+                gpu: 1,
+            },
+            Place { pid: me, gpu: 2 },
+        ]
+    }
+    fn desc_of(pid: u32, gpu: u32) -> WindowDesc {
+        WindowDesc {
+            pid,
+            gpu,
+            ptr: 0x2000_1000,
+            len: 4096,
+            alloc_base: 0x2000_0000,
+            alloc_len: 2 << 20,
+            symmetric: false,
+        }
+    }
+
+    #[test]
+    fn requests_round_trip_and_are_checked_against_the_ranks() {
+        let p = places();
+        let lend = Request::Lend {
+            from: 1,
+            id: 7,
+            desc: desc_of(p[1].pid, 1),
+        };
+        assert_eq!(Request::parse(&lend.encode(), &p, 0).unwrap(), lend);
+        let recall = Request::Recall { from: 1, id: 7 };
+        assert_eq!(Request::parse(&recall.encode(), &p, 0).unwrap(), recall);
+        let err = |b: &[u8]| Request::parse(b, &p, 0).unwrap_err().to_string();
+        // Not a peer: out of range, this rank, a rank of this process.
+        assert!(err(&Request::Recall { from: 3, id: 1 }.encode()).contains("not a peer"));
+        assert!(err(&Request::Recall { from: 0, id: 1 }.encode()).contains("not a peer"));
+        assert!(err(&Request::Recall { from: 2, id: 1 }.encode()).contains("needs no mapper"));
+        // A buffer of another process or GPU than the lender's.
+        assert!(err(&Request::Lend {
+            from: 1,
+            id: 7,
+            desc: desc_of(p[1].pid + 5, 1)
+        }
+        .encode())
+        .contains("runs as pid"));
+        assert!(err(&Request::Lend {
+            from: 1,
+            id: 7,
+            desc: desc_of(p[1].pid, 0)
+        }
+        .encode())
+        .contains("runs as pid"));
+        // Truncated, padded, unknown, a range outside its allocation.
+        let b = lend.encode();
+        assert!(err(&b[..5]).contains("request of 5 bytes"));
+        assert!(err(&b[..b.len() - 1]).contains("more bytes"));
+        let mut padded = recall.encode();
+        padded.push(0);
+        assert!(err(&padded).contains("more bytes"));
+        let mut unknown = recall.encode();
+        unknown[0] = b'X';
+        assert!(err(&unknown).contains("request 0x58"));
+        let outside = WindowDesc {
+            ptr: 0x1000,
+            ..desc_of(p[1].pid, 1)
+        };
+        assert!(err(&Request::Lend {
+            from: 1,
+            id: 7,
+            desc: outside
+        }
+        .encode())
+        .contains("not inside"));
+    }
+
+    #[test]
+    fn replies_round_trip() {
+        assert_eq!(
+            parse_reply(&encode_reply(&Ok(0xdead_0000))).unwrap(),
+            0xdead_0000
+        );
+        let e = parse_reply(&encode_reply(&Err(Error::InvalidArgument(
+            "no room".into(),
+        ))))
+        .unwrap_err();
+        assert!(
+            matches!(e, Error::Remote(_)) && e.to_string().contains("no room"),
+            "{e}"
+        );
+        assert!(parse_reply(&[OK, 1, 2]).is_err());
+        assert!(parse_reply(&[]).is_err());
+    }
+
+    #[test]
+    fn loans_map_once_unmap_on_recall_and_stay_bounded() {
+        let p = places();
+        let mut l: Loans<u32> = Loans::default();
+        let lend = |id| Request::Lend {
+            from: 1,
+            id,
+            desc: desc_of(p[1].pid, 1),
+        };
+        // Mapped at 0x9000_0000 here: the buffer's offset in its allocation carries over.
+        assert_eq!(
+            l.serve(lend(1), 1, |len| {
+                assert_eq!(len, 2 << 20);
+                Ok((11, 0x9000_0000))
+            })
+            .unwrap(),
+            0x9000_1000
+        );
+        assert!(l
+            .serve(lend(1), 1, |_| Ok((12, 0)))
+            .unwrap_err()
+            .to_string()
+            .contains("twice"));
+        assert!(l
+            .serve(lend(2), 0, |_| Ok((12, 0)))
+            .unwrap_err()
+            .to_string()
+            .contains("0 descriptors"));
+        // An import that fails maps nothing.
+        assert!(l
+            .serve(lend(3), 1, |_| Err(Error::Internal("no".into())))
+            .is_err());
+        assert_eq!(l.len(), 1);
+        assert_eq!(
+            l.serve(Request::Recall { from: 1, id: 1 }, 0, |_| unreachable!())
+                .unwrap(),
+            0
+        );
+        assert_eq!(l.len(), 0);
+        assert_eq!(
+            l.serve(Request::Recall { from: 1, id: 1 }, 0, |_| unreachable!())
+                .unwrap(),
+            0,
+            "a recall of nothing"
+        );
+        for id in 0..MAX_LOANS as u64 {
+            l.serve(lend(id), 1, |_| Ok((0, 0x1000_0000))).unwrap();
+        }
+        assert!(l
+            .serve(lend(u64::MAX), 1, |_| Ok((0, 0)))
+            .unwrap_err()
+            .to_string()
+            .contains("mapped already"));
+    }
+
+    /// Two mappers' worth of the socket protocol in one process: a lend and a recall reach a
+    /// listener and come back answered (the GPU import stands in a closure here).
+    #[test]
+    fn lend_and_recall_cross_the_socket() {
+        let comm_id = 0x5eed_0000_0000_0001 ^ std::process::id() as u64;
+        let me = 0;
+        let p = places();
+        let listener = FdListener::bind(socket_job(comm_id), me as u32).unwrap();
+        let stop = AtomicBool::new(false);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut loans: Loans<std::os::fd::OwnedFd> = Loans::default();
+                for _ in 0..2 {
+                    let ch = listener.accept(deadline, &stop).unwrap();
+                    let (mut fds, payload) = ch.recv_fds(deadline, &stop).unwrap();
+                    let n = fds.len();
+                    let r = Request::parse(&payload, &p, me)
+                        .and_then(|req| loans.serve(req, n, |_| Ok((fds.remove(0), 0x7000_0000))));
+                    ch.send_fds(&[], &encode_reply(&r), deadline, &stop)
+                        .unwrap();
+                }
+                assert_eq!(loans.len(), 0);
+            });
+            let memfd = std::fs::File::open("/dev/null").unwrap();
+            let req = Request::Lend {
+                from: 1,
+                id: 3,
+                desc: desc_of(p[1].pid, 1),
+            };
+            assert_eq!(
+                lend(comm_id, me, &req, memfd.as_fd(), deadline, &stop).unwrap(),
+                0x7000_1000
+            );
+            recall(
+                comm_id,
+                me,
+                &Request::Recall { from: 1, id: 3 },
+                deadline,
+                &stop,
+            )
+            .unwrap();
+        });
+    }
+}
