@@ -363,6 +363,12 @@ impl Job {
         let ranks: Vec<usize> = self.comms.iter().map(|c| c.rank()).collect();
         self.mem.accounted_end = self.comms.iter().map(|c| c.device_memory_bytes()).collect();
         if self.register {
+            // Whether registering paid: messages peers stored straight into each rank's outputs.
+            for c in &self.comms {
+                if let Some(Ok(d)) = c.direct_rounds() {
+                    println!("# direct rounds received, rank {}: {d}", c.rank());
+                }
+            }
             windows(&self.comms, &bufs, false).map_err(|e| e.to_string())?;
         }
         let Some(n) = &self.nccl else {
