@@ -14,7 +14,7 @@
 # NCCL=/path/to/libnccl.so.2 overrides. GPUS (default: all
 # visible, at most 8), TOTAL (seconds, default 570) and FACTOR (size step, default 2) adjust it;
 # ANCHOR=path/to/torch_symm_allreduce.py runs that anchor right after, outside the deadline
-# (up to 300 s more: with TOTAL=280 both fit one 10-minute call); SKIP="check threads-reg ..."
+# (up to 300 s more: with TOTAL=280 both fit one 10-minute call); SKIP="check procs-reg ..."
 # leaves out the runs it names.
 set -euo pipefail
 
@@ -66,9 +66,10 @@ runs=(
     "onethread-graph|one thread, CUDA graphs|bench ${SWEEP[*]} ${GRAPH[*]} -g $GPUS --one-thread"
     "threads-graph|a thread per GPU, CUDA graphs|bench ${SWEEP[*]} ${GRAPH[*]} -g $GPUS"
     "procs-graph|a process per GPU, CUDA graphs|run -n $GPUS $BIN bench ${SWEEP[*]} ${GRAPH[*]} -g 1"
-    # Registered buffers: NCCL's symmetric windows (its fastest small kernels), ferroccl's windows.
-    "threads-reg|a thread per GPU, registered windows, host launches|bench ${SWEEP[*]} ${EAGER[*]} -g $GPUS --register"
-    "threads-reg-graph|a thread per GPU, registered windows, CUDA graphs|bench ${SWEEP[*]} ${GRAPH[*]} -g $GPUS --register"
+    # Registered buffers: NCCL's symmetric windows (its fastest small kernels), ferroccl's windows
+    # (a process per GPU: copies between windows need ranks in processes of their own).
+    "procs-reg|a process per GPU, registered windows, host launches|run -n $GPUS $BIN bench ${SWEEP[*]} ${EAGER[*]} -g 1 --register"
+    "procs-reg-graph|a process per GPU, registered windows, CUDA graphs|run -n $GPUS $BIN bench ${SWEEP[*]} ${GRAPH[*]} -g 1 --register"
 )
 
 echo "# ferroccl vs NCCL on $GPUS GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"

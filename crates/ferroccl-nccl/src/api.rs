@@ -557,8 +557,6 @@ export! {
         memory::free(ptr as *mut u8)
     }
 
-    /// A registration for later operations. ferroccl takes buffers without registration; this
-    /// returns a handle (zero-copy comes with windows, `ncclCommWindowRegister`).
     /// This rank alone: GPU memory (cuMem) is lent to the peers, which then store an
     /// operation's messages straight into it where it is the output (`Comm::register_local`);
     /// other GPU memory is refused. Host communicators keep a handle only.

@@ -216,223 +216,248 @@ fn registered_windows_take_data_straight_into_the_output() {
     });
 }
 
-/// Symmetric windows, a thread per GPU: ranks that register differently (other lengths) all get
-/// an error and the communicator stays usable; then all-gather (in place and not), all-to-all
-/// and broadcast (2 ranks, each root, in place and not) between symmetric windows move by the
-/// copy engines alone (no thread block in the launch) straight into the outputs, exact to the
-/// bit on fresh random data, twice each (the handshake words back where they started); an
-/// all-to-all in place, which the copy engines cannot order, takes a kernel and is exact too.
-#[test]
-#[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
-fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
-    let Some(n) = gpus_for_test() else { return };
-    let cfg = Config {
-        gpu_ce_window_bytes: 1,
-        ..Config::default()
-    };
-    let id = ferroccl::UniqueId::new(&cfg).unwrap();
+/// One rank's part of the symmetric-window tests: all-gather, all-to-all and (2 ranks)
+/// broadcast between symmetric windows, out of place and in place, exact on fresh data; by the
+/// copy engines (no thread block) where `ce`, else by kernels; lengths that differ between ranks
+/// refused; in-place all-to-alls and deregistered buffers on kernels.
+fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
+    let (n, r) = (comm.nranks(), comm.rank());
     let count = (1 << 20) + 17; // an odd tail
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    eprintln!("symmetric windows: seed {seed}");
-    std::thread::scope(|s| {
-        for r in 0..n {
-            let cfg = cfg.clone();
-            let id = id.clone();
-            s.spawn(move || {
-                let comm = Comm::init_rank(&id, n, r, Device::Cuda(r), &cfg).unwrap();
-                let gpu = comm.gpu().unwrap().clone();
-                let stats = MemStats::new();
-                // Lengths that differ between ranks: refused on every rank.
-                let odd = ferroccl::mem::alloc(&gpu, (4 << 20) + r * 4096, &stats).unwrap();
-                let e = comm.register_symmetric_buffer(&odd).unwrap_err();
-                assert!(e.to_string().contains("one length on every rank"), "{e}");
-                let send = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).unwrap();
-                let recv = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).unwrap();
-                comm.register_symmetric_buffer(&send).unwrap();
-                comm.register_symmetric_buffer(&recv).unwrap();
-                let read = |b: &DeviceBuffer, len: usize| -> Vec<u32> {
-                    read_f32(b, len)
-                        .unwrap()
-                        .iter()
-                        .map(|v| v.to_bits())
-                        .collect()
-                };
-                let put = |b: &DeviceBuffer, at: usize, v: &[u32]| {
-                    let f: Vec<f32> = v.iter().map(|&x| f32::from_bits(x)).collect();
-                    b.copy_from_host(at * 4, f32_bytes(&f)).unwrap();
-                };
-                // Every rank's data of a round, from the shared seed: rank q's element i.
-                let data = |round: u64, q: usize, len: usize| -> Vec<u32> {
-                    let mut x = seed ^ (round << 32) ^ ((q as u64 + 1) * 0x9e37_79b9_7f4a_7c15);
-                    (0..len)
-                        .map(|_| {
-                            x ^= x << 13;
-                            x ^= x >> 7;
-                            x ^= x << 17;
-                            x as u32
-                        })
-                        .collect()
-                };
-                let run =
-                    |kind: CollKind, send_ptr: u64, recv_ptr: u64, cnt: usize, root: usize| {
-                        let a = OpArgs {
-                            kind,
-                            send: send_ptr as *const u8,
-                            recv: recv_ptr as *mut u8,
-                            count: cnt,
-                            dtype: ferroccl::DataType::Float32,
-                            op: ReduceOp::Sum,
-                            root,
-                            device_scalar: None,
-                        };
-                        let mut g = Group::new();
-                        unsafe { g.push_raw(&comm, a).unwrap() };
-                        g.launch().unwrap();
-                        let blocks = comm.last_launch_blocks();
-                        comm.synchronize().unwrap();
-                        blocks
-                    };
-                let scrub = |b: &DeviceBuffer| put(b, 0, &data(99, r, n * count));
-                for round in 0..2u64 {
-                    // All-gather, out of place and in place.
-                    put(&send, 0, &data(round, r, count));
-                    scrub(&recv);
-                    assert_eq!(
-                        run(
-                            CollKind::AllGather,
-                            send.device_ptr(),
-                            recv.device_ptr(),
-                            count,
-                            0
-                        ),
-                        Some(0),
-                        "all-gather by copy engines"
-                    );
-                    let got = read(&recv, n * count);
-                    for q in 0..n {
-                        assert!(
-                            got[q * count..(q + 1) * count] == data(round, q, count)[..],
-                            "round {round}: all-gather block {q}"
-                        );
-                    }
-                    scrub(&recv);
-                    put(&recv, r * count, &data(round + 10, r, count));
-                    assert_eq!(
-                        run(
-                            CollKind::AllGather,
-                            recv.device_ptr() + (r * count * 4) as u64,
-                            recv.device_ptr(),
-                            count,
-                            0
-                        ),
-                        Some(0)
-                    );
-                    let got = read(&recv, n * count);
-                    for q in 0..n {
-                        assert!(
-                            got[q * count..(q + 1) * count] == data(round + 10, q, count)[..],
-                            "round {round}: in-place all-gather block {q}"
-                        );
-                    }
-                    // All-to-all: block p of rank q's input lands at block q of rank p's output.
-                    put(&send, 0, &data(round + 20, r, n * count));
-                    scrub(&recv);
-                    assert_eq!(
-                        run(
-                            CollKind::AllToAll,
-                            send.device_ptr(),
-                            recv.device_ptr(),
-                            count,
-                            0
-                        ),
-                        Some(0),
-                        "all-to-all by copy engines"
-                    );
-                    let got = read(&recv, n * count);
-                    for q in 0..n {
-                        let theirs = data(round + 20, q, n * count);
-                        assert!(
-                            got[q * count..(q + 1) * count] == theirs[r * count..(r + 1) * count],
-                            "round {round}: all-to-all block {q}"
-                        );
-                    }
-                    // In place: a kernel, not the copy engines.
-                    put(&recv, 0, &data(round + 30, r, n * count));
-                    assert_ne!(
-                        run(
-                            CollKind::AllToAll,
-                            recv.device_ptr(),
-                            recv.device_ptr(),
-                            count,
-                            0
-                        ),
-                        Some(0),
-                        "in place takes a kernel"
-                    );
-                    let got = read(&recv, n * count);
-                    for q in 0..n {
-                        let theirs = data(round + 30, q, n * count);
-                        assert!(
-                            got[q * count..(q + 1) * count] == theirs[r * count..(r + 1) * count],
-                            "round {round}: in-place all-to-all block {q}"
-                        );
-                    }
-                    if n == 2 {
-                        for root in 0..2 {
-                            put(&send, 0, &data(round + 40, r, count));
-                            scrub(&recv);
-                            assert_eq!(
-                                run(
-                                    CollKind::Broadcast,
-                                    send.device_ptr(),
-                                    recv.device_ptr(),
-                                    count,
-                                    root
-                                ),
-                                Some(0),
-                                "broadcast by copy engines"
-                            );
-                            assert!(
-                                read(&recv, count) == data(round + 40, root, count),
-                                "round {round}: broadcast from {root}"
-                            );
-                            put(&recv, 0, &data(round + 50, r, count));
-                            assert_eq!(
-                                run(
-                                    CollKind::Broadcast,
-                                    recv.device_ptr(),
-                                    recv.device_ptr(),
-                                    count,
-                                    root
-                                ),
-                                Some(0)
-                            );
-                            assert!(
-                                read(&recv, count) == data(round + 50, root, count),
-                                "round {round}: in-place broadcast from {root}"
-                            );
-                        }
-                    }
-                }
-                comm.deregister_window(send.device_ptr()).unwrap();
-                comm.deregister_window(recv.device_ptr()).unwrap();
-                // Unregistered again: a kernel, exact.
-                put(&send, 0, &data(7, r, count));
-                assert_ne!(
-                    run(
-                        CollKind::AllGather,
+    let by_ce = |blocks: Option<u32>| blocks == Some(0);
+    let gpu = comm.gpu().unwrap().clone();
+    let stats = MemStats::new();
+    // Lengths that differ between ranks: refused on every rank.
+    let odd = ferroccl::mem::alloc(&gpu, (4 << 20) + r * 4096, &stats).unwrap();
+    let e = comm.register_symmetric_buffer(&odd).unwrap_err();
+    assert!(e.to_string().contains("one length on every rank"), "{e}");
+    let send = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).unwrap();
+    let recv = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).unwrap();
+    comm.register_symmetric_buffer(&send).unwrap();
+    comm.register_symmetric_buffer(&recv).unwrap();
+    let read = |b: &DeviceBuffer, len: usize| -> Vec<u32> {
+        read_f32(b, len)
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    };
+    let put = |b: &DeviceBuffer, at: usize, v: &[u32]| {
+        let f: Vec<f32> = v.iter().map(|&x| f32::from_bits(x)).collect();
+        b.copy_from_host(at * 4, f32_bytes(&f)).unwrap();
+    };
+    // Every rank's data of a round, from the shared seed: rank q's element i.
+    let data = |round: u64, q: usize, len: usize| -> Vec<u32> {
+        let mut x = seed ^ (round << 32) ^ ((q as u64 + 1) * 0x9e37_79b9_7f4a_7c15);
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u32
+            })
+            .collect()
+    };
+    let run =
+        |kind: CollKind, send_ptr: u64, recv_ptr: u64, cnt: usize, root: usize| {
+            let a = OpArgs {
+                kind,
+                send: send_ptr as *const u8,
+                recv: recv_ptr as *mut u8,
+                count: cnt,
+                dtype: ferroccl::DataType::Float32,
+                op: ReduceOp::Sum,
+                root,
+                device_scalar: None,
+            };
+            let mut g = Group::new();
+            unsafe { g.push_raw(&comm, a).unwrap() };
+            g.launch().unwrap();
+            let blocks = comm.last_launch_blocks();
+            comm.synchronize().unwrap();
+            blocks
+        };
+    let scrub = |b: &DeviceBuffer| put(b, 0, &data(99, r, n * count));
+    for round in 0..2u64 {
+        // All-gather, out of place and in place.
+        put(&send, 0, &data(round, r, count));
+        scrub(&recv);
+        assert_eq!(
+            by_ce(run(
+                CollKind::AllGather,
+                send.device_ptr(),
+                recv.device_ptr(),
+                count,
+                0
+            )),
+            ce,
+            "all-gather by copy engines"
+        );
+        let got = read(&recv, n * count);
+        for q in 0..n {
+            assert!(
+                got[q * count..(q + 1) * count] == data(round, q, count)[..],
+                "round {round}: all-gather block {q}"
+            );
+        }
+        scrub(&recv);
+        put(&recv, r * count, &data(round + 10, r, count));
+        assert_eq!(
+            by_ce(run(
+                CollKind::AllGather,
+                recv.device_ptr() + (r * count * 4) as u64,
+                recv.device_ptr(),
+                count,
+                0
+            )),
+            ce
+        );
+        let got = read(&recv, n * count);
+        for q in 0..n {
+            assert!(
+                got[q * count..(q + 1) * count] == data(round + 10, q, count)[..],
+                "round {round}: in-place all-gather block {q}"
+            );
+        }
+        // All-to-all: block p of rank q's input lands at block q of rank p's output.
+        put(&send, 0, &data(round + 20, r, n * count));
+        scrub(&recv);
+        assert_eq!(
+            by_ce(run(
+                CollKind::AllToAll,
+                send.device_ptr(),
+                recv.device_ptr(),
+                count,
+                0
+            )),
+            ce,
+            "all-to-all by copy engines"
+        );
+        let got = read(&recv, n * count);
+        for q in 0..n {
+            let theirs = data(round + 20, q, n * count);
+            assert!(
+                got[q * count..(q + 1) * count] == theirs[r * count..(r + 1) * count],
+                "round {round}: all-to-all block {q}"
+            );
+        }
+        // In place: a kernel, not the copy engines.
+        put(&recv, 0, &data(round + 30, r, n * count));
+        assert_ne!(
+            run(
+                CollKind::AllToAll,
+                recv.device_ptr(),
+                recv.device_ptr(),
+                count,
+                0
+            ),
+            Some(0),
+            "in place takes a kernel"
+        );
+        let got = read(&recv, n * count);
+        for q in 0..n {
+            let theirs = data(round + 30, q, n * count);
+            assert!(
+                got[q * count..(q + 1) * count] == theirs[r * count..(r + 1) * count],
+                "round {round}: in-place all-to-all block {q}"
+            );
+        }
+        if n == 2 {
+            for root in 0..2 {
+                put(&send, 0, &data(round + 40, r, count));
+                scrub(&recv);
+                assert_eq!(
+                    by_ce(run(
+                        CollKind::Broadcast,
                         send.device_ptr(),
                         recv.device_ptr(),
                         count,
-                        0
-                    ),
-                    Some(0)
+                        root
+                    )),
+                    ce,
+                    "broadcast by copy engines"
                 );
-                let got = read(&recv, n * count);
-                assert!((0..n).all(|q| got[q * count..(q + 1) * count] == data(7, q, count)[..]));
+                assert!(
+                    read(&recv, count) == data(round + 40, root, count),
+                    "round {round}: broadcast from {root}"
+                );
+                put(&recv, 0, &data(round + 50, r, count));
+                assert_eq!(
+                    by_ce(run(
+                        CollKind::Broadcast,
+                        recv.device_ptr(),
+                        recv.device_ptr(),
+                        count,
+                        root
+                    )),
+                    ce
+                );
+                assert!(
+                    read(&recv, count) == data(round + 50, root, count),
+                    "round {round}: in-place broadcast from {root}"
+                );
+            }
+        }
+    }
+    comm.deregister_window(send.device_ptr()).unwrap();
+    comm.deregister_window(recv.device_ptr()).unwrap();
+    // Unregistered again: a kernel, exact.
+    put(&send, 0, &data(7, r, count));
+    assert_ne!(
+        run(
+            CollKind::AllGather,
+            send.device_ptr(),
+            recv.device_ptr(),
+            count,
+            0
+        ),
+        Some(0)
+    );
+    let got = read(&recv, n * count);
+    assert!((0..n).all(|q| got[q * count..(q + 1) * count] == data(7, q, count)[..]));
+}
+
+/// Symmetric windows across processes (a process per GPU): large data movement by the copy
+/// engines straight into the peers' outputs.
+#[test]
+#[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
+    if role().is_some() {
+        return;
+    }
+    let Some(_) = gpus_for_test() else { return };
+    let env = [("FERROCCL_GPU_CE_WINDOW_BYTES", "1".to_string()), ("FERROCCL_TIMEOUT", "60".to_string())];
+    let kids = spawn_ranks(2, "child_symmetric_windows", "symmetric-windows", &env);
+    for (r, (ok, text)) in wait_all(kids).into_iter().enumerate() {
+        assert!(ok && text.contains("SYMMETRIC WINDOWS OK"), "rank {r}:\n{text}");
+    }
+}
+
+/// Child of the test above.
+#[test]
+fn child_symmetric_windows() {
+    if role().as_deref() != Some("symmetric-windows") {
+        return;
+    }
+    let cfg = Config::from_env().unwrap();
+    let comm = Comm::from_env_gpu(&cfg).unwrap();
+    symmetric_windows_body(&comm, true, comm.id());
+    println!("SYMMETRIC WINDOWS OK");
+}
+
+/// Ranks of one process (threads) keep copies between windows off (`CeFabric::own_processes`):
+/// the same operations run on kernels, exact.
+#[test]
+#[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn symmetric_windows_in_one_process_take_kernels() {
+    let Some(n) = gpus_for_test() else { return };
+    let cfg = Config { gpu_ce_window_bytes: 1, ..Config::default() };
+    let id = ferroccl::UniqueId::new(&cfg).unwrap();
+    std::thread::scope(|s| {
+        for r in 0..n {
+            let (cfg, id) = (cfg.clone(), id.clone());
+            s.spawn(move || {
+                let comm = Comm::init_rank(&id, n, r, Device::Cuda(r), &cfg).unwrap();
+                symmetric_windows_body(&comm, false, comm.id());
             });
         }
     });

@@ -269,6 +269,12 @@ pub(crate) struct CeFabric {
     /// description). Where some do, the copies between symmetric windows stay off: a lane's wait
     /// for its peer could sit in a hardware queue in front of the very stream the peer must run.
     pub own_gpus: bool,
+    /// No two ranks of the communicator share a process (the same on every rank). Where some
+    /// do, the copies between symmetric windows stay off too: nccl-tests `-R 2` in one process
+    /// (`-g 2`, `-t 2`) got every peer's block wrong in about a quarter of its runs, from the
+    /// first such copy on (2 x H200, session 15; the cause is not found), where a process per
+    /// GPU never did.
+    pub own_processes: bool,
 }
 
 impl Fabric {
@@ -398,6 +404,7 @@ impl Fabric {
         let own_gpus = (0..n).all(|a| {
             (a + 1..n).all(|b| !(peers[a].pid == peers[b].pid && peers[a].gpu == peers[b].gpu))
         });
+        let own_processes = (0..n).all(|a| (a + 1..n).all(|b| peers[a].pid != peers[b].pid));
         // The copy engine borrows the peer engine's staging: the same addresses.
         let ce = page.zip(peer.as_ref()).map(|(mine, p)| {
             pages[me] = mine.device_ptr();
@@ -408,6 +415,7 @@ impl Fabric {
                 mine,
                 imported: imported_pages,
                 own_gpus,
+                own_processes,
             }
         });
         Ok(Fabric {
