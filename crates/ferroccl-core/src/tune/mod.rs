@@ -448,6 +448,11 @@ fn direct_blocks(count: usize, es: usize, cfg: &Config) -> Option<usize> {
     })
 }
 
+/// The smallest largest-buffer from which the peer engine runs direct rounds: below it a launch
+/// has too few rounds a block for them (they start on the third), and the look after every
+/// round cost all-gather 512 KiB - 8 MiB 5-15 % on 2 x H200 (docs/PERFORMANCE.md, section 19).
+pub const PEER_DIRECT_MIN_BYTES: usize = 32 << 20;
+
 /// The kinds that only move data: a peer-engine sender may store their messages straight into
 /// the receiver's output (the kernel's `movement_kind`).
 pub fn moves_only(kind: CollKind) -> bool {
@@ -607,8 +612,9 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             && !(op.in_place && matches!(op.kind, CollKind::AllToAll | CollKind::AllReduce));
         let channels = if split { channels / 2 * 2 } else { channels };
         // Direct rounds: a sender stores straight into an output its receiver posts (a window's,
-        // found at run time: nobody waits for a post), so only what moves data unreduced.
-        let zero_copy = cfg.gpu_peer_direct && moves_only(op.kind);
+        // found at run time: nobody waits for a post), so only what moves data unreduced, and
+        // only from PEER_DIRECT_MIN_BYTES: the looks cost medium sizes more than they gave.
+        let zero_copy = cfg.gpu_peer_direct && moves_only(op.kind) && bytes.is_some_and(|b| b >= PEER_DIRECT_MIN_BYTES);
         return Choice {
             algo,
             protocol: Protocol::Simple,

@@ -471,7 +471,8 @@ fn choices_follow_the_table() {
         }
         // The plan kernel goes zero-copy only with windows; the peer engine's direct rounds
         // are found at run time, so its choice is the kind's.
-        let direct = engine == K && moves_only(kind);
+        let big = shape(kind, count, dtype, n).largest_bytes() >= Some(PEER_DIRECT_MIN_BYTES);
+        let direct = engine == K && moves_only(kind) && big;
         assert!(
             c.zero_copy == direct && c.post_output == direct,
             "no windows, no zero-copy but the peer engine's direct rounds: {c}"
@@ -1750,7 +1751,7 @@ fn the_peer_engine_goes_direct_only_where_data_only_moves() {
     ] {
         let s = OpShape {
             in_place,
-            ..shape(kind, 1 << 22, Float32, 2)
+            ..shape(kind, 1 << 24, Float32, 2)
         };
         let c = choose(&s, Device::Gpu, &cfg);
         assert_eq!(c.engine, Engine::PeerKernel, "{kind}: {c}");
@@ -1774,5 +1775,13 @@ fn the_peer_engine_goes_direct_only_where_data_only_moves() {
             (c.engine, c.channels, c.chunk_elems, c.split),
             "only the direct rounds change"
         );
+        // Below PEER_DIRECT_MIN_BYTES (largest buffer): staged.
+        let per_rank = if matches!(kind, AllGather | AllToAll | Gather | Scatter | ReduceScatter) { 2 } else { 1 };
+        let small = OpShape { in_place, ..shape(kind, PEER_DIRECT_MIN_BYTES / 4 / per_rank - 1, Float32, 2) };
+        let c = choose(&small, Device::Gpu, &cfg);
+        assert_eq!(c.engine, Engine::PeerKernel, "{kind}: {c}");
+        assert!(!c.zero_copy && !c.post_output, "{kind} below the size: {c}");
+        let at = OpShape { in_place, ..shape(kind, PEER_DIRECT_MIN_BYTES / 4 / per_rank, Float32, 2) };
+        assert_eq!(choose(&at, Device::Gpu, &cfg).zero_copy, direct, "{kind} at the size");
     }
 }
