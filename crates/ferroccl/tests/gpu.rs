@@ -257,25 +257,24 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
             })
             .collect()
     };
-    let run =
-        |kind: CollKind, send_ptr: u64, recv_ptr: u64, cnt: usize, root: usize| {
-            let a = OpArgs {
-                kind,
-                send: send_ptr as *const u8,
-                recv: recv_ptr as *mut u8,
-                count: cnt,
-                dtype: ferroccl::DataType::Float32,
-                op: ReduceOp::Sum,
-                root,
-                device_scalar: None,
-            };
-            let mut g = Group::new();
-            unsafe { g.push_raw(&comm, a).unwrap() };
-            g.launch().unwrap();
-            let blocks = comm.last_launch_blocks();
-            comm.synchronize().unwrap();
-            blocks
+    let run = |kind: CollKind, send_ptr: u64, recv_ptr: u64, cnt: usize, root: usize| {
+        let a = OpArgs {
+            kind,
+            send: send_ptr as *const u8,
+            recv: recv_ptr as *mut u8,
+            count: cnt,
+            dtype: ferroccl::DataType::Float32,
+            op: ReduceOp::Sum,
+            root,
+            device_scalar: None,
         };
+        let mut g = Group::new();
+        unsafe { g.push_raw(&comm, a).unwrap() };
+        g.launch().unwrap();
+        let blocks = comm.last_launch_blocks();
+        comm.synchronize().unwrap();
+        blocks
+    };
     let scrub = |b: &DeviceBuffer| put(b, 0, &data(99, r, n * count));
     for round in 0..2u64 {
         // All-gather, out of place and in place.
@@ -425,10 +424,16 @@ fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
         return;
     }
     let Some(_) = gpus_for_test() else { return };
-    let env = [("FERROCCL_GPU_CE_WINDOW_BYTES", "1".to_string()), ("FERROCCL_TIMEOUT", "60".to_string())];
+    let env = [
+        ("FERROCCL_GPU_CE_WINDOW_BYTES", "1".to_string()),
+        ("FERROCCL_TIMEOUT", "60".to_string()),
+    ];
     let kids = spawn_ranks(2, "child_symmetric_windows", "symmetric-windows", &env);
     for (r, (ok, text)) in wait_all(kids).into_iter().enumerate() {
-        assert!(ok && text.contains("SYMMETRIC WINDOWS OK"), "rank {r}:\n{text}");
+        assert!(
+            ok && text.contains("SYMMETRIC WINDOWS OK"),
+            "rank {r}:\n{text}"
+        );
     }
 }
 
@@ -450,7 +455,10 @@ fn child_symmetric_windows() {
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn symmetric_windows_in_one_process_take_kernels() {
     let Some(n) = gpus_for_test() else { return };
-    let cfg = Config { gpu_ce_window_bytes: 1, ..Config::default() };
+    let cfg = Config {
+        gpu_ce_window_bytes: 1,
+        ..Config::default()
+    };
     let id = ferroccl::UniqueId::new(&cfg).unwrap();
     std::thread::scope(|s| {
         for r in 0..n {

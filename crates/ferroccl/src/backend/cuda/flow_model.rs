@@ -82,14 +82,6 @@ enum Step {
         flag: Option<(usize, Vec<usize>)>,
         s: u64,
     },
-    /// A direct-round sender's barrier that it skips (no acknowledgement, no flag) when it
-    /// stores straight into every one of `flag`'s ranks from round `s - 1` on: it waits for
-    /// nothing in this round, which is not its last, nor one of every `DIRECT_FLAGS`-th.
-    QuietBarrier {
-        ack: u64,
-        flag: (usize, Vec<usize>),
-        s: u64,
-    },
     /// Wait for the `phase` flags of these ranks to reach `s`, then read their slots of
     /// `slots` (the phase's own, or both for a one-shot all-reduce).
     WaitRead {
@@ -109,9 +101,6 @@ enum Step {
     /// there, store directly from round `s + 2` on.
     Look { to: Vec<usize>, s: u64 },
 }
-
-/// A quiet sender raises its flags every this many rounds (the kernel's FC_PEER_DIRECT_FLAGS).
-const DIRECT_FLAGS: u64 = 4;
 
 /// Which kernel's launches a program is made of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -235,21 +224,9 @@ fn push_launch(
             });
         }
         let flag = (!targets.is_empty()).then_some((0, targets.clone()));
-        if direct
-            && !targets.is_empty()
-            && sources.is_empty()
-            && k + 1 < rounds
-            && s % DIRECT_FLAGS != 0
-        {
-            steps.push(Step::QuietBarrier {
-                ack,
-                flag: (0, targets.clone()),
-                s,
-            });
-        } else {
-            steps.push(Step::Barrier { ack, flag, s });
-        }
-        if direct && !targets.is_empty() {
+        steps.push(Step::Barrier { ack, flag, s });
+        // The kernel looks after every round's barrier but its last.
+        if direct && !targets.is_empty() && k + 1 < rounds {
             steps.push(Step::Look { to: targets, s });
         }
         if !sources.is_empty() {
@@ -353,20 +330,12 @@ fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
                     phases: &[0, 1],
                     s,
                 });
-                if l.direct && k + 1 < l.rounds && s % DIRECT_FLAGS != 0 {
-                    send.push(Step::QuietBarrier {
-                        ack: 0,
-                        flag: (0, targets.clone()),
-                        s,
-                    });
-                } else {
-                    send.push(Step::Barrier {
-                        ack: 0,
-                        flag: Some((0, targets.clone())),
-                        s,
-                    });
-                }
-                if l.direct {
+                send.push(Step::Barrier {
+                    ack: 0,
+                    flag: Some((0, targets.clone())),
+                    s,
+                });
+                if l.direct && k + 1 < l.rounds {
                     send.push(Step::Look { to: targets, s });
                 }
             }
@@ -415,8 +384,6 @@ struct World {
     /// that ignore the marks.
     ignore_posts: bool,
     ignore_marks: bool,
-    /// Quiet barriers skipped.
-    quiet: usize,
 }
 
 impl World {
@@ -438,7 +405,6 @@ impl World {
             outputs: std::collections::HashSet::new(),
             ignore_posts: false,
             ignore_marks: false,
-            quiet: 0,
         }
     }
 
@@ -509,17 +475,6 @@ impl World {
                         self.slots.insert(key, Slot::Written(*s));
                     }
                 }
-            }
-            Step::QuietBarrier { ack, flag, s } => {
-                let quiet = flag
-                    .1
-                    .iter()
-                    .all(|&q| self.direct_at[agent][q].is_some_and(|d| d + 1 <= *s));
-                if !quiet {
-                    let (ack, flag, s) = (*ack, Some(flag.clone()), *s);
-                    return self.take(agent, &Step::Barrier { ack, flag, s });
-                }
-                self.quiet += 1;
             }
             Step::Barrier { ack, flag, s } => {
                 for key in std::mem::take(&mut self.reading[agent]) {
@@ -1015,9 +970,9 @@ fn the_model_catches_direct_rounds_without_posts_or_marks() {
             !w.outputs.iter().any(|&(_, _, s)| s <= 12),
             "the first broadcast went direct without a post"
         );
-        direct_seen |= !w.outputs.is_empty() && w.quiet > 0;
+        direct_seen |= !w.outputs.is_empty();
     }
-    assert!(direct_seen, "no schedule went direct and quiet");
+    assert!(direct_seen, "no schedule went direct");
     // The root running ahead, going direct without a post: it stores into the receiver's
     // output while the receiver is still in the launch before.
     let broke = (1..400).find_map(|seed| {

@@ -47,8 +47,8 @@
 // senders have mapped (a registered buffer or window) posts that output at its launch's start,
 // once every earlier operation of its stream is complete: the address each sender maps it at and
 // the launch's first round, in the second half of the acknowledgement line it owns in the
-// sender's memory. A sender looks for the post at the start and then at every round's end, and
-// from the first round after it finds one it stores that receiver's messages straight into the
+// sender's memory. A sender looks for the post at the end of every round but its last, and
+// from two rounds after it finds one it stores that receiver's messages straight into the
 // output (no room check: no slot is involved) until the launch ends; it marks that first direct
 // round in the second half of the receiver's flag line before the flag that covers it, so a
 // receiver that waited for round s knows whether s came straight (the mark is of this launch and
@@ -89,9 +89,6 @@ __device__ __forceinline__ fc_u64* peer_flag(const FcPeer& P, fc_u32 owner, fc_u
 __device__ __forceinline__ bool peer_in(const FcPeer& P, fc_u32 q, fc_u32 only) {
     return q < P.nranks && q != P.rank && (only == FC_PEER_ALL || q == only);
 }
-
-// Direct rounds between the flags of a sender that waits for nothing (see peer_round).
-#define FC_PEER_DIRECT_FLAGS 4u
 
 // A block's direct-round state (see the top), in shared memory.
 struct PeerDirect {
@@ -369,18 +366,10 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     const fc_u8* own_src;
     fc_u8* own_dst;
     own_copy(kind, me, t, c, at, es, in, out, own_src, own_dst);
-    // A sender that waits for nothing in this round, storing straight into every receiver's
-    // output, raises its flags only every FC_PEER_DIRECT_FLAGS-th round and at its last: a flag
-    // covers every store before it, and each release drains the block's stores over the link.
-    // Only once both parities' choices are direct: their looks have nothing left to change, so
-    // no thread's write to them can race a read that no barrier orders.
-    bool quiet = DR.on && sends && !(receiving && receives) && !last && (s % FC_PEER_DIRECT_FLAGS) != 0;
-    for (fc_u32 q = 0; q < n && quiet; ++q) quiet = !peer_in(P, q, targets) || (DR.to[q] != 0 && DR.to[FC_PEER_MAX_RANKS + q] != 0);
-    if (sending && !quiet) {
-        if (!peer_signal(P, b, sends ? 0u : FC_PEER_PHASES, s, targets, bad, ack)) return false;
-        if (sends) peer_direct_look(P, DR, b, s, targets);
-    }
     if (sending) {
+        if (!peer_signal(P, b, sends ? 0u : FC_PEER_PHASES, s, targets, bad, ack)) return false;
+        // Every round ends in a barrier, which orders each look before the reads two rounds on.
+        if (sends && !last) peer_direct_look(P, DR, b, s, targets);
         // After the flags: the receivers start on their copies while this block makes its own.
         if (own_src != nullptr && own_src != own_dst) copy_bytes(own_dst, nullptr, own_src, bytes);
     }
@@ -450,7 +439,7 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
     }
     const fc_u64 start = fc::cut(P.count, nslices, slice), end = fc::cut(P.count, nslices, slice + 1);
     // Direct rounds (see the top): the receiving side posts its output, the sending side looks
-    // for its receivers' posts, once before the first round and then at every round's end.
+    // for its receivers' posts, at the end of every round but the last.
     // The first two rounds are staged: a post is rarely there as both ranks start.
     __shared__ fc_u64 direct_to[2 * FC_PEER_MAX_RANKS];
     __shared__ fc_u32 direct_from[FC_PEER_MAX_RANKS], direct_marked[FC_PEER_MAX_RANKS];
