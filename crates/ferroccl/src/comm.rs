@@ -411,11 +411,7 @@ impl Comm {
     /// # Safety
     /// As [`Comm::register_window`].
     unsafe fn register(&self, ptr: u64, bytes: usize, symmetric: bool) -> Result<(), Error> {
-        let Some(c) = self.backend.cuda() else {
-            return Err(Error::InvalidArgument(
-                "windows are GPU memory: this communicator runs on the host".into(),
-            ));
-        };
+        let c = self.gpu_backend("windows")?;
         let _state = self.live_state()?;
         let deadline = std::time::Instant::now() + self.info.config.timeout;
         c.register(&self.boot, ptr, bytes, symmetric, &self.abort, deadline)
@@ -434,11 +430,7 @@ impl Comm {
     /// must have deregistered its buffer of that registration before the buffers take part in
     /// an operation again.
     pub fn deregister_window(&self, ptr: u64) -> Result<(), Error> {
-        let Some(c) = self.backend.cuda() else {
-            return Err(Error::InvalidArgument(
-                "windows are GPU memory: this communicator runs on the host".into(),
-            ));
-        };
+        let c = self.gpu_backend("windows")?;
         let _state = self
             .state
             .lock()
@@ -461,11 +453,7 @@ impl Comm {
     /// The range must stay allocated until [`Comm::deregister_local`] (or the communicator's
     /// drop), and not take part in an operation after its memory is freed: peers write into it.
     pub unsafe fn register_local(&self, ptr: u64, bytes: usize) -> Result<(), Error> {
-        let Some(c) = self.backend.cuda() else {
-            return Err(Error::InvalidArgument(
-                "registrations are GPU memory: this communicator runs on the host".into(),
-            ));
-        };
+        let c = self.gpu_backend("registrations")?;
         let _state = self.live_state()?;
         c.register_local(ptr, bytes, &self.abort, self.loan_deadline())
             .map_err(|e| {
@@ -479,11 +467,7 @@ impl Comm {
     /// Undoes the latest [`Comm::register_local`] of `ptr`, once the work queued on the
     /// communicator's stream is done; peers of other processes are asked to unmap it.
     pub fn deregister_local(&self, ptr: u64) -> Result<(), Error> {
-        let Some(c) = self.backend.cuda() else {
-            return Err(Error::InvalidArgument(
-                "registrations are GPU memory: this communicator runs on the host".into(),
-            ));
-        };
+        let c = self.gpu_backend("registrations")?;
         let _state = self
             .state
             .lock()
@@ -500,6 +484,15 @@ impl Comm {
                 .config
                 .timeout
                 .min(std::time::Duration::from_secs(10))
+    }
+
+    /// The GPU backend, or an argument error: `what` (windows, registrations) are GPU memory.
+    fn gpu_backend(&self, what: &str) -> Result<&CudaComm, Error> {
+        self.backend.cuda().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{what} are GPU memory: this communicator runs on the host"
+            ))
+        })
     }
 
     /// The state, refused when the communicator failed earlier.

@@ -614,7 +614,9 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         // Direct rounds: a sender stores straight into an output its receiver posts (a window's,
         // found at run time: nobody waits for a post), so only what moves data unreduced, and
         // only from PEER_DIRECT_MIN_BYTES: the looks cost medium sizes more than they gave.
-        let zero_copy = cfg.gpu_peer_direct && moves_only(op.kind) && bytes.is_some_and(|b| b >= PEER_DIRECT_MIN_BYTES);
+        let zero_copy = cfg.gpu_peer_direct
+            && moves_only(op.kind)
+            && bytes.is_some_and(|b| b >= PEER_DIRECT_MIN_BYTES);
         return Choice {
             algo,
             protocol: Protocol::Simple,

@@ -1776,12 +1776,29 @@ fn the_peer_engine_goes_direct_only_where_data_only_moves() {
             "only the direct rounds change"
         );
         // Below PEER_DIRECT_MIN_BYTES (largest buffer): staged.
-        let per_rank = if matches!(kind, AllGather | AllToAll | Gather | Scatter | ReduceScatter) { 2 } else { 1 };
-        let small = OpShape { in_place, ..shape(kind, PEER_DIRECT_MIN_BYTES / 4 / per_rank - 1, Float32, 2) };
+        let per_rank = if matches!(
+            kind,
+            AllGather | AllToAll | Gather | Scatter | ReduceScatter
+        ) {
+            2
+        } else {
+            1
+        };
+        let small = OpShape {
+            in_place,
+            ..shape(kind, PEER_DIRECT_MIN_BYTES / 4 / per_rank - 1, Float32, 2)
+        };
         let c = choose(&small, Device::Gpu, &cfg);
         assert_eq!(c.engine, Engine::PeerKernel, "{kind}: {c}");
         assert!(!c.zero_copy && !c.post_output, "{kind} below the size: {c}");
-        let at = OpShape { in_place, ..shape(kind, PEER_DIRECT_MIN_BYTES / 4 / per_rank, Float32, 2) };
-        assert_eq!(choose(&at, Device::Gpu, &cfg).zero_copy, direct, "{kind} at the size");
+        let at = OpShape {
+            in_place,
+            ..shape(kind, PEER_DIRECT_MIN_BYTES / 4 / per_rank, Float32, 2)
+        };
+        assert_eq!(
+            choose(&at, Device::Gpu, &cfg).zero_copy,
+            direct,
+            "{kind} at the size"
+        );
     }
 }

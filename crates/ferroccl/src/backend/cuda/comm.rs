@@ -482,10 +482,7 @@ impl CudaComm {
     /// rounds, counted per block, round and sender by the receiving kernels), since creation;
     /// read after the work queued so far (a synchronous copy).
     pub fn direct_rounds(&self) -> Result<u64, Error> {
-        self.gpu.bind()?;
-        cu_ok("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(self.current_stream())
-        })?;
+        self.drain()?;
         self.status.direct_rounds()
     }
 
@@ -499,6 +496,21 @@ impl CudaComm {
         self.windows.lock().map(|w| !w.is_empty()).unwrap_or(false)
     }
 
+    /// The windows and local registrations, locked (every launch takes the lock too).
+    pub(super) fn windows(&self) -> Result<std::sync::MutexGuard<'_, Windows>, Error> {
+        self.windows
+            .lock()
+            .map_err(|_| Error::Internal("windows lock poisoned".into()))
+    }
+
+    /// Waits for the work queued so far on the current stream.
+    fn drain(&self) -> Result<(), Error> {
+        self.gpu.bind()?;
+        cu_ok("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(self.current_stream())
+        })
+    }
+
     /// Registers a window with every rank (collective; see window.rs). Holds the windows lock,
     /// which every launch takes too, so no launch of this rank sees half a registration.
     pub fn register(
@@ -510,10 +522,7 @@ impl CudaComm {
         abort: &AtomicBool,
         deadline: std::time::Instant,
     ) -> Result<(), Error> {
-        let mut w = self
-            .windows
-            .lock()
-            .map_err(|_| Error::Internal("windows lock poisoned".into()))?;
+        let mut w = self.windows()?;
         w.register(
             &self.gpu,
             boot,
@@ -558,10 +567,7 @@ impl CudaComm {
         abort: &AtomicBool,
         deadline: std::time::Instant,
     ) -> Result<(), Error> {
-        let mut w = self
-            .windows
-            .lock()
-            .map_err(|_| Error::Internal("windows lock poisoned".into()))?;
+        let mut w = self.windows()?;
         w.register_local(
             &self.gpu,
             self.rank,
@@ -582,28 +588,16 @@ impl CudaComm {
         abort: &AtomicBool,
         deadline: std::time::Instant,
     ) -> Result<(), Error> {
-        let mut w = self
-            .windows
-            .lock()
-            .map_err(|_| Error::Internal("windows lock poisoned".into()))?;
-        self.gpu.bind()?;
-        cu_ok("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(self.current_stream())
-        })?;
+        let mut w = self.windows()?;
+        self.drain()?;
         w.deregister_local(self.rank, self.comm_id, ptr, abort, deadline)
     }
 
     /// Forgets the window at `ptr` on this rank (see `Windows::deregister`), after the queued
     /// work that may use it.
     pub fn deregister(&self, ptr: u64) -> Result<(), Error> {
-        let mut w = self
-            .windows
-            .lock()
-            .map_err(|_| Error::Internal("windows lock poisoned".into()))?;
-        self.gpu.bind()?;
-        cu_ok("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(self.current_stream())
-        })?;
+        let mut w = self.windows()?;
+        self.drain()?;
         w.deregister(ptr)
     }
 

@@ -456,10 +456,7 @@ impl CudaComm {
         };
 
         let stream = self.current_stream();
-        let windows = self
-            .windows
-            .lock()
-            .map_err(|_| Error::Internal("windows lock poisoned".into()))?;
+        let windows = self.windows()?;
         let key = Key {
             args,
             rank: info.rank,
