@@ -80,8 +80,11 @@ pub struct Config {
     /// The communicator's point-to-point FIFOs are sized for as many.
     pub gpu_p2p_channels: usize,
     /// FERROCCL_GPU_CHANNEL_BYTES: on GPUs an operation takes one channel per this many bytes
-    /// of its largest buffer (up to `gpu_channels`), so that small operations do not launch
-    /// blocks that have nothing to move. Every rank must agree.
+    /// of its largest buffer (up to `gpu_channels`; the direct engine per this many bytes of
+    /// its message), so that small operations do not launch blocks that have nothing to move.
+    /// 1 KiB: on 2 x H200 in CUDA graphs 8-32 KiB operations took 0.3-0.6 us less than with 4
+    /// KiB, 2-4 KiB ones up to 0.1 us more (docs/PERFORMANCE.md, section 20). Every rank must
+    /// agree.
     pub gpu_channel_bytes: usize,
     /// FERROCCL_CHUNK_BYTES: bytes one algorithm step moves at most (the pipeline unit).
     pub chunk_bytes: usize,
@@ -92,8 +95,11 @@ pub struct Config {
     pub slots: usize,
     /// FERROCCL_LL_MAX_BYTES: GPU operations up to this size (their largest buffer) use the LL
     /// protocol, where every 8-byte store carries its own flag, so no fence or separate flag
-    /// store sits between a send and its receipt; 0 turns LL off. Every rank must agree. Capped
-    /// at what one connection's LL slots hold (`slots` x 8 KiB: 32 KiB by default).
+    /// store sits between a send and its receipt; 0 turns LL off. Every rank must agree. A
+    /// collective is capped at what one connection's LL slots hold (`slots` x 8 KiB: 32 KiB by
+    /// default); a send or receive only needs each channel's share to fit there. 512 KiB: sendrecv
+    /// on 2 x H200 in CUDA graphs took LL over the simple protocol to 512 KiB (7.1 against 9.0
+    /// us there) and not at 1 MiB (docs/PERFORMANCE.md, section 20).
     pub ll_max_bytes: usize,
     /// FERROCCL_DIRECT_MAX_BYTES: on the host, collectives whose per-rank block is at most this
     /// size take one round of messages (one-shot: all-gather, broadcast, and the reductions on
@@ -137,6 +143,11 @@ pub struct Config {
     /// 32 beyond. Fewer blocks leave more SMs to the user's kernels and make each slot larger.
     /// At most `tune::PEER_MAX_BLOCKS` (64). Every rank must agree.
     pub gpu_peer_blocks: usize,
+    /// FERROCCL_GPU_PEER_BLOCK_BYTES: a peer-engine operation runs one block per this many
+    /// bytes of its largest buffer, up to the blocks its staging is cut for (so from 32 KiB x 64
+    /// = 2 MiB on 2 ranks by default, all of them). Fewer bytes per block: more blocks for medium
+    /// sizes, each storing less before its flag. At least 1. Every rank must agree.
+    pub gpu_peer_block_bytes: usize,
     /// FERROCCL_GPU_PEER_SPLIT: the peer engine's one-phase rounds on two blocks a slice, one
     /// sending and one receiving, each at its own pace (`tune::Choice::split`). `auto` (None,
     /// the default): for the kinds and sizes where it measured faster (`tune::peer_split_pays`);
@@ -215,16 +226,17 @@ impl Default for Config {
             channels: 1,
             gpu_channels: 32,
             gpu_p2p_channels: 32,
-            gpu_channel_bytes: 4 << 10,
+            gpu_channel_bytes: 1 << 10,
             chunk_bytes: 256 << 10,
             slot_bytes: 128 << 10,
             slots: 4,
-            ll_max_bytes: 128 << 10,
+            ll_max_bytes: 512 << 10,
             direct_max_bytes: 128 << 10,
             gpu_oneshot_max_bytes: 256 << 10,
             gpu_peer_from_bytes: 128 << 10,
             gpu_peer_oneshot_max_bytes: PEER_ONESHOT_MAX_BYTES,
             gpu_peer_blocks: 0,
+            gpu_peer_block_bytes: crate::tune::PEER_BLOCK_BYTES,
             gpu_peer_split: None,
             gpu_peer_direct: true,
             gpu_peer_rooted_max_bytes: PEER_ROOTED_MAX_BYTES,
@@ -388,6 +400,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_PEER_BLOCKS") {
             c.gpu_peer_blocks = parse("FERROCCL_GPU_PEER_BLOCKS", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_PEER_BLOCK_BYTES") {
+            c.gpu_peer_block_bytes = parse("FERROCCL_GPU_PEER_BLOCK_BYTES", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_PEER_SPLIT") {
             c.gpu_peer_split = match v.trim() {
                 "" | "auto" => None,
@@ -502,6 +517,10 @@ impl Config {
             ("FERROCCL_GPU_PEER_BYTES", self.gpu_peer_bytes.to_string()),
             ("FERROCCL_GPU_PEER_BLOCKS", self.gpu_peer_blocks.to_string()),
             (
+                "FERROCCL_GPU_PEER_BLOCK_BYTES",
+                self.gpu_peer_block_bytes.to_string(),
+            ),
+            (
                 "FERROCCL_GPU_PEER_SPLIT",
                 self.gpu_peer_split
                     .map_or("auto".into(), |b| (b as u8).to_string()),
@@ -597,6 +616,11 @@ impl Config {
                 self.gpu_peer_blocks,
                 crate::tune::PEER_MAX_BLOCKS
             )));
+        }
+        if self.gpu_peer_block_bytes == 0 {
+            return Err(Error::InvalidArgument(
+                "gpu_peer_block_bytes must be at least 1".into(),
+            ));
         }
         if self.gpu_peer_bytes > MAX_GPU_PEER_BYTES {
             return Err(Error::InvalidArgument(format!(
@@ -873,6 +897,22 @@ mod tests {
             err.contains("gpu_peer_blocks=65") && err.contains("at most 64"),
             "{err}"
         );
+        let bb = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCK_BYTES", "32768")])).unwrap();
+        assert_eq!(
+            (
+                bb.gpu_peer_block_bytes,
+                Config::default().gpu_peer_block_bytes
+            ),
+            (32 << 10, 8 << 10)
+        );
+        assert!(bb
+            .shared_settings()
+            .iter()
+            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_BLOCK_BYTES" && v == "32768"));
+        let err = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCK_BYTES", "0")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("gpu_peer_block_bytes"), "{err}");
         let from = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_FROM_BYTES", "262144")])).unwrap();
         assert_eq!(
             (
@@ -993,7 +1033,7 @@ mod tests {
             ("FERROCCL_CHANNELS", "3"),
         ]))
         .unwrap();
-        assert_eq!(c.ll_max_bytes, 128 << 10);
+        assert_eq!(c.ll_max_bytes, 512 << 10);
         assert_eq!(
             Config::from_vars(&vars(&[("FERROCCL_LL_MAX_BYTES", "0")]))
                 .unwrap()

@@ -47,8 +47,12 @@ pub const PEER_MAX_BLOCKS: usize = 64;
 /// Slot bytes below which the peer engine is not offered (its handshake per round would cost
 /// more than the round moves).
 pub const PEER_MIN_SLOT_BYTES: usize = 16 << 10;
-/// Bytes of an operation's largest buffer per peer-engine block, at least.
-pub const PEER_BLOCK_BYTES: usize = 32 << 10;
+/// Bytes of an operation's largest buffer per peer-engine block, at least: the default of
+/// `FERROCCL_GPU_PEER_BLOCK_BYTES`.
+/// 8 KiB: on 2 x H200 in CUDA graphs 256 KiB - 1 MiB operations took up to 0.7 us less than with
+/// 32 KiB (all-reduce 256 KiB 6.6 -> 5.9 us, reduce-scatter 512 KiB 7.3 -> 6.7), gather and
+/// scatter of 256 KiB 0.25 us more (docs/PERFORMANCE.md, section 20).
+pub const PEER_BLOCK_BYTES: usize = 8 << 10;
 
 /// Thread blocks the peer engine's staging is cut for on a communicator of `nranks` under `cfg`
 /// (`FERROCCL_GPU_PEER_BLOCKS`, else by rank count), and so the most one of its operations runs.
@@ -412,10 +416,21 @@ pub fn channel_budget(device: Device, cfg: &Config, nranks: usize) -> (usize, us
 /// to every peer before receiving from any (all-to-all, two-shot all-reduce) need that room;
 /// piece-by-piece pipelining cannot help when every rank is sending.
 pub fn ll_limit(cfg: &Config) -> usize {
-    cfg.ll_max_bytes.min(
-        cfg.slots
-            .saturating_mul(cfg.slot_bytes.min(LL_DATA_BYTES) & !7),
-    )
+    cfg.ll_max_bytes.min(ll_connection_bytes(cfg))
+}
+
+/// Data bytes one connection's LL slots hold.
+fn ll_connection_bytes(cfg: &Config) -> usize {
+    cfg.slots
+        .saturating_mul(cfg.slot_bytes.min(LL_DATA_BYTES) & !7)
+}
+
+/// Whether a send or receive of `bytes` whose largest channel share is `share` bytes takes LL:
+/// within `FERROCCL_LL_MAX_BYTES`, and each share within one connection's LL slots. A channel's
+/// share of a send/recv runs on its own send and receive blocks, so unlike a collective's
+/// messages (which [`ll_limit`] bounds whole) only the share must fit.
+pub fn p2p_ll_fits(bytes: usize, share: usize, cfg: &Config) -> bool {
+    bytes <= cfg.ll_max_bytes && share <= ll_connection_bytes(cfg)
 }
 
 /// Decides how each operation of a launch runs. The direct engine runs one operation per
@@ -585,7 +600,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         let slot_elems = slot / es;
         let per = bytes
             .unwrap_or(usize::MAX)
-            .div_ceil(PEER_BLOCK_BYTES)
+            .div_ceil(cfg.gpu_peer_block_bytes.max(1))
             .max(1);
         let channels = per.min(peer_blocks(cfg, op.nranks));
         // A two-shot all-reduce round fills a slot per peer and phase (its shares, then the
@@ -636,9 +651,9 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
                 },
                 protocol: "the peer engine's flag per block and round",
                 channels: if split {
-                    "one per 32 KiB of the largest buffer, up to the blocks its staging is cut for (FERROCCL_GPU_PEER_BLOCKS), half sending and half receiving (FERROCCL_GPU_PEER_SPLIT)"
+                    "one per FERROCCL_GPU_PEER_BLOCK_BYTES (8 KiB) of the largest buffer, up to the blocks its staging is cut for (FERROCCL_GPU_PEER_BLOCKS), half sending and half receiving (FERROCCL_GPU_PEER_SPLIT)"
                 } else {
-                    "one per 32 KiB of the largest buffer, up to the blocks its staging is cut for (FERROCCL_GPU_PEER_BLOCKS: 64 on 2 ranks, 32 beyond)"
+                    "one per FERROCCL_GPU_PEER_BLOCK_BYTES (8 KiB) of the largest buffer, up to the blocks its staging is cut for (FERROCCL_GPU_PEER_BLOCKS: 64 on 2 ranks, 32 beyond)"
                 },
             },
         };
@@ -671,12 +686,6 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         ),
         _ => (Algo::default_for(op.kind), "the default for the operation"),
     };
-    let (protocol, why_protocol) = match (device, bytes) {
-        (Device::Gpu, Some(b)) if b <= ll_limit(cfg) => (Protocol::LL, "within the LL limit"),
-        (Device::Gpu, _) => (Protocol::Simple, "beyond the LL limit"),
-        (Device::Host, _) => (Protocol::Simple, "the host moves slots"),
-    };
-
     let (coll_max, p2p_max) = channel_budget(device, cfg, op.nranks);
     let max = if p2p { p2p_max } else { coll_max };
     let (channels, why_channels) = match device {
@@ -705,12 +714,27 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         }
     };
 
+    let (protocol, why_protocol) = match (device, bytes) {
+        // Sends and receives: each channel's share is its own message, which runs on its own
+        // send and receive blocks, so only the share must fit a connection whole.
+        (Device::Gpu, Some(b)) if p2p && p2p_ll_fits(b, op.count.div_ceil(channels.max(1)) * es, cfg) => {
+            (Protocol::LL, "within FERROCCL_LL_MAX_BYTES, each channel's share within its connection's LL slots")
+        }
+        (Device::Gpu, Some(b)) if !p2p && b <= ll_limit(cfg) => (Protocol::LL, "within the LL limit"),
+        (Device::Gpu, _) => (Protocol::Simple, "beyond the LL limit"),
+        (Device::Host, _) => (Protocol::Simple, "the host moves slots"),
+    };
+
     let engine = match device {
         Device::Host => Engine::HostExecutor,
         Device::Gpu => Engine::PlanKernel,
     };
-    // LL messages carry flags in the data, so they cannot land in a plain output buffer.
-    let zero_copy = device == Device::Gpu && op.windows && protocol == Protocol::Simple;
+    // LL messages carry flags in the data, so they cannot land in a plain output buffer. Sends
+    // and receives stay staged: zero-copy made them slower at every size on 2 x H200 (the
+    // receiver's post and the sender's wait for it on top of the stores, and the plan kernel in
+    // place of the point-to-point form: sendrecv 128 KiB 13.1 against 7.6 us in CUDA graphs,
+    // 2 GiB 325 against 341 GB/s; docs/PERFORMANCE.md, section 20).
+    let zero_copy = device == Device::Gpu && op.windows && protocol == Protocol::Simple && !p2p;
     Choice {
         algo,
         protocol,

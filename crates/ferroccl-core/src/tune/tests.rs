@@ -72,10 +72,12 @@ fn choices_follow_the_table() {
     use Protocol::{Simple, LL};
     let cfg = Config::default();
     let rows: &[Row] = &[
-        // Small collectives: one-shot on the direct engine, one block per 4 KiB of message.
+        // Small collectives: one-shot on the direct engine, one block per 1 KiB of message.
         (Gpu, AllReduce, 2, Float32, 2, Algo::OneShot, D, LL, 1),
-        (Gpu, AllReduce, 1024, Float32, 2, Algo::OneShot, D, LL, 1),
-        (Gpu, AllReduce, 1025, Float32, 2, Algo::OneShot, D, LL, 2),
+        (Gpu, AllReduce, 256, Float32, 2, Algo::OneShot, D, LL, 1),
+        (Gpu, AllReduce, 257, Float32, 2, Algo::OneShot, D, LL, 2),
+        (Gpu, AllReduce, 1024, Float32, 2, Algo::OneShot, D, LL, 4),
+        (Gpu, AllReduce, 1025, Float32, 2, Algo::OneShot, D, LL, 5),
         (
             Gpu,
             AllReduce,
@@ -100,7 +102,7 @@ fn choices_follow_the_table() {
         ),
         (Gpu, AllReduce, 64, Float32, 8, Algo::OneShot, D, LL, 1),
         // More ranks, smaller operations: each rank sends its block to n-1 peers.
-        (Gpu, AllReduce, 4681, Float32, 8, Algo::OneShot, D, LL, 5),
+        (Gpu, AllReduce, 4681, Float32, 8, Algo::OneShot, D, LL, 16),
         (
             Gpu,
             AllReduce,
@@ -110,9 +112,9 @@ fn choices_follow_the_table() {
             Algo::TwoShot,
             K,
             Simple,
-            1,
+            3,
         ),
-        (Gpu, AllGather, 1024, Float32, 4, Algo::OneShot, D, LL, 1),
+        (Gpu, AllGather, 1024, Float32, 4, Algo::OneShot, D, LL, 4),
         (Gpu, Reduce, 2, Float32, 2, Algo::OneShot, D, LL, 1),
         (Gpu, Gather, 100, Float32, 8, Algo::OneShot, D, LL, 1),
         (
@@ -150,7 +152,7 @@ fn choices_follow_the_table() {
             Algo::OneShot,
             K,
             Simple,
-            3,
+            9,
         ),
         (
             Gpu,
@@ -183,7 +185,7 @@ fn choices_follow_the_table() {
             Algo::OneShot,
             K,
             Simple,
-            19,
+            32,
         ),
         (
             Gpu,
@@ -196,7 +198,7 @@ fn choices_follow_the_table() {
             Simple,
             32,
         ),
-        // Beyond FERROCCL_GPU_PEER_FROM_BYTES (128 KiB): the peer engine, a block per 32 KiB
+        // Beyond FERROCCL_GPU_PEER_FROM_BYTES (128 KiB): the peer engine, a block per 8 KiB
         // of the largest buffer up to 64 on 2 ranks, 32 beyond; broadcast and reduce beyond 2 ranks on the plan
         // kernel (the chain), its grid following the bytes.
         // All-reduces on 2 ranks one-shot there up to FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES (by
@@ -210,7 +212,7 @@ fn choices_follow_the_table() {
             Algo::OneShot,
             K,
             Simple,
-            5,
+            17,
         ),
         (
             Gpu,
@@ -221,7 +223,7 @@ fn choices_follow_the_table() {
             Algo::OneShot,
             K,
             Simple,
-            9,
+            33,
         ),
         (
             Gpu,
@@ -287,7 +289,7 @@ fn choices_follow_the_table() {
             Algo::OneShot,
             K,
             Simple,
-            9,
+            33,
         ),
         (
             Gpu,
@@ -309,7 +311,7 @@ fn choices_follow_the_table() {
             Algo::OneShot,
             D,
             LL,
-            4,
+            16,
         ),
         (
             Gpu,
@@ -382,10 +384,11 @@ fn choices_follow_the_table() {
             Simple,
             32,
         ),
-        // Sends and receives: the plan kernel, one block per 4 KiB up to the per-peer budget:
+        // Sends and receives: the plan kernel, one block per 1 KiB up to the per-peer budget:
         // 32 with 2 ranks, 32 / (n - 1) with more, never below 8.
         (Gpu, Send, 2, Float32, 2, Algo::Direct, P, LL, 1),
-        (Gpu, Send, 8 << 10, Float32, 2, Algo::Direct, P, LL, 8),
+        (Gpu, Send, 2 << 10, Float32, 2, Algo::Direct, P, LL, 8),
+        (Gpu, Send, 8 << 10, Float32, 2, Algo::Direct, P, LL, 32),
         (Gpu, Recv, 64 << 20, Float32, 2, Algo::Direct, P, Simple, 32),
         (Gpu, Recv, 64 << 20, Float32, 3, Algo::Direct, P, Simple, 16),
         (Gpu, Send, 64 << 20, Float32, 5, Algo::Direct, P, Simple, 8),
@@ -1311,6 +1314,75 @@ fn ll_is_decided_by_the_largest_buffer_of_any_rank() {
         (huge.protocol, huge.channels),
         (Protocol::Simple, cfg.gpu_channels)
     );
+}
+
+/// Sends and receives take LL up to FERROCCL_LL_MAX_BYTES, as long as each channel's share fits
+/// one connection's LL slots (a collective's messages must fit whole: `ll_limit`); registered
+/// ones are staged like the rest.
+#[test]
+fn sends_take_ll_while_each_channels_share_fits_a_connection() {
+    use CollKind::{Recv, Send};
+    let cfg = Config::default();
+    let c = |kind, count, cfg: &Config| choose(&shape(kind, count, Float32, 2), Device::Gpu, cfg);
+    // 128 KiB and 512 KiB: 32 channels of 4 and 16 KiB, LL on both ends alike.
+    for kind in [Send, Recv] {
+        for count in [32 << 10, 128 << 10] {
+            let x = c(kind, count, &cfg);
+            assert_eq!((x.protocol, x.channels), (Protocol::LL, 32), "{kind}: {x}");
+        }
+    }
+    // One element more than the knob: simple.
+    assert_eq!(c(Send, (128 << 10) + 1, &cfg).protocol, Protocol::Simple);
+    // A collective of the same size on the plan kernel stays within one connection's 32 KiB.
+    let plan_kernel = Config {
+        gpu_oneshot_max_bytes: 0,
+        gpu_peer_bytes: 0,
+        ..Config::default()
+    };
+    assert_eq!(
+        choose(
+            &shape(CollKind::AllGather, 16 << 10, Float32, 2),
+            Device::Gpu,
+            &plan_kernel
+        )
+        .protocol,
+        Protocol::Simple
+    );
+    // A larger knob: LL while a share fits 4 slots of 8 KiB (32 channels x 32 KiB = 1 MiB).
+    let big = Config {
+        ll_max_bytes: 4 << 20,
+        ..Config::default()
+    };
+    assert_eq!(c(Send, 256 << 10, &big).protocol, Protocol::LL);
+    assert_eq!(c(Send, 256 << 10, &big).channels, 32);
+    assert_eq!(c(Recv, 256 << 10, &big).protocol, Protocol::LL);
+    assert_eq!(
+        c(Send, (256 << 10) + 1, &big).protocol,
+        Protocol::Simple,
+        "a share of 32 KiB + 4 B"
+    );
+    // Fewer channels: larger shares, so less goes LL.
+    let few = Config {
+        gpu_p2p_channels: 4,
+        ..big.clone()
+    };
+    assert_eq!(c(Send, 32 << 10, &few).protocol, Protocol::LL);
+    assert_eq!(c(Send, (32 << 10) + 1, &few).protocol, Protocol::Simple);
+    // Registered sends and receives are staged (zero-copy lost at every size on 2 x H200).
+    for count in [1 << 20, 1 << 28] {
+        let x = choose(
+            &OpShape {
+                windows: true,
+                ..shape(Send, count, Float32, 2)
+            },
+            Device::Gpu,
+            &cfg,
+        );
+        assert!(
+            x.protocol == Protocol::Simple && !x.zero_copy && !x.post_output,
+            "{x}"
+        );
+    }
 }
 
 #[test]
