@@ -105,8 +105,8 @@ fn wait(
     }
 }
 
-/// Refuses a peer running as another user: abstract sockets have no file permissions.
-fn check_peer_user(sock: BorrowedFd<'_>) -> Result<()> {
+/// The connected peer's process and user, as the kernel recorded them at connect time.
+fn peer_cred(sock: BorrowedFd<'_>) -> Result<libc::ucred> {
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     let r = unsafe {
@@ -121,6 +121,12 @@ fn check_peer_user(sock: BorrowedFd<'_>) -> Result<()> {
     if r != 0 {
         return Err(sys_err("getsockopt(SO_PEERCRED)"));
     }
+    Ok(cred)
+}
+
+/// Refuses a peer running as another user: abstract sockets have no file permissions.
+fn check_peer_user(sock: BorrowedFd<'_>) -> Result<()> {
+    let cred = peer_cred(sock)?;
     let me = unsafe { libc::geteuid() };
     if cred.uid != me {
         return Err(Error::Protocol(format!(
@@ -244,6 +250,12 @@ impl FdChannel {
             std::thread::sleep(backoff);
             backoff = (backoff * 2).min(Duration::from_millis(50));
         }
+    }
+
+    /// The process at the other end (`SO_PEERCRED`: the kernel's record, not the peer's word).
+    pub fn peer_pid(&self) -> Result<u32> {
+        let pid = peer_cred(self.sock.as_fd())?.pid;
+        u32::try_from(pid).map_err(|_| Error::Protocol(format!("fd-passing peer with pid {pid}")))
     }
 
     /// Two connected ends in this process (threads, tests, or before a fork).

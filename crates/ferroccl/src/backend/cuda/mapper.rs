@@ -15,7 +15,11 @@
 //! The mapper listens on an abstract socket named by the communicator and rank
 //! ([`socket_job`]), talks only to processes of the same user (`fdpass`), checks every message
 //! (a lender must be a rank of the communicator in another process, as it described itself at
-//! creation, and say what it lends consistently) and never maps more than [`MAX_LOANS`] buffers.
+//! creation, send from that process, as the socket's `SO_PEERCRED` names it, and say what it
+//! lends consistently) and never maps more than [`MAX_LOANS`] buffers. Ranks in different pid
+//! namespaces fail the sender check and stage, as for any peer that cannot map a buffer. A
+//! lend whose answer is lost may still have been mapped: the lender recalls it at
+//! deregistration like the loans it knows of.
 
 use super::window::WindowDesc;
 use crate::cuda::device::Gpu;
@@ -113,6 +117,32 @@ impl Request {
             }
             (RECALL, 0) => Ok(Request::Recall { from, id }),
             (tag, extra) => Err(bad(format!("request {tag:#x} with {extra} more bytes"))),
+        }
+    }
+}
+
+impl Request {
+    /// The rank that sent it.
+    pub fn from(&self) -> u32 {
+        match *self {
+            Request::Lend { from, .. } | Request::Recall { from, .. } => from,
+        }
+    }
+
+    /// Refuses a request whose sender (`pid`, from the socket's `SO_PEERCRED`) is not the
+    /// process its rank runs as: another process of the same user must not lend or recall in a
+    /// rank's name (recalling another rank's loan would unmap memory that rank's posts name).
+    pub fn check_sender(&self, places: &[Place], pid: u32) -> Result<(), Error> {
+        let from = self.from();
+        match places.get(from as usize) {
+            Some(p) if p.pid == pid => Ok(()),
+            Some(p) => Err(Error::Protocol(format!(
+                "mapper: a request for rank {from} (pid {}) came from pid {pid}",
+                p.pid
+            ))),
+            None => Err(Error::Protocol(format!(
+                "mapper: rank {from} is not a peer"
+            ))),
         }
     }
 }
@@ -270,18 +300,32 @@ fn serve(
         let Ok((fds, payload)) = ch.recv_fds(deadline, stop) else {
             continue;
         };
-        let answer = Request::parse(&payload, places, me).and_then(|req| {
-            loans.serve(req, fds.len(), |len| {
-                let b = DeviceBuffer::import(fds[0].as_fd(), len as usize, gpu, &[], stats)?;
-                let base = b.device_ptr();
-                Ok((b, base))
+        let answer = Request::parse(&payload, places, me)
+            .and_then(|req| {
+                ch.peer_pid()
+                    .and_then(|pid| req.check_sender(places, pid))
+                    .map(|()| req)
             })
-        });
+            .and_then(|req| {
+                loans.serve(req, fds.len(), |len| {
+                    let b = DeviceBuffer::import(fds[0].as_fd(), len as usize, gpu, &[], stats)?;
+                    let base = b.device_ptr();
+                    Ok((b, base))
+                })
+            });
         if let Err(e) = &answer {
             tracing::warn!(rank = me, "mapper: {e}");
         }
         let _ = ch.send_fds(&[], &encode_reply(&answer), deadline, stop);
     }
+}
+
+/// A lend that failed: why, and whether the peer's mapper may hold the loan all the same (the
+/// request went out and no readable answer came back), so that deregistration recalls it.
+#[derive(Debug)]
+pub(crate) struct LendFailed {
+    pub error: Error,
+    pub maybe_mapped: bool,
 }
 
 /// Lends registration `id` of rank `from` (described by `desc`, its allocation's fd `fd`) to
@@ -293,11 +337,24 @@ pub(crate) fn lend(
     fd: BorrowedFd<'_>,
     deadline: Instant,
     abort: &AtomicBool,
-) -> Result<u64, Error> {
-    let ch = FdChannel::connect(socket_job(comm_id), to as u32, deadline, abort)?;
-    ch.send_fds(&[fd], &req.encode(), deadline, abort)?;
-    let (_, reply) = ch.recv_fds(deadline, abort)?;
-    parse_reply(&reply)
+) -> Result<u64, LendFailed> {
+    let unsent = |error| LendFailed {
+        error,
+        maybe_mapped: false,
+    };
+    let ch = FdChannel::connect(socket_job(comm_id), to as u32, deadline, abort).map_err(unsent)?;
+    // A sequenced-packet send delivers the whole message or nothing.
+    ch.send_fds(&[fd], &req.encode(), deadline, abort)
+        .map_err(unsent)?;
+    let reply = ch.recv_fds(deadline, abort).map_err(|error| LendFailed {
+        error,
+        maybe_mapped: true,
+    })?;
+    parse_reply(&reply.1).map_err(|error| LendFailed {
+        // A refusal is an answer (nothing mapped); a reply that does not parse is none.
+        maybe_mapped: !matches!(error, Error::Remote(_)),
+        error,
+    })
 }
 
 /// Asks rank `to`'s mapper to unmap a loan.
@@ -393,6 +450,84 @@ mod tests {
         }
         .encode())
         .contains("not inside"));
+    }
+
+    #[test]
+    fn a_request_must_come_from_its_ranks_process() {
+        let p = places();
+        let lend = Request::Lend {
+            from: 1,
+            id: 7,
+            desc: desc_of(p[1].pid, 1),
+        };
+        lend.check_sender(&p, p[1].pid).unwrap();
+        let e = lend.check_sender(&p, p[1].pid + 9).unwrap_err().to_string();
+        assert!(e.contains("rank 1") && e.contains("came from pid"), "{e}");
+        let recall = Request::Recall { from: 1, id: 7 };
+        assert!(recall.check_sender(&p, std::process::id()).is_err());
+        assert!(Request::Recall { from: 9, id: 7 }
+            .check_sender(&p, p[1].pid)
+            .unwrap_err()
+            .to_string()
+            .contains("not a peer"));
+        // The kernel's record of a socket's peer: this process, for a pair made here.
+        let (a, b) = FdChannel::pair().unwrap();
+        assert_eq!(a.peer_pid().unwrap(), std::process::id());
+        assert_eq!(b.peer_pid().unwrap(), std::process::id());
+    }
+
+    /// What a lender learns from a mapper that answers, refuses, says nothing, or is not there:
+    /// only a lost answer leaves a loan to recall.
+    #[test]
+    fn a_lend_whose_answer_is_lost_may_have_been_mapped() {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        let fd = unsafe { libc::memfd_create(c"ferroccl-lend-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let abort = AtomicBool::new(false);
+        let comm_id = 0x5eed_0000_0000_0000 ^ u64::from(std::process::id());
+        let req = Request::Lend {
+            from: 1,
+            id: 3,
+            desc: desc_of(1, 1),
+        };
+        let soon = || Instant::now() + Duration::from_millis(300);
+        // Nobody listens: nothing was sent.
+        let f = lend(comm_id, 0, &req, fd.as_fd(), soon(), &abort).unwrap_err();
+        assert!(!f.maybe_mapped, "{:?}", f.error);
+        let listener = FdListener::bind(socket_job(comm_id), 0).unwrap();
+        for (answer, want) in [
+            (Some(encode_reply(&Ok(0x7000))), None),
+            (
+                Some(encode_reply(&Err(Error::InvalidArgument("full".into())))),
+                Some(false),
+            ),
+            (Some(vec![OK, 1]), Some(true)),
+            (None, Some(true)),
+        ] {
+            let server = std::thread::scope(|s| {
+                let t = s.spawn(|| {
+                    let never = AtomicBool::new(false);
+                    let ch = listener.accept(soon(), &never).unwrap();
+                    let (fds, payload) = ch.recv_fds(soon(), &never).unwrap();
+                    assert_eq!((fds.len(), payload), (1, req.encode()));
+                    if let Some(a) = &answer {
+                        ch.send_fds(&[], a, soon(), &never).unwrap();
+                    } else {
+                        // Hold the connection past the lender's deadline, then drop it.
+                        std::thread::sleep(Duration::from_millis(400));
+                    }
+                });
+                let got = lend(comm_id, 0, &req, fd.as_fd(), soon(), &abort);
+                t.join().unwrap();
+                got
+            });
+            match (server, want) {
+                (Ok(addr), None) => assert_eq!(addr, 0x7000),
+                (Err(f), Some(m)) => assert_eq!(f.maybe_mapped, m, "{:?}", f.error),
+                (got, want) => panic!("{got:?} where {want:?} was expected"),
+            }
+        }
     }
 
     #[test]

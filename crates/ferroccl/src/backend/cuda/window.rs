@@ -113,6 +113,7 @@ struct Window {
 /// A local registration's record: what deregistration recalls.
 struct Loan {
     id: u64,
+    /// The peers that mapped it, and those whose answer was lost (their mapper may hold it).
     lent_to: Vec<Rank>,
 }
 
@@ -369,7 +370,13 @@ impl Windows {
                     views[q] = addr;
                     lent_to.push(q);
                 }
-                Err(e) => tracing::warn!(rank = me, "registering {len} bytes at {ptr:#x}: rank {q} cannot map them, and gets them staged: {e}"),
+                Err(f) => {
+                    // Staged for q either way; recalled at deregistration where q may hold it.
+                    if f.maybe_mapped {
+                        lent_to.push(q);
+                    }
+                    tracing::warn!(rank = me, "registering {len} bytes at {ptr:#x}: rank {q} cannot map them, and gets them staged: {}", f.error)
+                }
             }
         }
         self.list.push(Window {
