@@ -144,8 +144,8 @@ pub struct Config {
     /// At most `tune::PEER_MAX_BLOCKS` (64). Every rank must agree.
     pub gpu_peer_blocks: usize,
     /// FERROCCL_GPU_PEER_BLOCK_BYTES: a peer-engine operation runs one block per this many
-    /// bytes of its largest buffer, up to the blocks its staging is cut for (so from 32 KiB x 64
-    /// = 2 MiB on 2 ranks by default, all of them). Fewer bytes per block: more blocks for medium
+    /// bytes of its largest buffer, up to the blocks its staging is cut for (so from 8 KiB x 64
+    /// = 512 KiB on 2 ranks by default, all of them). Fewer bytes per block: more blocks for medium
     /// sizes, each storing less before its flag. At least 1. Every rank must agree.
     pub gpu_peer_block_bytes: usize,
     /// FERROCCL_GPU_PEER_SPLIT: the peer engine's one-phase rounds on two blocks a slice, one

@@ -425,6 +425,19 @@ fn ll_connection_bytes(cfg: &Config) -> usize {
         .saturating_mul(cfg.slot_bytes.min(LL_DATA_BYTES) & !7)
 }
 
+/// Elements of the largest of `channels` slices of `count` (`algo::channel_slice`, which aligns
+/// the cuts, so a slice may exceed `count / channels`).
+fn largest_slice(count: usize, channels: usize) -> usize {
+    let ch = channels.max(1);
+    (0..ch)
+        .map(|c| {
+            let (a, b) = crate::algo::channel_slice(count, ch, c);
+            b - a
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// Whether a send or receive of `bytes` whose largest channel share is `share` bytes takes LL:
 /// within `FERROCCL_LL_MAX_BYTES`, and each share within one connection's LL slots. A channel's
 /// share of a send/recv runs on its own send and receive blocks, so unlike a collective's
@@ -717,7 +730,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
     let (protocol, why_protocol) = match (device, bytes) {
         // Sends and receives: each channel's share is its own message, which runs on its own
         // send and receive blocks, so only the share must fit a connection whole.
-        (Device::Gpu, Some(b)) if p2p && p2p_ll_fits(b, op.count.div_ceil(channels.max(1)) * es, cfg) => {
+        (Device::Gpu, Some(b)) if p2p && p2p_ll_fits(b, largest_slice(op.count, channels) * es, cfg) => {
             (Protocol::LL, "within FERROCCL_LL_MAX_BYTES, each channel's share within its connection's LL slots")
         }
         (Device::Gpu, Some(b)) if !p2p && b <= ll_limit(cfg) => (Protocol::LL, "within the LL limit"),

@@ -1368,6 +1368,22 @@ fn sends_take_ll_while_each_channels_share_fits_a_connection() {
     };
     assert_eq!(c(Send, 32 << 10, &few).protocol, Protocol::LL);
     assert_eq!(c(Send, (32 << 10) + 1, &few).protocol, Protocol::Simple);
+    // The share is the largest slice as the plan cuts it (cuts aligned to 64 elements), not
+    // count / channels: with two 128-byte slots (256 bytes of LL a connection, 32 int64s) an
+    // int64 send of 100 elements on 4 channels has a slice of 64 elements, where 100 / 4 is 25.
+    let tiny = Config {
+        gpu_p2p_channels: 4,
+        gpu_channel_bytes: 64,
+        slots: 2,
+        slot_bytes: 128,
+        chunk_bytes: 128,
+        ..big.clone()
+    };
+    tiny.validate().unwrap();
+    let x = choose(&shape(Send, 100, DataType::Int64, 2), Device::Gpu, &tiny);
+    assert_eq!((x.channels, x.protocol), (4, Protocol::Simple), "{x}");
+    let x = choose(&shape(Send, 32, DataType::Int64, 2), Device::Gpu, &tiny);
+    assert_eq!(x.protocol, Protocol::LL, "{x}");
     // Registered sends and receives are staged (zero-copy lost at every size on 2 x H200).
     for count in [1 << 20, 1 << 28] {
         let x = choose(

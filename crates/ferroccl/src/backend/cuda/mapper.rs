@@ -16,10 +16,12 @@
 //! ([`socket_job`]), talks only to processes of the same user (`fdpass`), checks every message
 //! (a lender must be a rank of the communicator in another process, as it described itself at
 //! creation, send from that process, as the socket's `SO_PEERCRED` names it, and say what it
-//! lends consistently) and never maps more than [`MAX_LOANS`] buffers. Ranks in different pid
-//! namespaces fail the sender check and stage, as for any peer that cannot map a buffer. A
-//! lend whose answer is lost may still have been mapped: the lender recalls it at
-//! deregistration like the loans it knows of.
+//! lends consistently) and never maps more than [`MAX_LOANS`] buffers; a lender in turn only
+//! hands its descriptor to a socket held by the process the receiving rank runs as. Both checks
+//! take the pid a rank reported at creation for its process, as the communicator does
+//! throughout: ranks in different pid namespaces are not supported. A lend whose answer is lost
+//! may still have been mapped: the lender recalls it at deregistration, after the loans it
+//! knows of.
 
 use super::window::WindowDesc;
 use crate::cuda::device::Gpu;
@@ -300,23 +302,15 @@ fn serve(
         let Ok((fds, payload)) = ch.recv_fds(deadline, stop) else {
             continue;
         };
-        let answer = Request::parse(&payload, places, me)
-            .and_then(|req| {
-                ch.peer_pid()
-                    .and_then(|pid| req.check_sender(places, pid))
-                    .map(|()| req)
-            })
-            .and_then(|req| {
-                loans.serve(req, fds.len(), |len| {
-                    let b = DeviceBuffer::import(fds[0].as_fd(), len as usize, gpu, &[], stats)?;
-                    let base = b.device_ptr();
-                    Ok((b, base))
-                })
-            });
-        if let Err(e) = &answer {
+        let reply = answer(&ch, &payload, fds.len(), places, me, &mut loans, |len| {
+            let b = DeviceBuffer::import(fds[0].as_fd(), len as usize, gpu, &[], stats)?;
+            let base = b.device_ptr();
+            Ok((b, base))
+        });
+        if let Err(e) = &reply {
             tracing::warn!(rank = me, "mapper: {e}");
         }
-        let _ = ch.send_fds(&[], &encode_reply(&answer), deadline, stop);
+        let _ = ch.send_fds(&[], &encode_reply(&reply), deadline, stop);
     }
 }
 
@@ -328,11 +322,47 @@ pub(crate) struct LendFailed {
     pub maybe_mapped: bool,
 }
 
+/// Connects to rank `to`'s mapper, which must run in process `pid` (`SO_PEERCRED`): another
+/// process of the same user holding the socket's name gets no descriptor of ours.
+fn connect_mapper(
+    comm_id: u64,
+    to: Rank,
+    pid: u32,
+    deadline: Instant,
+    abort: &AtomicBool,
+) -> Result<FdChannel, Error> {
+    let ch = FdChannel::connect(socket_job(comm_id), to as u32, deadline, abort)?;
+    let got = ch.peer_pid()?;
+    if got != pid {
+        return Err(Error::Protocol(format!(
+            "mapper: rank {to}'s mapper socket is held by pid {got}, not by rank {to} (pid {pid})"
+        )));
+    }
+    Ok(ch)
+}
+
+/// What the mapper answers a request (`payload`, with `nfds` descriptors) that came over `ch`:
+/// checked, from its rank's process, then served.
+fn answer<B>(
+    ch: &FdChannel,
+    payload: &[u8],
+    nfds: usize,
+    places: &[Place],
+    me: Rank,
+    loans: &mut Loans<B>,
+    import: impl FnOnce(u64) -> Result<(B, u64), Error>,
+) -> Result<u64, Error> {
+    let req = Request::parse(payload, places, me)?;
+    req.check_sender(places, ch.peer_pid()?)?;
+    loans.serve(req, nfds, import)
+}
+
 /// Lends registration `id` of rank `from` (described by `desc`, its allocation's fd `fd`) to
-/// rank `to`'s mapper; returns where `to` maps the buffer.
+/// rank `to`'s mapper, in process `pid`; returns where `to` maps the buffer.
 pub(crate) fn lend(
     comm_id: u64,
     to: Rank,
+    pid: u32,
     req: &Request,
     fd: BorrowedFd<'_>,
     deadline: Instant,
@@ -342,7 +372,7 @@ pub(crate) fn lend(
         error,
         maybe_mapped: false,
     };
-    let ch = FdChannel::connect(socket_job(comm_id), to as u32, deadline, abort).map_err(unsent)?;
+    let ch = connect_mapper(comm_id, to, pid, deadline, abort).map_err(unsent)?;
     // A sequenced-packet send delivers the whole message or nothing.
     ch.send_fds(&[fd], &req.encode(), deadline, abort)
         .map_err(unsent)?;
@@ -357,15 +387,16 @@ pub(crate) fn lend(
     })
 }
 
-/// Asks rank `to`'s mapper to unmap a loan.
+/// Asks rank `to`'s mapper, in process `pid`, to unmap a loan.
 pub(crate) fn recall(
     comm_id: u64,
     to: Rank,
+    pid: u32,
     req: &Request,
     deadline: Instant,
     abort: &AtomicBool,
 ) -> Result<(), Error> {
-    let ch = FdChannel::connect(socket_job(comm_id), to as u32, deadline, abort)?;
+    let ch = connect_mapper(comm_id, to, pid, deadline, abort)?;
     ch.send_fds(&[], &req.encode(), deadline, abort)?;
     let (_, reply) = ch.recv_fds(deadline, abort)?;
     parse_reply(&reply).map(|_| ())
@@ -474,6 +505,15 @@ mod tests {
         let (a, b) = FdChannel::pair().unwrap();
         assert_eq!(a.peer_pid().unwrap(), std::process::id());
         assert_eq!(b.peer_pid().unwrap(), std::process::id());
+        // So the mapper refuses a lend in rank 1's name that came over it, mapping nothing.
+        let mut loans: Loans<u32> = Loans::default();
+        let e = answer(&b, &lend.encode(), 1, &p, 0, &mut loans, |_| {
+            panic!("nothing may be mapped")
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("came from pid"), "{e}");
+        assert_eq!(loans.len(), 0);
     }
 
     /// What a lender learns from a mapper that answers, refuses, says nothing, or is not there:
@@ -493,9 +533,25 @@ mod tests {
         };
         let soon = || Instant::now() + Duration::from_millis(300);
         // Nobody listens: nothing was sent.
-        let f = lend(comm_id, 0, &req, fd.as_fd(), soon(), &abort).unwrap_err();
+        let here = std::process::id();
+        let f = lend(comm_id, 0, here, &req, fd.as_fd(), soon(), &abort).unwrap_err();
         assert!(!f.maybe_mapped, "{:?}", f.error);
         let listener = FdListener::bind(socket_job(comm_id), 0).unwrap();
+        // The socket is held by another process than rank 0's: no descriptor goes out.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let never = AtomicBool::new(false);
+                let ch = listener.accept(soon(), &never).unwrap();
+                assert!(ch.recv_fds(soon(), &never).is_err(), "nothing was sent");
+            });
+            let f = lend(comm_id, 0, here + 1, &req, fd.as_fd(), soon(), &abort).unwrap_err();
+            assert!(!f.maybe_mapped, "{:?}", f.error);
+            assert!(
+                f.error.to_string().contains("is held by pid"),
+                "{}",
+                f.error
+            );
+        });
         for (answer, want) in [
             (Some(encode_reply(&Ok(0x7000))), None),
             (
@@ -518,7 +574,7 @@ mod tests {
                         std::thread::sleep(Duration::from_millis(400));
                     }
                 });
-                let got = lend(comm_id, 0, &req, fd.as_fd(), soon(), &abort);
+                let got = lend(comm_id, 0, here, &req, fd.as_fd(), soon(), &abort);
                 t.join().unwrap();
                 got
             });
@@ -634,12 +690,22 @@ mod tests {
                 desc: desc_of(p[1].pid, 1),
             };
             assert_eq!(
-                lend(comm_id, me, &req, memfd.as_fd(), deadline, &stop).unwrap(),
+                lend(
+                    comm_id,
+                    me,
+                    std::process::id(),
+                    &req,
+                    memfd.as_fd(),
+                    deadline,
+                    &stop
+                )
+                .unwrap(),
                 0x7000_1000
             );
             recall(
                 comm_id,
                 me,
+                std::process::id(),
                 &Request::Recall { from: 1, id: 3 },
                 deadline,
                 &stop,

@@ -113,8 +113,11 @@ struct Window {
 /// A local registration's record: what deregistration recalls.
 struct Loan {
     id: u64,
-    /// The peers that mapped it, and those whose answer was lost (their mapper may hold it).
-    lent_to: Vec<Rank>,
+    /// The peers that mapped it, and where each runs.
+    lent_to: Vec<(Rank, u32)>,
+    /// The peers whose answer was lost (their mapper may hold it): recalled after the others,
+    /// so that a peer still silent cannot spend the deadline of recalls that surely matter.
+    maybe: Vec<(Rank, u32)>,
 }
 
 /// The windows of one rank, and an epoch that changes with every registration, so that plan
@@ -363,17 +366,17 @@ impl Windows {
             id,
             desc,
         };
-        let mut lent_to = Vec::new();
+        let (mut lent_to, mut maybe) = (Vec::new(), Vec::new());
         for q in (0..n).filter(|&q| q != me && places[q].pid != pid) {
-            match lend(comm_id, q, &req, fd.as_fd(), deadline, abort) {
+            match lend(comm_id, q, places[q].pid, &req, fd.as_fd(), deadline, abort) {
                 Ok(addr) => {
                     views[q] = addr;
-                    lent_to.push(q);
+                    lent_to.push((q, places[q].pid));
                 }
                 Err(f) => {
                     // Staged for q either way; recalled at deregistration where q may hold it.
                     if f.maybe_mapped {
-                        lent_to.push(q);
+                        maybe.push((q, places[q].pid));
                     }
                     tracing::warn!(rank = me, "registering {len} bytes at {ptr:#x}: rank {q} cannot map them, and gets them staged: {}", f.error)
                 }
@@ -385,7 +388,7 @@ impl Windows {
             views,
             far: None,
             _imported: Vec::new(),
-            local: Some(Loan { id, lent_to }),
+            local: Some(Loan { id, lent_to, maybe }),
         });
         self.epoch += 1;
         Ok(())
@@ -414,10 +417,11 @@ impl Windows {
         let w = self.list.remove(i);
         self.epoch += 1;
         let loan = w.local.expect("a local registration");
-        for q in loan.lent_to {
+        for (q, pid) in loan.lent_to.into_iter().chain(loan.maybe) {
             if let Err(e) = recall(
                 comm_id,
                 q,
+                pid,
                 &Request::Recall {
                     from: me as u32,
                     id: loan.id,
@@ -790,6 +794,7 @@ mod tests {
             local: local.map(|id| Loan {
                 id,
                 lent_to: Vec::new(),
+                maybe: Vec::new(),
             }),
         };
         let mut ws = Windows {
