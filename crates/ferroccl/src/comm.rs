@@ -431,10 +431,7 @@ impl Comm {
     /// an operation again.
     pub fn deregister_window(&self, ptr: u64) -> Result<(), Error> {
         let c = self.gpu_backend("windows")?;
-        let _state = self
-            .state
-            .lock()
-            .map_err(|_| Error::Internal("communicator state poisoned".into()))?;
+        let _state = self.state()?;
         c.deregister(ptr)
     }
 
@@ -468,10 +465,7 @@ impl Comm {
     /// communicator's stream is done; peers of other processes are asked to unmap it.
     pub fn deregister_local(&self, ptr: u64) -> Result<(), Error> {
         let c = self.gpu_backend("registrations")?;
-        let _state = self
-            .state
-            .lock()
-            .map_err(|_| Error::Internal("communicator state poisoned".into()))?;
+        let _state = self.state()?;
         c.deregister_local(ptr, &self.abort, self.loan_deadline())
     }
 
@@ -495,12 +489,16 @@ impl Comm {
         })
     }
 
+    /// The state, locked.
+    fn state(&self) -> Result<std::sync::MutexGuard<'_, CommState>, Error> {
+        self.state
+            .lock()
+            .map_err(|_| Error::Internal("communicator state poisoned".into()))
+    }
+
     /// The state, refused when the communicator failed earlier.
     fn live_state(&self) -> Result<std::sync::MutexGuard<'_, CommState>, Error> {
-        let state = self
-            .state
-            .lock()
-            .map_err(|_| Error::Internal("communicator state poisoned".into()))?;
+        let state = self.state()?;
         if let Some(e) = &state.failed {
             return Err(Error::Aborted(format!(
                 "rank {}: the communicator failed earlier: {e}",
@@ -641,12 +639,7 @@ impl Comm {
         if let Some(e) = self.boot.health().failure() {
             return Err(e.context(label()));
         }
-        let failed = self
-            .state
-            .lock()
-            .map_err(|_| Error::Internal("communicator state poisoned".into()))?
-            .failed
-            .clone();
+        let failed = self.state()?.failed.clone();
         if let Some(e) = failed {
             return Err(Error::Aborted(format!(
                 "{}: the communicator failed earlier and cannot be used: {e}",

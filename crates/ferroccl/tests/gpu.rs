@@ -7,7 +7,7 @@
 mod common;
 
 use common::gpus_for_test;
-use common::launch::{role, spawn_ranks, wait_all};
+use common::launch::{assert_all_print, role, spawn_ranks, wait_all};
 use cudarc::driver::sys;
 use ferroccl::cuda::cu_ok;
 use ferroccl::mem::{DeviceBuffer, MemStats};
@@ -429,12 +429,7 @@ fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
         ("FERROCCL_TIMEOUT", "60".to_string()),
     ];
     let kids = spawn_ranks(2, "child_symmetric_windows", "symmetric-windows", &env);
-    for (r, (ok, text)) in wait_all(kids).into_iter().enumerate() {
-        assert!(
-            ok && text.contains("SYMMETRIC WINDOWS OK"),
-            "rank {r}:\n{text}"
-        );
-    }
+    assert_all_print(kids, "SYMMETRIC WINDOWS OK");
 }
 
 /// Child of the test above.
@@ -2072,9 +2067,7 @@ fn the_point_to_point_form_and_the_plan_kernel_share_connections() {
                 .unwrap()
         })
         .collect();
-    for (r, (ok, text)) in wait_all(kids).into_iter().enumerate() {
-        assert!(ok && text.contains("P2P MIX OK"), "rank {r}:\n{text}");
-    }
+    assert_all_print(kids, "P2P MIX OK");
 }
 
 /// Child of the test above: one rank of the ring.
@@ -2434,12 +2427,7 @@ fn locally_registered_outputs_take_direct_rounds_across_processes() {
         "local-register",
         &[("FERROCCL_TIMEOUT", "60".to_string())],
     );
-    for (r, (ok, text)) in wait_all(kids).into_iter().enumerate() {
-        assert!(
-            ok && text.contains("LOCAL REGISTER OK"),
-            "rank {r}:\n{text}"
-        );
-    }
+    assert_all_print(kids, "LOCAL REGISTER OK");
 }
 
 /// Child of the test above.

@@ -442,7 +442,7 @@ fn largest_slice(count: usize, channels: usize) -> usize {
 /// within `FERROCCL_LL_MAX_BYTES`, and each share within one connection's LL slots. A channel's
 /// share of a send/recv runs on its own send and receive blocks, so unlike a collective's
 /// messages (which [`ll_limit`] bounds whole) only the share must fit.
-pub fn p2p_ll_fits(bytes: usize, share: usize, cfg: &Config) -> bool {
+fn p2p_ll_fits(bytes: usize, share: usize, cfg: &Config) -> bool {
     bytes <= cfg.ll_max_bytes && share <= ll_connection_bytes(cfg)
 }
 

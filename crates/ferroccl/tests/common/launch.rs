@@ -77,6 +77,13 @@ pub fn wait_all(children: Vec<Child>) -> Vec<(bool, String)> {
         .collect()
 }
 
+/// Waits for every child and asserts that each exited 0 having printed `marker`.
+pub fn assert_all_print(children: Vec<Child>, marker: &str) {
+    for (r, (ok, text)) in wait_all(children).into_iter().enumerate() {
+        assert!(ok && text.contains(marker), "rank {r}:\n{text}");
+    }
+}
+
 /// A running job of rank processes whose output lines arrive with timestamps, rank by rank:
 /// reports are "@@WORD ..." (libtest may print before them on the line) and are kept as
 /// "WORD ..."; every other line is kept as "# line", for the transcript.

@@ -590,7 +590,14 @@ impl CudaComm {
     ) -> Result<(), Error> {
         let mut w = self.windows()?;
         self.drain()?;
-        w.deregister_local(self.rank, self.comm_id, ptr, abort, deadline)
+        w.deregister_local(
+            self.rank,
+            &self.fabric.places,
+            self.comm_id,
+            ptr,
+            abort,
+            deadline,
+        )
     }
 
     /// Forgets the window at `ptr` on this rank (see `Windows::deregister`), after the queued

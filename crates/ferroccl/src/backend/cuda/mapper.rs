@@ -88,9 +88,11 @@ impl Request {
     }
 
     /// A request as a peer sent it, checked against where the ranks run (`places`, this rank
-    /// `me`): the lender is another process's rank, and a lent buffer is that process's, on its
-    /// GPU, inside its allocation.
-    pub fn parse(b: &[u8], places: &[Place], me: Rank) -> Result<Request, Error> {
+    /// `me`): the lender is another process's rank, the request came from that process
+    /// (`sender`: the socket's `SO_PEERCRED`, so that another process of the same user cannot
+    /// lend or recall in a rank's name), and a lent buffer is that process's, on its GPU,
+    /// inside its allocation.
+    pub fn parse(b: &[u8], places: &[Place], me: Rank, sender: u32) -> Result<Request, Error> {
         let bad = |why: String| Error::Protocol(format!("mapper: {why}"));
         if b.len() < 13 {
             return Err(bad(format!("a request of {} bytes", b.len())));
@@ -106,6 +108,12 @@ impl Request {
                 "rank {from} runs in this process: it needs no mapper"
             )));
         }
+        if place.pid != sender {
+            return Err(bad(format!(
+                "a request for rank {from} (pid {}) came from pid {sender}",
+                place.pid
+            )));
+        }
         match (b[0], b.len() - 13) {
             (LEND, WindowDesc::LEN) => {
                 let desc = WindowDesc::parse(&b[13..])?;
@@ -119,32 +127,6 @@ impl Request {
             }
             (RECALL, 0) => Ok(Request::Recall { from, id }),
             (tag, extra) => Err(bad(format!("request {tag:#x} with {extra} more bytes"))),
-        }
-    }
-}
-
-impl Request {
-    /// The rank that sent it.
-    pub fn from(&self) -> u32 {
-        match *self {
-            Request::Lend { from, .. } | Request::Recall { from, .. } => from,
-        }
-    }
-
-    /// Refuses a request whose sender (`pid`, from the socket's `SO_PEERCRED`) is not the
-    /// process its rank runs as: another process of the same user must not lend or recall in a
-    /// rank's name (recalling another rank's loan would unmap memory that rank's posts name).
-    pub fn check_sender(&self, places: &[Place], pid: u32) -> Result<(), Error> {
-        let from = self.from();
-        match places.get(from as usize) {
-            Some(p) if p.pid == pid => Ok(()),
-            Some(p) => Err(Error::Protocol(format!(
-                "mapper: a request for rank {from} (pid {}) came from pid {pid}",
-                p.pid
-            ))),
-            None => Err(Error::Protocol(format!(
-                "mapper: rank {from} is not a peer"
-            ))),
         }
     }
 }
@@ -352,8 +334,7 @@ fn answer<B>(
     loans: &mut Loans<B>,
     import: impl FnOnce(u64) -> Result<(B, u64), Error>,
 ) -> Result<u64, Error> {
-    let req = Request::parse(payload, places, me)?;
-    req.check_sender(places, ch.peer_pid()?)?;
+    let req = Request::parse(payload, places, me, ch.peer_pid()?)?;
     loans.serve(req, nfds, import)
 }
 
@@ -437,10 +418,16 @@ mod tests {
             id: 7,
             desc: desc_of(p[1].pid, 1),
         };
-        assert_eq!(Request::parse(&lend.encode(), &p, 0).unwrap(), lend);
+        assert_eq!(
+            Request::parse(&lend.encode(), &p, 0, p[1].pid).unwrap(),
+            lend
+        );
         let recall = Request::Recall { from: 1, id: 7 };
-        assert_eq!(Request::parse(&recall.encode(), &p, 0).unwrap(), recall);
-        let err = |b: &[u8]| Request::parse(b, &p, 0).unwrap_err().to_string();
+        assert_eq!(
+            Request::parse(&recall.encode(), &p, 0, p[1].pid).unwrap(),
+            recall
+        );
+        let err = |b: &[u8]| Request::parse(b, &p, 0, p[1].pid).unwrap_err().to_string();
         // Not a peer: out of range, this rank, a rank of this process.
         assert!(err(&Request::Recall { from: 3, id: 1 }.encode()).contains("not a peer"));
         assert!(err(&Request::Recall { from: 0, id: 1 }.encode()).contains("not a peer"));
@@ -491,16 +478,15 @@ mod tests {
             id: 7,
             desc: desc_of(p[1].pid, 1),
         };
-        lend.check_sender(&p, p[1].pid).unwrap();
-        let e = lend.check_sender(&p, p[1].pid + 9).unwrap_err().to_string();
+        let parse = |r: &Request, sender| Request::parse(&r.encode(), &p, 0, sender);
+        assert_eq!(parse(&lend, p[1].pid).unwrap(), lend);
+        let e = parse(&lend, p[1].pid + 9).unwrap_err().to_string();
         assert!(e.contains("rank 1") && e.contains("came from pid"), "{e}");
         let recall = Request::Recall { from: 1, id: 7 };
-        assert!(recall.check_sender(&p, std::process::id()).is_err());
-        assert!(Request::Recall { from: 9, id: 7 }
-            .check_sender(&p, p[1].pid)
+        assert!(parse(&recall, std::process::id())
             .unwrap_err()
             .to_string()
-            .contains("not a peer"));
+            .contains("came from pid"));
         // The kernel's record of a socket's peer: this process, for a pair made here.
         let (a, b) = FdChannel::pair().unwrap();
         assert_eq!(a.peer_pid().unwrap(), std::process::id());
@@ -676,7 +662,9 @@ mod tests {
                     let ch = listener.accept(deadline, &stop).unwrap();
                     let (mut fds, payload) = ch.recv_fds(deadline, &stop).unwrap();
                     let n = fds.len();
-                    let r = Request::parse(&payload, &p, me)
+                    // The lender here is this process, speaking for rank 1 (`answer`
+                    // refuses that: a_request_must_come_from_its_ranks_process).
+                    let r = Request::parse(&payload, &p, me, p[1].pid)
                         .and_then(|req| loans.serve(req, n, |_| Ok((fds.remove(0), 0x7000_0000))));
                     ch.send_fds(&[], &encode_reply(&r), deadline, &stop)
                         .unwrap();

@@ -113,11 +113,11 @@ struct Window {
 /// A local registration's record: what deregistration recalls.
 struct Loan {
     id: u64,
-    /// The peers that mapped it, and where each runs.
-    lent_to: Vec<(Rank, u32)>,
+    /// The peers that mapped it.
+    lent_to: Vec<Rank>,
     /// The peers whose answer was lost (their mapper may hold it): recalled after the others,
     /// so that a peer still silent cannot spend the deadline of recalls that surely matter.
-    maybe: Vec<(Rank, u32)>,
+    maybe: Vec<Rank>,
 }
 
 /// The windows of one rank, and an epoch that changes with every registration, so that plan
@@ -346,15 +346,10 @@ impl Windows {
         let here: Vec<Rank> = (0..n)
             .filter(|&q| q != me && places[q].pid == pid)
             .collect();
-        let mut gpus: Vec<usize> = here
-            .iter()
-            .map(|&q| places[q].gpu as usize)
-            .filter(|&g| g != gpu.ordinal())
-            .collect();
-        gpus.sort_unstable();
-        gpus.dedup();
-        if !gpus.is_empty() {
-            crate::cuda::mem::grant_range(gpu, base, size, &gpus)?;
+        // As a window: peers of this process reach it at its own address once their GPU may.
+        let local_gpus: Vec<usize> = here.iter().map(|&q| places[q].gpu as usize).collect();
+        if !local_gpus.is_empty() {
+            crate::cuda::mem::grant_range(gpu, base, size, &local_gpus)?;
         }
         for &q in &here {
             views[q] = ptr;
@@ -371,12 +366,12 @@ impl Windows {
             match lend(comm_id, q, places[q].pid, &req, fd.as_fd(), deadline, abort) {
                 Ok(addr) => {
                     views[q] = addr;
-                    lent_to.push((q, places[q].pid));
+                    lent_to.push(q);
                 }
                 Err(f) => {
                     // Staged for q either way; recalled at deregistration where q may hold it.
                     if f.maybe_mapped {
-                        maybe.push((q, places[q].pid));
+                        maybe.push(q);
                     }
                     tracing::warn!(rank = me, "registering {len} bytes at {ptr:#x}: rank {q} cannot map them, and gets them staged: {}", f.error)
                 }
@@ -400,6 +395,7 @@ impl Windows {
     pub fn deregister_local(
         &mut self,
         me: Rank,
+        places: &[Place],
         comm_id: u64,
         ptr: u64,
         abort: &AtomicBool,
@@ -417,11 +413,11 @@ impl Windows {
         let w = self.list.remove(i);
         self.epoch += 1;
         let loan = w.local.expect("a local registration");
-        for (q, pid) in loan.lent_to.into_iter().chain(loan.maybe) {
+        for q in loan.lent_to.into_iter().chain(loan.maybe) {
             if let Err(e) = recall(
                 comm_id,
                 q,
-                pid,
+                places[q].pid,
                 &Request::Recall {
                     from: me as u32,
                     id: loan.id,
@@ -817,13 +813,14 @@ mod tests {
         ws.list.push(at(0x2000, None));
         assert!(!ws.is_empty());
         assert!(ws
-            .deregister_local(0, 7, 0x2000, &never, soon)
+            .deregister_local(0, &[], 7, 0x2000, &never, soon)
             .unwrap_err()
             .to_string()
             .contains("no local registration"));
         // The same buffer registered twice locally: one deregistration each, latest first.
         ws.list.push(at(0x1000, Some(2)));
-        ws.deregister_local(0, 7, 0x1000, &never, soon).unwrap();
+        ws.deregister_local(0, &[], 7, 0x1000, &never, soon)
+            .unwrap();
         assert_eq!(
             ws.list
                 .iter()
@@ -831,8 +828,11 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![1]
         );
-        ws.deregister_local(0, 7, 0x1000, &never, soon).unwrap();
-        assert!(ws.deregister_local(0, 7, 0x1000, &never, soon).is_err());
+        ws.deregister_local(0, &[], 7, 0x1000, &never, soon)
+            .unwrap();
+        assert!(ws
+            .deregister_local(0, &[], 7, 0x1000, &never, soon)
+            .is_err());
         ws.deregister(0x2000).unwrap();
         assert!(ws.none_at_all());
         assert_eq!(ws.epoch(), 4, "every change moves the epoch");
