@@ -257,14 +257,14 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
             })
             .collect()
     };
-    let run = |kind: CollKind, send_ptr: u64, recv_ptr: u64, cnt: usize, root: usize| {
+    let run_op = |kind: CollKind, send_ptr: u64, recv_ptr: u64, cnt: usize, root: usize, op| {
         let a = OpArgs {
             kind,
             send: send_ptr as *const u8,
             recv: recv_ptr as *mut u8,
             count: cnt,
             dtype: ferroccl::DataType::Float32,
-            op: ReduceOp::Sum,
+            op,
             root,
             device_scalar: None,
         };
@@ -274,6 +274,9 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
         let blocks = comm.last_launch_blocks();
         comm.synchronize().unwrap();
         blocks
+    };
+    let run = |kind, send_ptr, recv_ptr, cnt, root| {
+        run_op(kind, send_ptr, recv_ptr, cnt, root, ReduceOp::Sum)
     };
     let scrub = |b: &DeviceBuffer| put(b, 0, &data(99, r, n * count));
     for round in 0..2u64 {
@@ -395,6 +398,87 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                     "round {round}: in-place broadcast from {root}"
                 );
             }
+            // All-reduce and reduce-scatter out of place: the peer's share copied into the output
+            // and folded there by tune::FOLD_BLOCKS blocks (with the copy engines), else a kernel;
+            // exact on small integers as floats, the same bits on both ranks.
+            let small = |round: u64, q: usize, len: usize| -> Vec<u32> {
+                data(round, q, len)
+                    .iter()
+                    .map(|&x| ((x % 2048) as f32 - 1024.0).to_bits())
+                    .collect()
+            };
+            let fold_blocks = Some(tune::FOLD_BLOCKS as u32);
+            type Fold = fn(f32, f32) -> f32;
+            let redops: [(ReduceOp, Fold); 3] = [
+                (ReduceOp::Sum, |a, b| a + b),
+                (ReduceOp::Max, f32::max),
+                (ReduceOp::Avg, |a, b| (a + b) / 2.0),
+            ];
+            for (i, (op, f)) in redops.into_iter().enumerate() {
+                let tag = round + 60 + 10 * i as u64;
+                put(&send, 0, &small(tag, r, n * count));
+                scrub(&recv);
+                let blocks = run_op(
+                    CollKind::AllReduce,
+                    send.device_ptr(),
+                    recv.device_ptr(),
+                    n * count,
+                    0,
+                    op,
+                );
+                assert_eq!(
+                    blocks == fold_blocks,
+                    ce,
+                    "all-reduce {op:?}: {blocks:?} blocks"
+                );
+                let (a, b) = (small(tag, 0, n * count), small(tag, 1, n * count));
+                let want: Vec<u32> = (0..n * count)
+                    .map(|j| f(f32::from_bits(a[j]), f32::from_bits(b[j])).to_bits())
+                    .collect();
+                assert!(
+                    read(&recv, n * count) == want,
+                    "round {round}: all-reduce {op:?}"
+                );
+                scrub(&recv);
+                let blocks = run_op(
+                    CollKind::ReduceScatter,
+                    send.device_ptr(),
+                    recv.device_ptr(),
+                    count,
+                    0,
+                    op,
+                );
+                assert_eq!(
+                    blocks == fold_blocks,
+                    ce,
+                    "reduce-scatter {op:?}: {blocks:?} blocks"
+                );
+                assert!(
+                    read(&recv, count) == want[r * count..(r + 1) * count],
+                    "round {round}: reduce-scatter {op:?}"
+                );
+            }
+            // In place: a kernel, exact.
+            put(&recv, 0, &small(round + 90, r, count));
+            assert_ne!(
+                run(
+                    CollKind::AllReduce,
+                    recv.device_ptr(),
+                    recv.device_ptr(),
+                    count,
+                    0
+                ),
+                fold_blocks,
+                "in place takes a kernel"
+            );
+            let (a, b) = (small(round + 90, 0, count), small(round + 90, 1, count));
+            let want: Vec<u32> = (0..count)
+                .map(|j| (f32::from_bits(a[j]) + f32::from_bits(b[j])).to_bits())
+                .collect();
+            assert!(
+                read(&recv, count) == want,
+                "round {round}: in-place all-reduce"
+            );
         }
     }
     comm.deregister_window(send.device_ptr()).unwrap();

@@ -98,6 +98,12 @@ pub fn peer_region_bytes(cfg: &Config, nranks: usize) -> usize {
     peer_blocks(cfg, nranks) * 4 * peer_slot_bytes(cfg, nranks)
 }
 
+/// Thread blocks of the fold kernel of a copy-and-fold reduction (`copies::folds`): it reads
+/// two pieces and writes one in HBM for every piece the link brings, 3 x 391 GB/s at the
+/// engines' rate, well within what 16 blocks of 512 threads stream on an H200 (the bandwidth
+/// issue's goal for reductions: at most 16 blocks).
+pub const FOLD_BLOCKS: usize = 16;
+
 /// The smallest largest-buffer for which [`peer_split_pays`] splits.
 pub const PEER_SPLIT_MIN_BYTES: usize = 32 << 20;
 
@@ -575,6 +581,34 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
                 algo: "data movement between symmetric windows from FERROCCL_GPU_CE_WINDOW_BYTES up: one copy per pair, input to output",
                 protocol: "one handshake before and after, by stream memory operations",
                 channels: "no thread block: copy engines",
+            },
+        };
+    }
+
+    // Large all-reduces and reduce-scatters between symmetric windows on 2 ranks: each rank's
+    // copy engines copy the share its peer reduces straight into the peer's output, piece by
+    // piece, and a fold kernel of FOLD_BLOCKS blocks reduces each piece there as it lands
+    // (`copies::folds`): the link carries each byte once at the engines' rate, and the SMs only
+    // make a local pass over HBM. Out of place only (in place the landing area is the operand).
+    if device == Device::Gpu
+        && may_direct
+        && op.symmetric
+        && ce_window
+        && copies::fold_serves(op.kind, op.nranks, op.in_place)
+    {
+        return Choice {
+            algo: Algo::OneShot,
+            protocol: Protocol::Simple,
+            engine: Engine::CopyEngine,
+            channels: FOLD_BLOCKS.min(cfg.gpu_channels.max(1)),
+            chunk_elems: (copies::FOLD_PIECE_BYTES / es).max(1),
+            zero_copy: true,
+            post_output: true,
+            split: false,
+            why: Why {
+                algo: "a reduction of 2 ranks between symmetric windows from FERROCCL_GPU_CE_WINDOW_BYTES up: the peer's share copied into the output, folded there",
+                protocol: "a word per piece raised by stream memory operations, polled by the fold kernel",
+                channels: "the fold kernel's blocks (FOLD_BLOCKS); copy engines move the data",
             },
         };
     }

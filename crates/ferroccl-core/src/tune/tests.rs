@@ -1453,7 +1453,11 @@ fn symmetric_windows_take_the_copy_engine_for_large_data_movement() {
             / 4
             / if matches!(
                 kind,
-                CollKind::AllGather | CollKind::AllToAll | CollKind::Gather | CollKind::Scatter
+                CollKind::AllGather
+                    | CollKind::AllToAll
+                    | CollKind::Gather
+                    | CollKind::Scatter
+                    | CollKind::ReduceScatter
             ) {
                 n
             } else {
@@ -1512,16 +1516,48 @@ fn symmetric_windows_take_the_copy_engine_for_large_data_movement() {
             "{kind}"
         );
     }
-    // Reductions move no data as copies; a gather's or scatter's root in place names no peer's
-    // buffer; broadcast beyond 2 ranks would send n-1 copies from the root; an all-to-all in
-    // place has no order that works without staging.
-    for kind in [
-        CollKind::AllReduce,
-        CollKind::ReduceScatter,
-        CollKind::Reduce,
-        CollKind::Gather,
-        CollKind::Scatter,
-    ] {
+    // All-reduce and reduce-scatter on 2 ranks out of place: copies into the peer's output and a
+    // fold kernel of FOLD_BLOCKS blocks (fewer where the channels are capped); in place, on 3
+    // ranks, below the threshold or without the contract: not.
+    for kind in [CollKind::AllReduce, CollKind::ReduceScatter] {
+        let c = choose(&at(kind, min, 2), Device::Gpu, &cfg);
+        assert!(
+            c.engine == Engine::CopyEngine && c.zero_copy && c.channels == FOLD_BLOCKS,
+            "{kind}: {c}"
+        );
+        assert_eq!(
+            c.chunk_elems * 4,
+            crate::plan::copies::FOLD_PIECE_BYTES,
+            "{kind}"
+        );
+        let capped = Config {
+            gpu_channels: 4,
+            ..cfg.clone()
+        };
+        assert_eq!(choose(&at(kind, min, 2), Device::Gpu, &capped).channels, 4);
+        for other in [
+            OpShape {
+                in_place: true,
+                ..at(kind, 1 << 30, 2)
+            },
+            at(kind, 1 << 30, 3),
+            at(kind, min / 2, 2),
+            OpShape {
+                symmetric: false,
+                ..at(kind, 1 << 30, 2)
+            },
+        ] {
+            assert_ne!(
+                choose(&other, Device::Gpu, &cfg).engine,
+                Engine::CopyEngine,
+                "{other:?}"
+            );
+        }
+    }
+    // Reduce has no landing area on its root's peer; a gather's or scatter's root in place names
+    // no peer's buffer; broadcast beyond 2 ranks would send n-1 copies from the root; an
+    // all-to-all in place has no order that works without staging.
+    for kind in [CollKind::Reduce, CollKind::Gather, CollKind::Scatter] {
         assert_ne!(
             choose(&at(kind, 1 << 30, 2), Device::Gpu, &cfg).engine,
             Engine::CopyEngine,

@@ -60,6 +60,8 @@ pub(crate) struct CudaComm {
     /// The peer engine's module and kernels, and its parameter with this communicator's
     /// staging, flags, counters and status words (None: off).
     pub(super) peer: Option<(Module, TypedKernels, FcPeer)>,
+    /// The fold kernels of copy-and-fold reductions, in the peer engine's module (None with it).
+    pub(super) fold: Option<TypedKernels>,
     /// The plan kernel's point-to-point form (in `module`): its small and wide kernels, and the
     /// part of their parameter this communicator fills once (None: FERROCCL_GPU_P2P_KERNEL=0).
     pub(super) p2p: Option<(KernelHandle, KernelHandle, FcP2pHead)>,
@@ -265,6 +267,7 @@ impl CudaComm {
             }
             None => None,
         };
+        let mut fold = None;
         let peer = match fabric.peer {
             Some(p) => {
                 let image = peer_image.ok_or_else(|| {
@@ -272,6 +275,11 @@ impl CudaComm {
                 })??;
                 let m = gpu.load_module(&image.bytes)?;
                 let f = TypedKernels::load(&m, kernels::PEER_KERNELS, kernels::PEER_SHAPES)?;
+                fold = Some(TypedKernels::load(
+                    &m,
+                    kernels::FOLD_KERNELS,
+                    kernels::FOLD_SHAPES,
+                )?);
                 Some((
                     m,
                     f,
@@ -350,6 +358,7 @@ impl CudaComm {
             plan_fn,
             direct,
             peer,
+            fold,
             p2p,
             windows: Mutex::new(Windows::default()),
             overlap_prior,
@@ -535,8 +544,8 @@ impl CudaComm {
         )
     }
 
-    /// For an operation the copy engine's zero-copy could take, whose output on this rank lies
-    /// in a symmetric window: where this process maps every rank's output
+    /// For an operation the copy engine's zero-copy or copy-and-fold could take, whose output on
+    /// this rank lies in a symmetric window: where this process maps every rank's output
     /// (`copy_engine::zcopy_schedule`).
     pub(crate) fn symmetric_far(&self, a: &OpArgs, info: &CommInfo) -> Option<Vec<u64>> {
         self.windows
@@ -549,7 +558,8 @@ impl CudaComm {
     pub(super) fn far_in(&self, w: &Windows, a: &OpArgs, info: &CommInfo) -> Option<Vec<u64>> {
         if w.is_empty()
             || !self.ce.as_ref().is_some_and(|c| c.zcopy_ok())
-            || !ferroccl_core::plan::copies::zcopy_serves(a.kind, info.nranks)
+            || !(ferroccl_core::plan::copies::zcopy_serves(a.kind, info.nranks)
+                || ferroccl_core::plan::copies::fold_serves(a.kind, info.nranks, a.send == a.recv))
         {
             return None;
         }

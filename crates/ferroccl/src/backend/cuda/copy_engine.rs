@@ -27,7 +27,8 @@ use crate::cuda::device::Gpu;
 use crate::cuda::hostpage::HostPage;
 use cudarc::driver::sys;
 use ferroccl_core::plan::copies::{
-    copies, pieces, zcopy_serves, Piece, Transfer, CE_LANES, CE_SLOTS,
+    copies, fold_serves, folds, pieces, zcopy_serves, Piece, Transfer, CE_LANES, CE_SLOTS,
+    FOLD_PIECE_BYTES,
 };
 use ferroccl_core::{CollKind, Error, Rank};
 use std::time::{Duration, Instant};
@@ -51,9 +52,16 @@ impl CeFlags {
         debug_assert!(from < n && lane < CE_LANES);
         2 * n * CE_SLOTS + from * CE_LANES + lane
     }
+    /// `piece` of lane `lane` of sender `from`, in the receiver's page (set by the sender): how
+    /// many of a copy-and-fold's pieces that lane has landed in the receiver's output (the fold
+    /// kernel waits for it, the receiver's stream sets it back to 0).
+    pub fn piece(n: usize, from: Rank, lane: usize) -> usize {
+        debug_assert!(from < n && lane < CE_LANES);
+        2 * n * CE_SLOTS + n * CE_LANES + from * CE_LANES + lane
+    }
     /// Words of a page.
     pub fn words(n: usize) -> usize {
-        n * (2 * CE_SLOTS + CE_LANES)
+        n * (2 * CE_SLOTS + 2 * CE_LANES)
     }
     /// A word's value between operations: every slot free, nothing full, nobody ready.
     pub fn initial(n: usize, i: usize) -> u32 {
@@ -81,6 +89,53 @@ pub(crate) enum Cmd {
     Write { page: Rank, word: usize, value: u32 },
     /// Copy `bytes` from `src` to `dst`.
     Copy { dst: Addr, src: Addr, bytes: usize },
+    /// The fold kernel on `blocks` blocks: output = op(this rank's input at `src`, the output),
+    /// `bytes` of each, in the pieces of `fold_pieces` (`piece` bytes each): piece k once word
+    /// `CeFlags::piece(from, lane)` of this rank's page reaches its `count`.
+    Fold {
+        from: Rank,
+        src: usize,
+        bytes: usize,
+        piece: usize,
+        blocks: usize,
+    },
+}
+
+/// One piece of a copy-and-fold: its bytes in the copy, the lane that copies it, and the value
+/// that lane's piece word holds once it landed (the lane's pieces so far). The sender's lanes
+/// and the receiver's fold kernel cut alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FoldPiece {
+    pub at: usize,
+    pub bytes: usize,
+    pub lane: usize,
+    pub count: u32,
+}
+
+/// The pieces of a copy-and-fold of `bytes` in pieces of `piece` bytes: piece k on lane
+/// k % CE_LANES, the (k / CE_LANES + 1)-th of its lane (what `ferroccl_fold` computes).
+pub(crate) fn fold_pieces(bytes: usize, piece: usize) -> impl Iterator<Item = FoldPiece> {
+    pieces(bytes, piece).enumerate().map(|(k, p)| FoldPiece {
+        at: p.at,
+        bytes: p.bytes,
+        lane: p.lane,
+        count: (k / CE_LANES + 1) as u32,
+    })
+}
+
+/// A fold kernel's launch, as `CopyEngine::enqueue` hands it to the launch path: device
+/// addresses as this GPU maps them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FoldLaunch {
+    /// The piece word of each lane in this rank's page.
+    pub words: [u64; CE_LANES],
+    /// This rank's own operand.
+    pub mine: u64,
+    /// The output, where the peer's copy lands.
+    pub out: u64,
+    pub bytes: usize,
+    pub piece: usize,
+    pub blocks: usize,
 }
 
 /// An address a command names: a user buffer at an offset, or a staging slot.
@@ -283,7 +338,11 @@ pub(crate) fn zcopy_schedule(
     me: Rank,
     n: usize,
     far: &[u64],
+    fold_blocks: usize,
 ) -> Result<Schedule, Error> {
+    if fold_serves(op.kind, n, false) {
+        return fold_schedule(op, me, n, far, fold_blocks);
+    }
     if !zcopy_serves(op.kind, n) || (op.kind == CollKind::AllToAll && op.send == op.recv) {
         return Err(Error::Internal(format!(
             "the copy engine's zero-copy got {}{} on {n} ranks",
@@ -349,6 +408,107 @@ pub(crate) fn zcopy_schedule(
         }
         lanes.push((Lane::Peer { peer: q, lane: 0 }, v));
     }
+    Ok(lanes)
+}
+
+/// Rank `me`'s commands for a copy-and-fold reduction between symmetric windows
+/// (`plan::copies::folds`, 2 ranks, out of place): `far[q]` is where this process maps rank q's
+/// output.
+///
+/// On each of the peer's lanes: tell the peer this rank entered the operation (`ready` of the
+/// lane: everything before, its reads of its output included, is done), wait until the peer
+/// says the same, then for each of the lane's pieces copy it from this rank's input straight
+/// into the peer's output and raise the lane's piece word in the peer's page to the lane's
+/// count of pieces so far (the write's default fence puts the copy before it). On the caller's
+/// stream, concurrently: the fold kernel, which reduces each piece once its lane's word says it
+/// landed, then the piece words set back to 0 (a graph's replay writes the same values again).
+/// The peer's next writes into this output wait for this rank's next `ready`, which its stream
+/// gives only after the fold and the reset.
+fn fold_schedule(
+    op: &CeOp,
+    me: Rank,
+    n: usize,
+    far: &[u64],
+    blocks: usize,
+) -> Result<Schedule, Error> {
+    if op.send == op.recv {
+        return Err(Error::Internal(format!(
+            "the copy engine's fold got {} in place",
+            op.kind
+        )));
+    }
+    if far.len() != n || blocks == 0 {
+        return Err(Error::Internal(format!(
+            "the copy engine's fold got {} peer addresses for {n} ranks and {blocks} blocks",
+            far.len()
+        )));
+    }
+    let mine = folds(op.kind, op.count, op.elem, n, me).ok_or_else(|| {
+        Error::Internal(format!(
+            "the copy engine's fold got {} on {n} ranks",
+            op.kind
+        ))
+    })?;
+    let q = mine.copy.from;
+    // What this rank sends: the peer's fold's copy.
+    let out = folds(op.kind, op.count, op.elem, n, q)
+        .expect("served for every rank")
+        .copy;
+    let mut lanes: Schedule = Vec::new();
+    if mine.copy.bytes == 0 {
+        return Ok(lanes);
+    }
+    // Only lanes with pieces: the fold waits for a piece of each, and so this rank leaves the
+    // operation only after its peer took every `ready` it gave (a second `ready` written onto one
+    // not yet taken would be lost).
+    let used = fold_pieces(out.bytes, FOLD_PIECE_BYTES)
+        .map(|p| p.lane + 1)
+        .max()
+        .unwrap_or(0);
+    for lane in 0..used {
+        let mut v = vec![
+            Cmd::Write {
+                page: q,
+                word: CeFlags::ready(n, me, lane),
+                value: 1,
+            },
+            Cmd::Wait {
+                page: me,
+                word: CeFlags::ready(n, q, lane),
+            },
+            Cmd::Write {
+                page: me,
+                word: CeFlags::ready(n, q, lane),
+                value: 0,
+            },
+        ];
+        for p in fold_pieces(out.bytes, FOLD_PIECE_BYTES).filter(|p| p.lane == lane) {
+            v.push(Cmd::Copy {
+                dst: Addr::Abs(far[q] + (out.dst + p.at) as u64),
+                src: Addr::Send(out.src + p.at),
+                bytes: p.bytes,
+            });
+            v.push(Cmd::Write {
+                page: q,
+                word: CeFlags::piece(n, me, lane),
+                value: p.count,
+            });
+        }
+        lanes.push((Lane::Peer { peer: q, lane }, v));
+    }
+    let mut local = vec![Cmd::Fold {
+        from: q,
+        src: mine.local,
+        bytes: mine.copy.bytes,
+        piece: FOLD_PIECE_BYTES,
+        blocks,
+    }];
+    local.extend((0..used).map(|lane| Cmd::Write {
+        page: me,
+        word: CeFlags::piece(n, q, lane),
+        value: 0,
+    }));
+    lanes.push((Lane::Local, local));
     Ok(lanes)
 }
 
@@ -428,8 +588,14 @@ impl CopyEngine {
 
     /// This rank's commands for `op` between symmetric windows (`zcopy_schedule`; the launch
     /// path keeps them with the buffers' addresses).
-    pub fn zcopy_schedule(&self, op: &CeOp, far: &[u64]) -> Result<Schedule, Error> {
-        zcopy_schedule(op, self.rank, self.nranks, far)
+    /// `fold_blocks`: the fold kernel's blocks, for the reductions (the tuner's channels).
+    pub fn zcopy_schedule(
+        &self,
+        op: &CeOp,
+        far: &[u64],
+        fold_blocks: usize,
+    ) -> Result<Schedule, Error> {
+        zcopy_schedule(op, self.rank, self.nranks, far, fold_blocks)
     }
 
     fn addr(&self, a: Addr, op: &CeOp) -> u64 {
@@ -450,8 +616,15 @@ impl CopyEngine {
     }
 
     /// Enqueues `lanes` (`schedule` of `op`) on `op`'s buffers after everything on `user`, and
-    /// makes `user` wait for it.
-    pub fn enqueue(&self, lanes: &Schedule, op: &CeOp, user: sys::CUstream) -> Result<(), Error> {
+    /// makes `user` wait for it. `fold` launches the fold kernel a `Cmd::Fold` asks for on the
+    /// stream given (the launch path owns the kernels).
+    pub fn enqueue(
+        &self,
+        lanes: &Schedule,
+        op: &CeOp,
+        user: sys::CUstream,
+        fold: &dyn Fn(FoldLaunch, sys::CUstream) -> Result<(), Error>,
+    ) -> Result<(), Error> {
         if lanes.is_empty() {
             return Ok(());
         }
@@ -503,6 +676,25 @@ impl CopyEngine {
                                 )?;
                             }
                         }
+                        Cmd::Fold {
+                            from,
+                            src,
+                            bytes,
+                            piece,
+                            blocks,
+                        } => fold(
+                            FoldLaunch {
+                                words: std::array::from_fn(|lane| {
+                                    self.word(self.rank, CeFlags::piece(self.nranks, from, lane))
+                                }),
+                                mine: op.send + src as u64,
+                                out: op.recv,
+                                bytes,
+                                piece,
+                                blocks,
+                            },
+                            st,
+                        )?,
                     }
                 }
             }
@@ -842,6 +1034,7 @@ mod tests {
                     }
                 }
                 Cmd::Copy { .. } => {}
+                Cmd::Fold { .. } => return Err(format!("rank {r}: a fold in a staged schedule")),
             }
             *pc += 1;
             if *pc == cmds.len() {
@@ -948,7 +1141,7 @@ mod tests {
         let no_ready = |op: &CeOp, me: Rank| -> Vec<(Lane, Vec<Cmd>)> {
             let keep = |c: &Cmd| match *c {
                 Cmd::Wait { word, .. } | Cmd::Write { word, .. } => !ready_word(word),
-                Cmd::Copy { .. } => true,
+                Cmd::Copy { .. } | Cmd::Fold { .. } => true,
             };
             schedule(op, me, 2, 8)
                 .unwrap()
@@ -1047,6 +1240,7 @@ mod tests {
             match cmds[*pc] {
                 Cmd::Wait { .. } => {}
                 Cmd::Write { page, word, value } => pages[page][word] = value,
+                Cmd::Fold { .. } => return Err(format!("rank {r}: a fold in a copy schedule")),
                 Cmd::Copy { dst, src, bytes } => {
                     let far = |a: u64| ((a >> 40) as usize - 1, (a & ((1 << 40) - 1)) as usize);
                     let c = match (src, dst) {
@@ -1083,7 +1277,7 @@ mod tests {
     fn zcopy_of(n: usize) -> impl Fn(&CeOp, Rank) -> Vec<(Lane, Vec<Cmd>)> {
         move |op, me| {
             let far: Vec<u64> = (0..n).map(far_of).collect();
-            zcopy_schedule(op, me, n, &far).expect("schedule")
+            zcopy_schedule(op, me, n, &far, 4).expect("schedule")
         }
     }
 
@@ -1143,7 +1337,7 @@ mod tests {
                 let ready = |w: usize| w >= 2 * 2 * CE_SLOTS;
                 let keep = |c: &Cmd| match *c {
                     Cmd::Wait { word, .. } | Cmd::Write { word, .. } => ready(word) != drop_ready,
-                    Cmd::Copy { .. } => true,
+                    Cmd::Copy { .. } | Cmd::Fold { .. } => true,
                 };
                 zcopy_of(2)(op, me)
                     .into_iter()
@@ -1163,9 +1357,9 @@ mod tests {
             send: 5,
             recv: 5,
         };
-        assert!(zcopy_schedule(&in_place, 0, 2, &[0, far_of(1)]).is_err());
+        assert!(zcopy_schedule(&in_place, 0, 2, &[0, far_of(1)], 4).is_err());
         assert!(
-            zcopy_schedule(&ops[0], 0, 2, &[0]).is_err(),
+            zcopy_schedule(&ops[0], 0, 2, &[0], 4).is_err(),
             "an address per rank"
         );
         let gather = CeOp {
@@ -1177,9 +1371,277 @@ mod tests {
             recv: 1,
         };
         assert!(
-            zcopy_schedule(&gather, 0, 2, &[0, far_of(1)]).is_err(),
+            zcopy_schedule(&gather, 0, 2, &[0, far_of(1)], 4).is_err(),
             "not a kind it serves"
         );
+    }
+
+    /// Runs both ranks' copy-and-fold schedules of `ops` (2 ranks) as the other models do, the
+    /// fold kernel piece by piece (a piece may fold once its lane's word reached its count).
+    /// Checks that a piece lands only while its receiver is in the same operation and never on a
+    /// piece not yet folded, that every piece is folded exactly once and only after it landed,
+    /// that every byte of every copy lands, that nothing deadlocks, and that every word ends where
+    /// it started.
+    fn run_fold_model(
+        ops: &[CeOp],
+        sched: Sched,
+        mut pick: impl FnMut(&[(usize, usize)]) -> usize,
+    ) -> Result<(), String> {
+        let n = 2;
+        let mut pages = initial_pages(n);
+        let mut at_op = vec![0usize; n];
+        // Per lane: its commands, the next one, and the next piece of a fold.
+        type FLane = (Lane, Vec<Cmd>, usize, usize);
+        let load = |r: Rank, k: usize| -> Vec<FLane> {
+            sched(&ops[k], r)
+                .into_iter()
+                .map(|(l, c)| (l, c, 0, 0))
+                .collect()
+        };
+        let mut lanes: Vec<Vec<FLane>> = (0..n).map(|r| load(r, 0)).collect();
+        // Pieces landed and not yet folded: (rank, byte in its output) -> operation.
+        let mut landed: HashMap<(Rank, usize), usize> = HashMap::new();
+        // Bytes landed and folded per operation and receiver.
+        let mut bytes_in = vec![[0usize; 2]; ops.len()];
+        let mut bytes_folded = vec![[0usize; 2]; ops.len()];
+        let fold_next = |c: &Cmd, sub: usize| -> Option<FoldPiece> {
+            match *c {
+                Cmd::Fold { bytes, piece, .. } => fold_pieces(bytes, piece).nth(sub),
+                _ => None,
+            }
+        };
+        let finished = |l: &[FLane]| l.iter().all(|(_, c, pc, _)| *pc == c.len());
+        loop {
+            for r in 0..n {
+                while finished(&lanes[r]) && at_op[r] + 1 < ops.len() {
+                    at_op[r] += 1;
+                    lanes[r] = load(r, at_op[r]);
+                }
+            }
+            let runnable: Vec<(usize, usize)> = (0..n)
+                .flat_map(|r| (0..lanes[r].len()).map(move |i| (r, i)))
+                .filter(|&(r, i)| {
+                    let (_, cmds, pc, sub) = &lanes[r][i];
+                    match cmds.get(*pc) {
+                        None => false,
+                        Some(Cmd::Wait { page, word }) => pages[*page][*word] == 1,
+                        Some(c @ Cmd::Fold { from, .. }) => fold_next(c, *sub)
+                            .is_some_and(|p| pages[r][CeFlags::piece(n, *from, p.lane)] >= p.count),
+                        Some(_) => true,
+                    }
+                })
+                .collect();
+            if runnable.is_empty() {
+                if !(0..n).all(|r| at_op[r] + 1 == ops.len() && finished(&lanes[r])) {
+                    return Err(format!("deadlock: ranks at operations {at_op:?}"));
+                }
+                break;
+            }
+            let (r, i) = runnable[pick(&runnable) % runnable.len()];
+            let k = at_op[r];
+            let (_, cmds, pc, sub) = &mut lanes[r][i];
+            let c = cmds[*pc];
+            match c {
+                Cmd::Wait { .. } => *pc += 1,
+                Cmd::Write { page, word, value } => {
+                    pages[page][word] = value;
+                    *pc += 1;
+                }
+                Cmd::Copy {
+                    dst: Addr::Abs(a),
+                    src: Addr::Send(o),
+                    bytes,
+                } => {
+                    let (to, at) = ((a >> 40) as usize - 1, (a & ((1 << 40) - 1)) as usize);
+                    if at_op[to] != k {
+                        return Err(format!(
+                            "rank {r} copies into rank {to}'s output for op {k} while it is at op {}",
+                            at_op[to]
+                        ));
+                    }
+                    let want = folds(ops[k].kind, ops[k].count, ops[k].elem, n, to).unwrap();
+                    if want.copy.from != r
+                        || o != want.copy.src + at
+                        || at + bytes > want.copy.bytes
+                    {
+                        return Err(format!(
+                            "rank {r} copies {o}..+{bytes} to {at} for {want:?}"
+                        ));
+                    }
+                    if let Some(old) = landed.insert((to, at), k) {
+                        return Err(format!(
+                            "rank {r} lands op {k} on rank {to}'s byte {at} before op {old} was folded there"
+                        ));
+                    }
+                    bytes_in[k][to] += bytes;
+                    *pc += 1;
+                }
+                Cmd::Fold { src, bytes, .. } => {
+                    let p = fold_next(&c, *sub).expect("runnable");
+                    let want = folds(ops[k].kind, ops[k].count, ops[k].elem, n, r).unwrap();
+                    if src != want.local || bytes != want.copy.bytes {
+                        return Err(format!("rank {r} folds {src}..+{bytes} for {want:?}"));
+                    }
+                    if landed.remove(&(r, p.at)) != Some(k) {
+                        return Err(format!(
+                            "rank {r} folds piece {} of op {k} before it landed",
+                            p.at
+                        ));
+                    }
+                    bytes_folded[k][r] += p.bytes;
+                    *sub += 1;
+                    if fold_next(&c, *sub).is_none() {
+                        *pc += 1;
+                    }
+                }
+                other => return Err(format!("rank {r} runs {other:?}")),
+            }
+        }
+        for (k, o) in ops.iter().enumerate() {
+            for r in 0..n {
+                let want = folds(o.kind, o.count, o.elem, n, r).unwrap().copy.bytes;
+                if bytes_in[k][r] != want || bytes_folded[k][r] != want {
+                    return Err(format!(
+                        "op {k} rank {r}: {} bytes landed and {} folded of {want}",
+                        bytes_in[k][r], bytes_folded[k][r]
+                    ));
+                }
+            }
+        }
+        words_back(&pages)?;
+        Ok(())
+    }
+
+    fn fold_op_strategy() -> impl Strategy<Value = CeOp> {
+        (
+            prop_oneof![Just(CollKind::AllReduce), Just(CollKind::ReduceScatter)],
+            // Up to a few pieces of FOLD_PIECE_BYTES: element counts of 4-byte elements.
+            0usize..(5 * FOLD_PIECE_BYTES / 4 / 2),
+        )
+            .prop_map(|(kind, count)| CeOp {
+                kind,
+                count,
+                elem: 4,
+                root: 0,
+                send: 0,
+                recv: 1,
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        /// The copy-and-fold handshake holds under any interleaving of both ranks' lanes, for
+        /// all-reduces and reduce-scatters of a few pieces, repeated.
+        #[test]
+        fn the_fold_handshake_holds_under_any_schedule(
+            ops in proptest::collection::vec(fold_op_strategy(), 1..4),
+            seed in proptest::collection::vec(any::<u8>(), 1..64),
+            ahead in any::<bool>(),
+        ) {
+            let ops: Vec<CeOp> = ops.iter().chain(ops.iter()).copied().collect();
+            let r = run_fold_model(&ops, &zcopy_of(2), picker(seed, ahead));
+            prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+        }
+    }
+
+    /// The fold model finds what the handshake's parts prevent: without `ready` a rank lands a
+    /// piece in an output its peer is not yet using for the operation; without the resets the
+    /// piece words carry over and a fold runs before its piece landed; and the schedule refuses
+    /// an in-place operation and a wrong address count.
+    #[test]
+    fn the_fold_model_catches_a_handshake_left_out() {
+        let op = |kind, count| CeOp {
+            kind,
+            count,
+            elem: 4,
+            root: 0,
+            send: 0,
+            recv: 1,
+        };
+        let three = 3 * FOLD_PIECE_BYTES / 4;
+        let ops = [
+            op(CollKind::AllReduce, three),
+            op(CollKind::ReduceScatter, three / 2),
+            op(CollKind::AllReduce, three),
+        ];
+        let ahead =
+            |rn: &[(usize, usize)]| rn.iter().position(|&(r, _)| r == 1).unwrap_or(rn.len() - 1);
+        let behind =
+            |rn: &[(usize, usize)]| rn.iter().position(|&(r, _)| r == 0).unwrap_or(rn.len() - 1);
+        assert!(run_fold_model(&ops, &zcopy_of(2), ahead).is_ok());
+        assert!(run_fold_model(&ops, &zcopy_of(2), behind).is_ok());
+        let lanes = zcopy_of(2)(&ops[0], 0);
+        assert_eq!(
+            lanes.len(),
+            CE_LANES + 1,
+            "a lane per copy lane and the fold's"
+        );
+        assert!(lanes
+            .iter()
+            .any(|(l, c)| *l == Lane::Local && matches!(c[0], Cmd::Fold { blocks: 4, .. })));
+        let without = |drop: fn(usize) -> bool| {
+            move |op: &CeOp, me: Rank| -> Vec<(Lane, Vec<Cmd>)> {
+                let keep = |c: &Cmd| match *c {
+                    Cmd::Wait { word, .. } | Cmd::Write { word, .. } => !drop(word),
+                    _ => true,
+                };
+                zcopy_of(2)(op, me)
+                    .into_iter()
+                    .map(|(l, c)| (l, c.into_iter().filter(keep).collect()))
+                    .collect()
+            }
+        };
+        let is_ready =
+            |w: usize| (0..2).any(|q| (0..CE_LANES).any(|l| CeFlags::ready(2, q, l) == w));
+        // Some interleaving lands a piece of the next operation too early.
+        let errs: Vec<String> = (0..64u8)
+            .filter_map(|seed| {
+                run_fold_model(
+                    &ops,
+                    &without(is_ready),
+                    picker(vec![seed, 7, seed / 3], false),
+                )
+                .err()
+            })
+            .collect();
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("while it is at op") || e.contains("before op")),
+            "{errs:?}"
+        );
+        // Without the resets: drop only the writes of 0 to the piece words.
+        let no_reset = |op: &CeOp, me: Rank| -> Vec<(Lane, Vec<Cmd>)> {
+            let is_piece =
+                |w: usize| (0..2).any(|q| (0..CE_LANES).any(|l| CeFlags::piece(2, q, l) == w));
+            zcopy_of(2)(op, me)
+                .into_iter()
+                .map(|(l, c)| {
+                    let c = c
+                        .into_iter()
+                        .filter(
+                            |c| !matches!(*c, Cmd::Write { word, value: 0, .. } if is_piece(word)),
+                        )
+                        .collect();
+                    (l, c)
+                })
+                .collect()
+        };
+        let errs: Vec<String> = (0..64u8)
+            .filter_map(|seed| {
+                run_fold_model(&ops, &no_reset, picker(vec![seed, 3, seed / 5], false)).err()
+            })
+            .collect();
+        assert!(
+            errs.iter().any(|e| e.contains("before it landed")),
+            "{errs:?}"
+        );
+        assert!(errs.len() == 64, "every run ends with the words changed");
+        let mut in_place = ops[0];
+        in_place.recv = in_place.send;
+        assert!(zcopy_schedule(&in_place, 0, 2, &[0, far_of(1)], 4).is_err());
+        assert!(zcopy_schedule(&ops[0], 0, 2, &[0], 4).is_err());
+        assert!(zcopy_schedule(&ops[0], 0, 2, &[0, far_of(1)], 0).is_err());
+        assert!(zcopy_schedule(&ops[0], 0, 3, &[0, far_of(1), far_of(2)], 4).is_err());
     }
 
     #[test]
@@ -1196,6 +1658,8 @@ mod tests {
                 for l in 0..CE_LANES {
                     assert!(seen.insert(CeFlags::ready(n, q, l)));
                     assert_eq!(CeFlags::initial(n, CeFlags::ready(n, q, l)), 0);
+                    assert!(seen.insert(CeFlags::piece(n, q, l)));
+                    assert_eq!(CeFlags::initial(n, CeFlags::piece(n, q, l)), 0);
                 }
             }
             assert_eq!(seen.len(), CeFlags::words(n));

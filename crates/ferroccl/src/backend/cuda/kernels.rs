@@ -18,6 +18,9 @@ pub(crate) const PLAN_EXEC_SRC: &str = include_str!("kernels/plan_exec.cu");
 /// Name stem of the peer engine's kernels, in their own module (`kernels/peer.cu`): see
 /// `typed_kernel`.
 pub(crate) const PEER_KERNELS: &str = "ferroccl_peer";
+/// Name stem of the fold kernels of copy-and-fold reductions, in the peer engine's module
+/// (`kernels/peer.cu`).
+pub(crate) const FOLD_KERNELS: &str = "ferroccl_fold";
 /// Name stem of the direct engine's kernels, in their own module (`kernels/direct.cu`).
 pub(crate) const DIRECT_KERNELS: &str = "ferroccl_direct";
 
@@ -63,6 +66,9 @@ pub(crate) const DIRECT_SHAPES: &[Shape] = &[Shape::AllReduceSum, Shape::Plain, 
 /// The peer engine's, narrowest first (its loops choose the reduction once per piece anyway,
 /// so a Plain instance would only save code, and NVRTC time on the longest compile).
 pub(crate) const PEER_SHAPES: &[Shape] = &[Shape::AllReduceSum, Shape::Any];
+
+/// The fold kernel's (a reduction always: Plain serves Sum).
+pub(crate) const FOLD_SHAPES: &[Shape] = &[Shape::Plain, Shape::Any];
 
 /// Name of an engine's (`stem`'s) kernel for elements of `dtype` (one per type, named as
 /// nccl-tests names the type) in `shape`.
@@ -400,7 +406,8 @@ mod tests {
                 .collect()
         };
         let direct_entries = typed(DIRECT_KERNELS, DIRECT_SHAPES);
-        let peer_entries = typed(PEER_KERNELS, PEER_SHAPES);
+        let mut peer_entries = typed(PEER_KERNELS, PEER_SHAPES);
+        peer_entries.extend(typed(FOLD_KERNELS, FOLD_SHAPES));
         let plan_entries = vec![
             PLAN_EXEC_KERNEL.to_string(),
             P2P_KERNEL.to_string(),

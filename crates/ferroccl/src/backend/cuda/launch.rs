@@ -16,11 +16,11 @@
 //! Tables a graph captured stay for the communicator's life, as the graph may replay them.
 
 use super::comm::{CudaComm, BLOCK_THREADS};
-use super::copy_engine::{CeOp, Schedule};
+use super::copy_engine::{CeOp, FoldLaunch, Schedule};
 use super::p2p::{p2p_form, P2pForm};
 use super::tables::{
-    encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcLaunch, FcOp, FcPeer, OpDesc,
-    ZeroCopy, DIRECT_THREADS, INLINE_OPS, P2P_MAX_STEPS, P2P_SMALL_STEPS, PEER_MAX_RANKS,
+    encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcFold, FcLaunch, FcOp, FcPeer,
+    OpDesc, ZeroCopy, DIRECT_THREADS, INLINE_OPS, P2P_MAX_STEPS, P2P_SMALL_STEPS, PEER_MAX_RANKS,
     PEER_THREADS,
 };
 use super::window::Windows;
@@ -511,7 +511,9 @@ impl CudaComm {
                             let ce = self.ce.as_ref().expect("checked");
                             // Between symmetric windows (kept by address: `key.by_address`).
                             let lanes = match (&far, c.zero_copy) {
-                                (Some(far), true) => ce.zcopy_schedule(&ce_op(&args[0]), far)?,
+                                (Some(far), true) => {
+                                    ce.zcopy_schedule(&ce_op(&args[0]), far, c.channels)?
+                                }
                                 _ => ce.schedule(&ce_op(&args[0]))?,
                             };
                             Run::Copy(Arc::new(lanes))
@@ -680,10 +682,45 @@ impl CudaComm {
             }
             Run::Copy(lanes) => {
                 self.last_blocks.store(0, Ordering::Relaxed);
+                let a = &args[0];
+                // The fold kernel of a copy-and-fold reduction, on the stream the schedule says.
+                let fold = |f: FoldLaunch, st: sys::CUstream| -> Result<(), Error> {
+                    let (Some((module, _, template)), Some(kernels)) = (&self.peer, &self.fold)
+                    else {
+                        return Err(Error::Internal(
+                            "a copy-and-fold without the peer engine's module".into(),
+                        ));
+                    };
+                    let es = a.dtype.size();
+                    let param = FcFold {
+                        words: f.words,
+                        mine: f.mine,
+                        out: f.out,
+                        count: (f.bytes / es) as u64,
+                        piece: (f.piece / es).max(1) as u64,
+                        abort: self.status.abort_ptr(),
+                        error: self.status.error_ptr(),
+                        timeout_ns: self.timeout_ns,
+                        rank: template.rank,
+                        nblocks: f.blocks as u32,
+                        op: ops[0],
+                    };
+                    // SAFETY: the fold kernel takes one FcFold; its words are this rank's flag
+                    // page (mapped for this GPU), its buffers the caller's (its contract).
+                    unsafe {
+                        self.launch_engine(
+                            module.kernel_at(kernels.pick(a)?),
+                            f.blocks as u32,
+                            PEER_THREADS,
+                            param,
+                            st,
+                        )
+                    }
+                };
                 self.ce
                     .as_ref()
                     .expect("checked when the entry was made")
-                    .enqueue(&lanes, &ce_op(&args[0]), stream)
+                    .enqueue(&lanes, &ce_op(a), stream, &fold)
             }
             Run::Peer {
                 blocks,

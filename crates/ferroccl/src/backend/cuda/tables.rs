@@ -247,6 +247,33 @@ pub(crate) struct FcPeer {
     pub stats: u64,
 }
 
+/// The fold kernel's only parameter (`kernels/peer.cu`, `ferroccl_fold_*`): a copy-and-fold
+/// reduction's local half (`copy_engine::fold_schedule`). Addresses are device addresses as this
+/// GPU maps them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct FcFold {
+    /// The piece word of each copy lane in this rank's flag page (host memory).
+    pub words: [u64; CE_LANES],
+    /// This rank's own operand.
+    pub mine: u64,
+    /// The output, where the peer's copy lands and the result goes.
+    pub out: u64,
+    /// Elements to fold.
+    pub count: u64,
+    /// Elements of a piece (`copies::FOLD_PIECE_BYTES`).
+    pub piece: u64,
+    pub abort: u64,
+    pub error: u64,
+    pub timeout_ns: u64,
+    pub rank: u32,
+    pub nblocks: u32,
+    /// The operation's type and reduction (its buffers are `mine` and `out`).
+    pub op: FcOp,
+}
+
+pub(crate) use ferroccl_core::plan::copies::CE_LANES;
+
 /// Steps the point-to-point kernel's parameter holds (`FC_P2P_MAX_STEPS`): launches with more
 /// stay on the plan kernel.
 pub(crate) const P2P_MAX_STEPS: usize = 64;
@@ -400,6 +427,8 @@ layout! {
     FcPeer: 544 { stage @ 0, flags @ 128, seqs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
                   chunk @ 296, slot_bytes @ 304, kind @ 312, rank @ 316, nranks @ 320, nblocks @ 324, root @ 328,
                   oneshot @ 332, blocks @ 336, split @ 340, op @ 344, views @ 400, direct @ 528, post @ 532, stats @ 536 }
+    FcFold: 136 { words @ 0, mine @ 16, out @ 24, count @ 32, piece @ 40, abort @ 48, error @ 56, timeout_ns @ 64,
+                  rank @ 72, nblocks @ 76, op @ 80 }
     FcP2pStep: 56 { base @ 0, tail @ 8, counter @ 16, buf @ 24, bytes @ 32, piece @ 36, slots @ 40, conn @ 44,
                     peer @ 48, block @ 52, dir @ 54, ll @ 55 }
     FcP2p: 3624 { conns @ 0, abort @ 8, error @ 16, timeout_ns @ 24, rank @ 32, nsteps @ 36, steps @ 40 }
@@ -846,7 +875,7 @@ mod tests {
         rust.sort();
         assert_eq!(cuda, rust);
         // Every field of every struct is pinned: the offsets plus the last field's size fill it.
-        assert_eq!(LAYOUT.iter().filter(|e| e.1.is_empty()).count(), 11);
+        assert_eq!(LAYOUT.iter().filter(|e| e.1.is_empty()).count(), 12);
     }
 
     #[test]
@@ -903,6 +932,7 @@ mod tests {
             ("FC_PEER_MAX_BLOCKS", PEER_MAX_BLOCKS as u32),
             ("FC_PEER_THREADS", PEER_THREADS),
             ("FC_PEER_PHASES", PEER_PHASES as u32),
+            ("FC_CE_LANES", CE_LANES as u32),
             ("FC_P2P_MAX_STEPS", P2P_MAX_STEPS as u32),
             ("FC_P2P_THREADS", P2P_THREADS),
             ("FC_P2P_COPY", P2P_COPY as u32),

@@ -25,6 +25,12 @@ __device__ __forceinline__ fc_u64 ld_acquire_sys(const fc_u64* p) {
     return v;
 }
 
+__device__ __forceinline__ fc_u32 ld_acquire_sys_u32(const fc_u32* p) {
+    fc_u32 v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 __device__ __forceinline__ void st_release_sys(fc_u64* p, fc_u64 v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }

@@ -488,6 +488,67 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
 
 }  // namespace fc
 
+namespace fc {
+
+// ferroccl_fold_<type>[_plain]: the local half of a copy-and-fold reduction (FcFold): out = op(own
+// operand, what the peer's copy engines landed in out), piece by piece as each piece's lane word
+// reaches its count (copy_engine.rs `fold_pieces`: piece k on lane k % FC_CE_LANES, the
+// (k / FC_CE_LANES + 1)-th of its lane). Each block takes its slice of every piece (cut at 64
+// elements); thread 0 polls the word in host memory with an acquire, and the barrier orders the
+// block's loads after it. Both ranks fold in the same order, (the peer's, the own) for the
+// commutative reductions and rank 0's operands first for Max and Min, so every rank gets the same
+// bits. What landed is the peer's raw input: a PreMulSum scales it in place first.
+template <typename D, fc_u32 DTYPE, int SHAPE>
+__device__ __forceinline__ void fold_main(const FcFold& P) {
+    if (blockIdx.x >= P.nblocks || P.piece == 0 || P.rank > 1u) return;
+    if (P.op.dtype != DTYPE || !fc::redop_valid(P.op.redop)) return;
+    if (!fc::shape_serves<SHAPE>(FC_KIND_ALL_REDUCE, P.op.redop)) return;
+    fc::prior_grid_wait();
+    const volatile FcError* err = (const volatile FcError*)P.error;
+    if (err != nullptr && err->claimed != 0u) return;
+    constexpr bool SUM = SHAPE != FC_SHAPE_ANY;
+    const fc_u64 es = sizeof(typename D::S), n = P.count, pe = P.piece;
+    const fc_u8* mine = (const fc_u8*)P.mine;
+    fc_u8* out = (fc_u8*)P.out;
+    const bool swap = !SUM && P.rank == 1u && (P.op.redop == FC_OP_MAX || P.op.redop == FC_OP_MIN);
+    const bool scale = !SUM && P.op.redop == FC_OP_PREMULSUM;
+    const fc_u64 pieces = (n + pe - 1u) / pe;
+    for (fc_u64 k = 0; k < pieces; ++k) {
+        int bad = 0;
+        if (threadIdx.x == 0) {
+            const fc_u32* w = (const fc_u32*)P.words[k % FC_CE_LANES];
+            const fc_u32 want = (fc_u32)(k / FC_CE_LANES + 1u);
+            fc_u32 polls = 0, v;
+            fc_u64 since = 0;
+            while ((v = fc::ld_acquire_sys_u32(w)) < want) {
+                if (!fc::engine_keep_waiting(P, polls, since, FC_WHAT_DATA, 1u - P.rank, want, v)) {
+                    bad = 1;
+                    break;
+                }
+            }
+        }
+        if (__syncthreads_or(bad)) return;
+        if (k + 1u == pieces) fc::release_next_grid();
+        const fc_u64 a = k * pe, len = n - a < pe ? n - a : pe;
+        const fc_u64 s0 = fc::cut(len, P.nblocks, blockIdx.x), s1 = fc::cut(len, P.nblocks, blockIdx.x + 1u);
+        if (s1 <= s0) continue;
+        fc_u8* o = out + (a + s0) * es;
+        const fc_u8* m = mine + (a + s0) * es;
+        if (scale) {
+            fc::transform_as<D, SUM>(P.op, o, o, s1 - s0, true, false);
+            __syncthreads();
+        }
+        fc::reduce_as<D, SUM>(P.op, o, nullptr, swap ? m : o, swap ? o : m, s1 - s0, true, true);
+    }
+}
+
+}  // namespace fc
+
+#define FC_FOLD_ENTRY(TYPE, D, DTYPE)                                                         \
+    FC_ENTRY(ferroccl_fold_##TYPE, FC_PEER_THREADS, FcFold, (fc::fold_main<D, DTYPE, FC_SHAPE_ANY>)) \
+    FC_ENTRY(ferroccl_fold_##TYPE##_plain, FC_PEER_THREADS, FcFold, (fc::fold_main<D, DTYPE, FC_SHAPE_PLAIN>))
+FC_FOR_EACH_TYPE(FC_FOLD_ENTRY)
+
 #define FC_PEER_ENTRY(TYPE, D, DTYPE)                                                     \
     FC_ENTRY(ferroccl_peer_##TYPE, FC_PEER_THREADS, FcPeer, (fc::peer_main<D, DTYPE, FC_SHAPE_ANY>)) \
     FC_ENTRY(ferroccl_peer_##TYPE##_sum, FC_PEER_THREADS, FcPeer, (fc::peer_main<D, DTYPE, FC_SHAPE_AR_SUM>))

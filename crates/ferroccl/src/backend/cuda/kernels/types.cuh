@@ -295,6 +295,39 @@ FC_CHECK_OFFSET(FcPeer, direct, 528);
 FC_CHECK_OFFSET(FcPeer, post, 532);
 FC_CHECK_OFFSET(FcPeer, stats, 536);
 
+// ---- the fold kernel (peer.cu, in the peer engine's module) ---------------------------------------
+// The local half of a copy-and-fold reduction on 2 ranks (copy_engine.rs `fold_schedule`): the
+// peer's copy engines land its share in this rank's output piece by piece, raising a word per
+// copy lane in this rank's flag page (host memory); the kernel folds this rank's own operand into
+// each piece once its word says it is there.
+#define FC_CE_LANES 2u
+
+struct FcFold {
+    fc_u64 words[FC_CE_LANES];  // piece word of each copy lane (this rank's page, as mapped here)
+    fc_u64 mine;                // this rank's own operand
+    fc_u64 out;                 // the output: the peer's copy lands here, the result goes here
+    fc_u64 count;               // elements to fold
+    fc_u64 piece;               // elements per piece
+    fc_u64 abort;               // as FcLaunch
+    fc_u64 error;
+    fc_u64 timeout_ns;
+    fc_u32 rank;
+    fc_u32 nblocks;
+    FcOp op;                    // type and reduction (send and recv unused)
+};
+FC_CHECK_SIZE(FcFold, 136);
+FC_CHECK_OFFSET(FcFold, words, 0);
+FC_CHECK_OFFSET(FcFold, mine, 16);
+FC_CHECK_OFFSET(FcFold, out, 24);
+FC_CHECK_OFFSET(FcFold, count, 32);
+FC_CHECK_OFFSET(FcFold, piece, 40);
+FC_CHECK_OFFSET(FcFold, abort, 48);
+FC_CHECK_OFFSET(FcFold, error, 56);
+FC_CHECK_OFFSET(FcFold, timeout_ns, 64);
+FC_CHECK_OFFSET(FcFold, rank, 72);
+FC_CHECK_OFFSET(FcFold, nblocks, 76);
+FC_CHECK_OFFSET(FcFold, op, 80);
+
 // ---- the point-to-point kernel (p2p.cuh, in the plan kernel's module) ---------------------------
 // A launch whose plan is only sends and receives (and copies for sends to oneself), run over the
 // plan kernel's own connections with its protocols, so that either kernel may sit at either end
