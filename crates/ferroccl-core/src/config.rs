@@ -148,6 +148,16 @@ pub struct Config {
     /// = 512 KiB on 2 ranks by default, all of them). Fewer bytes per block: more blocks for medium
     /// sizes, each storing less before its flag. At least 1. Every rank must agree.
     pub gpu_peer_block_bytes: usize,
+    /// FERROCCL_GPU_PEER_ROUND_BYTES: the most bytes a peer-engine block moves per peer in one
+    /// round of a one-phase operation (every kind but the two-shot all-reduce); 0 (the default):
+    /// two slots, all the staging holds. Smaller rounds make more rounds of a medium operation,
+    /// so that a split launch's receive blocks fold one round while its send blocks store the
+    /// next. Every rank must agree.
+    pub gpu_peer_round_bytes: usize,
+    /// FERROCCL_GPU_FOLD_BLOCKS: thread blocks of the fold kernel of a copy-and-fold reduction
+    /// (`plan::copies::folds`), 1 to 132; the default `tune::FOLD_BLOCKS`. Each rank sets its own
+    /// (the fold is local).
+    pub gpu_fold_blocks: usize,
     /// FERROCCL_GPU_PEER_SPLIT: the peer engine's one-phase rounds on two blocks a slice, one
     /// sending and one receiving, each at its own pace (`tune::Choice::split`). `auto` (None,
     /// the default): for the kinds and sizes where it measured faster (`tune::peer_split_pays`);
@@ -237,6 +247,8 @@ impl Default for Config {
             gpu_peer_oneshot_max_bytes: PEER_ONESHOT_MAX_BYTES,
             gpu_peer_blocks: 0,
             gpu_peer_block_bytes: crate::tune::PEER_BLOCK_BYTES,
+            gpu_peer_round_bytes: 0,
+            gpu_fold_blocks: crate::tune::FOLD_BLOCKS,
             gpu_peer_split: None,
             gpu_peer_direct: true,
             gpu_peer_rooted_max_bytes: PEER_ROOTED_MAX_BYTES,
@@ -403,6 +415,12 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_PEER_BLOCK_BYTES") {
             c.gpu_peer_block_bytes = parse("FERROCCL_GPU_PEER_BLOCK_BYTES", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_FOLD_BLOCKS") {
+            c.gpu_fold_blocks = parse("FERROCCL_GPU_FOLD_BLOCKS", v)?;
+        }
+        if let Some(v) = get("FERROCCL_GPU_PEER_ROUND_BYTES") {
+            c.gpu_peer_round_bytes = parse("FERROCCL_GPU_PEER_ROUND_BYTES", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_PEER_SPLIT") {
             c.gpu_peer_split = match v.trim() {
                 "" | "auto" => None,
@@ -521,6 +539,10 @@ impl Config {
                 self.gpu_peer_block_bytes.to_string(),
             ),
             (
+                "FERROCCL_GPU_PEER_ROUND_BYTES",
+                self.gpu_peer_round_bytes.to_string(),
+            ),
+            (
                 "FERROCCL_GPU_PEER_SPLIT",
                 self.gpu_peer_split
                     .map_or("auto".into(), |b| (b as u8).to_string()),
@@ -615,6 +637,12 @@ impl Config {
                 "gpu_peer_blocks={} must be at most {} (0: by rank count)",
                 self.gpu_peer_blocks,
                 crate::tune::PEER_MAX_BLOCKS
+            )));
+        }
+        if !(1..=132).contains(&self.gpu_fold_blocks) {
+            return Err(Error::InvalidArgument(format!(
+                "gpu_fold_blocks={} must be 1 to 132",
+                self.gpu_fold_blocks
             )));
         }
         if self.gpu_peer_block_bytes == 0 {
@@ -909,6 +937,19 @@ mod tests {
             .shared_settings()
             .iter()
             .any(|(k, v)| *k == "FERROCCL_GPU_PEER_BLOCK_BYTES" && v == "32768"));
+        let round =
+            Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_ROUND_BYTES", "16384")])).unwrap();
+        assert_eq!(
+            (
+                round.gpu_peer_round_bytes,
+                Config::default().gpu_peer_round_bytes
+            ),
+            (16 << 10, 0)
+        );
+        assert!(round
+            .shared_settings()
+            .iter()
+            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_ROUND_BYTES" && v == "16384"));
         let err = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCK_BYTES", "0")]))
             .unwrap_err()
             .to_string();

@@ -107,6 +107,9 @@ pub const FOLD_BLOCKS: usize = 16;
 /// The smallest largest-buffer for which [`peer_split_pays`] splits.
 pub const PEER_SPLIT_MIN_BYTES: usize = 32 << 20;
 
+/// The largest-buffer sizes for which [`peer_split_pays`] splits the rooted kinds.
+pub const PEER_SPLIT_ROOTED_BYTES: std::ops::RangeInclusive<usize> = (256 << 10)..=(2 << 20);
+
 /// Whether the peer engine's split rounds (half the blocks sending, half receiving) are the
 /// default for `kind` with a largest buffer of `bytes` (`FERROCCL_GPU_PEER_SPLIT=auto`).
 /// Measured on 2 x H200 with 64 blocks, graphs, float32 (docs/PERFORMANCE.md section 18): split
@@ -114,12 +117,25 @@ pub const PEER_SPLIT_MIN_BYTES: usize = 32 << 20;
 /// scatter 344 -> 353, reduce-scatter 320 -> 325, where the symmetric kinds' blocks no longer
 /// copy out between their stores; and cost gather 359 -> 350, broadcast 348 -> 343, reduce
 /// 362 -> 349, all-reduce 340 -> 332, whose receiving side had every block before. From 32 MiB
-/// (128 MiB and up measured alike; below, not measured).
+/// (128 MiB and up measured alike; below, not measured). And the rooted kinds from 256 KiB to 2
+/// MiB (section 21, a thread per GPU, graphs): a root folds or copies out one block's round while
+/// the peer's send blocks store the next, 0.7-1.2 us off broadcast, gather, reduce and scatter of
+/// 512 KiB - 2 MiB (reduce 512 KiB 7.15 -> 6.14 us); at 8 MiB a reduce lost 1 us, at 128 KiB
+/// broadcast 0.16, and all-gather and reduce-scatter lost 2-2.5 us from 512 KiB.
 pub fn peer_split_pays(kind: CollKind, bytes: Option<usize>) -> bool {
-    matches!(
-        kind,
-        CollKind::AllGather | CollKind::AllToAll | CollKind::ReduceScatter | CollKind::Scatter
-    ) && bytes.is_some_and(|b| b >= PEER_SPLIT_MIN_BYTES)
+    let Some(b) = bytes else { return false };
+    match kind {
+        CollKind::AllGather | CollKind::AllToAll | CollKind::ReduceScatter
+            if b >= PEER_SPLIT_MIN_BYTES =>
+        {
+            true
+        }
+        CollKind::Scatter if b >= PEER_SPLIT_MIN_BYTES => true,
+        CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter => {
+            PEER_SPLIT_ROOTED_BYTES.contains(&b)
+        }
+        _ => false,
+    }
 }
 
 /// Whether the peer engine runs `kind` on `nranks` ranks (given room in its staging): 2 to
@@ -600,7 +616,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             algo: Algo::OneShot,
             protocol: Protocol::Simple,
             engine: Engine::CopyEngine,
-            channels: FOLD_BLOCKS.min(cfg.gpu_channels.max(1)),
+            channels: cfg.gpu_fold_blocks.min(cfg.gpu_channels.max(1)).max(1),
             chunk_elems: (copies::FOLD_PIECE_BYTES / es).max(1),
             zero_copy: true,
             post_output: true,
@@ -608,7 +624,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             why: Why {
                 algo: "a reduction of 2 ranks between symmetric windows from FERROCCL_GPU_CE_WINDOW_BYTES up: the peer's share copied into the output, folded there",
                 protocol: "a word per piece raised by stream memory operations, polled by the fold kernel",
-                channels: "the fold kernel's blocks (FOLD_BLOCKS); copy engines move the data",
+                channels: "the fold kernel's blocks (FERROCCL_GPU_FOLD_BLOCKS); copy engines move the data",
             },
         };
     }
@@ -660,6 +676,11 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             CollKind::AllReduce if !one_crossing => {
                 (Algo::TwoShot, slot_elems.saturating_mul(op.nranks))
             }
+            // FERROCCL_GPU_PEER_ROUND_BYTES: smaller rounds, at least 64 elements (a cut).
+            _ if cfg.gpu_peer_round_bytes > 0 => (
+                Algo::OneShot,
+                (cfg.gpu_peer_round_bytes / es).clamp(64, slot_elems.saturating_mul(2).max(64)),
+            ),
             _ => (Algo::OneShot, slot_elems.saturating_mul(2)),
         };
         // FERROCCL_GPU_PEER_SPLIT: one-phase rounds on a send block and a receive block a

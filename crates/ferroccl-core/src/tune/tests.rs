@@ -1826,6 +1826,50 @@ fn the_peer_engine_splits_one_phase_rounds_only_where_asked_and_safe() {
             "{kind}: below the size"
         );
     }
+    // The rooted kinds from 256 KiB to 2 MiB: split at both ends, not just outside; the others
+    // not there.
+    for kind in [
+        AllGather,
+        AllToAll,
+        ReduceScatter,
+        Scatter,
+        Gather,
+        Broadcast,
+        Reduce,
+        AllReduce,
+    ] {
+        let per_rank = if matches!(
+            kind,
+            AllGather | AllToAll | Gather | Scatter | ReduceScatter
+        ) {
+            2
+        } else {
+            1
+        };
+        let rooted = matches!(kind, Gather | Scatter | Broadcast | Reduce);
+        let at = |b: usize| {
+            choose(
+                &shape(kind, b / 4 / per_rank, Float32, 2),
+                Device::Gpu,
+                &auto,
+            )
+        };
+        for b in [
+            *PEER_SPLIT_ROOTED_BYTES.start(),
+            *PEER_SPLIT_ROOTED_BYTES.end(),
+        ] {
+            // (Gather and scatter of 256 KiB send 128 KiB: the direct engine's.)
+            let c = at(b);
+            assert_eq!(
+                c.split,
+                rooted && c.engine == Engine::PeerKernel,
+                "{kind} at {b}"
+            );
+        }
+        assert_eq!(at(*PEER_SPLIT_ROOTED_BYTES.end()).split, rooted, "{kind}");
+        assert!(!at(*PEER_SPLIT_ROOTED_BYTES.end() * 2).split, "{kind}");
+        assert!(!at(*PEER_SPLIT_ROOTED_BYTES.start() / 2).split, "{kind}");
+    }
     assert!(
         !choose(
             &OpShape {
@@ -1925,4 +1969,45 @@ fn the_peer_engine_goes_direct_only_where_data_only_moves() {
             "{kind} at the size"
         );
     }
+}
+
+/// FERROCCL_GPU_PEER_ROUND_BYTES: smaller rounds for the peer engine's one-phase operations (not
+/// the two-shot all-reduce), never more than two slots nor fewer than 64 elements.
+#[test]
+fn peer_round_bytes_cut_one_phase_rounds() {
+    let cfg = Config::default();
+    let slot = peer_slot_bytes(&cfg, 2);
+    let small = Config {
+        gpu_peer_round_bytes: 16 << 10,
+        ..cfg.clone()
+    };
+    for kind in [CollKind::AllReduce, CollKind::Reduce, CollKind::AllGather] {
+        let op = shape(kind, (4 << 20) / 4, Float32, 2);
+        let d = choose(&op, Device::Gpu, &cfg);
+        let c = choose(&op, Device::Gpu, &small);
+        assert_eq!(
+            (d.engine, c.engine),
+            (Engine::PeerKernel, Engine::PeerKernel),
+            "{kind}"
+        );
+        assert_eq!(d.chunk_elems * 4, 2 * slot, "{kind}");
+        assert_eq!(c.chunk_elems * 4, 16 << 10, "{kind}");
+    }
+    let tiny = Config {
+        gpu_peer_round_bytes: 8,
+        ..cfg.clone()
+    };
+    let huge = Config {
+        gpu_peer_round_bytes: 1 << 40,
+        ..cfg.clone()
+    };
+    let op = shape(CollKind::Reduce, (4 << 20) / 4, Float32, 2);
+    assert_eq!(choose(&op, Device::Gpu, &tiny).chunk_elems, 64);
+    assert_eq!(choose(&op, Device::Gpu, &huge).chunk_elems * 4, 2 * slot);
+    // The two-shot all-reduce (3 ranks) keeps its round of a slot per peer.
+    let three = shape(CollKind::AllReduce, (4 << 20) / 4, Float32, 3);
+    assert_eq!(
+        choose(&three, Device::Gpu, &small).chunk_elems,
+        choose(&three, Device::Gpu, &cfg).chunk_elems
+    );
 }
