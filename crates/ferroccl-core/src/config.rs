@@ -158,6 +158,10 @@ pub struct Config {
     /// (`plan::copies::folds`), 1 to 132; the default `tune::FOLD_BLOCKS`. Each rank sets its own
     /// (the fold is local).
     pub gpu_fold_blocks: usize,
+    /// FERROCCL_GPU_FOLD_PIECE_BYTES: bytes of one piece of a copy-and-fold reduction (the copy
+    /// engines land, and the fold kernel folds, piece by piece); a multiple of 4 KiB, at least 64
+    /// KiB; the default `plan::copies::FOLD_PIECE_BYTES`. Every rank must agree.
+    pub gpu_fold_piece_bytes: usize,
     /// FERROCCL_GPU_PEER_SPLIT: the peer engine's one-phase rounds on two blocks a slice, one
     /// sending and one receiving, each at its own pace (`tune::Choice::split`). `auto` (None,
     /// the default): for the kinds and sizes where it measured faster (`tune::peer_split_pays`);
@@ -249,6 +253,7 @@ impl Default for Config {
             gpu_peer_block_bytes: crate::tune::PEER_BLOCK_BYTES,
             gpu_peer_round_bytes: 0,
             gpu_fold_blocks: crate::tune::FOLD_BLOCKS,
+            gpu_fold_piece_bytes: crate::plan::copies::FOLD_PIECE_BYTES,
             gpu_peer_split: None,
             gpu_peer_direct: true,
             gpu_peer_rooted_max_bytes: PEER_ROOTED_MAX_BYTES,
@@ -418,6 +423,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_FOLD_BLOCKS") {
             c.gpu_fold_blocks = parse("FERROCCL_GPU_FOLD_BLOCKS", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_FOLD_PIECE_BYTES") {
+            c.gpu_fold_piece_bytes = parse("FERROCCL_GPU_FOLD_PIECE_BYTES", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_PEER_ROUND_BYTES") {
             c.gpu_peer_round_bytes = parse("FERROCCL_GPU_PEER_ROUND_BYTES", v)?;
         }
@@ -543,6 +551,10 @@ impl Config {
                 self.gpu_peer_round_bytes.to_string(),
             ),
             (
+                "FERROCCL_GPU_FOLD_PIECE_BYTES",
+                self.gpu_fold_piece_bytes.to_string(),
+            ),
+            (
                 "FERROCCL_GPU_PEER_SPLIT",
                 self.gpu_peer_split
                     .map_or("auto".into(), |b| (b as u8).to_string()),
@@ -643,6 +655,12 @@ impl Config {
             return Err(Error::InvalidArgument(format!(
                 "gpu_fold_blocks={} must be 1 to 132",
                 self.gpu_fold_blocks
+            )));
+        }
+        if self.gpu_fold_piece_bytes < (64 << 10) || self.gpu_fold_piece_bytes % 4096 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "gpu_fold_piece_bytes={} must be a multiple of 4096, at least 65536",
+                self.gpu_fold_piece_bytes
             )));
         }
         if self.gpu_peer_block_bytes == 0 {
@@ -950,6 +968,33 @@ mod tests {
             .shared_settings()
             .iter()
             .any(|(k, v)| *k == "FERROCCL_GPU_PEER_ROUND_BYTES" && v == "16384"));
+        let fold = Config::from_vars(&vars(&[
+            ("FERROCCL_GPU_FOLD_BLOCKS", "64"),
+            ("FERROCCL_GPU_FOLD_PIECE_BYTES", "33554432"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (fold.gpu_fold_blocks, fold.gpu_fold_piece_bytes),
+            (64, 32 << 20)
+        );
+        // The pieces are every rank's alike, the blocks each rank's own.
+        assert!(fold
+            .shared_settings()
+            .iter()
+            .any(|(k, v)| *k == "FERROCCL_GPU_FOLD_PIECE_BYTES" && v == "33554432"));
+        assert!(!fold
+            .shared_settings()
+            .iter()
+            .any(|(k, _)| *k == "FERROCCL_GPU_FOLD_BLOCKS"));
+        for (k, v) in [
+            ("FERROCCL_GPU_FOLD_BLOCKS", "0"),
+            ("FERROCCL_GPU_FOLD_BLOCKS", "133"),
+            ("FERROCCL_GPU_FOLD_PIECE_BYTES", "4096"),
+            ("FERROCCL_GPU_FOLD_PIECE_BYTES", "65537"),
+        ] {
+            let err = Config::from_vars(&vars(&[(k, v)])).unwrap_err().to_string();
+            assert!(err.contains("gpu_fold"), "{k}={v}: {err}");
+        }
         let err = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCK_BYTES", "0")]))
             .unwrap_err()
             .to_string();

@@ -617,7 +617,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             protocol: Protocol::Simple,
             engine: Engine::CopyEngine,
             channels: cfg.gpu_fold_blocks.min(cfg.gpu_channels.max(1)).max(1),
-            chunk_elems: (copies::FOLD_PIECE_BYTES / es).max(1),
+            chunk_elems: (cfg.gpu_fold_piece_bytes / es).max(1),
             zero_copy: true,
             post_output: true,
             split: false,

@@ -28,7 +28,6 @@ use crate::cuda::hostpage::HostPage;
 use cudarc::driver::sys;
 use ferroccl_core::plan::copies::{
     copies, fold_serves, folds, pieces, zcopy_serves, Piece, Transfer, CE_LANES, CE_SLOTS,
-    FOLD_PIECE_BYTES,
 };
 use ferroccl_core::{CollKind, Error, Rank};
 use std::time::{Duration, Instant};
@@ -54,10 +53,20 @@ impl CeFlags {
     }
     /// `piece` of lane `lane` of sender `from`, in the receiver's page (set by the sender): how
     /// many of a copy-and-fold's pieces that lane has landed in the receiver's output (the fold
-    /// kernel waits for it, the receiver's stream sets it back to 0).
+    /// kernel waits for it, the receiver's stream sets it back to 0). These words live apart from
+    /// the host page, in the receiver's GPU memory (`CeFabric::fold`, `piece_at`), where the fold
+    /// kernel polls them; the schedules and the model name them as page words all the same.
     pub fn piece(n: usize, from: Rank, lane: usize) -> usize {
         debug_assert!(from < n && lane < CE_LANES);
         2 * n * CE_SLOTS + n * CE_LANES + from * CE_LANES + lane
+    }
+    /// For a `piece` word: its byte offset in the owner's piece-word area (a 128-byte line per
+    /// sender); None for the host page's words.
+    pub fn piece_at(n: usize, word: usize) -> Option<usize> {
+        let first = Self::piece(n, 0, 0);
+        (first..first + n * CE_LANES)
+            .contains(&word)
+            .then(|| ((word - first) / CE_LANES) * 128 + ((word - first) % CE_LANES) * 4)
     }
     /// Words of a page.
     pub fn words(n: usize) -> usize {
@@ -338,10 +347,10 @@ pub(crate) fn zcopy_schedule(
     me: Rank,
     n: usize,
     far: &[u64],
-    fold_blocks: usize,
+    fold: (usize, usize),
 ) -> Result<Schedule, Error> {
     if fold_serves(op.kind, n, false) {
-        return fold_schedule(op, me, n, far, fold_blocks);
+        return fold_schedule(op, me, n, far, fold);
     }
     if !zcopy_serves(op.kind, n) || (op.kind == CollKind::AllToAll && op.send == op.recv) {
         return Err(Error::Internal(format!(
@@ -413,7 +422,8 @@ pub(crate) fn zcopy_schedule(
 
 /// Rank `me`'s commands for a copy-and-fold reduction between symmetric windows
 /// (`plan::copies::folds`, 2 ranks, out of place): `far[q]` is where this process maps rank q's
-/// output.
+/// output; `(blocks, piece)`: the fold kernel's blocks and the bytes of a piece (every rank's
+/// alike).
 ///
 /// On each of the peer's lanes: tell the peer this rank entered the operation (`ready` of the
 /// lane: everything before, its reads of its output included, is done), wait until the peer
@@ -429,7 +439,7 @@ fn fold_schedule(
     me: Rank,
     n: usize,
     far: &[u64],
-    blocks: usize,
+    (blocks, piece): (usize, usize),
 ) -> Result<Schedule, Error> {
     if op.send == op.recv {
         return Err(Error::Internal(format!(
@@ -437,9 +447,9 @@ fn fold_schedule(
             op.kind
         )));
     }
-    if far.len() != n || blocks == 0 {
+    if far.len() != n || blocks == 0 || piece == 0 {
         return Err(Error::Internal(format!(
-            "the copy engine's fold got {} peer addresses for {n} ranks and {blocks} blocks",
+            "the copy engine's fold got {} peer addresses for {n} ranks, {blocks} blocks and pieces of {piece} bytes",
             far.len()
         )));
     }
@@ -461,7 +471,7 @@ fn fold_schedule(
     // Only lanes with pieces: the fold waits for a piece of each, and so this rank leaves the
     // operation only after its peer took every `ready` it gave (a second `ready` written onto one
     // not yet taken would be lost).
-    let used = fold_pieces(out.bytes, FOLD_PIECE_BYTES)
+    let used = fold_pieces(out.bytes, piece)
         .map(|p| p.lane + 1)
         .max()
         .unwrap_or(0);
@@ -482,7 +492,7 @@ fn fold_schedule(
                 value: 0,
             },
         ];
-        for p in fold_pieces(out.bytes, FOLD_PIECE_BYTES).filter(|p| p.lane == lane) {
+        for p in fold_pieces(out.bytes, piece).filter(|p| p.lane == lane) {
             v.push(Cmd::Copy {
                 dst: Addr::Abs(far[q] + (out.dst + p.at) as u64),
                 src: Addr::Send(out.src + p.at),
@@ -500,7 +510,7 @@ fn fold_schedule(
         from: q,
         src: mine.local,
         bytes: mine.copy.bytes,
-        piece: FOLD_PIECE_BYTES,
+        piece,
         blocks,
     }];
     local.extend((0..used).map(|lane| Cmd::Write {
@@ -588,14 +598,15 @@ impl CopyEngine {
 
     /// This rank's commands for `op` between symmetric windows (`zcopy_schedule`; the launch
     /// path keeps them with the buffers' addresses).
-    /// `fold_blocks`: the fold kernel's blocks, for the reductions (the tuner's channels).
+    /// `fold`: the fold kernel's blocks and piece bytes, for the reductions (the tuner's
+    /// channels and chunk).
     pub fn zcopy_schedule(
         &self,
         op: &CeOp,
         far: &[u64],
-        fold_blocks: usize,
+        fold: (usize, usize),
     ) -> Result<Schedule, Error> {
-        zcopy_schedule(op, self.rank, self.nranks, far, fold_blocks)
+        zcopy_schedule(op, self.rank, self.nranks, far, fold)
     }
 
     fn addr(&self, a: Addr, op: &CeOp) -> u64 {
@@ -612,7 +623,10 @@ impl CopyEngine {
     }
 
     fn word(&self, page: Rank, word: usize) -> u64 {
-        self.fabric.pages[page] + 4 * word as u64
+        match CeFlags::piece_at(self.nranks, word) {
+            Some(at) => self.fabric.fold[page] + at as u64,
+            None => self.fabric.pages[page] + 4 * word as u64,
+        }
     }
 
     /// Enqueues `lanes` (`schedule` of `op`) on `op`'s buffers after everything on `user`, and
@@ -826,6 +840,7 @@ impl Drop for CopyEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferroccl_core::plan::copies::FOLD_PIECE_BYTES;
     use proptest::prelude::*;
     use std::collections::HashMap;
 
@@ -1277,7 +1292,7 @@ mod tests {
     fn zcopy_of(n: usize) -> impl Fn(&CeOp, Rank) -> Vec<(Lane, Vec<Cmd>)> {
         move |op, me| {
             let far: Vec<u64> = (0..n).map(far_of).collect();
-            zcopy_schedule(op, me, n, &far, 4).expect("schedule")
+            zcopy_schedule(op, me, n, &far, (4, FOLD_PIECE_BYTES)).expect("schedule")
         }
     }
 
@@ -1357,9 +1372,9 @@ mod tests {
             send: 5,
             recv: 5,
         };
-        assert!(zcopy_schedule(&in_place, 0, 2, &[0, far_of(1)], 4).is_err());
+        assert!(zcopy_schedule(&in_place, 0, 2, &[0, far_of(1)], (4, FOLD_PIECE_BYTES)).is_err());
         assert!(
-            zcopy_schedule(&ops[0], 0, 2, &[0], 4).is_err(),
+            zcopy_schedule(&ops[0], 0, 2, &[0], (4, FOLD_PIECE_BYTES)).is_err(),
             "an address per rank"
         );
         let gather = CeOp {
@@ -1371,7 +1386,7 @@ mod tests {
             recv: 1,
         };
         assert!(
-            zcopy_schedule(&gather, 0, 2, &[0, far_of(1)], 4).is_err(),
+            zcopy_schedule(&gather, 0, 2, &[0, far_of(1)], (4, FOLD_PIECE_BYTES)).is_err(),
             "not a kind it serves"
         );
     }
@@ -1638,10 +1653,17 @@ mod tests {
         assert!(errs.len() == 64, "every run ends with the words changed");
         let mut in_place = ops[0];
         in_place.recv = in_place.send;
-        assert!(zcopy_schedule(&in_place, 0, 2, &[0, far_of(1)], 4).is_err());
-        assert!(zcopy_schedule(&ops[0], 0, 2, &[0], 4).is_err());
-        assert!(zcopy_schedule(&ops[0], 0, 2, &[0, far_of(1)], 0).is_err());
-        assert!(zcopy_schedule(&ops[0], 0, 3, &[0, far_of(1), far_of(2)], 4).is_err());
+        assert!(zcopy_schedule(&in_place, 0, 2, &[0, far_of(1)], (4, FOLD_PIECE_BYTES)).is_err());
+        assert!(zcopy_schedule(&ops[0], 0, 2, &[0], (4, FOLD_PIECE_BYTES)).is_err());
+        assert!(zcopy_schedule(&ops[0], 0, 2, &[0, far_of(1)], (0, FOLD_PIECE_BYTES)).is_err());
+        assert!(zcopy_schedule(
+            &ops[0],
+            0,
+            3,
+            &[0, far_of(1), far_of(2)],
+            (4, FOLD_PIECE_BYTES)
+        )
+        .is_err());
     }
 
     #[test]
@@ -1663,6 +1685,16 @@ mod tests {
                 }
             }
             assert_eq!(seen.len(), CeFlags::words(n));
+            // The piece words map into a line per sender of the GPU-side area; the others not.
+            let mut at = std::collections::HashSet::new();
+            for q in 0..n {
+                for l in 0..CE_LANES {
+                    let a = CeFlags::piece_at(n, CeFlags::piece(n, q, l)).unwrap();
+                    assert!(a / 128 == q && a % 4 == 0 && at.insert(a));
+                }
+                assert_eq!(CeFlags::piece_at(n, CeFlags::ready(n, q, 0)), None);
+                assert_eq!(CeFlags::piece_at(n, CeFlags::full(n, q, 0)), None);
+            }
             assert!(seen.iter().all(|&w| w < CeFlags::words(n)));
             assert!(CeFlags::words(n) * 4 <= crate::cuda::hostpage::PAGE_BYTES);
         }

@@ -108,9 +108,16 @@ impl Geometry {
     pub fn peer_flags_off(&self) -> usize {
         self.peer_stage_off() + self.nranks.saturating_sub(1) * self.peer_region_bytes()
     }
+    /// Then the copy-and-fold's piece words [sender][lane], a line per sender (written by the
+    /// senders' copy lanes, polled by the owner's fold kernel): in GPU memory, where the kernel's
+    /// polls stay local (polling the host page from many blocks slowed the copies 2-9 x on 2 x
+    /// H200, docs/PERFORMANCE.md section 21).
+    pub fn peer_fold_off(&self) -> usize {
+        self.peer_flags_off() + PEER_MAX_BLOCKS * self.nranks * PEER_PHASES * LINE
+    }
     pub fn recv_arena_bytes(&self) -> usize {
         if self.has_peer() {
-            self.peer_flags_off() + PEER_MAX_BLOCKS * self.nranks * PEER_PHASES * LINE
+            self.peer_fold_off() + self.nranks * LINE
         } else {
             self.direct_slots_end()
         }
@@ -261,6 +268,8 @@ pub(crate) struct Fabric {
 /// process), with the pages this process maps.
 pub(crate) struct CeFabric {
     pub stage: Vec<u64>,
+    /// Rank q's copy-and-fold piece words (`Geometry::peer_fold_off`), as this GPU maps them.
+    pub fold: Vec<u64>,
     pub region_bytes: usize,
     pub pages: Vec<u64>,
     pub mine: HostPage,
@@ -410,6 +419,10 @@ impl Fabric {
             pages[me] = mine.device_ptr();
             CeFabric {
                 stage: p.stage[..n].to_vec(),
+                fold: arenas
+                    .iter()
+                    .map(|a| a.recv + geo.peer_fold_off() as u64)
+                    .collect(),
                 region_bytes: geo.peer_region_bytes(),
                 pages,
                 mine,
@@ -795,9 +808,10 @@ mod tests {
                 blocks * (n - 1) * 4 * slot
             );
             assert_eq!(
-                g.recv_arena_bytes() - g.peer_flags_off(),
+                g.peer_fold_off() - g.peer_flags_off(),
                 PEER_MAX_BLOCKS * n * PEER_PHASES * LINE
             );
+            assert_eq!(g.recv_arena_bytes() - g.peer_fold_off(), n * LINE);
             assert!(g.peer_seqs_off() >= plain.send_arena_bytes() && g.peer_seqs_off() % LINE == 0);
             assert_eq!(
                 g.send_arena_bytes(),

@@ -511,9 +511,11 @@ impl CudaComm {
                             let ce = self.ce.as_ref().expect("checked");
                             // Between symmetric windows (kept by address: `key.by_address`).
                             let lanes = match (&far, c.zero_copy) {
-                                (Some(far), true) => {
-                                    ce.zcopy_schedule(&ce_op(&args[0]), far, c.channels)?
-                                }
+                                (Some(far), true) => ce.zcopy_schedule(
+                                    &ce_op(&args[0]),
+                                    far,
+                                    (c.channels, c.chunk_elems * args[0].dtype.size()),
+                                )?,
                                 _ => ce.schedule(&ce_op(&args[0]))?,
                             };
                             Run::Copy(Arc::new(lanes))
