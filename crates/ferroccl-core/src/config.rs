@@ -162,6 +162,10 @@ pub struct Config {
     /// engines land, and the fold kernel folds, piece by piece); a multiple of 4 KiB, at least 64
     /// KiB; the default `plan::copies::FOLD_PIECE_BYTES`. Every rank must agree.
     pub gpu_fold_piece_bytes: usize,
+    /// FERROCCL_GPU_FOLD_MIN_BYTES: the smallest largest-buffer for which all-reduce and
+    /// reduce-scatter between symmetric windows on 2 ranks take the copy-and-fold
+    /// (`plan::copies::folds`); 0: never. Default 1 GiB. Every rank must agree.
+    pub gpu_fold_min_bytes: usize,
     /// FERROCCL_GPU_PEER_SPLIT: the peer engine's one-phase rounds on two blocks a slice, one
     /// sending and one receiving, each at its own pace (`tune::Choice::split`). `auto` (None,
     /// the default): for the kinds and sizes where it measured faster (`tune::peer_split_pays`);
@@ -254,6 +258,7 @@ impl Default for Config {
             gpu_peer_round_bytes: 0,
             gpu_fold_blocks: crate::tune::FOLD_BLOCKS,
             gpu_fold_piece_bytes: crate::plan::copies::FOLD_PIECE_BYTES,
+            gpu_fold_min_bytes: crate::tune::FOLD_MIN_BYTES,
             gpu_peer_split: None,
             gpu_peer_direct: true,
             gpu_peer_rooted_max_bytes: PEER_ROOTED_MAX_BYTES,
@@ -423,6 +428,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_FOLD_BLOCKS") {
             c.gpu_fold_blocks = parse("FERROCCL_GPU_FOLD_BLOCKS", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_FOLD_MIN_BYTES") {
+            c.gpu_fold_min_bytes = parse("FERROCCL_GPU_FOLD_MIN_BYTES", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_FOLD_PIECE_BYTES") {
             c.gpu_fold_piece_bytes = parse("FERROCCL_GPU_FOLD_PIECE_BYTES", v)?;
         }
@@ -553,6 +561,10 @@ impl Config {
             (
                 "FERROCCL_GPU_FOLD_PIECE_BYTES",
                 self.gpu_fold_piece_bytes.to_string(),
+            ),
+            (
+                "FERROCCL_GPU_FOLD_MIN_BYTES",
+                self.gpu_fold_min_bytes.to_string(),
             ),
             (
                 "FERROCCL_GPU_PEER_SPLIT",
@@ -977,6 +989,15 @@ mod tests {
             (fold.gpu_fold_blocks, fold.gpu_fold_piece_bytes),
             (64, 32 << 20)
         );
+        let min = Config::from_vars(&vars(&[("FERROCCL_GPU_FOLD_MIN_BYTES", "0")])).unwrap();
+        assert_eq!(
+            (min.gpu_fold_min_bytes, Config::default().gpu_fold_min_bytes),
+            (0, 1 << 30)
+        );
+        assert!(min
+            .shared_settings()
+            .iter()
+            .any(|(k, v)| *k == "FERROCCL_GPU_FOLD_MIN_BYTES" && v == "0"));
         // The pieces are every rank's alike, the blocks each rank's own.
         assert!(fold
             .shared_settings()

@@ -508,8 +508,12 @@ fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
         return;
     }
     let Some(_) = gpus_for_test() else { return };
+    // The copy-and-fold at every size, in 1 MiB pieces (an 8 MiB all-reduce: 9 pieces, the last
+    // of 136 bytes).
     let env = [
         ("FERROCCL_GPU_CE_WINDOW_BYTES", "1".to_string()),
+        ("FERROCCL_GPU_FOLD_MIN_BYTES", "1".to_string()),
+        ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576".to_string()),
         ("FERROCCL_TIMEOUT", "60".to_string()),
     ];
     let kids = spawn_ranks(2, "child_symmetric_windows", "symmetric-windows", &env);
@@ -536,6 +540,7 @@ fn symmetric_windows_in_one_process_take_kernels() {
     let Some(n) = gpus_for_test() else { return };
     let cfg = Config {
         gpu_ce_window_bytes: 1,
+        gpu_fold_min_bytes: 1,
         ..Config::default()
     };
     let id = ferroccl::UniqueId::new(&cfg).unwrap();

@@ -143,11 +143,12 @@ pub fn pieces(bytes: usize, slot_bytes: usize) -> impl Iterator<Item = Piece> {
 
 /// Bytes of one piece of a copy-and-fold reduction ([`folds`]): the sender's copy engines move
 /// the copy into the receiver's output piece by piece, raising a word after each, and the
-/// receiver's fold kernel reduces each piece as its word says it landed. The last piece's fold is
-/// the tail no copy hides: 8 MiB is about 6 us of HBM traffic on an H200, against 22 us for the
-/// piece over NVLink and 5.5 ms for a 2 GiB all-reduce; smaller pieces add stream commands (a
-/// copy and a write each) without shortening anything the link does not already bound.
-pub const FOLD_PIECE_BYTES: usize = 8 << 20;
+/// receiver's fold kernel reduces each piece as its word says it landed. Each piece costs about
+/// 5.4 us that the other lane does not hide (the word's write waits for the copies to drain: 2,
+/// 8 and 32 MiB pieces took a 2 GiB all-reduce to 198, 311 and 346-349 GB/s on 2 x H200), and the
+/// last piece's fold is the tail no copy hides (64 MiB: 354-358 at 2 GiB but 311 at 512 MiB,
+/// against 322-327 with 32 MiB; docs/PERFORMANCE.md section 21).
+pub const FOLD_PIECE_BYTES: usize = 32 << 20;
 
 /// Whether the copy engines with a fold kernel run `kind` between symmetric windows on `nranks`
 /// ranks (sizes aside): all-reduce and reduce-scatter on 2 ranks, out of place. Each rank's copy

@@ -99,10 +99,18 @@ pub fn peer_region_bytes(cfg: &Config, nranks: usize) -> usize {
 }
 
 /// Thread blocks of the fold kernel of a copy-and-fold reduction (`copies::folds`): it reads
-/// two pieces and writes one in HBM for every piece the link brings, 3 x 391 GB/s at the
-/// engines' rate, well within what 16 blocks of 512 threads stream on an H200 (the bandwidth
-/// issue's goal for reductions: at most 16 blocks).
+/// two pieces and writes one in HBM for every piece the link brings. On 2 x H200 8 blocks took a
+/// 2 GiB all-reduce to 267-273 GB/s, 16 to 311, 32 and 64 to 308 (8 MiB pieces); with 64 MiB
+/// pieces 32 blocks lost 5 % against 16 (docs/PERFORMANCE.md section 21). 16: the bandwidth
+/// issue's goal for reductions.
 pub const FOLD_BLOCKS: usize = 16;
+
+/// The smallest largest-buffer of a copy-and-fold reduction (`FERROCCL_GPU_FOLD_MIN_BYTES`):
+/// on 2 x H200 (32 MiB pieces, a process per GPU, against the peer engine in the same run)
+/// all-reduce 512 MiB 322-327 against 326-327 GB/s, 1 GiB 339-345 against 328, 2 GiB 346-349
+/// against 329-331; reduce-scatter 512 MiB 295-297 against 316-317, 1 GiB 323-325 against
+/// 320-321, 2 GiB 341-342 against 321-323 (docs/PERFORMANCE.md section 21).
+pub const FOLD_MIN_BYTES: usize = 1 << 30;
 
 /// The smallest largest-buffer for which [`peer_split_pays`] splits.
 pub const PEER_SPLIT_MIN_BYTES: usize = 32 << 20;
@@ -606,10 +614,12 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
     // piece, and a fold kernel of FOLD_BLOCKS blocks reduces each piece there as it lands
     // (`copies::folds`): the link carries each byte once at the engines' rate, and the SMs only
     // make a local pass over HBM. Out of place only (in place the landing area is the operand).
+    let fold_size =
+        bytes.is_some_and(|b| cfg.gpu_fold_min_bytes > 0 && b >= cfg.gpu_fold_min_bytes);
     if device == Device::Gpu
         && may_direct
         && op.symmetric
-        && ce_window
+        && fold_size
         && copies::fold_serves(op.kind, op.nranks, op.in_place)
     {
         return Choice {
@@ -622,7 +632,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             post_output: true,
             split: false,
             why: Why {
-                algo: "a reduction of 2 ranks between symmetric windows from FERROCCL_GPU_CE_WINDOW_BYTES up: the peer's share copied into the output, folded there",
+                algo: "a reduction of 2 ranks between symmetric windows from FERROCCL_GPU_FOLD_MIN_BYTES up: the peer's share copied into the output, folded there",
                 protocol: "a word per piece raised by stream memory operations, polled by the fold kernel",
                 channels: "the fold kernel's blocks (FERROCCL_GPU_FOLD_BLOCKS); copy engines move the data",
             },

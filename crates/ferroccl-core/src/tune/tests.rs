@@ -1519,8 +1519,9 @@ fn symmetric_windows_take_the_copy_engine_for_large_data_movement() {
     // All-reduce and reduce-scatter on 2 ranks out of place: copies into the peer's output and a
     // fold kernel of FOLD_BLOCKS blocks (fewer where the channels are capped); in place, on 3
     // ranks, below the threshold or without the contract: not.
+    let fmin = cfg.gpu_fold_min_bytes;
     for kind in [CollKind::AllReduce, CollKind::ReduceScatter] {
-        let c = choose(&at(kind, min, 2), Device::Gpu, &cfg);
+        let c = choose(&at(kind, fmin, 2), Device::Gpu, &cfg);
         assert!(
             c.engine == Engine::CopyEngine && c.zero_copy && c.channels == FOLD_BLOCKS,
             "{kind}: {c}"
@@ -1534,14 +1535,22 @@ fn symmetric_windows_take_the_copy_engine_for_large_data_movement() {
             gpu_channels: 4,
             ..cfg.clone()
         };
-        assert_eq!(choose(&at(kind, min, 2), Device::Gpu, &capped).channels, 4);
+        assert_eq!(choose(&at(kind, fmin, 2), Device::Gpu, &capped).channels, 4);
+        let off = Config {
+            gpu_fold_min_bytes: 0,
+            ..cfg.clone()
+        };
+        assert_ne!(
+            choose(&at(kind, 1 << 31, 2), Device::Gpu, &off).engine,
+            Engine::CopyEngine
+        );
         for other in [
             OpShape {
                 in_place: true,
                 ..at(kind, 1 << 30, 2)
             },
             at(kind, 1 << 30, 3),
-            at(kind, min / 2, 2),
+            at(kind, fmin / 2, 2),
             OpShape {
                 symmetric: false,
                 ..at(kind, 1 << 30, 2)

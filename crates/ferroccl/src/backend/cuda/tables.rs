@@ -253,7 +253,7 @@ pub(crate) struct FcPeer {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct FcFold {
-    /// The piece word of each copy lane in this rank's flag page (host memory).
+    /// The piece word of each copy lane in this rank's GPU memory (`CeFabric::fold`).
     pub words: [u64; CE_LANES],
     /// This rank's own operand.
     pub mine: u64,

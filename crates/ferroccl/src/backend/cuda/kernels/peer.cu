@@ -494,7 +494,7 @@ namespace fc {
 // operand, what the peer's copy engines landed in out), piece by piece as each piece's lane word
 // reaches its count (copy_engine.rs `fold_pieces`: piece k on lane k % FC_CE_LANES, the
 // (k / FC_CE_LANES + 1)-th of its lane). Each block takes its slice of every piece (cut at 64
-// elements); thread 0 polls the word in host memory with an acquire, and the barrier orders the
+// elements); thread 0 polls the word (this GPU's memory) with an acquire, and the barrier orders the
 // block's loads after it. Both ranks fold in the same order, (the peer's, the own) for the
 // commutative reductions and rank 0's operands first for Max and Min, so every rank gets the same
 // bits. What landed is the peer's raw input: a PreMulSum scales it in place first.

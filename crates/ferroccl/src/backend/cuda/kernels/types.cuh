@@ -298,12 +298,12 @@ FC_CHECK_OFFSET(FcPeer, stats, 536);
 // ---- the fold kernel (peer.cu, in the peer engine's module) ---------------------------------------
 // The local half of a copy-and-fold reduction on 2 ranks (copy_engine.rs `fold_schedule`): the
 // peer's copy engines land its share in this rank's output piece by piece, raising a word per
-// copy lane in this rank's flag page (host memory); the kernel folds this rank's own operand into
-// each piece once its word says it is there.
+// copy lane in this rank's GPU memory (after the peer engine's flag lines); the kernel folds this
+// rank's own operand into each piece once its word says it is there.
 #define FC_CE_LANES 2u
 
 struct FcFold {
-    fc_u64 words[FC_CE_LANES];  // piece word of each copy lane (this rank's page, as mapped here)
+    fc_u64 words[FC_CE_LANES];  // piece word of each copy lane (this GPU's memory)
     fc_u64 mine;                // this rank's own operand
     fc_u64 out;                 // the output: the peer's copy lands here, the result goes here
     fc_u64 count;               // elements to fold
