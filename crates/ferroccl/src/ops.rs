@@ -261,6 +261,7 @@ impl OpArgs {
             in_place: self.is_in_place(info.rank),
             windows,
             symmetric,
+            redop: self.redop().nccl_id(),
         }
     }
 

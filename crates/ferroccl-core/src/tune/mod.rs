@@ -105,6 +105,22 @@ pub fn peer_region_bytes(cfg: &Config, nranks: usize) -> usize {
 /// issue's goal for reductions.
 pub const FOLD_BLOCKS: usize = 16;
 
+/// Whether the copy-and-fold takes a reduction of `redop` (`OpShape::redop`) over `dtype`: Sum,
+/// Prod, Max and Min of 2-, 4- and 8-byte elements. A PreMulSum's landed operand would need its
+/// sender's scalar, which may differ by rank (nccl-tests' does: every element wrong when the
+/// receiver scaled it with its own); on 2 x H200 at 1 GiB (nccl-tests `-R 2`, the copy-and-fold
+/// against the peer engine in the same runs) 16 blocks folded fp8 at 130-167 GB/s against
+/// 192-271, bytes' Max and Min at 233-276 against 283-303 and Avg (a division per element) at
+/// 18-231 for every type but float and double, where Sum, Prod, Max and Min of the wider types
+/// ran 338-351 against 315-341 (docs/PERFORMANCE.md section 21).
+pub fn fold_pays(dtype: DataType, redop: i32) -> bool {
+    (0..=3).contains(&redop)
+        && !matches!(
+            dtype,
+            DataType::Int8 | DataType::Uint8 | DataType::Float8E4M3 | DataType::Float8E5M2
+        )
+}
+
 /// The smallest largest-buffer of a copy-and-fold reduction (`FERROCCL_GPU_FOLD_MIN_BYTES`):
 /// on 2 x H200 (32 MiB pieces, a process per GPU, against the peer engine in the same run)
 /// all-reduce 512 MiB 322-327 against 326-327 GB/s, 1 GiB 339-345 against 328, 2 GiB 346-349
@@ -222,6 +238,10 @@ pub struct OpShape {
     /// the same on every rank, as it makes `in_place`), so a sender can name a receiver's
     /// output itself.
     pub symmetric: bool,
+    /// The reduction, as NCCL numbers it (`ReduceOp::nccl_id`: 0 Sum, 1 Prod, 2 Max, 3 Min, 4
+    /// Avg, 5 any PreMulSum; 0 for the kinds that do not reduce). NCCL makes it the same on
+    /// every rank (a PreMulSum's scalar may differ).
+    pub redop: i32,
 }
 
 impl OpShape {
@@ -621,6 +641,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         && op.symmetric
         && fold_size
         && copies::fold_serves(op.kind, op.nranks, op.in_place)
+        && fold_pays(op.dtype, op.redop)
     {
         return Choice {
             algo: Algo::OneShot,

@@ -10,6 +10,7 @@ fn shape(kind: CollKind, count: usize, dtype: DataType, nranks: usize) -> OpShap
         in_place: false,
         windows: false,
         symmetric: false,
+        redop: 0,
     }
 }
 
@@ -1536,6 +1537,39 @@ fn symmetric_windows_take_the_copy_engine_for_large_data_movement() {
             ..cfg.clone()
         };
         assert_eq!(choose(&at(kind, fmin, 2), Device::Gpu, &capped).channels, 4);
+        // Sum, Prod, Max and Min of 2-8-byte elements only (fold_pays).
+        for redop in 1..=3 {
+            let c = choose(
+                &OpShape {
+                    redop,
+                    ..at(kind, fmin, 2)
+                },
+                Device::Gpu,
+                &cfg,
+            );
+            assert_eq!(c.engine, Engine::CopyEngine, "{kind} redop {redop}");
+        }
+        for other in [
+            OpShape {
+                redop: 4,
+                ..at(kind, fmin, 2)
+            },
+            OpShape {
+                redop: 5,
+                ..at(kind, fmin, 2)
+            },
+            OpShape {
+                dtype: Int8,
+                count: at(kind, fmin, 2).count * 4,
+                ..at(kind, fmin, 2)
+            },
+        ] {
+            assert_ne!(
+                choose(&other, Device::Gpu, &cfg).engine,
+                Engine::CopyEngine,
+                "{other:?}"
+            );
+        }
         let off = Config {
             gpu_fold_min_bytes: 0,
             ..cfg.clone()
@@ -2019,4 +2053,19 @@ fn peer_round_bytes_cut_one_phase_rounds() {
         choose(&three, Device::Gpu, &small).chunk_elems,
         choose(&three, Device::Gpu, &cfg).chunk_elems
     );
+}
+
+/// The copy-and-fold's reductions: Sum, Prod, Max, Min of the 2-, 4- and 8-byte types.
+#[test]
+fn fold_pays_for_plain_reductions_of_wide_elements() {
+    use crate::types::DataType;
+    for t in DataType::ALL {
+        let wide = !matches!(
+            t,
+            DataType::Int8 | DataType::Uint8 | DataType::Float8E4M3 | DataType::Float8E5M2
+        );
+        for redop in 0..=5 {
+            assert_eq!(fold_pays(t, redop), wide && redop <= 3, "{t:?} {redop}");
+        }
+    }
 }

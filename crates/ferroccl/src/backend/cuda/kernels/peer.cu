@@ -497,11 +497,12 @@ namespace fc {
 // elements); thread 0 polls the word (this GPU's memory) with an acquire, and the barrier orders the
 // block's loads after it. Both ranks fold in the same order, (the peer's, the own) for the
 // commutative reductions and rank 0's operands first for Max and Min, so every rank gets the same
-// bits. What landed is the peer's raw input: a PreMulSum scales it in place first.
+// bits. What landed is the peer's raw input, so a PreMulSum (whose scalar may differ by rank)
+// cannot be folded here: the tuner never gives it one (tune::fold_pays), and the kernel refuses it.
 template <typename D, fc_u32 DTYPE, int SHAPE>
 __device__ __forceinline__ void fold_main(const FcFold& P) {
     if (blockIdx.x >= P.nblocks || P.piece == 0 || P.rank > 1u) return;
-    if (P.op.dtype != DTYPE || !fc::redop_valid(P.op.redop)) return;
+    if (P.op.dtype != DTYPE || !fc::redop_valid(P.op.redop) || P.op.redop == FC_OP_PREMULSUM) return;
     if (!fc::shape_serves<SHAPE>(FC_KIND_ALL_REDUCE, P.op.redop)) return;
     fc::prior_grid_wait();
     const volatile FcError* err = (const volatile FcError*)P.error;
@@ -511,7 +512,6 @@ __device__ __forceinline__ void fold_main(const FcFold& P) {
     const fc_u8* mine = (const fc_u8*)P.mine;
     fc_u8* out = (fc_u8*)P.out;
     const bool swap = !SUM && P.rank == 1u && (P.op.redop == FC_OP_MAX || P.op.redop == FC_OP_MIN);
-    const bool scale = !SUM && P.op.redop == FC_OP_PREMULSUM;
     const fc_u64 pieces = (n + pe - 1u) / pe;
     for (fc_u64 k = 0; k < pieces; ++k) {
         int bad = 0;
@@ -534,10 +534,6 @@ __device__ __forceinline__ void fold_main(const FcFold& P) {
         if (s1 <= s0) continue;
         fc_u8* o = out + (a + s0) * es;
         const fc_u8* m = mine + (a + s0) * es;
-        if (scale) {
-            fc::transform_as<D, SUM>(P.op, o, o, s1 - s0, true, false);
-            __syncthreads();
-        }
         fc::reduce_as<D, SUM>(P.op, o, nullptr, swap ? m : o, swap ? o : m, s1 - s0, true, true);
     }
 }
