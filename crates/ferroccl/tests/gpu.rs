@@ -481,6 +481,55 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                 read(&recv, count) == want,
                 "round {round}: in-place all-reduce"
             );
+            // Signed zeros and NaN payloads that differ between the ranks: Max and Min must give
+            // both ranks the same bits (rank 1 folds with its operands swapped). Each rank's
+            // result reaches every rank by an all-gather (on the kernels: its output is not
+            // registered), and the two are compared bit for bit.
+            if round == 0 {
+                let nan = |p: u32| 0x7fc0_0000u32 | p;
+                let odd = |q: usize, len: usize| -> Vec<u32> {
+                    (0..len)
+                        .map(|i| match i % 4 {
+                            0 if (i / 4 + q) % 2 == 0 => 0u32,
+                            0 => 0x8000_0000,
+                            1 => nan((q as u32 + 1) * 0x111 + (i as u32 & 0xff)),
+                            2 if q == 0 => nan(0x2a),
+                            2 => ((i % 97) as f32).to_bits(),
+                            _ => (((i * 7 + q * 13) % 101) as f32 - 50.0).to_bits(),
+                        })
+                        .collect()
+                };
+                let both = ferroccl::mem::alloc(&gpu, n * n * count * 4, &stats).unwrap();
+                for op in [ReduceOp::Max, ReduceOp::Min] {
+                    put(&send, 0, &odd(r, n * count));
+                    scrub(&recv);
+                    let blocks = run_op(
+                        CollKind::AllReduce,
+                        send.device_ptr(),
+                        recv.device_ptr(),
+                        n * count,
+                        0,
+                        op,
+                    );
+                    assert_eq!(
+                        blocks == fold_blocks,
+                        ce,
+                        "all-reduce {op:?}: {blocks:?} blocks"
+                    );
+                    run(
+                        CollKind::AllGather,
+                        recv.device_ptr(),
+                        both.device_ptr(),
+                        n * count,
+                        0,
+                    );
+                    let got = read(&both, n * n * count);
+                    assert!(
+                        got[..n * count] == got[n * count..],
+                        "{op:?}: the ranks' results differ"
+                    );
+                }
+            }
         }
     }
     comm.deregister_window(send.device_ptr()).unwrap();

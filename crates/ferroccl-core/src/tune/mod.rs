@@ -100,9 +100,10 @@ pub fn peer_region_bytes(cfg: &Config, nranks: usize) -> usize {
 
 /// Thread blocks of the fold kernel of a copy-and-fold reduction (`copies::folds`): it reads
 /// two pieces and writes one in HBM for every piece the link brings. On 2 x H200 8 blocks took a
-/// 2 GiB all-reduce to 267-273 GB/s, 16 to 311, 32 and 64 to 308 (8 MiB pieces); with 64 MiB
-/// pieces 32 blocks lost 5 % against 16 (docs/PERFORMANCE.md section 21). 16: the bandwidth
-/// issue's goal for reductions.
+/// 2 GiB all-reduce to 267-273 GB/s, 16 to 311, 32 to 308 (8 MiB pieces); with 64 MiB pieces 32
+/// blocks lost 5 % against 16 (docs/PERFORMANCE.md section 21). 16: the bandwidth issue's goal
+/// for reductions. `FERROCCL_GPU_FOLD_BLOCKS` sets it, within `FERROCCL_GPU_CHANNELS` (the
+/// block budget of a collective, which `ferroccl bench --max-ctas` sets).
 pub const FOLD_BLOCKS: usize = 16;
 
 /// Whether the copy-and-fold takes a reduction of `redop` (`OpShape::redop`) over `dtype`: Sum,
@@ -146,7 +147,7 @@ pub const PEER_SPLIT_ROOTED_BYTES: std::ops::RangeInclusive<usize> = (256 << 10)
 /// the peer's send blocks store the next, 0.7-1.2 us off broadcast, gather, reduce and scatter of
 /// 512 KiB - 2 MiB (reduce 512 KiB 7.15 -> 6.14 us); at 8 MiB a reduce lost 1 us, at 128 KiB
 /// broadcast 0.16, and all-gather and reduce-scatter lost 2-2.5 us from 512 KiB.
-pub fn peer_split_pays(kind: CollKind, bytes: Option<usize>) -> bool {
+pub fn peer_split_pays(kind: CollKind, bytes: Option<usize>, nranks: usize) -> bool {
     let Some(b) = bytes else { return false };
     match kind {
         CollKind::AllGather | CollKind::AllToAll | CollKind::ReduceScatter
@@ -155,8 +156,9 @@ pub fn peer_split_pays(kind: CollKind, bytes: Option<usize>) -> bool {
             true
         }
         CollKind::Scatter if b >= PEER_SPLIT_MIN_BYTES => true,
+        // Measured on 2 ranks only.
         CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter => {
-            PEER_SPLIT_ROOTED_BYTES.contains(&b)
+            nranks == 2 && PEER_SPLIT_ROOTED_BYTES.contains(&b)
         }
         _ => false,
     }
@@ -719,7 +721,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         // not have sent yet (all-to-all, the one-shot all-reduce); needs two blocks.
         let wanted = cfg
             .gpu_peer_split
-            .unwrap_or_else(|| peer_split_pays(op.kind, bytes));
+            .unwrap_or_else(|| peer_split_pays(op.kind, bytes, op.nranks));
         let split = wanted
             && algo == Algo::OneShot
             && channels >= 2

@@ -1910,6 +1910,9 @@ fn the_peer_engine_splits_one_phase_rounds_only_where_asked_and_safe() {
             );
         }
         assert_eq!(at(*PEER_SPLIT_ROOTED_BYTES.end()).split, rooted, "{kind}");
+        // Measured on 2 ranks only: not split on 3.
+        let three = choose(&shape(kind, (1 << 20) / 4, Float32, 3), Device::Gpu, &auto);
+        assert!(!three.split, "{kind} on 3 ranks: {three}");
         assert!(!at(*PEER_SPLIT_ROOTED_BYTES.end() * 2).split, "{kind}");
         assert!(!at(*PEER_SPLIT_ROOTED_BYTES.start() / 2).split, "{kind}");
     }

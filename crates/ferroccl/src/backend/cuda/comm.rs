@@ -556,16 +556,23 @@ impl CudaComm {
 
     /// `symmetric_far` with the windows at hand (the launch path holds their lock).
     pub(super) fn far_in(&self, w: &Windows, a: &OpArgs, info: &CommInfo) -> Option<Vec<u64>> {
+        use ferroccl_core::plan::copies::{fold_serves, zcopy_serves};
+        let fold = fold_serves(a.kind, info.nranks, a.is_in_place(info.rank));
         if w.is_empty()
             || !self.ce.as_ref().is_some_and(|c| c.zcopy_ok())
-            || !(ferroccl_core::plan::copies::zcopy_serves(a.kind, info.nranks)
-                || ferroccl_core::plan::copies::fold_serves(a.kind, info.nranks, a.send == a.recv))
+            || !(zcopy_serves(a.kind, info.nranks) || fold)
         {
             return None;
         }
-        let (_, recv) = a
+        let (send, recv) = a
             .kind
             .buffer_counts(a.count, info.nranks, a.root == info.rank)?;
+        // A copy-and-fold needs the input in a symmetric window too: the symmetric contract then
+        // puts every rank's input at one offset, so that in-place-ness (which decides it) is
+        // every rank's alike (one rank in place and its peer not would choose differently).
+        if fold {
+            w.symmetric_far(a.send as u64, send.checked_mul(a.dtype.size())? as u64)?;
+        }
         w.symmetric_far(a.recv as u64, recv.checked_mul(a.dtype.size())? as u64)
     }
 

@@ -309,9 +309,13 @@ impl Fabric {
         let deadline = Instant::now() + config.timeout;
         let listener = FdListener::bind(boot.comm_id(), me as u32)?;
 
-        // The copy engine's flag page, where it is on, staged or between symmetric windows
-        // (every rank alike: shared settings); free slots start free (`CeFlags::initial`).
-        let page = if ce_slot_bytes(config, n) > 0 || config.gpu_ce_window_bytes > 0 {
+        // The copy engine's flag page, where it is on, staged, between symmetric windows or for
+        // the copy-and-fold (every rank alike: shared settings); free slots start free
+        // (`CeFlags::initial`).
+        let page = if ce_slot_bytes(config, n) > 0
+            || config.gpu_ce_window_bytes > 0
+            || config.gpu_fold_min_bytes > 0
+        {
             let p = HostPage::create(gpu)?;
             for i in 0..CeFlags::words(n) {
                 p.set(i, CeFlags::initial(n, i));

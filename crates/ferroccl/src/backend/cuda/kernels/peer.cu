@@ -501,9 +501,14 @@ namespace fc {
 // cannot be folded here: the tuner never gives it one (tune::fold_pays), and the kernel refuses it.
 template <typename D, fc_u32 DTYPE, int SHAPE>
 __device__ __forceinline__ void fold_main(const FcFold& P) {
-    if (blockIdx.x >= P.nblocks || P.piece == 0 || P.rank > 1u) return;
-    if (P.op.dtype != DTYPE || !fc::redop_valid(P.op.redop) || P.op.redop == FC_OP_PREMULSUM) return;
-    if (!fc::shape_serves<SHAPE>(FC_KIND_ALL_REDUCE, P.op.redop)) return;
+    if (blockIdx.x >= P.nblocks) return;
+    // A launch it cannot fold (the host's choice or pick gone wrong) fails loudly: the output
+    // would otherwise keep the peer's operand.
+    if (P.piece == 0 || P.rank > 1u || P.op.dtype != DTYPE || !fc::redop_valid(P.op.redop) ||
+        P.op.redop == FC_OP_PREMULSUM || !fc::shape_serves<SHAPE>(FC_KIND_ALL_REDUCE, P.op.redop)) {
+        if (threadIdx.x == 0) fc::engine_error(P, FC_ERR_PLAN, FC_WHAT_PLAN, 1u - (P.rank & 1u), DTYPE, P.op.dtype, 0, 0);
+        return;
+    }
     fc::prior_grid_wait();
     const volatile FcError* err = (const volatile FcError*)P.error;
     if (err != nullptr && err->claimed != 0u) return;
