@@ -1422,6 +1422,20 @@ mod tests {
         // Bytes landed and folded per operation and receiver.
         let mut bytes_in = vec![[0usize; 2]; ops.len()];
         let mut bytes_folded = vec![[0usize; 2]; ops.len()];
+        // The movement operations between windows among them (`zcopy_schedule`'s other kinds):
+        // their copies made, as the zero-copy model checks them.
+        let is_fold = |k: usize| fold_serves(ops[k].kind, n, false);
+        let mut done: Vec<Vec<Made>> = vec![Vec::new(); ops.len()];
+        let want_copies = |k: usize| -> Vec<Made> {
+            let o = &ops[k];
+            let mut v: Vec<Made> = copies(o.kind, o.count, o.elem, n, o.root)
+                .unwrap()
+                .iter()
+                .map(|c| (c.from, c.to, c.src, c.dst, c.bytes))
+                .collect();
+            v.sort_unstable();
+            v
+        };
         let fold_next = |c: &Cmd, sub: usize| -> Option<FoldPiece> {
             match *c {
                 Cmd::Fold { bytes, piece, .. } => fold_pieces(bytes, piece).nth(sub),
@@ -1432,6 +1446,15 @@ mod tests {
         loop {
             for r in 0..n {
                 while finished(&lanes[r]) && at_op[r] + 1 < ops.len() {
+                    let k = at_op[r];
+                    if !is_fold(k) {
+                        if let Some(c) = want_copies(k)
+                            .into_iter()
+                            .find(|c| (c.0 == r || c.1 == r) && !done[k].contains(c))
+                        {
+                            return Err(format!("rank {r} left op {k} before copy {c:?} was made"));
+                        }
+                    }
                     at_op[r] += 1;
                     lanes[r] = load(r, at_op[r]);
                 }
@@ -1477,6 +1500,15 @@ mod tests {
                             at_op[to]
                         ));
                     }
+                    if !is_fold(k) {
+                        let c = (r, to, o, at, bytes);
+                        if done[k].contains(&c) {
+                            return Err(format!("rank {r} makes copy {c:?} of op {k} twice"));
+                        }
+                        done[k].push(c);
+                        *pc += 1;
+                        continue;
+                    }
                     let want = folds(ops[k].kind, ops[k].count, ops[k].elem, n, to).unwrap();
                     if want.copy.from != r
                         || o != want.copy.src + at
@@ -1512,10 +1544,30 @@ mod tests {
                         *pc += 1;
                     }
                 }
+                // A movement operation's own block, on the caller's stream.
+                Cmd::Copy {
+                    dst: Addr::Recv(d),
+                    src: Addr::Send(o),
+                    bytes,
+                } if !is_fold(k) => {
+                    done[k].push((r, r, o, d, bytes));
+                    *pc += 1;
+                }
                 other => return Err(format!("rank {r} runs {other:?}")),
             }
         }
         for (k, o) in ops.iter().enumerate() {
+            if !is_fold(k) {
+                done[k].sort_unstable();
+                if done[k] != want_copies(k) {
+                    return Err(format!(
+                        "op {k} made copies {:?}, expected {:?}",
+                        done[k],
+                        want_copies(k)
+                    ));
+                }
+                continue;
+            }
             for r in 0..n {
                 let want = folds(o.kind, o.count, o.elem, n, r).unwrap().copy.bytes;
                 if bytes_in[k][r] != want || bytes_folded[k][r] != want {
@@ -1557,6 +1609,22 @@ mod tests {
             ahead in any::<bool>(),
         ) {
             let ops: Vec<CeOp> = ops.iter().chain(ops.iter()).copied().collect();
+            let r = run_fold_model(&ops, &zcopy_of(2), picker(seed, ahead));
+            prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+        }
+
+        /// The same with the movement operations between windows mixed in: they share the
+        /// `ready` words, and every one of them still hands them back as it found them.
+        #[test]
+        fn folds_and_copies_between_windows_mix_under_any_schedule(
+            ops in proptest::collection::vec(prop_oneof![fold_op_strategy(), op_strategy(2)], 1..6),
+            seed in proptest::collection::vec(any::<u8>(), 1..64),
+            ahead in any::<bool>(),
+        ) {
+            let served = |o: &&CeOp| fold_serves(o.kind, 2, false)
+                || (zcopy_serves(o.kind, 2) && !(o.kind == CollKind::AllToAll && o.send == o.recv));
+            let ops: Vec<CeOp> = ops.iter().chain(ops.iter()).filter(served).copied().collect();
+            prop_assume!(!ops.is_empty());
             let r = run_fold_model(&ops, &zcopy_of(2), picker(seed, ahead));
             prop_assert!(r.is_ok(), "{}", r.unwrap_err());
         }
