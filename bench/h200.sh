@@ -15,9 +15,10 @@
 # visible, at most 8), TOTAL (seconds, default 570) and FACTOR (size step, default 2) adjust it;
 # ANCHOR=path/to/torch_symm_allreduce.py runs that anchor right after, outside the deadline
 # (up to 300 s more: with TOTAL=280 both fit one 10-minute call); SKIP="check procs-reg ..."
-# leaves out the runs it names. The last run, ar-latency-graph, times all-reduce at every power of 2
-# from 8 B to 8 MiB whatever FACTOR is (the latency table's 64 KiB, 1 MiB and 4 MiB rows), on
-# registered buffers, where NCCL's symmetric kernels give its best small all-reduces.
+# leaves out the runs it names. The last two runs time every power of 2 whatever FACTOR is, on
+# registered buffers in CUDA graphs, where NCCL's symmetric kernels give its best small
+# operations: ar-latency-graph all-reduce from 8 B to 8 MiB (the latency table's 64 KiB, 1 MiB and
+# 4 MiB rows), small-graph every other op from 8 B to 1 MiB, float32 (the latency issue's rows).
 set -euo pipefail
 
 OUT=${1:?usage: bench/h200.sh OUTDIR [ferroccl binary]}
@@ -73,6 +74,7 @@ runs=(
     "procs-reg|a process per GPU, registered windows, host launches|run -n $GPUS $BIN bench ${SWEEP[*]} ${EAGER[*]} -g 1 --register"
     "procs-reg-graph|a process per GPU, registered windows, CUDA graphs|run -n $GPUS $BIN bench ${SWEEP[*]} ${GRAPH[*]} -g 1 --register"
     "ar-latency-graph|all-reduce at every power of 2 to 8 MiB, a process per GPU, registered, CUDA graphs|run -n $GPUS $BIN bench all-reduce -b 8 -e 8M -f 2 -d float,bfloat16 -n 20 -w 5 ${GRAPH[*]} -g 1 --register"
+    "small-graph|every op at every power of 2 to 1 MiB, a process per GPU, registered, CUDA graphs|run -n $GPUS $BIN bench all -b 8 -e 1M -f 2 -d float -n 20 -w 5 ${GRAPH[*]} -g 1 --register"
 )
 
 echo "# ferroccl vs NCCL on $GPUS GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
