@@ -1195,12 +1195,15 @@ mod tests {
         ((q as u64) + 1) << 40
     }
 
-    /// Runs every rank's zero-copy schedule of `ops` as `run_model_with` runs the staged ones.
+    /// Runs every rank's zero-copy schedule of `ops` as `run_model_with` runs the staged ones,
+    /// the copies between windows and the copy-and-folds (their fold kernel piece by piece: a
+    /// piece may fold once its lane's word reached its count), in the interleaving `pick` draws.
     /// Checks that a copy touches a peer's buffer only while that peer is in the same operation
     /// (it has entered it: its earlier work on the buffer is done; it has not left it: its later
     /// work will see the copy), that every copy of every operation happens exactly once with the
-    /// addresses `copies` gives, that nothing deadlocks, and that every word ends where it
-    /// started.
+    /// addresses `copies` gives, that a piece never lands on one not yet folded and is folded
+    /// exactly once and only after it landed, that every byte of every fold lands, that nothing
+    /// deadlocks, and that every word ends where it started.
     fn run_zcopy_model(
         n: usize,
         ops: &[CeOp],
@@ -1209,27 +1212,42 @@ mod tests {
     ) -> Result<(), String> {
         let mut pages = initial_pages(n);
         let mut at_op = vec![0usize; n];
-        let load = |r: Rank, k: usize| -> Vec<(Lane, Vec<Cmd>, usize)> {
+        // Per lane: its commands, the next one, and the next piece of a fold.
+        type ZLane = (Lane, Vec<Cmd>, usize, usize);
+        let load = |r: Rank, k: usize| -> Vec<ZLane> {
             sched(&ops[k], r)
                 .into_iter()
-                .map(|(l, c)| (l, c, 0))
+                .map(|(l, c)| (l, c, 0, 0))
                 .collect()
         };
-        let mut lanes: Vec<Vec<(Lane, Vec<Cmd>, usize)>> = (0..n).map(|r| load(r, 0)).collect();
-        // Per operation: the copies done, as (from, to, src, dst, bytes).
+        let mut lanes: Vec<Vec<ZLane>> = (0..n).map(|r| load(r, 0)).collect();
+        let is_fold = |k: usize| fold_serves(ops[k].kind, n, false);
+        // Per operation: the copies done, as (from, to, src, dst, bytes) (none listed for a
+        // copy-and-fold: its pieces are checked apart).
         let mut done: Vec<Vec<Made>> = vec![Vec::new(); ops.len()];
         let want = |k: usize| -> Vec<Made> {
             let o = &ops[k];
             let mut v: Vec<_> = copies(o.kind, o.count, o.elem, n, o.root)
-                .unwrap()
+                .unwrap_or_default()
                 .iter()
                 .map(|c| (c.from, c.to, c.src, c.dst, c.bytes))
                 .collect();
             v.sort_unstable();
             v
         };
-        let finished =
-            |lanes: &[(Lane, Vec<Cmd>, usize)]| lanes.iter().all(|(_, c, pc)| *pc == c.len());
+        // Pieces landed and not yet folded: (rank, byte in its output) -> operation; bytes
+        // landed and folded per operation and receiver.
+        let mut landed: HashMap<(Rank, usize), usize> = HashMap::new();
+        let mut bytes_in = vec![vec![0usize; n]; ops.len()];
+        let mut bytes_folded = vec![vec![0usize; n]; ops.len()];
+        let fold_next = |c: &Cmd, sub: usize| -> Option<FoldPiece> {
+            match *c {
+                Cmd::Fold { bytes, piece, .. } => fold_pieces(bytes, piece).nth(sub),
+                _ => None,
+            }
+        };
+        let finished = |l: &[ZLane]| l.iter().all(|(_, c, pc, _)| *pc == c.len());
+        let far = |a: u64| ((a >> 40) as usize - 1, (a & ((1 << 40) - 1)) as usize);
         loop {
             for r in 0..n {
                 while finished(&lanes[r]) && at_op[r] + 1 < ops.len() {
@@ -1244,7 +1262,19 @@ mod tests {
                     lanes[r] = load(r, at_op[r]);
                 }
             }
-            let runnable = runnable_lanes(&lanes, &pages);
+            let runnable: Vec<(usize, usize)> = (0..n)
+                .flat_map(|r| (0..lanes[r].len()).map(move |i| (r, i)))
+                .filter(|&(r, i)| {
+                    let (_, cmds, pc, sub) = &lanes[r][i];
+                    match cmds.get(*pc) {
+                        None => false,
+                        Some(Cmd::Wait { page, word }) => pages[*page][*word] == 1,
+                        Some(c @ Cmd::Fold { from, .. }) => fold_next(c, *sub)
+                            .is_some_and(|p| pages[r][CeFlags::piece(n, *from, p.lane)] >= p.count),
+                        Some(_) => true,
+                    }
+                })
+                .collect();
             if runnable.is_empty() {
                 if !(0..n).all(|r| at_op[r] + 1 == ops.len() && finished(&lanes[r])) {
                     return Err(format!("deadlock: ranks at operations {at_op:?}"));
@@ -1253,13 +1283,41 @@ mod tests {
             }
             let (r, i) = runnable[pick(&runnable) % runnable.len()];
             let k = at_op[r];
-            let (_, cmds, pc) = &mut lanes[r][i];
-            match cmds[*pc] {
+            let (_, cmds, pc, sub) = &mut lanes[r][i];
+            let c = cmds[*pc];
+            match c {
                 Cmd::Wait { .. } => {}
                 Cmd::Write { page, word, value } => pages[page][word] = value,
-                Cmd::Fold { .. } => return Err(format!("rank {r}: a fold in a copy schedule")),
-                Cmd::Copy { dst, src, bytes } => {
-                    let far = |a: u64| ((a >> 40) as usize - 1, (a & ((1 << 40) - 1)) as usize);
+                // A piece of a copy-and-fold, into its receiver's output.
+                Cmd::Copy {
+                    dst: Addr::Abs(a),
+                    src: Addr::Send(o),
+                    bytes,
+                } if is_fold(k) => {
+                    let (to, at) = far(a);
+                    if at_op[to] != k {
+                        return Err(format!(
+                            "rank {r} copies into rank {to}'s output for op {k} while it is at op {}",
+                            at_op[to]
+                        ));
+                    }
+                    let want = folds(ops[k].kind, ops[k].count, ops[k].elem, n, to).unwrap();
+                    if want.copy.from != r
+                        || o != want.copy.src + at
+                        || at + bytes > want.copy.bytes
+                    {
+                        return Err(format!(
+                            "rank {r} copies {o}..+{bytes} to {at} for {want:?}"
+                        ));
+                    }
+                    if let Some(old) = landed.insert((to, at), k) {
+                        return Err(format!(
+                            "rank {r} lands op {k} on rank {to}'s byte {at} before op {old} was folded there"
+                        ));
+                    }
+                    bytes_in[k][to] += bytes;
+                }
+                Cmd::Copy { dst, src, bytes } if !is_fold(k) => {
                     let c = match (src, dst) {
                         (Addr::Send(s), Addr::Recv(d)) => (r, r, s, d, bytes),
                         (Addr::Send(s), Addr::Abs(a)) => (r, far(a).0, s, far(a).1, bytes),
@@ -1278,13 +1336,49 @@ mod tests {
                     }
                     done[k].push(c);
                 }
+                Cmd::Fold { src, bytes, .. } if is_fold(k) => {
+                    let p = fold_next(&c, *sub).expect("runnable");
+                    let want = folds(ops[k].kind, ops[k].count, ops[k].elem, n, r).unwrap();
+                    if src != want.local || bytes != want.copy.bytes {
+                        return Err(format!("rank {r} folds {src}..+{bytes} for {want:?}"));
+                    }
+                    if landed.remove(&(r, p.at)) != Some(k) {
+                        return Err(format!(
+                            "rank {r} folds piece {} of op {k} before it landed",
+                            p.at
+                        ));
+                    }
+                    bytes_folded[k][r] += p.bytes;
+                    *sub += 1;
+                    if fold_next(&c, *sub).is_some() {
+                        continue;
+                    }
+                }
+                other => return Err(format!("rank {r} runs {other:?} in op {k}")),
             }
             *pc += 1;
         }
-        for (k, d) in done.iter_mut().enumerate() {
-            d.sort_unstable();
-            if *d != want(k) {
-                return Err(format!("op {k} made copies {d:?}, expected {:?}", want(k)));
+        for k in 0..ops.len() {
+            if !is_fold(k) {
+                done[k].sort_unstable();
+                if done[k] != want(k) {
+                    return Err(format!(
+                        "op {k} made copies {:?}, expected {:?}",
+                        done[k],
+                        want(k)
+                    ));
+                }
+                continue;
+            }
+            for r in 0..n {
+                let o = &ops[k];
+                let want = folds(o.kind, o.count, o.elem, n, r).unwrap().copy.bytes;
+                if bytes_in[k][r] != want || bytes_folded[k][r] != want {
+                    return Err(format!(
+                        "op {k} rank {r}: {} bytes landed and {} folded of {want}",
+                        bytes_in[k][r], bytes_folded[k][r]
+                    ));
+                }
             }
         }
         words_back(&pages)?;
@@ -1393,195 +1487,6 @@ mod tests {
         );
     }
 
-    /// Runs both ranks' copy-and-fold schedules of `ops` (2 ranks) as the other models do, the
-    /// fold kernel piece by piece (a piece may fold once its lane's word reached its count), in
-    /// the interleaving `pick` draws (the proptest draws hundreds).
-    /// Checks that a piece lands only while its receiver is in the same operation and never on a
-    /// piece not yet folded, that every piece is folded exactly once and only after it landed,
-    /// that every byte of every copy lands, that nothing deadlocks, and that every word ends where
-    /// it started.
-    fn run_fold_model(
-        ops: &[CeOp],
-        sched: Sched,
-        mut pick: impl FnMut(&[(usize, usize)]) -> usize,
-    ) -> Result<(), String> {
-        let n = 2;
-        let mut pages = initial_pages(n);
-        let mut at_op = vec![0usize; n];
-        // Per lane: its commands, the next one, and the next piece of a fold.
-        type FLane = (Lane, Vec<Cmd>, usize, usize);
-        let load = |r: Rank, k: usize| -> Vec<FLane> {
-            sched(&ops[k], r)
-                .into_iter()
-                .map(|(l, c)| (l, c, 0, 0))
-                .collect()
-        };
-        let mut lanes: Vec<Vec<FLane>> = (0..n).map(|r| load(r, 0)).collect();
-        // Pieces landed and not yet folded: (rank, byte in its output) -> operation.
-        let mut landed: HashMap<(Rank, usize), usize> = HashMap::new();
-        // Bytes landed and folded per operation and receiver.
-        let mut bytes_in = vec![[0usize; 2]; ops.len()];
-        let mut bytes_folded = vec![[0usize; 2]; ops.len()];
-        // The movement operations between windows among them (`zcopy_schedule`'s other kinds):
-        // their copies made, as the zero-copy model checks them.
-        let is_fold = |k: usize| fold_serves(ops[k].kind, n, false);
-        let mut done: Vec<Vec<Made>> = vec![Vec::new(); ops.len()];
-        let want_copies = |k: usize| -> Vec<Made> {
-            let o = &ops[k];
-            let mut v: Vec<Made> = copies(o.kind, o.count, o.elem, n, o.root)
-                .unwrap()
-                .iter()
-                .map(|c| (c.from, c.to, c.src, c.dst, c.bytes))
-                .collect();
-            v.sort_unstable();
-            v
-        };
-        let fold_next = |c: &Cmd, sub: usize| -> Option<FoldPiece> {
-            match *c {
-                Cmd::Fold { bytes, piece, .. } => fold_pieces(bytes, piece).nth(sub),
-                _ => None,
-            }
-        };
-        let finished = |l: &[FLane]| l.iter().all(|(_, c, pc, _)| *pc == c.len());
-        loop {
-            for r in 0..n {
-                while finished(&lanes[r]) && at_op[r] + 1 < ops.len() {
-                    let k = at_op[r];
-                    if !is_fold(k) {
-                        if let Some(c) = want_copies(k)
-                            .into_iter()
-                            .find(|c| (c.0 == r || c.1 == r) && !done[k].contains(c))
-                        {
-                            return Err(format!("rank {r} left op {k} before copy {c:?} was made"));
-                        }
-                    }
-                    at_op[r] += 1;
-                    lanes[r] = load(r, at_op[r]);
-                }
-            }
-            let runnable: Vec<(usize, usize)> = (0..n)
-                .flat_map(|r| (0..lanes[r].len()).map(move |i| (r, i)))
-                .filter(|&(r, i)| {
-                    let (_, cmds, pc, sub) = &lanes[r][i];
-                    match cmds.get(*pc) {
-                        None => false,
-                        Some(Cmd::Wait { page, word }) => pages[*page][*word] == 1,
-                        Some(c @ Cmd::Fold { from, .. }) => fold_next(c, *sub)
-                            .is_some_and(|p| pages[r][CeFlags::piece(n, *from, p.lane)] >= p.count),
-                        Some(_) => true,
-                    }
-                })
-                .collect();
-            if runnable.is_empty() {
-                if !(0..n).all(|r| at_op[r] + 1 == ops.len() && finished(&lanes[r])) {
-                    return Err(format!("deadlock: ranks at operations {at_op:?}"));
-                }
-                break;
-            }
-            let (r, i) = runnable[pick(&runnable) % runnable.len()];
-            let k = at_op[r];
-            let (_, cmds, pc, sub) = &mut lanes[r][i];
-            let c = cmds[*pc];
-            match c {
-                Cmd::Wait { .. } => *pc += 1,
-                Cmd::Write { page, word, value } => {
-                    pages[page][word] = value;
-                    *pc += 1;
-                }
-                Cmd::Copy {
-                    dst: Addr::Abs(a),
-                    src: Addr::Send(o),
-                    bytes,
-                } => {
-                    let (to, at) = ((a >> 40) as usize - 1, (a & ((1 << 40) - 1)) as usize);
-                    if at_op[to] != k {
-                        return Err(format!(
-                            "rank {r} copies into rank {to}'s output for op {k} while it is at op {}",
-                            at_op[to]
-                        ));
-                    }
-                    if !is_fold(k) {
-                        let c = (r, to, o, at, bytes);
-                        if done[k].contains(&c) {
-                            return Err(format!("rank {r} makes copy {c:?} of op {k} twice"));
-                        }
-                        done[k].push(c);
-                        *pc += 1;
-                        continue;
-                    }
-                    let want = folds(ops[k].kind, ops[k].count, ops[k].elem, n, to).unwrap();
-                    if want.copy.from != r
-                        || o != want.copy.src + at
-                        || at + bytes > want.copy.bytes
-                    {
-                        return Err(format!(
-                            "rank {r} copies {o}..+{bytes} to {at} for {want:?}"
-                        ));
-                    }
-                    if let Some(old) = landed.insert((to, at), k) {
-                        return Err(format!(
-                            "rank {r} lands op {k} on rank {to}'s byte {at} before op {old} was folded there"
-                        ));
-                    }
-                    bytes_in[k][to] += bytes;
-                    *pc += 1;
-                }
-                Cmd::Fold { src, bytes, .. } => {
-                    let p = fold_next(&c, *sub).expect("runnable");
-                    let want = folds(ops[k].kind, ops[k].count, ops[k].elem, n, r).unwrap();
-                    if src != want.local || bytes != want.copy.bytes {
-                        return Err(format!("rank {r} folds {src}..+{bytes} for {want:?}"));
-                    }
-                    if landed.remove(&(r, p.at)) != Some(k) {
-                        return Err(format!(
-                            "rank {r} folds piece {} of op {k} before it landed",
-                            p.at
-                        ));
-                    }
-                    bytes_folded[k][r] += p.bytes;
-                    *sub += 1;
-                    if fold_next(&c, *sub).is_none() {
-                        *pc += 1;
-                    }
-                }
-                // A movement operation's own block, on the caller's stream.
-                Cmd::Copy {
-                    dst: Addr::Recv(d),
-                    src: Addr::Send(o),
-                    bytes,
-                } if !is_fold(k) => {
-                    done[k].push((r, r, o, d, bytes));
-                    *pc += 1;
-                }
-                other => return Err(format!("rank {r} runs {other:?}")),
-            }
-        }
-        for (k, o) in ops.iter().enumerate() {
-            if !is_fold(k) {
-                done[k].sort_unstable();
-                if done[k] != want_copies(k) {
-                    return Err(format!(
-                        "op {k} made copies {:?}, expected {:?}",
-                        done[k],
-                        want_copies(k)
-                    ));
-                }
-                continue;
-            }
-            for r in 0..n {
-                let want = folds(o.kind, o.count, o.elem, n, r).unwrap().copy.bytes;
-                if bytes_in[k][r] != want || bytes_folded[k][r] != want {
-                    return Err(format!(
-                        "op {k} rank {r}: {} bytes landed and {} folded of {want}",
-                        bytes_in[k][r], bytes_folded[k][r]
-                    ));
-                }
-            }
-        }
-        words_back(&pages)?;
-        Ok(())
-    }
-
     fn fold_op_strategy() -> impl Strategy<Value = CeOp> {
         (
             prop_oneof![Just(CollKind::AllReduce), Just(CollKind::ReduceScatter)],
@@ -1609,7 +1514,7 @@ mod tests {
             ahead in any::<bool>(),
         ) {
             let ops: Vec<CeOp> = ops.iter().chain(ops.iter()).copied().collect();
-            let r = run_fold_model(&ops, &zcopy_of(2), picker(seed, ahead));
+            let r = run_zcopy_model(2, &ops, &zcopy_of(2), picker(seed, ahead));
             prop_assert!(r.is_ok(), "{}", r.unwrap_err());
         }
 
@@ -1625,12 +1530,12 @@ mod tests {
                 || (zcopy_serves(o.kind, 2) && !(o.kind == CollKind::AllToAll && o.send == o.recv));
             let ops: Vec<CeOp> = ops.iter().chain(ops.iter()).filter(served).copied().collect();
             prop_assume!(!ops.is_empty());
-            let r = run_fold_model(&ops, &zcopy_of(2), picker(seed, ahead));
+            let r = run_zcopy_model(2, &ops, &zcopy_of(2), picker(seed, ahead));
             prop_assert!(r.is_ok(), "{}", r.unwrap_err());
         }
     }
 
-    /// The fold model finds what the handshake's parts prevent: without `ready` a rank lands a
+    /// The zero-copy model finds, for the copy-and-fold, what the handshake's parts prevent: without `ready` a rank lands a
     /// piece in an output its peer is not yet using for the operation; without the resets the
     /// piece words carry over and a fold runs before its piece landed; and the schedule refuses
     /// an in-place operation and a wrong address count.
@@ -1654,8 +1559,8 @@ mod tests {
             |rn: &[(usize, usize)]| rn.iter().position(|&(r, _)| r == 1).unwrap_or(rn.len() - 1);
         let behind =
             |rn: &[(usize, usize)]| rn.iter().position(|&(r, _)| r == 0).unwrap_or(rn.len() - 1);
-        assert!(run_fold_model(&ops, &zcopy_of(2), ahead).is_ok());
-        assert!(run_fold_model(&ops, &zcopy_of(2), behind).is_ok());
+        assert!(run_zcopy_model(2, &ops, &zcopy_of(2), ahead).is_ok());
+        assert!(run_zcopy_model(2, &ops, &zcopy_of(2), behind).is_ok());
         let lanes = zcopy_of(2)(&ops[0], 0);
         assert_eq!(
             lanes.len(),
@@ -1682,7 +1587,8 @@ mod tests {
         // Some interleaving lands a piece of the next operation too early.
         let errs: Vec<String> = (0..64u8)
             .filter_map(|seed| {
-                run_fold_model(
+                run_zcopy_model(
+                    2,
                     &ops,
                     &without(is_ready),
                     picker(vec![seed, 7, seed / 3], false),
@@ -1714,7 +1620,7 @@ mod tests {
         };
         let errs: Vec<String> = (0..64u8)
             .filter_map(|seed| {
-                run_fold_model(&ops, &no_reset, picker(vec![seed, 3, seed / 5], false)).err()
+                run_zcopy_model(2, &ops, &no_reset, picker(vec![seed, 3, seed / 5], false)).err()
             })
             .collect();
         assert!(
