@@ -408,15 +408,9 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                     .collect()
             };
             let fold_blocks = Some(tune::FOLD_BLOCKS as u32);
-            type Fold = fn(f32, f32) -> f32;
-            let redops: [(ReduceOp, Fold); 3] = [
-                (ReduceOp::Sum, |a, b| a + b),
-                (ReduceOp::Max, f32::max),
-                (ReduceOp::Avg, |a, b| (a + b) / 2.0),
-            ];
-            for (i, (op, f)) in redops.into_iter().enumerate() {
-                let tag = round + 60 + 10 * i as u64;
-                put(&send, 0, &small(tag, r, n * count));
+            // An all-reduce of `send` into a scrubbed `recv`, out of place, on the copy-and-fold
+            // where `folds` says.
+            let all_reduce = |op: ReduceOp, folds: bool| {
                 scrub(&recv);
                 let blocks = run_op(
                     CollKind::AllReduce,
@@ -426,13 +420,24 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                     0,
                     op,
                 );
-                // Avg (a division per element) stays on the kernels (tune::fold_pays).
-                let folds = ce && op != ReduceOp::Avg;
                 assert_eq!(
                     blocks == fold_blocks,
                     folds,
                     "all-reduce {op:?}: {blocks:?} blocks"
                 );
+            };
+            type Fold = fn(f32, f32) -> f32;
+            let redops: [(ReduceOp, Fold); 3] = [
+                (ReduceOp::Sum, |a, b| a + b),
+                (ReduceOp::Max, f32::max),
+                (ReduceOp::Avg, |a, b| (a + b) / 2.0),
+            ];
+            for (i, (op, f)) in redops.into_iter().enumerate() {
+                let tag = round + 60 + 10 * i as u64;
+                put(&send, 0, &small(tag, r, n * count));
+                // Avg (a division per element) stays on the kernels (tune::fold_pays).
+                let folds = ce && op != ReduceOp::Avg;
+                all_reduce(op, folds);
                 let (a, b) = (small(tag, 0, n * count), small(tag, 1, n * count));
                 let want: Vec<u32> = (0..n * count)
                     .map(|j| f(f32::from_bits(a[j]), f32::from_bits(b[j])).to_bits())
@@ -502,20 +507,7 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                 let both = ferroccl::mem::alloc(&gpu, n * n * count * 4, &stats).unwrap();
                 for op in [ReduceOp::Max, ReduceOp::Min] {
                     put(&send, 0, &odd(r, n * count));
-                    scrub(&recv);
-                    let blocks = run_op(
-                        CollKind::AllReduce,
-                        send.device_ptr(),
-                        recv.device_ptr(),
-                        n * count,
-                        0,
-                        op,
-                    );
-                    assert_eq!(
-                        blocks == fold_blocks,
-                        ce,
-                        "all-reduce {op:?}: {blocks:?} blocks"
-                    );
+                    all_reduce(op, ce);
                     run(
                         CollKind::AllGather,
                         recv.device_ptr(),

@@ -1563,22 +1563,6 @@ fn symmetric_windows_take_the_copy_engine_for_large_data_movement() {
                 count: at(kind, fmin, 2).count * 4,
                 ..at(kind, fmin, 2)
             },
-        ] {
-            assert_ne!(
-                choose(&other, Device::Gpu, &cfg).engine,
-                Engine::CopyEngine,
-                "{other:?}"
-            );
-        }
-        let off = Config {
-            gpu_fold_min_bytes: 0,
-            ..cfg.clone()
-        };
-        assert_ne!(
-            choose(&at(kind, 1 << 31, 2), Device::Gpu, &off).engine,
-            Engine::CopyEngine
-        );
-        for other in [
             OpShape {
                 in_place: true,
                 ..at(kind, 1 << 30, 2)
@@ -1596,6 +1580,14 @@ fn symmetric_windows_take_the_copy_engine_for_large_data_movement() {
                 "{other:?}"
             );
         }
+        let off = Config {
+            gpu_fold_min_bytes: 0,
+            ..cfg.clone()
+        };
+        assert_ne!(
+            choose(&at(kind, 1 << 31, 2), Device::Gpu, &off).engine,
+            Engine::CopyEngine
+        );
     }
     // Reduce has no landing area on its root's peer; a gather's or scatter's root in place names
     // no peer's buffer; broadcast beyond 2 ranks would send n-1 copies from the root; an

@@ -1535,10 +1535,10 @@ mod tests {
         }
     }
 
-    /// The zero-copy model finds, for the copy-and-fold, what the handshake's parts prevent: without `ready` a rank lands a
-    /// piece in an output its peer is not yet using for the operation; without the resets the
-    /// piece words carry over and a fold runs before its piece landed; and the schedule refuses
-    /// an in-place operation and a wrong address count.
+    /// The zero-copy model finds, for the copy-and-fold, what the handshake's parts prevent:
+    /// without `ready` a rank lands a piece in an output its peer is not yet using for the
+    /// operation; without the resets the piece words carry over and a fold runs before its piece
+    /// landed; and the schedule refuses an in-place operation and a wrong address count.
     #[test]
     fn the_fold_model_catches_a_handshake_left_out() {
         let op = |kind, count| CeOp {
