@@ -17,7 +17,7 @@
 use crate::algo::Tuning;
 use crate::plan::copies::{self, CE_SLOTS};
 use crate::plan::zcopy::may_post;
-use crate::types::{CollKind, DataType};
+use crate::types::{CollKind, DataType, ReduceOp};
 use crate::Config;
 
 #[cfg(test)]
@@ -115,7 +115,7 @@ pub const FOLD_BLOCKS: usize = 16;
 /// 18-231 for every type but float and double, where Sum, Prod, Max and Min of the wider types
 /// ran 338-351 against 315-341 (docs/PERFORMANCE.md section 21).
 pub fn fold_pays(dtype: DataType, redop: i32) -> bool {
-    (0..=3).contains(&redop)
+    (ReduceOp::Sum.nccl_id()..=ReduceOp::Min.nccl_id()).contains(&redop)
         && !matches!(
             dtype,
             DataType::Int8 | DataType::Uint8 | DataType::Float8E4M3 | DataType::Float8E5M2
@@ -150,12 +150,11 @@ pub const PEER_SPLIT_ROOTED_BYTES: std::ops::RangeInclusive<usize> = (256 << 10)
 pub fn peer_split_pays(kind: CollKind, bytes: Option<usize>, nranks: usize) -> bool {
     let Some(b) = bytes else { return false };
     match kind {
-        CollKind::AllGather | CollKind::AllToAll | CollKind::ReduceScatter
+        CollKind::AllGather | CollKind::AllToAll | CollKind::ReduceScatter | CollKind::Scatter
             if b >= PEER_SPLIT_MIN_BYTES =>
         {
             true
         }
-        CollKind::Scatter if b >= PEER_SPLIT_MIN_BYTES => true,
         // Measured on 2 ranks only.
         CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter => {
             nranks == 2 && PEER_SPLIT_ROOTED_BYTES.contains(&b)
