@@ -528,10 +528,11 @@ impl Comm {
         self.backend.cuda().map(|c| c.last_blocks())
     }
 
-    /// GPU communicators: how many messages peers stored straight into this rank's registered
-    /// outputs (the peer engine's direct rounds: a block's round from one sender each) since
-    /// creation, after the work queued so far; None for host communicators. A diagnostic: it
-    /// tells whether registering paid off.
+    /// GPU communicators: how many messages moved straight between registered buffers without
+    /// staging since creation, after the work queued so far: peers' stores into this rank's
+    /// outputs (the peer engine's direct rounds: a block's round from one sender each) and this
+    /// rank's reads of its peer's input (a pulling all-reduce: a block's round each); None for
+    /// host communicators. A diagnostic: it tells whether registering paid off.
     pub fn direct_rounds(&self) -> Option<Result<u64, Error>> {
         self.backend.cuda().map(|c| c.direct_rounds())
     }

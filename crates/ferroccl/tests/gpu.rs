@@ -575,6 +575,181 @@ fn child_symmetric_windows() {
     println!("SYMMETRIC WINDOWS OK");
 }
 
+/// All-reduces between symmetric windows on 2 ranks pull (`tune::peer_pulls`, here at every size
+/// the peer engine takes): each rank reads its peer's input straight out of the peer's window.
+/// Exact on fresh data for Sum, Prod, Max, Min and Avg at three sizes (odd tails), the same bits
+/// on both ranks for Max and Min over signed zeros and NaN payloads that differ by rank; in
+/// place and PreMulSum (a scalar per rank) run staged, exact; each launch counted where it pulled.
+#[test]
+#[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn symmetric_windows_pull_all_reduces_from_the_peer_input() {
+    if role().is_some() {
+        return;
+    }
+    let Some(_) = gpus_for_test() else { return };
+    let env = [
+        ("FERROCCL_GPU_PEER_PULL_MAX_BYTES", (1u64 << 30).to_string()),
+        ("FERROCCL_GPU_FOLD_MIN_BYTES", "0".to_string()),
+        ("FERROCCL_TIMEOUT", "60".to_string()),
+    ];
+    let kids = spawn_ranks(2, "child_pull", "pull", &env);
+    assert_all_print(kids, "PULL OK");
+}
+
+/// Child of the test above.
+#[test]
+fn child_pull() {
+    if role().as_deref() != Some("pull") {
+        return;
+    }
+    let cfg = Config::from_env().unwrap();
+    let comm = Comm::from_env_gpu(&cfg).unwrap();
+    let (n, r) = (comm.nranks(), comm.rank());
+    assert_eq!(n, 2);
+    let gpu = comm.gpu().unwrap().clone();
+    let stats = MemStats::new();
+    let most = (4 << 20) + 3;
+    let send = ferroccl::mem::alloc(&gpu, most * 4, &stats).unwrap();
+    let recv = ferroccl::mem::alloc(&gpu, most * 4, &stats).unwrap();
+    let both = ferroccl::mem::alloc(&gpu, 2 * most * 4, &stats).unwrap();
+    comm.register_symmetric_buffer(&send).unwrap();
+    comm.register_symmetric_buffer(&recv).unwrap();
+    let seed = comm.id();
+    let put = |b: &DeviceBuffer, v: &[u32]| {
+        let f: Vec<f32> = v.iter().map(|&x| f32::from_bits(x)).collect();
+        b.copy_from_host(0, f32_bytes(&f)).unwrap();
+    };
+    let read = |b: &DeviceBuffer, len: usize| -> Vec<u32> {
+        read_f32(b, len)
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    };
+    // Rank q's small integers (exact as floats under every reduction here) for `tag`.
+    let small = |tag: u64, q: usize, len: usize| -> Vec<f32> {
+        let mut x = seed ^ (tag << 32) ^ ((q as u64 + 1) * 0x9e37_79b9_7f4a_7c15);
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % 64) as f32 - 32.0
+            })
+            .collect()
+    };
+    let pulled = || comm.direct_rounds().unwrap().unwrap();
+    let all_reduce = |send_ptr: u64, count: usize, op: ReduceOp| {
+        let a = OpArgs {
+            kind: CollKind::AllReduce,
+            send: send_ptr as *const u8,
+            recv: recv.device_ptr() as *mut u8,
+            count,
+            dtype: ferroccl::DataType::Float32,
+            op,
+            root: 0,
+            device_scalar: None,
+        };
+        let before = pulled();
+        let mut g = Group::new();
+        unsafe { g.push_raw(&comm, a).unwrap() };
+        g.launch().unwrap();
+        comm.synchronize().unwrap();
+        pulled() > before
+    };
+    type Fold = fn(f32, f32) -> f32;
+    let redops: [(ReduceOp, Fold); 5] = [
+        (ReduceOp::Sum, |a, b| a + b),
+        (ReduceOp::Prod, |a, b| a * b),
+        (ReduceOp::Max, f32::max),
+        (ReduceOp::Min, f32::min),
+        (ReduceOp::Avg, |a, b| (a + b) / 2.0),
+    ];
+    for (k, count) in [(64 << 10) + 17, (1 << 20) + 1, most]
+        .into_iter()
+        .enumerate()
+    {
+        for (i, (op, f)) in redops.into_iter().enumerate() {
+            let tag = (k * 10 + i) as u64;
+            let mine = small(tag, r, count);
+            send.copy_from_host(0, f32_bytes(&mine)).unwrap();
+            put(&recv, &vec![0x7fc0_0bad; count]);
+            assert!(
+                all_reduce(send.device_ptr(), count, op),
+                "{count} {op:?} did not pull"
+            );
+            let (a, b) = (small(tag, 0, count), small(tag, 1, count));
+            let want: Vec<u32> = (0..count).map(|j| f(a[j], b[j]).to_bits()).collect();
+            assert!(read(&recv, count) == want, "{count} {op:?}");
+        }
+        // PreMulSum with a scalar per rank: staged (the peer's input would need its scalar).
+        let mine = small(100 + k as u64, r, count);
+        send.copy_from_host(0, f32_bytes(&mine)).unwrap();
+        assert!(!all_reduce(
+            send.device_ptr(),
+            count,
+            ReduceOp::PreMulSum(r as f64 + 2.0)
+        ));
+        let (a, b) = (
+            small(100 + k as u64, 0, count),
+            small(100 + k as u64, 1, count),
+        );
+        let want: Vec<u32> = (0..count)
+            .map(|j| (a[j] * 2.0 + b[j] * 3.0).to_bits())
+            .collect();
+        assert!(read(&recv, count) == want, "{count} PreMulSum");
+        // In place: staged, exact.
+        let mine = small(200 + k as u64, r, count);
+        recv.copy_from_host(0, f32_bytes(&mine)).unwrap();
+        assert!(!all_reduce(recv.device_ptr(), count, ReduceOp::Sum));
+        let (a, b) = (
+            small(200 + k as u64, 0, count),
+            small(200 + k as u64, 1, count),
+        );
+        let want: Vec<u32> = (0..count).map(|j| (a[j] + b[j]).to_bits()).collect();
+        assert!(read(&recv, count) == want, "{count} in place");
+    }
+    // Max and Min over signed zeros and NaN payloads that differ by rank: both ranks' results,
+    // gathered (an all-gather into an unregistered buffer), are the same bits.
+    let count = (1 << 20) + 1;
+    let odd: Vec<u32> = (0..count)
+        .map(|i| match i % 4 {
+            0 if (i / 4 + r) % 2 == 0 => 0u32,
+            0 => 0x8000_0000,
+            1 => 0x7fc0_0000 | ((r as u32 + 1) * 0x111 + (i as u32 & 0xff)),
+            2 if r == 0 => 0x7fc0_002a,
+            2 => ((i % 97) as f32).to_bits(),
+            _ => (((i * 7 + r * 13) % 101) as f32 - 50.0).to_bits(),
+        })
+        .collect();
+    for op in [ReduceOp::Max, ReduceOp::Min] {
+        put(&send, &odd);
+        assert!(all_reduce(send.device_ptr(), count, op));
+        let a = OpArgs {
+            kind: CollKind::AllGather,
+            send: recv.device_ptr() as *const u8,
+            recv: both.device_ptr() as *mut u8,
+            count,
+            dtype: ferroccl::DataType::Float32,
+            op: ReduceOp::Sum,
+            root: 0,
+            device_scalar: None,
+        };
+        let mut g = Group::new();
+        unsafe { g.push_raw(&comm, a).unwrap() };
+        g.launch().unwrap();
+        comm.synchronize().unwrap();
+        let got = read(&both, 2 * count);
+        assert!(
+            got[..count] == got[count..],
+            "{op:?}: the ranks' results differ"
+        );
+    }
+    comm.deregister_window(send.device_ptr()).unwrap();
+    comm.deregister_window(recv.device_ptr()).unwrap();
+    println!("PULL OK");
+}
+
 /// Ranks of one process (threads) keep copies between windows off (`CeFabric::own_processes`):
 /// the same operations run on kernels, exact.
 #[test]

@@ -527,6 +527,26 @@ fn direct_blocks(count: usize, es: usize, cfg: &Config) -> Option<usize> {
     })
 }
 
+/// The largest all-reduce the peer engine pulls (`FERROCCL_GPU_PEER_PULL_MAX_BYTES`; see
+/// [`peer_pulls`]). 0 until measured over NVLink.
+pub const PEER_PULL_MAX_BYTES: usize = 0;
+
+/// Whether the peer engine's all-reduce of `op` (on 2 ranks, `bytes` its largest buffer) pulls:
+/// each rank reads its peer's input straight out of the peer's symmetric window and folds it
+/// with its own into its output, in one round per block; a flag says the input is there, a
+/// second that the peer has read it. No staging, no store phase: the link's reads and the
+/// fold's HBM traffic overlap, where the staged one-shot stores, then folds. Out of place only
+/// (in place, a rank's output is the input its peer still reads), and not a PreMulSum (the
+/// peer's input would need the peer's scalar, which may differ by rank).
+pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
+    op.kind == CollKind::AllReduce
+        && op.nranks == 2
+        && op.symmetric
+        && !op.in_place
+        && (ReduceOp::Sum.nccl_id()..=ReduceOp::Avg.nccl_id()).contains(&op.redop)
+        && bytes.is_some_and(|b| b <= cfg.gpu_peer_pull_max_bytes)
+}
+
 /// The smallest largest-buffer from which the peer engine runs direct rounds: below it a launch
 /// has too few rounds a block for them (they start on the third), and the look after every
 /// round cost all-gather 512 KiB - 8 MiB 5-15 % on 2 x H200 (docs/PERFORMANCE.md, section 19).
@@ -702,9 +722,12 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         // results). Every one-shot round (every other kind, and the all-reduce on 2 ranks within
         // FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES) has one phase and fills both phases' slots of its
         // parity, which lie side by side: twice the bytes per flag, wait and acknowledgement.
+        let pull = peer_pulls(op, bytes, cfg);
         let one_crossing =
             op.nranks == 2 && bytes.is_some_and(|b| b <= cfg.gpu_peer_oneshot_max_bytes);
         let (algo, chunk_elems) = match op.kind {
+            // A pull has no slots to fill: one round takes a block's whole slice.
+            CollKind::AllReduce if pull => (Algo::OneShot, op.count.max(1)),
             CollKind::AllReduce if !one_crossing => {
                 (Algo::TwoShot, slot_elems.saturating_mul(op.nranks))
             }
@@ -722,6 +745,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             .gpu_peer_split
             .unwrap_or_else(|| peer_split_pays(op.kind, bytes, op.nranks));
         let split = wanted
+            && !pull
             && algo == Algo::OneShot
             && channels >= 2
             && !(op.in_place && matches!(op.kind, CollKind::AllToAll | CollKind::AllReduce));
@@ -729,9 +753,11 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         // Direct rounds: a sender stores straight into an output its receiver posts (a window's,
         // found at run time: nobody waits for a post), so only what moves data unreduced, and
         // only from PEER_DIRECT_MIN_BYTES: the looks cost medium sizes more than they gave.
-        let zero_copy = cfg.gpu_peer_direct
-            && moves_only(op.kind)
-            && bytes.is_some_and(|b| b >= PEER_DIRECT_MIN_BYTES);
+        // A pull is the all-reduce's zero-copy: every rank reads its peer's input.
+        let zero_copy = pull
+            || (cfg.gpu_peer_direct
+                && moves_only(op.kind)
+                && bytes.is_some_and(|b| b >= PEER_DIRECT_MIN_BYTES));
         return Choice {
             algo,
             protocol: Protocol::Simple,
@@ -739,10 +765,13 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             channels,
             chunk_elems,
             zero_copy,
-            post_output: zero_copy && may_post(op.kind, op.in_place),
+            // Nobody stores into a puller's output: it has nothing to post.
+            post_output: zero_copy && !pull && may_post(op.kind, op.in_place),
             split,
             why: Why {
-                algo: if algo == Algo::TwoShot {
+                algo: if pull {
+                    "all-reduce of 2 ranks between symmetric windows within FERROCCL_GPU_PEER_PULL_MAX_BYTES: each rank pulls its peer's input on the peer engine"
+                } else if algo == Algo::TwoShot {
                     "all-reduce beyond the direct engine: two-shot on the peer engine"
                 } else if op.kind == CollKind::AllReduce {
                     "all-reduce on 2 ranks within FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES: one-shot on the peer engine"

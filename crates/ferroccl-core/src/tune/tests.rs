@@ -2064,3 +2064,90 @@ fn fold_pays_for_plain_reductions_of_wide_elements() {
         }
     }
 }
+
+/// The pulling all-reduce (FERROCCL_GPU_PEER_PULL_MAX_BYTES): 2 ranks, symmetric windows, out of
+/// place, Sum to Avg, within the limit, on the peer engine in one round a block (no slots to
+/// fill), never split and posting nothing; everything else as without it.
+#[test]
+fn pulls_take_symmetric_out_of_place_all_reduces_of_two_ranks_within_the_limit() {
+    let cfg = Config {
+        gpu_peer_pull_max_bytes: 64 << 20,
+        gpu_peer_split: Some(true),
+        ..Config::default()
+    };
+    let at = |bytes: usize| OpShape {
+        windows: true,
+        symmetric: true,
+        ..shape(CollKind::AllReduce, bytes / 4, Float32, 2)
+    };
+    for bytes in [1 << 20, 4 << 20, 64 << 20] {
+        for redop in 0..=4 {
+            let op = OpShape { redop, ..at(bytes) };
+            assert!(peer_pulls(&op, op.largest_bytes(), &cfg), "{bytes} {redop}");
+            let c = choose(&op, Device::Gpu, &cfg);
+            assert!(
+                c.engine == Engine::PeerKernel
+                    && c.algo == Algo::OneShot
+                    && c.zero_copy
+                    && !c.post_output
+                    && !c.split
+                    && c.chunk_elems == op.count,
+                "{bytes} {redop}: {c}"
+            );
+            assert!(c.why.algo.contains("pulls"), "{c}");
+        }
+    }
+    let off = Config {
+        gpu_peer_pull_max_bytes: 0,
+        ..cfg.clone()
+    };
+    for (op, cfg) in [
+        (
+            OpShape {
+                redop: 5,
+                ..at(4 << 20)
+            },
+            &cfg,
+        ),
+        (
+            OpShape {
+                in_place: true,
+                ..at(4 << 20)
+            },
+            &cfg,
+        ),
+        (
+            OpShape {
+                symmetric: false,
+                ..at(4 << 20)
+            },
+            &cfg,
+        ),
+        (at(128 << 20), &cfg),
+        (at(4 << 20), &off),
+        (
+            OpShape {
+                kind: CollKind::ReduceScatter,
+                count: (4 << 20) / 8,
+                ..at(4 << 20)
+            },
+            &cfg,
+        ),
+        (
+            OpShape {
+                nranks: 3,
+                ..at(4 << 20)
+            },
+            &cfg,
+        ),
+    ] {
+        assert!(!peer_pulls(&op, op.largest_bytes(), cfg), "{op:?}");
+        let c = choose(&op, Device::Gpu, cfg);
+        assert!(
+            !(c.engine == Engine::PeerKernel && c.zero_copy && op.kind == CollKind::AllReduce),
+            "{op:?}: {c}"
+        );
+    }
+    // The host backend never pulls.
+    assert!(!choose(&at(4 << 20), Device::Host, &cfg).zero_copy);
+}

@@ -487,9 +487,10 @@ impl CudaComm {
         })
     }
 
-    /// Messages the peer engine's senders stored straight into this rank's outputs (direct
-    /// rounds, counted per block, round and sender by the receiving kernels), since creation;
-    /// read after the work queued so far (a synchronous copy).
+    /// Messages the peer engine moved without staging since creation: its senders' stores
+    /// straight into this rank's outputs (direct rounds, counted per block, round and sender by
+    /// the receiving kernels) and this rank's pulled rounds (per block and round); read after
+    /// the work queued so far (a synchronous copy).
     pub fn direct_rounds(&self) -> Result<u64, Error> {
         self.drain()?;
         self.status.direct_rounds()

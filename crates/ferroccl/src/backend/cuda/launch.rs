@@ -172,7 +172,8 @@ enum Run {
     /// The peer kernel, on this many blocks, in rounds of this many elements per block;
     /// `oneshot`: an all-reduce in one crossing (2 ranks); `direct`: senders store straight into
     /// outputs their receivers post (the tuner's zero-copy), `post`: this rank posts its output
-    /// where a window holds it.
+    /// where a window holds it; `pull`: an all-reduce that reads its peer's input from the
+    /// peer's symmetric window (the all-reduce's zero-copy, `tune::peer_pulls`).
     Peer {
         blocks: u32,
         chunk: u64,
@@ -180,6 +181,7 @@ enum Run {
         split: bool,
         direct: bool,
         post: bool,
+        pull: bool,
     },
     /// The copy engines: no kernel; this rank's commands for the shape.
     Copy(Arc<Schedule>),
@@ -496,15 +498,15 @@ impl CudaComm {
                     Some(match c.engine {
                         Engine::DirectKernel if self.direct.is_some() => Run::Direct { blocks },
                         Engine::PeerKernel if self.peer.is_some() => {
-                            let oneshot =
-                                c.algo == Algo::OneShot && args[0].kind == CollKind::AllReduce;
+                            let all_reduce = args[0].kind == CollKind::AllReduce;
                             Run::Peer {
                                 blocks,
                                 chunk: c.chunk_elems as u64,
-                                oneshot,
+                                oneshot: c.algo == Algo::OneShot && all_reduce,
                                 split: c.split,
-                                direct: c.zero_copy,
+                                direct: c.zero_copy && !all_reduce,
                                 post: c.post_output,
+                                pull: c.zero_copy && all_reduce,
                             }
                         }
                         Engine::CopyEngine if self.ce.is_some() => {
@@ -584,9 +586,26 @@ impl CudaComm {
             }
             _ => None,
         };
+        // Where a pulling all-reduce reads its peer's input: the peer's window at this rank's
+        // offset (the symmetric contract), as this process maps it.
+        let pull = match run {
+            Run::Peer { pull: true, .. } => {
+                let a = &args[0];
+                let far = windows
+                    .symmetric_far(a.send as u64, (a.count * a.dtype.size()) as u64)
+                    .and_then(|f| f.get(1 - info.rank.min(1)).copied())
+                    .ok_or_else(|| {
+                        Error::Internal(
+                            "a pulling all-reduce whose input left its symmetric window".into(),
+                        )
+                    })?;
+                far
+            }
+            _ => 0,
+        };
         drop(windows);
 
-        self.run_entry(run, args, ops, stream, views)?;
+        self.run_entry(run, args, ops, stream, views, pull)?;
         if !captured {
             self.order()?.after(stream)?;
         }
@@ -607,6 +626,7 @@ impl CudaComm {
         ops: &[FcOp],
         stream: sys::CUstream,
         views: Option<[u64; PEER_MAX_RANKS]>,
+        pull: u64,
     ) -> Result<(), Error> {
         match run {
             Run::Plan(at) => {
@@ -731,6 +751,7 @@ impl CudaComm {
                 split,
                 direct,
                 post: _,
+                pull: _,
             } => {
                 let (module, kernels, template) =
                     self.peer.as_ref().expect("checked when the entry was made");
@@ -747,6 +768,7 @@ impl CudaComm {
                     views: views.unwrap_or_default(),
                     direct: direct as u32,
                     post: views.is_some() as u32,
+                    pull,
                     ..*template
                 };
                 // SAFETY: the peer kernel takes one FcPeer; its staging, flags and counters are

@@ -247,6 +247,27 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     // blocks acknowledge every round themselves, at its end.
     const fc_u64 ack = (symmetric || role != FC_ROLE_BOTH) ? 0 : s - 1;
     const bool sending = role != FC_ROLE_RECV, receiving = role != FC_ROLE_SEND;
+    if (kind == FC_KIND_ALL_REDUCE && P.pull != 0) {
+        // A pull (FcPeer::pull, 2 ranks, out of place): no store phase and no slot. Each rank
+        // says its input is there (and, as every flag does, that it is done with its earlier
+        // rounds' slots), waits for the peer to say the same, then reads the peer's input over
+        // the link straight out of the peer's window and folds it with its own, the link's reads
+        // overlapping the fold's HBM traffic. A second flag says the peer's input is read; a
+        // launch ends only once its peer has read this rank's input, which the caller may
+        // overwrite after it.
+        const fc_u32 q = 1u - me;
+        if (!peer_signal(P, b, 0, s, FC_PEER_ALL, 0, ack)) return false;
+        if (!peer_wait(P, b, 0, s, FC_PEER_ALL)) return false;
+        const fc_u8* mine = in + at * es;
+        const fc_u8* theirs = (const fc_u8*)P.pull + at * es;
+        // The staged one-shot's operand order (below): every rank gets the same bits.
+        const bool swap = !SUM && me == 1u && (op.redop == FC_OP_MAX || op.redop == FC_OP_MIN);
+        reduce_as<D, SUM>(op, out + at * es, nullptr, swap ? mine : theirs, swap ? theirs : mine, len, true, true);
+        // Counted with the direct rounds: a round taken straight from the peer's buffer.
+        if (threadIdx.x == 0 && P.stats != 0) atomicAdd((unsigned long long*)P.stats, 1ull);
+        if (!peer_signal(P, b, 1, s, q, 0, 0)) return false;
+        return !last || peer_wait(P, b, 1, s, q);
+    }
     if (kind == FC_KIND_ALL_REDUCE && P.oneshot) {
         // One crossing on 2 ranks (the host's choice): each rank stores its whole round (twice a
         // slot, both phases' slots of the parity) into the peer's staging, and both fold the two
@@ -417,6 +438,13 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
     if (P.op.dtype != DTYPE || !fc::redop_valid(P.op.redop) || P.chunk == 0) return;
     if (!fc::shape_serves<SHAPE>(P.kind, P.op.redop)) return;
     if (P.oneshot != 0u && (P.kind != FC_KIND_ALL_REDUCE || P.nranks != 2u)) return;
+    // A pull folds the peer's raw input: never a PreMulSum (whose scalar may differ by rank), and
+    // only what the tuner gives it (tune::peer_pulls). Refused loudly: the peer would wait.
+    if (P.pull != 0 && (P.kind != FC_KIND_ALL_REDUCE || P.oneshot == 0u || P.nranks != 2u || P.split != 0u ||
+                        P.op.redop == FC_OP_PREMULSUM)) {
+        if (threadIdx.x == 0) fc::engine_error(P, FC_ERR_PLAN, FC_WHAT_PLAN, 1u - (P.rank & 1u), DTYPE, P.op.dtype, 0, 0);
+        return;
+    }
     fc::prior_grid_wait();
     const volatile FcError* err = (const volatile FcError*)P.error;
     // A launch queued behind a failure does nothing: the counters may disagree by now.

@@ -270,8 +270,9 @@ struct FcPeer {
     fc_u32 direct;                    // 1: senders store straight into outputs their receivers post
     fc_u32 post;                      // 1: this rank posts `views` to its senders
     fc_u64 stats;                     // where receivers count the direct rounds they got
+    fc_u64 pull;                      // a pulling all-reduce: the peer's input as this GPU maps it
 };
-FC_CHECK_SIZE(FcPeer, 544);
+FC_CHECK_SIZE(FcPeer, 552);
 FC_CHECK_OFFSET(FcPeer, stage, 0);
 FC_CHECK_OFFSET(FcPeer, flags, 128);
 FC_CHECK_OFFSET(FcPeer, seqs, 256);
@@ -294,6 +295,7 @@ FC_CHECK_OFFSET(FcPeer, views, 400);
 FC_CHECK_OFFSET(FcPeer, direct, 528);
 FC_CHECK_OFFSET(FcPeer, post, 532);
 FC_CHECK_OFFSET(FcPeer, stats, 536);
+FC_CHECK_OFFSET(FcPeer, pull, 544);
 
 // ---- the fold kernel (peer.cu, in the peer engine's module) ---------------------------------------
 // The local half of a copy-and-fold reduction on 2 ranks (copy_engine.rs `fold_schedule`): the
