@@ -154,11 +154,14 @@ pub struct Config {
     /// so that a split launch's receive blocks fold one round while its send blocks store the
     /// next. Every rank must agree.
     pub gpu_peer_round_bytes: usize,
-    /// FERROCCL_GPU_PEER_PULL_MAX_BYTES: on 2 ranks, an all-reduce on the peer engine whose input
-    /// and output lie in symmetric windows, out of place, with at most this many bytes, pulls:
-    /// each rank reads its peer's input straight from the peer's window and folds it with its own
-    /// (`tune::Choice::zero_copy` on the peer engine's all-reduce); 0 turns it off; the default
-    /// `tune::PEER_PULL_MAX_BYTES`. Every rank must agree.
+    /// FERROCCL_GPU_PEER_PULL_MIN_BYTES and FERROCCL_GPU_PEER_PULL_MAX_BYTES: on 2 ranks, an
+    /// all-reduce on the peer engine whose input and output lie in symmetric windows, out of
+    /// place, of this many bytes (both bounds included), pulls: each rank reads its peer's input
+    /// straight from the peer's window and folds it with its own (`tune::peer_pulls`); a maximum
+    /// of 0 turns it off; the defaults `tune::PEER_PULL_MIN_BYTES` and `tune::PEER_PULL_MAX_BYTES`.
+    /// Every rank must agree.
+    pub gpu_peer_pull_min_bytes: usize,
+    /// See `gpu_peer_pull_min_bytes`.
     pub gpu_peer_pull_max_bytes: usize,
     /// FERROCCL_GPU_FOLD_BLOCKS: thread blocks of the fold kernel of a copy-and-fold reduction
     /// (`plan::copies::folds`), 1 to 132; the default `tune::FOLD_BLOCKS`. Each rank sets its own
@@ -262,6 +265,7 @@ impl Default for Config {
             gpu_peer_blocks: 0,
             gpu_peer_block_bytes: crate::tune::PEER_BLOCK_BYTES,
             gpu_peer_round_bytes: 0,
+            gpu_peer_pull_min_bytes: crate::tune::PEER_PULL_MIN_BYTES,
             gpu_peer_pull_max_bytes: crate::tune::PEER_PULL_MAX_BYTES,
             gpu_fold_blocks: crate::tune::FOLD_BLOCKS,
             gpu_fold_piece_bytes: crate::plan::copies::FOLD_PIECE_BYTES,
@@ -444,6 +448,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_PEER_ROUND_BYTES") {
             c.gpu_peer_round_bytes = parse("FERROCCL_GPU_PEER_ROUND_BYTES", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_PEER_PULL_MIN_BYTES") {
+            c.gpu_peer_pull_min_bytes = parse("FERROCCL_GPU_PEER_PULL_MIN_BYTES", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_PEER_PULL_MAX_BYTES") {
             c.gpu_peer_pull_max_bytes = parse("FERROCCL_GPU_PEER_PULL_MAX_BYTES", v)?;
         }
@@ -567,6 +574,10 @@ impl Config {
             (
                 "FERROCCL_GPU_PEER_ROUND_BYTES",
                 self.gpu_peer_round_bytes.to_string(),
+            ),
+            (
+                "FERROCCL_GPU_PEER_PULL_MIN_BYTES",
+                self.gpu_peer_pull_min_bytes.to_string(),
             ),
             (
                 "FERROCCL_GPU_PEER_PULL_MAX_BYTES",
@@ -994,14 +1005,29 @@ mod tests {
             .shared_settings()
             .iter()
             .any(|(k, v)| *k == "FERROCCL_GPU_PEER_ROUND_BYTES" && v == "16384"));
-        let pull = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_PULL_MAX_BYTES", "0")])).unwrap();
+        let pull = Config::from_vars(&vars(&[
+            ("FERROCCL_GPU_PEER_PULL_MIN_BYTES", "4096"),
+            ("FERROCCL_GPU_PEER_PULL_MAX_BYTES", "0"),
+        ]))
+        .unwrap();
         assert_eq!(
             (
+                pull.gpu_peer_pull_min_bytes,
                 pull.gpu_peer_pull_max_bytes,
+                Config::default().gpu_peer_pull_min_bytes,
                 Config::default().gpu_peer_pull_max_bytes
             ),
-            (0, crate::tune::PEER_PULL_MAX_BYTES)
+            (
+                4096,
+                0,
+                crate::tune::PEER_PULL_MIN_BYTES,
+                crate::tune::PEER_PULL_MAX_BYTES
+            )
         );
+        assert!(pull
+            .shared_settings()
+            .iter()
+            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_PULL_MIN_BYTES" && v == "4096"));
         assert!(pull
             .shared_settings()
             .iter()

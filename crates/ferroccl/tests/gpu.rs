@@ -588,6 +588,7 @@ fn symmetric_windows_pull_all_reduces_from_the_peer_input() {
     }
     let Some(_) = gpus_for_test() else { return };
     let env = [
+        ("FERROCCL_GPU_PEER_PULL_MIN_BYTES", "0".to_string()),
         ("FERROCCL_GPU_PEER_PULL_MAX_BYTES", (1u64 << 30).to_string()),
         ("FERROCCL_GPU_FOLD_MIN_BYTES", "0".to_string()),
         ("FERROCCL_TIMEOUT", "60".to_string()),

@@ -527,9 +527,16 @@ fn direct_blocks(count: usize, es: usize, cfg: &Config) -> Option<usize> {
     })
 }
 
-/// The largest all-reduce the peer engine pulls (`FERROCCL_GPU_PEER_PULL_MAX_BYTES`; see
-/// [`peer_pulls`]). 0 until measured over NVLink.
-pub const PEER_PULL_MAX_BYTES: usize = 0;
+/// The smallest and largest all-reduce the peer engine pulls (`FERROCCL_GPU_PEER_PULL_MIN_BYTES`,
+/// `FERROCCL_GPU_PEER_PULL_MAX_BYTES`; see [`peer_pulls`]). On 2 x H200 (a process per GPU,
+/// registered, float32, pull / the staged rounds in the same runs, GB/s): 16 MiB 291-293 /
+/// 282-283 in graphs, 32 MiB 312 / 298-301, 128 MiB 330 / 320-322, 512 MiB 334-335 / 328-331;
+/// but 8 MiB 32.1-32.7 / 32.0 us, 1 MiB 10.3-10.7 / 8.9-9.1 us (its second crossing and the
+/// reads' round trip cost more than the overlap gives there), and 1-2 GiB 335-336 against the
+/// copy-and-fold's 340-356 (docs/PERFORMANCE.md section 22).
+pub const PEER_PULL_MIN_BYTES: usize = 16 << 20;
+/// See [`PEER_PULL_MIN_BYTES`].
+pub const PEER_PULL_MAX_BYTES: usize = 512 << 20;
 
 /// Whether the peer engine's all-reduce of `op` (on 2 ranks, `bytes` its largest buffer) pulls:
 /// each rank reads its peer's input straight out of the peer's symmetric window and folds it
@@ -544,7 +551,8 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
         && op.symmetric
         && !op.in_place
         && (ReduceOp::Sum.nccl_id()..=ReduceOp::Avg.nccl_id()).contains(&op.redop)
-        && bytes.is_some_and(|b| b <= cfg.gpu_peer_pull_max_bytes)
+        && bytes
+            .is_some_and(|b| b >= cfg.gpu_peer_pull_min_bytes && b <= cfg.gpu_peer_pull_max_bytes)
 }
 
 /// The smallest largest-buffer from which the peer engine runs direct rounds: below it a launch
@@ -770,7 +778,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             split,
             why: Why {
                 algo: if pull {
-                    "all-reduce of 2 ranks between symmetric windows within FERROCCL_GPU_PEER_PULL_MAX_BYTES: each rank pulls its peer's input on the peer engine"
+                    "all-reduce of 2 ranks between symmetric windows within FERROCCL_GPU_PEER_PULL_MIN_BYTES - FERROCCL_GPU_PEER_PULL_MAX_BYTES: each rank pulls its peer's input on the peer engine"
                 } else if algo == Algo::TwoShot {
                     "all-reduce beyond the direct engine: two-shot on the peer engine"
                 } else if op.kind == CollKind::AllReduce {

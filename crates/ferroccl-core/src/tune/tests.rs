@@ -2071,6 +2071,7 @@ fn fold_pays_for_plain_reductions_of_wide_elements() {
 #[test]
 fn pulls_take_symmetric_out_of_place_all_reduces_of_two_ranks_within_the_limit() {
     let cfg = Config {
+        gpu_peer_pull_min_bytes: 1 << 20,
         gpu_peer_pull_max_bytes: 64 << 20,
         gpu_peer_split: Some(true),
         ..Config::default()
@@ -2124,6 +2125,7 @@ fn pulls_take_symmetric_out_of_place_all_reduces_of_two_ranks_within_the_limit()
             &cfg,
         ),
         (at(128 << 20), &cfg),
+        (at(512 << 10), &cfg),
         (at(4 << 20), &off),
         (
             OpShape {
@@ -2150,4 +2152,26 @@ fn pulls_take_symmetric_out_of_place_all_reduces_of_two_ranks_within_the_limit()
     }
     // The host backend never pulls.
     assert!(!choose(&at(4 << 20), Device::Host, &cfg).zero_copy);
+}
+
+/// The pulls' default range: from 16 MiB to 512 MiB (measured), the copy-and-fold beyond.
+#[test]
+fn pulls_by_default_from_16_to_512_mib() {
+    let cfg = Config::default();
+    let at = |bytes: usize| OpShape {
+        windows: true,
+        symmetric: true,
+        ..shape(CollKind::AllReduce, bytes / 4, Float32, 2)
+    };
+    let pulls = |bytes: usize| {
+        let c = choose(&at(bytes), Device::Gpu, &cfg);
+        c.engine == Engine::PeerKernel && c.zero_copy
+    };
+    assert!(!pulls(8 << 20));
+    assert!(pulls(16 << 20) && pulls(64 << 20) && pulls(512 << 20));
+    assert!(!pulls(1 << 30), "1 GiB takes the copy-and-fold");
+    assert_eq!(
+        choose(&at(1 << 30), Device::Gpu, &cfg).engine,
+        Engine::CopyEngine
+    );
 }
