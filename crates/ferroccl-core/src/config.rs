@@ -141,7 +141,7 @@ pub struct Config {
     /// FERROCCL_GPU_PEER_BLOCKS: the thread blocks the peer engine's staging is cut for, and so
     /// the most an operation on it runs (`tune::peer_blocks`); 0 (the default): 64 on 2 ranks,
     /// 32 beyond. Fewer blocks leave more SMs to the user's kernels and make each slot larger.
-    /// At most `tune::PEER_MAX_BLOCKS` (64). Every rank must agree.
+    /// At most `tune::PEER_MAX_BLOCKS` (128). Every rank must agree.
     pub gpu_peer_blocks: usize,
     /// FERROCCL_GPU_PEER_BLOCK_BYTES: a peer-engine operation runs one block per this many
     /// bytes of its largest buffer, up to the blocks its staging is cut for (so from 8 KiB x 64
@@ -973,11 +973,11 @@ mod tests {
             .shared_settings()
             .iter()
             .any(|(k, v)| *k == "FERROCCL_GPU_PEER_BLOCKS" && v == "16"));
-        let err = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCKS", "65")]))
+        let err = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCKS", "129")]))
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("gpu_peer_blocks=65") && err.contains("at most 64"),
+            err.contains("gpu_peer_blocks=129") && err.contains("at most 128"),
             "{err}"
         );
         let bb = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCK_BYTES", "32768")])).unwrap();

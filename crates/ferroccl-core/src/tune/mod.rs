@@ -43,7 +43,7 @@ pub const DIRECT_SLOT_BYTES: usize = 16 << 10;
 pub const PEER_MAX_RANKS: usize = 16;
 /// Thread blocks of the peer engine at most (the kernel's flag lines and round counters are laid
 /// out for this many; the staging for [`peer_blocks`]).
-pub const PEER_MAX_BLOCKS: usize = 64;
+pub const PEER_MAX_BLOCKS: usize = 128;
 /// Slot bytes below which the peer engine is not offered (its handshake per round would cost
 /// more than the round moves).
 pub const PEER_MIN_SLOT_BYTES: usize = 16 << 10;

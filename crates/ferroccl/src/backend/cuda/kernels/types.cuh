@@ -238,7 +238,7 @@ FC_CHECK_OFFSET(FcDirect, op, 320);
 // lines' second halves: q posts its output there in phase 2's line (FC_PEER_POST_*), and p marks
 // its first direct round in phase 0's (FC_PEER_DIRECT_FROM).
 #define FC_PEER_MAX_RANKS 16u
-#define FC_PEER_MAX_BLOCKS 64u
+#define FC_PEER_MAX_BLOCKS 128u
 #define FC_PEER_THREADS 512u
 #define FC_PEER_PHASES 3u
 // Byte offsets in a 128-byte flag line (the flag or acknowledgement is at 0).
