@@ -547,7 +547,9 @@ impl CudaComm {
 
     /// For an operation the copy engine's zero-copy or copy-and-fold could take, whose output on
     /// this rank lies in a symmetric window: where this process maps every rank's output
-    /// (`copy_engine::zcopy_schedule`).
+    /// (`copy_engine::zcopy_schedule`). What makes the tuner's `OpShape::symmetric`, so the
+    /// peer engine's pulls (`tune::peer_pulls`, the copy-and-fold's shapes) are offered under the
+    /// same conditions.
     pub(crate) fn symmetric_far(&self, a: &OpArgs, info: &CommInfo) -> Option<Vec<u64>> {
         self.windows
             .lock()

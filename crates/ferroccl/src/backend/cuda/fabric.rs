@@ -311,10 +311,13 @@ impl Fabric {
 
         // The copy engine's flag page, where it is on, staged, between symmetric windows or for
         // the copy-and-fold (every rank alike: shared settings); free slots start free
-        // (`CeFlags::initial`).
+        // (`CeFlags::initial`). Pulls need none, but they are offered where copies between
+        // windows could run (`Comm::far_in`, which asks the copy engine), so the page is there
+        // for them too.
         let page = if ce_slot_bytes(config, n) > 0
             || config.gpu_ce_window_bytes > 0
             || config.gpu_fold_min_bytes > 0
+            || config.gpu_peer_pull_max_bytes > 0
         {
             let p = HostPage::create(gpu)?;
             for i in 0..CeFlags::words(n) {
