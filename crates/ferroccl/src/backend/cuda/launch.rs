@@ -586,20 +586,20 @@ impl CudaComm {
             }
             _ => None,
         };
-        // Where a pulling all-reduce reads its peer's input: the peer's window at this rank's
-        // offset (the symmetric contract), as this process maps it.
+        // Where a pulling all-reduce (2 ranks: the peer is `rank ^ 1`) reads its peer's input:
+        // the peer's window at this rank's offset (the symmetric contract), as this process maps
+        // it.
         let pull = match run {
             Run::Peer { pull: true, .. } => {
                 let a = &args[0];
-                let far = windows
+                windows
                     .symmetric_far(a.send as u64, (a.count * a.dtype.size()) as u64)
-                    .and_then(|f| f.get(1 - info.rank.min(1)).copied())
+                    .and_then(|f| f.get(info.rank ^ 1).copied())
                     .ok_or_else(|| {
                         Error::Internal(
                             "a pulling all-reduce whose input left its symmetric window".into(),
                         )
-                    })?;
-                far
+                    })?
             }
             _ => 0,
         };
