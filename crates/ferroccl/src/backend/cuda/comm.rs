@@ -547,9 +547,10 @@ impl CudaComm {
 
     /// For an operation the copy engine's zero-copy or copy-and-fold could take, whose output on
     /// this rank lies in a symmetric window: where this process maps every rank's output
-    /// (`copy_engine::zcopy_schedule`). What makes the tuner's `OpShape::symmetric`, so the
-    /// peer engine's pulls (`tune::peer_pulls`, the copy-and-fold's shapes) are offered under the
-    /// same conditions.
+    /// (`copy_engine::zcopy_schedule`). What makes the tuner's `OpShape::symmetric`, which the
+    /// peer engine's pulls (`tune::peer_pulls`, the copy-and-fold's shapes) go by too: both need
+    /// the peer engine's fabric (the copy engine borrows it) and ranks apart
+    /// (`Fabric::ranks_apart`); which of them runs is the tuner's and its knobs'.
     pub(crate) fn symmetric_far(&self, a: &OpArgs, info: &CommInfo) -> Option<Vec<u64>> {
         self.windows
             .lock()
@@ -562,7 +563,8 @@ impl CudaComm {
         use ferroccl_core::plan::copies::{fold_serves, zcopy_serves};
         let fold = fold_serves(a.kind, info.nranks, a.is_in_place(info.rank));
         if w.is_empty()
-            || !self.ce.as_ref().is_some_and(|c| c.zcopy_ok())
+            || self.peer.is_none()
+            || !self.fabric.ranks_apart()
             || !(zcopy_serves(a.kind, info.nranks) || fold)
         {
             return None;

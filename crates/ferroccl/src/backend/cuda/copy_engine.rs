@@ -592,12 +592,6 @@ impl CopyEngine {
         schedule(op, self.rank, self.nranks, self.slot_bytes)
     }
 
-    /// Whether copies between symmetric windows may run here: no two ranks share a GPU or a
-    /// process (`CeFabric::own_gpus`, `own_processes`; the same on every rank).
-    pub fn zcopy_ok(&self) -> bool {
-        self.fabric.own_gpus && self.fabric.own_processes
-    }
-
     /// This rank's commands for `op` between symmetric windows (`zcopy_schedule`; the launch
     /// path keeps them with the buffers' addresses).
     /// `fold`: the fold kernel's blocks and piece bytes, for the reductions (the tuner's

@@ -274,19 +274,21 @@ pub(crate) struct CeFabric {
     pub pages: Vec<u64>,
     pub mine: HostPage,
     pub imported: Vec<HostPage>,
-    /// No two ranks of the communicator share a GPU (the same on every rank: from every rank's
-    /// description). Where some do, the copies between symmetric windows stay off: a lane's wait
-    /// for its peer could sit in a hardware queue in front of the very stream the peer must run.
-    pub own_gpus: bool,
-    /// No two ranks of the communicator share a process (the same on every rank). Where some
-    /// do, the copies between symmetric windows stay off too: nccl-tests `-R 2` in one process
-    /// (`-g 2`, `-t 2`) got every peer's block wrong in about a quarter of its runs, from the
-    /// first such copy on (2 x H200, session 15; the cause is not found), where a process per
-    /// GPU never did.
-    pub own_processes: bool,
 }
 
 impl Fabric {
+    /// Whether no two ranks of the communicator share a process (and so none share a GPU), from
+    /// every rank's description: the same on every rank. The copies between symmetric windows,
+    /// and the pulls offered with them (`CudaComm::far_in`), run only then. Where two ranks share
+    /// a GPU, a copy lane's wait for its peer could sit in a hardware queue in front of the very
+    /// stream the peer must run; where two share a process, nccl-tests `-R 2` (`-g 2`, `-t 2`)
+    /// got every peer's block wrong in about a quarter of its runs, from the first such copy on
+    /// (2 x H200, session 15; the cause is not found), where a process per GPU never did.
+    pub fn ranks_apart(&self) -> bool {
+        let p = &self.places;
+        (0..p.len()).all(|a| (a + 1..p.len()).all(|b| p[a].pid != p[b].pid))
+    }
+
     /// `geo`: `Geometry::of(config, nranks)`, which the caller already needed.
     /// The connection table goes into `status`'s room for it.
     pub fn new(
@@ -311,13 +313,10 @@ impl Fabric {
 
         // The copy engine's flag page, where it is on, staged, between symmetric windows or for
         // the copy-and-fold (every rank alike: shared settings); free slots start free
-        // (`CeFlags::initial`). Pulls need none, but they are offered where copies between
-        // windows could run (`Comm::far_in`, which asks the copy engine), so the page is there
-        // for them too.
+        // (`CeFlags::initial`).
         let page = if ce_slot_bytes(config, n) > 0
             || config.gpu_ce_window_bytes > 0
             || config.gpu_fold_min_bytes > 0
-            || config.gpu_peer_pull_max_bytes > 0
         {
             let p = HostPage::create(gpu)?;
             for i in 0..CeFlags::words(n) {
@@ -417,10 +416,6 @@ impl Fabric {
         let table = status.table_ptr();
         let direct = geo.has_direct().then(|| direct_param(&geo, me, &arenas));
         let peer = geo.has_peer().then(|| peer_param(&geo, me, &arenas));
-        let own_gpus = (0..n).all(|a| {
-            (a + 1..n).all(|b| !(peers[a].pid == peers[b].pid && peers[a].gpu == peers[b].gpu))
-        });
-        let own_processes = (0..n).all(|a| (a + 1..n).all(|b| peers[a].pid != peers[b].pid));
         // The copy engine borrows the peer engine's staging: the same addresses.
         let ce = page.zip(peer.as_ref()).map(|(mine, p)| {
             pages[me] = mine.device_ptr();
@@ -434,8 +429,6 @@ impl Fabric {
                 pages,
                 mine,
                 imported: imported_pages,
-                own_gpus,
-                own_processes,
             }
         });
         Ok(Fabric {
