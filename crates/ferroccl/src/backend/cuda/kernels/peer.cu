@@ -219,6 +219,18 @@ __device__ fc_u64 fc_peer_trace[10];
 #define FC_PEER_STAMP(i)
 #endif
 
+// out = the fold of the peer's and this rank's operands on 2 ranks, in one operand order on both:
+// reduce_as folds (received, local), so rank 0 gets (rank 1's, rank 0's). Sum, its
+// pre-multiplied and averaged forms, and Prod give the same bits either way round; Max and Min
+// may not (a signed zero, a NaN's payload), so rank 1 swaps its operands. Every 2-rank fold (the
+// staged one-shot, the pull, the copy-and-fold) goes through here.
+template <typename D, bool SUM>
+__device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* out, const fc_u8* theirs, const fc_u8* mine,
+                                          fc_u64 len) {
+    const bool swap = !SUM && rank == 1u && (op.redop == FC_OP_MAX || op.redop == FC_OP_MIN);
+    reduce_as<D, SUM>(op, out, nullptr, swap ? mine : theirs, swap ? theirs : mine, len, true, true);
+}
+
 // One round of block b over elements [at, at + len) of its slice; false when a wait failed.
 // `first`: the launch's first round on this block after a rooted operation's round (or none),
 // which must look at the acknowledgements. D: the element type; SHAPE: the instance's
@@ -258,11 +270,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
         const fc_u32 q = 1u - me;
         if (!peer_signal(P, b, 0, s, FC_PEER_ALL, 0, ack)) return false;
         if (!peer_wait(P, b, 0, s, FC_PEER_ALL)) return false;
-        const fc_u8* mine = in + at * es;
-        const fc_u8* theirs = (const fc_u8*)P.pull + at * es;
-        // The staged one-shot's operand order (below): every rank gets the same bits.
-        const bool swap = !SUM && me == 1u && (op.redop == FC_OP_MAX || op.redop == FC_OP_MIN);
-        reduce_as<D, SUM>(op, out + at * es, nullptr, swap ? mine : theirs, swap ? theirs : mine, len, true, true);
+        fold_pair<D, SUM>(op, me, out + at * es, (const fc_u8*)P.pull + at * es, in + at * es, len);
         // Counted with the direct rounds: a round taken straight from the peer's buffer.
         if (threadIdx.x == 0 && P.stats != 0) atomicAdd((unsigned long long*)P.stats, 1ull);
         if (!peer_signal(P, b, 1, s, q, 0, 0)) return false;
@@ -286,13 +294,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
         FC_PEER_STAMP(4);
         if (!peer_wait(P, b, 0, s, FC_PEER_ALL)) return false;
         FC_PEER_STAMP(5);
-        // reduce_as folds (received, local): rank 0 gets (rank 1's, rank 0's). Sum, its
-        // pre-multiplied and averaged forms, and Prod give the same bits either way round; Max
-        // and Min may not (a signed zero, a NaN's payload), so rank 1 swaps its operands.
-        const fc_u8* mine = in + at * es;
-        const fc_u8* theirs = peer_slot(P, me, b, q, 0, s);
-        const bool swap = !SUM && me == 1u && (op.redop == FC_OP_MAX || op.redop == FC_OP_MIN);
-        reduce_as<D, SUM>(op, out + at * es, nullptr, swap ? mine : theirs, swap ? theirs : mine, len, true, true);
+        fold_pair<D, SUM>(op, me, out + at * es, peer_slot(P, me, b, q, 0, s), in + at * es, len);
         // A receive block acknowledges its round at once (peer_signal's barrier ends the reads).
         if (role == FC_ROLE_RECV) peer_signal(P, b, FC_PEER_PHASES, s, FC_PEER_ALL, 0, s);
         // No second crossing: the trace's steps after the reduce read 0.
@@ -544,7 +546,6 @@ __device__ __forceinline__ void fold_main(const FcFold& P) {
     const fc_u64 es = sizeof(typename D::S), n = P.count, pe = P.piece;
     const fc_u8* mine = (const fc_u8*)P.mine;
     fc_u8* out = (fc_u8*)P.out;
-    const bool swap = !SUM && P.rank == 1u && (P.op.redop == FC_OP_MAX || P.op.redop == FC_OP_MIN);
     const fc_u64 pieces = (n + pe - 1u) / pe;
     for (fc_u64 k = 0; k < pieces; ++k) {
         int bad = 0;
@@ -567,7 +568,7 @@ __device__ __forceinline__ void fold_main(const FcFold& P) {
         if (s1 <= s0) continue;
         fc_u8* o = out + (a + s0) * es;
         const fc_u8* m = mine + (a + s0) * es;
-        fc::reduce_as<D, SUM>(P.op, o, nullptr, swap ? m : o, swap ? o : m, s1 - s0, true, true);
+        fc::fold_pair<D, SUM>(P.op, P.rank, o, o, m, s1 - s0);
     }
 }
 
