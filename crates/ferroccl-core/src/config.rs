@@ -895,6 +895,13 @@ fn parse_master_port(key: &str, v: &str) -> Result<u16, String> {
 mod tests {
     use super::*;
 
+    /// Whether `c` gives its peers `key` with `value` to agree on.
+    fn shares(c: &Config, key: &str, value: &str) -> bool {
+        c.shared_settings()
+            .iter()
+            .any(|(k, v)| *k == key && v == value)
+    }
+
     fn vars(kv: &[(&str, &str)]) -> HashMap<String, String> {
         kv.iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -921,26 +928,17 @@ mod tests {
             );
         }
         // A rank with other p2p channels builds other plans: the knob must be compared.
-        assert!(c
-            .shared_settings()
-            .iter()
-            .any(|(k, v)| *k == "FERROCCL_GPU_P2P_CHANNELS" && v == "32"));
+        assert!(shares(&c, "FERROCCL_GPU_P2P_CHANNELS", "32"));
         let t = Config::from_vars(&vars(&[("FERROCCL_GPU_TWO_SHOT", "1")])).unwrap();
         assert!(t.gpu_two_shot && !Config::default().gpu_two_shot);
-        assert!(t
-            .shared_settings()
-            .iter()
-            .any(|(k, v)| *k == "FERROCCL_GPU_TWO_SHOT" && v == "1"));
+        assert!(shares(&t, "FERROCCL_GPU_TWO_SHOT", "1"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_TWO_SHOT", "sometimes")])).is_err());
         let p = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BYTES", "0")])).unwrap();
         assert_eq!(
             (p.gpu_peer_bytes, Config::default().gpu_peer_bytes),
             (0, 16 << 20)
         );
-        assert!(p
-            .shared_settings()
-            .iter()
-            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_BYTES" && v == "0"));
+        assert!(shares(&p, "FERROCCL_GPU_PEER_BYTES", "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BYTES", "2147483648")])).is_err());
         let split = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_SPLIT", "1")])).unwrap();
         assert_eq!(
@@ -955,24 +953,19 @@ mod tests {
                 .gpu_peer_split,
             None
         );
-        assert!(Config::default()
-            .shared_settings()
-            .iter()
-            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_SPLIT" && v == "auto"));
-        assert!(split
-            .shared_settings()
-            .iter()
-            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_SPLIT" && v == "1"));
+        assert!(shares(
+            &Config::default(),
+            "FERROCCL_GPU_PEER_SPLIT",
+            "auto"
+        ));
+        assert!(shares(&split, "FERROCCL_GPU_PEER_SPLIT", "1"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_SPLIT", "half")])).is_err());
         let pb = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCKS", "16")])).unwrap();
         assert_eq!(
             (pb.gpu_peer_blocks, Config::default().gpu_peer_blocks),
             (16, 0)
         );
-        assert!(pb
-            .shared_settings()
-            .iter()
-            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_BLOCKS" && v == "16"));
+        assert!(shares(&pb, "FERROCCL_GPU_PEER_BLOCKS", "16"));
         let err = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCKS", "129")]))
             .unwrap_err()
             .to_string();
@@ -988,10 +981,7 @@ mod tests {
             ),
             (32 << 10, 8 << 10)
         );
-        assert!(bb
-            .shared_settings()
-            .iter()
-            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_BLOCK_BYTES" && v == "32768"));
+        assert!(shares(&bb, "FERROCCL_GPU_PEER_BLOCK_BYTES", "32768"));
         let round =
             Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_ROUND_BYTES", "16384")])).unwrap();
         assert_eq!(
@@ -1001,10 +991,7 @@ mod tests {
             ),
             (16 << 10, 0)
         );
-        assert!(round
-            .shared_settings()
-            .iter()
-            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_ROUND_BYTES" && v == "16384"));
+        assert!(shares(&round, "FERROCCL_GPU_PEER_ROUND_BYTES", "16384"));
         let pull = Config::from_vars(&vars(&[
             ("FERROCCL_GPU_PEER_PULL_MIN_BYTES", "4096"),
             ("FERROCCL_GPU_PEER_PULL_MAX_BYTES", "0"),
@@ -1024,14 +1011,8 @@ mod tests {
                 crate::tune::PEER_PULL_MAX_BYTES
             )
         );
-        assert!(pull
-            .shared_settings()
-            .iter()
-            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_PULL_MIN_BYTES" && v == "4096"));
-        assert!(pull
-            .shared_settings()
-            .iter()
-            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_PULL_MAX_BYTES" && v == "0"));
+        assert!(shares(&pull, "FERROCCL_GPU_PEER_PULL_MIN_BYTES", "4096"));
+        assert!(shares(&pull, "FERROCCL_GPU_PEER_PULL_MAX_BYTES", "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_PULL_MAX_BYTES", "lots")])).is_err());
         let fold = Config::from_vars(&vars(&[
             ("FERROCCL_GPU_FOLD_BLOCKS", "64"),
@@ -1047,15 +1028,9 @@ mod tests {
             (min.gpu_fold_min_bytes, Config::default().gpu_fold_min_bytes),
             (0, 1 << 30)
         );
-        assert!(min
-            .shared_settings()
-            .iter()
-            .any(|(k, v)| *k == "FERROCCL_GPU_FOLD_MIN_BYTES" && v == "0"));
+        assert!(shares(&min, "FERROCCL_GPU_FOLD_MIN_BYTES", "0"));
         // The pieces are every rank's alike, the blocks each rank's own.
-        assert!(fold
-            .shared_settings()
-            .iter()
-            .any(|(k, v)| *k == "FERROCCL_GPU_FOLD_PIECE_BYTES" && v == "33554432"));
+        assert!(shares(&fold, "FERROCCL_GPU_FOLD_PIECE_BYTES", "33554432"));
         assert!(!fold
             .shared_settings()
             .iter()
@@ -1081,10 +1056,7 @@ mod tests {
             ),
             (256 << 10, 128 << 10)
         );
-        assert!(from
-            .shared_settings()
-            .iter()
-            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_FROM_BYTES" && v == "262144"));
+        assert!(shares(&from, "FERROCCL_GPU_PEER_FROM_BYTES", "262144"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_FROM_BYTES", "-1")])).is_err());
         let one =
             Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES", "0")])).unwrap();
@@ -1095,10 +1067,7 @@ mod tests {
             ),
             (0, PEER_ONESHOT_MAX_BYTES)
         );
-        assert!(one
-            .shared_settings()
-            .iter()
-            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES" && v == "0"));
+        assert!(shares(&one, "FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES", "0"));
         assert!(
             Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES", "4M")])).is_err()
         );
@@ -1111,10 +1080,7 @@ mod tests {
             ),
             (0, PEER_ROOTED_MAX_BYTES)
         );
-        assert!(rooted
-            .shared_settings()
-            .iter()
-            .any(|(k, v)| *k == "FERROCCL_GPU_PEER_ROOTED_MAX_BYTES" && v == "0"));
+        assert!(shares(&rooted, "FERROCCL_GPU_PEER_ROOTED_MAX_BYTES", "0"));
         assert!(
             Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_ROOTED_MAX_BYTES", "")]))
                 .is_ok_and(|c| c.gpu_peer_rooted_max_bytes == PEER_ROOTED_MAX_BYTES)
@@ -1128,10 +1094,7 @@ mod tests {
             ),
             (8 << 20, 0)
         );
-        assert!(ce
-            .shared_settings()
-            .iter()
-            .any(|(k, v)| *k == "FERROCCL_GPU_COPY_ENGINE_BYTES" && v == "8388608"));
+        assert!(shares(&ce, "FERROCCL_GPU_COPY_ENGINE_BYTES", "8388608"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_COPY_ENGINE_BYTES", "lots")])).is_err());
         let cw = Config::from_vars(&vars(&[("FERROCCL_GPU_CE_WINDOW_BYTES", "0")])).unwrap();
         assert_eq!(
@@ -1141,10 +1104,7 @@ mod tests {
             ),
             (0, 128 << 20)
         );
-        assert!(cw
-            .shared_settings()
-            .iter()
-            .any(|(k, v)| *k == "FERROCCL_GPU_CE_WINDOW_BYTES" && v == "0"));
+        assert!(shares(&cw, "FERROCCL_GPU_CE_WINDOW_BYTES", "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_WINDOW_BYTES", "-1")])).is_err());
         let early = Config::from_vars(&vars(&[("FERROCCL_GPU_EARLY_LAUNCH", "0")])).unwrap();
         assert!(!early.gpu_early_launch && Config::default().gpu_early_launch);

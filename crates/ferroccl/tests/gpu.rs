@@ -42,6 +42,50 @@ fn all_reduce_args(send: &DeviceBuffer, recv: &DeviceBuffer, count: usize) -> Op
     }
 }
 
+/// Rank `q`'s float bits at element `i`, where Max and Min may pick either operand's bits:
+/// signed zeros and NaN payloads that differ between the ranks, a NaN against a number, and
+/// ordinary values.
+fn edge_bits(q: usize, i: usize) -> u32 {
+    let nan = |p: u32| 0x7fc0_0000u32 | p;
+    match i % 4 {
+        0 if (i / 4 + q) % 2 == 0 => 0,
+        0 => 0x8000_0000,
+        1 => nan((q as u32 + 1) * 0x111 + (i as u32 & 0xff)),
+        2 if q == 0 => nan(0x2a),
+        2 => ((i % 97) as f32).to_bits(),
+        _ => (((i * 7 + q * 13) % 101) as f32 - 50.0).to_bits(),
+    }
+}
+
+/// Gathers every rank's `count` floats of `out` into `both` (unregistered: on the kernels) and
+/// asserts that all ranks hold the same bits.
+fn assert_ranks_agree(
+    comm: &Comm,
+    out: &DeviceBuffer,
+    both: &DeviceBuffer,
+    count: usize,
+    what: &str,
+) {
+    let a = OpArgs {
+        kind: CollKind::AllGather,
+        ..all_reduce_args(out, both, count)
+    };
+    let mut g = Group::new();
+    // SAFETY: device buffers of count and nranks x count f32, alive past synchronize.
+    unsafe { g.push_raw(comm, a).unwrap() };
+    g.launch().unwrap();
+    comm.synchronize().unwrap();
+    let got: Vec<u32> = read_f32(both, comm.nranks() * count)
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect();
+    assert!(
+        got.chunks(count).all(|c| c == &got[..count]),
+        "{what}: the ranks' results differ"
+    );
+}
+
 #[test]
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn one_thread_drives_every_gpu_with_one_group() {
@@ -491,35 +535,12 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
             // result reaches every rank by an all-gather (on the kernels: its output is not
             // registered), and the two are compared bit for bit.
             if round == 0 {
-                let nan = |p: u32| 0x7fc0_0000u32 | p;
-                let odd = |q: usize, len: usize| -> Vec<u32> {
-                    (0..len)
-                        .map(|i| match i % 4 {
-                            0 if (i / 4 + q) % 2 == 0 => 0u32,
-                            0 => 0x8000_0000,
-                            1 => nan((q as u32 + 1) * 0x111 + (i as u32 & 0xff)),
-                            2 if q == 0 => nan(0x2a),
-                            2 => ((i % 97) as f32).to_bits(),
-                            _ => (((i * 7 + q * 13) % 101) as f32 - 50.0).to_bits(),
-                        })
-                        .collect()
-                };
                 let both = ferroccl::mem::alloc(&gpu, n * n * count * 4, &stats).unwrap();
+                let edges: Vec<u32> = (0..n * count).map(|i| edge_bits(r, i)).collect();
                 for op in [ReduceOp::Max, ReduceOp::Min] {
-                    put(&send, 0, &odd(r, n * count));
+                    put(&send, 0, &edges);
                     all_reduce(op, ce);
-                    run(
-                        CollKind::AllGather,
-                        recv.device_ptr(),
-                        both.device_ptr(),
-                        n * count,
-                        0,
-                    );
-                    let got = read(&both, n * n * count);
-                    assert!(
-                        got[..n * count] == got[n * count..],
-                        "{op:?}: the ranks' results differ"
-                    );
+                    assert_ranks_agree(comm, &recv, &both, n * count, &format!("{op:?}"));
                 }
             }
         }
@@ -640,16 +661,11 @@ fn child_pull() {
             .collect()
     };
     let pulled = || comm.direct_rounds().unwrap().unwrap();
-    let all_reduce = |send_ptr: u64, count: usize, op: ReduceOp| {
+    // An all-reduce of `input` into `recv`: whether it pulled.
+    let all_reduce = |input: &DeviceBuffer, count: usize, op: ReduceOp| {
         let a = OpArgs {
-            kind: CollKind::AllReduce,
-            send: send_ptr as *const u8,
-            recv: recv.device_ptr() as *mut u8,
-            count,
-            dtype: ferroccl::DataType::Float32,
             op,
-            root: 0,
-            device_scalar: None,
+            ..all_reduce_args(input, &recv, count)
         };
         let before = pulled();
         let mut g = Group::new();
@@ -675,10 +691,7 @@ fn child_pull() {
             let mine = small(tag, r, count);
             send.copy_from_host(0, f32_bytes(&mine)).unwrap();
             put(&recv, &vec![0x7fc0_0bad; count]);
-            assert!(
-                all_reduce(send.device_ptr(), count, op),
-                "{count} {op:?} did not pull"
-            );
+            assert!(all_reduce(&send, count, op), "{count} {op:?} did not pull");
             let (a, b) = (small(tag, 0, count), small(tag, 1, count));
             let want: Vec<u32> = (0..count).map(|j| f(a[j], b[j]).to_bits()).collect();
             assert!(read(&recv, count) == want, "{count} {op:?}");
@@ -687,7 +700,7 @@ fn child_pull() {
         let mine = small(100 + k as u64, r, count);
         send.copy_from_host(0, f32_bytes(&mine)).unwrap();
         assert!(!all_reduce(
-            send.device_ptr(),
+            &send,
             count,
             ReduceOp::PreMulSum(r as f64 + 2.0)
         ));
@@ -702,7 +715,7 @@ fn child_pull() {
         // In place: staged, exact.
         let mine = small(200 + k as u64, r, count);
         recv.copy_from_host(0, f32_bytes(&mine)).unwrap();
-        assert!(!all_reduce(recv.device_ptr(), count, ReduceOp::Sum));
+        assert!(!all_reduce(&recv, count, ReduceOp::Sum));
         let (a, b) = (
             small(200 + k as u64, 0, count),
             small(200 + k as u64, 1, count),
@@ -713,45 +726,18 @@ fn child_pull() {
     // Max and Min over signed zeros and NaN payloads that differ by rank: both ranks' results,
     // gathered (an all-gather into an unregistered buffer), are the same bits.
     let count = (1 << 20) + 1;
-    let odd: Vec<u32> = (0..count)
-        .map(|i| match i % 4 {
-            0 if (i / 4 + r) % 2 == 0 => 0u32,
-            0 => 0x8000_0000,
-            1 => 0x7fc0_0000 | ((r as u32 + 1) * 0x111 + (i as u32 & 0xff)),
-            2 if r == 0 => 0x7fc0_002a,
-            2 => ((i % 97) as f32).to_bits(),
-            _ => (((i * 7 + r * 13) % 101) as f32 - 50.0).to_bits(),
-        })
-        .collect();
+    let edges: Vec<u32> = (0..count).map(|i| edge_bits(r, i)).collect();
     for op in [ReduceOp::Max, ReduceOp::Min] {
-        put(&send, &odd);
-        assert!(all_reduce(send.device_ptr(), count, op));
-        let a = OpArgs {
-            kind: CollKind::AllGather,
-            send: recv.device_ptr() as *const u8,
-            recv: both.device_ptr() as *mut u8,
-            count,
-            dtype: ferroccl::DataType::Float32,
-            op: ReduceOp::Sum,
-            root: 0,
-            device_scalar: None,
-        };
-        let mut g = Group::new();
-        unsafe { g.push_raw(&comm, a).unwrap() };
-        g.launch().unwrap();
-        comm.synchronize().unwrap();
-        let got = read(&both, 2 * count);
-        assert!(
-            got[..count] == got[count..],
-            "{op:?}: the ranks' results differ"
-        );
+        put(&send, &edges);
+        assert!(all_reduce(&send, count, op));
+        assert_ranks_agree(&comm, &recv, &both, count, &format!("pulled {op:?}"));
     }
     comm.deregister_window(send.device_ptr()).unwrap();
     comm.deregister_window(recv.device_ptr()).unwrap();
     println!("PULL OK");
 }
 
-/// Ranks of one process (threads) keep copies between windows off (`CeFabric::own_processes`):
+/// Ranks of one process (threads) keep copies between windows off (`Fabric::ranks_apart`):
 /// the same operations run on kernels, exact.
 #[test]
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
@@ -1606,26 +1592,8 @@ fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
 #[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn the_one_shot_all_reduce_gives_both_ranks_the_same_bits() {
     let count = 100_003usize; // 400 KB: the peer engine, one-shot by default
-    let nan = |payload: u32| f32::from_bits(0x7fc0_0000 | payload);
-    // Rank r's element i: signed zeros and NaNs that differ between the ranks, and ordinary values.
-    let val = |r: usize, i: usize| match i % 4 {
-        0 => {
-            if (i / 4 + r) % 2 == 0 {
-                0.0f32
-            } else {
-                -0.0
-            }
-        }
-        1 => nan((r as u32 + 1) * 0x111 + (i as u32 & 0xff)),
-        2 => {
-            if r == 0 {
-                nan(0x2a)
-            } else {
-                (i % 97) as f32
-            }
-        }
-        _ => ((i * 7 + r * 13) % 101) as f32 - 50.0,
-    };
+                              // Rank r's element i: signed zeros and NaNs that differ between the ranks, and ordinary values.
+    let val = |r: usize, i: usize| f32::from_bits(edge_bits(r, i));
     for oneshot in [true, false] {
         let cfg = Config {
             gpu_peer_oneshot_max_bytes: if oneshot { 4 << 20 } else { 0 },

@@ -2065,6 +2065,15 @@ fn fold_pays_for_plain_reductions_of_wide_elements() {
     }
 }
 
+/// A float32 all-reduce of `bytes` on 2 ranks between symmetric windows, out of place.
+fn symmetric_all_reduce(bytes: usize) -> OpShape {
+    OpShape {
+        windows: true,
+        symmetric: true,
+        ..shape(CollKind::AllReduce, bytes / 4, Float32, 2)
+    }
+}
+
 /// The pulling all-reduce (FERROCCL_GPU_PEER_PULL_MAX_BYTES): 2 ranks, symmetric windows, out of
 /// place, Sum to Avg, within the limit, on the peer engine in one round a block (no slots to
 /// fill), never split and posting nothing; everything else as without it.
@@ -2076,11 +2085,7 @@ fn pulls_take_symmetric_out_of_place_all_reduces_of_two_ranks_within_the_limit()
         gpu_peer_split: Some(true),
         ..Config::default()
     };
-    let at = |bytes: usize| OpShape {
-        windows: true,
-        symmetric: true,
-        ..shape(CollKind::AllReduce, bytes / 4, Float32, 2)
-    };
+    let at = symmetric_all_reduce;
     for bytes in [1 << 20, 4 << 20, 64 << 20] {
         for redop in 0..=4 {
             let op = OpShape { redop, ..at(bytes) };
@@ -2158,11 +2163,7 @@ fn pulls_take_symmetric_out_of_place_all_reduces_of_two_ranks_within_the_limit()
 #[test]
 fn pulls_by_default_from_16_to_512_mib() {
     let cfg = Config::default();
-    let at = |bytes: usize| OpShape {
-        windows: true,
-        symmetric: true,
-        ..shape(CollKind::AllReduce, bytes / 4, Float32, 2)
-    };
+    let at = symmetric_all_reduce;
     let pulls = |bytes: usize| {
         let c = choose(&at(bytes), Device::Gpu, &cfg);
         c.engine == Engine::PeerKernel && c.zero_copy

@@ -1481,20 +1481,25 @@ mod tests {
         );
     }
 
+    /// A copy-and-fold's operation of `count` 4-byte elements, out of place.
+    fn fold_op(kind: CollKind, count: usize) -> CeOp {
+        CeOp {
+            kind,
+            count,
+            elem: 4,
+            root: 0,
+            send: 0,
+            recv: 1,
+        }
+    }
+
     fn fold_op_strategy() -> impl Strategy<Value = CeOp> {
         (
             prop_oneof![Just(CollKind::AllReduce), Just(CollKind::ReduceScatter)],
             // Up to a few pieces of FOLD_PIECE_BYTES: element counts of 4-byte elements.
             0usize..(5 * FOLD_PIECE_BYTES / 4 / 2),
         )
-            .prop_map(|(kind, count)| CeOp {
-                kind,
-                count,
-                elem: 4,
-                root: 0,
-                send: 0,
-                recv: 1,
-            })
+            .prop_map(|(kind, count)| fold_op(kind, count))
     }
 
     proptest! {
@@ -1535,14 +1540,7 @@ mod tests {
     /// landed; and the schedule refuses an in-place operation and a wrong address count.
     #[test]
     fn the_fold_model_catches_a_handshake_left_out() {
-        let op = |kind, count| CeOp {
-            kind,
-            count,
-            elem: 4,
-            root: 0,
-            send: 0,
-            recv: 1,
-        };
+        let op = fold_op;
         let three = 3 * FOLD_PIECE_BYTES / 4;
         let ops = [
             op(CollKind::AllReduce, three),
