@@ -163,6 +163,13 @@ pub struct Config {
     pub gpu_peer_pull_min_bytes: usize,
     /// See `gpu_peer_pull_min_bytes`.
     pub gpu_peer_pull_max_bytes: usize,
+    /// FERROCCL_GPU_PEER_LINES_MAX_BYTES: on 2 ranks whose GPUs NVLink joins, an all-reduce on
+    /// the peer engine of at most this many bytes travels in 128-byte lines that carry their own
+    /// flag (`tune::peer_lines`): each warp stores its part of the round into the peer's staging
+    /// with the round's flag in every line and folds the peer's lines as they land, with no
+    /// flag word, fence or wait between storing and folding. 0 turns it off; the default
+    /// `tune::PEER_LINES_MAX_BYTES`. Every rank must agree.
+    pub gpu_peer_lines_max_bytes: usize,
     /// FERROCCL_GPU_FOLD_BLOCKS: thread blocks of the fold kernel of a copy-and-fold reduction
     /// (`plan::copies::folds`), 1 to 132; the default `tune::FOLD_BLOCKS`. Each rank sets its own
     /// (the fold is local).
@@ -267,6 +274,7 @@ impl Default for Config {
             gpu_peer_round_bytes: 0,
             gpu_peer_pull_min_bytes: crate::tune::PEER_PULL_MIN_BYTES,
             gpu_peer_pull_max_bytes: crate::tune::PEER_PULL_MAX_BYTES,
+            gpu_peer_lines_max_bytes: crate::tune::PEER_LINES_MAX_BYTES,
             gpu_fold_blocks: crate::tune::FOLD_BLOCKS,
             gpu_fold_piece_bytes: crate::plan::copies::FOLD_PIECE_BYTES,
             gpu_fold_min_bytes: crate::tune::FOLD_MIN_BYTES,
@@ -454,6 +462,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_PEER_PULL_MAX_BYTES") {
             c.gpu_peer_pull_max_bytes = parse("FERROCCL_GPU_PEER_PULL_MAX_BYTES", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_PEER_LINES_MAX_BYTES") {
+            c.gpu_peer_lines_max_bytes = parse("FERROCCL_GPU_PEER_LINES_MAX_BYTES", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_PEER_SPLIT") {
             c.gpu_peer_split = match v.trim() {
                 "" | "auto" => None,
@@ -582,6 +593,10 @@ impl Config {
             (
                 "FERROCCL_GPU_PEER_PULL_MAX_BYTES",
                 self.gpu_peer_pull_max_bytes.to_string(),
+            ),
+            (
+                "FERROCCL_GPU_PEER_LINES_MAX_BYTES",
+                self.gpu_peer_lines_max_bytes.to_string(),
             ),
             (
                 "FERROCCL_GPU_FOLD_PIECE_BYTES",
@@ -1014,6 +1029,17 @@ mod tests {
         assert!(shares(&pull, "FERROCCL_GPU_PEER_PULL_MIN_BYTES", "4096"));
         assert!(shares(&pull, "FERROCCL_GPU_PEER_PULL_MAX_BYTES", "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_PULL_MAX_BYTES", "lots")])).is_err());
+        let lines =
+            Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_LINES_MAX_BYTES", "65536")])).unwrap();
+        assert_eq!(
+            (
+                lines.gpu_peer_lines_max_bytes,
+                Config::default().gpu_peer_lines_max_bytes
+            ),
+            (64 << 10, crate::tune::PEER_LINES_MAX_BYTES)
+        );
+        assert!(shares(&lines, "FERROCCL_GPU_PEER_LINES_MAX_BYTES", "65536"));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_LINES_MAX_BYTES", "-1")])).is_err());
         let fold = Config::from_vars(&vars(&[
             ("FERROCCL_GPU_FOLD_BLOCKS", "64"),
             ("FERROCCL_GPU_FOLD_PIECE_BYTES", "33554432"),

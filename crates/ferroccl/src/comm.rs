@@ -257,7 +257,7 @@ impl Comm {
             Device::Host => ferroccl_core::tune::Device::Host,
             Device::Cuda(_) => ferroccl_core::tune::Device::Gpu,
         };
-        let info = CommInfo {
+        let mut info = CommInfo {
             rank: boot.rank(),
             nranks: boot.nranks(),
             config,
@@ -272,6 +272,11 @@ impl Comm {
             Device::Host => Backend::Host(HostComm::new(&boot)),
             Device::Cuda(ordinal) => {
                 let c = CudaComm::new(ordinal, &boot, &info.config, &abort)?;
+                // The tuner offers line rounds only where every link carries them (every rank
+                // learnt the same from the fabric, so all decide alike).
+                if !c.lines_carried() {
+                    info.config.gpu_peer_lines_max_bytes = 0;
+                }
                 // A peer's death must free this rank's kernels even when nobody is in
                 // synchronize (a framework waiting on the stream itself).
                 boot.health().on_failure(c.abort_handle());

@@ -1594,9 +1594,11 @@ fn the_one_shot_all_reduce_gives_both_ranks_the_same_bits() {
     let count = 100_003usize; // 400 KB: the peer engine, one-shot by default
                               // Rank r's element i: signed zeros and NaNs that differ between the ranks, and ordinary values.
     let val = |r: usize, i: usize| f32::from_bits(edge_bits(r, i));
-    for oneshot in [true, false] {
+    // The one-shot in lines (the default at this size), staged, and the two-shot.
+    for (oneshot, lines) in [(true, true), (true, false), (false, false)] {
         let cfg = Config {
             gpu_peer_oneshot_max_bytes: if oneshot { 4 << 20 } else { 0 },
+            gpu_peer_lines_max_bytes: if lines { 4 << 20 } else { 0 },
             gpu_copy_engine_bytes: 0,
             ..Config::default()
         };
@@ -1612,8 +1614,12 @@ fn the_one_shot_all_reduce_gives_both_ranks_the_same_bits() {
         };
         let c = tune::choose(&shape, tune::Device::Gpu, &cfg);
         assert_eq!(
-            (c.engine, c.algo == tune::Algo::OneShot),
-            (tune::Engine::PeerKernel, oneshot),
+            (
+                c.engine,
+                c.algo == tune::Algo::OneShot,
+                c.protocol == tune::Protocol::LL128
+            ),
+            (tune::Engine::PeerKernel, oneshot, lines),
             "{c}"
         );
         let Some(comms) = ranks_on_one_gpu(2, cfg) else {
@@ -1666,6 +1672,175 @@ fn the_one_shot_all_reduce_gives_both_ranks_the_same_bits() {
                 );
             }
         }
+    }
+}
+
+/// Line rounds (the peer engine's one-shot all-reduce in 128-byte lines, 2 ranks): every
+/// reduction (PreMulSum with a scalar per rank), in place and out, buffers 16-byte aligned or
+/// not, counts that end mid-line and mid-warp, one round a block and two, each after a rooted
+/// operation's rounds (whose acknowledgements its first round must wait for); Max and Min give
+/// both ranks the same bits; int8 sums wrap exactly from odd byte offsets. Needs one GPU.
+#[test]
+#[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn line_rounds_are_exact_across_reductions_alignments_and_tails() {
+    let cfg = Config {
+        gpu_copy_engine_bytes: 0,
+        ..Config::default()
+    };
+    let Some(comms) = ranks_on_one_gpu(2, cfg) else {
+        return;
+    };
+    // 128 KiB + 4 (17 blocks), 1.2 MB, 8 MiB - 20 (two rounds a block), as f32.
+    let counts = [32_769usize, 300_007, (1 << 21) - 5];
+    let most = counts[2] + 2;
+    type Fold = fn(f32, f32) -> f32;
+    let redops: [(ReduceOp, Fold); 6] = [
+        (ReduceOp::Sum, |a, b| a + b),
+        (ReduceOp::Prod, |a, b| a * b),
+        (ReduceOp::Max, f32::max),
+        (ReduceOp::Min, f32::min),
+        (ReduceOp::Avg, |a, b| (a + b) / 2.0),
+        // Rank 0's scalar 2, rank 1's 3 (below).
+        (ReduceOp::PreMulSum(0.0), |a, b| a * 2.0 + b * 3.0),
+    ];
+    let outs = on_each_rank(&comms, |r, c| {
+        let stats = MemStats::new();
+        let gpu = c.gpu().unwrap();
+        let send = DeviceBuffer::alloc(gpu, most * 4, &[], &stats).unwrap();
+        let recv = DeviceBuffer::alloc(gpu, most * 4, &[], &stats).unwrap();
+        let other = DeviceBuffer::alloc(gpu, most * 4, &[], &stats).unwrap();
+        // Rank q's small integers for `tag` (exact under every reduction here).
+        let small = |tag: usize, q: usize, len: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| (((i * 31 + q * 977 + tag * 131) % 61) as f32) - 30.0)
+                .collect()
+        };
+        let run = |a: OpArgs| {
+            // SAFETY: device buffers of `most` f32, alive past synchronize.
+            unsafe { c.run_raw(&a).unwrap() };
+            c.synchronize().unwrap();
+        };
+        let mut edges_out = Vec::new();
+        let mut tag = 0;
+        for &count in &counts {
+            let shape = OpShape {
+                kind: CollKind::AllReduce,
+                count,
+                dtype: ferroccl::DataType::Float32,
+                nranks: 2,
+                in_place: false,
+                windows: false,
+                symmetric: false,
+                redop: 0,
+            };
+            let choice = tune::choose(&shape, tune::Device::Gpu, c.config());
+            assert_eq!(
+                (choice.engine, choice.protocol),
+                (tune::Engine::PeerKernel, tune::Protocol::LL128),
+                "{choice}"
+            );
+            for (op, f) in redops {
+                let op = match op {
+                    ReduceOp::PreMulSum(_) => ReduceOp::PreMulSum(r as f64 + 2.0),
+                    op => op,
+                };
+                // Element offset 0 (aligned) and 1 (4 bytes: no 16-byte loads or stores).
+                for (in_place, skip) in [(false, 0usize), (true, 0), (false, 1), (true, 1)] {
+                    tag += 1;
+                    // A rooted operation first: the lines' first round must look for room.
+                    other
+                        .copy_from_host(0, f32_bytes(&small(tag, r, count)))
+                        .unwrap();
+                    run(OpArgs {
+                        kind: CollKind::Reduce,
+                        root: tag % 2,
+                        ..all_reduce_args(&other, &other, count)
+                    });
+                    let mine = small(tag, r, count);
+                    let (input, output) = if in_place {
+                        (&recv, &recv)
+                    } else {
+                        (&send, &recv)
+                    };
+                    recv.copy_from_host(0, f32_bytes(&vec![f32::from_bits(0x7fc0_0bad); most]))
+                        .unwrap();
+                    input.copy_from_host(skip * 4, f32_bytes(&mine)).unwrap();
+                    run(OpArgs {
+                        op,
+                        send: (input.device_ptr() + (skip * 4) as u64) as *const u8,
+                        recv: (output.device_ptr() + (skip * 4) as u64) as *mut u8,
+                        ..all_reduce_args(&send, &recv, count)
+                    });
+                    let got = read_f32(&recv, count + skip + 1).unwrap();
+                    let (a, b) = (small(tag, 0, count), small(tag, 1, count));
+                    let what = format!(
+                        "rank {r}, {count} x f32 {op:?}, in place {in_place}, offset {skip}"
+                    );
+                    for i in 0..count {
+                        assert_eq!(
+                            got[skip + i].to_bits(),
+                            f(a[i], b[i]).to_bits(),
+                            "{what}: element {i}"
+                        );
+                    }
+                    // Nothing written past the output.
+                    assert_eq!(
+                        got[skip + count].to_bits(),
+                        0x7fc0_0bad,
+                        "{what}: past the end"
+                    );
+                    if skip == 1 && !in_place {
+                        assert_eq!(got[0].to_bits(), 0x7fc0_0bad, "{what}: before the start");
+                    }
+                }
+            }
+            // Max and Min over signed zeros and NaN payloads that differ by rank.
+            let edges: Vec<f32> = (0..count)
+                .map(|i| f32::from_bits(edge_bits(r, i)))
+                .collect();
+            for op in [ReduceOp::Max, ReduceOp::Min] {
+                send.copy_from_host(0, f32_bytes(&edges)).unwrap();
+                run(OpArgs {
+                    op,
+                    ..all_reduce_args(&send, &recv, count)
+                });
+                edges_out.push(
+                    read_f32(&recv, count)
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect::<Vec<u32>>(),
+                );
+            }
+            // int8 sums from an odd byte offset, wrapping.
+            let bytes: Vec<i8> = (0..count)
+                .map(|i| ((i * 37 + r * 101) % 256) as u8 as i8)
+                .collect();
+            // SAFETY: i8 as bytes.
+            let raw = unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const u8, count) };
+            send.copy_from_host(3, raw).unwrap();
+            run(OpArgs {
+                dtype: ferroccl::DataType::Int8,
+                send: (send.device_ptr() + 3) as *const u8,
+                recv: (recv.device_ptr() + 5) as *mut u8,
+                ..all_reduce_args(&send, &recv, count)
+            });
+            let mut back = vec![0u8; count];
+            recv.copy_to_host(5, &mut back).unwrap();
+            for (i, &v) in back.iter().enumerate() {
+                let want = (((i * 37) % 256) as u8).wrapping_add(((i * 37 + 101) % 256) as u8);
+                assert_eq!(v, want, "rank {r}, {count} x int8 sum: element {i}");
+            }
+        }
+        edges_out
+    });
+    assert_eq!(outs[0].len(), outs[1].len());
+    for (k, (a, b)) in outs[0].iter().zip(&outs[1]).enumerate() {
+        let differ = a.iter().zip(b).filter(|(x, y)| x != y).count();
+        assert_eq!(
+            differ, 0,
+            "edge case {k}: {differ} elements differ between the ranks"
+        );
     }
 }
 

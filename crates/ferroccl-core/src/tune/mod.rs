@@ -316,6 +316,11 @@ pub enum Protocol {
     /// Every 8 data bytes stored with a flag beside them: no fence and no separate flag store
     /// between a send and its receipt (GPUs only).
     LL,
+    /// 128-byte lines of 120 data bytes and an 8-byte flag, a warp storing four at once (the
+    /// peer engine's one-shot all-reduce on 2 ranks joined by NVLink, [`peer_lines`]): a line
+    /// whose flag is the round's holds the round's data, so the receiver folds each as it
+    /// lands, with no fence, flag word or wait between the stores and the fold.
+    LL128,
 }
 
 /// What executes the plan.
@@ -555,6 +560,39 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
             .is_some_and(|b| b >= cfg.gpu_peer_pull_min_bytes && b <= cfg.gpu_peer_pull_max_bytes)
 }
 
+/// `FERROCCL_GPU_PEER_LINES_MAX_BYTES` by default: the largest all-reduce (bytes per rank) the
+/// peer engine moves in lines on 2 ranks ([`peer_lines`]).
+pub const PEER_LINES_MAX_BYTES: usize = 8 << 20;
+
+/// A warp's store in the peer engine's line rounds: four 128-byte lines, of which 480 bytes are
+/// data and 32 the four lines' flags (`kernels/peer.cu`, `line_round`).
+pub const LINE_GROUP_BYTES: usize = 512;
+/// The data bytes of one [`LINE_GROUP_BYTES`] store.
+pub const LINE_GROUP_DATA: usize = 480;
+
+/// Elements of `es` bytes one line round of a block carries: its parity's two slots of `slot`
+/// bytes (a one-shot round's room) filled with lines, 15/16 of it data. A multiple of 16 bytes,
+/// so every round of a block starts as aligned as its first.
+pub fn peer_line_round_elems(slot: usize, es: usize) -> usize {
+    2 * slot / LINE_GROUP_BYTES * LINE_GROUP_DATA / es.max(1)
+}
+
+/// Whether the peer engine's one-shot all-reduce of `op` (2 ranks, `bytes` its largest buffer)
+/// travels in lines (`Protocol::LL128`): every reduction, in place or not, windows or not, up to
+/// `FERROCCL_GPU_PEER_LINES_MAX_BYTES`. The staged one-shot's round stores, drains its stores
+/// over the link (a release per block), raises a flag and waits for the peer's before it folds,
+/// so the link idles through the fold and the crossing costs a fixed 5-6 us (all-reduce 256 KiB
+/// 5.8 us, 4 MiB 18.0 us on 2 x H200: docs/PERFORMANCE.md, "What limits us now"); in lines each
+/// warp folds the peer's lines as they land while it stores its next ones, for 1/16 more bytes
+/// on the link. NVLink only: the line's flag says its other 120 bytes are there because a
+/// warp's 128-byte store crosses NVLink whole (as NCCL's LL128 protocol also takes it), which
+/// PCIe does not promise; the communicator turns the knob off where a link is not NVLink.
+pub fn peer_lines(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
+    op.kind == CollKind::AllReduce
+        && op.nranks == 2
+        && bytes.is_some_and(|b| b <= cfg.gpu_peer_lines_max_bytes)
+}
+
 /// The smallest largest-buffer from which the peer engine runs direct rounds: below it a launch
 /// has too few rounds a block for them (they start on the third), and the look after every
 /// round cost all-gather 512 KiB - 8 MiB 5-15 % on 2 x H200 (docs/PERFORMANCE.md, section 19).
@@ -733,9 +771,12 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         let pull = peer_pulls(op, bytes, cfg);
         let one_crossing =
             op.nranks == 2 && bytes.is_some_and(|b| b <= cfg.gpu_peer_oneshot_max_bytes);
+        let lines = !pull && one_crossing && peer_lines(op, bytes, cfg);
         let (algo, chunk_elems) = match op.kind {
             // A pull has no slots to fill: one round takes a block's whole slice.
             CollKind::AllReduce if pull => (Algo::OneShot, op.count.max(1)),
+            // Lines fill the parity's two slots, a sixteenth of them flags.
+            CollKind::AllReduce if lines => (Algo::OneShot, peer_line_round_elems(slot, es).max(1)),
             CollKind::AllReduce if !one_crossing => {
                 (Algo::TwoShot, slot_elems.saturating_mul(op.nranks))
             }
@@ -754,6 +795,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             .unwrap_or_else(|| peer_split_pays(op.kind, bytes, op.nranks));
         let split = wanted
             && !pull
+            && !lines
             && algo == Algo::OneShot
             && channels >= 2
             && !(op.in_place && matches!(op.kind, CollKind::AllToAll | CollKind::AllReduce));
@@ -768,7 +810,11 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
                 && bytes.is_some_and(|b| b >= PEER_DIRECT_MIN_BYTES));
         return Choice {
             algo,
-            protocol: Protocol::Simple,
+            protocol: if lines {
+                Protocol::LL128
+            } else {
+                Protocol::Simple
+            },
             engine: Engine::PeerKernel,
             channels,
             chunk_elems,
@@ -786,7 +832,11 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
                 } else {
                     "beyond the direct engine: one round per slot on the peer engine"
                 },
-                protocol: "the peer engine's flag per block and round",
+                protocol: if lines {
+                    "all-reduce of 2 ranks over NVLink within FERROCCL_GPU_PEER_LINES_MAX_BYTES: 128-byte lines with the round's flag in each"
+                } else {
+                    "the peer engine's flag per block and round"
+                },
                 channels: if split {
                     "one per FERROCCL_GPU_PEER_BLOCK_BYTES (8 KiB) of the largest buffer, up to the blocks its staging is cut for (FERROCCL_GPU_PEER_BLOCKS), half sending and half receiving (FERROCCL_GPU_PEER_SPLIT)"
                 } else {
@@ -927,7 +977,7 @@ pub fn cost(engine: Engine, protocol: Protocol) -> Cost {
             hop_us: 1.5,
             bytes_per_us: 260_000.0,
         },
-        (Engine::PlanKernel, Protocol::LL) => Cost {
+        (Engine::PlanKernel, Protocol::LL | Protocol::LL128) => Cost {
             launch_us: 5.0,
             hop_us: 1.0,
             bytes_per_us: 40_000.0,

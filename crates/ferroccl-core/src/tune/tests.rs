@@ -70,7 +70,7 @@ fn choices_follow_the_table() {
     use CollKind::*;
     use Device::{Gpu, Host};
     use Engine::{DirectKernel as D, HostExecutor as H, PeerKernel as K, PlanKernel as P};
-    use Protocol::{Simple, LL};
+    use Protocol::{Simple, LL, LL128};
     let cfg = Config::default();
     let rows: &[Row] = &[
         // Small collectives: one-shot on the direct engine, one block per 1 KiB of message.
@@ -204,6 +204,7 @@ fn choices_follow_the_table() {
         // kernel (the chain), its grid following the bytes.
         // All-reduces on 2 ranks one-shot there up to FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES (by
         // default every size), two-shot on more ranks.
+        // Up to FERROCCL_GPU_PEER_LINES_MAX_BYTES (8 MiB) in lines.
         (
             Gpu,
             AllReduce,
@@ -212,7 +213,7 @@ fn choices_follow_the_table() {
             2,
             Algo::OneShot,
             K,
-            Simple,
+            LL128,
             17,
         ),
         (
@@ -223,7 +224,7 @@ fn choices_follow_the_table() {
             2,
             Algo::OneShot,
             K,
-            Simple,
+            LL128,
             33,
         ),
         (
@@ -234,7 +235,7 @@ fn choices_follow_the_table() {
             2,
             Algo::OneShot,
             K,
-            Simple,
+            LL128,
             64,
         ),
         (
@@ -245,7 +246,7 @@ fn choices_follow_the_table() {
             2,
             Algo::OneShot,
             K,
-            Simple,
+            LL128,
             64,
         ),
         (
@@ -458,13 +459,15 @@ fn choices_follow_the_table() {
         match engine {
             D => {}
             // A round: a two-shot all-reduce's a slot per share (n shares); a one-shot round
-            // fills both phases' slots of its parity.
+            // fills both phases' slots of its parity (in lines, 15/16 of them data).
             K => {
                 let slot = peer_slot_bytes(&cfg, n) / dtype.size();
                 assert_eq!(
                     c.chunk_elems,
                     if c.algo == Algo::TwoShot {
                         slot * n
+                    } else if c.protocol == LL128 {
+                        2 * slot / 16 * 15
                     } else {
                         2 * slot
                     },
@@ -996,11 +999,22 @@ fn the_peer_engine_all_reduce_goes_one_shot_on_two_ranks_within_its_knob() {
         (Engine::PeerKernel, Algo::OneShot),
         "{two_gib}"
     );
+    // Staged rounds: lines keep within the one-shot's knob too (a two-shot never takes them).
     let cfg = Config {
         gpu_peer_oneshot_max_bytes: 4 << 20,
+        gpu_peer_lines_max_bytes: 0,
         ..Config::default()
     };
     let slot = peer_slot_bytes(&cfg, 2);
+    let lined = Config {
+        gpu_peer_lines_max_bytes: 8 << 20,
+        ..cfg.clone()
+    };
+    let beyond = shape(CollKind::AllReduce, (4 << 20) / 4 + 1, Float32, 2);
+    assert_eq!(
+        choose(&beyond, Device::Gpu, &lined).protocol,
+        Protocol::Simple
+    );
     for dtype in [Int8, Bfloat16, Float32, DataType::Float64] {
         let es = dtype.size();
         let at = cfg.gpu_peer_oneshot_max_bytes / es;
@@ -1144,8 +1158,8 @@ fn knobs_move_the_choices() {
     assert_eq!((c.engine, c.channels), (Engine::PeerKernel, 16));
     assert_eq!(
         c.chunk_elems * 4,
-        2 * peer_slot_bytes(&peer16, 2),
-        "larger slots with fewer blocks"
+        2 * peer_slot_bytes(&peer16, 2) / 16 * 15,
+        "larger slots with fewer blocks (a round of lines: 4 MiB is within their limit)"
     );
     assert_eq!(peer_slot_bytes(&peer16, 2), 256 << 10);
     assert_eq!(
@@ -2013,8 +2027,24 @@ fn the_peer_engine_goes_direct_only_where_data_only_moves() {
 /// the two-shot all-reduce), never more than two slots nor fewer than 64 elements.
 #[test]
 fn peer_round_bytes_cut_one_phase_rounds() {
-    let cfg = Config::default();
+    // Staged rounds (line rounds fill their parity whatever the knob: below).
+    let cfg = Config {
+        gpu_peer_lines_max_bytes: 0,
+        ..Config::default()
+    };
     let slot = peer_slot_bytes(&cfg, 2);
+    let lines = choose(
+        &shape(CollKind::AllReduce, (4 << 20) / 4, Float32, 2),
+        Device::Gpu,
+        &Config {
+            gpu_peer_round_bytes: 16 << 10,
+            ..Config::default()
+        },
+    );
+    assert_eq!(
+        (lines.protocol, lines.chunk_elems),
+        (Protocol::LL128, peer_line_round_elems(slot, 4))
+    );
     let small = Config {
         gpu_peer_round_bytes: 16 << 10,
         ..cfg.clone()
@@ -2175,4 +2205,116 @@ fn pulls_by_default_from_16_to_512_mib() {
         choose(&at(1 << 30), Device::Gpu, &cfg).engine,
         Engine::CopyEngine
     );
+}
+
+/// Line rounds (FERROCCL_GPU_PEER_LINES_MAX_BYTES): the peer engine's one-shot all-reduce on 2
+/// ranks up to the limit, whatever the buffers (plain or windows, in place or not) and the
+/// reduction, in rounds of a parity's two slots filled with lines, never split (a forced split
+/// included); pulls keep their range, and the limit's 0 or 3 ranks give the staged rounds.
+#[test]
+fn lines_take_the_peer_engines_all_reduces_of_two_ranks_within_the_limit() {
+    let cfg = Config {
+        gpu_peer_lines_max_bytes: 8 << 20,
+        gpu_peer_split: Some(true),
+        ..Config::default()
+    };
+    let slot = peer_slot_bytes(&cfg, 2);
+    for bytes in [256 << 10, 1 << 20, (8 << 20) - 4] {
+        for (dtype, es) in [
+            (Float32, 4),
+            (Bfloat16, 2),
+            (Int8, 1),
+            (DataType::Float64, 8),
+        ] {
+            for redop in 0..=5 {
+                for (in_place, windows) in [(false, false), (true, false), (true, true)] {
+                    let op = OpShape {
+                        redop,
+                        in_place,
+                        windows,
+                        symmetric: windows,
+                        ..shape(CollKind::AllReduce, bytes / es, dtype, 2)
+                    };
+                    assert!(peer_lines(&op, op.largest_bytes(), &cfg), "{op:?}");
+                    let c = choose(&op, Device::Gpu, &cfg);
+                    assert!(
+                        c.engine == Engine::PeerKernel
+                            && c.algo == Algo::OneShot
+                            && c.protocol == Protocol::LL128
+                            && !c.split
+                            && !c.zero_copy
+                            && c.chunk_elems == peer_line_round_elems(slot, es),
+                        "{op:?}: {c}"
+                    );
+                    assert!(c.why.protocol.contains("lines"), "{c}");
+                }
+            }
+        }
+    }
+    // A round's lines fill the parity's two slots: 15/16 of them data, whole 16-byte words.
+    assert_eq!(peer_line_round_elems(64 << 10, 4), 30720);
+    assert_eq!(peer_line_round_elems(64 << 10, 1) * 16 / 15, 2 * (64 << 10));
+    for es in [1, 2, 4, 8] {
+        assert_eq!(peer_line_round_elems(slot, es) * es % 16, 0);
+    }
+    let off = Config {
+        gpu_peer_lines_max_bytes: 0,
+        ..cfg.clone()
+    };
+    let at = |bytes: usize| shape(CollKind::AllReduce, bytes / 4, Float32, 2);
+    for (op, cfg) in [
+        (at(1 << 20), &off),
+        (at(16 << 20), &cfg),
+        (
+            OpShape {
+                nranks: 3,
+                ..at(1 << 20)
+            },
+            &cfg,
+        ),
+        (
+            OpShape {
+                kind: CollKind::ReduceScatter,
+                count: (1 << 20) / 8,
+                ..at(1 << 20)
+            },
+            &cfg,
+        ),
+    ] {
+        let c = choose(&op, Device::Gpu, cfg);
+        assert!(c.protocol != Protocol::LL128, "{op:?}: {c}");
+    }
+    // A pull keeps its range (within the lines' limit here, so the pull comes first).
+    let pulled = Config {
+        gpu_peer_pull_min_bytes: 1 << 20,
+        ..cfg.clone()
+    };
+    let c = choose(&symmetric_all_reduce(4 << 20), Device::Gpu, &pulled);
+    assert!(c.zero_copy && c.protocol == Protocol::Simple, "{c}");
+    // Below the peer engine the direct engine keeps its LL; the host never takes lines.
+    assert_eq!(
+        choose(&at(64 << 10), Device::Gpu, &cfg).engine,
+        Engine::DirectKernel
+    );
+    assert_ne!(
+        choose(&at(1 << 20), Device::Host, &cfg).protocol,
+        Protocol::LL128
+    );
+}
+
+/// The lines' default range: from where the peer engine takes over to 8 MiB.
+#[test]
+fn lines_by_default_to_8_mib() {
+    let cfg = Config::default();
+    let lines = |bytes: usize| {
+        choose(
+            &shape(CollKind::AllReduce, bytes / 4, Float32, 2),
+            Device::Gpu,
+            &cfg,
+        )
+        .protocol
+            == Protocol::LL128
+    };
+    assert!(lines(256 << 10) && lines(1 << 20) && lines(8 << 20));
+    assert!(!lines(16 << 20) && !lines(64 << 10));
 }

@@ -232,6 +232,20 @@ impl Gpu {
         )
     }
 
+    /// Whether every other GPU this process sees and reaches through peer access is joined to
+    /// this one by a link with native atomics: NVLink, as far as CUDA says cheaply
+    /// ([`PeerLink::native_atomics`]). True where the process sees no other GPU (one GPU per
+    /// process by `CUDA_VISIBLE_DEVICES`), which says nothing of the link.
+    pub fn peers_on_nvlink(&self) -> Result<bool> {
+        for p in (0..gpu_count()?).filter(|&p| p != self.0.ordinal) {
+            let l = self.peer_link(p)?;
+            if l.access && !l.native_atomics {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// How this GPU reaches `peer` (by ordinal). A GPU reaches itself trivially.
     pub fn peer_link(&self, peer: usize) -> Result<PeerLink> {
         if peer == self.0.ordinal {

@@ -384,6 +384,13 @@ impl CudaComm {
         }
     }
 
+    /// Whether every rank's GPU reaches the others by NVLink (`Fabric::nvlink`, the same on every
+    /// rank): the peer engine's line rounds count on a warp's 128-byte store crossing whole,
+    /// which NVLink gives and PCIe does not promise. The communicator turns them off elsewhere.
+    pub fn lines_carried(&self) -> bool {
+        self.fabric.nvlink
+    }
+
     /// Raises the abort word that every waiting block polls, so that kernels stuck on a dead
     /// or aborted peer leave and release the stream.
     /// Copy-engine streams stalled on the same peer are freed by a thread that stores into

@@ -261,6 +261,9 @@ pub(crate) struct Fabric {
     pub ce: Option<CeFabric>,
     /// Where every rank runs (process, GPU), as each described itself here.
     pub places: Vec<Place>,
+    /// Every rank said its links are NVLink (`Gpu::peers_on_nvlink`): the same on every rank.
+    /// The peer engine's line rounds run only then.
+    pub nvlink: bool,
 }
 
 /// What the copy engine needs of the fabric: where every rank's staging starts and how big
@@ -333,6 +336,7 @@ impl Fabric {
             recv: arena.device_ptr(),
             send: arena.device_ptr() + send_off,
             flags: page.as_ref().map_or(0, |p| p.device_ptr()),
+            nvlink: gpu.peers_on_nvlink()?,
         };
         let all = boot.allgather(&mine.encode())?;
         let peers: Vec<ArenaDesc> = all
@@ -415,7 +419,11 @@ impl Fabric {
         status.write_table(raw)?;
         let table = status.table_ptr();
         let direct = geo.has_direct().then(|| direct_param(&geo, me, &arenas));
-        let peer = geo.has_peer().then(|| peer_param(&geo, me, &arenas));
+        // The line rounds' salt rides in the template; each launch keeps it or clears it.
+        let peer = geo.has_peer().then(|| FcPeer {
+            lines: line_salt(boot.comm_id()),
+            ..peer_param(&geo, me, &arenas)
+        });
         // The copy engine borrows the peer engine's staging: the same addresses.
         let ce = page.zip(peer.as_ref()).map(|(mine, p)| {
             pages[me] = mine.device_ptr();
@@ -432,6 +440,7 @@ impl Fabric {
             }
         });
         Ok(Fabric {
+            nvlink: peers.iter().all(|p| p.nvlink),
             places: peers
                 .iter()
                 .map(|p| Place {
@@ -462,10 +471,13 @@ struct ArenaDesc {
     send: u64,
     /// The copy engine's flag page in the owner's process (0: none).
     flags: u64,
+    /// Every GPU the owner sees and reaches is joined to its own by NVLink
+    /// (`Gpu::peers_on_nvlink`): the peer engine's line rounds need it of every link.
+    nvlink: bool,
 }
 
 impl ArenaDesc {
-    const LEN: usize = 32;
+    const LEN: usize = 40;
     fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(Self::LEN);
         v.extend_from_slice(&self.pid.to_le_bytes());
@@ -473,6 +485,7 @@ impl ArenaDesc {
         v.extend_from_slice(&self.recv.to_le_bytes());
         v.extend_from_slice(&self.send.to_le_bytes());
         v.extend_from_slice(&self.flags.to_le_bytes());
+        v.extend_from_slice(&u64::from(self.nvlink).to_le_bytes());
         v
     }
     fn parse(b: &[u8]) -> Result<ArenaDesc, Error> {
@@ -491,6 +504,15 @@ impl ArenaDesc {
             recv: u64_at(8),
             send: u64_at(16),
             flags: u64_at(24),
+            nvlink: match u64_at(32) {
+                0 => false,
+                1 => true,
+                v => {
+                    return Err(Error::Protocol(format!(
+                        "GPU fabric: a peer described its links as {v} (neither 0 nor 1)"
+                    )))
+                }
+            },
         };
         if d.recv == 0 || d.send == 0 {
             return Err(Error::Protocol(
@@ -544,6 +566,16 @@ fn direct_param(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> FcDirect {
 
 /// The peer kernel's parameter with rank `me`'s view of every rank's staging and flag lines,
 /// and its own round counters; the operation's fields are the launch's.
+/// The salt the line rounds' flags are mixed with (`FcPeer::lines`): the same on every rank of
+/// the communicator (from its random id), never 0, and unlike any round number or small value
+/// that a slot's earlier raw data would likely hold where a flag goes (splitmix64's finaliser).
+fn line_salt(comm_id: u64) -> u64 {
+    let mut z = comm_id.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) | 1
+}
+
 fn peer_param(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> FcPeer {
     let mut p = FcPeer {
         seqs: arenas[me].send + geo.peer_seqs_off() as u64,
@@ -999,12 +1031,18 @@ mod tests {
             recv: 0x7f00_0000_0000,
             send: 0x7f10_0000_0000,
             flags: 0x7f20_0000_0000,
+            nvlink: true,
         };
         assert_eq!(ArenaDesc::parse(&d.encode()).unwrap(), d);
+        let pcie = ArenaDesc { nvlink: false, ..d };
+        assert_eq!(ArenaDesc::parse(&pcie.encode()).unwrap(), pcie);
         assert!(matches!(
-            ArenaDesc::parse(&d.encode()[..31]),
+            ArenaDesc::parse(&d.encode()[..39]),
             Err(Error::Protocol(_))
         ));
+        let mut odd = d.encode();
+        odd[32] = 2;
+        assert!(matches!(ArenaDesc::parse(&odd), Err(Error::Protocol(_))));
         assert!(matches!(
             ArenaDesc::parse(&ArenaDesc { recv: 0, ..d }.encode()),
             Err(Error::Protocol(_))

@@ -25,6 +25,13 @@
 //! rank's launch ends (after which its caller may overwrite its input) while a peer still reads
 //! that input; and that the rounds after a pull, which count on its flags for room, stay safe.
 //!
+//! Line rounds (the peer engine's one-shot all-reduce in 128-byte lines, `FcPeer::lines`): no flag
+//! word; a rank stores its round into its peers' slots with the round in every line, reads its
+//! own slots once they hold the round (a line's flag is the round it carries), and ends every
+//! round in a barrier. The model checks that the barriers alone keep the slots safe: a rank's
+//! stores of round s + 2 come after it read its peers' round s + 1, which they stored after
+//! the barrier that ended their reads of round s.
+//!
 //! What a step is: between two block barriers a block's threads store and load at will, so a
 //! read of a slot lasts from the wait that allowed it to the block's next barrier (the next
 //! signal, or the launch's end); a store is checked against every read in progress.
@@ -48,6 +55,9 @@ enum Kind {
     /// The pulling all-reduce (2 ranks on the GPU, any count here): every rank reads every
     /// peer's input in place, one round a block.
     Pull,
+    /// The one-shot all-reduce in line rounds (2 ranks on the GPU, any count here): every rank
+    /// stores into every peer's slots (both phases'), the flag in the data.
+    Lines,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -112,6 +122,13 @@ enum Step {
     Look { to: Vec<usize>, s: u64 },
     /// A pull: read these ranks' inputs in place (until the block's next barrier).
     ReadInputs { from: Vec<usize> },
+    /// Line rounds: wait until these ranks' slots of `slots` hold round `s` (the lines' flags),
+    /// then read them (until the block's next barrier).
+    WaitLines {
+        from: Vec<usize>,
+        slots: &'static [usize],
+        s: u64,
+    },
     /// The launch is over: its caller may overwrite this rank's input from here.
     Finish,
 }
@@ -153,7 +170,7 @@ fn program_of(engine: Engine, me: usize, n: usize, launches: &[Launch]) -> Vec<S
 fn ends(kind: Kind, me: usize, n: usize, root: usize) -> (Vec<usize>, Vec<usize>) {
     let peers: Vec<usize> = (0..n).filter(|&q| q != me).collect();
     match kind {
-        Kind::AllReduce | Kind::Symmetric | Kind::Pull => (peers.clone(), peers),
+        Kind::AllReduce | Kind::Symmetric | Kind::Pull | Kind::Lines => (peers.clone(), peers),
         Kind::FromRoot if me == root => (peers, Vec::new()),
         Kind::FromRoot => (Vec::new(), vec![root]),
         Kind::ToRoot if me == root => (Vec::new(), peers),
@@ -197,8 +214,9 @@ fn push_launch(
         *after_symmetric = false;
         return;
     }
-    let direct =
-        l.direct && engine == Engine::Peer && !matches!(l.kind, Kind::AllReduce | Kind::Pull);
+    let direct = l.direct
+        && engine == Engine::Peer
+        && !matches!(l.kind, Kind::AllReduce | Kind::Pull | Kind::Lines);
     if rounds > 0 {
         steps.push(Step::Start {
             s0: *s + 1,
@@ -206,7 +224,10 @@ fn push_launch(
             post: direct && l.posts >> me & 1 == 1,
         });
     }
-    let symmetric = matches!(l.kind, Kind::AllReduce | Kind::Symmetric | Kind::Pull);
+    let symmetric = matches!(
+        l.kind,
+        Kind::AllReduce | Kind::Symmetric | Kind::Pull | Kind::Lines
+    );
     for k in 0..rounds {
         *s += 1;
         let s = *s;
@@ -242,6 +263,32 @@ fn push_launch(
             continue;
         }
         let check_room = (k == 0 && !*after_symmetric) || !symmetric;
+        if l.kind == Kind::Lines {
+            // Stores with the flag in every line, reads as the lines land, a barrier to end
+            // the round: no flag word, no acknowledgement.
+            if check_room {
+                steps.push(Step::Room {
+                    peers: peers.clone(),
+                    s,
+                });
+            }
+            steps.push(Step::Store {
+                to: peers.clone(),
+                phases: &[0, 1],
+                s,
+            });
+            steps.push(Step::WaitLines {
+                from: peers.clone(),
+                slots: &[0, 1],
+                s,
+            });
+            steps.push(Step::Barrier {
+                ack: 0,
+                flag: None,
+                s,
+            });
+            continue;
+        }
         let ack = if symmetric || engine == Engine::Direct {
             0
         } else {
@@ -328,7 +375,7 @@ fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
         }
         send.push(Step::Join { id });
         recv.push(Step::Join { id });
-        if matches!(l.kind, Kind::AllReduce | Kind::Pull) || !l.split {
+        if matches!(l.kind, Kind::AllReduce | Kind::Pull | Kind::Lines) || !l.split {
             // Whole, as `Peer` runs it, on the send warps (its first round looks for room unless
             // the round before was this block's own whole symmetric one: a split round's flags
             // say nothing of the receive warps).
@@ -474,6 +521,11 @@ impl World {
             Step::WaitRead { from, phase, s, .. } => {
                 from.iter().all(|&q| self.flags[me][q][*phase] >= *s)
             }
+            Step::WaitLines { from, slots, s } => from.iter().all(|&q| {
+                slots
+                    .iter()
+                    .all(|&ph| self.slots.get(&(me, q, ph, s & 1)) == Some(&Slot::Written(*s)))
+            }),
             _ => true,
         }
     }
@@ -529,6 +581,15 @@ impl World {
                             }
                         }
                         self.slots.insert(key, Slot::Written(*s));
+                    }
+                }
+            }
+            Step::WaitLines { from, slots, s } => {
+                for &q in from {
+                    for &phase in *slots {
+                        let key = (me, q, phase, s & 1);
+                        self.slots.insert(key, Slot::Reading(*s));
+                        self.reading[agent].push(key);
                     }
                 }
             }
@@ -735,6 +796,7 @@ fn peer_kind_strategy() -> impl Strategy<Value = Kind> {
         Kind::FromRoot,
         Kind::ToRoot,
         Kind::Pull,
+        Kind::Lines,
     ])
 }
 
@@ -1142,4 +1204,85 @@ fn the_model_catches_a_pull_without_its_waits() {
     };
     assert!(breaks(&without(1), "still reads its input"));
     assert!(breaks(&without(0), "reads rank 1's input"));
+}
+
+/// Line rounds need their barrier at every round's end: without it a rank's reads of a round
+/// last to its launch's end, and its peer, two rounds on, stores into slots it still reads. With
+/// it, mixes of line rounds with staged and rooted rounds hold.
+#[test]
+fn the_model_catches_line_rounds_without_their_barriers() {
+    let n = 2;
+    let lines = Launch {
+        kind: Kind::Lines,
+        rounds: 4,
+        root: 0,
+        split: false,
+        direct: false,
+        posts: 0,
+    };
+    let mixed = [
+        lines,
+        Launch {
+            kind: Kind::ToRoot,
+            rounds: 3,
+            root: 1,
+            ..lines
+        },
+        lines,
+        Launch {
+            kind: Kind::Symmetric,
+            rounds: 2,
+            ..lines
+        },
+        Launch { rounds: 1, ..lines },
+        Launch {
+            kind: Kind::AllReduce,
+            rounds: 3,
+            ..lines
+        },
+    ];
+    for seed in 1..300 {
+        let r = run(n, &mixed, seed, seed % 2 == 0);
+        assert!(r.is_ok(), "seed {seed}: {r:?}");
+    }
+    // The round-ending barriers dropped (those of no flag and no acknowledgement; the launch's
+    // start acknowledges, and so stays).
+    let unbarred: Vec<Vec<Step>> = (0..n)
+        .map(|r| {
+            program(r, n, &[lines])
+                .into_iter()
+                .filter(|st| {
+                    !matches!(
+                        st,
+                        Step::Barrier {
+                            ack: 0,
+                            flag: None,
+                            ..
+                        }
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    for seed in 1..50 {
+        let r = run_programs(n, &unbarred, seed, seed % 2 == 0);
+        assert!(
+            r.as_ref()
+                .is_err_and(|e| e.contains("while it holds Reading")),
+            "seed {seed}: {r:?}"
+        );
+    }
+    // And a line launch after a rooted one must look for room first.
+    let roomless: Vec<Vec<Step>> = (0..n)
+        .map(|r| {
+            program(r, n, &[mixed[1], lines])
+                .into_iter()
+                .filter(|st| !matches!(st, Step::Room { .. }))
+                .collect()
+        })
+        .collect();
+    assert!(
+        (1..2000).any(|seed| run_programs(n, &roomless, seed, seed % 2 == 0)
+            .is_err_and(|e| e.contains("while it holds")))
+    );
 }

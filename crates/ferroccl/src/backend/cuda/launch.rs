@@ -173,7 +173,8 @@ enum Run {
     /// `oneshot`: an all-reduce in one crossing (2 ranks); `direct`: senders store straight into
     /// outputs their receivers post (the tuner's zero-copy), `post`: this rank posts its output
     /// where a window holds it; `pull`: an all-reduce that reads its peer's input from the
-    /// peer's symmetric window (the all-reduce's zero-copy, `tune::peer_pulls`).
+    /// peer's symmetric window (the all-reduce's zero-copy, `tune::peer_pulls`); `lines`: an
+    /// all-reduce in line rounds (`Protocol::LL128`, `tune::peer_lines`).
     Peer {
         blocks: u32,
         chunk: u64,
@@ -182,6 +183,7 @@ enum Run {
         direct: bool,
         post: bool,
         pull: bool,
+        lines: bool,
     },
     /// The copy engines: no kernel; this rank's commands for the shape.
     Copy(Arc<Schedule>),
@@ -507,6 +509,7 @@ impl CudaComm {
                                 direct: c.zero_copy && !all_reduce,
                                 post: c.post_output,
                                 pull: c.zero_copy && all_reduce,
+                                lines: c.protocol == Protocol::LL128,
                             }
                         }
                         Engine::CopyEngine if self.ce.is_some() => {
@@ -752,6 +755,7 @@ impl CudaComm {
                 direct,
                 post: _,
                 pull: _,
+                lines,
             } => {
                 let (module, kernels, template) =
                     self.peer.as_ref().expect("checked when the entry was made");
@@ -769,6 +773,8 @@ impl CudaComm {
                     direct: direct as u32,
                     post: views.is_some() as u32,
                     pull,
+                    // The template holds the communicator's salt for the lines' flags.
+                    lines: if lines { template.lines } else { 0 },
                     ..*template
                 };
                 // SAFETY: the peer kernel takes one FcPeer; its staging, flags and counters are

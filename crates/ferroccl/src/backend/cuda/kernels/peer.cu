@@ -231,6 +231,194 @@ __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* ou
     reduce_as<D, SUM>(op, out, nullptr, swap ? mine : theirs, swap ? theirs : mine, len, true, true);
 }
 
+// ---- line rounds (FcPeer::lines; the tuner's Protocol::LL128, tune::peer_lines) ----------------
+// The one-shot all-reduce on 2 ranks with no flag word: each warp stores its part of the round
+// into the peer's slots as 128-byte lines that carry the round's flag, and folds the peer's lines
+// at the same places of its own slots as they land, a step behind its own stores. So no release
+// drains a block's stores before a flag, no flag crosses on its own and nobody waits before
+// folding: the link stays busy through the fold, for 1/16 more bytes on it.
+// A warp stores 512 bytes at once: four lines, lane l's 16 bytes at l * 16. The last lane of each
+// line (7, 15, 23, 31) stores 8 data bytes and the flag, the others 16 data bytes: 480 data bytes
+// a store, a contiguous run of the round's bytes (lanes 0-6, 8-14, 16-22 and 24-30 its first 448
+// bytes in that order, 16 each, the flag lanes its last 32, 8 each). NVLink carries a warp's
+// 128-byte store whole, so a line whose flag is the round's holds the round's 120 data bytes (the
+// property NCCL's LL128 protocol takes; the communicator offers lines only where every link is
+// NVLink). The flag is the round mixed with the communicator's salt (FcPeer::lines): between line
+// rounds the slots hold raw data (staged rounds, the copy engine), which must never pass for a flag.
+// Flow control: a warp's lines of round s + 1 are stored after its block's barrier at the end of
+// round s, so a rank that has read every line of the peer's round s + 1 (its own barrier at the
+// end of round s + 1 says so) knows the peer is done with round s's slots, which round s + 2
+// reuses; the next launch after a line round may skip its room check, as after any symmetric one.
+// A launch's first round after a rooted one looks at the acknowledgements, as the staged rounds do.
+#define FC_LINE_GROUP 512u
+#define FC_LINE_GROUP_DATA 480u
+// Groups a warp loads and stores at once (its input loads in flight together); it folds the
+// peer's lines of those groups a step later, once the next step's lines are stored.
+#ifndef FC_LINE_STEP
+#define FC_LINE_STEP 2
+#endif
+
+__device__ __forceinline__ fc_u64 line_flag(const FcPeer& P, fc_u64 s) { return P.lines ^ (s * 0x9e3779b97f4a7c15ull); }
+
+// Where lane l's data lies in its group's 480 bytes.
+__device__ __forceinline__ fc_u32 line_lane_off(fc_u32 lane) {
+    return (lane & 7u) == 7u ? 448u + (lane >> 3) * 8u : ((lane >> 3) * 7u + (lane & 7u)) * 16u;
+}
+
+// The bytes of group g this lane carries: `width` (16, or 8 on a flag lane) where the round's
+// `bytes` reach past them, fewer in its last group, none beyond.
+__device__ __forceinline__ fc_u32 line_valid(fc_u64 g, fc_u32 off, fc_u32 width, fc_u64 bytes) {
+    const fc_u64 a = g * FC_LINE_GROUP_DATA + off;
+    return a >= bytes ? 0u : (bytes - a < width ? (fc_u32)(bytes - a) : width);
+}
+
+// n (0-16) bytes at p as two little-endian words, zero past n: one 16-byte load where they are
+// whole and aligned, else load8's (any element alignment).
+__device__ __forceinline__ void line_get(const fc_u8* p, fc_u32 n, fc_u64& x, fc_u64& y) {
+    if (n == 16u && ((fc_u64)p & 15u) == 0) {
+        const uint4 v = __ldcg((const uint4*)p);
+        x = (fc_u64)v.x | ((fc_u64)v.y << 32);
+        y = (fc_u64)v.z | ((fc_u64)v.w << 32);
+        return;
+    }
+    x = load8(p, n < 8u ? n : 8u);
+    y = n > 8u ? load8(p + 8, n - 8u) : 0;
+}
+
+// And back: the first n bytes of (x, y) to p.
+__device__ __forceinline__ void line_put(fc_u8* p, fc_u32 n, fc_u64 x, fc_u64 y) {
+    if (n == 16u && ((fc_u64)p & 15u) == 0) {
+        *(uint4*)p = make_uint4((fc_u32)x, (fc_u32)(x >> 32), (fc_u32)y, (fc_u32)(y >> 32));
+        return;
+    }
+    store8(p, x, n < 8u ? n : 8u);
+    if (n > 8u) store8(p + 8, y, n - 8u);
+}
+
+__device__ __forceinline__ void line_store(fc_u8* p, fc_u64 x, fc_u64 y) {
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(x), "l"(y) : "memory");
+}
+
+__device__ __forceinline__ void line_load(const fc_u8* p, fc_u64& x, fc_u64& y) {
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(p) : "memory");
+}
+
+// A lane's 16 bytes as elements of D.
+template <typename D>
+union LinePack {
+    fc_u64 w[2];
+    typename D::S e[16 / sizeof(typename D::S)];
+};
+
+// The sender's side of a PreMulSum: its operand times its own scalar (as transform_as does for
+// the staged rounds), so that each rank's scalar is applied once, by that rank.
+template <typename D>
+__device__ __forceinline__ void line_premul(fc_u64& x, fc_u64& y, typename D::C scalar) {
+    LinePack<D> p;
+    p.w[0] = x;
+    p.w[1] = y;
+#pragma unroll
+    for (int j = 0; j < (int)(16 / sizeof(typename D::S)); ++j) p.e[j] = D::store(mul(D::load(p.e[j]), scalar));
+    x = p.w[0];
+    y = p.w[1];
+}
+
+// (x, y) = the fold of the peer's (tx, ty) and this rank's (x, y), element by element, in
+// fold_pair's operand order (rank 1 swaps Max and Min), with reduce_elem's scalar and average.
+template <typename D>
+__device__ __forceinline__ void line_fold(fc_u64& x, fc_u64& y, fc_u64 tx, fc_u64 ty, fc_u32 k, bool pre, bool post, bool swap,
+                                          typename D::C scalar, fc_u32 nranks) {
+    LinePack<D> m, t;
+    m.w[0] = x;
+    m.w[1] = y;
+    t.w[0] = tx;
+    t.w[1] = ty;
+#pragma unroll
+    for (int j = 0; j < (int)(16 / sizeof(typename D::S)); ++j) {
+        m.e[j] = reduce_elem<D>(swap ? m.e[j] : t.e[j], swap ? t.e[j] : m.e[j], k, pre, post, scalar, nranks);
+    }
+    x = m.w[0];
+    y = m.w[1];
+}
+
+// One line round of block b over elements [at, at + len) of its slice (see above); false, on
+// every thread, when a wait failed. Ends in a barrier (the flow control's).
+template <typename D, bool SUM>
+__device__ bool line_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, bool check_room, fc_u32 b) {
+    const fc_u32 me = P.rank, q = 1u - me;
+    const FcOp& op = P.op;
+    const fc_u64 es = sizeof(typename D::S), bytes = len * es;
+    const fc_u8* in = (const fc_u8*)op.send + at * es;
+    fc_u8* out = (fc_u8*)op.recv + at * es;
+    fc_u8* far = peer_slot(P, q, b, me, 0, s);
+    const fc_u8* near = peer_slot(P, me, b, q, 0, s);
+    const fc_u64 flag = line_flag(P, s);
+    const fc_u32 k = SUM ? FC_OP_SUM : op.redop;
+    const bool pre = k == FC_OP_PREMULSUM, post = k == FC_OP_AVG;
+    const bool swap = !SUM && me == 1u && (k == FC_OP_MAX || k == FC_OP_MIN);
+    const typename D::C scalar = pre ? scalar_of<D>(op) : typename D::C(0);
+    const fc_u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const bool flagger = (lane & 7u) == 7u;
+    const fc_u32 off = line_lane_off(lane), width = flagger ? 8u : 16u;
+    // This warp's groups: warp, warp + nw, ...; a step is FC_LINE_STEP of them.
+    const fc_u64 groups = (bytes + FC_LINE_GROUP_DATA - 1u) / FC_LINE_GROUP_DATA;
+    const fc_u64 mine = groups > warp ? (groups - warp + nw - 1u) / nw : 0;
+    const fc_u64 steps = (mine + FC_LINE_STEP - 1u) / FC_LINE_STEP;
+    // Every condition below is the warp's own (warp, step, group), so its votes see every lane.
+    int bad = check_room && !peer_room(P, b, s, FC_PEER_ALL);
+    for (fc_u64 st = 0; st <= steps && !bad; ++st) {
+        if (st < steps) {
+            fc_u64 x[FC_LINE_STEP], y[FC_LINE_STEP];
+#pragma unroll
+            for (int u = 0; u < FC_LINE_STEP; ++u) {
+                const fc_u64 i = st * FC_LINE_STEP + u, g = warp + i * nw;
+                if (i < mine) line_get(in + g * FC_LINE_GROUP_DATA + off, line_valid(g, off, width, bytes), x[u], y[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < FC_LINE_STEP; ++u) {
+                const fc_u64 i = st * FC_LINE_STEP + u, g = warp + i * nw;
+                if (i >= mine) continue;
+                if (pre) line_premul<D>(x[u], y[u], scalar);
+                line_store(far + g * FC_LINE_GROUP + lane * 16u, x[u], flagger ? flag : y[u]);
+            }
+        }
+        if (st == 0) continue;
+        // The step before's groups: wait until every line carries this round's flag.
+        fc_u64 tx[FC_LINE_STEP], ty[FC_LINE_STEP];
+        fc_u32 polls = 0;
+        fc_u64 since = 0;
+        for (;;) {
+            bool stale = false;
+#pragma unroll
+            for (int u = 0; u < FC_LINE_STEP; ++u) {
+                const fc_u64 i = (st - 1u) * FC_LINE_STEP + u, g = warp + i * nw;
+                if (i >= mine) continue;
+                line_load(near + g * FC_LINE_GROUP + lane * 16u, tx[u], ty[u]);
+                stale |= flagger && ty[u] != flag;
+            }
+            if (!__any_sync(0xffffffffu, stale)) break;
+            int go = 1;
+            if (lane == 0) go = engine_keep_waiting(P, polls, since, FC_WHAT_DATA, q, s, 0) ? 1 : 0;
+            if (__shfl_sync(0xffffffffu, go, 0) == 0) {
+                bad = 1;
+                break;
+            }
+        }
+        if (bad) break;
+#pragma unroll
+        for (int u = 0; u < FC_LINE_STEP; ++u) {
+            const fc_u64 i = (st - 1u) * FC_LINE_STEP + u, g = warp + i * nw;
+            if (i >= mine) continue;
+            const fc_u32 n = line_valid(g, off, width, bytes);
+            fc_u64 x, y;
+            line_get(in + g * FC_LINE_GROUP_DATA + off, n, x, y);
+            line_fold<D>(x, y, tx[u], ty[u], k, pre, post, swap, scalar, op.nranks);
+            line_put(out + g * FC_LINE_GROUP_DATA + off, n, x, y);
+        }
+    }
+    return __syncthreads_or(bad) == 0;
+}
+
 // One round of block b over elements [at, at + len) of its slice; false when a wait failed.
 // `first`: the launch's first round on this block after a rooted operation's round (or none),
 // which must look at the acknowledgements. D: the element type; SHAPE: the instance's
@@ -259,6 +447,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     // blocks acknowledge every round themselves, at its end.
     const fc_u64 ack = (symmetric || role != FC_ROLE_BOTH) ? 0 : s - 1;
     const bool sending = role != FC_ROLE_RECV, receiving = role != FC_ROLE_SEND;
+    if (kind == FC_KIND_ALL_REDUCE && P.lines != 0) return line_round<D, SUM>(P, at, len, s, check_room, b);
     if (kind == FC_KIND_ALL_REDUCE && P.pull != 0) {
         // A pull (FcPeer::pull, 2 ranks, out of place): no store phase and no slot. Each rank
         // says its input is there (and, as every flag does, that it is done with its earlier
@@ -444,6 +633,12 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
     // only what the tuner gives it (tune::peer_pulls). Refused loudly: the peer would wait.
     if (P.pull != 0 && (P.kind != FC_KIND_ALL_REDUCE || P.oneshot == 0u || P.nranks != 2u || P.split != 0u ||
                         P.op.redop == FC_OP_PREMULSUM)) {
+        if (threadIdx.x == 0) fc::engine_error(P, FC_ERR_PLAN, FC_WHAT_PLAN, 1u - (P.rank & 1u), DTYPE, P.op.dtype, 0, 0);
+        return;
+    }
+    // Line rounds: only what the tuner gives them (tune::peer_lines), whole blocks, not a pull.
+    if (P.lines != 0 && (P.kind != FC_KIND_ALL_REDUCE || P.oneshot == 0u || P.nranks != 2u || P.split != 0u || P.pull != 0 ||
+                         blockDim.x % 32u != 0u)) {
         if (threadIdx.x == 0) fc::engine_error(P, FC_ERR_PLAN, FC_WHAT_PLAN, 1u - (P.rank & 1u), DTYPE, P.op.dtype, 0, 0);
         return;
     }
