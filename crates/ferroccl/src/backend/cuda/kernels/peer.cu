@@ -261,6 +261,10 @@ __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* ou
 #ifndef FC_LINE_STORE_WARPS
 #define FC_LINE_STORE_WARPS 8
 #endif
+// Nanoseconds a fold warp sleeps between polls of lines not there yet (0: none).
+#ifndef FC_LINE_BACKOFF
+#define FC_LINE_BACKOFF 0
+#endif
 
 __device__ __forceinline__ fc_u64 line_flag(const FcPeer& P, fc_u64 s) { return P.lines ^ (s * 0x9e3779b97f4a7c15ull); }
 
@@ -405,28 +409,9 @@ __device__ bool line_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
         const bool post = k == FC_OP_AVG;
         const bool swap = !SUM && me == 1u && (k == FC_OP_MAX || k == FC_OP_MIN);
         for (fc_u64 i0 = 0; i0 < mine && !bad; i0 += FC_LINE_STEP) {
-            // Wait until every line of these groups carries this round's flag.
-            fc_u64 tx[FC_LINE_STEP], ty[FC_LINE_STEP];
-            fc_u32 polls = 0;
-            fc_u64 since = 0;
-            for (;;) {
-                bool stale = false;
-#pragma unroll
-                for (int u = 0; u < FC_LINE_STEP; ++u) {
-                    const fc_u64 i = i0 + u, g = w + i * nf;
-                    if (i >= mine) continue;
-                    line_load(near + g * FC_LINE_GROUP + lane * 16u, tx[u], ty[u]);
-                    stale |= flagger && ty[u] != flag;
-                }
-                if (!__any_sync(0xffffffffu, stale)) break;
-                int go = 1;
-                if (lane == 0) go = engine_keep_waiting(P, polls, since, FC_WHAT_DATA, q, s, 0) ? 1 : 0;
-                if (__shfl_sync(0xffffffffu, go, 0) == 0) {
-                    bad = 1;
-                    break;
-                }
-            }
-            if (bad) break;
+            // The step's own input and the peer's lines in one round trip (neither waits for the
+            // other), then the lines again until every one carries this round's flag. In place,
+            // the input is loaded after its store warp did: a fold's store must not overtake it.
             if (in_place) {
                 // Group g's input is loaded once its store warp (g % stores) counts past it.
 #pragma unroll
@@ -438,14 +423,42 @@ __device__ bool line_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
                     }
                 }
             }
-            fc_u64 x[FC_LINE_STEP], y[FC_LINE_STEP];
+            fc_u64 x[FC_LINE_STEP], y[FC_LINE_STEP], tx[FC_LINE_STEP], ty[FC_LINE_STEP];
             fc_u32 n[FC_LINE_STEP];
+            bool stale = false;
 #pragma unroll
             for (int u = 0; u < FC_LINE_STEP; ++u) {
                 const fc_u64 i = i0 + u, g = w + i * nf;
                 n[u] = i < mine ? line_valid(g, off, width, bytes) : 0u;
-                if (i < mine) line_get(in + g * FC_LINE_GROUP_DATA + off, n[u], x[u], y[u]);
+                if (i >= mine) continue;
+                line_get(in + g * FC_LINE_GROUP_DATA + off, n[u], x[u], y[u]);
+                line_load(near + g * FC_LINE_GROUP + lane * 16u, tx[u], ty[u]);
+                stale |= flagger && ty[u] != flag;
             }
+            fc_u32 polls = 0;
+            fc_u64 since = 0;
+            while (__any_sync(0xffffffffu, stale)) {
+#if FC_LINE_BACKOFF > 0
+                // A diagnostic: fewer polls of lines not there yet (their loads share the L2
+                // with the peer's stores landing).
+                __nanosleep(FC_LINE_BACKOFF);
+#endif
+                int go = 1;
+                if (lane == 0) go = engine_keep_waiting(P, polls, since, FC_WHAT_DATA, q, s, 0) ? 1 : 0;
+                if (__shfl_sync(0xffffffffu, go, 0) == 0) {
+                    bad = 1;
+                    break;
+                }
+                stale = false;
+#pragma unroll
+                for (int u = 0; u < FC_LINE_STEP; ++u) {
+                    const fc_u64 i = i0 + u, g = w + i * nf;
+                    if (i >= mine) continue;
+                    line_load(near + g * FC_LINE_GROUP + lane * 16u, tx[u], ty[u]);
+                    stale |= flagger && ty[u] != flag;
+                }
+            }
+            if (bad) break;
 #pragma unroll
             for (int u = 0; u < FC_LINE_STEP; ++u) {
                 const fc_u64 i = i0 + u, g = w + i * nf;
