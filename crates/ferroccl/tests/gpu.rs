@@ -1683,8 +1683,10 @@ fn the_one_shot_all_reduce_gives_both_ranks_the_same_bits() {
 #[test]
 #[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn line_rounds_are_exact_across_reductions_alignments_and_tails() {
+    // Lines to 8 MiB (1 MiB by default): two rounds a block at the largest count.
     let cfg = Config {
         gpu_copy_engine_bytes: 0,
+        gpu_peer_lines_max_bytes: 8 << 20,
         ..Config::default()
     };
     let Some(comms) = ranks_on_one_gpu(2, cfg) else {

@@ -561,8 +561,12 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
 }
 
 /// `FERROCCL_GPU_PEER_LINES_MAX_BYTES` by default: the largest all-reduce (bytes per rank) the
-/// peer engine moves in lines on 2 ranks ([`peer_lines`]).
-pub const PEER_LINES_MAX_BYTES: usize = 8 << 20;
+/// peer engine moves in lines on 2 ranks ([`peer_lines`]). On 2 x H200 (registered and plain, a
+/// process per GPU, CUDA graphs, lines / the staged rounds in the same call): 256 KiB 5.2 / 5.9-6.6
+/// us, 512 KiB 6.0 / 6.6-6.9, 1 MiB 8.4 / 8.8-9.1; but 2 MiB 12.4 / 11.9-12.0 and 4 MiB 20.1 /
+/// 18.1-18.7 (the lines' stores carry about 290 GB/s of data, the staged rounds' 320:
+/// docs/PERFORMANCE.md section 23).
+pub const PEER_LINES_MAX_BYTES: usize = 1 << 20;
 
 /// A warp's store in the peer engine's line rounds: four 128-byte lines, of which 480 bytes are
 /// data and 32 the four lines' flags (`kernels/peer.cu`, `line_round`).

@@ -204,7 +204,7 @@ fn choices_follow_the_table() {
         // kernel (the chain), its grid following the bytes.
         // All-reduces on 2 ranks one-shot there up to FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES (by
         // default every size), two-shot on more ranks.
-        // Up to FERROCCL_GPU_PEER_LINES_MAX_BYTES (8 MiB) in lines.
+        // Up to FERROCCL_GPU_PEER_LINES_MAX_BYTES (1 MiB) in lines.
         (
             Gpu,
             AllReduce,
@@ -235,7 +235,7 @@ fn choices_follow_the_table() {
             2,
             Algo::OneShot,
             K,
-            LL128,
+            Simple,
             64,
         ),
         (
@@ -246,7 +246,7 @@ fn choices_follow_the_table() {
             2,
             Algo::OneShot,
             K,
-            LL128,
+            Simple,
             64,
         ),
         (
@@ -1158,8 +1158,8 @@ fn knobs_move_the_choices() {
     assert_eq!((c.engine, c.channels), (Engine::PeerKernel, 16));
     assert_eq!(
         c.chunk_elems * 4,
-        2 * peer_slot_bytes(&peer16, 2) / 16 * 15,
-        "larger slots with fewer blocks (a round of lines: 4 MiB is within their limit)"
+        2 * peer_slot_bytes(&peer16, 2),
+        "larger slots with fewer blocks"
     );
     assert_eq!(peer_slot_bytes(&peer16, 2), 256 << 10);
     assert_eq!(
@@ -2034,7 +2034,7 @@ fn peer_round_bytes_cut_one_phase_rounds() {
     };
     let slot = peer_slot_bytes(&cfg, 2);
     let lines = choose(
-        &shape(CollKind::AllReduce, (4 << 20) / 4, Float32, 2),
+        &shape(CollKind::AllReduce, (1 << 20) / 4, Float32, 2),
         Device::Gpu,
         &Config {
             gpu_peer_round_bytes: 16 << 10,
@@ -2302,9 +2302,9 @@ fn lines_take_the_peer_engines_all_reduces_of_two_ranks_within_the_limit() {
     );
 }
 
-/// The lines' default range: from where the peer engine takes over to 8 MiB.
+/// The lines' default range: from where the peer engine takes over to 1 MiB.
 #[test]
-fn lines_by_default_to_8_mib() {
+fn lines_by_default_to_1_mib() {
     let cfg = Config::default();
     let lines = |bytes: usize| {
         choose(
@@ -2315,6 +2315,6 @@ fn lines_by_default_to_8_mib() {
         .protocol
             == Protocol::LL128
     };
-    assert!(lines(256 << 10) && lines(1 << 20) && lines(8 << 20));
-    assert!(!lines(16 << 20) && !lines(64 << 10));
+    assert!(lines(256 << 10) && lines(1 << 20));
+    assert!(!lines(2 << 20) && !lines(8 << 20) && !lines(64 << 10));
 }

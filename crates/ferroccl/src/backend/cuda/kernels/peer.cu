@@ -232,12 +232,12 @@ __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* ou
 }
 
 // ---- line rounds (FcPeer::lines; the tuner's Protocol::LL128, tune::peer_lines) ----------------
-// The one-shot all-reduce on 2 ranks with no flag word: a block's store warps put its part of the
-// round into the peer's slots as 128-byte lines that carry the round's flag, while its fold warps
-// wait for the peer's lines at the same places of its own slots and fold each as it lands. So no
-// release drains a block's stores before a flag, no flag crosses on its own, nobody waits before
-// folding, and no store waits for a fold: the link stays busy through the fold, for 1/16 more
-// bytes on it.
+// The one-shot all-reduce on 2 ranks with no flag word: each warp stores its part of the round
+// into the peer's slots as 128-byte lines that carry the round's flag, and one step behind its own
+// stores folds the peer's lines at the same places of its own slots as they land, with the input
+// it loaded for those stores still in its registers. So no release drains a block's stores before
+// a flag, no flag crosses on its own, and nobody waits for the whole round before folding: the
+// link stays busy through the fold, for 1/16 more bytes on it.
 // A warp stores 512 bytes at once: four lines, lane l's 16 bytes at l * 16. The last lane of each
 // line (7, 15, 23, 31) stores 8 data bytes and the flag, the others 16 data bytes: 480 data bytes
 // a store, a contiguous run of the round's bytes (lanes 0-6, 8-14, 16-22 and 24-30 its first 448
@@ -246,24 +246,22 @@ __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* ou
 // property NCCL's LL128 protocol takes; the communicator offers lines only where every link is
 // NVLink). The flag is the round mixed with the communicator's salt (FcPeer::lines): between line
 // rounds the slots hold raw data (staged rounds, the copy engine), which must never pass for a flag.
-// Flow control: a round ends in a block barrier, after which the store warps start the next
-// round's lines; so a rank that has read every line of the peer's round s + 1 (its own barrier at
-// the end of round s + 1 says so) knows the peer is done with round s's slots, which round s + 2
-// reuses. The next launch after a line round may skip its room check, as after any symmetric one;
-// a launch's first round after a rooted one looks at the acknowledgements, as the staged rounds do.
+// Flow control: a round ends in a block barrier, after which the warps start the next round's
+// lines; so a rank that has read every line of the peer's round s + 1 (its own barrier at the end
+// of round s + 1 says so) knows the peer is done with round s's slots, which round s + 2 reuses.
+// The next launch after a line round may skip its room check, as after any symmetric one; a
+// launch's first round after a rooted one looks at the acknowledgements, as the staged rounds do.
+// In place, a warp folds only groups it has stored (the same warp, the same places), so no fold
+// overwrites input not yet sent.
+// Measured on 2 x H200 (docs/PERFORMANCE.md section 23): faster than the staged rounds to 1 MiB,
+// slower from 2 MiB (the lines' stores reach about 290 GB/s against the staged rounds' 320);
+// a design with separate store and fold warps was slower at every size.
 #define FC_LINE_GROUP 512u
 #define FC_LINE_GROUP_DATA 480u
-// Groups a warp loads and stores (or polls and folds) at once: its loads in flight together.
+// Groups a warp loads and stores at once (its loads in flight together); it folds them a step
+// later, once the next step's lines are stored.
 #ifndef FC_LINE_STEP
-#define FC_LINE_STEP 4
-#endif
-// Of a block's warps, how many store (the rest fold).
-#ifndef FC_LINE_STORE_WARPS
-#define FC_LINE_STORE_WARPS 8
-#endif
-// Nanoseconds a fold warp sleeps between polls of lines not there yet (0: none).
-#ifndef FC_LINE_BACKOFF
-#define FC_LINE_BACKOFF 0
+#define FC_LINE_STEP 2
 #endif
 
 __device__ __forceinline__ fc_u64 line_flag(const FcPeer& P, fc_u64 s) { return P.lines ^ (s * 0x9e3779b97f4a7c15ull); }
@@ -350,122 +348,84 @@ __device__ __forceinline__ void line_fold(fc_u64& x, fc_u64& y, fc_u64 tx, fc_u6
 }
 
 // One line round of block b over elements [at, at + len) of its slice (see above); false, on
-// every thread, when a wait failed. Ends in a barrier (the flow control's). In place (the output
-// is the input) a fold must not overwrite input that its store warp has not loaded yet: each
-// store warp counts the groups it loaded in `progress` (shared, zero at the launch's start), the
-// round in the high bits so that an earlier round's count never passes, and fold warps wait for it.
+// every thread, when a wait failed. Ends in a barrier (the flow control's).
 template <typename D, bool SUM>
-__device__ bool line_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, bool check_room, fc_u32 b, volatile fc_u64* progress) {
+__device__ bool line_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, bool check_room, fc_u32 b) {
     const fc_u32 me = P.rank, q = 1u - me;
     const FcOp& op = P.op;
     const fc_u64 es = sizeof(typename D::S), bytes = len * es;
     const fc_u8* in = (const fc_u8*)op.send + at * es;
+    fc_u8* out = (fc_u8*)op.recv + at * es;
+    fc_u8* far = peer_slot(P, q, b, me, 0, s);
+    const fc_u8* near = peer_slot(P, me, b, q, 0, s);
     const fc_u64 flag = line_flag(P, s);
     const fc_u32 k = SUM ? FC_OP_SUM : op.redop;
-    const bool pre = k == FC_OP_PREMULSUM;
+    const bool pre = k == FC_OP_PREMULSUM, post = k == FC_OP_AVG;
+    const bool swap = !SUM && me == 1u && (k == FC_OP_MAX || k == FC_OP_MIN);
     const typename D::C scalar = pre ? scalar_of<D>(op) : typename D::C(0);
     const fc_u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const bool flagger = (lane & 7u) == 7u;
     const fc_u32 off = line_lane_off(lane), width = flagger ? 8u : 16u;
+    // This warp's groups: warp, warp + nw, ...; a step is FC_LINE_STEP of them.
     const fc_u64 groups = (bytes + FC_LINE_GROUP_DATA - 1u) / FC_LINE_GROUP_DATA;
-    // The first FC_LINE_STORE_WARPS warps store, the others fold (all do both in a block too
-    // small to split); each takes groups w, w + its kind's count, ...
-    const fc_u32 stores = nw > FC_LINE_STORE_WARPS ? FC_LINE_STORE_WARPS : nw;
-    const bool storing = warp < stores || stores == nw, folding = warp >= stores || stores == nw;
-    const bool in_place = op.send == op.recv;
-    const fc_u64 tag = s << 24;
-    // Every condition below is the warp's own (its kind, its groups), so its votes see every lane.
-    int bad = 0;
-    if (storing) {
-        const fc_u32 w = warp;
-        const fc_u64 mine = groups > w ? (groups - w + stores - 1u) / stores : 0;
-        fc_u8* far = peer_slot(P, q, b, me, 0, s);
-        bad = check_room && !peer_room(P, b, s, FC_PEER_ALL);
-        // A failed wait frees the fold warps' waits on this warp (the launch is failing).
-        if (bad && in_place && lane == 0) progress[w] = ~0ull;
-        for (fc_u64 i0 = 0; i0 < mine && !bad; i0 += FC_LINE_STEP) {
-            fc_u64 x[FC_LINE_STEP], y[FC_LINE_STEP];
+    const fc_u64 mine = groups > warp ? (groups - warp + nw - 1u) / nw : 0;
+    const fc_u64 steps = (mine + FC_LINE_STEP - 1u) / FC_LINE_STEP;
+    // Every condition below is the warp's own (warp, step, group), so its votes see every lane.
+    int bad = check_room && !peer_room(P, b, s, FC_PEER_ALL);
+    // The step before's input, kept for its fold.
+    fc_u64 px[FC_LINE_STEP], py[FC_LINE_STEP];
+    for (fc_u64 st = 0; st <= steps && !bad; ++st) {
+        fc_u64 x[FC_LINE_STEP], y[FC_LINE_STEP];
+        if (st < steps) {
 #pragma unroll
             for (int u = 0; u < FC_LINE_STEP; ++u) {
-                const fc_u64 i = i0 + u, g = w + i * stores;
+                const fc_u64 i = st * FC_LINE_STEP + u, g = warp + i * nw;
                 if (i < mine) line_get(in + g * FC_LINE_GROUP_DATA + off, line_valid(g, off, width, bytes), x[u], y[u]);
             }
 #pragma unroll
             for (int u = 0; u < FC_LINE_STEP; ++u) {
-                const fc_u64 i = i0 + u, g = w + i * stores;
+                const fc_u64 i = st * FC_LINE_STEP + u, g = warp + i * nw;
                 if (i >= mine) continue;
-                if (pre) line_premul<D>(x[u], y[u], scalar);
-                line_store(far + g * FC_LINE_GROUP + lane * 16u, x[u], flagger ? flag : y[u]);
+                fc_u64 sx = x[u], sy = y[u];
+                if (pre) line_premul<D>(sx, sy, scalar);
+                line_store(far + g * FC_LINE_GROUP + lane * 16u, sx, flagger ? flag : sy);
             }
-            // The step's loads are done (its stores used them).
-            if (in_place && lane == 0) progress[w] = tag | (i0 + FC_LINE_STEP < mine ? i0 + FC_LINE_STEP : mine);
         }
-    }
-    if (folding && !bad) {
-        const fc_u32 nf = stores == nw ? nw : nw - stores, w = stores == nw ? warp : warp - stores;
-        const fc_u64 mine = groups > w ? (groups - w + nf - 1u) / nf : 0;
-        const fc_u8* near = peer_slot(P, me, b, q, 0, s);
-        fc_u8* out = (fc_u8*)op.recv + at * es;
-        const bool post = k == FC_OP_AVG;
-        const bool swap = !SUM && me == 1u && (k == FC_OP_MAX || k == FC_OP_MIN);
-        for (fc_u64 i0 = 0; i0 < mine && !bad; i0 += FC_LINE_STEP) {
-            // The step's own input and the peer's lines in one round trip (neither waits for the
-            // other), then the lines again until every one carries this round's flag. In place,
-            // the input is loaded after its store warp did: a fold's store must not overtake it.
-            if (in_place) {
-                // Group g's input is loaded once its store warp (g % stores) counts past it.
-#pragma unroll
-                for (int u = 0; u < FC_LINE_STEP; ++u) {
-                    const fc_u64 i = i0 + u, g = w + i * nf;
-                    if (i < mine) {
-                        while (progress[g % stores] < (tag | (g / stores + 1u))) {
-                        }
-                    }
-                }
-            }
-            fc_u64 x[FC_LINE_STEP], y[FC_LINE_STEP], tx[FC_LINE_STEP], ty[FC_LINE_STEP];
-            fc_u32 n[FC_LINE_STEP];
-            bool stale = false;
-#pragma unroll
-            for (int u = 0; u < FC_LINE_STEP; ++u) {
-                const fc_u64 i = i0 + u, g = w + i * nf;
-                n[u] = i < mine ? line_valid(g, off, width, bytes) : 0u;
-                if (i >= mine) continue;
-                line_get(in + g * FC_LINE_GROUP_DATA + off, n[u], x[u], y[u]);
-                line_load(near + g * FC_LINE_GROUP + lane * 16u, tx[u], ty[u]);
-                stale |= flagger && ty[u] != flag;
-            }
+        if (st > 0) {
+            // The step before's groups: wait until every line carries this round's flag.
+            fc_u64 tx[FC_LINE_STEP], ty[FC_LINE_STEP];
             fc_u32 polls = 0;
             fc_u64 since = 0;
-            while (__any_sync(0xffffffffu, stale)) {
-#if FC_LINE_BACKOFF > 0
-                // A diagnostic: fewer polls of lines not there yet (their loads share the L2
-                // with the peer's stores landing).
-                __nanosleep(FC_LINE_BACKOFF);
-#endif
+            for (;;) {
+                bool stale = false;
+#pragma unroll
+                for (int u = 0; u < FC_LINE_STEP; ++u) {
+                    const fc_u64 i = (st - 1u) * FC_LINE_STEP + u, g = warp + i * nw;
+                    if (i >= mine) continue;
+                    line_load(near + g * FC_LINE_GROUP + lane * 16u, tx[u], ty[u]);
+                    stale |= flagger && ty[u] != flag;
+                }
+                if (!__any_sync(0xffffffffu, stale)) break;
                 int go = 1;
                 if (lane == 0) go = engine_keep_waiting(P, polls, since, FC_WHAT_DATA, q, s, 0) ? 1 : 0;
                 if (__shfl_sync(0xffffffffu, go, 0) == 0) {
                     bad = 1;
                     break;
                 }
-                stale = false;
-#pragma unroll
-                for (int u = 0; u < FC_LINE_STEP; ++u) {
-                    const fc_u64 i = i0 + u, g = w + i * nf;
-                    if (i >= mine) continue;
-                    line_load(near + g * FC_LINE_GROUP + lane * 16u, tx[u], ty[u]);
-                    stale |= flagger && ty[u] != flag;
-                }
             }
             if (bad) break;
 #pragma unroll
             for (int u = 0; u < FC_LINE_STEP; ++u) {
-                const fc_u64 i = i0 + u, g = w + i * nf;
+                const fc_u64 i = (st - 1u) * FC_LINE_STEP + u, g = warp + i * nw;
                 if (i >= mine) continue;
-                line_fold<D>(x[u], y[u], tx[u], ty[u], k, pre, post, swap, scalar, op.nranks);
-                line_put(out + g * FC_LINE_GROUP_DATA + off, n[u], x[u], y[u]);
+                line_fold<D>(px[u], py[u], tx[u], ty[u], k, pre, post, swap, scalar, op.nranks);
+                line_put(out + g * FC_LINE_GROUP_DATA + off, line_valid(g, off, width, bytes), px[u], py[u]);
             }
+        }
+#pragma unroll
+        for (int u = 0; u < FC_LINE_STEP; ++u) {
+            px[u] = x[u];
+            py[u] = y[u];
         }
     }
     return __syncthreads_or(bad) == 0;
@@ -476,8 +436,7 @@ __device__ bool line_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
 // which must look at the acknowledgements. D: the element type; SHAPE: the instance's
 // (reduce.cuh, FC_SHAPE_*).
 template <typename D, int SHAPE>
-__device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, bool first, bool last, fc_u32 slice, fc_u32 role, const PeerDirect& DR,
-                           volatile fc_u64* line_progress) {
+__device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, bool first, bool last, fc_u32 slice, fc_u32 role, const PeerDirect& DR) {
     const fc_u32 n = P.nranks, me = P.rank, b = slice, t = P.root;
     const fc_u32 kind = shape_kind<SHAPE>(P.kind);
     // The reduction is Sum wherever the shape says so: the loops need not choose it.
@@ -500,7 +459,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     // blocks acknowledge every round themselves, at its end.
     const fc_u64 ack = (symmetric || role != FC_ROLE_BOTH) ? 0 : s - 1;
     const bool sending = role != FC_ROLE_RECV, receiving = role != FC_ROLE_SEND;
-    if (kind == FC_KIND_ALL_REDUCE && P.lines != 0) return line_round<D, SUM>(P, at, len, s, check_room, b, line_progress);
+    if (kind == FC_KIND_ALL_REDUCE && P.lines != 0) return line_round<D, SUM>(P, at, len, s, check_room, b);
     if (kind == FC_KIND_ALL_REDUCE && P.pull != 0) {
         // A pull (FcPeer::pull, 2 ranks, out of place): no store phase and no slot. Each rank
         // says its input is there (and, as every flag does, that it is done with its earlier
@@ -737,17 +696,11 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
         }
         __syncthreads();
     }
-    // Line rounds' store warps' counts (line_round), zero before the first round.
-    __shared__ fc_u64 line_progress[32];
-    if (P.lines != 0) {
-        if (threadIdx.x < 32u) line_progress[threadIdx.x] = 0;
-        __syncthreads();
-    }
     fc_u64 s = seq;
     for (fc_u64 at = start; at < end; at += P.chunk) {
         const fc_u64 len = end - at < P.chunk ? end - at : P.chunk;
         ++s;
-        if (!fc::peer_round<D, SHAPE>(P, at, len, s, s == seq + 1 && !after_symmetric, at + len >= end, slice, role, DR, line_progress)) return;
+        if (!fc::peer_round<D, SHAPE>(P, at, len, s, s == seq + 1 && !after_symmetric, at + len >= end, slice, role, DR)) return;
     }
     fc::release_next_grid();
     // Each block writes its own counter (a block doing both, both). A split launch's flags say
