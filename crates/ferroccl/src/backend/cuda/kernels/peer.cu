@@ -219,15 +219,22 @@ __device__ fc_u64 fc_peer_trace[10];
 #define FC_PEER_STAMP(i)
 #endif
 
-// out = the fold of the peer's and this rank's operands on 2 ranks, in one operand order on both:
-// reduce_as folds (received, local), so rank 0 gets (rank 1's, rank 0's). Sum, its
-// pre-multiplied and averaged forms, and Prod give the same bits either way round; Max and Min
-// may not (a signed zero, a NaN's payload), so rank 1 swaps its operands. Every 2-rank fold (the
-// staged one-shot, the pull, the copy-and-fold) goes through here.
+// Whether `rank`'s 2-rank fold puts its own operand first: reduce_as folds (received, local), so
+// rank 0 gets (rank 1's, rank 0's). Sum, its pre-multiplied and averaged forms, and Prod give the
+// same bits either way round; Max and Min may not (a signed zero, a NaN's payload), so rank 1
+// swaps its operands and both ranks fold in one operand order. Every 2-rank fold asks here:
+// fold_pair (the staged one-shot, the pull, the copy-and-fold) and the line rounds' line_fold.
+template <bool SUM>
+__device__ __forceinline__ bool fold_swaps(fc_u32 redop, fc_u32 rank) {
+    return !SUM && rank == 1u && (redop == FC_OP_MAX || redop == FC_OP_MIN);
+}
+
+// out = the fold of the peer's and this rank's operands on 2 ranks, in one operand order on both
+// (fold_swaps).
 template <typename D, bool SUM>
 __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* out, const fc_u8* theirs, const fc_u8* mine,
                                           fc_u64 len) {
-    const bool swap = !SUM && rank == 1u && (op.redop == FC_OP_MAX || op.redop == FC_OP_MIN);
+    const bool swap = fold_swaps<SUM>(op.redop, rank);
     reduce_as<D, SUM>(op, out, nullptr, swap ? mine : theirs, swap ? theirs : mine, len, true, true);
 }
 
@@ -329,8 +336,8 @@ __device__ __forceinline__ void line_premul(fc_u64& x, fc_u64& y, typename D::C 
     y = p.w[1];
 }
 
-// (x, y) = the fold of the peer's (tx, ty) and this rank's (x, y), element by element, in
-// fold_pair's operand order (rank 1 swaps Max and Min), with reduce_elem's scalar and average.
+// (x, y) = the fold of the peer's (tx, ty) and this rank's (x, y), element by element, in the
+// operand order fold_swaps gives, with reduce_elem's scalar and average.
 template <typename D>
 __device__ __forceinline__ void line_fold(fc_u64& x, fc_u64& y, fc_u64 tx, fc_u64 ty, fc_u32 k, bool pre, bool post, bool swap,
                                           typename D::C scalar, fc_u32 nranks) {
@@ -361,7 +368,7 @@ __device__ bool line_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     const fc_u64 flag = line_flag(P, s);
     const fc_u32 k = SUM ? FC_OP_SUM : op.redop;
     const bool pre = k == FC_OP_PREMULSUM, post = k == FC_OP_AVG;
-    const bool swap = !SUM && me == 1u && (k == FC_OP_MAX || k == FC_OP_MIN);
+    const bool swap = fold_swaps<SUM>(k, me);
     const typename D::C scalar = pre ? scalar_of<D>(op) : typename D::C(0);
     const fc_u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const bool flagger = (lane & 7u) == 7u;
@@ -648,9 +655,11 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
         if (threadIdx.x == 0) fc::engine_error(P, FC_ERR_PLAN, FC_WHAT_PLAN, 1u - (P.rank & 1u), DTYPE, P.op.dtype, 0, 0);
         return;
     }
-    // Line rounds: only what the tuner gives them (tune::peer_lines), whole blocks, not a pull.
+    // Line rounds: only what the tuner gives them (tune::peer_lines), whole blocks, not a pull, and
+    // a round's lines within its parity's two slots (tune::peer_line_round_elems).
     if (P.lines != 0 && (P.kind != FC_KIND_ALL_REDUCE || P.oneshot == 0u || P.nranks != 2u || P.split != 0u || P.pull != 0 ||
-                         blockDim.x % 32u != 0u)) {
+                         blockDim.x % 32u != 0u ||
+                         P.chunk * sizeof(typename D::S) > 2u * P.slot_bytes / FC_LINE_GROUP * FC_LINE_GROUP_DATA)) {
         if (threadIdx.x == 0) fc::engine_error(P, FC_ERR_PLAN, FC_WHAT_PLAN, 1u - (P.rank & 1u), DTYPE, P.op.dtype, 0, 0);
         return;
     }
