@@ -560,13 +560,16 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
             .is_some_and(|b| b >= cfg.gpu_peer_pull_min_bytes && b <= cfg.gpu_peer_pull_max_bytes)
 }
 
-/// `FERROCCL_GPU_PEER_LINES_MAX_BYTES` by default: the largest all-reduce (bytes per rank) the
-/// peer engine moves in lines on 2 ranks ([`peer_lines`]). On 2 x H200 (registered and plain, a
-/// process per GPU, CUDA graphs, lines / the staged rounds in the same call): 256 KiB 5.2 / 5.9-6.6
-/// us, 512 KiB 6.0 / 6.6-6.9, 1 MiB 8.4 / 8.8-9.1; but 2 MiB 12.4 / 11.9-12.0 and 4 MiB 20.1 /
-/// 18.1-18.7 (the lines' stores carry about 290 GB/s of data, the staged rounds' 320:
-/// docs/PERFORMANCE.md section 23).
-pub const PEER_LINES_MAX_BYTES: usize = 1 << 20;
+/// `FERROCCL_GPU_PEER_LINES_MAX_BYTES` by default: 0, line rounds off ([`peer_lines`]), though
+/// they are faster to 1 MiB. On 2 x H200 (registered and plain, a process per GPU, CUDA graphs,
+/// lines / the staged rounds in the same call): 256 KiB 4.9-5.3 / 5.8-6.6 us, 512 KiB 5.7-6.5 /
+/// 6.7-7.4, 1 MiB 7.6-8.7 / 8.7-9.1; level at 2-4 MiB, slower from 8 MiB (the lines' stores carry
+/// about 290 GB/s of data, the staged rounds' 320). But in about one row in fifty of the runs with
+/// lines, one operation of the row stalled for 5-40 ms (a row of 80 replays reading 74-543 us
+/// where its neighbours read 5-15), never in the staged rounds' runs (docs/PERFORMANCE.md section
+/// 23): off until that is understood. `FERROCCL_GPU_PEER_LINES_MAX_BYTES=1048576` turns them on
+/// where they measured faster.
+pub const PEER_LINES_MAX_BYTES: usize = 0;
 
 /// A warp's store in the peer engine's line rounds: four 128-byte lines, of which 480 bytes are
 /// data and 32 the four lines' flags (`kernels/peer.cu`, `line_round`).
