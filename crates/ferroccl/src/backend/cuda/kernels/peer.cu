@@ -262,13 +262,18 @@ __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* ou
 // overwrites input not yet sent.
 // Measured on 2 x H200 (docs/PERFORMANCE.md section 23): faster than the staged rounds to 1 MiB,
 // slower from 2 MiB (the lines' stores reach about 290 GB/s against the staged rounds' 320);
-// a design with separate store and fold warps was slower at every size.
+// a design with separate store and fold warps was slower at every size. Off by default (the
+// tuner's choice): rare stalls of 5-40 ms were seen with lines, never without (FC_LINE_FENCE).
 #define FC_LINE_GROUP 512u
 #define FC_LINE_GROUP_DATA 480u
 // Groups a warp loads and stores at once (its loads in flight together); it folds them a step
 // later, once the next step's lines are stored.
 #ifndef FC_LINE_STEP
 #define FC_LINE_STEP 2
+#endif
+// 1: a fence after each warp's last stores of a round (see line_round); 0: none, as measured.
+#ifndef FC_LINE_FENCE
+#define FC_LINE_FENCE 1
 #endif
 
 __device__ __forceinline__ fc_u64 line_flag(const FcPeer& P, fc_u64 s) { return P.lines ^ (s * 0x9e3779b97f4a7c15ull); }
@@ -398,6 +403,13 @@ __device__ bool line_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
                 line_store(far + g * FC_LINE_GROUP + lane * 16u, sx, flagger ? flag : sy);
             }
         }
+#if FC_LINE_FENCE
+        // After its last stores of the round (and the fold of the step before them), the warp
+        // makes them visible at the peer before it waits for the peer's last lines: nothing else
+        // would until they drain on their own (the suspected cause of the stalls of
+        // docs/PERFORMANCE.md section 23; not yet run on a GPU).
+        if (st == steps && steps > 0) asm volatile("fence.acq_rel.sys;" ::: "memory");
+#endif
         if (st > 0) {
             // The step before's groups: wait until every line carries this round's flag.
             fc_u64 tx[FC_LINE_STEP], ty[FC_LINE_STEP];
