@@ -336,7 +336,8 @@ impl Fabric {
             recv: arena.device_ptr(),
             send: arena.device_ptr() + send_off,
             flags: page.as_ref().map_or(0, |p| p.device_ptr()),
-            nvlink: gpu.peers_on_nvlink()?,
+            // A driver that cannot say costs the line rounds, not the communicator.
+            nvlink: gpu.peers_on_nvlink().unwrap_or(false),
         };
         let all = boot.allgather(&mine.encode())?;
         let peers: Vec<ArenaDesc> = all
@@ -564,8 +565,6 @@ fn direct_param(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> FcDirect {
     p
 }
 
-/// The peer kernel's parameter with rank `me`'s view of every rank's staging and flag lines,
-/// and its own round counters; the operation's fields are the launch's.
 /// The salt the line rounds' flags are mixed with (`FcPeer::lines`): the same on every rank of
 /// the communicator (from its random id), never 0, and unlike any round number or small value
 /// that a slot's earlier raw data would likely hold where a flag goes (splitmix64's finaliser).
@@ -576,6 +575,8 @@ fn line_salt(comm_id: u64) -> u64 {
     (z ^ (z >> 31)) | 1
 }
 
+/// The peer kernel's parameter with rank `me`'s view of every rank's staging and flag lines,
+/// and its own round counters; the operation's fields are the launch's.
 fn peer_param(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> FcPeer {
     let mut p = FcPeer {
         seqs: arenas[me].send + geo.peer_seqs_off() as u64,
@@ -1020,6 +1021,20 @@ mod tests {
                 fifos.windows(2).all(|w| w[0].1 <= w[1].0),
                 "{n} ranks: two FIFOs overlap"
             );
+        }
+    }
+
+    #[test]
+    fn line_salts_are_one_per_communicator_and_never_small() {
+        let ids = [0u64, 1, 2, 3, u64::MAX, 0x1234_5678_9abc_def0, 1 << 63];
+        let salts: Vec<u64> = ids.iter().map(|&id| line_salt(id)).collect();
+        for (i, &s) in salts.iter().enumerate() {
+            // The same on every rank (a function of the shared id alone), odd, and far from the
+            // small values and round numbers raw data would hold.
+            assert_eq!(s, line_salt(ids[i]));
+            assert_eq!(s & 1, 1);
+            assert!(s >> 32 != 0, "id {:#x}: salt {s:#x}", ids[i]);
+            assert!(salts[..i].iter().all(|&t| t != s), "id {:#x}", ids[i]);
         }
     }
 

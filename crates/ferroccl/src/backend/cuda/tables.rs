@@ -940,6 +940,14 @@ mod tests {
             ("FC_PEER_MAX_BLOCKS", PEER_MAX_BLOCKS as u32),
             ("FC_PEER_THREADS", PEER_THREADS),
             ("FC_PEER_PHASES", PEER_PHASES as u32),
+            (
+                "FC_LINE_GROUP",
+                ferroccl_core::tune::LINE_GROUP_BYTES as u32,
+            ),
+            (
+                "FC_LINE_GROUP_DATA",
+                ferroccl_core::tune::LINE_GROUP_DATA as u32,
+            ),
             ("FC_CE_LANES", CE_LANES as u32),
             ("FC_P2P_MAX_STEPS", P2P_MAX_STEPS as u32),
             ("FC_P2P_THREADS", P2P_THREADS),

@@ -264,8 +264,7 @@ __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* ou
 // slower from 2 MiB (the lines' stores reach about 290 GB/s against the staged rounds' 320);
 // a design with separate store and fold warps was slower at every size. Off by default (the
 // tuner's choice): rare stalls of 5-40 ms were seen with lines, never without (FC_LINE_FENCE).
-#define FC_LINE_GROUP 512u
-#define FC_LINE_GROUP_DATA 480u
+// A warp's store of four lines, FC_LINE_GROUP bytes of which FC_LINE_GROUP_DATA data: types.cuh.
 // Groups a warp loads and stores at once (its loads in flight together); it folds them a step
 // later, once the next step's lines are stored.
 #ifndef FC_LINE_STEP

@@ -241,6 +241,10 @@ FC_CHECK_OFFSET(FcDirect, op, 320);
 #define FC_PEER_MAX_BLOCKS 128u
 #define FC_PEER_THREADS 512u
 #define FC_PEER_PHASES 3u
+// The peer engine's line rounds (peer.cu): a warp stores four 128-byte lines at once, 480 of
+// their 512 bytes data (tune::LINE_GROUP_BYTES, tune::LINE_GROUP_DATA).
+#define FC_LINE_GROUP 512u
+#define FC_LINE_GROUP_DATA 480u
 // Byte offsets in a 128-byte flag line (the flag or acknowledgement is at 0).
 #define FC_PEER_POST_SEQ 64u
 #define FC_PEER_POST_ADDR 72u
