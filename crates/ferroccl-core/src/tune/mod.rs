@@ -564,10 +564,10 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
 /// they are faster to 1 MiB. On 2 x H200 (registered and plain, a process per GPU, CUDA graphs,
 /// lines / the staged rounds in the same call): 256 KiB 4.9-5.3 / 5.8-6.6 us, 512 KiB 5.7-6.5 /
 /// 6.7-7.4, 1 MiB 7.6-8.7 / 8.7-9.1; level at 2-4 MiB, slower from 8 MiB (the lines' stores carry
-/// about 290 GB/s of data, the staged rounds' 320). But in about one row in fifty of the runs with
-/// lines, one operation of the row stalled for 5-40 ms (a row of 80 replays reading 74-543 us
-/// where its neighbours read 5-15), never in the staged rounds' runs (docs/PERFORMANCE.md section
-/// 23): off until that is understood. `FERROCCL_GPU_PEER_LINES_MAX_BYTES=1048576` turns them on
+/// about 290 GB/s of data, the staged rounds' 320). But in about 1 % of the rows measured with
+/// lines one operation stalled for 5-40 ms (a row of 80 replays reading 240-543 us where its
+/// neighbours read 5-15), against 0.01-0.1 % of other rows, NCCL's included (`bench/stalls.py`,
+/// docs/PERFORMANCE.md section 23): off until that is understood. `FERROCCL_GPU_PEER_LINES_MAX_BYTES=1048576` turns them on
 /// where they measured faster.
 pub const PEER_LINES_MAX_BYTES: usize = 0;
 

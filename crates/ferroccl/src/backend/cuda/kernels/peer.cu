@@ -263,7 +263,8 @@ __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* ou
 // Measured on 2 x H200 (docs/PERFORMANCE.md section 23): faster than the staged rounds to 1 MiB,
 // slower from 2 MiB (the lines' stores reach about 290 GB/s against the staged rounds' 320);
 // a design with separate store and fold warps was slower at every size. Off by default (the
-// tuner's choice): rare stalls of 5-40 ms were seen with lines, never without (FC_LINE_FENCE).
+// tuner's choice): stalls of 5-40 ms were seen in about 1 % of rows with lines, 0.01-0.1 %
+// without (FC_LINE_FENCE).
 // A warp's store of four lines, FC_LINE_GROUP bytes of which FC_LINE_GROUP_DATA data: types.cuh.
 // Groups a warp loads and stores at once (its loads in flight together); it folds them a step
 // later, once the next step's lines are stored.
