@@ -178,7 +178,10 @@ unsafe fn reduce_loop<T: Lane, O: Combine<T::C>, const PRE: bool, const POST: bo
         for (j, out) in buf[..len].iter_mut().enumerate() {
             let mut lv = ptr::read_unaligned(l.add(j)).load();
             if PRE {
-                lv = lv.mul(scalar);
+                // Rounded to the element type as a sender's stored product is (transform), so a
+                // fold of two ranks' contributions gives the same bits whichever rank makes it
+                // (the GPU kernels' reduce_elem does the same).
+                lv = T::store(lv.mul(scalar)).load();
             }
             let mut v = O::f(ptr::read_unaligned(r.add(j)).load(), lv);
             if POST {

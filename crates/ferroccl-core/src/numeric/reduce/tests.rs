@@ -141,7 +141,8 @@ fn expected(
     if let Some(local) = local {
         let mut l = load_f64(dtype, local, i);
         if pre && is_pms {
-            l = r(l * s);
+            // The product in the compute type, then rounded to the element type.
+            l = round_to(dtype, r(l * s));
         }
         v = match op {
             ReduceOp::Prod => r(v * l),
@@ -478,4 +479,67 @@ fn reduce_throughput() {
         2.0 * (n * 4) as f64 / best / 1e9
     );
     std::hint::black_box(&c);
+}
+
+/// A 2-rank one-shot fold (each rank folds its peer's stored product with its own operand, as the
+/// GPU's peer engine and the host's one-shot do) gives both ranks the same bits under PreMulSum
+/// with a scalar per rank, for every float type: each own product is rounded to the element type
+/// as the peer's stored one was. Without that rounding the narrow types differ (checked below).
+#[test]
+fn two_rank_premulsum_folds_give_both_ranks_the_same_bits() {
+    let mut rng = Rng(7);
+    let n = 4096;
+    for dtype in [
+        DataType::Float16,
+        DataType::Bfloat16,
+        DataType::Float32,
+        DataType::Float64,
+        DataType::Float8E4M3,
+        DataType::Float8E5M2,
+    ] {
+        let es = dtype.size();
+        let (mut x0, mut x1) = (Buf::new(n * es, 0), Buf::new(n * es, 0));
+        fill_random(dtype, x0.bytes_mut(), &mut rng);
+        fill_random(dtype, x1.bytes_mut(), &mut rng);
+        let r0 = Reducer::new(dtype, ReduceOp::PreMulSum(0.3), 2).unwrap();
+        let r1 = Reducer::new(dtype, ReduceOp::PreMulSum(0.7), 2).unwrap();
+        let (mut p0, mut p1) = (Buf::new(n * es, 0), Buf::new(n * es, 0));
+        let (mut out0, mut out1) = (Buf::new(n * es, 0), Buf::new(n * es, 0));
+        // SAFETY: every buffer holds n elements of the dtype.
+        unsafe {
+            r0.transform(&[p0.ptr()], x0.ptr(), n, true, false);
+            r1.transform(&[p1.ptr()], x1.ptr(), n, true, false);
+            r0.reduce(&[out0.ptr()], p1.ptr(), x0.ptr(), n, true, true);
+            r1.reduce(&[out1.ptr()], p0.ptr(), x1.ptr(), n, true, true);
+        }
+        let differ = (0..n)
+            .filter(|&i| !same_element(dtype, out0.bytes(), out1.bytes(), i))
+            .count();
+        assert_eq!(
+            differ, 0,
+            "{dtype:?}: {differ} of {n} elements differ between the ranks"
+        );
+        // The same folds with the own product unrounded (in the compute type) differ for the
+        // narrow types: the rounding is what makes the ranks agree.
+        if matches!(dtype, DataType::Float16 | DataType::Bfloat16) {
+            let unrounded = (0..n)
+                .filter(|&i| {
+                    let f = |x: &Buf, s: f64, p: &Buf| {
+                        let own = (load_f64(dtype, x.bytes(), i) as f32 * round_to(dtype, s) as f32)
+                            as f64;
+                        round_to(
+                            dtype,
+                            (load_f64(dtype, p.bytes(), i) as f32 + own as f32) as f64,
+                        )
+                    };
+                    let (a, b) = (f(&x0, 0.3, &p1), f(&x1, 0.7, &p0));
+                    a != b && !(a.is_nan() && b.is_nan())
+                })
+                .count();
+            assert!(
+                unrounded > 0,
+                "{dtype:?}: no element tells the rounding apart"
+            );
+        }
+    }
 }

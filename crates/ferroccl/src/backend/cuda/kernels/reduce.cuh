@@ -303,12 +303,17 @@ __device__ __noinline__ void copy_bytes(fc_u8* d0, fc_u8* d1, const fc_u8* src, 
     else copy_words<fc_u8, 1>(d0, d1, src, bytes);
 }
 
-// One element of reduce_piece: l = local; if pre l *= scalar; v = O(recv, l); if post v /= nranks.
+// One element of reduce_piece: l = local; if pre l *= scalar, rounded to the element type; v =
+// O(recv, l); if post v /= nranks. The local product is rounded as a sender rounds the product it
+// stores (transform), so that every contribution enters a sum the same way whichever rank folds
+// it: a 2-rank one-shot's ranks (each folding the other's stored product with its own) then get
+// the same bits for the 16-bit and 8-bit types too, as the direct engine's do (numeric::reduce
+// does the same on the host). A no-op for the types whose loads are their own width.
 template <typename D>
 __device__ __forceinline__ typename D::S reduce_elem(typename D::S recv, typename D::S local, fc_u32 k, bool pre, bool post,
                                                       typename D::C scalar, fc_u32 nranks) {
     typename D::C lv = D::load(local);
-    if (pre) lv = mul(lv, scalar);
+    if (pre) lv = D::load(D::store(mul(lv, scalar)));
     typename D::C v = combine(D::load(recv), lv, k);
     if (post) v = divn(v, nranks);
     return D::store(v);
