@@ -232,18 +232,21 @@ impl Gpu {
         )
     }
 
-    /// Whether every other GPU this process sees and reaches through peer access is joined to
-    /// this one by a link with native atomics: NVLink, as far as CUDA says cheaply
-    /// ([`PeerLink::native_atomics`]). True where the process sees no other GPU (one GPU per
-    /// process by `CUDA_VISIBLE_DEVICES`), which says nothing of the link.
+    /// Whether this process sees another GPU and every other GPU it sees and reaches through
+    /// peer access is joined to this one by a link with native atomics: NVLink, as far as CUDA
+    /// says cheaply ([`PeerLink::native_atomics`]). False where it sees no other GPU (one GPU per
+    /// process by `CUDA_VISIBLE_DEVICES`): that says nothing of the link, and a caller that must
+    /// not run over PCIe cannot take it for NVLink.
     pub fn peers_on_nvlink(&self) -> Result<bool> {
+        let mut seen = false;
         for p in (0..gpu_count()?).filter(|&p| p != self.0.ordinal) {
             let l = self.peer_link(p)?;
             if l.access && !l.native_atomics {
                 return Ok(false);
             }
+            seen |= l.access;
         }
-        Ok(true)
+        Ok(seen)
     }
 
     /// How this GPU reaches `peer` (by ordinal). A GPU reaches itself trivially.

@@ -261,8 +261,8 @@ pub(crate) struct Fabric {
     pub ce: Option<CeFabric>,
     /// Where every rank runs (process, GPU), as each described itself here.
     pub places: Vec<Place>,
-    /// Every rank said its links are NVLink (`Gpu::peers_on_nvlink`): the same on every rank.
-    /// The peer engine's line rounds run only then.
+    /// Every rank's links carry a warp's 128-byte store whole (`lines_carried`): the same on
+    /// every rank. The peer engine's line rounds run only then.
     pub nvlink: bool,
 }
 
@@ -441,7 +441,7 @@ impl Fabric {
             }
         });
         Ok(Fabric {
-            nvlink: peers.iter().all(|p| p.nvlink),
+            nvlink: lines_carried(&peers),
             places: peers
                 .iter()
                 .map(|p| Place {
@@ -563,6 +563,16 @@ fn direct_param(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> FcDirect {
         p.acks[q] = a.send + geo.direct_acks_off() as u64;
     }
     p
+}
+
+/// Whether the ranks described by `descs` may run line rounds: every rank is on one GPU of one
+/// process (its own memory, no link), or every rank said every GPU it sees is joined to its own
+/// by NVLink (`Gpu::peers_on_nvlink`, false where a rank could not tell). The same on every rank.
+fn lines_carried(descs: &[ArenaDesc]) -> bool {
+    let one_gpu = descs
+        .iter()
+        .all(|d| (d.pid, d.gpu) == (descs[0].pid, descs[0].gpu));
+    one_gpu || descs.iter().all(|d| d.nvlink)
 }
 
 /// The salt the line rounds' flags are mixed with (`FcPeer::lines`): the same on every rank of
@@ -1029,13 +1039,37 @@ mod tests {
         let ids = [0u64, 1, 2, 3, u64::MAX, 0x1234_5678_9abc_def0, 1 << 63];
         let salts: Vec<u64> = ids.iter().map(|&id| line_salt(id)).collect();
         for (i, &s) in salts.iter().enumerate() {
-            // The same on every rank (a function of the shared id alone), odd, and far from the
-            // small values and round numbers raw data would hold.
-            assert_eq!(s, line_salt(ids[i]));
+            // Odd (never 0), and far from the small values and round numbers raw data would hold.
             assert_eq!(s & 1, 1);
             assert!(s >> 32 != 0, "id {:#x}: salt {s:#x}", ids[i]);
             assert!(salts[..i].iter().all(|&t| t != s), "id {:#x}", ids[i]);
         }
+    }
+
+    #[test]
+    fn lines_run_on_one_gpu_or_where_every_rank_says_nvlink() {
+        let d = |pid: u32, gpu: u32, nvlink: bool| ArenaDesc {
+            pid,
+            gpu,
+            recv: 1,
+            send: 1,
+            flags: 0,
+            nvlink,
+        };
+        // Two ranks of one process on one GPU: no link involved.
+        assert!(lines_carried(&[d(7, 0, false), d(7, 0, false)]));
+        // On two GPUs: only where every rank said NVLink.
+        assert!(lines_carried(&[d(7, 0, true), d(7, 1, true)]));
+        assert!(lines_carried(&[d(7, 0, true), d(8, 0, true)]));
+        assert!(!lines_carried(&[d(7, 0, true), d(7, 1, false)]));
+        assert!(!lines_carried(&[d(7, 0, false), d(8, 0, true)]));
+        // Two processes whose GPUs' ordinals match say nothing of sharing one.
+        assert!(!lines_carried(&[d(7, 0, false), d(8, 0, false)]));
+        assert!(!lines_carried(&[
+            d(7, 0, true),
+            d(7, 0, true),
+            d(7, 1, false)
+        ]));
     }
 
     #[test]
