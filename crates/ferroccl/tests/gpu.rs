@@ -1678,6 +1678,41 @@ fn the_one_shot_all_reduce_gives_both_ranks_the_same_bits() {
                 );
             }
         }
+        // PreMulSum on bfloat16 with a scalar per rank (0.3, 0.7): each rank's own product is
+        // rounded to bfloat16 before the sum, as its peer's stored product was, so both ranks get
+        // the same bits (summed in float, the two folds differed).
+        let outs = on_each_rank(&comms, |r, comm| {
+            let stats = MemStats::new();
+            let gpu = comm.gpu().unwrap();
+            let send = DeviceBuffer::alloc(gpu, count * 2, &[], &stats).unwrap();
+            let recv = DeviceBuffer::alloc(gpu, count * 2, &[], &stats).unwrap();
+            // bfloat16 bits: the high half of f32 values that it holds exactly.
+            let mine: Vec<u8> = (0..count)
+                .flat_map(|i| {
+                    let v = ((i * 37 + r * 101) % 509) as f32 * 0.0625 - 15.0;
+                    ((v.to_bits() >> 16) as u16).to_le_bytes()
+                })
+                .collect();
+            send.copy_from_host(0, &mine).unwrap();
+            let a = OpArgs {
+                dtype: ferroccl::DataType::Bfloat16,
+                op: ReduceOp::PreMulSum(if r == 0 { 0.3 } else { 0.7 }),
+                ..all_reduce_args(&send, &recv, count)
+            };
+            // SAFETY: device buffers of count bfloat16, alive past synchronize.
+            unsafe { comm.run_raw(&a).unwrap() };
+            comm.synchronize().unwrap();
+            let mut out = vec![0u8; count * 2];
+            recv.copy_to_host(0, &mut out).unwrap();
+            out
+        });
+        let differ = (0..count)
+            .filter(|&i| outs[0][2 * i..2 * i + 2] != outs[1][2 * i..2 * i + 2])
+            .count();
+        assert_eq!(
+            differ, 0,
+            "bfloat16 PreMulSum one-shot {oneshot} lines {lines}: {differ} elements differ between the ranks"
+        );
     }
 }
 
