@@ -275,6 +275,10 @@ __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* ou
 #ifndef FC_LINE_FENCE
 #define FC_LINE_FENCE 1
 #endif
+// 1: the lines read again once their flags are seen (see line_round); 0: not, as measured.
+#ifndef FC_LINE_RELOAD
+#define FC_LINE_RELOAD 1
+#endif
 
 __device__ __forceinline__ fc_u64 line_flag(const FcPeer& P, fc_u64 s) { return P.lines ^ (s * 0x9e3779b97f4a7c15ull); }
 
@@ -433,6 +437,17 @@ __device__ bool line_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
                 }
             }
             if (bad) break;
+#if FC_LINE_RELOAD
+            // Every flag seen, the lines read again: a warp's load of a line may be served sector
+            // by sector, so data read in the same load as its flag could predate the line's
+            // arrival; a load after the flag was seen cannot (NCCL's LL128 reads twice too).
+            // Added after the session's last GPU call: not yet run on a GPU.
+#pragma unroll
+            for (int u = 0; u < FC_LINE_STEP; ++u) {
+                const fc_u64 i = (st - 1u) * FC_LINE_STEP + u, g = warp + i * nw;
+                if (i < mine) line_load(near + g * FC_LINE_GROUP + lane * 16u, tx[u], ty[u]);
+            }
+#endif
 #pragma unroll
             for (int u = 0; u < FC_LINE_STEP; ++u) {
                 const fc_u64 i = (st - 1u) * FC_LINE_STEP + u, g = warp + i * nw;
