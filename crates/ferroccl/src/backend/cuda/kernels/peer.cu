@@ -251,7 +251,7 @@ __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* ou
 // bytes in that order, 16 each, the flag lanes its last 32, 8 each). NVLink carries a warp's
 // 128-byte store whole, so a line whose flag is the round's holds the round's 120 data bytes (the
 // property NCCL's LL128 protocol takes; the communicator offers lines only where every link is
-// NVLink). The flag is the round mixed with the communicator's salt (FcPeer::lines): between line
+// NVLink), which a load issued after the flag was seen reads (FC_LINE_RELOAD). The flag is the round mixed with the communicator's salt (FcPeer::lines): between line
 // rounds the slots hold raw data (staged rounds, the copy engine), which must never pass for a flag.
 // Flow control: a round ends in a block barrier, after which the warps start the next round's
 // lines; so a rank that has read every line of the peer's round s + 1 (its own barrier at the end
