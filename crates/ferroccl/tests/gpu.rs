@@ -42,6 +42,19 @@ fn all_reduce_args(send: &DeviceBuffer, recv: &DeviceBuffer, count: usize) -> Op
     }
 }
 
+/// A 2-rank fold of float32 operands (rank 0's, rank 1's), as a reduction gives it.
+type Fold = fn(f32, f32) -> f32;
+
+/// Sum, Prod, Max, Min and Avg with their 2-rank folds: exact for the small integers the tests
+/// put in (their sums, products and halves are floats exactly).
+const PAIR_FOLDS: [(ReduceOp, Fold); 5] = [
+    (ReduceOp::Sum, |a, b| a + b),
+    (ReduceOp::Prod, |a, b| a * b),
+    (ReduceOp::Max, f32::max),
+    (ReduceOp::Min, f32::min),
+    (ReduceOp::Avg, |a, b| (a + b) / 2.0),
+];
+
 /// Rank `q`'s float bits at element `i`, where Max and Min may pick either operand's bits:
 /// signed zeros and NaN payloads that differ between the ranks, a NaN against a number, and
 /// ordinary values.
@@ -470,13 +483,10 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                     "all-reduce {op:?}: {blocks:?} blocks"
                 );
             };
-            type Fold = fn(f32, f32) -> f32;
-            let redops: [(ReduceOp, Fold); 3] = [
-                (ReduceOp::Sum, |a, b| a + b),
-                (ReduceOp::Max, f32::max),
-                (ReduceOp::Avg, |a, b| (a + b) / 2.0),
-            ];
-            for (i, (op, f)) in redops.into_iter().enumerate() {
+            let redops = PAIR_FOLDS
+                .into_iter()
+                .filter(|(op, _)| matches!(op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Avg));
+            for (i, (op, f)) in redops.enumerate() {
                 let tag = round + 60 + 10 * i as u64;
                 put(&send, 0, &small(tag, r, n * count));
                 // Avg (a division per element) stays on the kernels (tune::fold_pays).
@@ -674,19 +684,11 @@ fn child_pull() {
         comm.synchronize().unwrap();
         pulled() > before
     };
-    type Fold = fn(f32, f32) -> f32;
-    let redops: [(ReduceOp, Fold); 5] = [
-        (ReduceOp::Sum, |a, b| a + b),
-        (ReduceOp::Prod, |a, b| a * b),
-        (ReduceOp::Max, f32::max),
-        (ReduceOp::Min, f32::min),
-        (ReduceOp::Avg, |a, b| (a + b) / 2.0),
-    ];
     for (k, count) in [(64 << 10) + 17, (1 << 20) + 1, most]
         .into_iter()
         .enumerate()
     {
-        for (i, (op, f)) in redops.into_iter().enumerate() {
+        for (i, (op, f)) in PAIR_FOLDS.into_iter().enumerate() {
             let tag = (k * 10 + i) as u64;
             let mine = small(tag, r, count);
             send.copy_from_host(0, f32_bytes(&mine)).unwrap();
@@ -1736,16 +1738,9 @@ fn line_rounds_are_exact_across_reductions_alignments_and_tails() {
     // 128 KiB + 4 (17 blocks), 1.2 MB, 8 MiB - 20 (two rounds a block), as f32.
     let counts = [32_769usize, 300_007, (1 << 21) - 5];
     let most = counts[2] + 2;
-    type Fold = fn(f32, f32) -> f32;
-    let redops: [(ReduceOp, Fold); 6] = [
-        (ReduceOp::Sum, |a, b| a + b),
-        (ReduceOp::Prod, |a, b| a * b),
-        (ReduceOp::Max, f32::max),
-        (ReduceOp::Min, f32::min),
-        (ReduceOp::Avg, |a, b| (a + b) / 2.0),
-        // Rank 0's scalar 2, rank 1's 3 (below).
-        (ReduceOp::PreMulSum(0.0), |a, b| a * 2.0 + b * 3.0),
-    ];
+    // And PreMulSum: rank 0's scalar 2, rank 1's 3 (below).
+    let premul: (ReduceOp, Fold) = (ReduceOp::PreMulSum(0.0), |a, b| a * 2.0 + b * 3.0);
+    let redops: Vec<(ReduceOp, Fold)> = PAIR_FOLDS.into_iter().chain([premul]).collect();
     let outs = on_each_rank(&comms, |r, c| {
         let stats = MemStats::new();
         let gpu = c.gpu().unwrap();
@@ -1782,7 +1777,7 @@ fn line_rounds_are_exact_across_reductions_alignments_and_tails() {
                 (tune::Engine::PeerKernel, tune::Protocol::LL128),
                 "{choice}"
             );
-            for (op, f) in redops {
+            for &(op, f) in &redops {
                 let op = match op {
                     ReduceOp::PreMulSum(_) => ReduceOp::PreMulSum(r as f64 + 2.0),
                     op => op,

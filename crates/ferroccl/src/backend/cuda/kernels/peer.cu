@@ -675,18 +675,15 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
     if (P.op.dtype != DTYPE || !fc::redop_valid(P.op.redop) || P.chunk == 0) return;
     if (!fc::shape_serves<SHAPE>(P.kind, P.op.redop)) return;
     if (P.oneshot != 0u && (P.kind != FC_KIND_ALL_REDUCE || P.nranks != 2u)) return;
-    // A pull folds the peer's raw input: never a PreMulSum (whose scalar may differ by rank), and
-    // only what the tuner gives it (tune::peer_pulls). Refused loudly: the peer would wait.
-    if (P.pull != 0 && (P.kind != FC_KIND_ALL_REDUCE || P.oneshot == 0u || P.nranks != 2u || P.split != 0u ||
-                        P.op.redop == FC_OP_PREMULSUM)) {
-        if (threadIdx.x == 0) fc::engine_error(P, FC_ERR_PLAN, FC_WHAT_PLAN, 1u - (P.rank & 1u), DTYPE, P.op.dtype, 0, 0);
-        return;
-    }
-    // Line rounds: only what the tuner gives them (tune::peer_lines), whole blocks, not a pull, and
-    // a round's lines within its parity's two slots (tune::peer_line_round_elems).
-    if (P.lines != 0 && (P.kind != FC_KIND_ALL_REDUCE || P.oneshot == 0u || P.nranks != 2u || P.split != 0u || P.pull != 0 ||
-                         blockDim.x % 32u != 0u ||
-                         P.chunk * sizeof(typename D::S) > 2u * P.slot_bytes / FC_LINE_GROUP * FC_LINE_GROUP_DATA)) {
+    // A pull and line rounds run only what the tuner gives them (tune::peer_pulls, tune::peer_lines):
+    // a whole-block one-shot all-reduce on 2 ranks. A pull folds the peer's raw input, so never a
+    // PreMulSum (whose scalar may differ by rank); lines are never a pull, and a round's lines fit
+    // its parity's two slots (tune::peer_line_round_elems). Refused loudly: the peer would wait.
+    const bool pair_oneshot = P.kind == FC_KIND_ALL_REDUCE && P.oneshot != 0u && P.nranks == 2u && P.split == 0u;
+    const bool bad_pull = P.pull != 0 && (!pair_oneshot || P.op.redop == FC_OP_PREMULSUM);
+    const bool bad_lines = P.lines != 0 && (!pair_oneshot || P.pull != 0 || blockDim.x % 32u != 0u ||
+                                            P.chunk * sizeof(typename D::S) > 2u * P.slot_bytes / FC_LINE_GROUP * FC_LINE_GROUP_DATA);
+    if (bad_pull || bad_lines) {
         if (threadIdx.x == 0) fc::engine_error(P, FC_ERR_PLAN, FC_WHAT_PLAN, 1u - (P.rank & 1u), DTYPE, P.op.dtype, 0, 0);
         return;
     }
