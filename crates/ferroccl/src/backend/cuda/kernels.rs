@@ -340,6 +340,28 @@ mod tests {
         assert_eq!(lines[last + 1], cu[n - 1]);
     }
 
+    /// A line round's error record names the round a stale line held by multiplying its flag
+    /// (salt removed) by the inverse of the flag's multiplier: the two constants in peer.cu must
+    /// stay each other's inverse mod 2^64, or the record names a wrong round.
+    #[test]
+    fn the_line_record_inverts_the_line_flags_multiplier() {
+        let constant_after = |marker: &str| -> u64 {
+            let at = PEER_SRC.find(marker).expect(marker) + marker.len();
+            let rest = &PEER_SRC[at..];
+            let hex = rest.trim_start().trim_start_matches("0x");
+            let end = hex.find(|c: char| !c.is_ascii_hexdigit()).unwrap();
+            u64::from_str_radix(&hex[..end], 16).unwrap()
+        };
+        let mul = constant_after("return P.lines ^ (s *");
+        let inv = constant_after("return (flag ^ P.lines) *");
+        assert_eq!(mul.wrapping_mul(inv), 1, "{mul:#x} x {inv:#x}");
+        // A flag of round s made with any salt reads back as s.
+        let salt = 0x1234_5678_9abc_def1u64;
+        for s in [0u64, 1, 2, 1 << 40, u64::MAX] {
+            assert_eq!(((salt ^ s.wrapping_mul(mul)) ^ salt).wrapping_mul(inv), s);
+        }
+    }
+
     /// Compiles the kernel for sm_90 through NVRTC. Needs libnvrtc on the loader path and the
     /// CUDA headers (FERROCCL_CUDA_INCLUDE or /usr/local/cuda/include).
     #[test]

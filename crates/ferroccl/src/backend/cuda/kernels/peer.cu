@@ -251,8 +251,10 @@ __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* ou
 // bytes in that order, 16 each, the flag lanes its last 32, 8 each). NVLink carries a warp's
 // 128-byte store whole, so a line whose flag is the round's holds the round's 120 data bytes (the
 // property NCCL's LL128 protocol takes; the communicator offers lines only where every link is
-// NVLink), which a load issued after the flag was seen reads (FC_LINE_RELOAD). The flag is the round mixed with the communicator's salt (FcPeer::lines): between line
-// rounds the slots hold raw data (staged rounds, the copy engine), which must never pass for a flag.
+// NVLink), and a warp's load of a whole line reads it as one access, so the data read with a
+// round's flag is that round's (FC_LINE_RELOAD reads it again after the flags, for doubt). The
+// flag is the round mixed with the communicator's salt (FcPeer::lines): between line rounds the
+// slots hold raw data (staged rounds, the copy engine), which must never pass for a flag.
 // Flow control: a round ends in a block barrier, after which the warps start the next round's
 // lines; so a rank that has read every line of the peer's round s + 1 (its own barrier at the end
 // of round s + 1 says so) knows the peer is done with round s's slots, which round s + 2 reuses.
@@ -260,27 +262,43 @@ __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* ou
 // launch's first round after a rooted one looks at the acknowledgements, as the staged rounds do.
 // In place, a warp folds only groups it has stored (the same warp, the same places), so no fold
 // overwrites input not yet sent.
-// Measured on 2 x H200 (docs/PERFORMANCE.md section 23): faster than the staged rounds to 1 MiB,
-// slower from 2 MiB (the lines' stores reach about 290 GB/s against the staged rounds' 320);
-// a design with separate store and fold warps was slower at every size. Off by default (the
-// tuner's choice): stalls of 5-40 ms were seen in about 1 % of rows with lines, 0.01-0.1 %
-// without (FC_LINE_FENCE).
+// Measured on 2 x H200 (docs/PERFORMANCE.md sections 23-24): faster than the staged rounds to
+// 1 MiB (the tuner's default), slower from 2 MiB (the lines' stores reach about 290 GB/s against
+// the staged rounds' 320); separate store and fold warps were slower at every size, and so was a
+// system fence after a warp's last stores (about 1 us a round; it did not end the slow rows that
+// FC_LINE_POLL_NS ends).
 // A warp's store of four lines, FC_LINE_GROUP bytes of which FC_LINE_GROUP_DATA data: types.cuh.
 // Groups a warp loads and stores at once (its loads in flight together); it folds them a step
 // later, once the next step's lines are stored.
 #ifndef FC_LINE_STEP
 #define FC_LINE_STEP 2
 #endif
-// 1: a fence after each warp's last stores of a round (see line_round); 0: none, as measured.
-#ifndef FC_LINE_FENCE
-#define FC_LINE_FENCE 1
-#endif
-// 1: the lines read again once their flags are seen (see line_round); 0: not, as measured.
+// 1: the lines read again once their flags are seen (see line_round); 0, the default: the data
+// read with the flags is used (0 to 0.5 us a round faster; both exact in the check sweeps).
 #ifndef FC_LINE_RELOAD
-#define FC_LINE_RELOAD 1
+#define FC_LINE_RELOAD 0
+#endif
+
+// Nanoseconds a warp pauses between polls that found a stale line. Without a pause, in about
+// 0.2 % of the rows measured (each a CUDA graph of 80 operations; 47 of 22,500) every operation
+// ran at under 1 GB/s, 100-600 us where its neighbours took 5-10; with a pause of 100-200 ns, 2 of 16,200
+// (docs/PERFORMANCE.md section 24). The suspicion, not proven: polls of the lines that the link
+// is writing hold those writes back, and two ranks stay in step that way from one operation to
+// the next.
+#ifndef FC_LINE_POLL_NS
+#define FC_LINE_POLL_NS 200
+#endif
+// A diagnostic (FERROCCL_KERNEL_DEFINES=FC_LINE_DEADLINE_NS=N): a line wait fails after N ns
+// (0: the communicator's timeout), so that a stall ends in an error naming the block, the round
+// waited for and the round the stale line held.
+#ifndef FC_LINE_DEADLINE_NS
+#define FC_LINE_DEADLINE_NS 0
 #endif
 
 __device__ __forceinline__ fc_u64 line_flag(const FcPeer& P, fc_u64 s) { return P.lines ^ (s * 0x9e3779b97f4a7c15ull); }
+// The round whose flag a line holds (the multiplier's inverse mod 2^64), for error records: a
+// line that never carried a flag (raw data of other rounds) reads as an arbitrary number.
+__device__ __forceinline__ fc_u64 line_round_of(const FcPeer& P, fc_u64 flag) { return (flag ^ P.lines) * 0xf1de83e19937733dull; }
 
 // Where lane l's data lies in its group's 480 bytes.
 __device__ __forceinline__ fc_u32 line_lane_off(fc_u32 lane) {
@@ -407,13 +425,6 @@ __device__ bool line_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
                 line_store(far + g * FC_LINE_GROUP + lane * 16u, sx, flagger ? flag : sy);
             }
         }
-#if FC_LINE_FENCE
-        // After its last stores of the round (and the fold of the step before them), the warp
-        // makes them visible at the peer before it waits for the peer's last lines: nothing else
-        // would until they drain on their own (the suspected cause of the stalls of
-        // docs/PERFORMANCE.md section 23; not yet run on a GPU).
-        if (st == steps && steps > 0) asm volatile("fence.acq_rel.sys;" ::: "memory");
-#endif
         if (st > 0) {
             // The step before's groups: wait until every line carries this round's flag.
             fc_u64 tx[FC_LINE_STEP], ty[FC_LINE_STEP];
@@ -421,27 +432,45 @@ __device__ bool line_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
             fc_u64 since = 0;
             for (;;) {
                 bool stale = false;
+                fc_u64 held = flag;
 #pragma unroll
                 for (int u = 0; u < FC_LINE_STEP; ++u) {
                     const fc_u64 i = (st - 1u) * FC_LINE_STEP + u, g = warp + i * nw;
                     if (i >= mine) continue;
                     line_load(near + g * FC_LINE_GROUP + lane * 16u, tx[u], ty[u]);
-                    stale |= flagger && ty[u] != flag;
+                    if (flagger && ty[u] != flag) {
+                        stale = true;
+                        held = ty[u];
+                    }
                 }
-                if (!__any_sync(0xffffffffu, stale)) break;
+                const fc_u32 stale_lanes = __ballot_sync(0xffffffffu, stale);
+                if (stale_lanes == 0u) break;
+                // The first stale lane's line, for the error record.
+                held = __shfl_sync(0xffffffffu, held, __ffs(stale_lanes) - 1);
                 int go = 1;
-                if (lane == 0) go = engine_keep_waiting(P, polls, since, FC_WHAT_DATA, q, s, 0) ? 1 : 0;
+                if (lane == 0) {
+                    const fc_u64 seen = line_round_of(P, held);
+                    go = engine_keep_waiting(P, polls, since, FC_WHAT_DATA, q, s, seen) ? 1 : 0;
+#if FC_LINE_DEADLINE_NS
+                    if (go && since != 0 && globaltimer() - since > (fc_u64)FC_LINE_DEADLINE_NS) {
+                        engine_error(P, FC_ERR_TIMEOUT, FC_WHAT_DATA, q, (fc_u64)FC_LINE_DEADLINE_NS, globaltimer() - since, s, seen);
+                        go = 0;
+                    }
+#endif
+                }
                 if (__shfl_sync(0xffffffffu, go, 0) == 0) {
                     bad = 1;
                     break;
                 }
+#if FC_LINE_POLL_NS
+                __nanosleep(FC_LINE_POLL_NS);
+#endif
             }
             if (bad) break;
 #if FC_LINE_RELOAD
-            // Every flag seen, the lines read again: a warp's load of a line may be served sector
-            // by sector, so data read in the same load as its flag could predate the line's
-            // arrival; a load after the flag was seen cannot (NCCL's LL128 reads twice too).
-            // Added after the session's last GPU call: not yet run on a GPU.
+            // Every flag seen, the lines read again: should a warp's load of a line ever be
+            // served sector by sector, data read with its flag could predate the line's arrival;
+            // a load after the flag was seen cannot.
 #pragma unroll
             for (int u = 0; u < FC_LINE_STEP; ++u) {
                 const fc_u64 i = (st - 1u) * FC_LINE_STEP + u, g = warp + i * nw;
