@@ -1602,7 +1602,7 @@ fn the_one_shot_all_reduce_gives_both_ranks_the_same_bits() {
     let count = 100_003usize; // 400 KB: the peer engine, one-shot by default
                               // Rank r's element i: signed zeros and NaNs that differ between the ranks, and ordinary values.
     let val = |r: usize, i: usize| f32::from_bits(edge_bits(r, i));
-    // The one-shot in lines (asked for: off by default), staged, and the two-shot.
+    // The one-shot in lines (to 4 MiB here, past the default 1 MiB), staged, and the two-shot.
     for (oneshot, lines) in [(true, true), (true, false), (false, false)] {
         let cfg = Config {
             gpu_peer_oneshot_max_bytes: if oneshot { 4 << 20 } else { 0 },

@@ -560,16 +560,15 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
             .is_some_and(|b| b >= cfg.gpu_peer_pull_min_bytes && b <= cfg.gpu_peer_pull_max_bytes)
 }
 
-/// `FERROCCL_GPU_PEER_LINES_MAX_BYTES` by default: 0, line rounds off ([`peer_lines`]), though
-/// they are faster to 1 MiB. On 2 x H200 (registered and plain, a process per GPU, CUDA graphs,
-/// lines / the staged rounds in the same call): 256 KiB 4.9-5.3 / 5.8-6.6 us, 512 KiB 5.7-6.5 /
-/// 6.7-7.4, 1 MiB 7.6-8.7 / 8.7-9.1; level at 2-4 MiB, slower from 8 MiB (the lines' stores carry
-/// about 290 GB/s of data, the staged rounds' 320). But in about 1 % of the rows measured with
-/// lines one operation stalled for 5-40 ms (a row of 80 replays reading 240-543 us where its
-/// neighbours read 5-15), against 0.01-0.1 % of other rows, NCCL's included (`bench/stalls.py`,
-/// docs/PERFORMANCE.md section 23): off until that is understood. `FERROCCL_GPU_PEER_LINES_MAX_BYTES=1048576` turns them on
-/// where they measured faster.
-pub const PEER_LINES_MAX_BYTES: usize = 0;
+/// `FERROCCL_GPU_PEER_LINES_MAX_BYTES` by default: 1 MiB, where line rounds ([`peer_lines`])
+/// measured faster than the staged rounds. On 2 x H200 (registered, a process per GPU, CUDA
+/// graphs, rows 128 KiB - 1 MiB 4 KiB apart, medians of a band, lines / staged in the same call):
+/// 128-192 KiB 4.96 / 6.18 us, 320-512 KiB 6.16 / 6.80, 768 KiB - 1 MiB 7.49 / 8.36; level at 2-4
+/// MiB, slower from 8 MiB (the lines' stores carry about 290 GB/s of data, the staged rounds'
+/// 320). Their polls pause between stale reads (`FC_LINE_POLL_NS`): without the pause about 0.2 %
+/// of such rows ran every operation at under 1 GB/s (47 of 22,500), with it 2 of 16,200, the rate
+/// seen in NCCL's own rows (docs/PERFORMANCE.md, section 24; `bench/stalls.py`). 0 turns them off.
+pub const PEER_LINES_MAX_BYTES: usize = 1 << 20;
 
 /// A warp's store in the peer engine's line rounds: four 128-byte lines, of which 480 bytes are
 /// data and 32 the four lines' flags (`kernels/peer.cu`, `line_round`).

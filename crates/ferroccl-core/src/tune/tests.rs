@@ -203,7 +203,8 @@ fn choices_follow_the_table() {
         // of the largest buffer up to 64 on 2 ranks, 32 beyond; broadcast and reduce beyond 2 ranks on the plan
         // kernel (the chain), its grid following the bytes.
         // All-reduces on 2 ranks one-shot there up to FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES (by
-        // default every size), two-shot on more ranks.
+        // default every size), in lines to FERROCCL_GPU_PEER_LINES_MAX_BYTES (1 MiB), two-shot
+        // on more ranks.
         (
             Gpu,
             AllReduce,
@@ -212,7 +213,7 @@ fn choices_follow_the_table() {
             2,
             Algo::OneShot,
             K,
-            Simple,
+            LL128,
             17,
         ),
         (
@@ -223,8 +224,30 @@ fn choices_follow_the_table() {
             2,
             Algo::OneShot,
             K,
-            Simple,
+            LL128,
             33,
+        ),
+        (
+            Gpu,
+            AllReduce,
+            256 << 10,
+            Float32,
+            2,
+            Algo::OneShot,
+            K,
+            LL128,
+            64,
+        ),
+        (
+            Gpu,
+            AllReduce,
+            (256 << 10) + 1,
+            Float32,
+            2,
+            Algo::OneShot,
+            K,
+            Simple,
+            64,
         ),
         (
             Gpu,
@@ -2302,10 +2325,10 @@ fn lines_take_the_peer_engines_all_reduces_of_two_ranks_within_the_limit() {
     );
 }
 
-/// Lines are off by default (rare stalls seen with them on 2 x H200); 1 MiB, where they measured
-/// faster, turns them on from where the peer engine takes over.
+/// Lines take the peer engine's 2-rank all-reduces to 1 MiB by default (where they measured
+/// faster), from where the peer engine takes over; 0 turns them off.
 #[test]
-fn lines_are_off_by_default_and_take_the_peer_engines_sizes_when_on() {
+fn lines_take_the_peer_engines_sizes_to_1_mib_by_default_and_0_turns_them_off() {
     let lines = |bytes: usize, cfg: &Config| {
         choose(
             &shape(CollKind::AllReduce, bytes / 4, Float32, 2),
@@ -2316,14 +2339,14 @@ fn lines_are_off_by_default_and_take_the_peer_engines_sizes_when_on() {
             == Protocol::LL128
     };
     let default = Config::default();
-    assert_eq!(default.gpu_peer_lines_max_bytes, 0);
-    assert!([64 << 10, 256 << 10, 1 << 20, 8 << 20]
-        .iter()
-        .all(|&b| !lines(b, &default)));
-    let on = Config {
-        gpu_peer_lines_max_bytes: 1 << 20,
+    assert_eq!(default.gpu_peer_lines_max_bytes, 1 << 20);
+    assert!(lines(256 << 10, &default) && lines(1 << 20, &default));
+    assert!(!lines(2 << 20, &default) && !lines(8 << 20, &default) && !lines(64 << 10, &default));
+    let off = Config {
+        gpu_peer_lines_max_bytes: 0,
         ..Config::default()
     };
-    assert!(lines(256 << 10, &on) && lines(1 << 20, &on));
-    assert!(!lines(2 << 20, &on) && !lines(8 << 20, &on) && !lines(64 << 10, &on));
+    assert!([64 << 10, 256 << 10, 1 << 20, 8 << 20]
+        .iter()
+        .all(|&b| !lines(b, &off)));
 }
