@@ -340,6 +340,98 @@ mod tests {
         assert_eq!(lines[last + 1], cu[n - 1]);
     }
 
+    /// Avg's division (reduce.cuh's `divn`, every element type) compiled for the CPU by the
+    /// system's C++ compiler, with the CUDA intrinsics it uses mapped to their IEEE
+    /// round-to-nearest equivalents: for every nranks from 1 to 1100 it must give the quotient
+    /// the host computes (the dividend widened to 64 bits, integers truncated toward zero,
+    /// floats rounded once), over every 8-bit value, edge and random 32- and 64-bit values, and
+    /// random float and double bit patterns (subnormals and infinities included, NaN aside).
+    #[test]
+    fn avg_division_gives_the_hosts_quotient_for_every_type_and_rank_count() {
+        let reduce = HEADERS.iter().find(|(n, _)| *n == "reduce.cuh").unwrap().1;
+        let first = reduce
+            .find("__device__ __forceinline__ bool pow2n")
+            .expect("pow2n");
+        let end_marker = "__ddiv_rn(a, (double)n);\n}";
+        let last = reduce.find(end_marker).expect("double divn") + end_marker.len();
+        let dir = std::env::temp_dir().join(format!("ferroccl-divn-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("divn.cpp");
+        std::fs::write(&src, DIVN_HARNESS.replace("@DIVN@", &reduce[first..last])).unwrap();
+        let exe = dir.join("divn");
+        let cc = std::process::Command::new("c++")
+            .args(["-O2", "-std=c++17", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .output()
+            .expect("a C++ compiler (c++) on the path");
+        assert!(
+            cc.status.success(),
+            "{}",
+            String::from_utf8_lossy(&cc.stderr)
+        );
+        let run = std::process::Command::new(&exe).output().unwrap();
+        let out = String::from_utf8_lossy(&run.stdout);
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(run.status.success(), "{out}");
+        assert!(out.contains("bad 0"), "{out}");
+    }
+
+    const DIVN_HARNESS: &str = r#"
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <cmath>
+#include <random>
+typedef signed char fc_i8; typedef unsigned char fc_u8; typedef int fc_i32; typedef unsigned fc_u32;
+typedef long long fc_i64; typedef unsigned long long fc_u64;
+#define __device__
+#define __forceinline__ inline
+static int __ffs(int x) { return __builtin_ffs(x); }
+static float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+static double __longlong_as_double(long long i) { double f; memcpy(&f, &i, 8); return f; }
+static float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+static float __fdiv_rn(float a, float b) { volatile float r = a / b; return r; }
+static double __dmul_rn(double a, double b) { volatile double r = a * b; return r; }
+static double __ddiv_rn(double a, double b) { volatile double r = a / b; return r; }
+@DIVN@
+static uint32_t fbits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static uint64_t dbits(double f) { uint64_t u; memcpy(&u, &f, 8); return u; }
+int main() {
+    long bad = 0, checked = 0;
+    std::mt19937_64 rng(7);
+    for (unsigned n = 1; n <= 1100; n++) {
+        for (int a = -128; a < 128; a++, checked++) bad += divn((fc_i8)a, n) != (fc_i8)((fc_i64)a / (fc_i64)n);
+        for (int a = 0; a < 256; a++, checked++) bad += divn((fc_u8)a, n) != (fc_u8)((fc_u64)a / (fc_u64)n);
+        const fc_i32 e32[] = {INT32_MIN, INT32_MIN + 1, -1, 0, 1, INT32_MAX, -(fc_i32)n, (fc_i32)n};
+        const fc_i64 e64[] = {INT64_MIN, INT64_MIN + 1, -1, 0, 1, INT64_MAX, -(fc_i64)n, (fc_i64)n};
+        for (int k = 0; k < 2000; k++, checked += 4) {
+            fc_i32 a = k < 8 ? e32[k] : (fc_i32)rng();
+            fc_i64 l = k < 8 ? e64[k] : (fc_i64)rng();
+            fc_u32 u = (fc_u32)rng();
+            fc_u64 v = rng();
+            bad += divn(a, n) != (fc_i32)((fc_i64)a / (fc_i64)n);
+            bad += divn(u, n) != (fc_u32)((fc_u64)u / (fc_u64)n);
+            bad += divn(l, n) != l / (fc_i64)n;
+            bad += divn(v, n) != v / (fc_u64)n;
+        }
+    }
+    const unsigned ns[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 64, 128, 1024, 65536, 1u << 20, 1u << 31};
+    for (unsigned n : ns) {
+        for (int k = 0; k < 200000; k++) {
+            uint32_t fb = k < 1000 ? (uint32_t)k : (uint32_t)rng();
+            uint64_t db = k < 1000 ? (uint64_t)k : rng();
+            float a; memcpy(&a, &fb, 4);
+            double d; memcpy(&d, &db, 8);
+            if (!std::isnan(a)) { checked++; bad += fbits(divn(a, n)) != fbits(__fdiv_rn(a, (float)n)); }
+            if (!std::isnan(d)) { checked++; bad += dbits(divn(d, n)) != dbits(__ddiv_rn(d, (double)n)); }
+        }
+    }
+    printf("checked %ld, bad %ld\n", checked, bad);
+    return bad != 0;
+}
+"#;
+
     /// A line round's error record names the round a stale line held by multiplying its flag
     /// (salt removed) by the inverse of the flag's multiplier: the two constants in peer.cu must
     /// stay each other's inverse mod 2^64, or the record names a wrong round.
