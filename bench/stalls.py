@@ -6,8 +6,9 @@ of a row's iterations reads so (docs/PERFORMANCE.md, section 23).
 
     python3 bench/stalls.py DIR_OR_JSON... [--factor 10] [--floor 50] [--by-dir]
 
-Directories are searched recursively; records may be gzipped. Prints every stalled row, then the
-count of rows and stalls for each library (and each directory with --by-dir).
+Directories are searched recursively; records may be gzipped. Prints every stalled row (with its
+size over its time in GB/s), then the count of rows and stalls for each library (and each
+directory with --by-dir).
 """
 import argparse, collections, glob, gzip, json, os
 
@@ -57,7 +58,10 @@ def main():
                 nb = [pts[j][1] for j in (i - 1, i + 1) if 0 <= j < len(pts)]
                 if nb and t > a.floor and t > a.factor * max(nb):
                     counts[(where, lib, "stalls")] += 1
-                    print(f"{path}: {lib} {op} {dtype} {redop} {size} B {half}: {t:.1f} us (neighbours {', '.join(f'{x:.1f}' for x in nb)})")
+                    # The bytes over the time: a row whose every operation ran slow reads at
+                    # about the same rate whatever its size (the line rounds' 0.7-0.9 GB/s,
+                    # docs/PERFORMANCE.md section 24); one long stall reads lower as rows shrink.
+                    print(f"{path}: {lib} {op} {dtype} {redop} {size} B {half}: {t:.1f} us (neighbours {', '.join(f'{x:.1f}' for x in nb)}; {size / t / 1e3:.2f} GB/s)")
     for where in sorted({k[0] for k in counts}):
         for lib in ("ferroccl", "nccl"):
             n, s = counts[(where, lib, "rows")], counts[(where, lib, "stalls")]
