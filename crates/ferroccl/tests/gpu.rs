@@ -1558,7 +1558,8 @@ fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
             engine_is_exact(n, &two, &[AllReduce, ReduceScatter, AllReduce], &|_| {
                 tune::Engine::PeerKernel
             });
-            // The one-shot in line rounds (off by default) among every other kind's rounds.
+            // The one-shot in line rounds (to 16 MiB here, past the default 1 MiB) among every
+            // other kind's rounds.
             let lines = Config {
                 gpu_peer_lines_max_bytes: 16 << 20,
                 ..cfg.clone()
@@ -1726,7 +1727,7 @@ fn the_one_shot_all_reduce_gives_both_ranks_the_same_bits() {
 #[test]
 #[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn line_rounds_are_exact_across_reductions_alignments_and_tails() {
-    // Lines to 8 MiB (off by default): two rounds a block at the largest count.
+    // Lines to 8 MiB (past the default 1 MiB): two rounds a block at the largest count.
     let cfg = Config {
         gpu_copy_engine_bytes: 0,
         gpu_peer_lines_max_bytes: 8 << 20,

@@ -566,7 +566,7 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
 /// 128-192 KiB 4.96 / 6.18 us, 320-512 KiB 6.16 / 6.80, 768 KiB - 1 MiB 7.49 / 8.36; level at 2-4
 /// MiB, slower from 8 MiB (the lines' stores carry about 290 GB/s of data, the staged rounds'
 /// 320). Their polls pause between stale reads (`FC_LINE_POLL_NS`): without the pause about 0.2 %
-/// of such rows ran every operation at under 1 GB/s (47 of 22,500), with it 2 of 25,200, the rate
+/// of such rows ran every operation at under 1 GB/s (47 of 22,500), with it 1 of 12,600, the rate
 /// seen in NCCL's own rows (docs/PERFORMANCE.md, section 24; `bench/stalls.py`). 0 turns them off.
 pub const PEER_LINES_MAX_BYTES: usize = 1 << 20;
 

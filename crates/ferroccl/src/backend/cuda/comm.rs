@@ -384,11 +384,12 @@ impl CudaComm {
         }
     }
 
-    /// Whether every rank's GPU reaches the others by NVLink (`Fabric::nvlink`, the same on every
-    /// rank): the peer engine's line rounds count on a warp's 128-byte store crossing whole,
-    /// which NVLink gives and PCIe does not promise. The communicator turns them off elsewhere.
+    /// Whether every rank's GPU reaches the others by NVLink and is a Hopper GPU
+    /// (`Fabric::carries_lines`, the same on every rank): the peer engine's line rounds count on
+    /// a warp's 128-byte store crossing whole, which NVLink gives and PCIe does not promise, and
+    /// were measured only there. The communicator turns them off elsewhere.
     pub fn lines_carried(&self) -> bool {
-        self.fabric.nvlink
+        self.fabric.carries_lines
     }
 
     /// Raises the abort word that every waiting block polls, so that kernels stuck on a dead

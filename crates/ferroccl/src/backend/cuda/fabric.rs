@@ -261,9 +261,9 @@ pub(crate) struct Fabric {
     pub ce: Option<CeFabric>,
     /// Where every rank runs (process, GPU), as each described itself here.
     pub places: Vec<Place>,
-    /// Every rank's links carry a warp's 128-byte store whole (`lines_carried`): the same on
-    /// every rank. The peer engine's line rounds run only then.
-    pub nvlink: bool,
+    /// Every rank's GPU and links carry the line rounds (`lines_carried`): the same on every
+    /// rank. The peer engine's line rounds run only then.
+    pub carries_lines: bool,
 }
 
 /// What the copy engine needs of the fabric: where every rank's staging starts and how big
@@ -337,7 +337,8 @@ impl Fabric {
             send: arena.device_ptr() + send_off,
             flags: page.as_ref().map_or(0, |p| p.device_ptr()),
             // A driver that cannot say costs the line rounds, not the communicator.
-            nvlink: gpu.peers_on_nvlink().unwrap_or(false),
+            carries_lines: gpu.peers_on_nvlink().unwrap_or(false)
+                && lines_measured_on(gpu.compute_capability()),
         };
         let all = boot.allgather(&mine.encode())?;
         let peers: Vec<ArenaDesc> = all
@@ -441,7 +442,7 @@ impl Fabric {
             }
         });
         Ok(Fabric {
-            nvlink: lines_carried(&peers),
+            carries_lines: lines_carried(&peers),
             places: peers
                 .iter()
                 .map(|p| Place {
@@ -473,8 +474,9 @@ struct ArenaDesc {
     /// The copy engine's flag page in the owner's process (0: none).
     flags: u64,
     /// Every GPU the owner sees and reaches is joined to its own by NVLink
-    /// (`Gpu::peers_on_nvlink`): the peer engine's line rounds need it of every link.
-    nvlink: bool,
+    /// (`Gpu::peers_on_nvlink`), and its own GPU is of an architecture the line rounds were
+    /// measured on (`lines_measured_on`): the peer engine's line rounds need both of every rank.
+    carries_lines: bool,
 }
 
 impl ArenaDesc {
@@ -486,7 +488,7 @@ impl ArenaDesc {
         v.extend_from_slice(&self.recv.to_le_bytes());
         v.extend_from_slice(&self.send.to_le_bytes());
         v.extend_from_slice(&self.flags.to_le_bytes());
-        v.extend_from_slice(&u64::from(self.nvlink).to_le_bytes());
+        v.extend_from_slice(&u64::from(self.carries_lines).to_le_bytes());
         v
     }
     fn parse(b: &[u8]) -> Result<ArenaDesc, Error> {
@@ -505,7 +507,7 @@ impl ArenaDesc {
             recv: u64_at(8),
             send: u64_at(16),
             flags: u64_at(24),
-            nvlink: match u64_at(32) {
+            carries_lines: match u64_at(32) {
                 0 => false,
                 1 => true,
                 v => {
@@ -567,12 +569,22 @@ fn direct_param(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> FcDirect {
 
 /// Whether the ranks described by `descs` may run line rounds: every rank is on one GPU of one
 /// process (its own memory, no link), or every rank said every GPU it sees is joined to its own
-/// by NVLink (`Gpu::peers_on_nvlink`, false where a rank could not tell). The same on every rank.
+/// by NVLink (`Gpu::peers_on_nvlink`, false where a rank could not tell) and its GPU is one the
+/// lines were measured on (`lines_measured_on`). The same on every rank.
 fn lines_carried(descs: &[ArenaDesc]) -> bool {
     let one_gpu = descs
         .iter()
         .all(|d| (d.pid, d.gpu) == (descs[0].pid, descs[0].gpu));
-    one_gpu || descs.iter().all(|d| d.nvlink)
+    one_gpu || descs.iter().all(|d| d.carries_lines)
+}
+
+/// Whether line rounds may run on a GPU of compute capability `cc` (with NVLink to its peers): a
+/// line's flag vouches for its 120 data bytes only where a warp's 128-byte store crosses the link
+/// whole and a warp's load of it reads it as one access, which the lines were measured to hold
+/// on Hopper (sm_90: H100, H200; check sweeps exact, docs/PERFORMANCE.md sections 23-24). Other
+/// architectures take the staged rounds until measured.
+fn lines_measured_on(cc: (u32, u32)) -> bool {
+    cc.0 == 9
 }
 
 /// The salt the line rounds' flags are mixed with (`FcPeer::lines`): the same on every rank of
@@ -1048,13 +1060,13 @@ mod tests {
 
     #[test]
     fn lines_run_on_one_gpu_or_where_every_rank_says_nvlink() {
-        let d = |pid: u32, gpu: u32, nvlink: bool| ArenaDesc {
+        let d = |pid: u32, gpu: u32, carries_lines: bool| ArenaDesc {
             pid,
             gpu,
             recv: 1,
             send: 1,
             flags: 0,
-            nvlink,
+            carries_lines,
         };
         // Two ranks of one process on one GPU: no link involved.
         assert!(lines_carried(&[d(7, 0, false), d(7, 0, false)]));
@@ -1073,6 +1085,14 @@ mod tests {
     }
 
     #[test]
+    fn lines_run_only_on_the_architecture_they_were_measured_on() {
+        assert!(lines_measured_on((9, 0)));
+        for cc in [(7, 0), (8, 0), (8, 6), (8, 9), (10, 0), (12, 0)] {
+            assert!(!lines_measured_on(cc), "{cc:?}");
+        }
+    }
+
+    #[test]
     fn arena_messages_are_checked() {
         let d = ArenaDesc {
             pid: 7,
@@ -1080,10 +1100,13 @@ mod tests {
             recv: 0x7f00_0000_0000,
             send: 0x7f10_0000_0000,
             flags: 0x7f20_0000_0000,
-            nvlink: true,
+            carries_lines: true,
         };
         assert_eq!(ArenaDesc::parse(&d.encode()).unwrap(), d);
-        let pcie = ArenaDesc { nvlink: false, ..d };
+        let pcie = ArenaDesc {
+            carries_lines: false,
+            ..d
+        };
         assert_eq!(ArenaDesc::parse(&pcie.encode()).unwrap(), pcie);
         assert!(matches!(
             ArenaDesc::parse(&d.encode()[..39]),

@@ -73,18 +73,19 @@ __device__ __forceinline__ double vmin(double a, double b) { return min_flt(a, b
 // 128 is -1, truncating toward zero; floats rounded to nearest). A power-of-two n (2, 4, 8 ...
 // ranks) divides by a shift, or by a multiplication with its reciprocal, which is exact: the
 // same real quotient, rounded once, so the same bits. Other n divide in 32 bits where the values
-// fit. The 64-bit division this replaces is a long routine on the GPU: 8-bit Avg reductions ran
-// 5-37 x slower than Sum at 512 MiB on 2 x H200 (docs/PERFORMANCE.md section 25).
+// fit. n is a rank count: 1 <= n <= INT_MAX. The 64-bit division this replaces is a long routine
+// on the GPU: 8-bit Avg reductions ran 1.7-37 x slower than Sum at 512 MiB on 2 x H200
+// (docs/PERFORMANCE.md section 25).
 __device__ __forceinline__ bool pow2n(fc_u32 n) { return (n & (n - 1u)) == 0u; }
 __device__ __forceinline__ int log2n(fc_u32 n) { return __ffs((int)n) - 1; }
 __device__ __forceinline__ fc_i32 div_i32(fc_i32 a, fc_u32 n) {
     // Truncation toward zero by a shift: a negative dividend is biased by n - 1 first.
-    if (pow2n(n)) return (fc_i32)(a + ((a >> 31) & (fc_i32)(n - 1u))) >> log2n(n);
+    if (pow2n(n)) return (a + ((a >> 31) & (fc_i32)(n - 1u))) >> log2n(n);
     return a / (fc_i32)n;
 }
 __device__ __forceinline__ fc_u32 div_u32(fc_u32 a, fc_u32 n) { return pow2n(n) ? a >> log2n(n) : a / n; }
 __device__ __forceinline__ fc_i64 div_i64(fc_i64 a, fc_u32 n) {
-    if (pow2n(n)) return (fc_i64)(a + ((a >> 63) & (fc_i64)(n - 1u))) >> log2n(n);
+    if (pow2n(n)) return (a + ((a >> 63) & (fc_i64)(n - 1u))) >> log2n(n);
     return a / (fc_i64)n;
 }
 __device__ __forceinline__ fc_u64 div_u64(fc_u64 a, fc_u32 n) { return pow2n(n) ? a >> log2n(n) : a / (fc_u64)n; }
