@@ -282,10 +282,9 @@ __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* ou
 // Nanoseconds a warp pauses between polls that found a stale line. Without a pause, in about
 // 0.2 % of the rows measured (each a CUDA graph of 80 operations; 47 of 22,500) every operation
 // ran at under 1 GB/s, 100-600 us where its neighbours took 5-10; with this pause 1 of 12,600 (2
-// of 25,200 across the variants with a 100-200 ns pause)
-// (docs/PERFORMANCE.md section 24). The suspicion, not proven: polls of the lines that the link
-// is writing hold those writes back, and two ranks stay in step that way from one operation to
-// the next.
+// of 25,200 across the variants with a 100-200 ns pause; docs/PERFORMANCE.md section 24). The
+// suspicion, not proven: polls of the lines that the link is writing hold those writes back, and
+// two ranks stay in step that way from one operation to the next.
 #ifndef FC_LINE_POLL_NS
 #define FC_LINE_POLL_NS 200
 #endif
