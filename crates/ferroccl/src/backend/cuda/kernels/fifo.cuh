@@ -339,6 +339,14 @@ __device__ __forceinline__ void ll_store(fc_u8* line, fc_u64 v, fc_u32 flag) {
                  : "memory");
 }
 
+// Nanoseconds a one-kernel engine's LL wait pauses between polls that found a stale line (0, the
+// default: none). An experiment (FERROCCL_KERNEL_DEFINES=FC_LL_POLL_NS=N): the line rounds' rare
+// slow rows became about 25 x rarer with such a pause (peer.cu, FC_LINE_POLL_NS; docs/PERFORMANCE.md
+// section 24), and these waits poll lines that the link is writing in the same way. Not measured.
+#ifndef FC_LL_POLL_NS
+#define FC_LL_POLL_NS 0
+#endif
+
 // The one-kernel engines, each thread for itself: waits until the line carries `flag`, then
 // gives its 8 data bytes; false on abort, deadline or another block's failure (`peer`, `conn`
 // and the flag name the wait in the error record).
@@ -357,6 +365,9 @@ __device__ __forceinline__ bool ll_wait_line(const Param& P, const fc_u8* line, 
             return true;
         }
         if (!engine_keep_waiting(P, polls, since, FC_WHAT_DATA, peer, flag, f0, conn)) return false;
+#if FC_LL_POLL_NS
+        __nanosleep(FC_LL_POLL_NS);
+#endif
     }
 }
 
