@@ -55,6 +55,21 @@ const PAIR_FOLDS: [(ReduceOp, Fold); 5] = [
     (ReduceOp::Avg, |a, b| (a + b) / 2.0),
 ];
 
+/// The tuner's view of a float32 operation of `count` elements on `nranks` ranks, on buffers
+/// that are not windows (Sum: the tuner's default reduction).
+fn f32_shape(kind: CollKind, count: usize, nranks: usize, in_place: bool) -> OpShape {
+    OpShape {
+        kind,
+        count,
+        dtype: ferroccl::DataType::Float32,
+        nranks,
+        in_place,
+        windows: false,
+        symmetric: false,
+        redop: 0,
+    }
+}
+
 /// Rank `q`'s float bits at element `i`, where Max and Min may pick either operand's bits:
 /// signed zeros and NaN payloads that differ between the ranks, a NaN against a number, and
 /// ordinary values.
@@ -1611,16 +1626,7 @@ fn the_one_shot_all_reduce_gives_both_ranks_the_same_bits() {
             gpu_copy_engine_bytes: 0,
             ..Config::default()
         };
-        let shape = OpShape {
-            kind: CollKind::AllReduce,
-            count,
-            dtype: ferroccl::DataType::Float32,
-            nranks: 2,
-            in_place: false,
-            windows: false,
-            symmetric: false,
-            redop: 0,
-        };
+        let shape = f32_shape(CollKind::AllReduce, count, 2, false);
         let c = tune::choose(&shape, tune::Device::Gpu, &cfg);
         assert_eq!(
             (
@@ -1762,16 +1768,7 @@ fn line_rounds_are_exact_across_reductions_alignments_and_tails() {
         let mut edges_out = Vec::new();
         let mut tag = 0;
         for &count in &counts {
-            let shape = OpShape {
-                kind: CollKind::AllReduce,
-                count,
-                dtype: ferroccl::DataType::Float32,
-                nranks: 2,
-                in_place: false,
-                windows: false,
-                symmetric: false,
-                redop: 0,
-            };
+            let shape = f32_shape(CollKind::AllReduce, count, 2, false);
             let choice = tune::choose(&shape, tune::Device::Gpu, c.config());
             assert_eq!(
                 (choice.engine, choice.protocol),
@@ -1995,16 +1992,7 @@ fn engine_is_exact(
                     unsafe { c.run_raw(&a).unwrap() };
                     c.synchronize().unwrap();
                     // The peer engine ran it, on the tuner's grid.
-                    let shape = OpShape {
-                        kind,
-                        count,
-                        dtype: ferroccl::DataType::Float32,
-                        nranks: n,
-                        in_place,
-                        windows: false,
-                        symmetric: false,
-                        redop: 0,
-                    };
+                    let shape = f32_shape(kind, count, n, in_place);
                     let choice = tune::choose(&shape, tune::Device::Gpu, cfg);
                     assert_eq!(choice.engine, engine(kind), "{choice}");
                     assert_eq!(c.last_launch_blocks(), Some(choice.channels as u32));
@@ -2243,16 +2231,7 @@ fn a_first_launch_does_not_wait_for_a_spinning_kernel_of_the_same_gpu() {
     };
     let comms = Comm::init_devices(&[Device::Cuda(0), Device::Cuda(0)], &cfg).unwrap();
     let count = 1 << 20;
-    let shape = OpShape {
-        kind: CollKind::AllReduce,
-        count,
-        dtype: ferroccl::DataType::Float32,
-        nranks: 2,
-        in_place: false,
-        windows: false,
-        symmetric: false,
-        redop: 0,
-    };
+    let shape = f32_shape(CollKind::AllReduce, count, 2, false);
     assert_eq!(
         tune::choose(&shape, tune::Device::Gpu, &cfg).engine,
         tune::Engine::PeerKernel
@@ -2304,16 +2283,7 @@ fn the_copy_engine_is_freed_by_an_abort() {
         gpu_copy_engine_bytes: 1,
         ..Config::default()
     };
-    let shape = OpShape {
-        kind: CollKind::AllGather,
-        count,
-        dtype: ferroccl::DataType::Float32,
-        nranks: 2,
-        in_place: false,
-        windows: false,
-        symmetric: false,
-        redop: 0,
-    };
+    let shape = f32_shape(CollKind::AllGather, count, 2, false);
     assert_eq!(
         tune::choose(&shape, tune::Device::Gpu, &config).engine,
         tune::Engine::CopyEngine
@@ -2367,16 +2337,7 @@ fn the_peer_engine_gives_up_on_a_silent_peer() {
         timeout: Duration::from_secs(2),
         ..Config::default()
     };
-    let shape = OpShape {
-        kind: CollKind::AllReduce,
-        count,
-        dtype: ferroccl::DataType::Float32,
-        nranks: 2,
-        in_place: false,
-        windows: false,
-        symmetric: false,
-        redop: 0,
-    };
+    let shape = f32_shape(CollKind::AllReduce, count, 2, false);
     assert_eq!(
         tune::choose(&shape, tune::Device::Gpu, &config).engine,
         tune::Engine::PeerKernel
@@ -2472,16 +2433,7 @@ fn an_early_started_operation_waits_for_the_kernel_ahead() {
         (2048usize, tune::Engine::DirectKernel),
         (1 << 20, tune::Engine::PeerKernel),
     ] {
-        let shape = OpShape {
-            kind: CollKind::AllReduce,
-            count,
-            dtype: ferroccl::DataType::Float32,
-            nranks: 2,
-            in_place: false,
-            windows: false,
-            symmetric: false,
-            redop: 0,
-        };
+        let shape = f32_shape(CollKind::AllReduce, count, 2, false);
         assert_eq!(
             tune::choose(&shape, tune::Device::Gpu, &config).engine,
             engine
