@@ -78,23 +78,22 @@ __device__ __forceinline__ double vmin(double a, double b) { return min_flt(a, b
 // (docs/PERFORMANCE.md section 25).
 __device__ __forceinline__ bool pow2n(fc_u32 n) { return (n & (n - 1u)) == 0u; }
 __device__ __forceinline__ int log2n(fc_u32 n) { return __ffs((int)n) - 1; }
-__device__ __forceinline__ fc_i32 div_i32(fc_i32 a, fc_u32 n) {
-    // Truncation toward zero by a shift: a negative dividend is biased by n - 1 first.
-    if (pow2n(n)) return (a + ((a >> 31) & (fc_i32)(n - 1u))) >> log2n(n);
-    return a / (fc_i32)n;
+// Signed (fc_i32, fc_i64): truncation toward zero by a shift, a negative dividend biased by
+// n - 1 first.
+template <typename I>
+__device__ __forceinline__ I div_signed(I a, fc_u32 n) {
+    if (pow2n(n)) return (a + ((a >> (8 * sizeof(I) - 1)) & (I)(n - 1u))) >> log2n(n);
+    return a / (I)n;
 }
-__device__ __forceinline__ fc_u32 div_u32(fc_u32 a, fc_u32 n) { return pow2n(n) ? a >> log2n(n) : a / n; }
-__device__ __forceinline__ fc_i64 div_i64(fc_i64 a, fc_u32 n) {
-    if (pow2n(n)) return (a + ((a >> 63) & (fc_i64)(n - 1u))) >> log2n(n);
-    return a / (fc_i64)n;
-}
-__device__ __forceinline__ fc_u64 div_u64(fc_u64 a, fc_u32 n) { return pow2n(n) ? a >> log2n(n) : a / (fc_u64)n; }
-__device__ __forceinline__ fc_i8 divn(fc_i8 a, fc_u32 n) { return (fc_i8)div_i32((fc_i32)a, n); }
-__device__ __forceinline__ fc_u8 divn(fc_u8 a, fc_u32 n) { return (fc_u8)div_u32((fc_u32)a, n); }
-__device__ __forceinline__ fc_i32 divn(fc_i32 a, fc_u32 n) { return div_i32(a, n); }
-__device__ __forceinline__ fc_u32 divn(fc_u32 a, fc_u32 n) { return div_u32(a, n); }
-__device__ __forceinline__ fc_i64 divn(fc_i64 a, fc_u32 n) { return div_i64(a, n); }
-__device__ __forceinline__ fc_u64 divn(fc_u64 a, fc_u32 n) { return div_u64(a, n); }
+// Unsigned (fc_u32, fc_u64).
+template <typename U>
+__device__ __forceinline__ U div_unsigned(U a, fc_u32 n) { return pow2n(n) ? a >> log2n(n) : a / (U)n; }
+__device__ __forceinline__ fc_i8 divn(fc_i8 a, fc_u32 n) { return (fc_i8)div_signed<fc_i32>(a, n); }
+__device__ __forceinline__ fc_u8 divn(fc_u8 a, fc_u32 n) { return (fc_u8)div_unsigned<fc_u32>(a, n); }
+__device__ __forceinline__ fc_i32 divn(fc_i32 a, fc_u32 n) { return div_signed(a, n); }
+__device__ __forceinline__ fc_u32 divn(fc_u32 a, fc_u32 n) { return div_unsigned(a, n); }
+__device__ __forceinline__ fc_i64 divn(fc_i64 a, fc_u32 n) { return div_signed(a, n); }
+__device__ __forceinline__ fc_u64 divn(fc_u64 a, fc_u32 n) { return div_unsigned(a, n); }
 // 2^-k as a float (k < 127) and a double (k < 1023): exact.
 __device__ __forceinline__ float divn(float a, fc_u32 n) {
     return pow2n(n) ? __fmul_rn(a, __int_as_float((127 - log2n(n)) << 23)) : __fdiv_rn(a, (float)n);
