@@ -6,7 +6,8 @@ of a row's iterations reads so (docs/PERFORMANCE.md, section 23).
 
     python3 bench/stalls.py DIR_OR_JSON... [--factor 10] [--floor 50] [--by-dir]
 
-Directories are searched recursively; records may be gzipped. Prints every stalled row (with its
+Directories are searched recursively; records may be gzipped, and a file may bundle several
+records by name (`{"records": {name: record}}`). Prints every stalled row (with its
 size over its time in GB/s), then the count of rows and stalls for each library (and each
 directory with --by-dir).
 """
@@ -22,13 +23,19 @@ def files(paths):
             yield p
 
 
-def rows_of(path):
+def records_of(path):
+    """(label, rows) of each bench record in `path`: a record, or a bundle of records by name
+    (`{"records": {"name": record, ...}}`, as bench/results keeps many small runs in one file)."""
     try:
         with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
             d = json.load(f)
     except (OSError, ValueError):
         return []
-    return d.get("rows", []) if isinstance(d, dict) else []
+    if not isinstance(d, dict):
+        return []
+    if isinstance(d.get("records"), dict):
+        return [(f"{path}#{name}", r.get("rows", [])) for name, r in d["records"].items() if isinstance(r, dict)]
+    return [(path, d.get("rows", []))]
 
 
 def main():
@@ -39,10 +46,11 @@ def main():
     ap.add_argument("--by-dir", action="store_true")
     a = ap.parse_args()
     counts = collections.Counter()
-    for path in files(a.paths):
-        where = os.path.dirname(path) if a.by_dir else ""
+    for label, rows in (rec for path in files(a.paths) for rec in records_of(path)):
+        path = label
+        where = os.path.dirname(label.split("#")[0]) if a.by_dir else ""
         series = collections.defaultdict(list)
-        for r in rows_of(path):
+        for r in rows:
             for lib in ("ferroccl", "nccl"):
                 # A record of ferroccl alone (no --vs-nccl) keeps its halves in the row itself.
                 side = r.get(lib) if ("ferroccl" in r or "nccl" in r) else (r if lib == "ferroccl" else None)
