@@ -504,8 +504,8 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
             for (i, (op, f)) in redops.enumerate() {
                 let tag = round + 60 + 10 * i as u64;
                 put(&send, 0, &small(tag, r, n * count));
-                // Avg (a division per element) stays on the kernels (tune::fold_pays).
-                let folds = ce && op != ReduceOp::Avg;
+                // Avg too: the fold divides after the sum (tune::fold_pays).
+                let folds = ce;
                 all_reduce(op, folds);
                 let (a, b) = (small(tag, 0, n * count), small(tag, 1, n * count));
                 let want: Vec<u32> = (0..n * count)
