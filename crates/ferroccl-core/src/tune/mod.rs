@@ -107,20 +107,26 @@ pub fn peer_region_bytes(cfg: &Config, nranks: usize) -> usize {
 pub const FOLD_BLOCKS: usize = 16;
 
 /// Whether the copy-and-fold takes a reduction of `redop` (`OpShape::redop`) over `dtype`: Sum,
-/// Prod, Max, Min and Avg of 2-, 4- and 8-byte elements. A PreMulSum's landed operand would need
-/// its sender's scalar, which may differ by rank (nccl-tests' does: every element wrong when the
-/// receiver scaled it with its own); on 2 x H200 at 1 GiB (nccl-tests `-R 2`, the copy-and-fold
-/// against the peer engine in the same runs) 16 blocks folded fp8 at 130-167 GB/s against
-/// 192-271 and bytes' Max and Min at 233-276 against 283-303, where Sum, Prod, Max and Min of the
-/// wider types ran 338-351 against 315-341 (docs/PERFORMANCE.md section 21). Avg folded at
-/// 18-231 then, for its division per element in 64 bits; since that division became a shift or
-/// a multiplication (section 25) Avg of the wider types folds at Sum's rate.
+/// Prod, Max and Min of 2-, 4- and 8-byte elements, Avg of 4- and 8-byte ones. A PreMulSum's
+/// landed operand would need its sender's scalar, which may differ by rank (nccl-tests' does:
+/// every element wrong when the receiver scaled it with its own); on 2 x H200 at 1 GiB
+/// (nccl-tests `-R 2`, the copy-and-fold against the peer engine in the same runs) 16 blocks
+/// folded fp8 at 130-167 GB/s against 192-271 and bytes' Max and Min at 233-276 against 283-303,
+/// where Sum, Prod, Max and Min of the wider types ran 338-351 against 315-341
+/// (docs/PERFORMANCE.md section 21). Avg, since its division became a shift or a multiplication
+/// (section 25): float32 1-2 GiB all-reduce 344-356 against the kernels' 315-318, reduce-scatter
+/// 323-344 against 317-331; bfloat16 slower on 16 blocks (all-reduce 260-269 against 283-287,
+/// reduce-scatter 240-261 against 296-300), as the general loop converts every element.
 pub fn fold_pays(dtype: DataType, redop: i32) -> bool {
-    (ReduceOp::Sum.nccl_id()..=ReduceOp::Avg.nccl_id()).contains(&redop)
-        && !matches!(
-            dtype,
-            DataType::Int8 | DataType::Uint8 | DataType::Float8E4M3 | DataType::Float8E5M2
-        )
+    let narrow = matches!(
+        dtype,
+        DataType::Int8 | DataType::Uint8 | DataType::Float8E4M3 | DataType::Float8E5M2
+    );
+    match redop {
+        r if (ReduceOp::Sum.nccl_id()..=ReduceOp::Min.nccl_id()).contains(&r) => !narrow,
+        r if r == ReduceOp::Avg.nccl_id() => dtype.size() >= 4,
+        _ => false,
+    }
 }
 
 /// The smallest largest-buffer of a copy-and-fold reduction (`FERROCCL_GPU_FOLD_MIN_BYTES`):
