@@ -2356,3 +2356,80 @@ fn lines_take_the_peer_engines_sizes_to_1_mib_by_default_and_0_turns_them_off() 
         .iter()
         .all(|&b| !lines(b, &off)));
 }
+
+/// Read rounds (FERROCCL_GPU_PEER_READ_MIN_BYTES): the one-way kinds on 2 ranks from the
+/// threshold take the peer engine's `Protocol::Read` with the staged rounds' grid, round and
+/// split, and no direct rounds (a receiver reads into its output: nothing to post); everything
+/// else as without them, and 0 turns them off.
+#[test]
+fn read_rounds_take_one_way_kinds_of_two_ranks_from_the_threshold() {
+    use CollKind::*;
+    let on = Config {
+        gpu_peer_read_min_bytes: 32 << 20,
+        ..Config::default()
+    };
+    let off = Config {
+        gpu_peer_read_min_bytes: 0,
+        ..Config::default()
+    };
+    for kind in [
+        AllReduce,
+        ReduceScatter,
+        AllGather,
+        AllToAll,
+        Broadcast,
+        Reduce,
+        Gather,
+        Scatter,
+    ] {
+        let one_way = matches!(kind, Broadcast | Reduce | Gather | Scatter);
+        for nranks in [2usize, 3] {
+            for largest in [(16usize << 20), 32 << 20, 2 << 30] {
+                // Per-rank counts whose largest buffer is `largest` bytes of float32.
+                let per = match kind {
+                    AllGather | Gather | ReduceScatter | Scatter | AllToAll => nranks,
+                    _ => 1,
+                };
+                for (in_place, windows) in [(false, false), (true, false), (false, true)] {
+                    let op = OpShape {
+                        in_place,
+                        windows,
+                        ..shape(kind, largest / 4 / per, Float32, nranks)
+                    };
+                    let bytes = op.largest_bytes();
+                    let want = one_way && nranks == 2 && largest >= 32 << 20;
+                    assert_eq!(peer_reads(&op, bytes, &on), want, "{op:?}");
+                    assert!(!peer_reads(&op, bytes, &off), "{op:?}");
+                    let staged = choose(&op, Device::Gpu, &off);
+                    assert_ne!(staged.protocol, Protocol::Read, "{op:?}: {staged}");
+                    let c = choose(&op, Device::Gpu, &on);
+                    if !want {
+                        assert_eq!(
+                            (c.engine, c.protocol, c.zero_copy, c.split),
+                            (
+                                staged.engine,
+                                staged.protocol,
+                                staged.zero_copy,
+                                staged.split
+                            ),
+                            "{op:?}: {c}"
+                        );
+                        continue;
+                    }
+                    assert!(
+                        c.engine == Engine::PeerKernel
+                            && c.protocol == Protocol::Read
+                            && !c.zero_copy
+                            && !c.post_output
+                            && c.algo == staged.algo
+                            && c.channels == staged.channels
+                            && c.chunk_elems == staged.chunk_elems
+                            && c.split == staged.split,
+                        "{op:?}: {c} against {staged}"
+                    );
+                    assert!(c.why.protocol.contains("read"), "{c}");
+                }
+            }
+        }
+    }
+}
