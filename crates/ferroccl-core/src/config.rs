@@ -170,13 +170,6 @@ pub struct Config {
     /// flag word, fence or wait between storing and folding. 0 turns it off; the default
     /// `tune::PEER_LINES_MAX_BYTES`. Every rank must agree.
     pub gpu_peer_lines_max_bytes: usize,
-    /// FERROCCL_GPU_PEER_READ_MIN_BYTES: on 2 ranks, a broadcast, reduce, gather or scatter on
-    /// the peer engine whose largest buffer is at least this many bytes runs read rounds
-    /// (`tune::peer_reads`, `Protocol::Read`): each sender puts its round into its own staging
-    /// and the receiver reads it from there over the link, instead of the sender storing into
-    /// the receiver's staging. 0 turns it off; the default `tune::PEER_READ_MIN_BYTES`. Every
-    /// rank must agree.
-    pub gpu_peer_read_min_bytes: usize,
     /// FERROCCL_GPU_FOLD_BLOCKS: thread blocks of the fold kernel of a copy-and-fold reduction
     /// (`plan::copies::folds`), 1 to 132; the default `tune::FOLD_BLOCKS`. Each rank sets its own
     /// (the fold is local).
@@ -282,7 +275,6 @@ impl Default for Config {
             gpu_peer_pull_min_bytes: crate::tune::PEER_PULL_MIN_BYTES,
             gpu_peer_pull_max_bytes: crate::tune::PEER_PULL_MAX_BYTES,
             gpu_peer_lines_max_bytes: crate::tune::PEER_LINES_MAX_BYTES,
-            gpu_peer_read_min_bytes: crate::tune::PEER_READ_MIN_BYTES,
             gpu_fold_blocks: crate::tune::FOLD_BLOCKS,
             gpu_fold_piece_bytes: crate::plan::copies::FOLD_PIECE_BYTES,
             gpu_fold_min_bytes: crate::tune::FOLD_MIN_BYTES,
@@ -473,9 +465,6 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_PEER_LINES_MAX_BYTES") {
             c.gpu_peer_lines_max_bytes = parse("FERROCCL_GPU_PEER_LINES_MAX_BYTES", v)?;
         }
-        if let Some(v) = get("FERROCCL_GPU_PEER_READ_MIN_BYTES") {
-            c.gpu_peer_read_min_bytes = parse("FERROCCL_GPU_PEER_READ_MIN_BYTES", v)?;
-        }
         if let Some(v) = get("FERROCCL_GPU_PEER_SPLIT") {
             c.gpu_peer_split = match v.trim() {
                 "" | "auto" => None,
@@ -608,10 +597,6 @@ impl Config {
             (
                 "FERROCCL_GPU_PEER_LINES_MAX_BYTES",
                 self.gpu_peer_lines_max_bytes.to_string(),
-            ),
-            (
-                "FERROCCL_GPU_PEER_READ_MIN_BYTES",
-                self.gpu_peer_read_min_bytes.to_string(),
             ),
             (
                 "FERROCCL_GPU_FOLD_PIECE_BYTES",
@@ -1055,21 +1040,6 @@ mod tests {
         );
         assert!(shares(&lines, "FERROCCL_GPU_PEER_LINES_MAX_BYTES", "65536"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_LINES_MAX_BYTES", "-1")])).is_err());
-        let reads =
-            Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_READ_MIN_BYTES", "1048576")])).unwrap();
-        assert_eq!(
-            (
-                reads.gpu_peer_read_min_bytes,
-                Config::default().gpu_peer_read_min_bytes
-            ),
-            (1 << 20, crate::tune::PEER_READ_MIN_BYTES)
-        );
-        assert!(shares(
-            &reads,
-            "FERROCCL_GPU_PEER_READ_MIN_BYTES",
-            "1048576"
-        ));
-        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_READ_MIN_BYTES", "x")])).is_err());
         let fold = Config::from_vars(&vars(&[
             ("FERROCCL_GPU_FOLD_BLOCKS", "64"),
             ("FERROCCL_GPU_FOLD_PIECE_BYTES", "33554432"),

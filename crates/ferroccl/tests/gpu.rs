@@ -1537,8 +1537,8 @@ fn sends_to_oneself_land_in_the_matching_receive() {
 /// mixed order (the round
 /// counters, slot parities and acknowledgements carry from one operation to the next, and
 /// blocks that sit out a launch must stay in step): every element exact on every rank, and the
-/// output of a reduce's non-roots untouched. The smallest slots (16 KiB) make many rounds; on 2
-/// ranks also the line rounds and the read rounds. Needs one GPU.
+/// output of a reduce's non-roots untouched. The smallest slots (16 KiB) make many rounds.
+/// Needs one GPU.
 #[test]
 #[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
@@ -1580,25 +1580,6 @@ fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
                 ..cfg.clone()
             };
             engine_is_exact(n, &lines, &kinds, &|_| tune::Engine::PeerKernel);
-            // Read rounds (FERROCCL_GPU_PEER_READ_MIN_BYTES) for the one-way kinds at every size
-            // here, among the other kinds' staged rounds, whole and split.
-            for split in [None, Some(true)] {
-                let reads = Config {
-                    gpu_peer_read_min_bytes: 1,
-                    gpu_peer_split: split,
-                    ..cfg.clone()
-                };
-                for &kind in &kinds {
-                    let c = tune::choose(
-                        &f32_shape(kind, 70_001, n, false),
-                        tune::Device::Gpu,
-                        &reads,
-                    );
-                    let one_way = matches!(kind, Broadcast | Reduce | Gather | Scatter);
-                    assert_eq!(c.protocol == tune::Protocol::Read, one_way, "{kind}: {c}");
-                }
-                engine_is_exact(n, &reads, &kinds, &|_| tune::Engine::PeerKernel);
-            }
         }
         // Staging cut for an odd number of blocks: the slots' block stride is the kernel's
         // parameter, not its largest grid (on 3 ranks the sender's index multiplies it too).

@@ -328,11 +328,6 @@ pub enum Protocol {
     /// whose flag is the round's holds the round's data, so the receiver folds each as it
     /// lands, with no fence, flag word or wait between the stores and the fold.
     LL128,
-    /// The peer engine's rounds staged on the sending side ([`peer_reads`]): each sender puts
-    /// its round into its own staging and raises the receiver's flag, and the receiver reads the
-    /// round from there over the link (NCCL's P2P read idea): SM loads over NVLink carry more
-    /// than SM stores one way.
-    Read,
 }
 
 /// What executes the plan.
@@ -611,27 +606,6 @@ pub fn peer_lines(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
         && bytes.is_some_and(|b| b <= cfg.gpu_peer_lines_max_bytes)
 }
 
-/// `FERROCCL_GPU_PEER_READ_MIN_BYTES` by default: 0, read rounds off until they are measured
-/// beside the staged ones on the peer engine (`bench/probes/peer_pull.cu` on 2 x H200, 1 GiB one
-/// way: 16 blocks' loads of the peer's memory 361-373 GB/s, 64 blocks' 371-372, against stores
-/// 348-351 and 366; both ways at once loads reach only 336-338, stores 361-366:
-/// docs/PERFORMANCE.md section 26).
-pub const PEER_READ_MIN_BYTES: usize = 0;
-
-/// Whether the peer engine's one-phase rounds of `op` (`bytes` its largest buffer) are read
-/// rounds (`Protocol::Read`): the kinds whose data crosses one way (broadcast, reduce, gather,
-/// scatter), on 2 ranks, from `FERROCCL_GPU_PEER_READ_MIN_BYTES` (0: never). Where data crosses
-/// both ways at once loads lose to stores; with more ranks a rooted operation this large takes
-/// the plan kernel's chain.
-pub fn peer_reads(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
-    matches!(
-        op.kind,
-        CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter
-    ) && op.nranks == 2
-        && cfg.gpu_peer_read_min_bytes > 0
-        && bytes.is_some_and(|b| b >= cfg.gpu_peer_read_min_bytes)
-}
-
 /// The smallest largest-buffer from which the peer engine runs direct rounds: below it a launch
 /// has too few rounds a block for them (they start on the third), and the look after every
 /// round cost all-gather 512 KiB - 8 MiB 5-15 % on 2 x H200 (docs/PERFORMANCE.md, section 19).
@@ -811,7 +785,6 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         let one_crossing =
             op.nranks == 2 && bytes.is_some_and(|b| b <= cfg.gpu_peer_oneshot_max_bytes);
         let lines = !pull && one_crossing && peer_lines(op, bytes, cfg);
-        let reads = peer_reads(op, bytes, cfg);
         let (algo, chunk_elems) = match op.kind {
             // A pull has no slots to fill: one round takes a block's whole slice.
             CollKind::AllReduce if pull => (Algo::OneShot, op.count.max(1)),
@@ -843,19 +816,15 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         // Direct rounds: a sender stores straight into an output its receiver posts (a window's,
         // found at run time: nobody waits for a post), so only what moves data unreduced, and
         // only from PEER_DIRECT_MIN_BYTES: the looks cost medium sizes more than they gave.
-        // A pull is the all-reduce's zero-copy: every rank reads its peer's input. Read rounds
-        // have no copy out of a staging to skip: the receiver reads into its output.
+        // A pull is the all-reduce's zero-copy: every rank reads its peer's input.
         let zero_copy = pull
             || (cfg.gpu_peer_direct
-                && !reads
                 && moves_only(op.kind)
                 && bytes.is_some_and(|b| b >= PEER_DIRECT_MIN_BYTES));
         return Choice {
             algo,
             protocol: if lines {
                 Protocol::LL128
-            } else if reads {
-                Protocol::Read
             } else {
                 Protocol::Simple
             },
@@ -878,8 +847,6 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
                 },
                 protocol: if lines {
                     "all-reduce of 2 ranks over NVLink within FERROCCL_GPU_PEER_LINES_MAX_BYTES: 128-byte lines with the round's flag in each"
-                } else if reads {
-                    "one-way kinds of 2 ranks from FERROCCL_GPU_PEER_READ_MIN_BYTES: rounds staged by the sender, read by the receiver, a flag per block and round"
                 } else {
                     "the peer engine's flag per block and round"
                 },
@@ -1028,8 +995,7 @@ pub fn cost(engine: Engine, protocol: Protocol) -> Cost {
             hop_us: 1.0,
             bytes_per_us: 40_000.0,
         },
-        // The plan kernel never reads its peers' staging (only the peer engine does).
-        (Engine::PlanKernel, Protocol::Simple | Protocol::Read) => Cost {
+        (Engine::PlanKernel, Protocol::Simple) => Cost {
             launch_us: 6.0,
             hop_us: 1.5,
             bytes_per_us: 260_000.0,

@@ -174,8 +174,7 @@ enum Run {
     /// outputs their receivers post (the tuner's zero-copy), `post`: this rank posts its output
     /// where a window holds it; `pull`: an all-reduce that reads its peer's input from the
     /// peer's symmetric window (the all-reduce's zero-copy, `tune::peer_pulls`); `lines`: an
-    /// all-reduce in line rounds (`Protocol::LL128`, `tune::peer_lines`); `reads`: one-way rounds
-    /// staged by the sender and read by the receiver (`Protocol::Read`, `tune::peer_reads`).
+    /// all-reduce in line rounds (`Protocol::LL128`, `tune::peer_lines`).
     Peer {
         blocks: u32,
         chunk: u64,
@@ -185,7 +184,6 @@ enum Run {
         post: bool,
         pull: bool,
         lines: bool,
-        reads: bool,
     },
     /// The copy engines: no kernel; this rank's commands for the shape.
     Copy(Arc<Schedule>),
@@ -512,7 +510,6 @@ impl CudaComm {
                                 post: c.post_output,
                                 pull: c.zero_copy && all_reduce,
                                 lines: c.protocol == Protocol::LL128,
-                                reads: c.protocol == Protocol::Read,
                             }
                         }
                         Engine::CopyEngine if self.ce.is_some() => {
@@ -759,7 +756,6 @@ impl CudaComm {
                 post: _,
                 pull: _,
                 lines,
-                reads,
             } => {
                 let (module, kernels, template) =
                     self.peer.as_ref().expect("checked when the entry was made");
@@ -779,7 +775,6 @@ impl CudaComm {
                     pull,
                     // The template holds the communicator's salt for the lines' flags.
                     lines: if lines { template.lines } else { 0 },
-                    reads: reads as u32,
                     ..*template
                 };
                 // SAFETY: the peer kernel takes one FcPeer; its staging, flags and counters are

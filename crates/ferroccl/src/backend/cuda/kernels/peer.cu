@@ -57,14 +57,6 @@
 // and the sender's last store to that receiver, before which the receiver cannot finish the
 // launch and post the next one, so a post's address and round are always one launch's.
 //
-// Read rounds (FcPeer::reads, the tuner's Protocol::Read; one-phase kinds only): a sender puts
-// each round into its own staging, in the slots it would otherwise store into at the receiver
-// (round_slot), and raises the receiver's flag as usual; the receiver reads the round over the
-// link straight into its output. SM loads of the peer's memory carry more than SM stores into
-// it when data crosses one way (bench/probes/peer_pull.cu). Flags, acknowledgements and slot
-// parities are the staged rounds': a sender writes a parity again once its receiver
-// acknowledged reading it.
-//
 // Its own module (kernels.rs): NVRTC compiles it beside the plan kernel's and the direct
 // engine's, each on its own thread, so a first start waits for the longest of the three.
 #include <cuda_fp16.h>
@@ -85,15 +77,6 @@ __device__ __forceinline__ fc_u8* peer_slot(const FcPeer& P, fc_u32 owner, fc_u3
     const fc_u32 f = from < owner ? from : from - 1u;
     const fc_u64 i = (((fc_u64)f * P.blocks + b) * 2u + (s & 1u)) * 2u + phase;
     return (fc_u8*)P.stage[owner] + i * P.slot_bytes;
-}
-
-// The slot a one-phase round s of block b travels in from rank `from` to rank `to`: the
-// receiver's staging, where the sender stores it (labelled by the sender), or in read rounds
-// (FcPeer::reads, the tuner's Protocol::Read) the sender's own, where the receiver reads it over
-// the link (labelled by the receiver). The flags, acknowledgements and parities are the same
-// either way: only where the bytes wait changes.
-__device__ __forceinline__ fc_u8* round_slot(const FcPeer& P, fc_u32 from, fc_u32 to, fc_u32 b, fc_u64 s) {
-    return P.reads != 0u ? peer_slot(P, from, b, to, 0, s) : peer_slot(P, to, b, from, 0, s);
 }
 
 // Flag line [b][from][phase] in `owner`'s flag area, 128 bytes each (phase 2: acknowledgements).
@@ -656,9 +639,9 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
         for (fc_u32 j = 1; j < n; ++j) {
             const fc_u32 q = (me + j) % n;
             if (!peer_in(P, q, targets)) continue;
-            // The round's slot (round_slot), or q's output where q posted it (a direct round).
+            // q's staging slot, or its output where q posted it (a direct round).
             fc_u8* slot = direct_to != nullptr && direct_to[q] != 0 ? (fc_u8*)direct_to[q] + ((per_sender ? me * c : 0) + at) * es
-                                                                    : round_slot(P, me, q, b, s);
+                                                                    : peer_slot(P, q, b, me, 0, s);
             // The block of this rank's input that q gets.
             const bool per_peer = kind == FC_KIND_REDUCE_SCATTER || kind == FC_KIND_ALL_TO_ALL || kind == FC_KIND_SCATTER;
             const fc_u8* src = in + ((per_peer ? q * c : 0) + at) * es;
@@ -686,7 +669,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
             for (fc_u32 i = 0; i + 1 < n; ++i) {
                 const fc_u32 q = (me + 1 + i) % n;
                 if (i > 0) __syncthreads();
-                reduce_as<D, SUM>(op, o, nullptr, round_slot(P, q, me, b, s), i == 0 ? mine : o, len, i == 0, i + 2 == n);
+                reduce_as<D, SUM>(op, o, nullptr, peer_slot(P, me, b, q, 0, s), i == 0 ? mine : o, len, i == 0, i + 2 == n);
             }
         } else {
             if (DR.on && threadIdx.x == 0 && P.stats != 0) {
@@ -698,7 +681,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
                 const fc_u32 q = (me + n - j) % n;
                 // A direct round is in the output already.
                 if (!peer_in(P, q, sources) || (DR.on && DR.from[q] != 0)) continue;
-                copy_bytes(out + ((per_sender ? q * c : 0) + at) * es, nullptr, round_slot(P, q, me, b, s), bytes);
+                copy_bytes(out + ((per_sender ? q * c : 0) + at) * es, nullptr, peer_slot(P, me, b, q, 0, s), bytes);
             }
         }
     }
@@ -730,9 +713,7 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
     const bool bad_pull = P.pull != 0 && (!pair_oneshot || P.op.redop == FC_OP_PREMULSUM);
     const bool bad_lines = P.lines != 0 && (!pair_oneshot || P.pull != 0 || blockDim.x % 32u != 0u ||
                                             P.chunk * sizeof(typename D::S) > 2u * P.slot_bytes / FC_LINE_GROUP * FC_LINE_GROUP_DATA);
-    // Read rounds are the one-phase rounds' (peer_round's last part): never an all-reduce.
-    const bool bad_reads = P.reads != 0u && P.kind == FC_KIND_ALL_REDUCE;
-    if (bad_pull || bad_lines || bad_reads) {
+    if (bad_pull || bad_lines) {
         if (threadIdx.x == 0) fc::engine_error(P, FC_ERR_PLAN, FC_WHAT_PLAN, 1u - (P.rank & 1u), DTYPE, P.op.dtype, 0, 0);
         return;
     }
@@ -762,9 +743,7 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
     // The first two rounds are staged: a post is rarely there as both ranks start.
     __shared__ fc_u64 direct_to[2 * FC_PEER_MAX_RANKS];
     __shared__ fc_u32 direct_from[FC_PEER_MAX_RANKS], direct_marked[FC_PEER_MAX_RANKS];
-    // Read rounds have no staging copy to skip (the receiver reads into its output): never direct.
-    const fc::PeerDirect DR{P.direct != 0u && P.reads == 0u && fc::movement_kind(P.kind) && start < end, seq + 1, direct_to,
-                            direct_from, direct_marked};
+    const fc::PeerDirect DR{P.direct != 0u && fc::movement_kind(P.kind) && start < end, seq + 1, direct_to, direct_from, direct_marked};
     if (DR.on) {
         const fc_u32 q = threadIdx.x;
         if (P.post != 0u && role != FC_ROLE_SEND && fc::peer_in(P, q, FC_PEER_ALL)) {
