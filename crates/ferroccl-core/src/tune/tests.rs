@@ -1573,8 +1573,8 @@ fn symmetric_windows_take_the_copy_engine_for_large_data_movement() {
             ..cfg.clone()
         };
         assert_eq!(choose(&at(kind, fmin, 2), Device::Gpu, &capped).channels, 4);
-        // Sum, Prod, Max and Min of 2-8-byte elements only (fold_pays).
-        for redop in 1..=3 {
+        // Sum, Prod, Max and Min of 2-8-byte elements, Avg of 4- and 8-byte ones (fold_pays).
+        for redop in 1..=4 {
             let c = choose(
                 &OpShape {
                     redop,
@@ -1586,8 +1586,11 @@ fn symmetric_windows_take_the_copy_engine_for_large_data_movement() {
             assert_eq!(c.engine, Engine::CopyEngine, "{kind} redop {redop}");
         }
         for other in [
+            // Avg of 2-byte elements (the same bytes: twice the count).
             OpShape {
                 redop: 4,
+                dtype: Bfloat16,
+                count: at(kind, fmin, 2).count * 2,
                 ..at(kind, fmin, 2)
             },
             OpShape {

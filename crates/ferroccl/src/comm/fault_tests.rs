@@ -93,10 +93,15 @@ fn with_crc_corruption_is_an_error_naming_the_peer_not_data() {
         let e = res.as_ref().expect_err("corruption must not be delivered");
         eprintln!("corrupt byte, CRC on: rank {r} failed after {took:?}");
         assert!(*took < Duration::from_secs(2), "rank {r} took {took:?}");
-        // Rank 0 learns it from rank 1's report.
+        // Rank 0 learns it from rank 1's report, or, where rank 1 closes the channel before its
+        // report arrives (seen once under CI's load), from the closed channel to rank 1: named
+        // either way, never delivered as data.
         assert!(
             e.message().contains("CRC32C mismatch")
-                || (r == 0 && e.message().contains("rank 1 failed")),
+                || (r == 0 && e.message().contains("rank 1 failed"))
+                || (r == 0
+                    && e.message().contains("rank 1 (")
+                    && e.message().contains("connection closed")),
             "rank {r}: {e}"
         );
     }
