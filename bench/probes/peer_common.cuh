@@ -35,3 +35,32 @@ __device__ __forceinline__ void copy16(uint4* dst, const uint4* src, size_t n) {
     }
     for (; i < n; i += nt) dst[i] = __ldcg(src + i);
 }
+
+// GB/s of `bytes` over the slowest of the first `ways` GPUs' timed spans (g[d].e0 to g[d].e1,
+// recorded on GPU d), once every one of them has ended.
+template <typename G>
+inline double slowest_rate(const G* g, int ways, size_t bytes) {
+    double worst = 0;
+    for (int d = 0; d < ways; ++d) {
+        RK(cudaSetDevice(d));
+        RK(cudaEventSynchronize(g[d].e1));
+        float ms;
+        RK(cudaEventElapsedTime(&ms, g[d].e0, g[d].e1));
+        worst = worst > ms ? worst : (double)ms;
+    }
+    return bytes / (worst * 1e-3) / 1e9;
+}
+
+// GPU d made current, with access to the other GPU's memory, and the stream and the two events
+// its runs are timed on (g.s, g.e0, g.e1). Exits unless there is a GPU 1 - d.
+template <typename G>
+inline void open_gpu(int d, G& g) {
+    int n = 0;
+    RK(cudaGetDeviceCount(&n));
+    if (n < 2) { std::fprintf(stderr, "needs 2 GPUs\n"); std::exit(1); }
+    RK(cudaSetDevice(d));
+    RK(cudaDeviceEnablePeerAccess(1 - d, 0));
+    RK(cudaStreamCreateWithFlags(&g.s, cudaStreamNonBlocking));
+    RK(cudaEventCreate(&g.e0));
+    RK(cudaEventCreate(&g.e1));
+}

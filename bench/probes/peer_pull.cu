@@ -50,20 +50,13 @@ static void launch(Gpu* g, int d, bool pull, int blocks, int u, size_t bytes) {
 }
 
 int main() {
-    int n = 0;
-    RK(cudaGetDeviceCount(&n));
-    if (n < 2) { std::fprintf(stderr, "needs 2 GPUs\n"); return 1; }
     const size_t bytes = size_t(1) << 30;
     Gpu g[2];
     for (int d = 0; d < 2; ++d) {
-        RK(cudaSetDevice(d));
-        RK(cudaDeviceEnablePeerAccess(1 - d, 0));
+        open_gpu(d, g[d]);
         RK(cudaMalloc(&g[d].src, bytes));
         RK(cudaMalloc(&g[d].dst, bytes));
         RK(cudaMemset(g[d].src, d + 1, bytes));
-        RK(cudaStreamCreateWithFlags(&g[d].s, cudaStreamNonBlocking));
-        RK(cudaEventCreate(&g[d].e0));
-        RK(cudaEventCreate(&g[d].e1));
     }
     for (int d = 0; d < 2; ++d) { RK(cudaSetDevice(d)); RK(cudaDeviceSynchronize()); }
     std::printf("%-8s %-4s %6s %2s %9s\n", "ways", "how", "blocks", "U", "GB/s");
@@ -80,15 +73,8 @@ int main() {
                             launch(g, d, pull != 0, blocks, u, bytes);
                             RK(cudaEventRecord(g[d].e1, g[d].s));
                         }
-                        double worst = 0;
-                        for (int d = 0; d < ways; ++d) {
-                            RK(cudaSetDevice(d));
-                            RK(cudaEventSynchronize(g[d].e1));
-                            float ms;
-                            RK(cudaEventElapsedTime(&ms, g[d].e0, g[d].e1));
-                            worst = std::max(worst, (double)ms);
-                        }
-                        if (rep > 0) rates.push_back(bytes / (worst * 1e-3) / 1e9);
+                        const double rate = slowest_rate(g, ways, bytes);
+                        if (rep > 0) rates.push_back(rate);  // the first warms up
                     }
                     std::sort(rates.begin(), rates.end());
                     std::printf("%-8s %-4s %6d %2d %9.1f\n", ways == 1 ? "one-way" : "both", blocks == 0 ? "ce" : pull ? "pull" : "push",

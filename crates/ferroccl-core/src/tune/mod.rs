@@ -550,6 +550,14 @@ pub const PEER_PULL_MIN_BYTES: usize = 16 << 20;
 /// See [`PEER_PULL_MIN_BYTES`].
 pub const PEER_PULL_MAX_BYTES: usize = 512 << 20;
 
+/// The most thread blocks a pulling all-reduce runs on (it fills no slots, so the staging's cut
+/// does not bind it). On 2 x H200 (registered, a process per GPU, graphs, out of place, GB/s,
+/// two alternated runs, 64 / 32 / 16 / 128 blocks): 32 MiB 311-312 / 310-311 / 301-306 / 311-313,
+/// 128 MiB 330-331 / 328-329 / 321-325 / 330-331, 512 MiB 334-335 / 334-335 / 326-331 / 334-335
+/// (docs/PERFORMANCE.md section 26; `bench/probes/peer_pull.cu` had 16 blocks' loads both ways
+/// level with 64's, the fold's HBM traffic is what 16 lose on). 32: half the SMs for the same rate.
+pub const PEER_PULL_BLOCKS: usize = 32;
+
 /// Whether the peer engine's all-reduce of `op` (on 2 ranks, `bytes` its largest buffer) pulls:
 /// each rank reads its peer's input straight out of the peer's symmetric window and folds it
 /// with its own into its output, in one round per block; a flag says the input is there, a
@@ -776,12 +784,17 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             .unwrap_or(usize::MAX)
             .div_ceil(cfg.gpu_peer_block_bytes.max(1))
             .max(1);
+        let pull = peer_pulls(op, bytes, cfg);
         let channels = per.min(peer_blocks(cfg, op.nranks));
+        let channels = if pull {
+            channels.min(PEER_PULL_BLOCKS)
+        } else {
+            channels
+        };
         // A two-shot all-reduce round fills a slot per peer and phase (its shares, then the
         // results). Every one-shot round (every other kind, and the all-reduce on 2 ranks within
         // FERROCCL_GPU_PEER_ONESHOT_MAX_BYTES) has one phase and fills both phases' slots of its
         // parity, which lie side by side: twice the bytes per flag, wait and acknowledgement.
-        let pull = peer_pulls(op, bytes, cfg);
         let one_crossing =
             op.nranks == 2 && bytes.is_some_and(|b| b <= cfg.gpu_peer_oneshot_max_bytes);
         let lines = !pull && one_crossing && peer_lines(op, bytes, cfg);

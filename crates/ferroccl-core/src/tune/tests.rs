@@ -2138,7 +2138,8 @@ fn symmetric_all_reduce(bytes: usize) -> OpShape {
 
 /// The pulling all-reduce (FERROCCL_GPU_PEER_PULL_MAX_BYTES): 2 ranks, symmetric windows, out of
 /// place, Sum to Avg, within the limit, on the peer engine in one round a block (no slots to
-/// fill), never split and posting nothing; everything else as without it.
+/// fill) on at most PEER_PULL_BLOCKS blocks, never split and posting nothing; everything else as
+/// without it.
 #[test]
 fn pulls_take_symmetric_out_of_place_all_reduces_of_two_ranks_within_the_limit() {
     let cfg = Config {
@@ -2159,7 +2160,8 @@ fn pulls_take_symmetric_out_of_place_all_reduces_of_two_ranks_within_the_limit()
                     && c.zero_copy
                     && !c.post_output
                     && !c.split
-                    && c.chunk_elems == op.count,
+                    && c.chunk_elems == op.count
+                    && c.channels == PEER_PULL_BLOCKS.min(bytes / PEER_BLOCK_BYTES),
                 "{bytes} {redop}: {c}"
             );
             assert!(c.why.algo.contains("pulls"), "{c}");
