@@ -697,7 +697,13 @@ fn child_pull() {
         unsafe { g.push_raw(&comm, a).unwrap() };
         g.launch().unwrap();
         comm.synchronize().unwrap();
-        pulled() > before
+        let pull = pulled() > before;
+        // A pull runs on at most tune::PEER_PULL_BLOCKS blocks, whatever the staging's cut.
+        if pull {
+            let blocks = comm.last_launch_blocks().unwrap();
+            assert!(blocks as usize <= tune::PEER_PULL_BLOCKS, "{blocks} blocks");
+        }
+        pull
     };
     for (k, count) in [(64 << 10) + 17, (1 << 20) + 1, most]
         .into_iter()
