@@ -12,7 +12,6 @@
 // GPU's time, median of 5 runs after a warm-up), 1 GiB a direction; "ce" is one
 // cudaMemcpyPeerAsync per direction, for the copy engines' rate on the same buffers.
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "peer_common.cuh"

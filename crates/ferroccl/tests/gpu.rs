@@ -504,7 +504,8 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
             for (i, (op, f)) in redops.enumerate() {
                 let tag = round + 60 + 10 * i as u64;
                 put(&send, 0, &small(tag, r, n * count));
-                // Avg too: the fold divides after the sum (tune::fold_pays).
+                // Avg too (float32 here: the fold takes Avg of 4- and 8-byte elements, dividing
+                // after the sum; tune::fold_pays).
                 let folds = ce;
                 all_reduce(op, folds);
                 let (a, b) = (small(tag, 0, n * count), small(tag, 1, n * count));

@@ -555,7 +555,8 @@ pub const PEER_PULL_MAX_BYTES: usize = 512 << 20;
 /// two alternated runs, 64 / 32 / 16 / 128 blocks): 32 MiB 311-312 / 310-311 / 301-306 / 311-313,
 /// 128 MiB 330-331 / 328-329 / 321-325 / 330-331, 512 MiB 334-335 / 334-335 / 326-331 / 334-335
 /// (docs/PERFORMANCE.md section 26; `bench/probes/peer_pull.cu` had 16 blocks' loads both ways
-/// level with 64's, the fold's HBM traffic is what 16 lose on). 32: half the SMs for the same rate.
+/// level with 64's, the fold's HBM traffic is what 16 lose on); this cap against 64 blocks in one
+/// call: 0.2-1.1 % slower (32 MiB 309-310 against 313-314). 32: half the SMs for at most 1 %.
 pub const PEER_PULL_BLOCKS: usize = 32;
 
 /// Whether the peer engine's all-reduce of `op` (on 2 ranks, `bytes` its largest buffer) pulls:
