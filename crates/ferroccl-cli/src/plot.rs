@@ -2,7 +2,10 @@
 //! operation, one line per library and record, with the small sizes' latency beside it.
 //!
 //! Reads the records `bench --vs-nccl --json` writes (both libraries) and plain `bench --json`
-//! files (ferroccl alone). Out-of-place figures are drawn; in-place ones stay in the JSON.
+//! files (ferroccl alone). Out-of-place figures are drawn; in-place ones stay in the JSON. With
+//! `--best`, one line per library instead: at each size its best time over every record and both
+//! halves (in and out of place), as `bench/best_of.py` counts it (for a run of `bench/h200.sh`:
+//! each library's best launch mode, buffer kind and placement, size by size).
 
 use crate::bench::record;
 use crate::size::{human, parse_size};
@@ -21,6 +24,13 @@ pub struct PlotArgs {
     /// Largest size in the latency panels
     #[arg(long = "latency-max", default_value = "1M", value_parser = parse_size)]
     pub latency_max: usize,
+    /// One line per library (and type): its best time at each size over every record and both
+    /// halves (in and out of place)
+    #[arg(long)]
+    pub best: bool,
+    /// Only these types (comma-separated, as the records name them: float, bfloat16, ...)
+    #[arg(short = 'd', long = "dtype", value_delimiter = ',')]
+    pub dtypes: Vec<String>,
 }
 
 /// One line of a panel: a library's out-of-place figures from one record.
@@ -36,8 +46,8 @@ pub struct Series {
 }
 
 /// Rows of one record, reduced to what the plot needs: (library is NCCL, op, dtype, size,
-/// busbw, time).
-type Flat = Vec<(bool, String, String, f64, f64, f64)>;
+/// busbw, time, in place).
+type Flat = Vec<(bool, String, String, f64, f64, f64, bool)>;
 
 /// (size, busbw, time) of one line.
 type Points = Vec<(f64, f64, f64)>;
@@ -46,18 +56,23 @@ fn flatten(path: &Path) -> Result<(String, Flat), String> {
     if let Ok(rec) = record::read(path) {
         let mut v = Flat::new();
         for r in &rec.rows {
-            for (nccl, m) in [
-                (false, &r.ferroccl.out_of_place),
-                (true, &r.nccl.out_of_place),
-            ] {
-                v.push((
-                    nccl,
-                    r.op.clone(),
-                    r.dtype.clone(),
-                    r.size as f64,
-                    m.busbw,
-                    m.time_us,
-                ));
+            for (nccl, lib) in [(false, &r.ferroccl), (true, &r.nccl)] {
+                let halves = [
+                    (false, Some(&lib.out_of_place)),
+                    (true, lib.in_place.as_ref()),
+                ];
+                for (in_place, m) in halves {
+                    let Some(m) = m else { continue };
+                    v.push((
+                        nccl,
+                        r.op.clone(),
+                        r.dtype.clone(),
+                        r.size as f64,
+                        m.busbw,
+                        m.time_us,
+                        in_place,
+                    ));
+                }
             }
         }
         return Ok((rec.label, v));
@@ -80,15 +95,20 @@ fn flatten(path: &Path) -> Result<(String, Flat), String> {
         else {
             return Err(format!("{}: a row lacks op, dtype or size", path.display()));
         };
-        let m = &r["out_of_place"];
-        v.push((
-            false,
-            op.into(),
-            dt.into(),
-            size,
-            m["busbw"].as_f64().unwrap_or(0.0),
-            m["time_us"].as_f64().unwrap_or(0.0),
-        ));
+        for (in_place, m) in [(false, &r["out_of_place"]), (true, &r["in_place"])] {
+            if m.is_null() {
+                continue;
+            }
+            v.push((
+                false,
+                op.into(),
+                dt.into(),
+                size,
+                m["busbw"].as_f64().unwrap_or(0.0),
+                m["time_us"].as_f64().unwrap_or(0.0),
+                in_place,
+            ));
+        }
     }
     Ok((
         j["mode"].as_str().unwrap_or("ferroccl bench").to_string(),
@@ -97,11 +117,16 @@ fn flatten(path: &Path) -> Result<(String, Flat), String> {
 }
 
 /// Per operation, its lines. Names carry the record's label, made unique with the file name
-/// where two records share one, and the type where a record has several.
-pub fn collect(files: &[PathBuf]) -> Result<BTreeMap<String, Vec<Series>>, String> {
+/// where two records share one, and the type where a record has several. Out-of-place figures
+/// only; rows of other types than `dtypes` (when not empty) left out.
+pub fn collect(
+    files: &[PathBuf],
+    dtypes: &[String],
+) -> Result<BTreeMap<String, Vec<Series>>, String> {
     let mut recs = Vec::new();
     for f in files {
-        let (label, flat) = flatten(f)?;
+        let (label, mut flat) = flatten(f)?;
+        flat.retain(|r| !r.6 && (dtypes.is_empty() || dtypes.contains(&r.2)));
         recs.push((label, flat, f));
     }
     let mut out: BTreeMap<String, Vec<Series>> = BTreeMap::new();
@@ -121,7 +146,7 @@ pub fn collect(files: &[PathBuf]) -> Result<BTreeMap<String, Vec<Series>>, Strin
         dtypes.sort();
         dtypes.dedup();
         let mut lines: BTreeMap<(String, bool, String), Points> = BTreeMap::new();
-        for (nccl, op, dt, size, bw, t) in flat {
+        for (nccl, op, dt, size, bw, t, _) in flat {
             lines
                 .entry((op.clone(), *nccl, dt.clone()))
                 .or_default()
@@ -144,6 +169,55 @@ pub fn collect(files: &[PathBuf]) -> Result<BTreeMap<String, Vec<Series>>, Strin
             });
         }
         variant += dtypes.len();
+    }
+    Ok(out)
+}
+
+/// Per operation, one line per library (and type, where there are several): at each size the
+/// point of least time over every record and both halves, in and out of place.
+pub fn collect_best(
+    files: &[PathBuf],
+    dtypes: &[String],
+) -> Result<BTreeMap<String, Vec<Series>>, String> {
+    let mut best: BTreeMap<(String, bool, String), BTreeMap<u64, (f64, f64)>> = BTreeMap::new();
+    for f in files {
+        let (_, flat) = flatten(f)?;
+        for (nccl, op, dt, size, bw, t, _) in flat {
+            if !(dtypes.is_empty() || dtypes.contains(&dt)) || t <= 0.0 {
+                continue;
+            }
+            let at = best.entry((op, nccl, dt)).or_default();
+            let p = at.entry(size as u64).or_insert((bw, t));
+            if t < p.1 {
+                *p = (bw, t);
+            }
+        }
+    }
+    let several = {
+        let mut d: Vec<&String> = best.keys().map(|k| &k.2).collect();
+        d.sort();
+        d.dedup();
+        d.len() > 1
+    };
+    let mut out: BTreeMap<String, Vec<Series>> = BTreeMap::new();
+    let mut variants: BTreeMap<String, usize> = BTreeMap::new();
+    for ((op, nccl, dt), points) in best {
+        let lib = if nccl { "NCCL" } else { "ferroccl" };
+        let n = variants.len();
+        let variant = *variants.entry(dt.clone()).or_insert(n);
+        out.entry(op).or_default().push(Series {
+            name: if several {
+                format!("{lib} best {dt}")
+            } else {
+                format!("{lib} best")
+            },
+            nccl,
+            variant,
+            points: points
+                .into_iter()
+                .map(|(size, (bw, t))| (size as f64, bw, t))
+                .collect(),
+        });
     }
     Ok(out)
 }
@@ -310,6 +384,7 @@ pub fn render(
     by_op: &BTreeMap<String, Vec<Series>>,
     out: &Path,
     latency_max: usize,
+    best: bool,
 ) -> Result<(), String> {
     if by_op.is_empty() {
         return Err("nothing to plot: the records have no rows".into());
@@ -321,7 +396,11 @@ pub fn render(
     for (i, (op, series)) in by_op.iter().enumerate() {
         panel(
             &rows[2 * i],
-            &format!("{op}: bus bandwidth (out of place)"),
+            &if best {
+                format!("{op}: bus bandwidth (best of records, in or out of place)")
+            } else {
+                format!("{op}: bus bandwidth (out of place)")
+            },
             series,
             f64::MAX,
             "busbw (GB/s)",
@@ -345,8 +424,12 @@ pub fn render(
 }
 
 pub fn main(a: &PlotArgs) -> Result<(), String> {
-    let by_op = collect(&a.files)?;
-    render(&by_op, &a.output, a.latency_max)?;
+    let by_op = if a.best {
+        collect_best(&a.files, &a.dtypes)?
+    } else {
+        collect(&a.files, &a.dtypes)?
+    };
+    render(&by_op, &a.output, a.latency_max, a.best)?;
     println!("wrote {}", a.output.display());
     Ok(())
 }
@@ -366,7 +449,7 @@ mod tests {
         other.label = "processes, graph".into();
         let b = dir.join("procs.json");
         write(&b, &other).unwrap();
-        let by_op = collect(&[a.clone(), b.clone()]).unwrap();
+        let by_op = collect(&[a.clone(), b.clone()], &[]).unwrap();
         assert_eq!(by_op.keys().collect::<Vec<_>>(), ["all-reduce", "alltoall"]);
         let names: Vec<&str> = by_op["all-reduce"]
             .iter()
@@ -382,7 +465,7 @@ mod tests {
             ]
         );
         let out = dir.join("out.svg");
-        render(&by_op, &out, 1 << 20).unwrap();
+        render(&by_op, &out, 1 << 20, false).unwrap();
         let svg = std::fs::read_to_string(&out).unwrap();
         assert!(svg.starts_with("<svg"), "{}", &svg[..100.min(svg.len())]);
         // Titles, legends and axis labels are SVG text, drawn without any font file.
@@ -400,7 +483,7 @@ mod tests {
             "no lines drawn"
         );
         // The same label twice gets the file names.
-        let by_op = collect(&[a.clone(), a.clone()]).unwrap();
+        let by_op = collect(&[a.clone(), a.clone()], &[]).unwrap();
         assert!(
             by_op["alltoall"][0].name.ends_with("(threads)"),
             "{}",
@@ -449,7 +532,7 @@ mod tests {
             ],
         )]);
         let out = dir.join("ticks.svg");
-        render(&by_op, &out, 1 << 30).unwrap();
+        render(&by_op, &out, 1 << 30, false).unwrap();
         let svg = std::fs::read_to_string(&out).unwrap();
         // Every text element's content.
         let texts: Vec<&str> = svg
@@ -479,13 +562,93 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("plain.json");
         std::fs::write(&p, r#"{"mode":"threads of one process","rows":[{"op":"all-reduce","size":1024,"dtype":"float","out_of_place":{"time_us":10.0,"busbw":0.2}}]}"#).unwrap();
-        let by_op = collect(std::slice::from_ref(&p)).unwrap();
+        let by_op = collect(std::slice::from_ref(&p), &[]).unwrap();
         assert_eq!(by_op["all-reduce"].len(), 1);
         assert!(!by_op["all-reduce"][0].nccl);
         std::fs::write(&p, "{}").unwrap();
-        assert!(collect(std::slice::from_ref(&p))
+        assert!(collect(std::slice::from_ref(&p), &[])
             .unwrap_err()
             .contains("no rows"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `--best`: one line per library, each size at its least time over the records and both
+    /// halves, whichever record and half gave it; `--dtype` keeps the types named.
+    #[test]
+    fn best_lines_take_each_size_from_whichever_record_and_half_was_fastest() {
+        let dir = std::env::temp_dir().join(format!("ferroccl-plot-best-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Record a: ferroccl's out of place fastest at 8 B; record b: its in place fastest at
+        // 1 MiB, NCCL's out of place at 1 GiB; a bfloat16 row that the filter drops.
+        let mut a = sample();
+        let mut b = sample();
+        b.label = "processes".into();
+        let meas = |t: f64, size: usize| crate::bench::table::Measure {
+            time_us: t,
+            algbw: size as f64 / t / 1e3,
+            busbw: size as f64 / t / 1e3,
+            wrong: None,
+        };
+        for r in a.rows.iter_mut().filter(|r| r.size == 8) {
+            r.ferroccl.out_of_place = meas(1.5, 8);
+        }
+        for r in b.rows.iter_mut().filter(|r| r.size == 1 << 20) {
+            r.ferroccl.in_place = Some(meas(7.0, 1 << 20));
+        }
+        for r in b.rows.iter_mut().filter(|r| r.size == 1 << 30) {
+            r.nccl.out_of_place = meas(2500.0, 1 << 30);
+        }
+        let mut bf = a.rows[0].clone();
+        bf.dtype = "bfloat16".into();
+        bf.ferroccl.out_of_place = meas(0.5, 8);
+        a.rows.push(bf);
+        let (pa, pb) = (dir.join("a.json"), dir.join("b.json"));
+        write(&pa, &a).unwrap();
+        write(&pb, &b).unwrap();
+        let files = [pa, pb];
+        let by_op = collect_best(&files, &["float".to_string()]).unwrap();
+        let lines = &by_op["all-reduce"];
+        let names: Vec<&str> = lines.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["ferroccl best", "NCCL best"]);
+        let times = |s: &Series| s.points.iter().map(|p| (p.0, p.2)).collect::<Vec<_>>();
+        // sample(): ferroccl 40 / 30 / 4000 us, NCCL 9 / 20 / 3000 us at 8 B / 1 MiB / 1 GiB.
+        assert_eq!(
+            times(&lines[0]),
+            [
+                (8.0, 1.5),
+                ((1 << 20) as f64, 7.0),
+                ((1 << 30) as f64, 4000.0)
+            ]
+        );
+        assert_eq!(
+            times(&lines[1]),
+            [
+                (8.0, 9.0),
+                ((1 << 20) as f64, 20.0),
+                ((1 << 30) as f64, 2500.0)
+            ]
+        );
+        // Without the filter the bfloat16 row makes lines of its own, named by type.
+        let all = collect_best(&files, &[]).unwrap();
+        let names: Vec<&str> = all["all-reduce"].iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "ferroccl best bfloat16",
+                "ferroccl best float",
+                "NCCL best bfloat16",
+                "NCCL best float"
+            ]
+        );
+        let out = dir.join("best.svg");
+        render(&by_op, &out, 1 << 20, true).unwrap();
+        let svg = std::fs::read_to_string(&out).unwrap();
+        assert!(svg.contains("best of records, in or out of place"));
+        assert!(svg.contains("ferroccl best") && svg.contains("NCCL best"));
+        // The plain collection keeps out-of-place figures only, filtered the same way.
+        let plain = collect(&files, &["float".to_string()]).unwrap();
+        assert_eq!(plain["all-reduce"].len(), 4);
+        assert_eq!(times(&plain["all-reduce"][0])[1], ((1 << 20) as f64, 30.0));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
