@@ -1,7 +1,8 @@
-// What the peer-engine probes (peer_store.cu, peer_rooted.cu) share: error checks, the
-// system-scope release and acquire the engine's flags use (kernels/fifo.cuh), and its copy loop
-// (kernels/reduce.cuh's copy_words on 16-byte words), written here without the NVRTC headers
-// so that nvcc builds each probe from one file plus this one.
+// What the peer-engine probes (peer_store.cu, peer_rooted.cu, peer_pull.cu) share: error checks,
+// the system-scope release and acquire the engine's flags use (kernels/fifo.cuh), its copy loop
+// (kernels/reduce.cuh's copy_words on 16-byte words), opening a GPU of a pair and timing a run
+// on both, written here without the NVRTC headers so that nvcc builds each probe from one file
+// plus this one.
 #pragma once
 #include <cuda_runtime.h>
 #include <cstdio>

@@ -9,8 +9,8 @@
 //   nvcc -O3 -arch=sm_90 -o peer_pull bench/probes/peer_pull.cu && ./peer_pull
 //
 // Prints one line per configuration: GB/s per direction (bytes one GPU moves over the slowest
-// GPU's time, median of 5 runs after a warm-up), 1 GiB a direction; "ce" is one
-// cudaMemcpyPeerAsync per direction, for the copy engines' rate on the same buffers.
+// GPU's time, median of 5 runs after a warm-up), 1 GiB a direction; "ce-push" and "ce-pull" are
+// one cudaMemcpyPeerAsync per direction, for the copy engines' rate on the same buffers.
 #include <algorithm>
 #include <vector>
 
@@ -32,7 +32,8 @@ struct Gpu {
 };
 
 // One kernel per GPU taking part: GPU d moves `bytes` from GPU d's src to GPU 1-d's dst (push)
-// or from GPU 1-d's src to GPU d's dst (pull), or the copy engine pushes (blocks 0).
+// or from GPU 1-d's src to GPU d's dst (pull); with blocks 0 GPU d's stream has a copy engine do
+// the same (ce-push, ce-pull).
 static void launch(Gpu* g, int d, bool pull, int blocks, int u, size_t bytes) {
     uint4* dst = pull ? g[d].dst : g[1 - d].dst;
     const uint4* src = pull ? g[1 - d].src : g[d].src;
@@ -58,7 +59,7 @@ int main() {
         RK(cudaMemset(g[d].src, d + 1, bytes));
     }
     for (int d = 0; d < 2; ++d) { RK(cudaSetDevice(d)); RK(cudaDeviceSynchronize()); }
-    std::printf("%-8s %-4s %6s %2s %9s\n", "ways", "how", "blocks", "U", "GB/s");
+    std::printf("%-8s %-7s %6s %2s %9s\n", "ways", "how", "blocks", "U", "GB/s");
     for (int ways = 1; ways <= 2; ++ways)
         for (int pull = 0; pull <= 1; ++pull)
             for (int blocks : {0, 16, 32, 64, 128})
@@ -76,7 +77,8 @@ int main() {
                         if (rep > 0) rates.push_back(rate);  // the first warms up
                     }
                     std::sort(rates.begin(), rates.end());
-                    std::printf("%-8s %-4s %6d %2d %9.1f\n", ways == 1 ? "one-way" : "both", blocks == 0 ? "ce" : pull ? "pull" : "push",
+                    std::printf("%-8s %-7s %6d %2d %9.1f\n", ways == 1 ? "one-way" : "both",
+                                blocks == 0 ? (pull ? "ce-pull" : "ce-push") : pull ? "pull" : "push",
                                 blocks, blocks == 0 ? 0 : u, rates[rates.size() / 2]);
                     std::fflush(stdout);
                 }

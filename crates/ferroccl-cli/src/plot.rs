@@ -45,9 +45,25 @@ pub struct Series {
     pub points: Vec<(f64, f64, f64)>,
 }
 
-/// Rows of one record, reduced to what the plot needs: (library is NCCL, op, dtype, size,
-/// busbw, time, in place).
-type Flat = Vec<(bool, String, String, f64, f64, f64, bool)>;
+/// One half of one library's row, reduced to what the plot needs.
+#[derive(Clone, Debug)]
+struct Point {
+    nccl: bool,
+    op: String,
+    dtype: String,
+    /// The reduction and the record's rank count: what a best-of line must not mix.
+    redop: String,
+    nranks: u64,
+    size: f64,
+    busbw: f64,
+    time: f64,
+    in_place: bool,
+    /// Checked and found wrong: never a best figure.
+    wrong: bool,
+}
+
+/// Rows of one record, reduced to what the plot needs.
+type Flat = Vec<Point>;
 
 /// (size, busbw, time) of one line.
 type Points = Vec<(f64, f64, f64)>;
@@ -63,15 +79,18 @@ fn flatten(path: &Path) -> Result<(String, Flat), String> {
                 ];
                 for (in_place, m) in halves {
                     let Some(m) = m else { continue };
-                    v.push((
+                    v.push(Point {
                         nccl,
-                        r.op.clone(),
-                        r.dtype.clone(),
-                        r.size as f64,
-                        m.busbw,
-                        m.time_us,
+                        op: r.op.clone(),
+                        dtype: r.dtype.clone(),
+                        redop: r.redop.clone(),
+                        nranks: rec.nranks as u64,
+                        size: r.size as f64,
+                        busbw: m.busbw,
+                        time: m.time_us,
                         in_place,
-                    ));
+                        wrong: m.wrong.is_some_and(|w| w > 0),
+                    });
                 }
             }
         }
@@ -99,15 +118,18 @@ fn flatten(path: &Path) -> Result<(String, Flat), String> {
             if m.is_null() {
                 continue;
             }
-            v.push((
-                false,
-                op.into(),
-                dt.into(),
+            v.push(Point {
+                nccl: false,
+                op: op.into(),
+                dtype: dt.into(),
+                redop: r["redop"].as_str().unwrap_or("").into(),
+                nranks: j["nranks"].as_u64().unwrap_or(0),
                 size,
-                m["busbw"].as_f64().unwrap_or(0.0),
-                m["time_us"].as_f64().unwrap_or(0.0),
+                busbw: m["busbw"].as_f64().unwrap_or(0.0),
+                time: m["time_us"].as_f64().unwrap_or(0.0),
                 in_place,
-            ));
+                wrong: m["wrong"].as_u64().is_some_and(|w| w > 0),
+            });
         }
     }
     Ok((
@@ -126,7 +148,7 @@ pub fn collect(
     let mut recs = Vec::new();
     for f in files {
         let (label, mut flat) = flatten(f)?;
-        flat.retain(|r| !r.6 && (dtypes.is_empty() || dtypes.contains(&r.2)));
+        flat.retain(|r| !r.in_place && (dtypes.is_empty() || dtypes.contains(&r.dtype)));
         recs.push((label, flat, f));
     }
     let mut out: BTreeMap<String, Vec<Series>> = BTreeMap::new();
@@ -142,15 +164,15 @@ pub fn collect(
         } else {
             label.clone()
         };
-        let mut dtypes: Vec<&String> = flat.iter().map(|r| &r.2).collect();
+        let mut dtypes: Vec<&String> = flat.iter().map(|r| &r.dtype).collect();
         dtypes.sort();
         dtypes.dedup();
         let mut lines: BTreeMap<(String, bool, String), Points> = BTreeMap::new();
-        for (nccl, op, dt, size, bw, t, _) in flat {
+        for p in flat {
             lines
-                .entry((op.clone(), *nccl, dt.clone()))
+                .entry((p.op.clone(), p.nccl, p.dtype.clone()))
                 .or_default()
-                .push((*size, *bw, *t));
+                .push((p.size, p.busbw, p.time));
         }
         for ((op, nccl, dt), mut points) in lines {
             points.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -173,44 +195,61 @@ pub fn collect(
     Ok(out)
 }
 
-/// Per operation, one line per library (and type, where there are several): at each size the
-/// point of least time over every record and both halves, in and out of place.
+/// Per operation, one line per library (and type, reduction and rank count, where the records
+/// hold several): at each size the point of least time over every record and both halves, in
+/// and out of place; halves found wrong by a check are left out.
 pub fn collect_best(
     files: &[PathBuf],
     dtypes: &[String],
 ) -> Result<BTreeMap<String, Vec<Series>>, String> {
-    let mut best: BTreeMap<(String, bool, String), BTreeMap<u64, (f64, f64)>> = BTreeMap::new();
+    type Line = (String, bool, String, String, u64);
+    let mut best: BTreeMap<Line, BTreeMap<u64, (f64, f64)>> = BTreeMap::new();
     for f in files {
         let (_, flat) = flatten(f)?;
-        for (nccl, op, dt, size, bw, t, _) in flat {
-            if !(dtypes.is_empty() || dtypes.contains(&dt)) || t <= 0.0 {
+        for p in flat {
+            if !(dtypes.is_empty() || dtypes.contains(&p.dtype)) || p.time <= 0.0 || p.wrong {
                 continue;
             }
-            let at = best.entry((op, nccl, dt)).or_default();
-            let p = at.entry(size as u64).or_insert((bw, t));
-            if t < p.1 {
-                *p = (bw, t);
+            let at = best
+                .entry((p.op, p.nccl, p.dtype, p.redop, p.nranks))
+                .or_default();
+            let q = at.entry(p.size as u64).or_insert((p.busbw, p.time));
+            if p.time < q.1 {
+                *q = (p.busbw, p.time);
             }
         }
     }
-    let several = {
-        let mut d: Vec<&String> = best.keys().map(|k| &k.2).collect();
-        d.sort();
-        d.dedup();
-        d.len() > 1
+    // Which of type, reduction and rank count vary within an operation name its lines.
+    let varies = |op: &str, f: fn(&Line) -> String| {
+        let mut v: Vec<String> = best.keys().filter(|k| k.0 == op).map(f).collect();
+        v.sort();
+        v.dedup();
+        v.len() > 1
     };
+    let names: Vec<String> = best
+        .keys()
+        .map(|k| {
+            let (op, nccl, dt, redop, nranks) = k;
+            let mut name = format!("{} best", if *nccl { "NCCL" } else { "ferroccl" });
+            if varies(op, |k| k.2.clone()) {
+                name += &format!(" {dt}");
+            }
+            if varies(op, |k| k.3.clone()) {
+                name += &format!(" {redop}");
+            }
+            if varies(op, |k| k.4.to_string()) {
+                name += &format!(" {nranks} ranks");
+            }
+            name
+        })
+        .collect();
     let mut out: BTreeMap<String, Vec<Series>> = BTreeMap::new();
-    let mut variants: BTreeMap<String, usize> = BTreeMap::new();
-    for ((op, nccl, dt), points) in best {
-        let lib = if nccl { "NCCL" } else { "ferroccl" };
+    let mut variants: BTreeMap<(String, String, u64), usize> = BTreeMap::new();
+    for (((op, nccl, dt, redop, nranks), points), name) in best.into_iter().zip(names) {
         let n = variants.len();
-        let variant = *variants.entry(dt.clone()).or_insert(n);
+        let variant = *variants.entry((dt, redop, nranks)).or_insert(n);
         out.entry(op).or_default().push(Series {
-            name: if several {
-                format!("{lib} best {dt}")
-            } else {
-                format!("{lib} best")
-            },
+            name,
             nccl,
             variant,
             points: points
@@ -579,7 +618,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ferroccl-plot-best-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         // Record a: ferroccl's out of place fastest at 8 B; record b: its in place fastest at
-        // 1 MiB, NCCL's out of place at 1 GiB; a bfloat16 row that the filter drops.
+        // 1 MiB, NCCL's out of place at 1 GiB; bfloat16 rows that the filter drops.
         let mut a = sample();
         let mut b = sample();
         b.label = "processes".into();
@@ -598,10 +637,19 @@ mod tests {
         for r in b.rows.iter_mut().filter(|r| r.size == 1 << 30) {
             r.nccl.out_of_place = meas(2500.0, 1 << 30);
         }
+        // A faster half that a check found wrong is never the best.
+        for r in a.rows.iter_mut().filter(|r| r.size == 1 << 30) {
+            r.ferroccl.out_of_place = crate::bench::table::Measure {
+                wrong: Some(3),
+                ..meas(1000.0, 1 << 30)
+            };
+        }
         let mut bf = a.rows[0].clone();
         bf.dtype = "bfloat16".into();
         bf.ferroccl.out_of_place = meas(0.5, 8);
-        a.rows.push(bf);
+        let mut bf_max = bf.clone();
+        bf_max.redop = "max".into();
+        a.rows.extend([bf, bf_max]);
         let (pa, pb) = (dir.join("a.json"), dir.join("b.json"));
         write(&pa, &a).unwrap();
         write(&pb, &b).unwrap();
@@ -628,18 +676,24 @@ mod tests {
                 ((1 << 30) as f64, 2500.0)
             ]
         );
-        // Without the filter the bfloat16 row makes lines of its own, named by type.
+        // Without the filter the bfloat16 rows make lines of their own, named by type and, as
+        // the reductions differ within the operation, by reduction.
         let all = collect_best(&files, &[]).unwrap();
         let names: Vec<&str> = all["all-reduce"].iter().map(|s| s.name.as_str()).collect();
         assert_eq!(
             names,
             [
-                "ferroccl best bfloat16",
-                "ferroccl best float",
-                "NCCL best bfloat16",
-                "NCCL best float"
+                "ferroccl best bfloat16 max",
+                "ferroccl best bfloat16 sum",
+                "ferroccl best float sum",
+                "NCCL best bfloat16 max",
+                "NCCL best bfloat16 sum",
+                "NCCL best float sum"
             ]
         );
+        // One type and one reduction in alltoall: its lines are named by neither.
+        let names: Vec<&str> = all["alltoall"].iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["ferroccl best", "NCCL best"]);
         let out = dir.join("best.svg");
         render(&by_op, &out, 1 << 20, true).unwrap();
         let svg = std::fs::read_to_string(&out).unwrap();

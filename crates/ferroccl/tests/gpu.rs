@@ -699,10 +699,15 @@ fn child_pull() {
         g.launch().unwrap();
         comm.synchronize().unwrap();
         let pull = pulled() > before;
-        // A pull runs on at most tune::PEER_PULL_BLOCKS blocks, whatever the staging's cut.
+        // A pull runs on tune::PEER_PULL_BLOCKS blocks here, whatever the staging's cut: every
+        // count below is past PEER_PULL_BLOCKS x PEER_BLOCK_BYTES (one block per 8 KiB).
         if pull {
             let blocks = comm.last_launch_blocks().unwrap();
-            assert!(blocks as usize <= tune::PEER_PULL_BLOCKS, "{blocks} blocks");
+            assert_eq!(
+                blocks as usize,
+                tune::PEER_PULL_BLOCKS,
+                "{count}: {blocks} blocks"
+            );
         }
         pull
     };

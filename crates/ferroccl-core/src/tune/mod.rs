@@ -115,7 +115,7 @@ pub const FOLD_BLOCKS: usize = 16;
 /// where Sum, Prod, Max and Min of the wider types ran 338-351 against 315-341
 /// (docs/PERFORMANCE.md section 21). Avg, since its division became a shift or a multiplication
 /// (section 25): float32 1-2 GiB all-reduce 344-356 against the kernels' 315-318, reduce-scatter
-/// 323-344 against 317-331; bfloat16 slower on 16 blocks (all-reduce 260-269 against 283-287,
+/// 323-344 against 317-331; bfloat16 slower on 16 blocks (all-reduce 260-269 against 284-287,
 /// reduce-scatter 240-261 against 296-300), as the general loop converts every element.
 pub fn fold_pays(dtype: DataType, redop: i32) -> bool {
     let narrow = matches!(
@@ -551,12 +551,13 @@ pub const PEER_PULL_MIN_BYTES: usize = 16 << 20;
 pub const PEER_PULL_MAX_BYTES: usize = 512 << 20;
 
 /// The most thread blocks a pulling all-reduce runs on (it fills no slots, so the staging's cut
-/// does not bind it). On 2 x H200 (registered, a process per GPU, graphs, out of place, GB/s,
-/// two alternated runs, 64 / 32 / 16 / 128 blocks): 32 MiB 311-312 / 310-311 / 301-306 / 311-313,
-/// 128 MiB 330-331 / 328-329 / 321-325 / 330-331, 512 MiB 334-335 / 334-335 / 326-331 / 334-335
-/// (docs/PERFORMANCE.md section 26; `bench/probes/peer_pull.cu` had 16 blocks' loads both ways
-/// level with 64's, the fold's HBM traffic is what 16 lose on); this cap against 64 blocks in one
-/// call: 0.2-1.1 % slower (32 MiB 309-310 against 313-314). 32: half the SMs for at most 1 %.
+/// does not bind it). On 2 x H200 (registered, a process per GPU, graphs, out of place, float32
+/// and bfloat16 together, GB/s, two alternated runs, 64 / 32 / 16 / 128 blocks): 32 MiB 311-312 /
+/// 310-311 / 301-306 / 311-313, 128 MiB 330-331 / 328-329 / 321-325 / 330-331, 512 MiB 334-335 /
+/// 334-335 / 326-331 / 334-335 (docs/PERFORMANCE.md section 26; `bench/probes/peer_pull.cu` had
+/// 16 blocks' loads both ways level with 64's, the fold's HBM traffic is what 16 lose on); this
+/// cap against 64 blocks in one call: 0.6-1.3 % slower at 32 MiB (float32 309-310 against 313-314),
+/// 0.1-0.7 % from 128 MiB. 32: half the SMs for about 1 %.
 pub const PEER_PULL_BLOCKS: usize = 32;
 
 /// Whether the peer engine's all-reduce of `op` (on 2 ranks, `bytes` its largest buffer) pulls:
@@ -864,7 +865,9 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
                 } else {
                     "the peer engine's flag per block and round"
                 },
-                channels: if split {
+                channels: if pull {
+                    "one per FERROCCL_GPU_PEER_BLOCK_BYTES (8 KiB) of the largest buffer, up to PEER_PULL_BLOCKS (32): a pull fills no slots"
+                } else if split {
                     "one per FERROCCL_GPU_PEER_BLOCK_BYTES (8 KiB) of the largest buffer, up to the blocks its staging is cut for (FERROCCL_GPU_PEER_BLOCKS), half sending and half receiving (FERROCCL_GPU_PEER_SPLIT)"
                 } else {
                     "one per FERROCCL_GPU_PEER_BLOCK_BYTES (8 KiB) of the largest buffer, up to the blocks its staging is cut for (FERROCCL_GPU_PEER_BLOCKS: 64 on 2 ranks, 32 beyond)"
