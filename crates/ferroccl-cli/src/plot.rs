@@ -244,10 +244,11 @@ pub fn collect_best(
         })
         .collect();
     let mut out: BTreeMap<String, Vec<Series>> = BTreeMap::new();
-    let mut variants: BTreeMap<(String, String, u64), usize> = BTreeMap::new();
+    // Colours step through each operation's own lines (type, reduction, rank count).
+    let mut variants: BTreeMap<(String, String, String, u64), usize> = BTreeMap::new();
     for (((op, nccl, dt, redop, nranks), points), name) in best.into_iter().zip(names) {
-        let n = variants.len();
-        let variant = *variants.entry((dt, redop, nranks)).or_insert(n);
+        let n = variants.keys().filter(|k| k.0 == op).count();
+        let variant = *variants.entry((op.clone(), dt, redop, nranks)).or_insert(n);
         out.entry(op).or_default().push(Series {
             name,
             nccl,
