@@ -695,6 +695,12 @@ mod tests {
         // One type and one reduction in alltoall: its lines are named by neither.
         let names: Vec<&str> = all["alltoall"].iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["ferroccl best", "NCCL best"]);
+        // Colours step through each operation's own lines: alltoall's first as all-reduce's.
+        let v = |op: &str| all[op].iter().map(|s| s.variant).collect::<Vec<_>>();
+        assert_eq!(
+            (v("all-reduce"), v("alltoall")),
+            (vec![0, 1, 2, 0, 1, 2], vec![0, 0])
+        );
         let out = dir.join("best.svg");
         render(&by_op, &out, 1 << 20, true).unwrap();
         let svg = std::fs::read_to_string(&out).unwrap();
