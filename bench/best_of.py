@@ -3,11 +3,13 @@
 each library's best time (and bus bandwidth) over every record given and both halves (in and
 out of place), which record gave it, and ferroccl's best over NCCL's best as a ratio.
 
-    python3 bench/best_of.py DIR_OR_JSON... [--dtype float] [--md] [--json OUT.json]
+    python3 bench/best_of.py DIR_OR_JSON... [--dtype float] [--redop sum] [--md] [--json OUT.json]
 
 A cell compares the two libraries only where both were measured in the same records; a
 record's NCCL is whatever it names in its `nccl` field (the newest on the machine for
-bench/h200.sh). Records may be gzipped.
+bench/h200.sh). Records may be gzipped. Reductions count with one reduction (`--redop`, Sum by
+default), halves a check found wrong never count, and records of different rank counts are
+refused.
 """
 import argparse, glob, gzip, json, os, sys
 
@@ -27,18 +29,21 @@ def load(paths):
     return recs
 
 
-def best(recs, dtype):
+def best(recs, dtype, redop="sum"):
+    """Per (op, size), each library's least time over the records and both halves: rows of
+    `dtype` only, reductions of `redop` only (the movement kinds' "none" always), halves a check
+    found wrong left out."""
     cells = {}
     for name, j in recs:
         for r in j["rows"]:
-            if r["dtype"] != dtype or "nccl" not in r:
+            if r["dtype"] != dtype or "nccl" not in r or r.get("redop", "none") not in (redop, "none"):
                 continue
             key = (r["op"], r["size"])
             c = cells.setdefault(key, {"ferroccl": None, "nccl": None})
             for lib in ("ferroccl", "nccl"):
                 for half in ("out_of_place", "in_place"):
                     m = (r.get(lib) or {}).get(half)
-                    if not m or m.get("time_us") is None:
+                    if not m or m.get("time_us") is None or (m.get("wrong") or 0) > 0:
                         continue
                     if c[lib] is None or m["time_us"] < c[lib]["time_us"]:
                         c[lib] = {"time_us": m["time_us"], "busbw": m["busbw"], "record": name, "half": half,
@@ -64,13 +69,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("paths", nargs="+")
     ap.add_argument("--dtype", default="float")
+    ap.add_argument("--redop", default="sum", help="the reduction of the reducing kinds' cells")
     ap.add_argument("--md", action="store_true", help="a markdown table: ferroccl / NCCL, us to 512 KiB, GB/s above, ferroccl bold where ahead")
     ap.add_argument("--json")
     a = ap.parse_args()
     recs = load(a.paths)
     if not recs:
         sys.exit("best_of.py: no --vs-nccl records")
-    cells = best(recs, a.dtype)
+    ranks = sorted({j.get("nranks") for _, j in recs}, key=str)
+    if len(ranks) > 1:
+        sys.exit(f"best_of.py: the records hold different rank counts ({ranks}); give one count's records")
+    cells = best(recs, a.dtype, a.redop)
     ops = list(dict.fromkeys(op for op, _ in sorted(cells, key=lambda k: k[1])))
     if a.json:
         out = [{"op": op, "size": s, "dtype": a.dtype, **c,
