@@ -4,7 +4,8 @@
 # process per GPU), without and with CUDA graphs, and with registered buffers (NCCL's symmetric
 # windows, ferroccl's windows), so that each cell can be compared with NCCL's best; plus a
 # short checked pass in which both libraries' outputs are verified element by element. Writes one JSON record and one log per
-# run, and SVG plots, into OUTDIR. Fits in 10 minutes on 4 x H200 (the iteration budget gives
+# run, and SVG plots (each run's, and each library's best size by size: best-float.svg,
+# best-bfloat16.svg), into OUTDIR. Fits in 10 minutes on 4 x H200 (the iteration budget gives
 # large sizes fewer iterations; a run that would pass the deadline is cut short and named).
 #
 # Needs no Rust: copy the release binary over (target/release/ferroccl) and run
@@ -125,6 +126,8 @@ if (( ${#jsons[@]} > 0 )); then
     (( ${#eager[@]} )) && "$BIN" plot "${eager[@]}" -o "$OUT/host-launches.svg"
     (( ${#graph[@]} )) && "$BIN" plot "${graph[@]}" -o "$OUT/cuda-graphs.svg"
     for f in "${eager[@]}" "${graph[@]}"; do "$BIN" plot "$f" -o "${f%.json}.svg" >/dev/null; done
+    # Each library's best at every size over every run and both halves (the README's plot).
+    for t in float bfloat16; do "$BIN" plot --best -d "$t" "${jsons[@]}" -o "$OUT/best-$t.svg" >/dev/null; done
 fi
 # PyTorch's SymmetricMemory beside NCCL on the same machine, right after (the bandwidth and
 # latency issues ask for it): ANCHOR=path/to/torch_symm_allreduce.py (shared/anchors/).
