@@ -118,12 +118,8 @@ pub const FOLD_BLOCKS: usize = 16;
 /// 323-344 against 317-331; bfloat16 slower on 16 blocks (all-reduce 260-269 against 284-287,
 /// reduce-scatter 240-261 against 296-300), as the general loop converts every element.
 pub fn fold_pays(dtype: DataType, redop: i32) -> bool {
-    let narrow = matches!(
-        dtype,
-        DataType::Int8 | DataType::Uint8 | DataType::Float8E4M3 | DataType::Float8E5M2
-    );
     match redop {
-        r if (ReduceOp::Sum.nccl_id()..=ReduceOp::Min.nccl_id()).contains(&r) => !narrow,
+        r if (ReduceOp::Sum.nccl_id()..=ReduceOp::Min.nccl_id()).contains(&r) => dtype.size() >= 2,
         r if r == ReduceOp::Avg.nccl_id() => dtype.size() >= 4,
         _ => false,
     }
