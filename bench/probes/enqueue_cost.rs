@@ -150,6 +150,37 @@ fn driver_floor(c: &Comm, config: &Config, calls: usize) -> Vec<(String, f64)> {
         t.push(start.elapsed().as_secs_f64() * 1e6);
     }
     out.push(("cuStreamIsCapturing".into(), median(t)));
+    // What every launch adds around the kernel's: the ordering event recorded after it
+    // (StreamOrder::after) and binding the GPU's context, already current.
+    let mut event = std::ptr::null_mut();
+    // SAFETY: an out pointer for a new event of the bound context.
+    cu_ok("cuEventCreate", unsafe {
+        sys::cuEventCreate(
+            &mut event,
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+        )
+    })
+    .expect("event");
+    let mut t = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let start = Instant::now();
+        // SAFETY: our event and the communicator's live stream.
+        cu_ok("cuEventRecord", unsafe {
+            sys::cuEventRecord(event, stream)
+        })
+        .expect("record");
+        t.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    out.push(("cuEventRecord".into(), median(t)));
+    // SAFETY: our event, recorded; destroying it is allowed.
+    unsafe { sys::cuEventDestroy_v2(event) };
+    let mut t = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let start = Instant::now();
+        gpu.bind().expect("bind");
+        t.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    out.push(("cuCtxSetCurrent (already current)".into(), median(t)));
     out
 }
 

@@ -21,6 +21,8 @@ pub(crate) mod kernels;
 mod launch;
 pub(crate) mod mapper;
 mod p2p;
+#[cfg(test)]
+mod publish_model;
 pub(crate) mod tables;
 pub(crate) mod verify;
 pub(crate) mod window;
