@@ -155,29 +155,15 @@ __device__ __forceinline__ bool peer_room(const FcPeer& P, fc_u32 slice, fc_u64 
     return __shfl_sync(0xffffffffu, ok, 0) != 0;
 }
 
-// Which peer this thread raises flags and acknowledgements for (or a value no peer has): lane q
-// of the block's last warp (FC_PEER_SIGNAL_LAST_WARP, on by default), else thread q. A release
-// waits until the block's stores before it are acknowledged, about a microsecond over NVLink;
-// the last warp stores nothing in a rooted round (peer_round), so its wait holds no store back
-// while the other warps go on into the next round. Thread q of warp 0 stalled its warp's share
-// of the next round's stores, and the round's end waited for that share.
-#ifndef FC_PEER_SIGNAL_LAST_WARP
-#define FC_PEER_SIGNAL_LAST_WARP 1
-#endif
-__device__ __forceinline__ fc_u32 signal_peer() { return FC_PEER_SIGNAL_LAST_WARP ? threadIdx.x - (blockDim.x - 32u) : threadIdx.x; }
-
-// The threads that store a rooted round's messages: all but the signalling warp.
-__device__ __forceinline__ fc_u32 rooted_storers() { return FC_PEER_SIGNAL_LAST_WARP ? blockDim.x - 32u : blockDim.x; }
-
 // Block-wide, at the first barrier of round s: false on every thread when one failed (`bad`);
-// else thread q (signal_peer) acknowledges round `ack` (s - 1: every thread's reads of it came before this
+// else thread q acknowledges round `ack` (s - 1: every thread's reads of it came before this
 // barrier) to peer q, and when `to` names q and `phase` is a phase (not FC_PEER_PHASES), tells
 // q this block's stores of the phase are done. The ordering of fifo.cuh: the barrier puts
 // every thread's stores before thread q's release, which is cumulative and orders the flag
 // after them.
 __device__ __forceinline__ bool peer_signal(const FcPeer& P, fc_u32 slice, fc_u32 phase, fc_u64 s, fc_u32 to, int bad, fc_u64 ack) {
     if (__syncthreads_or(bad)) return false;
-    const fc_u32 q = signal_peer();
+    const fc_u32 q = threadIdx.x;
     if (ack > 0 && peer_in(P, q, FC_PEER_ALL)) st_release_sys(peer_flag(P, q, slice, P.rank, 2), ack);
     if (phase < FC_PEER_PHASES && peer_in(P, q, to)) {
         st_release_sys(peer_flag(P, q, slice, P.rank, phase), s);
@@ -649,11 +635,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     const bool per_sender = kind != FC_KIND_BROADCAST && kind != FC_KIND_SCATTER;
     const fc_u64* direct_to = DR.on ? DR.to + (s & 1u) * FC_PEER_MAX_RANKS : nullptr;
     const int bad = sending && sends && check_room && !peer_room(P, b, s, targets, direct_to);
-    // A rooted round's plain copies leave the signalling warp out (signal_peer); a round with a
-    // transform (PreMulSum's pre-multiplication) or every rank sending keeps every warp.
-    const bool pre = reduces && !SUM && op.redop == FC_OP_PREMULSUM;
-    const fc_u32 storers = (to_root || from_root) && !pre ? rooted_storers() : blockDim.x;
-    if (sending && sends && !bad && threadIdx.x < storers) {
+    if (sending && sends && !bad) {
         for (fc_u32 j = 1; j < n; ++j) {
             const fc_u32 q = (me + j) % n;
             if (!peer_in(P, q, targets)) continue;
@@ -663,8 +645,8 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
             // The block of this rank's input that q gets.
             const bool per_peer = kind == FC_KIND_REDUCE_SCATTER || kind == FC_KIND_ALL_TO_ALL || kind == FC_KIND_SCATTER;
             const fc_u8* src = in + ((per_peer ? q * c : 0) + at) * es;
-            if (pre) transform_as<D, SUM>(op, slot, src, len, true, false);
-            else copy_among(slot, nullptr, src, bytes, threadIdx.x, storers);
+            if (reduces) transform_as<D, SUM>(op, slot, src, len, true, false);
+            else copy_bytes(slot, nullptr, src, bytes);
         }
     }
     if (sending && sends) peer_direct_mark(P, DR, b, s, targets);
@@ -677,7 +659,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
         // Every round ends in a barrier, which orders each look before the reads two rounds on.
         if (sends && !last) peer_direct_look(P, DR, b, s, targets);
         // After the flags: the receivers start on their copies while this block makes its own.
-        if (own_src != nullptr && own_src != own_dst && threadIdx.x < storers) copy_among(own_dst, nullptr, own_src, bytes, threadIdx.x, storers);
+        if (own_src != nullptr && own_src != own_dst) copy_bytes(own_dst, nullptr, own_src, bytes);
     }
     if (receiving && receives) {
         if (!peer_wait(P, b, 0, s, sources, &DR)) return false;
@@ -752,8 +734,8 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
     // The previous launch's last round is over here (see the top); in a split launch the receive
     // block says so, as its own later acknowledgements (same thread, same line) must not be
     // overtaken by this one.
-    if (seq > 0 && role != FC_ROLE_SEND && fc::peer_in(P, fc::signal_peer(), FC_PEER_ALL)) {
-        fc::st_relaxed_sys(fc::peer_flag(P, fc::signal_peer(), slice, P.rank, 2), seq);
+    if (seq > 0 && role != FC_ROLE_SEND && fc::peer_in(P, threadIdx.x, FC_PEER_ALL)) {
+        fc::st_relaxed_sys(fc::peer_flag(P, threadIdx.x, slice, P.rank, 2), seq);
     }
     const fc_u64 start = fc::cut(P.count, nslices, slice), end = fc::cut(P.count, nslices, slice + 1);
     // Direct rounds (see the top): the receiving side posts its output, the sending side looks
