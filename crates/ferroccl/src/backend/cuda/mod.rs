@@ -21,8 +21,6 @@ pub(crate) mod kernels;
 mod launch;
 pub(crate) mod mapper;
 mod p2p;
-#[cfg(test)]
-mod publish_model;
 pub(crate) mod tables;
 pub(crate) mod verify;
 pub(crate) mod window;

@@ -89,84 +89,6 @@ __device__ bool p2p_send_simple(const Param& P, const FcP2pStep& s, fc_u64& seq)
     return true;
 }
 
-// A simple-protocol send with its publishing taken off the copy (FC_P2P_PUBLISH_WARP, on by
-// default): the block's last warp publishes, the others copy. The publish's release waits until
-// the piece's stores over NVLink are acknowledged (about a microsecond); with the whole block
-// behind one barrier per piece (p2p_send_simple) the link idled that long in each piece, and
-// the copying warps now go on to the next piece meanwhile (NCCL gives the fence and flag to a
-// warp of their own alike).
-// Pieces alternate between named barriers 1 and 2: the copying warps arrive (no wait) at the
-// end of each piece, the publishing warp waits there (all copies of the piece done; the barrier
-// orders them before its release, as __syncthreads does in p2p_send_simple), notes in shared
-// memory that it passed, and its lane 0 publishes. A barrier may be arrived at again only once
-// its last phase is complete, so a copying warp starts piece k only when the publisher has
-// passed piece k - 2's barrier: the copies run up to two pieces ahead of the publishes. The room
-// check stays each warp's own (p2p_room). A warp whose room wait failed copies nothing more but
-// still arrives at every barrier, so that nobody waits for it; no piece from the failed one on
-// is published. False on failure, on every thread.
-#ifndef FC_P2P_PUBLISH_WARP
-#define FC_P2P_PUBLISH_WARP 1
-#endif
-
-__device__ __forceinline__ void bar_arrive(fc_u32 id, fc_u32 n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_sync(fc_u32 id, fc_u32 n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-
-template <typename Param>
-__device__ bool p2p_send_simple_split(const Param& P, const FcP2pStep& s, fc_u64& seq) {
-    __shared__ fc_u64 passed;  // pieces whose barrier the publishing warp has passed
-    __shared__ int failed;
-    const FcConn* c = (const FcConn*)P.conns + s.conn;
-    const fc_u64 stride = c->slot_bytes;
-    const fc_u64 first = seq;
-    const fc_u64 pieces = (s.bytes + s.piece - 1) / s.piece;
-    const fc_u32 nt = blockDim.x;
-    const fc_u32 copiers = nt - 32u;
-    if (threadIdx.x == 0) {
-        passed = 0;
-        failed = 0;
-    }
-    __syncthreads();
-    if (threadIdx.x >= copiers) {
-        for (fc_u64 k = 0; k < pieces; ++k) {
-            bar_sync(1u + (fc_u32)(k & 1u), nt);
-            if (threadIdx.x == copiers) {
-                *(volatile fc_u64*)&passed = k + 1;
-                if (*(volatile int*)&failed == 0) {
-                    const fc_u64 off = k * s.piece;
-                    const fc_u64 nb = s.bytes - off < s.piece ? s.bytes - off : s.piece;
-                    fifo_publish(c->lens, c->head, s.slots, first + k, (fc_u32)nb);
-                }
-            }
-            __syncwarp();
-        }
-    } else {
-        const fc_u8* src = (const fc_u8*)s.buf;
-        fc_u64 tail_seen = 0;
-        for (fc_u64 k = 0; k < pieces; ++k) {
-            if (k >= 2) {
-                while (*(volatile fc_u64*)&passed + 1u < k) {
-                }
-            }
-            // Warp-uniform: p2p_room's shuffles need the whole warp.
-            bool go = __all_sync(0xffffffffu, *(volatile int*)&failed == 0);
-            if (go && !p2p_room(P, s, first + k, tail_seen)) {
-                go = false;
-                if ((threadIdx.x & 31u) == 0) *(volatile int*)&failed = 1;
-            }
-            if (go) {
-                const fc_u64 off = k * s.piece;
-                const fc_u64 nb = s.bytes - off < s.piece ? s.bytes - off : s.piece;
-                copy_among((fc_u8*)s.base + ((first + k) % s.slots) * stride, nullptr, src + off, nb, threadIdx.x, copiers);
-            }
-            bar_arrive(1u + (fc_u32)(k & 1u), nt);
-        }
-    }
-    __syncthreads();
-    const bool ok = *(volatile int*)&failed == 0;
-    if (ok) seq = first + pieces;
-    return ok;
-}
-
 // An LL receive: each piece's lines, every thread waiting for its own and storing their data;
 // then the barrier (every load of the slot has returned) and thread 0 frees the slot with a
 // relaxed store, as release_ll does. False, on every thread, when a wait failed.
@@ -289,11 +211,7 @@ __device__ __forceinline__ void p2p_main(const Param& P) {
             p2p_bind(send, s.counter);
             // A send fails warp by warp (a room wait); the block agrees before its next barrier.
             bool sent;
-            if constexpr (WIDE) {
-                if (s.ll) sent = p2p_send_ll(P, s, send.seq);
-                else if (FC_P2P_PUBLISH_WARP && s.bytes > s.piece && blockDim.x >= 64u) sent = p2p_send_simple_split(P, s, send.seq);
-                else sent = p2p_send_simple(P, s, send.seq);
-            }
+            if constexpr (WIDE) sent = s.ll ? p2p_send_ll(P, s, send.seq) : p2p_send_simple(P, s, send.seq);
             else sent = p2p_send_ll(P, s, send.seq);
             ok = !__syncthreads_or(!sent);
         } else {

@@ -282,14 +282,14 @@ __device__ __forceinline__ bool aligned16(fc_u64 a) { return (a & 15u) == 0; }
 
 // dst0[i] (and dst1[i] when non-null) = src[i] for `bytes` bytes, in the widest words that every
 // pointer's alignment allows, then the odd tail bytewise.
-// Thread `tid` of the `nt` that share the copy (the block, or its copying warps).
 template <typename W, int U>
-__device__ __forceinline__ void copy_words(fc_u8* d0, fc_u8* d1, const fc_u8* src, fc_u64 bytes, fc_u32 tid, fc_u32 nt) {
+__device__ __forceinline__ void copy_words(fc_u8* d0, fc_u8* d1, const fc_u8* src, fc_u64 bytes) {
     const fc_u64 nw = bytes / sizeof(W);
     const W* s = (const W*)src;
     W* a = (W*)d0;
     W* b = (W*)d1;
-    fc_u64 i = tid;
+    const fc_u32 nt = blockDim.x;
+    fc_u64 i = threadIdx.x;
     // U loads in flight per thread before the first store: over NVLink latency, not bandwidth,
     // limits a single load stream.
     for (; i + (fc_u64)(U - 1) * nt < nw; i += (fc_u64)U * nt) {
@@ -307,7 +307,7 @@ __device__ __forceinline__ void copy_words(fc_u8* d0, fc_u8* d1, const fc_u8* sr
         a[i] = v;
         if (b) b[i] = v;
     }
-    for (fc_u64 j = nw * sizeof(W) + tid; j < bytes; j += nt) {
+    for (fc_u64 j = nw * sizeof(W) + threadIdx.x; j < bytes; j += nt) {
         fc_u8 v = ldcg(src + j);
         d0[j] = v;
         if (d1) d1[j] = v;
@@ -317,18 +317,13 @@ __device__ __forceinline__ void copy_words(fc_u8* d0, fc_u8* d1, const fc_u8* sr
 // Not inlined, here and in reduce/transform below: the kernel calls each from several places,
 // and inlined copies of these unrolled loops doubled NVRTC's time for a call per piece saved.
 // Only the 16-byte path is unrolled; the narrower ones serve odd offsets, which plans avoid.
-// `copy_among` is the same copy by threads [0, nt) of the block only (the point-to-point send's
-// copying warps, while its last warp publishes).
-__device__ __noinline__ void copy_among(fc_u8* d0, fc_u8* d1, const fc_u8* src, fc_u64 bytes, fc_u32 tid, fc_u32 nt) {
+__device__ __noinline__ void copy_bytes(fc_u8* d0, fc_u8* d1, const fc_u8* src, fc_u64 bytes) {
     const fc_u64 a = (fc_u64)d0 | (fc_u64)src | (fc_u64)d1;
-    if ((a & 15u) == 0) copy_words<uint4, FC_COPY_UNROLL>(d0, d1, src, bytes, tid, nt);
-    else if ((a & 7u) == 0) copy_words<fc_u64, 1>(d0, d1, src, bytes, tid, nt);
-    else if ((a & 3u) == 0) copy_words<fc_u32, 1>(d0, d1, src, bytes, tid, nt);
-    else if ((a & 1u) == 0) copy_words<fc_u16, 1>(d0, d1, src, bytes, tid, nt);
-    else copy_words<fc_u8, 1>(d0, d1, src, bytes, tid, nt);
-}
-__device__ __forceinline__ void copy_bytes(fc_u8* d0, fc_u8* d1, const fc_u8* src, fc_u64 bytes) {
-    copy_among(d0, d1, src, bytes, threadIdx.x, blockDim.x);
+    if ((a & 15u) == 0) copy_words<uint4, FC_COPY_UNROLL>(d0, d1, src, bytes);
+    else if ((a & 7u) == 0) copy_words<fc_u64, 1>(d0, d1, src, bytes);
+    else if ((a & 3u) == 0) copy_words<fc_u32, 1>(d0, d1, src, bytes);
+    else if ((a & 1u) == 0) copy_words<fc_u16, 1>(d0, d1, src, bytes);
+    else copy_words<fc_u8, 1>(d0, d1, src, bytes);
 }
 
 // One element of reduce_piece: l = local; if pre l *= scalar, rounded to the element type; v =
