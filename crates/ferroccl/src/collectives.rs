@@ -24,7 +24,6 @@
 //!   Every message names the operation, its sequence number and the peer.
 
 use crate::comm::Comm;
-use crate::group::Group;
 use crate::ops::OpArgs;
 use ferroccl_core::numeric::Element;
 use ferroccl_core::{CollKind, Error, Rank, ReduceOp};
@@ -49,9 +48,9 @@ impl Comm {
     /// `args.send` and `args.recv` must be valid for reads / writes of the extents the operation
     /// implies (see [`OpArgs`]) until the call returns, and not be accessed by others meanwhile.
     pub unsafe fn run_raw(&self, args: &OpArgs) -> Result<(), Error> {
-        let mut g = Group::new();
-        g.push_raw(self, *args)?;
-        g.launch()
+        // A group of one, without the group's vector.
+        crate::group::check_op(self, args)?;
+        crate::launch::launch(&[(self, *args)])
     }
 
     /// Runs `kind` with typed buffers; the count comes from the buffer sizes (see
@@ -169,7 +168,7 @@ impl Comm {
     }
     /// Sends `buf` to `peer`, which must post a [`Comm::recv`] of the same length. Alone, a
     /// send completes when the peer has received it; to exchange with several peers, or both
-    /// ways with one, put the sends and receives in one [`Group`] (any order, no deadlock).
+    /// ways with one, put the sends and receives in one [`Group`](crate::Group) (any order, no deadlock).
     pub fn send<T: Element>(&self, buf: &[T], peer: Rank) -> Result<(), Error> {
         self.run(CollKind::Send, buf, &mut [], ReduceOp::Sum, peer)
     }

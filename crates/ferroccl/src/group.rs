@@ -41,6 +41,20 @@ pub struct Group<'a> {
     _buffers: PhantomData<&'a mut [u8]>,
 }
 
+/// The checks an operation passes before it joins a launch: its arguments against the
+/// communicator, a device scalar only on a GPU one, and a communicator still usable.
+pub(crate) fn check_op(comm: &Comm, args: &OpArgs) -> Result<(), Error> {
+    args.validate(comm.info.rank, comm.info.nranks)
+        .map_err(|e| e.context(format!("rank {} of {}", comm.info.rank, comm.info.nranks)))?;
+    if args.device_scalar.is_some() && comm.backend.cuda().is_none() {
+        return Err(Error::InvalidArgument(format!(
+            "{}: a device pre-mul-sum scalar needs a GPU communicator; rank {} runs on the host (use ReduceOp::PreMulSum(value))",
+            args.kind, comm.info.rank
+        )));
+    }
+    comm.ensure_usable(args.kind.name())
+}
+
 impl<'a> Group<'a> {
     /// An empty group.
     pub fn new() -> Group<'a> {
@@ -56,15 +70,7 @@ impl<'a> Group<'a> {
     /// # Safety
     /// The buffers must stay valid, and untouched by others, until `launch` returns.
     pub unsafe fn push_raw(&mut self, comm: &'a Comm, args: OpArgs) -> Result<(), Error> {
-        args.validate(comm.info.rank, comm.info.nranks)
-            .map_err(|e| e.context(format!("rank {} of {}", comm.info.rank, comm.info.nranks)))?;
-        if args.device_scalar.is_some() && comm.backend.cuda().is_none() {
-            return Err(Error::InvalidArgument(format!(
-                "{}: a device pre-mul-sum scalar needs a GPU communicator; rank {} runs on the host (use ReduceOp::PreMulSum(value))",
-                args.kind, comm.info.rank
-            )));
-        }
-        comm.ensure_usable(args.kind.name())?;
+        check_op(comm, &args)?;
         self.items.push((comm, args));
         Ok(())
     }

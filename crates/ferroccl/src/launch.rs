@@ -17,33 +17,53 @@ use std::sync::MutexGuard;
 /// Runs `items` (each an operation on a communicator, in issue order) as one launch. GPU
 /// communicators return once their work is enqueued; host ones once it is done.
 pub(crate) fn launch(items: &[(&Comm, OpArgs)]) -> Result<(), Error> {
-    if items.is_empty() {
-        return Ok(());
-    }
-    // One entry per communicator, in first-use order, with its operations in issue order.
-    let mut comms: Vec<(&Comm, Vec<OpArgs>)> = Vec::with_capacity(1);
-    for (c, a) in items {
-        match comms.iter_mut().find(|(x, _)| std::ptr::eq(*x, *c)) {
-            Some((_, v)) => v.push(*a),
-            None => comms.push((c, vec![*a])),
+    match items {
+        [] => Ok(()),
+        // One operation on one communicator, the common call: nothing to group, sort or
+        // collect, so it allocates nothing (the host cost of one call: docs/PERFORMANCE.md,
+        // section 5).
+        [(c, a)] => {
+            let mut st = lock(c)?;
+            run_locked(&[(c, std::slice::from_ref(a))], std::slice::from_mut(&mut st))
+        }
+        _ => {
+            // One entry per communicator, in first-use order, with its operations in issue
+            // order.
+            let mut grouped: Vec<(&Comm, Vec<OpArgs>)> = Vec::new();
+            for (c, a) in items {
+                match grouped.iter_mut().find(|(x, _)| std::ptr::eq(*x, *c)) {
+                    Some((_, v)) => v.push(*a),
+                    None => grouped.push((c, vec![*a])),
+                }
+            }
+            let comms: Vec<(&Comm, &[OpArgs])> =
+                grouped.iter().map(|(c, v)| (*c, v.as_slice())).collect();
+            let mut order: Vec<usize> = (0..comms.len()).collect();
+            order.sort_by_key(|&i| comms[i].0 as *const Comm as usize);
+            let mut guards: Vec<Option<MutexGuard<CommState>>> =
+                (0..comms.len()).map(|_| None).collect();
+            for &i in &order {
+                guards[i] = Some(lock(comms[i].0)?);
+            }
+            let mut states: Vec<MutexGuard<CommState>> =
+                guards.into_iter().map(|g| g.expect("locked")).collect();
+            run_locked(&comms, &mut states)
         }
     }
-    let mut order: Vec<usize> = (0..comms.len()).collect();
-    order.sort_by_key(|&i| comms[i].0 as *const Comm as usize);
-    let mut guards: Vec<Option<MutexGuard<CommState>>> = (0..comms.len()).map(|_| None).collect();
-    for &i in &order {
-        guards[i] = Some(
-            comms[i]
-                .0
-                .state
-                .lock()
-                .map_err(|_| Error::Internal("communicator state poisoned".into()))?,
-        );
-    }
-    let mut states: Vec<MutexGuard<CommState>> =
-        guards.into_iter().map(|g| g.expect("locked")).collect();
+}
 
-    for ((comm, _), st) in comms.iter().zip(&states) {
+fn lock(c: &Comm) -> Result<MutexGuard<'_, CommState>, Error> {
+    c.state
+        .lock()
+        .map_err(|_| Error::Internal("communicator state poisoned".into()))
+}
+
+/// The launch once every communicator is locked (`states[i]` is `comms[i]`'s).
+fn run_locked(
+    comms: &[(&Comm, &[OpArgs])],
+    states: &mut [MutexGuard<CommState>],
+) -> Result<(), Error> {
+    for ((comm, _), st) in comms.iter().zip(states.iter()) {
         if let Some(e) = &st.failed {
             return Err(Error::Aborted(format!(
                 "rank {}: the communicator failed earlier: {e}",
@@ -51,7 +71,7 @@ pub(crate) fn launch(items: &[(&Comm, OpArgs)]) -> Result<(), Error> {
             )));
         }
     }
-    agree(&comms, &mut states)?;
+    agree(comms, states)?;
 
     let gpus = comms
         .iter()
@@ -99,10 +119,7 @@ pub(crate) fn launch(items: &[(&Comm, OpArgs)]) -> Result<(), Error> {
 
 /// Check mode (`FERROCCL_CHECK_MISMATCH`): the communicators that have it on and a collective
 /// in this launch compare every rank's operations before anything moves.
-fn agree(
-    comms: &[(&Comm, Vec<OpArgs>)],
-    states: &mut [MutexGuard<CommState>],
-) -> Result<(), Error> {
+fn agree(comms: &[(&Comm, &[OpArgs])], states: &mut [MutexGuard<CommState>]) -> Result<(), Error> {
     let checked: Vec<usize> = (0..comms.len())
         .filter(|&i| {
             comms[i].0.info.config.check_mismatch
