@@ -134,7 +134,7 @@ fn agree(comms: &[(&Comm, &[OpArgs])], states: &mut [MutexGuard<CommState>]) -> 
     }
     let sigs: Vec<Vec<u8>> = checked
         .iter()
-        .map(|&i| mismatch::signature(states[i].seq + 1, &comms[i].1))
+        .map(|&i| mismatch::signature(states[i].seq + 1, comms[i].1))
         .collect();
     let boots: Vec<_> = checked.iter().map(|&i| &comms[i].0.boot).collect();
     let mut first: Option<Error> = None;
