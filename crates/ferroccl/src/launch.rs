@@ -24,7 +24,10 @@ pub(crate) fn launch(items: &[(&Comm, OpArgs)]) -> Result<(), Error> {
         // section 5).
         [(c, a)] => {
             let mut st = lock(c)?;
-            run_locked(&[(c, std::slice::from_ref(a))], std::slice::from_mut(&mut st))
+            run_locked(
+                &[(c, std::slice::from_ref(a))],
+                std::slice::from_mut(&mut st),
+            )
         }
         _ => {
             // One entry per communicator, in first-use order, with its operations in issue
