@@ -709,7 +709,8 @@ impl Config {
                 self.gpu_fold_blocks
             )));
         }
-        if self.gpu_fold_piece_bytes < (64 << 10) || self.gpu_fold_piece_bytes % 4096 != 0 {
+        if self.gpu_fold_piece_bytes < (64 << 10) || !self.gpu_fold_piece_bytes.is_multiple_of(4096)
+        {
             return Err(Error::InvalidArgument(format!(
                 "gpu_fold_piece_bytes={} must be a multiple of 4096, at least 65536",
                 self.gpu_fold_piece_bytes

@@ -76,7 +76,7 @@ fn f32_shape(kind: CollKind, count: usize, nranks: usize, in_place: bool) -> OpS
 fn edge_bits(q: usize, i: usize) -> u32 {
     let nan = |p: u32| 0x7fc0_0000u32 | p;
     match i % 4 {
-        0 if (i / 4 + q) % 2 == 0 => 0,
+        0 if (i / 4 + q).is_multiple_of(2) => 0,
         0 => 0x8000_0000,
         1 => nan((q as u32 + 1) * 0x111 + (i as u32 & 0xff)),
         2 if q == 0 => nan(0x2a),

@@ -1672,7 +1672,7 @@ mod tests {
             for q in 0..n {
                 for l in 0..CE_LANES {
                     let a = CeFlags::piece_at(n, CeFlags::piece(n, q, l)).unwrap();
-                    assert!(a / 128 == q && a % 4 == 0 && at.insert(a));
+                    assert!(a / 128 == q && a.is_multiple_of(4) && at.insert(a));
                 }
                 assert_eq!(CeFlags::piece_at(n, CeFlags::ready(n, q, 0)), None);
                 assert_eq!(CeFlags::piece_at(n, CeFlags::full(n, q, 0)), None);

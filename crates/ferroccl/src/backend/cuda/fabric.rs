@@ -867,13 +867,19 @@ mod tests {
                 PEER_MAX_BLOCKS * n * PEER_PHASES * LINE
             );
             assert_eq!(g.recv_arena_bytes() - g.peer_fold_off(), n * LINE);
-            assert!(g.peer_seqs_off() >= plain.send_arena_bytes() && g.peer_seqs_off() % LINE == 0);
+            assert!(
+                g.peer_seqs_off() >= plain.send_arena_bytes()
+                    && g.peer_seqs_off().is_multiple_of(LINE)
+            );
             assert_eq!(
                 g.send_arena_bytes(),
                 g.peer_seqs_off() + 2 * PEER_MAX_BLOCKS * 8
             );
             // Both arenas in one allocation, as Fabric::new maps them.
-            assert!(g.send_arena_off() >= g.recv_arena_bytes() && g.send_arena_off() % 4096 == 0);
+            assert!(
+                g.send_arena_off() >= g.recv_arena_bytes()
+                    && g.send_arena_off().is_multiple_of(4096)
+            );
             assert_eq!(g.arena_bytes(), g.send_arena_off() + g.send_arena_bytes());
             let arenas: Vec<Arenas> = (0..n as u64)
                 .map(|q| Arenas {
