@@ -168,7 +168,8 @@ impl Comm {
     }
     /// Sends `buf` to `peer`, which must post a [`Comm::recv`] of the same length. Alone, a
     /// send completes when the peer has received it; to exchange with several peers, or both
-    /// ways with one, put the sends and receives in one [`Group`](crate::Group) (any order, no deadlock).
+    /// ways with one, put the sends and receives in one [`Group`](crate::Group) (any order, no
+    /// deadlock).
     pub fn send<T: Element>(&self, buf: &[T], peer: Rank) -> Result<(), Error> {
         self.run(CollKind::Send, buf, &mut [], ReduceOp::Sum, peer)
     }
