@@ -22,10 +22,6 @@
 #ifndef FC_REDUCE_UNROLL
 #define FC_REDUCE_UNROLL 4
 #endif
-// The engines' Avg in a loop of its own (reduce_as); 0: the general loop, for comparison.
-#ifndef FC_AVG_LEAN
-#define FC_AVG_LEAN 1
-#endif
 
 namespace fc {
 
@@ -556,12 +552,14 @@ __device__ __noinline__ void reduce_as(const FcOp& op, fc_u8* d0, fc_u8* d1, con
         case FC_OP_PROD: reduce_with<D>(op, d0, d1, recv, local, n, FC_OP_PROD, false, false); break;
         case FC_OP_MAX: reduce_with<D>(op, d0, d1, recv, local, n, FC_OP_MAX, false, false); break;
         case FC_OP_MIN: reduce_with<D>(op, d0, d1, recv, local, n, FC_OP_MIN, false, false); break;
-        default:
-            // Avg's last pass: the Sum loop with the division compiled in (FC_AVG_LEAN), where
-            // the general loop tested its pre and post flags at every element (8-bit Avg 1.4-1.9 x
-            // Sum at 512 MiB, docs/PERFORMANCE.md section 25). Avg and PreMulSum combine as Sum.
-            if (FC_AVG_LEAN && post && !pre) reduce_piece<D>(d0, d1, recv, local, n, FC_OP_SUM, false, true, typename D::C(0), op.nranks);
-            else reduce_with<D>(op, d0, d1, recv, local, n, FC_OP_SUM, pre, post);
+        // Avg combines as Sum; its last pass divides, in the Sum loop with the division compiled
+        // in, where the general loop tested a pre and a post flag at every element (8-bit Avg went
+        // from 1.5-2 x Sum to 1.3-1.55 x, bfloat16's to level: docs/PERFORMANCE.md section 28).
+        case FC_OP_AVG:
+            if (post) reduce_piece<D>(d0, d1, recv, local, n, FC_OP_SUM, false, true, typename D::C(0), op.nranks);
+            else reduce_with<D>(op, d0, d1, recv, local, n, FC_OP_SUM, false, false);
+            break;
+        default: reduce_with<D>(op, d0, d1, recv, local, n, FC_OP_SUM, pre, false);  // Sum, and PreMulSum as Sum
     }
 }
 
