@@ -1,7 +1,9 @@
 //! The host cost of one call: how long `Comm::run_raw` takes to return, for an all-reduce of
 //! 8 bytes, with the same shape and buffers every time, with new buffers every time (new
 //! addresses, as a framework's caching allocator hands out), and with a new shape every time
-//! (a new element count). Median and 90th percentile over the calls of the slowest rank.
+//! (a new element count). Median and 90th percentile over the calls of the slowest rank. Then
+//! one thread driving every rank: a group of one all-reduce per rank, the same shape and buffers
+//! every time (`FERROCCL_LAUNCH_SPIN_US=0` makes its launches one after the other).
 //!
 //! cargo bench -p ferroccl --bench enqueue_cost [-- CALLS]
 //!
@@ -15,7 +17,7 @@
 //! operation, not an enqueue cost, and says what the host backend's path costs.
 
 use ferroccl::mem::{DeviceBuffer, MemStats};
-use ferroccl::{CollKind, Comm, Config, DataType, Device, OpArgs, ReduceOp};
+use ferroccl::{CollKind, Comm, Config, DataType, Device, Group, OpArgs, ReduceOp};
 use std::time::Instant;
 
 /// Which addresses and shapes the calls use.
@@ -70,6 +72,40 @@ fn time_calls(c: &Comm, send: u64, recv: u64, case: Case, calls: usize) -> Vec<f
         }
     }
     c.synchronize().expect("synchronize");
+    t
+}
+
+/// Per-call times (us) of `calls` groups, each an all-reduce on every communicator, from this
+/// one thread.
+fn time_groups(comms: &[Comm], bases: &[(u64, u64)], calls: usize) -> Vec<f64> {
+    let group = || {
+        let mut g = Group::new();
+        for (c, &(s, r)) in comms.iter().zip(bases) {
+            // SAFETY: the buffers hold every call's extent (see `main`).
+            unsafe { g.push_raw(c, args(s, r, Case::Repeat, 0)) }.expect("push");
+        }
+        g
+    };
+    let sync = || {
+        comms
+            .iter()
+            .for_each(|c| c.synchronize().expect("synchronize"))
+    };
+    for _ in 0..16 {
+        group().launch().expect("warm-up");
+    }
+    sync();
+    let mut t = Vec::with_capacity(calls);
+    for i in 0..calls {
+        let g = group();
+        let start = Instant::now();
+        g.launch().expect("all-reduce group");
+        t.push(start.elapsed().as_secs_f64() * 1e6);
+        if i % 256 == 255 {
+            sync();
+        }
+    }
+    sync();
     t
 }
 
@@ -270,6 +306,16 @@ fn main() {
             p90 = p90.max(percentile(&mut t, 0.9));
         }
         println!("{:<12} {med:>8.2} {p90:>8.2}", format!("{case:?}"));
+    }
+    if comms.len() > 1 {
+        let mut t = time_groups(&comms, &bases, calls);
+        let (med, p90) = (percentile(&mut t, 0.5), percentile(&mut t, 0.9));
+        println!(
+            "{:<12} {med:>8.2} {p90:>8.2}   (one thread, a group over all {} ranks, spin {} us)",
+            "OneThread",
+            comms.len(),
+            config.launch_spin_us
+        );
     }
     if gpus > 0 {
         println!("the driver's floor on rank 0's GPU and stream, median us:");

@@ -213,6 +213,12 @@ pub struct Config {
     /// the work before it; every block still waits for that work before touching memory. 0
     /// launches them the classic way. Ranks may differ.
     pub gpu_early_launch: bool,
+    /// FERROCCL_LAUNCH_SPIN_US (default 200): a call that launches on several GPUs from one
+    /// thread (a group over their communicators) hands every GPU's launch but the first to a
+    /// helper thread, so the driver's launches run at once rather than in turn; a helper spins
+    /// this many microseconds after its last launch, then sleeps until a call wakes it (that
+    /// call launches in turn). 0: the calling thread makes every launch. Ranks may differ.
+    pub launch_spin_us: u64,
     /// FERROCCL_GPU_P2P_KERNEL (default on): a GPU launch whose plan holds only sends and
     /// receives (and copies for sends to oneself) runs on the plan kernel's point-to-point form,
     /// which speaks the same protocols on the same connections with less work per message; 0
@@ -287,6 +293,7 @@ impl Default for Config {
             gpu_ce_window_bytes: 128 << 20,
             gpu_early_launch: true,
             gpu_p2p_kernel: true,
+            launch_spin_us: 200,
             job_secret: None,
             heartbeat_interval: Duration::from_millis(500),
             heartbeat_misses: 6,
@@ -482,6 +489,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_GPU_EARLY_LAUNCH") {
             c.gpu_early_launch = parse_bool("FERROCCL_GPU_EARLY_LAUNCH", v)?;
+        }
+        if let Some(v) = get("FERROCCL_LAUNCH_SPIN_US") {
+            c.launch_spin_us = parse("FERROCCL_LAUNCH_SPIN_US", v)?;
         }
         if let Some(v) = get("FERROCCL_GPU_P2P_KERNEL") {
             c.gpu_p2p_kernel = parse_bool("FERROCCL_GPU_P2P_KERNEL", v)?;
@@ -1149,6 +1159,17 @@ mod tests {
             .iter()
             .any(|(k, _)| k.contains("P2P_KERNEL")));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_P2P_KERNEL", "maybe")])).is_err());
+        let spin = Config::from_vars(&vars(&[("FERROCCL_LAUNCH_SPIN_US", "0")])).unwrap();
+        assert_eq!(
+            (spin.launch_spin_us, Config::default().launch_spin_us),
+            (0, 200)
+        );
+        // Who makes a launch changes no byte: ranks may differ.
+        assert!(!spin
+            .shared_settings()
+            .iter()
+            .any(|(k, _)| k.contains("SPIN")));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_LAUNCH_SPIN_US", "-1")])).is_err());
         let d = Config::from_vars(&vars(&[(
             "FERROCCL_KERNEL_DEFINES",
             " FC_COPY_UNROLL=8 ,FC_X ",

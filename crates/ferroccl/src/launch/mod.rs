@@ -13,6 +13,9 @@ use crate::mismatch::{self, Disagreement};
 use crate::ops::{launch_label, OpArgs};
 use ferroccl_core::Error;
 use std::sync::MutexGuard;
+use std::time::Duration;
+
+mod fanout;
 
 /// Runs `items` (each an operation on a communicator, in issue order) as one launch. GPU
 /// communicators return once their work is enqueued; host ones once it is done.
@@ -105,19 +108,41 @@ fn run_locked(
             .collect();
         return host::launch(&mut members);
     }
-    // Each GPU's work goes to its stream and the call returns; launches to several GPUs from
-    // one thread go back to back, none waits for another's completion.
-    for ((c, args), st) in comms.iter().zip(states.iter_mut()) {
-        let Backend::Cuda(cuda) = &c.backend else {
-            unreachable!("counted above")
-        };
-        if let Err(e) = cuda.launch(&c.info, st, args) {
-            // Peers may have launched their side already: this communicator cannot be trusted.
-            st.failed.get_or_insert_with(|| e.clone());
-            return Err(e.context(format!("rank {} of {}", c.info.rank, c.info.nranks)));
-        }
+    // Each GPU's work goes to its stream and the call returns; none waits for another's
+    // completion. Several communicators' launches from one thread are made at once by the
+    // launch helpers where they are spinning (`fanout`), else here in turn.
+    let mut results: Vec<Result<(), Error>> = comms.iter().map(|_| Ok(())).collect();
+    let mut jobs: Vec<_> = comms
+        .iter()
+        .zip(states.iter_mut())
+        .zip(results.iter_mut())
+        .map(|(((c, args), st), out)| {
+            let st: &mut CommState = st;
+            move || *out = launch_one(c, st, args)
+        })
+        .collect();
+    if let [job] = &mut jobs[..] {
+        job();
+    } else {
+        let spin = Duration::from_micros(comms[0].0.info.config.launch_spin_us);
+        let mut erased: Vec<fanout::Job<'_>> =
+            jobs.iter_mut().map(|j| j as fanout::Job<'_>).collect();
+        fanout::run(spin, &mut erased);
     }
-    Ok(())
+    drop(jobs);
+    results.into_iter().collect()
+}
+
+/// One GPU communicator's share of a launch.
+fn launch_one(c: &Comm, st: &mut CommState, args: &[OpArgs]) -> Result<(), Error> {
+    let Backend::Cuda(cuda) = &c.backend else {
+        unreachable!("counted above")
+    };
+    cuda.launch(&c.info, st, args).map_err(|e| {
+        // Peers may have launched their side already: this communicator cannot be trusted.
+        st.failed.get_or_insert_with(|| e.clone());
+        e.context(format!("rank {} of {}", c.info.rank, c.info.nranks))
+    })
 }
 
 /// Check mode (`FERROCCL_CHECK_MISMATCH`): the communicators that have it on and a collective
