@@ -1737,18 +1737,22 @@ fn the_one_shot_all_reduce_gives_both_ranks_the_same_bits() {
     }
 }
 
-/// Line rounds (the peer engine's one-shot all-reduce in 128-byte lines, 2 ranks): every
-/// reduction (PreMulSum with a scalar per rank), in place and out, buffers 16-byte aligned or
-/// not, counts that end mid-line and mid-warp, one round a block and two, each after a rooted
-/// operation's rounds (whose acknowledgements its first round must wait for); Max and Min give
-/// both ranks the same bits; int8 sums wrap exactly from odd byte offsets. Needs one GPU.
+/// Line rounds (the peer engine's one-shot all-reduce, reduce-scatter and reduce in 128-byte
+/// lines, 2 ranks): every reduction (PreMulSum with a scalar per rank), in place and out, buffers
+/// 16-byte aligned or not, counts that end mid-line and mid-warp, one round a block and two,
+/// each all-reduce after a rooted operation's rounds (whose acknowledgements its first round
+/// must wait for) and each reduce-scatter and reduce after the other (the reduce's senders wait
+/// for its root's acknowledgement of every round); a reduce writes nothing on the rank that is
+/// not its root; Max and Min give both ranks the same bits; int8 sums wrap exactly from odd byte
+/// offsets. Needs one GPU.
 #[test]
 #[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn line_rounds_are_exact_across_reductions_alignments_and_tails() {
-    // Lines to 8 MiB (past the default 1 MiB): two rounds a block at the largest count.
+    // Lines to 16 MiB (past the default 1 MiB): two rounds a block at the largest count, for
+    // the all-reduce and the reduce-scatter (whose input holds two shares).
     let cfg = Config {
         gpu_copy_engine_bytes: 0,
-        gpu_peer_lines_max_bytes: 8 << 20,
+        gpu_peer_lines_max_bytes: 16 << 20,
         ..Config::default()
     };
     let Some(comms) = ranks_on_one_gpu(2, cfg) else {
@@ -1766,6 +1770,8 @@ fn line_rounds_are_exact_across_reductions_alignments_and_tails() {
         let send = DeviceBuffer::alloc(gpu, most * 4, &[], &stats).unwrap();
         let recv = DeviceBuffer::alloc(gpu, most * 4, &[], &stats).unwrap();
         let other = DeviceBuffer::alloc(gpu, most * 4, &[], &stats).unwrap();
+        // A reduce-scatter's input: two shares.
+        let wide = DeviceBuffer::alloc(gpu, 2 * most * 4, &[], &stats).unwrap();
         // Rank q's small integers for `tag` (exact under every reduction here).
         let small = |tag: usize, q: usize, len: usize| -> Vec<f32> {
             (0..len)
@@ -1840,6 +1846,111 @@ fn line_rounds_are_exact_across_reductions_alignments_and_tails() {
                     if skip == 1 && !in_place {
                         assert_eq!(got[0].to_bits(), 0x7fc0_0bad, "{what}: before the start");
                     }
+                }
+            }
+            // The reduce-scatter (the peer's share out, the own share folded) and the reduce
+            // (into the root), each after the other.
+            for &(op, f) in &redops {
+                let op = match op {
+                    ReduceOp::PreMulSum(_) => ReduceOp::PreMulSum(r as f64 + 2.0),
+                    op => op,
+                };
+                for (in_place, skip) in [(false, 0usize), (true, 0), (false, 1), (true, 1)] {
+                    tag += 1;
+                    let sentinel = vec![f32::from_bits(0x7fc0_0bad); 2 * most];
+                    // Reduce-scatter: rank r's result is share r of the two inputs' fold; in
+                    // place its output is its input's share r.
+                    let shape = f32_shape(CollKind::ReduceScatter, count, 2, in_place);
+                    let choice = tune::choose(&shape, tune::Device::Gpu, c.config());
+                    assert_eq!(choice.protocol, tune::Protocol::LL128, "{choice}");
+                    let ins: Vec<Vec<f32>> = (0..2).map(|q| small(tag, q, 2 * count)).collect();
+                    wide.copy_from_host(0, f32_bytes(&sentinel)).unwrap();
+                    recv.copy_from_host(0, f32_bytes(&sentinel[..most]))
+                        .unwrap();
+                    wide.copy_from_host(skip * 4, f32_bytes(&ins[r])).unwrap();
+                    let base = wide.device_ptr() + (skip * 4) as u64;
+                    let (out_buf, out_at) = if in_place {
+                        (&wide, skip + r * count)
+                    } else {
+                        (&recv, skip)
+                    };
+                    run(OpArgs {
+                        kind: CollKind::ReduceScatter,
+                        op,
+                        send: base as *const u8,
+                        recv: (out_buf.device_ptr() + (out_at * 4) as u64) as *mut u8,
+                        ..all_reduce_args(&send, &recv, count)
+                    });
+                    let got = read_f32(out_buf, out_at + count + 1).unwrap();
+                    let what =
+                        format!("rank {r}, reduce-scatter of {count} x f32 {op:?}, in place {in_place}, offset {skip}");
+                    for i in 0..count {
+                        let j = r * count + i;
+                        assert_eq!(
+                            got[out_at + i].to_bits(),
+                            f(ins[0][j], ins[1][j]).to_bits(),
+                            "{what}: element {i}"
+                        );
+                    }
+                    // Past the output: the sentinel, or in place on rank 0 share 1 of its input,
+                    // which it sent and must not have changed.
+                    let after = if in_place && r == 0 {
+                        ins[0][count]
+                    } else {
+                        f32::from_bits(0x7fc0_0bad)
+                    };
+                    assert_eq!(
+                        got[out_at + count].to_bits(),
+                        after.to_bits(),
+                        "{what}: past the end"
+                    );
+                    // Reduce into root tag % 2, out of place on the other rank's unused output
+                    // too: it must stay as it was.
+                    let root = tag % 2;
+                    let shape = f32_shape(CollKind::Reduce, count, 2, in_place);
+                    let choice = tune::choose(&shape, tune::Device::Gpu, c.config());
+                    assert_eq!(choice.protocol, tune::Protocol::LL128, "{choice}");
+                    let mine = small(tag + 7, r, count);
+                    let (input, output) = if in_place {
+                        (&recv, &recv)
+                    } else {
+                        (&send, &recv)
+                    };
+                    recv.copy_from_host(0, f32_bytes(&sentinel[..most]))
+                        .unwrap();
+                    input.copy_from_host(skip * 4, f32_bytes(&mine)).unwrap();
+                    run(OpArgs {
+                        kind: CollKind::Reduce,
+                        op,
+                        root,
+                        send: (input.device_ptr() + (skip * 4) as u64) as *const u8,
+                        recv: (output.device_ptr() + (skip * 4) as u64) as *mut u8,
+                        ..all_reduce_args(&send, &recv, count)
+                    });
+                    let got = read_f32(&recv, count + skip + 1).unwrap();
+                    let (a, b) = (small(tag + 7, 0, count), small(tag + 7, 1, count));
+                    let what = format!(
+                        "rank {r}, reduce to {root} of {count} x f32 {op:?}, in place {in_place}, offset {skip}"
+                    );
+                    for i in 0..count {
+                        let want = if r == root {
+                            f(a[i], b[i])
+                        } else if in_place {
+                            mine[i]
+                        } else {
+                            f32::from_bits(0x7fc0_0bad)
+                        };
+                        assert_eq!(
+                            got[skip + i].to_bits(),
+                            want.to_bits(),
+                            "{what}: element {i}"
+                        );
+                    }
+                    assert_eq!(
+                        got[skip + count].to_bits(),
+                        0x7fc0_0bad,
+                        "{what}: past the end"
+                    );
                 }
             }
             // Max and Min over signed zeros and NaN payloads that differ by rank.

@@ -596,9 +596,10 @@ pub fn peer_line_round_elems(slot: usize, es: usize) -> usize {
     2 * slot / LINE_GROUP_BYTES * LINE_GROUP_DATA / es.max(1)
 }
 
-/// Whether the peer engine's one-shot all-reduce of `op` (2 ranks, `bytes` its largest buffer)
-/// travels in lines (`Protocol::LL128`): every reduction, in place or not, windows or not, up to
-/// `FERROCCL_GPU_PEER_LINES_MAX_BYTES`. The staged one-shot's round stores, drains its stores
+/// Whether the peer engine's rounds of `op` (2 ranks, `bytes` its largest buffer) travel in lines
+/// (`Protocol::LL128`): the one-shot all-reduce, the reduce-scatter and the reduce (the kinds
+/// that fold what they receive, where the fold can follow the lines as they land), every
+/// reduction, in place or not, windows or not, up to `FERROCCL_GPU_PEER_LINES_MAX_BYTES`. The staged one-shot's round stores, drains its stores
 /// over the link (a release per block), raises a flag and waits for the peer's before it folds,
 /// so the link idles through the fold and the crossing costs a fixed 5-6 us (all-reduce 256 KiB
 /// 5.8 us, 4 MiB 18.0 us on 2 x H200: docs/PERFORMANCE.md, "What limits us now"); in lines each
@@ -607,8 +608,10 @@ pub fn peer_line_round_elems(slot: usize, es: usize) -> usize {
 /// warp's 128-byte store crosses NVLink whole (as NCCL's LL128 protocol also takes it), which
 /// PCIe does not promise; the communicator turns the knob off where a link is not NVLink.
 pub fn peer_lines(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
-    op.kind == CollKind::AllReduce
-        && op.nranks == 2
+    matches!(
+        op.kind,
+        CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
+    ) && op.nranks == 2
         && bytes.is_some_and(|b| b <= cfg.gpu_peer_lines_max_bytes)
 }
 
@@ -800,7 +803,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             // A pull has no slots to fill: one round takes a block's whole slice.
             CollKind::AllReduce if pull => (Algo::OneShot, op.count.max(1)),
             // Lines fill the parity's two slots, a sixteenth of them flags.
-            CollKind::AllReduce if lines => (Algo::OneShot, peer_line_round_elems(slot, es).max(1)),
+            _ if lines => (Algo::OneShot, peer_line_round_elems(slot, es).max(1)),
             CollKind::AllReduce if !one_crossing => {
                 (Algo::TwoShot, slot_elems.saturating_mul(op.nranks))
             }
@@ -857,7 +860,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
                     "beyond the direct engine: one round per slot on the peer engine"
                 },
                 protocol: if lines {
-                    "all-reduce of 2 ranks over NVLink within FERROCCL_GPU_PEER_LINES_MAX_BYTES: 128-byte lines with the round's flag in each"
+                    "all-reduce, reduce-scatter or reduce of 2 ranks over NVLink within FERROCCL_GPU_PEER_LINES_MAX_BYTES: 128-byte lines with the round's flag in each"
                 } else {
                     "the peer engine's flag per block and round"
                 },

@@ -1932,11 +1932,16 @@ fn the_peer_engine_splits_one_phase_rounds_only_where_asked_and_safe() {
             *PEER_SPLIT_ROOTED_BYTES.start(),
             *PEER_SPLIT_ROOTED_BYTES.end(),
         ] {
-            // (Gather and scatter of 256 KiB send 128 KiB: the direct engine's.)
+            // (Gather and scatter of 256 KiB send 128 KiB: the direct engine's; the reductions
+            // within FERROCCL_GPU_PEER_LINES_MAX_BYTES take line rounds, never split.)
             let c = at(b);
+            let lines = matches!(kind, Reduce | AllReduce | ReduceScatter)
+                && c.engine == Engine::PeerKernel
+                && b <= PEER_LINES_MAX_BYTES;
+            assert_eq!(c.protocol == Protocol::LL128, lines, "{kind} at {b}: {c}");
             assert_eq!(
                 c.split,
-                rooted && c.engine == Engine::PeerKernel,
+                rooted && c.engine == Engine::PeerKernel && !lines,
                 "{kind} at {b}"
             );
         }
@@ -2241,19 +2246,20 @@ fn pulls_by_default_from_16_to_512_mib() {
     );
 }
 
-/// Line rounds (FERROCCL_GPU_PEER_LINES_MAX_BYTES): the peer engine's one-shot all-reduce on 2
-/// ranks up to the limit, whatever the buffers (plain or windows, in place or not) and the
-/// reduction, in rounds of a parity's two slots filled with lines, never split (a forced split
-/// included); pulls keep their range, and the limit's 0 or 3 ranks give the staged rounds.
+/// Line rounds (FERROCCL_GPU_PEER_LINES_MAX_BYTES): the peer engine's one-shot all-reduce, its
+/// reduce-scatter and its reduce on 2 ranks up to the limit, whatever the buffers (plain or
+/// windows, in place or not) and the reduction, in rounds of a parity's two slots filled with
+/// lines, never split (a forced split included); pulls keep their range, and the limit's 0, 3
+/// ranks or a kind that folds nothing give the staged rounds.
 #[test]
-fn lines_take_the_peer_engines_all_reduces_of_two_ranks_within_the_limit() {
+fn lines_take_the_peer_engines_reductions_of_two_ranks_within_the_limit() {
     let cfg = Config {
         gpu_peer_lines_max_bytes: 8 << 20,
         gpu_peer_split: Some(true),
         ..Config::default()
     };
     let slot = peer_slot_bytes(&cfg, 2);
-    for bytes in [256 << 10, 1 << 20, (8 << 20) - 4] {
+    for bytes in [512 << 10, 1 << 20, (8 << 20) - 4] {
         for (dtype, es) in [
             (Float32, 4),
             (Bfloat16, 2),
@@ -2261,13 +2267,27 @@ fn lines_take_the_peer_engines_all_reduces_of_two_ranks_within_the_limit() {
             (DataType::Float64, 8),
         ] {
             for redop in 0..=5 {
-                for (in_place, windows) in [(false, false), (true, false), (true, true)] {
+                for (in_place, windows, kind) in [
+                    (false, false, CollKind::AllReduce),
+                    (true, false, CollKind::AllReduce),
+                    (true, true, CollKind::AllReduce),
+                    (false, false, CollKind::ReduceScatter),
+                    (true, true, CollKind::ReduceScatter),
+                    (false, true, CollKind::Reduce),
+                    (true, false, CollKind::Reduce),
+                ] {
+                    // The largest buffer `bytes` (a reduce-scatter's input: two shares).
+                    let count = if kind == CollKind::ReduceScatter {
+                        bytes / es / 2
+                    } else {
+                        bytes / es
+                    };
                     let op = OpShape {
                         redop,
                         in_place,
                         windows,
                         symmetric: windows,
-                        ..shape(CollKind::AllReduce, bytes / es, dtype, 2)
+                        ..shape(kind, count, dtype, 2)
                     };
                     assert!(peer_lines(&op, op.largest_bytes(), &cfg), "{op:?}");
                     let c = choose(&op, Device::Gpu, &cfg);
@@ -2310,6 +2330,28 @@ fn lines_take_the_peer_engines_all_reduces_of_two_ranks_within_the_limit() {
             OpShape {
                 kind: CollKind::ReduceScatter,
                 count: (1 << 20) / 8,
+                ..at(1 << 20)
+            },
+            &off,
+        ),
+        (
+            OpShape {
+                kind: CollKind::ReduceScatter,
+                count: (16 << 20) / 8,
+                ..at(1 << 20)
+            },
+            &cfg,
+        ),
+        (
+            OpShape {
+                kind: CollKind::AllGather,
+                ..at(1 << 20)
+            },
+            &cfg,
+        ),
+        (
+            OpShape {
+                kind: CollKind::Broadcast,
                 ..at(1 << 20)
             },
             &cfg,

@@ -134,7 +134,7 @@ pub(crate) fn run(spin: Duration, jobs: &mut [Job<'_>]) {
 }
 
 fn catch(job: &mut Job<'_>) -> Option<Box<dyn Any + Send>> {
-    panic::catch_unwind(AssertUnwindSafe(|| job())).err()
+    panic::catch_unwind(AssertUnwindSafe(job)).err()
 }
 
 /// The pool's first `n` helpers, made where missing (and all made again in a forked child).

@@ -30,7 +30,9 @@
 //! own slots once they hold the round (a line's flag is the round it carries), and ends every
 //! round in a barrier. The model checks that the barriers alone keep the slots safe: a rank's
 //! stores of round s + 2 come after it read its peers' round s + 1, which they stored after
-//! the barrier that ended their reads of round s.
+//! the barrier that ended their reads of round s. A reduce's line rounds (`LinesToRoot`) have no
+//! such return traffic: the root acknowledges each round after its barrier, and the senders
+//! look for room before every round, as in the staged rooted rounds.
 //!
 //! What a step is: between two block barriers a block's threads store and load at will, so a
 //! read of a slot lasts from the wait that allowed it to the block's next barrier (the next
@@ -55,9 +57,14 @@ enum Kind {
     /// The pulling all-reduce (2 ranks on the GPU, any count here): every rank reads every
     /// peer's input in place, one round a block.
     Pull,
-    /// The one-shot all-reduce in line rounds (2 ranks on the GPU, any count here): every rank
-    /// stores into every peer's slots (both phases'), the flag in the data.
+    /// The one-shot all-reduce and the reduce-scatter in line rounds (2 ranks on the GPU, any
+    /// count here): every rank stores into every peer's slots (both phases'), the flag in the
+    /// data.
     Lines,
+    /// The reduce in line rounds (2 ranks on the GPU, any count here): every rank but the root
+    /// stores into the root's slots (both phases'), the flag in the data; the root reads them as
+    /// they land and acknowledges each round once its barrier ends the reads.
+    LinesToRoot,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -173,8 +180,8 @@ fn ends(kind: Kind, me: usize, n: usize, root: usize) -> (Vec<usize>, Vec<usize>
         Kind::AllReduce | Kind::Symmetric | Kind::Pull | Kind::Lines => (peers.clone(), peers),
         Kind::FromRoot if me == root => (peers, Vec::new()),
         Kind::FromRoot => (Vec::new(), vec![root]),
-        Kind::ToRoot if me == root => (Vec::new(), peers),
-        Kind::ToRoot => (vec![root], Vec::new()),
+        Kind::ToRoot | Kind::LinesToRoot if me == root => (Vec::new(), peers),
+        Kind::ToRoot | Kind::LinesToRoot => (vec![root], Vec::new()),
     }
 }
 
@@ -216,7 +223,10 @@ fn push_launch(
     }
     let direct = l.direct
         && engine == Engine::Peer
-        && !matches!(l.kind, Kind::AllReduce | Kind::Pull | Kind::Lines);
+        && !matches!(
+            l.kind,
+            Kind::AllReduce | Kind::Pull | Kind::Lines | Kind::LinesToRoot
+        );
     if rounds > 0 {
         steps.push(Step::Start {
             s0: *s + 1,
@@ -284,6 +294,37 @@ fn push_launch(
             });
             steps.push(Step::Barrier {
                 ack: 0,
+                flag: None,
+                s,
+            });
+            continue;
+        }
+        if l.kind == Kind::LinesToRoot {
+            // The senders look for room before every round (nothing comes back to say the root
+            // read the last one), store their lines; the root waits for them as they land and,
+            // once the round's barrier has ended its reads, acknowledges it.
+            let (targets, sources) = ends(l.kind, me, n, l.root);
+            if !targets.is_empty() {
+                steps.push(Step::Room {
+                    peers: targets.clone(),
+                    s,
+                });
+                steps.push(Step::Store {
+                    to: targets,
+                    phases: &[0, 1],
+                    s,
+                });
+            }
+            let receives = !sources.is_empty();
+            if receives {
+                steps.push(Step::WaitLines {
+                    from: sources,
+                    slots: &[0, 1],
+                    s,
+                });
+            }
+            steps.push(Step::Barrier {
+                ack: if receives { s } else { 0 },
                 flag: None,
                 s,
             });
@@ -375,7 +416,11 @@ fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
         }
         send.push(Step::Join { id });
         recv.push(Step::Join { id });
-        if matches!(l.kind, Kind::AllReduce | Kind::Pull | Kind::Lines) || !l.split {
+        if matches!(
+            l.kind,
+            Kind::AllReduce | Kind::Pull | Kind::Lines | Kind::LinesToRoot
+        ) || !l.split
+        {
             // Whole, as `Peer` runs it, on the send warps (its first round looks for room unless
             // the round before was this block's own whole symmetric one: a split round's flags
             // say nothing of the receive warps).
@@ -797,6 +842,7 @@ fn peer_kind_strategy() -> impl Strategy<Value = Kind> {
         Kind::ToRoot,
         Kind::Pull,
         Kind::Lines,
+        Kind::LinesToRoot,
     ])
 }
 
@@ -1204,6 +1250,87 @@ fn the_model_catches_a_pull_without_its_waits() {
     };
     assert!(breaks(&without(1), "still reads its input"));
     assert!(breaks(&without(0), "reads rank 1's input"));
+}
+
+/// A reduce's line rounds: nothing comes back from the root within a launch, so the senders
+/// must look for room before every round and the root must acknowledge every round after the
+/// barrier that ends its reads. With both, mixes with the other kinds hold; without the look a
+/// sender two rounds on stores into slots the root still reads, and without the root's
+/// acknowledgements the senders wait forever.
+#[test]
+fn the_model_catches_rooted_line_rounds_without_room_or_acknowledgement() {
+    let n = 2;
+    let reduce = Launch {
+        kind: Kind::LinesToRoot,
+        rounds: 5,
+        root: 1,
+        split: false,
+        direct: false,
+        posts: 0,
+    };
+    let mixed = [
+        reduce,
+        Launch {
+            kind: Kind::Lines,
+            rounds: 3,
+            ..reduce
+        },
+        Launch { root: 0, ..reduce },
+        Launch {
+            kind: Kind::ToRoot,
+            rounds: 2,
+            ..reduce
+        },
+        reduce,
+        Launch {
+            kind: Kind::Symmetric,
+            rounds: 2,
+            ..reduce
+        },
+        Launch {
+            kind: Kind::FromRoot,
+            rounds: 3,
+            root: 0,
+            ..reduce
+        },
+        Launch {
+            rounds: 1,
+            ..reduce
+        },
+    ];
+    for seed in 1..300 {
+        let r = run(n, &mixed, seed, seed % 2 == 0);
+        assert!(r.is_ok(), "seed {seed}: {r:?}");
+    }
+    let edited = |keep: &dyn Fn(&Step) -> Option<Step>| -> Vec<Vec<Step>> {
+        (0..n)
+            .map(|r| program(r, n, &[reduce]).iter().filter_map(keep).collect())
+            .collect()
+    };
+    let roomless = edited(&|st| (!matches!(st, Step::Room { .. })).then(|| st.clone()));
+    assert!(
+        (1..2000).any(|seed| run_programs(n, &roomless, seed, seed % 2 == 0)
+            .is_err_and(|e| e.contains("while it holds")))
+    );
+    // The root's per-round acknowledgements dropped (the launch's start still acknowledges
+    // the launch before, which this one has not).
+    let silent = edited(&|st| {
+        Some(match st {
+            Step::Barrier { ack, flag: None, s } if ack == s => Step::Barrier {
+                ack: 0,
+                flag: None,
+                s: *s,
+            },
+            other => other.clone(),
+        })
+    });
+    for seed in 1..50 {
+        let r = run_programs(n, &silent, seed, seed % 2 == 0);
+        assert!(
+            r.as_ref().is_err_and(|e| e.contains("deadlock")),
+            "seed {seed}: {r:?}"
+        );
+    }
 }
 
 /// Line rounds need their barrier at every round's end: without it a rank's reads of a round

@@ -239,10 +239,12 @@ __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* ou
 }
 
 // ---- line rounds (FcPeer::lines; the tuner's Protocol::LL128, tune::peer_lines) ----------------
-// The one-shot all-reduce on 2 ranks with no flag word: each warp stores its part of the round
-// into the peer's slots as 128-byte lines that carry the round's flag, and one step behind its own
-// stores folds the peer's lines at the same places of its own slots as they land, with the input
-// it loaded for those stores still in its registers. So no release drains a block's stores before
+// The one-shot all-reduce, the reduce-scatter and the reduce on 2 ranks with no flag word: each
+// warp stores its part of the round into the peer's slots as 128-byte lines that carry the
+// round's flag, and one step behind its own stores folds the peer's lines at the same places of
+// its own slots as they land, with its own operand for them still in its registers (the
+// all-reduce's is what it stored; the reduce-scatter stores the peer's share and folds its own;
+// a reduce's root only folds and its peer only stores). So no release drains a block's stores before
 // a flag, no flag crosses on its own, and nobody waits for the whole round before folding: the
 // link stays busy through the fold, for 1/16 more bytes on it.
 // A warp stores 512 bytes at once: four lines, lane l's 16 bytes at l * 16. The last lane of each
@@ -258,8 +260,11 @@ __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* ou
 // Flow control: a round ends in a block barrier, after which the warps start the next round's
 // lines; so a rank that has read every line of the peer's round s + 1 (its own barrier at the end
 // of round s + 1 says so) knows the peer is done with round s's slots, which round s + 2 reuses.
-// The next launch after a line round may skip its room check, as after any symmetric one; a
-// launch's first round after a rooted one looks at the acknowledgements, as the staged rounds do.
+// A reduce has no such return traffic: its root acknowledges each round once the round's barrier
+// has ended its reads, and the sender looks for room before every round (the flow model's
+// `LinesToRoot`). The next launch after a symmetric line round may skip its room check, as after
+// any symmetric one; a launch's first round after a rooted one looks at the acknowledgements, as
+// the staged rounds do.
 // In place, a warp folds only groups it has stored (the same warp, the same places), so no fold
 // overwrites input not yet sent.
 // Measured on 2 x H200 (docs/PERFORMANCE.md sections 23-24): faster than the staged rounds to
@@ -382,15 +387,20 @@ __device__ __forceinline__ void line_fold(fc_u64& x, fc_u64& y, fc_u64 tx, fc_u6
     y = m.w[1];
 }
 
-// One line round of block b over elements [at, at + len) of its slice (see above); false, on
-// every thread, when a wait failed. Ends in a barrier (the flow control's).
+// One line round of block b over `len` elements (see above): what this rank sends starts at
+// `src` (where it `sends`), its own operand at `own` and its result at `out` (where it
+// `receives`). The all-reduce sends and folds the same elements (src == own); the
+// reduce-scatter sends the peer's share and folds its own; a reduce's root only receives and
+// its peer only sends. false, on every thread, when a wait failed. Ends in a barrier (the flow
+// control's), after which a reduce's root acknowledges the round (`ack_round`), as nothing
+// else tells its peer that the slots are free again.
 template <typename D, bool SUM>
-__device__ bool line_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, bool check_room, fc_u32 b) {
+__device__ bool line_round(const FcPeer& P, const fc_u8* src, const fc_u8* own, fc_u8* out, fc_u64 len, fc_u64 s, bool check_room,
+                           bool sends, bool receives, bool ack_round, fc_u32 b) {
     const fc_u32 me = P.rank, q = 1u - me;
     const FcOp& op = P.op;
     const fc_u64 es = sizeof(typename D::S), bytes = len * es;
-    const fc_u8* in = (const fc_u8*)op.send + at * es;
-    fc_u8* out = (fc_u8*)op.recv + at * es;
+    const bool same = src == own;
     fc_u8* far = peer_slot(P, q, b, me, 0, s);
     const fc_u8* near = peer_slot(P, me, b, q, 0, s);
     const fc_u64 flag = line_flag(P, s);
@@ -406,27 +416,39 @@ __device__ bool line_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     const fc_u64 mine = groups > warp ? (groups - warp + nw - 1u) / nw : 0;
     const fc_u64 steps = (mine + FC_LINE_STEP - 1u) / FC_LINE_STEP;
     // Every condition below is the warp's own (warp, step, group), so its votes see every lane.
-    int bad = check_room && !peer_room(P, b, s, FC_PEER_ALL);
-    // The step before's input, kept for its fold.
+    int bad = sends && check_room && !peer_room(P, b, s, q);
+    // The step before's own operand, kept for its fold.
     fc_u64 px[FC_LINE_STEP], py[FC_LINE_STEP];
     for (fc_u64 st = 0; st <= steps && !bad; ++st) {
         fc_u64 x[FC_LINE_STEP], y[FC_LINE_STEP];
         if (st < steps) {
-#pragma unroll
-            for (int u = 0; u < FC_LINE_STEP; ++u) {
-                const fc_u64 i = st * FC_LINE_STEP + u, g = warp + i * nw;
-                if (i < mine) line_get(in + g * FC_LINE_GROUP_DATA + off, line_valid(g, off, width, bytes), x[u], y[u]);
-            }
+            // What this step stores: the own operand itself where the two are the same.
+            fc_u64 sx[FC_LINE_STEP], sy[FC_LINE_STEP];
 #pragma unroll
             for (int u = 0; u < FC_LINE_STEP; ++u) {
                 const fc_u64 i = st * FC_LINE_STEP + u, g = warp + i * nw;
                 if (i >= mine) continue;
-                fc_u64 sx = x[u], sy = y[u];
-                if (pre) line_premul<D>(sx, sy, scalar);
-                line_store(far + g * FC_LINE_GROUP + lane * 16u, sx, flagger ? flag : sy);
+                const fc_u32 n = line_valid(g, off, width, bytes);
+                if (receives) line_get(own + g * FC_LINE_GROUP_DATA + off, n, x[u], y[u]);
+                if (!sends) continue;
+                if (receives && same) {
+                    sx[u] = x[u];
+                    sy[u] = y[u];
+                } else {
+                    line_get(src + g * FC_LINE_GROUP_DATA + off, n, sx[u], sy[u]);
+                }
+            }
+            if (sends) {
+#pragma unroll
+                for (int u = 0; u < FC_LINE_STEP; ++u) {
+                    const fc_u64 i = st * FC_LINE_STEP + u, g = warp + i * nw;
+                    if (i >= mine) continue;
+                    if (pre) line_premul<D>(sx[u], sy[u], scalar);
+                    line_store(far + g * FC_LINE_GROUP + lane * 16u, sx[u], flagger ? flag : sy[u]);
+                }
             }
         }
-        if (st > 0) {
+        if (st > 0 && receives) {
             // The step before's groups: wait until every line carries this round's flag.
             fc_u64 tx[FC_LINE_STEP], ty[FC_LINE_STEP];
             fc_u32 polls = 0;
@@ -492,7 +514,10 @@ __device__ bool line_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
             py[u] = y[u];
         }
     }
-    return __syncthreads_or(bad) == 0;
+    if (__syncthreads_or(bad) != 0) return false;
+    // The barrier ended every warp's reads of the round; the release orders them before it.
+    if (ack_round && threadIdx.x == q) st_release_sys(peer_flag(P, q, b, me, 2), s);
+    return true;
 }
 
 // One round of block b over elements [at, at + len) of its slice; false when a wait failed.
@@ -523,7 +548,16 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     // blocks acknowledge every round themselves, at its end.
     const fc_u64 ack = (symmetric || role != FC_ROLE_BOTH) ? 0 : s - 1;
     const bool sending = role != FC_ROLE_RECV, receiving = role != FC_ROLE_SEND;
-    if (kind == FC_KIND_ALL_REDUCE && P.lines != 0) return line_round<D, SUM>(P, at, len, s, check_room, b);
+    if (P.lines != 0) {
+        // Line rounds, 2 ranks (peer_main refuses the rest): the all-reduce, the reduce-scatter
+        // (the peer's share out, the own share folded) and the reduce (into the root).
+        const fc_u32 q = 1u - me;
+        const fc_u8* src = in + ((kind == FC_KIND_REDUCE_SCATTER ? q * c : 0) + at) * es;
+        const fc_u8* own = in + ((kind == FC_KIND_REDUCE_SCATTER ? me * c : 0) + at) * es;
+        const bool rooted = kind == FC_KIND_REDUCE;
+        return line_round<D, SUM>(P, src, own, out + at * es, len, s, check_room, !rooted || me != t, !rooted || me == t,
+                                  rooted && me == t, b);
+    }
     if (kind == FC_KIND_ALL_REDUCE && P.pull != 0) {
         // A pull (FcPeer::pull, 2 ranks, out of place): no store phase and no slot. Each rank
         // says its input is there (and, as every flag does, that it is done with its earlier
@@ -706,12 +740,14 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
     if (!fc::shape_serves<SHAPE>(P.kind, P.op.redop)) return;
     if (P.oneshot != 0u && (P.kind != FC_KIND_ALL_REDUCE || P.nranks != 2u)) return;
     // A pull and line rounds run only what the tuner gives them (tune::peer_pulls, tune::peer_lines):
-    // a whole-block one-shot all-reduce on 2 ranks. A pull folds the peer's raw input, so never a
-    // PreMulSum (whose scalar may differ by rank); lines are never a pull, and a round's lines fit
-    // its parity's two slots (tune::peer_line_round_elems). Refused loudly: the peer would wait.
+    // a whole-block one-shot all-reduce on 2 ranks, and for lines also a whole-block reduce-scatter
+    // or reduce on 2 ranks. A pull folds the peer's raw input, so never a PreMulSum (whose scalar
+    // may differ by rank); lines are never a pull, and a round's lines fit its parity's two slots
+    // (tune::peer_line_round_elems). Refused loudly: the peer would wait.
     const bool pair_oneshot = P.kind == FC_KIND_ALL_REDUCE && P.oneshot != 0u && P.nranks == 2u && P.split == 0u;
     const bool bad_pull = P.pull != 0 && (!pair_oneshot || P.op.redop == FC_OP_PREMULSUM);
-    const bool bad_lines = P.lines != 0 && (!pair_oneshot || P.pull != 0 || blockDim.x % 32u != 0u ||
+    const bool line_kind = pair_oneshot || (P.nranks == 2u && P.split == 0u && (P.kind == FC_KIND_REDUCE_SCATTER || P.kind == FC_KIND_REDUCE));
+    const bool bad_lines = P.lines != 0 && (!line_kind || P.pull != 0 || blockDim.x % 32u != 0u ||
                                             P.chunk * sizeof(typename D::S) > 2u * P.slot_bytes / FC_LINE_GROUP * FC_LINE_GROUP_DATA);
     if (bad_pull || bad_lines) {
         if (threadIdx.x == 0) fc::engine_error(P, FC_ERR_PLAN, FC_WHAT_PLAN, 1u - (P.rank & 1u), DTYPE, P.op.dtype, 0, 0);
