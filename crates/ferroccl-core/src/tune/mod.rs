@@ -608,12 +608,20 @@ pub fn peer_line_round_elems(slot: usize, es: usize) -> usize {
 /// warp's 128-byte store crosses NVLink whole (as NCCL's LL128 protocol also takes it), which
 /// PCIe does not promise; the communicator turns the knob off where a link is not NVLink.
 pub fn peer_lines(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
-    matches!(
-        op.kind,
-        CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
-    ) && op.nranks == 2
-        && bytes.is_some_and(|b| b <= cfg.gpu_peer_lines_max_bytes)
+    let from = match op.kind {
+        CollKind::AllReduce | CollKind::ReduceScatter => 0,
+        CollKind::Reduce => PEER_LINES_REDUCE_MIN_BYTES,
+        _ => return false,
+    };
+    op.nranks == 2 && bytes.is_some_and(|b| b >= from && b <= cfg.gpu_peer_lines_max_bytes)
 }
+
+/// The smallest reduce (its buffer) that travels in lines ([`peer_lines`]). Below it the split
+/// rounds ([`peer_split_pays`]), whose root folds one block's round while the peer's send blocks
+/// store the next, measured faster: at 256 KiB 5.67-5.92 us against the lines' 5.94-6.15 (2 x
+/// H200, float32, a process per GPU, CUDA graphs; docs/PERFORMANCE.md section 30); the lines
+/// gained 0.3-0.9 us at 512 KiB and 1 MiB.
+pub const PEER_LINES_REDUCE_MIN_BYTES: usize = 512 << 10;
 
 /// The smallest largest-buffer from which the peer engine runs direct rounds: below it a launch
 /// has too few rounds a block for them (they start on the third), and the look after every

@@ -1935,9 +1935,11 @@ fn the_peer_engine_splits_one_phase_rounds_only_where_asked_and_safe() {
             // (Gather and scatter of 256 KiB send 128 KiB: the direct engine's; the reductions
             // within FERROCCL_GPU_PEER_LINES_MAX_BYTES take line rounds, never split.)
             let c = at(b);
-            let lines = matches!(kind, Reduce | AllReduce | ReduceScatter)
+            let lines = matches!(kind, AllReduce | ReduceScatter)
                 && c.engine == Engine::PeerKernel
-                && b <= PEER_LINES_MAX_BYTES;
+                && b <= PEER_LINES_MAX_BYTES
+                || kind == Reduce
+                    && (PEER_LINES_REDUCE_MIN_BYTES..=PEER_LINES_MAX_BYTES).contains(&b);
             assert_eq!(c.protocol == Protocol::LL128, lines, "{kind} at {b}: {c}");
             assert_eq!(
                 c.split,
@@ -2346,6 +2348,13 @@ fn lines_take_the_peer_engines_reductions_of_two_ranks_within_the_limit() {
             OpShape {
                 kind: CollKind::AllGather,
                 ..at(1 << 20)
+            },
+            &cfg,
+        ),
+        (
+            OpShape {
+                kind: CollKind::Reduce,
+                ..at(PEER_LINES_REDUCE_MIN_BYTES / 2)
             },
             &cfg,
         ),

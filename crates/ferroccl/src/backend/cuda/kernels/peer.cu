@@ -555,8 +555,14 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
         const fc_u8* src = in + ((kind == FC_KIND_REDUCE_SCATTER ? q * c : 0) + at) * es;
         const fc_u8* own = in + ((kind == FC_KIND_REDUCE_SCATTER ? me * c : 0) + at) * es;
         const bool rooted = kind == FC_KIND_REDUCE;
-        return line_round<D, SUM>(P, src, own, out + at * es, len, s, check_room, !rooted || me != t, !rooted || me == t,
-                                  rooted && me == t, b);
+        const bool sends = !rooted || me != t, receives = !rooted || me == t;
+        // A Sum folds in the Sum loop in every kernel, not only the all-reduce's own: a reduce's
+        // root folds the whole buffer, and the per-element choice of the reduction cost bfloat16
+        // about 1 us a MiB there (docs/PERFORMANCE.md section 30).
+        if (!SUM && op.redop == FC_OP_SUM) {
+            return line_round<D, true>(P, src, own, out + at * es, len, s, check_room, sends, receives, rooted && me == t, b);
+        }
+        return line_round<D, SUM>(P, src, own, out + at * es, len, s, check_room, sends, receives, rooted && me == t, b);
     }
     if (kind == FC_KIND_ALL_REDUCE && P.pull != 0) {
         // A pull (FcPeer::pull, 2 ranks, out of place): no store phase and no slot. Each rank
