@@ -2,6 +2,7 @@
 
 mod api;
 mod bench;
+mod best;
 mod info;
 mod launch;
 mod machine;
@@ -36,6 +37,9 @@ enum Cmd {
     Info(info::InfoArgs),
     /// Draw bus bandwidth and latency against size from `bench --json` records (SVG)
     Plot(plot::PlotArgs),
+    /// Each library's best figure per operation and size over records and both halves, and the
+    /// ratio (the README's tables: --md)
+    Best(best::BestArgs),
     /// Print the path of the drop-in libnccl.so.2 built beside this binary (docs/NCCL.md)
     NcclPath(nccl_path::NcclPathArgs),
 }
@@ -106,6 +110,7 @@ fn main() -> ExitCode {
         Cmd::Run(a) => launch::main(a).map(ExitCode::from),
         Cmd::Info(a) => info::main(a, &config).map(|()| ExitCode::SUCCESS),
         Cmd::Plot(a) => plot::main(a).map(|()| ExitCode::SUCCESS),
+        Cmd::Best(a) => best::main(a).map(|()| ExitCode::SUCCESS),
         Cmd::NcclPath(a) => nccl_path::main(a).map(|()| ExitCode::SUCCESS),
     };
     r.unwrap_or_else(|e| {

@@ -4,10 +4,10 @@
 //! Reads the records `bench --vs-nccl --json` writes (both libraries) and plain `bench --json`
 //! files (ferroccl alone). Out-of-place figures are drawn; in-place ones stay in the JSON. With
 //! `--best`, one line per library instead: at each size its best time over every record and both
-//! halves (in and out of place), as `bench/best_of.py` counts it (for a run of `bench/h200.sh`:
-//! each library's best launch mode, buffer kind and placement, size by size).
+//! halves (in and out of place), as `ferroccl best` counts it (`best::best_lines`; for a run of
+//! `bench/h200.sh`: each library's best launch mode, buffer kind and placement, size by size).
 
-use crate::bench::record;
+use crate::best;
 use crate::size::{human, parse_size};
 use plotters::prelude::*;
 use std::collections::BTreeMap;
@@ -45,98 +45,8 @@ pub struct Series {
     pub points: Vec<(f64, f64, f64)>,
 }
 
-/// One half of one library's row, reduced to what the plot needs.
-#[derive(Clone, Debug)]
-struct Point {
-    nccl: bool,
-    op: String,
-    dtype: String,
-    /// The reduction and the record's rank count: what a best-of line must not mix.
-    redop: String,
-    nranks: u64,
-    size: f64,
-    busbw: f64,
-    time: f64,
-    in_place: bool,
-    /// Checked and found wrong: never a best figure.
-    wrong: bool,
-}
-
-/// Rows of one record, reduced to what the plot needs.
-type Flat = Vec<Point>;
-
 /// (size, busbw, time) of one line.
 type Points = Vec<(f64, f64, f64)>;
-
-fn flatten(path: &Path) -> Result<(String, Flat), String> {
-    if let Ok(rec) = record::read(path) {
-        let mut v = Flat::new();
-        for r in &rec.rows {
-            for (nccl, lib) in [(false, &r.ferroccl), (true, &r.nccl)] {
-                let halves = [
-                    (false, Some(&lib.out_of_place)),
-                    (true, lib.in_place.as_ref()),
-                ];
-                for (in_place, m) in halves {
-                    let Some(m) = m else { continue };
-                    v.push(Point {
-                        nccl,
-                        op: r.op.clone(),
-                        dtype: r.dtype.clone(),
-                        redop: r.redop.clone(),
-                        nranks: rec.nranks as u64,
-                        size: r.size as f64,
-                        busbw: m.busbw,
-                        time: m.time_us,
-                        in_place,
-                        wrong: m.wrong.is_some_and(|w| w > 0),
-                    });
-                }
-            }
-        }
-        return Ok((rec.label, v));
-    }
-    // A plain `bench --json` record: ferroccl only.
-    let text =
-        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-    let j: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
-    let rows = j["rows"].as_array().ok_or_else(|| {
-        format!(
-            "{}: no rows (not a `ferroccl bench --json` record)",
-            path.display()
-        )
-    })?;
-    let mut v = Flat::new();
-    for r in rows {
-        let (Some(op), Some(dt), Some(size)) =
-            (r["op"].as_str(), r["dtype"].as_str(), r["size"].as_f64())
-        else {
-            return Err(format!("{}: a row lacks op, dtype or size", path.display()));
-        };
-        for (in_place, m) in [(false, &r["out_of_place"]), (true, &r["in_place"])] {
-            if m.is_null() {
-                continue;
-            }
-            v.push(Point {
-                nccl: false,
-                op: op.into(),
-                dtype: dt.into(),
-                redop: r["redop"].as_str().unwrap_or("").into(),
-                nranks: j["nranks"].as_u64().unwrap_or(0),
-                size,
-                busbw: m["busbw"].as_f64().unwrap_or(0.0),
-                time: m["time_us"].as_f64().unwrap_or(0.0),
-                in_place,
-                wrong: m["wrong"].as_u64().is_some_and(|w| w > 0),
-            });
-        }
-    }
-    Ok((
-        j["mode"].as_str().unwrap_or("ferroccl bench").to_string(),
-        v,
-    ))
-}
 
 /// Per operation, its lines. Names carry the record's label, made unique with the file name
 /// where two records share one, and the type where a record has several. Out-of-place figures
@@ -147,9 +57,10 @@ pub fn collect(
 ) -> Result<BTreeMap<String, Vec<Series>>, String> {
     let mut recs = Vec::new();
     for f in files {
-        let (label, mut flat) = flatten(f)?;
+        let rec = best::read(f)?;
+        let mut flat = rec.points;
         flat.retain(|r| !r.in_place && (dtypes.is_empty() || dtypes.contains(&r.dtype)));
-        recs.push((label, flat, f));
+        recs.push((rec.label, flat, f));
     }
     let mut out: BTreeMap<String, Vec<Series>> = BTreeMap::new();
     let mut variant = 0;
@@ -172,7 +83,7 @@ pub fn collect(
             lines
                 .entry((p.op.clone(), p.nccl, p.dtype.clone()))
                 .or_default()
-                .push((p.size, p.busbw, p.time));
+                .push((p.size as f64, p.busbw, p.time));
         }
         for ((op, nccl, dt), mut points) in lines {
             points.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -197,28 +108,18 @@ pub fn collect(
 
 /// Per operation, one line per library (and type, reduction and rank count, where the records
 /// hold several): at each size the point of least time over every record and both halves, in
-/// and out of place; halves found wrong by a check are left out.
+/// and out of place (`best::best_lines`, as `ferroccl best` counts it); halves found wrong by a
+/// check are left out.
 pub fn collect_best(
     files: &[PathBuf],
     dtypes: &[String],
 ) -> Result<BTreeMap<String, Vec<Series>>, String> {
-    type Line = (String, bool, String, String, u64);
-    let mut best: BTreeMap<Line, BTreeMap<u64, (f64, f64)>> = BTreeMap::new();
-    for f in files {
-        let (_, flat) = flatten(f)?;
-        for p in flat {
-            if !(dtypes.is_empty() || dtypes.contains(&p.dtype)) || p.time <= 0.0 || p.wrong {
-                continue;
-            }
-            let at = best
-                .entry((p.op, p.nccl, p.dtype, p.redop, p.nranks))
-                .or_default();
-            let q = at.entry(p.size as u64).or_insert((p.busbw, p.time));
-            if p.time < q.1 {
-                *q = (p.busbw, p.time);
-            }
-        }
-    }
+    let recs = files
+        .iter()
+        .map(|f| best::read(f))
+        .collect::<Result<Vec<_>, _>>()?;
+    let best = best::best_lines(&recs, |p| dtypes.is_empty() || dtypes.contains(&p.dtype));
+    type Line = best::Line;
     // Which of type, reduction and rank count vary within an operation name its lines.
     let varies = |op: &str, f: fn(&Line) -> String| {
         let mut v: Vec<String> = best.keys().filter(|k| k.0 == op).map(f).collect();
@@ -255,7 +156,7 @@ pub fn collect_best(
             variant,
             points: points
                 .into_iter()
-                .map(|(size, (bw, t))| (size as f64, bw, t))
+                .map(|(size, c)| (size as f64, c.busbw, c.time_us))
                 .collect(),
         });
     }

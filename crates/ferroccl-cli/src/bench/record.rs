@@ -269,10 +269,9 @@ pub fn write(path: &Path, rec: &VsRecord) -> Result<(), String> {
     std::fs::write(path, text + "\n").map_err(|e| format!("writing {}: {e}", path.display()))
 }
 
-pub fn read(path: &Path) -> Result<VsRecord, String> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-    serde_json::from_str(&text)
+/// A record from its text (`path` names it in the error).
+pub fn parse(text: &str, path: &Path) -> Result<VsRecord, String> {
+    serde_json::from_str(text)
         .map_err(|e| format!("{}: not a `bench --vs-nccl` record: {e}", path.display()))
 }
 
@@ -401,6 +400,7 @@ pub mod tests {
         );
         let p = std::env::temp_dir().join(format!("ferroccl-record-{}.json", std::process::id()));
         write(&p, &rec).unwrap();
+        let read = |p: &Path| parse(&std::fs::read_to_string(p).unwrap(), p);
         let back = read(&p).unwrap();
         assert_eq!(back, rec);
         // Something else is refused with the file's name.
