@@ -369,11 +369,53 @@ __device__ __forceinline__ void line_premul(fc_u64& x, fc_u64& y, typename D::C 
     y = p.w[1];
 }
 
+// A Sum of two 16-bit floats two at a time (FC_LINE_PACKED, on by default): the hardware's packed
+// add rounds the exact sum once, and so does the per-element path (the exact sum of two bfloat16
+// or half values fits a float's 24 bits, or lies within a quarter unit of the larger operand,
+// which both round to), so the bits are the same, signed zeros, infinities and the canonical NaN
+// included; in a warp's fold after the lines land, one instruction a pair instead of two
+// widenings, an add and a narrowing an element (docs/PERFORMANCE.md section 31).
+#ifndef FC_LINE_PACKED
+#define FC_LINE_PACKED 1
+#endif
+template <typename D>
+struct PackedSum {
+    static constexpr bool on = false;
+    static __device__ __forceinline__ fc_u32 add(fc_u32 a, fc_u32) { return a; }
+};
+template <>
+struct PackedSum<DBF16> {
+    static constexpr bool on = FC_LINE_PACKED != 0;
+    static __device__ __forceinline__ fc_u32 add(fc_u32 a, fc_u32 b) {
+        const __nv_bfloat162 r = __hadd2(*(const __nv_bfloat162*)&a, *(const __nv_bfloat162*)&b);
+        return *(const fc_u32*)&r;
+    }
+};
+template <>
+struct PackedSum<DF16> {
+    static constexpr bool on = FC_LINE_PACKED != 0;
+    static __device__ __forceinline__ fc_u32 add(fc_u32 a, fc_u32 b) {
+        const __half2 r = __hadd2(*(const __half2*)&a, *(const __half2*)&b);
+        return *(const fc_u32*)&r;
+    }
+};
+template <typename D>
+__device__ __forceinline__ fc_u64 packed_sum(fc_u64 a, fc_u64 b) {
+    return (fc_u64)PackedSum<D>::add((fc_u32)a, (fc_u32)b) | ((fc_u64)PackedSum<D>::add((fc_u32)(a >> 32), (fc_u32)(b >> 32)) << 32);
+}
+
 // (x, y) = the fold of the peer's (tx, ty) and this rank's (x, y), element by element, in the
 // operand order fold_swaps gives, with reduce_elem's scalar and average.
 template <typename D>
 __device__ __forceinline__ void line_fold(fc_u64& x, fc_u64& y, fc_u64 tx, fc_u64 ty, fc_u32 k, bool pre, bool post, bool swap,
                                           typename D::C scalar, fc_u32 nranks) {
+    // Sum is commutative bit for bit: no operand order to keep. (PreMulSum and Avg have codes of
+    // their own; `pre` and `post` are false here.)
+    if (PackedSum<D>::on && k == FC_OP_SUM) {
+        x = packed_sum<D>(x, tx);
+        y = packed_sum<D>(y, ty);
+        return;
+    }
     LinePack<D> m, t;
     m.w[0] = x;
     m.w[1] = y;
