@@ -339,18 +339,25 @@ __device__ __forceinline__ void ll_store(fc_u8* line, fc_u64 v, fc_u32 flag) {
                  : "memory");
 }
 
-// Nanoseconds a one-kernel engine's LL wait pauses between polls that found a stale line (0, the
-// default: none). An experiment (FERROCCL_KERNEL_DEFINES=FC_LL_POLL_NS=N): the line rounds' rare
-// slow rows became about 25 x rarer with such a pause (peer.cu, FC_LINE_POLL_NS; docs/PERFORMANCE.md
-// section 24), and these waits poll lines that the link is writing in the same way. Not measured.
+// Nanoseconds an LL wait pauses between polls that found a stale line: the direct engine's
+// (FC_LL_POLL_NS, default 0: none) and the point-to-point kernel's (FC_P2P_LL_POLL_NS, default
+// 200). The line rounds' rare slow rows became about 25 x rarer with such a pause (peer.cu,
+// FC_LINE_POLL_NS; docs/PERFORMANCE.md section 24), and these waits poll lines that the link is
+// writing in the same way. Measured on 2 x H200 (section 32): sendrecv of 32-128 KiB in CUDA
+// graphs, 3 of 150 rows at 135-169 us against 5 without a pause, none of 150 with it, medians
+// level; the direct engine's all-reduce of 8 B - 32 KiB in graphs 0.07-0.15 us slower with it and
+// no slow row either way, so it keeps none.
 #ifndef FC_LL_POLL_NS
 #define FC_LL_POLL_NS 0
+#endif
+#ifndef FC_P2P_LL_POLL_NS
+#define FC_P2P_LL_POLL_NS 200
 #endif
 
 // The one-kernel engines, each thread for itself: waits until the line carries `flag`, then
 // gives its 8 data bytes; false on abort, deadline or another block's failure (`peer`, `conn`
-// and the flag name the wait in the error record).
-template <typename Param>
+// and the flag name the wait in the error record). PAUSE_NS: the pause between stale polls.
+template <int PAUSE_NS = FC_LL_POLL_NS, typename Param>
 __device__ __forceinline__ bool ll_wait_line(const Param& P, const fc_u8* line, fc_u32 flag, fc_u32 peer, fc_u64& v, fc_i32 conn = -1) {
     fc_u32 polls = 0;
     fc_u64 since = 0;
@@ -365,9 +372,7 @@ __device__ __forceinline__ bool ll_wait_line(const Param& P, const fc_u8* line, 
             return true;
         }
         if (!engine_keep_waiting(P, polls, since, FC_WHAT_DATA, peer, flag, f0, conn)) return false;
-#if FC_LL_POLL_NS
-        __nanosleep(FC_LL_POLL_NS);
-#endif
+        if (PAUSE_NS > 0) __nanosleep(PAUSE_NS);
     }
 }
 

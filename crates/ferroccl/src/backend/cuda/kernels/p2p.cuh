@@ -102,7 +102,7 @@ __device__ bool p2p_recv_ll(const Param& P, const FcP2pStep& s, fc_u64& seq) {
         int bad = 0;
         for (fc_u64 i = threadIdx.x; i * 8u < nb; i += blockDim.x) {
             fc_u64 v;
-            if (!ll_wait_line(P, slot + i * 16u, flag, s.peer, v, s.conn)) {
+            if (!ll_wait_line<FC_P2P_LL_POLL_NS>(P, slot + i * 16u, flag, s.peer, v, s.conn)) {
                 bad = 1;
                 break;
             }
