@@ -109,8 +109,14 @@ fn run_locked(
         return host::launch(&mut members);
     }
     // Each GPU's work goes to its stream and the call returns; none waits for another's
-    // completion. Several communicators' launches from one thread are made at once by the
-    // launch helpers where they are spinning (`fanout`), else here in turn.
+    // completion. One communicator, the common call: launched here, nothing allocated.
+    if let ([(c, args)], [st]) = (comms, &mut *states) {
+        return launch_one(c, st, args);
+    }
+    // Several communicators' launches from one thread are made at once by the launch helpers
+    // where they are spinning (`fanout`), else here in turn. Every one is made; the first
+    // failure, in the group's order of communicators, is returned (each failed communicator is
+    // marked failed, as its peers may have launched their side).
     let mut results: Vec<Result<(), Error>> = comms.iter().map(|_| Ok(())).collect();
     let mut jobs: Vec<_> = comms
         .iter()
@@ -121,14 +127,10 @@ fn run_locked(
             move || *out = launch_one(c, st, args)
         })
         .collect();
-    if let [job] = &mut jobs[..] {
-        job();
-    } else {
-        let spin = Duration::from_micros(comms[0].0.info.config.launch_spin_us);
-        let mut erased: Vec<fanout::Job<'_>> =
-            jobs.iter_mut().map(|j| j as fanout::Job<'_>).collect();
-        fanout::run(spin, &mut erased);
-    }
+    let spin = Duration::from_micros(comms[0].0.info.config.launch_spin_us);
+    let mut erased: Vec<fanout::Job<'_>> = jobs.iter_mut().map(|j| j as fanout::Job<'_>).collect();
+    fanout::run(spin, &mut erased);
+    drop(erased);
     drop(jobs);
     results.into_iter().collect()
 }
