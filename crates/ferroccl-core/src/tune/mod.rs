@@ -598,8 +598,9 @@ pub fn peer_line_round_elems(slot: usize, es: usize) -> usize {
 
 /// Whether the peer engine's rounds of `op` (2 ranks, `bytes` its largest buffer) travel in lines
 /// (`Protocol::LL128`): the one-shot all-reduce, the reduce-scatter and the reduce (the kinds
-/// that fold what they receive, where the fold can follow the lines as they land), every
-/// reduction, in place or not, windows or not, up to `FERROCCL_GPU_PEER_LINES_MAX_BYTES`. The staged one-shot's round stores, drains its stores
+/// that fold what they receive, where the fold can follow the lines as they land; the reduce from
+/// [`PEER_LINES_REDUCE_MIN_BYTES`]), every reduction, in place or not, windows or not, up to
+/// `FERROCCL_GPU_PEER_LINES_MAX_BYTES`. The staged one-shot's round stores, drains its stores
 /// over the link (a release per block), raises a flag and waits for the peer's before it folds,
 /// so the link idles through the fold and the crossing costs a fixed 5-6 us (all-reduce 256 KiB
 /// 5.8 us, 4 MiB 18.0 us on 2 x H200: docs/PERFORMANCE.md, "What limits us now"); in lines each

@@ -265,8 +265,9 @@ __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* ou
 // `LinesToRoot`). The next launch after a symmetric line round may skip its room check, as after
 // any symmetric one; a launch's first round after a rooted one looks at the acknowledgements, as
 // the staged rounds do.
-// In place, a warp folds only groups it has stored (the same warp, the same places), so no fold
-// overwrites input not yet sent.
+// In place, a warp folds only groups whose own operand it loaded itself (the same warp, the same
+// places), so no fold overwrites input not yet sent; a reduce-scatter's output, its own share,
+// is never what it sends.
 // Measured on 2 x H200 (docs/PERFORMANCE.md sections 23-24): faster than the staged rounds to
 // 1 MiB (the tuner's default), slower from 2 MiB (the lines' stores reach about 290 GB/s against
 // the staged rounds' 320); separate store and fold warps were slower at every size, and so was a
