@@ -384,22 +384,19 @@ struct PackedSum {
     static constexpr bool on = false;
     static __device__ __forceinline__ fc_u32 add(fc_u32 a, fc_u32) { return a; }
 };
-template <>
-struct PackedSum<DBF16> {
+// Two elements in a 32-bit word as the packed type T2 (`__nv_bfloat162`, `__half2`).
+template <typename T2>
+struct PackedPair {
     static constexpr bool on = FC_LINE_PACKED != 0;
     static __device__ __forceinline__ fc_u32 add(fc_u32 a, fc_u32 b) {
-        const __nv_bfloat162 r = __hadd2(*(const __nv_bfloat162*)&a, *(const __nv_bfloat162*)&b);
+        const T2 r = __hadd2(*(const T2*)&a, *(const T2*)&b);
         return *(const fc_u32*)&r;
     }
 };
 template <>
-struct PackedSum<DF16> {
-    static constexpr bool on = FC_LINE_PACKED != 0;
-    static __device__ __forceinline__ fc_u32 add(fc_u32 a, fc_u32 b) {
-        const __half2 r = __hadd2(*(const __half2*)&a, *(const __half2*)&b);
-        return *(const fc_u32*)&r;
-    }
-};
+struct PackedSum<DBF16> : PackedPair<__nv_bfloat162> {};
+template <>
+struct PackedSum<DF16> : PackedPair<__half2> {};
 template <typename D>
 __device__ __forceinline__ fc_u64 packed_sum(fc_u64 a, fc_u64 b) {
     return (fc_u64)PackedSum<D>::add((fc_u32)a, (fc_u32)b) | ((fc_u64)PackedSum<D>::add((fc_u32)(a >> 32), (fc_u32)(b >> 32)) << 32);
