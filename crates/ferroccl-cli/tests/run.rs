@@ -20,6 +20,7 @@ fn start(dir: &std::path::Path) -> (Child, Vec<i32>) {
         ])
         .spawn()
         .unwrap();
+    let mut launcher = launcher;
     let until = Instant::now() + Duration::from_secs(10);
     loop {
         let got: Vec<i32> = std::fs::read_to_string(&pids)
@@ -30,7 +31,12 @@ fn start(dir: &std::path::Path) -> (Child, Vec<i32>) {
         if got.len() == 2 {
             return (launcher, got);
         }
-        assert!(Instant::now() < until, "the ranks did not start");
+        if Instant::now() >= until {
+            // Not left running (nor as a zombie) by a failed test.
+            let _ = launcher.kill();
+            let _ = launcher.wait();
+            panic!("the ranks did not start");
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }

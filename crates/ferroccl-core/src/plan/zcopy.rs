@@ -86,7 +86,8 @@ pub fn remote_dsts(
     mut peer_plan: impl FnMut(u16, Rank) -> Option<Plan>,
 ) -> RemoteDsts {
     // (op, peer, channel) -> the peer's receipts from us, in order: (count, output offset).
-    let mut receipts: HashMap<(u16, Rank, u32), Vec<(usize, Option<usize>)>> = HashMap::new();
+    type Receipts = HashMap<(u16, Rank, u32), Vec<(usize, Option<usize>)>>;
+    let mut receipts: Receipts = HashMap::new();
     let mut built: HashSet<(u16, Rank)> = HashSet::new();
     let mut next: HashMap<(u16, Rank, u32), usize> = HashMap::new();
     let mut out = Vec::with_capacity(plan.lanes.len());
