@@ -215,7 +215,7 @@ fn registered_windows_take_data_straight_into_the_output() {
                         device_scalar: None,
                     };
                     let mut g = Group::new();
-                    unsafe { g.push_raw(comm, a).unwrap() };
+                    unsafe { g.push_raw(&comm, a).unwrap() };
                     g.launch().unwrap();
                     comm.synchronize().unwrap();
                 };
@@ -341,7 +341,7 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
             device_scalar: None,
         };
         let mut g = Group::new();
-        unsafe { g.push_raw(&comm, a).unwrap() };
+        unsafe { g.push_raw(comm, a).unwrap() };
         g.launch().unwrap();
         let blocks = comm.last_launch_blocks();
         comm.synchronize().unwrap();
