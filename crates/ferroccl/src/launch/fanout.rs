@@ -49,9 +49,9 @@ struct Helper {
 }
 
 // SAFETY: `job` and `panic` are only touched by one side at a time, as `state` hands them over
-// (Release on the store that hands over, Acquire on the load that receives).
+// (Release on the store that hands over, Acquire on the load that receives). (Send comes from
+// the fields: a `Send` job and panic payload.)
 unsafe impl Sync for Helper {}
-unsafe impl Send for Helper {}
 
 struct Pool {
     /// The process that made the helpers: a forked child has none of them running.

@@ -118,20 +118,21 @@ fn run_locked(
     // failure, in the group's order of communicators, is returned (each failed communicator is
     // marked failed, as its peers may have launched their side).
     let mut results: Vec<Result<(), Error>> = comms.iter().map(|_| Ok(())).collect();
-    let mut jobs: Vec<_> = comms
-        .iter()
-        .zip(states.iter_mut())
-        .zip(results.iter_mut())
-        .map(|(((c, args), st), out)| {
-            let st: &mut CommState = st;
-            move || *out = launch_one(c, st, args)
-        })
-        .collect();
-    let spin = Duration::from_micros(comms[0].0.info.config.launch_spin_us);
-    let mut erased: Vec<fanout::Job<'_>> = jobs.iter_mut().map(|j| j as fanout::Job<'_>).collect();
-    fanout::run(spin, &mut erased);
-    drop(erased);
-    drop(jobs);
+    {
+        let mut jobs: Vec<_> = comms
+            .iter()
+            .zip(states.iter_mut())
+            .zip(results.iter_mut())
+            .map(|(((c, args), st), out)| {
+                let st: &mut CommState = st;
+                move || *out = launch_one(c, st, args)
+            })
+            .collect();
+        let mut erased: Vec<fanout::Job<'_>> =
+            jobs.iter_mut().map(|j| j as fanout::Job<'_>).collect();
+        let spin = Duration::from_micros(comms[0].0.info.config.launch_spin_us);
+        fanout::run(spin, &mut erased);
+    }
     results.into_iter().collect()
 }
 
