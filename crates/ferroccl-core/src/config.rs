@@ -207,6 +207,15 @@ pub struct Config {
     /// a launch: all-gather at 32 MiB lost 10 % to the kernels, at 64 MiB 5 % out of place (gained 4 %
     /// in place), at 128 MiB and up it gained 2-18 %.
     pub gpu_ce_window_bytes: usize,
+    /// FERROCCL_GPU_CE_RENDEZVOUS_BYTES (default 256 MiB): on GPUs with a process per rank, a
+    /// gather or scatter alone in its launch whose largest buffer is at least this many bytes
+    /// (and at least `gpu_ce_window_bytes`), on a communicator with symmetric windows: the
+    /// ranks first exchange where each peer maps their outputs (a bootstrap all-gather; the
+    /// call waits for every rank's), and where every receiver's output is registered (a window
+    /// or a local registration) the copy engines copy straight into it. A gather's or scatter's
+    /// root in place has its output at another offset than its peers', so the symmetric
+    /// contract cannot name it; the exchange does. 0 turns this off. Every rank must agree.
+    pub gpu_ce_rendezvous_bytes: usize,
     /// FERROCCL_GPU_EARLY_LAUNCH (default on): on GPUs of compute capability 9.0 and up, the
     /// engines' kernels are launched allowed to start while the kernel ahead of them in the
     /// stream finishes (programmatic dependent launch), which hides a launch's latency behind
@@ -291,6 +300,7 @@ impl Default for Config {
             gpu_peer_bytes: 16 << 20,
             gpu_copy_engine_bytes: 0,
             gpu_ce_window_bytes: 128 << 20,
+            gpu_ce_rendezvous_bytes: 256 << 20,
             gpu_early_launch: true,
             gpu_p2p_kernel: true,
             launch_spin_us: 200,
@@ -487,6 +497,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_CE_WINDOW_BYTES") {
             c.gpu_ce_window_bytes = parse("FERROCCL_GPU_CE_WINDOW_BYTES", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_CE_RENDEZVOUS_BYTES") {
+            c.gpu_ce_rendezvous_bytes = parse("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_EARLY_LAUNCH") {
             c.gpu_early_launch = parse_bool("FERROCCL_GPU_EARLY_LAUNCH", v)?;
         }
@@ -628,6 +641,10 @@ impl Config {
             (
                 "FERROCCL_GPU_CE_WINDOW_BYTES",
                 self.gpu_ce_window_bytes.to_string(),
+            ),
+            (
+                "FERROCCL_GPU_CE_RENDEZVOUS_BYTES",
+                self.gpu_ce_rendezvous_bytes.to_string(),
             ),
             (
                 "FERROCCL_CHECK_MISMATCH",
@@ -1143,6 +1160,16 @@ mod tests {
         );
         assert!(shares(&cw, "FERROCCL_GPU_CE_WINDOW_BYTES", "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_WINDOW_BYTES", "-1")])).is_err());
+        let cr = Config::from_vars(&vars(&[("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "0")])).unwrap();
+        assert_eq!(
+            (
+                cr.gpu_ce_rendezvous_bytes,
+                Config::default().gpu_ce_rendezvous_bytes
+            ),
+            (0, 256 << 20)
+        );
+        assert!(shares(&cr, "FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "0"));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "x")])).is_err());
         let early = Config::from_vars(&vars(&[("FERROCCL_GPU_EARLY_LAUNCH", "0")])).unwrap();
         assert!(!early.gpu_early_launch && Config::default().gpu_early_launch);
         // How a launch starts changes no plan: ranks may differ.

@@ -435,6 +435,130 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                 "round {round}: in-place all-to-all block {q}"
             );
         }
+        // Gather and scatter: the ranks post their outputs to each other first (a process per
+        // GPU), so the copy engines take them whatever the offsets: a root in place, peers'
+        // outputs at other offsets than the root's.
+        let untouched = |b: &DeviceBuffer, from: usize, to: usize, what: &str| {
+            let got = read(b, n * count);
+            assert!(
+                got[from..to] == data(99, r, n * count)[from..to],
+                "round {round}: {what} wrote outside its output"
+            );
+        };
+        let plain = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).unwrap();
+        for root in 0..n {
+            let tag = round + 60 + 10 * root as u64;
+            // Out of place.
+            put(&send, 0, &data(tag, r, count));
+            scrub(&recv);
+            assert_eq!(
+                by_ce(run(
+                    CollKind::Gather,
+                    send.device_ptr(),
+                    recv.device_ptr(),
+                    count,
+                    root
+                )),
+                ce,
+                "gather by copy engines"
+            );
+            if r == root {
+                let got = read(&recv, n * count);
+                for q in 0..n {
+                    assert!(
+                        got[q * count..(q + 1) * count] == data(tag, q, count)[..],
+                        "round {round}: gather to {root}, block {q}"
+                    );
+                }
+            } else {
+                untouched(&recv, 0, n * count, "a gather's non-root");
+            }
+            // The root in place (its input its own block of its output), the others from their
+            // send buffers: offsets that differ by rank.
+            scrub(&recv);
+            let input = if r == root {
+                put(&recv, r * count, &data(tag + 1, r, count));
+                recv.device_ptr() + (r * count * 4) as u64
+            } else {
+                put(&send, 0, &data(tag + 1, r, count));
+                send.device_ptr()
+            };
+            assert_eq!(
+                by_ce(run(CollKind::Gather, input, recv.device_ptr(), count, root)),
+                ce,
+                "gather to a root in place"
+            );
+            if r == root {
+                let got = read(&recv, n * count);
+                for q in 0..n {
+                    assert!(
+                        got[q * count..(q + 1) * count] == data(tag + 1, q, count)[..],
+                        "round {round}: gather in place to {root}, block {q}"
+                    );
+                }
+            }
+            // A root whose output lies in no window: nothing to post, the kernels on every rank.
+            put(&send, 0, &data(tag + 2, r, count));
+            let out = if r == root {
+                plain.device_ptr()
+            } else {
+                recv.device_ptr()
+            };
+            assert_ne!(
+                run(CollKind::Gather, send.device_ptr(), out, count, root),
+                Some(0),
+                "a gather into an unregistered output"
+            );
+            if r == root {
+                let got = read(&plain, n * count);
+                for q in 0..n {
+                    assert!(
+                        got[q * count..(q + 1) * count] == data(tag + 2, q, count)[..],
+                        "round {round}: gather into plain memory, block {q}"
+                    );
+                }
+            }
+            // Scatter out of place, each rank's output at its own offset of its window.
+            put(&send, 0, &data(tag + 3, r, n * count));
+            scrub(&recv);
+            let at = recv.device_ptr() + (r * count * 4) as u64;
+            assert_eq!(
+                by_ce(run(CollKind::Scatter, send.device_ptr(), at, count, root)),
+                ce,
+                "scatter by copy engines"
+            );
+            let got = read(&recv, n * count);
+            assert!(
+                got[r * count..(r + 1) * count]
+                    == data(tag + 3, root, n * count)[r * count..(r + 1) * count],
+                "round {round}: scatter from {root}"
+            );
+            untouched(&recv, 0, r * count, "a scatter");
+            untouched(&recv, (r + 1) * count, n * count, "a scatter");
+            // The root in place (its output its own block of its input), the others at 0.
+            scrub(&recv);
+            let (input, output) = if r == root {
+                put(&recv, 0, &data(tag + 4, r, n * count));
+                (
+                    recv.device_ptr(),
+                    recv.device_ptr() + (r * count * 4) as u64,
+                )
+            } else {
+                (send.device_ptr(), recv.device_ptr())
+            };
+            assert_eq!(
+                by_ce(run(CollKind::Scatter, input, output, count, root)),
+                ce,
+                "scatter from a root in place"
+            );
+            let got = read(&recv, n * count);
+            let mine = if r == root { r * count } else { 0 };
+            assert!(
+                got[mine..mine + count]
+                    == data(tag + 4, root, n * count)[r * count..(r + 1) * count],
+                "round {round}: scatter in place from {root}"
+            );
+        }
         if n == 2 {
             for root in 0..2 {
                 put(&send, 0, &data(round + 40, r, count));
@@ -602,6 +726,7 @@ fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
     // of 136 bytes).
     let env = [
         ("FERROCCL_GPU_CE_WINDOW_BYTES", "1".to_string()),
+        ("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_MIN_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576".to_string()),
         ("FERROCCL_TIMEOUT", "60".to_string()),
@@ -774,6 +899,7 @@ fn symmetric_windows_in_one_process_take_kernels() {
     let Some(n) = gpus_for_test() else { return };
     let cfg = Config {
         gpu_ce_window_bytes: 1,
+        gpu_ce_rendezvous_bytes: 1,
         gpu_fold_min_bytes: 1,
         ..Config::default()
     };

@@ -200,6 +200,99 @@ pub fn folds(kind: CollKind, count: usize, elem: usize, nranks: usize, me: Rank)
     })
 }
 
+/// Whether `kind` on `nranks` ranks takes the copy engines' zero-copy once the ranks have told
+/// each other where their outputs are ([`rendezvous_far`]): gather and scatter, whose outputs no
+/// rank can name from its own buffers (see [`zcopy_serves`]) but every rank can post.
+pub fn rendezvous_serves(kind: CollKind, nranks: usize) -> bool {
+    serves(kind, nranks) && matches!(kind, CollKind::Gather | CollKind::Scatter)
+}
+
+/// What a rank posts in the exchange before a launch of [`rendezvous_serves`]: where its output
+/// lies, as a collective registration (numbered alike on every rank) and an offset in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Posted {
+    /// The registration's number (every rank numbers its collective registrations alike).
+    pub window: u64,
+    /// The registration's length, the same on every rank for a symmetric window.
+    pub len: u64,
+    /// Byte offset of the output in it.
+    pub offset: u64,
+}
+
+impl Posted {
+    /// Bytes of one posting on the wire: a tag, then the three words.
+    pub const LEN: usize = 25;
+
+    /// `p` on the wire; None (no output, or one outside any window) is a zero tag and zeros.
+    pub fn encode(p: Option<Posted>) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        if let Some(p) = p {
+            b[0] = 1;
+            b[1..9].copy_from_slice(&p.window.to_le_bytes());
+            b[9..17].copy_from_slice(&p.len.to_le_bytes());
+            b[17..25].copy_from_slice(&p.offset.to_le_bytes());
+        }
+        b
+    }
+
+    /// A posting off the wire; anything but [`Posted::LEN`] bytes with tag 0 or 1 (and zeros
+    /// after tag 0) is refused: every rank gets the same bytes, so all refuse alike.
+    pub fn decode(b: &[u8]) -> Result<Option<Posted>, String> {
+        if b.len() != Self::LEN {
+            return Err(format!(
+                "an output posting of {} bytes, expected {}",
+                b.len(),
+                Self::LEN
+            ));
+        }
+        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        match b[0] {
+            0 if b[1..].iter().all(|&x| x == 0) => Ok(None),
+            1 => Ok(Some(Posted {
+                window: word(1),
+                len: word(9),
+                offset: word(17),
+            })),
+            t => Err(format!("an output posting with tag {t} or stray bytes")),
+        }
+    }
+}
+
+/// Rank `me`'s view of a launch of `kind` (NCCL's `count` of `elem` bytes on `nranks` ranks,
+/// `root` for the rooted kinds) once every rank has posted where its output lies
+/// (`posted[q]`): for each rank q, the posting its copy engines must write into (`Some` only
+/// where `me` sends q a copy), or None where the copy engines cannot take the launch: a kind
+/// not served, sizes that overflow, or any receiver of a copy between two ranks whose output is
+/// not posted or does not fit its window. Every rank decides from the same postings, so all
+/// decide alike: all take the copies, or none.
+pub fn rendezvous_far(
+    kind: CollKind,
+    count: usize,
+    elem: usize,
+    nranks: usize,
+    root: Rank,
+    me: Rank,
+    posted: &[Option<Posted>],
+) -> Option<Vec<Option<Posted>>> {
+    if !rendezvous_serves(kind, nranks) || posted.len() != nranks || me >= nranks {
+        return None;
+    }
+    let list = copies(kind, count, elem, nranks, root)?;
+    let mut far = vec![None; nranks];
+    for c in list.iter().filter(|c| c.from != c.to) {
+        let (_, out) = kind.buffer_counts(count, nranks, c.to == root)?;
+        let out = (out.checked_mul(elem)? as u64).max((c.dst + c.bytes) as u64);
+        let p = posted[c.to]?;
+        if p.offset.checked_add(out)? > p.len {
+            return None;
+        }
+        if c.from == me {
+            far[c.to] = Some(p);
+        }
+    }
+    Some(far)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,5 +440,122 @@ mod tests {
         }
         assert!(folds(CollKind::AllReduce, 4, 4, 2, 2).is_none());
         assert!(folds(CollKind::ReduceScatter, usize::MAX, 2, 2, 0).is_none());
+    }
+
+    fn posting() -> impl Strategy<Value = Option<Posted>> {
+        prop_oneof![
+            Just(None),
+            (0u64..3, 0u64..300, 0u64..300).prop_map(|(window, len, offset)| Some(Posted {
+                window,
+                len,
+                offset
+            })),
+        ]
+    }
+
+    proptest! {
+        /// Every rank decides alike from the same postings; where they take the copies, each
+        /// sender names exactly the receivers it copies to, every copy lands inside the
+        /// receiver's posted window, and every receiver of a copy posted.
+        #[test]
+        fn rendezvous_postings_give_every_rank_one_decision_and_copies_inside_windows(
+            gather in any::<bool>(), n in 1usize..6, count in 0usize..20,
+            elem in prop_oneof![Just(1usize), Just(4)], root in 0usize..6,
+            posted in proptest::collection::vec(posting(), 6),
+        ) {
+            let kind = if gather { CollKind::Gather } else { CollKind::Scatter };
+            let (root, posted) = (root % n, &posted[..n]);
+            let views: Vec<_> = (0..n)
+                .map(|me| rendezvous_far(kind, count, elem, n, root, me, posted))
+                .collect();
+            if n == 1 {
+                // Nothing crosses between ranks: the copy engines' zero-copy does not serve it.
+                prop_assert!(views[0].is_none());
+                return Ok(());
+            }
+            prop_assert!(views.iter().all(|v| v.is_some() == views[0].is_some()), "{views:?}");
+            let list = copies(kind, count, elem, n, root).unwrap();
+            match &views[0] {
+                None => {
+                    // Refused: some copy between two ranks has a receiver not posted, or whose
+                    // whole output does not fit its window.
+                    let unfit = |c: &Transfer| match posted[c.to] {
+                        None => true,
+                        Some(p) => {
+                            let (_, out) = kind.buffer_counts(count, n, c.to == root).unwrap();
+                            p.offset + (out * elem) as u64 > p.len
+                        }
+                    };
+                    let refused = list.iter().filter(|c| c.from != c.to).any(unfit);
+                    prop_assert!(refused);
+                }
+                Some(_) => {
+                    for (me, v) in views.iter().enumerate() {
+                        let v = v.as_ref().unwrap();
+                        for (q, named) in v.iter().enumerate() {
+                            let sends = list.iter().any(|c| c.from == me && c.to == q && q != me);
+                            prop_assert_eq!(named.is_some(), sends, "rank {} names rank {}", me, q);
+                        }
+                        for c in list.iter().filter(|c| c.from == me && c.to != me) {
+                            let p = v[c.to].unwrap();
+                            prop_assert_eq!(Some(p), posted[c.to]);
+                            prop_assert!(p.offset + (c.dst + c.bytes) as u64 <= p.len);
+                        }
+                    }
+                }
+            }
+        }
+
+        /// A posting survives the wire, and any other bytes are refused.
+        #[test]
+        fn postings_round_trip_and_stray_bytes_are_refused(
+            p in posting(), junk in proptest::collection::vec(any::<u8>(), 0..40),
+        ) {
+            prop_assert_eq!(Posted::decode(&Posted::encode(p)), Ok(p));
+            let ok = junk.len() == Posted::LEN
+                && (junk[0] == 1 || (junk[0] == 0 && junk[1..].iter().all(|&x| x == 0)));
+            prop_assert_eq!(Posted::decode(&junk).is_ok(), ok);
+        }
+    }
+
+    #[test]
+    fn rendezvous_serves_gather_and_scatter_only() {
+        for kind in CollKind::COLLECTIVES {
+            let served = matches!(kind, CollKind::Gather | CollKind::Scatter);
+            assert_eq!(rendezvous_serves(kind, 2), served, "{kind}");
+            assert!(!rendezvous_serves(kind, 1), "{kind} on 1 rank");
+        }
+        // A root in place (gather: its output holds its input at its own block) is named by its
+        // posting like any other; an output missing, or past its window, refuses on every rank.
+        let at = |offset| {
+            Some(Posted {
+                window: 4,
+                len: 64,
+                offset,
+            })
+        };
+        let gather = |posted: &[Option<Posted>], me| {
+            rendezvous_far(CollKind::Gather, 8, 4, 2, 1, me, posted)
+        };
+        assert_eq!(gather(&[None, at(0)], 0), Some(vec![None, at(0)]));
+        assert_eq!(gather(&[None, at(0)], 1), Some(vec![None, None]));
+        assert_eq!(gather(&[None, at(1)], 0), None, "past the window");
+        assert_eq!(
+            gather(&[at(0), None], 0),
+            None,
+            "the root's output not posted"
+        );
+        assert_eq!(gather(&[at(0)], 0), None, "a posting missing");
+        let scatter = |posted: &[Option<Posted>], me| {
+            rendezvous_far(CollKind::Scatter, 8, 4, 2, 0, me, posted)
+        };
+        assert_eq!(scatter(&[at(32), at(8)], 0), Some(vec![None, at(8)]));
+        assert_eq!(scatter(&[at(32), at(33)], 0), None, "past the window");
+        assert_eq!(scatter(&[None, at(8)], 1), Some(vec![None, None]));
+        assert_eq!(scatter(&[at(0), None], 0), None);
+        assert_eq!(
+            rendezvous_far(CollKind::AllGather, 8, 4, 2, 0, 0, &[at(0), at(0)]),
+            None
+        );
     }
 }

@@ -573,6 +573,25 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
             .is_some_and(|b| b >= cfg.gpu_peer_pull_min_bytes && b <= cfg.gpu_peer_pull_max_bytes)
 }
 
+/// Whether the ranks should tell each other where their outputs lie before a launch of `op`
+/// alone (`plan::copies::rendezvous_far`), so that the copy engines can copy straight into them:
+/// a gather or scatter on GPUs, the communicator with symmetric windows (`op.windows`: a
+/// communicator that registered none pays no exchange), its largest buffer from
+/// `FERROCCL_GPU_CE_RENDEZVOUS_BYTES` and from `FERROCCL_GPU_CE_WINDOW_BYTES` up. The exchange is
+/// a bootstrap all-gather (tens of microseconds on one host) and blocks the call until every
+/// rank has made it; at 256 MiB a gather takes some 700 us on 2 x H200, where the copy engines'
+/// 391 GB/s against the kernels' 355 save about 65. Everything it reads is the same on every
+/// rank, so all ranks exchange, or none. The backend adds what only it knows, alike on every rank
+/// too: a process per rank, the copy engine and the peer engine's fabric present.
+pub fn rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
+    let at_least = |min: usize| op.largest_bytes().is_some_and(|b| min > 0 && b >= min);
+    device == Device::Gpu
+        && op.windows
+        && copies::rendezvous_serves(op.kind, op.nranks)
+        && at_least(cfg.gpu_ce_rendezvous_bytes)
+        && at_least(cfg.gpu_ce_window_bytes)
+}
+
 /// `FERROCCL_GPU_PEER_LINES_MAX_BYTES` by default: 1 MiB, where line rounds ([`peer_lines`])
 /// measured faster than the staged rounds. On 2 x H200 (registered, a process per GPU, CUDA
 /// graphs, rows 128 KiB - 1 MiB 4 KiB apart, medians of a band, lines / staged in the same call):
@@ -703,11 +722,13 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
     // same on every rank, so all ranks decide alike).
     let ce_window =
         bytes.is_some_and(|b| cfg.gpu_ce_window_bytes > 0 && b >= cfg.gpu_ce_window_bytes);
+    // Gather and scatter join them once the ranks have posted their outputs to each other
+    // (`rendezvous_wanted`), which is what `symmetric` then says.
     if device == Device::Gpu
         && may_direct
         && op.symmetric
         && ce_window
-        && copies::zcopy_serves(op.kind, op.nranks)
+        && (copies::zcopy_serves(op.kind, op.nranks) || rendezvous_wanted(op, device, cfg))
         && !(op.kind == CollKind::AllToAll && op.in_place)
     {
         return Choice {

@@ -1482,6 +1482,100 @@ fn zero_copy_needs_windows_the_simple_protocol_and_a_safe_output() {
     );
 }
 
+/// Gather and scatter: the ranks exchange their outputs' places from
+/// FERROCCL_GPU_CE_RENDEZVOUS_BYTES (and FERROCCL_GPU_CE_WINDOW_BYTES) up on a communicator with
+/// windows, and once they have (`symmetric`), the copy engines take them; below, on the host,
+/// without windows or with either knob at 0, no exchange and no copy engines.
+#[test]
+fn gathers_and_scatters_exchange_outputs_and_take_the_copy_engines_from_their_threshold() {
+    let cfg = Config::default();
+    let at = |kind, bytes: usize, symmetric| OpShape {
+        windows: true,
+        symmetric,
+        ..shape(kind, bytes / 4 / 2, Float32, 2)
+    };
+    let min = cfg.gpu_ce_rendezvous_bytes;
+    assert!(min >= cfg.gpu_ce_window_bytes && cfg.gpu_ce_window_bytes > 0);
+    for kind in [CollKind::Gather, CollKind::Scatter] {
+        assert!(
+            rendezvous_wanted(&at(kind, min, false), Device::Gpu, &cfg),
+            "{kind}"
+        );
+        let c = choose(&at(kind, min, true), Device::Gpu, &cfg);
+        assert!(
+            c.engine == Engine::CopyEngine && c.zero_copy && c.channels == 0,
+            "{kind}: {c}"
+        );
+        // Not exchanged (or refused by a posting): the kernels.
+        assert_ne!(
+            choose(&at(kind, min, false), Device::Gpu, &cfg).engine,
+            Engine::CopyEngine
+        );
+        assert!(
+            !rendezvous_wanted(&at(kind, min / 2, false), Device::Gpu, &cfg),
+            "{kind}"
+        );
+        assert_ne!(
+            choose(&at(kind, min / 2, true), Device::Gpu, &cfg).engine,
+            Engine::CopyEngine,
+            "{kind} below the threshold"
+        );
+        assert!(!rendezvous_wanted(
+            &at(kind, min, false),
+            Device::Host,
+            &cfg
+        ));
+        let bare = OpShape {
+            windows: false,
+            ..at(kind, min, false)
+        };
+        assert!(
+            !rendezvous_wanted(&bare, Device::Gpu, &cfg),
+            "{kind} without windows"
+        );
+        for off in [
+            Config {
+                gpu_ce_rendezvous_bytes: 0,
+                ..cfg.clone()
+            },
+            Config {
+                gpu_ce_window_bytes: 0,
+                ..cfg.clone()
+            },
+        ] {
+            assert!(!rendezvous_wanted(
+                &at(kind, 1 << 30, false),
+                Device::Gpu,
+                &off
+            ));
+        }
+        // The window knob above the exchange's: the exchange waits for it.
+        let later = Config {
+            gpu_ce_window_bytes: 2 * min,
+            ..cfg.clone()
+        };
+        assert!(!rendezvous_wanted(
+            &at(kind, min, false),
+            Device::Gpu,
+            &later
+        ));
+        assert!(rendezvous_wanted(
+            &at(kind, 2 * min, false),
+            Device::Gpu,
+            &later
+        ));
+    }
+    for kind in CollKind::COLLECTIVES
+        .into_iter()
+        .filter(|k| !matches!(k, CollKind::Gather | CollKind::Scatter))
+    {
+        assert!(
+            !rendezvous_wanted(&at(kind, min, false), Device::Gpu, &cfg),
+            "{kind}"
+        );
+    }
+}
+
 #[test]
 fn symmetric_windows_take_the_copy_engine_for_large_data_movement() {
     let cfg = Config::default();
@@ -1628,16 +1722,13 @@ fn symmetric_windows_take_the_copy_engine_for_large_data_movement() {
             Engine::CopyEngine
         );
     }
-    // Reduce has no landing area on its root's peer; a gather's or scatter's root in place names
-    // no peer's buffer; broadcast beyond 2 ranks would send n-1 copies from the root; an
-    // all-to-all in place has no order that works without staging.
-    for kind in [CollKind::Reduce, CollKind::Gather, CollKind::Scatter] {
-        assert_ne!(
-            choose(&at(kind, 1 << 30, 2), Device::Gpu, &cfg).engine,
-            Engine::CopyEngine,
-            "{kind}"
-        );
-    }
+    // Reduce has no landing area on its root's peer (gather and scatter: the test above);
+    // broadcast beyond 2 ranks would send n-1 copies from the root; an all-to-all in place has
+    // no order that works without staging.
+    assert_ne!(
+        choose(&at(CollKind::Reduce, 1 << 30, 2), Device::Gpu, &cfg).engine,
+        Engine::CopyEngine
+    );
     assert_ne!(
         choose(&at(CollKind::Broadcast, 1 << 30, 3), Device::Gpu, &cfg).engine,
         Engine::CopyEngine

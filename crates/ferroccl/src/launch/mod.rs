@@ -11,6 +11,7 @@ use crate::comm::Comm;
 use crate::info::CommState;
 use crate::mismatch::{self, Disagreement};
 use crate::ops::{launch_label, OpArgs};
+use ferroccl_core::plan::copies::Posted;
 use ferroccl_core::Error;
 use std::sync::MutexGuard;
 use std::time::Duration;
@@ -111,8 +112,10 @@ fn run_locked(
     // Each GPU's work goes to its stream and the call returns; none waits for another's
     // completion. One communicator, the common call: launched here, nothing allocated.
     if let ([(c, args)], [st]) = (comms, &mut *states) {
-        return launch_one(c, st, args);
+        let far = rendezvous_one(c, st, args)?;
+        return launch_one(c, st, args, far);
     }
+    let mut fars = rendezvous_many(comms, states);
     // Several communicators' launches from one thread are made at once by the launch helpers
     // where they are spinning (`fanout`), else here in turn. Every one is made; the first
     // failure, in the group's order of communicators, is returned (each failed communicator is
@@ -123,9 +126,17 @@ fn run_locked(
             .iter()
             .zip(states.iter_mut())
             .zip(results.iter_mut())
-            .map(|(((c, args), st), out)| {
+            .zip(fars.iter_mut())
+            .map(|((((c, args), st), out), far)| {
                 let st: &mut CommState = st;
-                move || *out = launch_one(c, st, args)
+                // A communicator whose rendezvous failed is not launched (it is marked failed);
+                // the others are, as their peers exchanged and launched alike.
+                move || {
+                    *out = match std::mem::replace(far, Ok(None)) {
+                        Ok(far) => launch_one(c, st, args, far),
+                        Err(e) => Err(e),
+                    }
+                }
             })
             .collect();
         let mut erased: Vec<fanout::Job<'_>> =
@@ -136,15 +147,112 @@ fn run_locked(
     results.into_iter().collect()
 }
 
-/// One GPU communicator's share of a launch.
-fn launch_one(c: &Comm, st: &mut CommState, args: &[OpArgs]) -> Result<(), Error> {
+/// One GPU communicator's share of a launch; `far`: what its rendezvous found, if it had one.
+fn launch_one(
+    c: &Comm,
+    st: &mut CommState,
+    args: &[OpArgs],
+    far: Option<Vec<u64>>,
+) -> Result<(), Error> {
     let Backend::Cuda(cuda) = &c.backend else {
         unreachable!("counted above")
     };
-    cuda.launch(&c.info, st, args).map_err(|e| {
+    cuda.launch(&c.info, st, args, far).map_err(|e| {
         // Peers may have launched their side already: this communicator cannot be trusted.
         st.failed.get_or_insert_with(|| e.clone());
         e.context(format!("rank {} of {}", c.info.rank, c.info.nranks))
+    })
+}
+
+/// The rendezvous before a gather or scatter alone in its launch on a GPU communicator
+/// (`CudaComm::rendezvous_posting`, which says whether the ranks have one): every rank posts where
+/// its output lies, over the bootstrap ring, and learns where its copy engines may write
+/// (`CudaComm::rendezvous_far`). The call waits for every rank's; a failed exchange leaves the
+/// ring out of step, so the communicator is marked failed. Nothing is allocated where there is
+/// no rendezvous (the common call).
+fn rendezvous_one(
+    c: &Comm,
+    st: &mut CommState,
+    args: &[OpArgs],
+) -> Result<Option<Vec<u64>>, Error> {
+    let (Backend::Cuda(cuda), [a]) = (&c.backend, args) else {
+        return Ok(None);
+    };
+    let Some(mine) = cuda.rendezvous_posting(a, &c.info)? else {
+        return Ok(None);
+    };
+    exchange_postings(c, st, a, &mine)
+}
+
+fn exchange_postings(
+    c: &Comm,
+    st: &mut CommState,
+    a: &OpArgs,
+    mine: &[u8],
+) -> Result<Option<Vec<u64>>, Error> {
+    let Backend::Cuda(cuda) = &c.backend else {
+        unreachable!("a posting comes from a GPU communicator")
+    };
+    let label = || launch_label(std::slice::from_ref(a), st.seq + 1, &c.info);
+    let rows = match c.boot.allgather(mine) {
+        Ok(rows) => rows,
+        Err(e) => {
+            let e = e.context(format!("{}: exchanging outputs' places", label()));
+            st.failed.get_or_insert_with(|| e.clone());
+            return Err(e);
+        }
+    };
+    cuda.rendezvous_far(a, &c.info, &rows).map_err(|e| {
+        // Every rank got the same rows; a rank that cannot use them fails alone (its peers wait
+        // on copies that never come): the communicator cannot be trusted.
+        let e = e.context(label());
+        st.failed.get_or_insert_with(|| e.clone());
+        e
+    })
+}
+
+/// The rendezvous of each communicator of a launch of several (`rendezvous_one`), each on a
+/// thread of its own where more than one has one: one thread driving ranks of one job in a
+/// group, whose exchanges would wait on each other in turn, or processes that grouped their
+/// communicators in different orders.
+fn rendezvous_many(
+    comms: &[(&Comm, &[OpArgs])],
+    states: &mut [MutexGuard<CommState>],
+) -> Vec<Result<Option<Vec<u64>>, Error>> {
+    let postings: Vec<Result<Option<[u8; Posted::LEN]>, Error>> = comms
+        .iter()
+        .map(|(c, args)| match (&c.backend, args) {
+            (Backend::Cuda(cuda), [a]) => cuda.rendezvous_posting(a, &c.info),
+            _ => Ok(None),
+        })
+        .collect();
+    let wanted = postings.iter().filter(|p| matches!(p, Ok(Some(_)))).count();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .zip(states.iter_mut())
+            .zip(postings)
+            .map(|(((c, args), st), p)| {
+                let st: &mut CommState = st;
+                match p {
+                    Ok(Some(mine)) if wanted > 1 => {
+                        Err(s.spawn(move || exchange_postings(c, st, &args[0], &mine)))
+                    }
+                    Ok(Some(mine)) => Ok(exchange_postings(c, st, &args[0], &mine)),
+                    Ok(None) => Ok(Ok(None)),
+                    Err(e) => Ok(Err(e)),
+                }
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h {
+                Ok(done) => done,
+                Err(h) => h.join().unwrap_or_else(|_| {
+                    Err(Error::Internal("a rendezvous thread panicked".into()))
+                }),
+            })
+            .collect()
     })
 }
 

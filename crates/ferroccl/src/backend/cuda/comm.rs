@@ -20,6 +20,8 @@ use crate::cuda::pinned::MappedWord;
 use crate::info::CommInfo;
 use crate::ops::OpArgs;
 use cudarc::driver::sys;
+use ferroccl_core::plan::copies::Posted;
+use ferroccl_core::tune::Device;
 use ferroccl_core::{Config, DataType, Error};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -587,6 +589,84 @@ impl CudaComm {
             w.symmetric_far(a.send as u64, send.checked_mul(a.dtype.size())? as u64)?;
         }
         w.symmetric_far(a.recv as u64, recv.checked_mul(a.dtype.size())? as u64)
+    }
+
+    /// The rendezvous before a gather or scatter alone in its launch (`tune::rendezvous_wanted`):
+    /// this rank's posting of where its output lies (`Windows::posting`; none where no symmetric
+    /// window holds it, or a gather's non-root has none), or None where the ranks exchange
+    /// nothing. What decides is the same on every rank: the tuner's shape (windows registered
+    /// collectively), the copy engine and the peer engine's fabric present, a process per rank
+    /// (the copy engines' zero-copy runs only then: `Fabric::ranks_apart`; it also means no
+    /// thread drives two ranks of this communicator, whose exchanges would wait on each other).
+    pub(crate) fn rendezvous_posting(
+        &self,
+        a: &OpArgs,
+        info: &CommInfo,
+    ) -> Result<Option<[u8; Posted::LEN]>, Error> {
+        if self.ce.is_none() || self.peer.is_none() || !self.fabric.ranks_apart() {
+            return Ok(None);
+        }
+        let w = self.windows()?;
+        let shape = a.shape(info, !w.is_empty(), false);
+        if !ferroccl_core::tune::rendezvous_wanted(&shape, Device::Gpu, &info.config) {
+            return Ok(None);
+        }
+        let mine = a
+            .kind
+            .buffer_counts(a.count, info.nranks, a.root == info.rank)
+            .and_then(|(_, recv)| recv.checked_mul(a.dtype.size()))
+            .filter(|&b| b > 0)
+            .and_then(|b| w.posting(a.recv as u64, b as u64));
+        Ok(Some(Posted::encode(mine)))
+    }
+
+    /// After the rendezvous (`rows[q]`: rank q's posting): where this process maps each peer's
+    /// output that this rank's copy engines write (0 for the others), or None where the copies
+    /// cannot take the launch (`plan::copies::rendezvous_far`: every rank finds the same, from
+    /// the same rows, and the launch runs on the kernels everywhere). A posting that does not
+    /// parse is a protocol error; one naming a window this rank no longer holds (deregistered
+    /// here only), an argument error.
+    pub(crate) fn rendezvous_far(
+        &self,
+        a: &OpArgs,
+        info: &CommInfo,
+        rows: &[Vec<u8>],
+    ) -> Result<Option<Vec<u64>>, Error> {
+        let posted = rows
+            .iter()
+            .enumerate()
+            .map(|(q, b)| {
+                Posted::decode(b).map_err(|m| {
+                    Error::Protocol(format!("rank {q}'s posting before a {}: {m}", a.kind))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let Some(named) = ferroccl_core::plan::copies::rendezvous_far(
+            a.kind,
+            a.count,
+            a.dtype.size(),
+            info.nranks,
+            a.root,
+            info.rank,
+            &posted,
+        ) else {
+            return Ok(None);
+        };
+        let w = self.windows()?;
+        named
+            .iter()
+            .enumerate()
+            .map(|(q, p)| match p {
+                None => Ok(0),
+                Some(p) => w.far_of(*p, q).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "rank {q} put its {} output in window registration #{} ({} bytes), which rank {} no longer holds: deregister windows on every rank alike",
+                        a.kind, p.window, p.len, info.rank
+                    ))
+                }),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
     }
 
     /// Registers `[ptr, ptr + len)` of this rank alone (see `Windows::register_local`).

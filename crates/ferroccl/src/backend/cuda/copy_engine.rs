@@ -27,7 +27,8 @@ use crate::cuda::device::Gpu;
 use crate::cuda::hostpage::HostPage;
 use cudarc::driver::sys;
 use ferroccl_core::plan::copies::{
-    copies, fold_serves, folds, pieces, zcopy_serves, Piece, Transfer, CE_LANES, CE_SLOTS,
+    copies, fold_serves, folds, pieces, rendezvous_serves, zcopy_serves, Piece, Transfer, CE_LANES,
+    CE_SLOTS,
 };
 use ferroccl_core::{CollKind, Error, Rank};
 use std::time::{Duration, Instant};
@@ -332,9 +333,11 @@ pub(crate) fn schedule(
 }
 
 /// Rank `me`'s commands for `op` when its output lies in a symmetric window
-/// (`plan::copies::zcopy_serves`): every copy between two ranks goes once, straight from the
-/// sender's input to the receiver's output over the link, by the sender's copy engine. `far[q]`
-/// is where this process maps rank q's output.
+/// (`plan::copies::zcopy_serves`), or when the ranks posted their outputs to each other before
+/// a gather or scatter (`plan::copies::rendezvous_serves`): every copy between two ranks goes
+/// once, straight from the sender's input to the receiver's output over the link, by the
+/// sender's copy engine. `far[q]` is where this process maps rank q's output (read only for the
+/// ranks this one copies to).
 ///
 /// One lane per peer, one handshake before and one after. The receiver first tells the sender
 /// it has entered the operation (`ready`: all it did before, reads of that output included, is
@@ -352,7 +355,8 @@ pub(crate) fn zcopy_schedule(
     if fold_serves(op.kind, n, false) {
         return fold_schedule(op, me, n, far, fold);
     }
-    if !zcopy_serves(op.kind, n) || (op.kind == CollKind::AllToAll && op.send == op.recv) {
+    let served = zcopy_serves(op.kind, n) || rendezvous_serves(op.kind, n);
+    if !served || (op.kind == CollKind::AllToAll && op.send == op.recv) {
         return Err(Error::Internal(format!(
             "the copy engine's zero-copy got {}{} on {n} ranks",
             op.kind,
@@ -1389,10 +1393,12 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
         /// The zero-copy handshake holds under any interleaving, as the staged one does, for
-        /// every kind it takes (an all-to-all in place aside), in place or not, repeated.
+        /// every kind it takes (an all-to-all in place aside; gather and scatter with the
+        /// outputs the ranks posted), in place or not, repeated.
         #[test]
         fn the_zero_copy_handshake_holds_under_any_schedule((n, ops, _slot, seed, ahead) in case()) {
-            let served = |o: &&CeOp| zcopy_serves(o.kind, n) && !(o.kind == CollKind::AllToAll && o.send == o.recv);
+            let served = |o: &&CeOp| (zcopy_serves(o.kind, n) || rendezvous_serves(o.kind, n))
+                && !(o.kind == CollKind::AllToAll && o.send == o.recv);
             let ops: Vec<CeOp> = ops.iter().chain(ops.iter()).filter(served).copied().collect();
             prop_assume!(!ops.is_empty());
             let r = run_zcopy_model(n, &ops, &zcopy_of(n), picker(seed, ahead));
@@ -1467,8 +1473,8 @@ mod tests {
             zcopy_schedule(&ops[0], 0, 2, &[0], (4, FOLD_PIECE_BYTES)).is_err(),
             "an address per rank"
         );
-        let gather = CeOp {
-            kind: CollKind::Gather,
+        let reduce = CeOp {
+            kind: CollKind::Reduce,
             count: 16,
             elem: 4,
             root: 0,
@@ -1476,7 +1482,7 @@ mod tests {
             recv: 1,
         };
         assert!(
-            zcopy_schedule(&gather, 0, 2, &[0, far_of(1)], (4, FOLD_PIECE_BYTES)).is_err(),
+            zcopy_schedule(&reduce, 0, 2, &[0, far_of(1)], (4, FOLD_PIECE_BYTES)).is_err(),
             "not a kind it serves"
         );
     }

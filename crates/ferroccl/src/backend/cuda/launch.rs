@@ -434,11 +434,15 @@ fn engine_kind(a: &OpArgs) -> Result<u32, Error> {
 impl CudaComm {
     /// Enqueues the operations `args` (one call, or a group's share on this communicator) on
     /// the current stream as one kernel launch, and returns.
+    /// `exchanged`: where this rank's copy engines write each peer's output, when the ranks
+    /// held a rendezvous before this launch and found every output they need
+    /// (`CudaComm::rendezvous_far`).
     pub(crate) fn launch(
         &self,
         info: &CommInfo,
         state: &mut CommState,
         args: &[OpArgs],
+        exchanged: Option<Vec<u64>>,
     ) -> Result<(), Error> {
         state.seq += 1;
         let nranks = u32::try_from(info.nranks)
@@ -476,6 +480,31 @@ impl CudaComm {
         // A captured launch runs when its graph does: its order is the graph's.
         if !captured {
             self.order()?.before(stream)?;
+        }
+        if let Some(far) = exchanged {
+            // The copy engines straight into the outputs the peers posted: planned and run now,
+            // never kept, as the peers' outputs may move while this rank's buffers stay.
+            drop(cache);
+            let planned = plan_launch(info, args, !windows.is_empty(), &|_| true)?;
+            state.log_choices(info, &planned.shapes, &planned.choices);
+            let (ce, c) = match (&self.ce, &planned.choices[..]) {
+                (Some(ce), [c]) if c.engine == Engine::CopyEngine && c.zero_copy => (ce, c),
+                _ => return Err(Error::Internal(format!(
+                    "the ranks exchanged their outputs' places for {}, and the tuner chose {:?}",
+                    args[0].kind, planned.choices
+                ))),
+            };
+            let lanes = ce.zcopy_schedule(
+                &ce_op(&args[0]),
+                &far,
+                (c.channels, c.chunk_elems * args[0].dtype.size()),
+            )?;
+            drop(windows);
+            self.run_entry(Run::Copy(Arc::new(lanes)), args, ops, stream, None, 0)?;
+            if !captured {
+                self.order()?.after(stream)?;
+            }
+            return Ok(());
         }
         if cache.get(&key).is_none() {
             // A new shape: the tuner's choices, then a run without tables (a one-kernel engine,

@@ -15,6 +15,7 @@ use crate::bootstrap::Bootstrap;
 use crate::cuda::device::Gpu;
 use crate::cuda::fdpass::{FdChannel, FdListener};
 use crate::cuda::mem::{export_allocation, DeviceBuffer, MemStats};
+use ferroccl_core::plan::copies::Posted;
 use ferroccl_core::{Error, Rank};
 use std::os::fd::AsFd;
 use std::sync::atomic::AtomicBool;
@@ -103,6 +104,9 @@ struct Window {
     /// Symmetric windows: where this process maps each rank's window of this registration
     /// (`far[me] == ptr`), all of them `len` bytes long.
     far: Option<Vec<u64>>,
+    /// The collective registration's number (`Windows::registrations` when it was made: the same
+    /// on every rank); 0 for a local registration.
+    reg: u64,
     /// Peers' windows imported into this process (kept mapped while registered).
     _imported: Vec<DeviceBuffer>,
     /// A local registration (`register_local`): its number, and the ranks whose mappers hold
@@ -173,6 +177,34 @@ impl Windows {
                 .map(|base| base + (ptr - w.ptr))
                 .collect(),
         )
+    }
+
+    /// Where `[ptr, ptr + bytes)` of this rank lies, when a symmetric window holds all of it, as
+    /// the rendezvous before a gather or scatter posts it (`plan::copies::Posted`): the window's
+    /// registration number and length, the same on every rank, and the offset.
+    pub fn posting(&self, ptr: u64, bytes: u64) -> Option<Posted> {
+        let end = ptr.checked_add(bytes)?;
+        self.list
+            .iter()
+            .find(|w| w.far.is_some() && ptr >= w.ptr && end <= w.ptr + w.len)
+            .map(|w| Posted {
+                window: w.reg,
+                len: w.len,
+                offset: ptr - w.ptr,
+            })
+    }
+
+    /// Where this process maps rank `q`'s output that `p` (rank q's posting) names: q's window of
+    /// that registration, which this process mapped at registration, at the posted offset. None
+    /// where this rank holds no such window (deregistered here only) or the posting does not
+    /// fit it.
+    pub fn far_of(&self, p: Posted, q: Rank) -> Option<u64> {
+        let w = self
+            .list
+            .iter()
+            .find(|w| w.local.is_none() && w.reg == p.window && w.len == p.len)?;
+        (p.offset < w.len).then_some(())?;
+        Some(w.far.as_ref()?.get(q)? + p.offset)
     }
 
     /// Registers `[ptr, ptr + len)` with every rank of `boot` (collective), `symmetric` as every
@@ -298,6 +330,7 @@ impl Windows {
             len: len as u64,
             views,
             far,
+            reg: self.registrations,
             _imported: imported,
             local: None,
         });
@@ -382,6 +415,7 @@ impl Windows {
             len: len as u64,
             views,
             far: None,
+            reg: 0,
             _imported: Vec::new(),
             local: Some(Loan { id, lent_to, maybe }),
         });
@@ -747,6 +781,7 @@ mod tests {
                     len: 512,
                     views: vec![0xa1, 0x1000, 0xc1],
                     far: Some(vec![0xa000, 0x1000, 0xc000]),
+                    reg: 1,
                     _imported: Vec::new(),
                     local: None,
                 },
@@ -755,6 +790,7 @@ mod tests {
                     len: 512,
                     views: vec![0xa2, 0x8000, 0xc2],
                     far: None,
+                    reg: 2,
                     _imported: Vec::new(),
                     local: None,
                 },
@@ -775,6 +811,42 @@ mod tests {
         assert_eq!(ws.symmetric_far(0x8000, 16), None, "a local window");
         assert_eq!(ws.symmetric_far(u64::MAX - 1, 4), None);
         assert_eq!(ws.view(0x8000, 16, 2), Some(0xc2));
+        // A gather's or scatter's posting: the symmetric window's number, length and offset;
+        // another rank's posting of it resolves to where this process maps that rank's window.
+        let p = ws.posting(0x1100, 16).expect("inside the symmetric window");
+        assert_eq!(
+            p,
+            Posted {
+                window: 1,
+                len: 512,
+                offset: 0x100
+            }
+        );
+        assert_eq!(ws.posting(0x1100, 512), None, "past the end");
+        assert_eq!(ws.posting(0x8000, 16), None, "not a symmetric window");
+        assert_eq!(ws.far_of(p, 0), Some(0xa100));
+        assert_eq!(ws.far_of(p, 2), Some(0xc100));
+        assert_eq!(ws.far_of(p, 3), None, "no such rank");
+        assert_eq!(
+            ws.far_of(Posted { window: 2, ..p }, 0),
+            None,
+            "no symmetric window 2"
+        );
+        assert_eq!(
+            ws.far_of(Posted { window: 7, ..p }, 0),
+            None,
+            "not registered here"
+        );
+        assert_eq!(
+            ws.far_of(Posted { len: 256, ..p }, 0),
+            None,
+            "another length"
+        );
+        assert_eq!(
+            ws.far_of(Posted { offset: 512, ..p }, 0),
+            None,
+            "past the end"
+        );
     }
 
     /// Local registrations post outputs like windows but leave the tuner's collective view
@@ -786,6 +858,7 @@ mod tests {
             len: 256,
             views: vec![ptr, 0xb000 + ptr],
             far: None,
+            reg: 0,
             _imported: Vec::new(),
             local: local.map(|id| Loan {
                 id,
