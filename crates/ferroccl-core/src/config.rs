@@ -211,8 +211,8 @@ pub struct Config {
     /// gather or scatter alone in its launch whose largest buffer is at least this many bytes
     /// (and at least `gpu_ce_window_bytes`), on a communicator with symmetric windows: the
     /// ranks first exchange where each peer maps their outputs (a bootstrap all-gather; the
-    /// call waits for every rank's), and where every receiver's output is registered (a window
-    /// or a local registration) the copy engines copy straight into it. A gather's or scatter's
+    /// call waits for every rank's), and where every receiver's output lies in a symmetric window
+    /// the copy engines copy straight into it. A gather's or scatter's
     /// root in place has its output at another offset than its peers', so the symmetric
     /// contract cannot name it; the exchange does. 0 turns this off. Every rank must agree.
     pub gpu_ce_rendezvous_bytes: usize,
