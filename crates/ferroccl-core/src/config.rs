@@ -207,14 +207,17 @@ pub struct Config {
     /// a launch: all-gather at 32 MiB lost 10 % to the kernels, at 64 MiB 5 % out of place (gained 4 %
     /// in place), at 128 MiB and up it gained 2-18 %.
     pub gpu_ce_window_bytes: usize,
-    /// FERROCCL_GPU_CE_RENDEZVOUS_BYTES (default 256 MiB): on GPUs with a process per rank, a
+    /// FERROCCL_GPU_CE_RENDEZVOUS_BYTES (default 128 MiB): on GPUs with a process per rank, a
     /// gather or scatter alone in its launch whose largest buffer is at least this many bytes
     /// (and at least `gpu_ce_window_bytes`), on a communicator with symmetric windows: the
-    /// ranks first exchange where each peer maps their outputs (a bootstrap all-gather; the
-    /// call waits for every rank's), and where every receiver's output lies in a symmetric window
-    /// the copy engines copy straight into it. A gather's or scatter's
-    /// root in place has its output at another offset than its peers', so the symmetric
-    /// contract cannot name it; the exchange does. 0 turns this off. Every rank must agree.
+    /// ranks first post to each other where their outputs lie (a bootstrap all-gather; the call
+    /// waits for every rank's), and where every receiver's output lies in a symmetric window the
+    /// copy engines copy straight into it. A gather's or scatter's root in place has its output
+    /// at another offset than its peers', so the symmetric contract cannot name it; the
+    /// exchange does. Sends and receives of this size post too (the receiver to its sender).
+    /// On 2 x H200 (docs/PERFORMANCE.md section 33) the copies beat the kernels from 128 MiB
+    /// (gather 346-350 GB/s against 331 in graphs) and lost at 64 MiB (307-314 against 322).
+    /// 0 turns this off. Every rank must agree.
     pub gpu_ce_rendezvous_bytes: usize,
     /// FERROCCL_GPU_EARLY_LAUNCH (default on): on GPUs of compute capability 9.0 and up, the
     /// engines' kernels are launched allowed to start while the kernel ahead of them in the
@@ -300,7 +303,7 @@ impl Default for Config {
             gpu_peer_bytes: 16 << 20,
             gpu_copy_engine_bytes: 0,
             gpu_ce_window_bytes: 128 << 20,
-            gpu_ce_rendezvous_bytes: 256 << 20,
+            gpu_ce_rendezvous_bytes: 128 << 20,
             gpu_early_launch: true,
             gpu_p2p_kernel: true,
             launch_spin_us: 200,
@@ -1166,7 +1169,7 @@ mod tests {
                 cr.gpu_ce_rendezvous_bytes,
                 Config::default().gpu_ce_rendezvous_bytes
             ),
-            (0, 256 << 20)
+            (0, 128 << 20)
         );
         assert!(shares(&cr, "FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "x")])).is_err());

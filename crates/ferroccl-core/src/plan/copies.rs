@@ -293,6 +293,67 @@ pub fn rendezvous_far(
     Some(far)
 }
 
+/// What a rank posts to a peer before a large receive from it (`tune::p2p_rendezvous_wanted`):
+/// where its output lies (None: in no symmetric window), and its length in bytes, which the
+/// matching send's must equal. Postings go out in the order of the receives, and the sender
+/// reads them in the order of its sends to that rank: NCCL matches a pair's sends and
+/// receives in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvPost {
+    /// Where the output lies.
+    pub posted: Option<Posted>,
+    /// The receive's bytes.
+    pub bytes: u64,
+}
+
+impl RecvPost {
+    /// Bytes of one on the wire: the posting, then the length.
+    pub const LEN: usize = Posted::LEN + 8;
+
+    /// On the wire.
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[..Posted::LEN].copy_from_slice(&Posted::encode(self.posted));
+        b[Posted::LEN..].copy_from_slice(&self.bytes.to_le_bytes());
+        b
+    }
+
+    /// Off the wire; anything but [`RecvPost::LEN`] bytes with a valid posting is refused.
+    pub fn decode(b: &[u8]) -> Result<RecvPost, String> {
+        if b.len() != Self::LEN {
+            return Err(format!(
+                "a receive's posting of {} bytes, expected {}",
+                b.len(),
+                Self::LEN
+            ));
+        }
+        Ok(RecvPost {
+            posted: Posted::decode(&b[..Posted::LEN])?,
+            bytes: u64::from_le_bytes(b[Posted::LEN..].try_into().expect("8 bytes")),
+        })
+    }
+
+    /// The receive's way, which its sender's ([`RecvPost::send_way`]) matches: by the copy
+    /// engines where the output was posted in a window it fits, else by the kernels.
+    pub fn by_copies(&self) -> bool {
+        self.posted
+            .is_some_and(|p| p.offset.checked_add(self.bytes).is_some_and(|e| e <= p.len))
+    }
+
+    /// The matching send's way, `bytes` long: the posting its copy engines write into, None for
+    /// the kernels, or why not (the lengths differ: the peer waits on a receive this send cannot
+    /// satisfy either way).
+    pub fn send_way(&self, bytes: u64) -> Result<Option<Posted>, String> {
+        if bytes != self.bytes {
+            return Err(format!(
+                "a send of {bytes} bytes meets a receive of {} bytes: the counts and types of a matched send and receive must agree",
+                self.bytes
+            ));
+        }
+        Ok(self.posted.filter(|_| self.by_copies()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -557,5 +618,26 @@ mod tests {
             rendezvous_far(CollKind::AllGather, 8, 4, 2, 0, 0, &[at(0), at(0)]),
             None
         );
+    }
+
+    proptest! {
+        /// A receive's posting survives the wire; both ends choose the same way from it; a
+        /// send of another length is refused.
+        #[test]
+        fn receive_postings_round_trip_and_both_ends_choose_alike(
+            p in posting(), bytes in 0u64..400, other in 0u64..400,
+            junk in proptest::collection::vec(any::<u8>(), 0..40),
+        ) {
+            let post = RecvPost { posted: p, bytes };
+            prop_assert_eq!(RecvPost::decode(&post.encode()), Ok(post));
+            prop_assert_eq!(RecvPost::decode(&junk).is_ok(), junk.len() == RecvPost::LEN
+                && Posted::decode(&junk[..Posted::LEN]).is_ok());
+            let way = post.send_way(bytes).unwrap();
+            prop_assert_eq!(way.is_some(), post.by_copies());
+            if let Some(q) = way {
+                prop_assert!(q.offset + bytes <= q.len);
+            }
+            prop_assert_eq!(post.send_way(other).is_err(), other != bytes);
+        }
     }
 }

@@ -579,8 +579,8 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
 /// communicator that registered none pays no exchange), its largest buffer from
 /// `FERROCCL_GPU_CE_RENDEZVOUS_BYTES` and from `FERROCCL_GPU_CE_WINDOW_BYTES` up. The exchange is
 /// a bootstrap all-gather (tens of microseconds on one host) and blocks the call until every
-/// rank has made it; at 256 MiB a gather takes some 700 us on 2 x H200, where the copy engines'
-/// 391 GB/s against the kernels' 355 save about 65. Everything it reads is the same on every
+/// rank has made it: on 2 x H200 a gather of 128 MiB by the copy engines took 346-350 GB/s against
+/// the kernels' 331, host launches included (docs/PERFORMANCE.md section 33). Everything it reads is the same on every
 /// rank, so all ranks exchange, or none. The backend adds what only it knows, alike on every rank
 /// too: a process per rank, the copy engine and the peer engine's fabric present.
 pub fn rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
@@ -588,6 +588,23 @@ pub fn rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
     device == Device::Gpu
         && op.windows
         && copies::rendezvous_serves(op.kind, op.nranks)
+        && at_least(cfg.gpu_ce_rendezvous_bytes)
+        && at_least(cfg.gpu_ce_window_bytes)
+}
+
+/// Whether a send or receive of `op` goes through the posted-receive rendezvous
+/// (`plan::copies::RecvPost`): the receiver posts where its output lies to its sender before
+/// the launch, and where it lies in a symmetric window the sender's copy engines copy straight
+/// into it. On GPUs, the communicator with symmetric windows, the message from
+/// `FERROCCL_GPU_CE_RENDEZVOUS_BYTES` and `FERROCCL_GPU_CE_WINDOW_BYTES` up, as for gather and
+/// scatter ([`rendezvous_wanted`]); a matched send and receive have one length, so both ends
+/// decide alike. The receiver never waits for it; the sender waits for its receiver's call.
+pub fn p2p_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
+    let at_least = |min: usize| op.largest_bytes().is_some_and(|b| min > 0 && b >= min);
+    device == Device::Gpu
+        && op.windows
+        && op.nranks >= 2
+        && matches!(op.kind, CollKind::Send | CollKind::Recv)
         && at_least(cfg.gpu_ce_rendezvous_bytes)
         && at_least(cfg.gpu_ce_window_bytes)
 }

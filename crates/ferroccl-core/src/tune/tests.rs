@@ -1576,6 +1576,61 @@ fn gathers_and_scatters_exchange_outputs_and_take_the_copy_engines_from_their_th
     }
 }
 
+/// Sends and receives take the posted-receive rendezvous from the same thresholds, on GPUs with
+/// windows; nothing else does.
+#[test]
+fn sends_and_receives_post_from_the_rendezvous_threshold() {
+    let cfg = Config::default();
+    let at = |kind, bytes: usize| OpShape {
+        windows: true,
+        ..shape(kind, bytes / 4, Float32, 2)
+    };
+    let min = cfg.gpu_ce_rendezvous_bytes;
+    for kind in [CollKind::Send, CollKind::Recv] {
+        assert!(
+            p2p_rendezvous_wanted(&at(kind, min), Device::Gpu, &cfg),
+            "{kind}"
+        );
+        assert!(
+            !p2p_rendezvous_wanted(&at(kind, min - 4), Device::Gpu, &cfg),
+            "{kind}"
+        );
+        assert!(
+            !p2p_rendezvous_wanted(&at(kind, min), Device::Host, &cfg),
+            "{kind}"
+        );
+        let bare = OpShape {
+            windows: false,
+            ..at(kind, min)
+        };
+        assert!(!p2p_rendezvous_wanted(&bare, Device::Gpu, &cfg), "{kind}");
+        let off = Config {
+            gpu_ce_rendezvous_bytes: 0,
+            ..cfg.clone()
+        };
+        assert!(!p2p_rendezvous_wanted(
+            &at(kind, 1 << 30),
+            Device::Gpu,
+            &off
+        ));
+        let later = Config {
+            gpu_ce_window_bytes: 2 * min,
+            ..cfg.clone()
+        };
+        assert!(!p2p_rendezvous_wanted(&at(kind, min), Device::Gpu, &later));
+        assert!(
+            !rendezvous_wanted(&at(kind, min), Device::Gpu, &cfg),
+            "{kind}: not a collective's"
+        );
+    }
+    for kind in CollKind::COLLECTIVES {
+        assert!(
+            !p2p_rendezvous_wanted(&at(kind, min), Device::Gpu, &cfg),
+            "{kind}"
+        );
+    }
+}
+
 #[test]
 fn symmetric_windows_take_the_copy_engine_for_large_data_movement() {
     let cfg = Config::default();

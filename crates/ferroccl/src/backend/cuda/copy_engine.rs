@@ -424,6 +424,103 @@ pub(crate) fn zcopy_schedule(
     Ok(lanes)
 }
 
+/// A send or receive of a launch that the copy engines take after the posted-receive
+/// rendezvous (`plan::copies::RecvPost`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum P2pCopy {
+    /// `bytes` from this rank's `src` into `far`, where this process maps the output `peer`
+    /// posted.
+    Send {
+        peer: Rank,
+        src: u64,
+        far: u64,
+        bytes: usize,
+    },
+    /// A receive from `peer`, whose copy engines write it.
+    Recv { peer: Rank },
+}
+
+/// The lane of a peer that carries this rank's sends to it; its receives from that peer take
+/// the other ([`P2P_RECV_LANE`]). A pair's sends are matched to its receives in order in each
+/// direction, but nothing orders one direction against the other across launches (a rank may
+/// group a send with a receive that its peer makes in two launches, in either order), so the
+/// two directions never wait on one stream.
+pub(crate) const P2P_SEND_LANE: usize = 0;
+/// See [`P2P_SEND_LANE`].
+pub(crate) const P2P_RECV_LANE: usize = 1;
+
+/// Rank `me`'s commands for the sends and receives of a launch that the copy engines take
+/// (`p2p`, in issue order), on `n` ranks: the zero-copy handshake of [`zcopy_schedule`] one
+/// direction at a time. A receive raises `ready` in its sender's page (this rank entered it:
+/// all it did before with that output is done), then waits for `full` in its own page and lowers
+/// it; a send waits for its receiver's `ready` and lowers it, copies, and raises `full` in the
+/// receiver's page (the write's fence puts the copy before it). A peer's sends keep their order
+/// on its send lane and its receives on its receive lane.
+pub(crate) fn p2p_schedule(me: Rank, n: usize, p2p: &[P2pCopy]) -> Schedule {
+    let mut lanes: Schedule = Vec::new();
+    for c in p2p {
+        let (lane, cmds) = match *c {
+            P2pCopy::Send {
+                peer,
+                src,
+                far,
+                bytes,
+            } => {
+                let ready = CeFlags::ready(n, peer, 0);
+                let cmds = vec![
+                    Cmd::Wait {
+                        page: me,
+                        word: ready,
+                    },
+                    Cmd::Write {
+                        page: me,
+                        word: ready,
+                        value: 0,
+                    },
+                    Cmd::Copy {
+                        dst: Addr::Abs(far),
+                        src: Addr::Abs(src),
+                        bytes,
+                    },
+                    Cmd::Write {
+                        page: peer,
+                        word: CeFlags::full(n, me, 0),
+                        value: 1,
+                    },
+                ];
+                (P2P_SEND_LANE, (peer, cmds))
+            }
+            P2pCopy::Recv { peer } => {
+                let full = CeFlags::full(n, peer, 0);
+                let cmds = vec![
+                    Cmd::Write {
+                        page: peer,
+                        word: CeFlags::ready(n, me, 0),
+                        value: 1,
+                    },
+                    Cmd::Wait {
+                        page: me,
+                        word: full,
+                    },
+                    Cmd::Write {
+                        page: me,
+                        word: full,
+                        value: 0,
+                    },
+                ];
+                (P2P_RECV_LANE, (peer, cmds))
+            }
+        };
+        let (peer, cmds) = cmds;
+        let lane = Lane::Peer { peer, lane };
+        match lanes.iter_mut().find(|(l, _)| *l == lane) {
+            Some((_, v)) => v.extend(cmds),
+            None => lanes.push((lane, cmds)),
+        }
+    }
+    lanes
+}
+
 /// Rank `me`'s commands for a copy-and-fold reduction between symmetric windows
 /// (`plan::copies::folds`, 2 ranks, out of place): `far[q]` is where this process maps rank q's
 /// output; `(blocks, piece)`: the fold kernel's blocks and the bytes of a piece (every rank's
@@ -1686,5 +1783,206 @@ mod tests {
             assert!(seen.iter().all(|&w| w < CeFlags::words(n)));
             assert!(CeFlags::words(n) * 4 <= crate::cuda::hostpage::PAGE_BYTES);
         }
+    }
+
+    /// What a send's `far` names in the p2p model: the k-th receive at `to` from `from`.
+    fn p2p_id(to: Rank, from: Rank, k: usize) -> u64 {
+        ((to as u64) << 40) | ((from as u64) << 20) | k as u64
+    }
+
+    /// Runs 2 ranks' launches of sends and receives by the copy engines (`sched`, as
+    /// `p2p_schedule`): a rank's launch starts once every lane of its previous one is done (the
+    /// caller's stream waits for them), and any runnable lane of the current launches steps, as
+    /// `pick` chooses. The k-th send from s to r copies into the k-th receive at r from s (what
+    /// the rendezvous gives it). Checks that every copy lands while its receive is open (its rank
+    /// raised `ready` for it and has not passed its `full`), exactly once, before the receive
+    /// ends, that nothing deadlocks and that every word ends where it began.
+    fn run_p2p_model(
+        launches: &[Vec<Vec<P2pCopy>>; 2],
+        sched: &dyn Fn(Rank, &[P2pCopy]) -> Schedule,
+        mut pick: impl FnMut(&[(usize, usize)]) -> usize,
+    ) -> Result<(), String> {
+        let n = 2;
+        let mut pages = initial_pages(n);
+        let mut at = [0usize; 2];
+        let load = |r: Rank, k: usize| -> Vec<(Lane, Vec<Cmd>, usize)> {
+            launches[r]
+                .get(k)
+                .map(|l| sched(r, l).into_iter().map(|(a, c)| (a, c, 0)).collect())
+                .unwrap_or_default()
+        };
+        let mut lanes: Vec<Vec<(Lane, Vec<Cmd>, usize)>> = (0..n).map(|r| load(r, 0)).collect();
+        // Per (receiver, sender): receives opened so far, the one open now; copies made.
+        let mut opened: HashMap<(Rank, Rank), usize> = HashMap::new();
+        let mut open: HashMap<(Rank, Rank), usize> = HashMap::new();
+        let mut copied: HashMap<u64, usize> = HashMap::new();
+        loop {
+            for r in 0..n {
+                while lanes[r].iter().all(|(_, c, pc)| *pc == c.len()) && at[r] < launches[r].len()
+                {
+                    at[r] += 1;
+                    lanes[r] = load(r, at[r]);
+                }
+            }
+            let runnable = runnable_lanes(&lanes, &pages);
+            if runnable.is_empty() {
+                if (0..n).all(|r| at[r] >= launches[r].len()) {
+                    break;
+                }
+                return Err(format!(
+                    "deadlock: rank 0 at launch {}, rank 1 at launch {}",
+                    at[0], at[1]
+                ));
+            }
+            let (r, i) = runnable[pick(&runnable) % runnable.len()];
+            let (_, cmds, pc) = &mut lanes[r][i];
+            let c = cmds[*pc];
+            *pc += 1;
+            match c {
+                Cmd::Wait { page, word } => {
+                    // A receive's end: its copy must have landed.
+                    if let Some(q) = (0..n).find(|&q| q != r && word == CeFlags::full(n, q, 0)) {
+                        let k = open
+                            .remove(&(r, q))
+                            .ok_or("a full seen with no receive open")?;
+                        if copied.get(&p2p_id(r, q, k)) != Some(&1) {
+                            return Err(format!(
+                                "rank {r} ended receive {k} from {q} before its copy"
+                            ));
+                        }
+                    }
+                    let _ = page;
+                }
+                Cmd::Write { page, word, value } => {
+                    if value == 1 && page != r && word == CeFlags::ready(n, r, 0) {
+                        let k = opened.entry((r, page)).or_insert(0);
+                        if open.insert((r, page), *k).is_some() {
+                            return Err(format!(
+                                "rank {r} opened two receives from {page} at once"
+                            ));
+                        }
+                        *k += 1;
+                    }
+                    pages[page][word] = value;
+                }
+                Cmd::Copy {
+                    dst: Addr::Abs(far),
+                    ..
+                } => {
+                    let (to, from, k) = (
+                        (far >> 40) as usize,
+                        ((far >> 20) & 0xfffff) as usize,
+                        (far & 0xfffff) as usize,
+                    );
+                    if from != r || open.get(&(to, from)) != Some(&k) {
+                        return Err(format!(
+                            "rank {r} copies into receive {k} at rank {to} while it is not open"
+                        ));
+                    }
+                    *copied.entry(far).or_insert(0) += 1;
+                }
+                c => return Err(format!("unexpected command {c:?}")),
+            }
+        }
+        let sends: usize = launches
+            .iter()
+            .flatten()
+            .flatten()
+            .filter(|c| matches!(c, P2pCopy::Send { .. }))
+            .count();
+        if copied.len() != sends || copied.values().any(|&x| x != 1) {
+            return Err(format!(
+                "{} copies made for {sends} sends: {copied:?}",
+                copied.len()
+            ));
+        }
+        words_back(&pages)
+    }
+
+    /// Rounds of sends both ways between 2 ranks (`rounds[i]`: messages 0 -> 1 and 1 -> 0), as
+    /// launches: rank 0 groups each round, sends first; rank 1 groups it (`how` 0), or makes its
+    /// sends and its receives two launches, sends first (1) or receives first (2): each a
+    /// pattern NCCL runs without a deadlock. Each send names its matching receive.
+    fn p2p_launches(rounds: &[(usize, usize, u8)]) -> [Vec<Vec<P2pCopy>>; 2] {
+        let mut out: [Vec<Vec<P2pCopy>>; 2] = [Vec::new(), Vec::new()];
+        let mut sent = [0usize; 2];
+        for &(a, b, how) in rounds {
+            let mine = |me: Rank, sends: usize, recvs: usize, sent: &mut [usize; 2]| {
+                let peer = 1 - me;
+                let s: Vec<P2pCopy> = (0..sends)
+                    .map(|_| {
+                        sent[me] += 1;
+                        P2pCopy::Send {
+                            peer,
+                            src: 0,
+                            far: p2p_id(peer, me, sent[me] - 1),
+                            bytes: 4,
+                        }
+                    })
+                    .collect();
+                (s, vec![P2pCopy::Recv { peer }; recvs])
+            };
+            let (s0, r0) = mine(0, a, b, &mut sent);
+            let (s1, r1) = mine(1, b, a, &mut sent);
+            out[0].push(s0.into_iter().chain(r0).collect());
+            match how % 3 {
+                0 => out[1].push(s1.into_iter().chain(r1).collect()),
+                1 => out[1].extend([s1, r1]),
+                _ => out[1].extend([r1, s1]),
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        /// Sends and receives by the copy engines hold under any interleaving, whichever way the
+        /// peer groups its side.
+        #[test]
+        fn posted_receives_hold_under_any_schedule(
+            rounds in prop::collection::vec((0usize..3, 0usize..3, any::<u8>()), 1..5),
+            seed in prop::collection::vec(any::<u8>(), 64), ahead in any::<bool>(),
+        ) {
+            let l = p2p_launches(&rounds);
+            let r = run_p2p_model(&l, &|me, c| p2p_schedule(me, 2, c), picker(seed, ahead));
+            prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+        }
+    }
+
+    /// The model finds what the two lanes per peer prevent: both directions on one stream
+    /// deadlock where the peer makes its sends and receives two launches, sends first.
+    #[test]
+    fn the_posted_receive_model_catches_one_lane_for_both_ways() {
+        let l = p2p_launches(&[(1, 1, 1)]);
+        let one_lane = |me: Rank, c: &[P2pCopy]| -> Schedule {
+            let mut v: Vec<Cmd> = Vec::new();
+            for (_, cmds) in p2p_schedule(me, 2, c) {
+                v.extend(cmds);
+            }
+            vec![(
+                Lane::Peer {
+                    peer: 1 - me,
+                    lane: 0,
+                },
+                v,
+            )]
+        };
+        let first = |rn: &[(usize, usize)]| rn.len() - 1;
+        assert!(run_p2p_model(&l, &|me, c| p2p_schedule(me, 2, c), first).is_ok());
+        let e = run_p2p_model(&l, &one_lane, first).unwrap_err();
+        assert!(e.contains("deadlock"), "{e}");
+        // Without the receiver's ready, a copy lands in a receive not yet open.
+        let no_ready = |me: Rank, c: &[P2pCopy]| -> Schedule {
+            p2p_schedule(me, 2, c)
+                .into_iter()
+                .map(|(lane, cmds)| {
+                    let keep = |x: &Cmd| !matches!(x, Cmd::Wait { word, .. } | Cmd::Write { word, .. } if *word >= 2 * 2 * CE_SLOTS);
+                    (lane, cmds.into_iter().filter(keep).collect())
+                })
+                .collect()
+        };
+        let l = p2p_launches(&[(1, 0, 0)]);
+        let e = run_p2p_model(&l, &no_ready, |_| 0).unwrap_err();
+        assert!(e.contains("not open"), "{e}");
     }
 }

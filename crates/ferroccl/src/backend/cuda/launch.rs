@@ -489,10 +489,12 @@ impl CudaComm {
             state.log_choices(info, &planned.shapes, &planned.choices);
             let (ce, c) = match (&self.ce, &planned.choices[..]) {
                 (Some(ce), [c]) if c.engine == Engine::CopyEngine && c.zero_copy => (ce, c),
-                _ => return Err(Error::Internal(format!(
+                _ => {
+                    return Err(Error::Internal(format!(
                     "the ranks exchanged their outputs' places for {}, and the tuner chose {:?}",
                     args[0].kind, planned.choices
-                ))),
+                )))
+                }
             };
             let lanes = ce.zcopy_schedule(
                 &ce_op(&args[0]),
