@@ -77,6 +77,10 @@ pub(crate) struct CommState {
     pub failed: Option<Error>,
     /// Operation shapes whose choice was logged (only while debug logging is on).
     logged: HashSet<OpShape>,
+    /// The posted-receive rendezvous' streams (`launch/posts.rs`), opened at first use: by peer
+    /// and direction (true: this rank posts its receives from the peer; false: it reads the
+    /// peer's postings for its sends).
+    pub posts: std::collections::HashMap<(ferroccl_core::Rank, bool), std::net::TcpStream>,
 }
 
 impl CommState {

@@ -559,6 +559,68 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                 "round {round}: scatter in place from {root}"
             );
         }
+        // Sends and receives (2 ranks): the receiver posts its output to its sender first, and
+        // the sender's copy engines copy straight into it where it lies in a window; grouped on
+        // both ranks, or one rank's send and receive in two launches in either order; a
+        // receive into plain memory takes the kernels while the other way takes the copies.
+        if n == 2 {
+            let peer = 1 - r;
+            let p2p = |kind, ptr: u64| OpArgs {
+                kind,
+                send: ptr as *const u8,
+                recv: ptr as *mut u8,
+                count,
+                dtype: ferroccl::DataType::Float32,
+                op: ReduceOp::Sum,
+                root: peer,
+                device_scalar: None,
+            };
+            let launch = |ops: &[OpArgs]| {
+                let mut g = Group::new();
+                for a in ops {
+                    unsafe { g.push_raw(comm, *a).unwrap() };
+                }
+                g.launch().unwrap();
+                comm.last_launch_blocks()
+            };
+            for (way, tag) in [
+                (0u8, round + 90),
+                (1, round + 91),
+                (2, round + 92),
+                (3, round + 93),
+            ] {
+                put(&send, 0, &data(tag, r, count));
+                scrub(&recv);
+                scrub(&plain);
+                // Rank 1's output in plain memory in the last way: its receive takes the kernels.
+                let (out, at) = match way {
+                    3 if r == 1 => (&plain, 0),
+                    _ => (&recv, r * count),
+                };
+                let send_op = p2p(CollKind::Send, send.device_ptr());
+                let recv_op = p2p(CollKind::Recv, out.device_ptr() + (at * 4) as u64);
+                let blocks = match (way, r) {
+                    (1, 1) => [launch(&[send_op]), launch(&[recv_op])][1],
+                    (2, 1) => [launch(&[recv_op]), launch(&[send_op])][1],
+                    _ => launch(&[send_op, recv_op]),
+                };
+                comm.synchronize().unwrap();
+                let got = read(out, n * count);
+                assert!(
+                    got[at..at + count] == data(tag, peer, count)[..],
+                    "round {round}: sendrecv way {way}"
+                );
+                assert!(
+                    got[..at] == data(99, r, n * count)[..at],
+                    "round {round}: sendrecv way {way} wrote outside its output"
+                );
+                // The copy engines where both outputs are windows; with the plain output, the
+                // kernels take part of both ranks' launches (rank 0's receive is by copies, its
+                // send by the kernels).
+                let copies = ce && way != 3;
+                assert_eq!(by_ce(blocks), copies, "sendrecv way {way}");
+            }
+        }
         if n == 2 {
             for root in 0..2 {
                 put(&send, 0, &data(round + 40, r, count));

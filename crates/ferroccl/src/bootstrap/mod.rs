@@ -594,6 +594,24 @@ impl Bootstrap {
         wire::into_user_stream(s)
     }
 
+    /// A small message to `peer` on a stream of this communicator's (`connect` / `accept`),
+    /// within the bootstrap's deadline and abort.
+    pub(crate) fn send_msg(&self, s: &mut TcpStream, peer: usize, msg: &[u8]) -> Result<(), Error> {
+        self.check_peer(peer)?;
+        wire::write_frame(s, &[msg], &self.wait(), &describe(&self.peers[peer]))
+    }
+
+    /// The next message from `peer` on such a stream, refused above `max` bytes.
+    pub(crate) fn recv_msg(
+        &self,
+        s: &mut TcpStream,
+        peer: usize,
+        max: usize,
+    ) -> Result<Vec<u8>, Error> {
+        self.check_peer(peer)?;
+        wire::read_frame(s, max, &self.wait(), &describe(&self.peers[peer]))
+    }
+
     fn check_peer(&self, peer: usize) -> Result<(), Error> {
         if peer >= self.nranks {
             return Err(Error::InvalidArgument(format!(

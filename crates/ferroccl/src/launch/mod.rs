@@ -5,6 +5,7 @@
 //! that failed earlier, compare the ranks' operations in check mode, then hand each backend its
 //! communicators' operations. The backends plan and run them (`backend/host`, `backend/cuda`).
 
+use crate::backend::cuda::Exchanged;
 use crate::backend::host::{self, HostLaunch};
 use crate::backend::Backend;
 use crate::comm::Comm;
@@ -17,6 +18,7 @@ use std::sync::MutexGuard;
 use std::time::Duration;
 
 mod fanout;
+mod posts;
 
 /// Runs `items` (each an operation on a communicator, in issue order) as one launch. GPU
 /// communicators return once their work is enqueued; host ones once it is done.
@@ -112,10 +114,30 @@ fn run_locked(
     // Each GPU's work goes to its stream and the call returns; none waits for another's
     // completion. One communicator, the common call: launched here, nothing allocated.
     if let ([(c, args)], [st]) = (comms, &mut *states) {
-        let far = rendezvous_one(c, st, args)?;
-        return launch_one(c, st, args, far);
+        let exchanged = match rendezvous_one(c, st, args)? {
+            Some(far) => Exchanged::Far(far),
+            None => match posts::exchange(comms, std::slice::from_mut(st)) {
+                None => Exchanged::Nothing,
+                Some(mut v) => posted(v.pop().expect("one communicator"))?,
+            },
+        };
+        return launch_one(c, st, args, exchanged);
     }
-    let mut fars = rendezvous_many(comms, states);
+    let fars = rendezvous_many(comms, states);
+    let mut posts = posts::exchange(comms, states).map(|v| v.into_iter());
+    let mut fars: Vec<Result<Exchanged, Error>> = fars
+        .into_iter()
+        .map(|far| {
+            let post = posts
+                .as_mut()
+                .map(|p| p.next().expect("one per communicator"));
+            match (far?, post) {
+                (Some(far), _) => Ok(Exchanged::Far(far)),
+                (None, None) => Ok(Exchanged::Nothing),
+                (None, Some(p)) => posted(p),
+            }
+        })
+        .collect();
     // Several communicators' launches from one thread are made at once by the launch helpers
     // where they are spinning (`fanout`), else here in turn. Every one is made; the first
     // failure, in the group's order of communicators, is returned (each failed communicator is
@@ -132,8 +154,8 @@ fn run_locked(
                 // A communicator whose rendezvous failed is not launched (it is marked failed);
                 // the others are, as their peers exchanged and launched alike.
                 move || {
-                    *out = match std::mem::replace(far, Ok(None)) {
-                        Ok(far) => launch_one(c, st, args, far),
+                    *out = match std::mem::replace(far, Ok(Exchanged::Nothing)) {
+                        Ok(exchanged) => launch_one(c, st, args, exchanged),
                         Err(e) => Err(e),
                     }
                 }
@@ -147,17 +169,25 @@ fn run_locked(
     results.into_iter().collect()
 }
 
-/// One GPU communicator's share of a launch; `far`: what its rendezvous found, if it had one.
+/// What the posted-receive rendezvous found for one communicator, as its launch takes it.
+fn posted(r: Result<Option<posts::Ways>, Error>) -> Result<Exchanged, Error> {
+    Ok(match r? {
+        Some(ways) if ways.iter().any(Option::is_some) => Exchanged::Posted(ways),
+        _ => Exchanged::Nothing,
+    })
+}
+
+/// One GPU communicator's share of a launch, with what its ranks exchanged before it.
 fn launch_one(
     c: &Comm,
     st: &mut CommState,
     args: &[OpArgs],
-    far: Option<Vec<u64>>,
+    exchanged: Exchanged,
 ) -> Result<(), Error> {
     let Backend::Cuda(cuda) = &c.backend else {
         unreachable!("counted above")
     };
-    cuda.launch(&c.info, st, args, far).map_err(|e| {
+    cuda.launch(&c.info, st, args, exchanged).map_err(|e| {
         // Peers may have launched their side already: this communicator cannot be trusted.
         st.failed.get_or_insert_with(|| e.clone());
         e.context(format!("rank {} of {}", c.info.rank, c.info.nranks))

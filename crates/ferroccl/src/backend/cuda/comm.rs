@@ -20,9 +20,9 @@ use crate::cuda::pinned::MappedWord;
 use crate::info::CommInfo;
 use crate::ops::OpArgs;
 use cudarc::driver::sys;
-use ferroccl_core::plan::copies::Posted;
+use ferroccl_core::plan::copies::{Posted, RecvPost};
 use ferroccl_core::tune::Device;
-use ferroccl_core::{Config, DataType, Error};
+use ferroccl_core::{CollKind, Config, DataType, Error, Rank};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -667,6 +667,52 @@ impl CudaComm {
             })
             .collect::<Result<Vec<_>, _>>()
             .map(Some)
+    }
+
+    /// Whether the send or receive `a` takes the posted-receive rendezvous (`launch/posts.rs`):
+    /// the tuner's `p2p_rendezvous_wanted`, and what only the backend knows, as for
+    /// `rendezvous_posting` (the copy engine and the peer engine's fabric, a process per rank).
+    /// Both ends of a matched pair decide alike: one length, and every rank's setting the same.
+    pub(crate) fn p2p_posts(&self, a: &OpArgs, info: &CommInfo) -> Result<bool, Error> {
+        if !matches!(a.kind, CollKind::Send | CollKind::Recv)
+            || a.root == info.rank
+            || self.ce.is_none()
+            || self.peer.is_none()
+            || !self.fabric.ranks_apart()
+        {
+            return Ok(false);
+        }
+        let w = self.windows()?;
+        let shape = a.shape(info, !w.is_empty(), false);
+        Ok(ferroccl_core::tune::p2p_rendezvous_wanted(
+            &shape,
+            Device::Gpu,
+            &info.config,
+        ))
+    }
+
+    /// What this rank posts to its sender before the receive `a`: where its output lies in a
+    /// symmetric window (if it does), and its length.
+    pub(crate) fn recv_post(&self, a: &OpArgs) -> Result<RecvPost, Error> {
+        let bytes = a
+            .count
+            .checked_mul(a.dtype.size())
+            .ok_or_else(|| Error::InvalidArgument(format!("a receive of {} elements", a.count)))?;
+        let w = self.windows()?;
+        Ok(RecvPost {
+            posted: w.posting(a.recv as u64, bytes as u64),
+            bytes: bytes as u64,
+        })
+    }
+
+    /// Where this process maps the output `peer` posted (`p`), for this rank's copy engines.
+    pub(crate) fn posted_far(&self, p: Posted, peer: Rank, me: Rank) -> Result<u64, Error> {
+        self.windows()?.far_of(p, peer).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "rank {peer} posted a receive in window registration #{} ({} bytes), which rank {me} no longer holds: deregister windows on every rank alike",
+                p.window, p.len
+            ))
+        })
     }
 
     /// Registers `[ptr, ptr + len)` of this rank alone (see `Windows::register_local`).

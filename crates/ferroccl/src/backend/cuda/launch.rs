@@ -16,7 +16,7 @@
 //! Tables a graph captured stay for the communicator's life, as the graph may replay them.
 
 use super::comm::{CudaComm, BLOCK_THREADS};
-use super::copy_engine::{CeOp, FoldLaunch, Schedule};
+use super::copy_engine::{p2p_schedule, CeOp, FoldLaunch, P2pCopy, Schedule};
 use super::p2p::{p2p_form, P2pForm};
 use super::tables::{
     encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcFold, FcLaunch, FcOp, FcPeer,
@@ -431,19 +431,50 @@ fn engine_kind(a: &OpArgs) -> Result<u32, Error> {
     kind_code(a.kind).ok_or_else(|| Error::Internal(format!("a one-kernel engine got {}", a.kind)))
 }
 
+/// What the ranks exchanged before a launch (`launch/mod.rs`), for one communicator's share.
+pub(crate) enum Exchanged {
+    /// Nothing: the common launch.
+    Nothing,
+    /// A gather's or scatter's rendezvous: where this rank's copy engines write each peer's
+    /// output (`CudaComm::rendezvous_far`).
+    Far(Vec<u64>),
+    /// The posted-receive rendezvous (`launch/posts.rs`): per operation, its part by the copy
+    /// engines, or None for the kernels.
+    Posted(Vec<Option<P2pCopy>>),
+}
+
 impl CudaComm {
     /// Enqueues the operations `args` (one call, or a group's share on this communicator) on
     /// the current stream as one kernel launch, and returns.
-    /// `exchanged`: where this rank's copy engines write each peer's output, when the ranks
-    /// held a rendezvous before this launch and found every output they need
-    /// (`CudaComm::rendezvous_far`).
+    /// `exchanged`: what the ranks exchanged before the launch, if anything.
     pub(crate) fn launch(
         &self,
         info: &CommInfo,
         state: &mut CommState,
         args: &[OpArgs],
-        exchanged: Option<Vec<u64>>,
+        exchanged: Exchanged,
     ) -> Result<(), Error> {
+        let exchanged = match exchanged {
+            Exchanged::Posted(ways) => {
+                // The copy engines' part first, then the rest on the kernels as a launch of its
+                // own (the two touch different buffers; both follow the caller's stream).
+                let copies: Vec<P2pCopy> = ways.iter().flatten().copied().collect();
+                self.enqueue_posted(info, &args[0], &copies)?;
+                let rest: Vec<OpArgs> = args
+                    .iter()
+                    .zip(&ways)
+                    .filter(|(_, w)| w.is_none())
+                    .map(|(a, _)| *a)
+                    .collect();
+                if rest.is_empty() {
+                    state.seq += 1;
+                    return Ok(());
+                }
+                return self.launch(info, state, &rest, Exchanged::Nothing);
+            }
+            Exchanged::Far(far) => Some(far),
+            Exchanged::Nothing => None,
+        };
         state.seq += 1;
         let nranks = u32::try_from(info.nranks)
             .map_err(|_| Error::InvalidArgument("too many ranks".into()))?;
@@ -640,6 +671,34 @@ impl CudaComm {
         drop(windows);
 
         self.run_entry(run, args, ops, stream, views, pull)?;
+        if !captured {
+            self.order()?.after(stream)?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues the sends and receives the copy engines take after the posted-receive rendezvous
+    /// (`copy_engine::p2p_schedule`) on the current stream, in the launch path's stream order.
+    fn enqueue_posted(
+        &self,
+        info: &CommInfo,
+        any: &OpArgs,
+        copies: &[P2pCopy],
+    ) -> Result<(), Error> {
+        let ce = self.ce.as_ref().ok_or_else(|| {
+            Error::Internal("the posted-receive rendezvous without the copy engine".into())
+        })?;
+        let lanes = p2p_schedule(info.rank, info.nranks, copies);
+        let stream = self.current_stream();
+        self.gpu.bind()?;
+        let captured = capturing(stream)?;
+        if !captured {
+            self.order()?.before(stream)?;
+        }
+        self.last_blocks.store(0, Ordering::Relaxed);
+        ce.enqueue(&lanes, &ce_op(any), stream, &|_, _| {
+            Err(Error::Internal("a fold among sends and receives".into()))
+        })?;
         if !captured {
             self.order()?.after(stream)?;
         }

@@ -1,0 +1,154 @@
+//! The posted-receive rendezvous: before a launch's large sends and receives on GPUs
+//! (`tune::p2p_rendezvous_wanted`), each receiver posts to its sender where its output lies
+//! (`plan::copies::RecvPost`), and where it lies in a symmetric window the sender's copy engines
+//! copy straight into it (`copy_engine::p2p_schedule`); the rest run on the kernels.
+//!
+//! Postings travel on a stream per ordered pair of ranks of the communicator, opened at first
+//! use through the bootstrap's listener (the receiver connects, the sender accepts) and kept in
+//! the communicator's state. A pair's receives post in their order and its sends read in theirs:
+//! NCCL matches a pair's sends and receives in order, whatever the grouping. Every launch first
+//! posts all of its receives, on every communicator of the launch, and only then reads for its
+//! sends, so a receiver never waits and a sender waits only for its receiver's call: two ranks
+//! that each group a send with the matching receive, or one of them in two launches, go through;
+//! sends both ways in separate launches ahead of their receives wait on each other, as NCCL's
+//! kernels would (bounded here by the bootstrap's deadline).
+
+use crate::backend::cuda::P2pCopy;
+use crate::backend::Backend;
+use crate::comm::Comm;
+use crate::info::CommState;
+use crate::ops::{launch_label, OpArgs};
+use ferroccl_core::plan::copies::RecvPost;
+use ferroccl_core::{CollKind, Error};
+use std::sync::MutexGuard;
+
+/// Names the postings' streams among the communicator's bootstrap connections.
+const POST_TAG: u64 = 0xfecc_0000_5053_5452;
+
+/// What a communicator's rendezvous found for its share of a launch, one entry per operation:
+/// the copy engines' part (`Some`), the kernels' (`None`).
+pub(crate) type Ways = Vec<Option<P2pCopy>>;
+
+/// Whether any operation of `args` on `c` takes the rendezvous (nothing allocated to find out).
+fn wanted(c: &Comm, args: &[OpArgs]) -> Result<bool, Error> {
+    let Backend::Cuda(cuda) = &c.backend else {
+        return Ok(false);
+    };
+    for a in args {
+        if cuda.p2p_posts(a, &c.info)? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The rendezvous of every communicator of a launch: for each, its ways (None: nothing took
+/// part), or its error (it is then marked failed: its peers may wait on a posting or a copy).
+pub(crate) fn exchange(
+    comms: &[(&Comm, &[OpArgs])],
+    states: &mut [MutexGuard<CommState>],
+) -> Option<Vec<Result<Option<Ways>, Error>>> {
+    let mut any = false;
+    let mut out: Vec<Result<Option<Ways>, Error>> = Vec::new();
+    for (c, args) in comms {
+        match wanted(c, args) {
+            Ok(w) => any |= w,
+            Err(e) => {
+                any = true;
+                out.push(Err(e));
+                continue;
+            }
+        }
+        out.push(Ok(None));
+    }
+    if !any {
+        return None;
+    }
+    // Receives first, on every communicator, then sends.
+    for ((c, args), (st, r)) in comms.iter().zip(states.iter_mut().zip(out.iter_mut())) {
+        if r.is_ok() {
+            *r = post(c, st, args).map(Some);
+        }
+    }
+    for ((c, args), (st, r)) in comms.iter().zip(states.iter_mut().zip(out.iter_mut())) {
+        if let Ok(Some(ways)) = r {
+            if let Err(e) = read(c, st, args, ways) {
+                *r = Err(e);
+            }
+        }
+    }
+    for ((c, args), (st, r)) in comms.iter().zip(states.iter_mut().zip(out.iter_mut())) {
+        if let Err(e) = r {
+            let e = e.clone().context(launch_label(args, st.seq + 1, &c.info));
+            st.failed.get_or_insert_with(|| e.clone());
+            *r = Err(e);
+        }
+    }
+    Some(out)
+}
+
+/// Posts this rank's receives that take part, in order; their ways.
+fn post(c: &Comm, st: &mut CommState, args: &[OpArgs]) -> Result<Ways, Error> {
+    let Backend::Cuda(cuda) = &c.backend else {
+        unreachable!("wanted() found a GPU communicator")
+    };
+    let mut ways: Ways = vec![None; args.len()];
+    for (a, way) in args.iter().zip(ways.iter_mut()) {
+        if a.kind != CollKind::Recv || !cuda.p2p_posts(a, &c.info)? {
+            continue;
+        }
+        let peer = a.root;
+        let post = cuda.recv_post(a)?;
+        let s = match st.posts.entry((peer, true)) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(c.boot.connect(peer, POST_TAG)?)
+            }
+        };
+        c.boot
+            .send_msg(s, peer, &post.encode())
+            .map_err(|e| e.context(format!("posting a receive to rank {peer}")))?;
+        if post.by_copies() {
+            *way = Some(P2pCopy::Recv { peer });
+        }
+    }
+    Ok(ways)
+}
+
+/// Reads the postings for this rank's sends that take part, in order, into their ways.
+fn read(c: &Comm, st: &mut CommState, args: &[OpArgs], ways: &mut Ways) -> Result<(), Error> {
+    let Backend::Cuda(cuda) = &c.backend else {
+        unreachable!("wanted() found a GPU communicator")
+    };
+    for (a, way) in args.iter().zip(ways.iter_mut()) {
+        if a.kind != CollKind::Send || !cuda.p2p_posts(a, &c.info)? {
+            continue;
+        }
+        let peer = a.root;
+        let s = match st.posts.entry((peer, false)) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(c.boot.accept(peer, POST_TAG)?)
+            }
+        };
+        let msg = c
+            .boot
+            .recv_msg(s, peer, RecvPost::LEN)
+            .map_err(|e| e.context(format!("reading rank {peer}'s posted receive")))?;
+        let post = RecvPost::decode(&msg)
+            .map_err(|m| Error::Protocol(format!("rank {peer}'s posted receive: {m}")))?;
+        let bytes = (a.count * a.dtype.size()) as u64;
+        let target = post
+            .send_way(bytes)
+            .map_err(|m| Error::InvalidArgument(format!("a send to rank {peer}: {m}")))?;
+        if let Some(p) = target {
+            *way = Some(P2pCopy::Send {
+                peer,
+                src: a.send as u64,
+                far: cuda.posted_far(p, peer, c.info.rank)?,
+                bytes: bytes as usize,
+            });
+        }
+    }
+    Ok(())
+}
