@@ -214,11 +214,18 @@ pub struct Config {
     /// waits for every rank's), and where every receiver's output lies in a symmetric window the
     /// copy engines copy straight into it. A gather's or scatter's root in place has its output
     /// at another offset than its peers', so the symmetric contract cannot name it; the
-    /// exchange does. Sends and receives of this size post too (the receiver to its sender).
-    /// On 2 x H200 (docs/PERFORMANCE.md section 33) the copies beat the kernels from 128 MiB
+    /// exchange does. On 2 x H200 (docs/PERFORMANCE.md section 33) the copies beat the kernels from 128 MiB
     /// (gather 346-350 GB/s against 331 in graphs) and lost at 64 MiB (307-314 against 322).
     /// 0 turns this off. Every rank must agree.
     pub gpu_ce_rendezvous_bytes: usize,
+    /// FERROCCL_GPU_CE_P2P_BYTES (default 64 MiB): on GPUs with a process per rank and symmetric
+    /// windows, a send or receive of at least this many bytes goes through the posted-receive
+    /// rendezvous: the receiver tells its sender where its output lies (the receiver never
+    /// waits, the sender waits for its receiver's call), and where it lies in a symmetric window
+    /// the sender's copy engines copy straight into it. On 2 x H200 (docs/PERFORMANCE.md section
+    /// 34) sendrecv by the copies: 64 MiB 335-344 GB/s against the kernels' 309-318, level at 32
+    /// MiB. 0 turns this off. Every rank must agree.
+    pub gpu_ce_p2p_bytes: usize,
     /// FERROCCL_GPU_EARLY_LAUNCH (default on): on GPUs of compute capability 9.0 and up, the
     /// engines' kernels are launched allowed to start while the kernel ahead of them in the
     /// stream finishes (programmatic dependent launch), which hides a launch's latency behind
@@ -304,6 +311,7 @@ impl Default for Config {
             gpu_copy_engine_bytes: 0,
             gpu_ce_window_bytes: 128 << 20,
             gpu_ce_rendezvous_bytes: 128 << 20,
+            gpu_ce_p2p_bytes: 64 << 20,
             gpu_early_launch: true,
             gpu_p2p_kernel: true,
             launch_spin_us: 200,
@@ -503,6 +511,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_CE_RENDEZVOUS_BYTES") {
             c.gpu_ce_rendezvous_bytes = parse("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_CE_P2P_BYTES") {
+            c.gpu_ce_p2p_bytes = parse("FERROCCL_GPU_CE_P2P_BYTES", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_EARLY_LAUNCH") {
             c.gpu_early_launch = parse_bool("FERROCCL_GPU_EARLY_LAUNCH", v)?;
         }
@@ -648,6 +659,10 @@ impl Config {
             (
                 "FERROCCL_GPU_CE_RENDEZVOUS_BYTES",
                 self.gpu_ce_rendezvous_bytes.to_string(),
+            ),
+            (
+                "FERROCCL_GPU_CE_P2P_BYTES",
+                self.gpu_ce_p2p_bytes.to_string(),
             ),
             (
                 "FERROCCL_CHECK_MISMATCH",
@@ -1173,6 +1188,13 @@ mod tests {
         );
         assert!(shares(&cr, "FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "x")])).is_err());
+        let cp = Config::from_vars(&vars(&[("FERROCCL_GPU_CE_P2P_BYTES", "1")])).unwrap();
+        assert_eq!(
+            (cp.gpu_ce_p2p_bytes, Config::default().gpu_ce_p2p_bytes),
+            (1, 64 << 20)
+        );
+        assert!(shares(&cp, "FERROCCL_GPU_CE_P2P_BYTES", "1"));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_P2P_BYTES", "-4")])).is_err());
         let early = Config::from_vars(&vars(&[("FERROCCL_GPU_EARLY_LAUNCH", "0")])).unwrap();
         assert!(!early.gpu_early_launch && Config::default().gpu_early_launch);
         // How a launch starts changes no plan: ranks may differ.

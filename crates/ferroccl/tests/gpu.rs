@@ -789,6 +789,7 @@ fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
     let env = [
         ("FERROCCL_GPU_CE_WINDOW_BYTES", "1".to_string()),
         ("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "1".to_string()),
+        ("FERROCCL_GPU_CE_P2P_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_MIN_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576".to_string()),
         ("FERROCCL_TIMEOUT", "60".to_string()),
@@ -962,6 +963,7 @@ fn symmetric_windows_in_one_process_take_kernels() {
     let cfg = Config {
         gpu_ce_window_bytes: 1,
         gpu_ce_rendezvous_bytes: 1,
+        gpu_ce_p2p_bytes: 1,
         gpu_fold_min_bytes: 1,
         ..Config::default()
     };

@@ -596,17 +596,18 @@ pub fn rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
 /// (`plan::copies::RecvPost`): the receiver posts where its output lies to its sender before
 /// the launch, and where it lies in a symmetric window the sender's copy engines copy straight
 /// into it. On GPUs, the communicator with symmetric windows, the message from
-/// `FERROCCL_GPU_CE_RENDEZVOUS_BYTES` and `FERROCCL_GPU_CE_WINDOW_BYTES` up, as for gather and
-/// scatter ([`rendezvous_wanted`]); a matched send and receive have one length, so both ends
-/// decide alike. The receiver never waits for it; the sender waits for its receiver's call.
+/// `FERROCCL_GPU_CE_P2P_BYTES` up (64 MiB: on 2 x H200 sendrecv by the copies 335-344 GB/s at 64
+/// MiB against the kernels' 309-318, level at 32 MiB; docs/PERFORMANCE.md section 34); a matched
+/// send and receive have one length, so both ends decide alike. The receiver never waits for it;
+/// the sender waits for its receiver's call.
 pub fn p2p_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
-    let at_least = |min: usize| op.largest_bytes().is_some_and(|b| min > 0 && b >= min);
     device == Device::Gpu
         && op.windows
         && op.nranks >= 2
         && matches!(op.kind, CollKind::Send | CollKind::Recv)
-        && at_least(cfg.gpu_ce_rendezvous_bytes)
-        && at_least(cfg.gpu_ce_window_bytes)
+        && op
+            .largest_bytes()
+            .is_some_and(|b| cfg.gpu_ce_p2p_bytes > 0 && b >= cfg.gpu_ce_p2p_bytes)
 }
 
 /// `FERROCCL_GPU_PEER_LINES_MAX_BYTES` by default: 1 MiB, where line rounds ([`peer_lines`])

@@ -1576,16 +1576,16 @@ fn gathers_and_scatters_exchange_outputs_and_take_the_copy_engines_from_their_th
     }
 }
 
-/// Sends and receives take the posted-receive rendezvous from the same thresholds, on GPUs with
-/// windows; nothing else does.
+/// Sends and receives take the posted-receive rendezvous from FERROCCL_GPU_CE_P2P_BYTES, on GPUs
+/// with windows; nothing else does.
 #[test]
-fn sends_and_receives_post_from_the_rendezvous_threshold() {
+fn sends_and_receives_post_from_their_threshold() {
     let cfg = Config::default();
     let at = |kind, bytes: usize| OpShape {
         windows: true,
         ..shape(kind, bytes / 4, Float32, 2)
     };
-    let min = cfg.gpu_ce_rendezvous_bytes;
+    let min = cfg.gpu_ce_p2p_bytes;
     for kind in [CollKind::Send, CollKind::Recv] {
         assert!(
             p2p_rendezvous_wanted(&at(kind, min), Device::Gpu, &cfg),
@@ -1605,7 +1605,7 @@ fn sends_and_receives_post_from_the_rendezvous_threshold() {
         };
         assert!(!p2p_rendezvous_wanted(&bare, Device::Gpu, &cfg), "{kind}");
         let off = Config {
-            gpu_ce_rendezvous_bytes: 0,
+            gpu_ce_p2p_bytes: 0,
             ..cfg.clone()
         };
         assert!(!p2p_rendezvous_wanted(
@@ -1613,11 +1613,13 @@ fn sends_and_receives_post_from_the_rendezvous_threshold() {
             Device::Gpu,
             &off
         ));
-        let later = Config {
-            gpu_ce_window_bytes: 2 * min,
+        // The gather's knobs are not the sends'.
+        let others = Config {
+            gpu_ce_window_bytes: 0,
+            gpu_ce_rendezvous_bytes: 0,
             ..cfg.clone()
         };
-        assert!(!p2p_rendezvous_wanted(&at(kind, min), Device::Gpu, &later));
+        assert!(p2p_rendezvous_wanted(&at(kind, min), Device::Gpu, &others));
         assert!(
             !rendezvous_wanted(&at(kind, min), Device::Gpu, &cfg),
             "{kind}: not a collective's"
