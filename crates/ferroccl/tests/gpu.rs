@@ -583,25 +583,32 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                 g.launch().unwrap();
                 comm.last_launch_blocks()
             };
-            for (way, tag) in [
-                (0u8, round + 90),
-                (1, round + 91),
-                (2, round + 92),
-                (3, round + 93),
-            ] {
+            // Ways: 0 grouped on both ranks; 1 and 2 rank 1's send and receive in two launches,
+            // send first or receive first; 3 rank 1's output in plain memory (its receive on the
+            // kernels, rank 0's by copies, each rank's launch mixed); 4 and 5 rank 0's output in
+            // plain memory and rank 1's two launches, send first (the kernels' part) or receive
+            // first: rank 0's grouped launch must run its copies and its kernels side by side,
+            // or one waits on a launch of rank 1 that waits on the other.
+            for way in 0u8..6 {
+                let tag = round + 90 + way as u64;
                 put(&send, 0, &data(tag, r, count));
                 scrub(&recv);
                 scrub(&plain);
-                // Rank 1's output in plain memory in the last way: its receive takes the kernels.
-                let (out, at) = match way {
-                    3 if r == 1 => (&plain, 0),
-                    _ => (&recv, r * count),
+                let plain_out = match way {
+                    3 => r == 1,
+                    4 | 5 => r == 0,
+                    _ => false,
+                };
+                let (out, at) = if plain_out {
+                    (&plain, 0)
+                } else {
+                    (&recv, r * count)
                 };
                 let send_op = p2p(CollKind::Send, send.device_ptr());
                 let recv_op = p2p(CollKind::Recv, out.device_ptr() + (at * 4) as u64);
                 let blocks = match (way, r) {
-                    (1, 1) => [launch(&[send_op]), launch(&[recv_op])][1],
-                    (2, 1) => [launch(&[recv_op]), launch(&[send_op])][1],
+                    (1 | 4, 1) => [launch(&[send_op]), launch(&[recv_op])][1],
+                    (2 | 5, 1) => [launch(&[recv_op]), launch(&[send_op])][1],
                     _ => launch(&[send_op, recv_op]),
                 };
                 comm.synchronize().unwrap();
@@ -614,11 +621,16 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                     got[..at] == data(99, r, n * count)[..at],
                     "round {round}: sendrecv way {way} wrote outside its output"
                 );
-                // The copy engines where both outputs are windows; with the plain output, the
-                // kernels take part of both ranks' launches (rank 0's receive is by copies, its
-                // send by the kernels).
-                let copies = ce && way != 3;
-                assert_eq!(by_ce(blocks), copies, "sendrecv way {way}");
+                // The last launch by the copy engines alone where every output of it lies in a
+                // window; a launch with a receive into plain memory, or a send to one, has a
+                // kernels' part.
+                let copies = match (way, r) {
+                    (3, _) | (4 | 5, 0) => false,
+                    (4, 1) => true,
+                    (5, 1) => false,
+                    _ => true,
+                };
+                assert_eq!(by_ce(blocks), ce && copies, "sendrecv way {way}");
             }
         }
         if n == 2 {

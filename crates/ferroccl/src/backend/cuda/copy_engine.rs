@@ -736,8 +736,24 @@ impl CopyEngine {
         user: sys::CUstream,
         fold: &dyn Fn(FoldLaunch, sys::CUstream) -> Result<(), Error>,
     ) -> Result<(), Error> {
+        self.enqueue_beside(lanes, op, user, fold, &mut || Ok(()))
+    }
+
+    /// `enqueue`, with `beside` run after the lanes' commands and before `user` waits for them:
+    /// what it enqueues on `user` runs alongside the lanes (the kernels' part of a launch whose
+    /// sends and receives the copy engines share, which must not wait for the copies nor the
+    /// copies for it: the peer may have put the matching halves in two launches either way).
+    /// Its error is returned once `user` waits for the lanes all the same.
+    pub fn enqueue_beside(
+        &self,
+        lanes: &Schedule,
+        op: &CeOp,
+        user: sys::CUstream,
+        fold: &dyn Fn(FoldLaunch, sys::CUstream) -> Result<(), Error>,
+        beside: &mut dyn FnMut() -> Result<(), Error>,
+    ) -> Result<(), Error> {
         if lanes.is_empty() {
-            return Ok(());
+            return beside();
         }
         self.gpu.bind()?;
         let s = &self.streams;
@@ -809,6 +825,7 @@ impl CopyEngine {
                     }
                 }
             }
+            let besides = beside();
             for (lane, _) in lanes {
                 if let Some(i) = lane_index(*lane) {
                     cu_ok(
@@ -821,8 +838,8 @@ impl CopyEngine {
                     )?;
                 }
             }
+            besides
         }
-        Ok(())
     }
 
     /// Whether every stream of the engine has nothing left to run.

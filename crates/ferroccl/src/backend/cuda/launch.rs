@@ -456,21 +456,25 @@ impl CudaComm {
     ) -> Result<(), Error> {
         let exchanged = match exchanged {
             Exchanged::Posted(ways) => {
-                // The copy engines' part first, then the rest on the kernels as a launch of its
-                // own (the two touch different buffers; both follow the caller's stream).
+                // The copy engines' part, and the rest on the kernels as a launch of its own
+                // beside it: both start after what the caller's stream holds, neither waits for
+                // the other (a peer may make the matching sends and receives in two launches, in
+                // either order), and the caller's stream waits for both.
                 let copies: Vec<P2pCopy> = ways.iter().flatten().copied().collect();
-                self.enqueue_posted(info, &args[0], &copies)?;
                 let rest: Vec<OpArgs> = args
                     .iter()
                     .zip(&ways)
                     .filter(|(_, w)| w.is_none())
                     .map(|(a, _)| *a)
                     .collect();
-                if rest.is_empty() {
-                    state.seq += 1;
-                    return Ok(());
-                }
-                return self.launch(info, state, &rest, Exchanged::Nothing);
+                return self.enqueue_posted(info, &args[0], &copies, &mut || {
+                    if rest.is_empty() {
+                        state.seq += 1;
+                        Ok(())
+                    } else {
+                        self.launch(info, state, &rest, Exchanged::Nothing)
+                    }
+                });
             }
             Exchanged::Far(far) => Some(far),
             Exchanged::Nothing => None,
@@ -678,12 +682,14 @@ impl CudaComm {
     }
 
     /// Enqueues the sends and receives the copy engines take after the posted-receive rendezvous
-    /// (`copy_engine::p2p_schedule`) on the current stream, in the launch path's stream order.
+    /// (`copy_engine::p2p_schedule`) on the current stream, in the launch path's stream order,
+    /// with `kernels` (the launch's other operations) enqueued beside them.
     fn enqueue_posted(
         &self,
         info: &CommInfo,
         any: &OpArgs,
         copies: &[P2pCopy],
+        kernels: &mut dyn FnMut() -> Result<(), Error>,
     ) -> Result<(), Error> {
         let ce = self.ce.as_ref().ok_or_else(|| {
             Error::Internal("the posted-receive rendezvous without the copy engine".into())
@@ -696,9 +702,13 @@ impl CudaComm {
             self.order()?.before(stream)?;
         }
         self.last_blocks.store(0, Ordering::Relaxed);
-        ce.enqueue(&lanes, &ce_op(any), stream, &|_, _| {
-            Err(Error::Internal("a fold among sends and receives".into()))
-        })?;
+        ce.enqueue_beside(
+            &lanes,
+            &ce_op(any),
+            stream,
+            &|_, _| Err(Error::Internal("a fold among sends and receives".into())),
+            kernels,
+        )?;
         if !captured {
             self.order()?.after(stream)?;
         }
