@@ -48,22 +48,18 @@ pub(crate) fn exchange(
     comms: &[(&Comm, &[OpArgs])],
     states: &mut [MutexGuard<CommState>],
 ) -> Option<Vec<Result<Option<Ways>, Error>>> {
-    let mut any = false;
-    let mut out: Vec<Result<Option<Ways>, Error>> = Vec::new();
-    for (c, args) in comms {
-        match wanted(c, args) {
-            Ok(w) => any |= w,
-            Err(e) => {
-                any = true;
-                out.push(Err(e));
-                continue;
-            }
-        }
-        out.push(Ok(None));
-    }
-    if !any {
+    // Most launches have nothing to post: found out without allocating (the common call's
+    // launch allocates nothing, docs/PERFORMANCE.md section 5).
+    if !comms
+        .iter()
+        .any(|(c, args)| wanted(c, args).unwrap_or(true))
+    {
         return None;
     }
+    let mut out: Vec<Result<Option<Ways>, Error>> = comms
+        .iter()
+        .map(|(c, args)| wanted(c, args).map(|_| None))
+        .collect();
     // Receives first, on every communicator, then sends.
     for ((c, args), (st, r)) in comms.iter().zip(states.iter_mut().zip(out.iter_mut())) {
         if r.is_ok() {

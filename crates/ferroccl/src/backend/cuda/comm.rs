@@ -603,7 +603,12 @@ impl CudaComm {
         a: &OpArgs,
         info: &CommInfo,
     ) -> Result<Option<[u8; Posted::LEN]>, Error> {
-        if self.ce.is_none() || self.peer.is_none() || !self.fabric.ranks_apart() {
+        // The kinds first: every other launch goes on without taking the windows' lock.
+        if !ferroccl_core::plan::copies::rendezvous_serves(a.kind, info.nranks)
+            || self.ce.is_none()
+            || self.peer.is_none()
+            || !self.fabric.ranks_apart()
+        {
             return Ok(None);
         }
         let w = self.windows()?;
