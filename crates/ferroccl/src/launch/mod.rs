@@ -208,10 +208,18 @@ fn rendezvous_one(
     let (Backend::Cuda(cuda), [a]) = (&c.backend, args) else {
         return Ok(None);
     };
-    let Some(mine) = cuda.rendezvous_posting(a, &c.info)? else {
-        return Ok(None);
-    };
-    exchange_postings(c, st, a, &mine)
+    match cuda.rendezvous_posting(a, &c.info) {
+        Ok(Some(mine)) => exchange_postings(c, st, a, &mine),
+        Ok(None) => Ok(None),
+        Err(e) => Err(failed(st, e)),
+    }
+}
+
+/// Marks the communicator failed with `e` (its peers may be waiting in an exchange it left) and
+/// gives `e` back.
+fn failed(st: &mut CommState, e: Error) -> Error {
+    st.failed.get_or_insert_with(|| e.clone());
+    e
 }
 
 fn exchange_postings(
@@ -223,22 +231,17 @@ fn exchange_postings(
     let Backend::Cuda(cuda) = &c.backend else {
         unreachable!("a posting comes from a GPU communicator")
     };
-    let label = || launch_label(std::slice::from_ref(a), st.seq + 1, &c.info);
-    let rows = match c.boot.allgather(mine) {
-        Ok(rows) => rows,
-        Err(e) => {
-            let e = e.context(format!("{}: exchanging outputs' places", label()));
-            st.failed.get_or_insert_with(|| e.clone());
-            return Err(e);
-        }
-    };
-    cuda.rendezvous_far(a, &c.info, &rows).map_err(|e| {
-        // Every rank got the same rows; a rank that cannot use them fails alone (its peers wait
-        // on copies that never come): the communicator cannot be trusted.
-        let e = e.context(label());
-        st.failed.get_or_insert_with(|| e.clone());
-        e
-    })
+    let label = launch_label(std::slice::from_ref(a), st.seq + 1, &c.info);
+    let rows = c.boot.allgather(mine).map_err(|e| {
+        failed(
+            st,
+            e.context(format!("{label}: exchanging outputs' places")),
+        )
+    })?;
+    // Every rank got the same rows; a rank that cannot use them fails alone (its peers wait on
+    // copies that never come): the communicator cannot be trusted.
+    cuda.rendezvous_far(a, &c.info, &rows)
+        .map_err(|e| failed(st, e.context(label)))
 }
 
 /// The rendezvous of each communicator of a launch of several (`rendezvous_one`), each on a
@@ -257,8 +260,12 @@ fn rendezvous_many(
         })
         .collect();
     let wanted = postings.iter().filter(|p| matches!(p, Ok(Some(_)))).count();
+    enum Pending<'s, T> {
+        Done(T),
+        Running(std::thread::ScopedJoinHandle<'s, T>),
+    }
     std::thread::scope(|s| {
-        let handles: Vec<_> = comms
+        let pending: Vec<_> = comms
             .iter()
             .zip(states.iter_mut())
             .zip(postings)
@@ -266,19 +273,19 @@ fn rendezvous_many(
                 let st: &mut CommState = st;
                 match p {
                     Ok(Some(mine)) if wanted > 1 => {
-                        Err(s.spawn(move || exchange_postings(c, st, &args[0], &mine)))
+                        Pending::Running(s.spawn(move || exchange_postings(c, st, &args[0], &mine)))
                     }
-                    Ok(Some(mine)) => Ok(exchange_postings(c, st, &args[0], &mine)),
-                    Ok(None) => Ok(Ok(None)),
-                    Err(e) => Ok(Err(e)),
+                    Ok(Some(mine)) => Pending::Done(exchange_postings(c, st, &args[0], &mine)),
+                    Ok(None) => Pending::Done(Ok(None)),
+                    Err(e) => Pending::Done(Err(failed(st, e))),
                 }
             })
             .collect();
-        handles
+        pending
             .into_iter()
-            .map(|h| match h {
-                Ok(done) => done,
-                Err(h) => h.join().unwrap_or_else(|_| {
+            .map(|p| match p {
+                Pending::Done(r) => r,
+                Pending::Running(h) => h.join().unwrap_or_else(|_| {
                     Err(Error::Internal("a rendezvous thread panicked".into()))
                 }),
             })

@@ -19,7 +19,7 @@ use crate::comm::Comm;
 use crate::info::CommState;
 use crate::ops::{launch_label, OpArgs};
 use ferroccl_core::plan::copies::RecvPost;
-use ferroccl_core::{CollKind, Error};
+use ferroccl_core::{CollKind, Error, Rank};
 use std::sync::MutexGuard;
 
 /// Names the postings' streams among the communicator's bootstrap connections.
@@ -83,10 +83,28 @@ pub(crate) fn exchange(
     Some(out)
 }
 
+/// The postings' stream with `peer`, opened at first use: this rank connects where it posts
+/// (`posting`), and takes the peer's connection from the bootstrap's listener where it reads.
+fn stream<'a>(
+    c: &Comm,
+    st: &'a mut CommState,
+    peer: Rank,
+    posting: bool,
+) -> Result<&'a mut std::net::TcpStream, Error> {
+    Ok(match st.posts.entry((peer, posting)) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => e.insert(if posting {
+            c.boot.connect(peer, POST_TAG)?
+        } else {
+            c.boot.accept(peer, POST_TAG)?
+        }),
+    })
+}
+
 /// Posts this rank's receives that take part, in order; their ways.
 fn post(c: &Comm, st: &mut CommState, args: &[OpArgs]) -> Result<Ways, Error> {
     let Backend::Cuda(cuda) = &c.backend else {
-        unreachable!("wanted() found a GPU communicator")
+        unreachable!("run_locked posts for GPU communicators only")
     };
     let mut ways: Ways = vec![None; args.len()];
     for (a, way) in args.iter().zip(ways.iter_mut()) {
@@ -95,12 +113,7 @@ fn post(c: &Comm, st: &mut CommState, args: &[OpArgs]) -> Result<Ways, Error> {
         }
         let peer = a.root;
         let post = cuda.recv_post(a)?;
-        let s = match st.posts.entry((peer, true)) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(c.boot.connect(peer, POST_TAG)?)
-            }
-        };
+        let s = stream(c, st, peer, true)?;
         c.boot
             .send_msg(s, peer, &post.encode())
             .map_err(|e| e.context(format!("posting a receive to rank {peer}")))?;
@@ -114,19 +127,14 @@ fn post(c: &Comm, st: &mut CommState, args: &[OpArgs]) -> Result<Ways, Error> {
 /// Reads the postings for this rank's sends that take part, in order, into their ways.
 fn read(c: &Comm, st: &mut CommState, args: &[OpArgs], ways: &mut Ways) -> Result<(), Error> {
     let Backend::Cuda(cuda) = &c.backend else {
-        unreachable!("wanted() found a GPU communicator")
+        unreachable!("run_locked posts for GPU communicators only")
     };
     for (a, way) in args.iter().zip(ways.iter_mut()) {
         if a.kind != CollKind::Send || !cuda.p2p_posts(a, &c.info)? {
             continue;
         }
         let peer = a.root;
-        let s = match st.posts.entry((peer, false)) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(c.boot.accept(peer, POST_TAG)?)
-            }
-        };
+        let s = stream(c, st, peer, false)?;
         let msg = c
             .boot
             .recv_msg(s, peer, RecvPost::LEN)

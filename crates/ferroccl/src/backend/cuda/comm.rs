@@ -594,10 +594,7 @@ impl CudaComm {
     /// The rendezvous before a gather or scatter alone in its launch (`tune::rendezvous_wanted`):
     /// this rank's posting of where its output lies (`Windows::posting`; none where no symmetric
     /// window holds it, or a gather's non-root has none), or None where the ranks exchange
-    /// nothing. What decides is the same on every rank: the tuner's shape (windows registered
-    /// collectively), the copy engine and the peer engine's fabric present, a process per rank
-    /// (the copy engines' zero-copy runs only then: `Fabric::ranks_apart`; it also means no
-    /// thread drives two ranks of this communicator, whose exchanges would wait on each other).
+    /// nothing. What decides is the same on every rank (`posts_possible`, the tuner's shape).
     pub(crate) fn rendezvous_posting(
         &self,
         a: &OpArgs,
@@ -605,17 +602,12 @@ impl CudaComm {
     ) -> Result<Option<[u8; Posted::LEN]>, Error> {
         // The kinds first: every other launch goes on without taking the windows' lock.
         if !ferroccl_core::plan::copies::rendezvous_serves(a.kind, info.nranks)
-            || self.ce.is_none()
-            || self.peer.is_none()
-            || !self.fabric.ranks_apart()
+            || !self.posts_possible()
+            || !self.tuner_wants(a, info, ferroccl_core::tune::rendezvous_wanted)?
         {
             return Ok(None);
         }
         let w = self.windows()?;
-        let shape = a.shape(info, !w.is_empty(), false);
-        if !ferroccl_core::tune::rendezvous_wanted(&shape, Device::Gpu, &info.config) {
-            return Ok(None);
-        }
         let mine = a
             .kind
             .buffer_counts(a.count, info.nranks, a.root == info.rank)
@@ -657,43 +649,50 @@ impl CudaComm {
         ) else {
             return Ok(None);
         };
-        let w = self.windows()?;
         named
             .iter()
             .enumerate()
-            .map(|(q, p)| match p {
-                None => Ok(0),
-                Some(p) => w.far_of(*p, q).ok_or_else(|| {
-                    Error::InvalidArgument(format!(
-                        "rank {q} put its {} output in window registration #{} ({} bytes), which rank {} no longer holds: deregister windows on every rank alike",
-                        a.kind, p.window, p.len, info.rank
-                    ))
-                }),
-            })
+            .map(|(q, p)| p.map_or(Ok(0), |p| self.posted_far(p, q, info.rank)))
             .collect::<Result<Vec<_>, _>>()
             .map(Some)
     }
 
-    /// Whether the send or receive `a` takes the posted-receive rendezvous (`launch/posts.rs`):
-    /// the tuner's `p2p_rendezvous_wanted`, and what only the backend knows, as for
-    /// `rendezvous_posting` (the copy engine and the peer engine's fabric, a process per rank).
-    /// Both ends of a matched pair decide alike: one length, and every rank's setting the same.
-    pub(crate) fn p2p_posts(&self, a: &OpArgs, info: &CommInfo) -> Result<bool, Error> {
-        if !matches!(a.kind, CollKind::Send | CollKind::Recv)
-            || a.root == info.rank
-            || self.ce.is_none()
-            || self.peer.is_none()
-            || !self.fabric.ranks_apart()
-        {
-            return Ok(false);
-        }
-        let w = self.windows()?;
-        let shape = a.shape(info, !w.is_empty(), false);
-        Ok(ferroccl_core::tune::p2p_rendezvous_wanted(
-            &shape,
+    /// Whether this rank's copy engines can write a peer's posted output: the copy engine and
+    /// the peer engine's fabric are there, and every rank is a process of its own (the copies'
+    /// zero-copy runs only then, `Fabric::ranks_apart`; it also means that no thread drives two
+    /// ranks of this communicator, whose exchanges would wait on each other). The same on every
+    /// rank.
+    fn posts_possible(&self) -> bool {
+        self.ce.is_some() && self.peer.is_some() && self.fabric.ranks_apart()
+    }
+
+    /// The tuner's `wanted` for `a`, given whether this communicator has windows (collective, so
+    /// the same on every rank).
+    fn tuner_wants(
+        &self,
+        a: &OpArgs,
+        info: &CommInfo,
+        wanted: fn(&ferroccl_core::tune::OpShape, Device, &Config) -> bool,
+    ) -> Result<bool, Error> {
+        let windows = !self.windows()?.is_empty();
+        Ok(wanted(
+            &a.shape(info, windows, false),
             Device::Gpu,
             &info.config,
         ))
+    }
+
+    /// Whether the send or receive `a` takes the posted-receive rendezvous (`launch/posts.rs`):
+    /// the tuner's `p2p_rendezvous_wanted` where `posts_possible`. Both ends of a matched pair
+    /// decide alike: one length, and every rank's setting the same.
+    pub(crate) fn p2p_posts(&self, a: &OpArgs, info: &CommInfo) -> Result<bool, Error> {
+        if !matches!(a.kind, CollKind::Send | CollKind::Recv)
+            || a.root == info.rank
+            || !self.posts_possible()
+        {
+            return Ok(false);
+        }
+        self.tuner_wants(a, info, ferroccl_core::tune::p2p_rendezvous_wanted)
     }
 
     /// What this rank posts to its sender before the receive `a`: where its output lies in a
@@ -710,11 +709,12 @@ impl CudaComm {
         })
     }
 
-    /// Where this process maps the output `peer` posted (`p`), for this rank's copy engines.
+    /// Where this process maps the output `peer` posted (`p`), for this rank's copy engines; an
+    /// argument error where this rank no longer holds that window (deregistered here only).
     pub(crate) fn posted_far(&self, p: Posted, peer: Rank, me: Rank) -> Result<u64, Error> {
         self.windows()?.far_of(p, peer).ok_or_else(|| {
             Error::InvalidArgument(format!(
-                "rank {peer} posted a receive in window registration #{} ({} bytes), which rank {me} no longer holds: deregister windows on every rank alike",
+                "rank {peer} posted its output in window registration #{} ({} bytes), which rank {me} no longer holds: deregister windows on every rank alike",
                 p.window, p.len
             ))
         })
