@@ -160,7 +160,8 @@ pub(crate) enum Addr {
         slot: usize,
     },
     /// A device address as this process maps it: a peer's buffer in a symmetric window
-    /// (`zcopy_schedule`; its schedules are kept per buffer address).
+    /// (`zcopy_schedule`; its schedules are kept per buffer address, but not those after a
+    /// rendezvous), or either end of a send by the copies (`p2p_schedule`).
     Abs(u64),
 }
 
