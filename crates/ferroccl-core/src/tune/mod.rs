@@ -579,10 +579,11 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
 /// communicator that registered none pays no exchange), its largest buffer from
 /// `FERROCCL_GPU_CE_RENDEZVOUS_BYTES` and from `FERROCCL_GPU_CE_WINDOW_BYTES` up. The exchange is
 /// a bootstrap all-gather (tens of microseconds on one host) and blocks the call until every
-/// rank has made it: on 2 x H200 a gather of 128 MiB by the copy engines took 346-350 GB/s against
-/// the kernels' 331, host launches included (docs/PERFORMANCE.md section 33). Everything it reads is the same on every
-/// rank, so all ranks exchange, or none. The backend adds what only it knows, alike on every rank
-/// too: a process per rank, the copy engine and the peer engine's fabric present.
+/// rank has made it: on 2 x H200 a gather of 128 MiB by the copy engines took 346-350 GB/s
+/// against the kernels' 331, host launches included (docs/PERFORMANCE.md section 33).
+/// Everything it reads is the same on every rank, so all ranks exchange, or none. The backend
+/// adds what only it knows, alike on every rank too: a process per rank, the copy engine and the
+/// peer engine's fabric present.
 pub fn rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
     let at_least = |min: usize| op.largest_bytes().is_some_and(|b| min > 0 && b >= min);
     device == Device::Gpu

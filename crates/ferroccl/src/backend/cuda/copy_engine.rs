@@ -446,9 +446,9 @@ pub(crate) enum P2pCopy {
 /// direction, but nothing orders one direction against the other across launches (a rank may
 /// group a send with a receive that its peer makes in two launches, in either order), so the
 /// two directions never wait on one stream.
-pub(crate) const P2P_SEND_LANE: usize = 0;
+const P2P_SEND_LANE: usize = 0;
 /// See [`P2P_SEND_LANE`].
-pub(crate) const P2P_RECV_LANE: usize = 1;
+const P2P_RECV_LANE: usize = 1;
 
 /// Rank `me`'s commands for the sends and receives of a launch that the copy engines take
 /// (`p2p`, in issue order), on `n` ranks: the zero-copy handshake of [`zcopy_schedule`] one
@@ -468,7 +468,7 @@ pub(crate) fn p2p_schedule(me: Rank, n: usize, p2p: &[P2pCopy]) -> Schedule {
                 bytes,
             } => {
                 let ready = CeFlags::ready(n, peer, 0);
-                let cmds = vec![
+                let cmds = [
                     Cmd::Wait {
                         page: me,
                         word: ready,
@@ -489,11 +489,15 @@ pub(crate) fn p2p_schedule(me: Rank, n: usize, p2p: &[P2pCopy]) -> Schedule {
                         value: 1,
                     },
                 ];
-                (P2P_SEND_LANE, (peer, cmds))
+                let lane = Lane::Peer {
+                    peer,
+                    lane: P2P_SEND_LANE,
+                };
+                (lane, cmds.to_vec())
             }
             P2pCopy::Recv { peer } => {
                 let full = CeFlags::full(n, peer, 0);
-                let cmds = vec![
+                let cmds = [
                     Cmd::Write {
                         page: peer,
                         word: CeFlags::ready(n, me, 0),
@@ -509,11 +513,13 @@ pub(crate) fn p2p_schedule(me: Rank, n: usize, p2p: &[P2pCopy]) -> Schedule {
                         value: 0,
                     },
                 ];
-                (P2P_RECV_LANE, (peer, cmds))
+                let lane = Lane::Peer {
+                    peer,
+                    lane: P2P_RECV_LANE,
+                };
+                (lane, cmds.to_vec())
             }
         };
-        let (peer, cmds) = cmds;
-        let lane = Lane::Peer { peer, lane };
         match lanes.iter_mut().find(|(l, _)| *l == lane) {
             Some((_, v)) => v.extend(cmds),
             None => lanes.push((lane, cmds)),
@@ -1857,7 +1863,7 @@ mod tests {
             let c = cmds[*pc];
             *pc += 1;
             match c {
-                Cmd::Wait { page, word } => {
+                Cmd::Wait { word, .. } => {
                     // A receive's end: its copy must have landed.
                     if let Some(q) = (0..n).find(|&q| q != r && word == CeFlags::full(n, q, 0)) {
                         let k = open
@@ -1869,7 +1875,6 @@ mod tests {
                             ));
                         }
                     }
-                    let _ = page;
                 }
                 Cmd::Write { page, word, value } => {
                     if value == 1 && page != r && word == CeFlags::ready(n, r, 0) {

@@ -165,11 +165,7 @@ impl Windows {
     /// when a symmetric window holds all of it: each rank's window of the same registration at
     /// the same offset (the symmetric contract), inside it since all have one length.
     pub fn symmetric_far(&self, ptr: u64, bytes: u64) -> Option<Vec<u64>> {
-        let end = ptr.checked_add(bytes)?;
-        let w = self
-            .list
-            .iter()
-            .find(|w| w.far.is_some() && ptr >= w.ptr && end <= w.ptr + w.len)?;
+        let w = self.symmetric_holding(ptr, bytes)?;
         Some(
             w.far
                 .as_ref()?
@@ -179,19 +175,23 @@ impl Windows {
         )
     }
 
-    /// Where `[ptr, ptr + bytes)` of this rank lies, when a symmetric window holds all of it, as
-    /// the rendezvous before a gather or scatter posts it (`plan::copies::Posted`): the window's
-    /// registration number and length, the same on every rank, and the offset.
-    pub fn posting(&self, ptr: u64, bytes: u64) -> Option<Posted> {
+    /// The symmetric window that holds all of `[ptr, ptr + bytes)` of this rank.
+    fn symmetric_holding(&self, ptr: u64, bytes: u64) -> Option<&Window> {
         let end = ptr.checked_add(bytes)?;
         self.list
             .iter()
             .find(|w| w.far.is_some() && ptr >= w.ptr && end <= w.ptr + w.len)
-            .map(|w| Posted {
-                window: w.reg,
-                len: w.len,
-                offset: ptr - w.ptr,
-            })
+    }
+
+    /// Where `[ptr, ptr + bytes)` of this rank lies, when a symmetric window holds all of it, as
+    /// the rendezvous before a gather or scatter posts it (`plan::copies::Posted`): the window's
+    /// registration number and length, the same on every rank, and the offset.
+    pub fn posting(&self, ptr: u64, bytes: u64) -> Option<Posted> {
+        self.symmetric_holding(ptr, bytes).map(|w| Posted {
+            window: w.reg,
+            len: w.len,
+            offset: ptr - w.ptr,
+        })
     }
 
     /// Where this process maps rank `q`'s output that `p` (rank q's posting) names: q's window of
@@ -203,7 +203,9 @@ impl Windows {
             .list
             .iter()
             .find(|w| w.local.is_none() && w.reg == p.window && w.len == p.len)?;
-        (p.offset < w.len).then_some(())?;
+        if p.offset >= w.len {
+            return None;
+        }
         Some(w.far.as_ref()?.get(q)? + p.offset)
     }
 
