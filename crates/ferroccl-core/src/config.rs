@@ -208,24 +208,35 @@ pub struct Config {
     /// in place), at 128 MiB and up it gained 2-18 %.
     pub gpu_ce_window_bytes: usize,
     /// FERROCCL_GPU_CE_RENDEZVOUS_BYTES (default 128 MiB): on GPUs with a process per rank, a
-    /// gather or scatter alone in its launch whose largest buffer is at least this many bytes
-    /// (and at least `gpu_ce_window_bytes`), on a communicator with symmetric windows: the
-    /// ranks first post to each other where their outputs lie (a bootstrap all-gather; the call
-    /// waits for every rank's), and where every receiver's output lies in a symmetric window the
-    /// copy engines copy straight into it. A gather's or scatter's root in place has its output
-    /// at another offset than its peers', so the symmetric contract cannot name it; the
-    /// exchange does. On 2 x H200 (docs/PERFORMANCE.md section 33) the copies beat the kernels from 128 MiB
-    /// (gather 346-350 GB/s against 331 in graphs) and lost at 64 MiB (307-314 against 322).
-    /// 0 turns this off. Every rank must agree.
+    /// data-movement collective alone in its launch (gather, scatter; all-gather, all-to-all and
+    /// broadcast whose buffers lie in no symmetric window) whose largest buffer is at least this
+    /// many bytes (and at least `gpu_ce_window_bytes`): the ranks first post to each other where
+    /// their outputs lie (a bootstrap all-gather; the call waits for every rank's), and where
+    /// every receiver's output lies in a symmetric window, or is mapped for its writers
+    /// (`gpu_ce_map_unregistered`), the copy engines copy straight into it. A gather's or
+    /// scatter's root in place has its output at another offset than its peers', so the
+    /// symmetric contract cannot name it; the exchange does. On 2 x H200 (docs/PERFORMANCE.md
+    /// section 33) the copies beat the kernels from 128 MiB (gather 346-350 GB/s against 331 in
+    /// graphs) and lost at 64 MiB (307-314 against 322). 0 turns this off. Every rank must agree.
     pub gpu_ce_rendezvous_bytes: usize,
-    /// FERROCCL_GPU_CE_P2P_BYTES (default 64 MiB): on GPUs with a process per rank and symmetric
-    /// windows, a send or receive of at least this many bytes goes through the posted-receive
-    /// rendezvous: the receiver tells its sender where its output lies (the receiver never
-    /// waits, the sender waits for its receiver's call), and where it lies in a symmetric window
-    /// the sender's copy engines copy straight into it. On 2 x H200 (docs/PERFORMANCE.md section
-    /// 34) sendrecv by the copies: 64 MiB 335-344 GB/s against the kernels' 309-318, level at 32
-    /// MiB. 0 turns this off. Every rank must agree.
+    /// FERROCCL_GPU_CE_P2P_BYTES (default 64 MiB): on GPUs with a process per rank, a send or
+    /// receive of at least this many bytes goes through the posted-receive rendezvous: the
+    /// receiver tells its sender where its output lies (the receiver never waits, the sender
+    /// waits for its receiver's call), and where it lies in a symmetric window, or is mapped for
+    /// the sender (`gpu_ce_map_unregistered`), the sender's copy engines copy straight into it.
+    /// On 2 x H200 (docs/PERFORMANCE.md section 34) sendrecv by the copies: 64 MiB 335-344 GB/s
+    /// against the kernels' 309-318, level at 32 MiB. 0 turns this off. Every rank must agree.
     pub gpu_ce_p2p_bytes: usize,
+    /// FERROCCL_GPU_CE_MAP_UNREGISTERED (default on): the two rendezvous above (and the same
+    /// exchange before an all-gather, all-to-all or broadcast whose buffers lie in no symmetric
+    /// window, from `gpu_ce_rendezvous_bytes`) also take outputs nobody registered: each rank
+    /// lends the cuMem allocation holding its output to the peers whose copy engines write it,
+    /// through their mappers, at the first operation on it, and keeps the loan for the next ones
+    /// while the allocation lives (NCCL's lazy registration; `backend/cuda/lazy.rs`). Memory that
+    /// is not a cuMem allocation with POSIX file-descriptor handles runs on the kernels as before.
+    /// 0: only registered windows take the copy engines, and a communicator without windows
+    /// exchanges nothing. Every rank must agree.
+    pub gpu_ce_map_unregistered: bool,
     /// FERROCCL_GPU_EARLY_LAUNCH (default on): on GPUs of compute capability 9.0 and up, the
     /// engines' kernels are launched allowed to start while the kernel ahead of them in the
     /// stream finishes (programmatic dependent launch), which hides a launch's latency behind
@@ -312,6 +323,7 @@ impl Default for Config {
             gpu_ce_window_bytes: 128 << 20,
             gpu_ce_rendezvous_bytes: 128 << 20,
             gpu_ce_p2p_bytes: 64 << 20,
+            gpu_ce_map_unregistered: true,
             gpu_early_launch: true,
             gpu_p2p_kernel: true,
             launch_spin_us: 200,
@@ -514,6 +526,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_CE_P2P_BYTES") {
             c.gpu_ce_p2p_bytes = parse("FERROCCL_GPU_CE_P2P_BYTES", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_CE_MAP_UNREGISTERED") {
+            c.gpu_ce_map_unregistered = parse_bool("FERROCCL_GPU_CE_MAP_UNREGISTERED", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_EARLY_LAUNCH") {
             c.gpu_early_launch = parse_bool("FERROCCL_GPU_EARLY_LAUNCH", v)?;
         }
@@ -663,6 +678,10 @@ impl Config {
             (
                 "FERROCCL_GPU_CE_P2P_BYTES",
                 self.gpu_ce_p2p_bytes.to_string(),
+            ),
+            (
+                "FERROCCL_GPU_CE_MAP_UNREGISTERED",
+                (self.gpu_ce_map_unregistered as u8).to_string(),
             ),
             (
                 "FERROCCL_CHECK_MISMATCH",
@@ -1195,6 +1214,12 @@ mod tests {
         );
         assert!(shares(&cp, "FERROCCL_GPU_CE_P2P_BYTES", "1"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_P2P_BYTES", "-4")])).is_err());
+        let cm = Config::from_vars(&vars(&[("FERROCCL_GPU_CE_MAP_UNREGISTERED", "0")])).unwrap();
+        assert!(!cm.gpu_ce_map_unregistered && Config::default().gpu_ce_map_unregistered);
+        assert!(shares(&cm, "FERROCCL_GPU_CE_MAP_UNREGISTERED", "0"));
+        assert!(
+            Config::from_vars(&vars(&[("FERROCCL_GPU_CE_MAP_UNREGISTERED", "maybe")])).is_err()
+        );
         let early = Config::from_vars(&vars(&[("FERROCCL_GPU_EARLY_LAUNCH", "0")])).unwrap();
         assert!(!early.gpu_early_launch && Config::default().gpu_early_launch);
         // How a launch starts changes no plan: ranks may differ.

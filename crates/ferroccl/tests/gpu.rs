@@ -114,6 +114,64 @@ fn assert_ranks_agree(
     );
 }
 
+/// Rank `q`'s words of a round, from a seed every rank shares (xorshift: fresh, never all zeros).
+fn words(seed: u64, round: u64, q: usize, len: usize) -> Vec<u32> {
+    let mut x = seed ^ (round << 32) ^ ((q as u64 + 1) * 0x9e37_79b9_7f4a_7c15);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u32
+        })
+        .collect()
+}
+
+/// Writes `v` at word `at` of `b`.
+fn put_words(b: &DeviceBuffer, at: usize, v: &[u32]) {
+    let f: Vec<f32> = v.iter().map(|&x| f32::from_bits(x)).collect();
+    b.copy_from_host(at * 4, f32_bytes(&f)).unwrap();
+}
+
+/// The first `len` words of `b`.
+fn read_words(b: &DeviceBuffer, len: usize) -> Vec<u32> {
+    read_f32(b, len)
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+/// Runs one float32 operation alone in its launch and waits for it; the launch's thread blocks
+/// (`Some(0)`: the copy engines alone).
+fn run_alone(
+    comm: &Comm,
+    kind: CollKind,
+    send: u64,
+    recv: u64,
+    count: usize,
+    root: usize,
+    op: ReduceOp,
+) -> Option<u32> {
+    let a = OpArgs {
+        kind,
+        send: send as *const u8,
+        recv: recv as *mut u8,
+        count,
+        dtype: ferroccl::DataType::Float32,
+        op,
+        root,
+        device_scalar: None,
+    };
+    let mut g = Group::new();
+    // SAFETY: the callers' buffers hold the operation's elements and outlive the synchronize.
+    unsafe { g.push_raw(comm, a).unwrap() };
+    g.launch().unwrap();
+    let blocks = comm.last_launch_blocks();
+    comm.synchronize().unwrap();
+    blocks
+}
+
 #[test]
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn one_thread_drives_every_gpu_with_one_group() {
@@ -306,46 +364,12 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
     let recv = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).unwrap();
     comm.register_symmetric_buffer(&send).unwrap();
     comm.register_symmetric_buffer(&recv).unwrap();
-    let read = |b: &DeviceBuffer, len: usize| -> Vec<u32> {
-        read_f32(b, len)
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect()
-    };
-    let put = |b: &DeviceBuffer, at: usize, v: &[u32]| {
-        let f: Vec<f32> = v.iter().map(|&x| f32::from_bits(x)).collect();
-        b.copy_from_host(at * 4, f32_bytes(&f)).unwrap();
-    };
+    let read = read_words;
+    let put = put_words;
     // Every rank's data of a round, from the shared seed: rank q's element i.
-    let data = |round: u64, q: usize, len: usize| -> Vec<u32> {
-        let mut x = seed ^ (round << 32) ^ ((q as u64 + 1) * 0x9e37_79b9_7f4a_7c15);
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u32
-            })
-            .collect()
-    };
+    let data = |round: u64, q: usize, len: usize| words(seed, round, q, len);
     let run_op = |kind: CollKind, send_ptr: u64, recv_ptr: u64, cnt: usize, root: usize, op| {
-        let a = OpArgs {
-            kind,
-            send: send_ptr as *const u8,
-            recv: recv_ptr as *mut u8,
-            count: cnt,
-            dtype: ferroccl::DataType::Float32,
-            op,
-            root,
-            device_scalar: None,
-        };
-        let mut g = Group::new();
-        unsafe { g.push_raw(comm, a).unwrap() };
-        g.launch().unwrap();
-        let blocks = comm.last_launch_blocks();
-        comm.synchronize().unwrap();
-        blocks
+        run_alone(comm, kind, send_ptr, recv_ptr, cnt, root, op)
     };
     let run = |kind, send_ptr, recv_ptr, cnt, root| {
         run_op(kind, send_ptr, recv_ptr, cnt, root, ReduceOp::Sum)
@@ -805,6 +829,9 @@ fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
         ("FERROCCL_GPU_FOLD_MIN_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576".to_string()),
         ("FERROCCL_TIMEOUT", "60".to_string()),
+        // Windows only: an output in plain memory takes the kernels (the mapping on the fly has
+        // its own test).
+        ("FERROCCL_GPU_CE_MAP_UNREGISTERED", "0".to_string()),
     ];
     let kids = spawn_ranks(2, "child_symmetric_windows", "symmetric-windows", &env);
     assert_all_print(kids, "SYMMETRIC WINDOWS OK");
@@ -820,6 +847,227 @@ fn child_symmetric_windows() {
     let comm = Comm::from_env_gpu(&cfg).unwrap();
     symmetric_windows_body(&comm, true, comm.id());
     println!("SYMMETRIC WINDOWS OK");
+}
+
+/// Outputs nobody registered, a process per GPU: once the ranks posted their outputs mapped for
+/// their writers on the fly (`backend/cuda/lazy.rs`), the copy engines take large data movement
+/// straight into them, every kind and root, in place where the kind allows it, twice over (the
+/// second time on the loans the first made); an all-to-all in place, and memory that is not a
+/// cuMem allocation, take the kernels; an output freed and allocated anew (at the same address,
+/// where the driver gives it again) gets its data, not the old allocation. Exact on fresh data.
+fn mapped_on_the_fly_body(comm: &Comm, seed: u64) {
+    let (n, r) = (comm.nranks(), comm.rank());
+    let count = (1 << 20) + 17;
+    let by_ce = |blocks: Option<u32>| blocks == Some(0);
+    let gpu = comm.gpu().unwrap().clone();
+    let stats = MemStats::new();
+    let send = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).unwrap();
+    let recv = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).unwrap();
+    let data = |round: u64, q: usize, len: usize| words(seed, round, q, len);
+    let run = |kind, s: u64, o: u64, root| run_alone(comm, kind, s, o, count, root, ReduceOp::Sum);
+    let scrub = |b: &DeviceBuffer| put_words(b, 0, &data(99, r, n * count));
+    for round in 0..2u64 {
+        let recv = &recv;
+        let (sp, rp) = (send.device_ptr(), recv.device_ptr());
+        put_words(&send, 0, &data(round, r, n * count));
+        scrub(recv);
+        assert!(by_ce(run(CollKind::AllGather, sp, rp, 0)), "all-gather");
+        let got = read_words(recv, n * count);
+        for q in 0..n {
+            assert!(
+                got[q * count..(q + 1) * count] == data(round, q, n * count)[..count],
+                "round {round}: all-gather block {q}"
+            );
+        }
+        put_words(recv, r * count, &data(round + 1, r, count));
+        let mine = rp + (r * count * 4) as u64;
+        assert!(
+            by_ce(run(CollKind::AllGather, mine, rp, 0)),
+            "all-gather in place"
+        );
+        let got = read_words(recv, n * count);
+        for q in 0..n {
+            assert!(
+                got[q * count..(q + 1) * count] == data(round + 1, q, count)[..],
+                "round {round}: in-place all-gather block {q}"
+            );
+        }
+        scrub(recv);
+        assert!(by_ce(run(CollKind::AllToAll, sp, rp, 0)), "all-to-all");
+        let got = read_words(recv, n * count);
+        for q in 0..n {
+            let theirs = data(round, q, n * count);
+            assert!(
+                got[q * count..(q + 1) * count] == theirs[r * count..(r + 1) * count],
+                "round {round}: all-to-all block {q}"
+            );
+        }
+        put_words(recv, 0, &data(round + 2, r, n * count));
+        assert!(
+            !by_ce(run(CollKind::AllToAll, rp, rp, 0)),
+            "all-to-all in place"
+        );
+        let got = read_words(recv, n * count);
+        for q in 0..n {
+            let theirs = data(round + 2, q, n * count);
+            assert!(
+                got[q * count..(q + 1) * count] == theirs[r * count..(r + 1) * count],
+                "round {round}: in-place all-to-all block {q}"
+            );
+        }
+        for root in 0..n {
+            let tag = round + 10 + 10 * root as u64;
+            put_words(&send, 0, &data(tag, r, n * count));
+            scrub(recv);
+            assert!(
+                by_ce(run(CollKind::Gather, sp, rp, root)),
+                "gather to {root}"
+            );
+            let got = read_words(recv, n * count);
+            for q in 0..n {
+                let want = match r == root {
+                    true => data(tag, q, n * count)[..count].to_vec(),
+                    false => data(99, r, n * count)[q * count..(q + 1) * count].to_vec(),
+                };
+                assert!(
+                    got[q * count..(q + 1) * count] == want[..],
+                    "round {round}: gather to {root}, block {q}"
+                );
+            }
+            scrub(recv);
+            assert!(
+                by_ce(run(CollKind::Scatter, sp, rp, root)),
+                "scatter from {root}"
+            );
+            let got = read_words(recv, n * count);
+            assert!(
+                got[..count] == data(tag, root, n * count)[r * count..(r + 1) * count],
+                "round {round}: scatter from {root}"
+            );
+            assert!(
+                got[count..] == data(99, r, n * count)[count..],
+                "round {round}: scatter from {root} wrote past its output"
+            );
+            if n == 2 {
+                scrub(recv);
+                assert!(by_ce(run(CollKind::Broadcast, sp, rp, root)), "broadcast");
+                assert!(
+                    read_words(recv, count) == data(tag, root, n * count)[..count],
+                    "round {round}: broadcast from {root}"
+                );
+            }
+        }
+        if n == 2 {
+            // Sendrecv, grouped: each receive posted to its sender mapped on the fly.
+            let peer = 1 - r;
+            scrub(recv);
+            let p2p = |kind, ptr: u64| OpArgs {
+                kind,
+                send: ptr as *const u8,
+                recv: ptr as *mut u8,
+                count,
+                dtype: ferroccl::DataType::Float32,
+                op: ReduceOp::Sum,
+                root: peer,
+                device_scalar: None,
+            };
+            let mut g = Group::new();
+            // SAFETY: buffers of n x count words, alive past the synchronize.
+            unsafe {
+                g.push_raw(comm, p2p(CollKind::Send, sp)).unwrap();
+                g.push_raw(comm, p2p(CollKind::Recv, rp)).unwrap();
+            }
+            g.launch().unwrap();
+            assert!(by_ce(comm.last_launch_blocks()), "sendrecv");
+            comm.synchronize().unwrap();
+            let got = read_words(recv, n * count);
+            assert!(
+                got[..count] == data(round + 10 + 10 * (n - 1) as u64, peer, n * count)[..count],
+                "round {round}: sendrecv"
+            );
+        }
+    }
+    // Freed and allocated anew: the loan of the old allocation is dropped, the new one lent.
+    let old = recv.device_ptr();
+    ferroccl::mem::free(recv).unwrap();
+    let recv = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).unwrap();
+    println!(
+        "rank {r}: the output allocated anew {} the freed one's address",
+        if recv.device_ptr() == old {
+            "at"
+        } else {
+            "away from"
+        }
+    );
+    for round in 0..2u64 {
+        put_words(&send, 0, &data(round + 50, r, count));
+        scrub(&recv);
+        let blocks = run(CollKind::AllGather, send.device_ptr(), recv.device_ptr(), 0);
+        assert!(by_ce(blocks), "all-gather into a new allocation");
+        let got = read_words(&recv, n * count);
+        for q in 0..n {
+            assert!(
+                got[q * count..(q + 1) * count] == data(round + 50, q, count)[..],
+                "round {round}: all-gather into a new allocation, block {q}"
+            );
+        }
+    }
+    // Memory from cuMemAlloc (no cuMem handle to lend): the kernels, exact.
+    gpu.bind().unwrap();
+    let mut legacy: sys::CUdeviceptr = 0;
+    // SAFETY: a fresh allocation of the output's size, freed below.
+    unsafe { cu_ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut legacy, n * count * 4)).unwrap() };
+    put_words(&send, 0, &data(70, r, count));
+    assert!(
+        !by_ce(run(CollKind::AllGather, send.device_ptr(), legacy, 0)),
+        "an all-gather into cuMemAlloc memory"
+    );
+    let mut got = vec![0u32; n * count];
+    // SAFETY: the allocation above, read after the operation's synchronize.
+    unsafe {
+        cu_ok(
+            "cuMemcpyDtoH",
+            sys::cuMemcpyDtoH_v2(got.as_mut_ptr().cast(), legacy, n * count * 4),
+        )
+        .unwrap();
+        cu_ok("cuMemFree", sys::cuMemFree_v2(legacy)).unwrap();
+    }
+    for q in 0..n {
+        assert!(
+            got[q * count..(q + 1) * count] == data(70, q, count)[..],
+            "all-gather into cuMemAlloc memory, block {q}"
+        );
+    }
+}
+
+/// Outputs nobody registered move by the copy engines, mapped on the fly (a process per GPU).
+#[test]
+#[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn unregistered_outputs_are_mapped_on_the_fly_for_the_copy_engines() {
+    if role().is_some() {
+        return;
+    }
+    let Some(_) = gpus_for_test() else { return };
+    let env = [
+        ("FERROCCL_GPU_CE_WINDOW_BYTES", "1".to_string()),
+        ("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "1".to_string()),
+        ("FERROCCL_GPU_CE_P2P_BYTES", "1".to_string()),
+        ("FERROCCL_TIMEOUT", "60".to_string()),
+    ];
+    let kids = spawn_ranks(2, "child_mapped_on_the_fly", "mapped-on-the-fly", &env);
+    assert_all_print(kids, "MAPPED ON THE FLY OK");
+}
+
+/// Child of the test above.
+#[test]
+fn child_mapped_on_the_fly() {
+    if role().as_deref() != Some("mapped-on-the-fly") {
+        return;
+    }
+    let cfg = Config::from_env().unwrap();
+    let comm = Comm::from_env_gpu(&cfg).unwrap();
+    mapped_on_the_fly_body(&comm, comm.id() ^ 0x1a2b);
+    println!("MAPPED ON THE FLY OK");
 }
 
 /// All-reduces between symmetric windows on 2 ranks pull (`tune::peer_pulls`, here at every size

@@ -200,43 +200,101 @@ pub fn folds(kind: CollKind, count: usize, elem: usize, nranks: usize, me: Rank)
     })
 }
 
-/// Whether `kind` on `nranks` ranks takes the copy engines' zero-copy once the ranks have told
-/// each other where their outputs are ([`rendezvous_far`]): gather and scatter, whose outputs no
-/// rank can name from its own buffers (see [`zcopy_serves`]) but every rank can post.
+/// Whether `kind` on `nranks` ranks can take the copy engines' zero-copy once the ranks have told
+/// each other where their outputs are ([`rendezvous_far`]): every kind the copy engines serve.
+/// Gather and scatter need it whatever the buffers (no rank can name their outputs from its own,
+/// see [`zcopy_serves`]); all-gather, all-to-all and broadcast where their outputs lie in no
+/// symmetric window (the backend posts outputs mapped for their writers on the fly then).
 pub fn rendezvous_serves(kind: CollKind, nranks: usize) -> bool {
-    serves(kind, nranks) && matches!(kind, CollKind::Gather | CollKind::Scatter)
+    serves(kind, nranks)
 }
 
-/// What a rank posts in the exchange before a launch of [`rendezvous_serves`]: where its output
-/// lies, as a collective registration (numbered alike on every rank) and an offset in it.
+/// Whether a rank whose buffers are in place (`in_place`) may post its output for `kind`: not
+/// for an all-to-all in place, whose output would take a peer's block before its own block for
+/// that peer left (no staging breaks the cycle). Every other rank finds the posting missing and
+/// all run the kernels.
+pub fn may_post(kind: CollKind, in_place: bool) -> bool {
+    !(kind == CollKind::AllToAll && in_place)
+}
+
+/// The ranks whose copy engines write rank `me`'s output in `kind` (NCCL's `count` of `elem` bytes
+/// on `nranks` ranks, `root` for the rooted kinds): the readers its posting must serve.
+pub fn writers_of(
+    kind: CollKind,
+    count: usize,
+    elem: usize,
+    nranks: usize,
+    root: Rank,
+    me: Rank,
+) -> Vec<Rank> {
+    let mut v: Vec<Rank> = copies(kind, count, elem, nranks, root)
+        .unwrap_or_default()
+        .iter()
+        .filter(|c| c.to == me && c.from != me)
+        .map(|c| c.from)
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Where a rank's output lies, as it posts it to a rank whose copy engines write it: in the
+/// exchange before a launch of [`rendezvous_serves`], and before a large receive ([`RecvPost`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Posted {
-    /// The registration's number (every rank numbers its collective registrations alike).
-    pub window: u64,
-    /// The registration's length, the same on every rank for a symmetric window.
-    pub len: u64,
-    /// Byte offset of the output in it.
-    pub offset: u64,
+pub enum Posted {
+    /// In a symmetric window, which every process mapped at registration.
+    Window {
+        /// The registration's number (every rank numbers its collective registrations alike).
+        window: u64,
+        /// The registration's length, the same on every rank.
+        len: u64,
+        /// The output's byte offset in it.
+        offset: u64,
+    },
+    /// Mapped for the writer on the fly (an output nobody registered).
+    Mapped {
+        /// The output's address in the writer's process.
+        addr: u64,
+        /// The output's bytes.
+        len: u64,
+    },
 }
 
 impl Posted {
-    /// Bytes of one posting on the wire: a tag, then the three words.
+    /// Bytes of one posting on the wire: a tag, then three words.
     pub const LEN: usize = 25;
 
-    /// `p` on the wire; None (no output, or one outside any window) is a zero tag and zeros.
+    /// Whether an output of `bytes` from the posted place lies inside what was posted.
+    pub fn fits(&self, bytes: u64) -> bool {
+        match *self {
+            Posted::Window { len, offset, .. } => {
+                offset.checked_add(bytes).is_some_and(|e| e <= len)
+            }
+            Posted::Mapped { addr, len } => bytes <= len && addr.checked_add(len).is_some(),
+        }
+    }
+
+    /// `p` on the wire; None (no output, or none this rank can post) is a zero tag and zeros.
     pub fn encode(p: Option<Posted>) -> [u8; Self::LEN] {
         let mut b = [0u8; Self::LEN];
-        if let Some(p) = p {
-            b[0] = 1;
-            b[1..9].copy_from_slice(&p.window.to_le_bytes());
-            b[9..17].copy_from_slice(&p.len.to_le_bytes());
-            b[17..25].copy_from_slice(&p.offset.to_le_bytes());
+        let (tag, words) = match p {
+            None => return b,
+            Some(Posted::Window {
+                window,
+                len,
+                offset,
+            }) => (1, [window, len, offset]),
+            Some(Posted::Mapped { addr, len }) => (2, [addr, len, 0]),
+        };
+        b[0] = tag;
+        for (i, w) in words.iter().enumerate() {
+            b[1 + 8 * i..9 + 8 * i].copy_from_slice(&w.to_le_bytes());
         }
         b
     }
 
-    /// A posting off the wire; anything but [`Posted::LEN`] bytes with tag 0 or 1 (and zeros
-    /// after tag 0) is refused: every rank gets the same bytes, so all refuse alike.
+    /// A posting off the wire; anything but [`Posted::LEN`] bytes with tag 0 (and zeros), 1, or
+    /// 2 (and a zero third word) is refused: every rank gets the same bytes, so all refuse alike.
     pub fn decode(b: &[u8]) -> Result<Option<Posted>, String> {
         if b.len() != Self::LEN {
             return Err(format!(
@@ -245,26 +303,51 @@ impl Posted {
                 Self::LEN
             ));
         }
-        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let word =
+            |i: usize| u64::from_le_bytes(b[1 + 8 * i..9 + 8 * i].try_into().expect("8 bytes"));
         match b[0] {
             0 if b[1..].iter().all(|&x| x == 0) => Ok(None),
-            1 => Ok(Some(Posted {
-                window: word(1),
-                len: word(9),
-                offset: word(17),
+            1 => Ok(Some(Posted::Window {
+                window: word(0),
+                len: word(1),
+                offset: word(2),
+            })),
+            2 if word(2) == 0 => Ok(Some(Posted::Mapped {
+                addr: word(0),
+                len: word(1),
             })),
             t => Err(format!("an output posting with tag {t} or stray bytes")),
         }
+    }
+
+    /// A rank's row in the exchange before a launch: its posting for each rank as reader
+    /// (`row[r]`: where rank r's copy engines write this rank's output), in rank order.
+    pub fn encode_row(row: &[Option<Posted>]) -> Vec<u8> {
+        row.iter().flat_map(|&p| Posted::encode(p)).collect()
+    }
+
+    /// A row off the wire, for `nranks` readers; a row of another length or with a posting
+    /// that does not decode is refused.
+    pub fn decode_row(b: &[u8], nranks: usize) -> Result<Vec<Option<Posted>>, String> {
+        if Some(b.len()) != nranks.checked_mul(Self::LEN) {
+            return Err(format!(
+                "a row of postings of {} bytes, expected {nranks} of {}",
+                b.len(),
+                Self::LEN
+            ));
+        }
+        b.chunks(Self::LEN).map(Posted::decode).collect()
     }
 }
 
 /// Rank `me`'s view of a launch of `kind` (NCCL's `count` of `elem` bytes on `nranks` ranks,
 /// `root` for the rooted kinds) once every rank has posted where its output lies
-/// (`posted[q]`): for each rank q, the posting its copy engines must write into (`Some` only
-/// where `me` sends q a copy), or None where the copy engines cannot take the launch: a kind
-/// not served, sizes that overflow, or any receiver of a copy between two ranks whose output is
-/// not posted or does not fit its window. Every rank decides from the same postings, so all
-/// decide alike: all take the copies, or none.
+/// (`posted[q][r]`: rank q's output as rank r's copy engines reach it): for each rank q, the
+/// posting its copy engines must write into (`Some` only where `me` sends q a copy), or None
+/// where the copy engines cannot take the launch: a kind not served, sizes that overflow, a
+/// row missing, or any copy between two ranks whose receiver did not post its output for the
+/// sender, or posted one its whole output does not fit. Every rank decides from the same
+/// postings, so all decide alike: all take the copies, or none.
 pub fn rendezvous_far(
     kind: CollKind,
     count: usize,
@@ -272,9 +355,13 @@ pub fn rendezvous_far(
     nranks: usize,
     root: Rank,
     me: Rank,
-    posted: &[Option<Posted>],
+    posted: &[Vec<Option<Posted>>],
 ) -> Option<Vec<Option<Posted>>> {
-    if !rendezvous_serves(kind, nranks) || posted.len() != nranks || me >= nranks {
+    if !rendezvous_serves(kind, nranks)
+        || posted.len() != nranks
+        || posted.iter().any(|row| row.len() != nranks)
+        || me >= nranks
+    {
         return None;
     }
     let list = copies(kind, count, elem, nranks, root)?;
@@ -282,8 +369,8 @@ pub fn rendezvous_far(
     for c in list.iter().filter(|c| c.from != c.to) {
         let (_, out) = kind.buffer_counts(count, nranks, c.to == root)?;
         let out = (out.checked_mul(elem)? as u64).max((c.dst + c.bytes) as u64);
-        let p = posted[c.to]?;
-        if p.offset.checked_add(out)? > p.len {
+        let p = posted[c.to][c.from]?;
+        if !p.fits(out) {
             return None;
         }
         if c.from == me {
@@ -294,10 +381,10 @@ pub fn rendezvous_far(
 }
 
 /// What a rank posts to a peer before a large receive from it (`tune::p2p_rendezvous_wanted`):
-/// where its output lies (None: in no symmetric window), and its length in bytes, which the
-/// matching send's must equal. Postings go out in the order of the receives, and the sender
-/// reads them in the order of its sends to that rank: NCCL matches a pair's sends and
-/// receives in order.
+/// where its output lies for that peer (None: nowhere the peer can write), and its length in
+/// bytes, which the matching send's must equal. Postings go out in the order of the receives,
+/// and the sender reads them in the order of its sends to that rank: NCCL matches a pair's sends
+/// and receives in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecvPost {
     /// Where the output lies.
@@ -334,10 +421,9 @@ impl RecvPost {
     }
 
     /// The receive's way, which its sender's ([`RecvPost::send_way`]) matches: by the copy
-    /// engines where the output was posted in a window it fits, else by the kernels.
+    /// engines where the output was posted and fits what was posted, else by the kernels.
     pub fn by_copies(&self) -> bool {
-        self.posted
-            .is_some_and(|p| p.offset.checked_add(self.bytes).is_some_and(|e| e <= p.len))
+        self.posted.is_some_and(|p| p.fits(self.bytes))
     }
 
     /// The matching send's way, `bytes` long: the posting its copy engines write into, None for
@@ -506,45 +592,60 @@ mod tests {
     fn posting() -> impl Strategy<Value = Option<Posted>> {
         prop_oneof![
             Just(None),
-            (0u64..3, 0u64..300, 0u64..300).prop_map(|(window, len, offset)| Some(Posted {
-                window,
-                len,
-                offset
-            })),
+            (0u64..3, 0u64..300, 0u64..300).prop_map(|(window, len, offset)| Some(
+                Posted::Window {
+                    window,
+                    len,
+                    offset
+                }
+            )),
+            (1u64..1 << 40, 0u64..300).prop_map(|(addr, len)| Some(Posted::Mapped { addr, len })),
+        ]
+    }
+
+    fn all_kinds() -> impl Strategy<Value = CollKind> {
+        prop_oneof![
+            Just(CollKind::AllGather),
+            Just(CollKind::AllToAll),
+            Just(CollKind::Gather),
+            Just(CollKind::Scatter),
+            Just(CollKind::Broadcast),
+            Just(CollKind::AllReduce),
         ]
     }
 
     proptest! {
         /// Every rank decides alike from the same postings; where they take the copies, each
-        /// sender names exactly the receivers it copies to, every copy lands inside the
-        /// receiver's posted window, and every receiver of a copy posted.
+        /// sender names exactly the receivers it copies to, with the posting the receiver made
+        /// for it, every copy lands inside what was posted, and every receiver of a copy posted
+        /// for its sender.
         #[test]
-        fn rendezvous_postings_give_every_rank_one_decision_and_copies_inside_windows(
-            gather in any::<bool>(), n in 1usize..6, count in 0usize..20,
+        fn rendezvous_postings_give_every_rank_one_decision_and_copies_inside_them(
+            kind in all_kinds(), n in 1usize..6, count in 0usize..20,
             elem in prop_oneof![Just(1usize), Just(4)], root in 0usize..6,
-            posted in proptest::collection::vec(posting(), 6),
+            posted in proptest::collection::vec(proptest::collection::vec(posting(), 6), 6),
         ) {
-            let kind = if gather { CollKind::Gather } else { CollKind::Scatter };
-            let (root, posted) = (root % n, &posted[..n]);
+            let root = root % n;
+            let posted: Vec<Vec<Option<Posted>>> = posted[..n].iter().map(|r| r[..n].to_vec()).collect();
             let views: Vec<_> = (0..n)
-                .map(|me| rendezvous_far(kind, count, elem, n, root, me, posted))
+                .map(|me| rendezvous_far(kind, count, elem, n, root, me, &posted))
                 .collect();
-            if n == 1 {
-                // Nothing crosses between ranks: the copy engines' zero-copy does not serve it.
-                prop_assert!(views[0].is_none());
+            if !rendezvous_serves(kind, n) {
+                // A reduction, broadcast beyond 2 ranks, or nothing crossing between ranks.
+                prop_assert!(views.iter().all(Option::is_none));
                 return Ok(());
             }
             prop_assert!(views.iter().all(|v| v.is_some() == views[0].is_some()), "{views:?}");
             let list = copies(kind, count, elem, n, root).unwrap();
             match &views[0] {
                 None => {
-                    // Refused: some copy between two ranks has a receiver not posted, or whose
-                    // whole output does not fit its window.
-                    let unfit = |c: &Transfer| match posted[c.to] {
+                    // Refused: some copy between two ranks has a receiver that did not post for
+                    // its sender, or whose whole output does not fit what it posted.
+                    let unfit = |c: &Transfer| match posted[c.to][c.from] {
                         None => true,
                         Some(p) => {
                             let (_, out) = kind.buffer_counts(count, n, c.to == root).unwrap();
-                            p.offset + (out * elem) as u64 > p.len
+                            !p.fits((out * elem) as u64)
                         }
                     };
                     let refused = list.iter().filter(|c| c.from != c.to).any(unfit);
@@ -556,47 +657,61 @@ mod tests {
                         for (q, named) in v.iter().enumerate() {
                             let sends = list.iter().any(|c| c.from == me && c.to == q && q != me);
                             prop_assert_eq!(named.is_some(), sends, "rank {} names rank {}", me, q);
+                            prop_assert_eq!(sends, q != me && writers_of(kind, count, elem, n, root, q).contains(&me));
                         }
                         for c in list.iter().filter(|c| c.from == me && c.to != me) {
                             let p = v[c.to].unwrap();
-                            prop_assert_eq!(Some(p), posted[c.to]);
-                            prop_assert!(p.offset + (c.dst + c.bytes) as u64 <= p.len);
+                            prop_assert_eq!(Some(p), posted[c.to][me]);
+                            prop_assert!(p.fits((c.dst + c.bytes) as u64));
                         }
                     }
                 }
             }
         }
 
-        /// A posting survives the wire, and any other bytes are refused.
+        /// A posting and a row of them survive the wire, and any other bytes are refused.
         #[test]
         fn postings_round_trip_and_stray_bytes_are_refused(
-            p in posting(), junk in proptest::collection::vec(any::<u8>(), 0..40),
+            p in posting(), row in proptest::collection::vec(posting(), 0..5),
+            junk in proptest::collection::vec(any::<u8>(), 0..40),
         ) {
             prop_assert_eq!(Posted::decode(&Posted::encode(p)), Ok(p));
+            prop_assert_eq!(Posted::decode_row(&Posted::encode_row(&row), row.len()), Ok(row.clone()));
+            prop_assert!(Posted::decode_row(&Posted::encode_row(&row), row.len() + 1).is_err());
             let ok = junk.len() == Posted::LEN
-                && (junk[0] == 1 || (junk[0] == 0 && junk[1..].iter().all(|&x| x == 0)));
+                && match junk[0] {
+                    0 => junk[1..].iter().all(|&x| x == 0),
+                    1 => true,
+                    2 => junk[17..].iter().all(|&x| x == 0),
+                    _ => false,
+                };
             prop_assert_eq!(Posted::decode(&junk).is_ok(), ok);
         }
     }
 
     #[test]
-    fn rendezvous_serves_gather_and_scatter_only() {
+    fn rendezvous_serves_data_movement_only() {
         for kind in CollKind::COLLECTIVES {
-            let served = matches!(kind, CollKind::Gather | CollKind::Scatter);
-            assert_eq!(rendezvous_serves(kind, 2), served, "{kind}");
+            assert_eq!(rendezvous_serves(kind, 2), serves(kind, 2), "{kind}");
             assert!(!rendezvous_serves(kind, 1), "{kind} on 1 rank");
         }
+        assert!(!rendezvous_serves(CollKind::Broadcast, 3));
+        assert!(!may_post(CollKind::AllToAll, true));
+        assert!(may_post(CollKind::AllToAll, false) && may_post(CollKind::AllGather, true));
         // A root in place (gather: its output holds its input at its own block) is named by its
         // posting like any other; an output missing, or past its window, refuses on every rank.
         let at = |offset| {
-            Some(Posted {
+            Some(Posted::Window {
                 window: 4,
                 len: 64,
                 offset,
             })
         };
+        let rows = |p: &[Option<Posted>]| -> Vec<Vec<Option<Posted>>> {
+            p.iter().map(|&x| vec![x; p.len()]).collect()
+        };
         let gather = |posted: &[Option<Posted>], me| {
-            rendezvous_far(CollKind::Gather, 8, 4, 2, 1, me, posted)
+            rendezvous_far(CollKind::Gather, 8, 4, 2, 1, me, &rows(posted))
         };
         assert_eq!(gather(&[None, at(0)], 0), Some(vec![None, at(0)]));
         assert_eq!(gather(&[None, at(0)], 1), Some(vec![None, None]));
@@ -608,15 +723,55 @@ mod tests {
         );
         assert_eq!(gather(&[at(0)], 0), None, "a posting missing");
         let scatter = |posted: &[Option<Posted>], me| {
-            rendezvous_far(CollKind::Scatter, 8, 4, 2, 0, me, posted)
+            rendezvous_far(CollKind::Scatter, 8, 4, 2, 0, me, &rows(posted))
         };
         assert_eq!(scatter(&[at(32), at(8)], 0), Some(vec![None, at(8)]));
         assert_eq!(scatter(&[at(32), at(33)], 0), None, "past the window");
         assert_eq!(scatter(&[None, at(8)], 1), Some(vec![None, None]));
         assert_eq!(scatter(&[at(0), None], 0), None);
+        // Mapped postings are per reader: each sender gets the one its receiver made for it.
+        let m = |addr| Some(Posted::Mapped { addr, len: 64 });
+        let ag = vec![
+            vec![None, m(0x100), m(0x200)],
+            vec![m(0x300), None, m(0x400)],
+            vec![m(0x500), m(0x600), None],
+        ];
         assert_eq!(
-            rendezvous_far(CollKind::AllGather, 8, 4, 2, 0, 0, &[at(0), at(0)]),
+            rendezvous_far(CollKind::AllGather, 4, 4, 3, 0, 1, &ag),
+            Some(vec![m(0x100), None, m(0x600)])
+        );
+        let mut short = ag.clone();
+        short[2][1] = Some(Posted::Mapped {
+            addr: 0x600,
+            len: 47,
+        });
+        assert_eq!(
+            rendezvous_far(CollKind::AllGather, 4, 4, 3, 0, 0, &short),
+            None,
+            "an output past its mapping"
+        );
+        let mut missing = ag.clone();
+        missing[0][2] = None;
+        assert_eq!(
+            rendezvous_far(CollKind::AllGather, 4, 4, 3, 0, 1, &missing),
+            None,
+            "one reader not served"
+        );
+        assert_eq!(
+            rendezvous_far(CollKind::AllReduce, 8, 4, 2, 0, 0, &rows(&[at(0), at(0)])),
             None
+        );
+        assert_eq!(writers_of(CollKind::Gather, 4, 4, 3, 1, 1), vec![0, 2]);
+        assert_eq!(
+            writers_of(CollKind::Gather, 4, 4, 3, 1, 0),
+            Vec::<Rank>::new()
+        );
+        assert_eq!(writers_of(CollKind::Scatter, 4, 4, 3, 1, 2), vec![1]);
+        assert_eq!(writers_of(CollKind::AllToAll, 4, 4, 3, 1, 2), vec![0, 1]);
+        assert_eq!(
+            writers_of(CollKind::AllGather, 0, 4, 3, 1, 2),
+            Vec::<Rank>::new(),
+            "nothing moves"
         );
     }
 
@@ -635,7 +790,7 @@ mod tests {
             let way = post.send_way(bytes).unwrap();
             prop_assert_eq!(way.is_some(), post.by_copies());
             if let Some(q) = way {
-                prop_assert!(q.offset + bytes <= q.len);
+                prop_assert!(q.fits(bytes));
             }
             prop_assert_eq!(post.send_way(other).is_err(), other != bytes);
         }

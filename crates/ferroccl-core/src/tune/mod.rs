@@ -575,35 +575,41 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
 
 /// Whether the ranks should tell each other where their outputs lie before a launch of `op`
 /// alone (`plan::copies::rendezvous_far`), so that the copy engines can copy straight into them:
-/// a gather or scatter on GPUs, the communicator with symmetric windows (`op.windows`: a
-/// communicator that registered none pays no exchange), its largest buffer from
-/// `FERROCCL_GPU_CE_RENDEZVOUS_BYTES` and from `FERROCCL_GPU_CE_WINDOW_BYTES` up. The exchange is
-/// a bootstrap all-gather (tens of microseconds on one host) and blocks the call until every
-/// rank has made it: on 2 x H200 a gather of 128 MiB by the copy engines took 346-350 GB/s
-/// against the kernels' 331, host launches included (docs/PERFORMANCE.md section 33).
-/// Everything it reads is the same on every rank, so all ranks exchange, or none. The backend
-/// adds what only it knows, alike on every rank too: a process per rank, the copy engine and the
-/// peer engine's fabric present.
+/// a data-movement collective on GPUs (`copies::rendezvous_serves`) whose outputs the ranks can
+/// post: in symmetric windows (`op.windows`), or anywhere with
+/// `FERROCCL_GPU_CE_MAP_UNREGISTERED` (outputs mapped for their writers on the fly); without
+/// either, nothing is posted and no exchange is paid. Its largest buffer from
+/// `FERROCCL_GPU_CE_RENDEZVOUS_BYTES` and from `FERROCCL_GPU_CE_WINDOW_BYTES` up. An all-gather,
+/// all-to-all or broadcast whose buffers lie in symmetric windows (`op.symmetric`) needs no
+/// exchange: each rank names its peers' outputs by its own. The exchange is a bootstrap
+/// all-gather (tens of microseconds on one host) and blocks the call until every rank has made
+/// it: on 2 x H200 a gather of 128 MiB by the copy engines took 346-350 GB/s against the
+/// kernels' 331, host launches included (docs/PERFORMANCE.md section 33). Everything it reads is
+/// the same on every rank (the symmetric contract makes `symmetric` so), so all ranks exchange,
+/// or none. The backend adds what only it knows, alike on every rank too: a process per rank,
+/// the copy engine and the peer engine's fabric present.
 pub fn rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
     let at_least = |min: usize| op.largest_bytes().is_some_and(|b| min > 0 && b >= min);
     device == Device::Gpu
-        && op.windows
+        && (op.windows || cfg.gpu_ce_map_unregistered)
         && copies::rendezvous_serves(op.kind, op.nranks)
+        && !(op.symmetric && copies::zcopy_serves(op.kind, op.nranks))
         && at_least(cfg.gpu_ce_rendezvous_bytes)
         && at_least(cfg.gpu_ce_window_bytes)
 }
 
 /// Whether a send or receive of `op` goes through the posted-receive rendezvous
 /// (`plan::copies::RecvPost`): the receiver posts where its output lies to its sender before
-/// the launch, and where it lies in a symmetric window the sender's copy engines copy straight
-/// into it. On GPUs, the communicator with symmetric windows, the message from
+/// the launch, and where it lies in a symmetric window, or is mapped for the sender on the fly
+/// (`FERROCCL_GPU_CE_MAP_UNREGISTERED`), the sender's copy engines copy straight into it. On
+/// GPUs, the communicator with symmetric windows or that setting, the message from
 /// `FERROCCL_GPU_CE_P2P_BYTES` up (64 MiB: on 2 x H200 sendrecv by the copies 335-344 GB/s at 64
 /// MiB against the kernels' 309-318, level at 32 MiB; docs/PERFORMANCE.md section 34); a matched
 /// send and receive have one length, so both ends decide alike. The receiver never waits for it;
 /// the sender waits for its receiver's call.
 pub fn p2p_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
     device == Device::Gpu
-        && op.windows
+        && (op.windows || cfg.gpu_ce_map_unregistered)
         && op.nranks >= 2
         && matches!(op.kind, CollKind::Send | CollKind::Recv)
         && op
@@ -742,7 +748,9 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
     let ce_window =
         bytes.is_some_and(|b| cfg.gpu_ce_window_bytes > 0 && b >= cfg.gpu_ce_window_bytes);
     // Gather and scatter join them once the ranks have posted their outputs to each other
-    // (`rendezvous_wanted`), which is what `symmetric` then says.
+    // (`rendezvous_wanted`), and so do the others whose outputs lie in no symmetric window
+    // (posted as mapped for their writers): `symmetric` then says that every sender can name
+    // its receivers' outputs.
     if device == Device::Gpu
         && may_direct
         && op.symmetric

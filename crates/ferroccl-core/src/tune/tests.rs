@@ -1484,8 +1484,9 @@ fn zero_copy_needs_windows_the_simple_protocol_and_a_safe_output() {
 
 /// Gather and scatter: the ranks exchange their outputs' places from
 /// FERROCCL_GPU_CE_RENDEZVOUS_BYTES (and FERROCCL_GPU_CE_WINDOW_BYTES) up on a communicator with
-/// windows, and once they have (`symmetric`), the copy engines take them; below, on the host,
-/// without windows or with either knob at 0, no exchange and no copy engines.
+/// windows or with outputs mapped on the fly, and once they have (`symmetric`), the copy engines
+/// take them; below, on the host, with neither windows nor mapping, or with either knob at 0, no
+/// exchange and no copy engines.
 #[test]
 fn gathers_and_scatters_exchange_outputs_and_take_the_copy_engines_from_their_threshold() {
     let cfg = Config::default();
@@ -1530,9 +1531,22 @@ fn gathers_and_scatters_exchange_outputs_and_take_the_copy_engines_from_their_th
             ..at(kind, min, false)
         };
         assert!(
-            !rendezvous_wanted(&bare, Device::Gpu, &cfg),
-            "{kind} without windows"
+            rendezvous_wanted(&bare, Device::Gpu, &cfg),
+            "{kind} without windows: outputs mapped on the fly"
         );
+        let unmapped = Config {
+            gpu_ce_map_unregistered: false,
+            ..cfg.clone()
+        };
+        assert!(
+            !rendezvous_wanted(&bare, Device::Gpu, &unmapped),
+            "{kind} with neither windows nor mapping"
+        );
+        assert!(rendezvous_wanted(
+            &at(kind, min, false),
+            Device::Gpu,
+            &unmapped
+        ));
         for off in [
             Config {
                 gpu_ce_rendezvous_bytes: 0,
@@ -1565,19 +1579,43 @@ fn gathers_and_scatters_exchange_outputs_and_take_the_copy_engines_from_their_th
             &later
         ));
     }
+    // All-gather, all-to-all and broadcast exchange only where their buffers lie in no
+    // symmetric window (in one, each rank names its peers' outputs itself); the reductions never.
     for kind in CollKind::COLLECTIVES
         .into_iter()
         .filter(|k| !matches!(k, CollKind::Gather | CollKind::Scatter))
     {
-        assert!(
-            !rendezvous_wanted(&at(kind, min, false), Device::Gpu, &cfg),
+        let moves = matches!(
+            kind,
+            CollKind::AllGather | CollKind::AllToAll | CollKind::Broadcast
+        );
+        // Twice the threshold: a broadcast's largest buffer is half a gather's here.
+        assert_eq!(
+            rendezvous_wanted(&at(kind, 2 * min, false), Device::Gpu, &cfg),
+            moves,
             "{kind}"
         );
+        assert!(
+            !rendezvous_wanted(&at(kind, 2 * min, true), Device::Gpu, &cfg),
+            "{kind} between symmetric windows"
+        );
+        if moves {
+            let c = choose(&at(kind, 2 * min, true), Device::Gpu, &cfg);
+            assert!(c.engine == Engine::CopyEngine && c.zero_copy, "{kind}: {c}");
+        }
     }
+    assert!(!rendezvous_wanted(
+        &OpShape {
+            windows: true,
+            ..shape(CollKind::Broadcast, min, Float32, 3)
+        },
+        Device::Gpu,
+        &cfg
+    ));
 }
 
 /// Sends and receives take the posted-receive rendezvous from FERROCCL_GPU_CE_P2P_BYTES, on GPUs
-/// with windows; nothing else does.
+/// with windows or outputs mapped on the fly; nothing else does.
 #[test]
 fn sends_and_receives_post_from_their_threshold() {
     let cfg = Config::default();
@@ -1603,7 +1641,20 @@ fn sends_and_receives_post_from_their_threshold() {
             windows: false,
             ..at(kind, min)
         };
-        assert!(!p2p_rendezvous_wanted(&bare, Device::Gpu, &cfg), "{kind}");
+        assert!(p2p_rendezvous_wanted(&bare, Device::Gpu, &cfg), "{kind}");
+        let unmapped = Config {
+            gpu_ce_map_unregistered: false,
+            ..cfg.clone()
+        };
+        assert!(
+            !p2p_rendezvous_wanted(&bare, Device::Gpu, &unmapped),
+            "{kind}"
+        );
+        assert!(p2p_rendezvous_wanted(
+            &at(kind, min),
+            Device::Gpu,
+            &unmapped
+        ));
         let off = Config {
             gpu_ce_p2p_bytes: 0,
             ..cfg.clone()

@@ -495,6 +495,58 @@ pub(crate) fn export_allocation(gpu: &Gpu, ptr: u64, len: usize) -> Result<(Owne
     Ok((fd, base, size))
 }
 
+/// The allocation holding `ptr` (its base and bytes), where `ptr` is GPU memory of this process.
+pub(crate) fn allocation_range(gpu: &Gpu, ptr: u64) -> Option<(u64, u64)> {
+    gpu.bind().ok()?;
+    let (mut base, mut size) = (0u64, 0usize);
+    // SAFETY: out-pointers to locals; the driver checks the address.
+    cu_ok("cuMemGetAddressRange", unsafe {
+        sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
+    })
+    .ok()?;
+    Some((base, size as u64))
+}
+
+/// A reference to a cuMem allocation's handle (`cuMemRetainAllocationHandle`), released on drop.
+/// The driver hands out the same handle for one allocation as long as it lives, and while a
+/// reference is held the allocation lives (its memory too, if its owner unmaps and releases it),
+/// so no other allocation can have that handle: two references are equal exactly when they name
+/// the same allocation.
+#[derive(Debug)]
+pub(crate) struct Retained(sys::CUmemGenericAllocationHandle);
+
+impl PartialEq for Retained {
+    fn eq(&self, other: &Retained) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Retained {
+    /// A reference to the cuMem allocation mapped at `ptr`; None where none is (memory from
+    /// `cudaMalloc`, or nothing mapped there).
+    pub fn at(ptr: u64) -> Option<Retained> {
+        let mut handle = 0;
+        // SAFETY: an out-pointer to a local; the driver checks the address.
+        cu_ok("cuMemRetainAllocationHandle", unsafe {
+            sys::cuMemRetainAllocationHandle(&mut handle, ptr as *mut std::ffi::c_void)
+        })
+        .ok()?;
+        Some(Retained(handle))
+    }
+
+    /// A new POSIX file descriptor for the allocation (the owning GPU's context bound).
+    pub fn export(&self) -> Result<OwnedFd> {
+        export_handle(self.0)
+    }
+}
+
+impl Drop for Retained {
+    fn drop(&mut self) {
+        // SAFETY: the reference `at` took, released once.
+        unsafe { sys::cuMemRelease(self.0) };
+    }
+}
+
 /// A new POSIX file descriptor for an allocation handle (the owning GPU's context bound).
 fn export_handle(handle: sys::CUmemGenericAllocationHandle) -> Result<OwnedFd> {
     let mut fd: i32 = -1;

@@ -12,7 +12,6 @@ use crate::comm::Comm;
 use crate::info::CommState;
 use crate::mismatch::{self, Disagreement};
 use crate::ops::{launch_label, OpArgs};
-use ferroccl_core::plan::copies::Posted;
 use ferroccl_core::Error;
 use std::sync::MutexGuard;
 use std::time::Duration;
@@ -194,7 +193,7 @@ fn launch_one(
     })
 }
 
-/// The rendezvous before a gather or scatter alone in its launch on a GPU communicator
+/// The rendezvous before a data-movement collective alone in its launch on a GPU communicator
 /// (`CudaComm::rendezvous_posting`, which says whether the ranks have one): every rank posts where
 /// its output lies, over the bootstrap ring, and learns where its copy engines may write
 /// (`CudaComm::rendezvous_far`). The call waits for every rank's; a failed exchange leaves the
@@ -208,7 +207,7 @@ fn rendezvous_one(
     let (Backend::Cuda(cuda), [a]) = (&c.backend, args) else {
         return Ok(None);
     };
-    match cuda.rendezvous_posting(a, &c.info) {
+    match cuda.rendezvous_posting(a, &c.info, &c.abort) {
         Ok(Some(mine)) => exchange_postings(c, st, a, &mine),
         Ok(None) => Ok(None),
         Err(e) => Err(failed(st, e)),
@@ -252,10 +251,10 @@ fn rendezvous_many(
     comms: &[(&Comm, &[OpArgs])],
     states: &mut [MutexGuard<CommState>],
 ) -> Vec<Result<Option<Vec<u64>>, Error>> {
-    let postings: Vec<Result<Option<[u8; Posted::LEN]>, Error>> = comms
+    let postings: Vec<Result<Option<Vec<u8>>, Error>> = comms
         .iter()
         .map(|(c, args)| match (&c.backend, args) {
-            (Backend::Cuda(cuda), [a]) => cuda.rendezvous_posting(a, &c.info),
+            (Backend::Cuda(cuda), [a]) => cuda.rendezvous_posting(a, &c.info, &c.abort),
             _ => Ok(None),
         })
         .collect();

@@ -1,7 +1,8 @@
 //! The posted-receive rendezvous: before a launch's large sends and receives on GPUs
 //! (`tune::p2p_rendezvous_wanted`), each receiver posts to its sender where its output lies
-//! (`plan::copies::RecvPost`), and where it lies in a symmetric window the sender's copy engines
-//! copy straight into it (`copy_engine::p2p_schedule`); the rest run on the kernels.
+//! (`plan::copies::RecvPost`), and where it lies in a symmetric window, or is mapped for the
+//! sender on the fly (`backend/cuda/lazy.rs`), the sender's copy engines copy straight into it
+//! (`copy_engine::p2p_schedule`); the rest run on the kernels.
 //!
 //! Postings travel on a stream per ordered pair of ranks of the communicator, opened at first
 //! use through the bootstrap's listener (the receiver connects, the sender accepts) and kept in
@@ -112,7 +113,7 @@ fn post(c: &Comm, st: &mut CommState, args: &[OpArgs]) -> Result<Ways, Error> {
             continue;
         }
         let peer = a.root;
-        let post = cuda.recv_post(a)?;
+        let post = cuda.recv_post(a, &c.info, &c.abort)?;
         let s = stream(c, st, peer, true)?;
         c.boot
             .send_msg(s, peer, &post.encode())

@@ -5,6 +5,7 @@ use super::copy_engine::CopyEngine;
 use super::fabric::{Fabric, Geometry};
 use super::kernels;
 use super::launch::{PlanCache, StreamOrder};
+use super::lazy::Live;
 use super::mapper::Mapper;
 use super::tables::{
     FcDirect, FcError, FcP2pHead, FcPeer, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA,
@@ -71,7 +72,7 @@ pub(crate) struct CudaComm {
     pub(super) windows: Mutex<Windows>,
     /// Maps what peers of other processes register locally (None: every peer is in this
     /// process). Dropped before the fabric: its mappings are the peers' buffers.
-    _mapper: Option<Mapper>,
+    mapper: Option<Mapper>,
     comm_id: u64,
     /// Whether the engines' kernels are launched to start early, behind the kernel ahead of
     /// them (FERROCCL_GPU_EARLY_LAUNCH, on GPUs that can: compute capability 9.0 and up).
@@ -341,7 +342,7 @@ impl CudaComm {
         };
         boot.barrier()?;
         Ok(CudaComm {
-            _mapper: mapper,
+            mapper,
             comm_id: boot.comm_id(),
             gpu,
             module,
@@ -591,38 +592,68 @@ impl CudaComm {
         w.symmetric_far(a.recv as u64, recv.checked_mul(a.dtype.size())? as u64)
     }
 
-    /// The rendezvous before a gather or scatter alone in its launch (`tune::rendezvous_wanted`):
-    /// this rank's posting of where its output lies (`Windows::posting`; none where no symmetric
-    /// window holds it, or a gather's non-root has none), or None where the ranks exchange
-    /// nothing. What decides is the same on every rank (`posts_possible`, the tuner's shape).
+    /// The rendezvous before a data-movement collective alone in its launch
+    /// (`tune::rendezvous_wanted`): this rank's row of postings of where its output lies, one
+    /// for each rank as reader (`Windows::post_output`: in a symmetric window, or mapped for its
+    /// writers on the fly; none where neither, where a gather's non-root has no output, or an
+    /// all-to-all is in place here), or None where the ranks exchange nothing. What decides is
+    /// the same on every rank (`posts_possible`, the tuner's shape: an all-gather, all-to-all or
+    /// broadcast between symmetric windows needs no exchange, and the symmetric contract puts
+    /// every rank's buffers in them alike).
     pub(crate) fn rendezvous_posting(
         &self,
         a: &OpArgs,
         info: &CommInfo,
-    ) -> Result<Option<[u8; Posted::LEN]>, Error> {
+        abort: &AtomicBool,
+    ) -> Result<Option<Vec<u8>>, Error> {
+        use ferroccl_core::plan::copies::{may_post, rendezvous_serves, writers_of, zcopy_serves};
         // The kinds first: every other launch goes on without taking the windows' lock.
-        if !ferroccl_core::plan::copies::rendezvous_serves(a.kind, info.nranks)
-            || !self.posts_possible()
-            || !self.tuner_wants(a, info, ferroccl_core::tune::rendezvous_wanted)?
-        {
+        if !rendezvous_serves(a.kind, info.nranks) || !self.posts_possible() {
             return Ok(None);
         }
-        let w = self.windows()?;
-        let mine = a
+        let mut w = self.windows()?;
+        let symmetric = zcopy_serves(a.kind, info.nranks) && self.far_in(&w, a, info).is_some();
+        if !ferroccl_core::tune::rendezvous_wanted(
+            &a.shape(info, !w.is_empty(), symmetric),
+            Device::Gpu,
+            &info.config,
+        ) {
+            return Ok(None);
+        }
+        let bytes = a
             .kind
             .buffer_counts(a.count, info.nranks, a.root == info.rank)
             .and_then(|(_, recv)| recv.checked_mul(a.dtype.size()))
-            .filter(|&b| b > 0)
-            .and_then(|b| w.posting(a.recv as u64, b as u64));
-        Ok(Some(Posted::encode(mine)))
+            .unwrap_or(0);
+        let writers = match bytes > 0 && may_post(a.kind, a.is_in_place(info.rank)) {
+            true => writers_of(
+                a.kind,
+                a.count,
+                a.dtype.size(),
+                info.nranks,
+                a.root,
+                info.rank,
+            ),
+            false => Vec::new(),
+        };
+        let lender = self.lender(info, abort);
+        let row = w.post_output(
+            lender.as_ref(),
+            info.nranks,
+            a.recv as u64,
+            bytes as u64,
+            &writers,
+        );
+        Ok(Some(Posted::encode_row(&row)))
     }
 
-    /// After the rendezvous (`rows[q]`: rank q's posting): where this process maps each peer's
-    /// output that this rank's copy engines write (0 for the others), or None where the copies
-    /// cannot take the launch (`plan::copies::rendezvous_far`: every rank finds the same, from
-    /// the same rows, and the launch runs on the kernels everywhere). A posting that does not
-    /// parse is a protocol error; one naming a window this rank no longer holds (deregistered
-    /// here only), an argument error.
+    /// After the rendezvous (`rows[q]`: rank q's row of postings): where this process maps each
+    /// peer's output that this rank's copy engines write (0 for the others), or None where the
+    /// copies cannot take the launch (`plan::copies::rendezvous_far`: every rank finds the same,
+    /// from the same rows, and the launch runs on the kernels everywhere). A row that does not
+    /// parse is a protocol error, and so is a mapped posting this process's mapper does not
+    /// hold; one naming a window this rank no longer holds (deregistered here only), an argument
+    /// error.
     pub(crate) fn rendezvous_far(
         &self,
         a: &OpArgs,
@@ -633,8 +664,8 @@ impl CudaComm {
             .iter()
             .enumerate()
             .map(|(q, b)| {
-                Posted::decode(b).map_err(|m| {
-                    Error::Protocol(format!("rank {q}'s posting before a {}: {m}", a.kind))
+                Posted::decode_row(b, info.nranks).map_err(|m| {
+                    Error::Protocol(format!("rank {q}'s postings before a {}: {m}", a.kind))
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -666,20 +697,19 @@ impl CudaComm {
         self.ce.is_some() && self.peer.is_some() && self.fabric.ranks_apart()
     }
 
-    /// The tuner's `wanted` for `a`, given whether this communicator has windows (collective, so
-    /// the same on every rank).
-    fn tuner_wants(
-        &self,
-        a: &OpArgs,
-        info: &CommInfo,
-        wanted: fn(&ferroccl_core::tune::OpShape, Device, &Config) -> bool,
-    ) -> Result<bool, Error> {
-        let windows = !self.windows()?.is_empty();
-        Ok(wanted(
-            &a.shape(info, windows, false),
-            Device::Gpu,
-            &info.config,
-        ))
+    /// What lends this rank's outputs on the fly (`lazy.rs`), where
+    /// `FERROCCL_GPU_CE_MAP_UNREGISTERED` asks for it; a lend waits at most the communicator's
+    /// timeout, and 10 s.
+    fn lender<'a>(&'a self, info: &CommInfo, abort: &'a AtomicBool) -> Option<Live<'a>> {
+        info.config.gpu_ce_map_unregistered.then(|| Live {
+            gpu: &self.gpu,
+            me: self.rank,
+            places: &self.fabric.places,
+            comm_id: self.comm_id,
+            abort,
+            deadline: std::time::Instant::now()
+                + info.config.timeout.min(std::time::Duration::from_secs(10)),
+        })
     }
 
     /// Whether the send or receive `a` takes the posted-receive rendezvous (`launch/posts.rs`):
@@ -692,32 +722,72 @@ impl CudaComm {
         {
             return Ok(false);
         }
-        self.tuner_wants(a, info, ferroccl_core::tune::p2p_rendezvous_wanted)
+        let windows = !self.windows()?.is_empty();
+        Ok(ferroccl_core::tune::p2p_rendezvous_wanted(
+            &a.shape(info, windows, false),
+            Device::Gpu,
+            &info.config,
+        ))
     }
 
-    /// What this rank posts to its sender before the receive `a`: where its output lies in a
-    /// symmetric window (if it does), and its length.
-    pub(crate) fn recv_post(&self, a: &OpArgs) -> Result<RecvPost, Error> {
+    /// What this rank posts to its sender before the receive `a`: where its output lies for the
+    /// sender (in a symmetric window, or mapped for it on the fly), and its length.
+    pub(crate) fn recv_post(
+        &self,
+        a: &OpArgs,
+        info: &CommInfo,
+        abort: &AtomicBool,
+    ) -> Result<RecvPost, Error> {
         let bytes = a
             .count
             .checked_mul(a.dtype.size())
             .ok_or_else(|| Error::InvalidArgument(format!("a receive of {} elements", a.count)))?;
-        let w = self.windows()?;
+        let lender = self.lender(info, abort);
+        let row = self.windows()?.post_output(
+            lender.as_ref(),
+            info.nranks,
+            a.recv as u64,
+            bytes as u64,
+            &[a.root],
+        );
         Ok(RecvPost {
-            posted: w.posting(a.recv as u64, bytes as u64),
+            posted: row[a.root],
             bytes: bytes as u64,
         })
     }
 
-    /// Where this process maps the output `peer` posted (`p`), for this rank's copy engines; an
-    /// argument error where this rank no longer holds that window (deregistered here only).
+    /// Where this process maps the output `peer` posted (`p`), for this rank's copy engines. A
+    /// window's posting: an argument error where this rank no longer holds that window
+    /// (deregistered here only). A mapped one: a protocol error unless it lies in what `peer`
+    /// lent this process's mapper (a peer of this process posts its own address).
     pub(crate) fn posted_far(&self, p: Posted, peer: Rank, me: Rank) -> Result<u64, Error> {
-        self.windows()?.far_of(p, peer).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "rank {peer} posted its output in window registration #{} ({} bytes), which rank {me} no longer holds: deregister windows on every rank alike",
-                p.window, p.len
-            ))
-        })
+        match p {
+            Posted::Window { window, len, .. } => {
+                self.windows()?.far_of(p, peer).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "rank {peer} posted its output in window registration #{window} ({len} bytes), which rank {me} no longer holds: deregister windows on every rank alike"
+                    ))
+                })
+            }
+            Posted::Mapped { addr, len } => {
+                let here = self
+                    .fabric
+                    .places
+                    .get(peer)
+                    .is_some_and(|pl| pl.pid == std::process::id());
+                let lent = self
+                    .mapper
+                    .as_ref()
+                    .is_some_and(|m| m.holds(peer, addr, len));
+                if here || lent {
+                    Ok(addr)
+                } else {
+                    Err(Error::Protocol(format!(
+                        "rank {peer} posted its output at {addr:#x} ({len} bytes), which it did not lend to rank {me}"
+                    )))
+                }
+            }
+        }
     }
 
     /// Registers `[ptr, ptr + len)` of this rank alone (see `Windows::register_local`).

@@ -31,7 +31,7 @@ use ferroccl_core::{Error, Rank};
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -163,10 +163,11 @@ pub(crate) fn parse_reply(b: &[u8]) -> Result<u64, Error> {
     }
 }
 
-/// The buffers a mapper holds, by (lender, registration), and what it does with a request.
-/// `import` maps a lent allocation (its fd and length) and returns the mapping.
+/// The buffers a mapper holds, by (lender, registration): each mapping, and the range of this
+/// process's addresses it takes; and what the mapper does with a request. `import` maps a lent
+/// allocation (its fd and length) and returns the mapping and its address.
 pub(crate) struct Loans<B> {
-    held: HashMap<(u32, u64), (B, u64)>,
+    held: HashMap<(u32, u64), (B, std::ops::Range<u64>)>,
 }
 
 impl<B> Default for Loans<B> {
@@ -205,7 +206,8 @@ impl<B> Loans<B> {
                 }
                 let (buf, base) = import(desc.alloc_len)?;
                 let addr = base + (desc.ptr - desc.alloc_base);
-                self.held.insert((from, id), (buf, addr));
+                self.held
+                    .insert((from, id), (buf, base..base + desc.alloc_len));
                 Ok(addr)
             }
             Request::Recall { from, id } => {
@@ -225,12 +227,25 @@ impl<B> Loans<B> {
     pub fn len(&self) -> usize {
         self.held.len()
     }
+
+    /// Whether a mapping lent by rank `from` holds all of `[addr, addr + len)`: what a posting of
+    /// an output mapped on the fly must name (`CudaComm::posted_far`).
+    pub fn holds(&self, from: Rank, addr: u64, len: u64) -> bool {
+        let Some(end) = addr.checked_add(len) else {
+            return false;
+        };
+        self.held
+            .iter()
+            .any(|(&(f, _), (_, r))| f as usize == from && addr >= r.start && end <= r.end)
+    }
 }
 
 /// A rank's mapper thread; stopped and joined on drop (its mappings go with it).
 pub(crate) struct Mapper {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// What it holds, shared with the thread (which locks it for each request it serves).
+    loans: Arc<Mutex<Loans<DeviceBuffer>>>,
 }
 
 impl Mapper {
@@ -245,15 +260,22 @@ impl Mapper {
     ) -> Result<Mapper, Error> {
         let listener = FdListener::bind(socket_job(comm_id), me as u32)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (gpu, stats, halt) = (gpu.clone(), stats.clone(), stop.clone());
+        let loans = Arc::new(Mutex::new(Loans::default()));
+        let (gpu, stats, halt, held) = (gpu.clone(), stats.clone(), stop.clone(), loans.clone());
         let thread = std::thread::Builder::new()
             .name(format!("ferroccl-mapper-{me}"))
-            .spawn(move || serve(&listener, &gpu, me, &places, &stats, &halt))
+            .spawn(move || serve(&listener, &gpu, me, &places, &stats, &halt, &held))
             .map_err(|e| Error::System(format!("starting the mapper thread: {e}")))?;
         Ok(Mapper {
             stop,
             thread: Some(thread),
+            loans,
         })
+    }
+
+    /// Whether this mapper holds a mapping lent by rank `from` that covers `[addr, addr + len)`.
+    pub fn holds(&self, from: Rank, addr: u64, len: u64) -> bool {
+        self.loans.lock().is_ok_and(|l| l.holds(from, addr, len))
     }
 }
 
@@ -273,8 +295,8 @@ fn serve(
     places: &[Place],
     stats: &Arc<MemStats>,
     stop: &AtomicBool,
+    loans: &Mutex<Loans<DeviceBuffer>>,
 ) {
-    let mut loans: Loans<DeviceBuffer> = Loans::default();
     while !stop.load(Ordering::Relaxed) {
         // Short waits: the stop word is looked at between them.
         let Ok(ch) = listener.accept(Instant::now() + Duration::from_millis(200), stop) else {
@@ -284,11 +306,16 @@ fn serve(
         let Ok((fds, payload)) = ch.recv_fds(deadline, stop) else {
             continue;
         };
-        let reply = answer(&ch, &payload, fds.len(), places, me, &mut loans, |len| {
-            let b = DeviceBuffer::import(fds[0].as_fd(), len as usize, gpu, &[], stats)?;
-            let base = b.device_ptr();
-            Ok((b, base))
-        });
+        let reply = match loans.lock() {
+            Ok(mut loans) => answer(&ch, &payload, fds.len(), places, me, &mut loans, |len| {
+                let b = DeviceBuffer::import(fds[0].as_fd(), len as usize, gpu, &[], stats)?;
+                let base = b.device_ptr();
+                Ok((b, base))
+            }),
+            Err(_) => Err(Error::Internal(
+                "mapper: its loans' lock is poisoned".into(),
+            )),
+        };
         if let Err(e) = &reply {
             tracing::warn!(rank = me, "mapper: {e}");
         }
@@ -623,12 +650,19 @@ mod tests {
             .serve(lend(3), 1, |_| Err(Error::Internal("no".into())))
             .is_err());
         assert_eq!(l.len(), 1);
+        // What it holds: the whole allocation as mapped here, lent by rank 1 only.
+        assert!(l.holds(1, 0x9000_1000, 4096) && l.holds(1, 0x9000_0000, 2 << 20));
+        assert!(!l.holds(1, 0x9000_0000, (2 << 20) + 1), "past the mapping");
+        assert!(!l.holds(1, 0x8fff_ffff, 2), "before it");
+        assert!(!l.holds(2, 0x9000_1000, 4096), "another lender");
+        assert!(!l.holds(1, u64::MAX, 2), "wrapping");
         assert_eq!(
             l.serve(Request::Recall { from: 1, id: 1 }, 0, |_| unreachable!())
                 .unwrap(),
             0
         );
         assert_eq!(l.len(), 0);
+        assert!(!l.holds(1, 0x9000_1000, 4096), "recalled");
         assert_eq!(
             l.serve(Request::Recall { from: 1, id: 1 }, 0, |_| unreachable!())
                 .unwrap(),

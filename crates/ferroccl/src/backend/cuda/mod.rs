@@ -8,6 +8,9 @@
 //!   `kernels/types.cuh`;
 //! - `fabric.rs`: the FIFOs between the ranks' GPUs, in peer-mapped cuMem memory;
 //! - `window.rs`: registered windows (zero-copy);
+//! - `mapper.rs`: the thread that maps what peers of other processes lend this rank;
+//! - `lazy.rs`: outputs nobody registered, lent on the fly to the peers whose copy engines write
+//!   them;
 //! - `kernels.rs` and `kernels/`: the CUDA C sources and how NVRTC compiles them;
 //! - `verify.rs`: the verifiable mode (inputs filled, outputs checked by kernels);
 //! - `flow_model.rs` (tests): the peer and direct engines' flow control, model-checked on the host.
@@ -19,6 +22,7 @@ pub(crate) mod fabric;
 mod flow_model;
 pub(crate) mod kernels;
 mod launch;
+mod lazy;
 pub(crate) mod mapper;
 mod p2p;
 pub(crate) mod tables;

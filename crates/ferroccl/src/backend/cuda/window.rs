@@ -10,11 +10,12 @@
 //! ([`crate::mem::alloc`], or any other such allocation); anything else is refused with a clear
 //! error before any peer maps anything.
 
+use super::lazy::{LazyMaps, Live};
 use super::mapper::{lend, recall, Place, Request};
 use crate::bootstrap::Bootstrap;
 use crate::cuda::device::Gpu;
 use crate::cuda::fdpass::{FdChannel, FdListener};
-use crate::cuda::mem::{export_allocation, DeviceBuffer, MemStats};
+use crate::cuda::mem::{export_allocation, DeviceBuffer, MemStats, Retained};
 use ferroccl_core::plan::copies::Posted;
 use ferroccl_core::{Error, Rank};
 use std::os::fd::AsFd;
@@ -133,8 +134,10 @@ pub(crate) struct Windows {
     /// Registrations so far (collective, so the same on every rank, unlike the epoch, which a
     /// rank's own deregistrations move too): names each registration's descriptor rendezvous.
     registrations: u64,
-    /// Local registrations so far: numbers them for the peers' mappers.
+    /// Local registrations and loans on the fly so far: numbers them for the peers' mappers.
     loans: u64,
+    /// Outputs nobody registered, lent on the fly to the peers that write them.
+    lazy: LazyMaps<Retained>,
 }
 
 impl Windows {
@@ -187,11 +190,41 @@ impl Windows {
     /// the rendezvous before a gather or scatter posts it (`plan::copies::Posted`): the window's
     /// registration number and length, the same on every rank, and the offset.
     pub fn posting(&self, ptr: u64, bytes: u64) -> Option<Posted> {
-        self.symmetric_holding(ptr, bytes).map(|w| Posted {
+        self.symmetric_holding(ptr, bytes).map(|w| Posted::Window {
             window: w.reg,
             len: w.len,
             offset: ptr - w.ptr,
         })
+    }
+
+    /// This rank's posting of its output `[ptr, ptr + bytes)` for each rank as reader (`row[r]`,
+    /// `nranks` of them), made for the ranks of `writers` (the others get None): in a symmetric
+    /// window, by its registration ([`Windows::posting`]); else, where `lender` is given
+    /// (`FERROCCL_GPU_CE_MAP_UNREGISTERED`), where each writer maps it, lent on the fly
+    /// (`lazy.rs`); else nothing.
+    pub fn post_output(
+        &mut self,
+        lender: Option<&Live>,
+        nranks: usize,
+        ptr: u64,
+        bytes: u64,
+        writers: &[Rank],
+    ) -> Vec<Option<Posted>> {
+        let mut row = vec![None; nranks];
+        if writers.is_empty() {
+            return row;
+        }
+        if let Some(p) = self.posting(ptr, bytes) {
+            writers.iter().for_each(|&r| row[r] = Some(p));
+        } else if let Some(l) = lender {
+            let at = self
+                .lazy
+                .reach(l, nranks, ptr, bytes, writers, &mut self.loans);
+            for (&r, a) in writers.iter().zip(at) {
+                row[r] = a.map(|addr| Posted::Mapped { addr, len: bytes });
+            }
+        }
+        row
     }
 
     /// Where this process maps rank `q`'s output that `p` (rank q's posting) names: q's window of
@@ -199,14 +232,22 @@ impl Windows {
     /// where this rank holds no such window (deregistered here only) or the posting does not
     /// fit it.
     pub fn far_of(&self, p: Posted, q: Rank) -> Option<u64> {
+        let Posted::Window {
+            window,
+            len,
+            offset,
+        } = p
+        else {
+            return None;
+        };
         let w = self
             .list
             .iter()
-            .find(|w| w.local.is_none() && w.reg == p.window && w.len == p.len)?;
-        if p.offset >= w.len {
+            .find(|w| w.local.is_none() && w.reg == window && w.len == len)?;
+        if offset >= w.len {
             return None;
         }
-        Some(w.far.as_ref()?.get(q)? + p.offset)
+        Some(w.far.as_ref()?.get(q)? + offset)
     }
 
     /// Registers `[ptr, ptr + len)` with every rank of `boot` (collective), `symmetric` as every
@@ -800,6 +841,7 @@ mod tests {
             epoch: 2,
             registrations: 2,
             loans: 0,
+            lazy: Default::default(),
         };
         assert_eq!(
             ws.symmetric_far(0x1000, 512),
@@ -816,39 +858,45 @@ mod tests {
         // A gather's or scatter's posting: the symmetric window's number, length and offset;
         // another rank's posting of it resolves to where this process maps that rank's window.
         let p = ws.posting(0x1100, 16).expect("inside the symmetric window");
-        assert_eq!(
-            p,
-            Posted {
-                window: 1,
-                len: 512,
-                offset: 0x100
-            }
-        );
+        let w = |window, len, offset| Posted::Window {
+            window,
+            len,
+            offset,
+        };
+        assert_eq!(p, w(1, 512, 0x100));
         assert_eq!(ws.posting(0x1100, 512), None, "past the end");
         assert_eq!(ws.posting(0x8000, 16), None, "not a symmetric window");
         assert_eq!(ws.far_of(p, 0), Some(0xa100));
         assert_eq!(ws.far_of(p, 2), Some(0xc100));
         assert_eq!(ws.far_of(p, 3), None, "no such rank");
         assert_eq!(
-            ws.far_of(Posted { window: 2, ..p }, 0),
+            ws.far_of(w(2, 512, 0x100), 0),
             None,
             "no symmetric window 2"
         );
+        assert_eq!(ws.far_of(w(7, 512, 0x100), 0), None, "not registered here");
+        assert_eq!(ws.far_of(w(1, 256, 0x100), 0), None, "another length");
+        assert_eq!(ws.far_of(w(1, 512, 512), 0), None, "past the end");
         assert_eq!(
-            ws.far_of(Posted { window: 7, ..p }, 0),
+            ws.far_of(
+                Posted::Mapped {
+                    addr: 0xa100,
+                    len: 16
+                },
+                0
+            ),
             None,
-            "not registered here"
+            "not a window's posting"
         );
+        // Posted for its writers: by the window where one holds it, to the writers only; an
+        // output in no window, with no lender, for nobody.
+        let mut ws = ws;
         assert_eq!(
-            ws.far_of(Posted { len: 256, ..p }, 0),
-            None,
-            "another length"
+            ws.post_output(None, 3, 0x1100, 16, &[0, 2]),
+            vec![Some(p), None, Some(p)]
         );
-        assert_eq!(
-            ws.far_of(Posted { offset: 512, ..p }, 0),
-            None,
-            "past the end"
-        );
+        assert_eq!(ws.post_output(None, 3, 0x1100, 16, &[]), vec![None; 3]);
+        assert_eq!(ws.post_output(None, 3, 0x8000, 16, &[0]), vec![None; 3]);
     }
 
     /// Local registrations post outputs like windows but leave the tuner's collective view
@@ -873,6 +921,7 @@ mod tests {
             epoch: 1,
             registrations: 0,
             loans: 1,
+            lazy: Default::default(),
         };
         assert!(ws.is_empty(), "a local registration is not a window");
         assert!(!ws.none_at_all());

@@ -1,0 +1,579 @@
+//! Outputs nobody registered, mapped on the fly for the peers whose copy engines write them
+//! (NCCL's lazy registration), for the copy engines' rendezvous (`launch/mod.rs`,
+//! `launch/posts.rs`): a rank about to post an output that lies in no window lends the cuMem
+//! allocation holding it to each writer's mapper (`mapper.rs`, as a local registration does) and
+//! posts where that writer maps it (`plan::copies::Posted::Mapped`). Loans are kept by allocation
+//! for the next operations on it, so only the first one pays the lend (an export, a message to
+//! the mapper, its import and mapping).
+//!
+//! Kept honest against frees: each loan holds a reference to its allocation's handle
+//! ([`Retained`]), which the driver keeps the same while the allocation lives and which no other
+//! allocation can share while the reference is held. Every lookup compares, for every loan, the
+//! handle its address has now with the loan's: a loan whose allocation is gone (freed, or its
+//! addresses taken by another) is dropped there, its reference released and its writers'
+//! mappings recalled. So an output freed and allocated anew at the same address is lent anew and
+//! never written through a stale mapping, and a freed allocation's memory, which the reference
+//! and the writers' mappings keep, is given back at the next lookup on the communicator. At most
+//! [`MAX_LAZY`] allocations are lent at once (the least recently used is recalled first), which
+//! bounds both that memory and a lookup's cost (two driver calls a loan).
+//!
+//! Memory that is not a cuMem allocation with POSIX file-descriptor handles (`cudaMalloc`'s, for
+//! one) gets no loan: its operations run on the kernels.
+
+use super::mapper::LendFailed;
+use ferroccl_core::{Error, Rank};
+
+/// The most allocations lent on the fly at once, per communicator.
+pub(crate) const MAX_LAZY: usize = 16;
+
+/// What lending on the fly needs from the driver and the peers' mappers ([`Live`] on GPUs; the
+/// tests fake it).
+pub(crate) trait Lender {
+    /// A reference to an allocation's handle, released on drop; equal to another exactly when
+    /// both name the same allocation.
+    type Handle: PartialEq;
+    /// A descriptor a peer imports the allocation by.
+    type Fd;
+    /// The allocation holding `ptr` (base, bytes), where `ptr` is GPU memory of this process.
+    fn range(&self, ptr: u64) -> Option<(u64, u64)>;
+    /// A reference to the cuMem allocation mapped at `ptr`, if one is.
+    fn retain(&self, ptr: u64) -> Option<Self::Handle>;
+    /// A descriptor for the allocation `h` names.
+    fn export(&self, h: &Self::Handle) -> Result<Self::Fd, Error>;
+    /// Lends the allocation of `bytes` at `base` (descriptor `fd`) to rank `to` as loan `id`;
+    /// where `to` maps `base`.
+    fn lend(
+        &self,
+        to: Rank,
+        id: u64,
+        base: u64,
+        bytes: u64,
+        fd: &Self::Fd,
+    ) -> Result<u64, LendFailed>;
+    /// Asks rank `to` to unmap loan `id` (a failure is logged: the mapping then lasts until
+    /// `to`'s communicator ends).
+    fn recall(&self, to: Rank, id: u64);
+}
+
+/// Where one rank reaches a lent allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reach {
+    /// Not lent to it yet.
+    Unasked,
+    /// Lent: the allocation's base as it maps it.
+    At(u64),
+    /// It refused, or the allocation cannot be exported: never asked again.
+    Refused,
+    /// The lend's answer was lost: it may hold a mapping (recalled with the loan), never used.
+    Lost,
+}
+
+/// One allocation lent on the fly.
+struct Loan<H> {
+    base: u64,
+    bytes: u64,
+    handle: H,
+    /// Its number at the mappers (one numbering with the rank's local registrations).
+    id: u64,
+    /// By rank.
+    reach: Vec<Reach>,
+    /// When it was last looked up (the lookups' count).
+    used: u64,
+}
+
+/// A rank's allocations lent on the fly.
+pub(crate) struct LazyMaps<H> {
+    loans: Vec<Loan<H>>,
+    lookups: u64,
+}
+
+impl<H> Default for LazyMaps<H> {
+    fn default() -> Self {
+        LazyMaps {
+            loans: Vec::new(),
+            lookups: 0,
+        }
+    }
+}
+
+impl<H: PartialEq> LazyMaps<H> {
+    /// Where each rank of `readers` maps `[ptr, ptr + bytes)` of this rank (None where it
+    /// cannot), lending the allocation holding it at its first use; every loan whose allocation
+    /// is gone is dropped first. `nranks`: the communicator's; `next_id` numbers new loans.
+    pub fn reach<L: Lender<Handle = H>>(
+        &mut self,
+        l: &L,
+        nranks: usize,
+        ptr: u64,
+        bytes: u64,
+        readers: &[Rank],
+        next_id: &mut u64,
+    ) -> Vec<Option<u64>> {
+        self.lookups += 1;
+        self.sweep(l);
+        let mut out = vec![None; readers.len()];
+        let Some(i) = self.loan_for(l, nranks, ptr, bytes, next_id) else {
+            return out;
+        };
+        let loan = &mut self.loans[i];
+        loan.used = self.lookups;
+        let mut fd = None;
+        for &r in readers {
+            if loan.reach.get(r) != Some(&Reach::Unasked) {
+                continue;
+            }
+            if fd.is_none() {
+                match l.export(&loan.handle) {
+                    Ok(f) => fd = Some(f),
+                    Err(e) => {
+                        tracing::debug!("the allocation at {:#x} cannot be lent: {e}", loan.base);
+                        loan.reach.iter_mut().for_each(|x| {
+                            if *x == Reach::Unasked {
+                                *x = Reach::Refused
+                            }
+                        });
+                        break;
+                    }
+                }
+            }
+            let f = fd.as_ref().expect("exported above");
+            loan.reach[r] = match l.lend(r, loan.id, loan.base, loan.bytes, f) {
+                Ok(addr) => Reach::At(addr),
+                Err(f) => {
+                    tracing::warn!(
+                        "rank {r} cannot map the allocation at {:#x} for the copy engines, which leave it to the kernels: {}",
+                        loan.base,
+                        f.error
+                    );
+                    if f.maybe_mapped {
+                        Reach::Lost
+                    } else {
+                        Reach::Refused
+                    }
+                }
+            };
+        }
+        for (o, &r) in out.iter_mut().zip(readers) {
+            if let Some(Reach::At(base)) = loan.reach.get(r) {
+                *o = Some(base + (ptr - loan.base));
+            }
+        }
+        out
+    }
+
+    /// The loan of the allocation holding `[ptr, ptr + bytes)`, made where there is none (and
+    /// the least recently used one recalled beyond [`MAX_LAZY`]); None where no cuMem allocation
+    /// holds all of it.
+    fn loan_for<L: Lender<Handle = H>>(
+        &mut self,
+        l: &L,
+        nranks: usize,
+        ptr: u64,
+        bytes: u64,
+        next_id: &mut u64,
+    ) -> Option<usize> {
+        let (base, size) = l.range(ptr)?;
+        if ptr.checked_add(bytes)? > base.checked_add(size)? || ptr < base {
+            return None;
+        }
+        // After the sweep every loan's allocation is still the one it lent.
+        if let Some(i) = self
+            .loans
+            .iter()
+            .position(|x| x.base == base && x.bytes == size)
+        {
+            return Some(i);
+        }
+        let handle = l.retain(ptr)?;
+        if self.loans.len() >= MAX_LAZY {
+            let oldest = (0..self.loans.len())
+                .min_by_key(|&i| self.loans[i].used)
+                .expect("MAX_LAZY > 0");
+            recall(l, self.loans.swap_remove(oldest));
+        }
+        *next_id += 1;
+        self.loans.push(Loan {
+            base,
+            bytes: size,
+            handle,
+            id: *next_id,
+            reach: vec![Reach::Unasked; nranks],
+            used: self.lookups,
+        });
+        Some(self.loans.len() - 1)
+    }
+
+    /// Drops every loan whose address no longer holds its allocation.
+    fn sweep<L: Lender<Handle = H>>(&mut self, l: &L) {
+        let mut i = 0;
+        while i < self.loans.len() {
+            let loan = &self.loans[i];
+            if l.retain(loan.base).is_some_and(|h| h == loan.handle) {
+                i += 1;
+            } else {
+                recall(l, self.loans.swap_remove(i));
+            }
+        }
+    }
+
+    /// Allocations lent now.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.loans.len()
+    }
+}
+
+/// Recalls `loan` from every rank that may map it; its reference goes with it.
+fn recall<L: Lender>(l: &L, loan: Loan<L::Handle>) {
+    for (r, x) in loan.reach.iter().enumerate() {
+        if matches!(x, Reach::At(_) | Reach::Lost) {
+            l.recall(r, loan.id);
+        }
+    }
+}
+
+/// The lender on GPUs: the driver's allocations, and the mappers of communicator `comm_id`.
+pub(crate) struct Live<'a> {
+    pub gpu: &'a crate::cuda::device::Gpu,
+    pub me: Rank,
+    pub places: &'a [super::mapper::Place],
+    pub comm_id: u64,
+    pub abort: &'a std::sync::atomic::AtomicBool,
+    pub deadline: std::time::Instant,
+}
+
+impl Lender for Live<'_> {
+    type Handle = crate::cuda::mem::Retained;
+    type Fd = std::os::fd::OwnedFd;
+
+    fn range(&self, ptr: u64) -> Option<(u64, u64)> {
+        crate::cuda::mem::allocation_range(self.gpu, ptr)
+    }
+
+    fn retain(&self, ptr: u64) -> Option<Self::Handle> {
+        crate::cuda::mem::Retained::at(ptr)
+    }
+
+    fn export(&self, h: &Self::Handle) -> Result<Self::Fd, Error> {
+        self.gpu.bind()?;
+        h.export()
+    }
+
+    fn lend(
+        &self,
+        to: Rank,
+        id: u64,
+        base: u64,
+        bytes: u64,
+        fd: &Self::Fd,
+    ) -> Result<u64, LendFailed> {
+        use std::os::fd::AsFd;
+        let unsent = |error| LendFailed {
+            error,
+            maybe_mapped: false,
+        };
+        let place = self
+            .places
+            .get(to)
+            .ok_or_else(|| unsent(Error::Internal(format!("no rank {to}"))))?;
+        let pid = std::process::id();
+        if place.pid == pid {
+            // A peer of this process reaches the allocation at its own address once its GPU may.
+            crate::cuda::mem::grant_range(self.gpu, base, bytes as usize, &[place.gpu as usize])
+                .map_err(unsent)?;
+            return Ok(base);
+        }
+        let desc = super::window::WindowDesc {
+            pid,
+            gpu: self.gpu.ordinal() as u32,
+            ptr: base,
+            len: bytes,
+            alloc_base: base,
+            alloc_len: bytes,
+            symmetric: false,
+        };
+        let req = super::mapper::Request::Lend {
+            from: self.me as u32,
+            id,
+            desc,
+        };
+        super::mapper::lend(
+            self.comm_id,
+            to,
+            place.pid,
+            &req,
+            fd.as_fd(),
+            self.deadline,
+            self.abort,
+        )
+    }
+
+    fn recall(&self, to: Rank, id: u64) {
+        let Some(place) = self.places.get(to) else {
+            return;
+        };
+        if place.pid == std::process::id() {
+            return;
+        }
+        let req = super::mapper::Request::Recall {
+            from: self.me as u32,
+            id,
+        };
+        if let Err(e) =
+            super::mapper::recall(self.comm_id, to, place.pid, &req, self.deadline, self.abort)
+        {
+            tracing::warn!(
+                rank = self.me,
+                "rank {to}'s mapper did not unmap an allocation lent on the fly: {e}"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    /// A fake driver: allocations by base (bytes, allocation number), references counted; and
+    /// fake mappers that map each loan at a fresh address and log lends and recalls.
+    #[derive(Default)]
+    struct Fake {
+        mapped: RefCell<Vec<(u64, u64, u64)>>,
+        next_alloc: RefCell<u64>,
+        refs: Rc<RefCell<std::collections::HashMap<u64, i64>>>,
+        refuse: RefCell<Vec<Rank>>,
+        lose: RefCell<Vec<Rank>>,
+        no_export: RefCell<bool>,
+        log: RefCell<Vec<String>>,
+    }
+
+    struct H {
+        alloc: u64,
+        refs: Rc<RefCell<std::collections::HashMap<u64, i64>>>,
+    }
+    impl PartialEq for H {
+        fn eq(&self, o: &H) -> bool {
+            self.alloc == o.alloc
+        }
+    }
+    impl Drop for H {
+        fn drop(&mut self) {
+            *self.refs.borrow_mut().entry(self.alloc).or_default() -= 1;
+        }
+    }
+
+    impl Fake {
+        /// Maps a new allocation of `bytes` at `base`; its number.
+        fn alloc(&self, base: u64, bytes: u64) -> u64 {
+            *self.next_alloc.borrow_mut() += 1;
+            let a = *self.next_alloc.borrow();
+            self.mapped.borrow_mut().push((base, bytes, a));
+            a
+        }
+        fn free(&self, base: u64) {
+            self.mapped.borrow_mut().retain(|m| m.0 != base);
+        }
+        /// References held to allocation `a` (by the maps).
+        fn held(&self, a: u64) -> i64 {
+            self.refs.borrow().get(&a).copied().unwrap_or(0)
+        }
+        fn log(&self) -> Vec<String> {
+            std::mem::take(&mut *self.log.borrow_mut())
+        }
+    }
+
+    impl Lender for Fake {
+        type Handle = H;
+        type Fd = u64;
+        fn range(&self, ptr: u64) -> Option<(u64, u64)> {
+            self.mapped
+                .borrow()
+                .iter()
+                .find(|m| ptr >= m.0 && ptr < m.0 + m.1)
+                .map(|m| (m.0, m.1))
+        }
+        fn retain(&self, ptr: u64) -> Option<H> {
+            let (_, _, a) = *self
+                .mapped
+                .borrow()
+                .iter()
+                .find(|m| ptr >= m.0 && ptr < m.0 + m.1)?;
+            *self.refs.borrow_mut().entry(a).or_default() += 1;
+            Some(H {
+                alloc: a,
+                refs: self.refs.clone(),
+            })
+        }
+        fn export(&self, h: &H) -> Result<u64, Error> {
+            if *self.no_export.borrow() {
+                return Err(Error::InvalidArgument("not shareable".into()));
+            }
+            Ok(h.alloc)
+        }
+        fn lend(
+            &self,
+            to: Rank,
+            id: u64,
+            base: u64,
+            bytes: u64,
+            fd: &u64,
+        ) -> Result<u64, LendFailed> {
+            self.log.borrow_mut().push(format!(
+                "lend {id} of alloc {fd} ({bytes} at {base:#x}) to {to}"
+            ));
+            let fail = |maybe_mapped| LendFailed {
+                error: Error::Remote("no".into()),
+                maybe_mapped,
+            };
+            if self.refuse.borrow().contains(&to) {
+                return Err(fail(false));
+            }
+            if self.lose.borrow().contains(&to) {
+                return Err(fail(true));
+            }
+            Ok(0x7000_0000_0000 * (to as u64 + 1) + id * 0x1_0000_0000)
+        }
+        fn recall(&self, to: Rank, id: u64) {
+            self.log.borrow_mut().push(format!("recall {id} from {to}"));
+        }
+    }
+
+    fn at(to: Rank, id: u64) -> u64 {
+        0x7000_0000_0000 * (to as u64 + 1) + id * 0x1_0000_0000
+    }
+
+    #[test]
+    fn a_buffer_is_lent_once_to_each_reader_and_posted_at_its_offset() {
+        let f = Fake::default();
+        let a = f.alloc(0x10_0000, 1 << 20);
+        let (mut m, mut id) = (LazyMaps::default(), 5);
+        // Rank 0 of 3: rank 2 reads first, then ranks 1 and 2.
+        assert_eq!(
+            m.reach(&f, 3, 0x10_0400, 256, &[2], &mut id),
+            vec![Some(at(2, 6) + 0x400)]
+        );
+        assert_eq!(
+            f.log(),
+            vec![format!("lend 6 of alloc {a} (1048576 at 0x100000) to 2")]
+        );
+        assert_eq!(
+            m.reach(&f, 3, 0x10_0000, 1 << 20, &[1, 2], &mut id),
+            vec![Some(at(1, 6)), Some(at(2, 6))]
+        );
+        assert_eq!(
+            f.log(),
+            vec![format!("lend 6 of alloc {a} (1048576 at 0x100000) to 1")]
+        );
+        assert_eq!(m.reach(&f, 3, 0x10_0000, 64, &[1, 2], &mut id).len(), 2);
+        assert!(f.log().is_empty(), "nothing lent twice");
+        assert_eq!((m.len(), id, f.held(a)), (1, 6, 1), "one reference held");
+    }
+
+    #[test]
+    fn what_no_cuda_allocation_holds_gets_no_loan() {
+        let f = Fake::default();
+        f.alloc(0x10_0000, 4096);
+        let (mut m, mut id) = (LazyMaps::default(), 0);
+        for (ptr, bytes) in [(0x20_0000, 8), (0x10_0f00, 0x101), (0x10_0000, u64::MAX)] {
+            assert_eq!(m.reach(&f, 2, ptr, bytes, &[1], &mut id), vec![None]);
+        }
+        assert_eq!((m.len(), id), (0, 0));
+        assert!(f.log().is_empty());
+    }
+
+    #[test]
+    fn a_freed_allocation_is_recalled_and_a_new_one_at_its_address_lent_anew() {
+        let f = Fake::default();
+        let a = f.alloc(0x10_0000, 4096);
+        let (mut m, mut id) = (LazyMaps::default(), 0);
+        assert_eq!(
+            m.reach(&f, 2, 0x10_0000, 8, &[1], &mut id),
+            vec![Some(at(1, 1))]
+        );
+        f.log();
+        // Freed and allocated again at the same address, the same size: another allocation.
+        f.free(0x10_0000);
+        let b = f.alloc(0x10_0000, 4096);
+        assert_eq!(
+            m.reach(&f, 2, 0x10_0000, 8, &[1], &mut id),
+            vec![Some(at(1, 2))]
+        );
+        assert_eq!(
+            f.log(),
+            vec![
+                "recall 1 from 1".to_string(),
+                format!("lend 2 of alloc {b} (4096 at 0x100000) to 1")
+            ]
+        );
+        assert_eq!(
+            (f.held(a), f.held(b)),
+            (0, 1),
+            "the freed one's reference released"
+        );
+        // Freed for good: given back at the next lookup of anything.
+        f.free(0x10_0000);
+        f.alloc(0x40_0000, 4096);
+        m.reach(&f, 2, 0x40_0000, 8, &[], &mut id);
+        assert_eq!(f.log(), vec!["recall 2 from 1".to_string()]);
+        assert_eq!(f.held(b), 0);
+    }
+
+    #[test]
+    fn refusals_stay_refused_lost_answers_are_recalled_and_unexportable_memory_is_left() {
+        let f = Fake::default();
+        f.alloc(0x10_0000, 4096);
+        f.refuse.borrow_mut().push(1);
+        f.lose.borrow_mut().push(2);
+        let (mut m, mut id) = (LazyMaps::default(), 0);
+        assert_eq!(
+            m.reach(&f, 4, 0x10_0000, 8, &[1, 2, 3], &mut id),
+            vec![None, None, Some(at(3, 1))]
+        );
+        assert_eq!(f.log().len(), 3);
+        assert_eq!(
+            m.reach(&f, 4, 0x10_0000, 8, &[1, 2, 3], &mut id),
+            vec![None, None, Some(at(3, 1))]
+        );
+        assert!(f.log().is_empty(), "not asked again");
+        // Recalled from the lost one too.
+        f.free(0x10_0000);
+        m.reach(&f, 4, 0x10_0000, 8, &[1], &mut id);
+        let mut log = f.log();
+        log.sort();
+        assert_eq!(log, vec!["recall 1 from 2", "recall 1 from 3"]);
+        // An allocation that cannot be exported: no lend, and none tried again.
+        *f.no_export.borrow_mut() = true;
+        f.alloc(0x20_0000, 4096);
+        assert_eq!(m.reach(&f, 4, 0x20_0000, 8, &[3], &mut id), vec![None]);
+        *f.no_export.borrow_mut() = false;
+        assert_eq!(m.reach(&f, 4, 0x20_0000, 8, &[3], &mut id), vec![None]);
+        assert!(f.log().is_empty());
+    }
+
+    #[test]
+    fn at_most_max_lazy_loans_the_least_recently_used_recalled() {
+        let f = Fake::default();
+        let (mut m, mut id) = (LazyMaps::default(), 0);
+        let base = |i: u64| 0x100_0000 + i * 0x1_0000;
+        let allocs: Vec<u64> = (0..=MAX_LAZY as u64)
+            .map(|i| f.alloc(base(i), 4096))
+            .collect();
+        for i in 0..MAX_LAZY as u64 {
+            m.reach(&f, 2, base(i), 8, &[1], &mut id);
+        }
+        // Allocation 0 used again: allocation 1 is the least recently used.
+        m.reach(&f, 2, base(0), 8, &[1], &mut id);
+        f.log();
+        m.reach(&f, 2, base(MAX_LAZY as u64), 8, &[1], &mut id);
+        assert_eq!(m.len(), MAX_LAZY);
+        assert_eq!(f.log()[0], "recall 2 from 1");
+        assert_eq!((f.held(allocs[1]), f.held(allocs[0])), (0, 1));
+        drop(m);
+        assert!(
+            allocs.iter().all(|&a| f.held(a) == 0),
+            "every reference released"
+        );
+    }
+}
