@@ -852,8 +852,9 @@ fn child_symmetric_windows() {
 /// Outputs nobody registered, a process per GPU: once the ranks posted their outputs mapped for
 /// their writers on the fly (`backend/cuda/lazy.rs`), the copy engines take large data movement
 /// straight into them, every kind and root, in place where the kind allows it, twice over (the
-/// second time on the loans the first made); an all-to-all in place, and memory that is not a
-/// cuMem allocation, take the kernels; an output freed and allocated anew (at the same address,
+/// second time on the loans the first made), and so do the copy-and-fold reductions of 2 ranks;
+/// an all-to-all or all-reduce in place, and memory that is not a cuMem allocation, take the
+/// kernels; an output freed and allocated anew (at the same address,
 /// where the driver gives it again) gets its data, not the old allocation. Exact on fresh data.
 fn mapped_on_the_fly_body(comm: &Comm, seed: u64) {
     let (n, r) = (comm.nranks(), comm.rank());
@@ -986,6 +987,56 @@ fn mapped_on_the_fly_body(comm: &Comm, seed: u64) {
                 "round {round}: sendrecv"
             );
         }
+        if n == 2 {
+            // All-reduce and reduce-scatter of 2 ranks out of place: the peer's share copied
+            // into this rank's output, mapped on the fly, and folded there by the fold kernel's
+            // blocks; in place, the kernels. Small integers as floats: exact.
+            let small = |tag: u64, q: usize| -> Vec<u32> {
+                data(tag, q, n * count)
+                    .iter()
+                    .map(|&x| ((x % 2048) as f32 - 1024.0).to_bits())
+                    .collect()
+            };
+            let fold_blocks = Some(tune::FOLD_BLOCKS as u32);
+            let tag = round + 80;
+            put_words(&send, 0, &small(tag, r));
+            let (a, b) = (small(tag, 0), small(tag, 1));
+            let want: Vec<u32> = (0..n * count)
+                .map(|j| (f32::from_bits(a[j]) + f32::from_bits(b[j])).to_bits())
+                .collect();
+            let reduce =
+                |kind, s: u64, cnt: usize| run_alone(comm, kind, s, rp, cnt, 0, ReduceOp::Sum);
+            scrub(recv);
+            assert_eq!(
+                reduce(CollKind::AllReduce, sp, n * count),
+                fold_blocks,
+                "all-reduce"
+            );
+            assert!(
+                read_words(recv, n * count) == want,
+                "round {round}: all-reduce"
+            );
+            scrub(recv);
+            assert_eq!(
+                reduce(CollKind::ReduceScatter, sp, count),
+                fold_blocks,
+                "reduce-scatter"
+            );
+            assert!(
+                read_words(recv, count) == want[r * count..(r + 1) * count],
+                "round {round}: reduce-scatter"
+            );
+            put_words(recv, 0, &small(tag, r));
+            assert_ne!(
+                reduce(CollKind::AllReduce, rp, n * count),
+                fold_blocks,
+                "in place"
+            );
+            assert!(
+                read_words(recv, n * count) == want,
+                "round {round}: all-reduce in place"
+            );
+        }
     }
     // Freed and allocated anew: the loan of the old allocation is dropped, the new one lent.
     let old = recv.device_ptr();
@@ -1052,6 +1103,8 @@ fn unregistered_outputs_are_mapped_on_the_fly_for_the_copy_engines() {
         ("FERROCCL_GPU_CE_WINDOW_BYTES", "1".to_string()),
         ("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "1".to_string()),
         ("FERROCCL_GPU_CE_P2P_BYTES", "1".to_string()),
+        ("FERROCCL_GPU_FOLD_MIN_BYTES", "1".to_string()),
+        ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576".to_string()),
         ("FERROCCL_TIMEOUT", "60".to_string()),
     ];
     let kids = spawn_ranks(2, "child_mapped_on_the_fly", "mapped-on-the-fly", &env);

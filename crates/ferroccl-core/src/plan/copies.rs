@@ -200,21 +200,46 @@ pub fn folds(kind: CollKind, count: usize, elem: usize, nranks: usize, me: Rank)
     })
 }
 
-/// Whether `kind` on `nranks` ranks can take the copy engines' zero-copy once the ranks have told
-/// each other where their outputs are ([`rendezvous_far`]): every kind the copy engines serve.
-/// Gather and scatter need it whatever the buffers (no rank can name their outputs from its own,
-/// see [`zcopy_serves`]); all-gather, all-to-all and broadcast where their outputs lie in no
-/// symmetric window (the backend posts outputs mapped for their writers on the fly then).
+/// Whether `kind` on `nranks` ranks can take the copy engines once the ranks have told each other
+/// where their outputs are ([`rendezvous_far`]): every kind the copy engines serve, and the
+/// copy-and-fold reductions ([`fold_serves`]). Gather and scatter need it whatever the buffers
+/// (no rank can name their outputs from its own, see [`zcopy_serves`]); the others where their
+/// buffers lie in no symmetric window (the backend posts outputs mapped for their writers on the
+/// fly then).
 pub fn rendezvous_serves(kind: CollKind, nranks: usize) -> bool {
-    serves(kind, nranks)
+    serves(kind, nranks) || fold_serves(kind, nranks, false)
 }
 
 /// Whether a rank whose buffers are in place (`in_place`) may post its output for `kind`: not
 /// for an all-to-all in place, whose output would take a peer's block before its own block for
-/// that peer left (no staging breaks the cycle). Every other rank finds the posting missing and
+/// that peer left (no staging breaks the cycle), nor for a copy-and-fold reduction in place,
+/// whose landing area would be its own operand. Every other rank finds the posting missing and
 /// all run the kernels.
 pub fn may_post(kind: CollKind, in_place: bool) -> bool {
-    !(kind == CollKind::AllToAll && in_place)
+    !(in_place
+        && matches!(
+            kind,
+            CollKind::AllToAll | CollKind::AllReduce | CollKind::ReduceScatter
+        ))
+}
+
+/// Every copy that crosses between ranks or within one in a launch of [`rendezvous_serves`]:
+/// [`copies`] for data movement, each rank's [`Fold`] copy for the copy-and-fold reductions;
+/// None for other kinds or sizes that overflow.
+pub fn crossings(
+    kind: CollKind,
+    count: usize,
+    elem: usize,
+    nranks: usize,
+    root: Rank,
+) -> Option<Vec<Transfer>> {
+    if fold_serves(kind, nranks, false) {
+        return (0..nranks)
+            .map(|me| folds(kind, count, elem, nranks, me).map(|f| f.copy))
+            .filter(|c| !matches!(c, Some(c) if c.bytes == 0))
+            .collect();
+    }
+    copies(kind, count, elem, nranks, root)
 }
 
 /// The ranks whose copy engines write rank `me`'s output in `kind` (NCCL's `count` of `elem` bytes
@@ -227,7 +252,7 @@ pub fn writers_of(
     root: Rank,
     me: Rank,
 ) -> Vec<Rank> {
-    let mut v: Vec<Rank> = copies(kind, count, elem, nranks, root)
+    let mut v: Vec<Rank> = crossings(kind, count, elem, nranks, root)
         .unwrap_or_default()
         .iter()
         .filter(|c| c.to == me && c.from != me)
@@ -364,7 +389,7 @@ pub fn rendezvous_far(
     {
         return None;
     }
-    let list = copies(kind, count, elem, nranks, root)?;
+    let list = crossings(kind, count, elem, nranks, root)?;
     let mut far = vec![None; nranks];
     for c in list.iter().filter(|c| c.from != c.to) {
         let (_, out) = kind.buffer_counts(count, nranks, c.to == root)?;
@@ -611,6 +636,8 @@ mod tests {
             Just(CollKind::Scatter),
             Just(CollKind::Broadcast),
             Just(CollKind::AllReduce),
+            Just(CollKind::ReduceScatter),
+            Just(CollKind::Reduce),
         ]
     }
 
@@ -631,12 +658,13 @@ mod tests {
                 .map(|me| rendezvous_far(kind, count, elem, n, root, me, &posted))
                 .collect();
             if !rendezvous_serves(kind, n) {
-                // A reduction, broadcast beyond 2 ranks, or nothing crossing between ranks.
+                // A reduce, a reduction beyond 2 ranks, broadcast beyond 2 ranks, or nothing
+                // crossing between ranks.
                 prop_assert!(views.iter().all(Option::is_none));
                 return Ok(());
             }
             prop_assert!(views.iter().all(|v| v.is_some() == views[0].is_some()), "{views:?}");
-            let list = copies(kind, count, elem, n, root).unwrap();
+            let list = crossings(kind, count, elem, n, root).unwrap();
             match &views[0] {
                 None => {
                     // Refused: some copy between two ranks has a receiver that did not post for
@@ -690,14 +718,30 @@ mod tests {
     }
 
     #[test]
-    fn rendezvous_serves_data_movement_only() {
+    fn rendezvous_serves_data_movement_and_the_folds() {
         for kind in CollKind::COLLECTIVES {
-            assert_eq!(rendezvous_serves(kind, 2), serves(kind, 2), "{kind}");
+            let folds = matches!(kind, CollKind::AllReduce | CollKind::ReduceScatter);
+            assert_eq!(
+                rendezvous_serves(kind, 2),
+                serves(kind, 2) || folds,
+                "{kind}"
+            );
             assert!(!rendezvous_serves(kind, 1), "{kind} on 1 rank");
+            assert_eq!(
+                rendezvous_serves(kind, 3),
+                serves(kind, 3),
+                "{kind} on 3 ranks"
+            );
         }
         assert!(!rendezvous_serves(CollKind::Broadcast, 3));
-        assert!(!may_post(CollKind::AllToAll, true));
-        assert!(may_post(CollKind::AllToAll, false) && may_post(CollKind::AllGather, true));
+        for kind in [
+            CollKind::AllToAll,
+            CollKind::AllReduce,
+            CollKind::ReduceScatter,
+        ] {
+            assert!(!may_post(kind, true) && may_post(kind, false), "{kind}");
+        }
+        assert!(may_post(CollKind::AllGather, true) && may_post(CollKind::Gather, true));
         // A root in place (gather: its output holds its input at its own block) is named by its
         // posting like any other; an output missing, or past its window, refuses on every rank.
         let at = |offset| {
@@ -757,9 +801,35 @@ mod tests {
             None,
             "one reader not served"
         );
+        // The folds: each rank's copy lands on its peer's whole output.
         assert_eq!(
-            rendezvous_far(CollKind::AllReduce, 8, 4, 2, 0, 0, &rows(&[at(0), at(0)])),
+            rendezvous_far(CollKind::AllReduce, 8, 4, 2, 0, 0, &rows(&[at(0), at(32)])),
+            Some(vec![None, at(32)])
+        );
+        assert_eq!(
+            rendezvous_far(CollKind::AllReduce, 8, 4, 2, 0, 0, &rows(&[at(0), at(33)])),
             None
+        );
+        assert_eq!(
+            rendezvous_far(
+                CollKind::ReduceScatter,
+                8,
+                4,
+                2,
+                0,
+                1,
+                &rows(&[at(32), at(0)])
+            ),
+            Some(vec![at(32), None])
+        );
+        assert_eq!(
+            rendezvous_far(CollKind::Reduce, 8, 4, 2, 0, 1, &rows(&[at(0), at(0)])),
+            None
+        );
+        assert_eq!(writers_of(CollKind::AllReduce, 4, 4, 2, 0, 1), vec![0]);
+        assert_eq!(
+            writers_of(CollKind::ReduceScatter, 0, 4, 2, 0, 1),
+            Vec::<Rank>::new()
         );
         assert_eq!(writers_of(CollKind::Gather, 4, 4, 3, 1, 1), vec![0, 2]);
         assert_eq!(

@@ -581,7 +581,10 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
 /// either, nothing is posted and no exchange is paid. Its largest buffer from
 /// `FERROCCL_GPU_CE_RENDEZVOUS_BYTES` and from `FERROCCL_GPU_CE_WINDOW_BYTES` up. An all-gather,
 /// all-to-all or broadcast whose buffers lie in symmetric windows (`op.symmetric`) needs no
-/// exchange: each rank names its peers' outputs by its own. The exchange is a bootstrap
+/// exchange: each rank names its peers' outputs by its own. The copy-and-fold reductions (an
+/// all-reduce or reduce-scatter of 2 ranks) exchange where the tuner would give them the fold
+/// between symmetric windows (`FERROCCL_GPU_FOLD_MIN_BYTES`, a reduction the fold pays for) and
+/// their buffers lie in none. The exchange is a bootstrap
 /// all-gather (tens of microseconds on one host) and blocks the call until every rank has made
 /// it: on 2 x H200 a gather of 128 MiB by the copy engines took 346-350 GB/s against the
 /// kernels' 331, host launches included (docs/PERFORMANCE.md section 33). Everything it reads is
@@ -590,8 +593,20 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
 /// the copy engine and the peer engine's fabric present.
 pub fn rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
     let at_least = |min: usize| op.largest_bytes().is_some_and(|b| min > 0 && b >= min);
-    device == Device::Gpu
-        && (op.windows || cfg.gpu_ce_map_unregistered)
+    let postable = device == Device::Gpu && (op.windows || cfg.gpu_ce_map_unregistered);
+    if copies::fold_serves(op.kind, op.nranks, false) {
+        // The copy-and-fold reductions: where the tuner gives these buffers the fold once every
+        // rank can name its peer's output (which `symmetric` says; out of place, which a rank in
+        // place refuses by its posting, so that in-place-ness need not be alike here).
+        let named = OpShape {
+            symmetric: true,
+            in_place: false,
+            ..*op
+        };
+        let c = choose(&named, device, cfg);
+        return postable && !op.symmetric && c.engine == Engine::CopyEngine && c.zero_copy;
+    }
+    postable
         && copies::rendezvous_serves(op.kind, op.nranks)
         && !(op.symmetric && copies::zcopy_serves(op.kind, op.nranks))
         && at_least(cfg.gpu_ce_rendezvous_bytes)
@@ -755,6 +770,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         && may_direct
         && op.symmetric
         && ce_window
+        && copies::serves(op.kind, op.nranks)
         && (copies::zcopy_serves(op.kind, op.nranks) || rendezvous_wanted(op, device, cfg))
         && !(op.kind == CollKind::AllToAll && op.in_place)
     {

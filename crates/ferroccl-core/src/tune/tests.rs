@@ -1614,6 +1614,92 @@ fn gathers_and_scatters_exchange_outputs_and_take_the_copy_engines_from_their_th
     ));
 }
 
+/// All-reduces and reduce-scatters of 2 ranks exchange their outputs where the tuner would give
+/// them the copy-and-fold between symmetric windows (from FERROCCL_GPU_FOLD_MIN_BYTES, a
+/// reduction the fold pays for) and their buffers lie in none; the exchange does not depend on
+/// whether this rank is in place (a rank in place refuses by its posting).
+#[test]
+fn copy_and_fold_reductions_exchange_outputs_where_the_fold_would_take_them() {
+    let cfg = Config::default();
+    let min = cfg.gpu_fold_min_bytes;
+    let at = |kind, bytes: usize, dtype: DataType, redop: i32| OpShape {
+        redop,
+        ..shape(kind, bytes / dtype.size(), dtype, 2)
+    };
+    for kind in [CollKind::AllReduce, CollKind::ReduceScatter] {
+        // A reduce-scatter's largest buffer is its input: count x 2 elements.
+        let bytes = if kind == CollKind::ReduceScatter {
+            min / 2
+        } else {
+            min
+        };
+        let op = at(kind, bytes, Float32, 0);
+        assert!(rendezvous_wanted(&op, Device::Gpu, &cfg), "{kind}");
+        assert!(rendezvous_wanted(
+            &OpShape {
+                in_place: true,
+                ..op
+            },
+            Device::Gpu,
+            &cfg
+        ));
+        let named = choose(
+            &OpShape {
+                symmetric: true,
+                ..op
+            },
+            Device::Gpu,
+            &cfg,
+        );
+        assert!(
+            named.engine == Engine::CopyEngine && named.zero_copy,
+            "{kind}: {named}"
+        );
+        for (no, why) in [
+            (
+                OpShape {
+                    symmetric: true,
+                    ..op
+                },
+                "between symmetric windows: no exchange",
+            ),
+            (
+                at(kind, bytes / 2, Float32, 0),
+                "below FERROCCL_GPU_FOLD_MIN_BYTES",
+            ),
+            (at(kind, bytes, Float32, 5), "a PreMulSum"),
+            (at(kind, bytes, DataType::Int8, 0), "bytes"),
+            (OpShape { nranks: 3, ..op }, "3 ranks"),
+        ] {
+            assert!(!rendezvous_wanted(&no, Device::Gpu, &cfg), "{kind}: {why}");
+        }
+        assert!(!rendezvous_wanted(&op, Device::Host, &cfg));
+        let unmapped = Config {
+            gpu_ce_map_unregistered: false,
+            ..cfg.clone()
+        };
+        assert!(!rendezvous_wanted(&op, Device::Gpu, &unmapped));
+        assert!(rendezvous_wanted(
+            &OpShape {
+                windows: true,
+                ..op
+            },
+            Device::Gpu,
+            &unmapped
+        ));
+        let no_fold = Config {
+            gpu_fold_min_bytes: 0,
+            ..cfg.clone()
+        };
+        assert!(!rendezvous_wanted(&op, Device::Gpu, &no_fold));
+    }
+    assert!(!rendezvous_wanted(
+        &at(CollKind::Reduce, min, Float32, 0),
+        Device::Gpu,
+        &cfg
+    ));
+}
+
 /// Sends and receives take the posted-receive rendezvous from FERROCCL_GPU_CE_P2P_BYTES, on GPUs
 /// with windows or outputs mapped on the fly; nothing else does.
 #[test]

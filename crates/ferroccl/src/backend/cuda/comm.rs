@@ -592,27 +592,41 @@ impl CudaComm {
         w.symmetric_far(a.recv as u64, recv.checked_mul(a.dtype.size())? as u64)
     }
 
-    /// The rendezvous before a data-movement collective alone in its launch
-    /// (`tune::rendezvous_wanted`): this rank's row of postings of where its output lies, one
-    /// for each rank as reader (`Windows::post_output`: in a symmetric window, or mapped for its
-    /// writers on the fly; none where neither, where a gather's non-root has no output, or an
-    /// all-to-all is in place here), or None where the ranks exchange nothing. What decides is
-    /// the same on every rank (`posts_possible`, the tuner's shape: an all-gather, all-to-all or
-    /// broadcast between symmetric windows needs no exchange, and the symmetric contract puts
-    /// every rank's buffers in them alike).
+    /// The rendezvous before a data-movement collective or a copy-and-fold reduction alone in
+    /// its launch (`tune::rendezvous_wanted`): this rank's row of postings of where its output
+    /// lies, one for each rank as reader (`Windows::post_output`: in a symmetric window, or
+    /// mapped for its writers on the fly; none where neither, where a gather's non-root has no
+    /// output, or an all-to-all or a fold is in place here), or None where the ranks exchange
+    /// nothing. What decides is the same on every rank (`posts_possible`, the tuner's shape: the
+    /// kinds that name their peers' outputs between symmetric windows need no exchange there, and
+    /// the symmetric contract puts every rank's buffers in them alike).
     pub(crate) fn rendezvous_posting(
         &self,
         a: &OpArgs,
         info: &CommInfo,
         abort: &AtomicBool,
     ) -> Result<Option<Vec<u8>>, Error> {
-        use ferroccl_core::plan::copies::{may_post, rendezvous_serves, writers_of, zcopy_serves};
+        use ferroccl_core::plan::copies::{fold_serves, may_post, rendezvous_serves, writers_of};
         // The kinds first: every other launch goes on without taking the windows' lock.
         if !rendezvous_serves(a.kind, info.nranks) || !self.posts_possible() {
             return Ok(None);
         }
         let mut w = self.windows()?;
-        let symmetric = zcopy_serves(a.kind, info.nranks) && self.far_in(&w, a, info).is_some();
+        // Buffers in symmetric windows (the output, and a copy-and-fold's input too): the
+        // symmetric contract puts every rank's there alike, and the launch names the peers'
+        // outputs without an exchange.
+        let (send, recv) = a
+            .kind
+            .buffer_counts(a.count, info.nranks, a.root == info.rank)
+            .unwrap_or((0, 0));
+        let windowed = |ptr: u64, count: usize| {
+            count
+                .checked_mul(a.dtype.size())
+                .and_then(|b| w.symmetric_far(ptr, b as u64))
+                .is_some()
+        };
+        let symmetric = windowed(a.recv as u64, recv)
+            && (!fold_serves(a.kind, info.nranks, false) || windowed(a.send as u64, send));
         if !ferroccl_core::tune::rendezvous_wanted(
             &a.shape(info, !w.is_empty(), symmetric),
             Device::Gpu,
@@ -620,11 +634,7 @@ impl CudaComm {
         ) {
             return Ok(None);
         }
-        let bytes = a
-            .kind
-            .buffer_counts(a.count, info.nranks, a.root == info.rank)
-            .and_then(|(_, recv)| recv.checked_mul(a.dtype.size()))
-            .unwrap_or(0);
+        let bytes = recv.checked_mul(a.dtype.size()).unwrap_or(0);
         let writers = match bytes > 0 && may_post(a.kind, a.is_in_place(info.rank)) {
             true => writers_of(
                 a.kind,
