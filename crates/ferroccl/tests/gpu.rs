@@ -854,8 +854,9 @@ fn child_symmetric_windows() {
 /// straight into them, every kind and root, in place where the kind allows it, twice over (the
 /// second time on the loans the first made), and so do the copy-and-fold reductions of 2 ranks;
 /// an all-to-all or all-reduce in place, and memory that is not a cuMem allocation, take the
-/// kernels; an output freed and allocated anew (at the same address,
-/// where the driver gives it again) gets its data, not the old allocation. Exact on fresh data.
+/// kernels; an output freed gives its memory back within the sweeper's period though no operation
+/// follows, and one allocated anew (at the same address, where the driver gives it again) gets its
+/// data, not the old allocation. Exact on fresh data.
 fn mapped_on_the_fly_body(comm: &Comm, seed: u64) {
     let (n, r) = (comm.nranks(), comm.rank());
     let count = (1 << 20) + 17;
@@ -1039,8 +1040,25 @@ fn mapped_on_the_fly_body(comm: &Comm, seed: u64) {
         }
     }
     // Freed and allocated anew: the loan of the old allocation is dropped, the new one lent.
+    // Its memory, which the loan and the peer's mapping of it hold, comes back within the
+    // sweeper's period though no operation follows.
     let old = recv.device_ptr();
+    let free_bytes = || {
+        gpu.bind().unwrap();
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: out-pointers to locals.
+        unsafe { cu_ok("cuMemGetInfo", sys::cuMemGetInfo_v2(&mut free, &mut total)).unwrap() };
+        free
+    };
+    let before = free_bytes();
     ferroccl::mem::free(recv).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let back = free_bytes().saturating_sub(before);
+    assert!(
+        back >= n * count * 4,
+        "{back} bytes came back after freeing an output of {} lent on the fly",
+        n * count * 4
+    );
     let recv = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).unwrap();
     println!(
         "rank {r}: the output allocated anew {} the freed one's address",

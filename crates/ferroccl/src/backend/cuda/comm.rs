@@ -5,7 +5,7 @@ use super::copy_engine::CopyEngine;
 use super::fabric::{Fabric, Geometry};
 use super::kernels;
 use super::launch::{PlanCache, StreamOrder};
-use super::lazy::Live;
+use super::lazy::{LazyMaps, Live, Sweeper};
 use super::mapper::Mapper;
 use super::tables::{
     FcDirect, FcError, FcP2pHead, FcPeer, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA,
@@ -15,7 +15,7 @@ use super::window::Windows;
 use crate::bootstrap::Bootstrap;
 use crate::cuda::cu_ok;
 use crate::cuda::device::{Gpu, KernelHandle, Module};
-use crate::cuda::mem::{DeviceBuffer, MemStats};
+use crate::cuda::mem::{DeviceBuffer, MemStats, Retained};
 use crate::cuda::nvrtc::Image;
 use crate::cuda::pinned::MappedWord;
 use crate::info::CommInfo;
@@ -70,6 +70,11 @@ pub(crate) struct CudaComm {
     pub(super) p2p: Option<(KernelHandle, KernelHandle, FcP2pHead)>,
     /// Registered windows and local registrations (zero-copy).
     pub(super) windows: Mutex<Windows>,
+    /// Outputs nobody registered, lent on the fly to the peers that write them (`lazy.rs`), and
+    /// the thread that gives back those whose allocation was freed (None: no peer in another
+    /// process, or FERROCCL_GPU_CE_MAP_UNREGISTERED=0).
+    lazy: Arc<Mutex<LazyMaps<Retained>>>,
+    _sweeper: Option<Sweeper>,
     /// Maps what peers of other processes register locally (None: every peer is in this
     /// process). Dropped before the fabric: its mappings are the peers' buffers.
     mapper: Option<Mapper>,
@@ -340,8 +345,21 @@ impl CudaComm {
             )?),
             false => None,
         };
+        let lazy = Arc::new(Mutex::new(LazyMaps::default()));
+        let sweeper = match mapper.is_some() && config.gpu_ce_map_unregistered {
+            true => Some(Sweeper::start(
+                lazy.clone(),
+                gpu.clone(),
+                boot.rank(),
+                fabric.places.clone(),
+                boot.comm_id(),
+            )?),
+            false => None,
+        };
         boot.barrier()?;
         Ok(CudaComm {
+            lazy,
+            _sweeper: sweeper,
             mapper,
             comm_id: boot.comm_id(),
             gpu,
@@ -611,7 +629,7 @@ impl CudaComm {
         if !rendezvous_serves(a.kind, info.nranks) || !self.posts_possible() {
             return Ok(None);
         }
-        let mut w = self.windows()?;
+        let w = self.windows()?;
         // Buffers in symmetric windows (the output, and a copy-and-fold's input too): the
         // symmetric contract puts every rank's there alike, and the launch names the peers'
         // outputs without an exchange.
@@ -646,14 +664,7 @@ impl CudaComm {
             ),
             false => Vec::new(),
         };
-        let lender = self.lender(info, abort);
-        let row = w.post_output(
-            lender.as_ref(),
-            info.nranks,
-            a.recv as u64,
-            bytes as u64,
-            &writers,
-        );
+        let row = self.post_output(&w, info, abort, a.recv as u64, bytes as u64, &writers)?;
         Ok(Some(Posted::encode_row(&row)))
     }
 
@@ -707,6 +718,27 @@ impl CudaComm {
         self.ce.is_some() && self.peer.is_some() && self.fabric.ranks_apart()
     }
 
+    /// This rank's postings of its output `[ptr, ptr + bytes)` for its `writers`
+    /// (`Windows::post_output`), lent on the fly where `FERROCCL_GPU_CE_MAP_UNREGISTERED` asks.
+    fn post_output(
+        &self,
+        w: &Windows,
+        info: &CommInfo,
+        abort: &AtomicBool,
+        ptr: u64,
+        bytes: u64,
+        writers: &[Rank],
+    ) -> Result<Vec<Option<Posted>>, Error> {
+        let Some(l) = self.lender(info, abort) else {
+            return Ok(w.post_output(None, info.nranks, ptr, bytes, writers));
+        };
+        let mut maps = self
+            .lazy
+            .lock()
+            .map_err(|_| Error::Internal("the loans' lock is poisoned".into()))?;
+        Ok(w.post_output(Some((&mut maps, &l)), info.nranks, ptr, bytes, writers))
+    }
+
     /// What lends this rank's outputs on the fly (`lazy.rs`), where
     /// `FERROCCL_GPU_CE_MAP_UNREGISTERED` asks for it; a lend waits at most the communicator's
     /// timeout, and 10 s.
@@ -752,14 +784,8 @@ impl CudaComm {
             .count
             .checked_mul(a.dtype.size())
             .ok_or_else(|| Error::InvalidArgument(format!("a receive of {} elements", a.count)))?;
-        let lender = self.lender(info, abort);
-        let row = self.windows()?.post_output(
-            lender.as_ref(),
-            info.nranks,
-            a.recv as u64,
-            bytes as u64,
-            &[a.root],
-        );
+        let w = self.windows()?;
+        let row = self.post_output(&w, info, abort, a.recv as u64, bytes as u64, &[a.root])?;
         Ok(RecvPost {
             posted: row[a.root],
             bytes: bytes as u64,

@@ -7,15 +7,17 @@
 //! the mapper, its import and mapping).
 //!
 //! Kept honest against frees: each loan holds a reference to its allocation's handle
-//! ([`Retained`]), which the driver keeps the same while the allocation lives and which no other
-//! allocation can share while the reference is held. Every lookup compares, for every loan, the
-//! handle its address has now with the loan's: a loan whose allocation is gone (freed, or its
-//! addresses taken by another) is dropped there, its reference released and its writers'
+//! (`cuda::mem::Retained`), which the driver keeps the same while the allocation lives and which
+//! no other allocation can share while the reference is held. Every lookup compares, for every
+//! loan, the handle its address has now with the loan's: a loan whose allocation is gone (freed,
+//! or its addresses taken by another) is dropped there, its reference released and its writers'
 //! mappings recalled. So an output freed and allocated anew at the same address is lent anew and
-//! never written through a stale mapping, and a freed allocation's memory, which the reference
-//! and the writers' mappings keep, is given back at the next lookup on the communicator. At most
-//! [`MAX_LAZY`] allocations are lent at once (the least recently used is recalled first), which
-//! bounds both that memory and a lookup's cost (two driver calls a loan).
+//! never written through a stale mapping. A freed allocation's memory, which the reference and
+//! the writers' mappings keep, is given back by the same sweep, which a thread of the
+//! communicator ([`Sweeper`]) also makes every [`SWEEP_EVERY`] while loans are held: memory a
+//! user frees returns within that time even when no operation follows. At most [`MAX_LAZY`]
+//! allocations are lent at once (the least recently used is recalled first), which bounds a
+//! sweep's cost (two driver calls a loan).
 //!
 //! Memory that is not a cuMem allocation with POSIX file-descriptor handles (`cudaMalloc`'s, for
 //! one) gets no loan: its operations run on the kernels.
@@ -25,6 +27,13 @@ use ferroccl_core::{Error, Rank};
 
 /// The most allocations lent on the fly at once, per communicator.
 pub(crate) const MAX_LAZY: usize = 16;
+
+/// How often the [`Sweeper`] looks for loans whose allocation is gone.
+pub(crate) const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The first number of a loan on the fly at the mappers: apart from local registrations', which
+/// count from 1 (`Windows::register_local`), so that one lender's numbers never meet.
+const FIRST_ID: u64 = 1 << 63;
 
 /// What lending on the fly needs from the driver and the peers' mappers ([`Live`] on GPUs; the
 /// tests fake it).
@@ -85,6 +94,8 @@ struct Loan<H> {
 pub(crate) struct LazyMaps<H> {
     loans: Vec<Loan<H>>,
     lookups: u64,
+    /// The latest loan's number.
+    last_id: u64,
 }
 
 impl<H> Default for LazyMaps<H> {
@@ -92,6 +103,7 @@ impl<H> Default for LazyMaps<H> {
         LazyMaps {
             loans: Vec::new(),
             lookups: 0,
+            last_id: FIRST_ID,
         }
     }
 }
@@ -99,7 +111,7 @@ impl<H> Default for LazyMaps<H> {
 impl<H: PartialEq> LazyMaps<H> {
     /// Where each rank of `readers` maps `[ptr, ptr + bytes)` of this rank (None where it
     /// cannot), lending the allocation holding it at its first use; every loan whose allocation
-    /// is gone is dropped first. `nranks`: the communicator's; `next_id` numbers new loans.
+    /// is gone is dropped first. `nranks`: the communicator's.
     pub fn reach<L: Lender<Handle = H>>(
         &mut self,
         l: &L,
@@ -107,12 +119,11 @@ impl<H: PartialEq> LazyMaps<H> {
         ptr: u64,
         bytes: u64,
         readers: &[Rank],
-        next_id: &mut u64,
     ) -> Vec<Option<u64>> {
         self.lookups += 1;
         self.sweep(l);
         let mut out = vec![None; readers.len()];
-        let Some(i) = self.loan_for(l, nranks, ptr, bytes, next_id) else {
+        let Some(i) = self.loan_for(l, nranks, ptr, bytes) else {
             return out;
         };
         let loan = &mut self.loans[i];
@@ -170,7 +181,6 @@ impl<H: PartialEq> LazyMaps<H> {
         nranks: usize,
         ptr: u64,
         bytes: u64,
-        next_id: &mut u64,
     ) -> Option<usize> {
         let (base, size) = l.range(ptr)?;
         if ptr.checked_add(bytes)? > base.checked_add(size)? || ptr < base {
@@ -191,12 +201,12 @@ impl<H: PartialEq> LazyMaps<H> {
                 .expect("MAX_LAZY > 0");
             recall(l, self.loans.swap_remove(oldest));
         }
-        *next_id += 1;
+        self.last_id += 1;
         self.loans.push(Loan {
             base,
             bytes: size,
             handle,
-            id: *next_id,
+            id: self.last_id,
             reach: vec![Reach::Unasked; nranks],
             used: self.lookups,
         });
@@ -204,7 +214,7 @@ impl<H: PartialEq> LazyMaps<H> {
     }
 
     /// Drops every loan whose address no longer holds its allocation.
-    fn sweep<L: Lender<Handle = H>>(&mut self, l: &L) {
+    pub fn sweep<L: Lender<Handle = H>>(&mut self, l: &L) {
         let mut i = 0;
         while i < self.loans.len() {
             let loan = &self.loans[i];
@@ -217,8 +227,7 @@ impl<H: PartialEq> LazyMaps<H> {
     }
 
     /// Allocations lent now.
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.loans.len()
     }
 }
@@ -330,6 +339,65 @@ impl Lender for Live<'_> {
     }
 }
 
+/// A communicator's thread that sweeps its loans on the fly ([`LazyMaps::sweep`]) every
+/// [`SWEEP_EVERY`] while there are any, so that an allocation a user frees after its last
+/// operation is given back (its reference released, its writers' mappings recalled) without
+/// waiting for another operation. Stopped and joined on drop.
+pub(crate) struct Sweeper {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Sweeper {
+    /// Starts rank `me`'s sweeper of `maps` (communicator `comm_id`, ranks at `places`).
+    pub fn start(
+        maps: std::sync::Arc<std::sync::Mutex<LazyMaps<crate::cuda::mem::Retained>>>,
+        gpu: crate::cuda::device::Gpu,
+        me: Rank,
+        places: Vec<super::mapper::Place>,
+        comm_id: u64,
+    ) -> Result<Sweeper, Error> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let halt = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("ferroccl-sweeper-{me}"))
+            .spawn(move || {
+                let bound = gpu.bind().is_ok();
+                while bound && !halt.load(Ordering::Relaxed) {
+                    std::thread::sleep(SWEEP_EVERY);
+                    let Ok(mut m) = maps.lock() else { return };
+                    if m.len() == 0 {
+                        continue;
+                    }
+                    let l = Live {
+                        gpu: &gpu,
+                        me,
+                        places: &places,
+                        comm_id,
+                        abort: &halt,
+                        deadline: std::time::Instant::now() + std::time::Duration::from_secs(2),
+                    };
+                    m.sweep(&l);
+                }
+            })
+            .map_err(|e| Error::System(format!("starting the sweeper thread: {e}")))?;
+        Ok(Sweeper {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Sweeper {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -420,6 +488,7 @@ mod tests {
             bytes: u64,
             fd: &u64,
         ) -> Result<u64, LendFailed> {
+            let id = id - FIRST_ID;
             self.log.borrow_mut().push(format!(
                 "lend {id} of alloc {fd} ({bytes} at {base:#x}) to {to}"
             ));
@@ -433,53 +502,60 @@ mod tests {
             if self.lose.borrow().contains(&to) {
                 return Err(fail(true));
             }
-            Ok(0x7000_0000_0000 * (to as u64 + 1) + id * 0x1_0000_0000)
+            Ok(at(to, id))
         }
         fn recall(&self, to: Rank, id: u64) {
+            let id = id - FIRST_ID;
             self.log.borrow_mut().push(format!("recall {id} from {to}"));
         }
     }
 
+    /// Where the fake mappers map loan `id` (counted from 1) at rank `to`.
     fn at(to: Rank, id: u64) -> u64 {
-        0x7000_0000_0000 * (to as u64 + 1) + id * 0x1_0000_0000
+        0x7000_0000_0000 * (to as u64 + 1) + (id & !FIRST_ID) * 0x1_0000_0000
     }
 
     #[test]
     fn a_buffer_is_lent_once_to_each_reader_and_posted_at_its_offset() {
         let f = Fake::default();
         let a = f.alloc(0x10_0000, 1 << 20);
-        let (mut m, mut id) = (LazyMaps::default(), 5);
+        let mut m = LazyMaps::default();
         // Rank 0 of 3: rank 2 reads first, then ranks 1 and 2.
         assert_eq!(
-            m.reach(&f, 3, 0x10_0400, 256, &[2], &mut id),
-            vec![Some(at(2, 6) + 0x400)]
+            m.reach(&f, 3, 0x10_0400, 256, &[2]),
+            vec![Some(at(2, 1) + 0x400)]
         );
         assert_eq!(
             f.log(),
-            vec![format!("lend 6 of alloc {a} (1048576 at 0x100000) to 2")]
+            vec![format!("lend 1 of alloc {a} (1048576 at 0x100000) to 2")]
         );
         assert_eq!(
-            m.reach(&f, 3, 0x10_0000, 1 << 20, &[1, 2], &mut id),
-            vec![Some(at(1, 6)), Some(at(2, 6))]
+            m.reach(&f, 3, 0x10_0000, 1 << 20, &[1, 2]),
+            vec![Some(at(1, 1)), Some(at(2, 1))]
         );
         assert_eq!(
             f.log(),
-            vec![format!("lend 6 of alloc {a} (1048576 at 0x100000) to 1")]
+            vec![format!("lend 1 of alloc {a} (1048576 at 0x100000) to 1")]
         );
-        assert_eq!(m.reach(&f, 3, 0x10_0000, 64, &[1, 2], &mut id).len(), 2);
+        assert_eq!(m.reach(&f, 3, 0x10_0000, 64, &[1, 2]).len(), 2);
         assert!(f.log().is_empty(), "nothing lent twice");
-        assert_eq!((m.len(), id, f.held(a)), (1, 6, 1), "one reference held");
+        assert_eq!((m.len(), f.held(a)), (1, 1), "one loan, one reference held");
+        assert_eq!(
+            m.last_id,
+            FIRST_ID + 1,
+            "numbered apart from local registrations"
+        );
     }
 
     #[test]
     fn what_no_cuda_allocation_holds_gets_no_loan() {
         let f = Fake::default();
         f.alloc(0x10_0000, 4096);
-        let (mut m, mut id) = (LazyMaps::default(), 0);
+        let mut m = LazyMaps::default();
         for (ptr, bytes) in [(0x20_0000, 8), (0x10_0f00, 0x101), (0x10_0000, u64::MAX)] {
-            assert_eq!(m.reach(&f, 2, ptr, bytes, &[1], &mut id), vec![None]);
+            assert_eq!(m.reach(&f, 2, ptr, bytes, &[1]), vec![None]);
         }
-        assert_eq!((m.len(), id), (0, 0));
+        assert_eq!((m.len(), m.last_id), (0, FIRST_ID));
         assert!(f.log().is_empty());
     }
 
@@ -487,19 +563,13 @@ mod tests {
     fn a_freed_allocation_is_recalled_and_a_new_one_at_its_address_lent_anew() {
         let f = Fake::default();
         let a = f.alloc(0x10_0000, 4096);
-        let (mut m, mut id) = (LazyMaps::default(), 0);
-        assert_eq!(
-            m.reach(&f, 2, 0x10_0000, 8, &[1], &mut id),
-            vec![Some(at(1, 1))]
-        );
+        let mut m = LazyMaps::default();
+        assert_eq!(m.reach(&f, 2, 0x10_0000, 8, &[1]), vec![Some(at(1, 1))]);
         f.log();
         // Freed and allocated again at the same address, the same size: another allocation.
         f.free(0x10_0000);
         let b = f.alloc(0x10_0000, 4096);
-        assert_eq!(
-            m.reach(&f, 2, 0x10_0000, 8, &[1], &mut id),
-            vec![Some(at(1, 2))]
-        );
+        assert_eq!(m.reach(&f, 2, 0x10_0000, 8, &[1]), vec![Some(at(1, 2))]);
         assert_eq!(
             f.log(),
             vec![
@@ -515,9 +585,26 @@ mod tests {
         // Freed for good: given back at the next lookup of anything.
         f.free(0x10_0000);
         f.alloc(0x40_0000, 4096);
-        m.reach(&f, 2, 0x40_0000, 8, &[], &mut id);
+        m.reach(&f, 2, 0x40_0000, 8, &[]);
         assert_eq!(f.log(), vec!["recall 2 from 1".to_string()]);
         assert_eq!(f.held(b), 0);
+    }
+
+    #[test]
+    fn a_sweep_alone_gives_back_what_was_freed() {
+        let f = Fake::default();
+        let a = f.alloc(0x10_0000, 4096);
+        let b = f.alloc(0x20_0000, 4096);
+        let mut m = LazyMaps::default();
+        m.reach(&f, 2, 0x10_0000, 8, &[1]);
+        m.reach(&f, 2, 0x20_0000, 8, &[1]);
+        f.log();
+        m.sweep(&f);
+        assert!(f.log().is_empty(), "both live");
+        f.free(0x10_0000);
+        m.sweep(&f);
+        assert_eq!(f.log(), vec!["recall 1 from 1".to_string()]);
+        assert_eq!((m.len(), f.held(a), f.held(b)), (1, 0, 1));
     }
 
     #[test]
@@ -526,47 +613,47 @@ mod tests {
         f.alloc(0x10_0000, 4096);
         f.refuse.borrow_mut().push(1);
         f.lose.borrow_mut().push(2);
-        let (mut m, mut id) = (LazyMaps::default(), 0);
+        let mut m = LazyMaps::default();
         assert_eq!(
-            m.reach(&f, 4, 0x10_0000, 8, &[1, 2, 3], &mut id),
+            m.reach(&f, 4, 0x10_0000, 8, &[1, 2, 3]),
             vec![None, None, Some(at(3, 1))]
         );
         assert_eq!(f.log().len(), 3);
         assert_eq!(
-            m.reach(&f, 4, 0x10_0000, 8, &[1, 2, 3], &mut id),
+            m.reach(&f, 4, 0x10_0000, 8, &[1, 2, 3]),
             vec![None, None, Some(at(3, 1))]
         );
         assert!(f.log().is_empty(), "not asked again");
         // Recalled from the lost one too.
         f.free(0x10_0000);
-        m.reach(&f, 4, 0x10_0000, 8, &[1], &mut id);
+        m.reach(&f, 4, 0x10_0000, 8, &[1]);
         let mut log = f.log();
         log.sort();
         assert_eq!(log, vec!["recall 1 from 2", "recall 1 from 3"]);
         // An allocation that cannot be exported: no lend, and none tried again.
         *f.no_export.borrow_mut() = true;
         f.alloc(0x20_0000, 4096);
-        assert_eq!(m.reach(&f, 4, 0x20_0000, 8, &[3], &mut id), vec![None]);
+        assert_eq!(m.reach(&f, 4, 0x20_0000, 8, &[3]), vec![None]);
         *f.no_export.borrow_mut() = false;
-        assert_eq!(m.reach(&f, 4, 0x20_0000, 8, &[3], &mut id), vec![None]);
+        assert_eq!(m.reach(&f, 4, 0x20_0000, 8, &[3]), vec![None]);
         assert!(f.log().is_empty());
     }
 
     #[test]
     fn at_most_max_lazy_loans_the_least_recently_used_recalled() {
         let f = Fake::default();
-        let (mut m, mut id) = (LazyMaps::default(), 0);
+        let mut m = LazyMaps::default();
         let base = |i: u64| 0x100_0000 + i * 0x1_0000;
         let allocs: Vec<u64> = (0..=MAX_LAZY as u64)
             .map(|i| f.alloc(base(i), 4096))
             .collect();
         for i in 0..MAX_LAZY as u64 {
-            m.reach(&f, 2, base(i), 8, &[1], &mut id);
+            m.reach(&f, 2, base(i), 8, &[1]);
         }
         // Allocation 0 used again: allocation 1 is the least recently used.
-        m.reach(&f, 2, base(0), 8, &[1], &mut id);
+        m.reach(&f, 2, base(0), 8, &[1]);
         f.log();
-        m.reach(&f, 2, base(MAX_LAZY as u64), 8, &[1], &mut id);
+        m.reach(&f, 2, base(MAX_LAZY as u64), 8, &[1]);
         assert_eq!(m.len(), MAX_LAZY);
         assert_eq!(f.log()[0], "recall 2 from 1");
         assert_eq!((f.held(allocs[1]), f.held(allocs[0])), (0, 1));

@@ -134,10 +134,8 @@ pub(crate) struct Windows {
     /// Registrations so far (collective, so the same on every rank, unlike the epoch, which a
     /// rank's own deregistrations move too): names each registration's descriptor rendezvous.
     registrations: u64,
-    /// Local registrations and loans on the fly so far: numbers them for the peers' mappers.
+    /// Local registrations so far: numbers them for the peers' mappers.
     loans: u64,
-    /// Outputs nobody registered, lent on the fly to the peers that write them.
-    lazy: LazyMaps<Retained>,
 }
 
 impl Windows {
@@ -199,12 +197,12 @@ impl Windows {
 
     /// This rank's posting of its output `[ptr, ptr + bytes)` for each rank as reader (`row[r]`,
     /// `nranks` of them), made for the ranks of `writers` (the others get None): in a symmetric
-    /// window, by its registration ([`Windows::posting`]); else, where `lender` is given
+    /// window, by its registration ([`Windows::posting`]); else, where `lazy` is given
     /// (`FERROCCL_GPU_CE_MAP_UNREGISTERED`), where each writer maps it, lent on the fly
     /// (`lazy.rs`); else nothing.
     pub fn post_output(
-        &mut self,
-        lender: Option<&Live>,
+        &self,
+        lazy: Option<(&mut LazyMaps<Retained>, &Live)>,
         nranks: usize,
         ptr: u64,
         bytes: u64,
@@ -216,10 +214,8 @@ impl Windows {
         }
         if let Some(p) = self.posting(ptr, bytes) {
             writers.iter().for_each(|&r| row[r] = Some(p));
-        } else if let Some(l) = lender {
-            let at = self
-                .lazy
-                .reach(l, nranks, ptr, bytes, writers, &mut self.loans);
+        } else if let Some((maps, l)) = lazy {
+            let at = maps.reach(l, nranks, ptr, bytes, writers);
             for (&r, a) in writers.iter().zip(at) {
                 row[r] = a.map(|addr| Posted::Mapped { addr, len: bytes });
             }
@@ -841,7 +837,6 @@ mod tests {
             epoch: 2,
             registrations: 2,
             loans: 0,
-            lazy: Default::default(),
         };
         assert_eq!(
             ws.symmetric_far(0x1000, 512),
@@ -890,7 +885,6 @@ mod tests {
         );
         // Posted for its writers: by the window where one holds it, to the writers only; an
         // output in no window, with no lender, for nobody.
-        let mut ws = ws;
         assert_eq!(
             ws.post_output(None, 3, 0x1100, 16, &[0, 2]),
             vec![Some(p), None, Some(p)]
@@ -921,7 +915,6 @@ mod tests {
             epoch: 1,
             registrations: 0,
             loans: 1,
-            lazy: Default::default(),
         };
         assert!(ws.is_empty(), "a local registration is not a window");
         assert!(!ws.none_at_all());
