@@ -8,16 +8,20 @@
 //!
 //! Kept honest against frees: each loan holds a reference to its allocation's handle
 //! (`cuda::mem::Retained`), which the driver keeps the same while the allocation lives and which
-//! no other allocation can share while the reference is held. Every lookup compares, for every
-//! loan, the handle its address has now with the loan's: a loan whose allocation is gone (freed,
-//! or its addresses taken by another) is dropped there, its reference released and its writers'
-//! mappings recalled. So an output freed and allocated anew at the same address is lent anew and
-//! never written through a stale mapping. A freed allocation's memory, which the reference and
-//! the writers' mappings keep, is given back by the same sweep, which a thread of the
-//! communicator ([`Sweeper`]) also makes every [`SWEEP_EVERY`] while loans are held: memory a
-//! user frees returns within that time even when no operation follows. At most [`MAX_LAZY`]
-//! allocations are lent at once (the least recently used is recalled first), which bounds a
-//! sweep's cost (two driver calls a loan).
+//! no other allocation can share while the reference is held. A lookup compares the handle the
+//! output's address has now with its loan's: a loan whose allocation is gone (freed, or its
+//! addresses taken by another) is dropped there, its reference released and its writers'
+//! mappings recalled, and the new allocation lent. So an output freed and allocated anew at the
+//! same address is never written through a stale mapping. A freed allocation's memory, which the
+//! reference and the writers' mappings keep, is given back by a thread of the communicator
+//! ([`Sweeper`]) that checks every loan so every [`SWEEP_EVERY`]: memory a user frees returns
+//! within that time even when no operation follows.
+//!
+//! A loan is never dropped while its allocation lives: a CUDA graph that captured copies into a
+//! peer's lent output replays them for as long as the graph lives, which CUDA allows only while
+//! the output does. So there is no eviction: beyond [`MAX_LAZY`] live loans, outputs in new
+//! allocations are not lent (their operations run on the kernels) until some loan's allocation is
+//! freed.
 //!
 //! Memory that is not a cuMem allocation with POSIX file-descriptor handles (`cudaMalloc`'s, for
 //! one) gets no loan: its operations run on the kernels.
@@ -25,11 +29,13 @@
 use super::mapper::LendFailed;
 use ferroccl_core::{Error, Rank};
 
-/// The most allocations lent on the fly at once, per communicator.
-pub(crate) const MAX_LAZY: usize = 16;
+/// The most allocations lent on the fly at once, per communicator: a sweep costs two driver
+/// calls a loan, and each loan is a mapping in every writer's process (whose mapper holds at most
+/// `mapper::MAX_LOANS` from all its peers).
+pub(crate) const MAX_LAZY: usize = 256;
 
 /// How often the [`Sweeper`] looks for loans whose allocation is gone.
-pub(crate) const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+pub(crate) const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The first number of a loan on the fly at the mappers: apart from local registrations', which
 /// count from 1 (`Windows::register_local`), so that one lender's numbers never meet.
@@ -86,14 +92,11 @@ struct Loan<H> {
     id: u64,
     /// By rank.
     reach: Vec<Reach>,
-    /// When it was last looked up (the lookups' count).
-    used: u64,
 }
 
 /// A rank's allocations lent on the fly.
 pub(crate) struct LazyMaps<H> {
     loans: Vec<Loan<H>>,
-    lookups: u64,
     /// The latest loan's number.
     last_id: u64,
 }
@@ -102,7 +105,6 @@ impl<H> Default for LazyMaps<H> {
     fn default() -> Self {
         LazyMaps {
             loans: Vec::new(),
-            lookups: 0,
             last_id: FIRST_ID,
         }
     }
@@ -110,8 +112,8 @@ impl<H> Default for LazyMaps<H> {
 
 impl<H: PartialEq> LazyMaps<H> {
     /// Where each rank of `readers` maps `[ptr, ptr + bytes)` of this rank (None where it
-    /// cannot), lending the allocation holding it at its first use; every loan whose allocation
-    /// is gone is dropped first. `nranks`: the communicator's.
+    /// cannot), lending the allocation holding it at its first use. `nranks`: the
+    /// communicator's.
     pub fn reach<L: Lender<Handle = H>>(
         &mut self,
         l: &L,
@@ -120,14 +122,11 @@ impl<H: PartialEq> LazyMaps<H> {
         bytes: u64,
         readers: &[Rank],
     ) -> Vec<Option<u64>> {
-        self.lookups += 1;
-        self.sweep(l);
         let mut out = vec![None; readers.len()];
         let Some(i) = self.loan_for(l, nranks, ptr, bytes) else {
             return out;
         };
         let loan = &mut self.loans[i];
-        loan.used = self.lookups;
         let mut fd = None;
         for &r in readers {
             if loan.reach.get(r) != Some(&Reach::Unasked) {
@@ -172,9 +171,9 @@ impl<H: PartialEq> LazyMaps<H> {
         out
     }
 
-    /// The loan of the allocation holding `[ptr, ptr + bytes)`, made where there is none (and
-    /// the least recently used one recalled beyond [`MAX_LAZY`]); None where no cuMem allocation
-    /// holds all of it.
+    /// The loan of the allocation holding `[ptr, ptr + bytes)`, made where there is none (a loan
+    /// at its address whose allocation is gone dropped first); None where no cuMem allocation
+    /// holds all of it, or [`MAX_LAZY`] live loans are held.
     fn loan_for<L: Lender<Handle = H>>(
         &mut self,
         l: &L,
@@ -186,20 +185,17 @@ impl<H: PartialEq> LazyMaps<H> {
         if ptr.checked_add(bytes)? > base.checked_add(size)? || ptr < base {
             return None;
         }
-        // After the sweep every loan's allocation is still the one it lent.
-        if let Some(i) = self
-            .loans
-            .iter()
-            .position(|x| x.base == base && x.bytes == size)
-        {
-            return Some(i);
-        }
         let handle = l.retain(ptr)?;
+        if let Some(i) = self.loans.iter().position(|x| x.base == base) {
+            if self.loans[i].handle == handle && self.loans[i].bytes == size {
+                return Some(i);
+            }
+            recall(l, self.loans.swap_remove(i));
+        }
         if self.loans.len() >= MAX_LAZY {
-            let oldest = (0..self.loans.len())
-                .min_by_key(|&i| self.loans[i].used)
-                .expect("MAX_LAZY > 0");
-            recall(l, self.loans.swap_remove(oldest));
+            // Dropping a live loan could pull a mapping from under a captured graph.
+            tracing::debug!("{MAX_LAZY} allocations lent on the fly: the one at {base:#x} is not");
+            return None;
         }
         self.last_id += 1;
         self.loans.push(Loan {
@@ -208,7 +204,6 @@ impl<H: PartialEq> LazyMaps<H> {
             handle,
             id: self.last_id,
             reach: vec![Reach::Unasked; nranks],
-            used: self.lookups,
         });
         Some(self.loans.len() - 1)
     }
@@ -582,10 +577,13 @@ mod tests {
             (0, 1),
             "the freed one's reference released"
         );
-        // Freed for good: given back at the next lookup of anything.
+        // Freed for good: a lookup of another allocation leaves it (it looks at its own), the
+        // sweep gives it back.
         f.free(0x10_0000);
         f.alloc(0x40_0000, 4096);
         m.reach(&f, 2, 0x40_0000, 8, &[]);
+        assert!(f.log().is_empty());
+        m.sweep(&f);
         assert_eq!(f.log(), vec!["recall 2 from 1".to_string()]);
         assert_eq!(f.held(b), 0);
     }
@@ -626,7 +624,12 @@ mod tests {
         assert!(f.log().is_empty(), "not asked again");
         // Recalled from the lost one too.
         f.free(0x10_0000);
-        m.reach(&f, 4, 0x10_0000, 8, &[1]);
+        assert_eq!(
+            m.reach(&f, 4, 0x10_0000, 8, &[1]),
+            vec![None],
+            "nothing there"
+        );
+        m.sweep(&f);
         let mut log = f.log();
         log.sort();
         assert_eq!(log, vec!["recall 1 from 2", "recall 1 from 3"]);
@@ -640,7 +643,7 @@ mod tests {
     }
 
     #[test]
-    fn at_most_max_lazy_loans_the_least_recently_used_recalled() {
+    fn at_most_max_lazy_loans_and_none_dropped_while_its_allocation_lives() {
         let f = Fake::default();
         let mut m = LazyMaps::default();
         let base = |i: u64| 0x100_0000 + i * 0x1_0000;
@@ -648,15 +651,22 @@ mod tests {
             .map(|i| f.alloc(base(i), 4096))
             .collect();
         for i in 0..MAX_LAZY as u64 {
-            m.reach(&f, 2, base(i), 8, &[1]);
+            assert!(m.reach(&f, 2, base(i), 8, &[1])[0].is_some());
         }
-        // Allocation 0 used again: allocation 1 is the least recently used.
-        m.reach(&f, 2, base(0), 8, &[1]);
         f.log();
-        m.reach(&f, 2, base(MAX_LAZY as u64), 8, &[1]);
+        // Full: the next allocation is not lent, and no live loan is recalled (a captured graph
+        // may still copy through it).
+        let last = base(MAX_LAZY as u64);
+        assert_eq!(m.reach(&f, 2, last, 8, &[1]), vec![None]);
+        assert!(f.log().is_empty());
         assert_eq!(m.len(), MAX_LAZY);
-        assert_eq!(f.log()[0], "recall 2 from 1");
-        assert_eq!((f.held(allocs[1]), f.held(allocs[0])), (0, 1));
+        assert!(allocs[..MAX_LAZY].iter().all(|&a| f.held(a) == 1));
+        assert_eq!(f.held(allocs[MAX_LAZY]), 0, "its reference released");
+        // One freed: swept, and the room goes to the next.
+        f.free(base(3));
+        m.sweep(&f);
+        assert_eq!(f.log(), vec!["recall 4 from 1".to_string()]);
+        assert!(m.reach(&f, 2, last, 8, &[1])[0].is_some());
         drop(m);
         assert!(
             allocs.iter().all(|&a| f.held(a) == 0),
