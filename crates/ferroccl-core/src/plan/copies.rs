@@ -628,13 +628,10 @@ mod tests {
         ]
     }
 
+    /// The data-movement kinds, the copy-and-fold ones, and the reduce (which neither serves).
     fn all_kinds() -> impl Strategy<Value = CollKind> {
         prop_oneof![
-            Just(CollKind::AllGather),
-            Just(CollKind::AllToAll),
-            Just(CollKind::Gather),
-            Just(CollKind::Scatter),
-            Just(CollKind::Broadcast),
+            kinds(),
             Just(CollKind::AllReduce),
             Just(CollKind::ReduceScatter),
             Just(CollKind::Reduce),
