@@ -347,7 +347,7 @@ impl CudaComm {
         };
         let lazy = Arc::new(Mutex::new(LazyMaps::default()));
         let sweeper = match mapper.is_some() && config.gpu_ce_map_unregistered {
-            true => Some(Sweeper::start(
+            true => Some(Sweeper::of_loans(
                 lazy.clone(),
                 gpu.clone(),
                 boot.rank(),

@@ -337,7 +337,7 @@ impl Lender for Live<'_> {
 /// A communicator's thread that sweeps its loans on the fly ([`LazyMaps::sweep`]) every
 /// [`SWEEP_EVERY`] while there are any, so that an allocation a user frees after its last
 /// operation is given back (its reference released, its writers' mappings recalled) without
-/// waiting for another operation. Stopped and joined on drop.
+/// waiting for another operation. Stopped and joined on drop, at once.
 pub(crate) struct Sweeper {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -345,35 +345,56 @@ pub(crate) struct Sweeper {
 
 impl Sweeper {
     /// Starts rank `me`'s sweeper of `maps` (communicator `comm_id`, ranks at `places`).
-    pub fn start(
+    pub fn of_loans(
         maps: std::sync::Arc<std::sync::Mutex<LazyMaps<crate::cuda::mem::Retained>>>,
         gpu: crate::cuda::device::Gpu,
         me: Rank,
         places: Vec<super::mapper::Place>,
         comm_id: u64,
     ) -> Result<Sweeper, Error> {
+        let mut bound = false;
+        Sweeper::start(format!("ferroccl-sweeper-{me}"), SWEEP_EVERY, move |halt| {
+            bound = bound || gpu.bind().is_ok();
+            let Ok(mut m) = maps.lock() else { return };
+            if !bound || m.len() == 0 {
+                return;
+            }
+            let l = Live {
+                gpu: &gpu,
+                me,
+                places: &places,
+                comm_id,
+                abort: halt,
+                deadline: std::time::Instant::now() + std::time::Duration::from_secs(2),
+            };
+            m.sweep(&l);
+        })
+    }
+
+    /// Runs `sweep` every `every` on a thread named `name` until dropped; `sweep` gets the stop
+    /// word, which it may pass on as an abort.
+    pub fn start(
+        name: String,
+        every: std::time::Duration,
+        mut sweep: impl FnMut(&std::sync::atomic::AtomicBool) + Send + 'static,
+    ) -> Result<Sweeper, Error> {
         use std::sync::atomic::{AtomicBool, Ordering};
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let halt = stop.clone();
         let thread = std::thread::Builder::new()
-            .name(format!("ferroccl-sweeper-{me}"))
+            .name(name)
             .spawn(move || {
-                let bound = gpu.bind().is_ok();
-                while bound && !halt.load(Ordering::Relaxed) {
-                    std::thread::sleep(SWEEP_EVERY);
-                    let Ok(mut m) = maps.lock() else { return };
-                    if m.len() == 0 {
+                let mut next = std::time::Instant::now() + every;
+                while !halt.load(Ordering::Relaxed) {
+                    // Parked, not asleep: the drop unparks it, so that a communicator's end does
+                    // not wait out the period (and a spurious wake-up parks again).
+                    let now = std::time::Instant::now();
+                    if now < next {
+                        std::thread::park_timeout(next - now);
                         continue;
                     }
-                    let l = Live {
-                        gpu: &gpu,
-                        me,
-                        places: &places,
-                        comm_id,
-                        abort: &halt,
-                        deadline: std::time::Instant::now() + std::time::Duration::from_secs(2),
-                    };
-                    m.sweep(&l);
+                    sweep(&halt);
+                    next = std::time::Instant::now() + every;
                 }
             })
             .map_err(|e| Error::System(format!("starting the sweeper thread: {e}")))?;
@@ -388,6 +409,7 @@ impl Drop for Sweeper {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
     }
@@ -672,5 +694,43 @@ mod tests {
             allocs.iter().all(|&a| f.held(a) == 0),
             "every reference released"
         );
+    }
+
+    #[test]
+    fn the_sweeper_sweeps_every_period_and_stops_at_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::time::{Duration, Instant};
+        let runs = std::sync::Arc::new(AtomicUsize::new(0));
+        let seen = runs.clone();
+        let every = Duration::from_millis(10);
+        let sw = Sweeper::start("test-sweeper".into(), every, move |_| {
+            seen.fetch_add(1, Ordering::Relaxed);
+        })
+        .unwrap();
+        let t0 = Instant::now();
+        while runs.load(Ordering::Relaxed) < 3 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "no sweeps");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // A long period: the drop must not wait it out, and nothing is swept before it.
+        let early = std::sync::Arc::new(AtomicUsize::new(0));
+        let counted = early.clone();
+        let slow = Sweeper::start(
+            "test-sweeper-slow".into(),
+            Duration::from_secs(60),
+            move |_| {
+                counted.fetch_add(1, Ordering::Relaxed);
+            },
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let t1 = Instant::now();
+        drop(slow);
+        assert!(t1.elapsed() < Duration::from_secs(5), "{:?}", t1.elapsed());
+        assert_eq!(early.load(Ordering::Relaxed), 0, "swept before its period");
+        drop(sw);
+        let after = runs.load(Ordering::Relaxed);
+        std::thread::sleep(every * 5);
+        assert_eq!(runs.load(Ordering::Relaxed), after, "swept after its drop");
     }
 }
