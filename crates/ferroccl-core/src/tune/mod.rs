@@ -240,7 +240,9 @@ pub struct OpShape {
     /// registered as such on every rank, each rank's buffer at the same offset of the same
     /// window as every other rank's (the contract of NCCL's symmetric windows, which makes this
     /// the same on every rank, as it makes `in_place`), so a sender can name a receiver's
-    /// output itself.
+    /// output itself. The launch after a rendezvous in which every receiver posted its output
+    /// for its senders (`rendezvous_wanted`) is planned with it too: every rank then names every
+    /// output it writes, alike.
     pub symmetric: bool,
     /// The reduction, as NCCL numbers it (`ReduceOp::nccl_id`: 0 Sum, 1 Prod, 2 Max, 3 Min, 4
     /// Avg, 5 any PreMulSum; 0 for the kinds that do not reduce). NCCL makes it the same on
