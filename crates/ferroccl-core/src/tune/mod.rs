@@ -599,14 +599,18 @@ pub fn rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
     if copies::fold_serves(op.kind, op.nranks, false) {
         // The copy-and-fold reductions: where the tuner gives these buffers the fold once every
         // rank can name its peer's output (which `symmetric` says; out of place, which a rank in
-        // place refuses by its posting, so that in-place-ness need not be alike here).
+        // place refuses by its posting, so that in-place-ness need not be alike here). The
+        // fold's size first: the tuner is not asked for the many small reductions.
+        if !postable || op.symmetric || !at_least(cfg.gpu_fold_min_bytes) {
+            return false;
+        }
         let named = OpShape {
             symmetric: true,
             in_place: false,
             ..*op
         };
         let c = choose(&named, device, cfg);
-        return postable && !op.symmetric && c.engine == Engine::CopyEngine && c.zero_copy;
+        return c.engine == Engine::CopyEngine && c.zero_copy;
     }
     postable
         && copies::rendezvous_serves(op.kind, op.nranks)

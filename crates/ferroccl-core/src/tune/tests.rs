@@ -1700,6 +1700,47 @@ fn copy_and_fold_reductions_exchange_outputs_where_the_fold_would_take_them() {
     ));
 }
 
+/// The backend asks the tuner first as if the communicator had windows and no buffer lay in a
+/// symmetric one, and skips the windows' lock where that says no: so that answer must be yes
+/// wherever any windows and symmetry would give yes.
+#[test]
+fn the_rendezvous_is_never_wanted_where_its_most_willing_shape_is_not() {
+    let cfg = Config::default();
+    for kind in CollKind::ALL {
+        for n in [2usize, 3] {
+            for shift in [0u32, 10, 20, 25, 26, 27, 28, 30, 31] {
+                for (windows, symmetric, in_place) in
+                    (0..8).map(|b| (b & 1 != 0, b & 2 != 0, b & 4 != 0))
+                {
+                    let op = OpShape {
+                        windows,
+                        symmetric,
+                        in_place,
+                        ..shape(kind, (1usize << shift) / 4, Float32, n)
+                    };
+                    let willing = OpShape {
+                        windows: true,
+                        symmetric: false,
+                        ..op
+                    };
+                    for (f, name) in [
+                        (
+                            rendezvous_wanted as fn(&OpShape, Device, &Config) -> bool,
+                            "collectives",
+                        ),
+                        (p2p_rendezvous_wanted, "sends and receives"),
+                    ] {
+                        assert!(
+                            !f(&op, Device::Gpu, &cfg) || f(&willing, Device::Gpu, &cfg),
+                            "{name}: {op:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Sends and receives take the posted-receive rendezvous from FERROCCL_GPU_CE_P2P_BYTES, on GPUs
 /// with windows or outputs mapped on the fly; nothing else does.
 #[test]

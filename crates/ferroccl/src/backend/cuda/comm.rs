@@ -625,8 +625,18 @@ impl CudaComm {
         abort: &AtomicBool,
     ) -> Result<Option<Vec<u8>>, Error> {
         use ferroccl_core::plan::copies::{fold_serves, may_post, rendezvous_serves, writers_of};
-        // The kinds first: every other launch goes on without taking the windows' lock.
-        if !rendezvous_serves(a.kind, info.nranks) || !self.posts_possible() {
+        // The kinds, and the tuner as if every buffer could be posted (windows, no symmetric
+        // contract: its most willing answer), first: every other launch, the many small ones
+        // above all, goes on without taking the windows' lock.
+        let wanted = |windows, symmetric| {
+            ferroccl_core::tune::rendezvous_wanted(
+                &a.shape(info, windows, symmetric),
+                Device::Gpu,
+                &info.config,
+            )
+        };
+        if !rendezvous_serves(a.kind, info.nranks) || !self.posts_possible() || !wanted(true, false)
+        {
             return Ok(None);
         }
         let w = self.windows()?;
@@ -645,11 +655,7 @@ impl CudaComm {
         };
         let symmetric = windowed(a.recv as u64, recv)
             && (!fold_serves(a.kind, info.nranks, false) || windowed(a.send as u64, send));
-        if !ferroccl_core::tune::rendezvous_wanted(
-            &a.shape(info, !w.is_empty(), symmetric),
-            Device::Gpu,
-            &info.config,
-        ) {
+        if !wanted(!w.is_empty(), symmetric) {
             return Ok(None);
         }
         let bytes = recv.checked_mul(a.dtype.size()).unwrap_or(0);
@@ -758,18 +764,23 @@ impl CudaComm {
     /// the tuner's `p2p_rendezvous_wanted` where `posts_possible`. Both ends of a matched pair
     /// decide alike: one length, and every rank's setting the same.
     pub(crate) fn p2p_posts(&self, a: &OpArgs, info: &CommInfo) -> Result<bool, Error> {
+        let wanted = |windows| {
+            ferroccl_core::tune::p2p_rendezvous_wanted(
+                &a.shape(info, windows, false),
+                Device::Gpu,
+                &info.config,
+            )
+        };
+        // As if the communicator had windows first (the tuner's most willing answer): small
+        // sends and receives go on without taking the windows' lock.
         if !matches!(a.kind, CollKind::Send | CollKind::Recv)
             || a.root == info.rank
             || !self.posts_possible()
+            || !wanted(true)
         {
             return Ok(false);
         }
-        let windows = !self.windows()?.is_empty();
-        Ok(ferroccl_core::tune::p2p_rendezvous_wanted(
-            &a.shape(info, windows, false),
-            Device::Gpu,
-            &info.config,
-        ))
+        Ok(wanted(!self.windows()?.is_empty()))
     }
 
     /// What this rank posts to its sender before the receive `a`: where its output lies for the
