@@ -458,53 +458,39 @@ fn set_access(ptr: sys::CUdeviceptr, size: usize, who: &[usize]) -> Result<()> {
 /// allocation made with POSIX file-descriptor handles (cudaMalloc, a caching allocator's pool)
 /// is refused, naming the allocator that makes suitable memory.
 pub(crate) fn export_allocation(gpu: &Gpu, ptr: u64, len: usize) -> Result<(OwnedFd, u64, usize)> {
-    gpu.bind()?;
     let hint = "register memory from ferroccl::mem::alloc (ncclMemAlloc), or any cuMem allocation made with POSIX file-descriptor handles";
-    let (mut base, mut size) = (0u64, 0usize);
-    cu_ok("cuMemGetAddressRange", unsafe {
-        sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
-    })
-    .map_err(|e| {
+    let (base, size) = allocation_range(gpu, ptr).map_err(|e| {
         Error::InvalidArgument(format!(
             "{ptr:#x} is not GPU memory of this process ({e}); {hint}"
         ))
     })?;
-    if ptr
-        .checked_add(len as u64)
-        .is_none_or(|e| e > base + size as u64)
-    {
+    if ptr.checked_add(len as u64).is_none_or(|e| e > base + size) {
         return Err(Error::InvalidArgument(format!(
             "{len} bytes at {ptr:#x} run past the end of their allocation ({size} bytes at {base:#x})"
         )));
     }
-    let mut handle = 0;
-    cu_ok("cuMemRetainAllocationHandle", unsafe {
-        sys::cuMemRetainAllocationHandle(&mut handle, ptr as *mut std::ffi::c_void)
-    })
-    .map_err(|e| {
+    let handle = Retained::at(ptr).map_err(|e| {
         Error::InvalidArgument(format!("{ptr:#x} is not a cuMem allocation ({e}); {hint}"))
     })?;
-    let r = export_handle(handle);
-    // The retained reference is ours to drop; the allocation stays its owner's.
-    unsafe { sys::cuMemRelease(handle) };
-    let fd = r.map_err(|e| {
+    // The reference is released with `handle`; the allocation stays its owner's.
+    let fd = handle.export().map_err(|e| {
         Error::InvalidArgument(format!(
             "the allocation at {base:#x} cannot be shared as a file descriptor ({e}); {hint}"
         ))
     })?;
-    Ok((fd, base, size))
+    Ok((fd, base, size as usize))
 }
 
-/// The allocation holding `ptr` (its base and bytes), where `ptr` is GPU memory of this process.
-pub(crate) fn allocation_range(gpu: &Gpu, ptr: u64) -> Option<(u64, u64)> {
-    gpu.bind().ok()?;
+/// The allocation holding `ptr` (its base and bytes), or the driver's error where `ptr` is not
+/// GPU memory of this process.
+pub(crate) fn allocation_range(gpu: &Gpu, ptr: u64) -> Result<(u64, u64)> {
+    gpu.bind()?;
     let (mut base, mut size) = (0u64, 0usize);
     // SAFETY: out-pointers to locals; the driver checks the address.
     cu_ok("cuMemGetAddressRange", unsafe {
         sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
-    })
-    .ok()?;
-    Some((base, size as u64))
+    })?;
+    Ok((base, size as u64))
 }
 
 /// A reference to a cuMem allocation's handle (`cuMemRetainAllocationHandle`), released on drop.
@@ -522,16 +508,15 @@ impl PartialEq for Retained {
 }
 
 impl Retained {
-    /// A reference to the cuMem allocation mapped at `ptr`; None where none is (memory from
-    /// `cudaMalloc`, or nothing mapped there).
-    pub fn at(ptr: u64) -> Option<Retained> {
+    /// A reference to the cuMem allocation mapped at `ptr`, or the driver's error where none is
+    /// (memory from `cudaMalloc`, or nothing mapped there).
+    pub fn at(ptr: u64) -> Result<Retained> {
         let mut handle = 0;
         // SAFETY: an out-pointer to a local; the driver checks the address.
         cu_ok("cuMemRetainAllocationHandle", unsafe {
             sys::cuMemRetainAllocationHandle(&mut handle, ptr as *mut std::ffi::c_void)
-        })
-        .ok()?;
-        Some(Retained(handle))
+        })?;
+        Ok(Retained(handle))
     }
 
     /// A new POSIX file descriptor for the allocation (the owning GPU's context bound).

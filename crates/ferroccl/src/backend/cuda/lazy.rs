@@ -251,11 +251,11 @@ impl Lender for Live<'_> {
     type Fd = std::os::fd::OwnedFd;
 
     fn range(&self, ptr: u64) -> Option<(u64, u64)> {
-        crate::cuda::mem::allocation_range(self.gpu, ptr)
+        crate::cuda::mem::allocation_range(self.gpu, ptr).ok()
     }
 
     fn retain(&self, ptr: u64) -> Option<Self::Handle> {
-        crate::cuda::mem::Retained::at(ptr)
+        crate::cuda::mem::Retained::at(ptr).ok()
     }
 
     fn export(&self, h: &Self::Handle) -> Result<Self::Fd, Error> {
