@@ -171,16 +171,27 @@ pub struct Config {
     /// `tune::PEER_LINES_MAX_BYTES`. Every rank must agree.
     pub gpu_peer_lines_max_bytes: usize,
     /// FERROCCL_GPU_FOLD_BLOCKS: thread blocks of the fold kernel of a copy-and-fold reduction
-    /// (`plan::copies::folds`), 1 to 132; the default `tune::FOLD_BLOCKS`. Each rank sets its own
+    /// (`plan::copies::fold_list`), 1 to 132; the default `tune::FOLD_BLOCKS`. Each rank sets its own
     /// (the fold is local).
     pub gpu_fold_blocks: usize,
-    /// FERROCCL_GPU_FOLD_PIECE_BYTES: bytes of one piece of a copy-and-fold reduction (the copy
-    /// engines land, and the fold kernel folds, piece by piece); a multiple of 4 KiB, at least 64
-    /// KiB; the default `plan::copies::FOLD_PIECE_BYTES`. Every rank must agree.
+    /// FERROCCL_GPU_FOLD_PIECE_BYTES: bytes of the largest piece of a copy-and-fold reduction
+    /// (the copy engines land, and the fold kernel folds, piece by piece; `plan::copies::Taper`);
+    /// a multiple of 4 KiB, at least 64 KiB; the default `plan::copies::FOLD_PIECE_BYTES`. Every
+    /// rank must agree.
     pub gpu_fold_piece_bytes: usize,
-    /// FERROCCL_GPU_FOLD_MIN_BYTES: the smallest largest-buffer for which all-reduce and
-    /// reduce-scatter between symmetric windows on 2 ranks take the copy-and-fold
-    /// (`plan::copies::folds`); 0: never. Default 1 GiB. Every rank must agree.
+    /// FERROCCL_GPU_FOLD_TAIL_BYTES: bytes of a copy-and-fold's last piece, towards which its
+    /// pieces taper; a multiple of 4 KiB, at least 64 KiB; the default
+    /// `plan::copies::FOLD_TAIL_BYTES`; at or over the largest piece, the pieces are all alike
+    /// but the first. Every rank must agree.
+    pub gpu_fold_tail_bytes: usize,
+    /// FERROCCL_GPU_FOLD_RAMP: how much each piece of a copy-and-fold may grow over the one
+    /// after it, in per cent, 110 to 400; the default `plan::copies::FOLD_RAMP`. Every rank must
+    /// agree.
+    pub gpu_fold_ramp: usize,
+    /// FERROCCL_GPU_FOLD_MIN_BYTES: the smallest largest-buffer for which all-reduce,
+    /// reduce-scatter and reduce on 2 ranks into posted outputs take the copy-and-fold
+    /// (`plan::copies::fold_list`); 0: never. Default `tune::FOLD_MIN_BYTES`. Every rank must
+    /// agree.
     pub gpu_fold_min_bytes: usize,
     /// FERROCCL_GPU_PEER_SPLIT: the peer engine's one-phase rounds on two blocks a slice, one
     /// sending and one receiving, each at its own pace (`tune::Choice::split`). `auto` (None,
@@ -313,6 +324,8 @@ impl Default for Config {
             gpu_peer_lines_max_bytes: crate::tune::PEER_LINES_MAX_BYTES,
             gpu_fold_blocks: crate::tune::FOLD_BLOCKS,
             gpu_fold_piece_bytes: crate::plan::copies::FOLD_PIECE_BYTES,
+            gpu_fold_tail_bytes: crate::plan::copies::FOLD_TAIL_BYTES,
+            gpu_fold_ramp: crate::plan::copies::FOLD_RAMP,
             gpu_fold_min_bytes: crate::tune::FOLD_MIN_BYTES,
             gpu_peer_split: None,
             gpu_peer_direct: true,
@@ -493,6 +506,12 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_FOLD_PIECE_BYTES") {
             c.gpu_fold_piece_bytes = parse("FERROCCL_GPU_FOLD_PIECE_BYTES", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_FOLD_TAIL_BYTES") {
+            c.gpu_fold_tail_bytes = parse("FERROCCL_GPU_FOLD_TAIL_BYTES", v)?;
+        }
+        if let Some(v) = get("FERROCCL_GPU_FOLD_RAMP") {
+            c.gpu_fold_ramp = parse("FERROCCL_GPU_FOLD_RAMP", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_PEER_ROUND_BYTES") {
             c.gpu_peer_round_bytes = parse("FERROCCL_GPU_PEER_ROUND_BYTES", v)?;
         }
@@ -655,6 +674,11 @@ impl Config {
                 self.gpu_fold_piece_bytes.to_string(),
             ),
             (
+                "FERROCCL_GPU_FOLD_TAIL_BYTES",
+                self.gpu_fold_tail_bytes.to_string(),
+            ),
+            ("FERROCCL_GPU_FOLD_RAMP", self.gpu_fold_ramp.to_string()),
+            (
                 "FERROCCL_GPU_FOLD_MIN_BYTES",
                 self.gpu_fold_min_bytes.to_string(),
             ),
@@ -773,11 +797,20 @@ impl Config {
                 self.gpu_fold_blocks
             )));
         }
-        if self.gpu_fold_piece_bytes < (64 << 10) || !self.gpu_fold_piece_bytes.is_multiple_of(4096)
-        {
+        for (name, v) in [
+            ("gpu_fold_piece_bytes", self.gpu_fold_piece_bytes),
+            ("gpu_fold_tail_bytes", self.gpu_fold_tail_bytes),
+        ] {
+            if v < (64 << 10) || !v.is_multiple_of(4096) {
+                return Err(Error::InvalidArgument(format!(
+                    "{name}={v} must be a multiple of 4096, at least 65536"
+                )));
+            }
+        }
+        if !(110..=400).contains(&self.gpu_fold_ramp) {
             return Err(Error::InvalidArgument(format!(
-                "gpu_fold_piece_bytes={} must be a multiple of 4096, at least 65536",
-                self.gpu_fold_piece_bytes
+                "gpu_fold_ramp={} must be 110 to 400 (per cent)",
+                self.gpu_fold_ramp
             )));
         }
         if self.gpu_peer_block_bytes == 0 {
@@ -1108,11 +1141,18 @@ mod tests {
         let fold = Config::from_vars(&vars(&[
             ("FERROCCL_GPU_FOLD_BLOCKS", "64"),
             ("FERROCCL_GPU_FOLD_PIECE_BYTES", "33554432"),
+            ("FERROCCL_GPU_FOLD_TAIL_BYTES", "1048576"),
+            ("FERROCCL_GPU_FOLD_RAMP", "200"),
         ]))
         .unwrap();
         assert_eq!(
-            (fold.gpu_fold_blocks, fold.gpu_fold_piece_bytes),
-            (64, 32 << 20)
+            (
+                fold.gpu_fold_blocks,
+                fold.gpu_fold_piece_bytes,
+                fold.gpu_fold_tail_bytes,
+                fold.gpu_fold_ramp
+            ),
+            (64, 32 << 20, 1 << 20, 200)
         );
         let min = Config::from_vars(&vars(&[("FERROCCL_GPU_FOLD_MIN_BYTES", "0")])).unwrap();
         assert_eq!(
@@ -1122,6 +1162,8 @@ mod tests {
         assert!(shares(&min, "FERROCCL_GPU_FOLD_MIN_BYTES", "0"));
         // The pieces are every rank's alike, the blocks each rank's own.
         assert!(shares(&fold, "FERROCCL_GPU_FOLD_PIECE_BYTES", "33554432"));
+        assert!(shares(&fold, "FERROCCL_GPU_FOLD_TAIL_BYTES", "1048576"));
+        assert!(shares(&fold, "FERROCCL_GPU_FOLD_RAMP", "200"));
         assert!(!fold
             .shared_settings()
             .iter()
@@ -1131,6 +1173,10 @@ mod tests {
             ("FERROCCL_GPU_FOLD_BLOCKS", "133"),
             ("FERROCCL_GPU_FOLD_PIECE_BYTES", "4096"),
             ("FERROCCL_GPU_FOLD_PIECE_BYTES", "65537"),
+            ("FERROCCL_GPU_FOLD_TAIL_BYTES", "4096"),
+            ("FERROCCL_GPU_FOLD_TAIL_BYTES", "65537"),
+            ("FERROCCL_GPU_FOLD_RAMP", "109"),
+            ("FERROCCL_GPU_FOLD_RAMP", "401"),
         ] {
             let err = Config::from_vars(&vars(&[(k, v)])).unwrap_err().to_string();
             assert!(err.contains("gpu_fold"), "{k}={v}: {err}");

@@ -820,14 +820,15 @@ fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
         return;
     }
     let Some(_) = gpus_for_test() else { return };
-    // The copy-and-fold at every size, in 1 MiB pieces (an 8 MiB all-reduce: 9 pieces, the last
-    // of 136 bytes).
+    // The copy-and-fold at every size, in pieces of 1 MiB tapering to 64 KiB (an 8 MiB all-reduce:
+    // 14 pieces, the last with a ragged end of 136 bytes).
     let env = [
         ("FERROCCL_GPU_CE_WINDOW_BYTES", "1".to_string()),
         ("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "1".to_string()),
         ("FERROCCL_GPU_CE_P2P_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_MIN_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576".to_string()),
+        ("FERROCCL_GPU_FOLD_TAIL_BYTES", "65536".to_string()),
         ("FERROCCL_TIMEOUT", "60".to_string()),
         // Windows only: an output in plain memory takes the kernels (the mapping on the fly has
         // its own test).
@@ -852,9 +853,9 @@ fn child_symmetric_windows() {
 /// Outputs nobody registered, a process per GPU: once the ranks posted their outputs mapped for
 /// their writers on the fly (`backend/cuda/lazy.rs`), the copy engines take large data movement
 /// straight into them, every kind and root, in place where the kind allows it, twice over (the
-/// second time on the loans the first made), and so do the copy-and-fold reductions of 2 ranks;
-/// an all-to-all or all-reduce in place, and memory that is not a cuMem allocation, take the
-/// kernels; an output freed gives its memory back within the sweeper's period though no operation
+/// second time on the loans the first made), and so do the copy-and-fold reductions of 2 ranks
+/// (all-reduce, reduce-scatter, and reduce to either root); an all-to-all, all-reduce or reduce's
+/// root in place, and memory that is not a cuMem allocation, take the kernels; an output freed gives its memory back within the sweeper's period though no operation
 /// follows, and one allocated anew (at the same address, where the driver gives it again) gets its
 /// data, not the old allocation. Exact on fresh data.
 fn mapped_on_the_fly_body(comm: &Comm, seed: u64) {
@@ -1037,6 +1038,53 @@ fn mapped_on_the_fly_body(comm: &Comm, seed: u64) {
                 read_words(recv, n * count) == want,
                 "round {round}: all-reduce in place"
             );
+            // Reduce to either root: the non-root's input copied into the root's output, mapped
+            // on the fly, and folded there by the root's fold kernel (the non-root runs no
+            // kernel). In the second round the non-root passes its input as its output too (it
+            // has none: the root's posting alone decides). A root in place: the kernels.
+            put_words(&send, 0, &small(tag, r));
+            for root in 0..n {
+                scrub(recv);
+                let o = if round == 1 && r != root { sp } else { rp };
+                let blocks = run_alone(
+                    comm,
+                    CollKind::Reduce,
+                    sp,
+                    o,
+                    n * count,
+                    root,
+                    ReduceOp::Sum,
+                );
+                let fold = if r == root { fold_blocks } else { Some(0) };
+                assert_eq!(blocks, fold, "round {round}: reduce to {root}");
+                if r == root {
+                    assert!(
+                        read_words(recv, n * count) == want,
+                        "round {round}: reduce to {root}"
+                    );
+                }
+                put_words(recv, 0, &small(tag, r));
+                let blocks = run_alone(
+                    comm,
+                    CollKind::Reduce,
+                    rp,
+                    rp,
+                    n * count,
+                    root,
+                    ReduceOp::Sum,
+                );
+                assert!(
+                    blocks != fold_blocks && blocks != Some(0),
+                    "round {round}: reduce in place to {root}: {blocks:?} blocks"
+                );
+                if r == root {
+                    assert!(
+                        read_words(recv, n * count) == want,
+                        "round {round}: reduce in place to {root}"
+                    );
+                }
+                put_words(&send, 0, &small(tag, r));
+            }
         }
     }
     // Freed and allocated anew: the loan of the old allocation is dropped, the new one lent.
@@ -1123,6 +1171,7 @@ fn unregistered_outputs_are_mapped_on_the_fly_for_the_copy_engines() {
         ("FERROCCL_GPU_CE_P2P_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_MIN_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576".to_string()),
+        ("FERROCCL_GPU_FOLD_TAIL_BYTES", "65536".to_string()),
         ("FERROCCL_TIMEOUT", "60".to_string()),
     ];
     let kids = spawn_ranks(2, "child_mapped_on_the_fly", "mapped-on-the-fly", &env);

@@ -141,14 +141,100 @@ pub fn pieces(bytes: usize, slot_bytes: usize) -> impl Iterator<Item = Piece> {
     })
 }
 
-/// Bytes of one piece of a copy-and-fold reduction ([`folds`]): the sender's copy engines move
-/// the copy into the receiver's output piece by piece, raising a word after each, and the
-/// receiver's fold kernel reduces each piece as its word says it landed. Each piece costs about
-/// 5.4 us that the other lane does not hide (the word's write waits for the copies to drain: 2,
-/// 8 and 32 MiB pieces took a 2 GiB all-reduce to 198, 311 and 346-349 GB/s on 2 x H200), and the
-/// last piece's fold is the tail no copy hides (64 MiB: 354-358 at 2 GiB but 311 at 512 MiB,
-/// against 322-327 with 32 MiB; docs/PERFORMANCE.md section 21).
-pub const FOLD_PIECE_BYTES: usize = 32 << 20;
+/// Bytes of the largest piece of a copy-and-fold reduction ([`fold_list`], [`fold_cuts`]): the
+/// sender's copy engines move the copy into the receiver's output piece by piece, raising a word
+/// after each, and the receiver's fold kernel reduces each piece as its word says it landed. Each
+/// piece costs about 5.4 us that the other lane does not hide (the word's write waits for the
+/// copies to drain: uniform 2, 8 and 32 MiB pieces took a 2 GiB all-reduce to 198, 311 and
+/// 346-349 GB/s on 2 x H200), and the last piece's fold is the tail no copy hides (uniform 64
+/// MiB: 354-358 at 2 GiB but 311 at 512 MiB; docs/PERFORMANCE.md section 21). So the pieces
+/// taper ([`Taper`]): large in the body, where nothing waits on their folds, small at the end.
+pub const FOLD_PIECE_BYTES: usize = 128 << 20;
+
+/// Bytes of the last piece of a copy-and-fold before its ragged end ([`Taper::tail`]).
+pub const FOLD_TAIL_BYTES: usize = 4 << 20;
+
+/// How much each piece of a copy-and-fold may grow over the one after it, in per cent
+/// ([`Taper::ramp`]): a piece's fold must be done by the time the next piece has landed, or the
+/// folds fall behind the copies and the tail grows. On 2 x H200 a fold of 16 blocks takes a piece
+/// at about 540 GB/s where the link brings it at 372-393 (docs/PERFORMANCE.md section 21): each
+/// piece at most 1.4-1.45 x the next keeps up.
+pub const FOLD_RAMP: usize = 140;
+
+/// Pieces a copy-and-fold has at most: the fold kernel's parameter holds their ends
+/// (`FC_FOLD_MAX_PIECES`).
+pub const FOLD_MAX_PIECES: usize = 32;
+
+/// How a copy-and-fold cuts its copy into pieces ([`fold_cuts`]): pieces of at most `max`
+/// bytes, tapering towards the end by `ramp` per cent a piece down to `tail` bytes. Each piece
+/// costs a fixed few microseconds on the link, and the last piece's fold waits on nothing but
+/// itself: the body wants few large pieces, the end a small one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Taper {
+    /// Bytes of the largest piece.
+    pub max: usize,
+    /// Bytes of the last piece (its ragged end aside).
+    pub tail: usize,
+    /// Each piece at most this many per cent of the one after it (more than 100).
+    pub ramp: usize,
+}
+
+impl Taper {
+    /// Pieces of `bytes` each: what the copy-and-fold did before the taper.
+    pub fn uniform(bytes: usize) -> Taper {
+        Taper {
+            max: bytes,
+            tail: bytes,
+            ramp: 200,
+        }
+    }
+}
+
+/// The byte lengths, in order, of the pieces a copy-and-fold of `bytes` lands and folds under
+/// `t`: every piece but the last a multiple of 4 KiB (so that every piece starts as aligned as
+/// the buffer), none empty, at most [`FOLD_MAX_PIECES`] of them (where more would be needed the
+/// largest piece grows, then the tail), built from the end: the last piece `tail` bytes (plus
+/// the copy's ragged end under 4 KiB), each piece before it `ramp` per cent of the one after it
+/// up to `max`, and the first piece whatever is left, joined to the second where it is under
+/// half of it (a small first piece would pay a piece's fixed cost for little). Sender and
+/// receiver compute the same.
+pub fn fold_cuts(bytes: usize, t: Taper) -> Vec<usize> {
+    const ALIGN: usize = 4096;
+    let body = bytes / ALIGN * ALIGN;
+    let ragged = bytes - body;
+    let round = |b: usize| b.max(ALIGN).div_ceil(ALIGN).saturating_mul(ALIGN);
+    let ramp = t.ramp.max(101);
+    let (mut max, mut tail) = (round(t.max), round(t.tail));
+    let mut back = loop {
+        let mut back = Vec::new();
+        let (mut s, mut rem) = (tail.min(max), body);
+        while rem > 0 && back.len() <= FOLD_MAX_PIECES {
+            let p = s.min(rem);
+            back.push(p);
+            rem -= p;
+            s = round(s.saturating_mul(ramp) / 100).clamp(s, max.max(s));
+        }
+        if back.len() <= FOLD_MAX_PIECES {
+            break back;
+        }
+        if max < body {
+            max = max.saturating_mul(2);
+        } else {
+            tail = tail.saturating_mul(2);
+        }
+    };
+    back.reverse();
+    if back.len() >= 2 && back[0] < back[1] / 2 {
+        let first = back.remove(0);
+        back[0] += first;
+    }
+    match back.last_mut() {
+        Some(last) => *last += ragged,
+        None if ragged > 0 => back.push(ragged),
+        None => {}
+    }
+    back
+}
 
 /// Whether the copy engines with a fold kernel run `kind` between symmetric windows on `nranks`
 /// ranks (sizes aside): all-reduce and reduce-scatter on 2 ranks, out of place. Each rank's copy
@@ -162,41 +248,71 @@ pub fn fold_serves(kind: CollKind, nranks: usize, in_place: bool) -> bool {
     nranks == 2 && !in_place && matches!(kind, CollKind::AllReduce | CollKind::ReduceScatter)
 }
 
-/// A copy-and-fold reduction as data: the copy each rank receives from its peer, into its output
-/// (`copy.dst`, always 0: the whole output), and where its own operand lies in its input (`local`,
-/// bytes). The fold makes output = op(own operand, what landed) in an order every rank shares.
+/// Whether the copy-and-fold takes `kind` on `nranks` ranks only after the ranks posted their
+/// outputs to each other ([`rendezvous_far`]), never between symmetric windows named without it:
+/// the reduce of 2 ranks, whose non-root copies its whole input into the root's output and whose
+/// root folds its own input into it. The non-root has no output and cannot tell whether the root
+/// is in place (the landing area would then be the root's operand); the root's posting says so,
+/// as it refuses in place ([`may_post`]).
+pub fn posted_fold_serves(kind: CollKind, nranks: usize) -> bool {
+    nranks == 2 && kind == CollKind::Reduce
+}
+
+/// Whether `kind` on `nranks` ranks is a copy-and-fold reduction by either way in
+/// ([`fold_serves`] out of place, [`posted_fold_serves`]): what [`fold_list`] describes.
+pub fn fold_kind(kind: CollKind, nranks: usize) -> bool {
+    fold_serves(kind, nranks, false) || posted_fold_serves(kind, nranks)
+}
+
+/// One rank's fold in a copy-and-fold reduction, as data: the copy it receives from its peer,
+/// into its output (`copy.dst`, always 0: the whole output), and where its own operand lies in
+/// its input (`local`, bytes). The fold makes output = op(own operand, what landed) in an order
+/// every rank shares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fold {
-    /// What the peer copies into this rank's output.
+    /// What the peer copies into this rank's output (`copy.to`: the rank that folds).
     pub copy: Transfer,
     /// Byte offset of this rank's own operand in its input.
     pub local: usize,
 }
 
-/// Rank `me`'s fold of `kind` with NCCL's `count` of `elem` bytes on `nranks` ranks, or None where
-/// [`fold_serves`] does not (in-place-ness aside, which only the buffers tell) or sizes overflow.
-/// All-reduce: the peer's whole input lands in the output, and the own operand is the whole input.
-/// Reduce-scatter: the peer's block `me` lands, and the own operand is this rank's block `me`.
-pub fn folds(kind: CollKind, count: usize, elem: usize, nranks: usize, me: Rank) -> Option<Fold> {
-    if !fold_serves(kind, nranks, false) || me >= nranks {
+/// Every fold of a copy-and-fold `kind` ([`fold_kind`]) with NCCL's `count` of `elem` bytes on
+/// `nranks` ranks (`root` for the reduce), one per rank that folds, or None for other kinds, a
+/// root out of range or sizes that overflow. All-reduce: each rank's output takes its peer's
+/// whole input, and its own operand is its whole input. Reduce-scatter: rank r's output takes
+/// its peer's block r, and its own operand is its block r. Reduce: only the root folds, its
+/// output taking the non-root's whole input, its own operand its whole input.
+pub fn fold_list(
+    kind: CollKind,
+    count: usize,
+    elem: usize,
+    nranks: usize,
+    root: Rank,
+) -> Option<Vec<Fold>> {
+    if !fold_kind(kind, nranks) || root >= nranks {
         return None;
     }
     let block = count.checked_mul(elem)?;
     block.checked_mul(nranks)?;
-    let from = 1 - me;
-    let (src, local) = match kind {
-        CollKind::AllReduce => (0, 0),
-        _ => (me * block, me * block),
+    let fold = |me: Rank| {
+        let at = match kind {
+            CollKind::ReduceScatter => me * block,
+            _ => 0,
+        };
+        Fold {
+            copy: Transfer {
+                from: 1 - me,
+                to: me,
+                src: at,
+                dst: 0,
+                bytes: block,
+            },
+            local: at,
+        }
     };
-    Some(Fold {
-        copy: Transfer {
-            from,
-            to: me,
-            src,
-            dst: 0,
-            bytes: block,
-        },
-        local,
+    Some(match kind {
+        CollKind::Reduce => vec![fold(root)],
+        _ => (0..nranks).map(fold).collect(),
     })
 }
 
@@ -207,19 +323,19 @@ pub fn folds(kind: CollKind, count: usize, elem: usize, nranks: usize, me: Rank)
 /// buffers lie in no symmetric window (the backend posts outputs mapped for their writers on the
 /// fly then).
 pub fn rendezvous_serves(kind: CollKind, nranks: usize) -> bool {
-    serves(kind, nranks) || fold_serves(kind, nranks, false)
+    serves(kind, nranks) || fold_kind(kind, nranks)
 }
 
 /// Whether a rank whose buffers are in place (`in_place`) may post its output for `kind`: not
 /// for an all-to-all in place, whose output would take a peer's block before its own block for
-/// that peer left (no staging breaks the cycle), nor for a copy-and-fold reduction in place,
-/// whose landing area would be its own operand. Every other rank finds the posting missing and
-/// all run the kernels.
+/// that peer left (no staging breaks the cycle), nor for a copy-and-fold reduction in place
+/// (the reduce's root: only it has an output to post), whose landing area would be its own
+/// operand. Every other rank finds the posting missing and all run the kernels.
 pub fn may_post(kind: CollKind, in_place: bool) -> bool {
     !(in_place
         && matches!(
             kind,
-            CollKind::AllToAll | CollKind::AllReduce | CollKind::ReduceScatter
+            CollKind::AllToAll | CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
         ))
 }
 
@@ -233,11 +349,14 @@ pub fn crossings(
     nranks: usize,
     root: Rank,
 ) -> Option<Vec<Transfer>> {
-    if fold_serves(kind, nranks, false) {
-        return (0..nranks)
-            .map(|me| folds(kind, count, elem, nranks, me).map(|f| f.copy))
-            .filter(|c| !matches!(c, Some(c) if c.bytes == 0))
-            .collect();
+    if fold_kind(kind, nranks) {
+        let list = fold_list(kind, count, elem, nranks, root)?;
+        return Some(
+            list.iter()
+                .map(|f| f.copy)
+                .filter(|c| c.bytes > 0)
+                .collect(),
+        );
     }
     copies(kind, count, elem, nranks, root)
 }
@@ -579,21 +698,31 @@ mod tests {
     proptest! {
         /// A fold's copy and own operand stay inside both ranks' buffers, and together give each
         /// output element exactly NCCL's operands: all-reduce element i from both inputs' element
-        /// i, reduce-scatter element i of rank r from both inputs' element r * count + i.
+        /// i, reduce-scatter element i of rank r from both inputs' element r * count + i, reduce
+        /// element i of the root (the only rank that folds) from both inputs' element i.
         #[test]
         fn folds_bring_each_output_element_its_two_operands(
-            kind in prop_oneof![Just(CollKind::AllReduce), Just(CollKind::ReduceScatter)],
+            kind in prop_oneof![
+                Just(CollKind::AllReduce),
+                Just(CollKind::ReduceScatter),
+                Just(CollKind::Reduce)
+            ],
             count in 0usize..50, elem in prop_oneof![Just(1usize), Just(2), Just(4), Just(8)],
+            root in 0usize..2,
         ) {
-            for me in 0..2 {
-                let f = folds(kind, count, elem, 2, me).expect("served");
-                let (sc, rc) = kind.buffer_counts(count, 2, false).unwrap();
-                prop_assert_eq!(f.copy.to, me);
+            let list = fold_list(kind, count, elem, 2, root).expect("served");
+            let folders: Vec<Rank> = list.iter().map(|f| f.copy.to).collect();
+            let want_folders = if kind == CollKind::Reduce { vec![root] } else { vec![0, 1] };
+            prop_assert_eq!(folders, want_folders);
+            for f in &list {
+                let me = f.copy.to;
+                let (sc, rc) = kind.buffer_counts(count, 2, me == root).unwrap();
                 prop_assert_eq!(f.copy.from, 1 - me);
+                prop_assert_eq!(f.copy.dst, 0);
                 prop_assert_eq!(f.copy.bytes, rc * elem);
                 prop_assert!(f.copy.src + f.copy.bytes <= sc * elem);
                 prop_assert!(f.local + f.copy.bytes <= sc * elem);
-                let want = if kind == CollKind::AllReduce { 0 } else { me * count * elem };
+                let want = if kind == CollKind::ReduceScatter { me * count * elem } else { 0 };
                 // Output byte b: the peer's input byte src + b and this rank's local + b.
                 prop_assert_eq!(f.copy.src, want);
                 prop_assert_eq!(f.local, want);
@@ -601,17 +730,115 @@ mod tests {
         }
     }
 
+    proptest! {
+        /// A copy-and-fold's pieces tile its bytes in order, none empty, every one but the last
+        /// a multiple of 4 KiB (each starts aligned), never more than the kernel holds; from the
+        /// second on each is at most `ramp` per cent of the next (rounded up to 4 KiB), so the
+        /// fold of a piece is done while the next lands; and the last is the tail (with the
+        /// ragged end) where the bytes reach that far and the taper was not widened.
+        #[test]
+        fn fold_cuts_tile_the_copy_and_taper_to_the_tail(
+            bytes in prop_oneof![0usize..300_000, 0usize..(64 << 20), Just(usize::MAX / 4)],
+            max in 1usize..64, tail in 1usize..16, ramp in 110usize..=400,
+        ) {
+            let t = Taper { max: max << 14, tail: tail << 14, ramp };
+            let cuts = fold_cuts(bytes, t);
+            prop_assert!(cuts.len() <= FOLD_MAX_PIECES);
+            prop_assert!(cuts.iter().all(|&c| c > 0));
+            prop_assert_eq!(cuts.iter().sum::<usize>(), bytes);
+            if let Some((_, body)) = cuts.split_last() {
+                prop_assert!(body.iter().all(|c| c % 4096 == 0));
+            }
+            for w in cuts.windows(2).skip(1) {
+                let grown = (w[1] as u128 * ramp as u128 / 100).div_ceil(4096) * 4096;
+                prop_assert!(w[0] as u128 <= grown + 4096, "{:?}", cuts);
+            }
+            let widened = cuts.len() == FOLD_MAX_PIECES || cuts.iter().any(|&c| c > 2 * t.max);
+            if bytes >= 2 * t.tail.min(t.max) && !widened {
+                let last = *cuts.last().unwrap();
+                prop_assert_eq!(last / 4096 * 4096, t.tail.min(t.max), "{:?}", cuts);
+            }
+        }
+    }
+
+    #[test]
+    fn fold_cuts_by_default_are_few_and_end_small() {
+        let t = Taper {
+            max: FOLD_PIECE_BYTES,
+            tail: FOLD_TAIL_BYTES,
+            ramp: FOLD_RAMP,
+        };
+        let cuts = fold_cuts(2 << 30, t);
+        // 2 GiB: about 16 pieces of at most 128 MiB (the first may take a remainder under half
+        // a piece), 4 MiB last: a 32 MiB uniform cut had 64.
+        assert!((12..=28).contains(&cuts.len()), "{cuts:?}");
+        assert_eq!(*cuts.last().unwrap(), FOLD_TAIL_BYTES);
+        assert!(
+            cuts.iter().all(|&c| c <= FOLD_PIECE_BYTES * 3 / 2),
+            "{cuts:?}"
+        );
+        assert!(
+            cuts.iter().filter(|&&c| c == FOLD_PIECE_BYTES).count() >= 8,
+            "{cuts:?}"
+        );
+        // A uniform taper: pieces of one size, whatever is left first.
+        let u = fold_cuts(9 << 20, Taper::uniform(4 << 20));
+        assert_eq!(u, vec![5 << 20, 4 << 20]);
+        let u = fold_cuts(10 << 20, Taper::uniform(4 << 20));
+        assert_eq!(u, vec![2 << 20, 4 << 20, 4 << 20]);
+        assert_eq!(
+            fold_cuts(12 << 20, Taper::uniform(4 << 20)),
+            vec![4 << 20; 3]
+        );
+        // A ragged end joins the last piece; a copy under 4 KiB is one piece.
+        assert_eq!(
+            fold_cuts((8 << 20) + 6, Taper::uniform(4 << 20)),
+            vec![4 << 20, (4 << 20) + 6]
+        );
+        assert_eq!(fold_cuts(100, t), vec![100]);
+        assert!(fold_cuts(0, t).is_empty());
+        // A huge copy widens the pieces to stay within what the kernel holds.
+        let huge = fold_cuts(1 << 40, t);
+        assert!(huge.len() <= FOLD_MAX_PIECES && huge.iter().sum::<usize>() == 1 << 40);
+    }
+
     #[test]
     fn folds_are_two_ranks_out_of_place_reductions_only() {
         for kind in CollKind::COLLECTIVES {
             let served = matches!(kind, CollKind::AllReduce | CollKind::ReduceScatter);
+            let posted = kind == CollKind::Reduce;
             assert_eq!(fold_serves(kind, 2, false), served, "{kind}");
             assert!(!fold_serves(kind, 2, true), "{kind} in place");
             assert!(!fold_serves(kind, 3, false), "{kind} on 3 ranks");
-            assert_eq!(folds(kind, 4, 4, 2, 0).is_some(), served, "{kind}");
+            assert_eq!(posted_fold_serves(kind, 2), posted, "{kind}");
+            assert!(!posted_fold_serves(kind, 3), "{kind} on 3 ranks");
+            assert_eq!(fold_kind(kind, 2), served || posted, "{kind}");
+            assert_eq!(
+                fold_list(kind, 4, 4, 2, 0).is_some(),
+                served || posted,
+                "{kind}"
+            );
         }
-        assert!(folds(CollKind::AllReduce, 4, 4, 2, 2).is_none());
-        assert!(folds(CollKind::ReduceScatter, usize::MAX, 2, 2, 0).is_none());
+        assert!(
+            fold_list(CollKind::Reduce, 4, 4, 2, 2).is_none(),
+            "root out of range"
+        );
+        assert!(fold_list(CollKind::ReduceScatter, usize::MAX, 2, 2, 0).is_none());
+        // A reduce's copy goes to its root only; no bytes, no copy.
+        let c = crossings(CollKind::Reduce, 4, 4, 2, 1).unwrap();
+        assert_eq!(
+            c,
+            vec![Transfer {
+                from: 0,
+                to: 1,
+                src: 0,
+                dst: 0,
+                bytes: 16
+            }]
+        );
+        assert_eq!(writers_of(CollKind::Reduce, 4, 4, 2, 1, 1), vec![0]);
+        assert!(writers_of(CollKind::Reduce, 4, 4, 2, 1, 0).is_empty());
+        assert_eq!(crossings(CollKind::Reduce, 0, 4, 2, 1), Some(vec![]));
     }
 
     fn posting() -> impl Strategy<Value = Option<Posted>> {
@@ -628,7 +855,7 @@ mod tests {
         ]
     }
 
-    /// The data-movement kinds, the copy-and-fold ones, and the reduce (which neither serves).
+    /// The data-movement kinds and the copy-and-fold ones.
     fn all_kinds() -> impl Strategy<Value = CollKind> {
         prop_oneof![
             kinds(),
@@ -717,7 +944,10 @@ mod tests {
     #[test]
     fn rendezvous_serves_data_movement_and_the_folds() {
         for kind in CollKind::COLLECTIVES {
-            let folds = matches!(kind, CollKind::AllReduce | CollKind::ReduceScatter);
+            let folds = matches!(
+                kind,
+                CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
+            );
             assert_eq!(
                 rendezvous_serves(kind, 2),
                 serves(kind, 2) || folds,
@@ -735,6 +965,7 @@ mod tests {
             CollKind::AllToAll,
             CollKind::AllReduce,
             CollKind::ReduceScatter,
+            CollKind::Reduce,
         ] {
             assert!(!may_post(kind, true) && may_post(kind, false), "{kind}");
         }
@@ -819,10 +1050,22 @@ mod tests {
             ),
             Some(vec![at(32), None])
         );
+        // A reduce: the non-root names its root's output; the root names nothing; a root that
+        // posted nothing (in place) sends both to the kernels.
         assert_eq!(
-            rendezvous_far(CollKind::Reduce, 8, 4, 2, 0, 1, &rows(&[at(0), at(0)])),
-            None
+            rendezvous_far(CollKind::Reduce, 8, 4, 2, 0, 1, &rows(&[at(0), None])),
+            Some(vec![at(0), None])
         );
+        assert_eq!(
+            rendezvous_far(CollKind::Reduce, 8, 4, 2, 0, 0, &rows(&[at(0), None])),
+            Some(vec![None, None])
+        );
+        for me in 0..2 {
+            assert_eq!(
+                rendezvous_far(CollKind::Reduce, 8, 4, 2, 0, me, &rows(&[None, at(0)])),
+                None
+            );
+        }
         assert_eq!(writers_of(CollKind::AllReduce, 4, 4, 2, 0, 1), vec![0]);
         assert_eq!(
             writers_of(CollKind::ReduceScatter, 0, 4, 2, 0, 1),

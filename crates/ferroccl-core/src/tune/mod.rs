@@ -98,7 +98,7 @@ pub fn peer_region_bytes(cfg: &Config, nranks: usize) -> usize {
     peer_blocks(cfg, nranks) * 4 * peer_slot_bytes(cfg, nranks)
 }
 
-/// Thread blocks of the fold kernel of a copy-and-fold reduction (`copies::folds`): it reads
+/// Thread blocks of the fold kernel of a copy-and-fold reduction (`copies::fold_list`): it reads
 /// two pieces and writes one in HBM for every piece the link brings. On 2 x H200 8 blocks took a
 /// 2 GiB all-reduce to 267-273 GB/s, 16 to 311, 32 to 308 (8 MiB pieces); with 64 MiB pieces 32
 /// blocks lost 5 % against 16 (docs/PERFORMANCE.md section 21). 16: the bandwidth issue's goal
@@ -122,6 +122,17 @@ pub fn fold_pays(dtype: DataType, redop: i32) -> bool {
         r if (ReduceOp::Sum.nccl_id()..=ReduceOp::Min.nccl_id()).contains(&r) => dtype.size() >= 2,
         r if r == ReduceOp::Avg.nccl_id() => dtype.size() >= 4,
         _ => false,
+    }
+}
+
+/// How a copy-and-fold cuts its copy into pieces (`copies::fold_cuts`): `FERROCCL_GPU_FOLD_PIECE_BYTES`
+/// at most, tapering by `FERROCCL_GPU_FOLD_RAMP` per cent a piece down to
+/// `FERROCCL_GPU_FOLD_TAIL_BYTES` at the end (every rank's alike: shared settings).
+pub fn fold_taper(cfg: &Config) -> copies::Taper {
+    copies::Taper {
+        max: cfg.gpu_fold_piece_bytes,
+        tail: cfg.gpu_fold_tail_bytes,
+        ramp: cfg.gpu_fold_ramp,
     }
 }
 
@@ -596,12 +607,15 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
 pub fn rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
     let at_least = |min: usize| op.largest_bytes().is_some_and(|b| min > 0 && b >= min);
     let postable = device == Device::Gpu && (op.windows || cfg.gpu_ce_map_unregistered);
-    if copies::fold_serves(op.kind, op.nranks, false) {
+    if copies::fold_kind(op.kind, op.nranks) {
         // The copy-and-fold reductions: where the tuner gives these buffers the fold once every
         // rank can name its peer's output (which `symmetric` says; out of place, which a rank in
         // place refuses by its posting, so that in-place-ness need not be alike here). The
-        // fold's size first: the tuner is not asked for the many small reductions.
-        if !postable || op.symmetric || !at_least(cfg.gpu_fold_min_bytes) {
+        // fold's size first: the tuner is not asked for the many small reductions. The reduce
+        // exchanges between symmetric windows too (`copies::posted_fold_serves`: only its root's
+        // posting tells whether it is in place).
+        let named_anyway = op.symmetric && !copies::posted_fold_serves(op.kind, op.nranks);
+        if !postable || named_anyway || !at_least(cfg.gpu_fold_min_bytes) {
             return false;
         }
         let named = OpShape {
@@ -800,15 +814,19 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
     // Large all-reduces and reduce-scatters between symmetric windows on 2 ranks: each rank's
     // copy engines copy the share its peer reduces straight into the peer's output, piece by
     // piece, and a fold kernel of FOLD_BLOCKS blocks reduces each piece there as it lands
-    // (`copies::folds`): the link carries each byte once at the engines' rate, and the SMs only
+    // (`copies::fold_list`): the link carries each byte once at the engines' rate, and the SMs only
     // make a local pass over HBM. Out of place only (in place the landing area is the operand).
+    // The reduce of 2 ranks likewise after a rendezvous (`symmetric` then says its root posted
+    // its output, out of place; a non-root's own in-place-ness means nothing, it has no output),
+    // its non-root copying and its root folding.
     let fold_size =
         bytes.is_some_and(|b| cfg.gpu_fold_min_bytes > 0 && b >= cfg.gpu_fold_min_bytes);
     if device == Device::Gpu
         && may_direct
         && op.symmetric
         && fold_size
-        && copies::fold_serves(op.kind, op.nranks, op.in_place)
+        && (copies::fold_serves(op.kind, op.nranks, op.in_place)
+            || copies::posted_fold_serves(op.kind, op.nranks))
         && fold_pays(op.dtype, op.redop)
     {
         return Choice {
@@ -821,8 +839,8 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             post_output: true,
             split: false,
             why: Why {
-                algo: "a reduction of 2 ranks between symmetric windows from FERROCCL_GPU_FOLD_MIN_BYTES up: the peer's share copied into the output, folded there",
-                protocol: "a word per piece raised by stream memory operations, polled by the fold kernel",
+                algo: "a reduction of 2 ranks into posted outputs from FERROCCL_GPU_FOLD_MIN_BYTES up: the peer's share copied into the output, folded there",
+                protocol: "a word per piece (pieces tapering to the end) raised by stream memory operations, polled by the fold kernel",
                 channels: "the fold kernel's blocks (FERROCCL_GPU_FOLD_BLOCKS); copy engines move the data",
             },
         };

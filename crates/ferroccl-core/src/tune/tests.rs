@@ -1614,9 +1614,10 @@ fn gathers_and_scatters_exchange_outputs_and_take_the_copy_engines_from_their_th
     ));
 }
 
-/// All-reduces and reduce-scatters of 2 ranks exchange their outputs where the tuner would give
-/// them the copy-and-fold between symmetric windows (from FERROCCL_GPU_FOLD_MIN_BYTES, a
-/// reduction the fold pays for) and their buffers lie in none; the exchange does not depend on
+/// All-reduces, reduce-scatters and reduces of 2 ranks exchange their outputs where the tuner
+/// would give them the copy-and-fold into posted outputs (from FERROCCL_GPU_FOLD_MIN_BYTES, a
+/// reduction the fold pays for) and their buffers lie in no symmetric window (the reduce even
+/// there: only its root's posting tells whether it is in place); the exchange does not depend on
 /// whether this rank is in place (a rank in place refuses by its posting).
 #[test]
 fn copy_and_fold_reductions_exchange_outputs_where_the_fold_would_take_them() {
@@ -1626,7 +1627,11 @@ fn copy_and_fold_reductions_exchange_outputs_where_the_fold_would_take_them() {
         redop,
         ..shape(kind, bytes / dtype.size(), dtype, 2)
     };
-    for kind in [CollKind::AllReduce, CollKind::ReduceScatter] {
+    for kind in [
+        CollKind::AllReduce,
+        CollKind::ReduceScatter,
+        CollKind::Reduce,
+    ] {
         // A reduce-scatter's largest buffer is its input: count x 2 elements.
         let bytes = if kind == CollKind::ReduceScatter {
             min / 2
@@ -1655,14 +1660,31 @@ fn copy_and_fold_reductions_exchange_outputs_where_the_fold_would_take_them() {
             named.engine == Engine::CopyEngine && named.zero_copy,
             "{kind}: {named}"
         );
+        // A reduce's non-root "in place" after its root posted: the same choice as its root's.
+        let named_in_place = choose(
+            &OpShape {
+                symmetric: true,
+                in_place: true,
+                ..op
+            },
+            Device::Gpu,
+            &cfg,
+        );
+        assert_eq!(
+            named_in_place.engine == Engine::CopyEngine,
+            kind == CollKind::Reduce,
+            "{kind}: {named_in_place}"
+        );
+        let windowed = OpShape {
+            symmetric: true,
+            ..op
+        };
+        assert_eq!(
+            rendezvous_wanted(&windowed, Device::Gpu, &cfg),
+            kind == CollKind::Reduce,
+            "{kind} between symmetric windows: the reduce exchanges, the others need not"
+        );
         for (no, why) in [
-            (
-                OpShape {
-                    symmetric: true,
-                    ..op
-                },
-                "between symmetric windows: no exchange",
-            ),
             (
                 at(kind, bytes / 2, Float32, 0),
                 "below FERROCCL_GPU_FOLD_MIN_BYTES",
@@ -1693,8 +1715,12 @@ fn copy_and_fold_reductions_exchange_outputs_where_the_fold_would_take_them() {
         };
         assert!(!rendezvous_wanted(&op, Device::Gpu, &no_fold));
     }
+    // Not a reduce of 3 ranks, nor a broadcast, whatever its size.
     assert!(!rendezvous_wanted(
-        &at(CollKind::Reduce, min, Float32, 0),
+        &OpShape {
+            nranks: 3,
+            ..at(CollKind::Reduce, min, Float32, 0)
+        },
         Device::Gpu,
         &cfg
     ));
@@ -1957,11 +1983,11 @@ fn symmetric_windows_take_the_copy_engine_for_large_data_movement() {
             Engine::CopyEngine
         );
     }
-    // Reduce has no landing area on its root's peer (gather and scatter: the test above);
-    // broadcast beyond 2 ranks would send n-1 copies from the root; an all-to-all in place has
-    // no order that works without staging.
+    // Reduce folds only after a rendezvous (the test of the copy-and-folds, below), and not on 3
+    // ranks; broadcast beyond 2 ranks would send n-1 copies from the root; an all-to-all in
+    // place has no order that works without staging.
     assert_ne!(
-        choose(&at(CollKind::Reduce, 1 << 30, 2), Device::Gpu, &cfg).engine,
+        choose(&at(CollKind::Reduce, 1 << 30, 3), Device::Gpu, &cfg).engine,
         Engine::CopyEngine
     );
     assert_ne!(

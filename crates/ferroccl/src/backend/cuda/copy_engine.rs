@@ -27,8 +27,8 @@ use crate::cuda::device::Gpu;
 use crate::cuda::hostpage::HostPage;
 use cudarc::driver::sys;
 use ferroccl_core::plan::copies::{
-    copies, fold_serves, folds, pieces, rendezvous_serves, zcopy_serves, Piece, Transfer, CE_LANES,
-    CE_SLOTS,
+    copies, fold_cuts, fold_kind, fold_list, pieces, rendezvous_serves, zcopy_serves, Fold, Piece,
+    Taper, Transfer, CE_LANES, CE_SLOTS, FOLD_MAX_PIECES,
 };
 use ferroccl_core::{CollKind, Error, Rank};
 use std::time::{Duration, Instant};
@@ -100,13 +100,13 @@ pub(crate) enum Cmd {
     /// Copy `bytes` from `src` to `dst`.
     Copy { dst: Addr, src: Addr, bytes: usize },
     /// The fold kernel on `blocks` blocks: output = op(this rank's input at `src`, the output),
-    /// `bytes` of each, in the pieces of `fold_pieces` (`piece` bytes each): piece k once word
+    /// `bytes` of each, in the pieces of `fold_pieces` (cut by `taper`): piece k once word
     /// `CeFlags::piece(from, lane)` of this rank's page reaches its `count`.
     Fold {
         from: Rank,
         src: usize,
         bytes: usize,
-        piece: usize,
+        taper: Taper,
         blocks: usize,
     },
 }
@@ -122,15 +122,45 @@ pub(crate) struct FoldPiece {
     pub count: u32,
 }
 
-/// The pieces of a copy-and-fold of `bytes` in pieces of `piece` bytes: piece k on lane
-/// k % CE_LANES, the (k / CE_LANES + 1)-th of its lane (what `ferroccl_fold` computes).
-pub(crate) fn fold_pieces(bytes: usize, piece: usize) -> impl Iterator<Item = FoldPiece> {
-    pieces(bytes, piece).enumerate().map(|(k, p)| FoldPiece {
-        at: p.at,
-        bytes: p.bytes,
-        lane: p.lane,
-        count: (k / CE_LANES + 1) as u32,
-    })
+/// The pieces of a copy-and-fold of `bytes` as `taper` cuts them (`copies::fold_cuts`): piece k
+/// on lane k % CE_LANES, the (k / CE_LANES + 1)-th of its lane (the fold kernel takes their ends
+/// and the same rule).
+pub(crate) fn fold_pieces(bytes: usize, taper: Taper) -> impl Iterator<Item = FoldPiece> {
+    let mut at = 0;
+    fold_cuts(bytes, taper)
+        .into_iter()
+        .enumerate()
+        .map(move |(k, len)| {
+            let p = FoldPiece {
+                at,
+                bytes: len,
+                lane: k % CE_LANES,
+                count: (k / CE_LANES + 1) as u32,
+            };
+            at += len;
+            p
+        })
+}
+
+/// The fold kernel's pieces for a copy-and-fold of `bytes` of `es`-byte elements (`FcFold::ends`
+/// and `pieces`): where each piece of `fold_pieces` ends, in elements, as the copy lanes cut
+/// them; an error where they would not fit the parameter (`copies::fold_cuts` keeps to it).
+pub(crate) fn fold_ends(
+    bytes: usize,
+    taper: Taper,
+    es: usize,
+) -> Result<([u64; FOLD_MAX_PIECES], u64), Error> {
+    let mut ends = [0u64; FOLD_MAX_PIECES];
+    let mut k = 0;
+    for p in fold_pieces(bytes, taper) {
+        *ends.get_mut(k).ok_or_else(|| {
+            Error::Internal(format!(
+                "a fold of {bytes} bytes in more than {FOLD_MAX_PIECES} pieces"
+            ))
+        })? = ((p.at + p.bytes) / es.max(1)) as u64;
+        k += 1;
+    }
+    Ok((ends, k as u64))
 }
 
 /// A fold kernel's launch, as `CopyEngine::enqueue` hands it to the launch path: device
@@ -144,7 +174,7 @@ pub(crate) struct FoldLaunch {
     /// The output, where the peer's copy lands.
     pub out: u64,
     pub bytes: usize,
-    pub piece: usize,
+    pub taper: Taper,
     pub blocks: usize,
 }
 
@@ -351,9 +381,9 @@ pub(crate) fn zcopy_schedule(
     me: Rank,
     n: usize,
     far: &[u64],
-    fold: (usize, usize),
+    fold: (usize, Taper),
 ) -> Result<Schedule, Error> {
-    if fold_serves(op.kind, n, false) {
+    if fold_kind(op.kind, n) {
         return fold_schedule(op, me, n, far, fold);
     }
     let served = zcopy_serves(op.kind, n) || rendezvous_serves(op.kind, n);
@@ -528,107 +558,121 @@ pub(crate) fn p2p_schedule(me: Rank, n: usize, p2p: &[P2pCopy]) -> Schedule {
     lanes
 }
 
-/// Rank `me`'s commands for a copy-and-fold reduction between symmetric windows
-/// (`plan::copies::folds`, 2 ranks, out of place): `far[q]` is where this process maps rank q's
-/// output; `(blocks, piece)`: the fold kernel's blocks and the bytes of a piece (every rank's
-/// alike).
+/// Rank `me`'s commands for a copy-and-fold reduction into posted outputs
+/// (`plan::copies::fold_list`, 2 ranks, out of place): `far[q]` is where this process maps rank
+/// q's output; `(blocks, taper)`: the fold kernel's blocks and how the copy is cut into pieces
+/// (every rank's alike). A rank may fold (its output takes the peer's copy), send (its input
+/// lands in the peer's output), or both (all-reduce, reduce-scatter; a reduce's root only folds,
+/// its peer only sends).
 ///
-/// On each of the peer's lanes: tell the peer this rank entered the operation (`ready` of the
-/// lane: everything before, its reads of its output included, is done), wait until the peer
-/// says the same, then for each of the lane's pieces copy it from this rank's input straight
-/// into the peer's output and raise the lane's piece word in the peer's page to the lane's
-/// count of pieces so far (the write's default fence puts the copy before it). On the caller's
-/// stream, concurrently: the fold kernel, which reduces each piece once its lane's word says it
-/// landed, then the piece words set back to 0 (a graph's replay writes the same values again).
-/// The peer's next writes into this output wait for this rank's next `ready`, which its stream
-/// gives only after the fold and the reset.
+/// On each lane with pieces: a rank that folds tells its peer it entered the operation (`ready`
+/// of the lane: everything before, its reads of its output included, is done); a rank that sends
+/// waits until its peer says so, then for each of the lane's pieces copies it from its input
+/// straight into the peer's output and raises the lane's piece word in the peer's page to the
+/// lane's count of pieces so far (the write's default fence puts the copy before it). On the
+/// caller's stream of a rank that folds, concurrently: the fold kernel, which reduces each piece
+/// once its lane's word says it landed, then the piece words set back to 0 (a graph's replay
+/// writes the same values again). The peer's next writes into this output wait for this rank's
+/// next `ready`, which its stream gives only after the fold and the reset.
 fn fold_schedule(
     op: &CeOp,
     me: Rank,
     n: usize,
     far: &[u64],
-    (blocks, piece): (usize, usize),
+    (blocks, taper): (usize, Taper),
 ) -> Result<Schedule, Error> {
-    if far.len() != n || blocks == 0 || piece == 0 {
+    if far.len() != n || blocks == 0 || n != 2 || me >= n {
         return Err(Error::Internal(format!(
-            "the copy engine's fold got {} peer addresses for {n} ranks, {blocks} blocks and pieces of {piece} bytes",
+            "the copy engine's fold got {} peer addresses for {n} ranks and {blocks} blocks",
             far.len()
         )));
     }
-    let mine = folds(op.kind, op.count, op.elem, n, me).ok_or_else(|| {
+    let list = fold_list(op.kind, op.count, op.elem, n, op.root).ok_or_else(|| {
         Error::Internal(format!(
             "the copy engine's fold got {} on {n} ranks",
             op.kind
         ))
     })?;
+    let q = 1 - me;
+    // What lands here (this rank folds), and what this rank sends (its peer folds).
+    let mine = list
+        .iter()
+        .find(|f| f.copy.to == me)
+        .filter(|f| f.copy.bytes > 0);
+    let out = list
+        .iter()
+        .find(|f| f.copy.from == me)
+        .filter(|f| f.copy.bytes > 0);
     // In place the landing area is this rank's own operand (reduce-scatter: its block of the
     // input, at `mine.local`).
-    if op.recv == op.send.wrapping_add(mine.local as u64) {
+    if mine.is_some_and(|m| op.recv == op.send.wrapping_add(m.local as u64)) {
         return Err(Error::Internal(format!(
             "the copy engine's fold got {} in place",
             op.kind
         )));
     }
-    let q = mine.copy.from;
-    // What this rank sends: the peer's fold's copy.
-    let out = folds(op.kind, op.count, op.elem, n, q)
-        .expect("served for every rank")
-        .copy;
+    // Only lanes with pieces: a fold waits for a piece of each, and so a rank that folds leaves
+    // the operation only after its peer took every `ready` it gave (a second `ready` written
+    // onto one not yet taken would be lost).
+    let used = |f: Option<&Fold>| {
+        f.map_or(0, |f| {
+            fold_pieces(f.copy.bytes, taper)
+                .map(|p| p.lane + 1)
+                .max()
+                .unwrap_or(0)
+        })
+    };
+    let (lanes_in, lanes_out) = (used(mine), used(out));
     let mut lanes: Schedule = Vec::new();
-    if mine.copy.bytes == 0 {
-        return Ok(lanes);
-    }
-    // Only lanes with pieces: the fold waits for a piece of each, and so this rank leaves the
-    // operation only after its peer took every `ready` it gave (a second `ready` written onto one
-    // not yet taken would be lost).
-    let used = fold_pieces(out.bytes, piece)
-        .map(|p| p.lane + 1)
-        .max()
-        .unwrap_or(0);
-    for lane in 0..used {
-        let mut v = vec![
-            Cmd::Write {
+    for lane in 0..lanes_in.max(lanes_out) {
+        let mut v = Vec::new();
+        if lane < lanes_in {
+            v.push(Cmd::Write {
                 page: q,
                 word: CeFlags::ready(n, me, lane),
                 value: 1,
-            },
-            Cmd::Wait {
+            });
+        }
+        if let Some(out) = out.filter(|_| lane < lanes_out).map(|f| f.copy) {
+            v.push(Cmd::Wait {
                 page: me,
                 word: CeFlags::ready(n, q, lane),
-            },
-            Cmd::Write {
+            });
+            v.push(Cmd::Write {
                 page: me,
                 word: CeFlags::ready(n, q, lane),
                 value: 0,
-            },
-        ];
-        for p in fold_pieces(out.bytes, piece).filter(|p| p.lane == lane) {
-            v.push(Cmd::Copy {
-                dst: Addr::Abs(far[q] + (out.dst + p.at) as u64),
-                src: Addr::Send(out.src + p.at),
-                bytes: p.bytes,
             });
-            v.push(Cmd::Write {
-                page: q,
-                word: CeFlags::piece(n, me, lane),
-                value: p.count,
-            });
+            for p in fold_pieces(out.bytes, taper).filter(|p| p.lane == lane) {
+                v.push(Cmd::Copy {
+                    dst: Addr::Abs(far[q] + (out.dst + p.at) as u64),
+                    src: Addr::Send(out.src + p.at),
+                    bytes: p.bytes,
+                });
+                v.push(Cmd::Write {
+                    page: q,
+                    word: CeFlags::piece(n, me, lane),
+                    value: p.count,
+                });
+            }
         }
         lanes.push((Lane::Peer { peer: q, lane }, v));
     }
-    let mut local = vec![Cmd::Fold {
-        from: q,
-        src: mine.local,
-        bytes: mine.copy.bytes,
-        piece,
-        blocks,
-    }];
-    local.extend((0..used).map(|lane| Cmd::Write {
-        page: me,
-        word: CeFlags::piece(n, q, lane),
-        value: 0,
-    }));
-    lanes.push((Lane::Local, local));
+    if let Some(mine) = mine {
+        let mut local = vec![Cmd::Fold {
+            from: q,
+            src: mine.local,
+            bytes: mine.copy.bytes,
+            taper,
+            blocks,
+        }];
+        local.extend((0..lanes_in).map(|lane| Cmd::Write {
+            page: me,
+            word: CeFlags::piece(n, q, lane),
+            value: 0,
+        }));
+        lanes.push((Lane::Local, local));
+    }
     Ok(lanes)
 }
 
@@ -702,13 +746,13 @@ impl CopyEngine {
 
     /// This rank's commands for `op` between symmetric windows (`zcopy_schedule`; the launch
     /// path keeps them with the buffers' addresses).
-    /// `fold`: the fold kernel's blocks and piece bytes, for the reductions (the tuner's
-    /// channels and chunk).
+    /// `fold`: the fold kernel's blocks and the pieces' taper, for the reductions (the tuner's
+    /// channels and `tune::fold_taper`).
     pub fn zcopy_schedule(
         &self,
         op: &CeOp,
         far: &[u64],
-        fold: (usize, usize),
+        fold: (usize, Taper),
     ) -> Result<Schedule, Error> {
         zcopy_schedule(op, self.rank, self.nranks, far, fold)
     }
@@ -814,7 +858,7 @@ impl CopyEngine {
                             from,
                             src,
                             bytes,
-                            piece,
+                            taper,
                             blocks,
                         } => fold(
                             FoldLaunch {
@@ -824,7 +868,7 @@ impl CopyEngine {
                                 mine: op.send + src as u64,
                                 out: op.recv,
                                 bytes,
-                                piece,
+                                taper,
                                 blocks,
                             },
                             st,
@@ -961,7 +1005,16 @@ impl Drop for CopyEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferroccl_core::plan::copies::FOLD_PIECE_BYTES;
+
+    /// The copy-and-folds' pieces in these tests: a few bytes' worth of the real taper, so that
+    /// an operation has body pieces, tapering ones and a ragged end.
+    const TAPER: Taper = Taper {
+        max: 256 << 10,
+        tail: 64 << 10,
+        ramp: 150,
+    };
+    /// Bytes of the largest piece.
+    const PIECE: usize = TAPER.max;
     use proptest::prelude::*;
     use std::collections::HashMap;
 
@@ -1340,7 +1393,7 @@ mod tests {
                 .collect()
         };
         let mut lanes: Vec<Vec<ZLane>> = (0..n).map(|r| load(r, 0)).collect();
-        let is_fold = |k: usize| fold_serves(ops[k].kind, n, false);
+        let is_fold = |k: usize| fold_kind(ops[k].kind, n);
         // Per operation: the copies done, as (from, to, src, dst, bytes) (none listed for a
         // copy-and-fold: its pieces are checked apart).
         let mut done: Vec<Vec<Made>> = vec![Vec::new(); ops.len()];
@@ -1361,9 +1414,15 @@ mod tests {
         let mut bytes_folded = vec![vec![0usize; n]; ops.len()];
         let fold_next = |c: &Cmd, sub: usize| -> Option<FoldPiece> {
             match *c {
-                Cmd::Fold { bytes, piece, .. } => fold_pieces(bytes, piece).nth(sub),
+                Cmd::Fold { bytes, taper, .. } => fold_pieces(bytes, taper).nth(sub),
                 _ => None,
             }
+        };
+        // The fold rank r makes in an operation, if any.
+        let fold_of = |o: &CeOp, r: Rank| -> Option<Fold> {
+            fold_list(o.kind, o.count, o.elem, n, o.root)?
+                .into_iter()
+                .find(|f| f.copy.to == r)
         };
         let finished = |l: &[ZLane]| l.iter().all(|(_, c, pc, _)| *pc == c.len());
         let far = |a: u64| ((a >> 40) as usize - 1, (a & ((1 << 40) - 1)) as usize);
@@ -1420,7 +1479,8 @@ mod tests {
                             at_op[to]
                         ));
                     }
-                    let want = folds(ops[k].kind, ops[k].count, ops[k].elem, n, to).unwrap();
+                    let want =
+                        fold_of(&ops[k], to).ok_or(format!("rank {r} lands op {k} on {to}"))?;
                     if want.copy.from != r
                         || o != want.copy.src + at
                         || at + bytes > want.copy.bytes
@@ -1457,7 +1517,7 @@ mod tests {
                 }
                 Cmd::Fold { src, bytes, .. } if is_fold(k) => {
                     let p = fold_next(&c, *sub).expect("runnable");
-                    let want = folds(ops[k].kind, ops[k].count, ops[k].elem, n, r).unwrap();
+                    let want = fold_of(&ops[k], r).ok_or(format!("rank {r} folds op {k}"))?;
                     if src != want.local || bytes != want.copy.bytes {
                         return Err(format!("rank {r} folds {src}..+{bytes} for {want:?}"));
                     }
@@ -1491,7 +1551,7 @@ mod tests {
             }
             for r in 0..n {
                 let o = &ops[k];
-                let want = folds(o.kind, o.count, o.elem, n, r).unwrap().copy.bytes;
+                let want = fold_of(o, r).map_or(0, |f| f.copy.bytes);
                 if bytes_in[k][r] != want || bytes_folded[k][r] != want {
                     return Err(format!(
                         "op {k} rank {r}: {} bytes landed and {} folded of {want}",
@@ -1507,7 +1567,7 @@ mod tests {
     fn zcopy_of(n: usize) -> impl Fn(&CeOp, Rank) -> Vec<(Lane, Vec<Cmd>)> {
         move |op, me| {
             let far: Vec<u64> = (0..n).map(far_of).collect();
-            zcopy_schedule(op, me, n, &far, (4, FOLD_PIECE_BYTES)).expect("schedule")
+            zcopy_schedule(op, me, n, &far, (4, TAPER)).expect("schedule")
         }
     }
 
@@ -1589,9 +1649,9 @@ mod tests {
             send: 5,
             recv: 5,
         };
-        assert!(zcopy_schedule(&in_place, 0, 2, &[0, far_of(1)], (4, FOLD_PIECE_BYTES)).is_err());
+        assert!(zcopy_schedule(&in_place, 0, 2, &[0, far_of(1)], (4, TAPER)).is_err());
         assert!(
-            zcopy_schedule(&ops[0], 0, 2, &[0], (4, FOLD_PIECE_BYTES)).is_err(),
+            zcopy_schedule(&ops[0], 0, 2, &[0], (4, TAPER)).is_err(),
             "an address per rank"
         );
         let reduce = CeOp {
@@ -1603,12 +1663,28 @@ mod tests {
             recv: 1,
         };
         assert!(
-            zcopy_schedule(&reduce, 0, 2, &[0, far_of(1)], (4, FOLD_PIECE_BYTES)).is_err(),
-            "not a kind it serves"
+            zcopy_schedule(&reduce, 0, 3, &[0, far_of(1), far_of(2)], (4, TAPER)).is_err(),
+            "not a kind it serves on 3 ranks"
         );
+        // A reduce's root in place would fold into its own operand; its non-root's buffers
+        // alike mean nothing (it has no output).
+        let in_place = CeOp { recv: 0, ..reduce };
+        assert!(zcopy_schedule(&in_place, 0, 2, &[0, far_of(1)], (4, TAPER)).is_err());
+        assert!(zcopy_schedule(&in_place, 1, 2, &[far_of(0), 0], (4, TAPER)).is_ok());
+        // The root only folds, the non-root only sends.
+        let root = zcopy_schedule(&reduce, 0, 2, &[0, far_of(1)], (4, TAPER)).unwrap();
+        let other = zcopy_schedule(&reduce, 1, 2, &[far_of(0), 0], (4, TAPER)).unwrap();
+        let has = |s: &Schedule, f: &dyn Fn(&Cmd) -> bool| s.iter().any(|(_, c)| c.iter().any(f));
+        assert!(has(&root, &|c| matches!(c, Cmd::Fold { .. })));
+        assert!(!has(&root, &|c| matches!(
+            c,
+            Cmd::Copy { .. } | Cmd::Wait { .. }
+        )));
+        assert!(has(&other, &|c| matches!(c, Cmd::Copy { .. })));
+        assert!(!has(&other, &|c| matches!(c, Cmd::Fold { .. })));
     }
 
-    /// A copy-and-fold's operation of `count` 4-byte elements, out of place.
+    /// A copy-and-fold's operation of `count` 4-byte elements, out of place (a reduce's root 0).
     fn fold_op(kind: CollKind, count: usize) -> CeOp {
         CeOp {
             kind,
@@ -1622,17 +1698,25 @@ mod tests {
 
     fn fold_op_strategy() -> impl Strategy<Value = CeOp> {
         (
-            prop_oneof![Just(CollKind::AllReduce), Just(CollKind::ReduceScatter)],
-            // Up to a few pieces of FOLD_PIECE_BYTES: element counts of 4-byte elements.
-            0usize..(5 * FOLD_PIECE_BYTES / 4 / 2),
+            prop_oneof![
+                Just(CollKind::AllReduce),
+                Just(CollKind::ReduceScatter),
+                Just(CollKind::Reduce)
+            ],
+            // Up to a few of the largest pieces: element counts of 4-byte elements.
+            0usize..(5 * PIECE / 4),
+            0usize..2,
         )
-            .prop_map(|(kind, count)| fold_op(kind, count))
+            .prop_map(|(kind, count, root)| CeOp {
+                root,
+                ..fold_op(kind, count)
+            })
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
         /// The copy-and-fold handshake holds under any interleaving of both ranks' lanes, for
-        /// all-reduces and reduce-scatters of a few pieces, repeated.
+        /// all-reduces, reduce-scatters and reduces (either root) of a few pieces, repeated.
         #[test]
         fn the_fold_handshake_holds_under_any_schedule(
             ops in proptest::collection::vec(fold_op_strategy(), 1..4),
@@ -1652,7 +1736,7 @@ mod tests {
             seed in proptest::collection::vec(any::<u8>(), 1..64),
             ahead in any::<bool>(),
         ) {
-            let served = |o: &&CeOp| fold_serves(o.kind, 2, false)
+            let served = |o: &&CeOp| fold_kind(o.kind, 2)
                 || (zcopy_serves(o.kind, 2) && !(o.kind == CollKind::AllToAll && o.send == o.recv));
             let ops: Vec<CeOp> = ops.iter().chain(ops.iter()).filter(served).copied().collect();
             prop_assume!(!ops.is_empty());
@@ -1668,7 +1752,7 @@ mod tests {
     #[test]
     fn the_fold_model_catches_a_handshake_left_out() {
         let op = fold_op;
-        let three = 3 * FOLD_PIECE_BYTES / 4;
+        let three = 3 * PIECE / 4;
         let ops = [
             op(CollKind::AllReduce, three),
             op(CollKind::ReduceScatter, three / 2),
@@ -1749,7 +1833,7 @@ mod tests {
         assert!(errs.len() == 64, "every run ends with the words changed");
         let mut in_place = ops[0];
         in_place.recv = in_place.send;
-        assert!(zcopy_schedule(&in_place, 0, 2, &[0, far_of(1)], (4, FOLD_PIECE_BYTES)).is_err());
+        assert!(zcopy_schedule(&in_place, 0, 2, &[0, far_of(1)], (4, TAPER)).is_err());
         // A reduce-scatter in place: rank r's output is its block r of the input.
         let mut rs = ops[1];
         for me in 0..2 {
@@ -1757,22 +1841,15 @@ mod tests {
             rs.recv = rs.send + (me * rs.count * rs.elem) as u64;
             let far = [far_of(0), far_of(1)];
             assert!(
-                zcopy_schedule(&rs, me, 2, &far, (4, FOLD_PIECE_BYTES)).is_err(),
+                zcopy_schedule(&rs, me, 2, &far, (4, TAPER)).is_err(),
                 "rank {me}"
             );
             rs.recv += 4096;
-            assert!(zcopy_schedule(&rs, me, 2, &far, (4, FOLD_PIECE_BYTES)).is_ok());
+            assert!(zcopy_schedule(&rs, me, 2, &far, (4, TAPER)).is_ok());
         }
-        assert!(zcopy_schedule(&ops[0], 0, 2, &[0], (4, FOLD_PIECE_BYTES)).is_err());
-        assert!(zcopy_schedule(&ops[0], 0, 2, &[0, far_of(1)], (0, FOLD_PIECE_BYTES)).is_err());
-        assert!(zcopy_schedule(
-            &ops[0],
-            0,
-            3,
-            &[0, far_of(1), far_of(2)],
-            (4, FOLD_PIECE_BYTES)
-        )
-        .is_err());
+        assert!(zcopy_schedule(&ops[0], 0, 2, &[0], (4, TAPER)).is_err());
+        assert!(zcopy_schedule(&ops[0], 0, 2, &[0, far_of(1)], (0, TAPER)).is_err());
+        assert!(zcopy_schedule(&ops[0], 0, 3, &[0, far_of(1), far_of(2)], (4, TAPER)).is_err());
     }
 
     #[test]

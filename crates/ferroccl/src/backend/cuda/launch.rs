@@ -16,7 +16,7 @@
 //! Tables a graph captured stay for the communicator's life, as the graph may replay them.
 
 use super::comm::{CudaComm, BLOCK_THREADS};
-use super::copy_engine::{p2p_schedule, CeOp, FoldLaunch, P2pCopy, Schedule};
+use super::copy_engine::{fold_ends, p2p_schedule, CeOp, FoldLaunch, P2pCopy, Schedule};
 use super::p2p::{p2p_form, P2pForm};
 use super::tables::{
     encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcFold, FcLaunch, FcOp, FcPeer,
@@ -534,7 +534,7 @@ impl CudaComm {
             let lanes = ce.zcopy_schedule(
                 &ce_op(&args[0]),
                 &far,
-                (c.channels, c.chunk_elems * args[0].dtype.size()),
+                (c.channels, ferroccl_core::tune::fold_taper(&info.config)),
             )?;
             drop(windows);
             self.run_entry(Run::Copy(Arc::new(lanes)), args, ops, stream, None, 0)?;
@@ -585,7 +585,7 @@ impl CudaComm {
                                 (Some(far), true) => ce.zcopy_schedule(
                                     &ce_op(&args[0]),
                                     far,
-                                    (c.channels, c.chunk_elems * args[0].dtype.size()),
+                                    (c.channels, ferroccl_core::tune::fold_taper(&info.config)),
                                 )?,
                                 _ => ce.schedule(&ce_op(&args[0]))?,
                             };
@@ -817,19 +817,20 @@ impl CudaComm {
                         ));
                     };
                     let es = a.dtype.size();
-                    let param = FcFold {
+                    let mut param = FcFold {
                         words: f.words,
                         mine: f.mine,
                         out: f.out,
                         count: (f.bytes / es) as u64,
-                        piece: (f.piece / es).max(1) as u64,
                         abort: self.status.abort_ptr(),
                         error: self.status.error_ptr(),
                         timeout_ns: self.timeout_ns,
                         rank: template.rank,
                         nblocks: f.blocks as u32,
                         op: ops[0],
+                        ..FcFold::default()
                     };
+                    (param.ends, param.pieces) = fold_ends(f.bytes, f.taper, es)?;
                     // SAFETY: the fold kernel takes one FcFold; its words are this rank's flag
                     // page (mapped for this GPU), its buffers the caller's (its contract).
                     unsafe {

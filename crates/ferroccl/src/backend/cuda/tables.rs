@@ -268,8 +268,9 @@ pub(crate) struct FcFold {
     pub out: u64,
     /// Elements to fold.
     pub count: u64,
-    /// Elements of a piece (`copies::FOLD_PIECE_BYTES`).
-    pub piece: u64,
+    /// Pieces (`copy_engine::fold_pieces`), at most `FOLD_MAX_PIECES`: the first `pieces` of
+    /// `ends`.
+    pub pieces: u64,
     pub abort: u64,
     pub error: u64,
     pub timeout_ns: u64,
@@ -277,9 +278,11 @@ pub(crate) struct FcFold {
     pub nblocks: u32,
     /// The operation's type and reduction (its buffers are `mine` and `out`).
     pub op: FcOp,
+    /// Where each piece ends, in elements from the start (the last: `count`).
+    pub ends: [u64; FOLD_MAX_PIECES],
 }
 
-pub(crate) use ferroccl_core::plan::copies::CE_LANES;
+pub(crate) use ferroccl_core::plan::copies::{CE_LANES, FOLD_MAX_PIECES};
 
 /// Steps the point-to-point kernel's parameter holds (`FC_P2P_MAX_STEPS`): launches with more
 /// stay on the plan kernel.
@@ -435,8 +438,8 @@ layout! {
                   chunk @ 296, slot_bytes @ 304, kind @ 312, rank @ 316, nranks @ 320, nblocks @ 324, root @ 328,
                   oneshot @ 332, blocks @ 336, split @ 340, op @ 344, views @ 400, direct @ 528, post @ 532, stats @ 536,
                   pull @ 544, lines @ 552 }
-    FcFold: 136 { words @ 0, mine @ 16, out @ 24, count @ 32, piece @ 40, abort @ 48, error @ 56, timeout_ns @ 64,
-                  rank @ 72, nblocks @ 76, op @ 80 }
+    FcFold: 392 { words @ 0, mine @ 16, out @ 24, count @ 32, pieces @ 40, abort @ 48, error @ 56, timeout_ns @ 64,
+                  rank @ 72, nblocks @ 76, op @ 80, ends @ 136 }
     FcP2pStep: 56 { base @ 0, tail @ 8, counter @ 16, buf @ 24, bytes @ 32, piece @ 36, slots @ 40, conn @ 44,
                     peer @ 48, block @ 52, dir @ 54, ll @ 55 }
     FcP2p: 3624 { conns @ 0, abort @ 8, error @ 16, timeout_ns @ 24, rank @ 32, nsteps @ 36, steps @ 40 }
@@ -949,6 +952,7 @@ mod tests {
                 ferroccl_core::tune::LINE_GROUP_DATA as u32,
             ),
             ("FC_CE_LANES", CE_LANES as u32),
+            ("FC_FOLD_MAX_PIECES", FOLD_MAX_PIECES as u32),
             ("FC_P2P_MAX_STEPS", P2P_MAX_STEPS as u32),
             ("FC_P2P_THREADS", P2P_THREADS),
             ("FC_P2P_COPY", P2P_COPY as u32),

@@ -874,20 +874,25 @@ namespace fc {
 
 // ferroccl_fold_<type>[_plain]: the local half of a copy-and-fold reduction (FcFold): out = op(own
 // operand, what the peer's copy engines landed in out), piece by piece as each piece's lane word
-// reaches its count (copy_engine.rs `fold_pieces`: piece k on lane k % FC_CE_LANES, the
-// (k / FC_CE_LANES + 1)-th of its lane). Each block takes its slice of every piece (cut at 64
-// elements); thread 0 polls the word (this GPU's memory) with an acquire, and the barrier orders the
-// block's loads after it. Both ranks fold in the same order, (the peer's, the own) for the
-// commutative reductions and rank 0's operands first for Max and Min, so every rank gets the same
-// bits. What landed is the peer's raw input, so a PreMulSum (whose scalar may differ by rank)
-// cannot be folded here: the tuner never gives it one (tune::fold_pays), and the kernel refuses it.
+// reaches its count (copy_engine.rs `fold_pieces`: the pieces end where `ends` says, tapering
+// towards the end; piece k on lane k % FC_CE_LANES, the (k / FC_CE_LANES + 1)-th of its lane).
+// Each block takes its slice of every piece (cut at 64 elements); thread 0 polls the word (this
+// GPU's memory) with an acquire, and the barrier orders the block's loads after it. Both ranks
+// fold in the same order, (the peer's, the own) for the commutative reductions and rank 0's
+// operands first for Max and Min, so every rank gets the same bits. What landed is the peer's raw
+// input, so a PreMulSum (whose scalar may differ by rank) cannot be folded here: the tuner never
+// gives it one (tune::fold_pays), and the kernel refuses it.
 template <typename D, fc_u32 DTYPE, int SHAPE>
 __device__ __forceinline__ void fold_main(const FcFold& P) {
     if (blockIdx.x >= P.nblocks) return;
-    // A launch it cannot fold (the host's choice or pick gone wrong) fails loudly: the output
-    // would otherwise keep the peer's operand.
-    if (P.piece == 0 || P.rank > 1u || P.op.dtype != DTYPE || !fc::redop_valid(P.op.redop) ||
-        P.op.redop == FC_OP_PREMULSUM || !fc::shape_serves<SHAPE>(FC_KIND_ALL_REDUCE, P.op.redop)) {
+    // A launch it cannot fold (the host's choice or pick gone wrong, or pieces that do not end
+    // at the count) fails loudly: the output would otherwise keep the peer's operand.
+    const fc_u64 n = P.count, pieces = P.pieces;
+    bool cut_ok = pieces != 0 && pieces <= FC_FOLD_MAX_PIECES && P.ends[pieces - 1u] == n;
+    for (fc_u64 k = 1; cut_ok && k < pieces; ++k) cut_ok = P.ends[k - 1u] <= P.ends[k];
+    if (!cut_ok || P.rank > 1u ||
+        P.op.dtype != DTYPE || !fc::redop_valid(P.op.redop) || P.op.redop == FC_OP_PREMULSUM ||
+        !fc::shape_serves<SHAPE>(FC_KIND_ALL_REDUCE, P.op.redop)) {
         if (threadIdx.x == 0) fc::engine_error(P, FC_ERR_PLAN, FC_WHAT_PLAN, 1u - (P.rank & 1u), DTYPE, P.op.dtype, 0, 0);
         return;
     }
@@ -895,11 +900,12 @@ __device__ __forceinline__ void fold_main(const FcFold& P) {
     const volatile FcError* err = (const volatile FcError*)P.error;
     if (err != nullptr && err->claimed != 0u) return;
     constexpr bool SUM = SHAPE != FC_SHAPE_ANY;
-    const fc_u64 es = sizeof(typename D::S), n = P.count, pe = P.piece;
+    const fc_u64 es = sizeof(typename D::S);
     const fc_u8* mine = (const fc_u8*)P.mine;
     fc_u8* out = (fc_u8*)P.out;
-    const fc_u64 pieces = (n + pe - 1u) / pe;
+    fc_u64 a = 0;
     for (fc_u64 k = 0; k < pieces; ++k) {
+        const fc_u64 end = P.ends[k];
         int bad = 0;
         if (threadIdx.x == 0) {
             const fc_u32* w = (const fc_u32*)P.words[k % FC_CE_LANES];
@@ -915,12 +921,14 @@ __device__ __forceinline__ void fold_main(const FcFold& P) {
         }
         if (__syncthreads_or(bad)) return;
         if (k + 1u == pieces) fc::release_next_grid();
-        const fc_u64 a = k * pe, len = n - a < pe ? n - a : pe;
+        const fc_u64 len = end - a;
         const fc_u64 s0 = fc::cut(len, P.nblocks, blockIdx.x), s1 = fc::cut(len, P.nblocks, blockIdx.x + 1u);
-        if (s1 <= s0) continue;
-        fc_u8* o = out + (a + s0) * es;
-        const fc_u8* m = mine + (a + s0) * es;
-        fc::fold_pair<D, SUM>(P.op, P.rank, o, o, m, s1 - s0);
+        if (s1 > s0) {
+            fc_u8* o = out + (a + s0) * es;
+            const fc_u8* m = mine + (a + s0) * es;
+            fc::fold_pair<D, SUM>(P.op, P.rank, o, o, m, s1 - s0);
+        }
+        a = end;
     }
 }
 

@@ -309,32 +309,36 @@ FC_CHECK_OFFSET(FcPeer, lines, 552);
 // copy lane in this rank's GPU memory (after the peer engine's flag lines); the kernel folds this
 // rank's own operand into each piece once its word says it is there.
 #define FC_CE_LANES 2u
+// Pieces a copy-and-fold has at most (plan::copies::FOLD_MAX_PIECES).
+#define FC_FOLD_MAX_PIECES 32u
 
 struct FcFold {
     fc_u64 words[FC_CE_LANES];  // piece word of each copy lane (this GPU's memory)
     fc_u64 mine;                // this rank's own operand
     fc_u64 out;                 // the output: the peer's copy lands here, the result goes here
     fc_u64 count;               // elements to fold
-    fc_u64 piece;               // elements per piece
+    fc_u64 pieces;              // pieces, at most FC_FOLD_MAX_PIECES: the first `pieces` of ends
     fc_u64 abort;               // as FcLaunch
     fc_u64 error;
     fc_u64 timeout_ns;
     fc_u32 rank;
     fc_u32 nblocks;
     FcOp op;                    // type and reduction (send and recv unused)
+    fc_u64 ends[FC_FOLD_MAX_PIECES];  // where each piece ends, in elements (the last: count)
 };
-FC_CHECK_SIZE(FcFold, 136);
+FC_CHECK_SIZE(FcFold, 392);
 FC_CHECK_OFFSET(FcFold, words, 0);
 FC_CHECK_OFFSET(FcFold, mine, 16);
 FC_CHECK_OFFSET(FcFold, out, 24);
 FC_CHECK_OFFSET(FcFold, count, 32);
-FC_CHECK_OFFSET(FcFold, piece, 40);
+FC_CHECK_OFFSET(FcFold, pieces, 40);
 FC_CHECK_OFFSET(FcFold, abort, 48);
 FC_CHECK_OFFSET(FcFold, error, 56);
 FC_CHECK_OFFSET(FcFold, timeout_ns, 64);
 FC_CHECK_OFFSET(FcFold, rank, 72);
 FC_CHECK_OFFSET(FcFold, nblocks, 76);
 FC_CHECK_OFFSET(FcFold, op, 80);
+FC_CHECK_OFFSET(FcFold, ends, 136);
 
 // ---- the point-to-point kernel (p2p.cuh, in the plan kernel's module) ---------------------------
 // A launch whose plan is only sends and receives (and copies for sends to oneself), run over the
