@@ -231,11 +231,11 @@ __device__ __forceinline__ bool fold_swaps(fc_u32 redop, fc_u32 rank) {
 
 // out = the fold of the peer's and this rank's operands on 2 ranks, in one operand order on both
 // (fold_swaps).
-template <typename D, bool SUM>
+template <typename D, bool SUM, int U = FC_REDUCE_UNROLL>
 __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* out, const fc_u8* theirs, const fc_u8* mine,
                                           fc_u64 len) {
     const bool swap = fold_swaps<SUM>(op.redop, rank);
-    reduce_as<D, SUM>(op, out, nullptr, swap ? mine : theirs, swap ? theirs : mine, len, true, true);
+    reduce_as<D, SUM, U>(op, out, nullptr, swap ? mine : theirs, swap ? theirs : mine, len, true, true);
 }
 
 // ---- line rounds (FcPeer::lines; the tuner's Protocol::LL128, tune::peer_lines) ----------------
@@ -882,6 +882,14 @@ namespace fc {
 // operands first for Max and Min, so every rank gets the same bits. What landed is the peer's raw
 // input, so a PreMulSum (whose scalar may differ by rank) cannot be folded here: the tuner never
 // gives it one (tune::fold_pays), and the kernel refuses it.
+// Pairs of 16-byte loads in flight per thread in the fold (FC_REDUCE_UNROLL elsewhere): the fold
+// must keep ahead of the link with few blocks, and 16 blocks with 4 pairs each folded about 410
+// GB/s of landed pieces on an H200, barely over the link's 376-394 (with 8: the copy-and-fold at
+// 2 GiB as with 32 blocks; docs/PERFORMANCE.md section 36).
+#ifndef FC_FOLD_UNROLL
+#define FC_FOLD_UNROLL 8
+#endif
+
 template <typename D, fc_u32 DTYPE, int SHAPE>
 __device__ __forceinline__ void fold_main(const FcFold& P) {
     if (blockIdx.x >= P.nblocks) return;
@@ -926,7 +934,7 @@ __device__ __forceinline__ void fold_main(const FcFold& P) {
         if (s1 > s0) {
             fc_u8* o = out + (a + s0) * es;
             const fc_u8* m = mine + (a + s0) * es;
-            fc::fold_pair<D, SUM>(P.op, P.rank, o, o, m, s1 - s0);
+            fc::fold_pair<D, SUM, FC_FOLD_UNROLL>(P.op, P.rank, o, o, m, s1 - s0);
         }
         a = end;
     }

@@ -344,7 +344,9 @@ __device__ __forceinline__ typename D::S reduce_elem(typename D::S recv, typenam
 
 // For i < n: l = local[i]; if pre l *= scalar; v = O(recv[i], l); if post v /= nranks;
 // dst0[i] = v (and dst1[i]). dst0 may be exactly local (in place); recv is a slot.
-template <typename D>
+// U: pairs of 16-byte loads in flight per thread (FC_REDUCE_UNROLL; the copy-and-fold's fold
+// more, FC_FOLD_UNROLL).
+template <typename D, int U = FC_REDUCE_UNROLL>
 __device__ __forceinline__ void reduce_piece(fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u8* local, fc_u64 n, fc_u32 k,
                              bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
     typedef typename D::S S;
@@ -358,9 +360,8 @@ __device__ __forceinline__ void reduce_piece(fc_u8* d0, fc_u8* d1, const fc_u8* 
         const uint4* l4 = (const uint4*)local;
         uint4* a4 = (uint4*)d0;
         uint4* b4 = (uint4*)d1;
-        // FC_REDUCE_UNROLL pairs of loads in flight per thread before the first store, as in
-        // copy_words: one pair at a time left each block waiting on HBM latency.
-        const int U = FC_REDUCE_UNROLL;
+        // U pairs of loads in flight per thread before the first store, as in copy_words: one
+        // pair at a time left each block waiting on HBM latency.
         fc_u64 i = threadIdx.x;
         for (; i + (fc_u64)(U - 1) * nt < nv; i += (fc_u64)U * nt) {
             Pack r[U], l[U];
@@ -462,12 +463,12 @@ __device__ __forceinline__ typename D::C scalar_of(const FcOp& op) {
 // reduce_piece with reduction `k`, a plain Sum (the commonest reduction, no pre-multiply or
 // average) in a loop of its own, where no element pays for the choice of reduction (measured:
 // the choice per element made the bf16 reduce loop compute-bound, docs/PERFORMANCE.md section 12).
-template <typename D>
+template <typename D, int U = FC_REDUCE_UNROLL>
 __device__ __forceinline__ void reduce_with(const FcOp& op, fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u8* local, fc_u64 n,
                                             fc_u32 k, bool pre, bool post) {
     const typename D::C none(0);
-    if (k == FC_OP_SUM && !pre && !post) reduce_piece<D>(d0, d1, recv, local, n, FC_OP_SUM, false, false, none, op.nranks);
-    else reduce_piece<D>(d0, d1, recv, local, n, k, pre, post, pre ? scalar_of<D>(op) : none, op.nranks);
+    if (k == FC_OP_SUM && !pre && !post) reduce_piece<D, U>(d0, d1, recv, local, n, FC_OP_SUM, false, false, none, op.nranks);
+    else reduce_piece<D, U>(d0, d1, recv, local, n, k, pre, post, pre ? scalar_of<D>(op) : none, op.nranks);
 }
 
 // The plan kernel's: the other reductions keep the choice per element here, where one kernel
@@ -542,24 +543,24 @@ __device__ __noinline__ void transform(const FcOp& op, fc_u8* d0, const fc_u8* s
 
 // The reduction is chosen once per piece, not per element as in `reduce`: a loop per reduction
 // (reduce_with: and one for a plain Sum).
-template <typename D, bool SUM>
+template <typename D, bool SUM, int U = FC_REDUCE_UNROLL>
 __device__ __noinline__ void reduce_as(const FcOp& op, fc_u8* d0, fc_u8* d1, const fc_u8* recv, const fc_u8* local, fc_u64 n,
                                        bool pre_flag, bool post_flag) {
     const fc_u32 k = SUM ? FC_OP_SUM : op.redop;
     const bool pre = pre_flag && k == FC_OP_PREMULSUM;
     const bool post = post_flag && k == FC_OP_AVG;
     switch (k) {
-        case FC_OP_PROD: reduce_with<D>(op, d0, d1, recv, local, n, FC_OP_PROD, false, false); break;
-        case FC_OP_MAX: reduce_with<D>(op, d0, d1, recv, local, n, FC_OP_MAX, false, false); break;
-        case FC_OP_MIN: reduce_with<D>(op, d0, d1, recv, local, n, FC_OP_MIN, false, false); break;
+        case FC_OP_PROD: reduce_with<D, U>(op, d0, d1, recv, local, n, FC_OP_PROD, false, false); break;
+        case FC_OP_MAX: reduce_with<D, U>(op, d0, d1, recv, local, n, FC_OP_MAX, false, false); break;
+        case FC_OP_MIN: reduce_with<D, U>(op, d0, d1, recv, local, n, FC_OP_MIN, false, false); break;
         // Avg combines as Sum; its last pass divides, in the Sum loop with the division compiled
         // in, where the general loop tested a pre and a post flag at every element (8-bit Avg went
         // from 1.5-2 x Sum to 1.3-1.55 x, bfloat16's to level: docs/PERFORMANCE.md section 28).
         case FC_OP_AVG:
-            if (post) reduce_piece<D>(d0, d1, recv, local, n, FC_OP_SUM, false, true, typename D::C(0), op.nranks);
-            else reduce_with<D>(op, d0, d1, recv, local, n, FC_OP_SUM, false, false);
+            if (post) reduce_piece<D, U>(d0, d1, recv, local, n, FC_OP_SUM, false, true, typename D::C(0), op.nranks);
+            else reduce_with<D, U>(op, d0, d1, recv, local, n, FC_OP_SUM, false, false);
             break;
-        default: reduce_with<D>(op, d0, d1, recv, local, n, FC_OP_SUM, pre, false);  // Sum, and PreMulSum as Sum
+        default: reduce_with<D, U>(op, d0, d1, recv, local, n, FC_OP_SUM, pre, false);  // Sum, and PreMulSum as Sum
     }
 }
 
