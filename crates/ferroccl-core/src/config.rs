@@ -1157,7 +1157,7 @@ mod tests {
         let min = Config::from_vars(&vars(&[("FERROCCL_GPU_FOLD_MIN_BYTES", "0")])).unwrap();
         assert_eq!(
             (min.gpu_fold_min_bytes, Config::default().gpu_fold_min_bytes),
-            (0, 1 << 30)
+            (0, 512 << 20)
         );
         assert!(shares(&min, "FERROCCL_GPU_FOLD_MIN_BYTES", "0"));
         // The pieces are every rank's alike, the blocks each rank's own.

@@ -156,10 +156,12 @@ pub const FOLD_TAIL_BYTES: usize = 4 << 20;
 
 /// How much each piece of a copy-and-fold may grow over the one after it, in per cent
 /// ([`Taper::ramp`]): a piece's fold must be done by the time the next piece has landed, or the
-/// folds fall behind the copies and the tail grows. On 2 x H200 a fold of 16 blocks takes a piece
-/// at about 540 GB/s where the link brings it at 372-393 (docs/PERFORMANCE.md section 21): each
-/// piece at most 1.4-1.45 x the next keeps up.
-pub const FOLD_RAMP: usize = 140;
+/// folds fall behind the copies and the tail grows. On 2 x H200 (docs/PERFORMANCE.md section 36,
+/// 16 fold blocks with 8 pairs of loads in flight a thread, graphs, float32, GB/s at 512 MiB / 2
+/// GiB, ramp 120 / 140 / 160): all-reduce 350 / 373, 318 / 363, 310 / 359; reduce 359 / 383,
+/// 328 / 372, 321 / 370; reduce-scatter 321 / 365, 293 / 343, 283 / 340. With 4 pairs in flight the
+/// pieces' times fit a fold of about 410 GB/s a piece against the link's 376-394.
+pub const FOLD_RAMP: usize = 120;
 
 /// Pieces a copy-and-fold has at most: the fold kernel's parameter holds their ends
 /// (`FC_FOLD_MAX_PIECES`).
@@ -769,9 +771,9 @@ mod tests {
             ramp: FOLD_RAMP,
         };
         let cuts = fold_cuts(2 << 30, t);
-        // 2 GiB: about 16 pieces of at most 128 MiB (the first may take a remainder under half
+        // 2 GiB: under 32 pieces of at most 128 MiB (the first may take a remainder under half
         // a piece), 4 MiB last: a 32 MiB uniform cut had 64.
-        assert!((12..=28).contains(&cuts.len()), "{cuts:?}");
+        assert!((16..=FOLD_MAX_PIECES).contains(&cuts.len()), "{cuts:?}");
         assert_eq!(*cuts.last().unwrap(), FOLD_TAIL_BYTES);
         assert!(
             cuts.iter().all(|&c| c <= FOLD_PIECE_BYTES * 3 / 2),

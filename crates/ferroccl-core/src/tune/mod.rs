@@ -99,11 +99,14 @@ pub fn peer_region_bytes(cfg: &Config, nranks: usize) -> usize {
 }
 
 /// Thread blocks of the fold kernel of a copy-and-fold reduction (`copies::fold_list`): it reads
-/// two pieces and writes one in HBM for every piece the link brings. On 2 x H200 8 blocks took a
-/// 2 GiB all-reduce to 267-273 GB/s, 16 to 311, 32 to 308 (8 MiB pieces); with 64 MiB pieces 32
-/// blocks lost 5 % against 16 (docs/PERFORMANCE.md section 21). 16: the bandwidth issue's goal
-/// for reductions. `FERROCCL_GPU_FOLD_BLOCKS` sets it, within `FERROCCL_GPU_CHANNELS` (the
-/// block budget of a collective, which `ferroccl bench --max-ctas` sets).
+/// two pieces and writes one in HBM for every piece the link brings, and must keep ahead of the
+/// link (the pieces taper by what it keeps up with, `copies::FOLD_RAMP`). On 2 x H200 with 8 pairs
+/// of loads in flight a thread (`FC_FOLD_UNROLL`) 16 blocks folded as fast as 32 with 4 and with 8
+/// (all-reduce 2 GiB 373 / 362-369 / 354-362 GB/s); only the reduce, whose one-way link is the
+/// fastest, gained from 32 (383 against 387; docs/PERFORMANCE.md section 36). 16: the bandwidth
+/// issue's goal for reductions. `FERROCCL_GPU_FOLD_BLOCKS` sets it, within
+/// `FERROCCL_GPU_CHANNELS` (the block budget of a collective, which `ferroccl bench --max-ctas`
+/// sets).
 pub const FOLD_BLOCKS: usize = 16;
 
 /// Whether the copy-and-fold takes a reduction of `redop` (`OpShape::redop`) over `dtype`: Sum,
@@ -137,11 +140,12 @@ pub fn fold_taper(cfg: &Config) -> copies::Taper {
 }
 
 /// The smallest largest-buffer of a copy-and-fold reduction (`FERROCCL_GPU_FOLD_MIN_BYTES`):
-/// on 2 x H200 (32 MiB pieces, a process per GPU, against the peer engine in the same run)
-/// all-reduce 512 MiB 322-327 against 326-327 GB/s, 1 GiB 339-345 against 328, 2 GiB 346-349
-/// against 329-331; reduce-scatter 512 MiB 295-297 against 316-317, 1 GiB 323-325 against
-/// 320-321, 2 GiB 341-342 against 321-323 (docs/PERFORMANCE.md section 21).
-pub const FOLD_MIN_BYTES: usize = 1 << 30;
+/// on 2 x H200 (tapering pieces, 16 fold blocks, a process per GPU, plain buffers mapped on the
+/// fly, graphs, float32, the kernels in the same call; docs/PERFORMANCE.md section 36) all-reduce
+/// 256 MiB 322 against 327 GB/s, 512 MiB 350 against 332, 2 GiB 373 against 336; reduce 333
+/// against 345, 360 against 347, 383 against 350; reduce-scatter 299 against 317, 321 against
+/// 321, 365 against 322.
+pub const FOLD_MIN_BYTES: usize = 512 << 20;
 
 /// The smallest largest-buffer for which [`peer_split_pays`] splits.
 pub const PEER_SPLIT_MIN_BYTES: usize = 32 << 20;
@@ -554,7 +558,8 @@ fn direct_blocks(count: usize, es: usize, cfg: &Config) -> Option<usize> {
 /// 282-283 in graphs, 32 MiB 312 / 298-301, 128 MiB 330 / 320-322, 512 MiB 334-335 / 328-331;
 /// but 8 MiB 32.1-32.7 / 32.0 us, 1 MiB 10.3-10.7 / 8.9-9.1 us (its second crossing and the
 /// reads' round trip cost more than the overlap gives there), and 1-2 GiB 335-336 against the
-/// copy-and-fold's 340-356 (docs/PERFORMANCE.md section 22).
+/// copy-and-fold's 340-356 (docs/PERFORMANCE.md section 22); the copy-and-fold takes over from
+/// `FERROCCL_GPU_FOLD_MIN_BYTES` (512 MiB since its pieces taper: 350 GB/s there, section 36).
 pub const PEER_PULL_MIN_BYTES: usize = 16 << 20;
 /// See [`PEER_PULL_MIN_BYTES`].
 pub const PEER_PULL_MAX_BYTES: usize = 512 << 20;

@@ -2582,9 +2582,10 @@ fn pulls_take_symmetric_out_of_place_all_reduces_of_two_ranks_within_the_limit()
     assert!(!choose(&at(4 << 20), Device::Host, &cfg).zero_copy);
 }
 
-/// The pulls' default range: from 16 MiB to 512 MiB (measured), the copy-and-fold beyond.
+/// The pulls' default range: from 16 MiB (measured) to the copy-and-fold's threshold (512 MiB),
+/// the copy-and-fold from there.
 #[test]
-fn pulls_by_default_from_16_to_512_mib() {
+fn pulls_by_default_from_16_mib_to_the_fold() {
     let cfg = Config::default();
     let at = symmetric_all_reduce;
     let pulls = |bytes: usize| {
@@ -2592,12 +2593,11 @@ fn pulls_by_default_from_16_to_512_mib() {
         c.engine == Engine::PeerKernel && c.zero_copy
     };
     assert!(!pulls(8 << 20));
-    assert!(pulls(16 << 20) && pulls(64 << 20) && pulls(512 << 20));
-    assert!(!pulls(1 << 30), "1 GiB takes the copy-and-fold");
-    assert_eq!(
-        choose(&at(1 << 30), Device::Gpu, &cfg).engine,
-        Engine::CopyEngine
-    );
+    assert!(pulls(16 << 20) && pulls(64 << 20) && pulls(256 << 20));
+    for b in [cfg.gpu_fold_min_bytes, 1 << 30] {
+        assert!(!pulls(b), "{b} takes the copy-and-fold");
+        assert_eq!(choose(&at(b), Device::Gpu, &cfg).engine, Engine::CopyEngine);
+    }
 }
 
 /// Line rounds (FERROCCL_GPU_PEER_LINES_MAX_BYTES): the peer engine's one-shot all-reduce, its
