@@ -757,6 +757,35 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                     "round {round}: reduce-scatter {op:?}"
                 );
             }
+            // Reduce to either root between windows: after the rendezvous (the root posts its
+            // window), the non-root's input copied into the root's output and folded there by
+            // the root's fold kernel (with the copy engines); else a kernel. Exact.
+            let tag = round + 95;
+            put(&send, 0, &small(tag, r, n * count));
+            let (a, b) = (small(tag, 0, n * count), small(tag, 1, n * count));
+            let want: Vec<u32> = (0..n * count)
+                .map(|j| (f32::from_bits(a[j]) + f32::from_bits(b[j])).to_bits())
+                .collect();
+            for root in 0..n {
+                scrub(&recv);
+                let blocks = run(
+                    CollKind::Reduce,
+                    send.device_ptr(),
+                    recv.device_ptr(),
+                    n * count,
+                    root,
+                );
+                if ce {
+                    let fold = if r == root { fold_blocks } else { Some(0) };
+                    assert_eq!(blocks, fold, "round {round}: reduce to {root}");
+                }
+                if r == root {
+                    assert!(
+                        read(&recv, n * count) == want,
+                        "round {round}: reduce to {root}"
+                    );
+                }
+            }
             // In place: a kernel, exact.
             put(&recv, 0, &small(round + 90, r, count));
             assert_ne!(
