@@ -279,8 +279,8 @@ pub struct Fold {
 }
 
 /// Every fold of a copy-and-fold `kind` ([`fold_kind`]) with NCCL's `count` of `elem` bytes on
-/// `nranks` ranks (`root` for the reduce), one per rank that folds, or None for other kinds, a
-/// root out of range or sizes that overflow. All-reduce: each rank's output takes its peer's
+/// `nranks` ranks (`root` for the reduce; the others have none, and ignore it), one per rank that
+/// folds, or None for other kinds, a reduce's root out of range or sizes that overflow. All-reduce: each rank's output takes its peer's
 /// whole input, and its own operand is its whole input. Reduce-scatter: rank r's output takes
 /// its peer's block r, and its own operand is its block r. Reduce: only the root folds, its
 /// output taking the non-root's whole input, its own operand its whole input.
@@ -291,7 +291,7 @@ pub fn fold_list(
     nranks: usize,
     root: Rank,
 ) -> Option<Vec<Fold>> {
-    if !fold_kind(kind, nranks) || root >= nranks {
+    if !fold_kind(kind, nranks) || (kind == CollKind::Reduce && root >= nranks) {
         return None;
     }
     let block = count.checked_mul(elem)?;
@@ -825,6 +825,12 @@ mod tests {
             fold_list(CollKind::Reduce, 4, 4, 2, 2).is_none(),
             "root out of range"
         );
+        // The kinds without a root ignore it, as NCCL does.
+        assert_eq!(
+            fold_list(CollKind::AllReduce, 4, 4, 2, 9),
+            fold_list(CollKind::AllReduce, 4, 4, 2, 0)
+        );
+        assert!(fold_list(CollKind::ReduceScatter, 4, 4, 2, 9).is_some());
         assert!(fold_list(CollKind::ReduceScatter, usize::MAX, 2, 2, 0).is_none());
         // A reduce's copy goes to its root only; no bytes, no copy.
         let c = crossings(CollKind::Reduce, 4, 4, 2, 1).unwrap();
