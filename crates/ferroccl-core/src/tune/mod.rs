@@ -102,7 +102,7 @@ pub fn peer_region_bytes(cfg: &Config, nranks: usize) -> usize {
 /// two pieces and writes one in HBM for every piece the link brings, and must keep ahead of the
 /// link (the pieces taper by what it keeps up with, `copies::FOLD_RAMP`). On 2 x H200 with 8 pairs
 /// of loads in flight a thread (`FC_FOLD_UNROLL`) 16 blocks folded as fast as 32 with 4 and with 8
-/// (all-reduce 2 GiB 373 / 362-369 / 354-362 GB/s); only the reduce, whose one-way link is the
+/// (all-reduce 2 GiB 373 / 363-370 / 354-362 GB/s); only the reduce, whose one-way link is the
 /// fastest, gained from 32 (383 against 387; docs/PERFORMANCE.md section 36). 16: the bandwidth
 /// issue's goal for reductions. `FERROCCL_GPU_FOLD_BLOCKS` sets it, within
 /// `FERROCCL_GPU_CHANNELS` (the block budget of a collective, which `ferroccl bench --max-ctas`
@@ -602,7 +602,8 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
 /// exchange: each rank names its peers' outputs by its own. The copy-and-fold reductions (an
 /// all-reduce or reduce-scatter of 2 ranks) exchange where the tuner would give them the fold
 /// between symmetric windows (`FERROCCL_GPU_FOLD_MIN_BYTES`, a reduction the fold pays for) and
-/// their buffers lie in none. The exchange is a bootstrap
+/// their buffers lie in none; the reduce of 2 ranks there whatever its buffers (only its root's
+/// posting tells its peer that the root is out of place). The exchange is a bootstrap
 /// all-gather (tens of microseconds on one host) and blocks the call until every rank has made
 /// it: on 2 x H200 a gather of 128 MiB by the copy engines took 346-350 GB/s against the
 /// kernels' 331, host launches included (docs/PERFORMANCE.md section 33). Everything it reads is
