@@ -884,9 +884,10 @@ fn child_symmetric_windows() {
 /// straight into them, every kind and root, in place where the kind allows it, twice over (the
 /// second time on the loans the first made), and so do the copy-and-fold reductions of 2 ranks
 /// (all-reduce, reduce-scatter, and reduce to either root); an all-to-all, all-reduce or reduce's
-/// root in place, and memory that is not a cuMem allocation, take the kernels; an output freed gives its memory back within the sweeper's period though no operation
-/// follows, and one allocated anew (at the same address, where the driver gives it again) gets its
-/// data, not the old allocation. Exact on fresh data.
+/// root in place, and memory that is not a cuMem allocation, take the kernels; an output freed
+/// gives its memory back within the sweeper's period though no operation follows, and one
+/// allocated anew (at the same address, where the driver gives it again) gets its data, not the
+/// old allocation. Exact on fresh data.
 fn mapped_on_the_fly_body(comm: &Comm, seed: u64) {
     let (n, r) = (comm.nranks(), comm.rank());
     let count = (1 << 20) + 17;

@@ -611,18 +611,15 @@ fn fold_schedule(
             op.kind
         )));
     }
-    // Only lanes with pieces: a fold waits for a piece of each, and so a rank that folds leaves
-    // the operation only after its peer took every `ready` it gave (a second `ready` written
-    // onto one not yet taken would be lost).
-    let used = |f: Option<&Fold>| {
-        f.map_or(0, |f| {
-            fold_pieces(f.copy.bytes, taper)
-                .map(|p| p.lane + 1)
-                .max()
-                .unwrap_or(0)
-        })
+    // The pieces of each copy, cut once; only lanes with pieces take part: a fold waits for a
+    // piece of each, and so a rank that folds leaves the operation only after its peer took
+    // every `ready` it gave (a second `ready` written onto one not yet taken would be lost).
+    let cut = |f: Option<&Fold>| -> Vec<FoldPiece> {
+        f.map_or(Vec::new(), |f| fold_pieces(f.copy.bytes, taper).collect())
     };
-    let (lanes_in, lanes_out) = (used(mine), used(out));
+    let (landing, sent) = (cut(mine), cut(out));
+    let used = |p: &[FoldPiece]| p.iter().map(|p| p.lane + 1).max().unwrap_or(0);
+    let (lanes_in, lanes_out) = (used(&landing), used(&sent));
     let mut lanes: Schedule = Vec::new();
     for lane in 0..lanes_in.max(lanes_out) {
         let mut v = Vec::new();
@@ -643,7 +640,7 @@ fn fold_schedule(
                 word: CeFlags::ready(n, q, lane),
                 value: 0,
             });
-            for p in fold_pieces(out.bytes, taper).filter(|p| p.lane == lane) {
+            for p in sent.iter().filter(|p| p.lane == lane) {
                 v.push(Cmd::Copy {
                     dst: Addr::Abs(far[q] + (out.dst + p.at) as u64),
                     src: Addr::Send(out.src + p.at),
