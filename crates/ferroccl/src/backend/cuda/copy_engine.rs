@@ -673,6 +673,53 @@ fn fold_schedule(
     Ok(lanes)
 }
 
+/// A lane's run of consecutive stream memory operations, issued as one
+/// `cuStreamBatchMemOp` (the driver runs a batch's operations in order, as it would the single
+/// calls). A wait holds until its word is 1; a write's default flags put a system-wide fence
+/// before its store, so the copy before it has landed when the peer sees the word.
+#[derive(Default)]
+struct MemOps(Vec<sys::CUstreamBatchMemOpParams>);
+
+impl MemOps {
+    /// The most operations the driver takes in one batch.
+    const MAX: usize = 255;
+
+    fn wait(&mut self, addr: u64) {
+        // SAFETY: an all-zero parameter block is a valid start for any of the union's members.
+        let mut p: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+        p.waitValue.operation = sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WAIT_VALUE_32;
+        p.waitValue.address = addr;
+        p.waitValue.__bindgen_anon_1.value = 1;
+        p.waitValue.flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32;
+        self.0.push(p);
+    }
+
+    fn write(&mut self, addr: u64, value: u32) {
+        // SAFETY: as in `wait`.
+        let mut p: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+        p.writeValue.operation = sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32;
+        p.writeValue.address = addr;
+        p.writeValue.__bindgen_anon_1.value = value;
+        p.writeValue.flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        self.0.push(p);
+    }
+
+    /// Enqueues what is pending on `st` and empties it.
+    ///
+    /// # Safety
+    /// `st` is a live stream of the bound context; every address is a word mapped for it.
+    unsafe fn issue(&mut self, st: sys::CUstream) -> Result<(), Error> {
+        for chunk in self.0.chunks_mut(Self::MAX) {
+            cu_ok(
+                "cuStreamBatchMemOp",
+                sys::cuStreamBatchMemOp_v2(st, chunk.len() as u32, chunk.as_mut_ptr(), 0),
+            )?;
+        }
+        self.0.clear();
+        Ok(())
+    }
+}
+
 /// A rank's streams for the copy engine and the events that order them after the caller's
 /// stream (fork) and it after them (joins).
 struct Streams {
@@ -820,29 +867,17 @@ impl CopyEngine {
             }
             for (lane, cmds) in lanes {
                 let st = stream_of(*lane);
+                // A lane's consecutive waits and writes go to the stream as one batch: one
+                // command for the GPU's front end to fetch and run instead of one per word.
+                let mut memops = MemOps::default();
                 for c in cmds {
                     match *c {
-                        Cmd::Wait { page, word } => cu_ok(
-                            "cuStreamWaitValue32",
-                            sys::cuStreamWaitValue32_v2(
-                                st,
-                                self.word(page, word),
-                                1,
-                                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32,
-                            ),
-                        )?,
-                        // The default flags put a system-wide fence before the store: the copy
-                        // before it has landed when the peer sees the word.
-                        Cmd::Write { page, word, value } => cu_ok(
-                            "cuStreamWriteValue32",
-                            sys::cuStreamWriteValue32_v2(
-                                st,
-                                self.word(page, word),
-                                value,
-                                sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
-                            ),
-                        )?,
+                        Cmd::Wait { page, word } => memops.wait(self.word(page, word)),
+                        Cmd::Write { page, word, value } => {
+                            memops.write(self.word(page, word), value)
+                        }
                         Cmd::Copy { dst, src, bytes } => {
+                            memops.issue(st)?;
                             let (d, sr) = (self.addr(dst, op), self.addr(src, op));
                             if d != sr {
                                 cu_ok(
@@ -857,21 +892,28 @@ impl CopyEngine {
                             bytes,
                             taper,
                             blocks,
-                        } => fold(
-                            FoldLaunch {
-                                words: std::array::from_fn(|lane| {
-                                    self.word(self.rank, CeFlags::piece(self.nranks, from, lane))
-                                }),
-                                mine: op.send + src as u64,
-                                out: op.recv,
-                                bytes,
-                                taper,
-                                blocks,
-                            },
-                            st,
-                        )?,
+                        } => {
+                            memops.issue(st)?;
+                            fold(
+                                FoldLaunch {
+                                    words: std::array::from_fn(|lane| {
+                                        self.word(
+                                            self.rank,
+                                            CeFlags::piece(self.nranks, from, lane),
+                                        )
+                                    }),
+                                    mine: op.send + src as u64,
+                                    out: op.recv,
+                                    bytes,
+                                    taper,
+                                    blocks,
+                                },
+                                st,
+                            )?
+                        }
                     }
                 }
+                memops.issue(st)?;
             }
             let besides = beside();
             for (lane, _) in lanes {
