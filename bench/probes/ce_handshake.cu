@@ -6,13 +6,19 @@
 //   sep:      write(peer.ready=1) wait(my.ready==1) write(my.ready=0) copy(S to the peer)
 //             write(peer.full=1) wait(my.full==1) write(my.full=0)       (7 commands, as today)
 //   batch:    the same, the three memory operations around the copy in one cuStreamBatchMemOp each
-//   batch-nb: batch, with every write but full's without the memory barrier
+//   batch-nb: batch, with every write but full's without the memory barrier (the driver refused
+//             such a batch on host words on 2 x H200: tried last, on GPU words, its error printed)
 //   copy:     the copy alone (no handshake: the floor)
+//   memcpy:   each flag raised by a 4-byte copy from a word of ones in this GPU's memory (what
+//             NCCL 2.28's copy-engine collectives do), then a batch of the wait and the reset
+//   kernel:   each handshake a one-warp kernel: a system-scope store of the peer's flag, a poll of
+//             its own, its reset
+//   user:     batch, on the user stream itself (no fork and join of a lane)
 //
 // with the words in host memory (as today) or in the waiting GPU's memory (written by the peer
 // over NVLink). Then the copy-and-fold's pieces: one lane copies S in P pieces, each followed by
-// a write of a piece word (with its barrier) into the peer's memory, against the same on two
-// lanes taking pieces in turn.
+// a piece word raised in the peer's memory (a stream write with its barrier, or a 4-byte copy),
+// against the same on two lanes taking pieces in turn.
 //
 //   nvcc -O2 -o ce_handshake bench/probes/ce_handshake.cu -lcuda && ./ce_handshake
 //
@@ -41,6 +47,17 @@ struct Gpu {
 };
 
 static Gpu g[2];
+
+__global__ void handshake(unsigned* peer, unsigned* mine) {
+    if (threadIdx.x != 0) return;
+    __threadfence_system();
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(peer), "r"(1u) : "memory");
+    unsigned v = 0;
+    do {
+        asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(mine) : "memory");
+    } while (v != 1u);
+    asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(mine), "r"(0u) : "memory");
+}
 static unsigned* host;  // 4 KiB per GPU, mapped
 static CUdeviceptr hostdev;
 
@@ -55,7 +72,7 @@ static void reset_words() {
     std::memset(host, 0, 2 * 4096);
     for (int d = 0; d < 2; d++) {
         RK(cudaSetDevice(d));
-        CK(cuMemsetD8(g[d].words, 0, 4096));
+        CK(cuMemsetD8(g[d].words, 0, 2048));  // the word of ones at 2048 stays
         RK(cudaDeviceSynchronize());
     }
 }
@@ -78,9 +95,16 @@ static CUstreamBatchMemOpParams wt(CUdeviceptr a, unsigned v) {
     p.waitValue.flags = CU_STREAM_WAIT_VALUE_EQ;
     return p;
 }
+static bool refused = false;
 static void issue(CUstream s, std::vector<CUstreamBatchMemOpParams> ops, bool batch) {
     if (batch) {
-        CK(cuStreamBatchMemOp(s, (unsigned)ops.size(), ops.data(), 0));
+        CUresult r = cuStreamBatchMemOp(s, (unsigned)ops.size(), ops.data(), 0);
+        if (r != CUDA_SUCCESS && !refused) {
+            const char* e;
+            cuGetErrorString(r, &e);
+            std::printf("cuStreamBatchMemOp refused: %s\n", e);
+        }
+        refused |= r != CUDA_SUCCESS;
         return;
     }
     for (auto& p : ops) {
@@ -100,15 +124,23 @@ static double run(int lanes, const std::function<void(int, cudaStream_t*)>& one)
         cudaGraph_t graph;
         RK(cudaStreamBeginCapture(g[d].user, cudaStreamCaptureModeRelaxed));
         for (int i = 0; i < K; i++) {
-            RK(cudaEventRecord(g[d].fork, g[d].user));
+            if (lanes > 0) RK(cudaEventRecord(g[d].fork, g[d].user));
             for (int l = 0; l < lanes; l++) RK(cudaStreamWaitEvent(g[d].lane[l], g[d].fork, 0));
-            one(d, g[d].lane);
+            one(d, lanes > 0 ? g[d].lane : &g[d].user);
+            if (refused) break;  // the capture is invalidated: end it
             for (int l = 0; l < lanes; l++) {
                 RK(cudaEventRecord(g[d].join[l], g[d].lane[l]));
                 RK(cudaStreamWaitEvent(g[d].user, g[d].join[l], 0));
             }
         }
-        RK(cudaStreamEndCapture(g[d].user, &graph));
+        cudaError_t ended = cudaStreamEndCapture(g[d].user, &graph);
+        if (refused) {
+            if (ended == cudaSuccess) RK(cudaGraphDestroy(graph));
+            (void)cudaGetLastError();
+            refused = false;
+            return -1.0;
+        }
+        RK(ended);
         RK(cudaGraphInstantiate(&ex[d], graph, 0));
         RK(cudaGraphDestroy(graph));
     }
@@ -158,23 +190,40 @@ int main() {
     CK(cuMemHostGetDevicePointer(&hostdev, host, 0));
 
     const size_t sizes[] = {0, 1 << 20, 16 << 20, 64 << 20};
-    const char* names[] = {"sep", "batch", "batch-nb", "copy"};
+    const char* names[] = {"sep", "batch", "batch-nb", "copy", "memcpy", "kernel", "user"};
+    // A word of ones in each GPU's memory, for the memcpy variant's flags.
+    for (int d = 0; d < 2; d++) {
+        RK(cudaSetDevice(d));
+        unsigned one = 1;
+        CK(cuMemcpyHtoD(g[d].words + 2048, &one, 4));
+    }
     for (size_t S : sizes) {
         for (int where = 0; where < 2; where++) {
-            for (int v = 0; v < 4; v++) {
+            for (int v : {0, 1, 3, 4, 5, 6, 2}) {
                 if (v == 3 && where == 1) continue;  // no words
+                if (v == 2 && where == 0) continue;  // refused on host words
                 Where W = (Where)where;
-                double us = run(1, [&](int d, cudaStream_t* lane) {
+                double us = run(v == 6 ? 0 : 1, [&](int d, cudaStream_t* lane) {
                     CUstream s = (CUstream)lane[0];
                     int p = 1 - d;
-                    bool batch = v == 1 || v == 2, nb = v == 2;
-                    if (v != 3)
-                        issue(s, {wr(word(W, p, 0), 1, !nb), wt(word(W, d, 0), 1), wr(word(W, d, 0), 0, !nb)}, batch);
+                    bool batch = v == 1 || v == 2 || v == 6, nb = v == 2;
+                    auto hand = [&](int w) {
+                        if (v == 4) {
+                            CK(cuMemcpyDtoDAsync(word(W, p, w), g[d].words + 2048, 4, s));
+                            issue(s, {wt(word(W, d, w), 1), wr(word(W, d, w), 0, true)}, true);
+                        } else if (v == 5) {
+                            handshake<<<1, 32, 0, lane[0]>>>((unsigned*)word(W, p, w), (unsigned*)word(W, d, w));
+                        } else if (v != 3) {
+                            issue(s, {wr(word(W, p, w), 1, w == 1 || !nb), wt(word(W, d, w), 1), wr(word(W, d, w), 0, !nb)}, batch);
+                        }
+                    };
+                    hand(0);
+                    if (refused) return;
                     if (S > 0) CK(cuMemcpyDtoDAsync(g[p].dst, g[d].src, S, s));
-                    if (v != 3)
-                        issue(s, {wr(word(W, p, 1), 1, true), wt(word(W, d, 1), 1), wr(word(W, d, 1), 0, !nb)}, batch);
+                    hand(1);
                 });
                 double floor = S / 395e3;
+                if (us < 0) continue;
                 std::printf("zcopy %-8s words %-4s S %8zu KiB: %8.2f us  (over 395 GB/s: %+.2f us)\n", names[v],
                             where == 0 ? "host" : "gpu", S >> 10, us, us - floor);
                 std::fflush(stdout);
@@ -182,19 +231,24 @@ int main() {
         }
     }
     // Pieces: S = 64 MiB in P pieces, a piece word written (barrier) after each, one lane or two.
+    for (int how = 0; how < 2; how++)
     for (int lanes = 1; lanes <= 2; lanes++) {
         for (int P : {1, 4, 16, 32}) {
+            if (how == 1 && P < 16) continue;
             const size_t S = 64 << 20, piece = S / P;
             double us = run(lanes, [&](int d, cudaStream_t* lane) {
                 int p = 1 - d;
                 for (int k = 0; k < P; k++) {
                     CUstream s = (CUstream)lane[k % lanes];
                     CK(cuMemcpyDtoDAsync(g[p].dst + k * piece, g[d].src + k * piece, piece, s));
-                    CK(cuStreamWriteValue32(s, word(DEV, p, 2 + k % lanes), k / lanes + 1, CU_STREAM_WRITE_VALUE_DEFAULT));
+                    if (how == 0)
+                        CK(cuStreamWriteValue32(s, word(DEV, p, 2 + k % lanes), k / lanes + 1, CU_STREAM_WRITE_VALUE_DEFAULT));
+                    else
+                        CK(cuMemcpyDtoDAsync(word(DEV, p, 2 + k % lanes), g[d].words + 2048, 4, s));
                 }
             });
-            std::printf("pieces lanes %d P %2d of %zu KiB: %8.2f us  (%.1f GB/s; over 395 GB/s: %+.2f us, %+.2f a piece)\n",
-                        lanes, P, piece >> 10, us, S / us / 1e3, us - S / 395e3, (us - S / 395e3) / P);
+            std::printf("pieces %s lanes %d P %2d of %zu KiB: %8.2f us  (%.1f GB/s; over 395 GB/s: %+.2f us, %+.2f a piece)\n",
+                        how == 0 ? "write" : "memcpy", lanes, P, piece >> 10, us, S / us / 1e3, us - S / 395e3, (us - S / 395e3) / P);
             std::fflush(stdout);
         }
     }

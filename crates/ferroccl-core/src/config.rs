@@ -209,16 +209,16 @@ pub struct Config {
     /// staging, with no thread block; 0 (the default until it is measured over NVLink) turns
     /// this off. Every rank must agree.
     pub gpu_copy_engine_bytes: usize,
-    /// FERROCCL_GPU_CE_WINDOW_BYTES (default 128 MiB): on GPUs, a data-movement collective alone
+    /// FERROCCL_GPU_CE_WINDOW_BYTES (default 64 MiB): on GPUs, a data-movement collective alone
     /// in its launch (all-gather, all-to-all not in place, gather, scatter; broadcast on 2 ranks)
     /// whose buffers lie in symmetric windows and whose largest buffer is at least this many
     /// bytes moves by the GPUs' copy engines straight from input to the peers' outputs: one copy
     /// per pair over the link, no staging, no thread block. 0 turns this off. Every rank must
-    /// agree. Measured on 2 x H200 (docs/PERFORMANCE.md section 18): about 25 us of handshakes
-    /// a launch: all-gather at 32 MiB lost 10 % to the kernels, at 64 MiB 5 % out of place (gained 4 %
-    /// in place), at 128 MiB and up it gained 2-18 %.
+    /// agree. Measured on 2 x H200 (docs/PERFORMANCE.md sections 18 and 37): with the handshakes'
+    /// memory operations in batches (about 16 us of them a launch, 25-27 one by one), all-gather
+    /// and broadcast at 64 MiB gained 6-9 % on the kernels, all-to-all 1-2 %; at 32 MiB level.
     pub gpu_ce_window_bytes: usize,
-    /// FERROCCL_GPU_CE_RENDEZVOUS_BYTES (default 128 MiB): on GPUs with a process per rank, a
+    /// FERROCCL_GPU_CE_RENDEZVOUS_BYTES (default 64 MiB): on GPUs with a process per rank, a
     /// data-movement collective alone in its launch (gather, scatter; all-gather, all-to-all and
     /// broadcast whose buffers lie in no symmetric window) whose largest buffer is at least this
     /// many bytes (and at least `gpu_ce_window_bytes`): the ranks first post to each other where
@@ -226,17 +226,24 @@ pub struct Config {
     /// every receiver's output lies in a symmetric window, or is mapped for its writers
     /// (`gpu_ce_map_unregistered`), the copy engines copy straight into it. A gather's or
     /// scatter's root in place has its output at another offset than its peers', so the
-    /// symmetric contract cannot name it; the exchange does. On 2 x H200 (docs/PERFORMANCE.md
-    /// section 33) the copies beat the kernels from 128 MiB (gather 346-350 GB/s against 331 in
-    /// graphs) and lost at 64 MiB (307-314 against 322). 0 turns this off. Every rank must agree.
+    /// symmetric contract cannot name it; the exchange does. Gather and scatter wait for
+    /// `gpu_ce_gather_bytes` too. 0 turns this off. Every rank must agree.
     pub gpu_ce_rendezvous_bytes: usize,
-    /// FERROCCL_GPU_CE_P2P_BYTES (default 64 MiB): on GPUs with a process per rank, a send or
+    /// FERROCCL_GPU_CE_GATHER_BYTES (default 128 MiB): gather and scatter take the rendezvous
+    /// above only from this many bytes too: their kernels carry one direction in rooted rounds
+    /// faster than the all-gather's, and on 2 x H200 the copies beat them from 128 MiB (gather
+    /// 346-350 GB/s against 331 in graphs, docs/PERFORMANCE.md section 33) but lost at 64 MiB
+    /// (308-315 against 320-328 with the handshakes in batches, section 37). 0 turns the copies
+    /// off for them. Every rank must agree.
+    pub gpu_ce_gather_bytes: usize,
+    /// FERROCCL_GPU_CE_P2P_BYTES (default 32 MiB): on GPUs with a process per rank, a send or
     /// receive of at least this many bytes goes through the posted-receive rendezvous: the
     /// receiver tells its sender where its output lies (the receiver never waits, the sender
     /// waits for its receiver's call), and where it lies in a symmetric window, or is mapped for
     /// the sender (`gpu_ce_map_unregistered`), the sender's copy engines copy straight into it.
-    /// On 2 x H200 (docs/PERFORMANCE.md section 34) sendrecv by the copies: 64 MiB 335-344 GB/s
-    /// against the kernels' 309-318, level at 32 MiB. 0 turns this off. Every rank must agree.
+    /// On 2 x H200 (docs/PERFORMANCE.md sections 34 and 37) sendrecv by the copies: 64 MiB 335-344
+    /// GB/s against the kernels' 309-318; 32 MiB 306-308 against 291 with the handshakes' memory
+    /// operations in batches, 16 MiB 259 against 271. 0 turns this off. Every rank must agree.
     pub gpu_ce_p2p_bytes: usize,
     /// FERROCCL_GPU_CE_MAP_UNREGISTERED (default on): the two rendezvous above (and the same
     /// exchange before an all-gather, all-to-all or broadcast whose buffers lie in no symmetric
@@ -333,9 +340,10 @@ impl Default for Config {
             gpu_two_shot: false,
             gpu_peer_bytes: 16 << 20,
             gpu_copy_engine_bytes: 0,
-            gpu_ce_window_bytes: 128 << 20,
-            gpu_ce_rendezvous_bytes: 128 << 20,
-            gpu_ce_p2p_bytes: 64 << 20,
+            gpu_ce_window_bytes: 64 << 20,
+            gpu_ce_rendezvous_bytes: 64 << 20,
+            gpu_ce_gather_bytes: 128 << 20,
+            gpu_ce_p2p_bytes: 32 << 20,
             gpu_ce_map_unregistered: true,
             gpu_early_launch: true,
             gpu_p2p_kernel: true,
@@ -542,6 +550,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_CE_RENDEZVOUS_BYTES") {
             c.gpu_ce_rendezvous_bytes = parse("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_CE_GATHER_BYTES") {
+            c.gpu_ce_gather_bytes = parse("FERROCCL_GPU_CE_GATHER_BYTES", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_CE_P2P_BYTES") {
             c.gpu_ce_p2p_bytes = parse("FERROCCL_GPU_CE_P2P_BYTES", v)?;
         }
@@ -698,6 +709,10 @@ impl Config {
             (
                 "FERROCCL_GPU_CE_RENDEZVOUS_BYTES",
                 self.gpu_ce_rendezvous_bytes.to_string(),
+            ),
+            (
+                "FERROCCL_GPU_CE_GATHER_BYTES",
+                self.gpu_ce_gather_bytes.to_string(),
             ),
             (
                 "FERROCCL_GPU_CE_P2P_BYTES",
@@ -1239,7 +1254,7 @@ mod tests {
                 cw.gpu_ce_window_bytes,
                 Config::default().gpu_ce_window_bytes
             ),
-            (0, 128 << 20)
+            (0, 64 << 20)
         );
         assert!(shares(&cw, "FERROCCL_GPU_CE_WINDOW_BYTES", "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_WINDOW_BYTES", "-1")])).is_err());
@@ -1249,14 +1264,24 @@ mod tests {
                 cr.gpu_ce_rendezvous_bytes,
                 Config::default().gpu_ce_rendezvous_bytes
             ),
-            (0, 128 << 20)
+            (0, 64 << 20)
         );
         assert!(shares(&cr, "FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "x")])).is_err());
+        let cg = Config::from_vars(&vars(&[("FERROCCL_GPU_CE_GATHER_BYTES", "0")])).unwrap();
+        assert_eq!(
+            (
+                cg.gpu_ce_gather_bytes,
+                Config::default().gpu_ce_gather_bytes
+            ),
+            (0, 128 << 20)
+        );
+        assert!(shares(&cg, "FERROCCL_GPU_CE_GATHER_BYTES", "0"));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_GATHER_BYTES", "1M")])).is_err());
         let cp = Config::from_vars(&vars(&[("FERROCCL_GPU_CE_P2P_BYTES", "1")])).unwrap();
         assert_eq!(
             (cp.gpu_ce_p2p_bytes, Config::default().gpu_ce_p2p_bytes),
-            (1, 64 << 20)
+            (1, 32 << 20)
         );
         assert!(shares(&cp, "FERROCCL_GPU_CE_P2P_BYTES", "1"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_P2P_BYTES", "-4")])).is_err());

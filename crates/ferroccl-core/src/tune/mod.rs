@@ -597,7 +597,8 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
 /// post: in symmetric windows (`op.windows`), or anywhere with
 /// `FERROCCL_GPU_CE_MAP_UNREGISTERED` (outputs mapped for their writers on the fly); without
 /// either, nothing is posted and no exchange is paid. Its largest buffer from
-/// `FERROCCL_GPU_CE_RENDEZVOUS_BYTES` and from `FERROCCL_GPU_CE_WINDOW_BYTES` up. An all-gather,
+/// `FERROCCL_GPU_CE_RENDEZVOUS_BYTES` and from `FERROCCL_GPU_CE_WINDOW_BYTES` up (a gather's or
+/// scatter's from `FERROCCL_GPU_CE_GATHER_BYTES` too). An all-gather,
 /// all-to-all or broadcast whose buffers lie in symmetric windows (`op.symmetric`) needs no
 /// exchange: each rank names its peers' outputs by its own. The copy-and-fold reductions (an
 /// all-reduce or reduce-scatter of 2 ranks) exchange where the tuner would give them the fold
@@ -632,11 +633,15 @@ pub fn rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
         let c = choose(&named, device, cfg);
         return c.engine == Engine::CopyEngine && c.zero_copy;
     }
+    // Gather and scatter wait for their own threshold too: their kernels (one direction, rooted
+    // rounds) hold out longer against the copies than the all-gather's.
+    let rooted = matches!(op.kind, CollKind::Gather | CollKind::Scatter);
     postable
         && copies::rendezvous_serves(op.kind, op.nranks)
         && !(op.symmetric && copies::zcopy_serves(op.kind, op.nranks))
         && at_least(cfg.gpu_ce_rendezvous_bytes)
         && at_least(cfg.gpu_ce_window_bytes)
+        && (!rooted || at_least(cfg.gpu_ce_gather_bytes))
 }
 
 /// Whether a send or receive of `op` goes through the posted-receive rendezvous
@@ -644,8 +649,9 @@ pub fn rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
 /// the launch, and where it lies in a symmetric window, or is mapped for the sender on the fly
 /// (`FERROCCL_GPU_CE_MAP_UNREGISTERED`), the sender's copy engines copy straight into it. On
 /// GPUs, the communicator with symmetric windows or that setting, the message from
-/// `FERROCCL_GPU_CE_P2P_BYTES` up (64 MiB: on 2 x H200 sendrecv by the copies 335-344 GB/s at 64
-/// MiB against the kernels' 309-318, level at 32 MiB; docs/PERFORMANCE.md section 34); a matched
+/// `FERROCCL_GPU_CE_P2P_BYTES` up (32 MiB: on 2 x H200 sendrecv by the copies 335-344 GB/s at 64
+/// MiB against the kernels' 309-318; with the handshakes in batches 306-308 at 32 MiB against
+/// 291, 259 at 16 MiB against 271; docs/PERFORMANCE.md sections 34 and 37); a matched
 /// send and receive have one length, so both ends decide alike. The receiver never waits for it;
 /// the sender waits for its receiver's call.
 pub fn p2p_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {

@@ -1483,10 +1483,11 @@ fn zero_copy_needs_windows_the_simple_protocol_and_a_safe_output() {
 }
 
 /// Gather and scatter: the ranks exchange their outputs' places from
-/// FERROCCL_GPU_CE_RENDEZVOUS_BYTES (and FERROCCL_GPU_CE_WINDOW_BYTES) up on a communicator with
-/// windows or with outputs mapped on the fly, and once they have (`symmetric`), the copy engines
-/// take them; below, on the host, with neither windows nor mapping, or with either knob at 0, no
-/// exchange and no copy engines.
+/// FERROCCL_GPU_CE_GATHER_BYTES (and FERROCCL_GPU_CE_RENDEZVOUS_BYTES and
+/// FERROCCL_GPU_CE_WINDOW_BYTES) up on a communicator with windows or with outputs mapped on the
+/// fly, and once they have (`symmetric`), the copy engines take them; below, on the host, with
+/// neither windows nor mapping, or with any of the three knobs at 0, no exchange and no copy
+/// engines. The all-gather's exchange starts lower, at FERROCCL_GPU_CE_RENDEZVOUS_BYTES.
 #[test]
 fn gathers_and_scatters_exchange_outputs_and_take_the_copy_engines_from_their_threshold() {
     let cfg = Config::default();
@@ -1495,9 +1496,29 @@ fn gathers_and_scatters_exchange_outputs_and_take_the_copy_engines_from_their_th
         symmetric,
         ..shape(kind, bytes / 4 / 2, Float32, 2)
     };
-    let min = cfg.gpu_ce_rendezvous_bytes;
-    assert!(min >= cfg.gpu_ce_window_bytes && cfg.gpu_ce_window_bytes > 0);
+    let min = cfg.gpu_ce_gather_bytes;
+    let rv = cfg.gpu_ce_rendezvous_bytes;
+    assert!(min > rv && rv >= cfg.gpu_ce_window_bytes && cfg.gpu_ce_window_bytes > 0);
+    let bare_ag = OpShape {
+        windows: false,
+        ..at(CollKind::AllGather, rv, false)
+    };
+    assert!(rendezvous_wanted(&bare_ag, Device::Gpu, &cfg));
     for kind in [CollKind::Gather, CollKind::Scatter] {
+        // At the all-gather's threshold a gather or scatter keeps its kernels, unless its own
+        // threshold comes down to it.
+        assert!(
+            !rendezvous_wanted(&at(kind, rv, false), Device::Gpu, &cfg),
+            "{kind}"
+        );
+        let lower = Config {
+            gpu_ce_gather_bytes: rv,
+            ..cfg.clone()
+        };
+        assert!(
+            rendezvous_wanted(&at(kind, rv, false), Device::Gpu, &lower),
+            "{kind}"
+        );
         assert!(
             rendezvous_wanted(&at(kind, min, false), Device::Gpu, &cfg),
             "{kind}"
@@ -1554,6 +1575,10 @@ fn gathers_and_scatters_exchange_outputs_and_take_the_copy_engines_from_their_th
             },
             Config {
                 gpu_ce_window_bytes: 0,
+                ..cfg.clone()
+            },
+            Config {
+                gpu_ce_gather_bytes: 0,
                 ..cfg.clone()
             },
         ] {
