@@ -854,6 +854,7 @@ fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
     let env = [
         ("FERROCCL_GPU_CE_WINDOW_BYTES", "1".to_string()),
         ("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "1".to_string()),
+        ("FERROCCL_GPU_CE_GATHER_BYTES", "1".to_string()),
         ("FERROCCL_GPU_CE_P2P_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_MIN_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576".to_string()),
@@ -1198,6 +1199,7 @@ fn unregistered_outputs_are_mapped_on_the_fly_for_the_copy_engines() {
     let env = [
         ("FERROCCL_GPU_CE_WINDOW_BYTES", "1".to_string()),
         ("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "1".to_string()),
+        ("FERROCCL_GPU_CE_GATHER_BYTES", "1".to_string()),
         ("FERROCCL_GPU_CE_P2P_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_MIN_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576".to_string()),
@@ -1373,6 +1375,7 @@ fn symmetric_windows_in_one_process_take_kernels() {
     let cfg = Config {
         gpu_ce_window_bytes: 1,
         gpu_ce_rendezvous_bytes: 1,
+        gpu_ce_gather_bytes: 1,
         gpu_ce_p2p_bytes: 1,
         gpu_fold_min_bytes: 1,
         ..Config::default()
@@ -3589,11 +3592,16 @@ fn locally_registered_outputs_take_direct_rounds_across_processes() {
         return;
     }
     let Some(_) = gpus_for_test() else { return };
+    // The peer engine's direct rounds are what this test counts: the copy engines, which would
+    // take these sizes on outputs posted in the rendezvous, stay out.
     let kids = spawn_ranks(
         2,
         "child_local_register",
         "local-register",
-        &[("FERROCCL_TIMEOUT", "60".to_string())],
+        &[
+            ("FERROCCL_TIMEOUT", "60".to_string()),
+            ("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "0".to_string()),
+        ],
     );
     assert_all_print(kids, "LOCAL REGISTER OK");
 }
