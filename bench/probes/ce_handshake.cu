@@ -20,7 +20,11 @@
 // a piece word raised in the peer's memory (a stream write with its barrier, or a 4-byte copy),
 // against the same on two lanes taking pieces in turn.
 //
-//   nvcc -O2 -o ce_handshake bench/probes/ce_handshake.cu -lcuda && ./ce_handshake
+// `./ce_handshake local` times instead what an out-of-place all-gather or all-to-all adds to the
+// peer copy: the rank's own block copied locally beside it, by the copy engine on the user
+// stream (as copy_engine.rs does), on a second lane, or by an SM kernel of 16 or 32 blocks.
+//
+//   nvcc -O2 -o ce_handshake bench/probes/ce_handshake.cu -lcuda && ./ce_handshake [local]
 //
 // Prints one line per measurement: microseconds per operation (median of 5 runs of K each).
 #include <cuda.h>
@@ -169,7 +173,41 @@ static double run(int lanes, const std::function<void(int, cudaStream_t*)>& one)
     return t[2];
 }
 
-int main() {
+__global__ void copy16(const uint4* src, uint4* dst, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+
+static void local_copies() {
+    CUdeviceptr ldst[2];
+    for (int d = 0; d < 2; d++) {
+        RK(cudaSetDevice(d));
+        CK(cuMemAlloc(&ldst[d], BUF));
+    }
+    for (size_t S : {(size_t)32 << 20, (size_t)64 << 20}) {
+        const char* names[] = {"peer alone", "local CE alone", "local k16 alone", "local k32 alone",
+                               "peer + local CE (user stream)", "peer + local CE (2nd lane)",
+                               "peer + local k16 (user stream)", "peer + local k32 (user stream)"};
+        for (int v = 0; v < 8; v++) {
+            double us = run(v == 5 ? 2 : 1, [&](int d, cudaStream_t* lane) {
+                int p = 1 - d;
+                bool peer = v == 0 || v >= 4;
+                if (peer) CK(cuMemcpyDtoDAsync(g[p].dst, g[d].src, S, (CUstream)lane[0]));
+                if (v == 1 || v == 4) CK(cuMemcpyDtoDAsync(ldst[d], g[d].src, S, (CUstream)g[d].user));
+                if (v == 5) CK(cuMemcpyDtoDAsync(ldst[d], g[d].src, S, (CUstream)lane[1]));
+                if (v == 2 || v == 3 || v == 6 || v == 7) {
+                    int blocks = (v == 2 || v == 6) ? 16 : 32;
+                    copy16<<<blocks, 512, 0, g[d].user>>>((const uint4*)g[d].src, (uint4*)ldst[d], S / 16);
+                }
+            });
+            std::printf("local S %3zu MiB %-32s %8.2f us (peer copy at %.1f GB/s if it alone set the time)\n", S >> 20,
+                        names[v], us, S / us / 1e3);
+            std::fflush(stdout);
+        }
+    }
+}
+
+int main(int argc, char** argv) {
     for (int d = 0; d < 2; d++) {
         RK(cudaSetDevice(d));
         RK(cudaFree(0));
@@ -189,6 +227,10 @@ int main() {
     RK(cudaHostAlloc((void**)&host, 2 * 4096, cudaHostAllocMapped | cudaHostAllocPortable));
     CK(cuMemHostGetDevicePointer(&hostdev, host, 0));
 
+    if (argc > 1 && std::strcmp(argv[1], "local") == 0) {
+        local_copies();
+        return 0;
+    }
     const size_t sizes[] = {0, 1 << 20, 16 << 20, 64 << 20};
     const char* names[] = {"sep", "batch", "batch-nb", "copy", "memcpy", "kernel", "user"};
     // A word of ones in each GPU's memory, for the memcpy variant's flags.
