@@ -204,6 +204,23 @@ static void local_copies() {
                         names[v], us, S / us / 1e3);
             std::fflush(stdout);
         }
+        // With the zero-copy handshakes (batched, host words) around the peer copy, as
+        // copy_engine.rs issues an out-of-place all-gather: the local copy on the user stream
+        // issued before the lane's commands (as it does), after them, or not at all.
+        for (int v = 0; v < 3; v++) {
+            double us = run(1, [&](int d, cudaStream_t* lane) {
+                CUstream s = (CUstream)lane[0];
+                int p = 1 - d;
+                if (v == 1) CK(cuMemcpyDtoDAsync(ldst[d], g[d].src, S, (CUstream)g[d].user));
+                issue(s, {wr(word(HOST, p, 0), 1, true), wt(word(HOST, d, 0), 1), wr(word(HOST, d, 0), 0, true)}, true);
+                CK(cuMemcpyDtoDAsync(g[p].dst, g[d].src, S, s));
+                issue(s, {wr(word(HOST, p, 1), 1, true), wt(word(HOST, d, 1), 1), wr(word(HOST, d, 1), 0, true)}, true);
+                if (v == 2) CK(cuMemcpyDtoDAsync(ldst[d], g[d].src, S, (CUstream)g[d].user));
+            });
+            const char* hn[] = {"handshakes, no local copy", "handshakes, local copy first", "handshakes, local copy last"};
+            std::printf("local S %3zu MiB %-32s %8.2f us\n", S >> 20, hn[v], us);
+            std::fflush(stdout);
+        }
     }
 }
 

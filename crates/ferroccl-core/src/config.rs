@@ -215,8 +215,10 @@ pub struct Config {
     /// bytes moves by the GPUs' copy engines straight from input to the peers' outputs: one copy
     /// per pair over the link, no staging, no thread block. 0 turns this off. Every rank must
     /// agree. Measured on 2 x H200 (docs/PERFORMANCE.md sections 18 and 37): with the handshakes'
-    /// memory operations in batches (about 16 us of them a launch, 25-27 one by one), all-gather
-    /// and broadcast at 64 MiB gained 6-9 % on the kernels, all-to-all 1-2 %; at 32 MiB level.
+    /// memory operations in batches (about 16 us of them a launch, 25-27 one by one), at 64 MiB
+    /// the copies gained 8 % on the kernels for an all-gather in place and 4-6 % for a broadcast,
+    /// and ran level with them for an all-to-all and an all-gather out of place; at 32 MiB the
+    /// kernels were level or ahead.
     pub gpu_ce_window_bytes: usize,
     /// FERROCCL_GPU_CE_RENDEZVOUS_BYTES (default 64 MiB): on GPUs with a process per rank, a
     /// data-movement collective alone in its launch (gather, scatter; all-gather, all-to-all and
@@ -233,7 +235,7 @@ pub struct Config {
     /// above only from this many bytes too: their kernels carry one direction in rooted rounds
     /// faster than the all-gather's, and on 2 x H200 the copies beat them from 128 MiB (gather
     /// 346-350 GB/s against 331 in graphs, docs/PERFORMANCE.md section 33) but lost at 64 MiB
-    /// (308-315 against 320-328 with the handshakes in batches, section 37). 0 turns the copies
+    /// (306-315 against 318-325 with the handshakes in batches, section 37). 0 turns the copies
     /// off for them. Every rank must agree.
     pub gpu_ce_gather_bytes: usize,
     /// FERROCCL_GPU_CE_P2P_BYTES (default 32 MiB): on GPUs with a process per rank, a send or
@@ -242,8 +244,9 @@ pub struct Config {
     /// waits for its receiver's call), and where it lies in a symmetric window, or is mapped for
     /// the sender (`gpu_ce_map_unregistered`), the sender's copy engines copy straight into it.
     /// On 2 x H200 (docs/PERFORMANCE.md sections 34 and 37) sendrecv by the copies: 64 MiB 335-344
-    /// GB/s against the kernels' 309-318; 32 MiB 306-308 against 291 with the handshakes' memory
-    /// operations in batches, 16 MiB 259 against 271. 0 turns this off. Every rank must agree.
+    /// GB/s against the kernels' 309-318; with the handshakes' memory operations in batches, 32
+    /// MiB 306-308 against 291-305, 16 MiB 259 against 271. 0 turns this off. Every rank must
+    /// agree.
     pub gpu_ce_p2p_bytes: usize,
     /// FERROCCL_GPU_CE_MAP_UNREGISTERED (default on): the two rendezvous above (and the same
     /// exchange before an all-gather, all-to-all or broadcast whose buffers lie in no symmetric
