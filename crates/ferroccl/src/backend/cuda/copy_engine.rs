@@ -704,12 +704,17 @@ impl MemOps {
         self.0.push(p);
     }
 
+    /// What is pending, in order, cut into the driver's batches.
+    fn batches(&mut self) -> std::slice::ChunksMut<'_, sys::CUstreamBatchMemOpParams> {
+        self.0.chunks_mut(Self::MAX)
+    }
+
     /// Enqueues what is pending on `st` and empties it.
     ///
     /// # Safety
     /// `st` is a live stream of the bound context; every address is a word mapped for it.
     unsafe fn issue(&mut self, st: sys::CUstream) -> Result<(), Error> {
-        for chunk in self.0.chunks_mut(Self::MAX) {
+        for chunk in self.batches() {
             cu_ok(
                 "cuStreamBatchMemOp",
                 sys::cuStreamBatchMemOp_v2(st, chunk.len() as u32, chunk.as_mut_ptr(), 0),
@@ -1056,6 +1061,52 @@ mod tests {
     const PIECE: usize = TAPER.max;
     use proptest::prelude::*;
     use std::collections::HashMap;
+
+    /// A lane's memory operations reach the driver as it would take the single calls: in order,
+    /// a wait for 1 with the equality test, every write behind the default (system-wide) fence
+    /// that puts a copy before the word announcing it (the driver refuses writes without it in
+    /// a batch on 2 x H200), and no batch over the driver's 255 operations.
+    #[test]
+    fn memops_keep_order_fences_and_the_drivers_batch_limit() {
+        let mut m = MemOps::default();
+        m.wait(0x1000);
+        m.write(0x2000, 7);
+        for i in 0..298u32 {
+            m.write(0x3000 + 4 * u64::from(i), i);
+        }
+        let sizes: Vec<usize> = m.batches().map(|b| b.len()).collect();
+        assert_eq!(sizes, [MemOps::MAX, 300 - MemOps::MAX]);
+        // SAFETY: each operation is read through the member it was built as.
+        unsafe {
+            let w = m.0[0].waitValue;
+            assert_eq!(
+                w.operation,
+                sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WAIT_VALUE_32
+            );
+            assert_eq!((w.address, w.__bindgen_anon_1.value), (0x1000, 1));
+            assert_eq!(
+                w.flags,
+                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32
+            );
+            for (k, p) in m.0[1..].iter().enumerate() {
+                let x = p.writeValue;
+                assert_eq!(
+                    x.operation,
+                    sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32
+                );
+                assert_eq!(
+                    x.flags,
+                    sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32
+                );
+                let want = if k == 0 {
+                    (0x2000, 7)
+                } else {
+                    (0x3000 + 4 * (k as u64 - 1), k as u32 - 1)
+                };
+                assert_eq!((x.address, x.__bindgen_anon_1.value), want);
+            }
+        }
+    }
 
     /// Every rank's flag page at its start (`CeFlags::initial`).
     fn initial_pages(n: usize) -> Vec<Vec<u32>> {
