@@ -676,13 +676,41 @@ fn fold_schedule(
 /// A lane's run of consecutive stream memory operations, issued as one
 /// `cuStreamBatchMemOp` (the driver runs a batch's operations in order, as it would the single
 /// calls). A wait holds until its word is 1; a write's default flags put a system-wide fence
-/// before its store, so the copy before it has landed when the peer sees the word.
-#[derive(Default)]
-struct MemOps(Vec<sys::CUstreamBatchMemOpParams>);
+/// before its store, so the copy before it has landed when the peer sees the word. Held inline,
+/// so that an enqueue allocates nothing: a run longer than [`MemOps::MAX`] (a receive lane's
+/// handshakes for many receives from one peer in a launch) goes out as several batches, in
+/// order.
+struct MemOps {
+    ops: [sys::CUstreamBatchMemOpParams; MemOps::MAX],
+    len: usize,
+}
+
+// Within the driver's limit of a batch, checked when built.
+const _: () = assert!(MemOps::MAX <= 255);
 
 impl MemOps {
-    /// The most operations the driver takes in one batch.
-    const MAX: usize = 255;
+    /// The most operations one batch holds here (the driver takes up to 255): a collective's
+    /// runs are one to three long.
+    const MAX: usize = 16;
+
+    fn new() -> MemOps {
+        MemOps {
+            // SAFETY: an all-zero parameter block is a valid value of the union.
+            ops: unsafe { std::mem::zeroed() },
+            len: 0,
+        }
+    }
+
+    /// Whether the next operation must wait for an `issue`.
+    fn full(&self) -> bool {
+        self.len == Self::MAX
+    }
+
+    fn push(&mut self, p: sys::CUstreamBatchMemOpParams) {
+        debug_assert!(!self.full());
+        self.ops[self.len] = p;
+        self.len += 1;
+    }
 
     fn wait(&mut self, addr: u64) {
         // SAFETY: an all-zero parameter block is a valid start for any of the union's members.
@@ -691,7 +719,7 @@ impl MemOps {
         p.waitValue.address = addr;
         p.waitValue.__bindgen_anon_1.value = 1;
         p.waitValue.flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32;
-        self.0.push(p);
+        self.push(p);
     }
 
     fn write(&mut self, addr: u64, value: u32) {
@@ -701,26 +729,27 @@ impl MemOps {
         p.writeValue.address = addr;
         p.writeValue.__bindgen_anon_1.value = value;
         p.writeValue.flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
-        self.0.push(p);
+        self.push(p);
     }
 
-    /// What is pending, in order, cut into the driver's batches.
-    fn batches(&mut self) -> std::slice::ChunksMut<'_, sys::CUstreamBatchMemOpParams> {
-        self.0.chunks_mut(Self::MAX)
+    /// What is pending, in order: the next batch.
+    fn pending(&mut self) -> &mut [sys::CUstreamBatchMemOpParams] {
+        &mut self.ops[..self.len]
     }
 
-    /// Enqueues what is pending on `st` and empties it.
+    /// Enqueues what is pending on `st` as one batch, if anything is, and empties it.
     ///
     /// # Safety
     /// `st` is a live stream of the bound context; every address is a word mapped for it.
     unsafe fn issue(&mut self, st: sys::CUstream) -> Result<(), Error> {
-        for chunk in self.batches() {
+        if self.len > 0 {
+            let batch = self.pending();
             cu_ok(
                 "cuStreamBatchMemOp",
-                sys::cuStreamBatchMemOp_v2(st, chunk.len() as u32, chunk.as_mut_ptr(), 0),
+                sys::cuStreamBatchMemOp_v2(st, batch.len() as u32, batch.as_mut_ptr(), 0),
             )?;
+            self.len = 0;
         }
-        self.0.clear();
         Ok(())
     }
 }
@@ -874,8 +903,11 @@ impl CopyEngine {
                 let st = stream_of(*lane);
                 // A lane's consecutive waits and writes go to the stream as one batch: one
                 // command for the GPU's front end to fetch and run instead of one per word.
-                let mut memops = MemOps::default();
+                let mut memops = MemOps::new();
                 for c in cmds {
+                    if memops.full() {
+                        memops.issue(st)?;
+                    }
                     match *c {
                         Cmd::Wait { page, word } => memops.wait(self.word(page, word)),
                         Cmd::Write { page, word, value } => {
@@ -1065,20 +1097,23 @@ mod tests {
     /// A lane's memory operations reach the driver as it would take the single calls: in order,
     /// a wait for 1 with the equality test, every write behind the default (system-wide) fence
     /// that puts a copy before the word announcing it (the driver refuses writes without it in
-    /// a batch on 2 x H200), and no batch over the driver's 255 operations.
+    /// a batch on 2 x H200), and a batch full at `MemOps::MAX`, within the driver's 255.
     #[test]
-    fn memops_keep_order_fences_and_the_drivers_batch_limit() {
-        let mut m = MemOps::default();
+    fn memops_keep_order_fences_and_the_batch_limit() {
+        let mut m = MemOps::new();
+        assert!(m.pending().is_empty() && !m.full());
         m.wait(0x1000);
         m.write(0x2000, 7);
-        for i in 0..298u32 {
+        for i in 0..(MemOps::MAX - 2) as u32 {
+            assert!(!m.full());
             m.write(0x3000 + 4 * u64::from(i), i);
         }
-        let sizes: Vec<usize> = m.batches().map(|b| b.len()).collect();
-        assert_eq!(sizes, [MemOps::MAX, 300 - MemOps::MAX]);
+        assert!(m.full());
+        let batch = m.pending();
+        assert_eq!(batch.len(), MemOps::MAX);
         // SAFETY: each operation is read through the member it was built as.
         unsafe {
-            let w = m.0[0].waitValue;
+            let w = batch[0].waitValue;
             assert_eq!(
                 w.operation,
                 sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WAIT_VALUE_32
@@ -1088,7 +1123,7 @@ mod tests {
                 w.flags,
                 sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32
             );
-            for (k, p) in m.0[1..].iter().enumerate() {
+            for (k, p) in batch[1..].iter().enumerate() {
                 let x = p.writeValue;
                 assert_eq!(
                     x.operation,
