@@ -761,6 +761,9 @@ struct Streams {
     streams: Vec<sys::CUstream>,
     fork: sys::CUevent,
     joins: Vec<sys::CUevent>,
+    /// Per lane, recorded just before its first copy (its opening handshake done): this rank's
+    /// own copy on the caller's stream waits for it (see `enqueue_beside`).
+    opened: Vec<sys::CUevent>,
 }
 
 /// One rank's copy engine.
@@ -899,8 +902,21 @@ impl CopyEngine {
                     )?;
                 }
             }
-            for (lane, cmds) in lanes {
+            // The peers' lanes first, then this rank's own lane on the caller's stream, whose
+            // copy (an out-of-place all-gather's or all-to-all's own block, a root's) waits until
+            // every lane that copies has passed its opening handshake: on 2 x H200 a local copy
+            // running through the handshakes' memory operations added about 13 us to them
+            // whatever its size (docs/PERFORMANCE.md section 37), where beside the peer copy
+            // alone it added nothing.
+            let mut opened = Vec::new();
+            let order = lanes
+                .iter()
+                .filter(|(l, _)| lane_index(*l).is_some())
+                .chain(lanes.iter().filter(|(l, _)| lane_index(*l).is_none()));
+            for (lane, cmds) in order {
                 let st = stream_of(*lane);
+                let index = lane_index(*lane);
+                let mut copied = false;
                 // A lane's consecutive waits and writes go to the stream as one batch: one
                 // command for the GPU's front end to fetch and run instead of one per word.
                 let mut memops = MemOps::new();
@@ -916,6 +932,27 @@ impl CopyEngine {
                         Cmd::Copy { dst, src, bytes } => {
                             memops.issue(st)?;
                             let (d, sr) = (self.addr(dst, op), self.addr(src, op));
+                            if !copied {
+                                copied = true;
+                                match index {
+                                    Some(i) => {
+                                        cu_ok(
+                                            "cuEventRecord",
+                                            sys::cuEventRecord(s.opened[i], st),
+                                        )?;
+                                        opened.push(i);
+                                    }
+                                    None if d != sr => {
+                                        for &i in &opened {
+                                            cu_ok(
+                                                "cuStreamWaitEvent",
+                                                sys::cuStreamWaitEvent(st, s.opened[i], 0),
+                                            )?;
+                                        }
+                                    }
+                                    None => {}
+                                }
+                            }
                             if d != sr {
                                 cu_ok(
                                     "cuMemcpyDtoDAsync",
@@ -1022,6 +1059,7 @@ impl Streams {
             streams: vec![std::ptr::null_mut(); count],
             fork: std::ptr::null_mut(),
             joins: vec![std::ptr::null_mut(); count],
+            opened: vec![std::ptr::null_mut(); count],
         };
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         // SAFETY: out pointers for new objects of the bound context; on error the ones made so
@@ -1041,6 +1079,9 @@ impl Streams {
                 cu_ok("cuEventCreate", unsafe {
                     sys::cuEventCreate(&mut s.joins[i], flags)
                 })?;
+                cu_ok("cuEventCreate", unsafe {
+                    sys::cuEventCreate(&mut s.opened[i], flags)
+                })?;
             }
         }
         Ok(s)
@@ -1054,7 +1095,12 @@ impl Drop for Streams {
             for &st in self.streams.iter().filter(|st| !st.is_null()) {
                 sys::cuStreamDestroy_v2(st);
             }
-            for &ev in self.joins.iter().chain(std::iter::once(&self.fork)) {
+            for &ev in self
+                .joins
+                .iter()
+                .chain(&self.opened)
+                .chain(std::iter::once(&self.fork))
+            {
                 if !ev.is_null() {
                     sys::cuEventDestroy_v2(ev);
                 }
