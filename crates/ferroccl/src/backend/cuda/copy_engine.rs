@@ -475,7 +475,9 @@ pub(crate) enum P2pCopy {
 /// the other ([`P2P_RECV_LANE`]). A pair's sends are matched to its receives in order in each
 /// direction, but nothing orders one direction against the other across launches (a rank may
 /// group a send with a receive that its peer makes in two launches, in either order), so the
-/// two directions never wait on one stream.
+/// two directions never wait on one stream; but one send and one receive with the same peer,
+/// the whole launch, share this lane with the receive's `ready` raised first (see
+/// [`p2p_schedule`]).
 const P2P_SEND_LANE: usize = 0;
 /// See [`P2P_SEND_LANE`].
 const P2P_RECV_LANE: usize = 1;
@@ -487,6 +489,15 @@ const P2P_RECV_LANE: usize = 1;
 /// it; a send waits for its receiver's `ready` and lowers it, copies, and raises `full` in the
 /// receiver's page (the write's fence puts the copy before it). A peer's sends keep their order
 /// on its send lane and its receives on its receive lane.
+///
+/// A launch of exactly one send and one receive with the same peer (a sendrecv, the usual
+/// exchange) takes one lane: the receive's `ready` first, then the send, then the receive's wait
+/// for `full`. Its send still waits for nothing but its receiver's `ready`, and its receive is
+/// open from the lane's first command, so neither direction waits on anything the other's
+/// launches on the peer could be waiting for, however the peer splits them; the
+/// posted-receive model checks it (`posted_receives_hold_under_any_schedule`). One lane alone is
+/// what lets the launch run it on the caller's stream (`CopyEngine::enqueue`): no fork, no join,
+/// about 3 us a launch on 2 x H200 (docs/PERFORMANCE.md section 37).
 pub(crate) fn p2p_schedule(me: Rank, n: usize, p2p: &[P2pCopy]) -> Schedule {
     let mut lanes: Schedule = Vec::new();
     for c in p2p {
@@ -553,6 +564,20 @@ pub(crate) fn p2p_schedule(me: Rank, n: usize, p2p: &[P2pCopy]) -> Schedule {
         match lanes.iter_mut().find(|(l, _)| *l == lane) {
             Some((_, v)) => v.extend(cmds),
             None => lanes.push((lane, cmds)),
+        }
+    }
+    if let [(Lane::Peer { peer: a, lane: la }, x), (Lane::Peer { peer: b, .. }, y)] = &lanes[..] {
+        // One send (4 commands) and one receive (3), in either issue order.
+        let (send, recv) = if *la == P2P_SEND_LANE { (x, y) } else { (y, x) };
+        if a == b && send.len() == 4 && recv.len() == 3 {
+            let merged = [&recv[..1], &send[..], &recv[1..]].concat();
+            return vec![(
+                Lane::Peer {
+                    peer: *a,
+                    lane: P2P_SEND_LANE,
+                },
+                merged,
+            )];
         }
     }
     lanes
@@ -868,7 +893,7 @@ impl CopyEngine {
         user: sys::CUstream,
         fold: &dyn Fn(FoldLaunch, sys::CUstream) -> Result<(), Error>,
     ) -> Result<(), Error> {
-        self.enqueue_beside(lanes, op, user, fold, &mut || Ok(()))
+        self.enqueue_with(lanes, op, user, fold, None)
     }
 
     /// `enqueue`, with `beside` run after the lanes' commands and before `user` waits for them:
@@ -884,38 +909,60 @@ impl CopyEngine {
         fold: &dyn Fn(FoldLaunch, sys::CUstream) -> Result<(), Error>,
         beside: &mut dyn FnMut() -> Result<(), Error>,
     ) -> Result<(), Error> {
+        self.enqueue_with(lanes, op, user, fold, Some(beside))
+    }
+
+    fn enqueue_with(
+        &self,
+        lanes: &Schedule,
+        op: &CeOp,
+        user: sys::CUstream,
+        fold: &dyn Fn(FoldLaunch, sys::CUstream) -> Result<(), Error>,
+        beside: Option<&mut dyn FnMut() -> Result<(), Error>>,
+    ) -> Result<(), Error> {
         if lanes.is_empty() {
-            return beside();
+            return beside.map_or(Ok(()), |b| b());
         }
         self.gpu.bind()?;
         let s = &self.streams;
-        let stream_of = |lane: Lane| lane_index(lane).map_or(user, |i| s.streams[i]);
+        let on_user = on_callers_stream(lanes, beside.is_some());
+        let stream_of = |k: usize| match lane_index(lanes[k].0) {
+            Some(i) if !on_user[k] => s.streams[i],
+            _ => user,
+        };
+        // This rank's own copy (an out-of-place all-gather's or all-to-all's own block, a
+        // root's) waits until every lane that copies has passed its opening handshake: on 2 x
+        // H200 a local copy running through the handshakes' memory operations added about 13 us
+        // to them whatever its size (docs/PERFORMANCE.md section 37), where beside the peer copy
+        // alone it added nothing. So the peers' lanes go first, then the caller's stream's.
+        let local_copies = lanes.iter().any(|(l, cmds)| {
+            *l == Lane::Local
+                && cmds.iter().any(|c| {
+                    matches!(*c, Cmd::Copy { dst, src, .. } if self.addr(dst, op) != self.addr(src, op))
+                })
+        });
+        let order = (0..lanes.len())
+            .filter(|&k| !on_user[k])
+            .chain((0..lanes.len()).filter(|&k| on_user[k]));
         // SAFETY: our streams and events, the caller's live stream; every address is the
         // caller's buffer (its contract), a staging slot or a flag word mapped for this GPU.
         unsafe {
-            cu_ok("cuEventRecord", sys::cuEventRecord(s.fork, user))?;
-            for (lane, _) in lanes {
-                if let Some(i) = lane_index(*lane) {
+            if on_user.iter().any(|u| !u) {
+                cu_ok("cuEventRecord", sys::cuEventRecord(s.fork, user))?;
+            }
+            for k in (0..lanes.len()).filter(|&k| !on_user[k]) {
+                if let Some(i) = lane_index(lanes[k].0) {
                     cu_ok(
                         "cuStreamWaitEvent",
                         sys::cuStreamWaitEvent(s.streams[i], s.fork, 0),
                     )?;
                 }
             }
-            // The peers' lanes first, then this rank's own lane on the caller's stream, whose
-            // copy (an out-of-place all-gather's or all-to-all's own block, a root's) waits until
-            // every lane that copies has passed its opening handshake: on 2 x H200 a local copy
-            // running through the handshakes' memory operations added about 13 us to them
-            // whatever its size (docs/PERFORMANCE.md section 37), where beside the peer copy
-            // alone it added nothing.
             let mut opened = Vec::new();
-            let order = lanes
-                .iter()
-                .filter(|(l, _)| lane_index(*l).is_some())
-                .chain(lanes.iter().filter(|(l, _)| lane_index(*l).is_none()));
-            for (lane, cmds) in order {
-                let st = stream_of(*lane);
-                let index = lane_index(*lane);
+            for k in order {
+                let (lane, cmds) = &lanes[k];
+                let st = stream_of(k);
+                let forked = lane_index(*lane).filter(|_| !on_user[k]);
                 let mut copied = false;
                 // A lane's consecutive waits and writes go to the stream as one batch: one
                 // command for the GPU's front end to fetch and run instead of one per word.
@@ -932,9 +979,9 @@ impl CopyEngine {
                         Cmd::Copy { dst, src, bytes } => {
                             memops.issue(st)?;
                             let (d, sr) = (self.addr(dst, op), self.addr(src, op));
-                            if !copied {
+                            if !copied && local_copies {
                                 copied = true;
-                                match index {
+                                match forked {
                                     Some(i) => {
                                         cu_ok(
                                             "cuEventRecord",
@@ -989,9 +1036,9 @@ impl CopyEngine {
                 }
                 memops.issue(st)?;
             }
-            let besides = beside();
-            for (lane, _) in lanes {
-                if let Some(i) = lane_index(*lane) {
+            let besides = beside.map_or(Ok(()), |b| b());
+            for k in (0..lanes.len()).filter(|&k| !on_user[k]) {
+                if let Some(i) = lane_index(lanes[k].0) {
                     cu_ok(
                         "cuEventRecord",
                         sys::cuEventRecord(s.joins[i], s.streams[i]),
@@ -1042,6 +1089,22 @@ impl CopyEngine {
 }
 
 /// The stream of a peer's lane (None: the caller's stream).
+/// Per lane of `lanes`, whether it runs on the caller's stream rather than a stream of its own:
+/// this rank's own lane always; a launch's only lane too where nothing else is enqueued beside
+/// it (`beside`), which spares the fork and the join (about 3 us a launch in CUDA graphs on 2 x
+/// H200, docs/PERFORMANCE.md section 37). Never a peer lane beside another lane: two lanes of a
+/// launch may wait on each other's peers in either order, and a lane's wait on the caller's
+/// stream would hold up the other lane's commands wherever the driver put both streams in one
+/// hardware queue; nor beside the kernels' part of a launch, which must run alongside the
+/// copies, not after their waits.
+fn on_callers_stream(lanes: &Schedule, beside: bool) -> Vec<bool> {
+    let alone = lanes.len() == 1 && !beside;
+    lanes
+        .iter()
+        .map(|(l, _)| alone || *l == Lane::Local)
+        .collect()
+}
+
 fn lane_index(lane: Lane) -> Option<usize> {
     match lane {
         Lane::Peer { peer, lane } => Some(peer * CE_LANES + lane),
@@ -2225,10 +2288,13 @@ mod tests {
     #[test]
     fn the_posted_receive_model_catches_one_lane_for_both_ways() {
         let l = p2p_launches(&[(1, 1, 1)]);
+        // Both ways on one stream in issue order (each copy's commands as it comes alone).
         let one_lane = |me: Rank, c: &[P2pCopy]| -> Schedule {
             let mut v: Vec<Cmd> = Vec::new();
-            for (_, cmds) in p2p_schedule(me, 2, c) {
-                v.extend(cmds);
+            for x in c {
+                for (_, cmds) in p2p_schedule(me, 2, std::slice::from_ref(x)) {
+                    v.extend(cmds);
+                }
             }
             vec![(
                 Lane::Peer {
@@ -2255,5 +2321,102 @@ mod tests {
         let l = p2p_launches(&[(1, 0, 0)]);
         let e = run_p2p_model(&l, &no_ready, |_| 0).unwrap_err();
         assert!(e.contains("not open"), "{e}");
+    }
+
+    fn send_to(peer: Rank) -> P2pCopy {
+        P2pCopy::Send {
+            peer,
+            src: 0x1000,
+            far: 0x2000,
+            bytes: 64,
+        }
+    }
+
+    /// One send and one receive with the same peer share a lane, the receive's `ready` first and
+    /// its wait for `full` last, in either issue order; anything else keeps a lane per direction.
+    #[test]
+    fn a_sendrecv_with_one_peer_takes_one_lane_with_its_ready_first() {
+        let (me, peer, n) = (0, 1, 2);
+        let recv = P2pCopy::Recv { peer };
+        let apart = |c: &[P2pCopy]| -> Vec<Cmd> {
+            c.iter()
+                .flat_map(|x| p2p_schedule(me, n, std::slice::from_ref(x)))
+                .flat_map(|(_, cmds)| cmds)
+                .collect()
+        };
+        let (s, r) = (apart(&[send_to(peer)]), apart(&[recv]));
+        let want = [&r[..1], &s[..], &r[1..]].concat();
+        for ops in [[send_to(peer), recv], [recv, send_to(peer)]] {
+            let lanes = p2p_schedule(me, n, &ops);
+            assert_eq!(lanes.len(), 1, "{ops:?}");
+            assert_eq!(
+                lanes[0].0,
+                Lane::Peer {
+                    peer,
+                    lane: P2P_SEND_LANE
+                }
+            );
+            assert_eq!(lanes[0].1, want);
+            assert!(matches!(lanes[0].1[0], Cmd::Write { page, word, value: 1 }
+                    if page == peer && word == CeFlags::ready(n, me, 0)));
+        }
+        // Two sends and a receive, or a send and a receive with different peers: a lane each way.
+        assert_eq!(
+            p2p_schedule(me, n, &[send_to(peer), send_to(peer), recv]).len(),
+            2
+        );
+        assert_eq!(
+            p2p_schedule(0, 3, &[send_to(1), P2pCopy::Recv { peer: 2 }]).len(),
+            2
+        );
+        // A send or a receive alone: one lane, as before.
+        assert_eq!(p2p_schedule(me, n, &[recv]).len(), 1);
+    }
+
+    /// The merged sendrecv holds against every way the peer groups its side, under every
+    /// schedule the pickers give: the peer's sends first, its receives first, or grouped.
+    #[test]
+    fn a_merged_sendrecv_holds_however_the_peer_splits_it() {
+        for how in 0u8..3 {
+            for rounds in [
+                vec![(1, 1, how)],
+                vec![(1, 1, how), (1, 1, how), (1, 0, how)],
+            ] {
+                let l = p2p_launches(&rounds);
+                for seed in 0u8..32 {
+                    for ahead in [false, true] {
+                        let r = run_p2p_model(
+                            &l,
+                            &|me, c| p2p_schedule(me, 2, c),
+                            picker(vec![seed, seed.wrapping_mul(7), 3], ahead),
+                        );
+                        assert!(r.is_ok(), "how {how}, seed {seed}: {}", r.unwrap_err());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Which lanes run on the caller's stream: its own lane always, a launch's only lane where
+    /// nothing runs beside it, no peer lane beside another.
+    #[test]
+    fn only_a_lone_lane_or_the_own_copy_runs_on_the_callers_stream() {
+        let peer = |p: Rank| (Lane::Peer { peer: p, lane: 0 }, Vec::new());
+        let local = (Lane::Local, Vec::new());
+        assert_eq!(on_callers_stream(&vec![peer(1)], false), [true]);
+        assert_eq!(on_callers_stream(&vec![peer(1)], true), [false]);
+        assert_eq!(on_callers_stream(&vec![local.clone()], false), [true]);
+        assert_eq!(
+            on_callers_stream(&vec![peer(1), local.clone()], false),
+            [false, true]
+        );
+        assert_eq!(
+            on_callers_stream(&vec![peer(1), peer(2)], false),
+            [false, false]
+        );
+        assert_eq!(
+            on_callers_stream(&vec![local, peer(2)], true),
+            [true, false]
+        );
     }
 }

@@ -467,14 +467,16 @@ impl CudaComm {
                     .filter(|(_, w)| w.is_none())
                     .map(|(a, _)| *a)
                     .collect();
-                return self.enqueue_posted(info, &args[0], &copies, &mut || {
-                    if rest.is_empty() {
-                        state.seq += 1;
-                        Ok(())
-                    } else {
-                        self.launch(info, state, &rest, Exchanged::Nothing)
-                    }
-                });
+                if rest.is_empty() {
+                    state.seq += 1;
+                    return self.enqueue_posted(info, &args[0], &copies, None);
+                }
+                return self.enqueue_posted(
+                    info,
+                    &args[0],
+                    &copies,
+                    Some(&mut || self.launch(info, state, &rest, Exchanged::Nothing)),
+                );
             }
             Exchanged::Far(far) => Some(far),
             Exchanged::Nothing => None,
@@ -683,13 +685,13 @@ impl CudaComm {
 
     /// Enqueues the sends and receives the copy engines take after the posted-receive rendezvous
     /// (`copy_engine::p2p_schedule`) on the current stream, in the launch path's stream order,
-    /// with `kernels` (the launch's other operations) enqueued beside them.
+    /// with `kernels` (the launch's other operations, if any) enqueued beside them.
     fn enqueue_posted(
         &self,
         info: &CommInfo,
         any: &OpArgs,
         copies: &[P2pCopy],
-        kernels: &mut dyn FnMut() -> Result<(), Error>,
+        kernels: Option<&mut dyn FnMut() -> Result<(), Error>>,
     ) -> Result<(), Error> {
         let ce = self.ce.as_ref().ok_or_else(|| {
             Error::Internal("the posted-receive rendezvous without the copy engine".into())
@@ -702,13 +704,11 @@ impl CudaComm {
             self.order()?.before(stream)?;
         }
         self.last_blocks.store(0, Ordering::Relaxed);
-        ce.enqueue_beside(
-            &lanes,
-            &ce_op(any),
-            stream,
-            &|_, _| Err(Error::Internal("a fold among sends and receives".into())),
-            kernels,
-        )?;
+        let no_fold = |_, _| Err(Error::Internal("a fold among sends and receives".into()));
+        match kernels {
+            Some(k) => ce.enqueue_beside(&lanes, &ce_op(any), stream, &no_fold, k)?,
+            None => ce.enqueue(&lanes, &ce_op(any), stream, &no_fold)?,
+        }
         if !captured {
             self.order()?.after(stream)?;
         }
