@@ -247,6 +247,7 @@ impl CudaComm {
         let status = Arc::new(Status::new(&gpu, &stats, geo.conn_table_bytes())?);
         let mut fabric = Fabric::new(&gpu, boot, config, geo, &stats, abort, &status)?;
         let ce_slot = ferroccl_core::tune::ce_slot_bytes(config, boot.nranks());
+        let apart = fabric.ranks_apart();
         let ce = match fabric.ce.take() {
             Some(f) => Some(Arc::new(CopyEngine::new(
                 &gpu,
@@ -254,6 +255,7 @@ impl CudaComm {
                 boot.nranks(),
                 ce_slot,
                 f,
+                apart,
             )?)),
             None => None,
         };

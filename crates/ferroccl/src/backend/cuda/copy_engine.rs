@@ -799,6 +799,12 @@ pub(crate) struct CopyEngine {
     slot_bytes: usize,
     streams: Streams,
     fabric: CeFabric,
+    /// Whether a launch's lone lane may run on the caller's stream (`on_callers_stream`): only
+    /// where every rank has a process (so a GPU) of its own. Ranks sharing a GPU in one process
+    /// may find their callers' streams in one hardware queue, where one rank's wait for the other
+    /// would stand in front of the other's commands for good (the staged copies' GPU test of
+    /// ranks on one GPU hung so); the lanes' own streams, made early, get queues of their own.
+    lone_on_caller: bool,
 }
 
 // SAFETY: stream and event handles are used through the thread-safe driver with the context
@@ -813,13 +819,15 @@ impl CopyEngine {
     /// other stream of its queue. Made together, early, this rank's lanes get queues of their
     /// own as far as there are queues (see docs/ENV.md on `CUDA_DEVICE_MAX_CONNECTIONS`).
     /// `slot_bytes` 0: no staged copies (`FERROCCL_GPU_COPY_ENGINE_BYTES=0`), only the copies
-    /// between symmetric windows.
+    /// between symmetric windows. `apart`: every rank in a process of its own
+    /// (`Fabric::ranks_apart`).
     pub fn new(
         gpu: &Gpu,
         rank: Rank,
         nranks: usize,
         slot_bytes: usize,
         fabric: CeFabric,
+        apart: bool,
     ) -> Result<CopyEngine, Error> {
         if slot_bytes * CE_SLOTS > fabric.region_bytes {
             return Err(Error::Internal(format!(
@@ -836,6 +844,7 @@ impl CopyEngine {
             slot_bytes,
             streams,
             fabric,
+            lone_on_caller: apart,
         })
     }
 
@@ -925,11 +934,6 @@ impl CopyEngine {
         }
         self.gpu.bind()?;
         let s = &self.streams;
-        let on_user = on_callers_stream(lanes, beside.is_some());
-        let stream_of = |k: usize| match lane_index(lanes[k].0) {
-            Some(i) if !on_user[k] => s.streams[i],
-            _ => user,
-        };
         // This rank's own copy (an out-of-place all-gather's or all-to-all's own block, a
         // root's) waits until every lane that copies has passed its opening handshake: on 2 x
         // H200 a local copy running through the handshakes' memory operations added about 13 us
@@ -941,6 +945,12 @@ impl CopyEngine {
                     matches!(*c, Cmd::Copy { dst, src, .. } if self.addr(dst, op) != self.addr(src, op))
                 })
         });
+        let kept = beside.is_some() || !self.lone_on_caller;
+        let on_user = on_callers_stream(lanes, kept, local_copies);
+        let stream_of = |k: usize| match lane_index(lanes[k].0) {
+            Some(i) if !on_user[k] => s.streams[i],
+            _ => user,
+        };
         let order = (0..lanes.len())
             .filter(|&k| !on_user[k])
             .chain((0..lanes.len()).filter(|&k| on_user[k]));
@@ -1090,15 +1100,19 @@ impl CopyEngine {
 
 /// The stream of a peer's lane (None: the caller's stream).
 /// Per lane of `lanes`, whether it runs on the caller's stream rather than a stream of its own:
-/// this rank's own lane always; a launch's only lane too where nothing else is enqueued beside
-/// it (`beside`), which spares the fork and the join (about 3 us a launch in CUDA graphs on 2 x
-/// H200, docs/PERFORMANCE.md section 37). Never a peer lane beside another lane: two lanes of a
-/// launch may wait on each other's peers in either order, and a lane's wait on the caller's
-/// stream would hold up the other lane's commands wherever the driver put both streams in one
-/// hardware queue; nor beside the kernels' part of a launch, which must run alongside the
-/// copies, not after their waits.
-fn on_callers_stream(lanes: &Schedule, beside: bool) -> Vec<bool> {
-    let alone = lanes.len() == 1 && !beside;
+/// this rank's own lane always; a launch's only lane too unless `kept` (something is enqueued
+/// beside it, or ranks share a process: `CopyEngine::lone_on_caller`), which spares the fork and
+/// the join (about 3 us a launch in CUDA graphs on 2 x H200, docs/PERFORMANCE.md section 37).
+/// Never a peer lane beside another lane: two lanes of a launch may wait on each other's peers in
+/// either order, and a lane's wait on the caller's stream would hold up the other lane's
+/// commands wherever the driver put both streams in one hardware queue; nor beside the kernels'
+/// part of a launch, which must run alongside the copies, not after their waits.
+///
+/// `local_copies`: whether this rank's own lane copies anything (in place its copy is skipped,
+/// and its lane counts as none).
+fn on_callers_stream(lanes: &Schedule, kept: bool, local_copies: bool) -> Vec<bool> {
+    let peers = lanes.iter().filter(|(l, _)| *l != Lane::Local).count();
+    let alone = peers == 1 && !local_copies && !kept;
     lanes
         .iter()
         .map(|(l, _)| alone || *l == Lane::Local)
@@ -2403,20 +2417,29 @@ mod tests {
     fn only_a_lone_lane_or_the_own_copy_runs_on_the_callers_stream() {
         let peer = |p: Rank| (Lane::Peer { peer: p, lane: 0 }, Vec::new());
         let local = (Lane::Local, Vec::new());
-        assert_eq!(on_callers_stream(&vec![peer(1)], false), [true]);
-        assert_eq!(on_callers_stream(&vec![peer(1)], true), [false]);
-        assert_eq!(on_callers_stream(&vec![local.clone()], false), [true]);
+        assert_eq!(on_callers_stream(&vec![peer(1)], false, false), [true]);
+        assert_eq!(on_callers_stream(&vec![peer(1)], true, false), [false]);
+        assert_eq!(on_callers_stream(&vec![local.clone()], false, true), [true]);
+        // Out of place the own copy keeps the caller's stream; in place it copies nothing.
         assert_eq!(
-            on_callers_stream(&vec![peer(1), local.clone()], false),
+            on_callers_stream(&vec![peer(1), local.clone()], false, true),
             [false, true]
         );
         assert_eq!(
-            on_callers_stream(&vec![peer(1), peer(2)], false),
+            on_callers_stream(&vec![local.clone(), peer(1)], false, false),
+            [true, true]
+        );
+        assert_eq!(
+            on_callers_stream(&vec![local.clone(), peer(1)], true, false),
+            [true, false]
+        );
+        assert_eq!(
+            on_callers_stream(&vec![peer(1), peer(2)], false, false),
             [false, false]
         );
         assert_eq!(
-            on_callers_stream(&vec![local, peer(2)], true),
-            [true, false]
+            on_callers_stream(&vec![local, peer(2), peer(1)], false, false),
+            [true, false, false]
         );
     }
 }
