@@ -209,18 +209,19 @@ pub struct Config {
     /// staging, with no thread block; 0 (the default until it is measured over NVLink) turns
     /// this off. Every rank must agree.
     pub gpu_copy_engine_bytes: usize,
-    /// FERROCCL_GPU_CE_WINDOW_BYTES (default 64 MiB): on GPUs, a data-movement collective alone
+    /// FERROCCL_GPU_CE_WINDOW_BYTES (default 32 MiB): on GPUs, a data-movement collective alone
     /// in its launch (all-gather, all-to-all not in place, gather, scatter; broadcast on 2 ranks)
     /// whose buffers lie in symmetric windows and whose largest buffer is at least this many
     /// bytes moves by the GPUs' copy engines straight from input to the peers' outputs: one copy
-    /// per pair over the link, no staging, no thread block. 0 turns this off. Every rank must
-    /// agree. Measured on 2 x H200 (docs/PERFORMANCE.md sections 18 and 37): with the handshakes'
-    /// memory operations in batches (about 16 us of them a launch, 25-27 one by one), at 64 MiB
-    /// the copies gained 8 % on the kernels for an all-gather in place and 4-6 % for a broadcast,
-    /// and ran level with them for an all-to-all and an all-gather out of place; at 32 MiB the
-    /// kernels were level or ahead.
+    /// per pair over the link, no staging, no thread block (gather, scatter and broadcast from
+    /// their own thresholds too). 0 turns this off. Every rank must agree. Measured on 2 x H200
+    /// (docs/PERFORMANCE.md sections 18, 37 and 38): with the handshakes' memory operations in
+    /// batches (about 16 us of them a launch), at 64 MiB the copies gained 8 % on the kernels for
+    /// an all-gather in place and 4-6 % for a broadcast; with an out-of-place rank's own copy
+    /// after the handshakes, at 32 MiB all-gather and all-to-all out of place 282 and 276 GB/s
+    /// against the kernels' 259 and 258, in place level (four alternated runs).
     pub gpu_ce_window_bytes: usize,
-    /// FERROCCL_GPU_CE_RENDEZVOUS_BYTES (default 64 MiB): on GPUs with a process per rank, a
+    /// FERROCCL_GPU_CE_RENDEZVOUS_BYTES (default 32 MiB): on GPUs with a process per rank, a
     /// data-movement collective alone in its launch (gather, scatter; all-gather, all-to-all and
     /// broadcast whose buffers lie in no symmetric window) whose largest buffer is at least this
     /// many bytes (and at least `gpu_ce_window_bytes`): the ranks first post to each other where
@@ -229,7 +230,8 @@ pub struct Config {
     /// (`gpu_ce_map_unregistered`), the copy engines copy straight into it. A gather's or
     /// scatter's root in place has its output at another offset than its peers', so the
     /// symmetric contract cannot name it; the exchange does. Gather and scatter wait for
-    /// `gpu_ce_gather_bytes` too. 0 turns this off. Every rank must agree.
+    /// `gpu_ce_gather_bytes` too, broadcast for `gpu_ce_broadcast_bytes`. 0 turns this off.
+    /// Every rank must agree.
     pub gpu_ce_rendezvous_bytes: usize,
     /// FERROCCL_GPU_CE_GATHER_BYTES (default 128 MiB): gather and scatter take the rendezvous
     /// above only from this many bytes too: their kernels carry one direction in rooted rounds
@@ -238,15 +240,25 @@ pub struct Config {
     /// (306-315 against 318-325 with the handshakes in batches, section 37). 0 turns the copies
     /// off for them. Every rank must agree.
     pub gpu_ce_gather_bytes: usize,
-    /// FERROCCL_GPU_CE_P2P_BYTES (default 32 MiB): on GPUs with a process per rank, a send or
+    /// FERROCCL_GPU_CE_BROADCAST_BYTES (default 64 MiB): a broadcast takes the copy engines
+    /// (between symmetric windows, or after the rendezvous above) only from this many bytes too:
+    /// one direction, whose kernels hold out longer than the all-gather's. On 2 x H200 (a process
+    /// per GPU, plain buffers, graphs, float32, four alternated runs; docs/PERFORMANCE.md section
+    /// 38) the copies at 32 MiB ran a broadcast in place 312 GB/s against the kernels' 318 (out
+    /// of place 309 against 303), where they took the all-gather and the all-to-all out of place
+    /// from 259 to 282 and 258 to 276; at 64 MiB they beat the kernels (section 37). 0 turns the
+    /// copies off for it. Every rank must agree.
+    pub gpu_ce_broadcast_bytes: usize,
+    /// FERROCCL_GPU_CE_P2P_BYTES (default 16 MiB): on GPUs with a process per rank, a send or
     /// receive of at least this many bytes goes through the posted-receive rendezvous: the
     /// receiver tells its sender where its output lies (the receiver never waits, the sender
     /// waits for its receiver's call), and where it lies in a symmetric window, or is mapped for
     /// the sender (`gpu_ce_map_unregistered`), the sender's copy engines copy straight into it.
     /// On 2 x H200 (docs/PERFORMANCE.md sections 34 and 37) sendrecv by the copies: 64 MiB 335-344
     /// GB/s against the kernels' 309-318; with the handshakes' memory operations in batches, 32
-    /// MiB 306-308 against 291-305, 16 MiB 259 against 271. 0 turns this off. Every rank must
-    /// agree.
+    /// MiB 306-308 against 291-305, 16 MiB 259 against 271; with a sendrecv's two directions on
+    /// one lane on the caller's stream (section 38), 16 MiB 284 against 270 (four alternated
+    /// runs). 0 turns this off. Every rank must agree.
     pub gpu_ce_p2p_bytes: usize,
     /// FERROCCL_GPU_CE_MAP_UNREGISTERED (default on): the two rendezvous above (and the same
     /// exchange before an all-gather, all-to-all or broadcast whose buffers lie in no symmetric
@@ -343,10 +355,11 @@ impl Default for Config {
             gpu_two_shot: false,
             gpu_peer_bytes: 16 << 20,
             gpu_copy_engine_bytes: 0,
-            gpu_ce_window_bytes: 64 << 20,
-            gpu_ce_rendezvous_bytes: 64 << 20,
+            gpu_ce_window_bytes: 32 << 20,
+            gpu_ce_rendezvous_bytes: 32 << 20,
             gpu_ce_gather_bytes: 128 << 20,
-            gpu_ce_p2p_bytes: 32 << 20,
+            gpu_ce_broadcast_bytes: 64 << 20,
+            gpu_ce_p2p_bytes: 16 << 20,
             gpu_ce_map_unregistered: true,
             gpu_early_launch: true,
             gpu_p2p_kernel: true,
@@ -556,6 +569,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_CE_GATHER_BYTES") {
             c.gpu_ce_gather_bytes = parse("FERROCCL_GPU_CE_GATHER_BYTES", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_CE_BROADCAST_BYTES") {
+            c.gpu_ce_broadcast_bytes = parse("FERROCCL_GPU_CE_BROADCAST_BYTES", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_CE_P2P_BYTES") {
             c.gpu_ce_p2p_bytes = parse("FERROCCL_GPU_CE_P2P_BYTES", v)?;
         }
@@ -716,6 +732,10 @@ impl Config {
             (
                 "FERROCCL_GPU_CE_GATHER_BYTES",
                 self.gpu_ce_gather_bytes.to_string(),
+            ),
+            (
+                "FERROCCL_GPU_CE_BROADCAST_BYTES",
+                self.gpu_ce_broadcast_bytes.to_string(),
             ),
             (
                 "FERROCCL_GPU_CE_P2P_BYTES",
@@ -1257,7 +1277,7 @@ mod tests {
                 cw.gpu_ce_window_bytes,
                 Config::default().gpu_ce_window_bytes
             ),
-            (0, 64 << 20)
+            (0, 32 << 20)
         );
         assert!(shares(&cw, "FERROCCL_GPU_CE_WINDOW_BYTES", "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_WINDOW_BYTES", "-1")])).is_err());
@@ -1267,7 +1287,7 @@ mod tests {
                 cr.gpu_ce_rendezvous_bytes,
                 Config::default().gpu_ce_rendezvous_bytes
             ),
-            (0, 64 << 20)
+            (0, 32 << 20)
         );
         assert!(shares(&cr, "FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "x")])).is_err());
@@ -1281,10 +1301,20 @@ mod tests {
         );
         assert!(shares(&cg, "FERROCCL_GPU_CE_GATHER_BYTES", "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_GATHER_BYTES", "1M")])).is_err());
+        let cb = Config::from_vars(&vars(&[("FERROCCL_GPU_CE_BROADCAST_BYTES", "1")])).unwrap();
+        assert_eq!(
+            (
+                cb.gpu_ce_broadcast_bytes,
+                Config::default().gpu_ce_broadcast_bytes
+            ),
+            (1, 64 << 20)
+        );
+        assert!(shares(&cb, "FERROCCL_GPU_CE_BROADCAST_BYTES", "1"));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_BROADCAST_BYTES", "-3")])).is_err());
         let cp = Config::from_vars(&vars(&[("FERROCCL_GPU_CE_P2P_BYTES", "1")])).unwrap();
         assert_eq!(
             (cp.gpu_ce_p2p_bytes, Config::default().gpu_ce_p2p_bytes),
-            (1, 32 << 20)
+            (1, 16 << 20)
         );
         assert!(shares(&cp, "FERROCCL_GPU_CE_P2P_BYTES", "1"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_P2P_BYTES", "-4")])).is_err());

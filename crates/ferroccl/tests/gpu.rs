@@ -855,6 +855,7 @@ fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
         ("FERROCCL_GPU_CE_WINDOW_BYTES", "1".to_string()),
         ("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "1".to_string()),
         ("FERROCCL_GPU_CE_GATHER_BYTES", "1".to_string()),
+        ("FERROCCL_GPU_CE_BROADCAST_BYTES", "1".to_string()),
         ("FERROCCL_GPU_CE_P2P_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_MIN_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576".to_string()),
@@ -1200,6 +1201,7 @@ fn unregistered_outputs_are_mapped_on_the_fly_for_the_copy_engines() {
         ("FERROCCL_GPU_CE_WINDOW_BYTES", "1".to_string()),
         ("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "1".to_string()),
         ("FERROCCL_GPU_CE_GATHER_BYTES", "1".to_string()),
+        ("FERROCCL_GPU_CE_BROADCAST_BYTES", "1".to_string()),
         ("FERROCCL_GPU_CE_P2P_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_MIN_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576".to_string()),
@@ -1376,6 +1378,7 @@ fn symmetric_windows_in_one_process_take_kernels() {
         gpu_ce_window_bytes: 1,
         gpu_ce_rendezvous_bytes: 1,
         gpu_ce_gather_bytes: 1,
+        gpu_ce_broadcast_bytes: 1,
         gpu_ce_p2p_bytes: 1,
         gpu_fold_min_bytes: 1,
         ..Config::default()

@@ -598,7 +598,8 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
 /// `FERROCCL_GPU_CE_MAP_UNREGISTERED` (outputs mapped for their writers on the fly); without
 /// either, nothing is posted and no exchange is paid. Its largest buffer from
 /// `FERROCCL_GPU_CE_RENDEZVOUS_BYTES` and from `FERROCCL_GPU_CE_WINDOW_BYTES` up (a gather's or
-/// scatter's from `FERROCCL_GPU_CE_GATHER_BYTES` too). An all-gather,
+/// scatter's from `FERROCCL_GPU_CE_GATHER_BYTES` too, a broadcast's from
+/// `FERROCCL_GPU_CE_BROADCAST_BYTES`: [`ce_kind_floor_met`]). An all-gather,
 /// all-to-all or broadcast whose buffers lie in symmetric windows (`op.symmetric`) needs no
 /// exchange: each rank names its peers' outputs by its own. The copy-and-fold reductions (an
 /// all-reduce or reduce-scatter of 2 ranks) exchange where the tuner would give them the fold
@@ -633,15 +634,29 @@ pub fn rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
         let c = choose(&named, device, cfg);
         return c.engine == Engine::CopyEngine && c.zero_copy;
     }
-    // Gather and scatter wait for their own threshold too: their kernels (one direction, rooted
-    // rounds) hold out longer against the copies than the all-gather's.
-    let rooted = matches!(op.kind, CollKind::Gather | CollKind::Scatter);
     postable
         && copies::rendezvous_serves(op.kind, op.nranks)
         && !(op.symmetric && copies::zcopy_serves(op.kind, op.nranks))
         && at_least(cfg.gpu_ce_rendezvous_bytes)
         && at_least(cfg.gpu_ce_window_bytes)
-        && (!rooted || at_least(cfg.gpu_ce_gather_bytes))
+        && ce_kind_floor_met(op, cfg)
+}
+
+/// Whether `op` is past its kind's own floor for the copies, on top of the shared ones
+/// (`FERROCCL_GPU_CE_WINDOW_BYTES`, `_RENDEZVOUS_BYTES`): gather and scatter wait for
+/// `FERROCCL_GPU_CE_GATHER_BYTES`, broadcast for `FERROCCL_GPU_CE_BROADCAST_BYTES` (0: never).
+/// Their kernels carry one direction, and hold out longer against the copies' fixed cost (the
+/// handshakes, about 16 us a launch) than the two-way kinds' do: on 2 x H200 the copies took an
+/// out-of-place all-gather and all-to-all of 32 MiB 7-9 % past the kernels, a broadcast of 32
+/// MiB in place 2 % under them, gather and scatter of 64 MiB 2-4 % under (docs/PERFORMANCE.md
+/// sections 37 and 38).
+pub fn ce_kind_floor_met(op: &OpShape, cfg: &Config) -> bool {
+    let floor = match op.kind {
+        CollKind::Gather | CollKind::Scatter => cfg.gpu_ce_gather_bytes,
+        CollKind::Broadcast => cfg.gpu_ce_broadcast_bytes,
+        _ => return true,
+    };
+    op.largest_bytes().is_some_and(|b| floor > 0 && b >= floor)
 }
 
 /// Whether a send or receive of `op` goes through the posted-receive rendezvous
@@ -792,8 +807,9 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
     // each rank's output would take a peer's block before its own left for that peer, and with
     // no staging nothing can break that cycle (the symmetric contract makes in-place-ness the
     // same on every rank, so all ranks decide alike).
-    let ce_window =
-        bytes.is_some_and(|b| cfg.gpu_ce_window_bytes > 0 && b >= cfg.gpu_ce_window_bytes);
+    let ce_window = bytes
+        .is_some_and(|b| cfg.gpu_ce_window_bytes > 0 && b >= cfg.gpu_ce_window_bytes)
+        && ce_kind_floor_met(op, cfg);
     // Gather and scatter join them once the ranks have posted their outputs to each other
     // (`rendezvous_wanted`), and so do the others whose outputs lie in no symmetric window
     // (posted as mapped for their writers): `symmetric` then says that every sender can name

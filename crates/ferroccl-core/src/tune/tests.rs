@@ -1886,8 +1886,15 @@ fn symmetric_windows_take_the_copy_engine_for_large_data_movement() {
             ..shape(kind, count, Float32, n)
         }
     };
-    let min = cfg.gpu_ce_window_bytes;
+    let window = cfg.gpu_ce_window_bytes;
     for kind in [CollKind::AllGather, CollKind::AllToAll, CollKind::Broadcast] {
+        // The broadcast from its own threshold (above the window's), the others from the window's.
+        let min = if kind == CollKind::Broadcast {
+            cfg.gpu_ce_broadcast_bytes
+        } else {
+            window
+        };
+        assert!(min >= window);
         let c = choose(&at(kind, min, 2), Device::Gpu, &cfg);
         assert!(
             c.engine == Engine::CopyEngine && c.zero_copy && c.channels == 0,
@@ -1933,6 +1940,28 @@ fn symmetric_windows_take_the_copy_engine_for_large_data_movement() {
             "{kind}"
         );
     }
+    // The broadcast's own knob: at the window's threshold the kernels, unless it comes down to
+    // it; 0 keeps the copies off at any size; the two-way kinds do not read it.
+    assert!(cfg.gpu_ce_broadcast_bytes > window);
+    let bc = at(CollKind::Broadcast, window, 2);
+    assert_ne!(choose(&bc, Device::Gpu, &cfg).engine, Engine::CopyEngine);
+    let lower = Config {
+        gpu_ce_broadcast_bytes: window,
+        ..cfg.clone()
+    };
+    assert_eq!(choose(&bc, Device::Gpu, &lower).engine, Engine::CopyEngine);
+    let never = Config {
+        gpu_ce_broadcast_bytes: 0,
+        ..cfg.clone()
+    };
+    assert_ne!(
+        choose(&at(CollKind::Broadcast, 1 << 30, 2), Device::Gpu, &never).engine,
+        Engine::CopyEngine
+    );
+    assert_eq!(
+        choose(&at(CollKind::AllGather, window, 2), Device::Gpu, &never).engine,
+        Engine::CopyEngine
+    );
     // All-reduce and reduce-scatter on 2 ranks out of place: copies into the peer's output and a
     // fold kernel of FOLD_BLOCKS blocks (fewer where the channels are capped); in place, on 3
     // ranks, below the threshold or without the contract: not.
@@ -2788,4 +2817,62 @@ fn lines_take_the_peer_engines_sizes_to_1_mib_by_default_and_0_turns_them_off() 
     assert!([64 << 10, 256 << 10, 1 << 20, 8 << 20]
         .iter()
         .all(|&b| !lines(b, &off)));
+}
+
+/// A broadcast on buffers nobody registered exchanges its outputs' places from its own
+/// threshold (FERROCCL_GPU_CE_BROADCAST_BYTES), not from the all-gather's: one direction, whose
+/// kernels hold out longer.
+#[test]
+fn a_broadcast_exchanges_outputs_from_its_own_threshold() {
+    let cfg = Config::default();
+    let bare = |kind, bytes: usize| OpShape {
+        windows: false,
+        symmetric: false,
+        ..shape(
+            kind,
+            bytes / 4 / if kind == CollKind::AllGather { 2 } else { 1 },
+            Float32,
+            2,
+        )
+    };
+    let (rv, own) = (cfg.gpu_ce_rendezvous_bytes, cfg.gpu_ce_broadcast_bytes);
+    assert!(own > rv);
+    assert!(rendezvous_wanted(
+        &bare(CollKind::AllGather, rv),
+        Device::Gpu,
+        &cfg
+    ));
+    assert!(!rendezvous_wanted(
+        &bare(CollKind::Broadcast, rv),
+        Device::Gpu,
+        &cfg
+    ));
+    assert!(!rendezvous_wanted(
+        &bare(CollKind::Broadcast, own / 2),
+        Device::Gpu,
+        &cfg
+    ));
+    assert!(rendezvous_wanted(
+        &bare(CollKind::Broadcast, own),
+        Device::Gpu,
+        &cfg
+    ));
+    let never = Config {
+        gpu_ce_broadcast_bytes: 0,
+        ..cfg.clone()
+    };
+    assert!(!rendezvous_wanted(
+        &bare(CollKind::Broadcast, 1 << 30),
+        Device::Gpu,
+        &never
+    ));
+    // Once exchanged (`symmetric`), the copies take it at its threshold.
+    let posted = OpShape {
+        symmetric: true,
+        ..bare(CollKind::Broadcast, own)
+    };
+    assert_eq!(
+        choose(&posted, Device::Gpu, &cfg).engine,
+        Engine::CopyEngine
+    );
 }
