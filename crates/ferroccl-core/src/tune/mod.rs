@@ -664,9 +664,10 @@ pub fn ce_kind_floor_met(op: &OpShape, cfg: &Config) -> bool {
 /// the launch, and where it lies in a symmetric window, or is mapped for the sender on the fly
 /// (`FERROCCL_GPU_CE_MAP_UNREGISTERED`), the sender's copy engines copy straight into it. On
 /// GPUs, the communicator with symmetric windows or that setting, the message from
-/// `FERROCCL_GPU_CE_P2P_BYTES` up (32 MiB: on 2 x H200 sendrecv by the copies 335-344 GB/s at 64
+/// `FERROCCL_GPU_CE_P2P_BYTES` up (16 MiB: on 2 x H200 sendrecv by the copies 335-344 GB/s at 64
 /// MiB against the kernels' 309-318; with the handshakes in batches 306-308 at 32 MiB against
-/// 291-305, 259 at 16 MiB against 271; docs/PERFORMANCE.md sections 34 and 37); a matched
+/// 291-305, 259 at 16 MiB against 271; with both directions on one lane on the caller's stream
+/// 284 at 16 MiB against 270; docs/PERFORMANCE.md sections 34, 37 and 38); a matched
 /// send and receive have one length, so both ends decide alike. The receiver never waits for it;
 /// the sender waits for its receiver's call.
 pub fn p2p_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
