@@ -566,19 +566,33 @@ pub(crate) fn p2p_schedule(me: Rank, n: usize, p2p: &[P2pCopy]) -> Schedule {
             None => lanes.push((lane, cmds)),
         }
     }
-    if let [(Lane::Peer { peer: a, lane: la }, x), (Lane::Peer { peer: b, .. }, y)] = &lanes[..] {
-        // One send (4 commands) and one receive (3), in either issue order.
-        let (send, recv) = if *la == P2P_SEND_LANE { (x, y) } else { (y, x) };
-        if a == b && send.len() == 4 && recv.len() == 3 {
-            let merged = [&recv[..1], &send[..], &recv[1..]].concat();
-            return vec![(
-                Lane::Peer {
-                    peer: *a,
-                    lane: P2P_SEND_LANE,
-                },
-                merged,
-            )];
-        }
+    // One send and one receive with the same peer, in either issue order: one lane, the
+    // receive's `ready` (its first command) first.
+    let peer_of = |c: &P2pCopy| match *c {
+        P2pCopy::Send { peer, .. } | P2pCopy::Recv { peer } => peer,
+    };
+    let one_each = matches!(
+        p2p,
+        [P2pCopy::Send { .. }, P2pCopy::Recv { .. }] | [P2pCopy::Recv { .. }, P2pCopy::Send { .. }]
+    );
+    if one_each && peer_of(&p2p[0]) == peer_of(&p2p[1]) {
+        let peer = peer_of(&p2p[0]);
+        let of = |l: usize| {
+            lanes
+                .iter()
+                .find(|(lane, _)| *lane == Lane::Peer { peer, lane: l })
+                .map(|(_, cmds)| cmds.as_slice())
+                .unwrap_or_default()
+        };
+        let (send, recv) = (of(P2P_SEND_LANE), of(P2P_RECV_LANE));
+        let merged = [&recv[..1], send, &recv[1..]].concat();
+        return vec![(
+            Lane::Peer {
+                peer,
+                lane: P2P_SEND_LANE,
+            },
+            merged,
+        )];
     }
     lanes
 }
@@ -787,7 +801,7 @@ struct Streams {
     fork: sys::CUevent,
     joins: Vec<sys::CUevent>,
     /// Per lane, recorded just before its first copy (its opening handshake done): this rank's
-    /// own copy on the caller's stream waits for it (see `enqueue_beside`).
+    /// own copy on the caller's stream waits for it (see `enqueue_with`).
     opened: Vec<sys::CUevent>,
 }
 
@@ -1098,7 +1112,6 @@ impl CopyEngine {
     }
 }
 
-/// The stream of a peer's lane (None: the caller's stream).
 /// Per lane of `lanes`, whether it runs on the caller's stream rather than a stream of its own:
 /// this rank's own lane always; a launch's only lane too unless `kept` (something is enqueued
 /// beside it, or ranks share a process: `CopyEngine::lone_on_caller`), which spares the fork and
@@ -1119,6 +1132,7 @@ fn on_callers_stream(lanes: &Schedule, kept: bool, local_copies: bool) -> Vec<bo
         .collect()
 }
 
+/// The stream of a peer's lane (None: the caller's stream).
 fn lane_index(lane: Lane) -> Option<usize> {
     match lane {
         Lane::Peer { peer, lane } => Some(peer * CE_LANES + lane),

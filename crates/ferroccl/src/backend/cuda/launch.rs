@@ -468,8 +468,9 @@ impl CudaComm {
                     .map(|(a, _)| *a)
                     .collect();
                 if rest.is_empty() {
+                    self.enqueue_posted(info, &args[0], &copies, None)?;
                     state.seq += 1;
-                    return self.enqueue_posted(info, &args[0], &copies, None);
+                    return Ok(());
                 }
                 return self.enqueue_posted(
                     info,
