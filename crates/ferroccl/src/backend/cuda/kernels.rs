@@ -475,23 +475,34 @@ int main() {
         let (mut major, mut minor) = (0, 0);
         // SAFETY: two valid out-pointers; the library is present.
         unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-        let t = std::time::Instant::now();
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(
-            plan_exec_source(),
-            compile_options("sm_90", &include),
-        );
-        let took = t.elapsed();
-        let ptx = match ptx {
-            Ok(p) => p.to_src(),
-            Err(cudarc::nvrtc::CompileError::CompileError { log, .. }) => {
-                panic!("NVRTC rejected the kernel:\n{}", log.to_string_lossy())
-            }
-            Err(e) => panic!("NVRTC failed: {e:?}"),
+        let compile = |name: &str, src: String| {
+            let t = std::time::Instant::now();
+            let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, compile_options("sm_90", &include))
+                .unwrap_or_else(|e| match e {
+                    cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                        panic!("NVRTC rejected {name}:\n{}", log.to_string_lossy())
+                    }
+                    e => panic!("NVRTC failed on {name}: {e:?}"),
+                })
+                .to_src();
+            eprintln!(
+                "NVRTC {major}.{minor}: {name} -> {} bytes of PTX in {:?}",
+                ptx.len(),
+                t.elapsed()
+            );
+            ptx
         };
-        eprintln!(
-            "NVRTC {major}.{minor}: plan_exec.cu -> {} bytes of PTX in {took:?}",
-            ptx.len()
-        );
+        // The three modules at once, as a communicator compiles them (each NVRTC compile runs on
+        // one thread): on CI's 2 cores the test waits for the longest, not their sum.
+        let (ptx, direct, peer) = std::thread::scope(|s| {
+            let direct = s.spawn(|| compile("direct.cu", direct_source()));
+            let peer = s.spawn(|| compile("peer.cu", peer_source()));
+            let plan = compile("plan_exec.cu", plan_exec_source());
+            let join = |h: std::thread::ScopedJoinHandle<'_, String>| {
+                h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
+            };
+            (plan, join(direct), join(peer))
+        });
         assert!(
             ptx.contains(&format!(".entry {PLAN_EXEC_KERNEL}(")),
             "no entry {PLAN_EXEC_KERNEL} in the PTX"
@@ -510,18 +521,6 @@ int main() {
             ptx.contains(&format!(".entry {P2P_WIDE_KERNEL}(")),
             "no entry {P2P_WIDE_KERNEL} in the PTX"
         );
-        let compile = |name: &str, src: String| {
-            cudarc::nvrtc::compile_ptx_with_opts(src, compile_options("sm_90", &include))
-                .unwrap_or_else(|e| match e {
-                    cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-                        panic!("NVRTC rejected {name}:\n{}", log.to_string_lossy())
-                    }
-                    e => panic!("NVRTC failed: {e:?}"),
-                })
-                .to_src()
-        };
-        let direct = compile("direct.cu", direct_source());
-        let peer = compile("peer.cu", peer_source());
         // Each engine's kernels: one per type, and one per type for all-reduces with Sum.
         let typed = |stem: &str, shapes: &[Shape]| -> Vec<String> {
             ferroccl_core::DataType::ALL
