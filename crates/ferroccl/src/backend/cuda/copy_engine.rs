@@ -813,7 +813,7 @@ pub(crate) struct CopyEngine {
     slot_bytes: usize,
     streams: Streams,
     fabric: CeFabric,
-    /// Whether a launch's lone lane may run on the caller's stream (`on_callers_stream`): only
+    /// Whether a launch's lone lane may run on the caller's stream (`lone_lane_on_caller`): only
     /// where every rank has a process (so a GPU) of its own. Ranks sharing a GPU in one process
     /// may find their callers' streams in one hardware queue, where one rank's wait for the other
     /// would stand in front of the other's commands for good (the staged copies' GPU test of
@@ -959,34 +959,30 @@ impl CopyEngine {
                     matches!(*c, Cmd::Copy { dst, src, .. } if self.addr(dst, op) != self.addr(src, op))
                 })
         });
+        let copies = |k: usize| lanes[k].1.iter().any(|c| matches!(c, Cmd::Copy { .. }));
         let kept = beside.is_some() || !self.lone_on_caller;
-        let on_user = on_callers_stream(lanes, kept, local_copies);
-        let stream_of = |k: usize| match lane_index(lanes[k].0) {
-            Some(i) if !on_user[k] => s.streams[i],
-            _ => user,
-        };
+        let alone = lone_lane_on_caller(lanes, kept, local_copies);
+        // Per lane, its own stream's index, or None where it runs on the caller's stream.
+        let forked = |k: usize| lane_index(lanes[k].0).filter(|_| !alone);
+        let stream_of = |k: usize| forked(k).map_or(user, |i| s.streams[i]);
         let order = (0..lanes.len())
-            .filter(|&k| !on_user[k])
-            .chain((0..lanes.len()).filter(|&k| on_user[k]));
+            .filter(|&k| forked(k).is_some())
+            .chain((0..lanes.len()).filter(|&k| forked(k).is_none()));
         // SAFETY: our streams and events, the caller's live stream; every address is the
         // caller's buffer (its contract), a staging slot or a flag word mapped for this GPU.
         unsafe {
-            if on_user.iter().any(|u| !u) {
+            if (0..lanes.len()).any(|k| forked(k).is_some()) {
                 cu_ok("cuEventRecord", sys::cuEventRecord(s.fork, user))?;
             }
-            for k in (0..lanes.len()).filter(|&k| !on_user[k]) {
-                if let Some(i) = lane_index(lanes[k].0) {
-                    cu_ok(
-                        "cuStreamWaitEvent",
-                        sys::cuStreamWaitEvent(s.streams[i], s.fork, 0),
-                    )?;
-                }
+            for i in (0..lanes.len()).filter_map(forked) {
+                cu_ok(
+                    "cuStreamWaitEvent",
+                    sys::cuStreamWaitEvent(s.streams[i], s.fork, 0),
+                )?;
             }
-            let mut opened = Vec::new();
             for k in order {
-                let (lane, cmds) = &lanes[k];
+                let cmds = &lanes[k].1;
                 let st = stream_of(k);
-                let forked = lane_index(*lane).filter(|_| !on_user[k]);
                 let mut copied = false;
                 // A lane's consecutive waits and writes go to the stream as one batch: one
                 // command for the GPU's front end to fetch and run instead of one per word.
@@ -1005,16 +1001,17 @@ impl CopyEngine {
                             let (d, sr) = (self.addr(dst, op), self.addr(src, op));
                             if !copied && local_copies {
                                 copied = true;
-                                match forked {
+                                match forked(k) {
                                     Some(i) => {
-                                        cu_ok(
-                                            "cuEventRecord",
-                                            sys::cuEventRecord(s.opened[i], st),
-                                        )?;
-                                        opened.push(i);
+                                        cu_ok("cuEventRecord", sys::cuEventRecord(s.opened[i], st))?
                                     }
+                                    // Every forked lane that copies was enqueued above and has
+                                    // recorded its event.
                                     None if d != sr => {
-                                        for &i in &opened {
+                                        for i in (0..lanes.len())
+                                            .filter(|&j| copies(j))
+                                            .filter_map(forked)
+                                        {
                                             cu_ok(
                                                 "cuStreamWaitEvent",
                                                 sys::cuStreamWaitEvent(st, s.opened[i], 0),
@@ -1061,17 +1058,15 @@ impl CopyEngine {
                 memops.issue(st)?;
             }
             let besides = beside.map_or(Ok(()), |b| b());
-            for k in (0..lanes.len()).filter(|&k| !on_user[k]) {
-                if let Some(i) = lane_index(lanes[k].0) {
-                    cu_ok(
-                        "cuEventRecord",
-                        sys::cuEventRecord(s.joins[i], s.streams[i]),
-                    )?;
-                    cu_ok(
-                        "cuStreamWaitEvent",
-                        sys::cuStreamWaitEvent(user, s.joins[i], 0),
-                    )?;
-                }
+            for i in (0..lanes.len()).filter_map(forked) {
+                cu_ok(
+                    "cuEventRecord",
+                    sys::cuEventRecord(s.joins[i], s.streams[i]),
+                )?;
+                cu_ok(
+                    "cuStreamWaitEvent",
+                    sys::cuStreamWaitEvent(user, s.joins[i], 0),
+                )?;
             }
             besides
         }
@@ -1112,10 +1107,10 @@ impl CopyEngine {
     }
 }
 
-/// Per lane of `lanes`, whether it runs on the caller's stream rather than a stream of its own:
-/// this rank's own lane always; a launch's only lane too unless `kept` (something is enqueued
-/// beside it, or ranks share a process: `CopyEngine::lone_on_caller`), which spares the fork and
-/// the join (about 3 us a launch in CUDA graphs on 2 x H200, docs/PERFORMANCE.md section 37).
+/// Whether a launch's peer lane runs on the caller's stream rather than a stream of its own (this
+/// rank's own lane always does): where it is the launch's only lane, unless `kept` (something is
+/// enqueued beside it, or ranks share a process: `CopyEngine::lone_on_caller`), which spares the
+/// fork and the join (about 3 us a launch in CUDA graphs on 2 x H200, docs/PERFORMANCE.md section 37).
 /// Never a peer lane beside another lane: two lanes of a launch may wait on each other's peers in
 /// either order, and a lane's wait on the caller's stream would hold up the other lane's
 /// commands wherever the driver put both streams in one hardware queue; nor beside the kernels'
@@ -1123,13 +1118,9 @@ impl CopyEngine {
 ///
 /// `local_copies`: whether this rank's own lane copies anything (in place its copy is skipped,
 /// and its lane counts as none).
-fn on_callers_stream(lanes: &Schedule, kept: bool, local_copies: bool) -> Vec<bool> {
+fn lone_lane_on_caller(lanes: &Schedule, kept: bool, local_copies: bool) -> bool {
     let peers = lanes.iter().filter(|(l, _)| *l != Lane::Local).count();
-    let alone = peers == 1 && !local_copies && !kept;
-    lanes
-        .iter()
-        .map(|(l, _)| alone || *l == Lane::Local)
-        .collect()
+    peers == 1 && !local_copies && !kept
 }
 
 /// The stream of a peer's lane (None: the caller's stream).
@@ -2429,6 +2420,14 @@ mod tests {
     /// nothing runs beside it, no peer lane beside another.
     #[test]
     fn only_a_lone_lane_or_the_own_copy_runs_on_the_callers_stream() {
+        // Per lane, whether it runs on the caller's stream (as `enqueue_with` places it).
+        let on_callers_stream = |lanes: &Schedule, kept: bool, local_copies: bool| -> Vec<bool> {
+            let alone = lone_lane_on_caller(lanes, kept, local_copies);
+            lanes
+                .iter()
+                .map(|(l, _)| alone || lane_index(*l).is_none())
+                .collect()
+        };
         let peer = |p: Rank| (Lane::Peer { peer: p, lane: 0 }, Vec::new());
         let local = (Lane::Local, Vec::new());
         assert_eq!(on_callers_stream(&vec![peer(1)], false, false), [true]);
