@@ -198,6 +198,12 @@ pub struct Config {
     /// the default): for the kinds and sizes where it measured faster (`tune::peer_split_pays`);
     /// 1: wherever it is safe; 0: never. Every rank must agree.
     pub gpu_peer_split: Option<bool>,
+    /// FERROCCL_GPU_PEER_READ: the peer engine's one-phase rounds as read rounds, each message
+    /// left in its sender's own staging for its receiver to read over the link
+    /// (`tune::Choice::read`). `auto` (None, the default): for the kinds and sizes where it
+    /// measured faster (`tune::peer_read_pays`); 1: every one-phase round; 0: never. Every rank
+    /// must agree.
+    pub gpu_peer_read: Option<bool>,
     /// FERROCCL_GPU_PEER_DIRECT (default on): the peer engine's direct rounds: a receiver whose
     /// output lies in a window posts it, and its senders store straight into it instead of its
     /// staging (`tune::Choice::zero_copy`). A run-time choice that each receiver learns round
@@ -350,6 +356,7 @@ impl Default for Config {
             gpu_fold_ramp: crate::plan::copies::FOLD_RAMP,
             gpu_fold_min_bytes: crate::tune::FOLD_MIN_BYTES,
             gpu_peer_split: None,
+            gpu_peer_read: None,
             gpu_peer_direct: true,
             gpu_peer_rooted_max_bytes: PEER_ROOTED_MAX_BYTES,
             gpu_two_shot: false,
@@ -554,6 +561,12 @@ impl Config {
                 v => Some(parse_bool("FERROCCL_GPU_PEER_SPLIT", v)?),
             };
         }
+        if let Some(v) = get("FERROCCL_GPU_PEER_READ") {
+            c.gpu_peer_read = match v.trim() {
+                "" | "auto" => None,
+                v => Some(parse_bool("FERROCCL_GPU_PEER_READ", v)?),
+            };
+        }
         if let Some(v) = get("FERROCCL_GPU_PEER_DIRECT") {
             c.gpu_peer_direct = parse_bool("FERROCCL_GPU_PEER_DIRECT", v)?;
         }
@@ -715,6 +728,11 @@ impl Config {
             (
                 "FERROCCL_GPU_PEER_SPLIT",
                 self.gpu_peer_split
+                    .map_or("auto".into(), |b| (b as u8).to_string()),
+            ),
+            (
+                "FERROCCL_GPU_PEER_READ",
+                self.gpu_peer_read
                     .map_or("auto".into(), |b| (b as u8).to_string()),
             ),
             (
@@ -1111,6 +1129,16 @@ mod tests {
         ));
         assert!(shares(&split, "FERROCCL_GPU_PEER_SPLIT", "1"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_SPLIT", "half")])).is_err());
+        let read = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_READ", "1")])).unwrap();
+        assert_eq!(
+            (read.gpu_peer_read, Config::default().gpu_peer_read),
+            (Some(true), None)
+        );
+        let unread = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_READ", "0")])).unwrap();
+        assert_eq!(unread.gpu_peer_read, Some(false));
+        assert!(shares(&Config::default(), "FERROCCL_GPU_PEER_READ", "auto"));
+        assert!(shares(&unread, "FERROCCL_GPU_PEER_READ", "0"));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_READ", "pull")])).is_err());
         let pb = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCKS", "16")])).unwrap();
         assert_eq!(
             (pb.gpu_peer_blocks, Config::default().gpu_peer_blocks),

@@ -181,6 +181,16 @@ pub fn peer_split_pays(kind: CollKind, bytes: Option<usize>, nranks: usize) -> b
     }
 }
 
+/// Whether the peer engine's one-phase rounds read (`Choice::read`) for `kind` with a largest
+/// buffer of `bytes` on `nranks` ranks (`FERROCCL_GPU_PEER_READ=auto`): each sender copies its
+/// round into its own staging (local memory) and flags it, and the receiver reads it over the
+/// link, as NCCL's P2P read mode does; a stored round's flag waits until the link has
+/// acknowledged every store before it.
+pub fn peer_read_pays(kind: CollKind, bytes: Option<usize>, nranks: usize) -> bool {
+    let _ = (kind, bytes, nranks);
+    false
+}
+
 /// Whether the peer engine runs `kind` on `nranks` ranks (given room in its staging): 2 to
 /// [`PEER_MAX_RANKS`] ranks, every collective, no sends or receives. Broadcast and reduce go
 /// one-shot there, the root's link carrying n-1 copies where the chain carries one: beyond 2
@@ -414,6 +424,10 @@ pub struct Choice {
     /// The peer engine only: each slice of the operation on two thread blocks, one sending and
     /// one receiving at its own pace (`channels` is then even: half send, half receive).
     pub split: bool,
+    /// The peer engine only: read rounds (`peer_reads`): each message lies in its sender's own
+    /// staging and its receiver reads it over the link, where stored rounds write it into the
+    /// receiver's staging.
+    pub read: bool,
     /// Why each part is what it is.
     pub why: Why,
 }
@@ -792,6 +806,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
                 zero_copy: false,
                 post_output: false,
                 split: false,
+                read: false,
                 why: Why {
                     algo: "what each rank sends is within FERROCCL_GPU_ONESHOT_MAX_BYTES (FERROCCL_GPU_PEER_FROM_BYTES where the peer engine serves it)",
                     protocol: "the direct engine's flags in the data",
@@ -832,6 +847,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             zero_copy: true,
             post_output: true,
             split: false,
+            read: false,
             why: Why {
                 algo: "data movement between symmetric windows from FERROCCL_GPU_CE_WINDOW_BYTES up: one copy per pair, input to output",
                 protocol: "one handshake before and after, by stream memory operations",
@@ -867,6 +883,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             zero_copy: true,
             post_output: true,
             split: false,
+            read: false,
             why: Why {
                 algo: "a reduction of 2 ranks into posted outputs from FERROCCL_GPU_FOLD_MIN_BYTES up: the peer's share copied into the output, folded there",
                 protocol: "a word per piece (pieces tapering to the end) raised by stream memory operations, polled by the fold kernel",
@@ -893,6 +910,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             zero_copy: false,
             post_output: false,
             split: false,
+            read: false,
             why: Why {
                 algo: "data movement from FERROCCL_GPU_COPY_ENGINE_BYTES up: one message per pair by copy engines",
                 protocol: "staging slots handed over by stream memory operations",
@@ -953,12 +971,21 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             && channels >= 2
             && !(op.in_place && matches!(op.kind, CollKind::AllToAll | CollKind::AllReduce));
         let channels = if split { channels / 2 * 2 } else { channels };
+        // FERROCCL_GPU_PEER_READ: one-phase rounds (not the pull, which reads the peer's input
+        // itself, nor lines) left in their senders' staging for the receivers to read.
+        let read = !pull
+            && !lines
+            && algo == Algo::OneShot
+            && cfg
+                .gpu_peer_read
+                .unwrap_or_else(|| peer_read_pays(op.kind, bytes, op.nranks));
         // Direct rounds: a sender stores straight into an output its receiver posts (a window's,
         // found at run time: nobody waits for a post), so only what moves data unreduced, and
         // only from PEER_DIRECT_MIN_BYTES: the looks cost medium sizes more than they gave.
         // A pull is the all-reduce's zero-copy: every rank reads its peer's input.
         let zero_copy = pull
             || (cfg.gpu_peer_direct
+                && !read
                 && moves_only(op.kind)
                 && bytes.is_some_and(|b| b >= PEER_DIRECT_MIN_BYTES));
         return Choice {
@@ -975,6 +1002,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             // Nobody stores into a puller's output: it has nothing to post.
             post_output: zero_copy && !pull && may_post(op.kind, op.in_place),
             split,
+            read,
             why: Why {
                 algo: if pull {
                     "all-reduce of 2 ranks between symmetric windows within FERROCCL_GPU_PEER_PULL_MIN_BYTES - FERROCCL_GPU_PEER_PULL_MAX_BYTES: each rank pulls its peer's input on the peer engine"
@@ -987,6 +1015,8 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
                 },
                 protocol: if lines {
                     "all-reduce, reduce-scatter or reduce of 2 ranks over NVLink within FERROCCL_GPU_PEER_LINES_MAX_BYTES: 128-byte lines with the round's flag in each"
+                } else if read {
+                    "the peer engine's flag per block and round, each round read out of its sender's staging (FERROCCL_GPU_PEER_READ)"
                 } else {
                     "the peer engine's flag per block and round"
                 },
@@ -1086,6 +1116,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         zero_copy,
         post_output: zero_copy && may_post(op.kind, op.in_place),
         split: false,
+        read: false,
         why: Why {
             algo: why_algo,
             protocol: why_protocol,

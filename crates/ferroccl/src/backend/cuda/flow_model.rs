@@ -18,6 +18,13 @@
 //! in that very launch (its earlier operations complete, as its post promised) and that every
 //! read finds its round where the mark says it is.
 //!
+//! Read rounds (the peer engine's one-phase rounds with `FcPeer::read`): a round's message lies
+//! in its sender's own staging, in the region the sender keeps for that receiver, where a stored
+//! round puts it in the receiver's region for that sender. The protocol is the same; the slot of
+//! the ordered pair (sender, receiver) is the one the pair (receiver, sender) uses for stored
+//! rounds. The model keys slots by where they lie, so launches of both kinds in any mix check
+//! that no region is written while the rank that reads it may still be reading it.
+//!
 //! Pulls (the peer engine's all-reduce between symmetric windows, `FcPeer::pull`): no slot; each
 //! rank flags that its input is there, waits for its peers' flags, reads their inputs straight
 //! out of their windows, flags that it read them, and at its last round waits for its peers' same
@@ -79,6 +86,19 @@ struct Launch {
     direct: bool,
     /// Which ranks post their output (bit r: rank r's output lies in a window).
     posts: u32,
+    /// The peer engines' one-phase rounds (symmetric, from and to the root) as read rounds:
+    /// each message in its sender's own region for its receiver (never with direct rounds).
+    read: bool,
+}
+
+impl Launch {
+    /// Whether `engine` runs this launch's rounds as read rounds: the peer engines' one-phase
+    /// rounds only (not the two-shot all-reduce's, pulls or lines), as the tuner chooses them.
+    fn reads(&self, engine: Engine) -> bool {
+        self.read
+            && engine != Engine::Direct
+            && matches!(self.kind, Kind::Symmetric | Kind::FromRoot | Kind::ToRoot)
+    }
 }
 
 /// A slot's life: stored round s, being read (until the reader's next barrier), released.
@@ -89,18 +109,30 @@ enum Slot {
     Released(u64),
 }
 
-/// A slot: (owner, sender, phase, parity).
+/// A slot: (owner, the other rank of the pair, phase, parity); the other rank is the sender
+/// of a stored round, the receiver of a read round (the owner its sender).
 type Key = (usize, usize, usize, u64);
+
+/// The slot of round `s`'s message from `from` to `to` in `phase`: the receiver's region for
+/// the sender, or (`read`) the sender's region for the receiver.
+fn slot_key(from: usize, to: usize, phase: usize, s: u64, read: bool) -> Key {
+    if read {
+        (from, to, phase, s & 1)
+    } else {
+        (to, from, phase, s & 1)
+    }
+}
 
 #[derive(Clone, Debug)]
 enum Step {
     /// Wait until every rank in `peers` acknowledged round `s - 2` (this rank's lines).
     Room { peers: Vec<usize>, s: u64 },
-    /// Store round `s` into these ranks' slots of `phases`.
+    /// Store round `s` into these ranks' slots of `phases` (`read`: this rank's slots for them).
     Store {
         to: Vec<usize>,
         phases: &'static [usize],
         s: u64,
+        read: bool,
     },
     /// A barrier: the reads in progress end; then acknowledge round `ack` to every peer (0:
     /// none) and raise the `phase` flag to `s` at these ranks.
@@ -116,6 +148,7 @@ enum Step {
         phase: usize,
         slots: &'static [usize],
         s: u64,
+        read: bool,
     },
     /// The split block's two warp groups meet at a kernel boundary: launch `id` starts once
     /// both finished everything before it.
@@ -227,6 +260,7 @@ fn push_launch(
             l.kind,
             Kind::AllReduce | Kind::Pull | Kind::Lines | Kind::LinesToRoot
         );
+    let read = l.reads(engine);
     if rounds > 0 {
         steps.push(Step::Start {
             s0: *s + 1,
@@ -253,6 +287,7 @@ fn push_launch(
                 phase: 0,
                 slots: &[],
                 s,
+                read: false,
             });
             steps.push(Step::ReadInputs {
                 from: peers.clone(),
@@ -268,6 +303,7 @@ fn push_launch(
                     phase: 1,
                     slots: &[],
                     s,
+                    read: false,
                 });
             }
             continue;
@@ -286,6 +322,7 @@ fn push_launch(
                 to: peers.clone(),
                 phases: &[0, 1],
                 s,
+                read: false,
             });
             steps.push(Step::WaitLines {
                 from: peers.clone(),
@@ -313,6 +350,7 @@ fn push_launch(
                     to: targets,
                     phases: &[0, 1],
                     s,
+                    read: false,
                 });
             }
             let receives = !sources.is_empty();
@@ -355,6 +393,7 @@ fn push_launch(
                 to: targets.clone(),
                 phases: slots,
                 s,
+                read,
             });
         }
         let flag = (!targets.is_empty()).then_some((0, targets.clone()));
@@ -369,6 +408,7 @@ fn push_launch(
                 phase: 0,
                 slots,
                 s,
+                read,
             });
         }
         if l.kind == Kind::AllReduce && engine == Engine::Peer {
@@ -377,6 +417,7 @@ fn push_launch(
                 to: peers.clone(),
                 phases: &[1],
                 s,
+                read: false,
             });
             steps.push(Step::Barrier {
                 ack: 0,
@@ -388,6 +429,7 @@ fn push_launch(
                 phase: 1,
                 slots: &[1],
                 s,
+                read: false,
             });
         }
     }
@@ -446,6 +488,7 @@ fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
                 s,
             });
         }
+        let read = l.reads(Engine::PeerSplit);
         // The receive warps post; the send warps look.
         recv.push(Step::Start {
             s0: s + 1,
@@ -469,6 +512,7 @@ fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
                     to: targets.clone(),
                     phases: &[0, 1],
                     s,
+                    read,
                 });
                 send.push(Step::Barrier {
                     ack: 0,
@@ -485,6 +529,7 @@ fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
                     phase: 0,
                     slots: &[0, 1],
                     s,
+                    read,
                 });
             }
             // Every round acknowledged to every peer, read or not, so that the counters move alike.
@@ -601,7 +646,12 @@ impl World {
                     }
                 }
             }
-            Step::Store { to, phases, s } => {
+            Step::Store {
+                to,
+                phases,
+                s,
+                read,
+            } => {
                 for &q in to {
                     if self.direct_at[agent][q].is_some_and(|d| d <= *s) {
                         // Straight into q's output: q must be in this very launch.
@@ -616,7 +666,7 @@ impl World {
                         continue;
                     }
                     for &phase in *phases {
-                        let key = (q, me, phase, s & 1);
+                        let key = slot_key(me, q, phase, *s, *read);
                         match self.slots.get(&key) {
                             None | Some(Slot::Released(_)) => {}
                             Some(other) => {
@@ -680,7 +730,13 @@ impl World {
                     }
                 }
             }
-            Step::WaitRead { from, slots, s, .. } => {
+            Step::WaitRead {
+                from,
+                slots,
+                s,
+                read,
+                ..
+            } => {
                 for &q in from {
                     let s0 = self.launch[agent];
                     let m = self.marks[me][q];
@@ -691,7 +747,7 @@ impl World {
                         continue;
                     }
                     for &phase in *slots {
-                        let key = (me, q, phase, s & 1);
+                        let key = slot_key(q, me, phase, *s, *read);
                         match self.slots.get(&key) {
                             Some(Slot::Written(r)) if r == s => {}
                             other => {
@@ -856,11 +912,12 @@ proptest! {
     #[test]
     fn the_peer_engine_flow_control_holds_in_any_interleaving(
         n in 2usize..=5,
-        ops in prop::collection::vec((peer_kind_strategy(), 0u64..=6, any::<usize>(), any::<bool>(), any::<u32>()), 1..8),
+        ops in prop::collection::vec((peer_kind_strategy(), 0u64..=6, any::<usize>(), 0u8..3, any::<u32>()), 1..8),
         seed in any::<u64>(),
         greedy in any::<bool>(),
     ) {
-        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root, direct, posts)| Launch { kind, rounds, root: root % n, split: true, direct, posts }).collect();
+        // Rounds stored, direct (1) or read (2), as the tuner picks one of them.
+        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root, mode, posts)| Launch { kind, rounds, root: root % n, split: true, direct: mode == 1, posts, read: mode == 2 }).collect();
         let r = run(n, &launches, seed, greedy);
         prop_assert!(r.is_ok(), "{n} ranks, {launches:?}, greedy {greedy}: {}", r.unwrap_err());
     }
@@ -880,7 +937,7 @@ proptest! {
         greedy in any::<bool>(),
     ) {
         // rounds: 0 a launch without this block, 1 one that exchanges, 2 an empty slice.
-        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root)| Launch { kind, rounds, root: root % n, split: true, direct: false, posts: 0 }).collect();
+        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root)| Launch { kind, rounds, root: root % n, split: true, direct: false, posts: 0, read: false }).collect();
         let r = run_engine(Engine::Direct, n, &launches, seed, greedy);
         prop_assert!(r.is_ok(), "{n} ranks, {launches:?}, greedy {greedy}: {}", r.unwrap_err());
     }
@@ -896,11 +953,11 @@ proptest! {
     #[test]
     fn the_split_peer_engine_design_holds_in_any_interleaving(
         n in 2usize..=5,
-        ops in prop::collection::vec((peer_kind_strategy(), 0u64..=6, any::<usize>(), prop::bool::weighted(0.75), any::<bool>(), any::<u32>()), 1..8),
+        ops in prop::collection::vec((peer_kind_strategy(), 0u64..=6, any::<usize>(), prop::bool::weighted(0.75), 0u8..3, any::<u32>()), 1..8),
         seed in any::<u64>(),
         greedy in any::<bool>(),
     ) {
-        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root, split, direct, posts)| Launch { kind, rounds, root: root % n, split, direct, posts }).collect();
+        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root, split, mode, posts)| Launch { kind, rounds, root: root % n, split, direct: mode == 1, posts, read: mode == 2 }).collect();
         let r = run_engine(Engine::PeerSplit, n, &launches, seed, greedy);
         prop_assert!(r.is_ok(), "{n} ranks, {launches:?}, greedy {greedy}: {}", r.unwrap_err());
     }
@@ -920,6 +977,7 @@ fn the_model_catches_a_broken_split_design() {
         split: true,
         direct: false,
         posts: 0,
+        read: false,
     }];
     for seed in 1..200 {
         assert!(run_engine(Engine::PeerSplit, n, &ag, seed, seed % 2 == 0).is_ok());
@@ -946,6 +1004,63 @@ fn the_model_catches_a_broken_split_design() {
     assert!(e.starts_with("deadlock") && e.contains("Room"), "{e}");
 }
 
+/// Read rounds keep the stored rounds' safeguards, in the sender's own region: a reduce's
+/// sender that reads (its rounds in its region for the root) and skips its room checks
+/// overwrites round 1 with round 3 before the root read it; with them, read rounds after and
+/// before stored ones of the reverse pair (which use the same region) hold under any schedule.
+#[test]
+fn read_rounds_keep_the_room_checks_in_the_senders_region() {
+    let n = 2;
+    let reduce = Launch {
+        kind: Kind::ToRoot,
+        rounds: 4,
+        root: 0,
+        split: false,
+        direct: false,
+        posts: 0,
+        read: true,
+    };
+    let bcast = Launch {
+        kind: Kind::FromRoot,
+        read: false,
+        ..reduce
+    };
+    for seed in 1..200 {
+        let mixes = [
+            vec![reduce],
+            vec![reduce, bcast, reduce],
+            vec![bcast, reduce, bcast],
+        ];
+        for launches in &mixes {
+            for engine in [Engine::Peer, Engine::PeerSplit] {
+                let r = run_engine(engine, n, launches, seed, seed % 2 == 0);
+                assert!(r.is_ok(), "{engine:?} {launches:?}: {r:?}");
+            }
+        }
+    }
+    // The sender's program without its room checks, run ahead alone: it finds its own region's
+    // round 1 unread when it stores round 3 there.
+    let sender: Vec<Step> = program(1, n, &[reduce])
+        .into_iter()
+        .filter(|s| !matches!(s, Step::Room { .. }))
+        .collect();
+    let mut w = World::new(n);
+    let mut broke = None;
+    for step in &sender {
+        if !w.enabled(1, step) {
+            break;
+        }
+        if let Err(e) = w.take(1, step) {
+            broke = Some(e);
+            break;
+        }
+    }
+    assert!(
+        broke.is_some_and(|e| e.contains("stores round 3 into (1, 0,")),
+        "the sender ran ahead unnoticed"
+    );
+}
+
 /// The model catches the protocol without its safeguards: rooted rounds that skip their room
 /// checks overwrite a slot still unread, and never acknowledging makes senders wait forever.
 #[test]
@@ -958,6 +1073,7 @@ fn the_model_catches_a_broken_flow_control() {
         split: false,
         direct: false,
         posts: 0,
+        read: false,
     };
     // As the kernel runs it: fine under any schedule tried.
     for seed in 1..200 {
@@ -1019,6 +1135,7 @@ fn the_model_catches_a_broken_flow_control() {
         split: false,
         direct: false,
         posts: 0,
+        read: false,
     }; 3];
     let root: Vec<Step> = strip_room(program_of(Engine::Direct, 0, n, &bcasts));
     let mut w = World::new(n);
@@ -1156,6 +1273,7 @@ fn the_model_catches_direct_rounds_without_posts_or_marks() {
         split: false,
         direct: true,
         posts: 0,
+        read: false,
     }; 2];
     bcasts[1].posts = 0b10;
     let programs: Vec<Vec<Step>> = (0..n).map(|r| program(r, n, &bcasts)).collect();
@@ -1211,6 +1329,7 @@ fn the_model_catches_a_pull_without_its_waits() {
         split: false,
         direct: false,
         posts: 0,
+        read: false,
     };
     let mixed = [
         pull,
@@ -1267,6 +1386,7 @@ fn the_model_catches_rooted_line_rounds_without_room_or_acknowledgement() {
         split: false,
         direct: false,
         posts: 0,
+        read: false,
     };
     let mixed = [
         reduce,
@@ -1346,6 +1466,7 @@ fn the_model_catches_line_rounds_without_their_barriers() {
         split: false,
         direct: false,
         posts: 0,
+        read: false,
     };
     let mixed = [
         lines,

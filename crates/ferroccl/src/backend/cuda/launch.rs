@@ -170,7 +170,8 @@ enum Run {
     /// The direct kernel, on this many blocks.
     Direct { blocks: u32 },
     /// The peer kernel, on this many blocks, in rounds of this many elements per block;
-    /// `oneshot`: an all-reduce in one crossing (2 ranks); `direct`: senders store straight into
+    /// `oneshot`: an all-reduce in one crossing (2 ranks); `read`: receivers read each round out
+    /// of their senders' staging (`tune::peer_read_pays`); `direct`: senders store straight into
     /// outputs their receivers post (the tuner's zero-copy), `post`: this rank posts its output
     /// where a window holds it; `pull`: an all-reduce that reads its peer's input from the
     /// peer's symmetric window (the all-reduce's zero-copy, `tune::peer_pulls`); `lines`: an
@@ -180,6 +181,7 @@ enum Run {
         chunk: u64,
         oneshot: bool,
         split: bool,
+        read: bool,
         direct: bool,
         post: bool,
         pull: bool,
@@ -575,6 +577,7 @@ impl CudaComm {
                                 chunk: c.chunk_elems as u64,
                                 oneshot: c.algo == Algo::OneShot && all_reduce,
                                 split: c.split,
+                                read: c.read,
                                 direct: c.zero_copy && !all_reduce,
                                 post: c.post_output,
                                 pull: c.zero_copy && all_reduce,
@@ -854,6 +857,7 @@ impl CudaComm {
                 chunk,
                 oneshot,
                 split,
+                read,
                 direct,
                 post: _,
                 pull: _,
@@ -870,6 +874,7 @@ impl CudaComm {
                     root: a.root as u32,
                     oneshot: oneshot as u32,
                     split: split as u32,
+                    read: read as u32,
                     op: ops[0],
                     views: views.unwrap_or_default(),
                     direct: direct as u32,

@@ -252,6 +252,11 @@ pub(crate) struct FcPeer {
     /// with (from the communicator's id, never 0), so that no earlier data in the slots passes
     /// for a flag; 0: the staged rounds.
     pub lines: u64,
+    /// 1: read rounds (the tuner's `Choice::read`): each message lies in its sender's own
+    /// staging and its receiver reads it over the link; 0: the sender stores it into the
+    /// receiver's.
+    pub read: u32,
+    pub reserved: u32,
 }
 
 /// The fold kernel's only parameter (`kernels/peer.cu`, `ferroccl_fold_*`): a copy-and-fold
@@ -434,10 +439,10 @@ layout! {
                   expected @ 32, got @ 40, wanted @ 48, seen @ 56 }
     FcDirect: 376 { slots @ 0, acks @ 128, epochs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
                     kind @ 296, rank @ 300, nranks @ 304, root @ 308, nblocks @ 312, reserved @ 316, op @ 320 }
-    FcPeer: 560 { stage @ 0, flags @ 128, seqs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
+    FcPeer: 568 { stage @ 0, flags @ 128, seqs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
                   chunk @ 296, slot_bytes @ 304, kind @ 312, rank @ 316, nranks @ 320, nblocks @ 324, root @ 328,
                   oneshot @ 332, blocks @ 336, split @ 340, op @ 344, views @ 400, direct @ 528, post @ 532, stats @ 536,
-                  pull @ 544, lines @ 552 }
+                  pull @ 544, lines @ 552, read @ 560, reserved @ 564 }
     FcFold: 392 { words @ 0, mine @ 16, out @ 24, count @ 32, pieces @ 40, abort @ 48, error @ 56, timeout_ns @ 64,
                   rank @ 72, nblocks @ 76, op @ 80, ends @ 136 }
     FcP2pStep: 56 { base @ 0, tail @ 8, counter @ 16, buf @ 24, bytes @ 32, piece @ 36, slots @ 40, conn @ 44,

@@ -79,6 +79,21 @@ __device__ __forceinline__ fc_u8* peer_slot(const FcPeer& P, fc_u32 owner, fc_u3
     return (fc_u8*)P.stage[owner] + i * P.slot_bytes;
 }
 
+// Where round s's message from rank `from` to rank `to` lies. Stored rounds: in the receiver's
+// staging (slot [from] of `to`), written over the link, read locally. Read rounds (FcPeer::read,
+// one-phase rounds): in the sender's own staging (slot [to] of `from`), written locally, read by
+// the receiver over the link. NCCL's P2P read mode (as the all-reduce's pull, but out of a
+// staging slot): the flag's release then waits for local stores only, where a round of stores
+// over NVLink held the block's flag back until the link acknowledged them. The slot the
+// protocol hands over is the pair's either way (one region per ordered pair of ranks, the same
+// parity rule, acknowledgements and room checks), so rounds of either kind may follow each
+// other: region [q] of rank r carries q's stored rounds to r and r's read rounds to q, and both
+// are written only after the rank that reads them acknowledged the same parity, and read only
+// by that one rank.
+__device__ __forceinline__ fc_u8* peer_msg(const FcPeer& P, fc_u32 from, fc_u32 to, fc_u32 b, fc_u32 phase, fc_u64 s) {
+    return P.read != 0u ? peer_slot(P, from, b, to, phase, s) : peer_slot(P, to, b, from, phase, s);
+}
+
 // Flag line [b][from][phase] in `owner`'s flag area, 128 bytes each (phase 2: acknowledgements).
 __device__ __forceinline__ fc_u64* peer_flag(const FcPeer& P, fc_u32 owner, fc_u32 b, fc_u32 from, fc_u32 phase) {
     return (fc_u64*)(P.flags[owner] + (((fc_u64)b * P.nranks + from) * FC_PEER_PHASES + phase) * 128u);
@@ -631,7 +646,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
         if (sending) {
             const int bad = check_room && !peer_room(P, b, s, FC_PEER_ALL);
             FC_PEER_STAMP(2);
-            if (!bad) transform_as<D, SUM>(op, peer_slot(P, q, b, me, 0, s), in + at * es, len, true, false);
+            if (!bad) transform_as<D, SUM>(op, peer_msg(P, me, q, b, 0, s), in + at * es, len, true, false);
             FC_PEER_STAMP(3);
             if (!peer_signal(P, b, 0, s, FC_PEER_ALL, bad, ack)) return false;
         }
@@ -639,7 +654,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
         FC_PEER_STAMP(4);
         if (!peer_wait(P, b, 0, s, FC_PEER_ALL)) return false;
         FC_PEER_STAMP(5);
-        fold_pair<D, SUM>(op, me, out + at * es, peer_slot(P, me, b, q, 0, s), in + at * es, len);
+        fold_pair<D, SUM>(op, me, out + at * es, peer_msg(P, q, me, b, 0, s), in + at * es, len);
         // A receive block acknowledges its round at once (peer_signal's barrier ends the reads).
         if (role == FC_ROLE_RECV) peer_signal(P, b, FC_PEER_PHASES, s, FC_PEER_ALL, 0, s);
         // No second crossing: the trace's steps after the reduce read 0.
@@ -721,7 +736,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
             if (!peer_in(P, q, targets)) continue;
             // q's staging slot, or its output where q posted it (a direct round).
             fc_u8* slot = direct_to != nullptr && direct_to[q] != 0 ? (fc_u8*)direct_to[q] + ((per_sender ? me * c : 0) + at) * es
-                                                                    : peer_slot(P, q, b, me, 0, s);
+                                                                    : peer_msg(P, me, q, b, 0, s);
             // The block of this rank's input that q gets.
             const bool per_peer = kind == FC_KIND_REDUCE_SCATTER || kind == FC_KIND_ALL_TO_ALL || kind == FC_KIND_SCATTER;
             const fc_u8* src = in + ((per_peer ? q * c : 0) + at) * es;
@@ -749,7 +764,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
             for (fc_u32 i = 0; i + 1 < n; ++i) {
                 const fc_u32 q = (me + 1 + i) % n;
                 if (i > 0) __syncthreads();
-                reduce_as<D, SUM>(op, o, nullptr, peer_slot(P, me, b, q, 0, s), i == 0 ? mine : o, len, i == 0, i + 2 == n);
+                reduce_as<D, SUM>(op, o, nullptr, peer_msg(P, q, me, b, 0, s), i == 0 ? mine : o, len, i == 0, i + 2 == n);
             }
         } else {
             if (DR.on && threadIdx.x == 0 && P.stats != 0) {
@@ -761,7 +776,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
                 const fc_u32 q = (me + n - j) % n;
                 // A direct round is in the output already.
                 if (!peer_in(P, q, sources) || (DR.on && DR.from[q] != 0)) continue;
-                copy_bytes(out + ((per_sender ? q * c : 0) + at) * es, nullptr, peer_slot(P, me, b, q, 0, s), bytes);
+                copy_bytes(out + ((per_sender ? q * c : 0) + at) * es, nullptr, peer_msg(P, q, me, b, 0, s), bytes);
             }
         }
     }

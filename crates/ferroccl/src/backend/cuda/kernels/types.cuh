@@ -276,8 +276,10 @@ struct FcPeer {
     fc_u64 stats;                     // where receivers count the direct rounds they got
     fc_u64 pull;                      // a pulling all-reduce: the peer's input as this GPU maps it
     fc_u64 lines;                     // line rounds (peer.cu): the flags' salt, never 0; 0: staged
+    fc_u32 read;                      // 1: messages lie in their senders' staging, read over the link
+    fc_u32 reserved;
 };
-FC_CHECK_SIZE(FcPeer, 560);
+FC_CHECK_SIZE(FcPeer, 568);
 FC_CHECK_OFFSET(FcPeer, stage, 0);
 FC_CHECK_OFFSET(FcPeer, flags, 128);
 FC_CHECK_OFFSET(FcPeer, seqs, 256);
@@ -302,6 +304,7 @@ FC_CHECK_OFFSET(FcPeer, post, 532);
 FC_CHECK_OFFSET(FcPeer, stats, 536);
 FC_CHECK_OFFSET(FcPeer, pull, 544);
 FC_CHECK_OFFSET(FcPeer, lines, 552);
+FC_CHECK_OFFSET(FcPeer, read, 560);
 
 // ---- the fold kernel (peer.cu, in the peer engine's module) ---------------------------------------
 // The local half of a copy-and-fold reduction on 2 ranks (copy_engine.rs `fold_schedule`): the
