@@ -193,6 +193,15 @@ pub struct Config {
     /// (`plan::copies::fold_list`); 0: never. Default `tune::FOLD_MIN_BYTES`. Every rank must
     /// agree.
     pub gpu_fold_min_bytes: usize,
+    /// FERROCCL_GPU_FOLD_REDUCE_BLOCKS: `gpu_fold_blocks` for the reduce of 2 ranks, whose root
+    /// alone folds, 1 to 132; the default `tune::FOLD_REDUCE_BLOCKS`. Each rank sets its own.
+    pub gpu_fold_reduce_blocks: usize,
+    /// FERROCCL_GPU_FOLD_REDUCE_RAMP: `gpu_fold_ramp` for the reduce of 2 ranks, 110 to 400; the
+    /// default `plan::copies::FOLD_REDUCE_RAMP`. Every rank must agree.
+    pub gpu_fold_reduce_ramp: usize,
+    /// FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES: `gpu_fold_min_bytes` for the reduce of 2 ranks; 0:
+    /// never. Default `tune::FOLD_REDUCE_MIN_BYTES`. Every rank must agree.
+    pub gpu_fold_reduce_min_bytes: usize,
     /// FERROCCL_GPU_PEER_SPLIT: the peer engine's one-phase rounds on two blocks a slice, one
     /// sending and one receiving, each at its own pace (`tune::Choice::split`). `auto` (None,
     /// the default): for the kinds and sizes where it measured faster (`tune::peer_split_pays`);
@@ -355,6 +364,9 @@ impl Default for Config {
             gpu_fold_tail_bytes: crate::plan::copies::FOLD_TAIL_BYTES,
             gpu_fold_ramp: crate::plan::copies::FOLD_RAMP,
             gpu_fold_min_bytes: crate::tune::FOLD_MIN_BYTES,
+            gpu_fold_reduce_blocks: crate::tune::FOLD_REDUCE_BLOCKS,
+            gpu_fold_reduce_ramp: crate::plan::copies::FOLD_REDUCE_RAMP,
+            gpu_fold_reduce_min_bytes: crate::tune::FOLD_REDUCE_MIN_BYTES,
             gpu_peer_split: None,
             gpu_peer_read: None,
             gpu_peer_direct: true,
@@ -533,6 +545,15 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_GPU_FOLD_MIN_BYTES") {
             c.gpu_fold_min_bytes = parse("FERROCCL_GPU_FOLD_MIN_BYTES", v)?;
+        }
+        if let Some(v) = get("FERROCCL_GPU_FOLD_REDUCE_BLOCKS") {
+            c.gpu_fold_reduce_blocks = parse("FERROCCL_GPU_FOLD_REDUCE_BLOCKS", v)?;
+        }
+        if let Some(v) = get("FERROCCL_GPU_FOLD_REDUCE_RAMP") {
+            c.gpu_fold_reduce_ramp = parse("FERROCCL_GPU_FOLD_REDUCE_RAMP", v)?;
+        }
+        if let Some(v) = get("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES") {
+            c.gpu_fold_reduce_min_bytes = parse("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", v)?;
         }
         if let Some(v) = get("FERROCCL_GPU_FOLD_PIECE_BYTES") {
             c.gpu_fold_piece_bytes = parse("FERROCCL_GPU_FOLD_PIECE_BYTES", v)?;
@@ -722,6 +743,14 @@ impl Config {
             ),
             ("FERROCCL_GPU_FOLD_RAMP", self.gpu_fold_ramp.to_string()),
             (
+                "FERROCCL_GPU_FOLD_REDUCE_RAMP",
+                self.gpu_fold_reduce_ramp.to_string(),
+            ),
+            (
+                "FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES",
+                self.gpu_fold_reduce_min_bytes.to_string(),
+            ),
+            (
                 "FERROCCL_GPU_FOLD_MIN_BYTES",
                 self.gpu_fold_min_bytes.to_string(),
             ),
@@ -847,11 +876,15 @@ impl Config {
                 crate::tune::PEER_MAX_BLOCKS
             )));
         }
-        if !(1..=132).contains(&self.gpu_fold_blocks) {
-            return Err(Error::InvalidArgument(format!(
-                "gpu_fold_blocks={} must be 1 to 132",
-                self.gpu_fold_blocks
-            )));
+        for (name, v) in [
+            ("gpu_fold_blocks", self.gpu_fold_blocks),
+            ("gpu_fold_reduce_blocks", self.gpu_fold_reduce_blocks),
+        ] {
+            if !(1..=132).contains(&v) {
+                return Err(Error::InvalidArgument(format!(
+                    "{name}={v} must be 1 to 132"
+                )));
+            }
         }
         for (name, v) in [
             ("gpu_fold_piece_bytes", self.gpu_fold_piece_bytes),
@@ -863,11 +896,15 @@ impl Config {
                 )));
             }
         }
-        if !(110..=400).contains(&self.gpu_fold_ramp) {
-            return Err(Error::InvalidArgument(format!(
-                "gpu_fold_ramp={} must be 110 to 400 (per cent)",
-                self.gpu_fold_ramp
-            )));
+        for (name, v) in [
+            ("gpu_fold_ramp", self.gpu_fold_ramp),
+            ("gpu_fold_reduce_ramp", self.gpu_fold_reduce_ramp),
+        ] {
+            if !(110..=400).contains(&v) {
+                return Err(Error::InvalidArgument(format!(
+                    "{name}={v} must be 110 to 400 (per cent)"
+                )));
+            }
         }
         if self.gpu_peer_block_bytes == 0 {
             return Err(Error::InvalidArgument(
@@ -1226,6 +1263,37 @@ mod tests {
             (0, 512 << 20)
         );
         assert!(shares(&min, "FERROCCL_GPU_FOLD_MIN_BYTES", "0"));
+        // The reduce's own: its blocks each rank's, its ramp and threshold shared.
+        let reduce = Config::from_vars(&vars(&[
+            ("FERROCCL_GPU_FOLD_REDUCE_BLOCKS", "48"),
+            ("FERROCCL_GPU_FOLD_REDUCE_RAMP", "160"),
+            ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "0"),
+        ]))
+        .unwrap();
+        let d = Config::default();
+        assert_eq!(
+            (
+                reduce.gpu_fold_reduce_blocks,
+                reduce.gpu_fold_reduce_ramp,
+                reduce.gpu_fold_reduce_min_bytes,
+                reduce.gpu_fold_blocks
+            ),
+            (48, 160, 0, d.gpu_fold_blocks)
+        );
+        assert_eq!(
+            (
+                d.gpu_fold_reduce_blocks,
+                d.gpu_fold_reduce_ramp,
+                d.gpu_fold_reduce_min_bytes
+            ),
+            (32, 140, 256 << 20)
+        );
+        assert!(shares(&reduce, "FERROCCL_GPU_FOLD_REDUCE_RAMP", "160"));
+        assert!(shares(&reduce, "FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "0"));
+        assert!(!reduce
+            .shared_settings()
+            .iter()
+            .any(|(k, _)| *k == "FERROCCL_GPU_FOLD_REDUCE_BLOCKS"));
         // The pieces are every rank's alike, the blocks each rank's own.
         assert!(shares(&fold, "FERROCCL_GPU_FOLD_PIECE_BYTES", "33554432"));
         assert!(shares(&fold, "FERROCCL_GPU_FOLD_TAIL_BYTES", "1048576"));
@@ -1243,6 +1311,10 @@ mod tests {
             ("FERROCCL_GPU_FOLD_TAIL_BYTES", "65537"),
             ("FERROCCL_GPU_FOLD_RAMP", "109"),
             ("FERROCCL_GPU_FOLD_RAMP", "401"),
+            ("FERROCCL_GPU_FOLD_REDUCE_BLOCKS", "0"),
+            ("FERROCCL_GPU_FOLD_REDUCE_BLOCKS", "133"),
+            ("FERROCCL_GPU_FOLD_REDUCE_RAMP", "109"),
+            ("FERROCCL_GPU_FOLD_REDUCE_RAMP", "401"),
         ] {
             let err = Config::from_vars(&vars(&[(k, v)])).unwrap_err().to_string();
             assert!(err.contains("gpu_fold"), "{k}={v}: {err}");

@@ -163,6 +163,14 @@ pub const FOLD_TAIL_BYTES: usize = 4 << 20;
 /// pieces' times fit a fold of about 410 GB/s a piece against the link's 376-394.
 pub const FOLD_RAMP: usize = 120;
 
+/// [`FOLD_RAMP`] for the reduce of 2 ranks, whose root alone folds what one direction of the
+/// link brings, on [`crate::tune::FOLD_REDUCE_BLOCKS`] blocks: a fold twice as wide keeps up with
+/// pieces that grow faster, so fewer pieces pay their fixed cost. On 2 x H200 (a process per
+/// GPU, plain buffers, graphs, float32, GB/s at 256 MiB / 512 MiB / 1 GiB; docs/PERFORMANCE.md
+/// section 39): 32 blocks at 140 % 361 / 376 / 383-384, 16 at 120 % 337-338 / 362 / 374-376,
+/// 64 at 200 % 335-336 / 361-362 / 376-377, 64 at 300 % 333 / 355 / 373.
+pub const FOLD_REDUCE_RAMP: usize = 140;
+
 /// Pieces a copy-and-fold has at most: the fold kernel's parameter holds their ends
 /// (`FC_FOLD_MAX_PIECES`).
 pub const FOLD_MAX_PIECES: usize = 32;

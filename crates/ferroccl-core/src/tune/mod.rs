@@ -109,6 +109,38 @@ pub fn peer_region_bytes(cfg: &Config, nranks: usize) -> usize {
 /// sets).
 pub const FOLD_BLOCKS: usize = 16;
 
+/// [`FOLD_BLOCKS`] for the reduce of 2 ranks (`FERROCCL_GPU_FOLD_REDUCE_BLOCKS`): only its root
+/// folds, while the other rank's SMs idle, and its one-way link is the engines' fastest, so the
+/// fold must run faster to stay ahead (with `copies::FOLD_REDUCE_RAMP`). Still fewer than the
+/// 64 blocks of the peer engine's rounds it replaces.
+pub const FOLD_REDUCE_BLOCKS: usize = 32;
+
+/// [`FOLD_MIN_BYTES`] for the reduce of 2 ranks (`FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES`): on 2 x
+/// H200 (32 fold blocks at 140 %, the peer engine's stored rounds in the same call, a process per
+/// GPU, plain buffers, graphs, float32; docs/PERFORMANCE.md section 39) 128 MiB 336-337 against
+/// 346-348 GB/s, 256 MiB 361 against 352, 512 MiB 376 against 361.
+pub const FOLD_REDUCE_MIN_BYTES: usize = 256 << 20;
+
+/// The fold kernel's blocks for a copy-and-fold `kind` (the reduce's own, or every other
+/// kind's), within `FERROCCL_GPU_CHANNELS` (a collective's block budget).
+pub fn fold_blocks(cfg: &Config, kind: CollKind) -> usize {
+    let blocks = if kind == CollKind::Reduce {
+        cfg.gpu_fold_reduce_blocks
+    } else {
+        cfg.gpu_fold_blocks
+    };
+    blocks.min(cfg.gpu_channels.max(1)).max(1)
+}
+
+/// The smallest largest-buffer of a copy-and-fold `kind` (0: never).
+pub fn fold_min_bytes(cfg: &Config, kind: CollKind) -> usize {
+    if kind == CollKind::Reduce {
+        cfg.gpu_fold_reduce_min_bytes
+    } else {
+        cfg.gpu_fold_min_bytes
+    }
+}
+
 /// Whether the copy-and-fold takes a reduction of `redop` (`OpShape::redop`) over `dtype`: Sum,
 /// Prod, Max and Min of 2-, 4- and 8-byte elements, Avg of 4- and 8-byte ones. A PreMulSum's
 /// landed operand would need its sender's scalar, which may differ by rank (nccl-tests' does:
@@ -128,14 +160,19 @@ pub fn fold_pays(dtype: DataType, redop: i32) -> bool {
     }
 }
 
-/// How a copy-and-fold cuts its copy into pieces (`copies::fold_cuts`): `FERROCCL_GPU_FOLD_PIECE_BYTES`
-/// at most, tapering by `FERROCCL_GPU_FOLD_RAMP` per cent a piece down to
-/// `FERROCCL_GPU_FOLD_TAIL_BYTES` at the end (every rank's alike: shared settings).
-pub fn fold_taper(cfg: &Config) -> copies::Taper {
+/// How a copy-and-fold of `kind` cuts its copy into pieces (`copies::fold_cuts`):
+/// `FERROCCL_GPU_FOLD_PIECE_BYTES` at most, tapering by `FERROCCL_GPU_FOLD_RAMP` per cent a piece
+/// (a reduce's by `FERROCCL_GPU_FOLD_REDUCE_RAMP`) down to `FERROCCL_GPU_FOLD_TAIL_BYTES` at the
+/// end (every rank's alike: shared settings).
+pub fn fold_taper(cfg: &Config, kind: CollKind) -> copies::Taper {
     copies::Taper {
         max: cfg.gpu_fold_piece_bytes,
         tail: cfg.gpu_fold_tail_bytes,
-        ramp: cfg.gpu_fold_ramp,
+        ramp: if kind == CollKind::Reduce {
+            cfg.gpu_fold_reduce_ramp
+        } else {
+            cfg.gpu_fold_ramp
+        },
     }
 }
 
@@ -181,14 +218,37 @@ pub fn peer_split_pays(kind: CollKind, bytes: Option<usize>, nranks: usize) -> b
     }
 }
 
-/// Whether the peer engine's one-phase rounds read (`Choice::read`) for `kind` with a largest
-/// buffer of `bytes` on `nranks` ranks (`FERROCCL_GPU_PEER_READ=auto`): each sender copies its
-/// round into its own staging (local memory) and flags it, and the receiver reads it over the
-/// link, as NCCL's P2P read mode does; a stored round's flag waits until the link has
-/// acknowledged every store before it.
-pub fn peer_read_pays(kind: CollKind, bytes: Option<usize>, nranks: usize) -> bool {
-    let _ = (kind, bytes, nranks);
-    false
+/// Where read rounds are the default (`FERROCCL_GPU_PEER_READ=auto`, 2 ranks, unsplit rounds),
+/// by kind: the largest buffers from and to (both included). See [`peer_read_pays`].
+pub const PEER_READ_BYTES: [(CollKind, usize, usize); 4] = [
+    (CollKind::Broadcast, 8 << 20, 32 << 20),
+    (CollKind::Reduce, 8 << 20, 16 << 20),
+    (CollKind::Scatter, 4 << 20, 16 << 20),
+    // In place only: out of place the root's own block, copied in each round before its reads,
+    // leaves the link idle (64 MiB 282-285 against the stored rounds' 318-319).
+    (CollKind::Gather, 16 << 20, 64 << 20),
+];
+
+/// Whether the peer engine's one-phase rounds read (`Choice::read`) for `op` with a largest
+/// buffer of `bytes` (`FERROCCL_GPU_PEER_READ=auto`): each sender copies its round into its own
+/// staging (local memory) and flags it, and the receiver reads it over the link, as NCCL's P2P
+/// read mode does, where a stored round's flag waits until the link has acknowledged every
+/// store before it. Measured on 2 x H200 against the stored rounds in the same call (a process
+/// per GPU, plain buffers, graphs, float32, two alternations, GB/s out of place / in place;
+/// docs/PERFORMANCE.md section 39): the receivers that only read gained, broadcast 16 MiB
+/// 302-312 / 304-312 against 288 / 295-296, 32 MiB 318-322 / 323-324 against 305 / 318-319,
+/// scatter 8 MiB 224-244 / 238-240 against 209-219 / 215-225, reduce 16 MiB 304-310 / 303-306
+/// against 292 / 287-293, gather in place 32 MiB 306-312 against 286-295; from 64 MiB the
+/// reduce lost (128 MiB 338-340 against 346-348), as did every kind that exchanges both ways
+/// (all-gather, all-to-all 8 MiB 179-180 against 188-211, the all-reduce 1-5 %, the split
+/// reduce-scatter 32 MiB 214-218 against 248-251) and the split scatter from 32 MiB.
+pub fn peer_read_pays(op: &OpShape, bytes: Option<usize>) -> bool {
+    let Some(b) = bytes else { return false };
+    op.nranks == 2
+        && (op.kind != CollKind::Gather || op.in_place)
+        && PEER_READ_BYTES
+            .iter()
+            .any(|&(kind, from, to)| kind == op.kind && (from..=to).contains(&b))
 }
 
 /// Whether the peer engine runs `kind` on `nranks` ranks (given room in its staging): 2 to
@@ -637,7 +697,7 @@ pub fn rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
         // exchanges between symmetric windows too (`copies::posted_fold_serves`: only its root's
         // posting tells whether it is in place).
         let named_anyway = op.symmetric && !copies::posted_fold_serves(op.kind, op.nranks);
-        if !postable || named_anyway || !at_least(cfg.gpu_fold_min_bytes) {
+        if !postable || named_anyway || !at_least(fold_min_bytes(cfg, op.kind)) {
             return false;
         }
         let named = OpShape {
@@ -864,8 +924,8 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
     // The reduce of 2 ranks likewise after a rendezvous (`symmetric` then says its root posted
     // its output, out of place; a non-root's own in-place-ness means nothing, it has no output),
     // its non-root copying and its root folding.
-    let fold_size =
-        bytes.is_some_and(|b| cfg.gpu_fold_min_bytes > 0 && b >= cfg.gpu_fold_min_bytes);
+    let fold_min = fold_min_bytes(cfg, op.kind);
+    let fold_size = bytes.is_some_and(|b| fold_min > 0 && b >= fold_min);
     if device == Device::Gpu
         && may_direct
         && op.symmetric
@@ -878,16 +938,16 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             algo: Algo::OneShot,
             protocol: Protocol::Simple,
             engine: Engine::CopyEngine,
-            channels: cfg.gpu_fold_blocks.min(cfg.gpu_channels.max(1)).max(1),
+            channels: fold_blocks(cfg, op.kind),
             chunk_elems: (cfg.gpu_fold_piece_bytes / es).max(1),
             zero_copy: true,
             post_output: true,
             split: false,
             read: false,
             why: Why {
-                algo: "a reduction of 2 ranks into posted outputs from FERROCCL_GPU_FOLD_MIN_BYTES up: the peer's share copied into the output, folded there",
+                algo: "a reduction of 2 ranks into posted outputs from FERROCCL_GPU_FOLD_MIN_BYTES (a reduce: FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES) up: the peer's share copied into the output, folded there",
                 protocol: "a word per piece (pieces tapering to the end) raised by stream memory operations, polled by the fold kernel",
-                channels: "the fold kernel's blocks (FERROCCL_GPU_FOLD_BLOCKS); copy engines move the data",
+                channels: "the fold kernel's blocks (FERROCCL_GPU_FOLD_BLOCKS; a reduce: FERROCCL_GPU_FOLD_REDUCE_BLOCKS); copy engines move the data",
             },
         };
     }
@@ -978,7 +1038,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             && algo == Algo::OneShot
             && cfg
                 .gpu_peer_read
-                .unwrap_or_else(|| peer_read_pays(op.kind, bytes, op.nranks));
+                .unwrap_or_else(|| !split && peer_read_pays(op, bytes));
         // Direct rounds: a sender stores straight into an output its receiver posts (a window's,
         // found at run time: nobody waits for a post), so only what moves data unreduced, and
         // only from PEER_DIRECT_MIN_BYTES: the looks cost medium sizes more than they gave.

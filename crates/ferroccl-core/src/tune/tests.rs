@@ -1647,7 +1647,8 @@ fn gathers_and_scatters_exchange_outputs_and_take_the_copy_engines_from_their_th
 #[test]
 fn copy_and_fold_reductions_exchange_outputs_where_the_fold_would_take_them() {
     let cfg = Config::default();
-    let min = cfg.gpu_fold_min_bytes;
+    // The reduce has a threshold of its own (FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES), lower.
+    assert!(fold_min_bytes(&cfg, CollKind::Reduce) < fold_min_bytes(&cfg, CollKind::AllReduce));
     let at = |kind, bytes: usize, dtype: DataType, redop: i32| OpShape {
         redop,
         ..shape(kind, bytes / dtype.size(), dtype, 2)
@@ -1657,6 +1658,7 @@ fn copy_and_fold_reductions_exchange_outputs_where_the_fold_would_take_them() {
         CollKind::ReduceScatter,
         CollKind::Reduce,
     ] {
+        let min = fold_min_bytes(&cfg, kind);
         // A reduce-scatter's largest buffer is its input: count x 2 elements.
         let bytes = if kind == CollKind::ReduceScatter {
             min / 2
@@ -1712,7 +1714,7 @@ fn copy_and_fold_reductions_exchange_outputs_where_the_fold_would_take_them() {
         for (no, why) in [
             (
                 at(kind, bytes / 2, Float32, 0),
-                "below FERROCCL_GPU_FOLD_MIN_BYTES",
+                "below FERROCCL_GPU_FOLD_MIN_BYTES (a reduce's own)",
             ),
             (at(kind, bytes, Float32, 5), "a PreMulSum"),
             (at(kind, bytes, DataType::Int8, 0), "bytes"),
@@ -1736,10 +1738,25 @@ fn copy_and_fold_reductions_exchange_outputs_where_the_fold_would_take_them() {
         ));
         let no_fold = Config {
             gpu_fold_min_bytes: 0,
+            gpu_fold_reduce_min_bytes: 0,
             ..cfg.clone()
         };
         assert!(!rendezvous_wanted(&op, Device::Gpu, &no_fold));
+        // Each threshold is its own kinds': zero for the others' changes nothing here.
+        let others_off = if kind == CollKind::Reduce {
+            Config {
+                gpu_fold_min_bytes: 0,
+                ..cfg.clone()
+            }
+        } else {
+            Config {
+                gpu_fold_reduce_min_bytes: 0,
+                ..cfg.clone()
+            }
+        };
+        assert!(rendezvous_wanted(&op, Device::Gpu, &others_off), "{kind}");
     }
+    let min = fold_min_bytes(&cfg, CollKind::Reduce);
     // Not a reduce of 3 ranks, nor a broadcast, whatever its size.
     assert!(!rendezvous_wanted(
         &OpShape {
@@ -2453,8 +2470,15 @@ fn the_peer_engine_goes_direct_only_where_data_only_moves() {
             in_place,
             ..shape(kind, PEER_DIRECT_MIN_BYTES / 4 / per_rank, Float32, 2)
         };
+        // Read rounds, where they are the default (a broadcast of 32 MiB), have no direct ones.
+        let c = choose(&at, Device::Gpu, &cfg);
+        assert_eq!(c.zero_copy, direct && !c.read, "{kind} at the size: {c}");
+        let unread = Config {
+            gpu_peer_read: Some(false),
+            ..cfg.clone()
+        };
         assert_eq!(
-            choose(&at, Device::Gpu, &cfg).zero_copy,
+            choose(&at, Device::Gpu, &unread).zero_copy,
             direct,
             "{kind} at the size"
         );
@@ -2873,6 +2897,174 @@ fn a_broadcast_exchanges_outputs_from_its_own_threshold() {
     };
     assert_eq!(
         choose(&posted, Device::Gpu, &cfg).engine,
+        Engine::CopyEngine
+    );
+}
+
+/// FERROCCL_GPU_PEER_READ: read rounds only on the peer engine's one-phase rounds (never a pull,
+/// lines or the two-shot all-reduce), never with direct rounds (the receiver reads; nobody
+/// stores into its output); by default on 2 ranks for the kinds and sizes of PEER_READ_BYTES
+/// alone, unsplit, a gather only in place; never with 0.
+#[test]
+fn the_peer_engine_reads_its_rounds_only_where_asked_and_measured() {
+    use CollKind::*;
+    // A shape of `kind` on `n` ranks whose largest buffer is `b` bytes of float32.
+    let sized = |kind: CollKind, b: usize, n: usize, in_place: bool| {
+        let per_rank = if matches!(
+            kind,
+            AllGather | AllToAll | Gather | Scatter | ReduceScatter
+        ) {
+            n
+        } else {
+            1
+        };
+        let s = OpShape {
+            in_place,
+            ..shape(kind, b / 4 / per_rank, Float32, n)
+        };
+        assert_eq!(s.largest_bytes(), Some(b), "{kind}");
+        s
+    };
+    let auto = Config::default();
+    for &(kind, from, to) in PEER_READ_BYTES.iter() {
+        for b in [from, to] {
+            let c = choose(&sized(kind, b, 2, true), Device::Gpu, &auto);
+            assert_eq!(c.engine, Engine::PeerKernel, "{kind} at {b}: {c}");
+            assert!(c.read && !c.split && !c.zero_copy, "{kind} at {b}: {c}");
+            assert!(c.to_string().contains("FERROCCL_GPU_PEER_READ"), "{c}");
+            // Out of place alike, but a gather's root copies its own block then.
+            let oop = choose(&sized(kind, b, 2, false), Device::Gpu, &auto);
+            assert_eq!(
+                oop.read,
+                kind != Gather,
+                "{kind} at {b} out of place: {oop}"
+            );
+            // Measured on 2 ranks only.
+            let three = choose(&sized(kind, b / 2 * 3 / 4 * 4, 3, true), Device::Gpu, &auto);
+            assert!(!three.read, "{kind} on 3 ranks: {three}");
+            let off = Config {
+                gpu_peer_read: Some(false),
+                ..auto.clone()
+            };
+            assert!(!choose(&sized(kind, b, 2, true), Device::Gpu, &off).read);
+        }
+        for b in [from / 2, to * 2] {
+            let c = choose(&sized(kind, b, 2, true), Device::Gpu, &auto);
+            assert!(!c.read, "{kind} at {b}, outside: {c}");
+        }
+    }
+    // The kinds that exchange both ways never read by default.
+    for kind in [AllGather, AllToAll, ReduceScatter, AllReduce] {
+        for b in [4 << 20, 16 << 20, 64 << 20] {
+            let c = choose(&sized(kind, b, 2, false), Device::Gpu, &auto);
+            assert!(!c.read, "{kind} at {b}: {c}");
+        }
+    }
+    // Asked for: every one-phase round, with no direct rounds; never lines, pulls or two shots.
+    let on = Config {
+        gpu_peer_read: Some(true),
+        ..auto.clone()
+    };
+    for kind in [
+        AllGather,
+        AllToAll,
+        ReduceScatter,
+        Gather,
+        Scatter,
+        Broadcast,
+        Reduce,
+    ] {
+        let c = choose(&sized(kind, 64 << 20, 2, false), Device::Gpu, &on);
+        assert_eq!(c.engine, Engine::PeerKernel, "{kind}: {c}");
+        assert!(c.read && !c.zero_copy, "{kind}: {c}");
+        let windows = OpShape {
+            windows: true,
+            ..sized(kind, 64 << 20, 2, false)
+        };
+        let w = choose(&windows, Device::Gpu, &on);
+        assert!(
+            w.engine != Engine::PeerKernel || (w.read && !w.zero_copy),
+            "{kind}: {w}"
+        );
+    }
+    let lines = choose(&sized(AllReduce, 512 << 10, 2, false), Device::Gpu, &on);
+    assert_eq!(lines.protocol, Protocol::LL128, "{lines}");
+    assert!(!lines.read, "{lines}");
+    let pull = OpShape {
+        windows: true,
+        symmetric: true,
+        ..sized(AllReduce, 64 << 20, 2, false)
+    };
+    let c = choose(&pull, Device::Gpu, &on);
+    assert!(c.zero_copy && !c.read, "{c}");
+    let two_shot = choose(&sized(AllReduce, 64 << 20, 3, false), Device::Gpu, &on);
+    assert_eq!(two_shot.algo, Algo::TwoShot, "{two_shot}");
+    assert!(!two_shot.read, "{two_shot}");
+}
+
+/// The reduce of 2 ranks folds with settings of its own (FERROCCL_GPU_FOLD_REDUCE_*): more
+/// blocks, a steeper taper and a lower threshold than the all-reduce's and reduce-scatter's,
+/// within the collective's block budget; the others keep theirs.
+#[test]
+fn the_reduce_folds_on_its_own_blocks_ramp_and_threshold() {
+    let cfg = Config::default();
+    let named = |kind: CollKind, bytes: usize, cfg: &Config| {
+        choose(
+            &OpShape {
+                symmetric: true,
+                ..shape(kind, bytes / 4, Float32, 2)
+            },
+            Device::Gpu,
+            cfg,
+        )
+    };
+    let r = named(CollKind::Reduce, FOLD_REDUCE_MIN_BYTES, &cfg);
+    assert_eq!(
+        (r.engine, r.channels),
+        (Engine::CopyEngine, FOLD_REDUCE_BLOCKS),
+        "{r}"
+    );
+    assert!(
+        r.to_string().contains("FERROCCL_GPU_FOLD_REDUCE_BLOCKS"),
+        "{r}"
+    );
+    let below = named(CollKind::Reduce, FOLD_REDUCE_MIN_BYTES / 2, &cfg);
+    assert_eq!(below.engine, Engine::PeerKernel, "{below}");
+    // The all-reduce at the reduce's threshold stays on the kernels; at its own it folds on 16.
+    let ar = named(CollKind::AllReduce, FOLD_REDUCE_MIN_BYTES, &cfg);
+    assert_ne!(ar.engine, Engine::CopyEngine, "{ar}");
+    let ar = named(CollKind::AllReduce, FOLD_MIN_BYTES, &cfg);
+    assert_eq!(
+        (ar.engine, ar.channels),
+        (Engine::CopyEngine, FOLD_BLOCKS),
+        "{ar}"
+    );
+    assert_eq!(
+        fold_taper(&cfg, CollKind::Reduce).ramp,
+        copies::FOLD_REDUCE_RAMP
+    );
+    for kind in [CollKind::AllReduce, CollKind::ReduceScatter] {
+        assert_eq!(fold_taper(&cfg, kind).ramp, copies::FOLD_RAMP, "{kind}");
+    }
+    assert_eq!(
+        fold_taper(&cfg, CollKind::Reduce).max,
+        fold_taper(&cfg, CollKind::AllReduce).max
+    );
+    // Within the block budget (`FERROCCL_GPU_CHANNELS`, `bench --max-ctas`).
+    let narrow = Config {
+        gpu_channels: 8,
+        ..cfg.clone()
+    };
+    assert_eq!(
+        named(CollKind::Reduce, FOLD_REDUCE_MIN_BYTES, &narrow).channels,
+        8
+    );
+    let off = Config {
+        gpu_fold_reduce_min_bytes: 0,
+        ..cfg.clone()
+    };
+    assert_ne!(
+        named(CollKind::Reduce, 1 << 30, &off).engine,
         Engine::CopyEngine
     );
 }

@@ -320,6 +320,7 @@ impl Fabric {
         let page = if ce_slot_bytes(config, n) > 0
             || config.gpu_ce_window_bytes > 0
             || config.gpu_fold_min_bytes > 0
+            || config.gpu_fold_reduce_min_bytes > 0
         {
             let p = HostPage::create(gpu)?;
             for i in 0..CeFlags::words(n) {

@@ -539,7 +539,10 @@ impl CudaComm {
             let lanes = ce.zcopy_schedule(
                 &ce_op(&args[0]),
                 &far,
-                (c.channels, ferroccl_core::tune::fold_taper(&info.config)),
+                (
+                    c.channels,
+                    ferroccl_core::tune::fold_taper(&info.config, args[0].kind),
+                ),
             )?;
             drop(windows);
             self.run_entry(Run::Copy(Arc::new(lanes)), args, ops, stream, None, 0)?;
@@ -591,7 +594,10 @@ impl CudaComm {
                                 (Some(far), true) => ce.zcopy_schedule(
                                     &ce_op(&args[0]),
                                     far,
-                                    (c.channels, ferroccl_core::tune::fold_taper(&info.config)),
+                                    (
+                                        c.channels,
+                                        ferroccl_core::tune::fold_taper(&info.config, args[0].kind),
+                                    ),
                                 )?,
                                 _ => ce.schedule(&ce_op(&args[0]))?,
                             };

@@ -442,7 +442,7 @@ layout! {
     FcPeer: 568 { stage @ 0, flags @ 128, seqs @ 256, abort @ 264, error @ 272, timeout_ns @ 280, count @ 288,
                   chunk @ 296, slot_bytes @ 304, kind @ 312, rank @ 316, nranks @ 320, nblocks @ 324, root @ 328,
                   oneshot @ 332, blocks @ 336, split @ 340, op @ 344, views @ 400, direct @ 528, post @ 532, stats @ 536,
-                  pull @ 544, lines @ 552, read @ 560, reserved @ 564 }
+                  pull @ 544, lines @ 552, read @ 560 }
     FcFold: 392 { words @ 0, mine @ 16, out @ 24, count @ 32, pieces @ 40, abort @ 48, error @ 56, timeout_ns @ 64,
                   rank @ 72, nblocks @ 76, op @ 80, ends @ 136 }
     FcP2pStep: 56 { base @ 0, tail @ 8, counter @ 16, buf @ 24, bytes @ 32, piece @ 36, slots @ 40, conn @ 44,
