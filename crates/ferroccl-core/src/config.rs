@@ -14,6 +14,23 @@ use std::time::Duration;
 /// against exactly this capacity).
 pub const PLAN_FIFO_MESSAGES: usize = 2;
 
+/// Slots per FIFO on GPUs (`FERROCCL_GPU_SLOTS`): two of 128 KiB, so chunks of 128 KiB there.
+/// On 2 x H200 (a process per GPU and a thread per GPU, graphs, float32; docs/PERFORMANCE.md
+/// section 39) sendrecv 512 KiB - 256 MiB ran as with 4 slots and 256 KiB chunks, and the 18
+/// MiB this frees on 2 ranks pay for the peer engine's staging of [`GPU_PEER_BYTES`]; 3 slots
+/// with chunks of 192 KiB lost 10 % from 8 MiB. On 3 or more GPUs (chains, groups) not measured.
+pub const GPU_SLOTS: usize = 2;
+
+/// The most `FERROCCL_GPU_SLOTS`.
+pub const MAX_GPU_SLOTS: usize = 64;
+
+/// The peer engine's staging per rank (`FERROCCL_GPU_PEER_BYTES`): 32 MiB, 128 KiB slots on 2
+/// ranks. On 2 x H200 against 16 MiB (a process per GPU, plain buffers, graphs, float32; docs/
+/// PERFORMANCE.md section 39) the rooted kinds' larger rounds ran 3-6 % faster from 16 MiB
+/// (reduce 32 MiB 326-332 against 315-319 GB/s, gather 64 MiB 326-337 against 317-323,
+/// broadcast 32 MiB 331-336 against 323-325) and the all-reduce 3-4 % at 64-128 MiB.
+pub const GPU_PEER_BYTES: usize = 32 << 20;
+
 /// Largest FERROCCL_SLOTS and FERROCCL_SLOT_BYTES: 64 Ki slots of 1 GiB is far beyond any
 /// useful FIFO, and keeps sizes computed from them from overflowing.
 pub const MAX_SLOTS: usize = 1 << 16;
@@ -91,8 +108,14 @@ pub struct Config {
     /// FERROCCL_SLOT_BYTES: size of one FIFO slot in a connection; a chunk travels as
     /// several slots so that the next rank can start on it before it is complete.
     pub slot_bytes: usize,
-    /// FERROCCL_SLOTS: slots per FIFO. `slots * slot_bytes` must hold at least one chunk.
+    /// FERROCCL_SLOTS: slots per FIFO on the host backend. `slots * slot_bytes` must hold
+    /// `PLAN_FIFO_MESSAGES` chunks.
     pub slots: usize,
+    /// FERROCCL_GPU_SLOTS: slots per FIFO on GPUs (the plan kernel's connections), 1 to 64; the
+    /// default [`GPU_SLOTS`]. Its chunk is `chunk_bytes` at most, and at most what keeps
+    /// `PLAN_FIFO_MESSAGES` of them in a FIFO ([`Config::gpu_chunk_bytes`]). Every rank must
+    /// agree.
+    pub gpu_slots: usize,
     /// FERROCCL_LL_MAX_BYTES: GPU operations up to this size (their largest buffer) use the LL
     /// protocol, where every 8-byte store carries its own flag, so no fence or separate flag
     /// store sits between a send and its receipt; 0 turns LL off. Every rank must agree. A
@@ -348,6 +371,7 @@ impl Default for Config {
             chunk_bytes: 256 << 10,
             slot_bytes: 128 << 10,
             slots: 4,
+            gpu_slots: GPU_SLOTS,
             ll_max_bytes: 512 << 10,
             direct_max_bytes: 128 << 10,
             gpu_oneshot_max_bytes: 256 << 10,
@@ -372,7 +396,7 @@ impl Default for Config {
             gpu_peer_direct: true,
             gpu_peer_rooted_max_bytes: PEER_ROOTED_MAX_BYTES,
             gpu_two_shot: false,
-            gpu_peer_bytes: 16 << 20,
+            gpu_peer_bytes: GPU_PEER_BYTES,
             gpu_copy_engine_bytes: 0,
             gpu_ce_window_bytes: 32 << 20,
             gpu_ce_rendezvous_bytes: 32 << 20,
@@ -460,6 +484,14 @@ pub fn format_secret(s: &[u8; 16]) -> String {
 }
 
 impl Config {
+    /// The chunk (bytes one algorithm step moves at most) on GPUs: `chunk_bytes`, within what
+    /// keeps `PLAN_FIFO_MESSAGES` of them in a GPU FIFO of `gpu_slots` slots.
+    pub fn gpu_chunk_bytes(&self) -> usize {
+        self.chunk_bytes
+            .min(self.gpu_slots.saturating_mul(self.slot_bytes) / PLAN_FIFO_MESSAGES)
+            .max(1)
+    }
+
     /// Defaults overridden by the process environment.
     pub fn from_env() -> Result<Config, Error> {
         Config::from_vars(&std::env::vars().collect())
@@ -509,6 +541,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_SLOTS") {
             c.slots = parse("FERROCCL_SLOTS", v)?;
+        }
+        if let Some(v) = get("FERROCCL_GPU_SLOTS") {
+            c.gpu_slots = parse("FERROCCL_GPU_SLOTS", v)?;
         }
         if let Some(v) = get("FERROCCL_LL_MAX_BYTES") {
             c.ll_max_bytes = parse("FERROCCL_LL_MAX_BYTES", v)?;
@@ -686,6 +721,7 @@ impl Config {
             ("FERROCCL_CHUNK_BYTES", self.chunk_bytes.to_string()),
             ("FERROCCL_SLOT_BYTES", self.slot_bytes.to_string()),
             ("FERROCCL_SLOTS", self.slots.to_string()),
+            ("FERROCCL_GPU_SLOTS", self.gpu_slots.to_string()),
             ("FERROCCL_LL_MAX_BYTES", self.ll_max_bytes.to_string()),
             (
                 "FERROCCL_DIRECT_MAX_BYTES",
@@ -853,6 +889,12 @@ impl Config {
             return Err(Error::InvalidArgument(format!(
                 "slots={} slot_bytes={}: at most {MAX_SLOTS} slots of at most {MAX_SLOT_BYTES} bytes",
                 self.slots, self.slot_bytes
+            )));
+        }
+        if !(1..=MAX_GPU_SLOTS).contains(&self.gpu_slots) {
+            return Err(Error::InvalidArgument(format!(
+                "gpu_slots={} must be 1 to {MAX_GPU_SLOTS}",
+                self.gpu_slots
             )));
         }
         let fifo = self.slots * self.slot_bytes;
@@ -1142,7 +1184,7 @@ mod tests {
         let p = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BYTES", "0")])).unwrap();
         assert_eq!(
             (p.gpu_peer_bytes, Config::default().gpu_peer_bytes),
-            (0, 16 << 20)
+            (0, 32 << 20)
         );
         assert!(shares(&p, "FERROCCL_GPU_PEER_BYTES", "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BYTES", "2147483648")])).is_err());

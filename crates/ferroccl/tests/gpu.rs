@@ -2355,10 +2355,11 @@ fn the_one_shot_all_reduce_gives_both_ranks_the_same_bits() {
 #[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn line_rounds_are_exact_across_reductions_alignments_and_tails() {
     // Lines to 16 MiB (past the default 1 MiB): two rounds a block at the largest count, for
-    // the all-reduce and the reduce-scatter (whose input holds two shares).
+    // the all-reduce and the reduce-scatter (whose input holds two shares), in 64 KiB slots.
     let cfg = Config {
         gpu_copy_engine_bytes: 0,
         gpu_peer_lines_max_bytes: 16 << 20,
+        gpu_peer_bytes: 16 << 20,
         ..Config::default()
     };
     let Some(comms) = ranks_on_one_gpu(2, cfg) else {
@@ -3490,7 +3491,7 @@ fn local_register_body(comm: &Comm) -> Result<u64, String> {
     let (n, r) = (comm.nranks(), comm.rank());
     let gpu = comm.gpu().unwrap().clone();
     let stats = MemStats::new();
-    // 64 MiB a rank's block: 8 rounds of 128 KiB per block of 64.
+    // 64 MiB a rank's block: 4 rounds of 256 KiB per block of 64.
     let count = (16 << 20) + 5;
     let send = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).map_err(|e| e.to_string())?;
     let recv = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).map_err(|e| e.to_string())?;

@@ -836,7 +836,12 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
     let es = op.dtype.size();
     let bytes = op.largest_bytes();
     let p2p = !op.kind.is_collective();
-    let chunk_elems = (cfg.chunk_bytes / es).max(1);
+    // The GPU's FIFOs have slots of their own (FERROCCL_GPU_SLOTS), and so its chunk.
+    let chunk_bytes = match device {
+        Device::Gpu => cfg.gpu_chunk_bytes(),
+        Device::Host => cfg.chunk_bytes,
+    };
+    let chunk_elems = (chunk_bytes / es).max(1);
     // What each rank sends each peer in one round: the per-rank block, for every collective.
     let message = op.count.checked_mul(es);
     let one_shot_here = message.is_some_and(|m| m <= cfg.direct_max_bytes) && !p2p;

@@ -372,14 +372,15 @@ fn choices_follow_the_table() {
             Simple,
             32,
         ),
+        // The staging's slots (32 MiB) stay at 16 KiB or more to 16 ranks.
         (
             Gpu,
             Gather,
             1 << 20,
             Float32,
-            10,
-            Algo::Direct,
-            P,
+            16,
+            Algo::OneShot,
+            K,
             Simple,
             32,
         ),
@@ -496,6 +497,8 @@ fn choices_follow_the_table() {
                     "{c}"
                 );
             }
+            // The GPU's FIFOs have slots of their own, and so their chunk.
+            _ if dev == Gpu => assert_eq!(c.chunk_elems, cfg.gpu_chunk_bytes() / dtype.size()),
             _ => assert_eq!(c.chunk_elems, cfg.chunk_bytes / dtype.size()),
         }
         // The plan kernel goes zero-copy only with windows; the peer engine's direct rounds
@@ -518,13 +521,14 @@ fn copy_engine_slots_cut_the_peer_regions() {
         gpu_copy_engine_bytes: 8 << 20,
         ..Config::default()
     };
-    assert_eq!(ce_slot_bytes(&cfg, 2), 4 << 20);
-    assert_eq!(ce_slot_bytes(&cfg, 3), 2 << 20);
-    assert_eq!(ce_slot_bytes(&cfg, 8), 512 << 10);
+    assert_eq!(ce_slot_bytes(&cfg, 2), 8 << 20);
+    assert_eq!(ce_slot_bytes(&cfg, 3), 4 << 20);
+    assert_eq!(ce_slot_bytes(&cfg, 8), 1152 << 10);
+    assert_eq!(ce_slot_bytes(&cfg, 16), 512 << 10);
     assert_eq!(
-        ce_slot_bytes(&cfg, 10),
+        ce_slot_bytes(&cfg, 17),
         0,
-        "no peer staging beyond 9 ranks by default"
+        "no peer staging beyond 16 ranks"
     );
     assert_eq!(
         ce_slot_bytes(
@@ -602,7 +606,7 @@ fn copy_engine_slots_cut_the_peer_regions() {
     }
     // Data movement whose largest buffer reaches FERROCCL_GPU_COPY_ENGINE_BYTES: the copy
     // engines, no block, a slot per piece; not reductions, not broadcast beyond 2 ranks, not
-    // where there is no staging to borrow (10 ranks and more by default), not below the size.
+    // where there is no staging to borrow (17 ranks and more), not below the size.
     use CollKind::*;
     let rows = [
         (Broadcast, 8 << 20, Int8, 2, true),
@@ -612,8 +616,8 @@ fn copy_engine_slots_cut_the_peer_regions() {
         (AllGather, 1 << 20, Float32, 2, true),
         (AllGather, (1 << 20) - 1, Float32, 2, false),
         (Scatter, 1 << 18, Float32, 8, true),
-        (Gather, 1 << 20, Float32, 9, true),
-        (Gather, 1 << 20, Float32, 10, false),
+        (Gather, 1 << 20, Float32, 16, true),
+        (Gather, 1 << 20, Float32, 17, false),
         (ReduceScatter, 256 << 20, Float32, 2, false),
         (AllReduce, 256 << 20, Float32, 2, false),
         (Reduce, 256 << 20, Float32, 2, false),
@@ -784,15 +788,20 @@ fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots
         ),
         (64, 32, 32)
     );
-    assert_eq!(peer_slot_bytes(&cfg, 2), 64 << 10, "64 blocks on 2 ranks");
+    assert_eq!(peer_slot_bytes(&cfg, 2), 128 << 10, "64 blocks on 2 ranks");
     assert_eq!(
         peer_slot_bytes(&cfg, 3),
-        64 << 10,
+        128 << 10,
         "32 blocks, the staging shared by the peers"
     );
-    assert_eq!(peer_slot_bytes(&cfg, 8), 16 << 10);
-    assert_eq!(peer_slot_bytes(&cfg, 9), 16 << 10);
-    assert_eq!(peer_slot_bytes(&cfg, 10), 0, "under 16 KiB a slot: off");
+    assert_eq!(peer_slot_bytes(&cfg, 8), 36 << 10);
+    assert_eq!(peer_slot_bytes(&cfg, 9), 32 << 10);
+    assert_eq!(peer_slot_bytes(&cfg, 16), 16 << 10);
+    let half = Config {
+        gpu_peer_bytes: 16 << 20,
+        ..cfg.clone()
+    };
+    assert_eq!(peer_slot_bytes(&half, 10), 0, "under 16 KiB a slot: off");
     assert_eq!(
         peer_slot_bytes(
             &Config {
@@ -832,9 +841,10 @@ fn the_peer_engine_takes_lone_symmetric_collectives_in_rounds_that_fit_its_slots
         (2, 16, 16),
         (2, 64, 64),
         (3, 64, 64),
-        (8, 64, 36),
-        (9, 64, 32),
-        (10, 64, 28),
+        (8, 64, 64),
+        (9, 64, 64),
+        (10, 64, 56),
+        (16, 64, 34),
         (16, 7, 7),
     ] {
         let c = Config {
@@ -1108,16 +1118,18 @@ fn the_peer_engine_all_reduce_goes_one_shot_on_two_ranks_within_its_knob() {
 #[test]
 fn gpu_two_shot_only_when_asked() {
     // (With the peer engine off: it takes these operations otherwise.)
-    // (A chunk of 1 MiB, as the test's sizes say.)
+    // (A chunk of 1 MiB, as the test's sizes say, the GPU's FIFOs holding two.)
     let on = Config {
         gpu_two_shot: true,
         gpu_peer_bytes: 0,
         chunk_bytes: 1 << 20,
+        gpu_slots: 16,
         ..Config::default()
     };
     let off = Config {
         gpu_peer_bytes: 0,
         chunk_bytes: 1 << 20,
+        gpu_slots: 16,
         ..Config::default()
     };
     let ar = |count, n| shape(CollKind::AllReduce, count, Float32, n);
@@ -1183,7 +1195,7 @@ fn knobs_move_the_choices() {
         2 * peer_slot_bytes(&peer16, 2),
         "larger slots with fewer blocks"
     );
-    assert_eq!(peer_slot_bytes(&peer16, 2), 256 << 10);
+    assert_eq!(peer_slot_bytes(&peer16, 2), 512 << 10);
     assert_eq!(
         choose(
             &big,
