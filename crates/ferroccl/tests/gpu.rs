@@ -702,6 +702,8 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                     .collect()
             };
             let fold_blocks = Some(tune::FOLD_BLOCKS as u32);
+            // The reduce folds on blocks of its own (FERROCCL_GPU_FOLD_REDUCE_BLOCKS).
+            let reduce_fold = Some(tune::FOLD_REDUCE_BLOCKS as u32);
             // An all-reduce of `send` into a scrubbed `recv`, out of place, on the copy-and-fold
             // where `folds` says.
             let all_reduce = |op: ReduceOp, folds: bool| {
@@ -776,7 +778,7 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                     root,
                 );
                 if ce {
-                    let fold = if r == root { fold_blocks } else { Some(0) };
+                    let fold = if r == root { reduce_fold } else { Some(0) };
                     assert_eq!(blocks, fold, "round {round}: reduce to {root}");
                 }
                 if r == root {
@@ -858,6 +860,7 @@ fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
         ("FERROCCL_GPU_CE_BROADCAST_BYTES", "1".to_string()),
         ("FERROCCL_GPU_CE_P2P_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_MIN_BYTES", "1".to_string()),
+        ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576".to_string()),
         ("FERROCCL_GPU_FOLD_TAIL_BYTES", "65536".to_string()),
         ("FERROCCL_TIMEOUT", "60".to_string()),
@@ -1032,6 +1035,8 @@ fn mapped_on_the_fly_body(comm: &Comm, seed: u64) {
                     .collect()
             };
             let fold_blocks = Some(tune::FOLD_BLOCKS as u32);
+            // The reduce folds on blocks of its own (FERROCCL_GPU_FOLD_REDUCE_BLOCKS).
+            let reduce_fold = Some(tune::FOLD_REDUCE_BLOCKS as u32);
             let tag = round + 80;
             put_words(&send, 0, &small(tag, r));
             let (a, b) = (small(tag, 0), small(tag, 1));
@@ -1087,7 +1092,7 @@ fn mapped_on_the_fly_body(comm: &Comm, seed: u64) {
                     root,
                     ReduceOp::Sum,
                 );
-                let fold = if r == root { fold_blocks } else { Some(0) };
+                let fold = if r == root { reduce_fold } else { Some(0) };
                 assert_eq!(blocks, fold, "round {round}: reduce to {root}");
                 if r == root {
                     assert!(
@@ -1106,7 +1111,7 @@ fn mapped_on_the_fly_body(comm: &Comm, seed: u64) {
                     ReduceOp::Sum,
                 );
                 assert!(
-                    blocks != fold_blocks && blocks != Some(0),
+                    blocks != reduce_fold && blocks != Some(0),
                     "round {round}: reduce in place to {root}: {blocks:?} blocks"
                 );
                 if r == root {
@@ -1204,6 +1209,7 @@ fn unregistered_outputs_are_mapped_on_the_fly_for_the_copy_engines() {
         ("FERROCCL_GPU_CE_BROADCAST_BYTES", "1".to_string()),
         ("FERROCCL_GPU_CE_P2P_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_MIN_BYTES", "1".to_string()),
+        ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "1".to_string()),
         ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576".to_string()),
         ("FERROCCL_GPU_FOLD_TAIL_BYTES", "65536".to_string()),
         ("FERROCCL_TIMEOUT", "60".to_string()),
@@ -1240,6 +1246,7 @@ fn symmetric_windows_pull_all_reduces_from_the_peer_input() {
         ("FERROCCL_GPU_PEER_PULL_MIN_BYTES", "0".to_string()),
         ("FERROCCL_GPU_PEER_PULL_MAX_BYTES", (1u64 << 30).to_string()),
         ("FERROCCL_GPU_FOLD_MIN_BYTES", "0".to_string()),
+        ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "0".to_string()),
         ("FERROCCL_TIMEOUT", "60".to_string()),
     ];
     let kids = spawn_ranks(2, "child_pull", "pull", &env);
@@ -1381,6 +1388,7 @@ fn symmetric_windows_in_one_process_take_kernels() {
         gpu_ce_broadcast_bytes: 1,
         gpu_ce_p2p_bytes: 1,
         gpu_fold_min_bytes: 1,
+        gpu_fold_reduce_min_bytes: 1,
         ..Config::default()
     };
     let id = ferroccl::UniqueId::new(&cfg).unwrap();
