@@ -60,7 +60,8 @@ pub const PEER_BLOCK_BYTES: usize = 8 << 10;
 /// memory moved 355 GB/s one way with 32 blocks and 367 with 64, and 309 against 345 when each
 /// block also copied every round out of its own staging, as the symmetric kinds do
 /// (`bench/probes/peer_store.cu`, docs/PERFORMANCE.md section 17). Beyond 2 ranks 32, so that
-/// the slots stay at 16 KiB or more up to 9 ranks (not yet measured there). A value set by the
+/// the slots stay at 16 KiB or more up to 16 ranks with the default staging (up to 9 with 16
+/// MiB; not yet measured beyond 2 GPUs). A value set by the
 /// knob is the most: fewer where the staging would otherwise cut slots under 16 KiB (so that
 /// asking for many blocks on many ranks does not turn the engine off).
 pub fn peer_blocks(cfg: &Config, nranks: usize) -> usize {
@@ -76,8 +77,9 @@ pub fn peer_blocks(cfg: &Config, nranks: usize) -> usize {
 /// rank's staging (`FERROCCL_GPU_PEER_BYTES` in all, whatever the rank count, so that memory
 /// does not grow with it) holds, for every block and every other rank, an input and an output
 /// slot per parity: `peer_blocks x (n-1) x 4` slots, in multiples of 4 KiB so that a slot
-/// holds a multiple of 64 elements of every type. With the default 16 MiB: 64 KiB slots on
-/// 2 ranks (64 blocks), 64 KiB on 3 and 16 KiB on 8 or 9 (32 blocks), none beyond. The GPU
+/// holds a multiple of 64 elements of every type. With the default 32 MiB
+/// (`config::GPU_PEER_BYTES`): 128 KiB slots on 2 ranks (64 blocks), 128 KiB on 3, 36 KiB on 8
+/// and 16 KiB on 16 (32 blocks). The GPU
 /// backend sizes its staging from this and the tuner its rounds: one place for both.
 pub fn peer_slot_bytes(cfg: &Config, nranks: usize) -> usize {
     if !(2..=PEER_MAX_RANKS).contains(&nranks) {
@@ -281,8 +283,8 @@ pub fn peer_rooted_fits(kind: CollKind, nranks: usize, bytes: Option<usize>, cfg
 /// the copy engine is off (`FERROCCL_GPU_COPY_ENGINE_BYTES=0`, no peer-engine staging, or a
 /// slot under [`CE_MIN_SLOT_BYTES`]). The copy engine borrows the peer engine's staging: each
 /// rank's staging holds one region per sender (the peer engine's slots of that sender, for
-/// every block), cut into [`CE_SLOTS`] slots. With the default 16 MiB: 4 MiB slots on 2 ranks,
-/// 512 KiB on 8.
+/// every block), cut into [`CE_SLOTS`] slots. With the default 32 MiB: 8 MiB slots on 2 ranks,
+/// 1.1 MiB on 8.
 pub fn ce_slot_bytes(cfg: &Config, nranks: usize) -> usize {
     let peer = peer_slot_bytes(cfg, nranks);
     if cfg.gpu_copy_engine_bytes == 0 || peer == 0 {
