@@ -1044,21 +1044,25 @@ fn read_rounds_keep_the_room_checks_in_the_senders_region() {
         .into_iter()
         .filter(|s| !matches!(s, Step::Room { .. }))
         .collect();
-    let mut w = World::new(n);
-    let mut broke = None;
-    for step in &sender {
-        if !w.enabled(1, step) {
-            break;
-        }
-        if let Err(e) = w.take(1, step) {
-            broke = Some(e);
-            break;
-        }
-    }
     assert!(
-        broke.is_some_and(|e| e.contains("stores round 3 into (1, 0,")),
+        first_fault_alone(n, 1, &sender).is_some_and(|e| e.contains("stores round 3 into (1, 0,")),
         "the sender ran ahead unnoticed"
     );
+}
+
+/// Runs rank `me`'s `steps` alone from a fresh world of `n` ranks, as far as they can go (a rank
+/// running ahead of its peers): the first broken rule, if any.
+fn first_fault_alone(n: usize, me: usize, steps: &[Step]) -> Option<String> {
+    let mut w = World::new(n);
+    for step in steps {
+        if !w.enabled(me, step) {
+            return None;
+        }
+        if let Err(e) = w.take(me, step) {
+            return Some(e);
+        }
+    }
+    None
 }
 
 /// The model catches the protocol without its safeguards: rooted rounds that skip their room
@@ -1089,19 +1093,8 @@ fn the_model_catches_a_broken_flow_control() {
     let programs: Vec<Vec<Step>> = (0..n)
         .map(|r| strip_room(program(r, n, &[bcast])))
         .collect();
-    let mut w = World::new(n);
-    let mut broke = None;
-    'root: for step in &programs[0] {
-        if !w.enabled(0, step) {
-            break 'root;
-        }
-        if let Err(e) = w.take(0, step) {
-            broke = Some(e);
-            break;
-        }
-    }
     assert!(
-        broke.is_some_and(|e| e.contains("stores round 3")),
+        first_fault_alone(n, 0, &programs[0]).is_some_and(|e| e.contains("stores round 3")),
         "the root ran ahead unnoticed"
     );
     // Without any acknowledgement, the root's third round waits forever.
