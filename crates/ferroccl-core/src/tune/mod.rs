@@ -221,15 +221,16 @@ pub fn peer_split_pays(kind: CollKind, bytes: Option<usize>, nranks: usize) -> b
 }
 
 /// Where read rounds are the default (`FERROCCL_GPU_PEER_READ=auto`, 2 ranks, unsplit rounds),
-/// by kind: the largest buffers from and to (both included). See [`peer_read_pays`].
-pub const PEER_READ_BYTES: [(CollKind, usize, usize); 4] = [
+/// by kind: the largest buffers from and to (both included). See [`peer_read_pays`]. Not the
+/// gather: it gained in place (32 MiB 306-312 against 286-295 GB/s) and lost out of place (its
+/// root copies its own block in each round before its reads, and the link idles meanwhile: 64
+/// MiB 282-285 against 318-319), and a rank's in-place-ness is its own (a gather's non-root has
+/// no output), where every rank must choose alike.
+pub const PEER_READ_BYTES: [(CollKind, usize, usize); 3] = [
     (CollKind::Broadcast, 8 << 20, 32 << 20),
     // Up to the reduce's fold (FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES), in slots of 128 KiB.
     (CollKind::Reduce, 8 << 20, 128 << 20),
     (CollKind::Scatter, 4 << 20, 16 << 20),
-    // In place only: out of place the root's own block, copied in each round before its reads,
-    // leaves the link idle (64 MiB 282-285 against the stored rounds' 318-319).
-    (CollKind::Gather, 16 << 20, 64 << 20),
 ];
 
 /// Whether the peer engine's one-phase rounds read (`Choice::read`) for `op` with a largest
@@ -241,17 +242,18 @@ pub const PEER_READ_BYTES: [(CollKind, usize, usize); 4] = [
 /// docs/PERFORMANCE.md section 39): the receivers that only read gained, broadcast 16 MiB
 /// 302-312 / 304-312 against 288 / 295-296, 32 MiB 318-322 / 323-324 against 305 / 318-319,
 /// scatter 8 MiB 224-244 / 238-240 against 209-219 / 215-225, reduce 16 MiB 304-310 / 303-306
-/// against 292 / 287-293, gather in place 32 MiB 306-312 against 286-295; in 64 KiB slots the
+/// against 292 / 287-293; in 64 KiB slots the
 /// reduce lost from 64 MiB (128 MiB 338-340 against 346-348), in the 128 KiB slots of 32 MiB
 /// of staging it gained to 128 MiB (32 MiB 333-336 / 333-336 against 325-329 / 326-329, 64 MiB
 /// 341-343 / 342-344 against 336-338, 128 MiB 347 / 347-348 against 344-345 / 345-346);
 /// every kind that exchanges both ways lost (all-gather, all-to-all 8 MiB 179-180 against
 /// 188-211, the all-reduce 1-5 %, the split reduce-scatter 32 MiB 214-218 against 248-251), as
-/// did the split scatter from 32 MiB.
+/// did the split scatter from 32 MiB. Only from what every rank knows alike (kind, rank count,
+/// the largest buffer, which follows from the count), as sender and receiver must agree on
+/// where each round lies.
 pub fn peer_read_pays(op: &OpShape, bytes: Option<usize>) -> bool {
     let Some(b) = bytes else { return false };
     op.nranks == 2
-        && (op.kind != CollKind::Gather || op.in_place)
         && PEER_READ_BYTES
             .iter()
             .any(|&(kind, from, to)| kind == op.kind && (from..=to).contains(&b))
@@ -490,7 +492,7 @@ pub struct Choice {
     /// The peer engine only: each slice of the operation on two thread blocks, one sending and
     /// one receiving at its own pace (`channels` is then even: half send, half receive).
     pub split: bool,
-    /// The peer engine only: read rounds (`peer_reads`): each message lies in its sender's own
+    /// The peer engine only: read rounds (`peer_read_pays`): each message lies in its sender's own
     /// staging and its receiver reads it over the link, where stored rounds write it into the
     /// receiver's staging.
     pub read: bool,

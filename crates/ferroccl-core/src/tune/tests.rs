@@ -2916,7 +2916,8 @@ fn a_broadcast_exchanges_outputs_from_its_own_threshold() {
 /// FERROCCL_GPU_PEER_READ: read rounds only on the peer engine's one-phase rounds (never a pull,
 /// lines or the two-shot all-reduce), never with direct rounds (the receiver reads; nobody
 /// stores into its output); by default on 2 ranks for the kinds and sizes of PEER_READ_BYTES
-/// alone, unsplit, a gather only in place; never with 0.
+/// alone, unsplit, in and out of place alike (sender and receiver must agree, and a rank's
+/// in-place-ness is its own); never with 0.
 #[test]
 fn the_peer_engine_reads_its_rounds_only_where_asked_and_measured() {
     use CollKind::*;
@@ -2944,13 +2945,9 @@ fn the_peer_engine_reads_its_rounds_only_where_asked_and_measured() {
             assert_eq!(c.engine, Engine::PeerKernel, "{kind} at {b}: {c}");
             assert!(c.read && !c.split && !c.zero_copy, "{kind} at {b}: {c}");
             assert!(c.to_string().contains("FERROCCL_GPU_PEER_READ"), "{c}");
-            // Out of place alike, but a gather's root copies its own block then.
+            // Out of place alike: every rank must choose as its peers do.
             let oop = choose(&sized(kind, b, 2, false), Device::Gpu, &auto);
-            assert_eq!(
-                oop.read,
-                kind != Gather,
-                "{kind} at {b} out of place: {oop}"
-            );
+            assert!(oop.read, "{kind} at {b} out of place: {oop}");
             // Measured on 2 ranks only.
             let three = choose(&sized(kind, b / 2 * 3 / 4 * 4, 3, true), Device::Gpu, &auto);
             assert!(!three.read, "{kind} on 3 ranks: {three}");
@@ -2965,11 +2962,31 @@ fn the_peer_engine_reads_its_rounds_only_where_asked_and_measured() {
             assert!(!c.read, "{kind} at {b}, outside: {c}");
         }
     }
-    // The kinds that exchange both ways never read by default.
-    for kind in [AllGather, AllToAll, ReduceScatter, AllReduce] {
+    // The kinds that exchange both ways never read by default, nor the gather, in place or not.
+    for kind in [AllGather, AllToAll, ReduceScatter, AllReduce, Gather] {
         for b in [4 << 20, 16 << 20, 64 << 20] {
-            let c = choose(&sized(kind, b, 2, false), Device::Gpu, &auto);
-            assert!(!c.read, "{kind} at {b}: {c}");
+            for in_place in [false, true] {
+                let c = choose(&sized(kind, b, 2, in_place), Device::Gpu, &auto);
+                assert!(!c.read, "{kind} at {b}: {c}");
+            }
+        }
+    }
+    // Every rank alike: in place or not (each rank's own), the same choice, at every size.
+    for kind in CollKind::ALL.into_iter().filter(|k| k.is_collective()) {
+        for shift in 10..=30 {
+            let at = |in_place| {
+                choose(
+                    &sized(kind, 4usize << shift, 2, in_place),
+                    Device::Gpu,
+                    &auto,
+                )
+            };
+            assert_eq!(
+                at(false).read,
+                at(true).read,
+                "{kind} at {} bytes",
+                4usize << shift
+            );
         }
     }
     // Asked for: every one-phase round, with no direct rounds; never lines, pulls or two shots.
