@@ -451,6 +451,20 @@ pub fn parse_bool(key: &str, v: &str) -> Result<bool, Error> {
     }
 }
 
+/// A switch that may also be left to the tuner (`auto`, or empty: None), as the peer engine's
+/// split and read rounds are.
+fn parse_auto_bool(key: &str, v: &str) -> Result<Option<bool>, Error> {
+    match v.trim() {
+        "" | "auto" => Ok(None),
+        v => parse_bool(key, v).map(Some),
+    }
+}
+
+/// How `shared_settings` writes a switch that may be left to the tuner.
+fn auto_bool_setting(v: Option<bool>) -> String {
+    v.map_or("auto".into(), |b| (b as u8).to_string())
+}
+
 /// FERROCCL_KERNEL_DEFINES: `NAME=VALUE` words (separated by spaces or commas), each name a C
 /// identifier and each value letters, digits, '.', '_' or '-' (nothing that could smuggle
 /// another compiler option in).
@@ -612,16 +626,10 @@ impl Config {
             c.gpu_peer_lines_max_bytes = parse("FERROCCL_GPU_PEER_LINES_MAX_BYTES", v)?;
         }
         if let Some(v) = get("FERROCCL_GPU_PEER_SPLIT") {
-            c.gpu_peer_split = match v.trim() {
-                "" | "auto" => None,
-                v => Some(parse_bool("FERROCCL_GPU_PEER_SPLIT", v)?),
-            };
+            c.gpu_peer_split = parse_auto_bool("FERROCCL_GPU_PEER_SPLIT", v)?;
         }
         if let Some(v) = get("FERROCCL_GPU_PEER_READ") {
-            c.gpu_peer_read = match v.trim() {
-                "" | "auto" => None,
-                v => Some(parse_bool("FERROCCL_GPU_PEER_READ", v)?),
-            };
+            c.gpu_peer_read = parse_auto_bool("FERROCCL_GPU_PEER_READ", v)?;
         }
         if let Some(v) = get("FERROCCL_GPU_PEER_DIRECT") {
             c.gpu_peer_direct = parse_bool("FERROCCL_GPU_PEER_DIRECT", v)?;
@@ -792,13 +800,11 @@ impl Config {
             ),
             (
                 "FERROCCL_GPU_PEER_SPLIT",
-                self.gpu_peer_split
-                    .map_or("auto".into(), |b| (b as u8).to_string()),
+                auto_bool_setting(self.gpu_peer_split),
             ),
             (
                 "FERROCCL_GPU_PEER_READ",
-                self.gpu_peer_read
-                    .map_or("auto".into(), |b| (b as u8).to_string()),
+                auto_bool_setting(self.gpu_peer_read),
             ),
             (
                 "FERROCCL_GPU_COPY_ENGINE_BYTES",

@@ -123,24 +123,34 @@ pub const FOLD_REDUCE_BLOCKS: usize = 32;
 /// 346-348 GB/s, 256 MiB 361 against 352, 512 MiB 376 against 361.
 pub const FOLD_REDUCE_MIN_BYTES: usize = 256 << 20;
 
-/// The fold kernel's blocks for a copy-and-fold `kind` (the reduce's own, or every other
-/// kind's), within `FERROCCL_GPU_CHANNELS` (a collective's block budget).
-pub fn fold_blocks(cfg: &Config, kind: CollKind) -> usize {
-    let blocks = if kind == CollKind::Reduce {
-        cfg.gpu_fold_reduce_blocks
+/// The copy-and-fold knobs of `kind`: (blocks, ramp, smallest largest-buffer). The one place
+/// that gives the reduce of 2 ranks its own (`FERROCCL_GPU_FOLD_REDUCE_*`) and every other kind
+/// the shared ones.
+fn fold_knobs(cfg: &Config, kind: CollKind) -> (usize, usize, usize) {
+    if kind == CollKind::Reduce {
+        (
+            cfg.gpu_fold_reduce_blocks,
+            cfg.gpu_fold_reduce_ramp,
+            cfg.gpu_fold_reduce_min_bytes,
+        )
     } else {
-        cfg.gpu_fold_blocks
-    };
-    blocks.min(cfg.gpu_channels.max(1)).max(1)
+        (
+            cfg.gpu_fold_blocks,
+            cfg.gpu_fold_ramp,
+            cfg.gpu_fold_min_bytes,
+        )
+    }
 }
 
-/// The smallest largest-buffer of a copy-and-fold `kind` (0: never).
+/// The fold kernel's blocks for a copy-and-fold `kind` ([`fold_knobs`]), within
+/// `FERROCCL_GPU_CHANNELS` (a collective's block budget).
+pub fn fold_blocks(cfg: &Config, kind: CollKind) -> usize {
+    fold_knobs(cfg, kind).0.min(cfg.gpu_channels.max(1)).max(1)
+}
+
+/// The smallest largest-buffer of a copy-and-fold `kind` ([`fold_knobs`]; 0: never).
 pub fn fold_min_bytes(cfg: &Config, kind: CollKind) -> usize {
-    if kind == CollKind::Reduce {
-        cfg.gpu_fold_reduce_min_bytes
-    } else {
-        cfg.gpu_fold_min_bytes
-    }
+    fold_knobs(cfg, kind).2
 }
 
 /// Whether the copy-and-fold takes a reduction of `redop` (`OpShape::redop`) over `dtype`: Sum,
@@ -170,11 +180,7 @@ pub fn fold_taper(cfg: &Config, kind: CollKind) -> copies::Taper {
     copies::Taper {
         max: cfg.gpu_fold_piece_bytes,
         tail: cfg.gpu_fold_tail_bytes,
-        ramp: if kind == CollKind::Reduce {
-            cfg.gpu_fold_reduce_ramp
-        } else {
-            cfg.gpu_fold_ramp
-        },
+        ramp: fold_knobs(cfg, kind).1,
     }
 }
 
