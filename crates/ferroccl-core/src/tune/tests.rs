@@ -2190,6 +2190,13 @@ fn the_reason_is_readable() {
     }
 }
 
+/// Elements of an operation's largest buffer per element of its NCCL count on `nranks` ranks
+/// (`CollKind::buffer_counts`, a root's): n for the kinds whose buffer holds a block per rank.
+fn per_count(kind: CollKind, nranks: usize) -> usize {
+    let (send, recv) = kind.buffer_counts(1, nranks, true).expect("no overflow");
+    send.max(recv)
+}
+
 fn f32_shape(kind: CollKind, count: usize, nranks: usize) -> OpShape {
     shape(kind, count, Float32, nranks)
 }
@@ -2311,14 +2318,7 @@ fn the_peer_engine_splits_one_phase_rounds_only_where_asked_and_safe() {
         (Reduce, false),
         (AllReduce, false),
     ] {
-        let per_rank = if matches!(
-            kind,
-            AllGather | AllToAll | Gather | Scatter | ReduceScatter
-        ) {
-            2
-        } else {
-            1
-        };
+        let per_rank = per_count(kind, 2);
         let big = shape(kind, PEER_SPLIT_MIN_BYTES / 4 / per_rank, Float32, 2);
         assert_eq!(big.largest_bytes(), Some(PEER_SPLIT_MIN_BYTES), "{kind}");
         assert_eq!(choose(&big, Device::Gpu, &auto).split, split, "{kind}");
@@ -2347,14 +2347,7 @@ fn the_peer_engine_splits_one_phase_rounds_only_where_asked_and_safe() {
         Reduce,
         AllReduce,
     ] {
-        let per_rank = if matches!(
-            kind,
-            AllGather | AllToAll | Gather | Scatter | ReduceScatter
-        ) {
-            2
-        } else {
-            1
-        };
+        let per_rank = per_count(kind, 2);
         let rooted = matches!(kind, Gather | Scatter | Broadcast | Reduce);
         let at = |b: usize| {
             choose(
@@ -2463,14 +2456,7 @@ fn the_peer_engine_goes_direct_only_where_data_only_moves() {
             "only the direct rounds change"
         );
         // Below PEER_DIRECT_MIN_BYTES (largest buffer): staged.
-        let per_rank = if matches!(
-            kind,
-            AllGather | AllToAll | Gather | Scatter | ReduceScatter
-        ) {
-            2
-        } else {
-            1
-        };
+        let per_rank = per_count(kind, 2);
         let small = OpShape {
             in_place,
             ..shape(kind, PEER_DIRECT_MIN_BYTES / 4 / per_rank - 1, Float32, 2)
@@ -2923,14 +2909,7 @@ fn the_peer_engine_reads_its_rounds_only_where_asked_and_measured() {
     use CollKind::*;
     // A shape of `kind` on `n` ranks whose largest buffer is `b` bytes of float32.
     let sized = |kind: CollKind, b: usize, n: usize, in_place: bool| {
-        let per_rank = if matches!(
-            kind,
-            AllGather | AllToAll | Gather | Scatter | ReduceScatter
-        ) {
-            n
-        } else {
-            1
-        };
+        let per_rank = per_count(kind, n);
         let s = OpShape {
             in_place,
             ..shape(kind, b / 4 / per_rank, Float32, n)
