@@ -142,13 +142,13 @@ fn fold_knobs(cfg: &Config, kind: CollKind) -> (usize, usize, usize) {
     }
 }
 
-/// The fold kernel's blocks for a copy-and-fold `kind` ([`fold_knobs`]), within
+/// The fold kernel's blocks for a copy-and-fold `kind` (`fold_knobs`), within
 /// `FERROCCL_GPU_CHANNELS` (a collective's block budget).
 pub fn fold_blocks(cfg: &Config, kind: CollKind) -> usize {
     fold_knobs(cfg, kind).0.min(cfg.gpu_channels.max(1)).max(1)
 }
 
-/// The smallest largest-buffer of a copy-and-fold `kind` ([`fold_knobs`]; 0: never).
+/// The smallest largest-buffer of a copy-and-fold `kind` (`fold_knobs`; 0: never).
 pub fn fold_min_bytes(cfg: &Config, kind: CollKind) -> usize {
     fold_knobs(cfg, kind).2
 }
