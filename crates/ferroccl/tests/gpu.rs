@@ -2225,7 +2225,8 @@ fn the_peer_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
             &|_| tune::Engine::PeerKernel,
         );
         // Split launches (FERROCCL_GPU_PEER_SPLIT): every kind, mixed with two-shot
-        // all-reduces (3 ranks) and in-place all-to-alls and all-reduces, which stay whole.
+        // all-reduces (3 ranks); in-place all-to-alls and one-shot all-reduces split too, their
+        // receive blocks behind their send blocks (on one rank alone, its peer out of place).
         let split = Config {
             gpu_peer_split: Some(true),
             ..cfg
@@ -2653,8 +2654,8 @@ fn the_copy_engine_is_exact_across_kinds_sizes_and_back_to_back_launches() {
     }
 }
 
-/// Every rank of `n` on one GPU runs every kind of `kinds` at three sizes, in place and out,
-/// and checks every element; the tuner must give each to `engine`.
+/// Every rank of `n` on one GPU runs every kind of `kinds` at three sizes, in place and out and
+/// with rank 0 alone in place, and checks every element; the tuner must give each to `engine`.
 fn engine_is_exact(
     n: usize,
     cfg: &Config,
@@ -2680,7 +2681,14 @@ fn engine_is_exact(
         let mut step = 0;
         for &count in &counts {
             for &kind in kinds {
-                for in_place in [false, true] {
+                // Out of place, in place, and rank 0 alone in place: a rank's in-place-ness is
+                // its own, and every rank must still choose and cut its rounds as its peers do.
+                for mode in 0..3 {
+                    let in_place = match mode {
+                        0 => false,
+                        1 => true,
+                        _ => r == 0,
+                    };
                     step += 1;
                     // Elements of this rank's input and output.
                     let (sc, rc) = match kind {
@@ -2732,8 +2740,9 @@ fn engine_is_exact(
                     assert_eq!(choice.engine, engine(kind), "{choice}");
                     assert_eq!(c.last_launch_blocks(), Some(choice.channels as u32));
                     let got = read_f32(&recv, whole).unwrap();
-                    let what =
-                        format!("{n} ranks, {kind} of {count} (in place {in_place}): rank {r}");
+                    let what = format!(
+                        "{n} ranks, {kind} of {count} (in place {in_place}, mode {mode}): rank {r}"
+                    );
                     if kind == Reduce && r != t {
                         // A non-root's output is not written (in place it is its input).
                         let want: Vec<f32> = if in_place {

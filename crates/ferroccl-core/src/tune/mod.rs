@@ -1038,17 +1038,15 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             _ => (Algo::OneShot, slot_elems.saturating_mul(2)),
         };
         // FERROCCL_GPU_PEER_SPLIT: one-phase rounds on a send block and a receive block a
-        // slice. Not in place where the receive block's writes land on input the send block may
-        // not have sent yet (all-to-all, the one-shot all-reduce); needs two blocks.
+        // slice; needs two blocks. In and out of place alike: every rank must split as its
+        // peers do, and a rank's in-place-ness is its own. Where a receive block's writes land
+        // on input its send block has yet to send (an all-to-all or one-shot all-reduce in
+        // place), the kernel has the receive block wait for that round's send (`peer.cu`,
+        // `split_in_place`).
         let wanted = cfg
             .gpu_peer_split
             .unwrap_or_else(|| peer_split_pays(op.kind, bytes, op.nranks));
-        let split = wanted
-            && !pull
-            && !lines
-            && algo == Algo::OneShot
-            && channels >= 2
-            && !(op.in_place && matches!(op.kind, CollKind::AllToAll | CollKind::AllReduce));
+        let split = wanted && !pull && !lines && algo == Algo::OneShot && channels >= 2;
         let channels = if split { channels / 2 * 2 } else { channels };
         // FERROCCL_GPU_PEER_READ: one-phase rounds (not the pull, which reads the peer's input
         // itself, nor lines) left in their senders' staging for the receivers to read.

@@ -2257,9 +2257,10 @@ fn estimates_grow_with_size_and_ranks_and_match_the_measured_ends() {
 }
 
 /// FERROCCL_GPU_PEER_SPLIT: the peer engine's one-phase rounds on a send block and a receive
-/// block a slice (an even grid), never a two-shot all-reduce, an in-place all-to-all or
-/// all-reduce (the receive block could overwrite input not yet sent), nor a single block; by
-/// default for the kinds and sizes where it measured faster, never with 0.
+/// block a slice (an even grid), never a two-shot all-reduce nor a single block; in and out of
+/// place alike (a rank's in-place-ness is its own, and its peers must split as it does: the
+/// kernel keeps an in-place receive block behind its send block); by default for the kinds and
+/// sizes where it measured faster, never with 0.
 #[test]
 fn the_peer_engine_splits_one_phase_rounds_only_where_asked_and_safe() {
     use CollKind::*;
@@ -2271,9 +2272,9 @@ fn the_peer_engine_splits_one_phase_rounds_only_where_asked_and_safe() {
         (AllGather, 2, false, true),
         (AllGather, 2, true, true),
         (AllToAll, 2, false, true),
-        (AllToAll, 2, true, false),
+        (AllToAll, 2, true, true),
         (AllReduce, 2, false, true),
-        (AllReduce, 2, true, false),
+        (AllReduce, 2, true, true),
         (AllReduce, 3, false, false),
         (ReduceScatter, 3, true, true),
         (Gather, 3, false, true),
@@ -2306,8 +2307,35 @@ fn the_peer_engine_splits_one_phase_rounds_only_where_asked_and_safe() {
         );
         assert!(!off.split, "{kind}: {off}");
     }
-    // Auto: the kinds it pays for, from PEER_SPLIT_MIN_BYTES, where safe.
+    // Auto: the kinds it pays for, from PEER_SPLIT_MIN_BYTES.
     let auto = Config::default();
+    // Every rank alike: in place or not, the same choice, for every kind and size, by default
+    // and asked for (all-to-all from 32 MiB splits on 2 ranks by default: an in-place rank once
+    // kept its rounds whole while its out-of-place peer split them).
+    for cfg in [&auto, &on] {
+        for n in [2, 3] {
+            for kind in CollKind::ALL.into_iter().filter(|k| k.is_collective()) {
+                for shift in 10..=30 {
+                    let at = |in_place| {
+                        let b = 4usize << shift;
+                        let s = OpShape {
+                            in_place,
+                            ..shape(kind, b / 4 / per_count(kind, n), Float32, n)
+                        };
+                        choose(&s, Device::Gpu, cfg)
+                    };
+                    let (oop, ip) = (at(false), at(true));
+                    if oop.engine == Engine::PeerKernel && ip.engine == Engine::PeerKernel {
+                        assert_eq!(
+                            oop.split, ip.split,
+                            "{kind} on {n} at 4 << {shift}: {oop} / {ip}"
+                        );
+                        assert_eq!(oop.channels, ip.channels, "{kind} on {n} at 4 << {shift}");
+                    }
+                }
+            }
+        }
+    }
     for (kind, split) in [
         (AllGather, true),
         (AllToAll, true),
@@ -2382,8 +2410,9 @@ fn the_peer_engine_splits_one_phase_rounds_only_where_asked_and_safe() {
         assert!(!at(*PEER_SPLIT_ROOTED_BYTES.end() * 2).split, "{kind}");
         assert!(!at(*PEER_SPLIT_ROOTED_BYTES.start() / 2).split, "{kind}");
     }
+    // In place like out of place (64 MiB of all-to-all: 16 MiB a block).
     assert!(
-        !choose(
+        choose(
             &OpShape {
                 in_place: true,
                 ..shape(AllToAll, 1 << 24, Float32, 2)

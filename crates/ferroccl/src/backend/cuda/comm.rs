@@ -9,7 +9,7 @@ use super::lazy::{LazyMaps, Live, Sweeper};
 use super::mapper::Mapper;
 use super::tables::{
     FcDirect, FcError, FcP2pHead, FcPeer, ERR_ABORTED, ERR_LENGTH, ERR_TIMEOUT, WHAT_DATA,
-    WHAT_LENGTH, WHAT_POST, WHAT_ROOM,
+    WHAT_LENGTH, WHAT_POST, WHAT_ROOM, WHAT_SENT,
 };
 use super::window::Windows;
 use crate::bootstrap::Bootstrap;
@@ -478,6 +478,7 @@ impl CudaComm {
             WHAT_ROOM => "room in the connection to",
             WHAT_LENGTH => "a length check on data from",
             WHAT_POST => "the output address (zero-copy post) of",
+            WHAT_SENT => "the send block (in place: the input it still sends) of",
             _ => "a consistent plan with",
         };
         let msg = if e.conn < 0 {

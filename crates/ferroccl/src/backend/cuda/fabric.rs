@@ -143,9 +143,15 @@ impl Geometry {
     pub fn peer_seqs_off(&self) -> usize {
         self.direct_words_end().div_ceil(LINE) * LINE
     }
+    /// Then the round each slice's send block of a split launch in place last stored (ours: its
+    /// receive block waits for it before writing over the input the send block reads; the
+    /// kernel finds it after the counters, `peer_sent_word` in `peer.cu`).
+    pub fn peer_sent_off(&self) -> usize {
+        self.peer_seqs_off() + 2 * PEER_MAX_BLOCKS * 8
+    }
     pub fn send_arena_bytes(&self) -> usize {
         if self.has_peer() {
-            self.peer_seqs_off() + 2 * PEER_MAX_BLOCKS * 8
+            self.peer_sent_off() + PEER_MAX_BLOCKS * 8
         } else {
             self.direct_words_end()
         }
@@ -873,8 +879,12 @@ mod tests {
                     && g.peer_seqs_off().is_multiple_of(LINE)
             );
             assert_eq!(
-                g.send_arena_bytes(),
+                g.peer_sent_off(),
                 g.peer_seqs_off() + 2 * PEER_MAX_BLOCKS * 8
+            );
+            assert_eq!(
+                g.send_arena_bytes(),
+                g.peer_sent_off() + PEER_MAX_BLOCKS * 8
             );
             // Both arenas in one allocation, as Fabric::new maps them.
             assert!(

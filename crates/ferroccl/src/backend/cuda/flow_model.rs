@@ -79,8 +79,8 @@ struct Launch {
     kind: Kind,
     rounds: u64,
     root: usize,
-    /// `Engine::PeerSplit` only: whether a one-phase launch is split (the tuner keeps in-place
-    /// all-to-alls and all-reduces whole); two-shot all-reduces never are.
+    /// `Engine::PeerSplit` only: whether a one-phase launch is split (in and out of place
+    /// alike); two-shot all-reduces never are.
     split: bool,
     /// The peer engines: senders look for posts (the movement kinds; not all-reduces).
     direct: bool,
@@ -89,6 +89,11 @@ struct Launch {
     /// The peer engines' one-phase rounds (symmetric, from and to the root) as read rounds:
     /// each message in its sender's own region for its receiver (never with direct rounds).
     read: bool,
+    /// Which ranks run a `Symmetric` launch in place (bit r: rank r), an all-to-all's or
+    /// one-shot all-reduce's output its input: its receive side writes round s over the input
+    /// its send side reads in round s. A split launch's receive warps wait for their send warps'
+    /// word first (`peer.cu`, `split_in_place`); a whole block stores before it reads.
+    in_place: u32,
 }
 
 impl Launch {
@@ -171,6 +176,13 @@ enum Step {
     },
     /// The launch is over: its caller may overwrite this rank's input from here.
     Finish,
+    /// The send warps of a split launch in place, after round `s`'s barrier: they say they
+    /// stored it (a word of this rank's own memory).
+    Sent { s: u64 },
+    /// The receive warps of a split launch in place: wait for that word to reach `s`.
+    WaitSent { s: u64 },
+    /// In place: round `s` of the output is written over the same round of the input.
+    Overwrite { s: u64 },
 }
 
 /// Which kernel's launches a program is made of.
@@ -410,6 +422,9 @@ fn push_launch(
                 s,
                 read,
             });
+            if l.kind == Kind::Symmetric && l.in_place >> me & 1 == 1 {
+                steps.push(Step::Overwrite { s });
+            }
         }
         if l.kind == Kind::AllReduce && engine == Engine::Peer {
             // The owner's result into every peer's result slot, after reading the inputs.
@@ -500,6 +515,7 @@ fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
             direct: l.direct,
             post: false,
         });
+        let in_place = l.kind == Kind::Symmetric && l.in_place >> me & 1 == 1;
         for k in 0..l.rounds {
             s += 1;
             let (targets, sources) = ends(l.kind, me, n, l.root);
@@ -519,6 +535,9 @@ fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
                     flag: Some((0, targets.clone())),
                     s,
                 });
+                if in_place {
+                    send.push(Step::Sent { s });
+                }
                 if l.direct && k + 1 < l.rounds {
                     send.push(Step::Look { to: targets, s });
                 }
@@ -531,6 +550,10 @@ fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
                     s,
                     read,
                 });
+                if in_place {
+                    recv.push(Step::WaitSent { s });
+                    recv.push(Step::Overwrite { s });
+                }
             }
             // Every round acknowledged to every peer, read or not, so that the counters move alike.
             recv.push(Step::Barrier {
@@ -570,10 +593,15 @@ struct World {
     inputs: Vec<u64>,
     /// Per agent: the ranks whose inputs it is reading until its next barrier (a pull).
     reading_inputs: Vec<Vec<usize>>,
+    /// Per rank: the last round whose input its senders read (stored), and the last its split
+    /// send warps said they stored (`Step::Sent`).
+    input_read: Vec<u64>,
+    sent: Vec<u64>,
     /// Mutations, for the model's own tests: senders that go direct without a post, receivers
-    /// that ignore the marks.
+    /// that ignore the marks, receive warps that write in place without waiting for `Sent`.
     ignore_posts: bool,
     ignore_marks: bool,
+    ignore_sent: bool,
 }
 
 impl World {
@@ -595,8 +623,11 @@ impl World {
             outputs: std::collections::HashSet::new(),
             inputs: vec![0; n],
             reading_inputs: vec![Vec::new(); n * agents],
+            input_read: vec![0; n],
+            sent: vec![0; n],
             ignore_posts: false,
             ignore_marks: false,
+            ignore_sent: false,
         }
     }
 
@@ -616,6 +647,7 @@ impl World {
                     .iter()
                     .all(|&ph| self.slots.get(&(me, q, ph, s & 1)) == Some(&Slot::Written(*s)))
             }),
+            Step::WaitSent { s } => self.sent[me] >= *s || self.ignore_sent,
             _ => true,
         }
     }
@@ -624,7 +656,16 @@ impl World {
     fn take(&mut self, agent: usize, step: &Step) -> Result<(), String> {
         let me = agent / self.agents;
         match step {
-            Step::Room { .. } | Step::Join { .. } => {}
+            Step::Room { .. } | Step::Join { .. } | Step::WaitSent { .. } => {}
+            Step::Sent { s } => self.sent[me] = self.sent[me].max(*s),
+            Step::Overwrite { s } => {
+                if self.input_read[me] < *s {
+                    return Err(format!(
+                        "rank {me} writes round {s} over its input, which it sent only to round {}",
+                        self.input_read[me]
+                    ));
+                }
+            }
             Step::Start { s0, direct, post } => {
                 self.launch[agent] = if *direct { *s0 } else { 0 };
                 self.current[me] = *s0;
@@ -652,6 +693,8 @@ impl World {
                 s,
                 read,
             } => {
+                // The stores read this round of the input (every kind's that sends).
+                self.input_read[me] = self.input_read[me].max(*s);
                 for &q in to {
                     if self.direct_at[agent][q].is_some_and(|d| d <= *s) {
                         // Straight into q's output: q must be in this very launch.
@@ -912,12 +955,13 @@ proptest! {
     #[test]
     fn the_peer_engine_flow_control_holds_in_any_interleaving(
         n in 2usize..=5,
-        ops in prop::collection::vec((peer_kind_strategy(), 0u64..=6, any::<usize>(), 0u8..3, any::<u32>()), 1..8),
+        ops in prop::collection::vec((peer_kind_strategy(), 0u64..=6, any::<usize>(), 0u8..3, any::<u32>(), any::<u32>()), 1..8),
         seed in any::<u64>(),
         greedy in any::<bool>(),
     ) {
-        // Rounds stored, direct (1) or read (2), as the tuner picks one of them.
-        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root, mode, posts)| Launch { kind, rounds, root: root % n, split: true, direct: mode == 1, posts, read: mode == 2 }).collect();
+        // Rounds stored, direct (1) or read (2), as the tuner picks one of them; any ranks in
+        // place.
+        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root, mode, posts, in_place)| Launch { kind, rounds, root: root % n, split: true, direct: mode == 1, posts: posts & !in_place, read: mode == 2, in_place }).collect();
         let r = run(n, &launches, seed, greedy);
         prop_assert!(r.is_ok(), "{n} ranks, {launches:?}, greedy {greedy}: {}", r.unwrap_err());
     }
@@ -937,7 +981,7 @@ proptest! {
         greedy in any::<bool>(),
     ) {
         // rounds: 0 a launch without this block, 1 one that exchanges, 2 an empty slice.
-        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root)| Launch { kind, rounds, root: root % n, split: true, direct: false, posts: 0, read: false }).collect();
+        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root)| Launch { kind, rounds, root: root % n, split: true, direct: false, posts: 0, read: false, in_place: 0 }).collect();
         let r = run_engine(Engine::Direct, n, &launches, seed, greedy);
         prop_assert!(r.is_ok(), "{n} ranks, {launches:?}, greedy {greedy}: {}", r.unwrap_err());
     }
@@ -953,11 +997,12 @@ proptest! {
     #[test]
     fn the_split_peer_engine_design_holds_in_any_interleaving(
         n in 2usize..=5,
-        ops in prop::collection::vec((peer_kind_strategy(), 0u64..=6, any::<usize>(), prop::bool::weighted(0.75), 0u8..3, any::<u32>()), 1..8),
+        ops in prop::collection::vec((peer_kind_strategy(), 0u64..=6, any::<usize>(), prop::bool::weighted(0.75), 0u8..3, any::<u32>(), any::<u32>()), 1..8),
         seed in any::<u64>(),
         greedy in any::<bool>(),
     ) {
-        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root, split, mode, posts)| Launch { kind, rounds, root: root % n, split, direct: mode == 1, posts, read: mode == 2 }).collect();
+        // Any ranks in place, each its own (split or whole alike on every rank).
+        let launches: Vec<Launch> = ops.iter().map(|&(kind, rounds, root, split, mode, posts, in_place)| Launch { kind, rounds, root: root % n, split, direct: mode == 1, posts: posts & !in_place, read: mode == 2, in_place }).collect();
         let r = run_engine(Engine::PeerSplit, n, &launches, seed, greedy);
         prop_assert!(r.is_ok(), "{n} ranks, {launches:?}, greedy {greedy}: {}", r.unwrap_err());
     }
@@ -978,6 +1023,7 @@ fn the_model_catches_a_broken_split_design() {
         direct: false,
         posts: 0,
         read: false,
+        in_place: 0,
     }];
     for seed in 1..200 {
         assert!(run_engine(Engine::PeerSplit, n, &ag, seed, seed % 2 == 0).is_ok());
@@ -1004,6 +1050,68 @@ fn the_model_catches_a_broken_split_design() {
     assert!(e.starts_with("deadlock") && e.contains("Room"), "{e}");
 }
 
+/// A split launch in place (an all-to-all whose output is its input on rank 0 only, as a rank's
+/// in-place-ness is its own): the receive warps write round s over the input the send warps
+/// read in round s. With their wait for the send warps' word every schedule holds and ends;
+/// without it a schedule in which the send warps lag writes over input not yet sent.
+#[test]
+fn split_rounds_in_place_wait_for_their_own_sends() {
+    let n = 2;
+    let a2a = Launch {
+        kind: Kind::Symmetric,
+        rounds: 6,
+        root: 0,
+        split: true,
+        direct: false,
+        posts: 0,
+        read: false,
+        in_place: 0b01,
+    };
+    let mixes = [
+        vec![a2a],
+        vec![
+            a2a,
+            Launch {
+                split: false,
+                ..a2a
+            },
+            a2a,
+        ],
+        vec![
+            Launch {
+                read: true,
+                in_place: 0b11,
+                ..a2a
+            },
+            a2a,
+        ],
+    ];
+    for launches in &mixes {
+        for seed in 1..300 {
+            for engine in [Engine::Peer, Engine::PeerSplit] {
+                let r = run_engine(engine, n, launches, seed, seed % 2 == 0);
+                assert!(r.is_ok(), "{engine:?} {launches:?}: {r:?}");
+            }
+        }
+    }
+    let programs: Vec<Vec<Step>> = (0..n).flat_map(|r| split_programs(r, n, &[a2a])).collect();
+    assert!(programs[0].iter().any(|s| matches!(s, Step::Sent { .. })));
+    assert!(!programs[2]
+        .iter()
+        .any(|s| matches!(s, Step::Sent { .. } | Step::WaitSent { .. })));
+    let broke = (1..400).find_map(|seed| {
+        let mut w = World::with_agents(n, 2);
+        w.ignore_sent = true;
+        run_world(&mut w, &programs, seed, seed % 2 == 0).err()
+    });
+    assert!(
+        broke
+            .as_ref()
+            .is_some_and(|e| e.contains("rank 0 writes round") && e.contains("over its input")),
+        "no overwrite found: {broke:?}"
+    );
+}
+
 /// Read rounds keep the stored rounds' safeguards, in the sender's own region: a reduce's
 /// sender that reads (its rounds in its region for the root) and skips its room checks
 /// overwrites round 1 with round 3 before the root read it; with them, read rounds after and
@@ -1019,6 +1127,7 @@ fn read_rounds_keep_the_room_checks_in_the_senders_region() {
         direct: false,
         posts: 0,
         read: true,
+        in_place: 0,
     };
     let bcast = Launch {
         kind: Kind::FromRoot,
@@ -1078,6 +1187,7 @@ fn the_model_catches_a_broken_flow_control() {
         direct: false,
         posts: 0,
         read: false,
+        in_place: 0,
     };
     // As the kernel runs it: fine under any schedule tried.
     for seed in 1..200 {
@@ -1129,6 +1239,7 @@ fn the_model_catches_a_broken_flow_control() {
         direct: false,
         posts: 0,
         read: false,
+        in_place: 0,
     }; 3];
     let root: Vec<Step> = strip_room(program_of(Engine::Direct, 0, n, &bcasts));
     let mut w = World::new(n);
@@ -1267,6 +1378,7 @@ fn the_model_catches_direct_rounds_without_posts_or_marks() {
         direct: true,
         posts: 0,
         read: false,
+        in_place: 0,
     }; 2];
     bcasts[1].posts = 0b10;
     let programs: Vec<Vec<Step>> = (0..n).map(|r| program(r, n, &bcasts)).collect();
@@ -1323,6 +1435,7 @@ fn the_model_catches_a_pull_without_its_waits() {
         direct: false,
         posts: 0,
         read: false,
+        in_place: 0,
     };
     let mixed = [
         pull,
@@ -1380,6 +1493,7 @@ fn the_model_catches_rooted_line_rounds_without_room_or_acknowledgement() {
         direct: false,
         posts: 0,
         read: false,
+        in_place: 0,
     };
     let mixed = [
         reduce,
@@ -1460,6 +1574,7 @@ fn the_model_catches_line_rounds_without_their_barriers() {
         direct: false,
         posts: 0,
         read: false,
+        in_place: 0,
     };
     let mixed = [
         lines,

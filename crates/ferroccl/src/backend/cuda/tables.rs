@@ -65,6 +65,8 @@ pub(crate) const WHAT_LENGTH: u32 = 3;
 #[allow(dead_code)] // as ERR_PLAN
 pub(crate) const WHAT_PLAN: u32 = 4;
 pub(crate) const WHAT_POST: u32 = 5;
+/// A split launch in place: the receive block waits for its own send block (`peer.cu`).
+pub(crate) const WHAT_SENT: u32 = 6;
 
 /// Operations a launch carries in its parameter (`FC_INLINE_OPS`); larger groups put their op
 /// table on the device.
@@ -927,6 +929,7 @@ mod tests {
             ("FC_FLAG_WAIT_POST", FLAG_WAIT_POST),
             ("FC_LEN_DIRECT", LEN_DIRECT),
             ("FC_WHAT_POST", WHAT_POST),
+            ("FC_WHAT_SENT", WHAT_SENT),
             ("FC_LL_DATA", LL_DATA_BYTES as u32),
             ("FC_BUF_INPUT", BUF_INPUT),
             ("FC_BUF_OUTPUT", BUF_OUTPUT),

@@ -223,6 +223,43 @@ __device__ __forceinline__ bool peer_wait(const FcPeer& P, fc_u32 slice, fc_u32 
 #define FC_ROLE_SEND 1u
 #define FC_ROLE_RECV 2u
 
+// A split launch in place, where a rank's output is its input (an all-to-all, the one-shot
+// all-reduce): the receive block writes round s over the input its send block reads in round s.
+// Each rank decides it by its own pointers alone (in-place-ness is a rank's own, so the tuner
+// splits in and out of place alike): its send block says when it has stored a round, in a word
+// per slice of this GPU's memory after the two counter arrays (`Geometry::peer_sent_off`), and
+// its receive block waits for that round before it writes. The words only grow, as rounds do.
+__device__ __forceinline__ bool split_in_place(const FcPeer& P, fc_u32 kind, fc_u32 role) {
+    return role != FC_ROLE_BOTH && P.op.send == P.op.recv && (kind == FC_KIND_ALL_TO_ALL || kind == FC_KIND_ALL_REDUCE);
+}
+
+__device__ __forceinline__ fc_u64* peer_sent_word(const FcPeer& P, fc_u32 slice) {
+    return (fc_u64*)P.seqs + 2u * FC_PEER_MAX_BLOCKS + slice;
+}
+
+// The send block, after the barrier in its round's signal ended every thread's reads of round s.
+__device__ __forceinline__ void peer_say_sent(const FcPeer& P, fc_u32 slice, fc_u64 s) {
+    if (threadIdx.x == 0) st_release_sys(peer_sent_word(P, slice), s);
+}
+
+// The receive block, before it writes round s: block-wide; false when the wait failed.
+__device__ __forceinline__ bool peer_wait_sent(const FcPeer& P, fc_u32 slice, fc_u64 s) {
+    int bad = 0;
+    if (threadIdx.x == 0) {
+        const fc_u64* w = peer_sent_word(P, slice);
+        fc_u32 polls = 0;
+        fc_u64 since = 0;
+        fc_u64 v;
+        while ((v = ld_acquire_sys(w)) < s) {
+            if (!engine_keep_waiting(P, polls, since, FC_WHAT_SENT, P.rank, s, v)) {
+                bad = 1;
+                break;
+            }
+        }
+    }
+    return __syncthreads_or(bad) == 0;
+}
+
 // FC_PEER_TRACE (a diagnostic, FERROCCL_KERNEL_DEFINES=FC_PEER_TRACE=64): block 0's thread 0
 // takes the SM clock at each step of an all-reduce round and prints the steps' cycles for every
 // 64th round; off (and compiled out) otherwise.
@@ -649,10 +686,12 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
             if (!bad) transform_as<D, SUM>(op, peer_msg(P, me, q, b, 0, s), in + at * es, len, true, false);
             FC_PEER_STAMP(3);
             if (!peer_signal(P, b, 0, s, FC_PEER_ALL, bad, ack)) return false;
+            if (split_in_place(P, kind, role)) peer_say_sent(P, b, s);
         }
         if (!receiving) return true;
         FC_PEER_STAMP(4);
         if (!peer_wait(P, b, 0, s, FC_PEER_ALL)) return false;
+        if (split_in_place(P, kind, role) && !peer_wait_sent(P, b, s)) return false;
         FC_PEER_STAMP(5);
         fold_pair<D, SUM>(op, me, out + at * es, peer_msg(P, q, me, b, 0, s), in + at * es, len);
         // A receive block acknowledges its round at once (peer_signal's barrier ends the reads).
@@ -751,6 +790,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     own_copy(kind, me, t, c, at, es, in, out, own_src, own_dst);
     if (sending) {
         if (!peer_signal(P, b, sends ? 0u : FC_PEER_PHASES, s, targets, bad, ack)) return false;
+        if (split_in_place(P, kind, role)) peer_say_sent(P, b, s);
         // Every round ends in a barrier, which orders each look before the reads two rounds on.
         if (sends && !last) peer_direct_look(P, DR, b, s, targets);
         // After the flags: the receivers start on their copies while this block makes its own.
@@ -758,6 +798,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     }
     if (receiving && receives) {
         if (!peer_wait(P, b, 0, s, sources, &DR)) return false;
+        if (split_in_place(P, kind, role) && !peer_wait_sent(P, b, s)) return false;
         if (reduces) {
             fc_u8* o = out + at * es;
             const fc_u8* mine = in + ((kind == FC_KIND_REDUCE_SCATTER ? me * c : 0) + at) * es;

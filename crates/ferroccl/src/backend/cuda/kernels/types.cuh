@@ -81,6 +81,7 @@
 #define FC_WHAT_DATA 1u   // waiting for data from the peer
 #define FC_WHAT_ROOM 2u   // waiting for a free slot towards the peer
 #define FC_WHAT_POST 5u   // waiting for the peer's output address (zero-copy post)
+#define FC_WHAT_SENT 6u   // an in-place split receive block waiting for its own send block (peer.cu)
 #define FC_WHAT_LENGTH 3u // checking a received length
 #define FC_WHAT_PLAN 4u   // checking the tables
 
