@@ -241,6 +241,13 @@ pub struct Config {
     /// staging (`tune::Choice::zero_copy`). A run-time choice that each receiver learns round
     /// by round, so ranks may differ.
     pub gpu_peer_direct: bool,
+    /// FERROCCL_GPU_PEER_WAIT_POSTS_MIN_BYTES: the smallest largest-buffer of a data-movement
+    /// collective between symmetric windows (every receiver posts its output) whose senders on
+    /// the peer engine wait, a few microseconds at most, for their receivers' posts at a launch's
+    /// start and store straight into the outputs from the first round (`tune::Choice::wait_posts`;
+    /// the looks alone go direct from the third round, and from 32 MiB). A bounded wait, so ranks
+    /// may differ. 0: never.
+    pub gpu_peer_wait_posts_min_bytes: usize,
     /// FERROCCL_GPU_COPY_ENGINE_BYTES: on GPUs, data-movement collectives alone in their launch
     /// (all-gather, all-to-all, gather, scatter; broadcast on 2 ranks) whose largest buffer is
     /// at least this many bytes move by the GPUs' copy engines, through the peer engine's
@@ -394,6 +401,7 @@ impl Default for Config {
             gpu_peer_split: None,
             gpu_peer_read: None,
             gpu_peer_direct: true,
+            gpu_peer_wait_posts_min_bytes: 0,
             gpu_peer_rooted_max_bytes: PEER_ROOTED_MAX_BYTES,
             gpu_two_shot: false,
             gpu_peer_bytes: GPU_PEER_BYTES,
@@ -633,6 +641,9 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_GPU_PEER_DIRECT") {
             c.gpu_peer_direct = parse_bool("FERROCCL_GPU_PEER_DIRECT", v)?;
+        }
+        if let Some(v) = get("FERROCCL_GPU_PEER_WAIT_POSTS_MIN_BYTES") {
+            c.gpu_peer_wait_posts_min_bytes = parse("FERROCCL_GPU_PEER_WAIT_POSTS_MIN_BYTES", v)?;
         }
         if let Some(v) = get("FERROCCL_GPU_COPY_ENGINE_BYTES") {
             c.gpu_copy_engine_bytes = parse("FERROCCL_GPU_COPY_ENGINE_BYTES", v)?;
@@ -1224,6 +1235,19 @@ mod tests {
         assert!(shares(&Config::default(), "FERROCCL_GPU_PEER_READ", "auto"));
         assert!(shares(&unread, "FERROCCL_GPU_PEER_READ", "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_READ", "pull")])).is_err());
+        // A bounded wait, so not among the settings every rank must share.
+        let wait = Config::from_vars(&vars(&[(
+            "FERROCCL_GPU_PEER_WAIT_POSTS_MIN_BYTES",
+            "4194304",
+        )]))
+        .unwrap();
+        assert_eq!(wait.gpu_peer_wait_posts_min_bytes, 4 << 20);
+        assert!(!shares(&wait, "FERROCCL_GPU_PEER_WAIT_POSTS_MIN_BYTES", "4194304"));
+        assert!(Config::from_vars(&vars(&[(
+            "FERROCCL_GPU_PEER_WAIT_POSTS_MIN_BYTES",
+            "4M"
+        )]))
+        .is_err());
         let pb = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCKS", "16")])).unwrap();
         assert_eq!(
             (pb.gpu_peer_blocks, Config::default().gpu_peer_blocks),

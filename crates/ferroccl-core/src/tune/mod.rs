@@ -195,6 +195,15 @@ pub const FOLD_MIN_BYTES: usize = 512 << 20;
 /// The smallest largest-buffer for which [`peer_split_pays`] splits.
 pub const PEER_SPLIT_MIN_BYTES: usize = 32 << 20;
 
+/// The smallest largest-buffer for which [`peer_split_pays`] splits an all-to-all. Its split
+/// rounds run in place too (a rank's in-place-ness is its own), where each receive block waits
+/// for its send block's round and half the blocks store: on 2 x H200 (a thread per GPU, graphs,
+/// float32, `s30a`) split against whole in place 32 MiB 245-249 against 272-276 GB/s, 64 MiB
+/// 289-295 against 300-301, 128 MiB 319-323 against 317-320; out of place 32 MiB 255-259 against
+/// 235-241, 64 MiB 282-285 against 266-271, 128 MiB 303-304 against 294-296. Below 128 MiB the
+/// whole in-place rounds are the faster of the four.
+pub const PEER_SPLIT_A2A_MIN_BYTES: usize = 128 << 20;
+
 /// The largest-buffer sizes for which [`peer_split_pays`] splits the rooted kinds.
 pub const PEER_SPLIT_ROOTED_BYTES: std::ops::RangeInclusive<usize> = (256 << 10)..=(2 << 20);
 
@@ -213,7 +222,8 @@ pub const PEER_SPLIT_ROOTED_BYTES: std::ops::RangeInclusive<usize> = (256 << 10)
 pub fn peer_split_pays(kind: CollKind, bytes: Option<usize>, nranks: usize) -> bool {
     let Some(b) = bytes else { return false };
     match kind {
-        CollKind::AllGather | CollKind::AllToAll | CollKind::ReduceScatter | CollKind::Scatter
+        CollKind::AllToAll => b >= PEER_SPLIT_A2A_MIN_BYTES,
+        CollKind::AllGather | CollKind::ReduceScatter | CollKind::Scatter
             if b >= PEER_SPLIT_MIN_BYTES =>
         {
             true
@@ -502,6 +512,10 @@ pub struct Choice {
     /// staging and its receiver reads it over the link, where stored rounds write it into the
     /// receiver's staging.
     pub read: bool,
+    /// The peer engine's direct rounds only: the senders wait (a few microseconds at most) for
+    /// their receivers' posts at the launch's start, so that they store straight into the
+    /// outputs from the first round, where every receiver posts (symmetric windows).
+    pub wait_posts: bool,
     /// Why each part is what it is.
     pub why: Why,
 }
@@ -886,6 +900,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
                 post_output: false,
                 split: false,
                 read: false,
+                wait_posts: false,
                 why: Why {
                     algo: "what each rank sends is within FERROCCL_GPU_ONESHOT_MAX_BYTES (FERROCCL_GPU_PEER_FROM_BYTES where the peer engine serves it)",
                     protocol: "the direct engine's flags in the data",
@@ -927,6 +942,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             post_output: true,
             split: false,
             read: false,
+            wait_posts: false,
             why: Why {
                 algo: "data movement between symmetric windows from FERROCCL_GPU_CE_WINDOW_BYTES up: one copy per pair, input to output",
                 protocol: "one handshake before and after, by stream memory operations",
@@ -963,6 +979,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             post_output: true,
             split: false,
             read: false,
+            wait_posts: false,
             why: Why {
                 algo: "a reduction of 2 ranks into posted outputs from FERROCCL_GPU_FOLD_MIN_BYTES (a reduce: FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES) up: the peer's share copied into the output, folded there",
                 protocol: "a word per piece (pieces tapering to the end) raised by stream memory operations, polled by the fold kernel",
@@ -990,6 +1007,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             post_output: false,
             split: false,
             read: false,
+            wait_posts: false,
             why: Why {
                 algo: "data movement from FERROCCL_GPU_COPY_ENGINE_BYTES up: one message per pair by copy engines",
                 protocol: "staging slots handed over by stream memory operations",
@@ -1060,11 +1078,23 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         // found at run time: nobody waits for a post), so only what moves data unreduced, and
         // only from PEER_DIRECT_MIN_BYTES: the looks cost medium sizes more than they gave.
         // A pull is the all-reduce's zero-copy: every rank reads its peer's input.
+        // Between symmetric windows every receiver posts, so the senders may wait for the posts
+        // at the start (FERROCCL_GPU_PEER_WAIT_POSTS_MIN_BYTES, a bounded wait) and go direct from
+        // the first round: no copy out of the staging even in a launch of one round a block.
+        let at_least = |min: usize| bytes.is_some_and(|b| min > 0 && b >= min);
+        let wait_posts = cfg.gpu_peer_direct
+            && !pull
+            && !read
+            && moves_only(op.kind)
+            && op.symmetric
+            && may_post(op.kind, op.in_place)
+            && at_least(cfg.gpu_peer_wait_posts_min_bytes);
         let zero_copy = pull
+            || wait_posts
             || (cfg.gpu_peer_direct
                 && !read
                 && moves_only(op.kind)
-                && bytes.is_some_and(|b| b >= PEER_DIRECT_MIN_BYTES));
+                && at_least(PEER_DIRECT_MIN_BYTES));
         return Choice {
             algo,
             protocol: if lines {
@@ -1080,6 +1110,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             post_output: zero_copy && !pull && may_post(op.kind, op.in_place),
             split,
             read,
+            wait_posts,
             why: Why {
                 algo: if pull {
                     "all-reduce of 2 ranks between symmetric windows within FERROCCL_GPU_PEER_PULL_MIN_BYTES - FERROCCL_GPU_PEER_PULL_MAX_BYTES: each rank pulls its peer's input on the peer engine"
@@ -1194,6 +1225,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         post_output: zero_copy && may_post(op.kind, op.in_place),
         split: false,
         read: false,
+        wait_posts: false,
         why: Why {
             algo: why_algo,
             protocol: why_protocol,

@@ -2310,8 +2310,8 @@ fn the_peer_engine_splits_one_phase_rounds_only_where_asked_and_safe() {
     // Auto: the kinds it pays for, from PEER_SPLIT_MIN_BYTES.
     let auto = Config::default();
     // Every rank alike: in place or not, the same choice, for every kind and size, by default
-    // and asked for (all-to-all from 32 MiB splits on 2 ranks by default: an in-place rank once
-    // kept its rounds whole while its out-of-place peer split them).
+    // and asked for (an all-to-all that splits by default: an in-place rank once kept its
+    // rounds whole while its out-of-place peer split them).
     for cfg in [&auto, &on] {
         for n in [2, 3] {
             for kind in CollKind::ALL.into_iter().filter(|k| k.is_collective()) {
@@ -2336,19 +2336,19 @@ fn the_peer_engine_splits_one_phase_rounds_only_where_asked_and_safe() {
             }
         }
     }
-    for (kind, split) in [
-        (AllGather, true),
-        (AllToAll, true),
-        (ReduceScatter, true),
-        (Scatter, true),
-        (Gather, false),
-        (Broadcast, false),
-        (Reduce, false),
-        (AllReduce, false),
+    for (kind, split, from) in [
+        (AllGather, true, PEER_SPLIT_MIN_BYTES),
+        (AllToAll, true, PEER_SPLIT_A2A_MIN_BYTES),
+        (ReduceScatter, true, PEER_SPLIT_MIN_BYTES),
+        (Scatter, true, PEER_SPLIT_MIN_BYTES),
+        (Gather, false, PEER_SPLIT_MIN_BYTES),
+        (Broadcast, false, PEER_SPLIT_MIN_BYTES),
+        (Reduce, false, PEER_SPLIT_MIN_BYTES),
+        (AllReduce, false, PEER_SPLIT_MIN_BYTES),
     ] {
         let per_rank = per_count(kind, 2);
-        let big = shape(kind, PEER_SPLIT_MIN_BYTES / 4 / per_rank, Float32, 2);
-        assert_eq!(big.largest_bytes(), Some(PEER_SPLIT_MIN_BYTES), "{kind}");
+        let big = shape(kind, from / 4 / per_rank, Float32, 2);
+        assert_eq!(big.largest_bytes(), Some(from), "{kind}");
         assert_eq!(choose(&big, Device::Gpu, &auto).split, split, "{kind}");
         assert!(
             !choose(
@@ -2509,6 +2509,83 @@ fn the_peer_engine_goes_direct_only_where_data_only_moves() {
             direct,
             "{kind} at the size"
         );
+    }
+}
+
+/// FERROCCL_GPU_PEER_WAIT_POSTS_MIN_BYTES: between symmetric windows (every receiver posts) the
+/// senders of the kinds that only move data wait for the posts at the start and go direct from
+/// the first round, from the size asked, below PEER_DIRECT_MIN_BYTES too; never for a
+/// reduction, read rounds, an in-place all-to-all (which posts nothing), buffers outside
+/// symmetric windows, or with 0 or direct rounds off.
+#[test]
+fn senders_wait_for_posts_only_between_symmetric_windows_from_the_size_asked() {
+    use CollKind::*;
+    let from = 4 << 20;
+    let cfg = Config {
+        gpu_peer_wait_posts_min_bytes: from,
+        gpu_peer_read: Some(false),
+        ..Config::default()
+    };
+    // 8 MiB largest buffer: below PEER_DIRECT_MIN_BYTES and the copy engines' window sizes.
+    let sized = |kind: CollKind, b: usize, in_place: bool, symmetric: bool| {
+        let s = OpShape {
+            in_place,
+            symmetric,
+            windows: symmetric,
+            ..shape(kind, b / 4 / per_count(kind, 2), Float32, 2)
+        };
+        assert_eq!(s.largest_bytes(), Some(b), "{kind}");
+        s
+    };
+    assert!(8 << 20 < PEER_DIRECT_MIN_BYTES);
+    let mut waited = 0;
+    for kind in CollKind::ALL.into_iter().filter(|k| k.is_collective()) {
+        for in_place in [false, true] {
+            let c = choose(&sized(kind, 8 << 20, in_place, true), Device::Gpu, &cfg);
+            if c.engine != Engine::PeerKernel {
+                continue;
+            }
+            waited += c.wait_posts as usize;
+            let want = moves_only(kind) && !(kind == AllToAll && in_place);
+            assert_eq!(c.wait_posts, want, "{kind}, in place {in_place}: {c}");
+            // Waiting means direct rounds, and this rank posts.
+            assert!(!c.wait_posts || (c.zero_copy && c.post_output), "{c}");
+            // Outside symmetric windows (a receiver may post nothing), below the size, with 0 or
+            // with direct rounds off: no wait, and staged below PEER_DIRECT_MIN_BYTES.
+            for (s, cfg) in [
+                (sized(kind, 8 << 20, in_place, false), cfg.clone()),
+                (sized(kind, 2 << 20, in_place, true), cfg.clone()),
+                (
+                    sized(kind, 8 << 20, in_place, true),
+                    Config {
+                        gpu_peer_wait_posts_min_bytes: 0,
+                        ..cfg.clone()
+                    },
+                ),
+                (
+                    sized(kind, 8 << 20, in_place, true),
+                    Config {
+                        gpu_peer_direct: false,
+                        ..cfg.clone()
+                    },
+                ),
+            ] {
+                let c = choose(&s, Device::Gpu, &cfg);
+                assert!(!c.wait_posts && !c.zero_copy, "{kind}: {c}");
+            }
+        }
+    }
+    // All-gather, broadcast, gather and scatter in and out of place, the all-to-all out of it.
+    assert_eq!(waited, 9);
+    // Read rounds win where they are the default (a broadcast of 16 MiB).
+    let bcast = sized(Broadcast, 16 << 20, false, true);
+    let auto_read = Config {
+        gpu_peer_read: None,
+        ..cfg.clone()
+    };
+    let c = choose(&bcast, Device::Gpu, &auto_read);
+    if c.engine == Engine::PeerKernel {
+        assert!(c.read && !c.wait_posts, "{c}");
     }
 }
 

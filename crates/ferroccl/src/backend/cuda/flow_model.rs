@@ -12,8 +12,8 @@
 //!
 //! Direct rounds (the peer engine's, `FcPeer::direct`): receivers post their output at a launch's
 //! start (some do, some do not), senders look for the posts after every round and store
-//! straight into a posted output two rounds on, skipping the room check there, and mark their
-//! first direct round; a receiver takes a round from its output when the mark says so, else
+//! straight into a posted output two rounds on (or from the first round, where they look before
+//! it: `FcPeer::direct` 2), skipping the room check there, and mark their first direct round; a receiver takes a round from its output when the mark says so, else
 //! from the slot. The model checks that a direct store lands only in an output whose owner is
 //! in that very launch (its earlier operations complete, as its post promised) and that every
 //! read finds its round where the mark says it is.
@@ -165,6 +165,11 @@ enum Step {
     /// After round `s`'s barrier: for each of `to` not yet direct whose post of this launch is
     /// there, store directly from round `s + 2` on.
     Look { to: Vec<usize>, s: u64 },
+    /// Before the launch's first round (`FcPeer::direct` 2, a bounded wait): for each of `to`
+    /// whose post of this launch is there, store directly from that first round on. The model
+    /// takes it in every launch of direct rounds: a look that finds nothing is the kernel that
+    /// does not wait, or waited in vain.
+    LookAtStart { to: Vec<usize> },
     /// A pull: read these ranks' inputs in place (until the block's next barrier).
     ReadInputs { from: Vec<usize> },
     /// Line rounds: wait until these ranks' slots of `slots` hold round `s` (the lines' flags),
@@ -279,6 +284,10 @@ fn push_launch(
             direct,
             post: direct && l.posts >> me & 1 == 1,
         });
+        let (targets, _) = ends(l.kind, me, n, l.root);
+        if direct && !targets.is_empty() {
+            steps.push(Step::LookAtStart { to: targets });
+        }
     }
     let symmetric = matches!(
         l.kind,
@@ -515,6 +524,10 @@ fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
             direct: l.direct,
             post: false,
         });
+        let (targets, _) = ends(l.kind, me, n, l.root);
+        if l.direct && !targets.is_empty() {
+            send.push(Step::LookAtStart { to: targets });
+        }
         let in_place = l.kind == Kind::Symmetric && l.in_place >> me & 1 == 1;
         for k in 0..l.rounds {
             s += 1;
@@ -674,6 +687,14 @@ impl World {
                 if *post {
                     for q in (0..self.n).filter(|&q| q != me) {
                         self.posts[q][me] = *s0;
+                    }
+                }
+            }
+            Step::LookAtStart { to } => {
+                let s0 = self.launch[agent];
+                for &q in to {
+                    if self.posts[me][q] == s0 || self.ignore_posts {
+                        self.direct_at[agent][q] = Some(s0);
                     }
                 }
             }

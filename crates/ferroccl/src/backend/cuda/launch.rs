@@ -183,6 +183,8 @@ enum Run {
         split: bool,
         read: bool,
         direct: bool,
+        /// Direct rounds whose senders wait for the posts at the start (`Choice::wait_posts`).
+        wait_posts: bool,
         post: bool,
         pull: bool,
         lines: bool,
@@ -582,6 +584,7 @@ impl CudaComm {
                                 split: c.split,
                                 read: c.read,
                                 direct: c.zero_copy && !all_reduce,
+                                wait_posts: c.wait_posts,
                                 post: c.post_output,
                                 pull: c.zero_copy && all_reduce,
                                 lines: c.protocol == Protocol::LL128,
@@ -865,6 +868,7 @@ impl CudaComm {
                 split,
                 read,
                 direct,
+                wait_posts,
                 post: _,
                 pull: _,
                 lines,
@@ -883,7 +887,12 @@ impl CudaComm {
                     read: read as u32,
                     op: ops[0],
                     views: views.unwrap_or_default(),
-                    direct: direct as u32,
+                    // 2: the senders wait for the posts at the start (peer.cu).
+                    direct: if direct && wait_posts {
+                        2
+                    } else {
+                        direct as u32
+                    },
                     post: views.is_some() as u32,
                     pull,
                     // The template holds the communicator's salt for the lines' flags.

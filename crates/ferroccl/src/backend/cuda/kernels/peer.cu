@@ -132,6 +132,25 @@ __device__ __forceinline__ void peer_direct_mark(const FcPeer& P, const PeerDire
     D.marked[q] = 1u;
 }
 
+// FcPeer::direct 2 (tune::Choice::wait_posts: every receiver posts, as symmetric windows do):
+// before its first round, thread q, a sender to q, waits up to FC_PEER_POST_WAIT_NS for q's post
+// of this launch, and with it stores straight into q's output from the first round on (where a
+// look finds it two rounds on at the earliest): a launch of one or two rounds a block then makes
+// no copy out of the staging. A post that comes later gets staged rounds and the looks, as ever.
+#ifndef FC_PEER_POST_WAIT_NS
+#define FC_PEER_POST_WAIT_NS 5000
+#endif
+__device__ __forceinline__ void peer_direct_wait(const FcPeer& P, const PeerDirect& D, fc_u32 slice, fc_u32 to) {
+    const fc_u32 q = threadIdx.x;
+    if (!D.on || P.direct != 2u || !peer_in(P, q, to)) return;
+    const fc_u64 t0 = globaltimer();
+    fc_u64 a;
+    while ((a = peer_posted(P, slice, q, D.s0)) == 0 && globaltimer() - t0 < FC_PEER_POST_WAIT_NS) {
+    }
+    D.to[q] = a;
+    D.to[FC_PEER_MAX_RANKS + q] = a;
+}
+
 // Thread q, a sender to q, after round s's barrier (every thread's use of round s's choice is
 // over, and round s + 2's comes after round s + 1's barrier): where round s + 2 stores q's
 // messages, direct once round s + 1 is, else as the post now says. Off the rounds' critical
@@ -894,6 +913,14 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
             direct_to[FC_PEER_MAX_RANKS + q] = 0;
             direct_from[q] = 0;
             direct_marked[q] = 0;
+        }
+        // The ranks this one's rounds store into (as peer_round names them).
+        if (role != FC_ROLE_RECV) {
+            const bool from_root = P.kind == FC_KIND_BROADCAST || P.kind == FC_KIND_SCATTER;
+            const bool to_root = P.kind == FC_KIND_GATHER;
+            if (!(from_root && P.rank != P.root) && !(to_root && P.rank == P.root)) {
+                fc::peer_direct_wait(P, DR, slice, to_root ? P.root : FC_PEER_ALL);
+            }
         }
         __syncthreads();
     }

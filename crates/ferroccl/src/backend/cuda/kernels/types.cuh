@@ -272,7 +272,7 @@ struct FcPeer {
     fc_u32 split;                     // 1: each slice on a send block and a receive block (peer.cu)
     FcOp op;
     fc_u64 views[FC_PEER_MAX_RANKS];  // where rank q may store into this rank's output (0: it may not)
-    fc_u32 direct;                    // 1: senders store straight into outputs their receivers post
+    fc_u32 direct;                    // 1: senders store straight into outputs their receivers post; 2: and wait for the posts at the start
     fc_u32 post;                      // 1: this rank posts `views` to its senders
     fc_u64 stats;                     // where receivers count the direct rounds they got
     fc_u64 pull;                      // a pulling all-reduce: the peer's input as this GPU maps it
