@@ -1242,12 +1242,14 @@ mod tests {
         )]))
         .unwrap();
         assert_eq!(wait.gpu_peer_wait_posts_min_bytes, 4 << 20);
-        assert!(!shares(&wait, "FERROCCL_GPU_PEER_WAIT_POSTS_MIN_BYTES", "4194304"));
-        assert!(Config::from_vars(&vars(&[(
+        assert!(!shares(
+            &wait,
             "FERROCCL_GPU_PEER_WAIT_POSTS_MIN_BYTES",
-            "4M"
-        )]))
-        .is_err());
+            "4194304"
+        ));
+        assert!(
+            Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_WAIT_POSTS_MIN_BYTES", "4M")])).is_err()
+        );
         let pb = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_BLOCKS", "16")])).unwrap();
         assert_eq!(
             (pb.gpu_peer_blocks, Config::default().gpu_peer_blocks),

@@ -1391,16 +1391,31 @@ fn symmetric_windows_in_one_process_take_kernels() {
         gpu_fold_reduce_min_bytes: 1,
         ..Config::default()
     };
-    let id = ferroccl::UniqueId::new(&cfg).unwrap();
-    std::thread::scope(|s| {
-        for r in 0..n {
-            let (cfg, id) = (cfg.clone(), id.clone());
-            s.spawn(move || {
-                let comm = Comm::init_rank(&id, n, r, Device::Cuda(r), &cfg).unwrap();
-                symmetric_windows_body(&comm, false, comm.id());
-            });
-        }
-    });
+    // Then with the senders waiting for the posts at the start (direct rounds from the first
+    // round, FERROCCL_GPU_PEER_WAIT_POSTS_MIN_BYTES): exact, and direct rounds taken. Which rank
+    // starts first varies, but the later one always finds the earlier one's post, so the ranks
+    // together count some.
+    for wait in [0, 1] {
+        let cfg = Config {
+            gpu_peer_wait_posts_min_bytes: wait,
+            ..cfg.clone()
+        };
+        let id = ferroccl::UniqueId::new(&cfg).unwrap();
+        let direct: u64 = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..n)
+                .map(|r| {
+                    let (cfg, id) = (cfg.clone(), id.clone());
+                    s.spawn(move || {
+                        let comm = Comm::init_rank(&id, n, r, Device::Cuda(r), &cfg).unwrap();
+                        symmetric_windows_body(&comm, false, comm.id());
+                        comm.direct_rounds().unwrap().unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(direct > 0, wait > 0, "{direct} direct rounds, wait {wait}");
+    }
 }
 
 #[test]
