@@ -97,6 +97,21 @@ struct Launch {
 }
 
 impl Launch {
+    /// `rounds` rounds of `kind` rooted at 0, whole, stored, no direct rounds or posts, nobody
+    /// in place: the tests' starting point.
+    fn of(kind: Kind, rounds: u64) -> Launch {
+        Launch {
+            kind,
+            rounds,
+            root: 0,
+            split: false,
+            direct: false,
+            posts: 0,
+            read: false,
+            in_place: 0,
+        }
+    }
+
     /// Whether `engine` runs this launch's rounds as read rounds: the peer engines' one-phase
     /// rounds only (not the two-shot all-reduce's, pulls or lines), as the tuner chooses them.
     fn reads(&self, engine: Engine) -> bool {
@@ -1037,14 +1052,8 @@ proptest! {
 fn the_model_catches_a_broken_split_design() {
     let n = 2;
     let ag = [Launch {
-        kind: Kind::Symmetric,
-        rounds: 6,
-        root: 0,
         split: true,
-        direct: false,
-        posts: 0,
-        read: false,
-        in_place: 0,
+        ..Launch::of(Kind::Symmetric, 6)
     }];
     for seed in 1..200 {
         assert!(run_engine(Engine::PeerSplit, n, &ag, seed, seed % 2 == 0).is_ok());
@@ -1079,14 +1088,9 @@ fn the_model_catches_a_broken_split_design() {
 fn split_rounds_in_place_wait_for_their_own_sends() {
     let n = 2;
     let a2a = Launch {
-        kind: Kind::Symmetric,
-        rounds: 6,
-        root: 0,
         split: true,
-        direct: false,
-        posts: 0,
-        read: false,
         in_place: 0b01,
+        ..Launch::of(Kind::Symmetric, 6)
     };
     let mixes = [
         vec![a2a],
@@ -1141,14 +1145,8 @@ fn split_rounds_in_place_wait_for_their_own_sends() {
 fn read_rounds_keep_the_room_checks_in_the_senders_region() {
     let n = 2;
     let reduce = Launch {
-        kind: Kind::ToRoot,
-        rounds: 4,
-        root: 0,
-        split: false,
-        direct: false,
-        posts: 0,
         read: true,
-        in_place: 0,
+        ..Launch::of(Kind::ToRoot, 4)
     };
     let bcast = Launch {
         kind: Kind::FromRoot,
@@ -1200,16 +1198,7 @@ fn first_fault_alone(n: usize, me: usize, steps: &[Step]) -> Option<String> {
 #[test]
 fn the_model_catches_a_broken_flow_control() {
     let n = 2;
-    let bcast = Launch {
-        kind: Kind::FromRoot,
-        rounds: 4,
-        root: 0,
-        split: false,
-        direct: false,
-        posts: 0,
-        read: false,
-        in_place: 0,
-    };
+    let bcast = Launch::of(Kind::FromRoot, 4);
     // As the kernel runs it: fine under any schedule tried.
     for seed in 1..200 {
         assert!(run(n, &[bcast], seed, seed % 2 == 0).is_ok());
@@ -1252,16 +1241,7 @@ fn the_model_catches_a_broken_flow_control() {
     );
     // The direct engine alike: a root running ahead through three broadcasts without room
     // checks overwrites the first one's lines unread.
-    let bcasts = [Launch {
-        kind: Kind::FromRoot,
-        rounds: 1,
-        root: 0,
-        split: false,
-        direct: false,
-        posts: 0,
-        read: false,
-        in_place: 0,
-    }; 3];
+    let bcasts = [Launch::of(Kind::FromRoot, 1); 3];
     let root: Vec<Step> = strip_room(program_of(Engine::Direct, 0, n, &bcasts));
     let mut w = World::new(n);
     let broke = root
@@ -1390,20 +1370,14 @@ fn the_model_catches_a_shared_round_counter() {
 fn the_model_catches_direct_rounds_without_posts_or_marks() {
     let n = 2;
     // A broadcast that posts nothing on the receiver, then one that does: only the second goes
-    // direct, from its third round.
+    // direct, from its first round (where the look at its start finds the post) or its third.
     let mut bcasts = [Launch {
-        kind: Kind::FromRoot,
-        rounds: 12,
-        root: 0,
-        split: false,
         direct: true,
-        posts: 0,
-        read: false,
-        in_place: 0,
+        ..Launch::of(Kind::FromRoot, 12)
     }; 2];
     bcasts[1].posts = 0b10;
     let programs: Vec<Vec<Step>> = (0..n).map(|r| program(r, n, &bcasts)).collect();
-    let mut direct_seen = false;
+    let (mut direct_seen, mut first_seen) = (false, false);
     for seed in 1..200 {
         let mut w = World::new(n);
         let r = run_world(&mut w, &programs, seed, seed % 2 == 0);
@@ -1413,8 +1387,10 @@ fn the_model_catches_direct_rounds_without_posts_or_marks() {
             "the first broadcast went direct without a post"
         );
         direct_seen |= !w.outputs.is_empty();
+        first_seen |= w.outputs.iter().any(|&(_, _, s)| s == 13);
     }
     assert!(direct_seen, "no schedule went direct");
+    assert!(first_seen, "no schedule went direct from the first round");
     // The root running ahead, going direct without a post: it stores into the receiver's
     // output while the receiver is still in the launch before.
     let broke = (1..400).find_map(|seed| {
@@ -1448,16 +1424,7 @@ fn the_model_catches_direct_rounds_without_posts_or_marks() {
 #[test]
 fn the_model_catches_a_pull_without_its_waits() {
     let n = 2;
-    let pull = Launch {
-        kind: Kind::Pull,
-        rounds: 1,
-        root: 0,
-        split: false,
-        direct: false,
-        posts: 0,
-        read: false,
-        in_place: 0,
-    };
+    let pull = Launch::of(Kind::Pull, 1);
     let mixed = [
         pull,
         Launch {
@@ -1507,14 +1474,8 @@ fn the_model_catches_a_pull_without_its_waits() {
 fn the_model_catches_rooted_line_rounds_without_room_or_acknowledgement() {
     let n = 2;
     let reduce = Launch {
-        kind: Kind::LinesToRoot,
-        rounds: 5,
         root: 1,
-        split: false,
-        direct: false,
-        posts: 0,
-        read: false,
-        in_place: 0,
+        ..Launch::of(Kind::LinesToRoot, 5)
     };
     let mixed = [
         reduce,
@@ -1587,16 +1548,7 @@ fn the_model_catches_rooted_line_rounds_without_room_or_acknowledgement() {
 #[test]
 fn the_model_catches_line_rounds_without_their_barriers() {
     let n = 2;
-    let lines = Launch {
-        kind: Kind::Lines,
-        rounds: 4,
-        root: 0,
-        split: false,
-        direct: false,
-        posts: 0,
-        read: false,
-        in_place: 0,
-    };
+    let lines = Launch::of(Kind::Lines, 4);
     let mixed = [
         lines,
         Launch {
