@@ -246,7 +246,7 @@ pub struct Config {
     /// the peer engine wait, a few microseconds at most, for their receivers' posts at a launch's
     /// start and store straight into the outputs from the first round (`tune::Choice::wait_posts`;
     /// the looks alone go direct from the third round, and from 32 MiB). A bounded wait, so ranks
-    /// may differ. 0: never.
+    /// may differ. 0: never; the default `tune::PEER_WAIT_POSTS_MIN_BYTES`.
     pub gpu_peer_wait_posts_min_bytes: usize,
     /// FERROCCL_GPU_COPY_ENGINE_BYTES: on GPUs, data-movement collectives alone in their launch
     /// (all-gather, all-to-all, gather, scatter; broadcast on 2 ranks) whose largest buffer is
@@ -401,7 +401,7 @@ impl Default for Config {
             gpu_peer_split: None,
             gpu_peer_read: None,
             gpu_peer_direct: true,
-            gpu_peer_wait_posts_min_bytes: 0,
+            gpu_peer_wait_posts_min_bytes: crate::tune::PEER_WAIT_POSTS_MIN_BYTES,
             gpu_peer_rooted_max_bytes: PEER_ROOTED_MAX_BYTES,
             gpu_two_shot: false,
             gpu_peer_bytes: GPU_PEER_BYTES,

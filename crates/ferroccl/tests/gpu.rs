@@ -884,6 +884,59 @@ fn child_symmetric_windows() {
     println!("SYMMETRIC WINDOWS OK");
 }
 
+/// Symmetric windows across processes (a process per GPU) where the peer engine moves the data
+/// (sizes under the copies' windows): with the senders waiting for their receivers' posts at a
+/// launch's start (`FERROCCL_GPU_PEER_WAIT_POSTS_MIN_BYTES`) the operations are exact and some
+/// rounds go straight into the outputs from the first round (the later rank to start always
+/// finds the earlier one's post); without it these sizes (8 MiB at most, under the looks' 32 MiB)
+/// go through the staging only.
+#[test]
+#[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn symmetric_windows_go_direct_from_the_first_round_when_senders_wait() {
+    if role().is_some() {
+        return;
+    }
+    let Some(_) = gpus_for_test() else { return };
+    for wait in ["1", "0"] {
+        let env = [
+            ("FERROCCL_GPU_PEER_WAIT_POSTS_MIN_BYTES", wait.to_string()),
+            ("FERROCCL_TIMEOUT", "60".to_string()),
+            // Windows only: an output in plain memory takes the kernels.
+            ("FERROCCL_GPU_CE_MAP_UNREGISTERED", "0".to_string()),
+        ];
+        let kids = spawn_ranks(2, "child_wait_posts", "wait-posts", &env);
+        let mut direct = 0u64;
+        for (r, (ok, text)) in wait_all(kids).into_iter().enumerate() {
+            let d = text
+                .lines()
+                .find_map(|l| l.split("WAIT POSTS OK direct=").nth(1))
+                .and_then(|d| d.trim().parse::<u64>().ok());
+            assert!(ok && d.is_some(), "wait {wait}, rank {r}:\n{text}");
+            direct += d.unwrap_or(0);
+        }
+        assert_eq!(
+            direct > 0,
+            wait == "1",
+            "wait {wait}: {direct} direct rounds"
+        );
+    }
+}
+
+/// Child of the test above.
+#[test]
+fn child_wait_posts() {
+    if role().as_deref() != Some("wait-posts") {
+        return;
+    }
+    let cfg = Config::from_env().unwrap();
+    let comm = Comm::from_env_gpu(&cfg).unwrap();
+    symmetric_windows_body(&comm, false, comm.id());
+    println!(
+        "WAIT POSTS OK direct={}",
+        comm.direct_rounds().unwrap().unwrap()
+    );
+}
+
 /// Outputs nobody registered, a process per GPU: once the ranks posted their outputs mapped for
 /// their writers on the fly (`backend/cuda/lazy.rs`), the copy engines take large data movement
 /// straight into them, every kind and root, in place where the kind allows it, twice over (the
@@ -1391,31 +1444,16 @@ fn symmetric_windows_in_one_process_take_kernels() {
         gpu_fold_reduce_min_bytes: 1,
         ..Config::default()
     };
-    // Then with the senders waiting for the posts at the start (direct rounds from the first
-    // round, FERROCCL_GPU_PEER_WAIT_POSTS_MIN_BYTES): exact, and direct rounds taken. Which rank
-    // starts first varies, but the later one always finds the earlier one's post, so the ranks
-    // together count some.
-    for wait in [0, 1] {
-        let cfg = Config {
-            gpu_peer_wait_posts_min_bytes: wait,
-            ..cfg.clone()
-        };
-        let id = ferroccl::UniqueId::new(&cfg).unwrap();
-        let direct: u64 = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..n)
-                .map(|r| {
-                    let (cfg, id) = (cfg.clone(), id.clone());
-                    s.spawn(move || {
-                        let comm = Comm::init_rank(&id, n, r, Device::Cuda(r), &cfg).unwrap();
-                        symmetric_windows_body(&comm, false, comm.id());
-                        comm.direct_rounds().unwrap().unwrap()
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).sum()
-        });
-        assert_eq!(direct > 0, wait > 0, "{direct} direct rounds, wait {wait}");
-    }
+    let id = ferroccl::UniqueId::new(&cfg).unwrap();
+    std::thread::scope(|s| {
+        for r in 0..n {
+            let (cfg, id) = (cfg.clone(), id.clone());
+            s.spawn(move || {
+                let comm = Comm::init_rank(&id, n, r, Device::Cuda(r), &cfg).unwrap();
+                symmetric_windows_body(&comm, false, comm.id());
+            });
+        }
+    });
 }
 
 #[test]

@@ -833,6 +833,15 @@ pub fn peer_lines(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
 /// gained 0.3-0.9 us at 512 KiB and 1 MiB.
 pub const PEER_LINES_REDUCE_MIN_BYTES: usize = 512 << 10;
 
+/// The smallest largest-buffer from which senders wait for their receivers' posts at a launch's
+/// start (`FERROCCL_GPU_PEER_WAIT_POSTS_MIN_BYTES`, `Choice::wait_posts`). On 2 x H200 (a
+/// process per GPU, registered symmetric windows, graphs, float32, two alternations, `s30b`,
+/// GB/s out of place / in place) the all-gather of 16 MiB 241-249 / 253-262 against 231-232 /
+/// 246-250, level at 8 MiB, and below it the wait lost up to a quarter (1 MiB 50-53 against
+/// 63-67, 4 MiB 128-134 against 152-165; broadcast 1-4 MiB alike): the early rank's stores no
+/// longer overlap its peer's late start. From 32 MiB these kinds take the copies.
+pub const PEER_WAIT_POSTS_MIN_BYTES: usize = 16 << 20;
+
 /// The smallest largest-buffer from which the peer engine runs direct rounds: below it a launch
 /// has too few rounds a block for them (they start on the third), and the look after every
 /// round cost all-gather 512 KiB - 8 MiB 5-15 % on 2 x H200 (docs/PERFORMANCE.md, section 19).

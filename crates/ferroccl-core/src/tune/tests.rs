@@ -2577,6 +2577,19 @@ fn senders_wait_for_posts_only_between_symmetric_windows_from_the_size_asked() {
     }
     // All-gather, broadcast, gather and scatter in and out of place, the all-to-all out of it.
     assert_eq!(waited, 9);
+    // By default from PEER_WAIT_POSTS_MIN_BYTES (the all-gather, with read rounds as they are).
+    let auto = Config::default();
+    assert_eq!(
+        auto.gpu_peer_wait_posts_min_bytes,
+        PEER_WAIT_POSTS_MIN_BYTES
+    );
+    let ag = |b| choose(&sized(AllGather, b, false, true), Device::Gpu, &auto);
+    assert!(
+        ag(PEER_WAIT_POSTS_MIN_BYTES).wait_posts,
+        "{}",
+        ag(PEER_WAIT_POSTS_MIN_BYTES)
+    );
+    assert!(!ag(PEER_WAIT_POSTS_MIN_BYTES / 2).wait_posts);
     // Read rounds win where they are the default (a broadcast of 16 MiB).
     let bcast = sized(Broadcast, 16 << 20, false, true);
     let auto_read = Config {
