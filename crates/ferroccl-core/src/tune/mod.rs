@@ -484,7 +484,8 @@ pub struct Why {
     pub channels: &'static str,
 }
 
-/// How one operation runs. Everything but `post_output` is the same on every rank.
+/// How one operation runs. Everything but `post_output` and `wait_posts` (which follow this
+/// rank's own in-place-ness; the wait is bounded, so ranks may differ) is the same on every rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Choice {
     /// The plan builder.
@@ -514,7 +515,9 @@ pub struct Choice {
     pub read: bool,
     /// The peer engine's direct rounds only: the senders wait (a few microseconds at most) for
     /// their receivers' posts at the launch's start, so that they store straight into the
-    /// outputs from the first round, where every receiver posts (symmetric windows).
+    /// outputs from the first round, where every receiver posts (symmetric windows; not an
+    /// in-place all-to-all, judged by this rank's own buffers, which the symmetric contract
+    /// makes every rank's).
     pub wait_posts: bool,
     /// Why each part is what it is.
     pub why: Why,

@@ -13,10 +13,12 @@
 //! Direct rounds (the peer engine's, `FcPeer::direct`): receivers post their output at a launch's
 //! start (some do, some do not), senders look for the posts after every round and store
 //! straight into a posted output two rounds on (or from the first round, where they look before
-//! it: `FcPeer::direct` 2), skipping the room check there, and mark their first direct round; a receiver takes a round from its output when the mark says so, else
-//! from the slot. The model checks that a direct store lands only in an output whose owner is
-//! in that very launch (its earlier operations complete, as its post promised) and that every
-//! read finds its round where the mark says it is.
+//! it: `FcPeer::direct` 2), skipping the room check there, and mark their first direct round; a
+//! receiver takes a round from its output when the mark says so, else from the slot. The model
+//! checks that a direct store lands only in an output whose owner is in that very launch (its
+//! earlier operations complete, as its post promised) and that every read finds its round where
+//! the mark says it is. Split launches in place (`Launch::in_place`): the receive warps write a
+//! round over the input only once their send warps said they stored it.
 //!
 //! Read rounds (the peer engine's one-phase rounds with `FcPeer::read`): a round's message lies
 //! in its sender's own staging, in the region the sender keeps for that receiver, where a stored
