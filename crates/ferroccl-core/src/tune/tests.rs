@@ -2537,7 +2537,7 @@ fn senders_wait_for_posts_only_between_symmetric_windows_from_the_size_asked() {
         assert_eq!(s.largest_bytes(), Some(b), "{kind}");
         s
     };
-    assert!(8 << 20 < PEER_DIRECT_MIN_BYTES);
+    const _: () = assert!(8 << 20 < PEER_DIRECT_MIN_BYTES);
     let mut waited = 0;
     for kind in CollKind::ALL.into_iter().filter(|k| k.is_collective()) {
         for in_place in [false, true] {
