@@ -5,7 +5,9 @@
 //! [`best_lines`], `ferroccl plot --best`'s lines.
 //!
 //! Reads `bench --vs-nccl --json` records (both libraries) and plain `bench --json` ones
-//! (ferroccl alone), gzipped or not (a `.gz` goes through `gzip -dc`), or folders of them.
+//! (ferroccl alone), gzipped or not (a `.gz` goes through `gzip -dc`), folders of them, and the
+//! bundles `bench/results/*/records.json.gz` keeps them in (`{"records": {"group/name": record}}`;
+//! `--group` picks one group, such as a run of `bench/h200.sh`).
 
 use crate::bench::record;
 use crate::size::human;
@@ -18,6 +20,9 @@ pub struct BestArgs {
     /// holding them
     #[arg(required = true)]
     pub paths: Vec<PathBuf>,
+    /// Only the records of this group of a results bundle (their names start with `GROUP/`)
+    #[arg(long)]
+    pub group: Option<String>,
     /// The type whose rows count (as the records name it: float, bfloat16, ...)
     #[arg(short = 'd', long = "dtype", default_value = "float")]
     pub dtype: String,
@@ -84,13 +89,37 @@ fn text_of(path: &Path) -> Result<String, String> {
 /// One record file.
 pub fn read(path: &Path) -> Result<Record, String> {
     let text = text_of(path)?;
+    parse(&text, record_name(path), path)
+}
+
+/// A record file's name without `.json` or `.json.gz`.
+fn record_name(path: &Path) -> String {
     let file = path
         .file_name()
         .map_or(String::new(), |s| s.to_string_lossy().into_owned());
     let stem = file.strip_suffix(".gz").unwrap_or(&file);
-    let name = stem.strip_suffix(".json").unwrap_or(stem).to_string();
+    stem.strip_suffix(".json").unwrap_or(stem).to_string()
+}
+
+/// The records of a results bundle (`{"records": {"group/name": record}}`, as
+/// `bench/results/*/records.json.gz` keeps them), by name; None for any other text.
+fn bundle(text: &str) -> Option<Vec<(String, String)>> {
+    let j: serde_json::Value = serde_json::from_str(text).ok()?;
+    if !j["rows"].is_null() {
+        return None;
+    }
+    let recs = j["records"].as_object()?;
+    Some(
+        recs.iter()
+            .map(|(k, v)| (k.clone(), v.to_string()))
+            .collect(),
+    )
+}
+
+/// One record's text, named `name`, from `path` (for messages).
+fn parse(text: &str, name: String, path: &Path) -> Result<Record, String> {
     let mut points = Vec::new();
-    if let Ok(rec) = record::parse(&text, path) {
+    if let Ok(rec) = record::parse(text, path) {
         for r in &rec.rows {
             for (nccl, lib) in [(false, &r.ferroccl), (true, &r.nccl)] {
                 for (in_place, m) in [
@@ -122,10 +151,10 @@ pub fn read(path: &Path) -> Result<Record, String> {
     }
     // A plain `bench --json` record: ferroccl only.
     let j: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+        serde_json::from_str(text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
     let rows = j["rows"].as_array().ok_or_else(|| {
         format!(
-            "{}: no rows (not a `ferroccl bench --json` record)",
+            "{} ({name}): no rows (not a `ferroccl bench --json` record)",
             path.display()
         )
     })?;
@@ -133,7 +162,10 @@ pub fn read(path: &Path) -> Result<Record, String> {
         let (Some(op), Some(dt), Some(size)) =
             (r["op"].as_str(), r["dtype"].as_str(), r["size"].as_u64())
         else {
-            return Err(format!("{}: a row lacks op, dtype or size", path.display()));
+            return Err(format!(
+                "{} ({name}): a row lacks op, dtype or size",
+                path.display()
+            ));
         };
         for (in_place, m) in [(false, &r["out_of_place"]), (true, &r["in_place"])] {
             if m.is_null() {
@@ -162,13 +194,23 @@ pub fn read(path: &Path) -> Result<Record, String> {
 }
 
 /// Every record the paths name: files as given, folders' `.json` and `.json.gz` files in name
-/// order, those of a folder that are not bench records (an anchor's figures beside them) skipped
-/// with a note.
-pub fn read_all(paths: &[PathBuf]) -> Result<Vec<Record>, String> {
+/// order, a bundle's records in name order; those of a folder or bundle that are not bench
+/// records (an anchor's figures beside them) skipped with a note. With `group`, only the records
+/// named `group/...` (a bundle's).
+pub fn read_all(paths: &[PathBuf], group: Option<&str>) -> Result<Vec<Record>, String> {
+    let mut recs = read_paths(paths)?;
+    if let Some(g) = group {
+        let prefix = format!("{g}/");
+        recs.retain(|r| r.name.starts_with(&prefix));
+    }
+    Ok(recs)
+}
+
+fn read_paths(paths: &[PathBuf]) -> Result<Vec<Record>, String> {
     let mut recs = Vec::new();
     for p in paths {
         if !p.is_dir() {
-            recs.push(read(p)?);
+            read_file(p, &mut recs)?;
             continue;
         }
         let mut inside: Vec<PathBuf> = std::fs::read_dir(p)
@@ -181,13 +223,29 @@ pub fn read_all(paths: &[PathBuf]) -> Result<Vec<Record>, String> {
             .collect();
         inside.sort();
         for f in inside {
-            match read(&f) {
-                Ok(r) => recs.push(r),
-                Err(e) => eprintln!("skipping {e}"),
+            if let Err(e) = read_file(&f, &mut recs) {
+                eprintln!("skipping {e}");
             }
         }
     }
     Ok(recs)
+}
+
+/// The records of one file (one record, or a bundle's, whose stray entries are skipped with a
+/// note) onto `recs`.
+fn read_file(p: &Path, recs: &mut Vec<Record>) -> Result<(), String> {
+    let text = text_of(p)?;
+    let Some(inside) = bundle(&text) else {
+        recs.push(parse(&text, record_name(p), p)?);
+        return Ok(());
+    };
+    for (name, text) in inside {
+        match parse(&text, name, p) {
+            Ok(r) => recs.push(r),
+            Err(e) => eprintln!("skipping {e}"),
+        }
+    }
+    Ok(())
 }
 
 /// A library's best at one size, and where it came from.
@@ -406,9 +464,9 @@ pub fn table(recs: &[Record], dtype: &str, cells: &[Compared]) -> String {
 }
 
 pub fn main(a: &BestArgs) -> Result<(), String> {
-    let recs = read_all(&a.paths)?;
+    let recs = read_all(&a.paths, a.group.as_deref())?;
     if recs.is_empty() {
-        return Err("no records in the paths given".into());
+        return Err("no records in the paths given (or none of the group asked)".into());
     }
     let cells = compare(&recs, &a.dtype, &a.redop)?;
     if let Some(path) = &a.json {
@@ -538,8 +596,8 @@ mod tests {
         // Not a bench record: skipped in a folder, refused when named.
         let other = d.join("anchor.json");
         std::fs::write(&other, r#"{"rows": [{"kind": "one-shot"}]}"#).unwrap();
-        assert!(read_all(std::slice::from_ref(&other)).is_err());
-        let recs = read_all(std::slice::from_ref(&d)).unwrap();
+        assert!(read_all(std::slice::from_ref(&other), None).is_err());
+        let recs = read_all(std::slice::from_ref(&d), None).unwrap();
         assert_eq!(
             recs.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
             ["a", "b"]
@@ -597,6 +655,52 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
+    /// A results bundle (`{"records": {"group/name": record}}`) reads as its records, named by
+    /// their keys, alone or in a folder; `--group` keeps one group's; an entry that is not a
+    /// record is skipped.
+    #[test]
+    fn bundles_read_as_their_records_and_groups_pick_one_run() {
+        let d = scratch("bundle");
+        let r = |t: f64| {
+            vec![row(
+                "all-reduce",
+                "sum",
+                8,
+                "float",
+                (t, None, None),
+                (4.0, None),
+            )]
+        };
+        let a = write(&d, "a.json", r(3.0), 2);
+        let b = write(&d, "b.json", r(2.0), 2);
+        let c = write(&d, "c.json", r(1.0), 2);
+        let text = |p: &Path| -> serde_json::Value {
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+        };
+        let j = serde_json::json!({"records": {
+            "vs-x/a": text(&a), "vs-x/b": text(&b), "knobs-x/c": text(&c),
+            "vs-x/anchor": {"rows": [{"kind": "one-shot"}]},
+        }});
+        for f in [&a, &b, &c] {
+            std::fs::remove_file(f).unwrap();
+        }
+        let bundle = d.join("records.json");
+        std::fs::write(&bundle, j.to_string()).unwrap();
+        let names = |recs: &[Record]| recs.iter().map(|r| r.name.clone()).collect::<Vec<_>>();
+        let all = read_all(std::slice::from_ref(&bundle), None).unwrap();
+        assert_eq!(names(&all), ["knobs-x/c", "vs-x/a", "vs-x/b"]);
+        let vs = read_all(std::slice::from_ref(&d), Some("vs-x")).unwrap();
+        assert_eq!(names(&vs), ["vs-x/a", "vs-x/b"]);
+        // The group's best: b's 2.0, not the other group's 1.0.
+        let cells = compare(&vs, "float", "sum").unwrap();
+        assert_eq!(cells[0].ferroccl.as_ref().unwrap().time_us, 2.0);
+        assert_eq!(cells[0].ferroccl.as_ref().unwrap().record, "vs-x/b");
+        assert!(read_all(std::slice::from_ref(&bundle), Some("vs"))
+            .unwrap()
+            .is_empty());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
     /// Records of different rank counts are refused, naming both counts; gzipped records read
     /// as plain ones.
     #[test]
@@ -612,7 +716,7 @@ mod tests {
         )];
         write(&d, "a.json", rows.clone(), 2);
         let c = write(&d, "c.json", rows.clone(), 4);
-        let recs = read_all(std::slice::from_ref(&d)).unwrap();
+        let recs = read_all(std::slice::from_ref(&d), None).unwrap();
         let e = compare(&recs, "float", "sum").unwrap_err();
         assert!(
             e.contains("rank counts") && e.contains('2') && e.contains('4'),
@@ -625,7 +729,7 @@ mod tests {
             .arg(&gz)
             .status();
         if zipped.is_ok_and(|s| s.success()) {
-            let recs = read_all(std::slice::from_ref(&d)).unwrap();
+            let recs = read_all(std::slice::from_ref(&d), None).unwrap();
             assert_eq!(
                 recs.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
                 ["a", "z"]
