@@ -696,6 +696,12 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
             .is_some_and(|b| b >= cfg.gpu_peer_pull_min_bytes && b <= cfg.gpu_peer_pull_max_bytes)
 }
 
+/// Whether a largest buffer of `bytes` reaches a size knob's `min`, by the knobs' convention that
+/// 0 means never.
+fn reaches(bytes: Option<usize>, min: usize) -> bool {
+    bytes.is_some_and(|b| min > 0 && b >= min)
+}
+
 /// Whether the ranks should tell each other where their outputs lie before a launch of `op`
 /// alone (`plan::copies::rendezvous_far`), so that the copy engines can copy straight into them:
 /// a data-movement collective on GPUs (`copies::rendezvous_serves`) whose outputs the ranks can
@@ -718,7 +724,7 @@ pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
 /// or none. The backend adds what only it knows, alike on every rank too: a process per rank,
 /// the copy engine and the peer engine's fabric present.
 pub fn rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
-    let at_least = |min: usize| op.largest_bytes().is_some_and(|b| min > 0 && b >= min);
+    let at_least = |min: usize| reaches(op.largest_bytes(), min);
     let postable = device == Device::Gpu && (op.windows || cfg.gpu_ce_map_unregistered);
     if copies::fold_kind(op.kind, op.nranks) {
         // The copy-and-fold reductions: where the tuner gives these buffers the fold once every
@@ -761,7 +767,7 @@ pub fn ce_kind_floor_met(op: &OpShape, cfg: &Config) -> bool {
         CollKind::Broadcast => cfg.gpu_ce_broadcast_bytes,
         _ => return true,
     };
-    op.largest_bytes().is_some_and(|b| floor > 0 && b >= floor)
+    reaches(op.largest_bytes(), floor)
 }
 
 /// Whether a send or receive of `op` goes through the posted-receive rendezvous
@@ -780,9 +786,7 @@ pub fn p2p_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool
         && (op.windows || cfg.gpu_ce_map_unregistered)
         && op.nranks >= 2
         && matches!(op.kind, CollKind::Send | CollKind::Recv)
-        && op
-            .largest_bytes()
-            .is_some_and(|b| cfg.gpu_ce_p2p_bytes > 0 && b >= cfg.gpu_ce_p2p_bytes)
+        && reaches(op.largest_bytes(), cfg.gpu_ce_p2p_bytes)
 }
 
 /// `FERROCCL_GPU_PEER_LINES_MAX_BYTES` by default: 1 MiB, where line rounds ([`peer_lines`])
@@ -929,9 +933,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
     // each rank's output would take a peer's block before its own left for that peer, and with
     // no staging nothing can break that cycle (the symmetric contract makes in-place-ness the
     // same on every rank, so all ranks decide alike).
-    let ce_window = bytes
-        .is_some_and(|b| cfg.gpu_ce_window_bytes > 0 && b >= cfg.gpu_ce_window_bytes)
-        && ce_kind_floor_met(op, cfg);
+    let ce_window = reaches(bytes, cfg.gpu_ce_window_bytes) && ce_kind_floor_met(op, cfg);
     // Gather and scatter join them once the ranks have posted their outputs to each other
     // (`rendezvous_wanted`), and so do the others whose outputs lie in no symmetric window
     // (posted as mapped for their writers): `symmetric` then says that every sender can name
@@ -972,7 +974,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
     // its output, out of place; a non-root's own in-place-ness means nothing, it has no output),
     // its non-root copying and its root folding.
     let fold_min = fold_min_bytes(cfg, op.kind);
-    let fold_size = bytes.is_some_and(|b| fold_min > 0 && b >= fold_min);
+    let fold_size = reaches(bytes, fold_min);
     if device == Device::Gpu
         && may_direct
         && op.symmetric
@@ -1093,20 +1095,19 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         // Between symmetric windows every receiver posts, so the senders may wait for the posts
         // at the start (FERROCCL_GPU_PEER_WAIT_POSTS_MIN_BYTES, a bounded wait) and go direct from
         // the first round: no copy out of the staging even in a launch of one round a block.
-        let at_least = |min: usize| bytes.is_some_and(|b| min > 0 && b >= min);
         let wait_posts = cfg.gpu_peer_direct
             && !pull
             && !read
             && moves_only(op.kind)
             && op.symmetric
             && may_post(op.kind, op.in_place)
-            && at_least(cfg.gpu_peer_wait_posts_min_bytes);
+            && reaches(bytes, cfg.gpu_peer_wait_posts_min_bytes);
         let zero_copy = pull
             || wait_posts
             || (cfg.gpu_peer_direct
                 && !read
                 && moves_only(op.kind)
-                && at_least(PEER_DIRECT_MIN_BYTES));
+                && reaches(bytes, PEER_DIRECT_MIN_BYTES));
         return Choice {
             algo,
             protocol: if lines {
