@@ -346,11 +346,15 @@ __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* ou
 // FC_LINE_POLL_NS ends).
 // A warp's store of four lines, FC_LINE_GROUP bytes of which FC_LINE_GROUP_DATA data: types.cuh.
 // Groups a warp loads and stores at once (its loads in flight together); it folds them a step
-// later, once the next step's lines are stored. A step's groups are adjacent in the round (the
-// block's warps take steps in turn: step st of warp w is the block's (st * warps + w)-th run
-// of FC_LINE_STEP groups), so that its operands are one run of bytes.
+// later, once the next step's lines are stored.
 #ifndef FC_LINE_STEP
 #define FC_LINE_STEP 2
+#endif
+// 1, the default: a step's groups are adjacent in the round (the block's warps take steps in
+// turn: step st of warp w is the block's (st * warps + w)-th run of FC_LINE_STEP groups), so
+// that its operands are one run of bytes. 0: warp w takes groups w, w + warps, ...
+#ifndef FC_LINE_RUNS
+#define FC_LINE_RUNS 1
 #endif
 // 1, the default: a step's operands come in and its results go out through shared memory, in
 // 16-byte pieces that every lane loads and stores alike, and each lane takes its part of a line
@@ -362,6 +366,9 @@ __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* ou
 // loads, not the lines' stores or flags, held the rounds back.
 #ifndef FC_LINE_STAGE
 #define FC_LINE_STAGE 1
+#endif
+#if FC_LINE_STAGE && !FC_LINE_RUNS
+#error "FC_LINE_STAGE stages a step's run of adjacent groups: it needs FC_LINE_RUNS"
 #endif
 // One step's operand bytes, and the 16-byte pieces they take in shared memory.
 #define FC_LINE_STEP_BYTES (FC_LINE_STEP * FC_LINE_GROUP_DATA)
@@ -428,6 +435,11 @@ __device__ __forceinline__ void line_put(fc_u8* p, fc_u32 n, fc_u64 x, fc_u64 y)
     }
     store8(p, x, n < 8u ? n : 8u);
     if (n > 8u) store8(p + 8, y, n - 8u);
+}
+
+// Group u of warp w's step st (FC_LINE_RUNS), of `nw` warps.
+__device__ __forceinline__ fc_u64 line_group(fc_u64 st, fc_u32 u, fc_u32 warp, fc_u32 nw) {
+    return FC_LINE_RUNS ? (st * nw + warp) * FC_LINE_STEP + u : warp + (st * FC_LINE_STEP + u) * nw;
 }
 
 // Warp w's stage `which` (0: its own operand and results, 1: what it sends where that differs):
@@ -601,11 +613,11 @@ __device__ bool line_round(const FcPeer& P, const fc_u8* src, const fc_u8* own, 
     const fc_u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const bool flagger = (lane & 7u) == 7u;
     const fc_u32 off = line_lane_off(lane), width = flagger ? 8u : 16u;
-    // This warp's steps: runs warp, warp + nw, ... of FC_LINE_STEP adjacent groups; group g of
-    // step st is (st * nw + warp) * FC_LINE_STEP + u.
+    // This warp's steps (line_group): a group g is in the round while g < groups.
     const fc_u64 groups = (bytes + FC_LINE_GROUP_DATA - 1u) / FC_LINE_GROUP_DATA;
     const fc_u64 runs = (groups + FC_LINE_STEP - 1u) / FC_LINE_STEP;
-    const fc_u64 steps = runs > warp ? (runs - warp + nw - 1u) / nw : 0;
+    const fc_u64 mine = groups > warp ? (groups - warp + nw - 1u) / nw : 0;
+    const fc_u64 steps = FC_LINE_RUNS ? (runs > warp ? (runs - warp + nw - 1u) / nw : 0) : (mine + FC_LINE_STEP - 1u) / FC_LINE_STEP;
 #if FC_LINE_STAGE
     // This warp's stage: the own operand's step (and the results' after the fold), and what it
     // sends where that differs (a reduce-scatter's peer share).
@@ -619,16 +631,16 @@ __device__ bool line_round(const FcPeer& P, const fc_u8* src, const fc_u8* own, 
     for (fc_u64 st = 0; st <= steps && !bad; ++st) {
         fc_u64 x[FC_LINE_STEP], y[FC_LINE_STEP];
         if (st < steps) {
-            const fc_u64 g0 = (st * nw + warp) * FC_LINE_STEP;
             // What this step stores: the own operand itself where the two are the same.
             fc_u64 sx[FC_LINE_STEP], sy[FC_LINE_STEP];
 #if FC_LINE_STAGE
+            const fc_u64 g0 = line_group(st, 0, warp, nw);
             if (receives) line_stage_in(own_stage, own, g0 * FC_LINE_GROUP_DATA, bytes, lane);
             if (sends && !(receives && same)) line_stage_in(src_stage, src, g0 * FC_LINE_GROUP_DATA, bytes, lane);
 #endif
 #pragma unroll
             for (int u = 0; u < FC_LINE_STEP; ++u) {
-                const fc_u64 g = g0 + u;
+                const fc_u64 g = line_group(st, u, warp, nw);
                 if (g >= groups) continue;
 #if FC_LINE_STAGE
                 if (receives) line_take(own_stage + u * FC_LINE_GROUP_DATA, off, width, x[u], y[u]);
@@ -651,7 +663,7 @@ __device__ bool line_round(const FcPeer& P, const fc_u8* src, const fc_u8* own, 
             if (sends) {
 #pragma unroll
                 for (int u = 0; u < FC_LINE_STEP; ++u) {
-                    const fc_u64 g = g0 + u;
+                    const fc_u64 g = line_group(st, u, warp, nw);
                     if (g >= groups) continue;
                     if (pre) line_premul<D>(sx[u], sy[u], scalar);
                     line_store(far + g * FC_LINE_GROUP + lane * 16u, sx[u], flagger ? flag : sy[u]);
@@ -659,8 +671,7 @@ __device__ bool line_round(const FcPeer& P, const fc_u8* src, const fc_u8* own, 
             }
         }
         if (st > 0 && receives) {
-            // The step before's groups (from p0): wait until every line carries this round's flag.
-            const fc_u64 p0 = ((st - 1u) * nw + warp) * FC_LINE_STEP;
+            // The step before's groups: wait until every line carries this round's flag.
             fc_u64 tx[FC_LINE_STEP], ty[FC_LINE_STEP];
             fc_u32 polls = 0;
             fc_u64 since = 0;
@@ -669,7 +680,7 @@ __device__ bool line_round(const FcPeer& P, const fc_u8* src, const fc_u8* own, 
                 fc_u64 held = flag;
 #pragma unroll
                 for (int u = 0; u < FC_LINE_STEP; ++u) {
-                    const fc_u64 g = p0 + u;
+                    const fc_u64 g = line_group(st - 1u, u, warp, nw);
                     if (g >= groups) continue;
                     line_load(near + g * FC_LINE_GROUP + lane * 16u, tx[u], ty[u]);
                     if (flagger && ty[u] != flag) {
@@ -707,13 +718,13 @@ __device__ bool line_round(const FcPeer& P, const fc_u8* src, const fc_u8* own, 
             // a load after the flag was seen cannot.
 #pragma unroll
             for (int u = 0; u < FC_LINE_STEP; ++u) {
-                const fc_u64 g = p0 + u;
+                const fc_u64 g = line_group(st - 1u, u, warp, nw);
                 if (g < groups) line_load(near + g * FC_LINE_GROUP + lane * 16u, tx[u], ty[u]);
             }
 #endif
 #pragma unroll
             for (int u = 0; u < FC_LINE_STEP; ++u) {
-                const fc_u64 g = p0 + u;
+                const fc_u64 g = line_group(st - 1u, u, warp, nw);
                 if (g >= groups) continue;
                 line_fold<D>(px[u], py[u], tx[u], ty[u], k, pre, post, swap, scalar, op.nranks);
 #if FC_LINE_STAGE
@@ -724,7 +735,7 @@ __device__ bool line_round(const FcPeer& P, const fc_u8* src, const fc_u8* own, 
 #endif
             }
 #if FC_LINE_STAGE
-            line_stage_out(out, own_stage, p0 * FC_LINE_GROUP_DATA, bytes, lane);
+            line_stage_out(out, own_stage, line_group(st - 1u, 0, warp, nw) * FC_LINE_GROUP_DATA, bytes, lane);
 #endif
         }
 #pragma unroll
