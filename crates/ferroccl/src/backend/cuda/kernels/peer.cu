@@ -350,30 +350,6 @@ __device__ __forceinline__ void fold_pair(const FcOp& op, fc_u32 rank, fc_u8* ou
 #ifndef FC_LINE_STEP
 #define FC_LINE_STEP 2
 #endif
-// 1, the default: a step's groups are adjacent in the round (the block's warps take steps in
-// turn: step st of warp w is the block's (st * warps + w)-th run of FC_LINE_STEP groups), so
-// that its operands are one run of bytes. 0: warp w takes groups w, w + warps, ...
-#ifndef FC_LINE_RUNS
-#define FC_LINE_RUNS 1
-#endif
-// 1, the default: a step's operands come in and its results go out through shared memory, in
-// 16-byte pieces that every lane loads and stores alike, and each lane takes its part of a line
-// from there. 0: each lane loads its 16 bytes (the flag lanes 8) from global memory at the
-// line's place, 480-byte groups packed end to end. On 2 x H200 the staged pieces took a line
-// round's stores from 302 to 331 GB/s of data (64 blocks, 64 MiB, the stores alone) and a
-// whole line round from 290 to 321, where a plain copy of 16-byte pieces into the peer reached
-// 349-355 (`bench/probes/peer_lines.cu`, docs/PERFORMANCE.md section 41): the lanes' packed
-// loads, not the lines' stores or flags, held the rounds back.
-#ifndef FC_LINE_STAGE
-#define FC_LINE_STAGE 1
-#endif
-#if FC_LINE_STAGE && !FC_LINE_RUNS
-#error "FC_LINE_STAGE stages a step's run of adjacent groups: it needs FC_LINE_RUNS"
-#endif
-// One step's operand bytes, and the 16-byte pieces they take in shared memory.
-#define FC_LINE_STEP_BYTES (FC_LINE_STEP * FC_LINE_GROUP_DATA)
-#define FC_LINE_STEP_PIECES (FC_LINE_STEP_BYTES / 16u)
-#define FC_LINE_WARPS (FC_PEER_THREADS / 32u)
 // 1: the lines read again once their flags are seen (see line_round); 0, the default: the data
 // read with the flags is used (0 to 0.5 us a round faster; both exact in the check sweeps).
 #ifndef FC_LINE_RELOAD
@@ -435,73 +411,6 @@ __device__ __forceinline__ void line_put(fc_u8* p, fc_u32 n, fc_u64 x, fc_u64 y)
     }
     store8(p, x, n < 8u ? n : 8u);
     if (n > 8u) store8(p + 8, y, n - 8u);
-}
-
-// Group u of warp w's step st (FC_LINE_RUNS), of `nw` warps.
-__device__ __forceinline__ fc_u64 line_group(fc_u64 st, fc_u32 u, fc_u32 warp, fc_u32 nw) {
-    return FC_LINE_RUNS ? (st * nw + warp) * FC_LINE_STEP + u : warp + (st * FC_LINE_STEP + u) * nw;
-}
-
-// Warp w's stage `which` (0: its own operand and results, 1: what it sends where that differs):
-// one array for the kernel, whichever line_round instance asks (each function template instance
-// would have its own).
-__device__ __forceinline__ fc_u8* line_stage(fc_u32 which, fc_u32 warp) {
-    static_assert(2u * FC_LINE_WARPS * FC_LINE_STEP_BYTES <= 40u * 1024u,
-                  "the line rounds' stages take too much shared memory: lower FC_LINE_STEP");
-    __shared__ __align__(16) fc_u8 stages[2][FC_LINE_WARPS][FC_LINE_STEP_BYTES];
-    return stages[which][warp];
-}
-
-// FC_LINE_STAGE: one step's bytes [a, a + FC_LINE_STEP_BYTES) of `p` (a round of `bytes`) into
-// this warp's stage, in 16-byte pieces (each lane a piece in turn, zero past `bytes`), then a
-// warp barrier, after which any lane may read any of it.
-__device__ __forceinline__ void line_stage_in(fc_u8* stage, const fc_u8* p, fc_u64 a, fc_u64 bytes, fc_u32 lane) {
-#pragma unroll
-    for (fc_u32 j = 0; j < (FC_LINE_STEP_PIECES + 31u) / 32u; ++j) {
-        const fc_u32 k = lane + 32u * j;
-        if (k >= FC_LINE_STEP_PIECES) break;
-        const fc_u64 at = a + k * 16u;
-        const fc_u32 n = at >= bytes ? 0u : (bytes - at < 16u ? (fc_u32)(bytes - at) : 16u);
-        fc_u64 x = 0, y = 0;
-        if (n != 0u) line_get(p + at, n, x, y);
-        *(uint4*)(stage + k * 16u) = make_uint4((fc_u32)x, (fc_u32)(x >> 32), (fc_u32)y, (fc_u32)(y >> 32));
-    }
-    __syncwarp();
-}
-
-// And out: the stage's first `bytes - a` bytes (at most a step's) to p + a, after a warp barrier
-// that ends every lane's writes to the stage; a second barrier before the stage is written again.
-__device__ __forceinline__ void line_stage_out(fc_u8* p, const fc_u8* stage, fc_u64 a, fc_u64 bytes, fc_u32 lane) {
-    __syncwarp();
-#pragma unroll
-    for (fc_u32 j = 0; j < (FC_LINE_STEP_PIECES + 31u) / 32u; ++j) {
-        const fc_u32 k = lane + 32u * j;
-        if (k >= FC_LINE_STEP_PIECES) break;
-        const fc_u64 at = a + k * 16u;
-        if (at >= bytes) break;
-        const fc_u32 n = bytes - at < 16u ? (fc_u32)(bytes - at) : 16u;
-        const uint4 v = *(const uint4*)(stage + k * 16u);
-        line_put(p + at, n, (fc_u64)v.x | ((fc_u64)v.y << 32), (fc_u64)v.z | ((fc_u64)v.w << 32));
-    }
-    __syncwarp();
-}
-
-// A lane's `width` bytes (16, or 8 on a flag lane) at `off` of a staged group, as two words.
-__device__ __forceinline__ void line_take(const fc_u8* group, fc_u32 off, fc_u32 width, fc_u64& x, fc_u64& y) {
-    if (width == 16u) {
-        const uint4 v = *(const uint4*)(group + off);
-        x = (fc_u64)v.x | ((fc_u64)v.y << 32);
-        y = (fc_u64)v.z | ((fc_u64)v.w << 32);
-    } else {
-        x = *(const fc_u64*)(group + off);
-        y = 0;
-    }
-}
-
-// And back, the result of a lane's part.
-__device__ __forceinline__ void line_give(fc_u8* group, fc_u32 off, fc_u32 width, fc_u64 x, fc_u64 y) {
-    if (width == 16u) *(uint4*)(group + off) = make_uint4((fc_u32)x, (fc_u32)(x >> 32), (fc_u32)y, (fc_u32)(y >> 32));
-    else *(fc_u64*)(group + off) = x;
 }
 
 __device__ __forceinline__ void line_store(fc_u8* p, fc_u64 x, fc_u64 y) {
@@ -613,17 +522,10 @@ __device__ bool line_round(const FcPeer& P, const fc_u8* src, const fc_u8* own, 
     const fc_u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const bool flagger = (lane & 7u) == 7u;
     const fc_u32 off = line_lane_off(lane), width = flagger ? 8u : 16u;
-    // This warp's steps (line_group): a group g is in the round while g < groups.
+    // This warp's groups: warp, warp + nw, ...; a step is FC_LINE_STEP of them.
     const fc_u64 groups = (bytes + FC_LINE_GROUP_DATA - 1u) / FC_LINE_GROUP_DATA;
-    const fc_u64 runs = (groups + FC_LINE_STEP - 1u) / FC_LINE_STEP;
     const fc_u64 mine = groups > warp ? (groups - warp + nw - 1u) / nw : 0;
-    const fc_u64 steps = FC_LINE_RUNS ? (runs > warp ? (runs - warp + nw - 1u) / nw : 0) : (mine + FC_LINE_STEP - 1u) / FC_LINE_STEP;
-#if FC_LINE_STAGE
-    // This warp's stage: the own operand's step (and the results' after the fold), and what it
-    // sends where that differs (a reduce-scatter's peer share).
-    fc_u8* own_stage = line_stage(0u, warp);
-    fc_u8* src_stage = line_stage(1u, warp);
-#endif
+    const fc_u64 steps = (mine + FC_LINE_STEP - 1u) / FC_LINE_STEP;
     // Every condition below is the warp's own (warp, step, group), so its votes see every lane.
     int bad = sends && check_room && !peer_room(P, b, s, q);
     // The step before's own operand, kept for its fold.
@@ -633,38 +535,25 @@ __device__ bool line_round(const FcPeer& P, const fc_u8* src, const fc_u8* own, 
         if (st < steps) {
             // What this step stores: the own operand itself where the two are the same.
             fc_u64 sx[FC_LINE_STEP], sy[FC_LINE_STEP];
-#if FC_LINE_STAGE
-            const fc_u64 g0 = line_group(st, 0, warp, nw);
-            if (receives) line_stage_in(own_stage, own, g0 * FC_LINE_GROUP_DATA, bytes, lane);
-            if (sends && !(receives && same)) line_stage_in(src_stage, src, g0 * FC_LINE_GROUP_DATA, bytes, lane);
-#endif
 #pragma unroll
             for (int u = 0; u < FC_LINE_STEP; ++u) {
-                const fc_u64 g = line_group(st, u, warp, nw);
-                if (g >= groups) continue;
-#if FC_LINE_STAGE
-                if (receives) line_take(own_stage + u * FC_LINE_GROUP_DATA, off, width, x[u], y[u]);
-#else
+                const fc_u64 i = st * FC_LINE_STEP + u, g = warp + i * nw;
+                if (i >= mine) continue;
                 const fc_u32 n = line_valid(g, off, width, bytes);
                 if (receives) line_get(own + g * FC_LINE_GROUP_DATA + off, n, x[u], y[u]);
-#endif
                 if (!sends) continue;
                 if (receives && same) {
                     sx[u] = x[u];
                     sy[u] = y[u];
                 } else {
-#if FC_LINE_STAGE
-                    line_take(src_stage + u * FC_LINE_GROUP_DATA, off, width, sx[u], sy[u]);
-#else
                     line_get(src + g * FC_LINE_GROUP_DATA + off, n, sx[u], sy[u]);
-#endif
                 }
             }
             if (sends) {
 #pragma unroll
                 for (int u = 0; u < FC_LINE_STEP; ++u) {
-                    const fc_u64 g = line_group(st, u, warp, nw);
-                    if (g >= groups) continue;
+                    const fc_u64 i = st * FC_LINE_STEP + u, g = warp + i * nw;
+                    if (i >= mine) continue;
                     if (pre) line_premul<D>(sx[u], sy[u], scalar);
                     line_store(far + g * FC_LINE_GROUP + lane * 16u, sx[u], flagger ? flag : sy[u]);
                 }
@@ -680,8 +569,8 @@ __device__ bool line_round(const FcPeer& P, const fc_u8* src, const fc_u8* own, 
                 fc_u64 held = flag;
 #pragma unroll
                 for (int u = 0; u < FC_LINE_STEP; ++u) {
-                    const fc_u64 g = line_group(st - 1u, u, warp, nw);
-                    if (g >= groups) continue;
+                    const fc_u64 i = (st - 1u) * FC_LINE_STEP + u, g = warp + i * nw;
+                    if (i >= mine) continue;
                     line_load(near + g * FC_LINE_GROUP + lane * 16u, tx[u], ty[u]);
                     if (flagger && ty[u] != flag) {
                         stale = true;
@@ -718,25 +607,17 @@ __device__ bool line_round(const FcPeer& P, const fc_u8* src, const fc_u8* own, 
             // a load after the flag was seen cannot.
 #pragma unroll
             for (int u = 0; u < FC_LINE_STEP; ++u) {
-                const fc_u64 g = line_group(st - 1u, u, warp, nw);
-                if (g < groups) line_load(near + g * FC_LINE_GROUP + lane * 16u, tx[u], ty[u]);
+                const fc_u64 i = (st - 1u) * FC_LINE_STEP + u, g = warp + i * nw;
+                if (i < mine) line_load(near + g * FC_LINE_GROUP + lane * 16u, tx[u], ty[u]);
             }
 #endif
 #pragma unroll
             for (int u = 0; u < FC_LINE_STEP; ++u) {
-                const fc_u64 g = line_group(st - 1u, u, warp, nw);
-                if (g >= groups) continue;
+                const fc_u64 i = (st - 1u) * FC_LINE_STEP + u, g = warp + i * nw;
+                if (i >= mine) continue;
                 line_fold<D>(px[u], py[u], tx[u], ty[u], k, pre, post, swap, scalar, op.nranks);
-#if FC_LINE_STAGE
-                // Its own part of the stage, which it alone read this step: no barrier before.
-                line_give(own_stage + u * FC_LINE_GROUP_DATA, off, width, px[u], py[u]);
-#else
                 line_put(out + g * FC_LINE_GROUP_DATA + off, line_valid(g, off, width, bytes), px[u], py[u]);
-#endif
             }
-#if FC_LINE_STAGE
-            line_stage_out(out, own_stage, line_group(st - 1u, 0, warp, nw) * FC_LINE_GROUP_DATA, bytes, lane);
-#endif
         }
 #pragma unroll
         for (int u = 0; u < FC_LINE_STEP; ++u) {
