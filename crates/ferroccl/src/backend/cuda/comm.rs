@@ -62,7 +62,7 @@ pub(crate) struct CudaComm {
     pub(super) direct: Option<(Module, TypedKernels, FcDirect)>,
     /// The peer engine's module and kernels, and its parameter with this communicator's
     /// staging, flags, counters and status words (None: off).
-    pub(super) peer: Option<(Module, TypedKernels, FcPeer)>,
+    pub(super) peer: Option<(Vec<Module>, TypedKernels, FcPeer)>,
     /// The fold kernels of copy-and-fold reductions, in the peer engine's module (None with it).
     pub(super) fold: Option<TypedKernels>,
     /// The plan kernel's point-to-point form (in `module`): its small and wide kernels, and the
@@ -94,11 +94,17 @@ pub(super) struct TypedKernels {
 }
 
 impl TypedKernels {
-    /// `stem`'s kernels in `m` (`kernels::typed_kernel`) in `shapes`, loaded.
-    fn load(m: &Module, stem: &str, shapes: &[kernels::Shape]) -> Result<TypedKernels, Error> {
+    /// `stem`'s kernels (`kernels::typed_kernel`) in `shapes`, loaded: from the one module, or
+    /// from the module of each type's part where the engine's module comes in parts
+    /// (`kernels::peer_part`).
+    fn load(m: &[Module], stem: &str, shapes: &[kernels::Shape]) -> Result<TypedKernels, Error> {
         let load = |shape| -> Result<[KernelHandle; DataType::ALL.len()], Error> {
             let mut f = [None; DataType::ALL.len()];
             for t in DataType::ALL {
+                let m = match m {
+                    [one] => one,
+                    parts => &parts[kernels::peer_part(t)],
+                };
                 let k = m.kernel(&kernels::typed_kernel(stem, t, shape))?;
                 k.load()?;
                 f[t.nccl_id() as usize] = Some(k.handle());
@@ -111,6 +117,20 @@ impl TypedKernels {
                 .map(|&s| Ok((s, load(s)?)))
                 .collect::<Result<_, Error>>()?,
         })
+    }
+
+    /// The kernel for `a`, in its module of `m` (the modules these kernels were loaded from).
+    pub(super) fn kernel<'m>(
+        &self,
+        m: &'m [Module],
+        a: &crate::ops::OpArgs,
+    ) -> Result<crate::cuda::device::Kernel<'m>, Error> {
+        let h = self.pick(a)?;
+        Ok(match m {
+            [one] => one,
+            parts => &parts[kernels::peer_part(a.dtype)],
+        }
+        .kernel_at(h))
     }
 
     /// The kernel for `a`.
@@ -220,23 +240,38 @@ impl CudaComm {
         // first start on a machine waits for the longest compile, not their sum; later starts
         // find them in the disk cache.
         let geo = Geometry::of(config, boot.nranks());
-        let (image, peer_image, direct_image) = std::thread::scope(|s| {
-            let compile = |name: &'static str, source: fn() -> String, needed: bool| {
+        let (image, peer_images, direct_image) = std::thread::scope(|s| {
+            let compile = |name: String, source: fn() -> String, extra: Vec<String>| {
                 let gpu = &gpu;
-                needed.then(|| s.spawn(move || kernels::compile_for(gpu, config, name, &source())))
+                s.spawn(move || kernels::compile_for(gpu, config, &name, &source(), &extra))
             };
-            let peer = compile("peer.cu", kernels::peer_source, geo.has_peer());
-            let direct = compile("direct.cu", kernels::direct_source, geo.has_direct());
-            let plan =
-                kernels::compile_for(&gpu, config, "plan_exec.cu", &kernels::plan_exec_source());
-            let join = |h: Option<std::thread::ScopedJoinHandle<'_, Result<Image, Error>>>| {
-                h.map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(Error::Internal("an NVRTC compile thread panicked".into()))
+            // The peer engine's module in its parts (kernels::PEER_PARTS), each on its thread.
+            let peer: Vec<_> = match geo.has_peer() {
+                true => (0..kernels::PEER_PARTS)
+                    .map(|part| {
+                        let (name, extra) = kernels::peer_part_compile(part);
+                        compile(name, kernels::peer_source, extra)
                     })
+                    .collect(),
+                false => Vec::new(),
+            };
+            let direct = geo
+                .has_direct()
+                .then(|| compile("direct.cu".into(), kernels::direct_source, Vec::new()));
+            let plan = kernels::compile_for(
+                &gpu,
+                config,
+                "plan_exec.cu",
+                &kernels::plan_exec_source(),
+                &[],
+            );
+            let join = |h: std::thread::ScopedJoinHandle<'_, Result<Image, Error>>| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::Internal("an NVRTC compile thread panicked".into()))
                 })
             };
-            (plan, join(peer), join(direct))
+            let peer: Vec<Result<Image, Error>> = peer.into_iter().map(join).collect();
+            (plan, peer, direct.map(join))
         });
         let module = gpu.load_module(&image?.bytes)?;
         let plan_fn = module.kernel(kernels::PLAN_EXEC_KERNEL)?;
@@ -266,7 +301,11 @@ impl CudaComm {
                     Error::Internal("the direct engine's module was not compiled".into())
                 })??;
                 let m = gpu.load_module(&image.bytes)?;
-                let f = TypedKernels::load(&m, kernels::DIRECT_KERNELS, kernels::DIRECT_SHAPES)?;
+                let f = TypedKernels::load(
+                    std::slice::from_ref(&m),
+                    kernels::DIRECT_KERNELS,
+                    kernels::DIRECT_SHAPES,
+                )?;
                 let p = FcDirect {
                     abort: status.abort_ptr(),
                     error: status.error_ptr(),
@@ -280,10 +319,15 @@ impl CudaComm {
         let mut fold = None;
         let peer = match fabric.peer {
             Some(p) => {
-                let image = peer_image.ok_or_else(|| {
-                    Error::Internal("the peer engine's module was not compiled".into())
-                })??;
-                let m = gpu.load_module(&image.bytes)?;
+                if peer_images.len() != kernels::PEER_PARTS {
+                    return Err(Error::Internal(
+                        "the peer engine's module was not compiled".into(),
+                    ));
+                }
+                let m = peer_images
+                    .into_iter()
+                    .map(|image| gpu.load_module(&image?.bytes))
+                    .collect::<Result<Vec<Module>, Error>>()?;
                 let f = TypedKernels::load(&m, kernels::PEER_KERNELS, kernels::PEER_SHAPES)?;
                 fold = Some(TypedKernels::load(
                     &m,

@@ -82,6 +82,26 @@ pub(crate) const DIRECT_SRC: &str = include_str!("kernels/direct.cu");
 /// The `.cu` file of the peer engine (collectives in rounds through peer-mapped staging).
 pub(crate) const PEER_SRC: &str = include_str!("kernels/peer.cu");
 
+/// The peer engine's kernels come in this many modules, each the kernels of every
+/// `PEER_PARTS`-th type (`FC_TYPE_PART` in `reduce.cuh`, which must agree): NVRTC compiles one
+/// module on one thread, and the peer engine's was the longest compile by far (its 48 typed
+/// kernels about 200 s on one of CI's cores, 90 s on the GPU machine's), so its parts compile
+/// at once on as many threads as the machine has.
+pub(crate) const PEER_PARTS: usize = 4;
+
+/// The part of the peer engine's kernels that holds `dtype`'s (see [`PEER_PARTS`]).
+pub(crate) fn peer_part(dtype: ferroccl_core::DataType) -> usize {
+    dtype.nccl_id() as usize % PEER_PARTS
+}
+
+/// The name and extra options NVRTC compiles part `part` of the peer engine's module with.
+pub(crate) fn peer_part_compile(part: usize) -> (String, Vec<String>) {
+    (
+        format!("peer.cu part {part}"),
+        vec![format!("-DFC_TYPE_PART={part}")],
+    )
+}
+
 /// The `.cu` file of the GPU checker's kernels (`verify.rs`).
 pub(crate) const CHECK_SRC: &str = include_str!("kernels/check.cu");
 
@@ -164,16 +184,19 @@ fn splice(out: &mut String, name: &str, text: &str, seen: &mut Vec<&'static str>
     }
 }
 
-/// A kernel source compiled for `gpu` by NVRTC with the project's flags, through the disk cache.
+/// A kernel source compiled for `gpu` by NVRTC with the project's flags and `extra` options
+/// (a module's part: [`peer_part_compile`]), through the disk cache.
 pub(crate) fn compile_for(
     gpu: &crate::cuda::Gpu,
     config: &ferroccl_core::Config,
     name: &str,
     source: &str,
+    extra: &[String],
 ) -> Result<crate::cuda::nvrtc::Image, ferroccl_core::Error> {
     use crate::cuda::nvrtc;
     let arch = gpu.arch();
     let mut options = nvrtc_flags();
+    options.extend(extra.iter().cloned());
     options.extend(config.kernel_defines.iter().cloned());
     let req = nvrtc::CompileRequest {
         name,
@@ -275,6 +298,47 @@ mod tests {
         assert!(!Shape::Plain.serves(CollKind::ReduceScatter, ReduceOp::Max));
         assert!(!Shape::AllReduceSum.serves(CollKind::AllReduce, ReduceOp::Avg));
         assert!(Shape::Plain.serves(CollKind::AllGather, ReduceOp::Max));
+    }
+
+    /// `reduce.cuh` puts each type's kernels in the part `peer_part` loads them from, in as many
+    /// parts as `PEER_PARTS` says: a type in the wrong part would fail every communicator's
+    /// start (its kernel not found in that module).
+    #[test]
+    fn the_headers_type_parts_agree_with_the_loader() {
+        let reduce = HEADERS
+            .iter()
+            .find(|h| h.0 == "reduce.cuh")
+            .expect("reduce.cuh")
+            .1;
+        let parts: usize = reduce
+            .lines()
+            .find_map(|l| l.strip_prefix("#define FC_TYPE_PARTS "))
+            .expect("FC_TYPE_PARTS")
+            .trim()
+            .parse()
+            .expect("a number");
+        assert_eq!(parts, PEER_PARTS);
+        let mut seen = Vec::new();
+        for l in reduce.lines() {
+            let Some(rest) = l.trim().strip_prefix("FC_IN_PART") else {
+                continue;
+            };
+            let Some((part, rest)) = rest.split_once("(X(") else {
+                continue;
+            };
+            let part: usize = part.parse().expect("a part number");
+            let name = rest.split(',').next().expect("a type name");
+            let t = ferroccl_core::DataType::ALL
+                .into_iter()
+                .find(|t| t.name() == name)
+                .unwrap_or_else(|| panic!("{name} is no type"));
+            assert_eq!(peer_part(t), part, "{name}");
+            seen.push(t);
+        }
+        assert_eq!(seen.len(), ferroccl_core::DataType::ALL.len(), "{seen:?}");
+        for t in ferroccl_core::DataType::ALL {
+            assert!(seen.contains(&t), "{t:?} in no part");
+        }
     }
 
     #[test]
@@ -475,9 +539,11 @@ int main() {
         let (mut major, mut minor) = (0, 0);
         // SAFETY: two valid out-pointers; the library is present.
         unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-        let compile = |name: &str, src: String| {
+        let compile = |name: &str, src: String, extra: &[String]| {
             let t = std::time::Instant::now();
-            let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, compile_options("sm_90", &include))
+            let mut options = compile_options("sm_90", &include);
+            options.options.extend(extra.iter().cloned());
+            let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, options)
                 .unwrap_or_else(|e| match e {
                     cudarc::nvrtc::CompileError::CompileError { log, .. } => {
                         panic!("NVRTC rejected {name}:\n{}", log.to_string_lossy())
@@ -492,16 +558,25 @@ int main() {
             );
             ptx
         };
-        // The three modules at once, as a communicator compiles them (each NVRTC compile runs on
-        // one thread): on CI's 2 cores the test waits for the longest, not their sum.
-        let (ptx, direct, peer) = std::thread::scope(|s| {
-            let direct = s.spawn(|| compile("direct.cu", direct_source()));
-            let peer = s.spawn(|| compile("peer.cu", peer_source()));
-            let plan = compile("plan_exec.cu", plan_exec_source());
+        // Every module at once, the peer engine's in its parts, as a communicator compiles them
+        // (each NVRTC compile runs on one thread): on CI's 2 cores the test waits for about half
+        // their sum.
+        let (ptx, direct, parts) = std::thread::scope(|s| {
+            let direct = s.spawn(|| compile("direct.cu", direct_source(), &[]));
+            let parts: Vec<_> = (0..PEER_PARTS)
+                .map(|part| {
+                    s.spawn(move || {
+                        let (name, extra) = peer_part_compile(part);
+                        compile(&name, peer_source(), &extra)
+                    })
+                })
+                .collect();
+            let plan = compile("plan_exec.cu", plan_exec_source(), &[]);
             let join = |h: std::thread::ScopedJoinHandle<'_, String>| {
                 h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
             };
-            (plan, join(direct), join(peer))
+            let parts: Vec<String> = parts.into_iter().map(join).collect();
+            (plan, join(direct), parts)
         });
         assert!(
             ptx.contains(&format!(".entry {PLAN_EXEC_KERNEL}(")),
@@ -521,37 +596,49 @@ int main() {
             ptx.contains(&format!(".entry {P2P_WIDE_KERNEL}(")),
             "no entry {P2P_WIDE_KERNEL} in the PTX"
         );
-        // Each engine's kernels: one per type, and one per type for all-reduces with Sum.
-        let typed = |stem: &str, shapes: &[Shape]| -> Vec<String> {
+        // Each engine's kernels: one per type, and one per type for all-reduces with Sum; the
+        // peer engine's each in its type's part, and in no other.
+        let typed = |stem: &str, shapes: &[Shape], part: Option<usize>| -> Vec<String> {
             ferroccl_core::DataType::ALL
                 .iter()
+                .filter(|&&t| part.is_none_or(|p| peer_part(t) == p))
                 .flat_map(|&t| shapes.iter().map(move |&s| typed_kernel(stem, t, s)))
                 .collect()
         };
-        let direct_entries = typed(DIRECT_KERNELS, DIRECT_SHAPES);
-        let mut peer_entries = typed(PEER_KERNELS, PEER_SHAPES);
-        peer_entries.extend(typed(FOLD_KERNELS, FOLD_SHAPES));
+        let direct_entries = typed(DIRECT_KERNELS, DIRECT_SHAPES, None);
         let plan_entries = vec![
             PLAN_EXEC_KERNEL.to_string(),
             P2P_KERNEL.to_string(),
             P2P_WIDE_KERNEL.to_string(),
         ];
-        let modules = [
-            (&ptx, &plan_entries),
-            (&peer, &peer_entries),
-            (&direct, &direct_entries),
-        ];
-        for (src, entries) in modules {
+        let mut modules: Vec<(&String, Vec<String>)> =
+            vec![(&ptx, plan_entries), (&direct, direct_entries)];
+        for (part, peer) in parts.iter().enumerate() {
+            let mut entries = typed(PEER_KERNELS, PEER_SHAPES, Some(part));
+            entries.extend(typed(FOLD_KERNELS, FOLD_SHAPES, Some(part)));
+            let mut others = typed(PEER_KERNELS, PEER_SHAPES, None);
+            others.retain(|e| !entries.contains(e));
+            for e in &others {
+                assert!(
+                    !peer.contains(&format!(".entry {e}(")),
+                    "{e} in part {part}"
+                );
+            }
+            modules.push((peer, entries));
+        }
+        for (src, entries) in &modules {
             for e in entries {
                 assert!(src.contains(&format!(".entry {e}(")), "no entry {e}");
             }
         }
         // The peer engine's flags are released after the block's stores and acquired by the
         // receivers.
-        assert!(
-            peer.contains("st.release.sys.global.u64")
-                && peer.contains("ld.acquire.sys.global.u64")
-        );
+        for peer in &parts {
+            assert!(
+                peer.contains("st.release.sys.global.u64")
+                    && peer.contains("ld.acquire.sys.global.u64")
+            );
+        }
         // The epochs' acknowledgements are system-scope stores (relaxed: the kernel boundary
         // orders them), read with acquire; LL lines are 16-byte volatile stores.
         assert!(
@@ -562,7 +649,7 @@ int main() {
         // Every engine's kernel is launched to start early on sm_90: each must wait for the
         // kernel ahead of it before its first access to memory (a missing wait is a silent race
         // with the caller's producer kernel).
-        for (src, entries) in modules {
+        for (src, entries) in &modules {
             for e in entries {
                 let body = &src[src.find(&format!(".entry {e}(")).expect("entry")..];
                 let body = &body[..body.find("\n}\n").unwrap_or(body.len())];

@@ -782,7 +782,7 @@ impl CudaComm {
                 // this communicator's fabric (mapped for this GPU).
                 unsafe {
                     self.launch_engine(
-                        module.kernel_at(kernels.pick(a)?),
+                        kernels.kernel(std::slice::from_ref(module), a)?,
                         blocks,
                         DIRECT_THREADS,
                         param,
@@ -848,7 +848,7 @@ impl CudaComm {
                     // page (mapped for this GPU), its buffers the caller's (its contract).
                     unsafe {
                         self.launch_engine(
-                            module.kernel_at(kernels.pick(a)?),
+                            kernels.kernel(module, a)?,
                             f.blocks as u32,
                             PEER_THREADS,
                             param,
@@ -903,7 +903,7 @@ impl CudaComm {
                 // this communicator's fabric (mapped for this GPU).
                 unsafe {
                     self.launch_engine(
-                        module.kernel_at(kernels.pick(a)?),
+                        kernels.kernel(module, a)?,
                         blocks,
                         PEER_THREADS,
                         param,

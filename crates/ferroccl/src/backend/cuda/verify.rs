@@ -164,7 +164,7 @@ impl FcCheckCase {
 
 /// check.cu compiled for `gpu` through the same path and disk cache as the plan kernel.
 pub(crate) fn compile(gpu: &Gpu, config: &Config) -> Result<nvrtc::Image> {
-    kernels::compile_for(gpu, config, "check.cu", &kernels::check_source())
+    kernels::compile_for(gpu, config, "check.cu", &kernels::check_source(), &[])
 }
 
 /// What a count found: the wrong elements, and the first of them (index, got, expected) as

@@ -202,21 +202,51 @@ __device__ __forceinline__ fc_u32 shape_redop(fc_u32 redop) {
 #define FC_ENTRY(NAME, THREADS, PARAM, CALL) \
     extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(const __grid_constant__ PARAM P) { CALL(P); }
 
-// Every element type once, for kernels that come one per type: X(name as nccl-tests and the host
-// name it, the type's loops above, its FC_* number). `fc::` spelled out: used outside the namespace.
-#define FC_FOR_EACH_TYPE(X)            \
-    X(int8, fc::DI8, FC_INT8)          \
-    X(uint8, fc::DU8, FC_UINT8)        \
-    X(int32, fc::DI32, FC_INT32)       \
-    X(uint32, fc::DU32, FC_UINT32)     \
-    X(int64, fc::DI64, FC_INT64)       \
-    X(uint64, fc::DU64, FC_UINT64)     \
-    X(half, fc::DF16, FC_FLOAT16)      \
-    X(float, fc::DF32, FC_FLOAT32)     \
-    X(double, fc::DF64, FC_FLOAT64)    \
-    X(bfloat16, fc::DBF16, FC_BFLOAT16) \
-    X(f8e4m3, fc::DE4M3, FC_FP8E4M3)   \
-    X(f8e5m2, fc::DE5M2, FC_FP8E5M2)
+// A module may hold one part of the types' kernels (FC_TYPE_PART, 0 to FC_TYPE_PARTS - 1: the
+// types whose NCCL number is the part modulo FC_TYPE_PARTS), so that NVRTC compiles a long
+// module's parts at once on as many threads (kernels.rs `PEER_PARTS`, which must agree); without
+// FC_TYPE_PART a module holds every type.
+#define FC_TYPE_PARTS 4
+#if defined(FC_TYPE_PART) && (FC_TYPE_PART < 0 || FC_TYPE_PART >= FC_TYPE_PARTS)
+#error "FC_TYPE_PART out of range"
+#endif
+#if !defined(FC_TYPE_PART) || FC_TYPE_PART == 0
+#define FC_IN_PART0(...) __VA_ARGS__
+#else
+#define FC_IN_PART0(...)
+#endif
+#if !defined(FC_TYPE_PART) || FC_TYPE_PART == 1
+#define FC_IN_PART1(...) __VA_ARGS__
+#else
+#define FC_IN_PART1(...)
+#endif
+#if !defined(FC_TYPE_PART) || FC_TYPE_PART == 2
+#define FC_IN_PART2(...) __VA_ARGS__
+#else
+#define FC_IN_PART2(...)
+#endif
+#if !defined(FC_TYPE_PART) || FC_TYPE_PART == 3
+#define FC_IN_PART3(...) __VA_ARGS__
+#else
+#define FC_IN_PART3(...)
+#endif
+
+// Every element type once (of the module's part), for kernels that come one per type: X(name as
+// nccl-tests and the host name it, the type's loops above, its FC_* number). `fc::` spelled out:
+// used outside the namespace.
+#define FC_FOR_EACH_TYPE(X)                          \
+    FC_IN_PART0(X(int8, fc::DI8, FC_INT8))           \
+    FC_IN_PART1(X(uint8, fc::DU8, FC_UINT8))         \
+    FC_IN_PART2(X(int32, fc::DI32, FC_INT32))        \
+    FC_IN_PART3(X(uint32, fc::DU32, FC_UINT32))      \
+    FC_IN_PART0(X(int64, fc::DI64, FC_INT64))        \
+    FC_IN_PART1(X(uint64, fc::DU64, FC_UINT64))      \
+    FC_IN_PART2(X(half, fc::DF16, FC_FLOAT16))       \
+    FC_IN_PART3(X(float, fc::DF32, FC_FLOAT32))      \
+    FC_IN_PART0(X(double, fc::DF64, FC_FLOAT64))     \
+    FC_IN_PART1(X(bfloat16, fc::DBF16, FC_BFLOAT16)) \
+    FC_IN_PART2(X(f8e4m3, fc::DE4M3, FC_FP8E4M3))    \
+    FC_IN_PART3(X(f8e5m2, fc::DE5M2, FC_FP8E5M2))
 
 // ---- combining function (Avg and PreMulSum combine as Sum) ---------------------------------
 // Chosen per element at run time rather than by template: the loops are bound by memory (and
