@@ -617,6 +617,7 @@ int main() {
             let mut entries = typed(PEER_KERNELS, PEER_SHAPES, Some(part));
             entries.extend(typed(FOLD_KERNELS, FOLD_SHAPES, Some(part)));
             let mut others = typed(PEER_KERNELS, PEER_SHAPES, None);
+            others.extend(typed(FOLD_KERNELS, FOLD_SHAPES, None));
             others.retain(|e| !entries.contains(e));
             for e in &others {
                 assert!(
