@@ -915,10 +915,17 @@ fn tcp_idle_sender_notices_closed_peer() {
     .unwrap();
     drop(raw);
     assert!(wait_for(Duration::from_secs(2), || p.peer_closed()));
-    assert_remote(
-        p.try_reserve(),
-        "rank 9 channel 0: connection closed by peer",
-    );
+    // The dropped end still held the sender's opening frame unread, so its kernel may answer
+    // with a reset rather than (or right after) the close: either says the peer went away (seen
+    // both ways under CI's load).
+    match p.try_reserve() {
+        Err(Error::Remote(m)) => assert!(
+            m == "rank 9 channel 0: connection closed by peer"
+                || m == "rank 9 channel 0: connection reset by peer",
+            "reason '{m}'"
+        ),
+        other => panic!("expected the peer's close, got {other:?}"),
+    }
 }
 
 #[test]
