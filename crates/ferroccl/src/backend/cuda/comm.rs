@@ -93,19 +93,23 @@ pub(super) struct TypedKernels {
     by_shape: Vec<(kernels::Shape, [KernelHandle; DataType::ALL.len()])>,
 }
 
+/// The module of `m` holding `t`'s kernels: the one module, or `t`'s part where the engine's
+/// module comes in parts (`kernels::peer_part`).
+fn module_of(m: &[Module], t: DataType) -> &Module {
+    match m {
+        [one] => one,
+        parts => &parts[kernels::peer_part(t)],
+    }
+}
+
 impl TypedKernels {
-    /// `stem`'s kernels (`kernels::typed_kernel`) in `shapes`, loaded: from the one module, or
-    /// from the module of each type's part where the engine's module comes in parts
-    /// (`kernels::peer_part`).
+    /// `stem`'s kernels (`kernels::typed_kernel`) in `shapes`, loaded, each from its module
+    /// (`module_of`).
     fn load(m: &[Module], stem: &str, shapes: &[kernels::Shape]) -> Result<TypedKernels, Error> {
         let load = |shape| -> Result<[KernelHandle; DataType::ALL.len()], Error> {
             let mut f = [None; DataType::ALL.len()];
             for t in DataType::ALL {
-                let m = match m {
-                    [one] => one,
-                    parts => &parts[kernels::peer_part(t)],
-                };
-                let k = m.kernel(&kernels::typed_kernel(stem, t, shape))?;
+                let k = module_of(m, t).kernel(&kernels::typed_kernel(stem, t, shape))?;
                 k.load()?;
                 f[t.nccl_id() as usize] = Some(k.handle());
             }
@@ -125,12 +129,7 @@ impl TypedKernels {
         m: &'m [Module],
         a: &crate::ops::OpArgs,
     ) -> Result<crate::cuda::device::Kernel<'m>, Error> {
-        let h = self.pick(a)?;
-        Ok(match m {
-            [one] => one,
-            parts => &parts[kernels::peer_part(a.dtype)],
-        }
-        .kernel_at(h))
+        Ok(module_of(m, a.dtype).kernel_at(self.pick(a)?))
     }
 
     /// The kernel for `a`.
