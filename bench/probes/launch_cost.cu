@@ -1,0 +1,160 @@
+// What a host launch costs the calling thread, taken apart on a machine with 2 GPUs: the
+// driver's `cuLaunchKernel` of an empty kernel by the size of its parameter (ferroccl's engines
+// pass 300-600 bytes by value), with the early-start attribute (`cuLaunchKernelEx`), the context
+// switch and the event record ferroccl adds, and the cases of the latency issue's one thread
+// driving both GPUs: one thread alternating between them, and two threads launching at once,
+// each on its own GPU (does the driver serialise launches to different contexts?).
+// Per call: the mean over N calls, in microseconds; the stream is drained every 256 calls so
+// that no call waits for room in the launch queue.
+//
+//   nvcc -O2 -arch=sm_90 -o launch_cost bench/probes/launch_cost.cu -lcuda && ./launch_cost
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char* s_ = nullptr; cuGetErrorString(r_, &s_); \
+    std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?"); std::exit(1); } } while (0)
+#define RK(x) do { cudaError_t r_ = (x); if (r_ != cudaSuccess) { std::fprintf(stderr, "%s:%d %s: %s\n", \
+    __FILE__, __LINE__, #x, cudaGetErrorString(r_)); std::exit(1); } } while (0)
+
+template <int P> struct Arg { unsigned char b[P]; };
+template <int P> __global__ void k(Arg<P> a) {
+    if (a.b[P - 1] == 77 && threadIdx.x == 100000) asm volatile("trap;");
+}
+
+static const int N = 4000;
+using clk = std::chrono::steady_clock;
+
+struct Gpu {
+    CUcontext ctx;
+    CUstream s;
+    CUevent ev;
+    CUfunction f[6];
+};
+static const int SIZES[6] = {8, 64, 256, 528, 1024, 2048};
+static Gpu g[2];
+
+template <int P> static CUfunction fn() {
+    cudaFunction_t f;
+    RK(cudaGetFuncBySymbol(&f, (const void*)k<P>));
+    return (CUfunction)f;
+}
+
+static void setup(int d) {
+    RK(cudaSetDevice(d));
+    RK(cudaFree(0));
+    CK(cuCtxGetCurrent(&g[d].ctx));
+    CK(cuStreamCreate(&g[d].s, CU_STREAM_NON_BLOCKING));
+    CK(cuEventCreate(&g[d].ev, CU_EVENT_DISABLE_TIMING));
+    g[d].f[0] = fn<8>(); g[d].f[1] = fn<64>(); g[d].f[2] = fn<256>();
+    g[d].f[3] = fn<528>(); g[d].f[4] = fn<1024>(); g[d].f[5] = fn<2048>();
+}
+
+static unsigned char argbuf[2048];
+
+// flags: 1 = cuLaunchKernelEx with programmatic stream serialization, 2 = event record after,
+// 4 = cuCtxSetCurrent before, 8 = cuStreamIsCapturing before.
+static inline void launch(int d, int si, int grid, int block, int flags) {
+    if (flags & 4) CK(cuCtxSetCurrent(g[d].ctx));
+    if (flags & 8) { CUstreamCaptureStatus st; CK(cuStreamIsCapturing(g[d].s, &st)); }
+    void* params[1] = {argbuf};
+    if (flags & 1) {
+        CUlaunchAttribute attr;
+        attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        CUlaunchConfig cfg = {};
+        cfg.gridDimX = grid; cfg.gridDimY = 1; cfg.gridDimZ = 1;
+        cfg.blockDimX = block; cfg.blockDimY = 1; cfg.blockDimZ = 1;
+        cfg.hStream = g[d].s; cfg.attrs = &attr; cfg.numAttrs = 1;
+        CK(cuLaunchKernelEx(&cfg, g[d].f[si], params, nullptr));
+    } else {
+        CK(cuLaunchKernel(g[d].f[si], grid, 1, 1, block, 1, 1, 0, g[d].s, params, nullptr));
+    }
+    if (flags & 2) CK(cuEventRecord(g[d].ev, g[d].s));
+}
+
+static void drain(int d) { CK(cuCtxSetCurrent(g[d].ctx)); CK(cuStreamSynchronize(g[d].s)); }
+
+// One thread: mean us a call on GPU d (or both GPUs alternately: d = 2, a call = one launch to
+// each).
+static double one_thread(int d, int si, int grid, int block, int flags) {
+    auto body = [&](int n) {
+        double busy = 0;
+        for (int i = 0; i < n; i++) {
+            if (i % 256 == 0) {
+                if (d == 2) { drain(0); drain(1); } else drain(d);
+                if (d != 2) CK(cuCtxSetCurrent(g[d].ctx));
+            }
+            auto t0 = clk::now();
+            if (d == 2) { launch(0, si, grid, block, flags | 4); launch(1, si, grid, block, flags | 4); }
+            else launch(d, si, grid, block, flags);
+            busy += std::chrono::duration<double, std::micro>(clk::now() - t0).count();
+        }
+        return busy / n;
+    };
+    body(300);
+    return body(N);
+}
+
+// Two threads at once, thread d on GPU d; returns the slower thread's mean us a call.
+static double two_threads(int si, int grid, int block, int flags) {
+    std::atomic<int> ready{0};
+    double res[2];
+    auto th = [&](int d) {
+        CK(cuCtxSetCurrent(g[d].ctx));
+        ready++;
+        while (ready.load() < 2) {}
+        double busy = 0;
+        for (int i = 0; i < N; i++) {
+            if (i % 256 == 0) { drain(d); }
+            auto t0 = clk::now();
+            launch(d, si, grid, block, flags);
+            busy += std::chrono::duration<double, std::micro>(clk::now() - t0).count();
+        }
+        res[d] = busy / N;
+    };
+    std::thread a(th, 0), b(th, 1);
+    a.join(); b.join();
+    return res[0] > res[1] ? res[0] : res[1];
+}
+
+int main() {
+    CK(cuInit(0));
+    int n = 0;
+    RK(cudaGetDeviceCount(&n));
+    int ng = n >= 2 ? 2 : 1;
+    for (int d = 0; d < ng; d++) setup(d);
+    int drv = 0;
+    CK(cuDriverGetVersion(&drv));
+    std::printf("driver %d, %d GPUs; us a call, mean of %d\n", drv, n, N);
+    for (int rep = 0; rep < 2; rep++) {
+        std::printf("-- pass %d\n", rep + 1);
+        for (int si = 0; si < 6; si++) {
+            CK(cuCtxSetCurrent(g[0].ctx));
+            double a = one_thread(0, si, 1, 256, 0);
+            double b = one_thread(0, si, 1, 256, 1);
+            double c = one_thread(0, si, 64, 512, 1);
+            std::printf("param %4d B: launch %.2f  ex+early %.2f  ex 64x512 %.2f\n", SIZES[si], a, b, c);
+        }
+        CK(cuCtxSetCurrent(g[0].ctx));
+        double ev = one_thread(0, 3, 1, 256, 1 | 2), bind = one_thread(0, 3, 1, 256, 1 | 4);
+        double cap = one_thread(0, 3, 1, 256, 1 | 8), all = one_thread(0, 3, 1, 256, 1 | 2 | 4 | 8);
+        std::printf("528 B ex: +event %.2f  +ctx bind %.2f  +capturing %.2f  all three %.2f\n", ev, bind, cap, all);
+        if (ng == 2) {
+            for (int si : {0, 3}) {
+                // Each figure in a statement of its own: the cases run in this order.
+                double alone = one_thread(1, si, 1, 256, 1);
+                double both = one_thread(2, si, 1, 256, 1), both_ev = one_thread(2, si, 1, 256, 1 | 2);
+                double two = two_threads(si, 1, 256, 1), two_ev = two_threads(si, 1, 256, 1 | 2);
+                std::printf("%4d B ex, GPU 1 alone %.2f; one thread, both GPUs a call %.2f (+event %.2f); two threads at once, slower %.2f (+event %.2f)\n",
+                            SIZES[si], alone, both, both_ev, two, two_ev);
+            }
+        }
+    }
+    return 0;
+}
