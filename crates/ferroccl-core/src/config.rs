@@ -186,6 +186,12 @@ pub struct Config {
     pub gpu_peer_pull_min_bytes: usize,
     /// See `gpu_peer_pull_min_bytes`.
     pub gpu_peer_pull_max_bytes: usize,
+    /// FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES: on 2 ranks, a reduce on the peer engine whose
+    /// inputs lie in symmetric windows, of at least this many bytes and at most
+    /// `gpu_peer_pull_max_bytes`, pulls: its root reads the peer's input straight from the peer's
+    /// window and folds it with its own (`tune::peer_pulls`); 0 turns it off; the default
+    /// `tune::PEER_PULL_REDUCE_MIN_BYTES`. Every rank must agree.
+    pub gpu_peer_pull_reduce_min_bytes: usize,
     /// FERROCCL_GPU_PEER_LINES_MAX_BYTES: on 2 ranks whose GPUs NVLink joins, an all-reduce on
     /// the peer engine of at most this many bytes travels in 128-byte lines that carry their own
     /// flag (`tune::peer_lines`): each warp stores its part of the round into the peer's staging
@@ -389,6 +395,7 @@ impl Default for Config {
             gpu_peer_round_bytes: 0,
             gpu_peer_pull_min_bytes: crate::tune::PEER_PULL_MIN_BYTES,
             gpu_peer_pull_max_bytes: crate::tune::PEER_PULL_MAX_BYTES,
+            gpu_peer_pull_reduce_min_bytes: crate::tune::PEER_PULL_REDUCE_MIN_BYTES,
             gpu_peer_lines_max_bytes: crate::tune::PEER_LINES_MAX_BYTES,
             gpu_fold_blocks: crate::tune::FOLD_BLOCKS,
             gpu_fold_piece_bytes: crate::plan::copies::FOLD_PIECE_BYTES,
@@ -630,6 +637,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_PEER_PULL_MAX_BYTES") {
             c.gpu_peer_pull_max_bytes = parse("FERROCCL_GPU_PEER_PULL_MAX_BYTES", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES") {
+            c.gpu_peer_pull_reduce_min_bytes = parse("FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_PEER_LINES_MAX_BYTES") {
             c.gpu_peer_lines_max_bytes = parse("FERROCCL_GPU_PEER_LINES_MAX_BYTES", v)?;
         }
@@ -783,6 +793,10 @@ impl Config {
             (
                 "FERROCCL_GPU_PEER_PULL_MAX_BYTES",
                 self.gpu_peer_pull_max_bytes.to_string(),
+            ),
+            (
+                "FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES",
+                self.gpu_peer_pull_reduce_min_bytes.to_string(),
             ),
             (
                 "FERROCCL_GPU_PEER_LINES_MAX_BYTES",
@@ -1304,6 +1318,23 @@ mod tests {
         assert!(shares(&pull, "FERROCCL_GPU_PEER_PULL_MIN_BYTES", "4096"));
         assert!(shares(&pull, "FERROCCL_GPU_PEER_PULL_MAX_BYTES", "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_PULL_MAX_BYTES", "lots")])).is_err());
+        let reduce_pull =
+            Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES", "0")])).unwrap();
+        assert_eq!(
+            (
+                reduce_pull.gpu_peer_pull_reduce_min_bytes,
+                Config::default().gpu_peer_pull_reduce_min_bytes
+            ),
+            (0, crate::tune::PEER_PULL_REDUCE_MIN_BYTES)
+        );
+        assert!(shares(
+            &reduce_pull,
+            "FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES",
+            "0"
+        ));
+        assert!(
+            Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES", "-1")])).is_err()
+        );
         let lines =
             Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_LINES_MAX_BYTES", "65536")])).unwrap();
         assert_eq!(

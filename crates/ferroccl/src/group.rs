@@ -155,7 +155,11 @@ impl<'a> Group<'a> {
                 .backend
                 .cuda()
                 .is_some_and(|g| g.symmetric_far(a, &c.info).is_some());
-            let s = a.shape(&c.info, windows, symmetric);
+            let inputs = c
+                .backend
+                .cuda()
+                .is_some_and(|g| g.inputs_symmetric(a, &c.info));
+            let s = a.shape(&c.info, windows, symmetric, inputs);
             match per_comm.iter_mut().find(|(x, _)| std::ptr::eq(*x, *c)) {
                 Some((_, v)) => v.push(s),
                 None => per_comm.push((c, vec![s])),

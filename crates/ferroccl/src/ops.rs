@@ -252,7 +252,15 @@ impl OpArgs {
 
     /// The operation as the tuner sees it on `info`'s rank (`symmetric`: see
     /// [`OpShape::symmetric`]).
-    pub(crate) fn shape(&self, info: &CommInfo, windows: bool, symmetric: bool) -> OpShape {
+    /// Its shape as the tuner sees it; `symmetric` and `inputs_symmetric` as `OpShape` says,
+    /// found by the caller in its windows.
+    pub(crate) fn shape(
+        &self,
+        info: &CommInfo,
+        windows: bool,
+        symmetric: bool,
+        inputs_symmetric: bool,
+    ) -> OpShape {
         OpShape {
             kind: self.kind,
             count: self.count,
@@ -261,6 +269,7 @@ impl OpArgs {
             in_place: self.is_in_place(info.rank),
             windows,
             symmetric,
+            inputs_symmetric,
             redop: self.redop().nccl_id(),
         }
     }
@@ -284,16 +293,20 @@ pub(crate) struct Planned {
     pub plan: Plan,
 }
 
-/// `symmetric` says of each operation whether its buffers lie in symmetric windows.
+/// `symmetric` says of each operation whether its buffers lie in symmetric windows, and whether
+/// every rank's input does (`OpShape::symmetric`, `OpShape::inputs_symmetric`).
 pub(crate) fn plan_launch(
     info: &CommInfo,
     args: &[OpArgs],
     windows: bool,
-    symmetric: &dyn Fn(&OpArgs) -> bool,
+    symmetric: &dyn Fn(&OpArgs) -> (bool, bool),
 ) -> Result<Planned, Error> {
     let shapes: Vec<OpShape> = args
         .iter()
-        .map(|a| a.shape(info, windows, symmetric(a)))
+        .map(|a| {
+            let (s, inputs) = symmetric(a);
+            a.shape(info, windows, s, inputs)
+        })
         .collect();
     let choices: Vec<Choice> = choose_launch(&shapes, info.device, &info.config);
     let ops: Vec<LaunchOp> = args

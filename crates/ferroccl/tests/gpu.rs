@@ -66,6 +66,7 @@ fn f32_shape(kind: CollKind, count: usize, nranks: usize, in_place: bool) -> OpS
         in_place,
         windows: false,
         symmetric: false,
+        inputs_symmetric: false,
         redop: 0,
     }
 }
@@ -1288,6 +1289,8 @@ fn child_mapped_on_the_fly() {
 /// Exact on fresh data for Sum, Prod, Max, Min and Avg at three sizes (odd tails), the same bits
 /// on both ranks for Max and Min over signed zeros and NaN payloads that differ by rank; in
 /// place and PreMulSum (a scalar per rank) run staged, exact; each launch counted where it pulled.
+/// Reduces pull likewise, every root, in place or not: exact at the root, the non-root's output
+/// untouched; a PreMulSum staged.
 #[test]
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn symmetric_windows_pull_all_reduces_from_the_peer_input() {
@@ -1297,6 +1300,7 @@ fn symmetric_windows_pull_all_reduces_from_the_peer_input() {
     let Some(_) = gpus_for_test() else { return };
     let env = [
         ("FERROCCL_GPU_PEER_PULL_MIN_BYTES", "0".to_string()),
+        ("FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES", "1".to_string()),
         ("FERROCCL_GPU_PEER_PULL_MAX_BYTES", (1u64 << 30).to_string()),
         ("FERROCCL_GPU_FOLD_MIN_BYTES", "0".to_string()),
         ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "0".to_string()),
@@ -1422,6 +1426,79 @@ fn child_pull() {
         put(&send, &edges);
         assert!(all_reduce(&send, count, op));
         assert_ranks_agree(&comm, &recv, &both, count, &format!("pulled {op:?}"));
+    }
+    // Reduces pull too (their inputs lie in symmetric windows): the root reads its peer's input
+    // and folds it into its output, in place or not; the non-root's output is left alone.
+    let reduce = |input: &DeviceBuffer, count: usize, op: ReduceOp, root: usize| {
+        let a = OpArgs {
+            kind: CollKind::Reduce,
+            op,
+            root,
+            ..all_reduce_args(input, &recv, count)
+        };
+        let before = pulled();
+        let mut g = Group::new();
+        unsafe { g.push_raw(&comm, a).unwrap() };
+        g.launch().unwrap();
+        comm.synchronize().unwrap();
+        pulled() > before
+    };
+    for root in 0..n {
+        for (k, count) in [(64 << 10) + 17, most].into_iter().enumerate() {
+            for (i, (op, f)) in PAIR_FOLDS.into_iter().enumerate() {
+                let tag = (300 + root * 100 + k * 10 + i) as u64;
+                send.copy_from_host(0, f32_bytes(&small(tag, r, count)))
+                    .unwrap();
+                put(&recv, &vec![0x7fc0_0bad; count]);
+                assert!(
+                    reduce(&send, count, op, root),
+                    "reduce {count} {op:?} did not pull"
+                );
+                let (a, b) = (small(tag, 0, count), small(tag, 1, count));
+                let want: Vec<u32> = if r == root {
+                    (0..count).map(|j| f(a[j], b[j]).to_bits()).collect()
+                } else {
+                    vec![0x7fc0_0bad; count]
+                };
+                assert!(
+                    read(&recv, count) == want,
+                    "reduce {count} {op:?} root {root}"
+                );
+            }
+            // In place (the root's output its input; the non-root's in place says nothing).
+            let tag = (400 + root * 100 + k) as u64;
+            recv.copy_from_host(0, f32_bytes(&small(tag, r, count)))
+                .unwrap();
+            assert!(reduce(&recv, count, ReduceOp::Sum, root));
+            let (a, b) = (small(tag, 0, count), small(tag, 1, count));
+            let mine = if r == 0 { &a } else { &b };
+            let want: Vec<u32> = if r == root {
+                (0..count).map(|j| (a[j] + b[j]).to_bits()).collect()
+            } else {
+                mine.iter().map(|v| v.to_bits()).collect()
+            };
+            assert!(
+                read(&recv, count) == want,
+                "reduce in place {count} root {root}"
+            );
+        }
+    }
+    // PreMulSum: staged, exact.
+    let count = (1 << 20) + 1;
+    send.copy_from_host(0, f32_bytes(&small(500, r, count)))
+        .unwrap();
+    assert!(!reduce(
+        &send,
+        count,
+        ReduceOp::PreMulSum(r as f64 + 2.0),
+        0
+    ));
+    if r == 0 {
+        let (a, b) = (small(500, 0, count), small(500, 1, count));
+        let want: Vec<u32> = (0..count)
+            .map(|j| (a[j] * 2.0 + b[j] * 3.0).to_bits())
+            .collect();
+        assert!(read(&recv, count) == want, "reduce PreMulSum");
     }
     comm.deregister_window(send.device_ptr()).unwrap();
     comm.deregister_window(recv.device_ptr()).unwrap();

@@ -353,6 +353,11 @@ pub struct OpShape {
     /// for its senders (`rendezvous_wanted`) is planned with it too: every rank then names every
     /// output it writes, alike.
     pub symmetric: bool,
+    /// Every rank's input lies in a symmetric window, at one offset of one window (the same on
+    /// every rank by that contract), so that a rank may read its peers' inputs in place: what a
+    /// reduce's pull needs ([`peer_pulls`]). Said apart from `symmetric` because a reduce's
+    /// `symmetric` speaks of its root's posted output.
+    pub inputs_symmetric: bool,
     /// The reduction, as NCCL numbers it (`ReduceOp::nccl_id`: 0 Sum, 1 Prod, 2 Max, 3 Min, 4
     /// Avg, 5 any PreMulSum; 0 for the kinds that do not reduce). NCCL makes it the same on
     /// every rank (a PreMulSum's scalar may differ).
@@ -669,6 +674,12 @@ pub const PEER_PULL_MIN_BYTES: usize = 16 << 20;
 /// See [`PEER_PULL_MIN_BYTES`].
 pub const PEER_PULL_MAX_BYTES: usize = 512 << 20;
 
+/// The smallest reduce the peer engine pulls (`FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES`; see
+/// [`peer_pulls`]). One way: the root reads, the link's other direction idles, so the pull
+/// meets only the staged read rounds' one crossing (the non-root's local copy into its staging
+/// and the root's read of it, round by round), not a second one of its own.
+pub const PEER_PULL_REDUCE_MIN_BYTES: usize = 8 << 20;
+
 /// The most thread blocks a pulling all-reduce runs on (it fills no slots, so the staging's cut
 /// does not bind it). On 2 x H200 (registered, a process per GPU, graphs, out of place, float32
 /// and bfloat16 together, GB/s, two alternated runs, 64 / 32 / 16 / 128 blocks): 32 MiB 311-312 /
@@ -686,14 +697,26 @@ pub const PEER_PULL_BLOCKS: usize = 32;
 /// fold's HBM traffic overlap, where the staged one-shot stores, then folds. Out of place only
 /// (in place, a rank's output is the input its peer still reads), and not a PreMulSum (the
 /// peer's input would need the peer's scalar, which may differ by rank).
+///
+/// The reduce of 2 ranks pulls too, where every rank's input lies in a symmetric window
+/// (`inputs_symmetric`): its root reads the peer's input and folds it with its own into its
+/// output; the non-root reads nothing and only says its input is there, then waits until the
+/// root has read it. In place or not (the root reads and writes each element by the same
+/// thread, and nobody reads the root's buffers), so each rank's own in-place-ness, which its
+/// peer cannot see, does not enter.
 pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
-    op.kind == CollKind::AllReduce
-        && op.nranks == 2
-        && op.symmetric
-        && !op.in_place
-        && (ReduceOp::Sum.nccl_id()..=ReduceOp::Avg.nccl_id()).contains(&op.redop)
-        && bytes
-            .is_some_and(|b| b >= cfg.gpu_peer_pull_min_bytes && b <= cfg.gpu_peer_pull_max_bytes)
+    let redop = (ReduceOp::Sum.nccl_id()..=ReduceOp::Avg.nccl_id()).contains(&op.redop);
+    let within = |min: usize| bytes.is_some_and(|b| b >= min && b <= cfg.gpu_peer_pull_max_bytes);
+    let shape = match op.kind {
+        CollKind::AllReduce => op.symmetric && !op.in_place && within(cfg.gpu_peer_pull_min_bytes),
+        CollKind::Reduce => {
+            op.inputs_symmetric
+                && cfg.gpu_peer_pull_reduce_min_bytes > 0
+                && within(cfg.gpu_peer_pull_reduce_min_bytes)
+        }
+        _ => false,
+    };
+    op.nranks == 2 && redop && shape
 }
 
 /// Whether a largest buffer of `bytes` reaches a size knob's `min`, by the knobs' convention that
@@ -1056,7 +1079,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         let lines = !pull && one_crossing && peer_lines(op, bytes, cfg);
         let (algo, chunk_elems) = match op.kind {
             // A pull has no slots to fill: one round takes a block's whole slice.
-            CollKind::AllReduce if pull => (Algo::OneShot, op.count.max(1)),
+            _ if pull => (Algo::OneShot, op.count.max(1)),
             // Lines fill the parity's two slots, a sixteenth of them flags.
             _ if lines => (Algo::OneShot, peer_line_round_elems(slot, es).max(1)),
             CollKind::AllReduce if !one_crossing => {
@@ -1125,7 +1148,9 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
             read,
             wait_posts,
             why: Why {
-                algo: if pull {
+                algo: if pull && op.kind == CollKind::Reduce {
+                    "reduce of 2 ranks whose inputs lie in symmetric windows within FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES - FERROCCL_GPU_PEER_PULL_MAX_BYTES: the root pulls its peer's input on the peer engine"
+                } else if pull {
                     "all-reduce of 2 ranks between symmetric windows within FERROCCL_GPU_PEER_PULL_MIN_BYTES - FERROCCL_GPU_PEER_PULL_MAX_BYTES: each rank pulls its peer's input on the peer engine"
                 } else if algo == Algo::TwoShot {
                     "all-reduce beyond the direct engine: two-shot on the peer engine"

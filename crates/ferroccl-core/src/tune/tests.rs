@@ -10,6 +10,7 @@ fn shape(kind: CollKind, count: usize, dtype: DataType, nranks: usize) -> OpShap
         in_place: false,
         windows: false,
         symmetric: false,
+        inputs_symmetric: false,
         redop: 0,
     }
 }
@@ -2793,6 +2794,150 @@ fn pulls_by_default_from_16_mib_to_the_fold() {
         assert!(!pulls(b), "{b} takes the copy-and-fold");
         assert_eq!(choose(&at(b), Device::Gpu, &cfg).engine, Engine::CopyEngine);
     }
+}
+
+/// A float32 reduce of `bytes` on 2 ranks whose inputs lie in symmetric windows (the root's
+/// output posted by nobody: no rendezvous).
+fn pullable_reduce(bytes: usize) -> OpShape {
+    OpShape {
+        windows: true,
+        inputs_symmetric: true,
+        ..shape(CollKind::Reduce, bytes / 4, Float32, 2)
+    }
+}
+
+/// The pulling reduce (FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES to _PULL_MAX_BYTES): 2 ranks whose
+/// inputs lie in symmetric windows, Sum to Avg, in place or not (each rank's own, which its peer
+/// cannot see, must not decide), on the peer engine as the all-reduce's pull: one round a block,
+/// at most PEER_PULL_BLOCKS blocks, never split, read or direct, posting nothing. By default from
+/// 8 MiB; its own floor's 0 turns it off, and the all-reduce's floor does not bind it.
+#[test]
+fn pulls_take_reduces_of_two_ranks_whose_inputs_lie_in_symmetric_windows() {
+    let cfg = Config {
+        gpu_peer_pull_reduce_min_bytes: 1 << 20,
+        gpu_peer_pull_min_bytes: 256 << 20,
+        gpu_peer_pull_max_bytes: 64 << 20,
+        gpu_peer_split: Some(true),
+        gpu_peer_read: Some(true),
+        ..Config::default()
+    };
+    let at = pullable_reduce;
+    for bytes in [1 << 20, 4 << 20, 64 << 20] {
+        for redop in 0..=4 {
+            for in_place in [false, true] {
+                let op = OpShape {
+                    redop,
+                    in_place,
+                    ..at(bytes)
+                };
+                assert!(peer_pulls(&op, op.largest_bytes(), &cfg), "{bytes} {redop}");
+                let c = choose(&op, Device::Gpu, &cfg);
+                assert!(
+                    c.engine == Engine::PeerKernel
+                        && c.algo == Algo::OneShot
+                        && c.zero_copy
+                        && !c.post_output
+                        && !c.split
+                        && !c.read
+                        && !c.wait_posts
+                        && c.protocol == Protocol::Simple
+                        && c.chunk_elems == op.count
+                        && c.channels == PEER_PULL_BLOCKS.min(bytes / PEER_BLOCK_BYTES),
+                    "{bytes} {redop} {in_place}: {c}"
+                );
+                assert!(
+                    c.why.algo.contains("reduce") && c.why.algo.contains("pulls"),
+                    "{c}"
+                );
+            }
+        }
+    }
+    let off = Config {
+        gpu_peer_pull_reduce_min_bytes: 0,
+        ..cfg.clone()
+    };
+    for (op, cfg) in [
+        (
+            OpShape {
+                redop: 5,
+                ..at(4 << 20)
+            },
+            &cfg,
+        ),
+        (
+            OpShape {
+                inputs_symmetric: false,
+                symmetric: true,
+                ..at(4 << 20)
+            },
+            &cfg,
+        ),
+        (at(128 << 20), &cfg),
+        (at(512 << 10), &cfg),
+        (at(4 << 20), &off),
+        (
+            OpShape {
+                kind: CollKind::Gather,
+                count: (4 << 20) / 8,
+                ..at(4 << 20)
+            },
+            &cfg,
+        ),
+        (
+            OpShape {
+                kind: CollKind::ReduceScatter,
+                count: (4 << 20) / 8,
+                ..at(4 << 20)
+            },
+            &cfg,
+        ),
+        (
+            OpShape {
+                nranks: 3,
+                ..at(4 << 20)
+            },
+            &cfg,
+        ),
+    ] {
+        assert!(!peer_pulls(&op, op.largest_bytes(), cfg), "{op:?}");
+        let c = choose(&op, Device::Gpu, cfg);
+        assert!(
+            !(c.engine == Engine::PeerKernel && c.zero_copy),
+            "{op:?}: {c}"
+        );
+    }
+    // Inputs in windows say nothing to the all-reduce's pull: its own `symmetric` does.
+    let all_reduce = OpShape {
+        kind: CollKind::AllReduce,
+        ..at(4 << 20)
+    };
+    let pulled_all_reduces = Config {
+        gpu_peer_pull_min_bytes: 1 << 20,
+        ..cfg.clone()
+    };
+    assert!(!peer_pulls(
+        &all_reduce,
+        all_reduce.largest_bytes(),
+        &pulled_all_reduces
+    ));
+    // By default from 8 MiB, up to the copy-and-fold after a rendezvous.
+    let def = Config::default();
+    let pulls = |bytes: usize| {
+        let c = choose(&at(bytes), Device::Gpu, &def);
+        c.engine == Engine::PeerKernel && c.zero_copy
+    };
+    assert!(!pulls(4 << 20));
+    assert!(pulls(8 << 20) && pulls(128 << 20) && pulls(256 << 20));
+    let posted = OpShape {
+        symmetric: true,
+        ..at(def.gpu_fold_reduce_min_bytes)
+    };
+    assert_eq!(
+        choose(&posted, Device::Gpu, &def).engine,
+        Engine::CopyEngine
+    );
+    // The host backend never pulls.
+    assert!(!choose(&at(8 << 20), Device::Host, &def).zero_copy);
 }
 
 /// Line rounds (FERROCCL_GPU_PEER_LINES_MAX_BYTES): the peer engine's one-shot all-reduce, its

@@ -633,6 +633,29 @@ impl CudaComm {
             .and_then(|w| self.far_in(&w, a, info))
     }
 
+    /// Whether every rank's input of `a` lies in a symmetric window (`OpShape::inputs_symmetric`:
+    /// what a reduce's pull reads), where the peer engine could read it: ranks apart.
+    pub(crate) fn inputs_symmetric(&self, a: &OpArgs, info: &CommInfo) -> bool {
+        self.windows
+            .lock()
+            .is_ok_and(|w| self.inputs_in(&w, a, info))
+    }
+
+    /// `inputs_symmetric` with the windows at hand (the launch path holds their lock).
+    pub(super) fn inputs_in(&self, w: &Windows, a: &OpArgs, info: &CommInfo) -> bool {
+        if w.is_empty() || self.peer.is_none() || !self.fabric.ranks_apart() {
+            return false;
+        }
+        let Some(bytes) = a
+            .kind
+            .buffer_counts(a.count, info.nranks, a.root == info.rank)
+            .and_then(|(send, _)| send.checked_mul(a.dtype.size()))
+        else {
+            return false;
+        };
+        bytes > 0 && w.symmetric_far(a.send as u64, bytes as u64).is_some()
+    }
+
     /// `symmetric_far` with the windows at hand (the launch path holds their lock).
     pub(super) fn far_in(&self, w: &Windows, a: &OpArgs, info: &CommInfo) -> Option<Vec<u64>> {
         use ferroccl_core::plan::copies::{fold_serves, zcopy_serves};
@@ -676,7 +699,7 @@ impl CudaComm {
         // above all, goes on without taking the windows' lock.
         let wanted = |windows, symmetric| {
             ferroccl_core::tune::rendezvous_wanted(
-                &a.shape(info, windows, symmetric),
+                &a.shape(info, windows, symmetric, false),
                 Device::Gpu,
                 &info.config,
             )
@@ -812,7 +835,7 @@ impl CudaComm {
     pub(crate) fn p2p_posts(&self, a: &OpArgs, info: &CommInfo) -> Result<bool, Error> {
         let wanted = |windows| {
             ferroccl_core::tune::p2p_rendezvous_wanted(
-                &a.shape(info, windows, false),
+                &a.shape(info, windows, false, false),
                 Device::Gpu,
                 &info.config,
             )

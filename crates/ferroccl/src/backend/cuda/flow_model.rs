@@ -66,6 +66,9 @@ enum Kind {
     /// The pulling all-reduce (2 ranks on the GPU, any count here): every rank reads every
     /// peer's input in place, one round a block.
     Pull,
+    /// The pulling reduce: the all-reduce's pull, whose flags every rank raises and waits for
+    /// alike, but only the root reads its peers' inputs.
+    PullToRoot,
     /// The one-shot all-reduce and the reduce-scatter in line rounds (2 ranks on the GPU, any
     /// count here): every rank stores into every peer's slots (both phases'), the flag in the
     /// data.
@@ -244,7 +247,9 @@ fn program_of(engine: Engine, me: usize, n: usize, launches: &[Launch]) -> Vec<S
 fn ends(kind: Kind, me: usize, n: usize, root: usize) -> (Vec<usize>, Vec<usize>) {
     let peers: Vec<usize> = (0..n).filter(|&q| q != me).collect();
     match kind {
-        Kind::AllReduce | Kind::Symmetric | Kind::Pull | Kind::Lines => (peers.clone(), peers),
+        Kind::AllReduce | Kind::Symmetric | Kind::Pull | Kind::PullToRoot | Kind::Lines => {
+            (peers.clone(), peers)
+        }
         Kind::FromRoot if me == root => (peers, Vec::new()),
         Kind::FromRoot => (Vec::new(), vec![root]),
         Kind::ToRoot | Kind::LinesToRoot if me == root => (Vec::new(), peers),
@@ -292,7 +297,7 @@ fn push_launch(
         && engine == Engine::Peer
         && !matches!(
             l.kind,
-            Kind::AllReduce | Kind::Pull | Kind::Lines | Kind::LinesToRoot
+            Kind::AllReduce | Kind::Pull | Kind::PullToRoot | Kind::Lines | Kind::LinesToRoot
         );
     let read = l.reads(engine);
     if rounds > 0 {
@@ -308,13 +313,14 @@ fn push_launch(
     }
     let symmetric = matches!(
         l.kind,
-        Kind::AllReduce | Kind::Symmetric | Kind::Pull | Kind::Lines
+        Kind::AllReduce | Kind::Symmetric | Kind::Pull | Kind::PullToRoot | Kind::Lines
     );
     for k in 0..rounds {
         *s += 1;
         let s = *s;
-        if l.kind == Kind::Pull {
+        if matches!(l.kind, Kind::Pull | Kind::PullToRoot) {
             // Input there; the peers' too; read theirs; read; at the end, they read this one's.
+            // A reduce's non-root reads nothing: it only flags and waits.
             steps.push(Step::Barrier {
                 ack: 0,
                 flag: Some((0, peers.clone())),
@@ -327,9 +333,11 @@ fn push_launch(
                 s,
                 read: false,
             });
-            steps.push(Step::ReadInputs {
-                from: peers.clone(),
-            });
+            if l.kind == Kind::Pull || me == l.root {
+                steps.push(Step::ReadInputs {
+                    from: peers.clone(),
+                });
+            }
             steps.push(Step::Barrier {
                 ack: 0,
                 flag: Some((1, peers.clone())),
@@ -501,7 +509,7 @@ fn split_programs(me: usize, n: usize, launches: &[Launch]) -> [Vec<Step>; 2] {
         recv.push(Step::Join { id });
         if matches!(
             l.kind,
-            Kind::AllReduce | Kind::Pull | Kind::Lines | Kind::LinesToRoot
+            Kind::AllReduce | Kind::Pull | Kind::PullToRoot | Kind::Lines | Kind::LinesToRoot
         ) || !l.split
         {
             // Whole, as `Peer` runs it, on the send warps (its first round looks for room unless
@@ -978,6 +986,7 @@ fn peer_kind_strategy() -> impl Strategy<Value = Kind> {
         Kind::FromRoot,
         Kind::ToRoot,
         Kind::Pull,
+        Kind::PullToRoot,
         Kind::Lines,
         Kind::LinesToRoot,
     ])
@@ -1465,6 +1474,65 @@ fn the_model_catches_a_pull_without_its_waits() {
     };
     assert!(breaks(&without(1), "still reads its input"));
     assert!(breaks(&without(0), "reads rank 1's input"));
+}
+
+/// A reduce's pull: only the root reads, but its peer's launch must still wait for the root's
+/// "read" flag at its end (its caller may overwrite the input the root reads), and the root for
+/// its peer's "there" flag; both roots, among the rooted and symmetric rounds that follow it.
+#[test]
+fn the_model_catches_a_reduce_pull_without_its_waits() {
+    let n = 2;
+    for root in 0..n {
+        let pull = Launch {
+            root,
+            ..Launch::of(Kind::PullToRoot, 2)
+        };
+        let mixed = [
+            pull,
+            Launch {
+                kind: Kind::ToRoot,
+                rounds: 3,
+                ..pull
+            },
+            pull,
+            Launch {
+                kind: Kind::Pull,
+                rounds: 1,
+                ..pull
+            },
+            pull,
+            Launch {
+                kind: Kind::Symmetric,
+                rounds: 2,
+                ..pull
+            },
+        ];
+        for seed in 1..300 {
+            let r = run(n, &mixed, seed, seed % 2 == 0);
+            assert!(r.is_ok(), "root {root}, seed {seed}: {r:?}");
+        }
+        let without = |phase: usize| -> Vec<Vec<Step>> {
+            (0..n)
+                .map(|r| {
+                    program(r, n, &[pull, pull, pull])
+                        .into_iter()
+                        .filter(|st| !matches!(st, Step::WaitRead { phase: p, .. } if *p == phase))
+                        .collect()
+                })
+                .collect()
+        };
+        let breaks = |programs: &[Vec<Step>], rule: &str| {
+            (1..2000).any(|seed| {
+                run_programs(n, programs, seed, seed % 2 == 0).is_err_and(|e| e.contains(rule))
+            })
+        };
+        let peer = 1 - root;
+        assert!(breaks(&without(1), "still reads its input"), "root {root}");
+        assert!(
+            breaks(&without(0), &format!("reads rank {peer}'s input")),
+            "root {root}"
+        );
+    }
 }
 
 /// A reduce's line rounds: nothing comes back from the root within a launch, so the senders

@@ -173,8 +173,9 @@ enum Run {
     /// `oneshot`: an all-reduce in one crossing (2 ranks); `read`: receivers read each round out
     /// of their senders' staging (`tune::peer_read_pays`); `direct`: senders store straight into
     /// outputs their receivers post (the tuner's zero-copy), `post`: this rank posts its output
-    /// where a window holds it; `pull`: an all-reduce that reads its peer's input from the
-    /// peer's symmetric window (the all-reduce's zero-copy, `tune::peer_pulls`); `lines`: an
+    /// where a window holds it; `pull`: an all-reduce, or a reduce's root, that reads its peer's
+    /// input from the peer's symmetric window (the reductions' zero-copy, `tune::peer_pulls`;
+    /// a reduce's non-root only flags and waits); `lines`: an
     /// all-reduce in line rounds (`Protocol::LL128`, `tune::peer_lines`).
     Peer {
         blocks: u32,
@@ -527,7 +528,7 @@ impl CudaComm {
             // The copy engines straight into the outputs the peers posted: planned and run now,
             // never kept, as the peers' outputs may move while this rank's buffers stay.
             drop(cache);
-            let planned = plan_launch(info, args, !windows.is_empty(), &|_| true)?;
+            let planned = plan_launch(info, args, !windows.is_empty(), &|_| (true, false))?;
             state.log_choices(info, &planned.shapes, &planned.choices);
             let (ce, c) = match (&self.ce, &planned.choices[..]) {
                 (Some(ce), [c]) if c.engine == Engine::CopyEngine && c.zero_copy => (ce, c),
@@ -563,7 +564,9 @@ impl CudaComm {
                 [a] => self.far_in(&windows, a, info),
                 _ => None,
             };
-            let planned = plan_launch(info, args, !windows.is_empty(), &|_| far.is_some())?;
+            let planned = plan_launch(info, args, !windows.is_empty(), &|a| {
+                (far.is_some(), self.inputs_in(&windows, a, info))
+            })?;
             state.log_choices(info, &planned.shapes, &planned.choices);
             let tableless = match planned.choices[..] {
                 // The one-kernel engines: no tables, only the choice.
@@ -577,16 +580,20 @@ impl CudaComm {
                         Engine::DirectKernel if self.direct.is_some() => Run::Direct { blocks },
                         Engine::PeerKernel if self.peer.is_some() => {
                             let all_reduce = args[0].kind == CollKind::AllReduce;
+                            // The peer engine's zero-copy for the reductions is the pull (the
+                            // all-reduce's, the reduce's root's); for the rest, direct rounds.
+                            let pull = c.zero_copy
+                                && matches!(args[0].kind, CollKind::AllReduce | CollKind::Reduce);
                             Run::Peer {
                                 blocks,
                                 chunk: c.chunk_elems as u64,
                                 oneshot: c.algo == Algo::OneShot && all_reduce,
                                 split: c.split,
                                 read: c.read,
-                                direct: c.zero_copy && !all_reduce,
+                                direct: c.zero_copy && !pull,
                                 wait_posts: c.wait_posts,
                                 post: c.post_output,
-                                pull: c.zero_copy && all_reduce,
+                                pull,
                                 lines: c.protocol == Protocol::LL128,
                             }
                         }
@@ -670,9 +677,9 @@ impl CudaComm {
             }
             _ => None,
         };
-        // Where a pulling all-reduce (2 ranks: the peer is `rank ^ 1`) reads its peer's input:
-        // the peer's window at this rank's offset (the symmetric contract), as this process maps
-        // it.
+        // Where a pull (2 ranks: the peer is `rank ^ 1`) reads its peer's input: the peer's
+        // window at this rank's offset (the symmetric contract), as this process maps it. A
+        // reduce's non-root reads nothing but takes it alike: the kernel knows a pull by it.
         let pull = match run {
             Run::Peer { pull: true, .. } => {
                 let a = &args[0];
@@ -680,9 +687,7 @@ impl CudaComm {
                     .symmetric_far(a.send as u64, (a.count * a.dtype.size()) as u64)
                     .and_then(|f| f.get(info.rank ^ 1).copied())
                     .ok_or_else(|| {
-                        Error::Internal(
-                            "a pulling all-reduce whose input left its symmetric window".into(),
-                        )
+                        Error::Internal("a pull whose input left its symmetric window".into())
                     })?
             }
             _ => 0,

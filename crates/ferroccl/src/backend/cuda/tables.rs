@@ -247,8 +247,8 @@ pub(crate) struct FcPeer {
     pub post: u32,
     /// Where the receiving kernels count the direct rounds they got (a diagnostic).
     pub stats: u64,
-    /// A pulling all-reduce (2 ranks): the peer's input as this GPU maps it (its symmetric
-    /// window); 0: the staged rounds.
+    /// A pull (2 ranks; an all-reduce, or a reduce, whose root alone reads): the peer's input as
+    /// this GPU maps it (its symmetric window); 0: the staged rounds.
     pub pull: u64,
     /// An all-reduce on 2 ranks in line rounds (`Protocol::LL128`): the salt its flags are mixed
     /// with (from the communicator's id, never 0), so that no earlier data in the slots passes

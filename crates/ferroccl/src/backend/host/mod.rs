@@ -103,7 +103,7 @@ pub(crate) fn launch(members: &mut [HostLaunch]) -> Result<(), Error> {
     let mut planned: Vec<Planned> = Vec::with_capacity(members.len());
     let mut bufs: Vec<Vec<OpBufs>> = Vec::with_capacity(members.len());
     for m in members.iter_mut() {
-        let p = plan_launch(m.info, m.args, false, &|_| false)?;
+        let p = plan_launch(m.info, m.args, false, &|_| (false, false))?;
         m.state.log_choices(m.info, &p.shapes, &p.choices);
         planned.push(p);
         let ops = m.args.iter().map(|a| {

@@ -650,7 +650,8 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     // this launch's or the last of the one before (the kernel boundary keeps the order): only a
     // launch's first round after a rooted operation's and rooted rounds look at the
     // acknowledgements.
-    const bool symmetric = symmetric_kind(kind);
+    // A pull flags every peer every round, a reduce's too: its flow is the all-reduce's pull.
+    const bool symmetric = symmetric_kind(kind) || P.pull != 0;
     // A send block of a split launch hears of its receivers' reads only from their
     // acknowledgements: it looks before every round.
     const bool check_room = first || !symmetric || role == FC_ROLE_SEND;
@@ -675,18 +676,21 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
         }
         return line_round<D, SUM>(P, src, own, out + at * es, len, s, check_room, sends, receives, rooted && me == t, b);
     }
-    if (kind == FC_KIND_ALL_REDUCE && P.pull != 0) {
-        // A pull (FcPeer::pull, 2 ranks, out of place): no store phase and no slot. Each rank
-        // says its input is there (and, as every flag does, that it is done with its earlier
-        // rounds' slots), waits for the peer to say the same, then reads the peer's input over
-        // the link straight out of the peer's window and folds it with its own, the link's reads
-        // overlapping the fold's HBM traffic. A second flag says the peer's input is read; a
-        // launch ends only once its peer has read this rank's input, which the caller may
-        // overwrite after it.
+    if (P.pull != 0) {
+        // A pull (FcPeer::pull, 2 ranks; an all-reduce out of place, or a reduce): no store phase
+        // and no slot. Each rank says its input is there (and, as every flag does, that it is done
+        // with its earlier rounds' slots), waits for the peer to say the same, then reads the
+        // peer's input over the link straight out of the peer's window and folds it with its own,
+        // the link's reads overlapping the fold's HBM traffic. A second flag says the peer's input
+        // is read; a launch ends only once its peer has read this rank's input, which the caller
+        // may overwrite after it. A reduce's root alone reads and folds; its peer flags and waits
+        // alike (one protocol for both kinds: the flow model's Pull, which reads fewer here).
         const fc_u32 q = 1u - me;
         if (!peer_signal(P, b, 0, s, FC_PEER_ALL, 0, ack)) return false;
         if (!peer_wait(P, b, 0, s, FC_PEER_ALL)) return false;
-        fold_pair<D, SUM>(op, me, out + at * es, (const fc_u8*)P.pull + at * es, in + at * es, len);
+        if (kind == FC_KIND_ALL_REDUCE || me == t) {
+            fold_pair<D, SUM>(op, me, out + at * es, (const fc_u8*)P.pull + at * es, in + at * es, len);
+        }
         // Counted with the direct rounds: a round taken straight from the peer's buffer.
         if (threadIdx.x == 0 && P.stats != 0) atomicAdd((unsigned long long*)P.stats, 1ull);
         if (!peer_signal(P, b, 1, s, q, 0, 0)) return false;
@@ -861,12 +865,13 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
     if (!fc::shape_serves<SHAPE>(P.kind, P.op.redop)) return;
     if (P.oneshot != 0u && (P.kind != FC_KIND_ALL_REDUCE || P.nranks != 2u)) return;
     // A pull and line rounds run only what the tuner gives them (tune::peer_pulls, tune::peer_lines):
-    // a whole-block one-shot all-reduce on 2 ranks, and for lines also a whole-block reduce-scatter
-    // or reduce on 2 ranks. A pull folds the peer's raw input, so never a PreMulSum (whose scalar
-    // may differ by rank); lines are never a pull, and a round's lines fit its parity's two slots
-    // (tune::peer_line_round_elems). Refused loudly: the peer would wait.
+    // a whole-block one-shot all-reduce on 2 ranks, and for both also a whole-block reduce on 2
+    // ranks, for lines a reduce-scatter too. A pull folds the peer's raw input, so never a
+    // PreMulSum (whose scalar may differ by rank); lines are never a pull, and a round's lines
+    // fit its parity's two slots (tune::peer_line_round_elems). Refused loudly: the peer would wait.
     const bool pair_oneshot = P.kind == FC_KIND_ALL_REDUCE && P.oneshot != 0u && P.nranks == 2u && P.split == 0u;
-    const bool bad_pull = P.pull != 0 && (!pair_oneshot || P.op.redop == FC_OP_PREMULSUM);
+    const bool pair_reduce = P.kind == FC_KIND_REDUCE && P.oneshot == 0u && P.nranks == 2u && P.split == 0u;
+    const bool bad_pull = P.pull != 0 && (!(pair_oneshot || pair_reduce) || P.op.redop == FC_OP_PREMULSUM || P.read != 0u);
     const bool line_kind = pair_oneshot || (P.nranks == 2u && P.split == 0u && (P.kind == FC_KIND_REDUCE_SCATTER || P.kind == FC_KIND_REDUCE));
     const bool bad_lines = P.lines != 0 && (!line_kind || P.pull != 0 || blockDim.x % 32u != 0u ||
                                             P.chunk * sizeof(typename D::S) > 2u * P.slot_bytes / FC_LINE_GROUP * FC_LINE_GROUP_DATA);
@@ -935,7 +940,7 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
     // nothing of its receive blocks' reads, so the next launch looks for room as after a rooted
     // one.
     if (threadIdx.x == 0 && s > seq) {
-        const fc_u64 next = s | (fc::symmetric_kind(P.kind) && !split ? FC_AFTER_SYMMETRIC : 0);
+        const fc_u64 next = s | ((fc::symmetric_kind(P.kind) || P.pull != 0) && !split ? FC_AFTER_SYMMETRIC : 0);
         if (role != FC_ROLE_RECV) seqs[slice] = next;
         if (role != FC_ROLE_SEND) seqs[FC_PEER_MAX_BLOCKS + slice] = next;
     }

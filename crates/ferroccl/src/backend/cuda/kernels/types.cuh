@@ -275,7 +275,7 @@ struct FcPeer {
     fc_u32 direct;                    // 1: senders store straight into outputs their receivers post; 2: and wait for the posts at the start
     fc_u32 post;                      // 1: this rank posts `views` to its senders
     fc_u64 stats;                     // where receivers count the direct rounds they got
-    fc_u64 pull;                      // a pulling all-reduce: the peer's input as this GPU maps it
+    fc_u64 pull;                      // a pull (an all-reduce, a reduce): the peer's input as this GPU maps it
     fc_u64 lines;                     // line rounds (peer.cu): the flags' salt, never 0; 0: staged
     fc_u32 read;                      // 1: messages lie in their senders' staging, read over the link
     fc_u32 reserved;
