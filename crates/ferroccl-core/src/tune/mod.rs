@@ -675,10 +675,14 @@ pub const PEER_PULL_MIN_BYTES: usize = 16 << 20;
 pub const PEER_PULL_MAX_BYTES: usize = 512 << 20;
 
 /// The smallest reduce the peer engine pulls (`FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES`; see
-/// [`peer_pulls`]). One way: the root reads, the link's other direction idles, so the pull
-/// meets only the staged read rounds' one crossing (the non-root's local copy into its staging
-/// and the root's read of it, round by round), not a second one of its own.
-pub const PEER_PULL_REDUCE_MIN_BYTES: usize = 8 << 20;
+/// [`peer_pulls`]). On 2 x H200 (registered, a process per GPU, graphs, float32 and bfloat16,
+/// two alternated runs, us, pull / the staged read rounds): 64 MiB 191.5-193.3 / 194.2-196.4,
+/// 128 MiB 369.8-376.0 / 383.7-386.2, 256 MiB in place 731-737 / 762-768 (out of place the
+/// copy-and-fold takes it either way); but 32 MiB level (98.6-101.5 / 98.7-100.7), and 2-16 MiB
+/// 5-25 % slower (16 MiB 53.6-54.9 / 51.1-51.9): on its 32 blocks (`PEER_PULL_BLOCKS`) the
+/// launch's one round reads less at once than the read rounds' 64 blocks (docs/PERFORMANCE.md
+/// section 42).
+pub const PEER_PULL_REDUCE_MIN_BYTES: usize = 64 << 20;
 
 /// The most thread blocks a pulling all-reduce runs on (it fills no slots, so the staging's cut
 /// does not bind it). On 2 x H200 (registered, a process per GPU, graphs, out of place, float32

@@ -2810,7 +2810,7 @@ fn pullable_reduce(bytes: usize) -> OpShape {
 /// inputs lie in symmetric windows, Sum to Avg, in place or not (each rank's own, which its peer
 /// cannot see, must not decide), on the peer engine as the all-reduce's pull: one round a block,
 /// at most PEER_PULL_BLOCKS blocks, never split, read or direct, posting nothing. By default from
-/// 8 MiB; its own floor's 0 turns it off, and the all-reduce's floor does not bind it.
+/// 64 MiB (measured); its own floor's 0 turns it off, and the all-reduce's floor does not bind it.
 #[test]
 fn pulls_take_reduces_of_two_ranks_whose_inputs_lie_in_symmetric_windows() {
     let cfg = Config {
@@ -2920,14 +2920,14 @@ fn pulls_take_reduces_of_two_ranks_whose_inputs_lie_in_symmetric_windows() {
         all_reduce.largest_bytes(),
         &pulled_all_reduces
     ));
-    // By default from 8 MiB, up to the copy-and-fold after a rendezvous.
+    // By default from 64 MiB, up to the copy-and-fold after a rendezvous.
     let def = Config::default();
     let pulls = |bytes: usize| {
         let c = choose(&at(bytes), Device::Gpu, &def);
         c.engine == Engine::PeerKernel && c.zero_copy
     };
-    assert!(!pulls(4 << 20));
-    assert!(pulls(8 << 20) && pulls(128 << 20) && pulls(256 << 20));
+    assert!(!pulls(32 << 20));
+    assert!(pulls(64 << 20) && pulls(128 << 20) && pulls(256 << 20));
     let posted = OpShape {
         symmetric: true,
         ..at(def.gpu_fold_reduce_min_bytes)
@@ -2937,7 +2937,7 @@ fn pulls_take_reduces_of_two_ranks_whose_inputs_lie_in_symmetric_windows() {
         Engine::CopyEngine
     );
     // The host backend never pulls.
-    assert!(!choose(&at(8 << 20), Device::Host, &def).zero_copy);
+    assert!(!choose(&at(64 << 20), Device::Host, &def).zero_copy);
 }
 
 /// Line rounds (FERROCCL_GPU_PEER_LINES_MAX_BYTES): the peer engine's one-shot all-reduce, its
