@@ -2,14 +2,16 @@
 // driver's `cuLaunchKernel` of an empty kernel by the size of its parameter (ferroccl's engines
 // pass 300-600 bytes by value), with the early-start attribute (`cuLaunchKernelEx`), the context
 // switch and the event record ferroccl adds, and the cases of the latency issue's one thread
-// driving both GPUs: one thread alternating between them, and two threads launching at once,
-// each on its own GPU (does the driver serialise launches to different contexts?).
+// driving both GPUs: one thread alternating between them, two threads launching at once, each
+// on its own GPU (does the driver serialise launches to different contexts?), and one thread
+// handing GPU 1's launch to a spinning helper as ferroccl does (`launch/fanout.rs`).
 // Per call: the mean over N calls, in microseconds; the stream is drained every 256 calls so
 // that no call waits for room in the launch queue.
 //
 //   nvcc -O2 -arch=sm_90 -o launch_cost bench/probes/launch_cost.cu -lcuda && ./launch_cost
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -123,6 +125,49 @@ static double two_threads(int si, int grid, int block, int flags) {
     return res[0] > res[1] ? res[0] : res[1];
 }
 
+// One thread's call to both GPUs with a spinning helper, as ferroccl's `launch/fanout.rs` makes
+// it: the caller hands GPU 1's launch to the helper through one cache line, makes GPU 0's itself
+// and waits until the helper's is made. The driver's part of a one-thread call with nothing of
+// ferroccl's around it. Returns the caller's mean and median us a call.
+static void handed(int si, int flags, double& mean, double& median) {
+    alignas(64) static std::atomic<long> posted{0};
+    alignas(64) static std::atomic<long> done{0};
+    posted = 0;
+    done = 0;
+    std::atomic<bool> stop{false};
+    std::thread helper([&] {
+        CK(cuCtxSetCurrent(g[1].ctx));
+        long seen = 0;
+        while (!stop.load(std::memory_order_relaxed)) {
+            long p = posted.load(std::memory_order_acquire);
+            if (p == seen) continue;
+            seen = p;
+            if (p % 256 == 1) drain(1);
+            launch(1, si, 1, 256, flags);
+            done.store(p, std::memory_order_release);
+        }
+    });
+    CK(cuCtxSetCurrent(g[0].ctx));
+    std::vector<double> t;
+    t.reserve(N + 300);
+    for (long i = 1; i <= N + 300; i++) {
+        if (i % 256 == 1) drain(0);
+        auto t0 = clk::now();
+        posted.store(i, std::memory_order_release);
+        launch(0, si, 1, 256, flags);
+        while (done.load(std::memory_order_acquire) != i) {}
+        t.push_back(std::chrono::duration<double, std::micro>(clk::now() - t0).count());
+    }
+    stop = true;
+    helper.join();
+    t.erase(t.begin(), t.begin() + 300);
+    double sum = 0;
+    for (double x : t) sum += x;
+    mean = sum / t.size();
+    std::sort(t.begin(), t.end());
+    median = t[t.size() / 2];
+}
+
 int main() {
     CK(cuInit(0));
     int n = 0;
@@ -151,6 +196,11 @@ int main() {
                 double alone = one_thread(1, si, 1, 256, 1);
                 double both = one_thread(2, si, 1, 256, 1), both_ev = one_thread(2, si, 1, 256, 1 | 2);
                 double two = two_threads(si, 1, 256, 1), two_ev = two_threads(si, 1, 256, 1 | 2);
+                double hm, hmed, em, emed;
+                handed(si, 1, hm, hmed);
+                handed(si, 1 | 2, em, emed);
+                std::printf("%4d B ex, one thread with a spinning helper, both GPUs a call: mean %.2f median %.2f (+event: %.2f %.2f)\n",
+                            SIZES[si], hm, hmed, em, emed);
                 std::printf("%4d B ex, GPU 1 alone %.2f; one thread, both GPUs a call %.2f (+event %.2f); two threads at once, slower %.2f (+event %.2f)\n",
                             SIZES[si], alone, both, both_ev, two, two_ev);
             }
