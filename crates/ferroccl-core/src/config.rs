@@ -192,6 +192,10 @@ pub struct Config {
     /// window and folds it with its own (`tune::peer_pulls`); 0 turns it off; the default
     /// `tune::PEER_PULL_REDUCE_MIN_BYTES`. Every rank must agree.
     pub gpu_peer_pull_reduce_min_bytes: usize,
+    /// FERROCCL_GPU_PEER_PULL_BLOCKS: the most thread blocks a pull runs on (at most the
+    /// blocks the staging is cut for, `FERROCCL_GPU_PEER_BLOCKS`); the default
+    /// `tune::PEER_PULL_BLOCKS`. Every rank must agree (block b waits for its peer's block b).
+    pub gpu_peer_pull_blocks: usize,
     /// FERROCCL_GPU_PEER_LINES_MAX_BYTES: on 2 ranks whose GPUs NVLink joins, an all-reduce on
     /// the peer engine of at most this many bytes travels in 128-byte lines that carry their own
     /// flag (`tune::peer_lines`): each warp stores its part of the round into the peer's staging
@@ -396,6 +400,7 @@ impl Default for Config {
             gpu_peer_pull_min_bytes: crate::tune::PEER_PULL_MIN_BYTES,
             gpu_peer_pull_max_bytes: crate::tune::PEER_PULL_MAX_BYTES,
             gpu_peer_pull_reduce_min_bytes: crate::tune::PEER_PULL_REDUCE_MIN_BYTES,
+            gpu_peer_pull_blocks: crate::tune::PEER_PULL_BLOCKS,
             gpu_peer_lines_max_bytes: crate::tune::PEER_LINES_MAX_BYTES,
             gpu_fold_blocks: crate::tune::FOLD_BLOCKS,
             gpu_fold_piece_bytes: crate::plan::copies::FOLD_PIECE_BYTES,
@@ -637,6 +642,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_PEER_PULL_MAX_BYTES") {
             c.gpu_peer_pull_max_bytes = parse("FERROCCL_GPU_PEER_PULL_MAX_BYTES", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_PEER_PULL_BLOCKS") {
+            c.gpu_peer_pull_blocks = parse("FERROCCL_GPU_PEER_PULL_BLOCKS", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES") {
             c.gpu_peer_pull_reduce_min_bytes = parse("FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES", v)?;
         }
@@ -799,6 +807,10 @@ impl Config {
                 self.gpu_peer_pull_reduce_min_bytes.to_string(),
             ),
             (
+                "FERROCCL_GPU_PEER_PULL_BLOCKS",
+                self.gpu_peer_pull_blocks.to_string(),
+            ),
+            (
                 "FERROCCL_GPU_PEER_LINES_MAX_BYTES",
                 self.gpu_peer_lines_max_bytes.to_string(),
             ),
@@ -897,6 +909,11 @@ impl Config {
                 "gpu_channels={} must be in 1..=128",
                 self.gpu_channels
             )));
+        }
+        if self.gpu_peer_pull_blocks == 0 {
+            return Err(Error::InvalidArgument(
+                "gpu_peer_pull_blocks must be at least 1".into(),
+            ));
         }
         if self.gpu_p2p_channels == 0 || self.gpu_p2p_channels > 64 {
             return Err(Error::InvalidArgument(format!(
@@ -1335,6 +1352,16 @@ mod tests {
         assert!(
             Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES", "-1")])).is_err()
         );
+        let blocks = Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_PULL_BLOCKS", "64")])).unwrap();
+        assert_eq!(
+            (
+                blocks.gpu_peer_pull_blocks,
+                Config::default().gpu_peer_pull_blocks
+            ),
+            (64, crate::tune::PEER_PULL_BLOCKS)
+        );
+        assert!(shares(&blocks, "FERROCCL_GPU_PEER_PULL_BLOCKS", "64"));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_PULL_BLOCKS", "0")])).is_err());
         let lines =
             Config::from_vars(&vars(&[("FERROCCL_GPU_PEER_LINES_MAX_BYTES", "65536")])).unwrap();
         assert_eq!(

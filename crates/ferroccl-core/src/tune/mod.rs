@@ -691,7 +691,8 @@ pub const PEER_PULL_REDUCE_MIN_BYTES: usize = 64 << 20;
 /// 334-335 / 326-331 / 334-335 (docs/PERFORMANCE.md section 26; `bench/probes/peer_pull.cu` had
 /// 16 blocks' loads both ways level with 64's, the fold's HBM traffic is what 16 lose on); this
 /// cap against 64 blocks in one call: 0.6-1.3 % slower at 32 MiB (float32 309-310 against 313-314),
-/// 0.1-0.7 % from 128 MiB. 32: half the SMs for about 1 %.
+/// 0.1-0.7 % from 128 MiB. 32: half the SMs for about 1 %. The default of
+/// `FERROCCL_GPU_PEER_PULL_BLOCKS`.
 pub const PEER_PULL_BLOCKS: usize = 32;
 
 /// Whether the peer engine's all-reduce of `op` (on 2 ranks, `bytes` its largest buffer) pulls:
@@ -1070,7 +1071,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         let pull = peer_pulls(op, bytes, cfg);
         let channels = per.min(peer_blocks(cfg, op.nranks));
         let channels = if pull {
-            channels.min(PEER_PULL_BLOCKS)
+            channels.min(cfg.gpu_peer_pull_blocks.max(1))
         } else {
             channels
         };
@@ -1171,7 +1172,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
                     "the peer engine's flag per block and round"
                 },
                 channels: if pull {
-                    "one per FERROCCL_GPU_PEER_BLOCK_BYTES (8 KiB) of the largest buffer, up to PEER_PULL_BLOCKS (32): a pull fills no slots"
+                    "one per FERROCCL_GPU_PEER_BLOCK_BYTES (8 KiB) of the largest buffer, up to FERROCCL_GPU_PEER_PULL_BLOCKS (32) and the blocks the staging is cut for: a pull fills no slots"
                 } else if split {
                     "one per FERROCCL_GPU_PEER_BLOCK_BYTES (8 KiB) of the largest buffer, up to the blocks its staging is cut for (FERROCCL_GPU_PEER_BLOCKS), half sending and half receiving (FERROCCL_GPU_PEER_SPLIT)"
                 } else {

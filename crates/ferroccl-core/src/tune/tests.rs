@@ -2906,6 +2906,18 @@ fn pulls_take_reduces_of_two_ranks_whose_inputs_lie_in_symmetric_windows() {
             "{op:?}: {c}"
         );
     }
+    // FERROCCL_GPU_PEER_PULL_BLOCKS: more blocks, up to the staging's cut; fewer.
+    for (want, cap) in [(64, 64), (64, 128), (8, 8)] {
+        let c = choose(
+            &at(64 << 20),
+            Device::Gpu,
+            &Config {
+                gpu_peer_pull_blocks: cap,
+                ..cfg.clone()
+            },
+        );
+        assert!(c.zero_copy && c.channels == want, "{cap}: {c}");
+    }
     // Inputs in windows say nothing to the all-reduce's pull: its own `symmetric` does.
     let all_reduce = OpShape {
         kind: CollKind::AllReduce,
