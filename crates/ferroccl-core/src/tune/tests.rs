@@ -2691,6 +2691,40 @@ fn symmetric_all_reduce(bytes: usize) -> OpShape {
     }
 }
 
+/// Asserts that `op` pulls under `cfg` as every pull runs: the tuner says so, and its choice is the
+/// peer engine in one round a block (no slots to fill) on at most `gpu_peer_pull_blocks` blocks,
+/// never split, read, waiting for posts or posting, on the simple protocol, its reason naming it.
+fn assert_pulls(op: &OpShape, cfg: &Config) {
+    assert!(peer_pulls(op, op.largest_bytes(), cfg), "{op:?}");
+    let bytes = op.largest_bytes().unwrap();
+    let c = choose(op, Device::Gpu, cfg);
+    assert!(
+        c.engine == Engine::PeerKernel
+            && c.algo == Algo::OneShot
+            && c.zero_copy
+            && !c.post_output
+            && !c.split
+            && !c.read
+            && !c.wait_posts
+            && c.protocol == Protocol::Simple
+            && c.chunk_elems == op.count
+            && c.channels == cfg.gpu_peer_pull_blocks.min(bytes / PEER_BLOCK_BYTES),
+        "{op:?}: {c}"
+    );
+    assert!(c.why.algo.contains("pulls"), "{c}");
+}
+
+/// Asserts that `op` does not pull under `cfg`: not by the tuner's word, and its choice is no
+/// reduction's zero-copy on the peer engine.
+fn assert_no_pull(op: &OpShape, cfg: &Config) {
+    assert!(!peer_pulls(op, op.largest_bytes(), cfg), "{op:?}");
+    let c = choose(op, Device::Gpu, cfg);
+    assert!(
+        !(c.engine == Engine::PeerKernel && c.zero_copy && op.kind.reduces()),
+        "{op:?}: {c}"
+    );
+}
+
 /// The pulling all-reduce (FERROCCL_GPU_PEER_PULL_MAX_BYTES): 2 ranks, symmetric windows, out of
 /// place, Sum to Avg, within the limit, on the peer engine in one round a block (no slots to
 /// fill) on at most PEER_PULL_BLOCKS blocks, never split and posting nothing; everything else as
@@ -2706,20 +2740,7 @@ fn pulls_take_symmetric_out_of_place_all_reduces_of_two_ranks_within_the_limit()
     let at = symmetric_all_reduce;
     for bytes in [1 << 20, 4 << 20, 64 << 20] {
         for redop in 0..=4 {
-            let op = OpShape { redop, ..at(bytes) };
-            assert!(peer_pulls(&op, op.largest_bytes(), &cfg), "{bytes} {redop}");
-            let c = choose(&op, Device::Gpu, &cfg);
-            assert!(
-                c.engine == Engine::PeerKernel
-                    && c.algo == Algo::OneShot
-                    && c.zero_copy
-                    && !c.post_output
-                    && !c.split
-                    && c.chunk_elems == op.count
-                    && c.channels == PEER_PULL_BLOCKS.min(bytes / PEER_BLOCK_BYTES),
-                "{bytes} {redop}: {c}"
-            );
-            assert!(c.why.algo.contains("pulls"), "{c}");
+            assert_pulls(&OpShape { redop, ..at(bytes) }, &cfg);
         }
     }
     let off = Config {
@@ -2767,12 +2788,7 @@ fn pulls_take_symmetric_out_of_place_all_reduces_of_two_ranks_within_the_limit()
             &cfg,
         ),
     ] {
-        assert!(!peer_pulls(&op, op.largest_bytes(), cfg), "{op:?}");
-        let c = choose(&op, Device::Gpu, cfg);
-        assert!(
-            !(c.engine == Engine::PeerKernel && c.zero_copy && op.kind == CollKind::AllReduce),
-            "{op:?}: {c}"
-        );
+        assert_no_pull(&op, cfg);
     }
     // The host backend never pulls.
     assert!(!choose(&at(4 << 20), Device::Host, &cfg).zero_copy);
@@ -2830,25 +2846,8 @@ fn pulls_take_reduces_of_two_ranks_whose_inputs_lie_in_symmetric_windows() {
                     in_place,
                     ..at(bytes)
                 };
-                assert!(peer_pulls(&op, op.largest_bytes(), &cfg), "{bytes} {redop}");
-                let c = choose(&op, Device::Gpu, &cfg);
-                assert!(
-                    c.engine == Engine::PeerKernel
-                        && c.algo == Algo::OneShot
-                        && c.zero_copy
-                        && !c.post_output
-                        && !c.split
-                        && !c.read
-                        && !c.wait_posts
-                        && c.protocol == Protocol::Simple
-                        && c.chunk_elems == op.count
-                        && c.channels == PEER_PULL_BLOCKS.min(bytes / PEER_BLOCK_BYTES),
-                    "{bytes} {redop} {in_place}: {c}"
-                );
-                assert!(
-                    c.why.algo.contains("reduce") && c.why.algo.contains("pulls"),
-                    "{c}"
-                );
+                assert_pulls(&op, &cfg);
+                assert!(choose(&op, Device::Gpu, &cfg).why.algo.contains("reduce"));
             }
         }
     }
@@ -2899,12 +2898,7 @@ fn pulls_take_reduces_of_two_ranks_whose_inputs_lie_in_symmetric_windows() {
             &cfg,
         ),
     ] {
-        assert!(!peer_pulls(&op, op.largest_bytes(), cfg), "{op:?}");
-        let c = choose(&op, Device::Gpu, cfg);
-        assert!(
-            !(c.engine == Engine::PeerKernel && c.zero_copy),
-            "{op:?}: {c}"
-        );
+        assert_no_pull(&op, cfg);
     }
     // FERROCCL_GPU_PEER_PULL_BLOCKS: more blocks, up to the staging's cut; fewer.
     for (want, cap) in [(64, 64), (64, 128), (8, 8)] {

@@ -1427,6 +1427,25 @@ fn the_model_catches_direct_rounds_without_posts_or_marks() {
     );
 }
 
+/// Every rank's program for `launches`, less its waits for the phase flag `phase`.
+fn programs_without_waits(n: usize, launches: &[Launch], phase: usize) -> Vec<Vec<Step>> {
+    (0..n)
+        .map(|r| {
+            program(r, n, launches)
+                .into_iter()
+                .filter(|st| !matches!(st, Step::WaitRead { phase: p, .. } if *p == phase))
+                .collect()
+        })
+        .collect()
+}
+
+/// Whether some schedule (random or run-ahead, over many seeds) of `programs` breaks the rule
+/// named (others may break it otherwise, or not at all).
+fn some_schedule_breaks(n: usize, programs: &[Vec<Step>], rule: &str) -> bool {
+    (1..2000)
+        .any(|seed| run_programs(n, programs, seed, seed % 2 == 0).is_err_and(|e| e.contains(rule)))
+}
+
 /// A pull needs both its waits: without the wait for the peer's "read" flag at its end, a rank
 /// that runs ahead ends its launch (its caller may then overwrite the input) while its peer still
 /// reads that input; without the wait for the peer's "there" flag, a rank reads its peer's input
@@ -1455,25 +1474,13 @@ fn the_model_catches_a_pull_without_its_waits() {
         let r = run(n, &mixed, seed, seed % 2 == 0);
         assert!(r.is_ok(), "seed {seed}: {r:?}");
     }
-    // Drops the wait for the phase flag `phase` from every program.
-    let without = |phase: usize| -> Vec<Vec<Step>> {
-        (0..n)
-            .map(|r| {
-                program(r, n, &[pull, pull, pull])
-                    .into_iter()
-                    .filter(|st| !matches!(st, Step::WaitRead { phase: p, .. } if *p == phase))
-                    .collect()
-            })
-            .collect()
-    };
-    // Some schedule breaks the rule named (others break it otherwise, or not at all).
-    let breaks = |programs: &[Vec<Step>], rule: &str| {
-        (1..2000).any(|seed| {
-            run_programs(n, programs, seed, seed % 2 == 0).is_err_and(|e| e.contains(rule))
-        })
-    };
-    assert!(breaks(&without(1), "still reads its input"));
-    assert!(breaks(&without(0), "reads rank 1's input"));
+    let without = |phase| programs_without_waits(n, &[pull, pull, pull], phase);
+    assert!(some_schedule_breaks(
+        n,
+        &without(1),
+        "still reads its input"
+    ));
+    assert!(some_schedule_breaks(n, &without(0), "reads rank 1's input"));
 }
 
 /// A reduce's pull: only the root reads, but its peer's launch must still wait for the root's
@@ -1511,25 +1518,14 @@ fn the_model_catches_a_reduce_pull_without_its_waits() {
             let r = run(n, &mixed, seed, seed % 2 == 0);
             assert!(r.is_ok(), "root {root}, seed {seed}: {r:?}");
         }
-        let without = |phase: usize| -> Vec<Vec<Step>> {
-            (0..n)
-                .map(|r| {
-                    program(r, n, &[pull, pull, pull])
-                        .into_iter()
-                        .filter(|st| !matches!(st, Step::WaitRead { phase: p, .. } if *p == phase))
-                        .collect()
-                })
-                .collect()
-        };
-        let breaks = |programs: &[Vec<Step>], rule: &str| {
-            (1..2000).any(|seed| {
-                run_programs(n, programs, seed, seed % 2 == 0).is_err_and(|e| e.contains(rule))
-            })
-        };
+        let without = |phase| programs_without_waits(n, &[pull, pull, pull], phase);
         let peer = 1 - root;
-        assert!(breaks(&without(1), "still reads its input"), "root {root}");
         assert!(
-            breaks(&without(0), &format!("reads rank {peer}'s input")),
+            some_schedule_breaks(n, &without(1), "still reads its input"),
+            "root {root}"
+        );
+        assert!(
+            some_schedule_breaks(n, &without(0), &format!("reads rank {peer}'s input")),
             "root {root}"
         );
     }
