@@ -1353,18 +1353,21 @@ fn child_pull() {
             .collect()
     };
     let pulled = || comm.direct_rounds().unwrap().unwrap();
-    // An all-reduce of `input` into `recv`: whether it pulled.
-    let all_reduce = |input: &DeviceBuffer, count: usize, op: ReduceOp| {
-        let a = OpArgs {
-            op,
-            ..all_reduce_args(input, &recv, count)
-        };
+    // Runs `a` (into `recv`) to its end: whether it pulled.
+    let run = |a: OpArgs| {
         let before = pulled();
         let mut g = Group::new();
         unsafe { g.push_raw(&comm, a).unwrap() };
         g.launch().unwrap();
         comm.synchronize().unwrap();
-        let pull = pulled() > before;
+        pulled() > before
+    };
+    // An all-reduce of `input` into `recv`: whether it pulled.
+    let all_reduce = |input: &DeviceBuffer, count: usize, op: ReduceOp| {
+        let pull = run(OpArgs {
+            op,
+            ..all_reduce_args(input, &recv, count)
+        });
         // A pull runs on tune::PEER_PULL_BLOCKS blocks here, whatever the staging's cut: every
         // count below is past PEER_PULL_BLOCKS x PEER_BLOCK_BYTES (one block per 8 KiB).
         if pull {
@@ -1430,18 +1433,12 @@ fn child_pull() {
     // Reduces pull too (their inputs lie in symmetric windows): the root reads its peer's input
     // and folds it into its output, in place or not; the non-root's output is left alone.
     let reduce = |input: &DeviceBuffer, count: usize, op: ReduceOp, root: usize| {
-        let a = OpArgs {
+        run(OpArgs {
             kind: CollKind::Reduce,
             op,
             root,
             ..all_reduce_args(input, &recv, count)
-        };
-        let before = pulled();
-        let mut g = Group::new();
-        unsafe { g.push_raw(&comm, a).unwrap() };
-        g.launch().unwrap();
-        comm.synchronize().unwrap();
-        pulled() > before
+        })
     };
     for root in 0..n {
         for (k, count) in [(64 << 10) + 17, most].into_iter().enumerate() {

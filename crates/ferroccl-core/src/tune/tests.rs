@@ -2725,6 +2725,24 @@ fn assert_no_pull(op: &OpShape, cfg: &Config) {
     );
 }
 
+/// What no pull takes, around `at` (a pulling shape by its bytes, 4 MiB within the range the
+/// tests' configurations give, 1 MiB - 64 MiB): a PreMulSum, 128 MiB and 512 KiB (out of range), a
+/// reduce-scatter of the same bytes, 3 ranks.
+fn pull_refusals(at: impl Fn(usize) -> OpShape) -> Vec<OpShape> {
+    let base = at(4 << 20);
+    vec![
+        OpShape { redop: 5, ..base },
+        at(128 << 20),
+        at(512 << 10),
+        OpShape {
+            kind: CollKind::ReduceScatter,
+            count: (4 << 20) / 8,
+            ..base
+        },
+        OpShape { nranks: 3, ..base },
+    ]
+}
+
 /// The pulling all-reduce (FERROCCL_GPU_PEER_PULL_MAX_BYTES): 2 ranks, symmetric windows, out of
 /// place, Sum to Avg, within the limit, on the peer engine in one round a block (no slots to
 /// fill) on at most PEER_PULL_BLOCKS blocks, never split and posting nothing; everything else as
@@ -2747,49 +2765,20 @@ fn pulls_take_symmetric_out_of_place_all_reduces_of_two_ranks_within_the_limit()
         gpu_peer_pull_max_bytes: 0,
         ..cfg.clone()
     };
-    for (op, cfg) in [
-        (
-            OpShape {
-                redop: 5,
-                ..at(4 << 20)
-            },
-            &cfg,
-        ),
-        (
-            OpShape {
-                in_place: true,
-                ..at(4 << 20)
-            },
-            &cfg,
-        ),
-        (
-            OpShape {
-                symmetric: false,
-                ..at(4 << 20)
-            },
-            &cfg,
-        ),
-        (at(128 << 20), &cfg),
-        (at(512 << 10), &cfg),
-        (at(4 << 20), &off),
-        (
-            OpShape {
-                kind: CollKind::ReduceScatter,
-                count: (4 << 20) / 8,
-                ..at(4 << 20)
-            },
-            &cfg,
-        ),
-        (
-            OpShape {
-                nranks: 3,
-                ..at(4 << 20)
-            },
-            &cfg,
-        ),
-    ] {
-        assert_no_pull(&op, cfg);
+    let own = [
+        OpShape {
+            in_place: true,
+            ..at(4 << 20)
+        },
+        OpShape {
+            symmetric: false,
+            ..at(4 << 20)
+        },
+    ];
+    for op in pull_refusals(at).into_iter().chain(own) {
+        assert_no_pull(&op, &cfg);
     }
+    assert_no_pull(&at(4 << 20), &off);
     // The host backend never pulls.
     assert!(!choose(&at(4 << 20), Device::Host, &cfg).zero_copy);
 }
@@ -2855,51 +2844,22 @@ fn pulls_take_reduces_of_two_ranks_whose_inputs_lie_in_symmetric_windows() {
         gpu_peer_pull_reduce_min_bytes: 0,
         ..cfg.clone()
     };
-    for (op, cfg) in [
-        (
-            OpShape {
-                redop: 5,
-                ..at(4 << 20)
-            },
-            &cfg,
-        ),
-        (
-            OpShape {
-                inputs_symmetric: false,
-                symmetric: true,
-                ..at(4 << 20)
-            },
-            &cfg,
-        ),
-        (at(128 << 20), &cfg),
-        (at(512 << 10), &cfg),
-        (at(4 << 20), &off),
-        (
-            OpShape {
-                kind: CollKind::Gather,
-                count: (4 << 20) / 8,
-                ..at(4 << 20)
-            },
-            &cfg,
-        ),
-        (
-            OpShape {
-                kind: CollKind::ReduceScatter,
-                count: (4 << 20) / 8,
-                ..at(4 << 20)
-            },
-            &cfg,
-        ),
-        (
-            OpShape {
-                nranks: 3,
-                ..at(4 << 20)
-            },
-            &cfg,
-        ),
-    ] {
-        assert_no_pull(&op, cfg);
+    let own = [
+        OpShape {
+            inputs_symmetric: false,
+            symmetric: true,
+            ..at(4 << 20)
+        },
+        OpShape {
+            kind: CollKind::Gather,
+            count: (4 << 20) / 8,
+            ..at(4 << 20)
+        },
+    ];
+    for op in pull_refusals(at).into_iter().chain(own) {
+        assert_no_pull(&op, &cfg);
     }
+    assert_no_pull(&at(4 << 20), &off);
     // FERROCCL_GPU_PEER_PULL_BLOCKS: more blocks, up to the staging's cut; fewer.
     for (want, cap) in [(64, 64), (64, 128), (8, 8)] {
         let c = choose(
