@@ -372,6 +372,22 @@ impl CollKind {
     }
 }
 
+impl CollKind {
+    /// Elements of the input that every rank passes, where every rank passes one of the same
+    /// extent (the reductions, all-gather, all-to-all, gather: `buffer_counts`' send size on
+    /// any rank); None where only the root's input counts (broadcast, scatter) or one side's
+    /// (send, receive), or the size overflows. What a rank may read of its peers' inputs.
+    pub fn uniform_input(self, count: usize, nranks: usize) -> Option<usize> {
+        match self {
+            CollKind::AllReduce | CollKind::Reduce | CollKind::AllGather | CollKind::Gather => {
+                Some(count)
+            }
+            CollKind::ReduceScatter | CollKind::AllToAll => count.checked_mul(nranks),
+            CollKind::Broadcast | CollKind::Scatter | CollKind::Send | CollKind::Recv => None,
+        }
+    }
+}
+
 impl fmt::Display for CollKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -570,6 +586,34 @@ mod tests {
         assert!(ReduceOp::PreMulSum(f64::NAN)
             .validate(DataType::Float64)
             .is_err());
+    }
+
+    #[test]
+    fn uniform_inputs_are_every_ranks_send_buffer() {
+        for k in CollKind::ALL {
+            for n in 1..=5 {
+                match k.uniform_input(7, n) {
+                    Some(e) => {
+                        // Every rank's send buffer, root or not, is that extent.
+                        for root in [true, false] {
+                            assert_eq!(k.buffer_counts(7, n, root).unwrap().0, e, "{k} {n}");
+                        }
+                        assert!(e > 0);
+                    }
+                    None => assert!(
+                        matches!(
+                            k,
+                            CollKind::Broadcast
+                                | CollKind::Scatter
+                                | CollKind::Send
+                                | CollKind::Recv
+                        ),
+                        "{k}"
+                    ),
+                }
+            }
+        }
+        assert_eq!(CollKind::AllToAll.uniform_input(usize::MAX, 2), None);
     }
 
     #[test]

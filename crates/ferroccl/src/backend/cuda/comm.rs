@@ -641,19 +641,18 @@ impl CudaComm {
             .is_ok_and(|w| self.inputs_in(&w, a, info))
     }
 
-    /// `inputs_symmetric` with the windows at hand (the launch path holds their lock).
+    /// `inputs_symmetric` with the windows at hand (the launch path holds their lock). Only for
+    /// the kinds whose every rank passes an input of one extent (`CollKind::uniform_input`; not a
+    /// broadcast's or a scatter's, whose non-roots pass none): the symmetric contract then makes
+    /// the answer every rank's.
     pub(super) fn inputs_in(&self, w: &Windows, a: &OpArgs, info: &CommInfo) -> bool {
         if w.is_empty() || self.peer.is_none() || !self.fabric.ranks_apart() {
             return false;
         }
-        let Some(bytes) = a
-            .kind
-            .buffer_counts(a.count, info.nranks, a.root == info.rank)
-            .and_then(|(send, _)| send.checked_mul(a.dtype.size()))
-        else {
-            return false;
-        };
-        bytes > 0 && w.symmetric_far(a.send as u64, bytes as u64).is_some()
+        a.kind
+            .uniform_input(a.count, info.nranks)
+            .and_then(|e| e.checked_mul(a.dtype.size()))
+            .is_some_and(|bytes| w.symmetric_far(a.send as u64, bytes as u64).is_some())
     }
 
     /// `symmetric_far` with the windows at hand (the launch path holds their lock).
