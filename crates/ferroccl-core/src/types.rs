@@ -370,9 +370,7 @@ impl CollKind {
             CollKind::Recv => (0, count),
         })
     }
-}
 
-impl CollKind {
     /// Elements of the input that every rank passes, where every rank passes one of the same
     /// extent (the reductions, all-gather, all-to-all, gather: `buffer_counts`' send size on
     /// any rank); None where only the root's input counts (broadcast, scatter) or one side's

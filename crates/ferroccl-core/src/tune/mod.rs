@@ -679,9 +679,9 @@ pub const PEER_PULL_MAX_BYTES: usize = 512 << 20;
 /// two alternated runs, us, pull / the staged read rounds): 64 MiB 191.5-193.3 / 194.2-196.4,
 /// 128 MiB 369.8-376.0 / 383.7-386.2, 256 MiB in place 731-737 / 762-768 (out of place the
 /// copy-and-fold takes it either way); but 32 MiB level (98.6-101.5 / 98.7-100.7), and 2-16 MiB
-/// 5-25 % slower (16 MiB 53.6-54.9 / 51.1-51.9): on its 32 blocks (`PEER_PULL_BLOCKS`) the
-/// launch's one round reads less at once than the read rounds' 64 blocks (docs/PERFORMANCE.md
-/// section 42).
+/// 5-25 % slower (16 MiB 53.6-54.9 / 51.1-51.9). Not for want of blocks (64 were no faster
+/// there, and slower from 32 MiB); more likely its end, where the non-root waits for the root's
+/// "read" flag (docs/PERFORMANCE.md section 42).
 pub const PEER_PULL_REDUCE_MIN_BYTES: usize = 64 << 20;
 
 /// The most thread blocks a pulling all-reduce runs on (it fills no slots, so the staging's cut
@@ -711,17 +711,18 @@ pub const PEER_PULL_BLOCKS: usize = 32;
 /// peer cannot see, does not enter.
 pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
     let redop = (ReduceOp::Sum.nccl_id()..=ReduceOp::Avg.nccl_id()).contains(&op.redop);
-    let within = |min: usize| bytes.is_some_and(|b| b >= min && b <= cfg.gpu_peer_pull_max_bytes);
+    let under_max = bytes.is_some_and(|b| b <= cfg.gpu_peer_pull_max_bytes);
     let shape = match op.kind {
-        CollKind::AllReduce => op.symmetric && !op.in_place && within(cfg.gpu_peer_pull_min_bytes),
+        // The all-reduce's floor of 0 pulls from the first byte (its setting's older convention).
+        CollKind::AllReduce => {
+            op.symmetric && !op.in_place && bytes.is_some_and(|b| b >= cfg.gpu_peer_pull_min_bytes)
+        }
         CollKind::Reduce => {
-            op.inputs_symmetric
-                && cfg.gpu_peer_pull_reduce_min_bytes > 0
-                && within(cfg.gpu_peer_pull_reduce_min_bytes)
+            op.inputs_symmetric && reaches(bytes, cfg.gpu_peer_pull_reduce_min_bytes)
         }
         _ => false,
     };
-    op.nranks == 2 && redop && shape
+    op.nranks == 2 && redop && shape && under_max
 }
 
 /// Whether a largest buffer of `bytes` reaches a size knob's `min`, by the knobs' convention that

@@ -248,6 +248,13 @@ __device__ __forceinline__ bool peer_wait(const FcPeer& P, fc_u32 slice, fc_u32 
 // splits in and out of place alike): its send block says when it has stored a round, in a word
 // per slice of this GPU's memory after the two counter arrays (`Geometry::peer_sent_off`), and
 // its receive block waits for that round before it writes. The words only grow, as rounds do.
+// Whether a launch's rounds flag every peer every round (its last round's flags then stand for the
+// acknowledgements): the symmetric kinds', and a pull's, a reduce's included (its flow is the
+// all-reduce's pull).
+__device__ __forceinline__ bool flows_symmetric(const FcPeer& P) {
+    return symmetric_kind(P.kind) || P.pull != 0;
+}
+
 __device__ __forceinline__ bool split_in_place(const FcPeer& P, fc_u32 kind, fc_u32 role) {
     return role != FC_ROLE_BOTH && P.op.send == P.op.recv && (kind == FC_KIND_ALL_TO_ALL || kind == FC_KIND_ALL_REDUCE);
 }
@@ -650,8 +657,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     // this launch's or the last of the one before (the kernel boundary keeps the order): only a
     // launch's first round after a rooted operation's and rooted rounds look at the
     // acknowledgements.
-    // A pull flags every peer every round, a reduce's too: its flow is the all-reduce's pull.
-    const bool symmetric = symmetric_kind(kind) || P.pull != 0;
+    const bool symmetric = flows_symmetric(P);
     // A send block of a split launch hears of its receivers' reads only from their
     // acknowledgements: it looks before every round.
     const bool check_room = first || !symmetric || role == FC_ROLE_SEND;
@@ -870,7 +876,7 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
     // PreMulSum (whose scalar may differ by rank); lines are never a pull, and a round's lines
     // fit its parity's two slots (tune::peer_line_round_elems). Refused loudly: the peer would wait.
     const bool pair_oneshot = P.kind == FC_KIND_ALL_REDUCE && P.oneshot != 0u && P.nranks == 2u && P.split == 0u;
-    const bool pair_reduce = P.kind == FC_KIND_REDUCE && P.oneshot == 0u && P.nranks == 2u && P.split == 0u;
+    const bool pair_reduce = P.kind == FC_KIND_REDUCE && P.nranks == 2u && P.split == 0u;
     const bool bad_pull = P.pull != 0 && (!(pair_oneshot || pair_reduce) || P.op.redop == FC_OP_PREMULSUM || P.read != 0u);
     const bool line_kind = pair_oneshot || (P.nranks == 2u && P.split == 0u && (P.kind == FC_KIND_REDUCE_SCATTER || P.kind == FC_KIND_REDUCE));
     const bool bad_lines = P.lines != 0 && (!line_kind || P.pull != 0 || blockDim.x % 32u != 0u ||
@@ -940,7 +946,7 @@ __device__ __forceinline__ void peer_main(const FcPeer& P) {
     // nothing of its receive blocks' reads, so the next launch looks for room as after a rooted
     // one.
     if (threadIdx.x == 0 && s > seq) {
-        const fc_u64 next = s | ((fc::symmetric_kind(P.kind) || P.pull != 0) && !split ? FC_AFTER_SYMMETRIC : 0);
+        const fc_u64 next = s | (fc::flows_symmetric(P) && !split ? FC_AFTER_SYMMETRIC : 0);
         if (role != FC_ROLE_RECV) seqs[slice] = next;
         if (role != FC_ROLE_SEND) seqs[FC_PEER_MAX_BLOCKS + slice] = next;
     }
