@@ -1290,7 +1290,9 @@ fn child_mapped_on_the_fly() {
 /// on both ranks for Max and Min over signed zeros and NaN payloads that differ by rank; in
 /// place and PreMulSum (a scalar per rank) run staged, exact; each launch counted where it pulled.
 /// Reduces pull likewise, every root, in place or not: exact at the root, the non-root's output
-/// untouched; a PreMulSum staged.
+/// untouched; a PreMulSum staged. Then on inputs nobody registered, lent to the root at a
+/// rendezvous: the same, twice on one loan and on a new allocation; a PreMulSum and memory from
+/// cuMemAlloc (nothing to lend) on the rounds, exact.
 #[test]
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn symmetric_windows_pull_all_reduces_from_the_peer_input() {
@@ -1499,6 +1501,97 @@ fn child_pull() {
     }
     comm.deregister_window(send.device_ptr()).unwrap();
     comm.deregister_window(recv.device_ptr()).unwrap();
+    // Inputs nobody registered: the non-root lends its input to its root at the rendezvous
+    // (`tune::pull_rendezvous_wanted`), and the root pulls from it; twice on one loan, on a new
+    // allocation, every root, in place or not.
+    let fresh = ferroccl::mem::alloc(&gpu, most * 4, &stats).unwrap();
+    for (k, input) in [&send, &send, &fresh].into_iter().enumerate() {
+        for root in 0..n {
+            for (i, (op, f)) in PAIR_FOLDS.into_iter().enumerate() {
+                let tag = (600 + k * 100 + root * 10 + i) as u64;
+                let count = most - k;
+                input
+                    .copy_from_host(0, f32_bytes(&small(tag, r, count)))
+                    .unwrap();
+                put(&recv, &vec![0x7fc0_0bad; count]);
+                assert!(
+                    reduce(input, count, op, root),
+                    "lent reduce {k} {op:?} root {root} did not pull"
+                );
+                let (a, b) = (small(tag, 0, count), small(tag, 1, count));
+                let want: Vec<u32> = if r == root {
+                    (0..count).map(|j| f(a[j], b[j]).to_bits()).collect()
+                } else {
+                    vec![0x7fc0_0bad; count]
+                };
+                assert!(
+                    read(&recv, count) == want,
+                    "lent reduce {k} {op:?} root {root}"
+                );
+            }
+            let tag = (700 + k * 100 + root) as u64;
+            recv.copy_from_host(0, f32_bytes(&small(tag, r, most)))
+                .unwrap();
+            assert!(reduce(&recv, most, ReduceOp::Sum, root), "lent in place");
+            let (a, b) = (small(tag, 0, most), small(tag, 1, most));
+            let mine = if r == 0 { &a } else { &b };
+            let want: Vec<u32> = if r == root {
+                (0..most).map(|j| (a[j] + b[j]).to_bits()).collect()
+            } else {
+                mine.iter().map(|v| v.to_bits()).collect()
+            };
+            assert!(
+                read(&recv, most) == want,
+                "lent reduce in place root {root}"
+            );
+        }
+    }
+    // A PreMulSum does not exchange for the pull: staged, exact.
+    send.copy_from_host(0, f32_bytes(&small(800, r, most)))
+        .unwrap();
+    assert!(!reduce(&send, most, ReduceOp::PreMulSum(r as f64 + 2.0), 1));
+    if r == 1 {
+        let (a, b) = (small(800, 0, most), small(800, 1, most));
+        let want: Vec<u32> = (0..most)
+            .map(|j| (a[j] * 2.0 + b[j] * 3.0).to_bits())
+            .collect();
+        assert!(read(&recv, most) == want, "lent reduce PreMulSum");
+    }
+    // Memory from cuMemAlloc (no cuMem handle to lend): the root cannot reach the input, and
+    // both ranks run the rounds, exact.
+    let mut legacy: sys::CUdeviceptr = 0;
+    // SAFETY: a plain device allocation of `most` floats, freed below after the synchronize.
+    unsafe { cu_ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut legacy, most * 4)).unwrap() };
+    let mine = small(900, r, most);
+    // SAFETY: `legacy` holds `most` floats.
+    unsafe {
+        cu_ok(
+            "cuMemcpyHtoD",
+            sys::cuMemcpyHtoD_v2(legacy, mine.as_ptr().cast(), most * 4),
+        )
+        .unwrap()
+    };
+    let before = pulled();
+    let blocks = run_alone(
+        &comm,
+        CollKind::Reduce,
+        legacy,
+        recv.device_ptr(),
+        most,
+        0,
+        ReduceOp::Sum,
+    );
+    assert!(
+        blocks.is_some_and(|b| b > 0) && pulled() == before,
+        "cuMemAlloc input: rounds"
+    );
+    if r == 0 {
+        let (a, b) = (small(900, 0, most), small(900, 1, most));
+        let want: Vec<u32> = (0..most).map(|j| (a[j] + b[j]).to_bits()).collect();
+        assert!(read(&recv, most) == want, "reduce from cuMemAlloc memory");
+    }
+    // SAFETY: the operation on it completed (run_alone synchronizes).
+    unsafe { cu_ok("cuMemFree", sys::cuMemFree_v2(legacy)).unwrap() };
     println!("PULL OK");
 }
 

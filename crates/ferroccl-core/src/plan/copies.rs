@@ -523,6 +523,39 @@ pub fn rendezvous_far(
     Some(far)
 }
 
+/// Rank `me`'s view of the reduce of 2 ranks' pull after its rendezvous
+/// (`tune::pull_rendezvous_wanted`), NCCL's `count` of `elem` bytes to `root`: the non-root posts
+/// its input for its root to read (`posted[non-root][root]`, in a window or lent on the fly), and
+/// the root, whose peer engine folds what it reads with its own input into its output, posts
+/// nothing. For the root: the non-root's posting; for the non-root: None (it reads nothing, and
+/// only flags and waits). None where the pull cannot take the launch: not 2 ranks, `root` or `me`
+/// out of range, a row missing or of another length, sizes that overflow, or the input not posted
+/// for the root or posted where it does not fit. Every rank decides from the same rows, so both
+/// pull, or neither (both run the kernels' rounds).
+pub fn rendezvous_pull(
+    count: usize,
+    elem: usize,
+    nranks: usize,
+    root: Rank,
+    me: Rank,
+    posted: &[Vec<Option<Posted>>],
+) -> Option<Option<Posted>> {
+    if nranks != 2
+        || root >= nranks
+        || me >= nranks
+        || posted.len() != nranks
+        || posted.iter().any(|row| row.len() != nranks)
+    {
+        return None;
+    }
+    let bytes = count.checked_mul(elem)? as u64;
+    let input = posted[1 - root][root]?;
+    if !input.fits(bytes) {
+        return None;
+    }
+    Some((me == root).then_some(input))
+}
+
 /// What a rank posts to a peer before a large receive from it (`tune::p2p_rendezvous_wanted`):
 /// where its output lies for that peer (None: nowhere the peer can write), and its length in
 /// bytes, which the matching send's must equal. Postings go out in the order of the receives,
@@ -1080,6 +1113,60 @@ mod tests {
                 None
             );
         }
+        // The reduce's pull: the root reads the non-root's posted input; the non-root reads
+        // nothing; an input not posted for the root, or too short, sends both to the kernels.
+        let input = |p: Option<Posted>| vec![vec![None, None], vec![p, None]];
+        assert_eq!(rendezvous_pull(8, 4, 2, 0, 0, &input(at(32))), Some(at(32)));
+        assert_eq!(rendezvous_pull(8, 4, 2, 0, 1, &input(at(32))), Some(None));
+        let to_root1 = vec![vec![None, at(0)], vec![None, None]];
+        assert_eq!(rendezvous_pull(8, 4, 2, 1, 1, &to_root1), Some(at(0)));
+        for me in 0..2 {
+            assert_eq!(
+                rendezvous_pull(8, 4, 2, 0, me, &input(at(33))),
+                None,
+                "past the window"
+            );
+            assert_eq!(
+                rendezvous_pull(8, 4, 2, 0, me, &input(None)),
+                None,
+                "not posted"
+            );
+            assert_eq!(
+                rendezvous_pull(8, 4, 2, 1, me, &input(at(0))),
+                None,
+                "posted for the wrong rank"
+            );
+            assert_eq!(
+                rendezvous_pull(17, 4, 2, 0, me, &input(m(0x100))),
+                None,
+                "past its mapping"
+            );
+            assert_eq!(
+                rendezvous_pull(16, 4, 2, 0, me, &input(m(0x100))),
+                Some((me == 0).then_some(m(0x100).unwrap()))
+            );
+            assert_eq!(
+                rendezvous_pull(8, 4, 2, 2, me, &input(at(0))),
+                None,
+                "root out of range"
+            );
+            assert_eq!(
+                rendezvous_pull(8, 4, 2, 0, me, &input(at(0))[..1]),
+                None,
+                "a row missing"
+            );
+            assert_eq!(
+                rendezvous_pull(usize::MAX, 4, 2, 0, me, &input(at(0))),
+                None
+            );
+        }
+        assert_eq!(
+            rendezvous_pull(8, 4, 2, 0, 2, &input(at(0))),
+            None,
+            "me out of range"
+        );
+        let three = vec![vec![None; 3]; 3];
+        assert_eq!(rendezvous_pull(8, 4, 3, 0, 0, &three), None, "2 ranks only");
         assert_eq!(writers_of(CollKind::AllReduce, 4, 4, 2, 0, 1), vec![0]);
         assert_eq!(
             writers_of(CollKind::ReduceScatter, 0, 4, 2, 0, 1),

@@ -745,7 +745,9 @@ fn reaches(bytes: Option<usize>, min: usize) -> bool {
 /// all-reduce or reduce-scatter of 2 ranks) exchange where the tuner would give them the fold
 /// between symmetric windows (`FERROCCL_GPU_FOLD_MIN_BYTES`, a reduction the fold pays for) and
 /// their buffers lie in none; the reduce of 2 ranks there whatever its buffers (only its root's
-/// posting tells its peer that the root is out of place). The exchange is a bootstrap
+/// posting tells its peer that the root is out of place); below the fold, a reduce of 2 ranks
+/// whose root would pull its peer's input exchanges where the inputs lie in no symmetric window
+/// ([`pull_rendezvous_wanted`]). The exchange is a bootstrap
 /// all-gather (tens of microseconds on one host) and blocks the call until every rank has made
 /// it: on 2 x H200 a gather of 128 MiB by the copy engines took 346-350 GB/s against the
 /// kernels' 331, host launches included (docs/PERFORMANCE.md section 33). Everything it reads is
@@ -753,33 +755,71 @@ fn reaches(bytes: Option<usize>, min: usize) -> bool {
 /// or none. The backend adds what only it knows, alike on every rank too: a process per rank,
 /// the copy engine and the peer engine's fabric present.
 pub fn rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
+    if copies::fold_kind(op.kind, op.nranks) {
+        return fold_rendezvous_wanted(op, device, cfg) || pull_rendezvous_wanted(op, device, cfg);
+    }
     let at_least = |min: usize| reaches(op.largest_bytes(), min);
     let postable = device == Device::Gpu && (op.windows || cfg.gpu_ce_map_unregistered);
-    if copies::fold_kind(op.kind, op.nranks) {
-        // The copy-and-fold reductions: where the tuner gives these buffers the fold once every
-        // rank can name its peer's output (which `symmetric` says; out of place, which a rank in
-        // place refuses by its posting, so that in-place-ness need not be alike here). The
-        // fold's size first: the tuner is not asked for the many small reductions. The reduce
-        // exchanges between symmetric windows too (`copies::posted_fold_serves`: only its root's
-        // posting tells whether it is in place).
-        let named_anyway = op.symmetric && !copies::posted_fold_serves(op.kind, op.nranks);
-        if !postable || named_anyway || !at_least(fold_min_bytes(cfg, op.kind)) {
-            return false;
-        }
-        let named = OpShape {
-            symmetric: true,
-            in_place: false,
-            ..*op
-        };
-        let c = choose(&named, device, cfg);
-        return c.engine == Engine::CopyEngine && c.zero_copy;
-    }
     postable
         && copies::rendezvous_serves(op.kind, op.nranks)
         && !(op.symmetric && copies::zcopy_serves(op.kind, op.nranks))
         && at_least(cfg.gpu_ce_rendezvous_bytes)
         && at_least(cfg.gpu_ce_window_bytes)
         && ce_kind_floor_met(op, cfg)
+}
+
+/// [`rendezvous_wanted`] for the copy-and-fold reductions (`copies::fold_kind`): where the tuner
+/// gives `op` the fold once every rank can name its peer's output.
+fn fold_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
+    let postable = device == Device::Gpu && (op.windows || cfg.gpu_ce_map_unregistered);
+    // Where the tuner gives these buffers the fold once every rank can name its peer's output
+    // (which `symmetric` says; out of place, which a rank in place refuses by its posting, so
+    // that in-place-ness need not be alike here). The fold's size first: the tuner is not asked
+    // for the many small reductions. The reduce exchanges between symmetric windows too
+    // (`copies::posted_fold_serves`: only its root's posting tells whether it is in place).
+    let named_anyway = op.symmetric && !copies::posted_fold_serves(op.kind, op.nranks);
+    if !postable || named_anyway || !reaches(op.largest_bytes(), fold_min_bytes(cfg, op.kind)) {
+        return false;
+    }
+    let named = OpShape {
+        symmetric: true,
+        in_place: false,
+        ..*op
+    };
+    let c = choose(&named, device, cfg);
+    c.engine == Engine::CopyEngine && c.zero_copy
+}
+
+/// Whether the rendezvous before the reduce `op` is the one for its root's pull
+/// (`copies::rendezvous_pull`): a reduce of 2 ranks whose inputs lie in no symmetric window (in
+/// them the root names its peer's input itself, [`peer_pulls`]), where the tuner would give it
+/// the pull once its root can name that input, and not the copy-and-fold (whose rendezvous comes
+/// first: [`fold_rendezvous_wanted`]). Its non-root then posts its input for its root: in a
+/// window, or lent on the fly (`FERROCCL_GPU_CE_MAP_UNREGISTERED`), and the launch after it is
+/// planned with `inputs_symmetric`. Nothing it reads is one rank's own (in-place-ness is not
+/// asked: the reduce's pull takes either), so every rank decides alike. On 2 x H200 the pull
+/// between registered windows ran the reduce of 128 MiB in 370-373 us against the read rounds'
+/// 385-386 (docs/PERFORMANCE.md section 42), which buffers nobody registered ran until this.
+pub fn pull_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
+    if device != Device::Gpu
+        || op.kind != CollKind::Reduce
+        || op.inputs_symmetric
+        || !(op.windows || cfg.gpu_ce_map_unregistered)
+    {
+        return false;
+    }
+    let named = OpShape {
+        symmetric: false,
+        inputs_symmetric: true,
+        in_place: false,
+        ..*op
+    };
+    // The pull's own bounds first: the tuner is not asked for the many small reduces.
+    if !peer_pulls(&named, op.largest_bytes(), cfg) || fold_rendezvous_wanted(op, device, cfg) {
+        return false;
+    }
+    let c = choose(&named, device, cfg);
+    c.engine == Engine::PeerKernel && c.zero_copy
 }
 
 /// Whether `op` is past its kind's own floor for the copies, on top of the shared ones

@@ -1618,7 +1618,8 @@ fn gathers_and_scatters_exchange_outputs_and_take_the_copy_engines_from_their_th
         ));
     }
     // All-gather, all-to-all and broadcast exchange only where their buffers lie in no
-    // symmetric window (in one, each rank names its peers' outputs itself); the reductions never.
+    // symmetric window (in one, each rank names its peers' outputs itself); the reductions never
+    // for the copies.
     for kind in CollKind::COLLECTIVES
         .into_iter()
         .filter(|k| !matches!(k, CollKind::Gather | CollKind::Scatter))
@@ -1627,14 +1628,21 @@ fn gathers_and_scatters_exchange_outputs_and_take_the_copy_engines_from_their_th
             kind,
             CollKind::AllGather | CollKind::AllToAll | CollKind::Broadcast
         );
-        // Twice the threshold: a broadcast's largest buffer is half a gather's here.
+        // Twice the threshold: a broadcast's largest buffer is half a gather's here. A reduce
+        // from its pull's floor exchanges for the pull.
+        let pulls = kind == CollKind::Reduce && 2 * min >= cfg.gpu_peer_pull_reduce_min_bytes;
         assert_eq!(
             rendezvous_wanted(&at(kind, 2 * min, false), Device::Gpu, &cfg),
-            moves,
+            moves || pulls,
             "{kind}"
         );
+        // Between symmetric windows, inputs too (a reduce's root names its peer's input then).
+        let windowed = OpShape {
+            inputs_symmetric: true,
+            ..at(kind, 2 * min, true)
+        };
         assert!(
-            !rendezvous_wanted(&at(kind, 2 * min, true), Device::Gpu, &cfg),
+            !rendezvous_wanted(&windowed, Device::Gpu, &cfg),
             "{kind} between symmetric windows"
         );
         if moves {
@@ -1656,7 +1664,8 @@ fn gathers_and_scatters_exchange_outputs_and_take_the_copy_engines_from_their_th
 /// would give them the copy-and-fold into posted outputs (from FERROCCL_GPU_FOLD_MIN_BYTES, a
 /// reduction the fold pays for) and their buffers lie in no symmetric window (the reduce even
 /// there: only its root's posting tells whether it is in place); the exchange does not depend on
-/// whether this rank is in place (a rank in place refuses by its posting).
+/// whether this rank is in place (a rank in place refuses by its posting). (Below the fold, or
+/// where it does not pay, a reduce may exchange for its pull instead: tested on its own.)
 #[test]
 fn copy_and_fold_reductions_exchange_outputs_where_the_fold_would_take_them() {
     let cfg = Config::default();
@@ -1733,14 +1742,17 @@ fn copy_and_fold_reductions_exchange_outputs_where_the_fold_would_take_them() {
             (at(kind, bytes, DataType::Int8, 0), "bytes"),
             (OpShape { nranks: 3, ..op }, "3 ranks"),
         ] {
-            assert!(!rendezvous_wanted(&no, Device::Gpu, &cfg), "{kind}: {why}");
+            assert!(
+                !fold_rendezvous_wanted(&no, Device::Gpu, &cfg),
+                "{kind}: {why}"
+            );
         }
-        assert!(!rendezvous_wanted(&op, Device::Host, &cfg));
+        assert!(!fold_rendezvous_wanted(&op, Device::Host, &cfg));
         let unmapped = Config {
             gpu_ce_map_unregistered: false,
             ..cfg.clone()
         };
-        assert!(!rendezvous_wanted(&op, Device::Gpu, &unmapped));
+        assert!(!fold_rendezvous_wanted(&op, Device::Gpu, &unmapped));
         assert!(rendezvous_wanted(
             &OpShape {
                 windows: true,
@@ -1754,7 +1766,7 @@ fn copy_and_fold_reductions_exchange_outputs_where_the_fold_would_take_them() {
             gpu_fold_reduce_min_bytes: 0,
             ..cfg.clone()
         };
-        assert!(!rendezvous_wanted(&op, Device::Gpu, &no_fold));
+        assert!(!fold_rendezvous_wanted(&op, Device::Gpu, &no_fold));
         // Each threshold is its own kinds': zero for the others' changes nothing here.
         let others_off = if kind == CollKind::Reduce {
             Config {
@@ -1771,7 +1783,7 @@ fn copy_and_fold_reductions_exchange_outputs_where_the_fold_would_take_them() {
     }
     let min = fold_min_bytes(&cfg, CollKind::Reduce);
     // Not a reduce of 3 ranks, nor a broadcast, whatever its size.
-    assert!(!rendezvous_wanted(
+    assert!(!fold_rendezvous_wanted(
         &OpShape {
             nranks: 3,
             ..at(CollKind::Reduce, min, Float32, 0)
@@ -2904,6 +2916,102 @@ fn pulls_take_reduces_of_two_ranks_whose_inputs_lie_in_symmetric_windows() {
     );
     // The host backend never pulls.
     assert!(!choose(&at(64 << 20), Device::Host, &def).zero_copy);
+}
+
+/// The reduce's pull on inputs in no symmetric window (`pull_rendezvous_wanted`): a reduce of 2
+/// ranks on GPUs within the pull's bounds and below the copy-and-fold (whose rendezvous it is
+/// then) exchanges, with windows or with inputs lent on the fly; in place or not alike (a rank's
+/// own), never for a PreMulSum, 3 ranks, the host, inputs already in symmetric windows (no
+/// exchange needed), nor without a way to post. After the exchange the launch is planned with
+/// `inputs_symmetric` and pulls.
+#[test]
+fn reduces_whose_inputs_lie_in_no_symmetric_window_exchange_for_the_pull() {
+    let cfg = Config::default();
+    let at = |bytes: usize| shape(CollKind::Reduce, bytes / 4, Float32, 2);
+    let wanted = |op: &OpShape, cfg: &Config| {
+        let pull = pull_rendezvous_wanted(op, Device::Gpu, cfg);
+        // Every pull's rendezvous is a rendezvous.
+        assert!(!pull || rendezvous_wanted(op, Device::Gpu, cfg), "{op:?}");
+        pull
+    };
+    let floor = cfg.gpu_peer_pull_reduce_min_bytes;
+    let fold = cfg.gpu_fold_reduce_min_bytes;
+    assert!(floor > 0 && fold > floor);
+    for bytes in [floor, 2 * floor, fold - 4] {
+        for redop in 0..=4 {
+            for in_place in [false, true] {
+                for windows in [false, true] {
+                    let op = OpShape {
+                        redop,
+                        in_place,
+                        windows,
+                        ..at(bytes)
+                    };
+                    assert!(wanted(&op, &cfg), "{op:?}");
+                    let named = OpShape {
+                        inputs_symmetric: true,
+                        ..op
+                    };
+                    assert_pulls(&named, &cfg);
+                }
+            }
+        }
+    }
+    // Below the pull; from the fold on, the fold's rendezvous (not the pull's).
+    assert!(!wanted(&at(floor / 2), &cfg));
+    assert!(!rendezvous_wanted(&at(floor / 2), Device::Gpu, &cfg));
+    assert!(!wanted(&at(fold), &cfg));
+    assert!(rendezvous_wanted(&at(fold), Device::Gpu, &cfg));
+    // The fold off: the pull up to its own maximum, not past it.
+    let no_fold = Config {
+        gpu_fold_reduce_min_bytes: 0,
+        ..cfg.clone()
+    };
+    assert!(wanted(&at(cfg.gpu_peer_pull_max_bytes), &no_fold));
+    assert!(!wanted(&at(2 * cfg.gpu_peer_pull_max_bytes), &no_fold));
+    let refused = [
+        OpShape {
+            redop: 5,
+            ..at(floor)
+        },
+        OpShape {
+            nranks: 3,
+            count: floor / 12,
+            ..at(floor)
+        },
+        OpShape {
+            inputs_symmetric: true,
+            windows: true,
+            ..at(floor)
+        },
+        OpShape {
+            kind: CollKind::AllReduce,
+            ..at(floor)
+        },
+    ];
+    for op in &refused {
+        assert!(!wanted(op, &cfg), "{op:?}");
+    }
+    assert!(!pull_rendezvous_wanted(&at(floor), Device::Host, &cfg));
+    // Nowhere to post: no windows, and nothing lent on the fly.
+    let unmapped = Config {
+        gpu_ce_map_unregistered: false,
+        ..cfg.clone()
+    };
+    assert!(!wanted(&at(floor), &unmapped));
+    assert!(wanted(
+        &OpShape {
+            windows: true,
+            ..at(floor)
+        },
+        &unmapped
+    ));
+    // The pull's floor at 0: never.
+    let off = Config {
+        gpu_peer_pull_reduce_min_bytes: 0,
+        ..cfg.clone()
+    };
+    assert!(!wanted(&at(floor), &off));
 }
 
 /// Line rounds (FERROCCL_GPU_PEER_LINES_MAX_BYTES): the peer engine's one-shot all-reduce, its

@@ -114,11 +114,11 @@ fn run_locked(
     // completion. One communicator, the common call: launched here, nothing allocated.
     if let ([(c, args)], [st]) = (comms, &mut *states) {
         let exchanged = match rendezvous_one(c, st, args)? {
-            Some(far) => Exchanged::Far(far),
-            None => match posts::exchange(comms, std::slice::from_mut(st)) {
+            Exchanged::Nothing => match posts::exchange(comms, std::slice::from_mut(st)) {
                 None => Exchanged::Nothing,
                 Some(mut v) => posted(v.pop().expect("one communicator"))?,
             },
+            exchanged => exchanged,
         };
         return launch_one(c, st, args, exchanged);
     }
@@ -131,9 +131,8 @@ fn run_locked(
                 .as_mut()
                 .map(|p| p.next().expect("one per communicator"));
             match (far?, post) {
-                (Some(far), _) => Ok(Exchanged::Far(far)),
-                (None, None) => Ok(Exchanged::Nothing),
-                (None, Some(p)) => posted(p),
+                (Exchanged::Nothing, Some(p)) => posted(p),
+                (exchanged, _) => Ok(exchanged),
             }
         })
         .collect();
@@ -193,23 +192,20 @@ fn launch_one(
     })
 }
 
-/// The rendezvous before a data-movement collective alone in its launch on a GPU communicator
-/// (`CudaComm::rendezvous_posting`, which says whether the ranks have one): every rank posts where
-/// its output lies, over the bootstrap ring, and learns where its copy engines may write
-/// (`CudaComm::rendezvous_far`). The call waits for every rank's; a failed exchange leaves the
+/// The rendezvous before a data-movement collective, a copy-and-fold reduction or a pulled reduce
+/// alone in its launch on a GPU communicator (`CudaComm::rendezvous_posting`, which says whether
+/// the ranks have one): every rank posts where its output (a pulled reduce's non-root: its input)
+/// lies, over the bootstrap ring, and learns where its copy engines may write or its root may
+/// read (`CudaComm::rendezvous_far`). The call waits for every rank's; a failed exchange leaves the
 /// ring out of step, so the communicator is marked failed. Nothing is allocated where there is
 /// no rendezvous (the common call).
-fn rendezvous_one(
-    c: &Comm,
-    st: &mut CommState,
-    args: &[OpArgs],
-) -> Result<Option<Vec<u64>>, Error> {
+fn rendezvous_one(c: &Comm, st: &mut CommState, args: &[OpArgs]) -> Result<Exchanged, Error> {
     let (Backend::Cuda(cuda), [a]) = (&c.backend, args) else {
-        return Ok(None);
+        return Ok(Exchanged::Nothing);
     };
     match cuda.rendezvous_posting(a, &c.info, &c.abort) {
         Ok(Some(mine)) => exchange_postings(c, st, a, &mine),
-        Ok(None) => Ok(None),
+        Ok(None) => Ok(Exchanged::Nothing),
         Err(e) => Err(failed(st, e)),
     }
 }
@@ -226,7 +222,7 @@ fn exchange_postings(
     st: &mut CommState,
     a: &OpArgs,
     mine: &[u8],
-) -> Result<Option<Vec<u64>>, Error> {
+) -> Result<Exchanged, Error> {
     let Backend::Cuda(cuda) = &c.backend else {
         unreachable!("a posting comes from a GPU communicator")
     };
@@ -250,7 +246,7 @@ fn exchange_postings(
 fn rendezvous_many(
     comms: &[(&Comm, &[OpArgs])],
     states: &mut [MutexGuard<CommState>],
-) -> Vec<Result<Option<Vec<u64>>, Error>> {
+) -> Vec<Result<Exchanged, Error>> {
     let postings: Vec<Result<Option<Vec<u8>>, Error>> = comms
         .iter()
         .map(|(c, args)| match (&c.backend, args) {
@@ -275,7 +271,7 @@ fn rendezvous_many(
                         Pending::Running(s.spawn(move || exchange_postings(c, st, &args[0], &mine)))
                     }
                     Ok(Some(mine)) => Pending::Done(exchange_postings(c, st, &args[0], &mine)),
-                    Ok(None) => Pending::Done(Ok(None)),
+                    Ok(None) => Pending::Done(Ok(Exchanged::Nothing)),
                     Err(e) => Pending::Done(Err(failed(st, e))),
                 }
             })

@@ -4,7 +4,7 @@
 use super::copy_engine::CopyEngine;
 use super::fabric::{Fabric, Geometry};
 use super::kernels;
-use super::launch::{PlanCache, StreamOrder};
+use super::launch::{Exchanged, PlanCache, StreamOrder};
 use super::lazy::{LazyMaps, Live, Sweeper};
 use super::mapper::Mapper;
 use super::tables::{
@@ -696,18 +696,25 @@ impl CudaComm {
         // The kinds, and the tuner as if every buffer could be posted (windows, no symmetric
         // contract: its most willing answer), first: every other launch, the many small ones
         // above all, goes on without taking the windows' lock.
-        let wanted = |windows, symmetric| {
+        let wanted = |windows, symmetric, inputs| {
             ferroccl_core::tune::rendezvous_wanted(
-                &a.shape(info, windows, symmetric, false),
+                &a.shape(info, windows, symmetric, inputs),
                 Device::Gpu,
                 &info.config,
             )
         };
-        if !rendezvous_serves(a.kind, info.nranks) || !self.posts_possible() || !wanted(true, false)
+        if !rendezvous_serves(a.kind, info.nranks)
+            || !self.posts_possible()
+            || !wanted(true, false, false)
         {
             return Ok(None);
         }
         let w = self.windows()?;
+        // The reduce's pull (`tune::pull_rendezvous_wanted`): its non-root posts its input for
+        // its root to read, and the root nothing.
+        if let Some(pull) = self.pull_posting(&w, a, info, abort)? {
+            return Ok(Some(pull));
+        }
         // Buffers in symmetric windows (the output, and a copy-and-fold's input too): the
         // symmetric contract puts every rank's there alike, and the launch names the peers'
         // outputs without an exchange.
@@ -723,7 +730,7 @@ impl CudaComm {
         };
         let symmetric = windowed(a.recv as u64, recv)
             && (!fold_serves(a.kind, info.nranks, false) || windowed(a.send as u64, send));
-        if !wanted(!w.is_empty(), symmetric) {
+        if !wanted(!w.is_empty(), symmetric, self.inputs_in(&w, a, info)) {
             return Ok(None);
         }
         let bytes = recv.checked_mul(a.dtype.size()).unwrap_or(0);
@@ -742,19 +749,55 @@ impl CudaComm {
         Ok(Some(Posted::encode_row(&row)))
     }
 
-    /// After the rendezvous (`rows[q]`: rank q's row of postings): where this process maps each
-    /// peer's output that this rank's copy engines write (0 for the others), or None where the
-    /// copies cannot take the launch (`plan::copies::rendezvous_far`: every rank finds the same,
-    /// from the same rows, and the launch runs on the kernels everywhere). A row that does not
-    /// parse is a protocol error, and so is a mapped posting this process's mapper does not
-    /// hold; one naming a window this rank no longer holds (deregistered here only), an argument
-    /// error.
+    /// Whether the rendezvous before `a` is the one for the reduce's pull
+    /// (`tune::pull_rendezvous_wanted`), with the windows at hand: the same on every rank (the
+    /// shape it reads is, and so is `posts_possible`).
+    fn pull_wanted(&self, w: &Windows, a: &OpArgs, info: &CommInfo) -> bool {
+        self.posts_possible()
+            && ferroccl_core::tune::pull_rendezvous_wanted(
+                &a.shape(info, !w.is_empty(), false, self.inputs_in(w, a, info)),
+                Device::Gpu,
+                &info.config,
+            )
+    }
+
+    /// This rank's row in the rendezvous for the reduce's pull (`pull_wanted`), or None where
+    /// the rendezvous is another's: the non-root posts its input for its root (in a window, or
+    /// lent on the fly like an output, `post_output`), the root an empty row.
+    fn pull_posting(
+        &self,
+        w: &Windows,
+        a: &OpArgs,
+        info: &CommInfo,
+        abort: &AtomicBool,
+    ) -> Result<Option<Vec<u8>>, Error> {
+        if !self.pull_wanted(w, a, info) {
+            return Ok(None);
+        }
+        let readers: &[Rank] = if a.root == info.rank { &[] } else { &[a.root] };
+        let bytes = (a.count * a.dtype.size()) as u64;
+        let row = self.post_output(w, info, abort, a.send as u64, bytes, readers)?;
+        Ok(Some(Posted::encode_row(&row)))
+    }
+
+    /// After the rendezvous (`rows[q]`: rank q's row of postings), what the launch takes
+    /// (`Exchanged::Nothing` where the copies or the pull cannot take it: every rank finds the
+    /// same, from the same rows, and the launch runs on the kernels everywhere):
+    /// - for the reduce's pull (`pull_wanted`, `plan::copies::rendezvous_pull`), where this
+    ///   process maps the non-root's input on the root, and on the non-root the address of its
+    ///   own input, which it never reads (the kernel knows a pull by a non-zero address);
+    /// - else where this process maps each peer's output that this rank's copy engines write (0
+    ///   for the others; `plan::copies::rendezvous_far`).
+    ///
+    /// A row that does not parse is a protocol error, and so is a mapped posting this process's
+    /// mapper does not hold; one naming a window this rank no longer holds (deregistered here
+    /// only), an argument error.
     pub(crate) fn rendezvous_far(
         &self,
         a: &OpArgs,
         info: &CommInfo,
         rows: &[Vec<u8>],
-    ) -> Result<Option<Vec<u64>>, Error> {
+    ) -> Result<Exchanged, Error> {
         let posted = rows
             .iter()
             .enumerate()
@@ -764,6 +807,21 @@ impl CudaComm {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        if self.pull_wanted(&*self.windows()?, a, info) {
+            let pulled = ferroccl_core::plan::copies::rendezvous_pull(
+                a.count,
+                a.dtype.size(),
+                info.nranks,
+                a.root,
+                info.rank,
+                &posted,
+            );
+            return Ok(match pulled {
+                None => Exchanged::Nothing,
+                Some(None) => Exchanged::Pull(a.send as u64),
+                Some(Some(p)) => Exchanged::Pull(self.posted_far(p, 1 - a.root, info.rank)?),
+            });
+        }
         let Some(named) = ferroccl_core::plan::copies::rendezvous_far(
             a.kind,
             a.count,
@@ -773,14 +831,14 @@ impl CudaComm {
             info.rank,
             &posted,
         ) else {
-            return Ok(None);
+            return Ok(Exchanged::Nothing);
         };
         named
             .iter()
             .enumerate()
             .map(|(q, p)| p.map_or(Ok(0), |p| self.posted_far(p, q, info.rank)))
             .collect::<Result<Vec<_>, _>>()
-            .map(Some)
+            .map(Exchanged::Far)
     }
 
     /// Whether this rank's copy engines can write a peer's posted output: the copy engine and

@@ -446,6 +446,29 @@ pub(crate) enum Exchanged {
     /// The posted-receive rendezvous (`launch/posts.rs`): per operation, its part by the copy
     /// engines, or None for the kernels.
     Posted(Vec<Option<P2pCopy>>),
+    /// The reduce's pull after its rendezvous (`CudaComm::rendezvous_far`): on the root, where
+    /// this process maps the non-root's input; on the non-root, its own input's address (never
+    /// read: a pull's non-root only flags and waits).
+    Pull(u64),
+}
+
+/// The peer engine's run for the tuner's choice `c` of a launch whose one operation is of `kind`.
+fn peer_run(c: &Choice, kind: CollKind) -> Run {
+    // The peer engine's zero-copy for the reductions is the pull (the all-reduce's, the reduce's
+    // root's); for the rest, direct rounds.
+    let pull = c.zero_copy && matches!(kind, CollKind::AllReduce | CollKind::Reduce);
+    Run::Peer {
+        blocks: c.channels as u32,
+        chunk: c.chunk_elems as u64,
+        oneshot: c.algo == Algo::OneShot && kind == CollKind::AllReduce,
+        split: c.split,
+        read: c.read,
+        direct: c.zero_copy && !pull,
+        wait_posts: c.wait_posts,
+        post: c.post_output,
+        pull,
+        lines: c.protocol == Protocol::LL128,
+    }
 }
 
 impl CudaComm {
@@ -484,7 +507,8 @@ impl CudaComm {
                     Some(&mut || self.launch(info, state, &rest, Exchanged::Nothing)),
                 );
             }
-            Exchanged::Far(far) => Some(far),
+            Exchanged::Far(far) => Some(Exchanged::Far(far)),
+            Exchanged::Pull(at) => Some(Exchanged::Pull(at)),
             Exchanged::Nothing => None,
         };
         state.seq += 1;
@@ -524,7 +548,31 @@ impl CudaComm {
         if !captured {
             self.order()?.before(stream)?;
         }
-        if let Some(far) = exchanged {
+        if let Some(Exchanged::Pull(at)) = exchanged {
+            // The reduce's pull from the input its non-root posted: planned and run now, never
+            // kept, as the peer's input may move while this rank's buffers stay.
+            drop(cache);
+            let planned = plan_launch(info, args, !windows.is_empty(), &|_| (false, true))?;
+            state.log_choices(info, &planned.shapes, &planned.choices);
+            let run = match (&self.peer, &planned.choices[..]) {
+                (Some(_), [c]) if c.engine == Engine::PeerKernel && c.zero_copy => {
+                    peer_run(c, args[0].kind)
+                }
+                _ => {
+                    return Err(Error::Internal(format!(
+                        "the ranks exchanged a {}'s input for its pull, and the tuner chose {:?}",
+                        args[0].kind, planned.choices
+                    )))
+                }
+            };
+            drop(windows);
+            self.run_entry(run, args, ops, stream, None, at)?;
+            if !captured {
+                self.order()?.after(stream)?;
+            }
+            return Ok(());
+        }
+        if let Some(Exchanged::Far(far)) = exchanged {
             // The copy engines straight into the outputs the peers posted: planned and run now,
             // never kept, as the peers' outputs may move while this rank's buffers stay.
             drop(cache);
@@ -578,25 +626,7 @@ impl CudaComm {
                     let blocks = c.channels as u32;
                     Some(match c.engine {
                         Engine::DirectKernel if self.direct.is_some() => Run::Direct { blocks },
-                        Engine::PeerKernel if self.peer.is_some() => {
-                            let all_reduce = args[0].kind == CollKind::AllReduce;
-                            // The peer engine's zero-copy for the reductions is the pull (the
-                            // all-reduce's, the reduce's root's); for the rest, direct rounds.
-                            let pull = c.zero_copy
-                                && matches!(args[0].kind, CollKind::AllReduce | CollKind::Reduce);
-                            Run::Peer {
-                                blocks,
-                                chunk: c.chunk_elems as u64,
-                                oneshot: c.algo == Algo::OneShot && all_reduce,
-                                split: c.split,
-                                read: c.read,
-                                direct: c.zero_copy && !pull,
-                                wait_posts: c.wait_posts,
-                                post: c.post_output,
-                                pull,
-                                lines: c.protocol == Protocol::LL128,
-                            }
-                        }
+                        Engine::PeerKernel if self.peer.is_some() => peer_run(&c, args[0].kind),
                         Engine::CopyEngine if self.ce.is_some() => {
                             let ce = self.ce.as_ref().expect("checked");
                             // Between symmetric windows (kept by address: `key.by_address`).
