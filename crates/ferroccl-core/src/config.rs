@@ -187,7 +187,9 @@ pub struct Config {
     /// See `gpu_peer_pull_min_bytes`.
     pub gpu_peer_pull_max_bytes: usize,
     /// FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES: on 2 ranks, a reduce on the peer engine whose
-    /// inputs lie in symmetric windows, of at least this many bytes and at most
+    /// inputs lie in symmetric windows (or, with a process per rank, whose non-root posts its
+    /// input to its root at a rendezvous: `tune::pull_rendezvous_wanted`; lent on the fly where
+    /// `gpu_ce_map_unregistered`), of at least this many bytes and at most
     /// `gpu_peer_pull_max_bytes`, pulls: its root reads the peer's input straight from the peer's
     /// window and folds it with its own (`tune::peer_pulls`); 0 turns it off; the default
     /// `tune::PEER_PULL_REDUCE_MIN_BYTES`. Every rank must agree.
@@ -317,7 +319,8 @@ pub struct Config {
     pub gpu_ce_p2p_bytes: usize,
     /// FERROCCL_GPU_CE_MAP_UNREGISTERED (default on): the two rendezvous above (and the same
     /// exchange before an all-gather, all-to-all or broadcast whose buffers lie in no symmetric
-    /// window, from `gpu_ce_rendezvous_bytes`) also take outputs nobody registered: each rank
+    /// window, from `gpu_ce_rendezvous_bytes`, and before a pulled reduce, whose non-root lends
+    /// its input to its root alike) also take outputs nobody registered: each rank
     /// lends the cuMem allocation holding its output to the peers whose copy engines write it,
     /// through their mappers, at the first operation on it, and keeps the loan for the next ones
     /// while the allocation lives (NCCL's lazy registration; `backend/cuda/lazy.rs`). Memory that
@@ -1418,7 +1421,7 @@ mod tests {
                 d.gpu_fold_reduce_ramp,
                 d.gpu_fold_reduce_min_bytes
             ),
-            (32, 140, 256 << 20)
+            (32, 140, 512 << 20)
         );
         assert!(shares(&reduce, "FERROCCL_GPU_FOLD_REDUCE_RAMP", "160"));
         assert!(shares(&reduce, "FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "0"));

@@ -120,8 +120,11 @@ pub const FOLD_REDUCE_BLOCKS: usize = 32;
 /// [`FOLD_MIN_BYTES`] for the reduce of 2 ranks (`FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES`): on 2 x
 /// H200 (32 fold blocks at 140 %, the peer engine's stored rounds in the same call, a process per
 /// GPU, plain buffers, graphs, float32; docs/PERFORMANCE.md section 39) 128 MiB 336-337 against
-/// 346-348 GB/s, 256 MiB 361 against 352, 512 MiB 376 against 361.
-pub const FOLD_REDUCE_MIN_BYTES: usize = 256 << 20;
+/// 346-348 GB/s, 256 MiB 361 against 352, 512 MiB 376 against 361. Below it the reduce pulls
+/// ([`PEER_PULL_REDUCE_MIN_BYTES`]; on plain buffers after a rendezvous,
+/// [`pull_rendezvous_wanted`]), which at 256 MiB beat the fold: 731.1-731.7 us against 742.6-743.0
+/// (float32), 733.4 against 748.2 (bfloat16; docs/PERFORMANCE.md section 43).
+pub const FOLD_REDUCE_MIN_BYTES: usize = 512 << 20;
 
 /// The copy-and-fold knobs of `kind`: (blocks, ramp, smallest largest-buffer). The one place
 /// that gives the reduce of 2 ranks its own (`FERROCCL_GPU_FOLD_REDUCE_*`) and every other kind

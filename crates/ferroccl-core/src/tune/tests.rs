@@ -1669,8 +1669,15 @@ fn gathers_and_scatters_exchange_outputs_and_take_the_copy_engines_from_their_th
 #[test]
 fn copy_and_fold_reductions_exchange_outputs_where_the_fold_would_take_them() {
     let cfg = Config::default();
-    // The reduce has a threshold of its own (FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES), lower.
-    assert!(fold_min_bytes(&cfg, CollKind::Reduce) < fold_min_bytes(&cfg, CollKind::AllReduce));
+    // The reduce has a threshold of its own (FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES).
+    assert_eq!(
+        fold_min_bytes(&cfg, CollKind::Reduce),
+        cfg.gpu_fold_reduce_min_bytes
+    );
+    assert_eq!(
+        fold_min_bytes(&cfg, CollKind::AllReduce),
+        cfg.gpu_fold_min_bytes
+    );
     let at = |kind, bytes: usize, dtype: DataType, redop: i32| OpShape {
         redop,
         ..shape(kind, bytes / dtype.size(), dtype, 2)
@@ -3376,8 +3383,15 @@ fn the_reduce_folds_on_its_own_blocks_ramp_and_threshold() {
     );
     let below = named(CollKind::Reduce, FOLD_REDUCE_MIN_BYTES / 2, &cfg);
     assert_eq!(below.engine, Engine::PeerKernel, "{below}");
-    // The all-reduce at the reduce's threshold stays on the kernels; at its own it folds on 16.
-    let ar = named(CollKind::AllReduce, FOLD_REDUCE_MIN_BYTES, &cfg);
+    // The all-reduce at a reduce's threshold below its own stays on the kernels; at its own it
+    // folds on 16.
+    let low = Config {
+        gpu_fold_reduce_min_bytes: FOLD_MIN_BYTES / 2,
+        ..cfg.clone()
+    };
+    let r = named(CollKind::Reduce, FOLD_MIN_BYTES / 2, &low);
+    assert_eq!(r.engine, Engine::CopyEngine, "{r}");
+    let ar = named(CollKind::AllReduce, FOLD_MIN_BYTES / 2, &low);
     assert_ne!(ar.engine, Engine::CopyEngine, "{ar}");
     let ar = named(CollKind::AllReduce, FOLD_MIN_BYTES, &cfg);
     assert_eq!(
