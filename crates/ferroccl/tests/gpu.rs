@@ -1442,63 +1442,81 @@ fn child_pull() {
             ..all_reduce_args(input, &recv, count)
         })
     };
-    for root in 0..n {
-        for (k, count) in [(64 << 10) + 17, most].into_iter().enumerate() {
-            for (i, (op, f)) in PAIR_FOLDS.into_iter().enumerate() {
-                let tag = (300 + root * 100 + k * 10 + i) as u64;
-                send.copy_from_host(0, f32_bytes(&small(tag, r, count)))
-                    .unwrap();
-                put(&recv, &vec![0x7fc0_0bad; count]);
-                assert!(
-                    reduce(&send, count, op, root),
-                    "reduce {count} {op:?} did not pull"
-                );
-                let (a, b) = (small(tag, 0, count), small(tag, 1, count));
-                let want: Vec<u32> = if r == root {
-                    (0..count).map(|j| f(a[j], b[j]).to_bits()).collect()
-                } else {
-                    vec![0x7fc0_0bad; count]
-                };
-                assert!(
-                    read(&recv, count) == want,
-                    "reduce {count} {op:?} root {root}"
-                );
-            }
-            // In place (the root's output its input; the non-root's in place says nothing).
-            let tag = (400 + root * 100 + k) as u64;
-            recv.copy_from_host(0, f32_bytes(&small(tag, r, count)))
+    // A reduce of `count` fresh elements from `input` into `recv` for each of Sum to Avg (tags
+    // from `tag0`), pulled: exact at the root, the non-root's output untouched.
+    let reduces_pull = |input: &DeviceBuffer, count: usize, root: usize, tag0: u64, label: &str| {
+        for (i, (op, f)) in PAIR_FOLDS.into_iter().enumerate() {
+            let tag = tag0 + i as u64;
+            input
+                .copy_from_host(0, f32_bytes(&small(tag, r, count)))
                 .unwrap();
-            assert!(reduce(&recv, count, ReduceOp::Sum, root));
+            put(&recv, &vec![0x7fc0_0bad; count]);
+            assert!(
+                reduce(input, count, op, root),
+                "{label} {count} {op:?} root {root} did not pull"
+            );
             let (a, b) = (small(tag, 0, count), small(tag, 1, count));
-            let mine = if r == 0 { &a } else { &b };
             let want: Vec<u32> = if r == root {
-                (0..count).map(|j| (a[j] + b[j]).to_bits()).collect()
+                (0..count).map(|j| f(a[j], b[j]).to_bits()).collect()
             } else {
-                mine.iter().map(|v| v.to_bits()).collect()
+                vec![0x7fc0_0bad; count]
             };
             assert!(
                 read(&recv, count) == want,
-                "reduce in place {count} root {root}"
+                "{label} {count} {op:?} root {root}"
             );
         }
+    };
+    // The same in place, a Sum (the root's output its input; the non-root's in place says
+    // nothing, its buffer left as it was).
+    let reduce_in_place_pulls = |count: usize, root: usize, tag: u64, label: &str| {
+        recv.copy_from_host(0, f32_bytes(&small(tag, r, count)))
+            .unwrap();
+        assert!(
+            reduce(&recv, count, ReduceOp::Sum, root),
+            "{label} in place {count} root {root} did not pull"
+        );
+        let (a, b) = (small(tag, 0, count), small(tag, 1, count));
+        let mine = if r == 0 { &a } else { &b };
+        let want: Vec<u32> = if r == root {
+            (0..count).map(|j| (a[j] + b[j]).to_bits()).collect()
+        } else {
+            mine.iter().map(|v| v.to_bits()).collect()
+        };
+        assert!(
+            read(&recv, count) == want,
+            "{label} in place {count} root {root}"
+        );
+    };
+    for root in 0..n {
+        for (k, count) in [(64 << 10) + 17, most].into_iter().enumerate() {
+            reduces_pull(
+                &send,
+                count,
+                root,
+                (300 + root * 100 + k * 10) as u64,
+                "reduce",
+            );
+            reduce_in_place_pulls(count, root, (400 + root * 100 + k) as u64, "reduce");
+        }
     }
-    // PreMulSum: staged, exact.
-    let count = (1 << 20) + 1;
-    send.copy_from_host(0, f32_bytes(&small(500, r, count)))
-        .unwrap();
-    assert!(!reduce(
-        &send,
-        count,
-        ReduceOp::PreMulSum(r as f64 + 2.0),
-        0
-    ));
-    if r == 0 {
-        let (a, b) = (small(500, 0, count), small(500, 1, count));
-        let want: Vec<u32> = (0..count)
-            .map(|j| (a[j] * 2.0 + b[j] * 3.0).to_bits())
-            .collect();
-        assert!(read(&recv, count) == want, "reduce PreMulSum");
-    }
+    // A PreMulSum (a scalar per rank) never pulls: staged, exact at the root.
+    let premulsum_staged = |count: usize, root: usize, tag: u64, label: &str| {
+        send.copy_from_host(0, f32_bytes(&small(tag, r, count)))
+            .unwrap();
+        assert!(
+            !reduce(&send, count, ReduceOp::PreMulSum(r as f64 + 2.0), root),
+            "{label} PreMulSum pulled"
+        );
+        if r == root {
+            let (a, b) = (small(tag, 0, count), small(tag, 1, count));
+            let want: Vec<u32> = (0..count)
+                .map(|j| (a[j] * 2.0 + b[j] * 3.0).to_bits())
+                .collect();
+            assert!(read(&recv, count) == want, "{label} PreMulSum");
+        }
+    };
+    premulsum_staged((1 << 20) + 1, 0, 500, "reduce");
     comm.deregister_window(send.device_ptr()).unwrap();
     comm.deregister_window(recv.device_ptr()).unwrap();
     // Inputs nobody registered: the non-root lends its input to its root at the rendezvous
@@ -1507,56 +1525,19 @@ fn child_pull() {
     let fresh = ferroccl::mem::alloc(&gpu, most * 4, &stats).unwrap();
     for (k, input) in [&send, &send, &fresh].into_iter().enumerate() {
         for root in 0..n {
-            for (i, (op, f)) in PAIR_FOLDS.into_iter().enumerate() {
-                let tag = (600 + k * 100 + root * 10 + i) as u64;
-                let count = most - k;
-                input
-                    .copy_from_host(0, f32_bytes(&small(tag, r, count)))
-                    .unwrap();
-                put(&recv, &vec![0x7fc0_0bad; count]);
-                assert!(
-                    reduce(input, count, op, root),
-                    "lent reduce {k} {op:?} root {root} did not pull"
-                );
-                let (a, b) = (small(tag, 0, count), small(tag, 1, count));
-                let want: Vec<u32> = if r == root {
-                    (0..count).map(|j| f(a[j], b[j]).to_bits()).collect()
-                } else {
-                    vec![0x7fc0_0bad; count]
-                };
-                assert!(
-                    read(&recv, count) == want,
-                    "lent reduce {k} {op:?} root {root}"
-                );
-            }
-            let tag = (700 + k * 100 + root) as u64;
-            recv.copy_from_host(0, f32_bytes(&small(tag, r, most)))
-                .unwrap();
-            assert!(reduce(&recv, most, ReduceOp::Sum, root), "lent in place");
-            let (a, b) = (small(tag, 0, most), small(tag, 1, most));
-            let mine = if r == 0 { &a } else { &b };
-            let want: Vec<u32> = if r == root {
-                (0..most).map(|j| (a[j] + b[j]).to_bits()).collect()
-            } else {
-                mine.iter().map(|v| v.to_bits()).collect()
-            };
-            assert!(
-                read(&recv, most) == want,
-                "lent reduce in place root {root}"
+            let label = format!("lent reduce {k}");
+            reduces_pull(
+                input,
+                most - k,
+                root,
+                (600 + k * 100 + root * 10) as u64,
+                &label,
             );
+            reduce_in_place_pulls(most, root, (700 + k * 100 + root) as u64, &label);
         }
     }
-    // A PreMulSum does not exchange for the pull: staged, exact.
-    send.copy_from_host(0, f32_bytes(&small(800, r, most)))
-        .unwrap();
-    assert!(!reduce(&send, most, ReduceOp::PreMulSum(r as f64 + 2.0), 1));
-    if r == 1 {
-        let (a, b) = (small(800, 0, most), small(800, 1, most));
-        let want: Vec<u32> = (0..most)
-            .map(|j| (a[j] * 2.0 + b[j] * 3.0).to_bits())
-            .collect();
-        assert!(read(&recv, most) == want, "lent reduce PreMulSum");
-    }
+    // A PreMulSum does not exchange for the pull.
+    premulsum_staged(most, 1, 800, "lent reduce");
     // Memory from cuMemAlloc (no cuMem handle to lend): the root cannot reach the input, and
     // both ranks run the rounds, exact.
     let mut legacy: sys::CUdeviceptr = 0;

@@ -500,11 +500,7 @@ pub fn rendezvous_far(
     me: Rank,
     posted: &[Vec<Option<Posted>>],
 ) -> Option<Vec<Option<Posted>>> {
-    if !rendezvous_serves(kind, nranks)
-        || posted.len() != nranks
-        || posted.iter().any(|row| row.len() != nranks)
-        || me >= nranks
-    {
+    if !rendezvous_serves(kind, nranks) || !rows_whole(posted, nranks) || me >= nranks {
         return None;
     }
     let list = crossings(kind, count, elem, nranks, root)?;
@@ -540,12 +536,7 @@ pub fn rendezvous_pull(
     me: Rank,
     posted: &[Vec<Option<Posted>>],
 ) -> Option<Option<Posted>> {
-    if nranks != 2
-        || root >= nranks
-        || me >= nranks
-        || posted.len() != nranks
-        || posted.iter().any(|row| row.len() != nranks)
-    {
+    if nranks != 2 || root >= nranks || me >= nranks || !rows_whole(posted, nranks) {
         return None;
     }
     let bytes = count.checked_mul(elem)? as u64;
@@ -554,6 +545,11 @@ pub fn rendezvous_pull(
         return None;
     }
     Some((me == root).then_some(input))
+}
+
+/// Whether a rendezvous's `posted` rows are every rank's, each with a posting for every rank.
+fn rows_whole(posted: &[Vec<Option<Posted>>], nranks: usize) -> bool {
+    posted.len() == nranks && posted.iter().all(|row| row.len() == nranks)
 }
 
 /// What a rank posts to a peer before a large receive from it (`tune::p2p_rendezvous_wanted`):
