@@ -155,6 +155,44 @@ impl Drop for Graph {
 }
 
 /// Sets `len` bytes at `dst` to `byte` (synchronous with respect to the host).
+/// GPU memory from `cuMemAlloc` (`--buffers driver`: what `cudaMalloc` and PyTorch's default
+/// allocator give), freed on drop.
+pub struct DriverAlloc {
+    gpu: Gpu,
+    ptr: u64,
+}
+
+impl DriverAlloc {
+    /// `bytes` (at least 1) on `gpu`.
+    pub fn new(gpu: &Gpu, bytes: usize) -> Result<DriverAlloc, Error> {
+        gpu.bind()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        cu_ok(&format!("cuMemAlloc({bytes} bytes)"), unsafe {
+            sys::cuMemAlloc_v2(&mut ptr, bytes.max(1))
+        })?;
+        Ok(DriverAlloc {
+            gpu: gpu.clone(),
+            ptr,
+        })
+    }
+
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for DriverAlloc {
+    fn drop(&mut self) {
+        let freed = self
+            .gpu
+            .bind()
+            .and_then(|_| cu_ok("cuMemFree", unsafe { sys::cuMemFree_v2(self.ptr) }));
+        if let Err(e) = freed {
+            eprintln!("# freeing a cuMemAlloc buffer: {e}");
+        }
+    }
+}
+
 pub fn memset(gpu: &Gpu, dst: u64, byte: u8, len: usize) -> Result<(), Error> {
     if len == 0 {
         return Ok(());

@@ -105,6 +105,11 @@ pub struct BenchArgs {
     /// ncclCommRegister ("local")
     #[arg(long, value_name = "KIND", num_args = 0..=1, default_missing_value = "auto")]
     pub register: Option<String>,
+    /// Where unregistered GPU buffers come from, for both libraries: `cumem` (cuMemCreate with
+    /// POSIX fd handles, which ferroccl lends to its peers on the fly) or `driver` (cuMemAlloc,
+    /// as cudaMalloc and PyTorch's default allocator give: nothing to lend). Not with --register
+    #[arg(long, value_enum, default_value_t = spec::Buffers::Cumem)]
+    pub buffers: spec::Buffers,
     /// Run ferroccl with at most N thread blocks per collective (its GPU channels)
     #[arg(long = "max-ctas", value_name = "N")]
     pub max_ctas: Option<usize>,
@@ -157,7 +162,7 @@ pub fn main(args: &BenchArgs, config: &Config) -> Result<ExitCode, String> {
         if let Some(n) = &job.nccl {
             println!(
                 "{}",
-                report::nccl_preamble(n, args.graph, config.gpu_channels)
+                report::nccl_preamble(n, args.graph, args.buffers, config.gpu_channels)
             );
         }
     }
@@ -273,6 +278,28 @@ pub(crate) mod tests {
             .unwrap_err()
             .contains("--check"));
         assert_eq!(side(&["all-reduce", "-g", "2", "--check"]), Ok(true));
+    }
+
+    /// `--buffers`: cuMem by default; `driver` (cuMemAlloc) on GPU ranks, not with --register
+    /// (windows are ferroccl::mem's buffers) nor on the host backend.
+    #[test]
+    fn buffers_come_from_cumem_unless_asked_and_driver_memory_is_for_plain_gpu_runs() {
+        let spec = |argv: &[&str], gpus: usize| Spec::from_args(&parse(argv).resolve(|| gpus));
+        assert_eq!(
+            spec(&["all-reduce"], 2).unwrap().buffers,
+            spec::Buffers::Cumem
+        );
+        assert_eq!(
+            spec(&["all-reduce", "--buffers", "driver"], 2)
+                .unwrap()
+                .buffers,
+            spec::Buffers::Driver
+        );
+        let e = spec(&["all-reduce", "--buffers", "driver", "--register"], 2).unwrap_err();
+        assert!(e.contains("--register"), "{e}");
+        let e = spec(&["all-reduce", "--buffers", "driver"], 0).unwrap_err();
+        assert!(e.contains("GPU ranks only"), "{e}");
+        assert!(spec(&["all-reduce", "--buffers", "cumem", "--register"], 2).is_ok());
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use super::cuda as cu;
 use super::libs::Register;
 use super::setup::Job;
-use super::spec::Spec;
+use super::spec::{Buffers, Spec};
 use super::table::{self, Measure, Row};
 use super::BenchArgs;
 use crate::api::Config;
@@ -28,6 +28,8 @@ struct AloneRecord<'a> {
     iters: u64,
     warmup: u64,
     check: bool,
+    /// Where unregistered GPU buffers came from (`--buffers`).
+    buffers: &'static str,
     wrong: u64,
     /// Per operation: the mean bus bandwidth over its rows (both halves), as in the footer.
     avg_busbw: Vec<(&'static str, f64)>,
@@ -63,6 +65,7 @@ pub fn write_alone(
         iters: spec.iters,
         warmup: spec.warmup,
         check: spec.check,
+        buffers: spec.buffers.name(),
         wrong: table::total_wrong(rows),
         avg_busbw: avg,
         rows,
@@ -164,6 +167,15 @@ pub struct VsOptions {
     pub max_ctas: Option<usize>,
     pub gpu_channels: usize,
     pub nvls: String,
+    /// Where unregistered buffers came from (`--buffers`: "cumem" or "driver"); records from
+    /// before the option had cuMem buffers.
+    #[serde(default = "cumem")]
+    pub buffers: String,
+}
+
+/// What records written before `--buffers` used.
+fn cumem() -> String {
+    Buffers::Cumem.name().into()
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -208,7 +220,7 @@ impl VsRecord {
             version: env!("CARGO_PKG_VERSION").into(),
             commit: GIT_COMMIT.into(),
             command: std::env::args().collect(),
-            label: label(job.short, args.graph, n.reg, args.max_ctas),
+            label: label(job.short, args.graph, n.reg, spec.buffers, args.max_ctas),
             mode: job.mode.clone(),
             nranks: job.nranks,
             machine: Machine::probe(),
@@ -240,6 +252,7 @@ impl VsRecord {
                 max_ctas: args.max_ctas,
                 gpu_channels: config.gpu_channels,
                 nvls: n.nvls.clone(),
+                buffers: spec.buffers.name().into(),
             },
             memory,
             wrong_ferroccl: wrong[0],
@@ -250,13 +263,22 @@ impl VsRecord {
 }
 
 /// Short description for plot legends: the launch mode and the options that change figures.
-fn label(mode_short: &str, graph: u64, reg: Register, max_ctas: Option<usize>) -> String {
+fn label(
+    mode_short: &str,
+    graph: u64,
+    reg: Register,
+    buffers: Buffers,
+    max_ctas: Option<usize>,
+) -> String {
     let mut s = mode_short.to_string();
     if graph > 0 {
         s += ", graph";
     }
     if reg != Register::Off {
         s += &format!(", registered ({})", reg.name());
+    }
+    if buffers == Buffers::Driver {
+        s += ", cuMemAlloc buffers";
     }
     if let Some(n) = max_ctas {
         s += &format!(", max {n} CTAs");
@@ -367,6 +389,7 @@ pub mod tests {
                 max_ctas: None,
                 gpu_channels: 32,
                 nvls: "0".into(),
+                buffers: "driver".into(),
             },
             memory: vec![RankMemory {
                 rank: 0,
@@ -383,10 +406,17 @@ pub mod tests {
 
     #[test]
     fn labels_name_mode_and_options() {
-        assert_eq!(label("threads", 0, Register::Off, None), "threads");
         assert_eq!(
-            label("processes", 4, Register::Symmetric, Some(8)),
+            label("threads", 0, Register::Off, Buffers::Cumem, None),
+            "threads"
+        );
+        assert_eq!(
+            label("processes", 4, Register::Symmetric, Buffers::Cumem, Some(8)),
             "processes, graph, registered (symmetric), max 8 CTAs"
+        );
+        assert_eq!(
+            label("processes", 4, Register::Off, Buffers::Driver, None),
+            "processes, graph, cuMemAlloc buffers"
         );
     }
 
@@ -403,6 +433,12 @@ pub mod tests {
         let read = |p: &Path| parse(&std::fs::read_to_string(p).unwrap(), p);
         let back = read(&p).unwrap();
         assert_eq!(back, rec);
+        // A record from before --buffers had cuMem buffers.
+        let mut old: serde_json::Value = serde_json::to_value(&rec).unwrap();
+        old["options"].as_object_mut().unwrap().remove("buffers");
+        let older = parse(&old.to_string(), &p).unwrap();
+        assert_eq!(older.options.buffers, "cumem");
+        assert_eq!(back.options.buffers, "driver");
         // Something else is refused with the file's name.
         std::fs::write(&p, "{\"rows\": 3}").unwrap();
         let e = read(&p).unwrap_err();

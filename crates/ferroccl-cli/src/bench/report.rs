@@ -5,7 +5,7 @@
 use super::libs::{Call, NcclSide, Register};
 use super::op::BenchOp;
 use super::record::{LibResult, VsRow};
-use super::spec::Spec;
+use super::spec::{Buffers, Spec};
 use super::table::{self, Row};
 use super::vs_table;
 use crate::api::Comm;
@@ -195,7 +195,7 @@ pub fn preamble(comms: &[Comm], spec: &Spec, mode: &str) -> String {
 }
 
 /// The preamble's lines about NCCL and how both libraries are run beside each other.
-pub fn nccl_preamble(n: &NcclSide, graph: u64, gpu_channels: usize) -> String {
+pub fn nccl_preamble(n: &NcclSide, graph: u64, buffers: Buffers, gpu_channels: usize) -> String {
     let lib = &n.lib;
     format!(
         "# NCCL {} from {} (NCCL_NVLS_ENABLE={}); all-to-all/gather/scatter: {}\n# timing: {}; buffers: {}; ferroccl: up to {} blocks per operation",
@@ -205,7 +205,10 @@ pub fn nccl_preamble(n: &NcclSide, graph: u64, gpu_channels: usize) -> String {
         if lib.has_native_all_to_all() { "NCCL's own calls" } else { "grouped ncclSend/ncclRecv" },
         if graph > 0 { format!("CUDA graph of each row's iterations, replayed {graph} times") } else { "host launches".into() },
         match n.reg {
-            Register::Off => "the same cuMem buffers for both".to_string(),
+            Register::Off => match buffers {
+                Buffers::Cumem => "the same cuMem buffers for both".to_string(),
+                Buffers::Driver => "the same cuMemAlloc buffers for both (nothing ferroccl can lend)".to_string(),
+            },
             r => format!("NCCL's from ncclMemAlloc, registered ({}); ferroccl's from ferroccl::mem, registered as symmetric windows (zero-copy; copy engines from FERROCCL_GPU_CE_WINDOW_BYTES)", r.name()),
         },
         gpu_channels

@@ -9,7 +9,7 @@ use super::libs::{Lib, NcclSide, Register};
 use super::memory::{free_of, Readings};
 use super::rank::{RankCtx, Side};
 use super::record::RankMemory;
-use super::spec::Spec;
+use super::spec::{Buffers, Spec};
 use super::BenchArgs;
 use crate::api::{Comm, Config, Device, Error};
 use crate::nccl::{sys::UniqueId, Nccl, NcclComm, Registration};
@@ -122,6 +122,8 @@ struct Buffer {
     /// What `addr` points into on the host backend: words, so that every element type is aligned.
     _host: Vec<u64>,
     dev: Option<DeviceBuffer>,
+    /// What `addr` points into under `--buffers driver`.
+    _driver: Option<cu::DriverAlloc>,
 }
 
 impl Buffer {
@@ -129,6 +131,7 @@ impl Buffer {
         gpu: Option<&Gpu>,
         bytes: usize,
         register: bool,
+        buffers: Buffers,
         stats: &Arc<MemStats>,
     ) -> Result<Buffer, Error> {
         let Some(g) = gpu else {
@@ -137,8 +140,19 @@ impl Buffer {
                 addr: host.as_mut_ptr() as u64,
                 _host: host,
                 dev: None,
+                _driver: None,
             });
         };
+        if buffers == Buffers::Driver && !register {
+            let d = cu::DriverAlloc::new(g, bytes)?;
+            cu::memset(g, d.ptr(), FILL, bytes)?;
+            return Ok(Buffer {
+                addr: d.ptr(),
+                _host: Vec::new(),
+                dev: None,
+                _driver: Some(d),
+            });
+        }
         // Windows are made of ferroccl::mem's buffers, as --register promises.
         let b = if register {
             ferroccl::mem::alloc(g, bytes, stats)?
@@ -150,6 +164,7 @@ impl Buffer {
             addr: b.device_ptr(),
             _host: Vec::new(),
             dev: Some(b),
+            _driver: None,
         })
     }
 }
@@ -174,6 +189,7 @@ pub struct Job {
     gpus: Vec<Gpu>,
     bytes: usize,
     register: bool,
+    buffers: Buffers,
     bufs: Vec<RankBufs>,
     mem: Readings,
 }
@@ -225,6 +241,7 @@ impl Job {
             gpus,
             bytes: spec.buffer_bytes(),
             register: spec.register,
+            buffers: spec.buffers,
             bufs: Vec::new(),
             mem,
         };
@@ -274,7 +291,7 @@ impl Job {
             let gpu = self.gpus.get(i);
             let place = gpu.map_or("host".to_string(), |g| format!("GPU {}", g.ordinal()));
             let alloc = || {
-                Buffer::new(gpu, bytes, self.register, &stats)
+                Buffer::new(gpu, bytes, self.register, self.buffers, &stats)
                     .map_err(|e| format!("{place}: {bytes} bytes: {e}"))
             };
             let (send, recv) = (alloc()?, alloc()?);

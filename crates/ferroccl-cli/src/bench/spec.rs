@@ -19,6 +19,33 @@ pub struct Spec {
     pub iter_budget: Option<usize>,
     /// ferroccl's GPU buffers registered as symmetric windows (zero-copy).
     pub register: bool,
+    /// Where unregistered GPU buffers come from (--buffers).
+    pub buffers: Buffers,
+}
+
+/// Where the benchmark's unregistered GPU buffers come from (`--buffers`): what a user's
+/// allocator gives decides which of ferroccl's zero-copy paths can take them, as ferroccl lends
+/// only cuMem allocations with POSIX file-descriptor handles to its peers on the fly.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Buffers {
+    /// `cuMemCreate` with POSIX file-descriptor handles (ferroccl's own allocator, and PyTorch's
+    /// with expandable segments): lent on the fly to the peers that write (or, a reduce's input,
+    /// read) them.
+    #[default]
+    Cumem,
+    /// `cuMemAlloc`, what `cudaMalloc` and PyTorch's default caching allocator give: nothing
+    /// ferroccl can lend, so its operations run on the kernels' staged rounds.
+    Driver,
+}
+
+impl Buffers {
+    /// Its name in records and preambles.
+    pub fn name(self) -> &'static str {
+        match self {
+            Buffers::Cumem => "cumem",
+            Buffers::Driver => "driver",
+        }
+    }
 }
 
 /// One row of the table before it is measured.
@@ -59,6 +86,18 @@ impl Spec {
                 o.validate(d).map_err(|e| e.to_string())?;
             }
         }
+        if a.buffers != Buffers::Cumem && a.gpus == 0 {
+            return Err(format!(
+                "--buffers {}: GPU ranks only (the host backend's buffers are host memory)",
+                a.buffers.name()
+            ));
+        }
+        if a.register.is_some() && a.buffers != Buffers::Cumem {
+            return Err(format!(
+                "--buffers {} with --register: windows are made of ferroccl::mem's buffers",
+                a.buffers.name()
+            ));
+        }
         if a.min > a.max {
             return Err(format!("-b {} is larger than -e {}", a.min, a.max));
         }
@@ -80,6 +119,7 @@ impl Spec {
             check: a.check,
             iter_budget: a.iter_budget,
             register: a.register.is_some(),
+            buffers: a.buffers,
         })
     }
 
