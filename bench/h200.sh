@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ferroccl against NCCL on one GPU machine, in one go: every operation, float32 and bfloat16,
 # 8 B to 2 GiB, the three launch modes (one thread driving every GPU, a thread per GPU, a
-# process per GPU), without and with CUDA graphs, and with registered buffers (NCCL's symmetric
-# windows, ferroccl's windows), so that each cell can be compared with NCCL's best; plus a
+# process per GPU), without and with CUDA graphs, with registered buffers (NCCL's symmetric
+# windows, ferroccl's windows) and on cuMemAlloc buffers (cudaMalloc's: what ferroccl cannot lend),
+# so that each cell can be compared with NCCL's best; plus a
 # short checked pass in which both libraries' outputs are verified element by element. Writes one JSON record and one log per
 # run, and SVG plots (each run's, and each library's best size by size: best-float.svg,
 # best-bfloat16.svg), into OUTDIR. Fits in 10 minutes on 4 x H200 (the iteration budget gives
@@ -70,6 +71,9 @@ runs=(
     "onethread-graph|one thread, CUDA graphs|bench ${SWEEP[*]} ${GRAPH[*]} -g $GPUS --one-thread"
     "threads-graph|a thread per GPU, CUDA graphs|bench ${SWEEP[*]} ${GRAPH[*]} -g $GPUS"
     "procs-graph|a process per GPU, CUDA graphs|run -n $GPUS $BIN bench ${SWEEP[*]} ${GRAPH[*]} -g 1"
+    # Buffers from cuMemAlloc, as cudaMalloc and PyTorch's default allocator give them: nothing
+    # ferroccl can lend its peers, so its zero-copy paths are off (docs/PERFORMANCE.md section 44).
+    "procs-driver-graph|a process per GPU, cuMemAlloc buffers, CUDA graphs|run -n $GPUS $BIN bench ${SWEEP[*]} ${GRAPH[*]} -g 1 --buffers driver"
     # Registered buffers: NCCL's symmetric windows (its fastest small kernels), ferroccl's windows
     # (a process per GPU: copies between windows need ranks in processes of their own).
     "procs-reg|a process per GPU, registered windows, host launches|run -n $GPUS $BIN bench ${SWEEP[*]} ${EAGER[*]} -g 1 --register"
