@@ -797,7 +797,7 @@ fn fold_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
 /// (`copies::rendezvous_pull`): a reduce of 2 ranks whose inputs lie in no symmetric window (in
 /// them the root names its peer's input itself, [`peer_pulls`]), where the tuner would give it
 /// the pull once its root can name that input, and not the copy-and-fold (whose rendezvous comes
-/// first: [`fold_rendezvous_wanted`]). Its non-root then posts its input for its root: in a
+/// first: `fold_rendezvous_wanted`). Its non-root then posts its input for its root: in a
 /// window, or lent on the fly (`FERROCCL_GPU_CE_MAP_UNREGISTERED`), and the launch after it is
 /// planned with `inputs_symmetric`. Nothing it reads is one rank's own (in-place-ness is not
 /// asked: the reduce's pull takes either), so every rank decides alike. On 2 x H200 the pull
