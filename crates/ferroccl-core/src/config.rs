@@ -189,10 +189,11 @@ pub struct Config {
     /// FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES: on 2 ranks, a reduce on the peer engine whose
     /// inputs lie in symmetric windows (or, with a process per rank, whose non-root posts its
     /// input to its root at a rendezvous: `tune::pull_rendezvous_wanted`; lent on the fly where
-    /// `gpu_ce_map_unregistered`), of at least this many bytes and at most
-    /// `gpu_peer_pull_max_bytes`, pulls: its root reads the peer's input straight from the peer's
-    /// window and folds it with its own (`tune::peer_pulls`); 0 turns it off; the default
-    /// `tune::PEER_PULL_REDUCE_MIN_BYTES`. Every rank must agree.
+    /// `gpu_ce_map_unregistered`), of at least this many bytes (no upper bound:
+    /// `gpu_peer_pull_max_bytes` is the all-reduce's) where the copy-and-fold does not take it
+    /// (below `gpu_fold_reduce_min_bytes`, or a root in place), pulls: its root reads the peer's
+    /// input straight from where the peer lent it and folds it with its own (`tune::peer_pulls`);
+    /// 0 turns it off; the default `tune::PEER_PULL_REDUCE_MIN_BYTES`. Every rank must agree.
     pub gpu_peer_pull_reduce_min_bytes: usize,
     /// FERROCCL_GPU_PEER_PULL_BLOCKS: the most thread blocks a pull runs on (at most the
     /// blocks the staging is cut for, `FERROCCL_GPU_PEER_BLOCKS`); the default

@@ -1576,6 +1576,129 @@ fn child_pull() {
     println!("PULL OK");
 }
 
+/// The reduce of 2 ranks from the copy-and-fold's floor, a process per GPU, on buffers nobody
+/// registered: out of place the non-root's copy engines land its input in the root's output and
+/// the root folds it (nothing pulled); in place, where the root refuses the fold, the root pulls
+/// the input its non-root lent it in the same exchange. Both roots, twice on the same loans,
+/// beyond the all-reduce's pull maximum (which the reduce does not read); then in place between
+/// symmetric windows, pulled without an exchange of inputs. Exact on fresh data; the non-root's
+/// buffer untouched in place.
+#[test]
+#[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn reduces_fold_out_of_place_and_pull_in_place_from_the_folds_floor() {
+    if role().is_some() {
+        return;
+    }
+    let Some(_) = gpus_for_test() else { return };
+    let env = [
+        ("FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES", "1".to_string()),
+        ("FERROCCL_GPU_PEER_PULL_MAX_BYTES", "1048576".to_string()),
+        ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "1".to_string()),
+        ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576".to_string()),
+        ("FERROCCL_GPU_FOLD_TAIL_BYTES", "65536".to_string()),
+        ("FERROCCL_TIMEOUT", "60".to_string()),
+    ];
+    let kids = spawn_ranks(2, "child_fold_or_pull", "fold-or-pull", &env);
+    assert_all_print(kids, "FOLD OR PULL OK");
+}
+
+/// Child of the test above.
+#[test]
+fn child_fold_or_pull() {
+    if role().as_deref() != Some("fold-or-pull") {
+        return;
+    }
+    let cfg = Config::from_env().unwrap();
+    let comm = Comm::from_env_gpu(&cfg).unwrap();
+    let (n, r) = (comm.nranks(), comm.rank());
+    assert_eq!(n, 2);
+    let seed = comm.id() ^ 0x5eed;
+    let gpu = comm.gpu().unwrap().clone();
+    let stats = MemStats::new();
+    let count = (2 << 20) + 5;
+    let send = ferroccl::mem::alloc(&gpu, count * 4, &stats).unwrap();
+    let recv = ferroccl::mem::alloc(&gpu, count * 4, &stats).unwrap();
+    // Rank q's small integers as floats for `tag` (sums exact).
+    let small = |tag: u64, q: usize| -> Vec<u32> {
+        words(seed, tag, q, count)
+            .iter()
+            .map(|&x| ((x % 2048) as f32 - 1024.0).to_bits())
+            .collect()
+    };
+    let sum = |tag: u64| -> Vec<u32> {
+        let (a, b) = (small(tag, 0), small(tag, 1));
+        (0..count)
+            .map(|j| (f32::from_bits(a[j]) + f32::from_bits(b[j])).to_bits())
+            .collect()
+    };
+    let pulled = || comm.direct_rounds().unwrap().unwrap();
+    let reduce = |s: &DeviceBuffer, o: &DeviceBuffer, root: usize| {
+        let before = pulled();
+        let blocks = run_alone(
+            &comm,
+            CollKind::Reduce,
+            s.device_ptr(),
+            o.device_ptr(),
+            count,
+            root,
+            ReduceOp::Sum,
+        );
+        (blocks, pulled() > before)
+    };
+    for round in 0..2u64 {
+        for root in 0..n {
+            let tag = 10 * round + root as u64;
+            put_words(&send, 0, &small(tag, r));
+            put_words(&recv, 0, &vec![0x7fc0_0bad; count]);
+            let (blocks, pull) = reduce(&send, &recv, root);
+            let folded = if r == root {
+                Some(tune::FOLD_REDUCE_BLOCKS as u32)
+            } else {
+                Some(0)
+            };
+            assert!(
+                !pull && blocks == folded,
+                "round {round}: reduce to {root} out of place: {blocks:?} blocks, pulled {pull}"
+            );
+            if r == root {
+                assert!(
+                    read_words(&recv, count) == sum(tag),
+                    "round {round}: folded to {root}"
+                );
+            }
+            let tag = tag + 100;
+            put_words(&recv, 0, &small(tag, r));
+            let (_, pull) = reduce(&recv, &recv, root);
+            assert!(
+                pull,
+                "round {round}: reduce to {root} in place did not pull"
+            );
+            let want = if r == root { sum(tag) } else { small(tag, r) };
+            assert!(
+                read_words(&recv, count) == want,
+                "round {round}: pulled to {root} in place"
+            );
+        }
+    }
+    comm.register_symmetric_buffer(&recv).unwrap();
+    for root in 0..n {
+        let tag = 300 + root as u64;
+        put_words(&recv, 0, &small(tag, r));
+        let (_, pull) = reduce(&recv, &recv, root);
+        assert!(
+            pull,
+            "reduce to {root} in place between windows did not pull"
+        );
+        let want = if r == root { sum(tag) } else { small(tag, r) };
+        assert!(
+            read_words(&recv, count) == want,
+            "pulled to {root} in place between windows"
+        );
+    }
+    comm.deregister_window(recv.device_ptr()).unwrap();
+    println!("FOLD OR PULL OK");
+}
+
 /// Ranks of one process (threads) keep copies between windows off (`Fabric::ranks_apart`):
 /// the same operations run on kernels, exact.
 #[test]

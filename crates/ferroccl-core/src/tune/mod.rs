@@ -711,21 +711,28 @@ pub const PEER_PULL_BLOCKS: usize = 32;
 /// output; the non-root reads nothing and only says its input is there, then waits until the
 /// root has read it. In place or not (the root reads and writes each element by the same
 /// thread, and nobody reads the root's buffers), so each rank's own in-place-ness, which its
-/// peer cannot see, does not enter.
+/// peer cannot see, does not enter. From `FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES` up with no
+/// upper bound (`FERROCCL_GPU_PEER_PULL_MAX_BYTES` is the all-reduce's): the copy-and-fold,
+/// which the tuner asks first, takes the reduces it can from `FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES`
+/// (out of place, a reduction the fold pays for), and the pull the rest, an in-place root's
+/// above all, which the rounds ran at 0.97 x NCCL at 1-2 GiB (docs/PERFORMANCE.md section 43).
 pub fn peer_pulls(op: &OpShape, bytes: Option<usize>, cfg: &Config) -> bool {
     let redop = (ReduceOp::Sum.nccl_id()..=ReduceOp::Avg.nccl_id()).contains(&op.redop);
-    let under_max = bytes.is_some_and(|b| b <= cfg.gpu_peer_pull_max_bytes);
     let shape = match op.kind {
         // The all-reduce's floor of 0 pulls from the first byte (its setting's older convention).
         CollKind::AllReduce => {
-            op.symmetric && !op.in_place && bytes.is_some_and(|b| b >= cfg.gpu_peer_pull_min_bytes)
+            op.symmetric
+                && !op.in_place
+                && bytes.is_some_and(|b| {
+                    b >= cfg.gpu_peer_pull_min_bytes && b <= cfg.gpu_peer_pull_max_bytes
+                })
         }
         CollKind::Reduce => {
             op.inputs_symmetric && reaches(bytes, cfg.gpu_peer_pull_reduce_min_bytes)
         }
         _ => false,
     };
-    op.nranks == 2 && redop && shape && under_max
+    op.nranks == 2 && redop && shape
 }
 
 /// Whether a largest buffer of `bytes` reaches a size knob's `min`, by the knobs' convention that
@@ -758,8 +765,15 @@ fn reaches(bytes: Option<usize>, min: usize) -> bool {
 /// or none. The backend adds what only it knows, alike on every rank too: a process per rank,
 /// the copy engine and the peer engine's fabric present.
 pub fn rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
+    outputs_rendezvous_wanted(op, device, cfg) || pull_rendezvous_wanted(op, device, cfg)
+}
+
+/// [`rendezvous_wanted`] for the outputs alone: where the ranks post their outputs to their
+/// writers (the copy engines' zero-copy and the copy-and-fold), leaving out the reduce's input
+/// posted for its root's pull ([`pull_rendezvous_wanted`]).
+pub fn outputs_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
     if copies::fold_kind(op.kind, op.nranks) {
-        return fold_rendezvous_wanted(op, device, cfg) || pull_rendezvous_wanted(op, device, cfg);
+        return fold_rendezvous_wanted(op, device, cfg);
     }
     let at_least = |min: usize| reaches(op.largest_bytes(), min);
     let postable = device == Device::Gpu && (op.windows || cfg.gpu_ce_map_unregistered);
@@ -793,16 +807,19 @@ fn fold_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
     c.engine == Engine::CopyEngine && c.zero_copy
 }
 
-/// Whether the rendezvous before the reduce `op` is the one for its root's pull
-/// (`copies::rendezvous_pull`): a reduce of 2 ranks whose inputs lie in no symmetric window (in
-/// them the root names its peer's input itself, [`peer_pulls`]), where the tuner would give it
-/// the pull once its root can name that input, and not the copy-and-fold (whose rendezvous comes
-/// first: `fold_rendezvous_wanted`). Its non-root then posts its input for its root: in a
-/// window, or lent on the fly (`FERROCCL_GPU_CE_MAP_UNREGISTERED`), and the launch after it is
-/// planned with `inputs_symmetric`. Nothing it reads is one rank's own (in-place-ness is not
-/// asked: the reduce's pull takes either), so every rank decides alike. On 2 x H200 the pull
-/// between registered windows ran the reduce of 128 MiB in 370-373 us against the read rounds'
-/// 385-386 (docs/PERFORMANCE.md section 42), which buffers nobody registered ran until this.
+/// Whether the rendezvous before the reduce `op` carries its non-root's input for its root's
+/// pull (`copies::rendezvous_pull`): a reduce of 2 ranks whose inputs lie in no symmetric window
+/// (in them the root names its peer's input itself, [`peer_pulls`]), where the tuner would give
+/// it the pull once its root can name that input. Its non-root then posts its input for its
+/// root: in a window, or lent on the fly (`FERROCCL_GPU_CE_MAP_UNREGISTERED`). Below the
+/// copy-and-fold's floor this is the rendezvous's only purpose, and the launch after it is
+/// planned with `inputs_symmetric` and pulls; from the floor the same exchange carries the root's
+/// output for the fold too ([`outputs_rendezvous_wanted`]), and the launch folds where the root posted
+/// it (out of place) and pulls where only the input was posted (a root in place refuses the
+/// fold). Nothing it reads is one rank's own (in-place-ness is not asked: the reduce's pull
+/// takes either), so every rank decides alike. On 2 x H200 the pull between registered windows
+/// ran the reduce of 128 MiB in 370-373 us against the read rounds' 385-386 (docs/PERFORMANCE.md
+/// section 42), which buffers nobody registered ran until session 33.
 pub fn pull_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
     if device != Device::Gpu
         || op.kind != CollKind::Reduce
@@ -818,7 +835,7 @@ pub fn pull_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> boo
         ..*op
     };
     // The pull's own bounds first: the tuner is not asked for the many small reduces.
-    if !peer_pulls(&named, op.largest_bytes(), cfg) || fold_rendezvous_wanted(op, device, cfg) {
+    if !peer_pulls(&named, op.largest_bytes(), cfg) {
         return false;
     }
     let c = choose(&named, device, cfg);

@@ -2834,7 +2834,8 @@ fn pullable_reduce(bytes: usize) -> OpShape {
 /// inputs lie in symmetric windows, Sum to Avg, in place or not (each rank's own, which its peer
 /// cannot see, must not decide), on the peer engine as the all-reduce's pull: one round a block,
 /// at most PEER_PULL_BLOCKS blocks, never split, read or direct, posting nothing. By default from
-/// 64 MiB (measured); its own floor's 0 turns it off, and the all-reduce's floor does not bind it.
+/// 64 MiB (measured) with no upper bound; its own floor's 0 turns it off, and the all-reduce's
+/// floor and maximum do not bind it.
 #[test]
 fn pulls_take_reduces_of_two_ranks_whose_inputs_lie_in_symmetric_windows() {
     let cfg = Config {
@@ -2875,10 +2876,19 @@ fn pulls_take_reduces_of_two_ranks_whose_inputs_lie_in_symmetric_windows() {
             ..at(4 << 20)
         },
     ];
-    for op in pull_refusals(at).into_iter().chain(own) {
+    // The all-reduce's refusals but its maximum, which the reduce does not read.
+    let beyond = at(128 << 20);
+    for op in pull_refusals(at)
+        .into_iter()
+        .filter(|op| *op != beyond)
+        .chain(own)
+    {
         assert_no_pull(&op, &cfg);
     }
     assert_no_pull(&at(4 << 20), &off);
+    assert!(beyond.largest_bytes().unwrap() > cfg.gpu_peer_pull_max_bytes);
+    assert_pulls(&beyond, &cfg);
+    assert_pulls(&at(1 << 30), &Config::default());
     // FERROCCL_GPU_PEER_PULL_BLOCKS: more blocks, up to the staging's cut; fewer.
     for (want, cap) in [(64, 64), (64, 128), (8, 8)] {
         let c = choose(
@@ -2926,11 +2936,11 @@ fn pulls_take_reduces_of_two_ranks_whose_inputs_lie_in_symmetric_windows() {
 }
 
 /// The reduce's pull on inputs in no symmetric window (`pull_rendezvous_wanted`): a reduce of 2
-/// ranks on GPUs within the pull's bounds and below the copy-and-fold (whose rendezvous it is
-/// then) exchanges, with windows or with inputs lent on the fly; in place or not alike (a rank's
-/// own), never for a PreMulSum, 3 ranks, the host, inputs already in symmetric windows (no
-/// exchange needed), nor without a way to post. After the exchange the launch is planned with
-/// `inputs_symmetric` and pulls.
+/// ranks on GPUs from the pull's floor exchanges, with windows or with inputs lent on the fly,
+/// alone below the copy-and-fold's floor and beside the fold's outputs from it; in place or not
+/// alike (a rank's own), never for a PreMulSum, 3 ranks, the host, inputs already in symmetric
+/// windows (no exchange needed), nor without a way to post. After the exchange the launch is
+/// planned with `inputs_symmetric` and pulls.
 #[test]
 fn reduces_whose_inputs_lie_in_no_symmetric_window_exchange_for_the_pull() {
     let cfg = Config::default();
@@ -2964,18 +2974,26 @@ fn reduces_whose_inputs_lie_in_no_symmetric_window_exchange_for_the_pull() {
             }
         }
     }
-    // Below the pull; from the fold on, the fold's rendezvous (not the pull's).
+    // Below the pull: no rendezvous. Below the fold the pull's alone; from the fold on, the
+    // outputs' too (an out-of-place root's output for the fold, the non-root's input for the
+    // pull of a root in place), to any size: the all-reduce's maximum does not bind the reduce.
     assert!(!wanted(&at(floor / 2), &cfg));
     assert!(!rendezvous_wanted(&at(floor / 2), Device::Gpu, &cfg));
-    assert!(!wanted(&at(fold), &cfg));
-    assert!(rendezvous_wanted(&at(fold), Device::Gpu, &cfg));
-    // The fold off: the pull up to its own maximum, not past it.
-    let no_fold = Config {
-        gpu_fold_reduce_min_bytes: 0,
-        ..cfg.clone()
+    assert!(!outputs_rendezvous_wanted(&at(fold - 4), Device::Gpu, &cfg));
+    for bytes in [fold, 2 * cfg.gpu_peer_pull_max_bytes, 2 << 30] {
+        assert!(wanted(&at(bytes), &cfg), "{bytes}");
+        assert!(
+            outputs_rendezvous_wanted(&at(bytes), Device::Gpu, &cfg),
+            "{bytes}"
+        );
+    }
+    // A reduction the fold does not pay for (bytes): the pull's alone.
+    let bytes8 = OpShape {
+        dtype: Int8,
+        count: fold,
+        ..at(fold)
     };
-    assert!(wanted(&at(cfg.gpu_peer_pull_max_bytes), &no_fold));
-    assert!(!wanted(&at(2 * cfg.gpu_peer_pull_max_bytes), &no_fold));
+    assert!(wanted(&bytes8, &cfg) && !outputs_rendezvous_wanted(&bytes8, Device::Gpu, &cfg));
     let refused = [
         OpShape {
             redop: 5,

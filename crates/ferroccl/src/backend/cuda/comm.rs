@@ -710,11 +710,6 @@ impl CudaComm {
             return Ok(None);
         }
         let w = self.windows()?;
-        // The reduce's pull (`tune::pull_rendezvous_wanted`): its non-root posts its input for
-        // its root to read, and the root nothing.
-        if let Some(pull) = self.pull_posting(&w, a, info, abort)? {
-            return Ok(Some(pull));
-        }
         // Buffers in symmetric windows (the output, and a copy-and-fold's input too): the
         // symmetric contract puts every rank's there alike, and the launch names the peers'
         // outputs without an exchange.
@@ -730,11 +725,17 @@ impl CudaComm {
         };
         let symmetric = windowed(a.recv as u64, recv)
             && (!fold_serves(a.kind, info.nranks, false) || windowed(a.send as u64, send));
-        if !wanted(!w.is_empty(), symmetric, self.inputs_in(&w, a, info)) {
+        let outputs = ferroccl_core::tune::outputs_rendezvous_wanted(
+            &a.shape(info, !w.is_empty(), symmetric, self.inputs_in(&w, a, info)),
+            Device::Gpu,
+            &info.config,
+        );
+        let pull = self.pull_wanted(&w, a, info);
+        if !outputs && !pull {
             return Ok(None);
         }
         let bytes = recv.checked_mul(a.dtype.size()).unwrap_or(0);
-        let writers = match bytes > 0 && may_post(a.kind, a.is_in_place(info.rank)) {
+        let writers = match outputs && bytes > 0 && may_post(a.kind, a.is_in_place(info.rank)) {
             true => writers_of(
                 a.kind,
                 a.count,
@@ -745,11 +746,18 @@ impl CudaComm {
             ),
             false => Vec::new(),
         };
-        let row = self.post_output(&w, info, abort, a.recv as u64, bytes as u64, &writers)?;
+        let mut row = self.post_output(&w, info, abort, a.recv as u64, bytes as u64, &writers)?;
+        // The reduce's pull (`tune::pull_rendezvous_wanted`): its non-root, which has no output
+        // to post, posts its input for its root to read, in the root's place of its row.
+        if pull && a.root != info.rank && a.root < row.len() && row[a.root].is_none() {
+            let input = (a.count * a.dtype.size()) as u64;
+            row[a.root] =
+                self.post_output(&w, info, abort, a.send as u64, input, &[a.root])?[a.root];
+        }
         Ok(Some(Posted::encode_row(&row)))
     }
 
-    /// Whether the rendezvous before `a` is the one for the reduce's pull
+    /// Whether the rendezvous before `a` carries the reduce's input for its root's pull
     /// (`tune::pull_rendezvous_wanted`), with the windows at hand: the same on every rank (the
     /// shape it reads is, and so is `posts_possible`).
     fn pull_wanted(&self, w: &Windows, a: &OpArgs, info: &CommInfo) -> bool {
@@ -761,33 +769,16 @@ impl CudaComm {
             )
     }
 
-    /// This rank's row in the rendezvous for the reduce's pull (`pull_wanted`), or None where
-    /// the rendezvous is another's: the non-root posts its input for its root (in a window, or
-    /// lent on the fly like an output, `post_output`), the root an empty row.
-    fn pull_posting(
-        &self,
-        w: &Windows,
-        a: &OpArgs,
-        info: &CommInfo,
-        abort: &AtomicBool,
-    ) -> Result<Option<Vec<u8>>, Error> {
-        if !self.pull_wanted(w, a, info) {
-            return Ok(None);
-        }
-        let readers: &[Rank] = if a.root == info.rank { &[] } else { &[a.root] };
-        let bytes = (a.count * a.dtype.size()) as u64;
-        let row = self.post_output(w, info, abort, a.send as u64, bytes, readers)?;
-        Ok(Some(Posted::encode_row(&row)))
-    }
-
     /// After the rendezvous (`rows[q]`: rank q's row of postings), what the launch takes
-    /// (`Exchanged::Nothing` where the copies or the pull cannot take it: every rank finds the
-    /// same, from the same rows, and the launch runs on the kernels everywhere):
-    /// - for the reduce's pull (`pull_wanted`, `plan::copies::rendezvous_pull`), where this
-    ///   process maps the non-root's input on the root, and on the non-root the address of its
-    ///   own input, which it never reads (the kernel knows a pull by a non-zero address);
-    /// - else where this process maps each peer's output that this rank's copy engines write (0
-    ///   for the others; `plan::copies::rendezvous_far`).
+    /// (`Exchanged::Nothing` where neither the copies nor the pull can take it: every rank finds
+    /// the same, from the same rows, and the launch runs on the kernels everywhere):
+    /// - where every output a copy lands in was posted (`plan::copies::rendezvous_far`; a
+    ///   reduce's root out of place), where this process maps each peer's output that this
+    ///   rank's copy engines write (0 for the others);
+    /// - else, for the reduce's pull (`pull_wanted`, `plan::copies::rendezvous_pull`; below the
+    ///   fold's floor, or a root in place), where this process maps the non-root's input on the
+    ///   root, and on the non-root the address of its own input, which it never reads (the
+    ///   kernel knows a pull by a non-zero address).
     ///
     /// A row that does not parse is a protocol error, and so is a mapped posting this process's
     /// mapper does not hold; one naming a window this rank no longer holds (deregistered here
@@ -807,22 +798,7 @@ impl CudaComm {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        if self.pull_wanted(&*self.windows()?, a, info) {
-            let pulled = ferroccl_core::plan::copies::rendezvous_pull(
-                a.count,
-                a.dtype.size(),
-                info.nranks,
-                a.root,
-                info.rank,
-                &posted,
-            );
-            return Ok(match pulled {
-                None => Exchanged::Nothing,
-                Some(None) => Exchanged::Pull(a.send as u64),
-                Some(Some(p)) => Exchanged::Pull(self.posted_far(p, 1 - a.root, info.rank)?),
-            });
-        }
-        let Some(named) = ferroccl_core::plan::copies::rendezvous_far(
+        if let Some(named) = ferroccl_core::plan::copies::rendezvous_far(
             a.kind,
             a.count,
             a.dtype.size(),
@@ -830,15 +806,30 @@ impl CudaComm {
             a.root,
             info.rank,
             &posted,
-        ) else {
+        ) {
+            return named
+                .iter()
+                .enumerate()
+                .map(|(q, p)| p.map_or(Ok(0), |p| self.posted_far(p, q, info.rank)))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Exchanged::Far);
+        }
+        if !self.pull_wanted(&*self.windows()?, a, info) {
             return Ok(Exchanged::Nothing);
-        };
-        named
-            .iter()
-            .enumerate()
-            .map(|(q, p)| p.map_or(Ok(0), |p| self.posted_far(p, q, info.rank)))
-            .collect::<Result<Vec<_>, _>>()
-            .map(Exchanged::Far)
+        }
+        let pulled = ferroccl_core::plan::copies::rendezvous_pull(
+            a.count,
+            a.dtype.size(),
+            info.nranks,
+            a.root,
+            info.rank,
+            &posted,
+        );
+        Ok(match pulled {
+            None => Exchanged::Nothing,
+            Some(None) => Exchanged::Pull(a.send as u64),
+            Some(Some(p)) => Exchanged::Pull(self.posted_far(p, 1 - a.root, info.rank)?),
+        })
     }
 
     /// Whether this rank's copy engines can write a peer's posted output: the copy engine and
