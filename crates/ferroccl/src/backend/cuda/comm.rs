@@ -678,12 +678,13 @@ impl CudaComm {
         w.symmetric_far(a.recv as u64, recv.checked_mul(a.dtype.size())? as u64)
     }
 
-    /// The rendezvous before a data-movement collective or a copy-and-fold reduction alone in
-    /// its launch (`tune::rendezvous_wanted`): this rank's row of postings of where its output
-    /// lies, one for each rank as reader (`Windows::post_output`: in a symmetric window, or
-    /// mapped for its writers on the fly; none where neither, where a gather's non-root has no
-    /// output, or an all-to-all or a fold is in place here), or None where the ranks exchange
-    /// nothing. What decides is the same on every rank (`posts_possible`, the tuner's shape: the
+    /// The rendezvous before a data-movement collective, a copy-and-fold reduction or a pulled
+    /// reduce alone in its launch (`tune::rendezvous_wanted`): this rank's row of postings of
+    /// where its output lies, one for each rank as reader (`Windows::post_output`: in a
+    /// symmetric window, or mapped for its writers on the fly; none where neither, where a
+    /// gather's non-root has no output, or an all-to-all or a fold is in place here), a reduce's
+    /// non-root posting its input for its root instead (`tune::pull_rendezvous_wanted`), or None
+    /// where the ranks exchange nothing. What decides is the same on every rank (`posts_possible`, the tuner's shape: the
     /// kinds that name their peers' outputs between symmetric windows need no exchange there, and
     /// the symmetric contract puts every rank's buffers in them alike).
     pub(crate) fn rendezvous_posting(
@@ -841,8 +842,9 @@ impl CudaComm {
         self.ce.is_some() && self.peer.is_some() && self.fabric.ranks_apart()
     }
 
-    /// This rank's postings of its output `[ptr, ptr + bytes)` for its `writers`
-    /// (`Windows::post_output`), lent on the fly where `FERROCCL_GPU_CE_MAP_UNREGISTERED` asks.
+    /// This rank's postings of its output `[ptr, ptr + bytes)` for its `writers` (or of a
+    /// reduce's input for its root, which reads it) (`Windows::post_output`), lent on the fly
+    /// where `FERROCCL_GPU_CE_MAP_UNREGISTERED` asks.
     fn post_output(
         &self,
         w: &Windows,

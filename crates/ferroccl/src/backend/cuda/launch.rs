@@ -507,9 +507,7 @@ impl CudaComm {
                     Some(&mut || self.launch(info, state, &rest, Exchanged::Nothing)),
                 );
             }
-            Exchanged::Far(far) => Some(Exchanged::Far(far)),
-            Exchanged::Pull(at) => Some(Exchanged::Pull(at)),
-            Exchanged::Nothing => None,
+            other => other,
         };
         state.seq += 1;
         let nranks = u32::try_from(info.nranks)
@@ -548,7 +546,7 @@ impl CudaComm {
         if !captured {
             self.order()?.before(stream)?;
         }
-        if let Some(Exchanged::Pull(at)) = exchanged {
+        if let Exchanged::Pull(at) = exchanged {
             // The reduce's pull from the input its non-root posted: planned and run now, never
             // kept, as the peer's input may move while this rank's buffers stay.
             drop(cache);
@@ -572,7 +570,7 @@ impl CudaComm {
             }
             return Ok(());
         }
-        if let Some(Exchanged::Far(far)) = exchanged {
+        if let Exchanged::Far(far) = exchanged {
             // The copy engines straight into the outputs the peers posted: planned and run now,
             // never kept, as the peers' outputs may move while this rank's buffers stay.
             drop(cache);
