@@ -523,7 +523,9 @@ pub fn rendezvous_far(
 /// (`tune::pull_rendezvous_wanted`), NCCL's `count` of `elem` bytes to `root`: the non-root posts
 /// its input for its root to read (`posted[non-root][root]`, in a window or lent on the fly), and
 /// the root, whose peer engine folds what it reads with its own input into its output, posts
-/// nothing. For the root: the non-root's posting; for the non-root: None (it reads nothing, and
+/// nothing for it (from the copy-and-fold's floor it posts its output for the fold, which
+/// [`rendezvous_far`] takes first where it was posted). For the root: the non-root's posting;
+/// for the non-root: None (it reads nothing, and
 /// only flags and waits). None where the pull cannot take the launch: not 2 ranks, `root` or `me`
 /// out of range, a row missing or of another length, sizes that overflow, or the input not posted
 /// for the root or posted where it does not fit. Every rank decides from the same rows, so both
