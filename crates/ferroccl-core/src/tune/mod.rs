@@ -755,9 +755,10 @@ fn reaches(bytes: Option<usize>, min: usize) -> bool {
 /// all-reduce or reduce-scatter of 2 ranks) exchange where the tuner would give them the fold
 /// between symmetric windows (`FERROCCL_GPU_FOLD_MIN_BYTES`, a reduction the fold pays for) and
 /// their buffers lie in none; the reduce of 2 ranks there whatever its buffers (only its root's
-/// posting tells its peer that the root is out of place); below the fold, a reduce of 2 ranks
-/// whose root would pull its peer's input exchanges where the inputs lie in no symmetric window
-/// ([`pull_rendezvous_wanted`]). The exchange is a bootstrap
+/// posting tells its peer that the root is out of place); and a reduce of 2 ranks whose root
+/// would pull its peer's input, where the inputs lie in no symmetric window, from the pull's
+/// floor (below the fold alone, from it beside the fold's outputs: [`pull_rendezvous_wanted`]).
+/// The exchange is a bootstrap
 /// all-gather (tens of microseconds on one host) and blocks the call until every rank has made
 /// it: on 2 x H200 a gather of 128 MiB by the copy engines took 346-350 GB/s against the
 /// kernels' 331, host launches included (docs/PERFORMANCE.md section 33). Everything it reads is

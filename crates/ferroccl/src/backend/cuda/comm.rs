@@ -751,7 +751,7 @@ impl CudaComm {
         // The reduce's pull (`tune::pull_rendezvous_wanted`): its non-root, which has no output
         // to post, posts its input for its root to read, in the root's place of its row.
         if pull && a.root != info.rank && a.root < row.len() && row[a.root].is_none() {
-            let input = (a.count * a.dtype.size()) as u64;
+            let input = send.checked_mul(a.dtype.size()).unwrap_or(0) as u64;
             row[a.root] =
                 self.post_output(&w, info, abort, a.send as u64, input, &[a.root])?[a.root];
         }

@@ -546,55 +546,14 @@ impl CudaComm {
         if !captured {
             self.order()?.before(stream)?;
         }
-        if let Exchanged::Pull(at) = exchanged {
-            // The reduce's pull from the input its non-root posted: planned and run now, never
-            // kept, as the peer's input may move while this rank's buffers stay.
+        if !matches!(exchanged, Exchanged::Nothing) {
+            // After a rendezvous the launch names buffers its peers posted, which may move while
+            // this rank's stay: planned and run now, never kept.
             drop(cache);
-            let planned = plan_launch(info, args, !windows.is_empty(), &|_| (false, true))?;
-            state.log_choices(info, &planned.shapes, &planned.choices);
-            let run = match (&self.peer, &planned.choices[..]) {
-                (Some(_), [c]) if c.engine == Engine::PeerKernel && c.zero_copy => {
-                    peer_run(c, args[0].kind)
-                }
-                _ => {
-                    return Err(Error::Internal(format!(
-                        "the ranks exchanged a {}'s input for its pull, and the tuner chose {:?}",
-                        args[0].kind, planned.choices
-                    )))
-                }
-            };
+            let (run, pull) =
+                self.exchanged_run(info, state, args, exchanged, !windows.is_empty())?;
             drop(windows);
-            self.run_entry(run, args, ops, stream, None, at)?;
-            if !captured {
-                self.order()?.after(stream)?;
-            }
-            return Ok(());
-        }
-        if let Exchanged::Far(far) = exchanged {
-            // The copy engines straight into the outputs the peers posted: planned and run now,
-            // never kept, as the peers' outputs may move while this rank's buffers stay.
-            drop(cache);
-            let planned = plan_launch(info, args, !windows.is_empty(), &|_| (true, false))?;
-            state.log_choices(info, &planned.shapes, &planned.choices);
-            let (ce, c) = match (&self.ce, &planned.choices[..]) {
-                (Some(ce), [c]) if c.engine == Engine::CopyEngine && c.zero_copy => (ce, c),
-                _ => {
-                    return Err(Error::Internal(format!(
-                    "the ranks exchanged their outputs' places for {}, and the tuner chose {:?}",
-                    args[0].kind, planned.choices
-                )))
-                }
-            };
-            let lanes = ce.zcopy_schedule(
-                &ce_op(&args[0]),
-                &far,
-                (
-                    c.channels,
-                    ferroccl_core::tune::fold_taper(&info.config, args[0].kind),
-                ),
-            )?;
-            drop(windows);
-            self.run_entry(Run::Copy(Arc::new(lanes)), args, ops, stream, None, 0)?;
+            self.run_entry(run, args, ops, stream, None, pull)?;
             if !captured {
                 self.order()?.after(stream)?;
             }
@@ -759,6 +718,49 @@ impl CudaComm {
             self.order()?.after(stream)?;
         }
         Ok(())
+    }
+
+    /// The run of a launch of one operation after its rendezvous, and the address a pull reads
+    /// (0 for the copies): the copy engines straight into the outputs the peers posted
+    /// (`Exchanged::Far`, planned as every rank naming the outputs it writes), or the reduce's
+    /// pull from the input its non-root posted (`Exchanged::Pull`, planned as the root naming
+    /// the input it reads). The tuner must give it the path the exchange was for: every rank
+    /// decided alike from the same postings.
+    fn exchanged_run(
+        &self,
+        info: &CommInfo,
+        state: &mut CommState,
+        args: &[OpArgs],
+        exchanged: Exchanged,
+        windows: bool,
+    ) -> Result<(Run, u64), Error> {
+        let pulled = matches!(exchanged, Exchanged::Pull(_));
+        let planned = plan_launch(info, args, windows, &|_| (!pulled, pulled))?;
+        state.log_choices(info, &planned.shapes, &planned.choices);
+        let kind = args[0].kind;
+        match (exchanged, &planned.choices[..]) {
+            (Exchanged::Far(far), [c]) if c.engine == Engine::CopyEngine && c.zero_copy => {
+                let ce = self.ce.as_ref().ok_or_else(|| {
+                    Error::Internal("the copies' rendezvous without the copy engine".into())
+                })?;
+                let taper = ferroccl_core::tune::fold_taper(&info.config, kind);
+                let lanes = ce.zcopy_schedule(&ce_op(&args[0]), &far, (c.channels, taper))?;
+                Ok((Run::Copy(Arc::new(lanes)), 0))
+            }
+            (Exchanged::Pull(at), [c])
+                if c.engine == Engine::PeerKernel && c.zero_copy && self.peer.is_some() =>
+            {
+                Ok((peer_run(c, kind), at))
+            }
+            (_, choices) => Err(Error::Internal(format!(
+                "the ranks exchanged {} for {kind}, and the tuner chose {choices:?}",
+                if pulled {
+                    "an input for its pull"
+                } else {
+                    "their outputs' places"
+                }
+            ))),
+        }
     }
 
     fn order(&self) -> Result<std::sync::MutexGuard<'_, StreamOrder>, Error> {
