@@ -322,10 +322,12 @@ pub struct Config {
     /// exchange before an all-gather, all-to-all or broadcast whose buffers lie in no symmetric
     /// window, from `gpu_ce_rendezvous_bytes`, and before a pulled reduce, whose non-root lends
     /// its input to its root alike) also take outputs nobody registered: each rank
-    /// lends the cuMem allocation holding its output to the peers whose copy engines write it,
+    /// lends the allocation holding its output to the peers whose copy engines write it,
     /// through their mappers, at the first operation on it, and keeps the loan for the next ones
-    /// while the allocation lives (NCCL's lazy registration; `backend/cuda/lazy.rs`). Memory that
-    /// is not a cuMem allocation with POSIX file-descriptor handles runs on the kernels as before.
+    /// while the allocation lives (NCCL's lazy registration; `backend/cuda/lazy.rs`): a cuMem
+    /// allocation with POSIX file-descriptor handles by its descriptor, `cuMemAlloc` memory
+    /// (`cudaMalloc`'s) by its CUDA IPC handle to peers in other processes. Other memory runs on
+    /// the kernels as before.
     /// 0: only registered windows take the copy engines, and a communicator without windows
     /// exchanges nothing. Every rank must agree.
     pub gpu_ce_map_unregistered: bool,

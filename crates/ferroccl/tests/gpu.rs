@@ -1220,32 +1220,79 @@ fn mapped_on_the_fly_body(comm: &Comm, seed: u64) {
             );
         }
     }
-    // Memory from cuMemAlloc (no cuMem handle to lend): the kernels, exact.
+    // Memory from cuMemAlloc (`cudaMalloc`'s): lent by its CUDA IPC handle, so the copy engines
+    // write it, exact. Freed and allocated anew (the driver's buffer id tells the two apart even
+    // at one address): the new one lent, exact, and the freed one's memory, which the peer's IPC
+    // mapping held, back within the sweeper's period.
     gpu.bind().unwrap();
-    let mut legacy: sys::CUdeviceptr = 0;
-    // SAFETY: a fresh allocation of the output's size, freed below.
-    unsafe { cu_ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut legacy, n * count * 4)).unwrap() };
-    put_words(&send, 0, &data(70, r, count));
-    assert!(
-        !by_ce(run(CollKind::AllGather, send.device_ptr(), legacy, 0)),
-        "an all-gather into cuMemAlloc memory"
+    let bytes = n * count * 4;
+    let legacy_alloc = || {
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: a fresh allocation of the output's size, freed below.
+        unsafe { cu_ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut p, bytes)).unwrap() };
+        p
+    };
+    let read_at = |p: sys::CUdeviceptr| {
+        let mut got = vec![0u32; n * count];
+        // SAFETY: `p` holds `bytes`, read after the operation's synchronize.
+        unsafe {
+            cu_ok(
+                "cuMemcpyDtoH",
+                sys::cuMemcpyDtoH_v2(got.as_mut_ptr().cast(), p, bytes),
+            )
+            .unwrap()
+        };
+        got
+    };
+    let all_gather_into = |p: sys::CUdeviceptr, tag: u64, want_ce: bool, what: &str| {
+        put_words(&send, 0, &data(tag, r, count));
+        // SAFETY: `p` holds `bytes`.
+        unsafe {
+            cu_ok("cuMemsetD32", sys::cuMemsetD32_v2(p, 0xdead_beef, n * count)).unwrap();
+        }
+        let blocks = run(CollKind::AllGather, send.device_ptr(), p, 0);
+        assert_eq!(by_ce(blocks), want_ce, "an all-gather into {what}: {blocks:?}");
+        let got = read_at(p);
+        for q in 0..n {
+            assert!(
+                got[q * count..(q + 1) * count] == data(tag, q, count)[..],
+                "all-gather into {what}, block {q}"
+            );
+        }
+    };
+    let legacy = legacy_alloc();
+    all_gather_into(legacy, 70, true, "cuMemAlloc memory");
+    all_gather_into(legacy, 71, true, "cuMemAlloc memory, its loan again");
+    let before = free_bytes();
+    // SAFETY: the operations on it completed (run_alone synchronizes).
+    unsafe { cu_ok("cuMemFree", sys::cuMemFree_v2(legacy)).unwrap() };
+    let again = legacy_alloc();
+    println!(
+        "rank {r}: cuMemAlloc memory allocated anew {} the freed one's address",
+        if again == legacy { "at" } else { "away from" }
     );
-    let mut got = vec![0u32; n * count];
-    // SAFETY: the allocation above, read after the operation's synchronize.
+    all_gather_into(again, 72, true, "cuMemAlloc memory allocated anew");
+    // SAFETY: as above.
+    unsafe { cu_ok("cuMemFree", sys::cuMemFree_v2(again)).unwrap() };
+    std::thread::sleep(Duration::from_millis(500));
+    let back = free_bytes().saturating_sub(before);
+    assert!(
+        back >= bytes,
+        "{back} bytes came back after freeing cuMemAlloc outputs of {bytes} lent by IPC"
+    );
+    // Managed memory cannot be lent: the kernels, exact.
+    let mut managed: sys::CUdeviceptr = 0;
+    // SAFETY: a fresh managed allocation of the output's size, freed below.
     unsafe {
         cu_ok(
-            "cuMemcpyDtoH",
-            sys::cuMemcpyDtoH_v2(got.as_mut_ptr().cast(), legacy, n * count * 4),
+            "cuMemAllocManaged",
+            sys::cuMemAllocManaged(&mut managed, bytes, 1 /* CU_MEM_ATTACH_GLOBAL */),
         )
-        .unwrap();
-        cu_ok("cuMemFree", sys::cuMemFree_v2(legacy)).unwrap();
-    }
-    for q in 0..n {
-        assert!(
-            got[q * count..(q + 1) * count] == data(70, q, count)[..],
-            "all-gather into cuMemAlloc memory, block {q}"
-        );
-    }
+        .unwrap()
+    };
+    all_gather_into(managed, 73, false, "managed memory");
+    // SAFETY: as above.
+    unsafe { cu_ok("cuMemFree", sys::cuMemFree_v2(managed)).unwrap() };
 }
 
 /// Outputs nobody registered move by the copy engines, mapped on the fly (a process per GPU).
@@ -1291,8 +1338,8 @@ fn child_mapped_on_the_fly() {
 /// place and PreMulSum (a scalar per rank) run staged, exact; each launch counted where it pulled.
 /// Reduces pull likewise, every root, in place or not: exact at the root, the non-root's output
 /// untouched; a PreMulSum staged. Then on inputs nobody registered, lent to the root at a
-/// rendezvous: the same, twice on one loan and on a new allocation; a PreMulSum and memory from
-/// cuMemAlloc (nothing to lend) on the rounds, exact.
+/// rendezvous: the same, twice on one loan and on a new allocation; a PreMulSum and managed
+/// memory (nothing to lend) on the rounds, exact; memory from cuMemAlloc lent by IPC and pulled.
 #[test]
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn symmetric_windows_pull_all_reduces_from_the_peer_input() {
@@ -1538,41 +1585,61 @@ fn child_pull() {
     }
     // A PreMulSum does not exchange for the pull.
     premulsum_staged(most, 1, 800, "lent reduce");
-    // Memory from cuMemAlloc (no cuMem handle to lend): the root cannot reach the input, and
-    // both ranks run the rounds, exact.
-    let mut legacy: sys::CUdeviceptr = 0;
-    // SAFETY: a plain device allocation of `most` floats, freed below after the synchronize.
-    unsafe { cu_ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut legacy, most * 4)).unwrap() };
-    let mine = small(900, r, most);
-    // SAFETY: `legacy` holds `most` floats.
-    unsafe {
-        cu_ok(
-            "cuMemcpyHtoD",
-            sys::cuMemcpyHtoD_v2(legacy, mine.as_ptr().cast(), most * 4),
-        )
-        .unwrap()
+    // Memory from cuMemAlloc: lent by its CUDA IPC handle, so the root pulls it, exact. Managed
+    // memory cannot be lent: both ranks run the rounds, exact.
+    let legacy_reduce = |managed: bool, tag: u64| {
+        let mut input: sys::CUdeviceptr = 0;
+        // SAFETY: a fresh allocation of `most` floats, freed below after the synchronize.
+        unsafe {
+            if managed {
+                cu_ok(
+                    "cuMemAllocManaged",
+                    sys::cuMemAllocManaged(&mut input, most * 4, 1 /* CU_MEM_ATTACH_GLOBAL */),
+                )
+                .unwrap()
+            } else {
+                cu_ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut input, most * 4)).unwrap()
+            }
+        };
+        let mine = small(tag, r, most);
+        // SAFETY: `input` holds `most` floats.
+        unsafe {
+            cu_ok(
+                "cuMemcpyHtoD",
+                sys::cuMemcpyHtoD_v2(input, mine.as_ptr().cast(), most * 4),
+            )
+            .unwrap()
+        };
+        let before = pulled();
+        let blocks = run_alone(
+            &comm,
+            CollKind::Reduce,
+            input,
+            recv.device_ptr(),
+            most,
+            0,
+            ReduceOp::Sum,
+        );
+        let what = if managed { "managed" } else { "cuMemAlloc" };
+        if managed {
+            assert!(
+                blocks.is_some_and(|b| b > 0) && pulled() == before,
+                "{what} input: rounds, {blocks:?} blocks"
+            );
+        } else if r == 0 {
+            assert!(pulled() > before, "{what} input: pulled");
+        }
+        if r == 0 {
+            let (a, b) = (small(tag, 0, most), small(tag, 1, most));
+            let want: Vec<u32> = (0..most).map(|j| (a[j] + b[j]).to_bits()).collect();
+            assert!(read(&recv, most) == want, "reduce from {what} memory");
+        }
+        // SAFETY: the operation on it completed (run_alone synchronizes).
+        unsafe { cu_ok("cuMemFree", sys::cuMemFree_v2(input)).unwrap() };
     };
-    let before = pulled();
-    let blocks = run_alone(
-        &comm,
-        CollKind::Reduce,
-        legacy,
-        recv.device_ptr(),
-        most,
-        0,
-        ReduceOp::Sum,
-    );
-    assert!(
-        blocks.is_some_and(|b| b > 0) && pulled() == before,
-        "cuMemAlloc input: rounds"
-    );
-    if r == 0 {
-        let (a, b) = (small(900, 0, most), small(900, 1, most));
-        let want: Vec<u32> = (0..most).map(|j| (a[j] + b[j]).to_bits()).collect();
-        assert!(read(&recv, most) == want, "reduce from cuMemAlloc memory");
-    }
-    // SAFETY: the operation on it completed (run_alone synchronizes).
-    unsafe { cu_ok("cuMemFree", sys::cuMemFree_v2(legacy)).unwrap() };
+    legacy_reduce(false, 900);
+    legacy_reduce(false, 901);
+    legacy_reduce(true, 902);
     println!("PULL OK");
 }
 

@@ -532,6 +532,172 @@ impl Drop for Retained {
     }
 }
 
+/// What names one allocation of this process for as long as it lives, so that a loan of it
+/// can tell it from a later allocation at the same addresses.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Identity {
+    /// A cuMem allocation, by a reference to its handle (which also keeps it alive).
+    CuMem(Retained),
+    /// Memory of `cuMemAlloc` (`cudaMalloc`, a caching allocator's segments): the driver's buffer
+    /// id, which it never hands out twice in a process, and the allocation's base. Nothing
+    /// keeps it alive: a peer's IPC mapping of it keeps its memory (the driver frees it at the
+    /// last close, measured in `docs/PERFORMANCE.md` section 45), never its addresses.
+    Legacy { buffer: u64, base: u64 },
+}
+
+impl Identity {
+    /// The allocation mapped at `ptr` on GPU `ordinal`: a cuMem allocation, or else device memory
+    /// of `cuMemAlloc` on that GPU (not managed, not a host's); the driver's error or a refusal
+    /// otherwise.
+    pub fn at(ptr: u64, ordinal: usize) -> Result<Identity> {
+        if let Ok(r) = Retained::at(ptr) {
+            return Ok(Identity::CuMem(r));
+        }
+        let (mut kind, mut buffer, mut managed, mut device, mut base) = (0u32, 0u64, 0u8, -1i32, 0u64);
+        let mut attrs = [
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        ];
+        let mut data: [*mut std::ffi::c_void; 5] = [
+            (&mut kind as *mut u32).cast(),
+            (&mut buffer as *mut u64).cast(),
+            (&mut managed as *mut u8).cast(),
+            (&mut device as *mut i32).cast(),
+            (&mut base as *mut u64).cast(),
+        ];
+        // SAFETY: one out-pointer of the attribute's size for each attribute asked; the driver
+        // checks the address (and leaves the outputs alone for memory it does not know).
+        cu_ok("cuPointerGetAttributes", unsafe {
+            sys::cuPointerGetAttributes(5, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr)
+        })?;
+        let is_device = kind == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32;
+        if !is_device || managed != 0 || device != ordinal as i32 || buffer == 0 || base == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{ptr:#x} is not device memory of GPU {ordinal} (memory type {kind}, managed {managed}, device {device})"
+            )));
+        }
+        Ok(Identity::Legacy { buffer, base })
+    }
+
+    /// What a peer process imports the allocation by (the owning GPU's context bound): a new
+    /// POSIX file descriptor, or a CUDA IPC handle.
+    pub fn export(&self) -> Result<Shared> {
+        match self {
+            Identity::CuMem(r) => r.export().map(Shared::Fd),
+            Identity::Legacy { base, .. } => ipc_handle(*base).map(Shared::Ipc),
+        }
+    }
+}
+
+/// An allocation as another process imports it ([`Identity::export`]).
+#[derive(Debug)]
+pub(crate) enum Shared {
+    /// A cuMem allocation's POSIX file descriptor, passed over a Unix socket.
+    Fd(OwnedFd),
+    /// A `cuMemAlloc` allocation's CUDA IPC handle: plain bytes, which name the allocation to a
+    /// process of the same machine (the driver gives one allocation the same bytes every time).
+    Ipc([u8; IPC_HANDLE_LEN]),
+}
+
+/// The bytes of a CUDA IPC memory handle.
+pub(crate) const IPC_HANDLE_LEN: usize = 64;
+
+/// The CUDA IPC handle of the `cuMemAlloc` allocation at `base` (the owning GPU's context bound).
+fn ipc_handle(base: u64) -> Result<[u8; IPC_HANDLE_LEN]> {
+    let mut h = sys::CUipcMemHandle {
+        reserved: [0; IPC_HANDLE_LEN],
+    };
+    // SAFETY: an out-pointer to a local handle; the driver checks the address.
+    cu_ok("cuIpcGetMemHandle", unsafe { sys::cuIpcGetMemHandle(&mut h, base) })?;
+    Ok(h.reserved.map(|b| b as u8))
+}
+
+/// Another process's `cuMemAlloc` allocation opened here by its CUDA IPC handle; closed on drop.
+/// The driver counts opens of one allocation in a process (two mappers opening the same
+/// handle get the same address, and each close undoes one open: checked on the machines,
+/// `docs/PERFORMANCE.md` section 45), so each mapping closes its own open and no other's.
+pub(crate) struct IpcMapping {
+    gpu: Gpu,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    stats: Arc<MemStats>,
+}
+
+impl IpcMapping {
+    /// Opens `handle` on `gpu` (peer access enabled as the driver needs it); the mapping covers
+    /// the whole allocation, whose length the driver reports.
+    pub fn open(gpu: &Gpu, handle: &[u8; IPC_HANDLE_LEN], stats: &Arc<MemStats>) -> Result<IpcMapping> {
+        gpu.bind()?;
+        let h = sys::CUipcMemHandle {
+            reserved: handle.map(|b| b as std::ffi::c_char),
+        };
+        let mut ptr = 0;
+        // SAFETY: an out-pointer to a local; the handle is plain bytes the driver checks.
+        cu_ok("cuIpcOpenMemHandle", unsafe {
+            sys::cuIpcOpenMemHandle_v2(
+                &mut ptr,
+                h,
+                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+            )
+        })?;
+        let len = allocation_range(gpu, ptr).and_then(|(base, len)| {
+            if base == ptr {
+                Ok(len)
+            } else {
+                Err(Error::Internal(format!(
+                    "an IPC mapping at {ptr:#x} lies in a range from {base:#x}"
+                )))
+            }
+        });
+        match len {
+            Ok(len) => {
+                stats.add(Origin::Imported, len);
+                Ok(IpcMapping {
+                    gpu: gpu.clone(),
+                    ptr,
+                    len: len as usize,
+                    stats: stats.clone(),
+                })
+            }
+            Err(e) => {
+                // SAFETY: the open just made, closed once.
+                unsafe { sys::cuIpcCloseMemHandle(ptr) };
+                Err(e)
+            }
+        }
+    }
+
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        self.stats.sub(Origin::Imported, self.len as u64);
+        let r = self.gpu.bind().and_then(|()| {
+            // SAFETY: this mapping's own open, closed once.
+            cu_ok("cuIpcCloseMemHandle", unsafe {
+                sys::cuIpcCloseMemHandle(self.ptr)
+            })
+        });
+        if let Err(e) = r {
+            tracing::warn!("closing a peer's IPC mapping: {e}");
+        }
+    }
+}
+
+// SAFETY: a device address, usable from any thread once the GPU's context is bound (the drop
+// binds it).
+unsafe impl Send for IpcMapping {}
+
 /// A new POSIX file descriptor for an allocation handle (the owning GPU's context bound).
 fn export_handle(handle: sys::CUmemGenericAllocationHandle) -> Result<OwnedFd> {
     let mut fd: i32 = -1;

@@ -15,7 +15,7 @@ use super::window::Windows;
 use crate::bootstrap::Bootstrap;
 use crate::cuda::cu_ok;
 use crate::cuda::device::{Gpu, KernelHandle, Module};
-use crate::cuda::mem::{DeviceBuffer, MemStats, Retained};
+use crate::cuda::mem::{DeviceBuffer, Identity, MemStats};
 use crate::cuda::nvrtc::Image;
 use crate::cuda::pinned::MappedWord;
 use crate::info::CommInfo;
@@ -73,7 +73,7 @@ pub(crate) struct CudaComm {
     /// Outputs nobody registered, lent on the fly to the peers that write them (`lazy.rs`), and
     /// the thread that gives back those whose allocation was freed (None: no peer in another
     /// process, or FERROCCL_GPU_CE_MAP_UNREGISTERED=0).
-    lazy: Arc<Mutex<LazyMaps<Retained>>>,
+    lazy: Arc<Mutex<LazyMaps<Identity>>>,
     _sweeper: Option<Sweeper>,
     /// Maps what peers of other processes register locally (None: every peer is in this
     /// process). Dropped before the fabric: its mappings are the peers' buffers.

@@ -1,21 +1,25 @@
 //! Outputs nobody registered, mapped on the fly for the peers whose copy engines write them
 //! (NCCL's lazy registration), for the copy engines' rendezvous (`launch/mod.rs`,
-//! `launch/posts.rs`): a rank about to post an output that lies in no window lends the cuMem
-//! allocation holding it to each writer's mapper (`mapper.rs`, as a local registration does) and
-//! posts where that writer maps it (`plan::copies::Posted::Mapped`). Loans are kept by allocation
+//! `launch/posts.rs`): a rank about to post an output that lies in no window lends the allocation
+//! holding it to each writer's mapper (`mapper.rs`, as a local registration does) and posts where
+//! that writer maps it (`plan::copies::Posted::Mapped`). A cuMem allocation goes as a POSIX file
+//! descriptor; `cuMemAlloc` memory (`cudaMalloc`'s, PyTorch's default allocator's segments) by
+//! its CUDA IPC handle, to writers in other processes. Loans are kept by allocation
 //! for the next operations on it, so only the first one pays the lend (an export, a message to
 //! the mapper, its import and mapping).
 //!
-//! Kept honest against frees: each loan holds a reference to its allocation's handle
-//! (`cuda::mem::Retained`), which the driver keeps the same while the allocation lives and which
-//! no other allocation can share while the reference is held. A lookup compares the handle the
-//! output's address has now with its loan's: a loan whose allocation is gone (freed, or its
-//! addresses taken by another) is dropped there, its reference released and its writers'
-//! mappings recalled, and the new allocation lent. So an output freed and allocated anew at the
-//! same address is never written through a stale mapping. A freed allocation's memory, which the
-//! reference and the writers' mappings keep, is given back by a thread of the communicator
-//! ([`Sweeper`]) that checks every loan so every [`SWEEP_EVERY`]: memory a user frees returns
-//! within that time even when no operation follows.
+//! Kept honest against frees by the allocation's identity (`cuda::mem::Identity`): a cuMem loan
+//! holds a reference to its allocation's handle, which the driver keeps the same while the
+//! allocation lives and which no other allocation can share while the reference is held; a
+//! `cuMemAlloc` loan keeps the driver's buffer id, which it never gives two allocations of a
+//! process. A lookup compares the identity the output's address has now with its loan's: a loan
+//! whose allocation is gone (freed, or its addresses taken by another) is dropped there, its
+//! reference released and its writers' mappings recalled, and the new allocation lent. So an
+//! output freed and allocated anew at the same address is never written through a stale mapping.
+//! A freed allocation's memory, which the reference and the writers' mappings keep (a peer's IPC
+//! mapping keeps `cuMemAlloc` memory until it closes, as the driver does it: measured), is given
+//! back by a thread of the communicator ([`Sweeper`]) that checks every loan so every
+//! [`SWEEP_EVERY`]: memory a user frees returns within that time even when no operation follows.
 //!
 //! A loan is never dropped while its allocation lives: a CUDA graph that captured copies into a
 //! peer's lent output replays them for as long as the graph lives, which CUDA allows only while
@@ -23,8 +27,10 @@
 //! allocations are not lent (their operations run on the kernels) until some loan's allocation is
 //! freed.
 //!
-//! Memory that is not a cuMem allocation with POSIX file-descriptor handles (`cudaMalloc`'s, for
-//! one) gets no loan: its operations run on the kernels.
+//! Memory that neither kind can lend (managed memory, a stream-ordered pool's, a cuMem allocation
+//! without POSIX file-descriptor handles; `cuMemAlloc` memory for a writer in this process, whose
+//! GPU would need peer access to the whole context) gets no loan: its operations run on the
+//! kernels.
 
 use super::mapper::LendFailed;
 use ferroccl_core::{Error, Rank};
@@ -51,7 +57,7 @@ pub(crate) trait Lender {
     type Fd;
     /// The allocation holding `ptr` (base, bytes), where `ptr` is GPU memory of this process.
     fn range(&self, ptr: u64) -> Option<(u64, u64)>;
-    /// A reference to the cuMem allocation mapped at `ptr`, if one is.
+    /// What names the allocation mapped at `ptr` while it lives, if it can be lent.
     fn retain(&self, ptr: u64) -> Option<Self::Handle>;
     /// A descriptor for the allocation `h` names.
     fn export(&self, h: &Self::Handle) -> Result<Self::Fd, Error>;
@@ -172,7 +178,7 @@ impl<H: PartialEq> LazyMaps<H> {
     }
 
     /// The loan of the allocation holding `[ptr, ptr + bytes)`, made where there is none (a loan
-    /// at its address whose allocation is gone dropped first); None where no cuMem allocation
+    /// at its address whose allocation is gone dropped first); None where no lendable allocation
     /// holds all of it, or [`MAX_LAZY`] live loans are held.
     fn loan_for<L: Lender<Handle = H>>(
         &mut self,
@@ -247,15 +253,15 @@ pub(crate) struct Live<'a> {
 }
 
 impl Lender for Live<'_> {
-    type Handle = crate::cuda::mem::Retained;
-    type Fd = std::os::fd::OwnedFd;
+    type Handle = crate::cuda::mem::Identity;
+    type Fd = crate::cuda::mem::Shared;
 
     fn range(&self, ptr: u64) -> Option<(u64, u64)> {
         crate::cuda::mem::allocation_range(self.gpu, ptr).ok()
     }
 
     fn retain(&self, ptr: u64) -> Option<Self::Handle> {
-        crate::cuda::mem::Retained::at(ptr).ok()
+        crate::cuda::mem::Identity::at(ptr, self.gpu.ordinal()).ok()
     }
 
     fn export(&self, h: &Self::Handle) -> Result<Self::Fd, Error> {
@@ -280,8 +286,16 @@ impl Lender for Live<'_> {
             .places
             .get(to)
             .ok_or_else(|| unsent(Error::Internal(format!("no rank {to}"))))?;
+        use crate::cuda::mem::Shared;
         let pid = std::process::id();
         if place.pid == pid {
+            if let Shared::Ipc(_) = fd {
+                // Its GPU would need peer access to this context's whole `cuMemAlloc` memory
+                // (`cuCtxEnablePeerAccess`), which ferroccl never turns on.
+                return Err(unsent(Error::InvalidArgument(format!(
+                    "rank {to} runs in this process: `cuMemAlloc` memory is lent to other processes only"
+                ))));
+            }
             // A peer of this process reaches the allocation at its own address once its GPU may.
             crate::cuda::mem::grant_range(self.gpu, base, bytes as usize, &[place.gpu as usize])
                 .map_err(unsent)?;
@@ -296,17 +310,25 @@ impl Lender for Live<'_> {
             alloc_len: bytes,
             symmetric: false,
         };
-        let req = super::mapper::Request::Lend {
-            from: self.me as u32,
-            id,
-            desc,
+        let from = self.me as u32;
+        let (req, fd) = match fd {
+            Shared::Fd(f) => (super::mapper::Request::Lend { from, id, desc }, Some(f.as_fd())),
+            Shared::Ipc(handle) => (
+                super::mapper::Request::LendIpc {
+                    from,
+                    id,
+                    desc,
+                    handle: *handle,
+                },
+                None,
+            ),
         };
         super::mapper::lend(
             self.comm_id,
             to,
             place.pid,
             &req,
-            fd.as_fd(),
+            fd,
             self.deadline,
             self.abort,
         )
@@ -346,7 +368,7 @@ pub(crate) struct Sweeper {
 impl Sweeper {
     /// Starts rank `me`'s sweeper of `maps` (communicator `comm_id`, ranks at `places`).
     pub fn of_loans(
-        maps: std::sync::Arc<std::sync::Mutex<LazyMaps<crate::cuda::mem::Retained>>>,
+        maps: std::sync::Arc<std::sync::Mutex<LazyMaps<crate::cuda::mem::Identity>>>,
         gpu: crate::cuda::device::Gpu,
         me: Rank,
         places: Vec<super::mapper::Place>,

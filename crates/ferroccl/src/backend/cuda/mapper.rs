@@ -26,7 +26,7 @@
 use super::window::WindowDesc;
 use crate::cuda::device::Gpu;
 use crate::cuda::fdpass::{FdChannel, FdListener};
-use crate::cuda::mem::{DeviceBuffer, MemStats};
+use crate::cuda::mem::{DeviceBuffer, IpcMapping, MemStats, IPC_HANDLE_LEN};
 use ferroccl_core::{Error, Rank};
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -42,6 +42,7 @@ pub(crate) const MAX_LOANS: usize = 4096;
 const MESSAGE_WAIT: Duration = Duration::from_secs(5);
 
 const LEND: u8 = b'L';
+const LEND_IPC: u8 = b'I';
 const RECALL: u8 = b'R';
 const OK: u8 = 0;
 const REFUSED: u8 = 0xff;
@@ -58,13 +59,20 @@ pub(crate) struct Place {
     pub gpu: u32,
 }
 
-/// A lend request: rank `from` lends registration `id`, described by `desc`.
+/// A lend request: rank `from` lends registration `id`, described by `desc`: a cuMem allocation
+/// (its descriptor rides beside the message), or `cuMemAlloc` memory by its CUDA IPC handle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Request {
     Lend {
         from: u32,
         id: u64,
         desc: WindowDesc,
+    },
+    LendIpc {
+        from: u32,
+        id: u64,
+        desc: WindowDesc,
+        handle: [u8; IPC_HANDLE_LEN],
     },
     Recall {
         from: u32,
@@ -76,13 +84,19 @@ impl Request {
     pub fn encode(&self) -> Vec<u8> {
         let (tag, from, id) = match *self {
             Request::Lend { from, id, .. } => (LEND, from, id),
+            Request::LendIpc { from, id, .. } => (LEND_IPC, from, id),
             Request::Recall { from, id } => (RECALL, from, id),
         };
         let mut v = vec![tag];
         v.extend_from_slice(&from.to_le_bytes());
         v.extend_from_slice(&id.to_le_bytes());
-        if let Request::Lend { desc, .. } = self {
-            v.extend(desc.encode());
+        match self {
+            Request::Lend { desc, .. } => v.extend(desc.encode()),
+            Request::LendIpc { desc, handle, .. } => {
+                v.extend(desc.encode());
+                v.extend_from_slice(handle);
+            }
+            Request::Recall { .. } => {}
         }
         v
     }
@@ -114,16 +128,30 @@ impl Request {
                 place.pid
             )));
         }
+        let lent = |d: &[u8]| {
+            let desc = WindowDesc::parse(d)?;
+            if desc.pid != place.pid || desc.gpu != place.gpu {
+                return Err(bad(format!(
+                    "rank {from} lends a buffer of pid {} GPU {}, but runs as pid {} on GPU {}",
+                    desc.pid, desc.gpu, place.pid, place.gpu
+                )));
+            }
+            Ok(desc)
+        };
         match (b[0], b.len() - 13) {
-            (LEND, WindowDesc::LEN) => {
-                let desc = WindowDesc::parse(&b[13..])?;
-                if desc.pid != place.pid || desc.gpu != place.gpu {
-                    return Err(bad(format!(
-                        "rank {from} lends a buffer of pid {} GPU {}, but runs as pid {} on GPU {}",
-                        desc.pid, desc.gpu, place.pid, place.gpu
-                    )));
-                }
-                Ok(Request::Lend { from, id, desc })
+            (LEND, WindowDesc::LEN) => Ok(Request::Lend {
+                from,
+                id,
+                desc: lent(&b[13..])?,
+            }),
+            (LEND_IPC, n) if n == WindowDesc::LEN + IPC_HANDLE_LEN => {
+                let (d, h) = b[13..].split_at(WindowDesc::LEN);
+                Ok(Request::LendIpc {
+                    from,
+                    id,
+                    desc: lent(d)?,
+                    handle: h.try_into().expect("the handle's length"),
+                })
             }
             (RECALL, 0) => Ok(Request::Recall { from, id }),
             (tag, extra) => Err(bad(format!("request {tag:#x} with {extra} more bytes"))),
@@ -163,9 +191,17 @@ pub(crate) fn parse_reply(b: &[u8]) -> Result<u64, Error> {
     }
 }
 
+/// How a lent allocation of `len` bytes comes: by the descriptor beside the request, or by a
+/// CUDA IPC handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Import {
+    Fd { len: u64 },
+    Ipc { len: u64, handle: [u8; IPC_HANDLE_LEN] },
+}
+
 /// The buffers a mapper holds, by (lender, registration): each mapping, and the range of this
 /// process's addresses it takes; and what the mapper does with a request. `import` maps a lent
-/// allocation (its fd and length) and returns the mapping and its address.
+/// allocation and returns the mapping, its address and the bytes it maps.
 pub(crate) struct Loans<B> {
     held: HashMap<(u32, u64), (B, std::ops::Range<u64>)>,
 }
@@ -185,13 +221,28 @@ impl<B> Loans<B> {
         &mut self,
         req: Request,
         fds: usize,
-        import: impl FnOnce(u64) -> Result<(B, u64), Error>,
+        import: impl FnOnce(Import) -> Result<(B, u64, u64), Error>,
     ) -> Result<u64, Error> {
         match req {
-            Request::Lend { from, id, desc } => {
-                if fds != 1 {
+            Request::Lend { from, id, desc } | Request::LendIpc { from, id, desc, .. } => {
+                let (how, want) = match req {
+                    Request::LendIpc { handle, .. } => (
+                        Import::Ipc {
+                            len: desc.alloc_len,
+                            handle,
+                        },
+                        0,
+                    ),
+                    _ => (
+                        Import::Fd {
+                            len: desc.alloc_len,
+                        },
+                        1,
+                    ),
+                };
+                if fds != want {
                     return Err(Error::Protocol(format!(
-                        "mapper: a loan came with {fds} descriptors, not 1"
+                        "mapper: a loan came with {fds} descriptors, not {want}"
                     )));
                 }
                 if self.held.contains_key(&(from, id)) {
@@ -204,7 +255,14 @@ impl<B> Loans<B> {
                         "mapper: {MAX_LOANS} buffers mapped already"
                     )));
                 }
-                let (buf, base) = import(desc.alloc_len)?;
+                let (buf, base, mapped) = import(how)?;
+                if mapped != desc.alloc_len {
+                    // An IPC handle names its whole allocation: the lender must describe that.
+                    return Err(Error::Protocol(format!(
+                        "mapper: rank {from} lends {} bytes of an allocation of {mapped}",
+                        desc.alloc_len
+                    )));
+                }
                 let addr = base + (desc.ptr - desc.alloc_base);
                 self.held
                     .insert((from, id), (buf, base..base + desc.alloc_len));
@@ -240,12 +298,19 @@ impl<B> Loans<B> {
     }
 }
 
+/// A lent allocation as a mapper maps it.
+#[allow(dead_code)] // Held for their drops, which unmap.
+enum Mapping {
+    CuMem(DeviceBuffer),
+    Ipc(IpcMapping),
+}
+
 /// A rank's mapper thread; stopped and joined on drop (its mappings go with it).
 pub(crate) struct Mapper {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     /// What it holds, shared with the thread (which locks it for each request it serves).
-    loans: Arc<Mutex<Loans<DeviceBuffer>>>,
+    loans: Arc<Mutex<Loans<Mapping>>>,
 }
 
 impl Mapper {
@@ -295,7 +360,7 @@ fn serve(
     places: &[Place],
     stats: &Arc<MemStats>,
     stop: &AtomicBool,
-    loans: &Mutex<Loans<DeviceBuffer>>,
+    loans: &Mutex<Loans<Mapping>>,
 ) {
     while !stop.load(Ordering::Relaxed) {
         // Short waits: the stop word is looked at between them.
@@ -307,10 +372,20 @@ fn serve(
             continue;
         };
         let reply = match loans.lock() {
-            Ok(mut loans) => answer(&ch, &payload, fds.len(), places, me, &mut loans, |len| {
-                let b = DeviceBuffer::import(fds[0].as_fd(), len as usize, gpu, &[], stats)?;
-                let base = b.device_ptr();
-                Ok((b, base))
+            Ok(mut loans) => answer(&ch, &payload, fds.len(), places, me, &mut loans, |how| {
+                match how {
+                    Import::Fd { len } => {
+                        let b =
+                            DeviceBuffer::import(fds[0].as_fd(), len as usize, gpu, &[], stats)?;
+                        let base = b.device_ptr();
+                        Ok((Mapping::CuMem(b), base, len))
+                    }
+                    Import::Ipc { handle, .. } => {
+                        let m = IpcMapping::open(gpu, &handle, stats)?;
+                        let (base, len) = (m.device_ptr(), m.len() as u64);
+                        Ok((Mapping::Ipc(m), base, len))
+                    }
+                }
             }),
             Err(_) => Err(Error::Internal(
                 "mapper: its loans' lock is poisoned".into(),
@@ -359,20 +434,21 @@ fn answer<B>(
     places: &[Place],
     me: Rank,
     loans: &mut Loans<B>,
-    import: impl FnOnce(u64) -> Result<(B, u64), Error>,
+    import: impl FnOnce(Import) -> Result<(B, u64, u64), Error>,
 ) -> Result<u64, Error> {
     let req = Request::parse(payload, places, me, ch.peer_pid()?)?;
     loans.serve(req, nfds, import)
 }
 
-/// Lends registration `id` of rank `from` (described by `desc`, its allocation's fd `fd`) to
-/// rank `to`'s mapper, in process `pid`; returns where `to` maps the buffer.
+/// Lends registration `id` of rank `from` (described by `desc`, with its allocation's fd `fd`
+/// where it is a cuMem allocation's loan; an IPC loan carries its handle) to rank `to`'s mapper,
+/// in process `pid`; returns where `to` maps the buffer.
 pub(crate) fn lend(
     comm_id: u64,
     to: Rank,
     pid: u32,
     req: &Request,
-    fd: BorrowedFd<'_>,
+    fd: Option<BorrowedFd<'_>>,
     deadline: Instant,
     abort: &AtomicBool,
 ) -> Result<u64, LendFailed> {
@@ -382,7 +458,8 @@ pub(crate) fn lend(
     };
     let ch = connect_mapper(comm_id, to, pid, deadline, abort).map_err(unsent)?;
     // A sequenced-packet send delivers the whole message or nothing.
-    ch.send_fds(&[fd], &req.encode(), deadline, abort)
+    let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
+    ch.send_fds(&fds, &req.encode(), deadline, abort)
         .map_err(unsent)?;
     let reply = ch.recv_fds(deadline, abort).map_err(|error| LendFailed {
         error,
@@ -547,7 +624,7 @@ mod tests {
         let soon = || Instant::now() + Duration::from_millis(300);
         // Nobody listens: nothing was sent.
         let here = std::process::id();
-        let f = lend(comm_id, 0, here, &req, fd.as_fd(), soon(), &abort).unwrap_err();
+        let f = lend(comm_id, 0, here, &req, Some(fd.as_fd()), soon(), &abort).unwrap_err();
         assert!(!f.maybe_mapped, "{:?}", f.error);
         let listener = FdListener::bind(socket_job(comm_id), 0).unwrap();
         // The socket is held by another process than rank 0's: no descriptor goes out.
@@ -557,7 +634,7 @@ mod tests {
                 let ch = listener.accept(soon(), &never).unwrap();
                 assert!(ch.recv_fds(soon(), &never).is_err(), "nothing was sent");
             });
-            let f = lend(comm_id, 0, here + 1, &req, fd.as_fd(), soon(), &abort).unwrap_err();
+            let f = lend(comm_id, 0, here + 1, &req, Some(fd.as_fd()), soon(), &abort).unwrap_err();
             assert!(!f.maybe_mapped, "{:?}", f.error);
             assert!(
                 f.error.to_string().contains("is held by pid"),
@@ -587,7 +664,7 @@ mod tests {
                         std::thread::sleep(Duration::from_millis(400));
                     }
                 });
-                let got = lend(comm_id, 0, here, &req, fd.as_fd(), soon(), &abort);
+                let got = lend(comm_id, 0, here, &req, Some(fd.as_fd()), soon(), &abort);
                 t.join().unwrap();
                 got
             });
@@ -628,20 +705,20 @@ mod tests {
         };
         // Mapped at 0x9000_0000 here: the buffer's offset in its allocation carries over.
         assert_eq!(
-            l.serve(lend(1), 1, |len| {
-                assert_eq!(len, 2 << 20);
-                Ok((11, 0x9000_0000))
+            l.serve(lend(1), 1, |how| {
+                assert_eq!(how, Import::Fd { len: 2 << 20 });
+                Ok((11, 0x9000_0000, 2 << 20))
             })
             .unwrap(),
             0x9000_1000
         );
         assert!(l
-            .serve(lend(1), 1, |_| Ok((12, 0)))
+            .serve(lend(1), 1, |_| Ok((12, 0, 2 << 20)))
             .unwrap_err()
             .to_string()
             .contains("twice"));
         assert!(l
-            .serve(lend(2), 0, |_| Ok((12, 0)))
+            .serve(lend(2), 0, |_| Ok((12, 0, 2 << 20)))
             .unwrap_err()
             .to_string()
             .contains("0 descriptors"));
@@ -670,13 +747,94 @@ mod tests {
             "a recall of nothing"
         );
         for id in 0..MAX_LOANS as u64 {
-            l.serve(lend(id), 1, |_| Ok((0, 0x1000_0000))).unwrap();
+            l.serve(lend(id), 1, |_| Ok((0, 0x1000_0000, 2 << 20))).unwrap();
         }
         assert!(l
-            .serve(lend(u64::MAX), 1, |_| Ok((0, 0)))
+            .serve(lend(u64::MAX), 1, |_| Ok((0, 0, 2 << 20)))
             .unwrap_err()
             .to_string()
             .contains("mapped already"));
+    }
+
+    /// A `cuMemAlloc` allocation's loan: its IPC handle rides in the request (no descriptor),
+    /// and the mapper maps it only where the driver's mapping is the allocation the lender
+    /// describes.
+    #[test]
+    fn ipc_loans_carry_their_handle_and_must_describe_their_whole_allocation() {
+        let p = places();
+        let mut handle = [0u8; IPC_HANDLE_LEN];
+        handle.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8 ^ 0x5a);
+        let ipc = |id| Request::LendIpc {
+            from: 1,
+            id,
+            desc: desc_of(p[1].pid, 1),
+            handle,
+        };
+        let b = ipc(4).encode();
+        assert_eq!(b[0], LEND_IPC);
+        assert_eq!(Request::parse(&b, &p, 0, p[1].pid).unwrap(), ipc(4));
+        // Its handle is part of the message: cut short or padded, it is refused.
+        let err = |b: &[u8]| Request::parse(b, &p, 0, p[1].pid).unwrap_err().to_string();
+        assert!(err(&b[..b.len() - 1]).contains("more bytes"));
+        let mut padded = b.clone();
+        padded.push(0);
+        assert!(err(&padded).contains("more bytes"));
+        // A cuMem loan's length is not an IPC loan's, nor the other way round.
+        let mut as_fd = b.clone();
+        as_fd[0] = LEND;
+        assert!(err(&as_fd).contains("more bytes"));
+        // The same checks of its description as a descriptor's loan.
+        assert!(err(&Request::LendIpc {
+            from: 1,
+            id: 4,
+            desc: desc_of(p[1].pid, 0),
+            handle
+        }
+        .encode())
+        .contains("runs as pid"));
+
+        let mut l: Loans<u32> = Loans::default();
+        assert_eq!(
+            l.serve(ipc(1), 0, |how| {
+                assert_eq!(
+                    how,
+                    Import::Ipc {
+                        len: 2 << 20,
+                        handle
+                    }
+                );
+                Ok((11, 0x9000_0000, 2 << 20))
+            })
+            .unwrap(),
+            0x9000_1000
+        );
+        assert!(l.holds(1, 0x9000_1000, 4096));
+        // No descriptor may come with it.
+        assert!(l
+            .serve(ipc(2), 1, |_| unreachable!())
+            .unwrap_err()
+            .to_string()
+            .contains("1 descriptors, not 0"));
+        // The driver maps an allocation of another length than described: dropped, not held.
+        let dropped = std::cell::Cell::new(false);
+        struct Probe<'a>(&'a std::cell::Cell<bool>);
+        impl Drop for Probe<'_> {
+            fn drop(&mut self) {
+                self.0.set(true);
+            }
+        }
+        let mut l2: Loans<Probe> = Loans::default();
+        let e = l2
+            .serve(ipc(3), 0, |_| Ok((Probe(&dropped), 0x9000_0000, 4 << 20)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("of an allocation of"), "{e}");
+        assert!(dropped.get(), "the mapping is undone");
+        assert!(!l2.holds(1, 0x9000_1000, 4096));
+        // A recall unmaps it as any loan.
+        l.serve(Request::Recall { from: 1, id: 1 }, 0, |_| unreachable!())
+            .unwrap();
+        assert_eq!(l.len(), 0);
     }
 
     /// Two mappers' worth of the socket protocol in one process: a lend and a recall reach a
@@ -699,7 +857,7 @@ mod tests {
                     // The lender here is this process, speaking for rank 1 (`answer`
                     // refuses that: a_request_must_come_from_its_ranks_process).
                     let r = Request::parse(&payload, &p, me, p[1].pid)
-                        .and_then(|req| loans.serve(req, n, |_| Ok((fds.remove(0), 0x7000_0000))));
+                        .and_then(|req| loans.serve(req, n, |_| Ok((fds.remove(0), 0x7000_0000, 2 << 20))));
                     ch.send_fds(&[], &encode_reply(&r), deadline, &stop)
                         .unwrap();
                 }
@@ -717,7 +875,7 @@ mod tests {
                     me,
                     std::process::id(),
                     &req,
-                    memfd.as_fd(),
+                    Some(memfd.as_fd()),
                     deadline,
                     &stop
                 )

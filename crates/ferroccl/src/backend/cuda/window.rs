@@ -15,7 +15,7 @@ use super::mapper::{lend, recall, Place, Request};
 use crate::bootstrap::Bootstrap;
 use crate::cuda::device::Gpu;
 use crate::cuda::fdpass::{FdChannel, FdListener};
-use crate::cuda::mem::{export_allocation, DeviceBuffer, MemStats, Retained};
+use crate::cuda::mem::{export_allocation, DeviceBuffer, Identity, MemStats};
 use ferroccl_core::plan::copies::Posted;
 use ferroccl_core::{Error, Rank};
 use std::os::fd::AsFd;
@@ -202,7 +202,7 @@ impl Windows {
     /// (`lazy.rs`); else nothing.
     pub fn post_output(
         &self,
-        lazy: Option<(&mut LazyMaps<Retained>, &Live)>,
+        lazy: Option<(&mut LazyMaps<Identity>, &Live)>,
         nranks: usize,
         ptr: u64,
         bytes: u64,
@@ -435,7 +435,7 @@ impl Windows {
         };
         let (mut lent_to, mut maybe) = (Vec::new(), Vec::new());
         for q in (0..n).filter(|&q| q != me && places[q].pid != pid) {
-            match lend(comm_id, q, places[q].pid, &req, fd.as_fd(), deadline, abort) {
+            match lend(comm_id, q, places[q].pid, &req, Some(fd.as_fd()), deadline, abort) {
                 Ok(addr) => {
                     views[q] = addr;
                     lent_to.push(q);
