@@ -1248,10 +1248,18 @@ fn mapped_on_the_fly_body(comm: &Comm, seed: u64) {
         put_words(&send, 0, &data(tag, r, count));
         // SAFETY: `p` holds `bytes`.
         unsafe {
-            cu_ok("cuMemsetD32", sys::cuMemsetD32_v2(p, 0xdead_beef, n * count)).unwrap();
+            cu_ok(
+                "cuMemsetD32",
+                sys::cuMemsetD32_v2(p, 0xdead_beef, n * count),
+            )
+            .unwrap();
         }
         let blocks = run(CollKind::AllGather, send.device_ptr(), p, 0);
-        assert_eq!(by_ce(blocks), want_ce, "an all-gather into {what}: {blocks:?}");
+        assert_eq!(
+            by_ce(blocks),
+            want_ce,
+            "an all-gather into {what}: {blocks:?}"
+        );
         let got = read_at(p);
         for q in 0..n {
             assert!(

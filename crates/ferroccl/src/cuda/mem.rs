@@ -553,7 +553,10 @@ impl Identity {
         if let Ok(r) = Retained::at(ptr) {
             return Ok(Identity::CuMem(r));
         }
-        let (mut kind, mut buffer, mut managed, mut device, mut base) = (0u32, 0u64, 0u8, -1i32, 0u64);
+        // Each out-value at least as wide as the driver writes (the managed flag is a C `bool` or
+        // an `unsigned int` by the header one reads: 4 bytes hold either).
+        let (mut kind, mut buffer, mut managed, mut device, mut base) =
+            (0u32, 0u64, 0u32, -1i32, 0u64);
         let mut attrs = [
             sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
             sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
@@ -564,7 +567,7 @@ impl Identity {
         let mut data: [*mut std::ffi::c_void; 5] = [
             (&mut kind as *mut u32).cast(),
             (&mut buffer as *mut u64).cast(),
-            (&mut managed as *mut u8).cast(),
+            (&mut managed as *mut u32).cast(),
             (&mut device as *mut i32).cast(),
             (&mut base as *mut u64).cast(),
         ];
@@ -611,7 +614,9 @@ fn ipc_handle(base: u64) -> Result<[u8; IPC_HANDLE_LEN]> {
         reserved: [0; IPC_HANDLE_LEN],
     };
     // SAFETY: an out-pointer to a local handle; the driver checks the address.
-    cu_ok("cuIpcGetMemHandle", unsafe { sys::cuIpcGetMemHandle(&mut h, base) })?;
+    cu_ok("cuIpcGetMemHandle", unsafe {
+        sys::cuIpcGetMemHandle(&mut h, base)
+    })?;
     Ok(h.reserved.map(|b| b as u8))
 }
 
@@ -629,7 +634,11 @@ pub(crate) struct IpcMapping {
 impl IpcMapping {
     /// Opens `handle` on `gpu` (peer access enabled as the driver needs it); the mapping covers
     /// the whole allocation, whose length the driver reports.
-    pub fn open(gpu: &Gpu, handle: &[u8; IPC_HANDLE_LEN], stats: &Arc<MemStats>) -> Result<IpcMapping> {
+    pub fn open(
+        gpu: &Gpu,
+        handle: &[u8; IPC_HANDLE_LEN],
+        stats: &Arc<MemStats>,
+    ) -> Result<IpcMapping> {
         gpu.bind()?;
         let h = sys::CUipcMemHandle {
             reserved: handle.map(|b| b as std::ffi::c_char),

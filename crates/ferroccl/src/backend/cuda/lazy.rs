@@ -261,7 +261,9 @@ impl Lender for Live<'_> {
     }
 
     fn retain(&self, ptr: u64) -> Option<Self::Handle> {
-        crate::cuda::mem::Identity::at(ptr, self.gpu.ordinal()).ok()
+        crate::cuda::mem::Identity::at(ptr, self.gpu.ordinal())
+            .inspect_err(|e| tracing::trace!("the memory at {ptr:#x} cannot be lent: {e}"))
+            .ok()
     }
 
     fn export(&self, h: &Self::Handle) -> Result<Self::Fd, Error> {
@@ -312,7 +314,10 @@ impl Lender for Live<'_> {
         };
         let from = self.me as u32;
         let (req, fd) = match fd {
-            Shared::Fd(f) => (super::mapper::Request::Lend { from, id, desc }, Some(f.as_fd())),
+            Shared::Fd(f) => (
+                super::mapper::Request::Lend { from, id, desc },
+                Some(f.as_fd()),
+            ),
             Shared::Ipc(handle) => (
                 super::mapper::Request::LendIpc {
                     from,

@@ -195,8 +195,13 @@ pub(crate) fn parse_reply(b: &[u8]) -> Result<u64, Error> {
 /// CUDA IPC handle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Import {
-    Fd { len: u64 },
-    Ipc { len: u64, handle: [u8; IPC_HANDLE_LEN] },
+    Fd {
+        len: u64,
+    },
+    Ipc {
+        len: u64,
+        handle: [u8; IPC_HANDLE_LEN],
+    },
 }
 
 /// The buffers a mapper holds, by (lender, registration): each mapping, and the range of this
@@ -256,10 +261,12 @@ impl<B> Loans<B> {
                     )));
                 }
                 let (buf, base, mapped) = import(how)?;
-                if mapped != desc.alloc_len {
-                    // An IPC handle names its whole allocation: the lender must describe that.
+                if mapped < desc.alloc_len {
+                    // An IPC handle names its allocation, which the driver maps whole (its
+                    // length rounded up to pages): what the lender describes must lie in it, or
+                    // a posting inside the described range could name addresses not mapped.
                     return Err(Error::Protocol(format!(
-                        "mapper: rank {from} lends {} bytes of an allocation of {mapped}",
+                        "mapper: rank {from} lends {} bytes of an allocation mapped here in {mapped}",
                         desc.alloc_len
                     )));
                 }
@@ -372,21 +379,34 @@ fn serve(
             continue;
         };
         let reply = match loans.lock() {
-            Ok(mut loans) => answer(&ch, &payload, fds.len(), places, me, &mut loans, |how| {
-                match how {
-                    Import::Fd { len } => {
-                        let b =
-                            DeviceBuffer::import(fds[0].as_fd(), len as usize, gpu, &[], stats)?;
-                        let base = b.device_ptr();
-                        Ok((Mapping::CuMem(b), base, len))
-                    }
-                    Import::Ipc { handle, .. } => {
-                        let m = IpcMapping::open(gpu, &handle, stats)?;
-                        let (base, len) = (m.device_ptr(), m.len() as u64);
-                        Ok((Mapping::Ipc(m), base, len))
-                    }
-                }
-            }),
+            Ok(mut loans) => {
+                answer(
+                    &ch,
+                    &payload,
+                    fds.len(),
+                    places,
+                    me,
+                    &mut loans,
+                    |how| match how {
+                        Import::Fd { len } => {
+                            let b = DeviceBuffer::import(
+                                fds[0].as_fd(),
+                                len as usize,
+                                gpu,
+                                &[],
+                                stats,
+                            )?;
+                            let base = b.device_ptr();
+                            Ok((Mapping::CuMem(b), base, len))
+                        }
+                        Import::Ipc { handle, .. } => {
+                            let m = IpcMapping::open(gpu, &handle, stats)?;
+                            let (base, len) = (m.device_ptr(), m.len() as u64);
+                            Ok((Mapping::Ipc(m), base, len))
+                        }
+                    },
+                )
+            }
             Err(_) => Err(Error::Internal(
                 "mapper: its loans' lock is poisoned".into(),
             )),
@@ -747,7 +767,8 @@ mod tests {
             "a recall of nothing"
         );
         for id in 0..MAX_LOANS as u64 {
-            l.serve(lend(id), 1, |_| Ok((0, 0x1000_0000, 2 << 20))).unwrap();
+            l.serve(lend(id), 1, |_| Ok((0, 0x1000_0000, 2 << 20)))
+                .unwrap();
         }
         assert!(l
             .serve(lend(u64::MAX), 1, |_| Ok((0, 0, 2 << 20)))
@@ -757,13 +778,16 @@ mod tests {
     }
 
     /// A `cuMemAlloc` allocation's loan: its IPC handle rides in the request (no descriptor),
-    /// and the mapper maps it only where the driver's mapping is the allocation the lender
+    /// and the mapper maps it only where the driver's mapping covers the allocation the lender
     /// describes.
     #[test]
     fn ipc_loans_carry_their_handle_and_must_describe_their_whole_allocation() {
         let p = places();
         let mut handle = [0u8; IPC_HANDLE_LEN];
-        handle.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8 ^ 0x5a);
+        handle
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = i as u8 ^ 0x5a);
         let ipc = |id| Request::LendIpc {
             from: 1,
             id,
@@ -815,7 +839,7 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("1 descriptors, not 0"));
-        // The driver maps an allocation of another length than described: dropped, not held.
+        // The driver maps less than the lender describes: dropped, not held.
         let dropped = std::cell::Cell::new(false);
         struct Probe<'a>(&'a std::cell::Cell<bool>);
         impl Drop for Probe<'_> {
@@ -825,12 +849,19 @@ mod tests {
         }
         let mut l2: Loans<Probe> = Loans::default();
         let e = l2
-            .serve(ipc(3), 0, |_| Ok((Probe(&dropped), 0x9000_0000, 4 << 20)))
+            .serve(ipc(3), 0, |_| Ok((Probe(&dropped), 0x9000_0000, 1 << 20)))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("of an allocation of"), "{e}");
+        assert!(e.contains("mapped here in"), "{e}");
         assert!(dropped.get(), "the mapping is undone");
         assert!(!l2.holds(1, 0x9000_1000, 4096));
+        // More (the allocation's length rounded up to the driver's pages) is what it lends.
+        assert_eq!(
+            l2.serve(ipc(4), 0, |_| Ok((Probe(&dropped), 0xa000_0000, 4 << 20)))
+                .unwrap(),
+            0xa000_1000
+        );
+        assert!(l2.holds(1, 0xa000_0000, 2 << 20) && !l2.holds(1, 0xa000_0000, (2 << 20) + 1));
         // A recall unmaps it as any loan.
         l.serve(Request::Recall { from: 1, id: 1 }, 0, |_| unreachable!())
             .unwrap();
@@ -856,8 +887,9 @@ mod tests {
                     let n = fds.len();
                     // The lender here is this process, speaking for rank 1 (`answer`
                     // refuses that: a_request_must_come_from_its_ranks_process).
-                    let r = Request::parse(&payload, &p, me, p[1].pid)
-                        .and_then(|req| loans.serve(req, n, |_| Ok((fds.remove(0), 0x7000_0000, 2 << 20))));
+                    let r = Request::parse(&payload, &p, me, p[1].pid).and_then(|req| {
+                        loans.serve(req, n, |_| Ok((fds.remove(0), 0x7000_0000, 2 << 20)))
+                    });
                     ch.send_fds(&[], &encode_reply(&r), deadline, &stop)
                         .unwrap();
                 }

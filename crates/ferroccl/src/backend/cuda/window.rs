@@ -435,7 +435,15 @@ impl Windows {
         };
         let (mut lent_to, mut maybe) = (Vec::new(), Vec::new());
         for q in (0..n).filter(|&q| q != me && places[q].pid != pid) {
-            match lend(comm_id, q, places[q].pid, &req, Some(fd.as_fd()), deadline, abort) {
+            match lend(
+                comm_id,
+                q,
+                places[q].pid,
+                &req,
+                Some(fd.as_fd()),
+                deadline,
+                abort,
+            ) {
                 Ok(addr) => {
                     views[q] = addr;
                     lent_to.push(q);
