@@ -557,9 +557,10 @@ export! {
         memory::free(ptr as *mut u8)
     }
 
-    /// This rank alone: GPU memory (cuMem) is lent to the peers, which then store an
-    /// operation's messages straight into it where it is the output (`Comm::register_local`);
-    /// other GPU memory is refused. Host communicators keep a handle only.
+    /// This rank alone: GPU memory (cuMem, or `cudaMalloc`'s by its IPC handle to peers in other
+    /// processes) is lent to the peers, which then store an operation's messages straight into
+    /// it where it is the output (`Comm::register_local`); other memory is refused. Host
+    /// communicators keep a handle only.
     fn ncclCommRegister / pncclCommRegister(comm: RawComm, buff: *mut c_void, size: usize, handle: *mut *mut c_void) {
         let h = lookup(comm)?;
         let c = h.comm()?;

@@ -446,10 +446,12 @@ impl Comm {
     /// engine's direct rounds: all-gather, all-to-all, broadcast, gather, scatter), skipping this
     /// rank's copy out of its staging; the others stage as for any buffer. Peers of this process
     /// reach it at its own address, peers of other processes through their mapper threads, which
-    /// map it when this call hands it to them. The memory must be a cuMem allocation with POSIX
-    /// file-descriptor handles ([`crate::mem::alloc`], `ncclMemAlloc`, PyTorch's expandable
-    /// segments, ...): anything else is refused, and nothing changes. The same buffer may be
-    /// registered more than once; each [`Comm::deregister_local`] undoes one.
+    /// map it when this call hands it to them. The memory must be device memory of this rank's
+    /// GPU: a cuMem allocation with POSIX file-descriptor handles ([`crate::mem::alloc`],
+    /// `ncclMemAlloc`, PyTorch's expandable segments, ...), or `cudaMalloc`'s (PyTorch's default
+    /// allocator's), which peers in other processes map by its CUDA IPC handle and peers in this
+    /// process do not (they stage); anything else is refused, and nothing changes. The same
+    /// buffer may be registered more than once; each [`Comm::deregister_local`] undoes one.
     ///
     /// # Safety
     /// The range must stay allocated until [`Comm::deregister_local`] (or the communicator's

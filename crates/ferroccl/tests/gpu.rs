@@ -3901,24 +3901,83 @@ fn ranks_of_one_gpu_made_by_init_rank_in_threads_run_at_once() {
 /// registered by this rank alone (`Comm::register_local`, NCCL's `ncclCommRegister`), large
 /// enough for several peer-engine rounds a block, exact on fresh data each time; the peers'
 /// direct rounds land in them (counted), and none before registration or after
-/// deregistration; memory that is not cuMem is refused. Returns the direct rounds received.
-fn local_register_body(comm: &Comm) -> Result<u64, String> {
+/// deregistration; host memory is refused. `legacy`: the outputs are `cuMemAlloc` memory
+/// (`cudaMalloc`'s), which peers in other processes map by its IPC handle and peers in this
+/// process do not map (they stage: no direct round, `direct_wanted` false). Returns the direct
+/// rounds received.
+fn local_register_body(comm: &Comm, legacy: bool, direct_wanted: bool) -> Result<u64, String> {
     use ferroccl::DataType;
     let (n, r) = (comm.nranks(), comm.rank());
     let gpu = comm.gpu().unwrap().clone();
     let stats = MemStats::new();
     // 64 MiB a rank's block: 4 rounds of 256 KiB per block of 64.
     let count = (16 << 20) + 5;
-    let send = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).map_err(|e| e.to_string())?;
-    let recv = ferroccl::mem::alloc(&gpu, n * count * 4, &stats).map_err(|e| e.to_string())?;
+    let bytes = n * count * 4;
+    let send = ferroccl::mem::alloc(&gpu, bytes, &stats).map_err(|e| e.to_string())?;
+    let cumem = ferroccl::mem::alloc(&gpu, bytes, &stats).map_err(|e| e.to_string())?;
+    // The output: the cuMem buffer, or cuMemAlloc memory freed on the way out.
+    struct Legacy(sys::CUdeviceptr);
+    impl Drop for Legacy {
+        fn drop(&mut self) {
+            // SAFETY: its own allocation, freed once after the last synchronize.
+            unsafe { sys::cuMemFree_v2(self.0) };
+        }
+    }
+    let legacy_out = legacy.then(|| {
+        gpu.bind().unwrap();
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: a fresh allocation, freed by the guard.
+        unsafe { cu_ok("cuMemAlloc", sys::cuMemAlloc_v2(&mut p, bytes)).unwrap() };
+        Legacy(p)
+    });
+    let out_ptr = legacy_out.as_ref().map_or(cumem.device_ptr(), |l| l.0);
+    let fill_out = |b: &[u8]| -> Result<(), String> {
+        if legacy {
+            gpu.bind().map_err(|e| e.to_string())?;
+            // SAFETY: the output holds `bytes`, at least `b.len()`.
+            unsafe {
+                cu_ok(
+                    "cuMemcpyHtoD",
+                    sys::cuMemcpyHtoD_v2(out_ptr, b.as_ptr().cast(), b.len()),
+                )
+            }
+            .map_err(|e| e.to_string())
+        } else {
+            cumem.copy_from_host(0, b).map_err(|e| e.to_string())
+        }
+    };
+    let read_out = |count: usize| -> Result<Vec<f32>, String> {
+        if legacy {
+            let mut v = vec![0f32; count];
+            gpu.bind().map_err(|e| e.to_string())?;
+            // SAFETY: the output holds `bytes`, at least `count` floats.
+            unsafe {
+                cu_ok(
+                    "cuMemcpyDtoH",
+                    sys::cuMemcpyDtoH_v2(v.as_mut_ptr().cast(), out_ptr, count * 4),
+                )
+            }
+            .map_err(|e| e.to_string())?;
+            Ok(v)
+        } else {
+            read_f32(&cumem, count).map_err(|e| e.to_string())
+        }
+    };
     let host = vec![0u8; 4096];
     let e = unsafe { comm.register_local(host.as_ptr() as u64, host.len()) }.unwrap_err();
     if !e.to_string().contains("not GPU memory") {
         return Err(format!("host memory: {e}"));
     }
-    let direct = || comm.direct_rounds().unwrap().map_err(|e| e.to_string());
+    // Counted from this call's start: a communicator may run this more than once.
+    let start = comm.direct_rounds().unwrap().map_err(|e| e.to_string())?;
+    let direct = || {
+        comm.direct_rounds()
+            .unwrap()
+            .map(|d| d - start)
+            .map_err(|e| e.to_string())
+    };
     // Fresh for every run, the same on every rank: the communicator's random id.
-    let seed = comm.id() as usize;
+    let seed = comm.id() as usize + legacy as usize;
     let mut round = 0usize;
     let mut run_all = |what: &str| -> Result<(), String> {
         for kind in [
@@ -3941,12 +4000,11 @@ fn local_register_body(comm: &Comm) -> Result<u64, String> {
             let mine: Vec<f32> = (0..sends).map(|i| val(r, i)).collect();
             send.copy_from_host(0, f32_bytes(&mine))
                 .map_err(|e| e.to_string())?;
-            recv.copy_from_host(0, &vec![0xffu8; n * count * 4])
-                .map_err(|e| e.to_string())?;
+            fill_out(&vec![0xffu8; bytes])?;
             let a = OpArgs {
                 kind,
                 send: send.device_ptr() as *const u8,
-                recv: recv.device_ptr() as *mut u8,
+                recv: out_ptr as *mut u8,
                 count,
                 dtype: DataType::Float32,
                 op: ReduceOp::Sum,
@@ -3955,7 +4013,7 @@ fn local_register_body(comm: &Comm) -> Result<u64, String> {
             };
             unsafe { comm.run_raw(&a) }.map_err(|e| e.to_string())?;
             comm.synchronize().map_err(|e| e.to_string())?;
-            let got = read_f32(&recv, n * count).map_err(|e| e.to_string())?;
+            let got = read_out(n * count)?;
             // Element i of the output: which rank's input, which of its elements.
             let want = |i: usize| -> Option<f32> {
                 match kind {
@@ -3981,16 +4039,18 @@ fn local_register_body(comm: &Comm) -> Result<u64, String> {
     if before != 0 {
         return Err(format!("{before} direct rounds into unregistered outputs"));
     }
-    unsafe { comm.register_local(recv.device_ptr(), n * count * 4) }.map_err(|e| e.to_string())?;
+    unsafe { comm.register_local(out_ptr, bytes) }.map_err(|e| e.to_string())?;
     run_all("registered")?;
     run_all("registered, again")?;
     let during = direct()?;
-    if during == 0 {
-        return Err("no direct round into a registered output".into());
+    if (during > 0) != direct_wanted {
+        return Err(format!(
+            "{during} direct rounds into a registered output ({} wanted)",
+            if direct_wanted { "some" } else { "none" }
+        ));
     }
-    comm.deregister_local(recv.device_ptr())
-        .map_err(|e| e.to_string())?;
-    if comm.deregister_local(recv.device_ptr()).is_ok() {
+    comm.deregister_local(out_ptr).map_err(|e| e.to_string())?;
+    if comm.deregister_local(out_ptr).is_ok() {
         return Err("deregistered twice".into());
     }
     run_all("deregistered")?;
@@ -4004,7 +4064,8 @@ fn local_register_body(comm: &Comm) -> Result<u64, String> {
     Ok(during)
 }
 
-/// Local registrations across processes: each rank's mapper maps what the other lends it.
+/// Local registrations across processes: each rank's mapper maps what the other lends it, a
+/// cuMem allocation by its descriptor and then `cuMemAlloc` memory by its IPC handle.
 #[test]
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn locally_registered_outputs_take_direct_rounds_across_processes() {
@@ -4034,8 +4095,13 @@ fn child_local_register() {
     }
     let cfg = Config::from_env().unwrap();
     let comm = Comm::from_env_gpu(&cfg).unwrap();
-    match local_register_body(&comm) {
-        Ok(d) => println!("LOCAL REGISTER OK direct={d}"),
+    let both = local_register_body(&comm, false, true).and_then(|a| {
+        local_register_body(&comm, true, true)
+            .map_err(|e| format!("cuMemAlloc: {e}"))
+            .map(|b| (a, b))
+    });
+    match both {
+        Ok((a, b)) => println!("LOCAL REGISTER OK direct={a} cuMemAlloc direct={b}"),
         Err(e) => {
             println!("rank {}: {e}", comm.rank());
             std::process::exit(3);
@@ -4044,7 +4110,7 @@ fn child_local_register() {
 }
 
 /// Local registrations between threads of one process: peers reach the buffer at its own
-/// address once their GPU may.
+/// address once their GPU may; `cuMemAlloc` memory registers, and its peers stage.
 #[test]
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn locally_registered_outputs_take_direct_rounds_in_one_process() {
@@ -4057,7 +4123,12 @@ fn locally_registered_outputs_take_direct_rounds_in_one_process() {
                 s.spawn(move || {
                     let comm =
                         Comm::init_rank(&id, n, r, Device::Cuda(r), &Config::default()).unwrap();
-                    local_register_body(&comm)
+                    local_register_body(&comm, false, true).and_then(|d| {
+                        // cuMemAlloc memory: registered, but the peers of this process stage.
+                        local_register_body(&comm, true, false)
+                            .map_err(|e| format!("cuMemAlloc: {e}"))
+                            .map(|_| d)
+                    })
                 })
             })
             .collect();

@@ -481,6 +481,31 @@ pub(crate) fn export_allocation(gpu: &Gpu, ptr: u64, len: usize) -> Result<(Owne
     Ok((fd, base, size as usize))
 }
 
+/// The allocation that holds `[ptr, ptr + len)` as another process imports it: (its export, base,
+/// size). A cuMem allocation with POSIX file-descriptor handles goes as a descriptor, `cuMemAlloc`
+/// memory of `gpu` (`cudaMalloc`'s) as its CUDA IPC handle; other memory is refused.
+pub(crate) fn export_lendable(gpu: &Gpu, ptr: u64, len: usize) -> Result<(Shared, u64, usize)> {
+    let hint = "register device memory of this GPU: a cuMem allocation with POSIX file-descriptor handles (ferroccl::mem::alloc, ncclMemAlloc) or cudaMalloc's";
+    let (base, size) = allocation_range(gpu, ptr).map_err(|e| {
+        Error::InvalidArgument(format!(
+            "{ptr:#x} is not GPU memory of this process ({e}); {hint}"
+        ))
+    })?;
+    if ptr.checked_add(len as u64).is_none_or(|e| e > base + size) {
+        return Err(Error::InvalidArgument(format!(
+            "{len} bytes at {ptr:#x} run past the end of their allocation ({size} bytes at {base:#x})"
+        )));
+    }
+    let shared = Identity::at(ptr, gpu.ordinal())
+        .and_then(|id| id.export())
+        .map_err(|e| {
+            Error::InvalidArgument(format!(
+                "the allocation at {base:#x} cannot be shared with other processes ({e}); {hint}"
+            ))
+        })?;
+    Ok((shared, base, size as usize))
+}
+
 /// The allocation holding `ptr` (its base and bytes), or the driver's error where `ptr` is not
 /// GPU memory of this process.
 pub(crate) fn allocation_range(gpu: &Gpu, ptr: u64) -> Result<(u64, u64)> {

@@ -279,7 +279,6 @@ impl Lender for Live<'_> {
         bytes: u64,
         fd: &Self::Fd,
     ) -> Result<u64, LendFailed> {
-        use std::os::fd::AsFd;
         let unsent = |error| LendFailed {
             error,
             maybe_mapped: false,
@@ -312,22 +311,7 @@ impl Lender for Live<'_> {
             alloc_len: bytes,
             symmetric: false,
         };
-        let from = self.me as u32;
-        let (req, fd) = match fd {
-            Shared::Fd(f) => (
-                super::mapper::Request::Lend { from, id, desc },
-                Some(f.as_fd()),
-            ),
-            Shared::Ipc(handle) => (
-                super::mapper::Request::LendIpc {
-                    from,
-                    id,
-                    desc,
-                    handle: *handle,
-                },
-                None,
-            ),
-        };
+        let (req, fd) = super::mapper::Request::lend_of(self.me as u32, id, desc, fd);
         super::mapper::lend(
             self.comm_id,
             to,

@@ -26,7 +26,7 @@
 use super::window::WindowDesc;
 use crate::cuda::device::Gpu;
 use crate::cuda::fdpass::{FdChannel, FdListener};
-use crate::cuda::mem::{DeviceBuffer, IpcMapping, MemStats, IPC_HANDLE_LEN};
+use crate::cuda::mem::{DeviceBuffer, IpcMapping, MemStats, Shared, IPC_HANDLE_LEN};
 use ferroccl_core::{Error, Rank};
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -81,6 +81,28 @@ pub(crate) enum Request {
 }
 
 impl Request {
+    /// The request that lends `shared` (described by `desc`) as rank `from`'s loan `id`, and the
+    /// descriptor that must ride beside it (a cuMem allocation's; an IPC loan carries its handle).
+    pub fn lend_of(
+        from: u32,
+        id: u64,
+        desc: WindowDesc,
+        shared: &Shared,
+    ) -> (Request, Option<BorrowedFd<'_>>) {
+        match shared {
+            Shared::Fd(f) => (Request::Lend { from, id, desc }, Some(f.as_fd())),
+            Shared::Ipc(handle) => (
+                Request::LendIpc {
+                    from,
+                    id,
+                    desc,
+                    handle: *handle,
+                },
+                None,
+            ),
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let (tag, from, id) = match *self {
             Request::Lend { from, id, .. } => (LEND, from, id),

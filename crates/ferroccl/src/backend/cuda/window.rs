@@ -15,7 +15,9 @@ use super::mapper::{lend, recall, Place, Request};
 use crate::bootstrap::Bootstrap;
 use crate::cuda::device::Gpu;
 use crate::cuda::fdpass::{FdChannel, FdListener};
-use crate::cuda::mem::{export_allocation, DeviceBuffer, Identity, MemStats};
+use crate::cuda::mem::{
+    export_allocation, export_lendable, DeviceBuffer, Identity, MemStats, Shared,
+};
 use ferroccl_core::plan::copies::Posted;
 use ferroccl_core::{Error, Rank};
 use std::os::fd::AsFd;
@@ -381,8 +383,10 @@ impl Windows {
     /// process reach it at its own address once their GPUs may (granted here), peers of other
     /// processes where their mappers map it (`mapper.rs`; a peer that cannot map it gets no
     /// address and stages). `places`: where every rank runs; `comm_id` names the mappers.
-    /// Memory that is not a cuMem allocation with POSIX fd handles is refused, and nothing
-    /// changes.
+    /// `cuMemAlloc` memory goes to other processes by its CUDA IPC handle; peers of this process
+    /// get no address for it (their GPUs would need peer access to the whole context) and stage.
+    /// Other memory than that or a cuMem allocation with POSIX fd handles is refused, and
+    /// nothing changes.
     #[allow(clippy::too_many_arguments)]
     pub fn register_local(
         &mut self,
@@ -400,7 +404,7 @@ impl Windows {
                 "registering {len} bytes at {ptr:#x}"
             )));
         }
-        let (fd, base, size) = export_allocation(gpu, ptr, len)?;
+        let (shared, base, size) = export_lendable(gpu, ptr, len)?;
         let pid = std::process::id();
         let desc = WindowDesc {
             pid,
@@ -415,8 +419,9 @@ impl Windows {
         let n = places.len();
         let mut views = vec![0u64; n];
         views[me] = ptr;
+        let ipc = matches!(shared, Shared::Ipc(_));
         let here: Vec<Rank> = (0..n)
-            .filter(|&q| q != me && places[q].pid == pid)
+            .filter(|&q| q != me && places[q].pid == pid && !ipc)
             .collect();
         // As a window: peers of this process reach it at its own address once their GPU may.
         let local_gpus: Vec<usize> = here.iter().map(|&q| places[q].gpu as usize).collect();
@@ -428,22 +433,10 @@ impl Windows {
         }
         self.loans += 1;
         let id = self.loans;
-        let req = Request::Lend {
-            from: me as u32,
-            id,
-            desc,
-        };
+        let (req, fd) = Request::lend_of(me as u32, id, desc, &shared);
         let (mut lent_to, mut maybe) = (Vec::new(), Vec::new());
         for q in (0..n).filter(|&q| q != me && places[q].pid != pid) {
-            match lend(
-                comm_id,
-                q,
-                places[q].pid,
-                &req,
-                Some(fd.as_fd()),
-                deadline,
-                abort,
-            ) {
+            match lend(comm_id, q, places[q].pid, &req, fd, deadline, abort) {
                 Ok(addr) => {
                     views[q] = addr;
                     lent_to.push(q);
