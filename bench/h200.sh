@@ -2,7 +2,7 @@
 # ferroccl against NCCL on one GPU machine, in one go: every operation, float32 and bfloat16,
 # 8 B to 2 GiB, the three launch modes (one thread driving every GPU, a thread per GPU, a
 # process per GPU), without and with CUDA graphs, with registered buffers (NCCL's symmetric
-# windows, ferroccl's windows) and on cuMemAlloc buffers (cudaMalloc's: what ferroccl cannot lend),
+# windows, ferroccl's windows) and on cuMemAlloc buffers (cudaMalloc's, lent by CUDA IPC handles),
 # so that each cell can be compared with NCCL's best; plus a
 # short checked pass in which both libraries' outputs are verified element by element. Writes one JSON record and one log per
 # run, and SVG plots (each run's, and each library's best size by size: best-float.svg,

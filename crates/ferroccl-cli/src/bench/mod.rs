@@ -106,8 +106,9 @@ pub struct BenchArgs {
     #[arg(long, value_name = "KIND", num_args = 0..=1, default_missing_value = "auto")]
     pub register: Option<String>,
     /// Where unregistered GPU buffers come from, for both libraries: `cumem` (cuMemCreate with
-    /// POSIX fd handles, which ferroccl lends to its peers on the fly) or `driver` (cuMemAlloc,
-    /// as cudaMalloc and PyTorch's default allocator give: nothing to lend). Not with --register
+    /// POSIX fd handles, which ferroccl lends to its peers on the fly by descriptor) or `driver`
+    /// (cuMemAlloc, as cudaMalloc and PyTorch's default allocator give: lent by CUDA IPC handle to
+    /// peers in other processes). Not with --register
     #[arg(long, value_enum, default_value_t = spec::Buffers::Cumem)]
     pub buffers: spec::Buffers,
     /// Run ferroccl with at most N thread blocks per collective (its GPU channels)
