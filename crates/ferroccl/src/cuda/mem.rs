@@ -459,16 +459,7 @@ fn set_access(ptr: sys::CUdeviceptr, size: usize, who: &[usize]) -> Result<()> {
 /// is refused, naming the allocator that makes suitable memory.
 pub(crate) fn export_allocation(gpu: &Gpu, ptr: u64, len: usize) -> Result<(OwnedFd, u64, usize)> {
     let hint = "register memory from ferroccl::mem::alloc (ncclMemAlloc), or any cuMem allocation made with POSIX file-descriptor handles";
-    let (base, size) = allocation_range(gpu, ptr).map_err(|e| {
-        Error::InvalidArgument(format!(
-            "{ptr:#x} is not GPU memory of this process ({e}); {hint}"
-        ))
-    })?;
-    if ptr.checked_add(len as u64).is_none_or(|e| e > base + size) {
-        return Err(Error::InvalidArgument(format!(
-            "{len} bytes at {ptr:#x} run past the end of their allocation ({size} bytes at {base:#x})"
-        )));
-    }
+    let (base, size) = holding_range(gpu, ptr, len, hint)?;
     let handle = Retained::at(ptr).map_err(|e| {
         Error::InvalidArgument(format!("{ptr:#x} is not a cuMem allocation ({e}); {hint}"))
     })?;
@@ -486,6 +477,20 @@ pub(crate) fn export_allocation(gpu: &Gpu, ptr: u64, len: usize) -> Result<(Owne
 /// memory of `gpu` (`cudaMalloc`'s) as its CUDA IPC handle; other memory is refused.
 pub(crate) fn export_lendable(gpu: &Gpu, ptr: u64, len: usize) -> Result<(Shared, u64, usize)> {
     let hint = "register device memory of this GPU: a cuMem allocation with POSIX file-descriptor handles (ferroccl::mem::alloc, ncclMemAlloc) or cudaMalloc's";
+    let (base, size) = holding_range(gpu, ptr, len, hint)?;
+    let shared = Identity::at(ptr, gpu.ordinal())
+        .and_then(|id| id.export())
+        .map_err(|e| {
+            Error::InvalidArgument(format!(
+                "the allocation at {base:#x} cannot be shared with other processes ({e}); {hint}"
+            ))
+        })?;
+    Ok((shared, base, size as usize))
+}
+
+/// The allocation holding all of `[ptr, ptr + len)` (base, bytes), or why not (`hint`: what to
+/// register instead).
+fn holding_range(gpu: &Gpu, ptr: u64, len: usize, hint: &str) -> Result<(u64, u64)> {
     let (base, size) = allocation_range(gpu, ptr).map_err(|e| {
         Error::InvalidArgument(format!(
             "{ptr:#x} is not GPU memory of this process ({e}); {hint}"
@@ -496,14 +501,7 @@ pub(crate) fn export_lendable(gpu: &Gpu, ptr: u64, len: usize) -> Result<(Shared
             "{len} bytes at {ptr:#x} run past the end of their allocation ({size} bytes at {base:#x})"
         )));
     }
-    let shared = Identity::at(ptr, gpu.ordinal())
-        .and_then(|id| id.export())
-        .map_err(|e| {
-            Error::InvalidArgument(format!(
-                "the allocation at {base:#x} cannot be shared with other processes ({e}); {hint}"
-            ))
-        })?;
-    Ok((shared, base, size as usize))
+    Ok((base, size))
 }
 
 /// The allocation holding `ptr` (its base and bytes), or the driver's error where `ptr` is not
@@ -597,7 +595,8 @@ impl Identity {
             (&mut base as *mut u64).cast(),
         ];
         // SAFETY: one out-pointer of the attribute's size for each attribute asked; the driver
-        // checks the address (and leaves the outputs alone for memory it does not know).
+        // checks the address (for memory it does not know it writes its defaults, a memory type
+        // of 0 among them, and succeeds: refused below).
         cu_ok("cuPointerGetAttributes", unsafe {
             sys::cuPointerGetAttributes(5, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr)
         })?;

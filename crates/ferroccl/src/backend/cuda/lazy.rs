@@ -53,13 +53,13 @@ pub(crate) trait Lender {
     /// A reference to an allocation's handle, released on drop; equal to another exactly when
     /// both name the same allocation.
     type Handle: PartialEq;
-    /// A descriptor a peer imports the allocation by.
+    /// What a peer imports the allocation by (a file descriptor, or a CUDA IPC handle).
     type Fd;
     /// The allocation holding `ptr` (base, bytes), where `ptr` is GPU memory of this process.
     fn range(&self, ptr: u64) -> Option<(u64, u64)>;
     /// What names the allocation mapped at `ptr` while it lives, if it can be lent.
     fn retain(&self, ptr: u64) -> Option<Self::Handle>;
-    /// A descriptor for the allocation `h` names.
+    /// What a peer imports the allocation `h` names by.
     fn export(&self, h: &Self::Handle) -> Result<Self::Fd, Error>;
     /// Lends the allocation of `bytes` at `base` (descriptor `fd`) to rank `to` as loan `id`;
     /// where `to` maps `base`.
@@ -279,6 +279,7 @@ impl Lender for Live<'_> {
         bytes: u64,
         fd: &Self::Fd,
     ) -> Result<u64, LendFailed> {
+        use crate::cuda::mem::Shared;
         let unsent = |error| LendFailed {
             error,
             maybe_mapped: false,
@@ -287,7 +288,6 @@ impl Lender for Live<'_> {
             .places
             .get(to)
             .ok_or_else(|| unsent(Error::Internal(format!("no rank {to}"))))?;
-        use crate::cuda::mem::Shared;
         let pid = std::process::id();
         if place.pid == pid {
             if let Shared::Ipc(_) = fd {

@@ -890,8 +890,10 @@ mod tests {
         assert_eq!(l.len(), 0);
     }
 
-    /// Two mappers' worth of the socket protocol in one process: a lend and a recall reach a
-    /// listener and come back answered (the GPU import stands in a closure here).
+    /// Two mappers' worth of the socket protocol in one process: a cuMem loan (with its
+    /// descriptor) and a `cudaMalloc` one (its IPC handle in the message, no descriptor), each
+    /// built as a lender builds it, reach a listener and come back answered, and so do their
+    /// recalls (the GPU import stands in a closure here).
     #[test]
     fn lend_and_recall_cross_the_socket() {
         let comm_id = 0x5eed_0000_0000_0001 ^ std::process::id() as u64;
@@ -900,17 +902,25 @@ mod tests {
         let listener = FdListener::bind(socket_job(comm_id), me as u32).unwrap();
         let stop = AtomicBool::new(false);
         let deadline = Instant::now() + Duration::from_secs(10);
+        let handle = [0x3cu8; IPC_HANDLE_LEN];
         std::thread::scope(|s| {
             s.spawn(|| {
-                let mut loans: Loans<std::os::fd::OwnedFd> = Loans::default();
-                for _ in 0..2 {
+                // What each loan came as: its descriptor, or none (an IPC loan).
+                let mut loans: Loans<Option<std::os::fd::OwnedFd>> = Loans::default();
+                for _ in 0..4 {
                     let ch = listener.accept(deadline, &stop).unwrap();
                     let (mut fds, payload) = ch.recv_fds(deadline, &stop).unwrap();
                     let n = fds.len();
                     // The lender here is this process, speaking for rank 1 (`answer`
                     // refuses that: a_request_must_come_from_its_ranks_process).
                     let r = Request::parse(&payload, &p, me, p[1].pid).and_then(|req| {
-                        loans.serve(req, n, |_| Ok((fds.remove(0), 0x7000_0000, 2 << 20)))
+                        loans.serve(req, n, |how| match how {
+                            Import::Fd { len } => Ok((fds.pop(), 0x7000_0000, len)),
+                            Import::Ipc { len, handle: h } => {
+                                assert_eq!(h, handle, "the handle crossed whole");
+                                Ok((None, 0x7100_0000, len))
+                            }
+                        })
                     });
                     ch.send_fds(&[], &encode_reply(&r), deadline, &stop)
                         .unwrap();
@@ -918,33 +928,33 @@ mod tests {
                 assert_eq!(loans.len(), 0);
             });
             let memfd = std::fs::File::open("/dev/null").unwrap();
-            let req = Request::Lend {
-                from: 1,
-                id: 3,
-                desc: desc_of(p[1].pid, 1),
-            };
-            assert_eq!(
-                lend(
+            let desc = desc_of(p[1].pid, 1);
+            // A cuMem allocation's loan and a cudaMalloc one's, as a lender builds them.
+            let shared_fd = Shared::Fd(memfd.as_fd().try_clone_to_owned().unwrap());
+            let (req, fd) = Request::lend_of(1, 3, desc, &shared_fd);
+            assert!(matches!(req, Request::Lend { id: 3, .. }) && fd.is_some());
+            let shared_ipc = Shared::Ipc(handle);
+            let (req_ipc, no_fd) = Request::lend_of(1, 4, desc, &shared_ipc);
+            assert!(matches!(req_ipc, Request::LendIpc { id: 4, .. }) && no_fd.is_none());
+            for (req, fd, at) in [(req, fd, 0x7000_1000), (req_ipc, no_fd, 0x7100_1000)] {
+                let id = match req {
+                    Request::Lend { id, .. } | Request::LendIpc { id, .. } => id,
+                    Request::Recall { .. } => unreachable!(),
+                };
+                assert_eq!(
+                    lend(comm_id, me, std::process::id(), &req, fd, deadline, &stop).unwrap(),
+                    at
+                );
+                recall(
                     comm_id,
                     me,
                     std::process::id(),
-                    &req,
-                    Some(memfd.as_fd()),
+                    &Request::Recall { from: 1, id },
                     deadline,
-                    &stop
+                    &stop,
                 )
-                .unwrap(),
-                0x7000_1000
-            );
-            recall(
-                comm_id,
-                me,
-                std::process::id(),
-                &Request::Recall { from: 1, id: 3 },
-                deadline,
-                &stop,
-            )
-            .unwrap();
+                .unwrap();
+            }
         });
     }
 }
