@@ -4,20 +4,22 @@
 //!
 //! A local registration is one rank's own call: its peers are busy with their own work and take
 //! no part, unlike a window's registration, which is collective. So the registering rank
-//! exports the cuMem allocation holding its buffer as a file descriptor and hands it to every
+//! exports the allocation holding its buffer (a cuMem allocation as a file descriptor,
+//! `cuMemAlloc` memory as its CUDA IPC handle, which rides in the message) and hands it to every
 //! peer process's mapper, which imports and maps it for its GPU and replies with the address;
 //! that address is what the registering rank posts to that peer when an operation's output
 //! lies in the buffer (the peer engine's direct rounds). A peer it cannot reach (or whose
 //! mapper fails) keeps no address: it stages, as for any unregistered buffer. Deregistration
-//! asks the mappers to unmap. Peers in the same process need no mapper: they reach the buffer at
-//! its own address once their GPU may.
+//! asks the mappers to unmap. Peers in the same process need no mapper: they reach a cuMem buffer at
+//! its own address once their GPU may (`cuMemAlloc` memory is not lent to them: it would take peer
+//! access to the whole context).
 //!
 //! The mapper listens on an abstract socket named by the communicator and rank
 //! ([`socket_job`]), talks only to processes of the same user (`fdpass`), checks every message
 //! (a lender must be a rank of the communicator in another process, as it described itself at
 //! creation, send from that process, as the socket's `SO_PEERCRED` names it, and say what it
 //! lends consistently) and never maps more than [`MAX_LOANS`] buffers; a lender in turn only
-//! hands its descriptor to a socket held by the process the receiving rank runs as. Both checks
+//! hands its descriptor or handle to a socket held by the process the receiving rank runs as. Both checks
 //! take the pid a rank reported at creation for its process, as the communicator does
 //! throughout: ranks in different pid namespaces are not supported. A lend whose answer is lost
 //! may still have been mapped: the lender recalls it at deregistration, after the loans it
