@@ -549,6 +549,40 @@ pub fn rendezvous_pull(
     Some((me == root).then_some(input))
 }
 
+/// What a launch takes after its rendezvous ([`rendezvous_taken`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Taken {
+    /// The copies straight into the posted outputs: [`rendezvous_far`]'s postings.
+    Far(Vec<Option<Posted>>),
+    /// The reduce's pull: [`rendezvous_pull`]'s posting (the root's; None on the non-root).
+    Pull(Option<Posted>),
+}
+
+/// Rank `me`'s view of a launch after its rendezvous (the arguments as [`rendezvous_far`]'s;
+/// `pull`: whether the exchange carried the reduce's input for its root, which every rank
+/// decides alike): the copies where every output they land in was posted, else the pull where
+/// `pull` and the input was posted for the root, else None (the kernels' rounds, on every
+/// rank: all decide from the same rows).
+#[allow(clippy::too_many_arguments)]
+pub fn rendezvous_taken(
+    kind: CollKind,
+    count: usize,
+    elem: usize,
+    nranks: usize,
+    root: Rank,
+    me: Rank,
+    posted: &[Vec<Option<Posted>>],
+    pull: bool,
+) -> Option<Taken> {
+    if let Some(far) = rendezvous_far(kind, count, elem, nranks, root, me, posted) {
+        return Some(Taken::Far(far));
+    }
+    if !pull || kind != CollKind::Reduce {
+        return None;
+    }
+    rendezvous_pull(count, elem, nranks, root, me, posted).map(Taken::Pull)
+}
+
 /// Whether a rendezvous's `posted` rows are every rank's, each with a posting for every rank.
 fn rows_whole(posted: &[Vec<Option<Posted>>], nranks: usize) -> bool {
     posted.len() == nranks && posted.iter().all(|row| row.len() == nranks)
@@ -1165,6 +1199,30 @@ mod tests {
         );
         let three = vec![vec![None; 3]; 3];
         assert_eq!(rendezvous_pull(8, 4, 3, 0, 0, &three), None, "2 ranks only");
+        // What a launch takes: the copies where the outputs were posted (the root's output out
+        // of place, here beside the non-root's input), else the pull where the exchange was for
+        // it, else nothing; on both ranks alike.
+        let both = vec![vec![None, at(0)], vec![at(32), None]];
+        let in_place = input(at(32));
+        for me in 0..2 {
+            let taken = |rows: &[Vec<Option<Posted>>], pull| {
+                rendezvous_taken(CollKind::Reduce, 8, 4, 2, 0, me, rows, pull)
+            };
+            let far = rendezvous_far(CollKind::Reduce, 8, 4, 2, 0, me, &both).unwrap();
+            assert_eq!(taken(&both, true), Some(Taken::Far(far.clone())));
+            assert_eq!(taken(&both, false), Some(Taken::Far(far)));
+            assert_eq!(
+                taken(&in_place, true),
+                Some(Taken::Pull((me == 0).then_some(at(32).unwrap())))
+            );
+            assert_eq!(taken(&in_place, false), None, "not exchanged for the pull");
+            assert_eq!(taken(&input(None), true), None, "the input not posted");
+            assert_eq!(
+                rendezvous_taken(CollKind::AllReduce, 8, 4, 2, 0, me, &in_place, true),
+                None,
+                "the pull's rendezvous is the reduce's alone"
+            );
+        }
         assert_eq!(writers_of(CollKind::AllReduce, 4, 4, 2, 0, 1), vec![0]);
         assert_eq!(
             writers_of(CollKind::ReduceScatter, 0, 4, 2, 0, 1),

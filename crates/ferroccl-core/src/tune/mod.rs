@@ -769,6 +769,12 @@ pub fn rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
     outputs_rendezvous_wanted(op, device, cfg) || pull_rendezvous_wanted(op, device, cfg)
 }
 
+/// Whether a rank of `op` can post its buffers to its peers at all: on GPUs, where it has
+/// windows or lends what lies in none on the fly (`FERROCCL_GPU_CE_MAP_UNREGISTERED`).
+fn postable(op: &OpShape, device: Device, cfg: &Config) -> bool {
+    device == Device::Gpu && (op.windows || cfg.gpu_ce_map_unregistered)
+}
+
 /// [`rendezvous_wanted`] for the outputs alone: where the ranks post their outputs to their
 /// writers (the copy engines' zero-copy and the copy-and-fold), leaving out the reduce's input
 /// posted for its root's pull ([`pull_rendezvous_wanted`]).
@@ -777,8 +783,7 @@ pub fn outputs_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> 
         return fold_rendezvous_wanted(op, device, cfg);
     }
     let at_least = |min: usize| reaches(op.largest_bytes(), min);
-    let postable = device == Device::Gpu && (op.windows || cfg.gpu_ce_map_unregistered);
-    postable
+    postable(op, device, cfg)
         && copies::rendezvous_serves(op.kind, op.nranks)
         && !(op.symmetric && copies::zcopy_serves(op.kind, op.nranks))
         && at_least(cfg.gpu_ce_rendezvous_bytes)
@@ -789,14 +794,16 @@ pub fn outputs_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> 
 /// [`rendezvous_wanted`] for the copy-and-fold reductions (`copies::fold_kind`): where the tuner
 /// gives `op` the fold once every rank can name its peer's output.
 fn fold_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
-    let postable = device == Device::Gpu && (op.windows || cfg.gpu_ce_map_unregistered);
     // Where the tuner gives these buffers the fold once every rank can name its peer's output
     // (which `symmetric` says; out of place, which a rank in place refuses by its posting, so
     // that in-place-ness need not be alike here). The fold's size first: the tuner is not asked
     // for the many small reductions. The reduce exchanges between symmetric windows too
     // (`copies::posted_fold_serves`: only its root's posting tells whether it is in place).
     let named_anyway = op.symmetric && !copies::posted_fold_serves(op.kind, op.nranks);
-    if !postable || named_anyway || !reaches(op.largest_bytes(), fold_min_bytes(cfg, op.kind)) {
+    if !postable(op, device, cfg)
+        || named_anyway
+        || !reaches(op.largest_bytes(), fold_min_bytes(cfg, op.kind))
+    {
         return false;
     }
     let named = OpShape {
@@ -822,11 +829,7 @@ fn fold_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
 /// ran the reduce of 128 MiB in 370-373 us against the read rounds' 385-386 (docs/PERFORMANCE.md
 /// section 42), which buffers nobody registered ran until session 33.
 pub fn pull_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
-    if device != Device::Gpu
-        || op.kind != CollKind::Reduce
-        || op.inputs_symmetric
-        || !(op.windows || cfg.gpu_ce_map_unregistered)
-    {
+    if !postable(op, device, cfg) || op.kind != CollKind::Reduce || op.inputs_symmetric {
         return false;
     }
     let named = OpShape {
@@ -872,8 +875,7 @@ pub fn ce_kind_floor_met(op: &OpShape, cfg: &Config) -> bool {
 /// send and receive have one length, so both ends decide alike. The receiver never waits for it;
 /// the sender waits for its receiver's call.
 pub fn p2p_rendezvous_wanted(op: &OpShape, device: Device, cfg: &Config) -> bool {
-    device == Device::Gpu
-        && (op.windows || cfg.gpu_ce_map_unregistered)
+    postable(op, device, cfg)
         && op.nranks >= 2
         && matches!(op.kind, CollKind::Send | CollKind::Recv)
         && reaches(op.largest_bytes(), cfg.gpu_ce_p2p_bytes)

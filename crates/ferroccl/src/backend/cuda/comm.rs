@@ -773,13 +773,13 @@ impl CudaComm {
     /// After the rendezvous (`rows[q]`: rank q's row of postings), what the launch takes
     /// (`Exchanged::Nothing` where neither the copies nor the pull can take it: every rank finds
     /// the same, from the same rows, and the launch runs on the kernels everywhere):
-    /// - where every output a copy lands in was posted (`plan::copies::rendezvous_far`; a
-    ///   reduce's root out of place), where this process maps each peer's output that this
-    ///   rank's copy engines write (0 for the others);
-    /// - else, for the reduce's pull (`pull_wanted`, `plan::copies::rendezvous_pull`; below the
-    ///   fold's floor, or a root in place), where this process maps the non-root's input on the
-    ///   root, and on the non-root the address of its own input, which it never reads (the
-    ///   kernel knows a pull by a non-zero address).
+    /// - where every output a copy lands in was posted (`plan::copies::rendezvous_taken`, which
+    ///   decides; a reduce's root out of place), where this process maps each peer's output that
+    ///   this rank's copy engines write (0 for the others);
+    /// - else, for the reduce's pull (`pull_wanted`; below the fold's floor, or a root in place),
+    ///   where this process maps the non-root's input on the root, and on the non-root the
+    ///   address of its own input, which it never reads (the kernel knows a pull by a non-zero
+    ///   address).
     ///
     /// A row that does not parse is a protocol error, and so is a mapped posting this process's
     /// mapper does not hold; one naming a window this rank no longer holds (deregistered here
@@ -799,7 +799,9 @@ impl CudaComm {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        if let Some(named) = ferroccl_core::plan::copies::rendezvous_far(
+        use ferroccl_core::plan::copies::{rendezvous_taken, Taken};
+        let pull = self.pull_wanted(&*self.windows()?, a, info);
+        let taken = rendezvous_taken(
             a.kind,
             a.count,
             a.dtype.size(),
@@ -807,30 +809,23 @@ impl CudaComm {
             a.root,
             info.rank,
             &posted,
-        ) {
-            return named
+            pull,
+        );
+        match taken {
+            None => Ok(Exchanged::Nothing),
+            Some(Taken::Far(named)) => named
                 .iter()
                 .enumerate()
                 .map(|(q, p)| p.map_or(Ok(0), |p| self.posted_far(p, q, info.rank)))
                 .collect::<Result<Vec<_>, _>>()
-                .map(Exchanged::Far);
+                .map(Exchanged::Far),
+            Some(Taken::Pull(None)) => Ok(Exchanged::Pull(a.send as u64)),
+            Some(Taken::Pull(Some(p))) => Ok(Exchanged::Pull(self.posted_far(
+                p,
+                1 - a.root,
+                info.rank,
+            )?)),
         }
-        if !self.pull_wanted(&*self.windows()?, a, info) {
-            return Ok(Exchanged::Nothing);
-        }
-        let pulled = ferroccl_core::plan::copies::rendezvous_pull(
-            a.count,
-            a.dtype.size(),
-            info.nranks,
-            a.root,
-            info.rank,
-            &posted,
-        );
-        Ok(match pulled {
-            None => Exchanged::Nothing,
-            Some(None) => Exchanged::Pull(a.send as u64),
-            Some(Some(p)) => Exchanged::Pull(self.posted_far(p, 1 - a.root, info.rank)?),
-        })
     }
 
     /// Whether this rank's copy engines can write a peer's posted output: the copy engine and

@@ -821,15 +821,15 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     // Who copies it: the block that sends, but in a split launch on a rank that receives nothing
     // (a scatter's or broadcast's root), the receive block, which otherwise only acknowledges:
     // on the send block the copy held each round's stores back (a scatter of 64 MiB out of place
-    // 111 us against 103 in place on 2 x H200, docs/PERFORMANCE.md section 45).
-    const bool own_on_recv = role == FC_ROLE_RECV && !receives;
+    // 111 us against 103 in place on 2 x H200, docs/PERFORMANCE.md section 46).
+    const bool own_by_recv = role != FC_ROLE_BOTH && !receives;
     if (sending) {
         if (!peer_signal(P, b, sends ? 0u : FC_PEER_PHASES, s, targets, bad, ack)) return false;
         if (split_in_place(P, kind, role)) peer_say_sent(P, b, s);
         // Every round ends in a barrier, which orders each look before the reads two rounds on.
         if (sends && !last) peer_direct_look(P, DR, b, s, targets);
         // After the flags: the receivers start on their copies while this block makes its own.
-        if (own_moves && !(role == FC_ROLE_SEND && !receives)) copy_bytes(own_dst, nullptr, own_src, bytes);
+        if (own_moves && !own_by_recv) copy_bytes(own_dst, nullptr, own_src, bytes);
     }
     if (receiving && receives) {
         if (!peer_wait(P, b, 0, s, sources, &DR)) return false;
@@ -860,7 +860,7 @@ __device__ bool peer_round(const FcPeer& P, fc_u64 at, fc_u64 len, fc_u64 s, boo
     if (role == FC_ROLE_RECV) peer_signal(P, b, FC_PEER_PHASES, s, FC_PEER_ALL, 0, s);
     // After the acknowledgement, which it must not hold back: the input is the caller's from the
     // launch on, and nothing else writes this rank's output (it receives nothing).
-    if (own_on_recv && own_moves) copy_bytes(own_dst, nullptr, own_src, bytes);
+    if (role == FC_ROLE_RECV && own_by_recv && own_moves) copy_bytes(own_dst, nullptr, own_src, bytes);
     return true;
 }
 
