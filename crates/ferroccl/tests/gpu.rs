@@ -1339,6 +1339,28 @@ fn child_mapped_on_the_fly() {
     println!("MAPPED ON THE FLY OK");
 }
 
+/// The same between threads of one process (a thread per GPU): a writer of this process reaches
+/// a lent output at its own address, `cuMemAlloc` memory once its GPU has peer access to the
+/// lender's context.
+#[test]
+#[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn unregistered_outputs_are_mapped_on_the_fly_in_one_process() {
+    let Some(_) = gpus_for_test() else { return };
+    let vars = [
+        ("FERROCCL_GPU_CE_WINDOW_BYTES", "1"),
+        ("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "1"),
+        ("FERROCCL_GPU_CE_GATHER_BYTES", "1"),
+        ("FERROCCL_GPU_CE_BROADCAST_BYTES", "1"),
+        ("FERROCCL_GPU_CE_P2P_BYTES", "1"),
+        ("FERROCCL_GPU_FOLD_MIN_BYTES", "1"),
+        ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "1"),
+        ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576"),
+        ("FERROCCL_GPU_FOLD_TAIL_BYTES", "65536"),
+        ("FERROCCL_TIMEOUT", "60"),
+    ];
+    in_threads(&vars, |c| mapped_on_the_fly_body(c, c.id() ^ 0x3c4d));
+}
+
 /// All-reduces between symmetric windows on 2 ranks pull (`tune::peer_pulls`, here at every size
 /// the peer engine takes): each rank reads its peer's input straight out of the peer's window.
 /// Exact on fresh data for Sum, Prod, Max, Min and Avg at three sizes (odd tails), the same bits
@@ -1375,6 +1397,12 @@ fn child_pull() {
     }
     let cfg = Config::from_env().unwrap();
     let comm = Comm::from_env_gpu(&cfg).unwrap();
+    pull_body(&comm);
+    println!("PULL OK");
+}
+
+/// One rank's part of the pull tests (the process test above, the thread test below).
+fn pull_body(comm: &Comm) {
     let (n, r) = (comm.nranks(), comm.rank());
     assert_eq!(n, 2);
     let gpu = comm.gpu().unwrap().clone();
@@ -1648,7 +1676,49 @@ fn child_pull() {
     legacy_reduce(false, 900);
     legacy_reduce(false, 901);
     legacy_reduce(true, 902);
-    println!("PULL OK");
+}
+
+/// The pull test between threads of one process (a thread per GPU): a peer of this process
+/// reads a lent input at its own address, `cuMemAlloc` memory once its GPU has peer access to
+/// the lender's context.
+#[test]
+#[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn pulls_take_inputs_lent_in_one_process() {
+    let Some(_) = gpus_for_test() else { return };
+    let vars = [
+        ("FERROCCL_GPU_PEER_PULL_MIN_BYTES", "0"),
+        ("FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES", "1"),
+        ("FERROCCL_GPU_PEER_PULL_MAX_BYTES", "1073741824"),
+        ("FERROCCL_GPU_FOLD_MIN_BYTES", "0"),
+        ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "0"),
+        ("FERROCCL_TIMEOUT", "60"),
+    ];
+    in_threads(&vars, pull_body);
+}
+
+/// Runs `body` on 2 ranks that are threads of one process, GPUs 0 and 1, configured by `vars`
+/// (as the environment would); a panic on either rank fails the test.
+fn in_threads(vars: &[(&str, &str)], body: fn(&Comm)) {
+    let vars: std::collections::HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let cfg = Config::from_vars(&vars).unwrap();
+    let id = ferroccl::UniqueId::new(&cfg).unwrap();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let (id, cfg) = (id.clone(), cfg.clone());
+                s.spawn(move || {
+                    let comm = Comm::init_rank(&id, 2, r, Device::Cuda(r), &cfg).unwrap();
+                    body(&comm);
+                })
+            })
+            .collect();
+        for (r, h) in hs.into_iter().enumerate() {
+            assert!(h.join().is_ok(), "rank {r} failed");
+        }
+    });
 }
 
 /// The reduce of 2 ranks from the copy-and-fold's floor, a process per GPU, on buffers nobody
@@ -3903,8 +3973,8 @@ fn ranks_of_one_gpu_made_by_init_rank_in_threads_run_at_once() {
 /// direct rounds land in them (counted), and none before registration or after
 /// deregistration; host memory is refused. `legacy`: the outputs are `cuMemAlloc` memory
 /// (`cudaMalloc`'s), which peers in other processes map by its IPC handle and peers in this
-/// process do not map (they stage: no direct round, `direct_wanted` false). Returns the direct
-/// rounds received.
+/// process reach at its own address (peer access). `direct_wanted`: whether direct rounds must
+/// land. Returns the direct rounds received.
 fn local_register_body(comm: &Comm, legacy: bool, direct_wanted: bool) -> Result<u64, String> {
     use ferroccl::DataType;
     let (n, r) = (comm.nranks(), comm.rank());
@@ -4110,7 +4180,8 @@ fn child_local_register() {
 }
 
 /// Local registrations between threads of one process: peers reach the buffer at its own
-/// address once their GPU may; `cuMemAlloc` memory registers, and its peers stage.
+/// address once their GPU may (a cuMem buffer's range granted, `cuMemAlloc` memory by peer
+/// access to the registering GPU's context), and their direct rounds land in it.
 #[test]
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn locally_registered_outputs_take_direct_rounds_in_one_process() {
@@ -4124,10 +4195,9 @@ fn locally_registered_outputs_take_direct_rounds_in_one_process() {
                     let comm =
                         Comm::init_rank(&id, n, r, Device::Cuda(r), &Config::default()).unwrap();
                     local_register_body(&comm, false, true).and_then(|d| {
-                        // cuMemAlloc memory: registered, but the peers of this process stage.
-                        local_register_body(&comm, true, false)
+                        local_register_body(&comm, true, true)
                             .map_err(|e| format!("cuMemAlloc: {e}"))
-                            .map(|_| d)
+                            .map(|l| d.min(l))
                     })
                 })
             })

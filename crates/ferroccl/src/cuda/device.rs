@@ -281,6 +281,45 @@ impl Gpu {
         })
     }
 
+    /// Lets GPU `reader` (by ordinal, in this process) reach this GPU's `cuMemAlloc` memory at
+    /// its own addresses: peer access from the reader's primary context to this one
+    /// (`cuCtxEnablePeerAccess`, called in the reader's context). cuMem allocations are granted
+    /// by range instead (`mem::grant_range`); `cuMemAlloc` memory knows no grant of its own, and
+    /// peer access covers all of this context's, present and future, in one go. NCCL turns it
+    /// on for its peers of one process as well. It is never turned off: another communicator,
+    /// or the application, may rely on it. Asked of the driver once per pair; a pair the
+    /// application enabled already is left as it is. The calling thread ends with this GPU's
+    /// context current.
+    pub fn let_reach(&self, reader: usize) -> Result<()> {
+        static ENABLED: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+        let pair = (reader, self.0.ordinal);
+        if reader == self.0.ordinal {
+            return Ok(());
+        }
+        let mut enabled = ENABLED
+            .lock()
+            .map_err(|_| Error::Internal("the peer-access list is poisoned".into()))?;
+        if enabled.contains(&pair) {
+            return Ok(());
+        }
+        let r = Gpu::open(reader)?;
+        if !r.peer_link(self.0.ordinal)?.access {
+            self.bind()?;
+            return Err(Error::System(format!(
+                "GPU {reader} cannot reach GPU {}'s memory peer to peer",
+                self.0.ordinal
+            )));
+        }
+        r.bind()?;
+        let s = unsafe { sys::cuCtxEnablePeerAccess(self.0.ctx, 0) };
+        self.bind()?;
+        if s != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            cu_ok("cuCtxEnablePeerAccess", s)?;
+        }
+        enabled.push(pair);
+        Ok(())
+    }
+
     /// Waits for all work on this GPU's context.
     pub fn synchronize(&self) -> Result<()> {
         self.bind()?;

@@ -4,7 +4,7 @@
 //! holding it to each writer's mapper (`mapper.rs`, as a local registration does) and posts where
 //! that writer maps it (`plan::copies::Posted::Mapped`). A cuMem allocation goes as a POSIX file
 //! descriptor; `cuMemAlloc` memory (`cudaMalloc`'s, PyTorch's default allocator's segments) by
-//! its CUDA IPC handle, to writers in other processes. Loans are kept by allocation
+//! its CUDA IPC handle. Loans are kept by allocation
 //! for the next operations on it, so only the first one pays the lend (an export, a message to
 //! the mapper, its import and mapping).
 //!
@@ -27,10 +27,12 @@
 //! allocations are not lent (their operations run on the kernels) until some loan's allocation is
 //! freed.
 //!
+//! A writer in this process needs no mapper: it reaches the allocation at the lender's own
+//! address once its GPU may (a cuMem allocation's range granted to it; for `cuMemAlloc` memory,
+//! peer access to the lender's context turned on, `Gpu::let_reach`).
+//!
 //! Memory that neither kind can lend (managed memory, a stream-ordered pool's, a cuMem allocation
-//! without POSIX file-descriptor handles; `cuMemAlloc` memory for a writer in this process, whose
-//! GPU would need peer access to the whole context) gets no loan: its operations run on the
-//! kernels.
+//! without POSIX file-descriptor handles) gets no loan: its operations run on the kernels.
 
 use super::mapper::LendFailed;
 use ferroccl_core::{Error, Rank};
@@ -290,16 +292,19 @@ impl Lender for Live<'_> {
             .ok_or_else(|| unsent(Error::Internal(format!("no rank {to}"))))?;
         let pid = std::process::id();
         if place.pid == pid {
-            if let Shared::Ipc(_) = fd {
-                // Its GPU would need peer access to this context's whole `cuMemAlloc` memory
-                // (`cuCtxEnablePeerAccess`), which ferroccl never turns on.
-                return Err(unsent(Error::InvalidArgument(format!(
-                    "rank {to} runs in this process: `cuMemAlloc` memory is lent to other processes only"
-                ))));
+            // A peer of this process reaches the allocation at its own address once its GPU
+            // may: a cuMem allocation by a grant of its range, `cuMemAlloc` memory by peer
+            // access to this GPU's context.
+            match fd {
+                Shared::Ipc(_) => self.gpu.let_reach(place.gpu as usize),
+                Shared::Fd(_) => crate::cuda::mem::grant_range(
+                    self.gpu,
+                    base,
+                    bytes as usize,
+                    &[place.gpu as usize],
+                ),
             }
-            // A peer of this process reaches the allocation at its own address once its GPU may.
-            crate::cuda::mem::grant_range(self.gpu, base, bytes as usize, &[place.gpu as usize])
-                .map_err(unsent)?;
+            .map_err(unsent)?;
             return Ok(base);
         }
         let desc = super::window::WindowDesc {

@@ -10,9 +10,9 @@
 //! that address is what the registering rank posts to that peer when an operation's output
 //! lies in the buffer (the peer engine's direct rounds). A peer it cannot reach (or whose
 //! mapper fails) keeps no address: it stages, as for any unregistered buffer. Deregistration
-//! asks the mappers to unmap. Peers in the same process need no mapper: they reach a cuMem buffer at
-//! its own address once their GPU may (`cuMemAlloc` memory is not lent to them: it would take peer
-//! access to the whole context).
+//! asks the mappers to unmap. Peers in the same process need no mapper: they reach a buffer at its
+//! own address once their GPU may (a cuMem allocation's range granted to it, or peer access to
+//! the lender's context for `cuMemAlloc` memory).
 //!
 //! The mapper listens on an abstract socket named by the communicator and rank
 //! ([`socket_job`]), talks only to processes of the same user (`fdpass`), checks every message

@@ -384,8 +384,8 @@ impl Windows {
     /// processes where their mappers map it (`mapper.rs`; a peer that cannot map it gets no
     /// address and stages). `places`: where every rank runs; `comm_id` names the mappers.
     /// `cuMemAlloc` memory goes to other processes by its CUDA IPC handle; peers of this process
-    /// get no address for it (their GPUs would need peer access to the whole context) and stage.
-    /// Other memory than that or a cuMem allocation with POSIX fd handles is refused, and
+    /// reach it at its own address once their GPUs have peer access to this one's context
+    /// (`Gpu::let_reach`). Other memory than that or a cuMem allocation with POSIX fd handles is refused, and
     /// nothing changes.
     #[allow(clippy::too_many_arguments)]
     pub fn register_local(
@@ -419,17 +419,28 @@ impl Windows {
         let n = places.len();
         let mut views = vec![0u64; n];
         views[me] = ptr;
-        let ipc = matches!(shared, Shared::Ipc(_));
         let here: Vec<Rank> = (0..n)
-            .filter(|&q| q != me && places[q].pid == pid && !ipc)
+            .filter(|&q| q != me && places[q].pid == pid)
             .collect();
-        // As a window: peers of this process reach it at its own address once their GPU may.
-        let local_gpus: Vec<usize> = here.iter().map(|&q| places[q].gpu as usize).collect();
-        if !local_gpus.is_empty() {
-            crate::cuda::mem::grant_range(gpu, base, size, &local_gpus)?;
-        }
-        for &q in &here {
-            views[q] = ptr;
+        // As a window: peers of this process reach it at its own address once their GPU may (a
+        // cuMem allocation's range granted to their GPUs, or for `cuMemAlloc` memory peer
+        // access to this GPU's context; a peer whose GPU cannot have it stages).
+        match shared {
+            Shared::Fd(_) => {
+                let local_gpus: Vec<usize> = here.iter().map(|&q| places[q].gpu as usize).collect();
+                if !local_gpus.is_empty() {
+                    crate::cuda::mem::grant_range(gpu, base, size, &local_gpus)?;
+                }
+                here.iter().for_each(|&q| views[q] = ptr);
+            }
+            Shared::Ipc(_) => {
+                for &q in &here {
+                    match gpu.let_reach(places[q].gpu as usize) {
+                        Ok(()) => views[q] = ptr,
+                        Err(e) => tracing::warn!(rank = me, "registering {len} bytes at {ptr:#x}: rank {q} cannot reach them, and gets them staged: {e}"),
+                    }
+                }
+            }
         }
         self.loans += 1;
         let id = self.loans;
