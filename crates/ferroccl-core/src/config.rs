@@ -331,6 +331,11 @@ pub struct Config {
     /// 0: only registered windows take the copy engines, and a communicator without windows
     /// exchanges nothing. Every rank must agree.
     pub gpu_ce_map_unregistered: bool,
+    /// FERROCCL_GPU_CE_IN_PROCESS (default off): ranks that share a process (a thread per GPU,
+    /// or one thread driving several), none sharing a GPU, take the copy engines and the pulls
+    /// as ranks of processes of their own do (`Fabric::ranks_apart` otherwise keeps them on the
+    /// kernels). Every rank must agree.
+    pub gpu_ce_in_process: bool,
     /// FERROCCL_GPU_EARLY_LAUNCH (default on): on GPUs of compute capability 9.0 and up, the
     /// engines' kernels are launched allowed to start while the kernel ahead of them in the
     /// stream finishes (programmatic dependent launch), which hides a launch's latency behind
@@ -430,6 +435,7 @@ impl Default for Config {
             gpu_ce_broadcast_bytes: 64 << 20,
             gpu_ce_p2p_bytes: 16 << 20,
             gpu_ce_map_unregistered: true,
+            gpu_ce_in_process: false,
             gpu_early_launch: true,
             gpu_p2p_kernel: true,
             launch_spin_us: 200,
@@ -690,6 +696,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_CE_MAP_UNREGISTERED") {
             c.gpu_ce_map_unregistered = parse_bool("FERROCCL_GPU_CE_MAP_UNREGISTERED", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_CE_IN_PROCESS") {
+            c.gpu_ce_in_process = parse_bool("FERROCCL_GPU_CE_IN_PROCESS", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_EARLY_LAUNCH") {
             c.gpu_early_launch = parse_bool("FERROCCL_GPU_EARLY_LAUNCH", v)?;
         }
@@ -876,6 +885,10 @@ impl Config {
             (
                 "FERROCCL_GPU_CE_MAP_UNREGISTERED",
                 (self.gpu_ce_map_unregistered as u8).to_string(),
+            ),
+            (
+                "FERROCCL_GPU_CE_IN_PROCESS",
+                (self.gpu_ce_in_process as u8).to_string(),
             ),
             (
                 "FERROCCL_CHECK_MISMATCH",

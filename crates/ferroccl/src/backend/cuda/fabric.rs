@@ -270,6 +270,9 @@ pub(crate) struct Fabric {
     /// Every rank's GPU and links carry the line rounds (`lines_carried`): the same on every
     /// rank. The peer engine's line rounds run only then.
     pub carries_lines: bool,
+    /// `FERROCCL_GPU_CE_IN_PROCESS`: ranks sharing a process count as apart where no two share
+    /// a GPU (`ranks_apart`).
+    pub copies_in_process: bool,
 }
 
 /// What the copy engine needs of the fabric: where every rank's staging starts and how big
@@ -293,9 +296,13 @@ impl Fabric {
     /// stream the peer must run; where two share a process, nccl-tests `-R 2` (`-g 2`, `-t 2`)
     /// got every peer's block wrong in about a quarter of its runs, from the first such copy on
     /// (2 x H200, session 15; the cause is not found), where a process per GPU never did.
+    /// `FERROCCL_GPU_CE_IN_PROCESS` lets ranks of one process count as apart where no two of them
+    /// share a GPU.
     pub fn ranks_apart(&self) -> bool {
         let p = &self.places;
-        (0..p.len()).all(|a| (a + 1..p.len()).all(|b| p[a].pid != p[b].pid))
+        let apart =
+            |a: &Place, b: &Place| a.pid != b.pid || (self.copies_in_process && a.gpu != b.gpu);
+        (0..p.len()).all(|a| (a + 1..p.len()).all(|b| apart(&p[a], &p[b])))
     }
 
     /// `geo`: `Geometry::of(config, nranks)`, which the caller already needed.
@@ -450,6 +457,7 @@ impl Fabric {
         });
         Ok(Fabric {
             carries_lines: lines_carried(&peers),
+            copies_in_process: config.gpu_ce_in_process,
             places: peers
                 .iter()
                 .map(|p| Place {
