@@ -331,10 +331,12 @@ pub struct Config {
     /// 0: only registered windows take the copy engines, and a communicator without windows
     /// exchanges nothing. Every rank must agree.
     pub gpu_ce_map_unregistered: bool,
-    /// FERROCCL_GPU_CE_IN_PROCESS (default off): ranks that share a process (a thread per GPU,
-    /// or one thread driving several), none sharing a GPU, take the copy engines and the pulls
-    /// as ranks of processes of their own do (`Fabric::ranks_apart` otherwise keeps them on the
-    /// kernels). Every rank must agree.
+    /// FERROCCL_GPU_CE_IN_PROCESS (default on): ranks that share a process (a thread per GPU,
+    /// or one thread driving several), none sharing a GPU, take the paths that learn their
+    /// peers' buffers at a rendezvous before each launch (the copies into posted outputs, the
+    /// reduce's pull of a lent input, posted sends and receives) as ranks of processes of their
+    /// own do. Copies and pulls between symmetric windows stay with processes of their own
+    /// (`Fabric::ranks_apart`). 0: ranks of one process take the kernels. Every rank must agree.
     pub gpu_ce_in_process: bool,
     /// FERROCCL_GPU_EARLY_LAUNCH (default on): on GPUs of compute capability 9.0 and up, the
     /// engines' kernels are launched allowed to start while the kernel ahead of them in the
@@ -435,7 +437,7 @@ impl Default for Config {
             gpu_ce_broadcast_bytes: 64 << 20,
             gpu_ce_p2p_bytes: 16 << 20,
             gpu_ce_map_unregistered: true,
-            gpu_ce_in_process: false,
+            gpu_ce_in_process: true,
             gpu_early_launch: true,
             gpu_p2p_kernel: true,
             launch_spin_us: 200,
@@ -1575,6 +1577,10 @@ mod tests {
         assert!(
             Config::from_vars(&vars(&[("FERROCCL_GPU_CE_MAP_UNREGISTERED", "maybe")])).is_err()
         );
+        let ci = Config::from_vars(&vars(&[("FERROCCL_GPU_CE_IN_PROCESS", "0")])).unwrap();
+        assert!(!ci.gpu_ce_in_process && Config::default().gpu_ce_in_process);
+        assert!(shares(&ci, "FERROCCL_GPU_CE_IN_PROCESS", "0"));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_IN_PROCESS", "2")])).is_err());
         let early = Config::from_vars(&vars(&[("FERROCCL_GPU_EARLY_LAUNCH", "0")])).unwrap();
         assert!(!early.gpu_early_launch && Config::default().gpu_early_launch);
         // How a launch starts changes no plan: ranks may differ.

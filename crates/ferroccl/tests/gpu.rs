@@ -1397,12 +1397,14 @@ fn child_pull() {
     }
     let cfg = Config::from_env().unwrap();
     let comm = Comm::from_env_gpu(&cfg).unwrap();
-    pull_body(&comm);
+    pull_body(&comm, true);
     println!("PULL OK");
 }
 
-/// One rank's part of the pull tests (the process test above, the thread test below).
-fn pull_body(comm: &Comm) {
+/// One rank's part of the pull tests (the process test above, the thread test below);
+/// `windows`: the pulls between symmetric windows first, which ranks of one process do not take
+/// (`Fabric::ranks_apart`).
+fn pull_body(comm: &Comm, windows: bool) {
     let (n, r) = (comm.nranks(), comm.rank());
     assert_eq!(n, 2);
     let gpu = comm.gpu().unwrap().clone();
@@ -1411,8 +1413,10 @@ fn pull_body(comm: &Comm) {
     let send = ferroccl::mem::alloc(&gpu, most * 4, &stats).unwrap();
     let recv = ferroccl::mem::alloc(&gpu, most * 4, &stats).unwrap();
     let both = ferroccl::mem::alloc(&gpu, 2 * most * 4, &stats).unwrap();
-    comm.register_symmetric_buffer(&send).unwrap();
-    comm.register_symmetric_buffer(&recv).unwrap();
+    if windows {
+        comm.register_symmetric_buffer(&send).unwrap();
+        comm.register_symmetric_buffer(&recv).unwrap();
+    }
     let seed = comm.id();
     let put = |b: &DeviceBuffer, v: &[u32]| {
         let f: Vec<f32> = v.iter().map(|&x| f32::from_bits(x)).collect();
@@ -1465,9 +1469,11 @@ fn pull_body(comm: &Comm) {
         }
         pull
     };
+    // Between symmetric windows (ranks in processes of their own only).
     for (k, count) in [(64 << 10) + 17, (1 << 20) + 1, most]
         .into_iter()
         .enumerate()
+        .filter(|_| windows)
     {
         for (i, (op, f)) in PAIR_FOLDS.into_iter().enumerate() {
             let tag = (k * 10 + i) as u64;
@@ -1510,7 +1516,10 @@ fn pull_body(comm: &Comm) {
     // gathered (an all-gather into an unregistered buffer), are the same bits.
     let count = (1 << 20) + 1;
     let edges: Vec<u32> = (0..count).map(|i| edge_bits(r, i)).collect();
-    for op in [ReduceOp::Max, ReduceOp::Min] {
+    for op in [ReduceOp::Max, ReduceOp::Min]
+        .into_iter()
+        .filter(|_| windows)
+    {
         put(&send, &edges);
         assert!(all_reduce(&send, count, op));
         assert_ranks_agree(&comm, &recv, &both, count, &format!("pulled {op:?}"));
@@ -1571,7 +1580,7 @@ fn pull_body(comm: &Comm) {
             "{label} in place {count} root {root}"
         );
     };
-    for root in 0..n {
+    for root in (0..n).filter(|_| windows) {
         for (k, count) in [(64 << 10) + 17, most].into_iter().enumerate() {
             reduces_pull(
                 &send,
@@ -1599,9 +1608,11 @@ fn pull_body(comm: &Comm) {
             assert!(read(&recv, count) == want, "{label} PreMulSum");
         }
     };
-    premulsum_staged((1 << 20) + 1, 0, 500, "reduce");
-    comm.deregister_window(send.device_ptr()).unwrap();
-    comm.deregister_window(recv.device_ptr()).unwrap();
+    if windows {
+        premulsum_staged((1 << 20) + 1, 0, 500, "reduce");
+        comm.deregister_window(send.device_ptr()).unwrap();
+        comm.deregister_window(recv.device_ptr()).unwrap();
+    }
     // Inputs nobody registered: the non-root lends its input to its root at the rendezvous
     // (`tune::pull_rendezvous_wanted`), and the root pulls from it; twice on one loan, on a new
     // allocation, every root, in place or not.
@@ -1678,9 +1689,9 @@ fn pull_body(comm: &Comm) {
     legacy_reduce(true, 902);
 }
 
-/// The pull test between threads of one process (a thread per GPU): a peer of this process
-/// reads a lent input at its own address, `cuMemAlloc` memory once its GPU has peer access to
-/// the lender's context.
+/// The pull test's inputs nobody registered between threads of one process (a thread per
+/// GPU): the root, a peer of this process, reads the lent input at its own address, `cuMemAlloc`
+/// memory once its GPU has peer access to the lender's context.
 #[test]
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn pulls_take_inputs_lent_in_one_process() {
@@ -1693,7 +1704,7 @@ fn pulls_take_inputs_lent_in_one_process() {
         ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "0"),
         ("FERROCCL_TIMEOUT", "60"),
     ];
-    in_threads(&vars, pull_body);
+    in_threads(&vars, |c| pull_body(c, false));
 }
 
 /// Runs `body` on 2 ranks that are threads of one process, GPUs 0 and 1, configured by `vars`

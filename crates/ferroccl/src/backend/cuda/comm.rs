@@ -281,7 +281,7 @@ impl CudaComm {
         let status = Arc::new(Status::new(&gpu, &stats, geo.conn_table_bytes())?);
         let mut fabric = Fabric::new(&gpu, boot, config, geo, &stats, abort, &status)?;
         let ce_slot = ferroccl_core::tune::ce_slot_bytes(config, boot.nranks());
-        let apart = fabric.ranks_apart();
+        let apart = fabric.ranks_post();
         let ce = match fabric.ce.take() {
             Some(f) => Some(Arc::new(CopyEngine::new(
                 &gpu,
@@ -391,7 +391,9 @@ impl CudaComm {
             false => None,
         };
         let lazy = Arc::new(Mutex::new(LazyMaps::default()));
-        let sweeper = match mapper.is_some() && config.gpu_ce_map_unregistered {
+        // Loans on the fly are made wherever ranks post (a peer of this process gets the lent
+        // address itself, no mapper), and swept alike.
+        let sweeper = match fabric.ranks_post() && config.gpu_ce_map_unregistered {
             true => Some(Sweeper::of_loans(
                 lazy.clone(),
                 gpu.clone(),
@@ -829,12 +831,12 @@ impl CudaComm {
     }
 
     /// Whether this rank's copy engines can write a peer's posted output: the copy engine and
-    /// the peer engine's fabric are there, and every rank is a process of its own (the copies'
-    /// zero-copy runs only then, `Fabric::ranks_apart`; it also means that no thread drives two
-    /// ranks of this communicator, whose exchanges would wait on each other). The same on every
-    /// rank.
+    /// the peer engine's fabric are there, and the ranks may post (`Fabric::ranks_post`: a
+    /// process each, or ranks of one process on distinct GPUs). One thread driving several
+    /// ranks posts for all of them before any reads (`launch::posts`), so their exchanges do
+    /// not wait on each other within a launch. The same on every rank.
     fn posts_possible(&self) -> bool {
-        self.ce.is_some() && self.peer.is_some() && self.fabric.ranks_apart()
+        self.ce.is_some() && self.peer.is_some() && self.fabric.ranks_post()
     }
 
     /// This rank's postings of its output `[ptr, ptr + bytes)` for its `writers` (or of a

@@ -270,8 +270,8 @@ pub(crate) struct Fabric {
     /// Every rank's GPU and links carry the line rounds (`lines_carried`): the same on every
     /// rank. The peer engine's line rounds run only then.
     pub carries_lines: bool,
-    /// `FERROCCL_GPU_CE_IN_PROCESS`: ranks sharing a process count as apart where no two share
-    /// a GPU (`ranks_apart`).
+    /// `FERROCCL_GPU_CE_IN_PROCESS`: ranks sharing a process take the rendezvous paths where no
+    /// two share a GPU (`ranks_post`).
     pub copies_in_process: bool,
 }
 
@@ -291,14 +291,26 @@ pub(crate) struct CeFabric {
 impl Fabric {
     /// Whether no two ranks of the communicator share a process (and so none share a GPU), from
     /// every rank's description: the same on every rank. The copies between symmetric windows,
-    /// and the pulls offered with them (`CudaComm::far_in`), run only then. Where two ranks share
-    /// a GPU, a copy lane's wait for its peer could sit in a hardware queue in front of the very
-    /// stream the peer must run; where two share a process, nccl-tests `-R 2` (`-g 2`, `-t 2`)
-    /// got every peer's block wrong in about a quarter of its runs, from the first such copy on
-    /// (2 x H200, session 15; the cause is not found), where a process per GPU never did.
-    /// `FERROCCL_GPU_CE_IN_PROCESS` lets ranks of one process count as apart where no two of them
-    /// share a GPU.
+    /// and the pulls offered with them (`CudaComm::far_in`), run only then: between windows no
+    /// launch exchanges anything, each rank names its peers' buffers from the registration. Where
+    /// two ranks share a process, nccl-tests `-R 2` (`-g 2`, `-t 2`) got every peer's block
+    /// wrong from the first such copy or pull on: in about a quarter of its runs in session 15, and
+    /// with them on in one process in session 35 in 8 of 16 all-gather and broadcast runs and in
+    /// a reduce and an all-reduce run of two each (2 x H200; the cause is not found), where a
+    /// process per GPU never did. The same nccl-tests on buffers nobody
+    /// registered, whose copies and pulls follow a rendezvous at each launch ([`Self::ranks_post`]),
+    /// were exact in all 36 runs.
     pub fn ranks_apart(&self) -> bool {
+        let p = &self.places;
+        (0..p.len()).all(|a| (a + 1..p.len()).all(|b| p[a].pid != p[b].pid))
+    }
+
+    /// Whether the paths that learn their peers' buffers at a rendezvous before each launch (the
+    /// copies into posted outputs, the reduce's pull of a lent input, posted sends and
+    /// receives) may run: ranks apart, or (`FERROCCL_GPU_CE_IN_PROCESS`, on by default) ranks
+    /// of one process where no two share a GPU (a copy lane's wait could otherwise sit in a
+    /// hardware queue in front of the stream its peer must run). The same on every rank.
+    pub fn ranks_post(&self) -> bool {
         let p = &self.places;
         let apart =
             |a: &Place, b: &Place| a.pid != b.pid || (self.copies_in_process && a.gpu != b.gpu);
