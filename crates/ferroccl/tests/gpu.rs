@@ -1446,7 +1446,7 @@ fn pull_body(comm: &Comm, windows: bool) {
     let run = |a: OpArgs| {
         let before = pulled();
         let mut g = Group::new();
-        unsafe { g.push_raw(&comm, a).unwrap() };
+        unsafe { g.push_raw(comm, a).unwrap() };
         g.launch().unwrap();
         comm.synchronize().unwrap();
         pulled() > before
@@ -1522,7 +1522,7 @@ fn pull_body(comm: &Comm, windows: bool) {
     {
         put(&send, &edges);
         assert!(all_reduce(&send, count, op));
-        assert_ranks_agree(&comm, &recv, &both, count, &format!("pulled {op:?}"));
+        assert_ranks_agree(comm, &recv, &both, count, &format!("pulled {op:?}"));
     }
     // Reduces pull too (their inputs lie in symmetric windows): the root reads its peer's input
     // and folds it into its output, in place or not; the non-root's output is left alone.
@@ -1659,7 +1659,7 @@ fn pull_body(comm: &Comm, windows: bool) {
         };
         let before = pulled();
         let blocks = run_alone(
-            &comm,
+            comm,
             CollKind::Reduce,
             input,
             recv.device_ptr(),

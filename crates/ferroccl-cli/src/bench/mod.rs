@@ -108,7 +108,8 @@ pub struct BenchArgs {
     /// Where unregistered GPU buffers come from, for both libraries: `cumem` (cuMemCreate with
     /// POSIX fd handles, which ferroccl lends to its peers on the fly by descriptor) or `driver`
     /// (cuMemAlloc, as cudaMalloc and PyTorch's default allocator give: lent by CUDA IPC handle to
-    /// peers in other processes). Not with --register
+    /// peers in other processes, reached through peer access by peers in this one). Not with
+    /// --register
     #[arg(long, value_enum, default_value_t = spec::Buffers::Cumem)]
     pub buffers: spec::Buffers,
     /// Run ferroccl with at most N thread blocks per collective (its GPU channels)

@@ -275,6 +275,23 @@ pub(crate) struct Fabric {
     pub copies_in_process: bool,
 }
 
+/// `Fabric::ranks_apart` of ranks at `places`: no two in one process.
+fn ranks_apart_at(places: &[Place]) -> bool {
+    every_pair(places, |a, b| a.pid != b.pid)
+}
+
+/// `Fabric::ranks_post` of ranks at `places`: no two in one process, or (`in_process`) no two
+/// of one process on one GPU.
+fn ranks_post_at(places: &[Place], in_process: bool) -> bool {
+    every_pair(places, |a, b| {
+        a.pid != b.pid || (in_process && a.gpu != b.gpu)
+    })
+}
+
+fn every_pair(p: &[Place], ok: impl Fn(&Place, &Place) -> bool) -> bool {
+    (0..p.len()).all(|a| (a + 1..p.len()).all(|b| ok(&p[a], &p[b])))
+}
+
 /// What the copy engine needs of the fabric: where every rank's staging starts and how big
 /// one sender's region is there, and every rank's flag page (device addresses of this
 /// process), with the pages this process maps.
@@ -301,8 +318,7 @@ impl Fabric {
     /// registered, whose copies and pulls follow a rendezvous at each launch ([`Self::ranks_post`]),
     /// were exact in all 36 runs.
     pub fn ranks_apart(&self) -> bool {
-        let p = &self.places;
-        (0..p.len()).all(|a| (a + 1..p.len()).all(|b| p[a].pid != p[b].pid))
+        ranks_apart_at(&self.places)
     }
 
     /// Whether the paths that learn their peers' buffers at a rendezvous before each launch (the
@@ -311,10 +327,7 @@ impl Fabric {
     /// of one process where no two share a GPU (a copy lane's wait could otherwise sit in a
     /// hardware queue in front of the stream its peer must run). The same on every rank.
     pub fn ranks_post(&self) -> bool {
-        let p = &self.places;
-        let apart =
-            |a: &Place, b: &Place| a.pid != b.pid || (self.copies_in_process && a.gpu != b.gpu);
-        (0..p.len()).all(|a| (a + 1..p.len()).all(|b| apart(&p[a], &p[b])))
+        ranks_post_at(&self.places, self.copies_in_process)
     }
 
     /// `geo`: `Geometry::of(config, nranks)`, which the caller already needed.
@@ -695,6 +708,32 @@ fn conn_table(geo: &Geometry, me: Rank, arenas: &[Arenas]) -> Vec<FcConn> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranks_of_one_process_post_on_distinct_gpus_only_and_are_never_apart() {
+        let at = |v: &[(u32, u32)]| -> Vec<Place> {
+            v.iter().map(|&(pid, gpu)| Place { pid, gpu }).collect()
+        };
+        // A process per rank, whatever the GPUs (two processes may share one).
+        for p in [at(&[(10, 0), (11, 1)]), at(&[(10, 0), (11, 0), (12, 1)])] {
+            assert!(ranks_apart_at(&p));
+            assert!(ranks_post_at(&p, false) && ranks_post_at(&p, true));
+        }
+        // Threads of one process on distinct GPUs: they post where the knob lets them.
+        let threads = at(&[(10, 0), (10, 1), (10, 2)]);
+        assert!(!ranks_apart_at(&threads));
+        assert!(ranks_post_at(&threads, true) && !ranks_post_at(&threads, false));
+        // Two ranks of one process on one GPU: neither; one such pair among others is enough.
+        for p in [
+            at(&[(10, 0), (10, 0)]),
+            at(&[(10, 0), (10, 1), (11, 2), (10, 1)]),
+        ] {
+            assert!(!ranks_apart_at(&p));
+            assert!(!ranks_post_at(&p, true) && !ranks_post_at(&p, false));
+        }
+        // One rank: nothing to tell apart.
+        assert!(ranks_apart_at(&at(&[(10, 0)])) && ranks_post_at(&at(&[(10, 0)]), false));
+    }
 
     #[test]
     fn geometry_keeps_words_on_their_own_lines_and_indexes_every_connection_once() {
