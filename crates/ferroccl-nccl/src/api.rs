@@ -623,7 +623,7 @@ export! {
         };
         // Collective: inside a group it runs at the group's end, beside the group's other
         // collective calls, so that one thread may register on every rank it drives.
-        group::collective(Box::new(job))
+        group::collective(comm_key, Box::new(job))
     }
 
     fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: RawComm, win: abi::RawWindow) {

@@ -19,8 +19,9 @@ use std::sync::Arc;
 pub type InitJob = Box<dyn FnOnce() -> Result<Option<Comm>, Fail> + Send>;
 
 /// A collective call on an existing communicator (window registration)
-/// waiting for its group's end, where the group's such calls run at once, each on a thread of
-/// its own: one thread may register a window on every rank it drives.
+/// waiting for its group's end, where the group's such calls run a thread per communicator:
+/// one thread may register a window on every rank it drives, and one communicator's calls keep
+/// the order they were made in.
 pub type CollJob = Box<dyn FnOnce() -> Res + Send>;
 
 #[derive(Default)]
@@ -28,7 +29,8 @@ struct State {
     depth: u32,
     ops: Vec<(Arc<Handle>, OpArgs, RawStream)>,
     inits: Vec<(Arc<Handle>, InitJob)>,
-    colls: Vec<CollJob>,
+    /// By communicator (its handle's address), in call order.
+    colls: Vec<(usize, CollJob)>,
     /// A creation in the group asked not to block: the group's end returns `ncclInProgress`
     /// and the creations finish in the background.
     nonblocking: bool,
@@ -44,7 +46,7 @@ pub fn in_progress() -> Fail {
 
 /// Runs `inits` (then `colls`) on a thread of their own; their handles report "in progress"
 /// until done.
-pub fn in_background(inits: Vec<(Arc<Handle>, InitJob)>, colls: Vec<CollJob>) -> Res {
+pub fn in_background(inits: Vec<(Arc<Handle>, InitJob)>, colls: Vec<(usize, CollJob)>) -> Res {
     std::thread::Builder::new()
         .name("ferroccl-nccl-init".into())
         .spawn(move || {
@@ -120,7 +122,7 @@ pub fn simulate_end() -> Res<Option<f64>> {
 /// creation is non-blocking.
 type Level = (
     Vec<(Arc<Handle>, InitJob)>,
-    Vec<CollJob>,
+    Vec<(usize, CollJob)>,
     Vec<(Arc<Handle>, OpArgs, RawStream)>,
     bool,
 );
@@ -168,38 +170,63 @@ pub fn init(h: Arc<Handle>, blocking: bool, job: InitJob) -> Res {
     out
 }
 
-/// Every creation of the group at once (`run_colls`): the ranks of one job created from one
-/// thread must meet in their rendezvous.
+/// Every creation of the group at once (`run_lanes`, a creation each): the ranks of one job
+/// created from one thread must meet in their rendezvous.
 fn run_inits(inits: Vec<(Arc<Handle>, InitJob)>) -> Res {
-    let jobs = inits.into_iter().map(|(h, job)| -> CollJob {
-        Box::new(move || {
+    let lanes = inits.into_iter().map(|(h, job)| -> Vec<CollJob> {
+        vec![Box::new(move || {
             let r = job();
             let out = r.as_ref().map(|_| ()).map_err(Clone::clone);
             h.complete(r);
             out
-        })
+        })]
     });
-    run_colls(jobs.collect())
+    run_lanes(lanes.collect())
 }
 
-/// A collective call on an existing communicator: now outside a group, at the group's end
-/// inside one (after its creations, before its operations).
-pub fn collective(job: CollJob) -> Res {
+/// A collective call on communicator `comm` (its handle's address): now outside a group, at
+/// the group's end inside one (after its creations, before its operations).
+pub fn collective(comm: usize, job: CollJob) -> Res {
     if in_group() {
-        STATE.with(|s| s.borrow_mut().colls.push(job));
+        STATE.with(|s| s.borrow_mut().colls.push((comm, job)));
         return Ok(());
     }
     job()
 }
 
-/// Every collective call (or creation) of the group at once, a thread each; the first failure
-/// is the group's.
-fn run_colls(colls: Vec<CollJob>) -> Res {
-    match colls.len() {
+/// The group's collective calls, a lane per communicator in call order (`run_lanes`). Each
+/// rank's calls are matched with its peers' by their order (two window registrations on one
+/// communicator pair up first with first), so one communicator's calls must not race each
+/// other: run at once, a rank could take its second registration first and pair its receive
+/// buffer with its peer's send buffer (nccl-tests `-R 2` registers both in one group).
+fn run_colls(colls: Vec<(usize, CollJob)>) -> Res {
+    let mut lanes: Vec<(usize, Vec<CollJob>)> = Vec::new();
+    for (comm, job) in colls {
+        match lanes.iter_mut().find(|(c, _)| *c == comm) {
+            Some((_, lane)) => lane.push(job),
+            None => lanes.push((comm, vec![job])),
+        }
+    }
+    run_lanes(lanes.into_iter().map(|(_, lane)| lane).collect())
+}
+
+/// Runs every lane at once, a thread each, and a lane's jobs one after another in order: all
+/// of them, a failed one too (its peers' calls wait for this rank's next ones); the first
+/// failure is the group's.
+fn run_lanes(lanes: Vec<Vec<CollJob>>) -> Res {
+    let run = |lane: Vec<CollJob>| -> Res {
+        lane.into_iter()
+            .map(|job| job())
+            .fold(Ok(()), |acc: Res, r| acc.and(r))
+    };
+    match lanes.len() {
         0 => Ok(()),
-        1 => colls.into_iter().next().expect("one")(),
+        1 => run(lanes.into_iter().next().expect("one")),
         _ => std::thread::scope(|s| {
-            let hs: Vec<_> = colls.into_iter().map(|job| s.spawn(job)).collect();
+            let hs: Vec<_> = lanes
+                .into_iter()
+                .map(|lane| s.spawn(move || run(lane)))
+                .collect();
             let results: Vec<Res> = hs
                 .into_iter()
                 .map(|j| {
@@ -301,4 +328,56 @@ fn launch(ops: &[(Arc<Handle>, OpArgs, RawStream)]) -> Res {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    /// One communicator's calls run in call order, however long the first takes, and every one
+    /// of them runs though an earlier one failed; different communicators' calls run at once
+    /// (each here waits for the other's word, which calls run one after another would never
+    /// send).
+    #[test]
+    fn a_groups_calls_keep_their_order_per_communicator_and_run_at_once_across() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (to_b, from_a) = mpsc::channel::<()>();
+        let (to_a, from_b) = mpsc::channel::<()>();
+        let log = |what: &'static str, seen: &Arc<Mutex<Vec<&'static str>>>| {
+            seen.lock().unwrap().push(what)
+        };
+        let (s1, s2, s3) = (seen.clone(), seen.clone(), seen.clone());
+        let colls: Vec<(usize, CollJob)> = vec![
+            (
+                1,
+                Box::new(move || {
+                    to_b.send(()).unwrap();
+                    from_b
+                        .recv_timeout(Duration::from_secs(10))
+                        .map_err(|_| Fail::usage("communicator 2's call never ran beside"))?;
+                    std::thread::sleep(Duration::from_millis(50));
+                    log("1: first", &s1);
+                    Err(Fail::usage("the first call fails"))
+                }),
+            ),
+            (
+                2,
+                Box::new(move || {
+                    to_a.send(()).unwrap();
+                    from_a
+                        .recv_timeout(Duration::from_secs(10))
+                        .map_err(|_| Fail::usage("communicator 1's call never ran beside"))?;
+                    Ok(())
+                }),
+            ),
+            (1, Box::new(move || Ok(log("1: second", &s2)))),
+            (1, Box::new(move || Ok(log("1: third", &s3)))),
+        ];
+        let r = run_colls(colls);
+        assert_eq!(r.unwrap_err().msg, "the first call fails");
+        assert_eq!(*seen.lock().unwrap(), ["1: first", "1: second", "1: third"]);
+    }
 }

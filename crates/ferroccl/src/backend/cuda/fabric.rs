@@ -314,7 +314,9 @@ impl Fabric {
     /// wrong from the first such copy or pull on: in about a quarter of its runs in session 15, and
     /// with them on in one process in session 35 in 8 of 16 all-gather and broadcast runs and in
     /// a reduce and an all-reduce run of two each (2 x H200; the cause is not found), where a
-    /// process per GPU never did. The same nccl-tests on buffers nobody
+    /// process per GPU never did. A likely cause, not yet checked on GPUs: the drop-in ran one
+    /// group's two registrations of a communicator at once, crossing their pairing
+    /// (`ferroccl-nccl`'s `group::run_colls`, which now keeps their order). The same nccl-tests on buffers nobody
     /// registered, whose copies and pulls follow a rendezvous at each launch ([`Self::ranks_post`]),
     /// were exact in all 36 runs.
     pub fn ranks_apart(&self) -> bool {
