@@ -215,9 +215,14 @@ fn run_colls(colls: Vec<(usize, CollJob)>) -> Res {
 /// failure is the group's.
 fn run_lanes(lanes: Vec<Vec<CollJob>>) -> Res {
     let run = |lane: Vec<CollJob>| -> Res {
-        lane.into_iter()
-            .map(|job| job())
-            .fold(Ok(()), |acc: Res, r| acc.and(r))
+        let mut first = Ok(());
+        for job in lane {
+            let r = job();
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
     };
     match lanes.len() {
         0 => Ok(()),
@@ -373,8 +378,20 @@ mod tests {
                     Ok(())
                 }),
             ),
-            (1, Box::new(move || Ok(log("1: second", &s2)))),
-            (1, Box::new(move || Ok(log("1: third", &s3)))),
+            (
+                1,
+                Box::new(move || {
+                    log("1: second", &s2);
+                    Ok(())
+                }),
+            ),
+            (
+                1,
+                Box::new(move || {
+                    log("1: third", &s3);
+                    Ok(())
+                }),
+            ),
         ];
         let r = run_colls(colls);
         assert_eq!(r.unwrap_err().msg, "the first call fails");

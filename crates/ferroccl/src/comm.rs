@@ -450,7 +450,7 @@ impl Comm {
     /// GPU: a cuMem allocation with POSIX file-descriptor handles ([`crate::mem::alloc`],
     /// `ncclMemAlloc`, PyTorch's expandable segments, ...), or `cudaMalloc`'s (PyTorch's default
     /// allocator's), which peers in other processes map by its CUDA IPC handle and peers in this
-    /// process do not (they stage); anything else is refused, and nothing changes. The same
+    /// process reach through peer access to this GPU's context; anything else is refused, and nothing changes. The same
     /// buffer may be registered more than once; each [`Comm::deregister_local`] undoes one.
     ///
     /// # Safety

@@ -302,20 +302,25 @@ impl Gpu {
         if enabled.contains(&pair) {
             return Ok(());
         }
-        let r = Gpu::open(reader)?;
-        if !r.peer_link(self.0.ordinal)?.access {
-            self.bind()?;
-            return Err(Error::System(format!(
-                "GPU {reader} cannot reach GPU {}'s memory peer to peer",
-                self.0.ordinal
-            )));
-        }
-        r.bind()?;
-        let s = unsafe { sys::cuCtxEnablePeerAccess(self.0.ctx, 0) };
+        // Opening and asking bind the reader's context: this one is bound again whatever they
+        // answer.
+        let asked = (|| {
+            let r = Gpu::open(reader)?;
+            if !r.peer_link(self.0.ordinal)?.access {
+                return Err(Error::System(format!(
+                    "GPU {reader} cannot reach GPU {}'s memory peer to peer",
+                    self.0.ordinal
+                )));
+            }
+            r.bind()?;
+            // SAFETY: this GPU's retained primary context, from the reader's, made current above.
+            match unsafe { sys::cuCtxEnablePeerAccess(self.0.ctx, 0) } {
+                sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+                s => cu_ok("cuCtxEnablePeerAccess", s),
+            }
+        })();
         self.bind()?;
-        if s != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
-            cu_ok("cuCtxEnablePeerAccess", s)?;
-        }
+        asked?;
         enabled.push(pair);
         Ok(())
     }

@@ -751,6 +751,23 @@ fn export_handle(handle: sys::CUmemGenericAllocationHandle) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Lets GPU `reader` of this process reach the allocation `shared` names (`[base, base + size)`
+/// of `gpu`) at the lender's own addresses: a cuMem allocation by a grant of its range,
+/// `cuMemAlloc` memory by peer access to `gpu`'s context (`Gpu::let_reach`). What a peer of the
+/// lender's process gets instead of a mapper's mapping.
+pub(crate) fn reach_here(
+    gpu: &Gpu,
+    shared: &Shared,
+    base: u64,
+    size: usize,
+    reader: usize,
+) -> Result<()> {
+    match shared {
+        Shared::Fd(_) => grant_range(gpu, base, size, &[reader]),
+        Shared::Ipc(_) => gpu.let_reach(reader),
+    }
+}
+
 /// Grants read/write access to a mapped range (all of one allocation) to more GPUs of this
 /// process; earlier grants stay.
 pub(crate) fn grant_range(gpu: &Gpu, base: u64, size: usize, peers: &[usize]) -> Result<()> {

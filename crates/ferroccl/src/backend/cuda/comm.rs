@@ -71,8 +71,8 @@ pub(crate) struct CudaComm {
     /// Registered windows and local registrations (zero-copy).
     pub(super) windows: Mutex<Windows>,
     /// Outputs nobody registered, lent on the fly to the peers that write them (`lazy.rs`), and
-    /// the thread that gives back those whose allocation was freed (None: no peer in another
-    /// process, or FERROCCL_GPU_CE_MAP_UNREGISTERED=0).
+    /// the thread that gives back those whose allocation was freed (None where the ranks do not
+    /// post, `Fabric::ranks_post`, or FERROCCL_GPU_CE_MAP_UNREGISTERED=0).
     lazy: Arc<Mutex<LazyMaps<Identity>>>,
     _sweeper: Option<Sweeper>,
     /// Maps what peers of other processes register locally (None: every peer is in this
@@ -281,7 +281,7 @@ impl CudaComm {
         let status = Arc::new(Status::new(&gpu, &stats, geo.conn_table_bytes())?);
         let mut fabric = Fabric::new(&gpu, boot, config, geo, &stats, abort, &status)?;
         let ce_slot = ferroccl_core::tune::ce_slot_bytes(config, boot.nranks());
-        let apart = fabric.ranks_post();
+        let lone_on_caller = fabric.ranks_post();
         let ce = match fabric.ce.take() {
             Some(f) => Some(Arc::new(CopyEngine::new(
                 &gpu,
@@ -289,7 +289,7 @@ impl CudaComm {
                 boot.nranks(),
                 ce_slot,
                 f,
-                apart,
+                lone_on_caller,
             )?)),
             None => None,
         };

@@ -814,7 +814,7 @@ pub(crate) struct CopyEngine {
     streams: Streams,
     fabric: CeFabric,
     /// Whether a launch's lone lane may run on the caller's stream (`lone_lane_on_caller`): only
-    /// where every rank has a process (so a GPU) of its own. Ranks sharing a GPU in one process
+    /// where no two ranks of one process share a GPU (`Fabric::ranks_post`). Ranks sharing a GPU in one process
     /// may find their callers' streams in one hardware queue, where one rank's wait for the other
     /// would stand in front of the other's commands for good (the staged copies' GPU test of
     /// ranks on one GPU hung so); the lanes' own streams, made early, get queues of their own.
@@ -833,15 +833,15 @@ impl CopyEngine {
     /// other stream of its queue. Made together, early, this rank's lanes get queues of their
     /// own as far as there are queues (see docs/ENV.md on `CUDA_DEVICE_MAX_CONNECTIONS`).
     /// `slot_bytes` 0: no staged copies (`FERROCCL_GPU_COPY_ENGINE_BYTES=0`), only the copies
-    /// between symmetric windows. `apart`: every rank in a process of its own
-    /// (`Fabric::ranks_apart`).
+    /// between symmetric windows. `lone_on_caller`: no two ranks share a GPU in one process
+    /// (`Fabric::ranks_post`; see the field).
     pub fn new(
         gpu: &Gpu,
         rank: Rank,
         nranks: usize,
         slot_bytes: usize,
         fabric: CeFabric,
-        apart: bool,
+        lone_on_caller: bool,
     ) -> Result<CopyEngine, Error> {
         if slot_bytes * CE_SLOTS > fabric.region_bytes {
             return Err(Error::Internal(format!(
@@ -858,7 +858,7 @@ impl CopyEngine {
             slot_bytes,
             streams,
             fabric,
-            lone_on_caller: apart,
+            lone_on_caller,
         })
     }
 
@@ -1109,7 +1109,7 @@ impl CopyEngine {
 
 /// Whether a launch's peer lane runs on the caller's stream rather than a stream of its own (this
 /// rank's own lane always does): where it is the launch's only lane, unless `kept` (something is
-/// enqueued beside it, or ranks share a process: `CopyEngine::lone_on_caller`), which spares the
+/// enqueued beside it, or two ranks of one process share a GPU: `CopyEngine::lone_on_caller`), which spares the
 /// fork and the join (about 3 us a launch in CUDA graphs on 2 x H200, docs/PERFORMANCE.md section 37).
 /// Never a peer lane beside another lane: two lanes of a launch may wait on each other's peers in
 /// either order, and a lane's wait on the caller's stream would hold up the other lane's

@@ -313,12 +313,12 @@ impl Fabric {
     /// two ranks share a process, nccl-tests `-R 2` (`-g 2`, `-t 2`) got every peer's block
     /// wrong from the first such copy or pull on: in about a quarter of its runs in session 15, and
     /// with them on in one process in session 35 in 8 of 16 all-gather and broadcast runs and in
-    /// a reduce and an all-reduce run of two each (2 x H200; the cause is not found), where a
-    /// process per GPU never did. A likely cause, not yet checked on GPUs: the drop-in ran one
-    /// group's two registrations of a communicator at once, crossing their pairing
-    /// (`ferroccl-nccl`'s `group::run_colls`, which now keeps their order). The same nccl-tests on buffers nobody
-    /// registered, whose copies and pulls follow a rendezvous at each launch ([`Self::ranks_post`]),
-    /// were exact in all 36 runs.
+    /// a reduce and an all-reduce run of two each (2 x H200), where a process per GPU never did.
+    /// The likely cause, fixed but not yet checked on GPUs: the drop-in ran a group's two
+    /// registrations of one communicator at once, crossing their pairing (`ferroccl-nccl`'s
+    /// `group::run_colls` keeps their order now). The same nccl-tests on buffers nobody
+    /// registered, whose copies and pulls follow a rendezvous at each launch
+    /// ([`Self::ranks_post`]), were exact in all 36 runs.
     pub fn ranks_apart(&self) -> bool {
         ranks_apart_at(&self.places)
     }

@@ -281,7 +281,6 @@ impl Lender for Live<'_> {
         bytes: u64,
         fd: &Self::Fd,
     ) -> Result<u64, LendFailed> {
-        use crate::cuda::mem::Shared;
         let unsent = |error| LendFailed {
             error,
             maybe_mapped: false,
@@ -292,19 +291,9 @@ impl Lender for Live<'_> {
             .ok_or_else(|| unsent(Error::Internal(format!("no rank {to}"))))?;
         let pid = std::process::id();
         if place.pid == pid {
-            // A peer of this process reaches the allocation at its own address once its GPU
-            // may: a cuMem allocation by a grant of its range, `cuMemAlloc` memory by peer
-            // access to this GPU's context.
-            match fd {
-                Shared::Ipc(_) => self.gpu.let_reach(place.gpu as usize),
-                Shared::Fd(_) => crate::cuda::mem::grant_range(
-                    self.gpu,
-                    base,
-                    bytes as usize,
-                    &[place.gpu as usize],
-                ),
-            }
-            .map_err(unsent)?;
+            // A peer of this process reaches the allocation at its own address once its GPU may.
+            crate::cuda::mem::reach_here(self.gpu, fd, base, bytes as usize, place.gpu as usize)
+                .map_err(unsent)?;
             return Ok(base);
         }
         let desc = super::window::WindowDesc {

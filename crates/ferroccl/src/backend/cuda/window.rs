@@ -15,9 +15,7 @@ use super::mapper::{lend, recall, Place, Request};
 use crate::bootstrap::Bootstrap;
 use crate::cuda::device::Gpu;
 use crate::cuda::fdpass::{FdChannel, FdListener};
-use crate::cuda::mem::{
-    export_allocation, export_lendable, DeviceBuffer, Identity, MemStats, Shared,
-};
+use crate::cuda::mem::{export_allocation, export_lendable, DeviceBuffer, Identity, MemStats};
 use ferroccl_core::plan::copies::Posted;
 use ferroccl_core::{Error, Rank};
 use std::os::fd::AsFd;
@@ -385,7 +383,7 @@ impl Windows {
     /// address and stages). `places`: where every rank runs; `comm_id` names the mappers.
     /// `cuMemAlloc` memory goes to other processes by its CUDA IPC handle; peers of this process
     /// reach it at its own address once their GPUs have peer access to this one's context
-    /// (`Gpu::let_reach`). Other memory than that or a cuMem allocation with POSIX fd handles is refused, and
+    /// (`mem::reach_here`; a peer whose GPU cannot stages). Other memory than that or a cuMem allocation with POSIX fd handles is refused, and
     /// nothing changes.
     #[allow(clippy::too_many_arguments)]
     pub fn register_local(
@@ -422,24 +420,12 @@ impl Windows {
         let here: Vec<Rank> = (0..n)
             .filter(|&q| q != me && places[q].pid == pid)
             .collect();
-        // As a window: peers of this process reach it at its own address once their GPU may (a
-        // cuMem allocation's range granted to their GPUs, or for `cuMemAlloc` memory peer
-        // access to this GPU's context; a peer whose GPU cannot have it stages).
-        match shared {
-            Shared::Fd(_) => {
-                let local_gpus: Vec<usize> = here.iter().map(|&q| places[q].gpu as usize).collect();
-                if !local_gpus.is_empty() {
-                    crate::cuda::mem::grant_range(gpu, base, size, &local_gpus)?;
-                }
-                here.iter().for_each(|&q| views[q] = ptr);
-            }
-            Shared::Ipc(_) => {
-                for &q in &here {
-                    match gpu.let_reach(places[q].gpu as usize) {
-                        Ok(()) => views[q] = ptr,
-                        Err(e) => tracing::warn!(rank = me, "registering {len} bytes at {ptr:#x}: rank {q} cannot reach them, and gets them staged: {e}"),
-                    }
-                }
+        // As a window: peers of this process reach it at its own address once their GPU may
+        // (`mem::reach_here`); a peer whose GPU cannot stages, as a peer whose mapper cannot.
+        for &q in &here {
+            match crate::cuda::mem::reach_here(gpu, &shared, base, size, places[q].gpu as usize) {
+                Ok(()) => views[q] = ptr,
+                Err(e) => tracing::warn!(rank = me, "registering {len} bytes at {ptr:#x}: rank {q} cannot reach them, and gets them staged: {e}"),
             }
         }
         self.loans += 1;
