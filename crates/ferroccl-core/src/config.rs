@@ -336,8 +336,14 @@ pub struct Config {
     /// peers' buffers at a rendezvous before each launch (the copies into posted outputs, the
     /// reduce's pull of a lent input, posted sends and receives) as ranks of processes of their
     /// own do. Copies and pulls between symmetric windows stay with processes of their own
-    /// (`Fabric::ranks_apart`). 0: ranks of one process take the kernels. Every rank must agree.
+    /// unless `gpu_windows_in_process` (`Fabric::ranks_window`). 0: ranks of one process take
+    /// the kernels. Every rank must agree.
     pub gpu_ce_in_process: bool,
+    /// FERROCCL_GPU_WINDOWS_IN_PROCESS (default off): ranks that share a process, none sharing
+    /// a GPU, take the copies and pulls between symmetric windows too (`Fabric::ranks_window`),
+    /// which name the peers' buffers from the registration and exchange nothing at a launch.
+    /// Off until nccl-tests `-R 2` runs exact with it in one process. Every rank must agree.
+    pub gpu_windows_in_process: bool,
     /// FERROCCL_GPU_EARLY_LAUNCH (default on): on GPUs of compute capability 9.0 and up, the
     /// engines' kernels are launched allowed to start while the kernel ahead of them in the
     /// stream finishes (programmatic dependent launch), which hides a launch's latency behind
@@ -438,6 +444,7 @@ impl Default for Config {
             gpu_ce_p2p_bytes: 16 << 20,
             gpu_ce_map_unregistered: true,
             gpu_ce_in_process: true,
+            gpu_windows_in_process: false,
             gpu_early_launch: true,
             gpu_p2p_kernel: true,
             launch_spin_us: 200,
@@ -701,6 +708,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_CE_IN_PROCESS") {
             c.gpu_ce_in_process = parse_bool("FERROCCL_GPU_CE_IN_PROCESS", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_WINDOWS_IN_PROCESS") {
+            c.gpu_windows_in_process = parse_bool("FERROCCL_GPU_WINDOWS_IN_PROCESS", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_EARLY_LAUNCH") {
             c.gpu_early_launch = parse_bool("FERROCCL_GPU_EARLY_LAUNCH", v)?;
         }
@@ -891,6 +901,10 @@ impl Config {
             (
                 "FERROCCL_GPU_CE_IN_PROCESS",
                 (self.gpu_ce_in_process as u8).to_string(),
+            ),
+            (
+                "FERROCCL_GPU_WINDOWS_IN_PROCESS",
+                (self.gpu_windows_in_process as u8).to_string(),
             ),
             (
                 "FERROCCL_CHECK_MISMATCH",
@@ -1581,6 +1595,10 @@ mod tests {
         assert!(!ci.gpu_ce_in_process && Config::default().gpu_ce_in_process);
         assert!(shares(&ci, "FERROCCL_GPU_CE_IN_PROCESS", "0"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_CE_IN_PROCESS", "2")])).is_err());
+        let wi = Config::from_vars(&vars(&[("FERROCCL_GPU_WINDOWS_IN_PROCESS", "1")])).unwrap();
+        assert!(wi.gpu_windows_in_process && !Config::default().gpu_windows_in_process);
+        assert!(shares(&wi, "FERROCCL_GPU_WINDOWS_IN_PROCESS", "1"));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_WINDOWS_IN_PROCESS", "y")])).is_err());
         let early = Config::from_vars(&vars(&[("FERROCCL_GPU_EARLY_LAUNCH", "0")])).unwrap();
         assert!(!early.gpu_early_launch && Config::default().gpu_early_launch);
         // How a launch starts changes no plan: ranks may differ.

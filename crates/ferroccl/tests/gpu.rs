@@ -1402,8 +1402,8 @@ fn child_pull() {
 }
 
 /// One rank's part of the pull tests (the process test above, the thread test below);
-/// `windows`: the pulls between symmetric windows first, which ranks of one process do not take
-/// (`Fabric::ranks_apart`).
+/// `windows`: the pulls between symmetric windows first, which ranks of one process take only
+/// with `FERROCCL_GPU_WINDOWS_IN_PROCESS` (`Fabric::ranks_window`).
 fn pull_body(comm: &Comm, windows: bool) {
     let (n, r) = (comm.nranks(), comm.rank());
     assert_eq!(n, 2);
@@ -1855,8 +1855,8 @@ fn child_fold_or_pull() {
     println!("FOLD OR PULL OK");
 }
 
-/// Ranks of one process (threads) keep copies between windows off (`Fabric::ranks_apart`):
-/// the same operations run on kernels, exact.
+/// Ranks of one process (threads) keep copies between windows off by default
+/// (`Fabric::ranks_window`): the same operations run on kernels, exact.
 #[test]
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn symmetric_windows_in_one_process_take_kernels() {
@@ -1881,6 +1881,41 @@ fn symmetric_windows_in_one_process_take_kernels() {
             });
         }
     });
+}
+
+/// With `FERROCCL_GPU_WINDOWS_IN_PROCESS`, ranks of one process (a thread per GPU) take the
+/// copies and pulls between symmetric windows as processes do: the same bodies as the process
+/// tests (`symmetric_windows_move_data_by_copy_engines_straight_into_outputs`, the pull test's
+/// windows part), by the copy engines, exact.
+#[test]
+#[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn symmetric_windows_in_one_process_take_copies_when_let() {
+    let Some(_) = gpus_for_test() else { return };
+    let copies = [
+        ("FERROCCL_GPU_WINDOWS_IN_PROCESS", "1"),
+        ("FERROCCL_GPU_CE_WINDOW_BYTES", "1"),
+        ("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "1"),
+        ("FERROCCL_GPU_CE_GATHER_BYTES", "1"),
+        ("FERROCCL_GPU_CE_BROADCAST_BYTES", "1"),
+        ("FERROCCL_GPU_CE_P2P_BYTES", "1"),
+        ("FERROCCL_GPU_FOLD_MIN_BYTES", "1"),
+        ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "1"),
+        ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576"),
+        ("FERROCCL_GPU_FOLD_TAIL_BYTES", "65536"),
+        ("FERROCCL_TIMEOUT", "60"),
+        ("FERROCCL_GPU_CE_MAP_UNREGISTERED", "0"),
+    ];
+    in_threads(&copies, |c| symmetric_windows_body(c, true, c.id()));
+    let pulls = [
+        ("FERROCCL_GPU_WINDOWS_IN_PROCESS", "1"),
+        ("FERROCCL_GPU_PEER_PULL_MIN_BYTES", "0"),
+        ("FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES", "1"),
+        ("FERROCCL_GPU_PEER_PULL_MAX_BYTES", "1073741824"),
+        ("FERROCCL_GPU_FOLD_MIN_BYTES", "0"),
+        ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "0"),
+        ("FERROCCL_TIMEOUT", "60"),
+    ];
+    in_threads(&pulls, |c| pull_body(c, true));
 }
 
 #[test]

@@ -627,7 +627,7 @@ impl CudaComm {
     /// (`copy_engine::zcopy_schedule`). What makes the tuner's `OpShape::symmetric`, which the
     /// peer engine's pulls (`tune::peer_pulls`, the copy-and-fold's shapes) go by too: both need
     /// the peer engine's fabric (the copy engine borrows it) and ranks apart
-    /// (`Fabric::ranks_apart`); which of them runs is the tuner's and its knobs'.
+    /// (`Fabric::ranks_window`); which of them runs is the tuner's and its knobs'.
     pub(crate) fn symmetric_far(&self, a: &OpArgs, info: &CommInfo) -> Option<Vec<u64>> {
         self.windows
             .lock()
@@ -648,7 +648,7 @@ impl CudaComm {
     /// broadcast's or a scatter's, whose non-roots pass none): the symmetric contract then makes
     /// the answer every rank's.
     pub(super) fn inputs_in(&self, w: &Windows, a: &OpArgs, info: &CommInfo) -> bool {
-        if w.is_empty() || self.peer.is_none() || !self.fabric.ranks_apart() {
+        if w.is_empty() || self.peer.is_none() || !self.fabric.ranks_window() {
             return false;
         }
         a.kind
@@ -663,7 +663,7 @@ impl CudaComm {
         let fold = fold_serves(a.kind, info.nranks, a.is_in_place(info.rank));
         if w.is_empty()
             || self.peer.is_none()
-            || !self.fabric.ranks_apart()
+            || !self.fabric.ranks_window()
             || !(zcopy_serves(a.kind, info.nranks) || fold)
         {
             return None;

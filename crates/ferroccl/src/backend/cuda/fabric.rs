@@ -273,15 +273,13 @@ pub(crate) struct Fabric {
     /// `FERROCCL_GPU_CE_IN_PROCESS`: ranks sharing a process take the rendezvous paths where no
     /// two share a GPU (`ranks_post`).
     pub copies_in_process: bool,
+    /// `FERROCCL_GPU_WINDOWS_IN_PROCESS`: such ranks take the paths between symmetric windows
+    /// too (`ranks_window`).
+    pub windows_in_process: bool,
 }
 
-/// `Fabric::ranks_apart` of ranks at `places`: no two in one process.
-fn ranks_apart_at(places: &[Place]) -> bool {
-    every_pair(places, |a, b| a.pid != b.pid)
-}
-
-/// `Fabric::ranks_post` of ranks at `places`: no two in one process, or (`in_process`) no two
-/// of one process on one GPU.
+/// `Fabric::ranks_post` (and `ranks_window`) of ranks at `places`: no two in one process, or
+/// (`in_process`) no two of one process on one GPU.
 fn ranks_post_at(places: &[Place], in_process: bool) -> bool {
     every_pair(places, |a, b| {
         a.pid != b.pid || (in_process && a.gpu != b.gpu)
@@ -306,21 +304,25 @@ pub(crate) struct CeFabric {
 }
 
 impl Fabric {
-    /// Whether no two ranks of the communicator share a process (and so none share a GPU), from
-    /// every rank's description: the same on every rank. The copies between symmetric windows,
-    /// and the pulls offered with them (`CudaComm::far_in`), run only then: between windows no
-    /// launch exchanges anything, each rank names its peers' buffers from the registration. Where
-    /// two ranks share a process, nccl-tests `-R 2` (`-g 2`, `-t 2`) got every peer's block
-    /// wrong from the first such copy or pull on: in about a quarter of its runs in session 15, and
-    /// with them on in one process in session 35 in 8 of 16 all-gather and broadcast runs and in
-    /// a reduce and an all-reduce run of two each (2 x H200), where a process per GPU never did.
-    /// The likely cause, fixed but not yet checked on GPUs: the drop-in ran a group's two
-    /// registrations of one communicator at once, crossing their pairing (`ferroccl-nccl`'s
-    /// `group::run_colls` keeps their order now). The same nccl-tests on buffers nobody
-    /// registered, whose copies and pulls follow a rendezvous at each launch
-    /// ([`Self::ranks_post`]), were exact in all 36 runs.
-    pub fn ranks_apart(&self) -> bool {
-        ranks_apart_at(&self.places)
+    /// Whether the copies between symmetric windows, and the pulls offered with them
+    /// (`CudaComm::far_in`), may run: between windows no launch exchanges anything, each rank
+    /// names its peers' buffers from the registration. Ranks apart (no two in one process), or
+    /// (`FERROCCL_GPU_WINDOWS_IN_PROCESS` with `FERROCCL_GPU_CE_IN_PROCESS`) ranks of one process
+    /// on distinct GPUs. The same on every rank.
+    ///
+    /// Off in one process by default: there nccl-tests `-R 2` (`-g 2`, `-t 2`) got every peer's
+    /// block wrong from the first such copy or pull on, in about a quarter of its runs in session
+    /// 15 and in 8 of 16 all-gather and broadcast runs and a reduce and an all-reduce run of two
+    /// each in session 35 (2 x H200), where a process per GPU never did. The likely cause: the
+    /// drop-in ran a group's two registrations of one communicator at once, crossing their
+    /// pairing (`ferroccl-nccl`'s `group::run_colls` keeps their order since). The same
+    /// nccl-tests on buffers nobody registered, whose copies and pulls follow a rendezvous at
+    /// each launch ([`Self::ranks_post`]), were exact in all 36 runs.
+    pub fn ranks_window(&self) -> bool {
+        ranks_post_at(
+            &self.places,
+            self.copies_in_process && self.windows_in_process,
+        )
     }
 
     /// Whether the paths that learn their peers' buffers at a rendezvous before each launch (the
@@ -485,6 +487,7 @@ impl Fabric {
         Ok(Fabric {
             carries_lines: lines_carried(&peers),
             copies_in_process: config.gpu_ce_in_process,
+            windows_in_process: config.gpu_windows_in_process,
             places: peers
                 .iter()
                 .map(|p| Place {
@@ -712,29 +715,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ranks_of_one_process_post_on_distinct_gpus_only_and_are_never_apart() {
+    fn ranks_of_one_process_post_on_distinct_gpus_only() {
         let at = |v: &[(u32, u32)]| -> Vec<Place> {
             v.iter().map(|&(pid, gpu)| Place { pid, gpu }).collect()
         };
         // A process per rank, whatever the GPUs (two processes may share one).
         for p in [at(&[(10, 0), (11, 1)]), at(&[(10, 0), (11, 0), (12, 1)])] {
-            assert!(ranks_apart_at(&p));
             assert!(ranks_post_at(&p, false) && ranks_post_at(&p, true));
         }
         // Threads of one process on distinct GPUs: they post where the knob lets them.
         let threads = at(&[(10, 0), (10, 1), (10, 2)]);
-        assert!(!ranks_apart_at(&threads));
         assert!(ranks_post_at(&threads, true) && !ranks_post_at(&threads, false));
         // Two ranks of one process on one GPU: neither; one such pair among others is enough.
         for p in [
             at(&[(10, 0), (10, 0)]),
             at(&[(10, 0), (10, 1), (11, 2), (10, 1)]),
         ] {
-            assert!(!ranks_apart_at(&p));
             assert!(!ranks_post_at(&p, true) && !ranks_post_at(&p, false));
         }
         // One rank: nothing to tell apart.
-        assert!(ranks_apart_at(&at(&[(10, 0)])) && ranks_post_at(&at(&[(10, 0)]), false));
+        assert!(ranks_post_at(&at(&[(10, 0)]), false));
     }
 
     #[test]
