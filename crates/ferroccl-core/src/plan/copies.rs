@@ -7,7 +7,7 @@
 //! between two ranks crosses the link into the receiver's staging piece by piece (the sender's
 //! copy engine), and the receiver copies each piece out to its output; a copy within a rank is
 //! one local copy (none when in place). The GPU backend enqueues these on its streams with
-//! stream memory operations as the handshake (`backend/cuda/copy_engine.rs`); this module is
+//! stream memory operations as the handshake (`plan::lanes`, issued by `backend/cuda/copy_engine.rs`); this module is
 //! the part every rank must compute alike, and what the tests prove: every output byte written
 //! exactly once, from the right input byte, and both ends of a message cutting it the same.
 

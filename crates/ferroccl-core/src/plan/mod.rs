@@ -11,6 +11,7 @@
 //! ranks' plans symbolically, which is how the property tests prove delivery and liveness.
 
 pub mod copies;
+pub mod lanes;
 pub mod sim;
 pub mod zcopy;
 

@@ -2,7 +2,7 @@
 //! (`tune::p2p_rendezvous_wanted`), each receiver posts to its sender where its output lies
 //! (`plan::copies::RecvPost`), and where it lies in a symmetric window, or is mapped for the
 //! sender on the fly (`backend/cuda/lazy.rs`), the sender's copy engines copy straight into it
-//! (`copy_engine::p2p_schedule`); the rest run on the kernels.
+//! (`plan::lanes::p2p_schedule`); the rest run on the kernels.
 //!
 //! Postings travel on a stream per ordered pair of ranks of the communicator, opened at first
 //! use through the bootstrap's listener (the receiver connects, the sender accepts) and kept in

@@ -624,7 +624,7 @@ impl CudaComm {
 
     /// For an operation the copy engine's zero-copy or copy-and-fold could take, whose output on
     /// this rank lies in a symmetric window: where this process maps every rank's output
-    /// (`copy_engine::zcopy_schedule`). What makes the tuner's `OpShape::symmetric`, which the
+    /// (`plan::lanes::zcopy_schedule`). What makes the tuner's `OpShape::symmetric`, which the
     /// peer engine's pulls (`tune::peer_pulls`, the copy-and-fold's shapes) go by too: both need
     /// the peer engine's fabric (the copy engine borrows it) and ranks apart
     /// (`Fabric::ranks_window`); which of them runs is the tuner's and its knobs'.

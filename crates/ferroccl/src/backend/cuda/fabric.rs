@@ -10,7 +10,6 @@
 //! has its own 128-byte line so that remote writes never share a line with local spins.
 
 use super::comm::Status;
-use super::copy_engine::CeFlags;
 use super::mapper::Place;
 use super::tables::{
     FcConn, FcDirect, FcPeer, CONN_RECV, CONN_SEND, DIRECT_MAX_BLOCKS, DIRECT_MAX_RANKS,
@@ -21,6 +20,7 @@ use crate::cuda::device::Gpu;
 use crate::cuda::fdpass::{FdChannel, FdListener};
 use crate::cuda::hostpage::HostPage;
 use crate::cuda::mem::{DeviceBuffer, MemStats};
+use ferroccl_core::plan::lanes::CeFlags;
 use ferroccl_core::plan::{ConnKey, Dir, P2P_CHANNEL_BASE};
 use ferroccl_core::tune::{ce_slot_bytes, channel_budget, peer_blocks, peer_slot_bytes, Device};
 use ferroccl_core::{Config, Error, Rank};

@@ -16,7 +16,7 @@
 //! Tables a graph captured stay for the communicator's life, as the graph may replay them.
 
 use super::comm::{CudaComm, BLOCK_THREADS};
-use super::copy_engine::{fold_ends, p2p_schedule, CeOp, FoldLaunch, P2pCopy, Schedule};
+use super::copy_engine::FoldLaunch;
 use super::p2p::{p2p_form, P2pForm};
 use super::tables::{
     encode, fc_op, kind_code, DeviceTables, Encoded, FcDirect, FcFold, FcLaunch, FcOp, FcPeer,
@@ -31,6 +31,7 @@ use crate::info::{CommInfo, CommState};
 use crate::ops::{plan_launch, OpArgs, Planned};
 use cudarc::driver::sys;
 use ferroccl_core::algo::{build, CollDesc};
+use ferroccl_core::plan::lanes::{fold_ends, p2p_schedule, CeOp, P2pCopy, Schedule};
 use ferroccl_core::plan::zcopy::{peer_desc, remote_dsts};
 use ferroccl_core::tune::{Algo, Choice, Engine, Protocol};
 use ferroccl_core::CollKind;
@@ -689,7 +690,7 @@ impl CudaComm {
     }
 
     /// Enqueues the sends and receives the copy engines take after the posted-receive rendezvous
-    /// (`copy_engine::p2p_schedule`) on the current stream, in the launch path's stream order,
+    /// (`plan::lanes::p2p_schedule`) on the current stream, in the launch path's stream order,
     /// with `kernels` (the launch's other operations, if any) enqueued beside them.
     fn enqueue_posted(
         &self,

@@ -30,5 +30,5 @@ pub(crate) mod verify;
 pub(crate) mod window;
 
 pub(crate) use comm::CudaComm;
-pub(crate) use copy_engine::P2pCopy;
+pub(crate) use ferroccl_core::plan::lanes::P2pCopy;
 pub(crate) use launch::Exchanged;

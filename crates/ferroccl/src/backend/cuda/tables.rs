@@ -262,7 +262,7 @@ pub(crate) struct FcPeer {
 }
 
 /// The fold kernel's only parameter (`kernels/peer.cu`, `ferroccl_fold_*`): a copy-and-fold
-/// reduction's local half (`copy_engine::fold_schedule`). Addresses are device addresses as this
+/// reduction's local half (`plan::lanes::fold_schedule`). Addresses are device addresses as this
 /// GPU maps them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -275,7 +275,7 @@ pub(crate) struct FcFold {
     pub out: u64,
     /// Elements to fold.
     pub count: u64,
-    /// Pieces (`copy_engine::fold_pieces`), at most `FOLD_MAX_PIECES`: the first `pieces` of
+    /// Pieces (`plan::lanes::fold_pieces`), at most `FOLD_MAX_PIECES`: the first `pieces` of
     /// `ends`.
     pub pieces: u64,
     pub abort: u64,
