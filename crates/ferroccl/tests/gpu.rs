@@ -843,6 +843,42 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
     assert!((0..n).all(|q| got[q * count..(q + 1) * count] == data(7, q, count)[..]));
 }
 
+/// The settings of the copy engines' tests: the copies at every size, and the copy-and-fold in
+/// pieces of 1 MiB tapering to 64 KiB (an 8 MiB all-reduce: 14 pieces, the last with a ragged end
+/// of 136 bytes).
+const COPIES: &[(&str, &str)] = &[
+    ("FERROCCL_GPU_CE_WINDOW_BYTES", "1"),
+    ("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "1"),
+    ("FERROCCL_GPU_CE_GATHER_BYTES", "1"),
+    ("FERROCCL_GPU_CE_BROADCAST_BYTES", "1"),
+    ("FERROCCL_GPU_CE_P2P_BYTES", "1"),
+    ("FERROCCL_GPU_FOLD_MIN_BYTES", "1"),
+    ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "1"),
+    ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576"),
+    ("FERROCCL_GPU_FOLD_TAIL_BYTES", "65536"),
+    ("FERROCCL_TIMEOUT", "60"),
+];
+
+/// With [`COPIES`], between symmetric windows only: an output in plain memory takes the kernels
+/// (the mapping on the fly has its own test).
+const WINDOWS_ONLY: (&str, &str) = ("FERROCCL_GPU_CE_MAP_UNREGISTERED", "0");
+
+/// The pull tests' settings: pulls at every size up to 1 GiB (the reduce's from 1 byte), no
+/// copy-and-fold.
+const PULLS: &[(&str, &str)] = &[
+    ("FERROCCL_GPU_PEER_PULL_MIN_BYTES", "0"),
+    ("FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES", "1"),
+    ("FERROCCL_GPU_PEER_PULL_MAX_BYTES", "1073741824"),
+    ("FERROCCL_GPU_FOLD_MIN_BYTES", "0"),
+    ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "0"),
+    ("FERROCCL_TIMEOUT", "60"),
+];
+
+/// `vars` as `spawn_ranks` takes them.
+fn owned<'a>(vars: &[(&'a str, &str)]) -> Vec<(&'a str, String)> {
+    vars.iter().map(|&(k, v)| (k, v.to_string())).collect()
+}
+
 /// Symmetric windows across processes (a process per GPU): large data movement by the copy
 /// engines straight into the peers' outputs.
 #[test]
@@ -852,23 +888,7 @@ fn symmetric_windows_move_data_by_copy_engines_straight_into_outputs() {
         return;
     }
     let Some(_) = gpus_for_test() else { return };
-    // The copy-and-fold at every size, in pieces of 1 MiB tapering to 64 KiB (an 8 MiB all-reduce:
-    // 14 pieces, the last with a ragged end of 136 bytes).
-    let env = [
-        ("FERROCCL_GPU_CE_WINDOW_BYTES", "1".to_string()),
-        ("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "1".to_string()),
-        ("FERROCCL_GPU_CE_GATHER_BYTES", "1".to_string()),
-        ("FERROCCL_GPU_CE_BROADCAST_BYTES", "1".to_string()),
-        ("FERROCCL_GPU_CE_P2P_BYTES", "1".to_string()),
-        ("FERROCCL_GPU_FOLD_MIN_BYTES", "1".to_string()),
-        ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "1".to_string()),
-        ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576".to_string()),
-        ("FERROCCL_GPU_FOLD_TAIL_BYTES", "65536".to_string()),
-        ("FERROCCL_TIMEOUT", "60".to_string()),
-        // Windows only: an output in plain memory takes the kernels (the mapping on the fly has
-        // its own test).
-        ("FERROCCL_GPU_CE_MAP_UNREGISTERED", "0".to_string()),
-    ];
+    let env = owned(&[COPIES, &[WINDOWS_ONLY]].concat());
     let kids = spawn_ranks(2, "child_symmetric_windows", "symmetric-windows", &env);
     assert_all_print(kids, "SYMMETRIC WINDOWS OK");
 }
@@ -1311,19 +1331,12 @@ fn unregistered_outputs_are_mapped_on_the_fly_for_the_copy_engines() {
         return;
     }
     let Some(_) = gpus_for_test() else { return };
-    let env = [
-        ("FERROCCL_GPU_CE_WINDOW_BYTES", "1".to_string()),
-        ("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "1".to_string()),
-        ("FERROCCL_GPU_CE_GATHER_BYTES", "1".to_string()),
-        ("FERROCCL_GPU_CE_BROADCAST_BYTES", "1".to_string()),
-        ("FERROCCL_GPU_CE_P2P_BYTES", "1".to_string()),
-        ("FERROCCL_GPU_FOLD_MIN_BYTES", "1".to_string()),
-        ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "1".to_string()),
-        ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576".to_string()),
-        ("FERROCCL_GPU_FOLD_TAIL_BYTES", "65536".to_string()),
-        ("FERROCCL_TIMEOUT", "60".to_string()),
-    ];
-    let kids = spawn_ranks(2, "child_mapped_on_the_fly", "mapped-on-the-fly", &env);
+    let kids = spawn_ranks(
+        2,
+        "child_mapped_on_the_fly",
+        "mapped-on-the-fly",
+        &owned(COPIES),
+    );
     assert_all_print(kids, "MAPPED ON THE FLY OK");
 }
 
@@ -1346,19 +1359,7 @@ fn child_mapped_on_the_fly() {
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn unregistered_outputs_are_mapped_on_the_fly_in_one_process() {
     let Some(_) = gpus_for_test() else { return };
-    let vars = [
-        ("FERROCCL_GPU_CE_WINDOW_BYTES", "1"),
-        ("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "1"),
-        ("FERROCCL_GPU_CE_GATHER_BYTES", "1"),
-        ("FERROCCL_GPU_CE_BROADCAST_BYTES", "1"),
-        ("FERROCCL_GPU_CE_P2P_BYTES", "1"),
-        ("FERROCCL_GPU_FOLD_MIN_BYTES", "1"),
-        ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "1"),
-        ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576"),
-        ("FERROCCL_GPU_FOLD_TAIL_BYTES", "65536"),
-        ("FERROCCL_TIMEOUT", "60"),
-    ];
-    in_threads(&vars, |c| mapped_on_the_fly_body(c, c.id() ^ 0x3c4d));
+    in_threads(COPIES, |c| mapped_on_the_fly_body(c, c.id() ^ 0x3c4d));
 }
 
 /// All-reduces between symmetric windows on 2 ranks pull (`tune::peer_pulls`, here at every size
@@ -1377,15 +1378,7 @@ fn symmetric_windows_pull_all_reduces_from_the_peer_input() {
         return;
     }
     let Some(_) = gpus_for_test() else { return };
-    let env = [
-        ("FERROCCL_GPU_PEER_PULL_MIN_BYTES", "0".to_string()),
-        ("FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES", "1".to_string()),
-        ("FERROCCL_GPU_PEER_PULL_MAX_BYTES", (1u64 << 30).to_string()),
-        ("FERROCCL_GPU_FOLD_MIN_BYTES", "0".to_string()),
-        ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "0".to_string()),
-        ("FERROCCL_TIMEOUT", "60".to_string()),
-    ];
-    let kids = spawn_ranks(2, "child_pull", "pull", &env);
+    let kids = spawn_ranks(2, "child_pull", "pull", &owned(PULLS));
     assert_all_print(kids, "PULL OK");
 }
 
@@ -1696,15 +1689,7 @@ fn pull_body(comm: &Comm, windows: bool) {
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn pulls_take_inputs_lent_in_one_process() {
     let Some(_) = gpus_for_test() else { return };
-    let vars = [
-        ("FERROCCL_GPU_PEER_PULL_MIN_BYTES", "0"),
-        ("FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES", "1"),
-        ("FERROCCL_GPU_PEER_PULL_MAX_BYTES", "1073741824"),
-        ("FERROCCL_GPU_FOLD_MIN_BYTES", "0"),
-        ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "0"),
-        ("FERROCCL_TIMEOUT", "60"),
-    ];
-    in_threads(&vars, |c| pull_body(c, false));
+    in_threads(PULLS, |c| pull_body(c, false));
 }
 
 /// Runs `body` on 2 ranks that are threads of one process, GPUs 0 and 1, configured by `vars`
@@ -1891,31 +1876,11 @@ fn symmetric_windows_in_one_process_take_kernels() {
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn symmetric_windows_in_one_process_take_copies_when_let() {
     let Some(_) = gpus_for_test() else { return };
-    let copies = [
-        ("FERROCCL_GPU_WINDOWS_IN_PROCESS", "1"),
-        ("FERROCCL_GPU_CE_WINDOW_BYTES", "1"),
-        ("FERROCCL_GPU_CE_RENDEZVOUS_BYTES", "1"),
-        ("FERROCCL_GPU_CE_GATHER_BYTES", "1"),
-        ("FERROCCL_GPU_CE_BROADCAST_BYTES", "1"),
-        ("FERROCCL_GPU_CE_P2P_BYTES", "1"),
-        ("FERROCCL_GPU_FOLD_MIN_BYTES", "1"),
-        ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "1"),
-        ("FERROCCL_GPU_FOLD_PIECE_BYTES", "1048576"),
-        ("FERROCCL_GPU_FOLD_TAIL_BYTES", "65536"),
-        ("FERROCCL_TIMEOUT", "60"),
-        ("FERROCCL_GPU_CE_MAP_UNREGISTERED", "0"),
-    ];
-    in_threads(&copies, |c| symmetric_windows_body(c, true, c.id()));
-    let pulls = [
-        ("FERROCCL_GPU_WINDOWS_IN_PROCESS", "1"),
-        ("FERROCCL_GPU_PEER_PULL_MIN_BYTES", "0"),
-        ("FERROCCL_GPU_PEER_PULL_REDUCE_MIN_BYTES", "1"),
-        ("FERROCCL_GPU_PEER_PULL_MAX_BYTES", "1073741824"),
-        ("FERROCCL_GPU_FOLD_MIN_BYTES", "0"),
-        ("FERROCCL_GPU_FOLD_REDUCE_MIN_BYTES", "0"),
-        ("FERROCCL_TIMEOUT", "60"),
-    ];
-    in_threads(&pulls, |c| pull_body(c, true));
+    let let_in = ("FERROCCL_GPU_WINDOWS_IN_PROCESS", "1");
+    in_threads(&[COPIES, &[WINDOWS_ONLY, let_in]].concat(), |c| {
+        symmetric_windows_body(c, true, c.id())
+    });
+    in_threads(&[PULLS, &[let_in]].concat(), |c| pull_body(c, true));
 }
 
 #[test]
