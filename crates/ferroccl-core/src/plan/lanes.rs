@@ -17,7 +17,7 @@
 //! copied out every piece), so that whatever the sender runs next may write the region.
 //!
 //! The same holds for the copies straight between symmetric windows ([`zcopy_schedule`]), the
-//! copy-and-fold ([`fold_schedule`]) and posted sends and receives ([`p2p_schedule`]). The CUDA
+//! copy-and-fold (`fold_schedule`) and posted sends and receives ([`p2p_schedule`]). The CUDA
 //! backend issues these commands as stream memory operations and copies
 //! (`backend/cuda/copy_engine.rs`); the tests here run every rank's lanes against a model of the
 //! pages under any interleaving the streams could take, and check the handshakes.
