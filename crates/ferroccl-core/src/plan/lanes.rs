@@ -231,20 +231,28 @@ pub enum Lane {
     Local,
 }
 
+/// One side's turn with a slot, the same on both sides: wait until this rank's word `word` is 1,
+/// lower it, make `copy`, then raise word `theirs` in `peer`'s page. The sender takes its `free`
+/// word and raises the receiver's `full`; the receiver the other way round.
+fn slot_turn(v: &mut Vec<Cmd>, me: Rank, word: usize, copy: Cmd, peer: Rank, theirs: usize) {
+    v.push(Cmd::Wait { page: me, word });
+    v.push(Cmd::Write {
+        page: me,
+        word,
+        value: 0,
+    });
+    v.push(copy);
+    v.push(Cmd::Write {
+        page: peer,
+        word: theirs,
+        value: 1,
+    });
+}
+
 /// The commands that move piece `p` of the message from `me` to `r` (src: its offset in this
 /// rank's input), on the sender's side.
 fn send_piece(v: &mut Vec<Cmd>, n: usize, me: Rank, r: Rank, src: usize, p: &Piece) {
-    let free = CeFlags::free(n, r, p.slot);
-    v.push(Cmd::Wait {
-        page: me,
-        word: free,
-    });
-    v.push(Cmd::Write {
-        page: me,
-        word: free,
-        value: 0,
-    });
-    v.push(Cmd::Copy {
+    let copy = Cmd::Copy {
         dst: Addr::Stage {
             owner: r,
             from: me,
@@ -252,28 +260,15 @@ fn send_piece(v: &mut Vec<Cmd>, n: usize, me: Rank, r: Rank, src: usize, p: &Pie
         },
         src: Addr::Send(src + p.at),
         bytes: p.bytes,
-    });
-    v.push(Cmd::Write {
-        page: r,
-        word: CeFlags::full(n, me, p.slot),
-        value: 1,
-    });
+    };
+    let (free, full) = (CeFlags::free(n, r, p.slot), CeFlags::full(n, me, p.slot));
+    slot_turn(v, me, free, copy, r, full);
 }
 
 /// The commands that take piece `p` of the message from `s` to `me` out of the staging to
 /// `dst` in this rank's output.
 fn recv_piece(v: &mut Vec<Cmd>, n: usize, me: Rank, s: Rank, dst: usize, p: &Piece) {
-    let full = CeFlags::full(n, s, p.slot);
-    v.push(Cmd::Wait {
-        page: me,
-        word: full,
-    });
-    v.push(Cmd::Write {
-        page: me,
-        word: full,
-        value: 0,
-    });
-    v.push(Cmd::Copy {
+    let copy = Cmd::Copy {
         dst: Addr::Recv(dst + p.at),
         src: Addr::Stage {
             owner: me,
@@ -281,12 +276,9 @@ fn recv_piece(v: &mut Vec<Cmd>, n: usize, me: Rank, s: Rank, dst: usize, p: &Pie
             slot: p.slot,
         },
         bytes: p.bytes,
-    });
-    v.push(Cmd::Write {
-        page: s,
-        word: CeFlags::free(n, me, p.slot),
-        value: 1,
-    });
+    };
+    let (full, free) = (CeFlags::full(n, s, p.slot), CeFlags::free(n, me, p.slot));
+    slot_turn(v, me, full, copy, s, free);
 }
 
 /// The lane of `me`'s copy to itself, if the operation has one (it runs on the caller's stream).
