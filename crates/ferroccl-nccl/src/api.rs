@@ -253,17 +253,18 @@ unsafe fn init_rank(
         let abort = h.init_abort();
         Box::new(move || make_comm(id, nranks, rank, dev, &cfg, abort).map(Some))
     };
-    unsafe { create(comm, true, blocking, job) }
+    unsafe { create(comm, true, blocking, None, job) }
 }
 
-/// A communicator's creation (from a unique id, or by split or shrink): `*newcomm` gets its
-/// handle at once (NULL when `gets_one` is false: a split without a color still takes part),
-/// and the job `job` makes for that handle runs now, at the group's end, or in the background.
-/// A creation that fails at once leaves NULL.
+/// A communicator's creation (from a unique id, or by split or shrink of `parent`): `*newcomm`
+/// gets its handle at once (NULL when `gets_one` is false: a split without a color still takes
+/// part), and the job `job` makes for that handle runs now, at the group's end, or in the
+/// background. A creation that fails at once leaves NULL.
 unsafe fn create(
     newcomm: *mut RawComm,
     gets_one: bool,
     blocking: bool,
+    parent: Option<RawComm>,
     job: impl FnOnce(&Handle) -> group::InitJob,
 ) -> Res {
     let (raw, h) = if gets_one {
@@ -274,7 +275,7 @@ unsafe fn create(
     // SAFETY: the caller checked it non-null.
     unsafe { *newcomm = raw };
     let job = job(&h);
-    let r = group::init(h, blocking, job);
+    let r = group::init(parent.map(|p| p as usize), h, blocking, job);
     if r.as_ref().is_err_and(|f| f.code != abi::IN_PROGRESS) && !group::in_group() && !raw.is_null()
     {
         let _ = unregister(raw);
@@ -397,7 +398,7 @@ export! {
         // The new handle (none without a color: known now) completes as a creation does: at
         // once, at the group's end, or in the background.
         let job: group::InitJob = Box::new(move || h.comm()?.split(color, key).map_err(Fail::from));
-        unsafe { create(newcomm, color.is_some(), blocking, |_| job) }
+        unsafe { create(newcomm, color.is_some(), blocking, Some(comm), |_| job) }
     }
 
     fn ncclCommFinalize / pncclCommFinalize(comm: RawComm) {
@@ -532,7 +533,7 @@ export! {
             c.abort();
         }
         let job: group::InitJob = Box::new(move || h.comm()?.shrink(&list).map(Some).map_err(Fail::from));
-        unsafe { create(newcomm, true, blocking, |_| job) }
+        unsafe { create(newcomm, true, blocking, Some(comm), |_| job) }
     }
 
     /// Stops the communicator's operations (its kernels leave, waiting calls fail) and keeps

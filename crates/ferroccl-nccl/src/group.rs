@@ -3,7 +3,8 @@
 //! together: the creations at once, each on a thread of its own (one thread may create every
 //! rank of a job), then the operations as one ferroccl launch, where sends and receives in any
 //! order cannot deadlock. Outside a group each operation is a group of one. Splits and shrinks
-//! are creations too. A group holding a non-blocking creation ends with `ncclInProgress`, its
+//! are creations too; those of one parent communicator run in call order, as its window
+//! registrations do. A group holding a non-blocking creation ends with `ncclInProgress`, its
 //! creations finishing on a thread of their own; a simulated end estimates and drops the
 //! operations.
 
@@ -18,6 +19,10 @@ use std::sync::Arc;
 /// (a split without a color).
 pub type InitJob = Box<dyn FnOnce() -> Result<Option<Comm>, Fail> + Send>;
 
+/// A creation of the group: the communicator it splits or shrinks (its handle's address; None
+/// for one made from a unique id), the new handle, and the job.
+pub type Init = (Option<usize>, Arc<Handle>, InitJob);
+
 /// A collective call on an existing communicator (window registration)
 /// waiting for its group's end, where the group's such calls run a thread per communicator:
 /// one thread may register a window on every rank it drives, and one communicator's calls keep
@@ -28,7 +33,7 @@ pub type CollJob = Box<dyn FnOnce() -> Res + Send>;
 struct State {
     depth: u32,
     ops: Vec<(Arc<Handle>, OpArgs, RawStream)>,
-    inits: Vec<(Arc<Handle>, InitJob)>,
+    inits: Vec<Init>,
     /// By communicator (its handle's address), in call order.
     colls: Vec<(usize, CollJob)>,
     /// A creation in the group asked not to block: the group's end returns `ncclInProgress`
@@ -46,7 +51,7 @@ pub fn in_progress() -> Fail {
 
 /// Runs `inits` (then `colls`) on a thread of their own; their handles report "in progress"
 /// until done.
-pub fn in_background(inits: Vec<(Arc<Handle>, InitJob)>, colls: Vec<(usize, CollJob)>) -> Res {
+pub fn in_background(inits: Vec<Init>, colls: Vec<(usize, CollJob)>) -> Res {
     std::thread::Builder::new()
         .name("ferroccl-nccl-init".into())
         .spawn(move || {
@@ -121,7 +126,7 @@ pub fn simulate_end() -> Res<Option<f64>> {
 /// What a group's end takes: its creations, its collective calls, its operations, whether a
 /// creation is non-blocking.
 type Level = (
-    Vec<(Arc<Handle>, InitJob)>,
+    Vec<Init>,
     Vec<(usize, CollJob)>,
     Vec<(Arc<Handle>, OpArgs, RawStream)>,
     bool,
@@ -150,18 +155,19 @@ fn take_level() -> Res<Level> {
 }
 
 /// Creates a communicator now, or at the group's end inside a group; a non-blocking one on a
-/// thread of its own, answering `ncclInProgress` at once.
-pub fn init(h: Arc<Handle>, blocking: bool, job: InitJob) -> Res {
+/// thread of its own, answering `ncclInProgress` at once. `parent`: the communicator a split or
+/// shrink runs on (its handle's address).
+pub fn init(parent: Option<usize>, h: Arc<Handle>, blocking: bool, job: InitJob) -> Res {
     if in_group() {
         STATE.with(|s| {
             let mut s = s.borrow_mut();
-            s.inits.push((h, job));
+            s.inits.push((parent, h, job));
             s.nonblocking |= !blocking;
         });
         return Ok(());
     }
     if !blocking {
-        in_background(vec![(h, job)], Vec::new())?;
+        in_background(vec![(parent, h, job)], Vec::new())?;
         return Err(in_progress());
     }
     let r = job();
@@ -170,18 +176,25 @@ pub fn init(h: Arc<Handle>, blocking: bool, job: InitJob) -> Res {
     out
 }
 
-/// Every creation of the group at once (`run_lanes`, a creation each): the ranks of one job
-/// created from one thread must meet in their rendezvous.
-fn run_inits(inits: Vec<(Arc<Handle>, InitJob)>) -> Res {
-    let lanes = inits.into_iter().map(|(h, job)| -> Vec<CollJob> {
-        vec![Box::new(move || {
-            let r = job();
-            let out = r.as_ref().map(|_| ()).map_err(Clone::clone);
-            h.complete(r);
-            out
-        })]
-    });
-    run_lanes(lanes.collect())
+/// The group's creations at once (`run_lanes`): the ranks of one job created from one thread
+/// must meet in their rendezvous. Splits and shrinks of one parent communicator share a lane, in
+/// call order: each is collective over the parent and pairs with its peers' by order, as window
+/// registrations do (`run_colls`); a creation from a unique id has a lane of its own.
+fn run_inits(inits: Vec<Init>) -> Res {
+    let jobs = inits
+        .into_iter()
+        .map(|(parent, h, job)| -> (Option<usize>, CollJob) {
+            (
+                parent,
+                Box::new(move || {
+                    let r = job();
+                    let out = r.as_ref().map(|_| ()).map_err(Clone::clone);
+                    h.complete(r);
+                    out
+                }),
+            )
+        });
+    run_lanes(lanes_by(jobs))
 }
 
 /// A collective call on communicator `comm` (its handle's address): now outside a group, at
@@ -200,14 +213,20 @@ pub fn collective(comm: usize, job: CollJob) -> Res {
 /// other: run at once, a rank could take its second registration first and pair its receive
 /// buffer with its peer's send buffer (nccl-tests `-R 2` registers both in one group).
 fn run_colls(colls: Vec<(usize, CollJob)>) -> Res {
-    let mut lanes: Vec<(usize, Vec<CollJob>)> = Vec::new();
-    for (comm, job) in colls {
-        match lanes.iter_mut().find(|(c, _)| *c == comm) {
+    run_lanes(lanes_by(colls.into_iter().map(|(c, job)| (Some(c), job))))
+}
+
+/// Jobs in lanes: those of one communicator (`Some` key) in one lane, in order; each unkeyed
+/// job in a lane of its own.
+fn lanes_by(jobs: impl Iterator<Item = (Option<usize>, CollJob)>) -> Vec<Vec<CollJob>> {
+    let mut lanes: Vec<(Option<usize>, Vec<CollJob>)> = Vec::new();
+    for (key, job) in jobs {
+        match lanes.iter_mut().find(|(k, _)| key.is_some() && *k == key) {
             Some((_, lane)) => lane.push(job),
-            None => lanes.push((comm, vec![job])),
+            None => lanes.push((key, vec![job])),
         }
     }
-    run_lanes(lanes.into_iter().map(|(_, lane)| lane).collect())
+    lanes.into_iter().map(|(_, lane)| lane).collect()
 }
 
 /// Runs every lane at once, a thread each, and a lane's jobs one after another in order: all
@@ -396,5 +415,49 @@ mod tests {
         let r = run_colls(colls);
         assert_eq!(r.unwrap_err().msg, "the first call fails");
         assert_eq!(*seen.lock().unwrap(), ["1: first", "1: second", "1: third"]);
+    }
+
+    /// Splits and shrinks of one parent run in call order; those of different parents, and
+    /// creations from unique ids, at once (each pair here waits for the other's word): two
+    /// creations from ids driven by one thread must meet, as two ranks' splits of their parents.
+    #[test]
+    fn a_groups_creations_keep_their_order_per_parent_and_run_at_once_across() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        // Two jobs that each need the other running beside it.
+        let meet = || {
+            let (a_tx, a_rx) = mpsc::channel::<()>();
+            let (b_tx, b_rx) = mpsc::channel::<()>();
+            let side = |tx: mpsc::Sender<()>, rx: mpsc::Receiver<()>| -> InitJob {
+                Box::new(move || {
+                    tx.send(()).unwrap();
+                    rx.recv_timeout(Duration::from_secs(10))
+                        .map_err(|_| Fail::usage("the other creation never ran beside"))?;
+                    Ok(None)
+                })
+            };
+            (side(a_tx, b_rx), side(b_tx, a_rx))
+        };
+        let (fresh_a, fresh_b) = meet();
+        let (split_a, split_b) = meet();
+        let logged = |what: &'static str, pause: u64| -> InitJob {
+            let seen = seen.clone();
+            Box::new(move || {
+                std::thread::sleep(Duration::from_millis(pause));
+                seen.lock().unwrap().push(what);
+                Ok(None)
+            })
+        };
+        let pending = || Arc::new(Handle::pending());
+        let inits: Vec<Init> = vec![
+            (None, pending(), fresh_a),
+            (Some(7), pending(), split_a),
+            (Some(7), pending(), logged("7: second", 50)),
+            (Some(7), pending(), logged("7: third", 0)),
+            (None, pending(), fresh_b),
+            (Some(9), pending(), split_b),
+        ];
+        // Ok only if each pair met (a creation that waited in vain fails).
+        run_inits(inits).unwrap();
+        assert_eq!(*seen.lock().unwrap(), ["7: second", "7: third"]);
     }
 }
