@@ -278,12 +278,18 @@ pub(crate) struct Fabric {
     pub windows_in_process: bool,
 }
 
-/// `Fabric::ranks_post` (and `ranks_window`) of ranks at `places`: no two in one process, or
+/// `Fabric::ranks_post` of ranks at `places`: no two in one process, or
 /// (`in_process`) no two of one process on one GPU.
 fn ranks_post_at(places: &[Place], in_process: bool) -> bool {
     every_pair(places, |a, b| {
         a.pid != b.pid || (in_process && a.gpu != b.gpu)
     })
+}
+
+/// `Fabric::ranks_window` of ranks at `places`: as `ranks_post_at`, ranks of one process only
+/// where both knobs let them.
+fn ranks_window_at(places: &[Place], copies_in_process: bool, windows_in_process: bool) -> bool {
+    ranks_post_at(places, copies_in_process && windows_in_process)
 }
 
 fn every_pair(p: &[Place], ok: impl Fn(&Place, &Place) -> bool) -> bool {
@@ -319,9 +325,10 @@ impl Fabric {
     /// nccl-tests on buffers nobody registered, whose copies and pulls follow a rendezvous at
     /// each launch ([`Self::ranks_post`]), were exact in all 36 runs.
     pub fn ranks_window(&self) -> bool {
-        ranks_post_at(
+        ranks_window_at(
             &self.places,
-            self.copies_in_process && self.windows_in_process,
+            self.copies_in_process,
+            self.windows_in_process,
         )
     }
 
@@ -715,7 +722,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ranks_of_one_process_post_on_distinct_gpus_only() {
+    fn ranks_of_one_process_post_and_share_windows_on_distinct_gpus_only() {
         let at = |v: &[(u32, u32)]| -> Vec<Place> {
             v.iter().map(|&(pid, gpu)| Place { pid, gpu }).collect()
         };
@@ -735,6 +742,16 @@ mod tests {
         }
         // One rank: nothing to tell apart.
         assert!(ranks_post_at(&at(&[(10, 0)]), false));
+        // Windows: processes always; threads on distinct GPUs only with both knobs; threads
+        // sharing a GPU never.
+        for (copies, windows) in [(false, false), (false, true), (true, false), (true, true)] {
+            assert!(ranks_window_at(&at(&[(10, 0), (11, 1)]), copies, windows));
+            assert_eq!(
+                ranks_window_at(&threads, copies, windows),
+                copies && windows
+            );
+            assert!(!ranks_window_at(&at(&[(10, 0), (10, 0)]), copies, windows));
+        }
     }
 
     #[test]
