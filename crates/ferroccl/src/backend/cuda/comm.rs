@@ -626,8 +626,8 @@ impl CudaComm {
     /// this rank lies in a symmetric window: where this process maps every rank's output
     /// (`plan::lanes::zcopy_schedule`). What makes the tuner's `OpShape::symmetric`, which the
     /// peer engine's pulls (`tune::peer_pulls`, the copy-and-fold's shapes) go by too: both need
-    /// the peer engine's fabric (the copy engine borrows it) and ranks apart
-    /// (`Fabric::ranks_window`); which of them runs is the tuner's and its knobs'.
+    /// the peer engine's fabric (the copy engine borrows it) and ranks that may name each
+    /// other's windows (`Fabric::ranks_window`); which of them runs is the tuner's and its knobs'.
     pub(crate) fn symmetric_far(&self, a: &OpArgs, info: &CommInfo) -> Option<Vec<u64>> {
         self.windows
             .lock()

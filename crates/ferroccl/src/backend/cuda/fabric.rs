@@ -278,8 +278,8 @@ pub(crate) struct Fabric {
     pub windows_in_process: bool,
 }
 
-/// `Fabric::ranks_post` of ranks at `places`: no two in one process, or
-/// (`in_process`) no two of one process on one GPU.
+/// `Fabric::ranks_post` of ranks at `places`: no two in one process, or (`in_process`) no two
+/// of one process on one GPU.
 fn ranks_post_at(places: &[Place], in_process: bool) -> bool {
     every_pair(places, |a, b| {
         a.pid != b.pid || (in_process && a.gpu != b.gpu)
