@@ -1227,6 +1227,23 @@ mod tests {
     use super::*;
 
     /// Whether `c` gives its peers `key` with `value` to agree on.
+    /// docs/ENV.md's list of the settings every rank must set alike names every one the ranks
+    /// compare (`shared_settings`), so that a new shared knob cannot go undocumented there.
+    #[test]
+    fn the_env_docs_list_every_shared_setting() {
+        let doc = include_str!("../../../docs/ENV.md");
+        let at = doc
+            .find("Every rank of a communicator must set these alike")
+            .expect("the list");
+        let list = &doc[at..at + doc[at..].find("\n\n").expect("its end")];
+        for (key, _) in Config::default().shared_settings() {
+            assert!(
+                list.contains(&format!("`{key}`")),
+                "{key} is not in docs/ENV.md's list"
+            );
+        }
+    }
+
     fn shares(c: &Config, key: &str, value: &str) -> bool {
         c.shared_settings()
             .iter()
