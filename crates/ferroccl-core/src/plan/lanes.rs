@@ -231,16 +231,22 @@ pub enum Lane {
     Local,
 }
 
-/// One side's turn with a slot, the same on both sides: wait until this rank's word `word` is 1,
-/// lower it, make `copy`, then raise word `theirs` in `peer`'s page. The sender takes its `free`
-/// word and raises the receiver's `full`; the receiver the other way round.
-fn slot_turn(v: &mut Vec<Cmd>, me: Rank, word: usize, copy: Cmd, peer: Rank, theirs: usize) {
-    v.push(Cmd::Wait { page: me, word });
+/// Waits until word `word` of `page`'s page (this rank's own) is 1, then lowers it: a handshake
+/// taken, the word back where it started.
+fn take(v: &mut Vec<Cmd>, page: Rank, word: usize) {
+    v.push(Cmd::Wait { page, word });
     v.push(Cmd::Write {
-        page: me,
+        page,
         word,
         value: 0,
     });
+}
+
+/// One side's turn with a slot (or a peer's output), the same on both sides: take this rank's
+/// word `word`, make `copy`, then raise word `theirs` in `peer`'s page. The sender takes its
+/// `free` (or `ready`) word and raises the receiver's `full`; the receiver the other way round.
+fn slot_turn(v: &mut Vec<Cmd>, me: Rank, word: usize, copy: Cmd, peer: Rank, theirs: usize) {
+    take(v, me, word);
     v.push(copy);
     v.push(Cmd::Write {
         page: peer,
@@ -345,15 +351,7 @@ pub fn schedule(op: &CeOp, me: Rank, n: usize, slot_bytes: usize) -> Result<Sche
             }
             if !sends.is_empty() {
                 let ready = CeFlags::ready(n, q, lane);
-                v.push(Cmd::Wait {
-                    page: me,
-                    word: ready,
-                });
-                v.push(Cmd::Write {
-                    page: me,
-                    word: ready,
-                    value: 0,
-                });
+                take(&mut v, me, ready);
             }
             for i in 0..sends.len().max(recvs.len()) {
                 if let (Some(p), Some(c)) = (sends.get(i), out) {
@@ -431,38 +429,17 @@ pub fn zcopy_schedule(
             });
         }
         if let Some(c) = out {
-            let ready = CeFlags::ready(n, q, 0);
-            v.push(Cmd::Wait {
-                page: me,
-                word: ready,
-            });
-            v.push(Cmd::Write {
-                page: me,
-                word: ready,
-                value: 0,
-            });
-            v.push(Cmd::Copy {
+            let copy = Cmd::Copy {
                 dst: Addr::Abs(far[q] + c.dst as u64),
                 src: Addr::Send(c.src),
                 bytes: c.bytes,
-            });
-            v.push(Cmd::Write {
-                page: q,
-                word: CeFlags::full(n, me, 0),
-                value: 1,
-            });
+            };
+            let (ready, full) = (CeFlags::ready(n, q, 0), CeFlags::full(n, me, 0));
+            slot_turn(&mut v, me, ready, copy, q, full);
         }
         if inc.is_some() {
             let full = CeFlags::full(n, q, 0);
-            v.push(Cmd::Wait {
-                page: me,
-                word: full,
-            });
-            v.push(Cmd::Write {
-                page: me,
-                word: full,
-                value: 0,
-            });
+            take(&mut v, me, full);
         }
         lanes.push((Lane::Peer { peer: q, lane: 0 }, v));
     }
@@ -529,57 +506,32 @@ pub fn p2p_schedule(me: Rank, n: usize, p2p: &[P2pCopy]) -> Schedule {
                 far,
                 bytes,
             } => {
-                let ready = CeFlags::ready(n, peer, 0);
-                let cmds = [
-                    Cmd::Wait {
-                        page: me,
-                        word: ready,
-                    },
-                    Cmd::Write {
-                        page: me,
-                        word: ready,
-                        value: 0,
-                    },
-                    Cmd::Copy {
-                        dst: Addr::Abs(far),
-                        src: Addr::Abs(src),
-                        bytes,
-                    },
-                    Cmd::Write {
-                        page: peer,
-                        word: CeFlags::full(n, me, 0),
-                        value: 1,
-                    },
-                ];
+                let copy = Cmd::Copy {
+                    dst: Addr::Abs(far),
+                    src: Addr::Abs(src),
+                    bytes,
+                };
+                let (ready, full) = (CeFlags::ready(n, peer, 0), CeFlags::full(n, me, 0));
+                let mut cmds = Vec::with_capacity(4);
+                slot_turn(&mut cmds, me, ready, copy, peer, full);
                 let lane = Lane::Peer {
                     peer,
                     lane: P2P_SEND_LANE,
                 };
-                (lane, cmds.to_vec())
+                (lane, cmds)
             }
             P2pCopy::Recv { peer } => {
-                let full = CeFlags::full(n, peer, 0);
-                let cmds = [
-                    Cmd::Write {
-                        page: peer,
-                        word: CeFlags::ready(n, me, 0),
-                        value: 1,
-                    },
-                    Cmd::Wait {
-                        page: me,
-                        word: full,
-                    },
-                    Cmd::Write {
-                        page: me,
-                        word: full,
-                        value: 0,
-                    },
-                ];
+                let mut cmds = vec![Cmd::Write {
+                    page: peer,
+                    word: CeFlags::ready(n, me, 0),
+                    value: 1,
+                }];
+                take(&mut cmds, me, CeFlags::full(n, peer, 0));
                 let lane = Lane::Peer {
                     peer,
                     lane: P2P_RECV_LANE,
                 };
-                (lane, cmds.to_vec())
+                (lane, cmds)
             }
         };
         match lanes.iter_mut().find(|(l, _)| *l == lane) {
@@ -691,15 +643,7 @@ fn fold_schedule(
             });
         }
         if let Some(out) = out.filter(|_| lane < lanes_out).map(|f| f.copy) {
-            v.push(Cmd::Wait {
-                page: me,
-                word: CeFlags::ready(n, q, lane),
-            });
-            v.push(Cmd::Write {
-                page: me,
-                word: CeFlags::ready(n, q, lane),
-                value: 0,
-            });
+            take(&mut v, me, CeFlags::ready(n, q, lane));
             for p in sent.iter().filter(|p| p.lane == lane) {
                 v.push(Cmd::Copy {
                     dst: Addr::Abs(far[q] + (out.dst + p.at) as u64),
