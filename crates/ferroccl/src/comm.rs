@@ -450,8 +450,9 @@ impl Comm {
     /// GPU: a cuMem allocation with POSIX file-descriptor handles ([`crate::mem::alloc`],
     /// `ncclMemAlloc`, PyTorch's expandable segments, ...), or `cudaMalloc`'s (PyTorch's default
     /// allocator's), which peers in other processes map by its CUDA IPC handle and peers in this
-    /// process reach through peer access to this GPU's context; anything else is refused, and nothing changes. The same
-    /// buffer may be registered more than once; each [`Comm::deregister_local`] undoes one.
+    /// process reach through peer access to this GPU's context; anything else is refused, and
+    /// nothing changes. The same buffer may be registered more than once; each
+    /// [`Comm::deregister_local`] undoes one.
     ///
     /// # Safety
     /// The range must stay allocated until [`Comm::deregister_local`] (or the communicator's

@@ -347,11 +347,34 @@ fn registered_windows_take_data_straight_into_the_output() {
     });
 }
 
+/// Which of the copy engines' paths `symmetric_windows_body` expects to take its operations.
+#[derive(Clone, Copy)]
+struct Ce {
+    /// Those between symmetric windows, which exchange nothing at a launch (all-gather,
+    /// all-to-all, broadcast, the copy-and-fold of all-reduces and reduce-scatters):
+    /// `Fabric::ranks_window`.
+    windows: bool,
+    /// Those after a rendezvous (gather, scatter, sends and receives, the reduce's
+    /// copy-and-fold): `Fabric::ranks_post`.
+    posted: bool,
+}
+
+impl Ce {
+    const ALL: Ce = Ce {
+        windows: true,
+        posted: true,
+    };
+    const NONE: Ce = Ce {
+        windows: false,
+        posted: false,
+    };
+}
+
 /// One rank's part of the symmetric-window tests: all-gather, all-to-all and (2 ranks)
 /// broadcast between symmetric windows, out of place and in place, exact on fresh data; by the
-/// copy engines (no thread block) where `ce`, else by kernels; lengths that differ between ranks
-/// refused; in-place all-to-alls and deregistered buffers on kernels.
-fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
+/// copy engines (no thread block) where `ce` says, else by kernels; lengths that differ between
+/// ranks refused; in-place all-to-alls and deregistered buffers on kernels.
+fn symmetric_windows_body(comm: &Comm, ce: Ce, seed: u64) {
     let (n, r) = (comm.nranks(), comm.rank());
     let count = (1 << 20) + 17; // an odd tail
     let by_ce = |blocks: Option<u32>| blocks == Some(0);
@@ -388,7 +411,7 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                 count,
                 0
             )),
-            ce,
+            ce.windows,
             "all-gather by copy engines"
         );
         let got = read(&recv, n * count);
@@ -408,7 +431,7 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                 count,
                 0
             )),
-            ce
+            ce.windows
         );
         let got = read(&recv, n * count);
         for q in 0..n {
@@ -428,7 +451,7 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                 count,
                 0
             )),
-            ce,
+            ce.windows,
             "all-to-all by copy engines"
         );
         let got = read(&recv, n * count);
@@ -484,7 +507,7 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                     count,
                     root
                 )),
-                ce,
+                ce.posted,
                 "gather by copy engines"
             );
             if r == root {
@@ -510,7 +533,7 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
             };
             assert_eq!(
                 by_ce(run(CollKind::Gather, input, recv.device_ptr(), count, root)),
-                ce,
+                ce.posted,
                 "gather to a root in place"
             );
             if r == root {
@@ -549,7 +572,7 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
             let at = recv.device_ptr() + (r * count * 4) as u64;
             assert_eq!(
                 by_ce(run(CollKind::Scatter, send.device_ptr(), at, count, root)),
-                ce,
+                ce.posted,
                 "scatter by copy engines"
             );
             let got = read(&recv, n * count);
@@ -573,7 +596,7 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
             };
             assert_eq!(
                 by_ce(run(CollKind::Scatter, input, output, count, root)),
-                ce,
+                ce.posted,
                 "scatter from a root in place"
             );
             let got = read(&recv, n * count);
@@ -655,7 +678,7 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                     (5, 1) => false,
                     _ => true,
                 };
-                assert_eq!(by_ce(blocks), ce && copies, "sendrecv way {way}");
+                assert_eq!(by_ce(blocks), ce.posted && copies, "sendrecv way {way}");
             }
         }
         if n == 2 {
@@ -670,7 +693,7 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                         count,
                         root
                     )),
-                    ce,
+                    ce.windows,
                     "broadcast by copy engines"
                 );
                 assert!(
@@ -686,7 +709,7 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                         count,
                         root
                     )),
-                    ce
+                    ce.windows
                 );
                 assert!(
                     read(&recv, count) == data(round + 50, root, count),
@@ -731,7 +754,7 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                 put(&send, 0, &small(tag, r, n * count));
                 // Avg too (float32 here: the fold takes Avg of 4- and 8-byte elements, dividing
                 // after the sum; tune::fold_pays).
-                let folds = ce;
+                let folds = ce.windows;
                 all_reduce(op, folds);
                 let (a, b) = (small(tag, 0, n * count), small(tag, 1, n * count));
                 let want: Vec<u32> = (0..n * count)
@@ -778,7 +801,7 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                     n * count,
                     root,
                 );
-                if ce {
+                if ce.posted {
                     let fold = if r == root { reduce_fold } else { Some(0) };
                     assert_eq!(blocks, fold, "round {round}: reduce to {root}");
                 }
@@ -819,7 +842,7 @@ fn symmetric_windows_body(comm: &Comm, ce: bool, seed: u64) {
                 let edges: Vec<u32> = (0..n * count).map(|i| edge_bits(r, i)).collect();
                 for op in [ReduceOp::Max, ReduceOp::Min] {
                     put(&send, 0, &edges);
-                    all_reduce(op, ce);
+                    all_reduce(op, ce.windows);
                     assert_ranks_agree(comm, &recv, &both, n * count, &format!("{op:?}"));
                 }
             }
@@ -901,7 +924,7 @@ fn child_symmetric_windows() {
     }
     let cfg = Config::from_env().unwrap();
     let comm = Comm::from_env_gpu(&cfg).unwrap();
-    symmetric_windows_body(&comm, true, comm.id());
+    symmetric_windows_body(&comm, Ce::ALL, comm.id());
     println!("SYMMETRIC WINDOWS OK");
 }
 
@@ -951,7 +974,7 @@ fn child_wait_posts() {
     }
     let cfg = Config::from_env().unwrap();
     let comm = Comm::from_env_gpu(&cfg).unwrap();
-    symmetric_windows_body(&comm, false, comm.id());
+    symmetric_windows_body(&comm, Ce::NONE, comm.id());
     println!(
         "WAIT POSTS OK direct={}",
         comm.direct_rounds().unwrap().unwrap()
@@ -1840,31 +1863,20 @@ fn child_fold_or_pull() {
     println!("FOLD OR PULL OK");
 }
 
-/// Ranks of one process (threads) keep copies between windows off by default
-/// (`Fabric::ranks_window`): the same operations run on kernels, exact.
+/// Ranks of one process (threads) keep the copies between windows off by default
+/// (`Fabric::ranks_window`): those operations run on kernels, exact; the gathers, scatters,
+/// sends and the reduce take the copies after a rendezvous (`Fabric::ranks_post`), as processes
+/// do. The process test's settings.
 #[test]
 #[ignore = "needs 2+ GPUs: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
 fn symmetric_windows_in_one_process_take_kernels() {
-    let Some(n) = gpus_for_test() else { return };
-    let cfg = Config {
-        gpu_ce_window_bytes: 1,
-        gpu_ce_rendezvous_bytes: 1,
-        gpu_ce_gather_bytes: 1,
-        gpu_ce_broadcast_bytes: 1,
-        gpu_ce_p2p_bytes: 1,
-        gpu_fold_min_bytes: 1,
-        gpu_fold_reduce_min_bytes: 1,
-        ..Config::default()
-    };
-    let id = ferroccl::UniqueId::new(&cfg).unwrap();
-    std::thread::scope(|s| {
-        for r in 0..n {
-            let (cfg, id) = (cfg.clone(), id.clone());
-            s.spawn(move || {
-                let comm = Comm::init_rank(&id, n, r, Device::Cuda(r), &cfg).unwrap();
-                symmetric_windows_body(&comm, false, comm.id());
-            });
-        }
+    let Some(_) = gpus_for_test() else { return };
+    in_threads(&[COPIES, &[WINDOWS_ONLY]].concat(), |c| {
+        let ce = Ce {
+            windows: false,
+            posted: true,
+        };
+        symmetric_windows_body(c, ce, c.id())
     });
 }
 
@@ -1878,7 +1890,7 @@ fn symmetric_windows_in_one_process_take_copies_when_let() {
     let Some(_) = gpus_for_test() else { return };
     let let_in = ("FERROCCL_GPU_WINDOWS_IN_PROCESS", "1");
     in_threads(&[COPIES, &[WINDOWS_ONLY, let_in]].concat(), |c| {
-        symmetric_windows_body(c, true, c.id())
+        symmetric_windows_body(c, Ce::ALL, c.id())
     });
     in_threads(&[PULLS, &[let_in]].concat(), |c| pull_body(c, true));
 }

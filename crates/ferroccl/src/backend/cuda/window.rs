@@ -383,8 +383,8 @@ impl Windows {
     /// address and stages). `places`: where every rank runs; `comm_id` names the mappers.
     /// `cuMemAlloc` memory goes to other processes by its CUDA IPC handle; peers of this process
     /// reach it at its own address once their GPUs have peer access to this one's context
-    /// (`mem::reach_here`; a peer whose GPU cannot stages). Other memory than that or a cuMem allocation with POSIX fd handles is refused, and
-    /// nothing changes.
+    /// (`mem::reach_here`; a peer whose GPU cannot stages). Other memory than that or a cuMem
+    /// allocation with POSIX fd handles is refused, and nothing changes.
     #[allow(clippy::too_many_arguments)]
     pub fn register_local(
         &mut self,
