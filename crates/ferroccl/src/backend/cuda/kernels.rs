@@ -415,22 +415,40 @@ mod tests {
     /// non-power-of-two float or 64-bit count divides as the reference does.
     #[test]
     fn avg_division_gives_the_hosts_quotient_for_every_type_and_rank_count() {
+        let out = run_cpp(
+            "divn",
+            &DIVN_HARNESS.replace(
+                "@DIVN@",
+                reduce_part(
+                    "__device__ __forceinline__ bool pow2n",
+                    "__ddiv_rn(a, (double)n);\n}",
+                ),
+            ),
+        );
+        assert!(out.contains("bad 0"), "{out}");
+    }
+
+    /// The text of reduce.cuh from `first` to the end of `last`.
+    fn reduce_part(first: &str, last: &str) -> &'static str {
         let reduce = HEADERS.iter().find(|(n, _)| *n == "reduce.cuh").unwrap().1;
-        let first = reduce
-            .find("__device__ __forceinline__ bool pow2n")
-            .expect("pow2n");
-        let end_marker = "__ddiv_rn(a, (double)n);\n}";
-        let last = reduce.find(end_marker).expect("double divn") + end_marker.len();
-        let dir = std::env::temp_dir().join(format!("ferroccl-divn-{}", std::process::id()));
+        let a = reduce.find(first).expect(first);
+        let b = reduce[a..].find(last).expect(last) + a + last.len();
+        &reduce[a..b]
+    }
+
+    /// Compiles `src` with the system's C++ compiler (`$CXX`, else `c++`), runs it, and gives
+    /// what it printed; panics if either step fails (the program's exit status included).
+    fn run_cpp(name: &str, src: &str) -> String {
+        let dir = std::env::temp_dir().join(format!("ferroccl-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let src = dir.join("divn.cpp");
-        std::fs::write(&src, DIVN_HARNESS.replace("@DIVN@", &reduce[first..last])).unwrap();
-        let exe = dir.join("divn");
+        let file = dir.join(format!("{name}.cpp"));
+        std::fs::write(&file, src).unwrap();
+        let exe = dir.join(name);
         let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
         let cc = std::process::Command::new(&cxx)
             .args(["-O2", "-std=c++17", "-o"])
             .arg(&exe)
-            .arg(&src)
+            .arg(&file)
             .output();
         let run = cc
             .as_ref()
@@ -445,9 +463,82 @@ mod tests {
             String::from_utf8_lossy(&cc.stderr)
         );
         let run = run.expect("compiled").expect("the compiled test ran");
-        let out = String::from_utf8_lossy(&run.stdout);
-        assert!(run.status.success() && out.contains("bad 0"), "{out}");
+        let out = String::from_utf8_lossy(&run.stdout).into_owned();
+        assert!(run.status.success(), "{out}");
+        out
     }
+
+    /// The 8-bit integers' packed arithmetic (reduce.cuh's `bytes_` functions: four bytes to a
+    /// 32-bit word, which the folds of int8 and uint8 use) compiled for the CPU must give, in
+    /// every byte of the word, what one byte alone gives (the host's arithmetic: wrapping sums and
+    /// products, signed and unsigned max and min, quotients truncated toward zero): every pair of
+    /// bytes in each of the four positions, the other three bytes random, every scalar for the
+    /// pre-multiplication and every power-of-two divisor from 1 to 2^9.
+    #[test]
+    fn packed_bytes_give_each_bytes_own_result() {
+        let out = run_cpp(
+            "bytes",
+            &BYTES_HARNESS.replace(
+                "@BYTES@",
+                reduce_part(
+                    "#define FC_BYTES_TOP",
+                    "// (end of the part compiled for the CPU)",
+                ),
+            ),
+        );
+        assert!(out.contains("bad 0"), "{out}");
+        // Every pair, position, scalar and divisor (the harness counts what it compared).
+        assert!(out.contains("checked 94371840,"), "{out}");
+    }
+
+    const BYTES_HARNESS: &str = r#"
+#include <cstdint>
+#include <cstdio>
+#include <random>
+typedef unsigned fc_u32;
+#define __device__
+#define __forceinline__ inline
+@BYTES@
+static fc_u32 put(fc_u32 w, int j, fc_u32 b) { return (w & ~(0xffu << (8 * j))) | ((b & 0xffu) << (8 * j)); }
+static fc_u32 at(fc_u32 w, int j) { return (w >> (8 * j)) & 0xffu; }
+static int s8(fc_u32 b) { return (int)(signed char)(unsigned char)b; }
+int main() {
+    long bad = 0, checked = 0;
+    std::mt19937 rng(11);
+    for (int j = 0; j < 4; j++)
+        for (fc_u32 a = 0; a < 256; a++)
+            for (fc_u32 b = 0; b < 256; b++) {
+                const fc_u32 x = put((fc_u32)rng(), j, a), y = put((fc_u32)rng(), j, b);
+                // Every byte of the word is checked, the random ones too (a carry or a borrow
+                // out of a byte shows in its neighbour).
+                for (int i = 0; i < 4; i++) {
+                    const fc_u32 p = at(x, i), q = at(y, i);
+                    const int sp = s8(p), sq = s8(q);
+                    bad += at(bytes_add(x, y), i) != ((p + q) & 0xffu);
+                    bad += at(bytes_mul(x, y), i) != ((p * q) & 0xffu);
+                    bad += at(bytes_max<false>(x, y), i) != (p > q ? p : q);
+                    bad += at(bytes_min<false>(x, y), i) != (p < q ? p : q);
+                    bad += at(bytes_max<true>(x, y), i) != ((fc_u32)(sp > sq ? sp : sq) & 0xffu);
+                    bad += at(bytes_min<true>(x, y), i) != ((fc_u32)(sp < sq ? sp : sq) & 0xffu);
+                    checked += 6;
+                }
+                for (fc_u32 s = 0; s < 256; s++) {
+                    bad += at(bytes_mul_by(x, s), j) != ((a * s) & 0xffu);
+                    checked++;
+                }
+                for (int sh = 0; sh <= 9; sh++) {
+                    const int n = 1 << sh;
+                    for (int i = 0; i < 4; i++) {
+                        bad += at(bytes_div_pow2<false>(x, sh), i) != at(x, i) / (fc_u32)n;
+                        bad += at(bytes_div_pow2<true>(x, sh), i) != ((fc_u32)(s8(at(x, i)) / n) & 0xffu);
+                        checked += 2;
+                    }
+                }
+            }
+    printf("checked %ld, bad %ld\n", checked, bad);
+    return bad != 0;
+}
+"#;
 
     const DIVN_HARNESS: &str = r#"
 #include <cstdint>

@@ -428,81 +428,32 @@ __device__ __forceinline__ void line_load(const fc_u8* p, fc_u64& x, fc_u64& y) 
     asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(p) : "memory");
 }
 
-// A lane's 16 bytes as elements of D.
-template <typename D>
-union LinePack {
-    fc_u64 w[2];
-    typename D::S e[16 / sizeof(typename D::S)];
-};
+// A lane's 16 bytes, (x, y), as a pack for fold16 and transform16, and back.
+__device__ __forceinline__ uint4 line_pack(fc_u64 x, fc_u64 y) {
+    return make_uint4((fc_u32)x, (fc_u32)(x >> 32), (fc_u32)y, (fc_u32)(y >> 32));
+}
+__device__ __forceinline__ void line_unpack(uint4 v, fc_u64& x, fc_u64& y) {
+    x = (fc_u64)v.x | ((fc_u64)v.y << 32);
+    y = (fc_u64)v.z | ((fc_u64)v.w << 32);
+}
 
 // The sender's side of a PreMulSum: its operand times its own scalar (as transform_as does for
 // the staged rounds), so that each rank's scalar is applied once, by that rank.
 template <typename D>
 __device__ __forceinline__ void line_premul(fc_u64& x, fc_u64& y, typename D::C scalar) {
-    LinePack<D> p;
-    p.w[0] = x;
-    p.w[1] = y;
-#pragma unroll
-    for (int j = 0; j < (int)(16 / sizeof(typename D::S)); ++j) p.e[j] = D::store(mul(D::load(p.e[j]), scalar));
-    x = p.w[0];
-    y = p.w[1];
-}
-
-// A Sum of two 16-bit floats two at a time (FC_LINE_PACKED, on by default): the hardware's packed
-// add rounds the exact sum once, and so does the per-element path (the exact sum of two bfloat16
-// or half values fits a float's 24 bits, or lies within a quarter unit of the larger operand,
-// which both round to), so the bits are the same, signed zeros, infinities and the canonical NaN
-// included; in a warp's fold after the lines land, one instruction a pair instead of two
-// widenings, an add and a narrowing an element (docs/PERFORMANCE.md section 31).
-#ifndef FC_LINE_PACKED
-#define FC_LINE_PACKED 1
-#endif
-template <typename D>
-struct PackedSum {
-    static constexpr bool on = false;
-    static __device__ __forceinline__ fc_u32 add(fc_u32 a, fc_u32) { return a; }
-};
-// Two elements in a 32-bit word as the packed type T2 (`__nv_bfloat162`, `__half2`).
-template <typename T2>
-struct PackedPair {
-    static constexpr bool on = FC_LINE_PACKED != 0;
-    static __device__ __forceinline__ fc_u32 add(fc_u32 a, fc_u32 b) {
-        const T2 r = __hadd2(*(const T2*)&a, *(const T2*)&b);
-        return *(const fc_u32*)&r;
-    }
-};
-template <>
-struct PackedSum<DBF16> : PackedPair<__nv_bfloat162> {};
-template <>
-struct PackedSum<DF16> : PackedPair<__half2> {};
-template <typename D>
-__device__ __forceinline__ fc_u64 packed_sum(fc_u64 a, fc_u64 b) {
-    return (fc_u64)PackedSum<D>::add((fc_u32)a, (fc_u32)b) | ((fc_u64)PackedSum<D>::add((fc_u32)(a >> 32), (fc_u32)(b >> 32)) << 32);
+    line_unpack(transform16<D>(line_pack(x, y), true, false, scalar, 1u), x, y);
 }
 
 // (x, y) = the fold of the peer's (tx, ty) and this rank's (x, y), element by element, in the
-// operand order fold_swaps gives, with reduce_elem's scalar and average.
+// operand order fold_swaps gives, with reduce_elem's scalar and average. The 1- and 2-byte types
+// fold a word at a time (fold16; a bfloat16 or half Sum by the packed add: in a warp's fold after
+// the lines land, one instruction a pair instead of two widenings, an add and a narrowing an
+// element, docs/PERFORMANCE.md section 31).
 template <typename D>
 __device__ __forceinline__ void line_fold(fc_u64& x, fc_u64& y, fc_u64 tx, fc_u64 ty, fc_u32 k, bool pre, bool post, bool swap,
                                           typename D::C scalar, fc_u32 nranks) {
-    // Sum is commutative bit for bit: no operand order to keep. (PreMulSum and Avg have codes of
-    // their own; `pre` and `post` are false here.)
-    if (PackedSum<D>::on && k == FC_OP_SUM) {
-        x = packed_sum<D>(x, tx);
-        y = packed_sum<D>(y, ty);
-        return;
-    }
-    LinePack<D> m, t;
-    m.w[0] = x;
-    m.w[1] = y;
-    t.w[0] = tx;
-    t.w[1] = ty;
-#pragma unroll
-    for (int j = 0; j < (int)(16 / sizeof(typename D::S)); ++j) {
-        m.e[j] = reduce_elem<D>(swap ? m.e[j] : t.e[j], swap ? t.e[j] : m.e[j], k, pre, post, scalar, nranks);
-    }
-    x = m.w[0];
-    y = m.w[1];
+    const uint4 mine = line_pack(x, y), theirs = line_pack(tx, ty);
+    line_unpack(fold16<D>(swap ? mine : theirs, swap ? theirs : mine, k, pre, post, scalar, nranks), x, y);
 }
 
 // One line round of block b over `len` elements (see above): what this rank sends starts at

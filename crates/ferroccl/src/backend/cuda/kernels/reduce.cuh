@@ -102,6 +102,67 @@ __device__ __forceinline__ double divn(double a, fc_u32 n) {
     return pow2n(n) ? __dmul_rn(a, __longlong_as_double((long long)(1023 - log2n(n)) << 52)) : __ddiv_rn(a, (double)n);
 }
 
+// ---- 8-bit integers four to a word -----------------------------------------------------------
+// A 32-bit word's four bytes as four 8-bit integers, each wrapping on its own, with the bits the
+// one-at-a-time arithmetic above gives (a test compiles this part for the CPU and compares every
+// pair of bytes in every position: kernels.rs). One at a time, each of a 16-byte pack's sixteen
+// elements cost an extraction, the arithmetic and an insertion, which made 8-bit Avg, Max, Min
+// and PreMulSum folds compute-bound (1.3-1.7 x Sum, docs/PERFORMANCE.md section 28).
+#define FC_BYTES_TOP 0x80808080u
+#define FC_BYTES_LOW 0x7f7f7f7fu
+#define FC_BYTES_ONE 0x01010101u
+// a + b byte by byte: the low seven bits added (no carry leaves a byte), the top bits by xor.
+__device__ __forceinline__ fc_u32 bytes_add(fc_u32 a, fc_u32 b) {
+    return ((a & FC_BYTES_LOW) + (b & FC_BYTES_LOW)) ^ ((a ^ b) & FC_BYTES_TOP);
+}
+// a times the byte s, byte by byte: the even and the odd bytes as two 16-bit lanes each, whose
+// products (under 2^16) never reach the next lane.
+__device__ __forceinline__ fc_u32 bytes_mul_by(fc_u32 a, fc_u32 s) {
+    s &= 0xffu;
+    const fc_u32 even = ((a & 0x00ff00ffu) * s) & 0x00ff00ffu;
+    const fc_u32 odd = (((a >> 8) & 0x00ff00ffu) * s) & 0x00ff00ffu;
+    return even | (odd << 8);
+}
+__device__ __forceinline__ fc_u32 bytes_mul(fc_u32 a, fc_u32 b) {
+    fc_u32 r = 0;
+#pragma unroll
+    for (int j = 0; j < 32; j += 8) r |= ((((a >> j) & 0xffu) * ((b >> j) & 0xffu)) & 0xffu) << j;
+    return r;
+}
+// 0xff in each byte where a's byte >= b's (unsigned), 0 elsewhere: the low seven bits compared
+// by a subtraction that borrows from no other byte ((a | 0x80) - (b & 0x7f) keeps its top bit
+// exactly where a's low bits are >= b's), the top bits decide where they differ.
+__device__ __forceinline__ fc_u32 bytes_ge(fc_u32 a, fc_u32 b) {
+    const fc_u32 low = (a | FC_BYTES_TOP) - (b & FC_BYTES_LOW);
+    const fc_u32 ge = ((a & ~b) | (~(a ^ b) & low)) & FC_BYTES_TOP;
+    return (ge - (ge >> 7)) | ge;
+}
+// max_int and min_int byte by byte (a signed byte compares as its unsigned value with the top
+// bit flipped).
+template <bool SIGNED>
+__device__ __forceinline__ fc_u32 bytes_max(fc_u32 a, fc_u32 b) {
+    const fc_u32 f = SIGNED ? FC_BYTES_TOP : 0u;
+    const fc_u32 m = bytes_ge(a ^ f, b ^ f);
+    return (a & m) | (b & ~m);
+}
+template <bool SIGNED>
+__device__ __forceinline__ fc_u32 bytes_min(fc_u32 a, fc_u32 b) {
+    const fc_u32 f = SIGNED ? FC_BYTES_TOP : 0u;
+    const fc_u32 m = bytes_ge(a ^ f, b ^ f);
+    return (b & m) | (a & ~m);
+}
+// divn byte by byte for a power-of-two count 2^sh: truncating toward zero, a negative byte biased
+// by 2^sh - 1 first and then shifted arithmetically (its sign filled back in). From 2^8 every
+// quotient truncates to 0.
+template <bool SIGNED>
+__device__ __forceinline__ fc_u32 bytes_div_pow2(fc_u32 a, int sh) {
+    if (sh >= 8) return 0u;
+    if (SIGNED) a = bytes_add(a, ((a >> 7) & FC_BYTES_ONE) * ((1u << sh) - 1u));
+    const fc_u32 q = (a >> sh) & ((0xffu >> sh) * FC_BYTES_ONE);
+    return SIGNED ? q | (((a >> 7) & FC_BYTES_ONE) * (0xffu ^ (0xffu >> sh))) : q;
+}
+// (end of the part compiled for the CPU)
+
 // ---- element types: storage S, compute C ---------------------------------------------------
 
 template <typename T>
@@ -372,6 +433,216 @@ __device__ __forceinline__ typename D::S reduce_elem(typename D::S recv, typenam
     return D::store(v);
 }
 
+// transform_piece's element: v = src; if pre v *= scalar; if post v /= nranks.
+template <typename D>
+__device__ __forceinline__ typename D::S transform_elem(typename D::S src, bool pre, bool post, typename D::C scalar,
+                                                         fc_u32 nranks) {
+    typename D::C v = D::load(src);
+    if (pre) v = mul(v, scalar);
+    if (post) v = divn(v, nranks);
+    return D::store(v);
+}
+
+// ---- packed words: the 1- and 2-byte types a 32-bit word at a time ----------------------------
+// reduce_elem and transform_elem over a word's elements (Packed<D>::fold, Packed<D>::transform), in
+// the bits those give one at a time: 8-bit integers four to a word (the bytes_ functions), 16-bit
+// floats as a pair (a Sum by the hardware's packed add, the rest widened to two floats and
+// narrowed by one packed conversion), fp8 as two pairs (each widened and narrowed by one packed
+// conversion). FC_FOLD_PACKED=0 (FERROCCL_KERNEL_DEFINES) folds every element alone, for the
+// comparison; bench/probes/fold_rate.cu compares both ways' bits over every pair of 8- and 16-bit
+// values and times them.
+#ifndef FC_FOLD_PACKED
+#define FC_FOLD_PACKED 1
+#endif
+
+// The one-at-a-time forms over a word (every other type, and the cases the packed forms leave:
+// a division by a count that is not a power of two).
+template <typename D>
+union WordElems {
+    fc_u32 w;
+    typename D::S e[4 / sizeof(typename D::S)];
+};
+template <typename D>
+__device__ __forceinline__ fc_u32 fold_elems(fc_u32 r, fc_u32 l, fc_u32 k, bool pre, bool post, typename D::C scalar,
+                                             fc_u32 nranks) {
+    WordElems<D> a, b;
+    a.w = r;
+    b.w = l;
+#pragma unroll
+    for (int j = 0; j < (int)(4 / sizeof(typename D::S)); ++j) a.e[j] = reduce_elem<D>(a.e[j], b.e[j], k, pre, post, scalar, nranks);
+    return a.w;
+}
+template <typename D>
+__device__ __forceinline__ fc_u32 transform_elems(fc_u32 w, bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
+    WordElems<D> a;
+    a.w = w;
+#pragma unroll
+    for (int j = 0; j < (int)(4 / sizeof(typename D::S)); ++j) a.e[j] = transform_elem<D>(a.e[j], pre, post, scalar, nranks);
+    return a.w;
+}
+
+// Types with no packed form (4- and 8-byte elements: a word would split the 8-byte ones, and the
+// 4-byte ones are one to a word anyway).
+template <typename D>
+struct Packed {
+    static constexpr bool on = false;
+};
+
+template <typename D, bool SIGNED>
+struct PackedBytes {
+    static constexpr bool on = FC_FOLD_PACKED != 0;
+    typedef typename D::C C;
+    static __device__ __forceinline__ fc_u32 fold(fc_u32 r, fc_u32 l, fc_u32 k, bool pre, bool post, C scalar, fc_u32 nranks) {
+        if (post && !pow2n(nranks)) return fold_elems<D>(r, l, k, pre, post, scalar, nranks);
+        if (pre) l = bytes_mul_by(l, (fc_u32)(fc_u8)scalar);
+        fc_u32 v;
+        switch (k) {
+            case FC_OP_PROD: v = bytes_mul(r, l); break;
+            case FC_OP_MAX: v = bytes_max<SIGNED>(r, l); break;
+            case FC_OP_MIN: v = bytes_min<SIGNED>(r, l); break;
+            default: v = bytes_add(r, l);
+        }
+        return post ? bytes_div_pow2<SIGNED>(v, log2n(nranks)) : v;
+    }
+    static __device__ __forceinline__ fc_u32 transform(fc_u32 w, bool pre, bool post, C scalar, fc_u32 nranks) {
+        if (post && !pow2n(nranks)) return transform_elems<D>(w, pre, post, scalar, nranks);
+        if (pre) w = bytes_mul_by(w, (fc_u32)(fc_u8)scalar);
+        return post ? bytes_div_pow2<SIGNED>(w, log2n(nranks)) : w;
+    }
+};
+template <>
+struct Packed<DI8> : PackedBytes<DI8, true> {};
+template <>
+struct Packed<DU8> : PackedBytes<DU8, false> {};
+
+// Two elements as floats, as reduce_elem and transform_elem compute each (P: the pair's packed
+// conversions, `load2` of the pair's bits and `store2` back).
+template <typename P>
+__device__ __forceinline__ fc_u32 pair_fold(fc_u32 r, fc_u32 l, fc_u32 k, bool pre, bool post, float scalar, fc_u32 nranks) {
+    float2 lv = P::load2(l);
+    if (pre) lv = P::load2(P::store2(make_float2(mul(lv.x, scalar), mul(lv.y, scalar))));
+    const float2 rv = P::load2(r);
+    float2 v = make_float2(combine(rv.x, lv.x, k), combine(rv.y, lv.y, k));
+    if (post) v = make_float2(divn(v.x, nranks), divn(v.y, nranks));
+    return P::store2(v);
+}
+template <typename P>
+__device__ __forceinline__ fc_u32 pair_transform(fc_u32 w, bool pre, bool post, float scalar, fc_u32 nranks) {
+    float2 v = P::load2(w);
+    if (pre) v = make_float2(mul(v.x, scalar), mul(v.y, scalar));
+    if (post) v = make_float2(divn(v.x, nranks), divn(v.y, nranks));
+    return P::store2(v);
+}
+
+// The pairs' packed conversions. bfloat16 and half: a pair to a word; the packed narrowing
+// rounds each float to nearest even as the single one does.
+struct PairBf16 {
+    typedef __nv_bfloat162 T2;
+    static __device__ __forceinline__ float2 load2(fc_u32 w) { return __bfloat1622float2(*(const T2*)&w); }
+    static __device__ __forceinline__ fc_u32 store2(float2 c) {
+        const T2 h = __float22bfloat162_rn(c);
+        return *(const fc_u32*)&h;
+    }
+};
+struct PairF16 {
+    typedef __half2 T2;
+    static __device__ __forceinline__ float2 load2(fc_u32 w) { return __half22float2(*(const T2*)&w); }
+    static __device__ __forceinline__ fc_u32 store2(float2 c) {
+        const T2 h = __float22half2_rn(c);
+        return *(const fc_u32*)&h;
+    }
+};
+// fp8: a pair in a word's low 16 bits (the first element in the low byte, as the conversions
+// take it). The narrowing saturates as DF8::store does; a NaN goes through DF8::store, which
+// keeps its sign where the hardware's conversion drops it.
+template <int KIND>
+struct PairF8 {
+    static __device__ __forceinline__ float2 load2(fc_u32 w) {
+        const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), (__nv_fp8_interpretation_t)KIND);
+        return __half22float2(__half2(h));
+    }
+    static __device__ __forceinline__ fc_u32 store2(float2 c) {
+        if ((c.x != c.x) | (c.y != c.y)) return (fc_u32)DF8<KIND>::store(c.x) | ((fc_u32)DF8<KIND>::store(c.y) << 8);
+        return (fc_u32)__nv_cvt_float2_to_fp8x2(c, __NV_SATFINITE, (__nv_fp8_interpretation_t)KIND);
+    }
+};
+
+// A plain Sum of 16-bit floats is the hardware's packed add, which rounds the exact sum once: so
+// does the path through floats (the exact sum of two bfloat16 or half values fits a float's 24
+// bits, or lies within a quarter unit of the larger operand, which both round to), so the bits
+// are the same, signed zeros, infinities and the canonical NaN included.
+template <typename P>
+struct PackedHalves {
+    static constexpr bool on = FC_FOLD_PACKED != 0;
+    static __device__ __forceinline__ fc_u32 fold(fc_u32 r, fc_u32 l, fc_u32 k, bool pre, bool post, float scalar, fc_u32 nranks) {
+        if (!pre && !post && k != FC_OP_PROD && k != FC_OP_MAX && k != FC_OP_MIN) {
+            const typename P::T2 s = __hadd2(*(const typename P::T2*)&r, *(const typename P::T2*)&l);
+            return *(const fc_u32*)&s;
+        }
+        return pair_fold<P>(r, l, k, pre, post, scalar, nranks);
+    }
+    static __device__ __forceinline__ fc_u32 transform(fc_u32 w, bool pre, bool post, float scalar, fc_u32 nranks) {
+        return pair_transform<P>(w, pre, post, scalar, nranks);
+    }
+};
+template <>
+struct Packed<DBF16> : PackedHalves<PairBf16> {};
+template <>
+struct Packed<DF16> : PackedHalves<PairF16> {};
+
+template <int KIND>
+struct PackedF8 {
+    static constexpr bool on = FC_FOLD_PACKED != 0;
+    static __device__ __forceinline__ fc_u32 fold(fc_u32 r, fc_u32 l, fc_u32 k, bool pre, bool post, float scalar, fc_u32 nranks) {
+        const fc_u32 lo = pair_fold<PairF8<KIND> >(r, l, k, pre, post, scalar, nranks);
+        const fc_u32 hi = pair_fold<PairF8<KIND> >(r >> 16, l >> 16, k, pre, post, scalar, nranks);
+        return lo | (hi << 16);
+    }
+    static __device__ __forceinline__ fc_u32 transform(fc_u32 w, bool pre, bool post, float scalar, fc_u32 nranks) {
+        return pair_transform<PairF8<KIND> >(w, pre, post, scalar, nranks) |
+               (pair_transform<PairF8<KIND> >(w >> 16, pre, post, scalar, nranks) << 16);
+    }
+};
+template <>
+struct Packed<DE4M3> : PackedF8<__NV_E4M3> {};
+template <>
+struct Packed<DE5M2> : PackedF8<__NV_E5M2> {};
+
+// A 16-byte pack's fold (reduce_elem on each element) and transform (transform_elem), by words
+// where the type has a packed form.
+template <typename D>
+union Pack16 {
+    uint4 v;
+    typename D::S e[16 / sizeof(typename D::S)];
+};
+template <typename D>
+__device__ __forceinline__ uint4 fold16(uint4 r, uint4 l, fc_u32 k, bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
+    if constexpr (Packed<D>::on) {
+        return make_uint4(Packed<D>::fold(r.x, l.x, k, pre, post, scalar, nranks), Packed<D>::fold(r.y, l.y, k, pre, post, scalar, nranks),
+                          Packed<D>::fold(r.z, l.z, k, pre, post, scalar, nranks), Packed<D>::fold(r.w, l.w, k, pre, post, scalar, nranks));
+    } else {
+        Pack16<D> a, b;
+        a.v = r;
+        b.v = l;
+#pragma unroll
+        for (int j = 0; j < (int)(16 / sizeof(typename D::S)); ++j) a.e[j] = reduce_elem<D>(a.e[j], b.e[j], k, pre, post, scalar, nranks);
+        return a.v;
+    }
+}
+template <typename D>
+__device__ __forceinline__ uint4 transform16(uint4 w, bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
+    if constexpr (Packed<D>::on) {
+        return make_uint4(Packed<D>::transform(w.x, pre, post, scalar, nranks), Packed<D>::transform(w.y, pre, post, scalar, nranks),
+                          Packed<D>::transform(w.z, pre, post, scalar, nranks), Packed<D>::transform(w.w, pre, post, scalar, nranks));
+    } else {
+        Pack16<D> a;
+        a.v = w;
+#pragma unroll
+        for (int j = 0; j < (int)(16 / sizeof(typename D::S)); ++j) a.e[j] = transform_elem<D>(a.e[j], pre, post, scalar, nranks);
+        return a.v;
+    }
+}
+
 // For i < n: l = local[i]; if pre l *= scalar; v = O(recv[i], l); if post v /= nranks;
 // dst0[i] = v (and dst1[i]). dst0 may be exactly local (in place); recv is a slot.
 // U: pairs of 16-byte loads in flight per thread (FC_REDUCE_UNROLL; the copy-and-fold's fold
@@ -384,7 +655,6 @@ __device__ __forceinline__ void reduce_piece(fc_u8* d0, fc_u8* d1, const fc_u8* 
     fc_u64 done = 0;
     if (aligned16((fc_u64)d0 | (fc_u64)d1 | (fc_u64)recv | (fc_u64)local)) {
         const int E = 16 / sizeof(S);
-        union Pack { uint4 v; S e[16 / sizeof(S)]; };
         const fc_u64 nv = n / E;
         const uint4* r4 = (const uint4*)recv;
         const uint4* l4 = (const uint4*)local;
@@ -394,29 +664,23 @@ __device__ __forceinline__ void reduce_piece(fc_u8* d0, fc_u8* d1, const fc_u8* 
         // pair at a time left each block waiting on HBM latency.
         fc_u64 i = threadIdx.x;
         for (; i + (fc_u64)(U - 1) * nt < nv; i += (fc_u64)U * nt) {
-            Pack r[U], l[U];
+            uint4 r[U], l[U];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                r[u].v = ldcg(r4 + i + (fc_u64)u * nt);
-                l[u].v = ldcg(l4 + i + (fc_u64)u * nt);
+                r[u] = ldcg(r4 + i + (fc_u64)u * nt);
+                l[u] = ldcg(l4 + i + (fc_u64)u * nt);
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                Pack o;
-#pragma unroll
-                for (int j = 0; j < E; ++j) o.e[j] = reduce_elem<D>(r[u].e[j], l[u].e[j], k, pre, post, scalar, nranks);
-                a4[i + (fc_u64)u * nt] = o.v;
-                if (b4) b4[i + (fc_u64)u * nt] = o.v;
+                const uint4 o = fold16<D>(r[u], l[u], k, pre, post, scalar, nranks);
+                a4[i + (fc_u64)u * nt] = o;
+                if (b4) b4[i + (fc_u64)u * nt] = o;
             }
         }
         for (; i < nv; i += nt) {
-            Pack r, l, o;
-            r.v = ldcg(r4 + i);
-            l.v = ldcg(l4 + i);
-#pragma unroll
-            for (int j = 0; j < E; ++j) o.e[j] = reduce_elem<D>(r.e[j], l.e[j], k, pre, post, scalar, nranks);
-            a4[i] = o.v;
-            if (b4) b4[i] = o.v;
+            const uint4 o = fold16<D>(ldcg(r4 + i), ldcg(l4 + i), k, pre, post, scalar, nranks);
+            a4[i] = o;
+            if (b4) b4[i] = o;
         }
         done = nv * E;
     }
@@ -436,37 +700,19 @@ template <typename D>
 __device__ void transform_piece(fc_u8* d0, const fc_u8* src, fc_u64 n, bool pre, bool post, typename D::C scalar,
                                 fc_u32 nranks) {
     typedef typename D::S S;
-    typedef typename D::C C;
     const fc_u32 nt = blockDim.x;
     fc_u64 done = 0;
     if (aligned16((fc_u64)d0 | (fc_u64)src)) {
         const int E = 16 / sizeof(S);
-        union Pack { uint4 v; S e[16 / sizeof(S)]; };
         const fc_u64 nv = n / E;
         const uint4* s4 = (const uint4*)src;
         uint4* a4 = (uint4*)d0;
-        for (fc_u64 i = threadIdx.x; i < nv; i += nt) {
-            Pack s, o;
-            s.v = ldcg(s4 + i);
-#pragma unroll
-            for (int k = 0; k < E; ++k) {
-                C v = D::load(s.e[k]);
-                if (pre) v = mul(v, scalar);
-                if (post) v = divn(v, nranks);
-                o.e[k] = D::store(v);
-            }
-            a4[i] = o.v;
-        }
+        for (fc_u64 i = threadIdx.x; i < nv; i += nt) a4[i] = transform16<D>(ldcg(s4 + i), pre, post, scalar, nranks);
         done = nv * E;
     }
     const S* s = (const S*)src;
     S* a = (S*)d0;
-    for (fc_u64 i = done + threadIdx.x; i < n; i += nt) {
-        C v = D::load(ld_elem(s + i));
-        if (pre) v = mul(v, scalar);
-        if (post) v = divn(v, nranks);
-        a[i] = D::store(v);
-    }
+    for (fc_u64 i = done + threadIdx.x; i < n; i += nt) a[i] = transform_elem<D>(ld_elem(s + i), pre, post, scalar, nranks);
 }
 
 // ---- runtime dispatch: one switch per piece, 12 reduce and 12 transform instances ----------
