@@ -471,7 +471,7 @@ mod tests {
     /// The 8-bit integers' packed arithmetic (reduce.cuh's `bytes_` functions: four bytes to a
     /// 32-bit word, which the folds of int8 and uint8 use) compiled for the CPU must give, in
     /// every byte of the word, what one byte alone gives (the host's arithmetic: wrapping sums and
-    /// products, signed and unsigned max and min, quotients truncated toward zero): every pair of
+    /// products by a scalar, signed and unsigned max and min, quotients truncated toward zero): every pair of
     /// bytes in each of the four positions, the other three bytes random, every scalar for the
     /// pre-multiplication and every power-of-two divisor from 1 to 2^9.
     #[test]
@@ -488,7 +488,7 @@ mod tests {
         );
         assert!(out.contains("bad 0"), "{out}");
         // Every pair, position, scalar and divisor (the harness counts what it compared).
-        assert!(out.contains("checked 94371840,"), "{out}");
+        assert!(out.contains("checked 93323264,"), "{out}");
     }
 
     const BYTES_HARNESS: &str = r#"
@@ -515,12 +515,11 @@ int main() {
                     const fc_u32 p = at(x, i), q = at(y, i);
                     const int sp = s8(p), sq = s8(q);
                     bad += at(bytes_add(x, y), i) != ((p + q) & 0xffu);
-                    bad += at(bytes_mul(x, y), i) != ((p * q) & 0xffu);
                     bad += at(bytes_max<false>(x, y), i) != (p > q ? p : q);
                     bad += at(bytes_min<false>(x, y), i) != (p < q ? p : q);
                     bad += at(bytes_max<true>(x, y), i) != ((fc_u32)(sp > sq ? sp : sq) & 0xffu);
                     bad += at(bytes_min<true>(x, y), i) != ((fc_u32)(sp < sq ? sp : sq) & 0xffu);
-                    checked += 6;
+                    checked += 5;
                 }
                 for (fc_u32 s = 0; s < 256; s++) {
                     bad += at(bytes_mul_by(x, s), j) != ((a * s) & 0xffu);

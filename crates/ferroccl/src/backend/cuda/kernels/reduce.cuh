@@ -123,12 +123,6 @@ __device__ __forceinline__ fc_u32 bytes_mul_by(fc_u32 a, fc_u32 s) {
     const fc_u32 odd = (((a >> 8) & 0x00ff00ffu) * s) & 0x00ff00ffu;
     return even | (odd << 8);
 }
-__device__ __forceinline__ fc_u32 bytes_mul(fc_u32 a, fc_u32 b) {
-    fc_u32 r = 0;
-#pragma unroll
-    for (int j = 0; j < 32; j += 8) r |= ((((a >> j) & 0xffu) * ((b >> j) & 0xffu)) & 0xffu) << j;
-    return r;
-}
 // 0xff in each byte where a's byte >= b's (unsigned), 0 elsewhere: the low seven bits compared
 // by a subtraction that borrows from no other byte ((a | 0x80) - (b & 0x7f) keeps its top bit
 // exactly where a's low bits are >= b's), the top bits decide where they differ.
@@ -151,15 +145,22 @@ __device__ __forceinline__ fc_u32 bytes_min(fc_u32 a, fc_u32 b) {
     const fc_u32 m = bytes_ge(a ^ f, b ^ f);
     return (b & m) | (a & ~m);
 }
-// divn byte by byte for a power-of-two count 2^sh: truncating toward zero, a negative byte biased
-// by 2^sh - 1 first and then shifted arithmetically (its sign filled back in). From 2^8 every
-// quotient truncates to 0.
+// divn byte by byte for a power-of-two count 2^sh, truncating toward zero. Unsigned: a shift.
+// Signed, in offset form (t = a + 128, what a ^ 0x80 gives, 0-255): a negative byte (t < 128)
+// takes a bias of 2^sh - 1 first, which never carries out of its byte (t + bias < 256); then
+// t >> sh is the floored quotient plus 128 >> sh, back to two's complement by flipping that bit
+// and copying it into the bits above. From 2^8 every quotient truncates to 0.
 template <bool SIGNED>
 __device__ __forceinline__ fc_u32 bytes_div_pow2(fc_u32 a, int sh) {
     if (sh >= 8) return 0u;
-    if (SIGNED) a = bytes_add(a, ((a >> 7) & FC_BYTES_ONE) * ((1u << sh) - 1u));
-    const fc_u32 q = (a >> sh) & ((0xffu >> sh) * FC_BYTES_ONE);
-    return SIGNED ? q | (((a >> 7) & FC_BYTES_ONE) * (0xffu ^ (0xffu >> sh))) : q;
+    const fc_u32 mask = (0xffu >> sh) * FC_BYTES_ONE;
+    if (!SIGNED) return (a >> sh) & mask;
+    const fc_u32 t = a ^ FC_BYTES_TOP;
+    const fc_u32 neg = ((t >> 7) & FC_BYTES_ONE) ^ FC_BYTES_ONE;
+    const fc_u32 c = (0x80u >> sh) * FC_BYTES_ONE;
+    const fc_u32 v = (((t + neg * ((1u << sh) - 1u)) >> sh) & mask) ^ c;
+    // The sign bit (at c) copied into the bits above it: (256 - 2c) / c per byte, times 0 or c.
+    return v | ((v & c) * ((0x100u >> (7 - sh)) - 2u));
 }
 // (end of the part compiled for the CPU)
 
@@ -493,11 +494,12 @@ struct PackedBytes {
     static constexpr bool on = FC_FOLD_PACKED != 0;
     typedef typename D::C C;
     static __device__ __forceinline__ fc_u32 fold(fc_u32 r, fc_u32 l, fc_u32 k, bool pre, bool post, C scalar, fc_u32 nranks) {
-        if (post && !pow2n(nranks)) return fold_elems<D>(r, l, k, pre, post, scalar, nranks);
+        // A product byte by byte takes four multiplications a word, slower than one at a time
+        // (bench/probes/fold_rate.cu: 450 against 570 GB/s on 16 blocks).
+        if (k == FC_OP_PROD || (post && !pow2n(nranks))) return fold_elems<D>(r, l, k, pre, post, scalar, nranks);
         if (pre) l = bytes_mul_by(l, (fc_u32)(fc_u8)scalar);
         fc_u32 v;
         switch (k) {
-            case FC_OP_PROD: v = bytes_mul(r, l); break;
             case FC_OP_MAX: v = bytes_max<SIGNED>(r, l); break;
             case FC_OP_MIN: v = bytes_min<SIGNED>(r, l); break;
             default: v = bytes_add(r, l);
@@ -516,7 +518,8 @@ template <>
 struct Packed<DU8> : PackedBytes<DU8, false> {};
 
 // Two elements as floats, as reduce_elem and transform_elem compute each (P: the pair's packed
-// conversions, `load2` of the pair's bits and `store2` back).
+// conversions, `load2` of the pair's bits and back: `store2` for what arithmetic made, whose NaN
+// is the canonical one, `store2_any` for what may be an operand itself, a NaN of either sign).
 template <typename P>
 __device__ __forceinline__ fc_u32 pair_fold(fc_u32 r, fc_u32 l, fc_u32 k, bool pre, bool post, float scalar, fc_u32 nranks) {
     float2 lv = P::load2(l);
@@ -524,18 +527,20 @@ __device__ __forceinline__ fc_u32 pair_fold(fc_u32 r, fc_u32 l, fc_u32 k, bool p
     const float2 rv = P::load2(r);
     float2 v = make_float2(combine(rv.x, lv.x, k), combine(rv.y, lv.y, k));
     if (post) v = make_float2(divn(v.x, nranks), divn(v.y, nranks));
-    return P::store2(v);
+    // Max and Min pick an operand, the others compute (post divides what a combine made).
+    return k == FC_OP_MAX || k == FC_OP_MIN ? P::store2_any(v) : P::store2(v);
 }
 template <typename P>
 __device__ __forceinline__ fc_u32 pair_transform(fc_u32 w, bool pre, bool post, float scalar, fc_u32 nranks) {
     float2 v = P::load2(w);
     if (pre) v = make_float2(mul(v.x, scalar), mul(v.y, scalar));
     if (post) v = make_float2(divn(v.x, nranks), divn(v.y, nranks));
-    return P::store2(v);
+    return pre || post ? P::store2(v) : P::store2_any(v);
 }
 
 // The pairs' packed conversions. bfloat16 and half: a pair to a word; the packed narrowing
 // rounds each float to nearest even as the single one does.
+// (Their narrowing makes the canonical NaN of any NaN, as the single one does.)
 struct PairBf16 {
     typedef __nv_bfloat162 T2;
     static __device__ __forceinline__ float2 load2(fc_u32 w) { return __bfloat1622float2(*(const T2*)&w); }
@@ -543,6 +548,7 @@ struct PairBf16 {
         const T2 h = __float22bfloat162_rn(c);
         return *(const fc_u32*)&h;
     }
+    static __device__ __forceinline__ fc_u32 store2_any(float2 c) { return store2(c); }
 };
 struct PairF16 {
     typedef __half2 T2;
@@ -551,10 +557,14 @@ struct PairF16 {
         const T2 h = __float22half2_rn(c);
         return *(const fc_u32*)&h;
     }
+    static __device__ __forceinline__ fc_u32 store2_any(float2 c) { return store2(c); }
 };
 // fp8: a pair in a word's low 16 bits (the first element in the low byte, as the conversions
-// take it). The narrowing saturates as DF8::store does; a NaN goes through DF8::store, which
-// keeps its sign where the hardware's conversion drops it.
+// take it). The narrowing saturates as DF8::store does, and makes S.1111111 of a NaN with the
+// sign bit clear: the canonical NaN an add or a multiplication gives, and DF8::store's bits for
+// it. A NaN operand that Max or Min passes on may have its sign set, which DF8::store keeps:
+// `store2_any` puts it back (without a branch: fp8 data with NaNs in many pairs would otherwise
+// split every warp).
 template <int KIND>
 struct PairF8 {
     static __device__ __forceinline__ float2 load2(fc_u32 w) {
@@ -562,8 +572,12 @@ struct PairF8 {
         return __half22float2(__half2(h));
     }
     static __device__ __forceinline__ fc_u32 store2(float2 c) {
-        if ((c.x != c.x) | (c.y != c.y)) return (fc_u32)DF8<KIND>::store(c.x) | ((fc_u32)DF8<KIND>::store(c.y) << 8);
         return (fc_u32)__nv_cvt_float2_to_fp8x2(c, __NV_SATFINITE, (__nv_fp8_interpretation_t)KIND);
+    }
+    static __device__ __forceinline__ fc_u32 store2_any(float2 c) {
+        const fc_u32 sx = c.x != c.x ? (__float_as_uint(c.x) >> 24) & 0x80u : 0u;
+        const fc_u32 sy = c.y != c.y ? (__float_as_uint(c.y) >> 24) & 0x80u : 0u;
+        return store2(c) | sx | (sy << 8);
     }
 };
 
@@ -590,10 +604,34 @@ struct Packed<DBF16> : PackedHalves<PairBf16> {};
 template <>
 struct Packed<DF16> : PackedHalves<PairF16> {};
 
+// A plain Sum of fp8 on GPUs that convert fp8 pairs to and from half pairs in one instruction
+// (compute capability 8.9 and up): widened to half, added as a half pair and narrowed from it.
+// The exact sum of two fp8 values has at most 19 significant bits, which a half pair's add
+// rounds to 11, and the narrowing again to fp8's 4 (e4m3) or 3 (e5m2): 11 >= 2 x 4 + 2, so
+// rounding twice gives what rounding once gives, where the sum is normal in fp8; a sum that is
+// subnormal in fp8 is exact in half; sums past half's range are infinite there, beyond fp8's
+// largest finite value either way, which the narrowing saturates to. The probe compares every
+// pair (bench/probes/fold_rate.cu).
+__device__ __forceinline__ bool f8_sum_as_half() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    return true;
+#else
+    return false;
+#endif
+}
+
 template <int KIND>
 struct PackedF8 {
     static constexpr bool on = FC_FOLD_PACKED != 0;
+    static __device__ __forceinline__ fc_u32 sum_as_half(fc_u32 r, fc_u32 l) {
+        const __nv_fp8_interpretation_t f = (__nv_fp8_interpretation_t)KIND;
+        const __half2 a = __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(r & 0xffffu), f));
+        const __half2 b = __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(l & 0xffffu), f));
+        return (fc_u32)__nv_cvt_halfraw2_to_fp8x2(__half2_raw(__hadd2(a, b)), __NV_SATFINITE, f);
+    }
     static __device__ __forceinline__ fc_u32 fold(fc_u32 r, fc_u32 l, fc_u32 k, bool pre, bool post, float scalar, fc_u32 nranks) {
+        if (f8_sum_as_half() && !pre && !post && k != FC_OP_PROD && k != FC_OP_MAX && k != FC_OP_MIN)
+            return sum_as_half(r, l) | (sum_as_half(r >> 16, l >> 16) << 16);
         const fc_u32 lo = pair_fold<PairF8<KIND> >(r, l, k, pre, post, scalar, nranks);
         const fc_u32 hi = pair_fold<PairF8<KIND> >(r >> 16, l >> 16, k, pre, post, scalar, nranks);
         return lo | (hi << 16);
