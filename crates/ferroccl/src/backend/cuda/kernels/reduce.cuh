@@ -605,7 +605,7 @@ template <>
 struct Packed<DF16> : PackedHalves<PairF16> {};
 
 // A plain Sum of fp8 on GPUs that convert fp8 pairs to and from half pairs in one instruction
-// (compute capability 8.9 and up): widened to half, added as a half pair and narrowed from it.
+// (compute capability 8.9 and up; Max and Min there too, below): widened to half, added as a half pair and narrowed from it.
 // The exact sum of two fp8 values has at most 19 significant bits, which a half pair's add
 // rounds to 11, and the narrowing again to fp8's 4 (e4m3) or 3 (e5m2): 11 >= 2 x 4 + 2, so
 // rounding twice gives what rounding once gives, where the sum is normal in fp8; a sum that is
@@ -629,9 +629,35 @@ struct PackedF8 {
         const __half2 b = __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(l & 0xffffu), f));
         return (fc_u32)__nv_cvt_halfraw2_to_fp8x2(__half2_raw(__hadd2(a, b)), __NV_SATFINITE, f);
     }
+    // Max and Min pick an operand: compared as half pairs (exact widenings, so the same order,
+    // signed zeros and NaNs as floats), the pick made on the fp8 bytes themselves (reduce_elem's
+    // max_flt and min_flt: the received operand where it is a NaN or beyond the own one), then
+    // what the path through floats makes of the picked value: a NaN widens to the canonical
+    // (positive) one and so reads 0.1111111; e5m2's infinities saturate to its largest finite
+    // value. `picks`: 0xffff in each half of the result where the received operand of the pair
+    // in r's and l's low 16 bits is picked.
+    static __device__ __forceinline__ fc_u32 picks(fc_u32 r, fc_u32 l, bool max) {
+        const __nv_fp8_interpretation_t f = (__nv_fp8_interpretation_t)KIND;
+        const __half2 a = __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(r & 0xffffu), f));
+        const __half2 b = __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(l & 0xffffu), f));
+        return __hneu2_mask(a, a) | (max ? __hgt2_mask(a, b) : __hlt2_mask(a, b));
+    }
+    static __device__ __forceinline__ fc_u32 pick(fc_u32 r, fc_u32 l, bool max) {
+        // A byte of each half's mask for each element (bytes 0 and 2 of each pair's).
+        const fc_u32 m = __byte_perm(picks(r, l, max), picks(r >> 16, l >> 16, max), 0x6420u);
+        const fc_u32 v = (r & m) | (l & ~m);
+        // Per byte, the low seven bits plus 1 (e4m3) or 3 (e5m2) reach the top bit exactly from
+        // the first NaN on (0x7f; 0x7d), plus 4 from e5m2's infinity (0x7c) on.
+        const fc_u32 low = v & FC_BYTES_LOW;
+        const fc_u32 nan = ((low + (KIND == __NV_E5M2 ? 0x03030303u : FC_BYTES_ONE)) & FC_BYTES_TOP) >> 7;
+        if (KIND != __NV_E5M2) return v & ~(nan * 0x80u);
+        const fc_u32 inf = (((low + 0x04040404u) & FC_BYTES_TOP) >> 7) & ~nan;
+        return ((v ^ (inf * 0x07u)) | (nan * 0x03u)) & ~(nan * 0x80u);  // 0x7c -> 0x7b, 0x7d-0x7f -> 0x7f
+    }
     static __device__ __forceinline__ fc_u32 fold(fc_u32 r, fc_u32 l, fc_u32 k, bool pre, bool post, float scalar, fc_u32 nranks) {
         if (f8_sum_as_half() && !pre && !post && k != FC_OP_PROD && k != FC_OP_MAX && k != FC_OP_MIN)
             return sum_as_half(r, l) | (sum_as_half(r >> 16, l >> 16) << 16);
+        if (f8_sum_as_half() && (k == FC_OP_MAX || k == FC_OP_MIN) && !pre && !post) return pick(r, l, k == FC_OP_MAX);
         const fc_u32 lo = pair_fold<PairF8<KIND> >(r, l, k, pre, post, scalar, nranks);
         const fc_u32 hi = pair_fold<PairF8<KIND> >(r >> 16, l >> 16, k, pre, post, scalar, nranks);
         return lo | (hi << 16);
