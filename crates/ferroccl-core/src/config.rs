@@ -344,6 +344,11 @@ pub struct Config {
     /// which name the peers' buffers from the registration and exchange nothing at a launch.
     /// Off until nccl-tests `-R 2` runs exact with it in one process. Every rank must agree.
     pub gpu_windows_in_process: bool,
+    /// FERROCCL_GPU_FOLD_EVERY_TYPE (default off): the copy-and-fold takes every type and
+    /// reduction but PreMulSum, not only those `tune::fold_pays` measured paying (its 1- and
+    /// 2-byte folds run a word at a time since session 37, fast enough on one GPU for most; over
+    /// NVLink not measured yet): for measuring them against the kernels. Every rank must agree.
+    pub gpu_fold_every_type: bool,
     /// FERROCCL_GPU_EARLY_LAUNCH (default on): on GPUs of compute capability 9.0 and up, the
     /// engines' kernels are launched allowed to start while the kernel ahead of them in the
     /// stream finishes (programmatic dependent launch), which hides a launch's latency behind
@@ -445,6 +450,7 @@ impl Default for Config {
             gpu_ce_map_unregistered: true,
             gpu_ce_in_process: true,
             gpu_windows_in_process: false,
+            gpu_fold_every_type: false,
             gpu_early_launch: true,
             gpu_p2p_kernel: true,
             launch_spin_us: 200,
@@ -711,6 +717,9 @@ impl Config {
         if let Some(v) = get("FERROCCL_GPU_WINDOWS_IN_PROCESS") {
             c.gpu_windows_in_process = parse_bool("FERROCCL_GPU_WINDOWS_IN_PROCESS", v)?;
         }
+        if let Some(v) = get("FERROCCL_GPU_FOLD_EVERY_TYPE") {
+            c.gpu_fold_every_type = parse_bool("FERROCCL_GPU_FOLD_EVERY_TYPE", v)?;
+        }
         if let Some(v) = get("FERROCCL_GPU_EARLY_LAUNCH") {
             c.gpu_early_launch = parse_bool("FERROCCL_GPU_EARLY_LAUNCH", v)?;
         }
@@ -905,6 +914,10 @@ impl Config {
             (
                 "FERROCCL_GPU_WINDOWS_IN_PROCESS",
                 (self.gpu_windows_in_process as u8).to_string(),
+            ),
+            (
+                "FERROCCL_GPU_FOLD_EVERY_TYPE",
+                (self.gpu_fold_every_type as u8).to_string(),
             ),
             (
                 "FERROCCL_CHECK_MISMATCH",
@@ -1616,6 +1629,10 @@ mod tests {
         assert!(wi.gpu_windows_in_process && !Config::default().gpu_windows_in_process);
         assert!(shares(&wi, "FERROCCL_GPU_WINDOWS_IN_PROCESS", "1"));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_WINDOWS_IN_PROCESS", "y")])).is_err());
+        let fe = Config::from_vars(&vars(&[("FERROCCL_GPU_FOLD_EVERY_TYPE", "1")])).unwrap();
+        assert!(fe.gpu_fold_every_type && !Config::default().gpu_fold_every_type);
+        assert!(shares(&fe, "FERROCCL_GPU_FOLD_EVERY_TYPE", "1"));
+        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_FOLD_EVERY_TYPE", "2")])).is_err());
         let early = Config::from_vars(&vars(&[("FERROCCL_GPU_EARLY_LAUNCH", "0")])).unwrap();
         assert!(!early.gpu_early_launch && Config::default().gpu_early_launch);
         // How a launch starts changes no plan: ranks may differ.

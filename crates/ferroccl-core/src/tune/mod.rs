@@ -167,10 +167,15 @@ pub fn fold_min_bytes(cfg: &Config, kind: CollKind) -> usize {
 /// (section 25): float32 1-2 GiB all-reduce 344-356 against the kernels' 315-318, reduce-scatter
 /// 323-344 against 317-331; bfloat16 slower on 16 blocks (all-reduce 260-269 against 284-287,
 /// reduce-scatter 240-261 against 296-300), as the general loop converts every element.
-pub fn fold_pays(dtype: DataType, redop: i32) -> bool {
+/// `FERROCCL_GPU_FOLD_EVERY_TYPE` (`cfg.gpu_fold_every_type`) gives it every type and reduction
+/// but PreMulSum, to measure the 1- and 2-byte folds that go a word at a time since session 37
+/// (docs/PERFORMANCE.md section 49) against the kernels.
+pub fn fold_pays(dtype: DataType, redop: i32, cfg: &Config) -> bool {
     match redop {
-        r if (ReduceOp::Sum.nccl_id()..=ReduceOp::Min.nccl_id()).contains(&r) => dtype.size() >= 2,
-        r if r == ReduceOp::Avg.nccl_id() => dtype.size() >= 4,
+        r if (ReduceOp::Sum.nccl_id()..=ReduceOp::Min.nccl_id()).contains(&r) => {
+            dtype.size() >= 2 || cfg.gpu_fold_every_type
+        }
+        r if r == ReduceOp::Avg.nccl_id() => dtype.size() >= 4 || cfg.gpu_fold_every_type,
         _ => false,
     }
 }
@@ -1073,7 +1078,7 @@ fn choose_with(op: &OpShape, device: Device, cfg: &Config, may_direct: bool) -> 
         && fold_size
         && (copies::fold_serves(op.kind, op.nranks, op.in_place)
             || copies::posted_fold_serves(op.kind, op.nranks))
-        && fold_pays(op.dtype, op.redop)
+        && fold_pays(op.dtype, op.redop, cfg)
     {
         return Choice {
             algo: Algo::OneShot,

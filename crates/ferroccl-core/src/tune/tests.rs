@@ -2681,10 +2681,15 @@ fn peer_round_bytes_cut_one_phase_rounds() {
 }
 
 /// The copy-and-fold's reductions: Sum, Prod, Max, Min of the 2-, 4- and 8-byte types, Avg of the
-/// 4- and 8-byte ones; never PreMulSum (5), whose scalar may differ by rank.
+/// 4- and 8-byte ones; with `FERROCCL_GPU_FOLD_EVERY_TYPE` every type and reduction; never
+/// PreMulSum (5), whose scalar may differ by rank.
 #[test]
 fn fold_pays_for_plain_reductions_of_wide_elements() {
     use crate::types::DataType;
+    let every = Config {
+        gpu_fold_every_type: true,
+        ..Config::default()
+    };
     for t in DataType::ALL {
         let wide = !matches!(
             t,
@@ -2693,12 +2698,22 @@ fn fold_pays_for_plain_reductions_of_wide_elements() {
         for redop in 0..=5 {
             let avg_wide = redop == 4 && t.size() >= 4;
             assert_eq!(
-                fold_pays(t, redop),
+                fold_pays(t, redop, &Config::default()),
                 wide && redop <= 3 || avg_wide,
                 "{t:?} {redop}"
             );
+            assert_eq!(fold_pays(t, redop, &every), redop <= 4, "{t:?} {redop}");
         }
     }
+    // And the tuner follows it: an int8 all-reduce of 1 GiB between symmetric windows folds
+    // only with the knob.
+    let op = OpShape {
+        windows: true,
+        symmetric: true,
+        ..shape(CollKind::AllReduce, 1 << 30, DataType::Int8, 2)
+    };
+    assert_ne!(choose(&op, Device::Gpu, &Config::default()).engine, Engine::CopyEngine);
+    assert_eq!(choose(&op, Device::Gpu, &every).engine, Engine::CopyEngine);
 }
 
 /// A float32 all-reduce of `bytes` on 2 ranks between symmetric windows, out of place.
