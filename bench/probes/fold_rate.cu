@@ -122,7 +122,8 @@ __global__ void fill(fc_u8* p, u64 n, fc_u32 seed) {
 }
 
 template <typename D>
-__global__ void __launch_bounds__(512) fold_loop(FcOp op, fc_u8* out, const fc_u8* recv, const fc_u8* local, u64 n, bool pre, bool post) {
+__global__ void __launch_bounds__(512) fold_loop(FcOp op, fc_u8* out, const fc_u8* recv, const fc_u8* local, u64 n, bool pre,
+                                                 bool post) {
     const u64 es = sizeof(typename D::S);
     const u64 s0 = fc::cut(n, gridDim.x, blockIdx.x), s1 = fc::cut(n, gridDim.x, blockIdx.x + 1);
     if (s1 > s0) fc::reduce_as<D, false, 8>(op, out + s0 * es, nullptr, recv + s0 * es, local + s0 * es, s1 - s0, pre, post);

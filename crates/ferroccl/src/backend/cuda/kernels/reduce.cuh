@@ -458,27 +458,29 @@ __device__ __forceinline__ typename D::S transform_elem(typename D::S src, bool 
 
 // The one-at-a-time forms over a word (every other type, and the cases the packed forms leave:
 // a division by a count that is not a power of two).
-template <typename D>
-union WordElems {
-    fc_u32 w;
-    typename D::S e[4 / sizeof(typename D::S)];
+template <typename D, typename W>
+union Elems {
+    W w;
+    typename D::S e[sizeof(W) / sizeof(typename D::S)];
 };
-template <typename D>
-__device__ __forceinline__ fc_u32 fold_elems(fc_u32 r, fc_u32 l, fc_u32 k, bool pre, bool post, typename D::C scalar,
-                                             fc_u32 nranks) {
-    WordElems<D> a, b;
+// reduce_elem and transform_elem over the elements of a word W (a 32-bit word, or a 16-byte pack).
+template <typename D, typename W>
+__device__ __forceinline__ W fold_elems(W r, W l, fc_u32 k, bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
+    Elems<D, W> a, b;
     a.w = r;
     b.w = l;
 #pragma unroll
-    for (int j = 0; j < (int)(4 / sizeof(typename D::S)); ++j) a.e[j] = reduce_elem<D>(a.e[j], b.e[j], k, pre, post, scalar, nranks);
+    for (int j = 0; j < (int)(sizeof(W) / sizeof(typename D::S)); ++j)
+        a.e[j] = reduce_elem<D>(a.e[j], b.e[j], k, pre, post, scalar, nranks);
     return a.w;
 }
-template <typename D>
-__device__ __forceinline__ fc_u32 transform_elems(fc_u32 w, bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
-    WordElems<D> a;
+template <typename D, typename W>
+__device__ __forceinline__ W transform_elems(W w, bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
+    Elems<D, W> a;
     a.w = w;
 #pragma unroll
-    for (int j = 0; j < (int)(4 / sizeof(typename D::S)); ++j) a.e[j] = transform_elem<D>(a.e[j], pre, post, scalar, nranks);
+    for (int j = 0; j < (int)(sizeof(W) / sizeof(typename D::S)); ++j)
+        a.e[j] = transform_elem<D>(a.e[j], pre, post, scalar, nranks);
     return a.w;
 }
 
@@ -538,33 +540,31 @@ __device__ __forceinline__ fc_u32 pair_transform(fc_u32 w, bool pre, bool post, 
     return pre || post ? P::store2(v) : P::store2_any(v);
 }
 
-// The pairs' packed conversions. bfloat16 and half: a pair to a word; the packed narrowing
-// rounds each float to nearest even as the single one does.
-// (Their narrowing makes the canonical NaN of any NaN, as the single one does.)
-struct PairBf16 {
-    typedef __nv_bfloat162 T2;
-    static __device__ __forceinline__ float2 load2(fc_u32 w) { return __bfloat1622float2(*(const T2*)&w); }
+// The pairs' packed conversions. bfloat16 and half (T2: `__nv_bfloat162`, `__half2`): a pair to
+// a word; the packed narrowing rounds each float to nearest even, and makes the canonical NaN of
+// any NaN, as the single one does.
+__device__ __forceinline__ float2 widen2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+__device__ __forceinline__ float2 widen2(__half2 h) { return __half22float2(h); }
+__device__ __forceinline__ void narrow2(float2 c, __nv_bfloat162& h) { h = __float22bfloat162_rn(c); }
+__device__ __forceinline__ void narrow2(float2 c, __half2& h) { h = __float22half2_rn(c); }
+template <typename H2>
+struct PairHalf {
+    typedef H2 T2;
+    static __device__ __forceinline__ float2 load2(fc_u32 w) { return widen2(*(const T2*)&w); }
     static __device__ __forceinline__ fc_u32 store2(float2 c) {
-        const T2 h = __float22bfloat162_rn(c);
-        return *(const fc_u32*)&h;
-    }
-    static __device__ __forceinline__ fc_u32 store2_any(float2 c) { return store2(c); }
-};
-struct PairF16 {
-    typedef __half2 T2;
-    static __device__ __forceinline__ float2 load2(fc_u32 w) { return __half22float2(*(const T2*)&w); }
-    static __device__ __forceinline__ fc_u32 store2(float2 c) {
-        const T2 h = __float22half2_rn(c);
+        T2 h;
+        narrow2(c, h);
         return *(const fc_u32*)&h;
     }
     static __device__ __forceinline__ fc_u32 store2_any(float2 c) { return store2(c); }
 };
 // fp8: a pair in a word's low 16 bits (the first element in the low byte, as the conversions
-// take it). The narrowing saturates as DF8::store does, and makes S.1111111 of a NaN with the
-// sign bit clear: the canonical NaN an add or a multiplication gives, and DF8::store's bits for
-// it. A NaN operand that Max or Min passes on may have its sign set, which DF8::store keeps:
-// `store2_any` puts it back (without a branch: fp8 data with NaNs in many pairs would otherwise
-// split every warp).
+// take it). The narrowing saturates as DF8::store does, and makes 0.1111111 of any NaN: the bits
+// DF8::store gives the canonical NaN that an add or a multiplication makes. `store2_any` keeps
+// DF8::store's rule for a NaN of either sign, which an operand that Max or Min passes on could
+// be (the hardware's widening makes every NaN the positive one, so on compute capability 8.9+
+// it never is, and Max and Min do not come here there), without a branch: fp8 data with NaNs in
+// many pairs would otherwise split every warp.
 template <int KIND>
 struct PairF8 {
     static __device__ __forceinline__ float2 load2(fc_u32 w) {
@@ -588,7 +588,8 @@ struct PairF8 {
 template <typename P>
 struct PackedHalves {
     static constexpr bool on = FC_FOLD_PACKED != 0;
-    static __device__ __forceinline__ fc_u32 fold(fc_u32 r, fc_u32 l, fc_u32 k, bool pre, bool post, float scalar, fc_u32 nranks) {
+    static __device__ __forceinline__ fc_u32 fold(fc_u32 r, fc_u32 l, fc_u32 k, bool pre, bool post, float scalar,
+                                                  fc_u32 nranks) {
         if (!pre && !post && k != FC_OP_PROD && k != FC_OP_MAX && k != FC_OP_MIN) {
             const typename P::T2 s = __hadd2(*(const typename P::T2*)&r, *(const typename P::T2*)&l);
             return *(const fc_u32*)&s;
@@ -600,13 +601,13 @@ struct PackedHalves {
     }
 };
 template <>
-struct Packed<DBF16> : PackedHalves<PairBf16> {};
+struct Packed<DBF16> : PackedHalves<PairHalf<__nv_bfloat162> > {};
 template <>
-struct Packed<DF16> : PackedHalves<PairF16> {};
+struct Packed<DF16> : PackedHalves<PairHalf<__half2> > {};
 
 // A plain Sum of fp8 on GPUs that convert fp8 pairs to and from half pairs in one instruction
-// (compute capability 8.9 and up; Max and Min there too, below): widened to half, added as a half pair and narrowed from it.
-// The exact sum of two fp8 values has at most 19 significant bits, which a half pair's add
+// (compute capability 8.9 and up; Max and Min there too, below): widened to half, added as a
+// half pair and narrowed from it. The exact sum of two fp8 values has at most 19 significant bits, which a half pair's add
 // rounds to 11, and the narrowing again to fp8's 4 (e4m3) or 3 (e5m2): 11 >= 2 x 4 + 2, so
 // rounding twice gives what rounding once gives, where the sum is normal in fp8; a sum that is
 // subnormal in fp8 is exact in half; sums past half's range are infinite there, beyond fp8's
@@ -654,7 +655,8 @@ struct PackedF8 {
         const fc_u32 inf = (((low + 0x04040404u) & FC_BYTES_TOP) >> 7) & ~nan;
         return ((v ^ (inf * 0x07u)) | (nan * 0x03u)) & ~(nan * 0x80u);  // 0x7c -> 0x7b, 0x7d-0x7f -> 0x7f
     }
-    static __device__ __forceinline__ fc_u32 fold(fc_u32 r, fc_u32 l, fc_u32 k, bool pre, bool post, float scalar, fc_u32 nranks) {
+    static __device__ __forceinline__ fc_u32 fold(fc_u32 r, fc_u32 l, fc_u32 k, bool pre, bool post, float scalar,
+                                                  fc_u32 nranks) {
         if (f8_sum_as_half() && !pre && !post && k != FC_OP_PROD && k != FC_OP_MAX && k != FC_OP_MIN)
             return sum_as_half(r, l) | (sum_as_half(r >> 16, l >> 16) << 16);
         if (f8_sum_as_half() && (k == FC_OP_MAX || k == FC_OP_MIN) && !pre && !post) return pick(r, l, k == FC_OP_MAX);
@@ -675,35 +677,23 @@ struct Packed<DE5M2> : PackedF8<__NV_E5M2> {};
 // A 16-byte pack's fold (reduce_elem on each element) and transform (transform_elem), by words
 // where the type has a packed form.
 template <typename D>
-union Pack16 {
-    uint4 v;
-    typename D::S e[16 / sizeof(typename D::S)];
-};
-template <typename D>
 __device__ __forceinline__ uint4 fold16(uint4 r, uint4 l, fc_u32 k, bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
     if constexpr (Packed<D>::on) {
-        return make_uint4(Packed<D>::fold(r.x, l.x, k, pre, post, scalar, nranks), Packed<D>::fold(r.y, l.y, k, pre, post, scalar, nranks),
-                          Packed<D>::fold(r.z, l.z, k, pre, post, scalar, nranks), Packed<D>::fold(r.w, l.w, k, pre, post, scalar, nranks));
+        typedef Packed<D> P;
+        return make_uint4(P::fold(r.x, l.x, k, pre, post, scalar, nranks), P::fold(r.y, l.y, k, pre, post, scalar, nranks),
+                          P::fold(r.z, l.z, k, pre, post, scalar, nranks), P::fold(r.w, l.w, k, pre, post, scalar, nranks));
     } else {
-        Pack16<D> a, b;
-        a.v = r;
-        b.v = l;
-#pragma unroll
-        for (int j = 0; j < (int)(16 / sizeof(typename D::S)); ++j) a.e[j] = reduce_elem<D>(a.e[j], b.e[j], k, pre, post, scalar, nranks);
-        return a.v;
+        return fold_elems<D>(r, l, k, pre, post, scalar, nranks);
     }
 }
 template <typename D>
 __device__ __forceinline__ uint4 transform16(uint4 w, bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
     if constexpr (Packed<D>::on) {
-        return make_uint4(Packed<D>::transform(w.x, pre, post, scalar, nranks), Packed<D>::transform(w.y, pre, post, scalar, nranks),
-                          Packed<D>::transform(w.z, pre, post, scalar, nranks), Packed<D>::transform(w.w, pre, post, scalar, nranks));
+        typedef Packed<D> P;
+        return make_uint4(P::transform(w.x, pre, post, scalar, nranks), P::transform(w.y, pre, post, scalar, nranks),
+                          P::transform(w.z, pre, post, scalar, nranks), P::transform(w.w, pre, post, scalar, nranks));
     } else {
-        Pack16<D> a;
-        a.v = w;
-#pragma unroll
-        for (int j = 0; j < (int)(16 / sizeof(typename D::S)); ++j) a.e[j] = transform_elem<D>(a.e[j], pre, post, scalar, nranks);
-        return a.v;
+        return transform_elems<D>(w, pre, post, scalar, nranks);
     }
 }
 
