@@ -2,12 +2,13 @@
 // types a 32-bit word at a time: 8-bit integers four to a word, 16-bit floats as a pair, fp8 as
 // two pairs) against folding each element alone, for their bits and their rate.
 //
-//   K=crates/ferroccl/src/backend/cuda/kernels
-//   nvcc -O3 -arch=sm_90 -std=c++17 -I $K -o fold_rate bench/probes/fold_rate.cu
-//   nvcc -O3 -arch=sm_90 -std=c++17 -I $K -DFC_FOLD_PACKED=0 -o fold_rate_elems bench/probes/fold_rate.cu
-//   ./fold_rate bits   # packed against one at a time: every pair of 8-bit values in every
-//                      # position of a word (every scalar for PreMulSum), every pair of 16-bit
-//                      # values in both halves of a word; prints the pairs that differ
+//   I="-I crates/ferroccl/src/backend/cuda/kernels -I crates/ferroccl/tests/kernels"
+//   nvcc -O3 -arch=sm_90 -std=c++17 $I -o fold_rate bench/probes/fold_rate.cu
+//   nvcc -O3 -arch=sm_90 -std=c++17 $I -DFC_FOLD_PACKED=0 -o fold_rate_elems bench/probes/fold_rate.cu
+//   ./fold_rate bits   # packed against one at a time (the GPU test's kernels, fold_bits.cuh):
+//                      # every pair of 8-bit values in every position of a word (every scalar for
+//                      # PreMulSum), every pair of 16-bit values in both halves of a word; prints
+//                      # what it compared and the first word that differs
 //   ./fold_rate rate   # GB/s of reduce_as's loop (as the copy-and-fold's fold and the peer
 //                      # engine's rounds run it) on 16, 32 and 64 blocks of 512 threads
 //
@@ -28,6 +29,7 @@
 
 #include "types.cuh"
 #include "reduce.cuh"
+#include "fold_bits.cuh"
 
 #define RK(x) do { cudaError_t r_ = (x); if (r_ != cudaSuccess) { std::fprintf(stderr, "%s:%d %s: %s\n", \
     __FILE__, __LINE__, #x, cudaGetErrorString(r_)); std::exit(1); } } while (0)
@@ -42,80 +44,13 @@ struct Variant {
     const char* name;
 };
 
-__device__ __forceinline__ fc_u32 mix(u64 x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    return (fc_u32)(x ^ (x >> 33));
-}
-
-struct Bad {
-    u64 count, checked;
-    fc_u32 r, l, got, want, scalar_bits, transform;
-};
-
-__device__ void record(Bad* bad, fc_u32 r, fc_u32 l, fc_u32 got, fc_u32 want, fc_u32 scalar_bits, fc_u32 transform) {
-    if (atomicAdd(&bad->count, 1ull) == 0) {
-        bad->r = r;
-        bad->l = l;
-        bad->got = got;
-        bad->want = want;
-        bad->scalar_bits = scalar_bits;
-        bad->transform = transform;
-    }
-}
-
-// The scalar whose storage bits are `bits`, as the host rounds it to the element type.
-template <typename D>
-__device__ __forceinline__ typename D::C scalar_of_bits(fc_u32 bits) {
-    return D::load((typename D::S)bits);
-}
-
-template <typename D>
-__device__ void compare(const Variant v, fc_u32 r, fc_u32 l, fc_u32 sbits, Bad* bad) {
-    const typename D::C s = scalar_of_bits<D>(sbits);
-    const fc_u32 got = fc::Packed<D>::fold(r, l, v.k, v.pre, v.post, s, v.n);
-    const fc_u32 want = fc::fold_elems<D>(r, l, v.k, v.pre, v.post, s, v.n);
-    if (got != want) record(bad, r, l, got, want, sbits, 0);
-    const fc_u32 tg = fc::Packed<D>::transform(r, v.pre, v.post, s, v.n);
-    const fc_u32 tw = fc::transform_elems<D>(r, v.pre, v.post, s, v.n);
-    if (tg != tw) record(bad, r, 0, tg, tw, sbits, 1);
-}
-
-// 8-bit types: thread t takes the pair (t & 255, t >> 8) at position blockIdx.y of the word, the
-// other bytes random; a PreMulSum every scalar.
-template <typename D>
-__global__ void bits8(Variant v, Bad* bad) {
-    const fc_u32 t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= 65536u) return;
-    const int j = blockIdx.y * 8;
-    const fc_u32 keep = ~(0xffu << j);
-    const fc_u32 r = (mix(t * 4u + blockIdx.y) & keep) | ((t & 0xffu) << j);
-    const fc_u32 l = (mix(t * 4u + blockIdx.y + (1ull << 40)) & keep) | ((t >> 8) << j);
-    for (fc_u32 s = 0; s < (v.pre ? 256u : 1u); ++s) compare<D>(v, r, l, v.pre ? s : 1u, bad);
-    atomicAdd(&bad->checked, v.pre ? 256ull : 1ull);
-}
-
-// 16-bit types: every pair (a, b) in both halves of a word, the other half random.
-template <typename D>
-__global__ void bits16(Variant v, fc_u32 sbits, Bad* bad) {
-    u64 n = 0;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (1ull << 32); i += (u64)gridDim.x * blockDim.x, n += 2) {
-        const fc_u32 a = (fc_u32)i & 0xffffu, b = (fc_u32)(i >> 16), z = mix(i);
-        compare<D>(v, a | (z << 16), b | (z & 0xffff0000u), sbits, bad);
-        compare<D>(v, (a << 16) | (z >> 16), (b << 16) | (z & 0xffffu), sbits, bad);
-    }
-    atomicAdd(&bad->checked, n);
-}
-
 // Finite values for the rates (integers: any byte).
 template <typename D>
 __global__ void fill(fc_u8* p, u64 n, fc_u32 seed) {
     typedef typename D::S S;
     S* e = (S*)p;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        const fc_u32 h = mix(i * 2654435761ull + seed);
+        const fc_u32 h = fold_bits::mix(i * 2654435761ull + seed);
         if constexpr (sizeof(typename D::C) == 4 && sizeof(S) < 4) e[i] = D::store(((float)(h & 0xffffu) - 32768.0f) / 8192.0f);
         else e[i] = (S)h;
     }
@@ -137,8 +72,8 @@ static const Variant VARIANTS[] = {
     {FC_OP_PREMULSUM, true, false, 2, "premulsum"},
 };
 
-static long report(const char* type, const Variant& v, fc_u32 sbits, Bad* dev) {
-    Bad b;
+static long report(const char* type, const Variant& v, fc_u32 sbits, FoldBad* dev) {
+    FoldBad b;
     RK(cudaDeviceSynchronize());
     RK(cudaMemcpy(&b, dev, sizeof b, cudaMemcpyDeviceToHost));
     RK(cudaMemset(dev, 0, sizeof b));
@@ -151,23 +86,24 @@ static long report(const char* type, const Variant& v, fc_u32 sbits, Bad* dev) {
     return b.count != 0 || b.checked == 0;
 }
 
-template <typename D>
-static long bits_8(const char* type, Bad* dev) {
+typedef void (*Bits8)(fc_u32, fc_u32, fc_u32, fc_u32, FoldBad*);
+typedef void (*Bits16)(fc_u32, fc_u32, fc_u32, fc_u32, fc_u32, FoldBad*);
+
+static long bits_8(const char* type, Bits8 kernel, FoldBad* dev) {
     long bad = 0;
     for (const Variant& v : VARIANTS) {
-        bits8<D><<<dim3(256, 4), 256>>>(v, dev);
+        kernel<<<dim3(256, 4), 256>>>(v.k, v.pre, v.post, v.n, dev);
         RK(cudaGetLastError());
         bad += report(type, v, v.pre ? 0xffffu : 1u, dev);
     }
     return bad;
 }
 
-template <typename D>
-static long bits_16(const char* type, const std::vector<fc_u32>& scalars, Bad* dev) {
+static long bits_16(const char* type, Bits16 kernel, const std::vector<fc_u32>& scalars, FoldBad* dev) {
     long bad = 0;
     for (const Variant& v : VARIANTS) {
         for (fc_u32 s : v.pre ? scalars : std::vector<fc_u32>{0u}) {
-            bits16<D><<<132 * 8, 512>>>(v, s, dev);
+            kernel<<<132 * 8, 512>>>(v.k, v.pre, v.post, v.n, s, dev);
             RK(cudaGetLastError());
             bad += report(type, v, s, dev);
         }
@@ -223,17 +159,17 @@ int main(int argc, char** argv) {
         return 2;
     }
     if (bits) {
-        Bad* dev;
-        RK(cudaMalloc(&dev, sizeof(Bad)));
-        RK(cudaMemset(dev, 0, sizeof(Bad)));
+        FoldBad* dev;
+        RK(cudaMalloc(&dev, sizeof(FoldBad)));
+        RK(cudaMemset(dev, 0, sizeof(FoldBad)));
         long bad = 0;
-        bad += bits_8<fc::DI8>("int8", dev);
-        bad += bits_8<fc::DU8>("uint8", dev);
-        bad += bits_8<fc::DE4M3>("f8e4m3", dev);
-        bad += bits_8<fc::DE5M2>("f8e5m2", dev);
+        bad += bits_8("int8", fold_bits8_int8, dev);
+        bad += bits_8("uint8", fold_bits8_uint8, dev);
+        bad += bits_8("f8e4m3", fold_bits8_f8e4m3, dev);
+        bad += bits_8("f8e5m2", fold_bits8_f8e5m2, dev);
         // 1, -0.5, 3, about 1e-3, the largest finite, the smallest subnormal.
-        bad += bits_16<fc::DBF16>("bfloat16", {0x3f80u, 0xbf00u, 0x4040u, 0x3a83u, 0x7f7fu, 0x0001u}, dev);
-        bad += bits_16<fc::DF16>("half", {0x3c00u, 0xb800u, 0x4200u, 0x1419u, 0x7bffu, 0x0001u}, dev);
+        bad += bits_16("bfloat16", fold_bits16_bfloat16, {0x3f80u, 0xbf00u, 0x4040u, 0x3a83u, 0x7f7fu, 0x0001u}, dev);
+        bad += bits_16("half", fold_bits16_half, {0x3c00u, 0xb800u, 0x4200u, 0x1419u, 0x7bffu, 0x0001u}, dev);
         std::printf("bits: %ld variants differ\n", bad);
         return bad != 0;
     }

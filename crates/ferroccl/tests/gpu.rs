@@ -2844,6 +2844,151 @@ fn the_one_shot_all_reduce_gives_both_ranks_the_same_bits() {
     }
 }
 
+/// The folds' packed words (reduce.cuh: 8-bit integers four to a word, bfloat16 and half as a
+/// pair, fp8 as two pairs) give the bits of folding one element at a time, on this GPU: every pair
+/// of 8-bit values in every position of a word (every scalar for PreMulSum) and every pair of
+/// 16-bit values in both halves of a word (six scalars for PreMulSum), for Sum, Prod, Max, Min,
+/// Avg by 2, 3, 8 and 256 and PreMulSum, the fold and the transform (`tests/kernels/fold_bits.cuh`,
+/// compiled with the kernels' own NVRTC options). Needs one GPU.
+#[test]
+#[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn packed_folds_give_the_bits_of_one_element_at_a_time() {
+    use ferroccl::cuda::{device::LaunchDims, nvrtc, Gpu};
+    const HEADERS: [(&str, &str); 4] = [
+        (
+            "ints.cuh",
+            include_str!("../src/backend/cuda/kernels/ints.cuh"),
+        ),
+        (
+            "types.cuh",
+            include_str!("../src/backend/cuda/kernels/types.cuh"),
+        ),
+        (
+            "reduce.cuh",
+            include_str!("../src/backend/cuda/kernels/reduce.cuh"),
+        ),
+        ("fold_bits.cuh", include_str!("kernels/fold_bits.cuh")),
+    ];
+    const SRC: &str = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cuda_fp8.h>\n#include \"types.cuh\"\n#include \"fold_bits.cuh\"\n";
+    // (k, pre, post, n, name): as fold_rate.cu's variants.
+    const VARIANTS: [(u32, u32, u32, u32, &str); 9] = [
+        (0, 0, 0, 2, "sum"),
+        (1, 0, 0, 2, "prod"),
+        (2, 0, 0, 2, "max"),
+        (3, 0, 0, 2, "min"),
+        (4, 0, 1, 2, "avg/2"),
+        (4, 0, 1, 3, "avg/3"),
+        (4, 0, 1, 8, "avg/8"),
+        (4, 0, 1, 256, "avg/256"),
+        (5, 1, 0, 2, "premulsum"),
+    ];
+    if !common::one_gpu_for_test() {
+        return;
+    }
+    let gpu = Gpu::open(0).unwrap();
+    let dir = std::env::temp_dir().join(format!("ferroccl-fold-bits-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, text) in HEADERS {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    let config = Config::default();
+    let mut include_dirs = vec![dir.clone()];
+    include_dirs.extend(config.cuda_include.iter().cloned());
+    let options: Vec<String> = nvrtc::EXACT_OPTIONS.iter().map(|s| s.to_string()).collect();
+    let arch = gpu.arch();
+    let image = nvrtc::compile(&nvrtc::CompileRequest {
+        name: "fold_bits.cu",
+        source: SRC,
+        arch: &arch,
+        include_dirs: &include_dirs,
+        options: &options,
+    });
+    std::fs::remove_dir_all(&dir).ok();
+    let module = gpu.load_module(&image.unwrap().bytes).unwrap();
+    let stats = MemStats::new();
+    // FoldBad: count, checked (u64), then r, l, got, want, scalar bits, transform (u32).
+    let bad = DeviceBuffer::alloc(&gpu, 40, &[], &stats).unwrap();
+    let run = |kernel: &str,
+               grid: (u32, u32, u32),
+               block: u32,
+               v: (u32, u32, u32, u32, &str),
+               sbits: Option<u32>| {
+        bad.copy_from_host(0, &[0u8; 40]).unwrap();
+        let k = module.kernel(kernel).unwrap();
+        let (mut kk, mut pre, mut post, mut n, mut s, mut p) =
+            (v.0, v.1, v.2, v.3, sbits.unwrap_or(0), bad.device_ptr());
+        let mut params: Vec<*mut std::ffi::c_void> = vec![
+            &mut kk as *mut _ as *mut _,
+            &mut pre as *mut _ as *mut _,
+            &mut post as *mut _ as *mut _,
+            &mut n as *mut _ as *mut _,
+        ];
+        if sbits.is_some() {
+            params.push(&mut s as *mut _ as *mut _);
+        }
+        params.push(&mut p as *mut _ as *mut _);
+        let dims = LaunchDims {
+            grid,
+            block: (block, 1, 1),
+            shared_bytes: 0,
+            overlap_prior: false,
+        };
+        // SAFETY: the kernel takes (u32 k, u32 pre, u32 post, u32 n[, u32 sbits], FoldBad*), and
+        // `bad` holds a FoldBad, alive past the synchronize.
+        unsafe { k.launch(dims, std::ptr::null_mut(), &mut params) }.unwrap();
+        gpu.synchronize().unwrap();
+        let mut b = [0u8; 40];
+        bad.copy_to_host(0, &mut b).unwrap();
+        let word = |i: usize| u32::from_le_bytes(b[16 + 4 * i..20 + 4 * i].try_into().unwrap());
+        let count = u64::from_le_bytes(b[0..8].try_into().unwrap());
+        let checked = u64::from_le_bytes(b[8..16].try_into().unwrap());
+        assert_eq!(
+            count, 0,
+            "{kernel} {} scalar {sbits:?}: {count} words differ, the first {} r {:#010x} l {:#010x}: packed {:#010x}, one at a time {:#010x}",
+            v.4,
+            if word(5) != 0 { "transform" } else { "fold" },
+            word(0),
+            word(1),
+            word(2),
+            word(3)
+        );
+        checked
+    };
+    for t in ["int8", "uint8", "f8e4m3", "f8e5m2"] {
+        for v in VARIANTS {
+            let checked = run(&format!("fold_bits8_{t}"), (256, 4, 1), 256, v, None);
+            assert_eq!(
+                checked,
+                4 * 65536 * if v.1 != 0 { 256 } else { 1 },
+                "{t} {}",
+                v.4
+            );
+        }
+    }
+    // 1, -0.5, 3, about 1e-3, the largest finite, the smallest subnormal.
+    for (t, scalars) in [
+        (
+            "bfloat16",
+            [0x3f80u32, 0xbf00, 0x4040, 0x3a83, 0x7f7f, 0x0001],
+        ),
+        ("half", [0x3c00, 0xb800, 0x4200, 0x1419, 0x7bff, 0x0001]),
+    ] {
+        for v in VARIANTS {
+            let ss: &[u32] = if v.1 != 0 { &scalars } else { &[0] };
+            for &s in ss {
+                let checked = run(
+                    &format!("fold_bits16_{t}"),
+                    (132 * 8, 1, 1),
+                    512,
+                    v,
+                    Some(s),
+                );
+                assert_eq!(checked, 2 << 32, "{t} {} scalar {s:#x}", v.4);
+            }
+        }
+    }
+}
+
 /// Line rounds (the peer engine's one-shot all-reduce, reduce-scatter and reduce in 128-byte
 /// lines, 2 ranks): every reduction (PreMulSum with a scalar per rank), in place and out, buffers
 /// 16-byte aligned or not, counts that end mid-line and mid-warp, one round a block and two,

@@ -44,6 +44,19 @@ pub struct Image {
     pub bytes: Vec<u8>,
 }
 
+/// The options every ferroccl kernel compiles with (and a test kernel built from its headers
+/// should): no flush to zero, IEEE division and square root, no contraction of a multiplication
+/// and an add into one rounding, C++17, device code by default. The reductions must give the
+/// host's bits.
+pub const EXACT_OPTIONS: [&str; 6] = [
+    "--ftz=false",
+    "--prec-div=true",
+    "--prec-sqrt=true",
+    "--fmad=false",
+    "--std=c++17",
+    "-default-device",
+];
+
 /// One compilation.
 #[derive(Debug, Clone)]
 pub struct CompileRequest<'a> {

@@ -212,20 +212,13 @@ pub(crate) fn compile_for(
 /// The flags of [`compile_options`] as NVRTC command-line options, for `nvrtc::compile`
 /// (which adds the architecture and include directories itself).
 pub(crate) fn nvrtc_flags() -> Vec<String> {
-    [
-        "--ftz=false",
-        "--prec-div=true",
-        "--prec-sqrt=true",
-        "--fmad=false",
-        "--std=c++17",
-        "-default-device",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain(std::iter::once(format!(
-        "-DFC_MAX_THREADS={PLAN_EXEC_MAX_THREADS}"
-    )))
-    .collect()
+    crate::cuda::nvrtc::EXACT_OPTIONS
+        .iter()
+        .map(|s| s.to_string())
+        .chain(std::iter::once(format!(
+            "-DFC_MAX_THREADS={PLAN_EXEC_MAX_THREADS}"
+        )))
+        .collect()
 }
 
 /// NVRTC options for `arch` (e.g. "sm_90"). `cuda_include` holds the folders with `cuda_fp16.h`,
