@@ -2712,7 +2712,10 @@ fn fold_pays_for_plain_reductions_of_wide_elements() {
         symmetric: true,
         ..shape(CollKind::AllReduce, 1 << 30, DataType::Int8, 2)
     };
-    assert_ne!(choose(&op, Device::Gpu, &Config::default()).engine, Engine::CopyEngine);
+    assert_ne!(
+        choose(&op, Device::Gpu, &Config::default()).engine,
+        Engine::CopyEngine
+    );
     assert_eq!(choose(&op, Device::Gpu, &every).engine, Engine::CopyEngine);
 }
 
