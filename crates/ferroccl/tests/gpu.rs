@@ -2870,21 +2870,23 @@ fn packed_folds_give_the_bits_of_one_element_at_a_time() {
         ("fold_bits.cuh", include_str!("kernels/fold_bits.cuh")),
     ];
     const SRC: &str = "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cuda_fp8.h>\n#include \"types.cuh\"\n#include \"fold_bits.cuh\"\n";
-    // (k, pre, post, n, name): as fold_rate.cu's variants.
-    const VARIANTS: [(u32, u32, u32, u32, &str); 9] = [
-        (0, 0, 0, 2, "sum"),
-        (1, 0, 0, 2, "prod"),
-        (2, 0, 0, 2, "max"),
-        (3, 0, 0, 2, "min"),
-        (4, 0, 1, 2, "avg/2"),
-        (4, 0, 1, 3, "avg/3"),
-        (4, 0, 1, 8, "avg/8"),
-        (4, 0, 1, 256, "avg/256"),
-        (5, 1, 0, 2, "premulsum"),
-    ];
     if !common::one_gpu_for_test() {
         return;
     }
+    // (k, pre, post, n, name): as fold_rate.cu's variants (k: the reduction's NCCL number, which
+    // the kernels' FC_OP_* are).
+    let k = |op: ReduceOp| op.nccl_id() as u32;
+    let variants: [(u32, u32, u32, u32, &str); 9] = [
+        (k(ReduceOp::Sum), 0, 0, 2, "sum"),
+        (k(ReduceOp::Prod), 0, 0, 2, "prod"),
+        (k(ReduceOp::Max), 0, 0, 2, "max"),
+        (k(ReduceOp::Min), 0, 0, 2, "min"),
+        (k(ReduceOp::Avg), 0, 1, 2, "avg/2"),
+        (k(ReduceOp::Avg), 0, 1, 3, "avg/3"),
+        (k(ReduceOp::Avg), 0, 1, 8, "avg/8"),
+        (k(ReduceOp::Avg), 0, 1, 256, "avg/256"),
+        (k(ReduceOp::PreMulSum(0.0)), 1, 0, 2, "premulsum"),
+    ];
     let gpu = Gpu::open(0).unwrap();
     let dir = std::env::temp_dir().join(format!("ferroccl-fold-bits-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -2955,7 +2957,7 @@ fn packed_folds_give_the_bits_of_one_element_at_a_time() {
         checked
     };
     for t in ["int8", "uint8", "f8e4m3", "f8e5m2"] {
-        for v in VARIANTS {
+        for v in variants {
             let checked = run(&format!("fold_bits8_{t}"), (256, 4, 1), 256, v, None);
             assert_eq!(
                 checked,
@@ -2973,7 +2975,7 @@ fn packed_folds_give_the_bits_of_one_element_at_a_time() {
         ),
         ("half", [0x3c00, 0xb800, 0x4200, 0x1419, 0x7bff, 0x0001]),
     ] {
-        for v in VARIANTS {
+        for v in variants {
             let ss: &[u32] = if v.1 != 0 { &scalars } else { &[0] };
             for &s in ss {
                 let checked = run(
