@@ -655,10 +655,24 @@ struct PackedF8 {
         const fc_u32 inf = (((low + 0x04040404u) & FC_BYTES_TOP) >> 7) & ~nan;
         return ((v ^ (inf * 0x07u)) | (nan * 0x03u)) & ~(nan * 0x80u);  // 0x7c -> 0x7b, 0x7d-0x7f -> 0x7f
     }
+    // e4m3's Avg by 2^k, k <= 8, as a half pair too: the sum rounded to half, scaled exactly (its
+    // grid, 2^-9 or coarser, stays within half's), narrowed. A sum under 4 is exact in half, and
+    // from 4 the quotient is at least 2^-6, normal in e4m3, where two roundings give one's bits.
+    // (Not e5m2: its sums reach past half's largest finite value.)
+    static __device__ __forceinline__ fc_u32 avg_as_half(fc_u32 r, fc_u32 l, __half2 scale) {
+        const __nv_fp8_interpretation_t f = (__nv_fp8_interpretation_t)KIND;
+        const __half2 a = __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(r & 0xffffu), f));
+        const __half2 b = __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(l & 0xffffu), f));
+        return (fc_u32)__nv_cvt_halfraw2_to_fp8x2(__half2_raw(__hmul2(__hadd2(a, b), scale)), __NV_SATFINITE, f);
+    }
     static __device__ __forceinline__ fc_u32 fold(fc_u32 r, fc_u32 l, fc_u32 k, bool pre, bool post, float scalar,
                                                   fc_u32 nranks) {
-        if (f8_sum_as_half() && !pre && !post && k != FC_OP_PROD && k != FC_OP_MAX && k != FC_OP_MIN)
-            return sum_as_half(r, l) | (sum_as_half(r >> 16, l >> 16) << 16);
+        const bool adds = k != FC_OP_PROD && k != FC_OP_MAX && k != FC_OP_MIN;
+        if (f8_sum_as_half() && !pre && !post && adds) return sum_as_half(r, l) | (sum_as_half(r >> 16, l >> 16) << 16);
+        if (f8_sum_as_half() && KIND == __NV_E4M3 && !pre && post && adds && pow2n(nranks) && log2n(nranks) <= 8) {
+            const __half2 scale = __half2half2(__ushort_as_half((unsigned short)((15 - log2n(nranks)) << 10)));
+            return avg_as_half(r, l, scale) | (avg_as_half(r >> 16, l >> 16, scale) << 16);
+        }
         if (f8_sum_as_half() && (k == FC_OP_MAX || k == FC_OP_MIN) && !pre && !post) return pick(r, l, k == FC_OP_MAX);
         const fc_u32 lo = pair_fold<PairF8<KIND> >(r, l, k, pre, post, scalar, nranks);
         const fc_u32 hi = pair_fold<PairF8<KIND> >(r >> 16, l >> 16, k, pre, post, scalar, nranks);
