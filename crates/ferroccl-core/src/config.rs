@@ -1239,7 +1239,6 @@ fn parse_master_port(key: &str, v: &str) -> Result<u16, String> {
 mod tests {
     use super::*;
 
-    /// Whether `c` gives its peers `key` with `value` to agree on.
     /// docs/ENV.md's list of the settings every rank must set alike names every one the ranks
     /// compare (`shared_settings`), so that a new shared knob cannot go undocumented there.
     #[test]
@@ -1257,6 +1256,7 @@ mod tests {
         }
     }
 
+    /// Whether `c` gives its peers `key` with `value` to agree on.
     fn shares(c: &Config, key: &str, value: &str) -> bool {
         c.shared_settings()
             .iter()

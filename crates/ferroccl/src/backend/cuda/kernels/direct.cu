@@ -37,56 +37,19 @@ __device__ __forceinline__ fc_u8* direct_line(fc_u64 base, fc_u32 b, fc_u32 from
     return (fc_u8*)base + slot * (2u * FC_DIRECT_SLOT_DATA) + i * 16u;
 }
 
-// The elements of one 8-byte word (the 1- and 2-byte types a 32-bit half at a time: reduce.cuh's
-// packed forms, the same bits).
+// The elements of one 8-byte word (reduce.cuh's fold_word and transform_word: the 1- and 2-byte
+// types a 32-bit half at a time).
 template <typename D>
 struct Word {
-    typedef typename D::S S;
     typedef typename D::C C;
-    static const int E = 8 / sizeof(S);
-    union U {
-        fc_u64 w;
-        S e[8 / sizeof(S)];
-    };
-    template <typename F>
-    static __device__ __forceinline__ fc_u64 halves(fc_u64 w, F f) {
-        return (fc_u64)f((fc_u32)w) | ((fc_u64)f((fc_u32)(w >> 32)) << 32);
-    }
     // Each element pre-multiplied and rounded to the element type, as a sender stores it.
-    static __device__ __forceinline__ fc_u64 pre(fc_u64 w, C scalar) {
-        if constexpr (Packed<D>::on) return halves(w, [&](fc_u32 h) { return Packed<D>::transform(h, true, false, scalar, 1u); });
-        U u;
-        u.w = w;
-#pragma unroll
-        for (int j = 0; j < E; ++j) u.e[j] = D::store(mul(D::load(u.e[j]), scalar));
-        return u.w;
-    }
+    static __device__ __forceinline__ fc_u64 pre(fc_u64 w, C scalar) { return transform_word<D>(w, true, false, scalar, 1u); }
     // acc = combine(v, acc) element-wise, rounded; on the last contribution, divided by n
     // first when `post` (one rounding, as the ring's last step).
     static __device__ __forceinline__ fc_u64 fold(fc_u64 acc, fc_u64 v, fc_u32 k, bool last_post, fc_u32 n) {
-        if constexpr (Packed<D>::on) {
-            return (fc_u64)Packed<D>::fold((fc_u32)v, (fc_u32)acc, k, false, last_post, C(0), n) |
-                   ((fc_u64)Packed<D>::fold((fc_u32)(v >> 32), (fc_u32)(acc >> 32), k, false, last_post, C(0), n) << 32);
-        }
-        U a, b;
-        a.w = acc;
-        b.w = v;
-#pragma unroll
-        for (int j = 0; j < E; ++j) {
-            C c = combine(D::load(b.e[j]), D::load(a.e[j]), k);
-            if (last_post) c = divn(c, n);
-            a.e[j] = D::store(c);
-        }
-        return a.w;
+        return fold_word<D>(v, acc, k, false, last_post, C(0), n);
     }
-    static __device__ __forceinline__ fc_u64 post(fc_u64 w, fc_u32 n) {
-        if constexpr (Packed<D>::on) return halves(w, [&](fc_u32 h) { return Packed<D>::transform(h, false, true, C(0), n); });
-        U u;
-        u.w = w;
-#pragma unroll
-        for (int j = 0; j < E; ++j) u.e[j] = D::store(divn(D::load(u.e[j]), n));
-        return u.w;
-    }
+    static __device__ __forceinline__ fc_u64 post(fc_u64 w, fc_u32 n) { return transform_word<D>(w, false, true, C(0), n); }
 };
 
 // Whether this rank sends to q, and from which block of its input.

@@ -428,32 +428,24 @@ __device__ __forceinline__ void line_load(const fc_u8* p, fc_u64& x, fc_u64& y) 
     asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(p) : "memory");
 }
 
-// A lane's 16 bytes, (x, y), as a pack for fold16 and transform16, and back.
-__device__ __forceinline__ uint4 line_pack(fc_u64 x, fc_u64 y) {
-    return make_uint4((fc_u32)x, (fc_u32)(x >> 32), (fc_u32)y, (fc_u32)(y >> 32));
-}
-__device__ __forceinline__ void line_unpack(uint4 v, fc_u64& x, fc_u64& y) {
-    x = (fc_u64)v.x | ((fc_u64)v.y << 32);
-    y = (fc_u64)v.z | ((fc_u64)v.w << 32);
-}
-
 // The sender's side of a PreMulSum: its operand times its own scalar (as transform_as does for
 // the staged rounds), so that each rank's scalar is applied once, by that rank.
 template <typename D>
 __device__ __forceinline__ void line_premul(fc_u64& x, fc_u64& y, typename D::C scalar) {
-    line_unpack(transform16<D>(line_pack(x, y), true, false, scalar, 1u), x, y);
+    x = transform_word<D>(x, true, false, scalar, 1u);
+    y = transform_word<D>(y, true, false, scalar, 1u);
 }
 
 // (x, y) = the fold of the peer's (tx, ty) and this rank's (x, y), element by element, in the
-// operand order fold_swaps gives, with reduce_elem's scalar and average. The 1- and 2-byte types
-// fold a word at a time (fold16; a bfloat16 or half Sum by the packed add: in a warp's fold after
-// the lines land, one instruction a pair instead of two widenings, an add and a narrowing an
-// element, docs/PERFORMANCE.md section 31).
+// operand order fold_swaps gives, with reduce_elem's scalar and average (fold_word: the 1- and
+// 2-byte types a 32-bit word at a time, a bfloat16 or half Sum by the packed add; in a warp's
+// fold after the lines land, one instruction a pair instead of two widenings, an add and a
+// narrowing an element, docs/PERFORMANCE.md section 31).
 template <typename D>
 __device__ __forceinline__ void line_fold(fc_u64& x, fc_u64& y, fc_u64 tx, fc_u64 ty, fc_u32 k, bool pre, bool post, bool swap,
                                           typename D::C scalar, fc_u32 nranks) {
-    const uint4 mine = line_pack(x, y), theirs = line_pack(tx, ty);
-    line_unpack(fold16<D>(swap ? mine : theirs, swap ? theirs : mine, k, pre, post, scalar, nranks), x, y);
+    x = fold_word<D>(swap ? x : tx, swap ? tx : x, k, pre, post, scalar, nranks);
+    y = fold_word<D>(swap ? y : ty, swap ? ty : y, k, pre, post, scalar, nranks);
 }
 
 // One line round of block b over `len` elements (see above): what this rank sends starts at

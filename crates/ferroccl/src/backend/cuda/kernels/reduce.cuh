@@ -457,13 +457,13 @@ __device__ __forceinline__ typename D::S transform_elem(typename D::S src, bool 
 #endif
 
 // The one-at-a-time forms over a word (every other type, and the cases the packed forms leave:
-// a division by a count that is not a power of two).
+// a product of two bytes, a division by a count that is not a power of two).
 template <typename D, typename W>
 union Elems {
     W w;
     typename D::S e[sizeof(W) / sizeof(typename D::S)];
 };
-// reduce_elem and transform_elem over the elements of a word W (a 32-bit word, or a 16-byte pack).
+// reduce_elem and transform_elem over the elements of a word W (4, 8 or 16 bytes).
 template <typename D, typename W>
 __device__ __forceinline__ W fold_elems(W r, W l, fc_u32 k, bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
     Elems<D, W> a, b;
@@ -688,24 +688,36 @@ struct Packed<DE4M3> : PackedF8<__NV_E4M3> {};
 template <>
 struct Packed<DE5M2> : PackedF8<__NV_E5M2> {};
 
-// A 16-byte pack's fold (reduce_elem on each element) and transform (transform_elem), by words
-// where the type has a packed form.
-template <typename D>
-__device__ __forceinline__ uint4 fold16(uint4 r, uint4 l, fc_u32 k, bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
+// A word W of elements (8 bytes, or a 16-byte pack) folded (reduce_elem on each element) and
+// transformed (transform_elem): by 32-bit words where the type has a packed form, else element by
+// element. Every engine's folds come here: the fold loops below, the line rounds, the direct
+// engine's 8-byte words.
+template <typename W>
+union Words {
+    W w;
+    fc_u32 u[sizeof(W) / 4];
+};
+template <typename D, typename W>
+__device__ __forceinline__ W fold_word(W r, W l, fc_u32 k, bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
     if constexpr (Packed<D>::on) {
-        typedef Packed<D> P;
-        return make_uint4(P::fold(r.x, l.x, k, pre, post, scalar, nranks), P::fold(r.y, l.y, k, pre, post, scalar, nranks),
-                          P::fold(r.z, l.z, k, pre, post, scalar, nranks), P::fold(r.w, l.w, k, pre, post, scalar, nranks));
+        Words<W> a, b;
+        a.w = r;
+        b.w = l;
+#pragma unroll
+        for (int j = 0; j < (int)(sizeof(W) / 4); ++j) a.u[j] = Packed<D>::fold(a.u[j], b.u[j], k, pre, post, scalar, nranks);
+        return a.w;
     } else {
         return fold_elems<D>(r, l, k, pre, post, scalar, nranks);
     }
 }
-template <typename D>
-__device__ __forceinline__ uint4 transform16(uint4 w, bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
+template <typename D, typename W>
+__device__ __forceinline__ W transform_word(W w, bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
     if constexpr (Packed<D>::on) {
-        typedef Packed<D> P;
-        return make_uint4(P::transform(w.x, pre, post, scalar, nranks), P::transform(w.y, pre, post, scalar, nranks),
-                          P::transform(w.z, pre, post, scalar, nranks), P::transform(w.w, pre, post, scalar, nranks));
+        Words<W> a;
+        a.w = w;
+#pragma unroll
+        for (int j = 0; j < (int)(sizeof(W) / 4); ++j) a.u[j] = Packed<D>::transform(a.u[j], pre, post, scalar, nranks);
+        return a.w;
     } else {
         return transform_elems<D>(w, pre, post, scalar, nranks);
     }
@@ -740,13 +752,13 @@ __device__ __forceinline__ void reduce_piece(fc_u8* d0, fc_u8* d1, const fc_u8* 
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                const uint4 o = fold16<D>(r[u], l[u], k, pre, post, scalar, nranks);
+                const uint4 o = fold_word<D>(r[u], l[u], k, pre, post, scalar, nranks);
                 a4[i + (fc_u64)u * nt] = o;
                 if (b4) b4[i + (fc_u64)u * nt] = o;
             }
         }
         for (; i < nv; i += nt) {
-            const uint4 o = fold16<D>(ldcg(r4 + i), ldcg(l4 + i), k, pre, post, scalar, nranks);
+            const uint4 o = fold_word<D>(ldcg(r4 + i), ldcg(l4 + i), k, pre, post, scalar, nranks);
             a4[i] = o;
             if (b4) b4[i] = o;
         }
@@ -775,7 +787,7 @@ __device__ void transform_piece(fc_u8* d0, const fc_u8* src, fc_u64 n, bool pre,
         const fc_u64 nv = n / E;
         const uint4* s4 = (const uint4*)src;
         uint4* a4 = (uint4*)d0;
-        for (fc_u64 i = threadIdx.x; i < nv; i += nt) a4[i] = transform16<D>(ldcg(s4 + i), pre, post, scalar, nranks);
+        for (fc_u64 i = threadIdx.x; i < nv; i += nt) a4[i] = transform_word<D>(ldcg(s4 + i), pre, post, scalar, nranks);
         done = nv * E;
     }
     const S* s = (const S*)src;
