@@ -692,35 +692,40 @@ struct Packed<DE5M2> : PackedF8<__NV_E5M2> {};
 // transformed (transform_elem): by 32-bit words where the type has a packed form, else element by
 // element. Every engine's folds come here: the fold loops below, the line rounds, the direct
 // engine's 8-byte words.
-template <typename W>
-union Words {
-    W w;
-    fc_u32 u[sizeof(W) / 4];
-};
+// (The 32-bit words spelt out, as make_uint4 and shifts: a union with a loop over them made
+// uint8's Avg fold 20 % slower on 16 blocks, bench/probes/fold_rate.cu.)
+template <typename D>
+__device__ __forceinline__ uint4 packed_fold(uint4 r, uint4 l, fc_u32 k, bool pre, bool post, typename D::C s, fc_u32 n) {
+    typedef Packed<D> P;
+    return make_uint4(P::fold(r.x, l.x, k, pre, post, s, n), P::fold(r.y, l.y, k, pre, post, s, n),
+                      P::fold(r.z, l.z, k, pre, post, s, n), P::fold(r.w, l.w, k, pre, post, s, n));
+}
+template <typename D>
+__device__ __forceinline__ fc_u64 packed_fold(fc_u64 r, fc_u64 l, fc_u32 k, bool pre, bool post, typename D::C s, fc_u32 n) {
+    typedef Packed<D> P;
+    return (fc_u64)P::fold((fc_u32)r, (fc_u32)l, k, pre, post, s, n) |
+           ((fc_u64)P::fold((fc_u32)(r >> 32), (fc_u32)(l >> 32), k, pre, post, s, n) << 32);
+}
+template <typename D>
+__device__ __forceinline__ uint4 packed_transform(uint4 w, bool pre, bool post, typename D::C s, fc_u32 n) {
+    typedef Packed<D> P;
+    return make_uint4(P::transform(w.x, pre, post, s, n), P::transform(w.y, pre, post, s, n), P::transform(w.z, pre, post, s, n),
+                      P::transform(w.w, pre, post, s, n));
+}
+template <typename D>
+__device__ __forceinline__ fc_u64 packed_transform(fc_u64 w, bool pre, bool post, typename D::C s, fc_u32 n) {
+    typedef Packed<D> P;
+    return (fc_u64)P::transform((fc_u32)w, pre, post, s, n) | ((fc_u64)P::transform((fc_u32)(w >> 32), pre, post, s, n) << 32);
+}
 template <typename D, typename W>
 __device__ __forceinline__ W fold_word(W r, W l, fc_u32 k, bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
-    if constexpr (Packed<D>::on) {
-        Words<W> a, b;
-        a.w = r;
-        b.w = l;
-#pragma unroll
-        for (int j = 0; j < (int)(sizeof(W) / 4); ++j) a.u[j] = Packed<D>::fold(a.u[j], b.u[j], k, pre, post, scalar, nranks);
-        return a.w;
-    } else {
-        return fold_elems<D>(r, l, k, pre, post, scalar, nranks);
-    }
+    if constexpr (Packed<D>::on) return packed_fold<D>(r, l, k, pre, post, scalar, nranks);
+    else return fold_elems<D>(r, l, k, pre, post, scalar, nranks);
 }
 template <typename D, typename W>
 __device__ __forceinline__ W transform_word(W w, bool pre, bool post, typename D::C scalar, fc_u32 nranks) {
-    if constexpr (Packed<D>::on) {
-        Words<W> a;
-        a.w = w;
-#pragma unroll
-        for (int j = 0; j < (int)(sizeof(W) / 4); ++j) a.u[j] = Packed<D>::transform(a.u[j], pre, post, scalar, nranks);
-        return a.w;
-    } else {
-        return transform_elems<D>(w, pre, post, scalar, nranks);
-    }
+    if constexpr (Packed<D>::on) return packed_transform<D>(w, pre, post, scalar, nranks);
+    else return transform_elems<D>(w, pre, post, scalar, nranks);
 }
 
 // For i < n: l = local[i]; if pre l *= scalar; v = O(recv[i], l); if post v /= nranks;
