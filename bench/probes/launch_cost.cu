@@ -4,7 +4,10 @@
 // switch and the event record ferroccl adds, and the cases of the latency issue's one thread
 // driving both GPUs: one thread alternating between them, two threads launching at once, each
 // on its own GPU (does the driver serialise launches to different contexts?), and one thread
-// handing GPU 1's launch to a spinning helper as ferroccl does (`launch/fanout.rs`).
+// handing GPU 1's launch to a spinning helper as ferroccl does (`launch/fanout.rs`). Last, on
+// one GPU, the other single driver calls that could order a communication in a stream in place
+// of a launch (a graph's launch, a stream memory operation, an event record, a 4-byte memset):
+// an enqueue of 2 us needs one of them well under that.
 // Per call: the mean over N calls, in microseconds; the stream is drained every 256 calls so
 // that no call waits for room in the launch queue.
 //
@@ -16,6 +19,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -168,6 +172,84 @@ static void handed(int si, int flags, double& mean, double& median) {
     median = t[t.size() / 2];
 }
 
+// One GPU: the caller's mean us of one driver call `f` (the stream drained every 256 calls).
+template <class F> static double per_call(F f) {
+    auto body = [&](int n) {
+        double busy = 0;
+        for (int i = 0; i < n; i++) {
+            if (i % 256 == 0) drain(0);
+            auto t0 = clk::now();
+            f(i);
+            busy += std::chrono::duration<double, std::micro>(clk::now() - t0).count();
+        }
+        return busy / n;
+    };
+    body(300);
+    return body(N);
+}
+
+// The single driver calls besides a launch that can put work in a stream's order.
+static void other_calls() {
+    CK(cuCtxSetCurrent(g[0].ctx));
+    CUstream s = g[0].s;
+    // A graph of one kernel node (the 528-byte parameter's kernel), instantiated once.
+    CUgraph graph;
+    CK(cuGraphCreate(&graph, 0));
+    CUDA_KERNEL_NODE_PARAMS kp = {};
+    void* params[1] = {argbuf};
+    kp.func = g[0].f[3];
+    kp.gridDimX = 1; kp.gridDimY = 1; kp.gridDimZ = 1;
+    kp.blockDimX = 256; kp.blockDimY = 1; kp.blockDimZ = 1;
+    kp.kernelParams = params;
+    CUgraphNode node;
+    CK(cuGraphAddKernelNode(&node, graph, nullptr, 0, &kp));
+    CUgraphExec exec;
+    CK(cuGraphInstantiate(&exec, graph, 0));
+    CUdeviceptr dword;
+    CK(cuMemAlloc(&dword, 64));
+    CK(cuMemsetD32(dword, 0, 16));
+    unsigned* hword;
+    CK(cuMemHostAlloc((void**)&hword, 64, CU_MEMHOSTALLOC_DEVICEMAP));
+    *hword = 0;
+    CUdeviceptr hdev;
+    CK(cuMemHostGetDevicePointer(&hdev, hword, 0));
+    double launch8 = per_call([&](int) { launch(0, 0, 1, 256, 0); });
+    double launch528 = per_call([&](int) { launch(0, 3, 1, 256, 1); });
+    double glaunch = per_call([&](int) { CK(cuGraphLaunch(exec, s)); });
+    // New parameters every call (the kernel node's, then the launch): a new buffer's address.
+    double gset = per_call([&](int i) {
+        argbuf[0] = (unsigned char)i;
+        CK(cuGraphExecKernelNodeSetParams(exec, node, &kp));
+        CK(cuGraphLaunch(exec, s));
+    });
+    double setonly = per_call([&](int i) {
+        argbuf[0] = (unsigned char)i;
+        CK(cuGraphExecKernelNodeSetParams(exec, node, &kp));
+    });
+    // The early start asked of the graph's node (valid only for launches, by the driver's
+    // documentation: what the driver says to it).
+    CUlaunchAttributeValue early;
+    std::memset(&early, 0, sizeof early);
+    early.programmaticStreamSerializationAllowed = 1;
+    CUresult er = cuGraphKernelNodeSetAttribute(node, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, &early);
+    const char* es = nullptr;
+    cuGetErrorString(er, &es);
+    double wr_dev = per_call([&](int i) { CK(cuStreamWriteValue32(s, dword, (unsigned)i, 0)); });
+    double wr_host = per_call([&](int i) { CK(cuStreamWriteValue32(s, hdev, (unsigned)i, 0)); });
+    double wait_dev = per_call([&](int) { CK(cuStreamWaitValue32(s, dword, 0, CU_STREAM_WAIT_VALUE_GEQ)); });
+    double ev = per_call([&](int) { CK(cuEventRecord(g[0].ev, s)); });
+    double memset = per_call([&](int i) { CK(cuMemsetD32Async(dword + 4, (unsigned)i, 1, s)); });
+    std::printf("one GPU, one driver call: launch 8 B %.2f, ex+early 528 B %.2f, graph launch (1 node) %.2f, "
+                "new parameters + graph launch %.2f, new parameters alone %.2f, early start on the node: %s; write value (GPU word) %.2f, (host word) %.2f, wait value (met) %.2f, event record %.2f, "
+                "4-byte memset %.2f\n",
+                launch8, launch528, glaunch, gset, setonly, es ? es : "?", wr_dev, wr_host, wait_dev, ev, memset);
+    drain(0);
+    CK(cuGraphExecDestroy(exec));
+    CK(cuGraphDestroy(graph));
+    CK(cuMemFree(dword));
+    CK(cuMemFreeHost(hword));
+}
+
 int main() {
     CK(cuInit(0));
     int n = 0;
@@ -179,6 +261,7 @@ int main() {
     std::printf("driver %d, %d GPUs; us a call, mean of %d\n", drv, n, N);
     for (int rep = 0; rep < 2; rep++) {
         std::printf("-- pass %d\n", rep + 1);
+        other_calls();
         for (int si = 0; si < 6; si++) {
             CK(cuCtxSetCurrent(g[0].ctx));
             double a = one_thread(0, si, 1, 256, 0);

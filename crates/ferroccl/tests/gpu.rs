@@ -2584,6 +2584,102 @@ fn ranks_sharing_a_gpu_evict_tables_without_waiting_for_each_other() {
     }
 }
 
+/// Launches outside a capture go through a one-node graph per kernel and grid
+/// (FERROCCL_GPU_GRAPH_LAUNCH): a repeated call relaunches its graph as it is, a call with new
+/// buffers or a new count sets the node's parameter first. Two ranks on one GPU, a thread each,
+/// uint32 all-reduces of fresh random words (wrapping sums, exact) through the direct engine's
+/// sizes and the peer engine's, each output filled with a sentinel first: a graph relaunched
+/// with a stale parameter would leave the new output as it was, or write the old one. Repeats
+/// and new buffers make no new graph; with the setting off none is made. Needs one GPU.
+#[test]
+#[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn launches_relaunch_their_graphs_with_each_calls_buffers() {
+    for graphs in [true, false] {
+        let Some(comms) = ranks_on_one_gpu(
+            2,
+            Config {
+                gpu_graph_launch: graphs,
+                ..Config::default()
+            },
+        ) else {
+            return;
+        };
+        let max = 1 << 20;
+        // (count, offset in words of both buffers): a call, its repeat, new buffers, a new
+        // count, the peer engine's sizes, and back.
+        let calls = [
+            (2usize, 0usize),
+            (2, 0),
+            (2, 64),
+            (2, 128),
+            (1000, 0),
+            (300_000, 0),
+            (300_000, 0),
+            (300_000, 4096),
+            (2, 0),
+        ];
+        let seen: Vec<Vec<usize>> = on_each_rank(&comms, |r, c| {
+            let stats = MemStats::new();
+            let gpu = c.gpu().unwrap();
+            let send = DeviceBuffer::alloc(gpu, max * 4, &[], &stats).unwrap();
+            let recv = DeviceBuffer::alloc(gpu, max * 4, &[], &stats).unwrap();
+            let mut kept = Vec::new();
+            for (k, &(count, at)) in calls.iter().enumerate() {
+                let n = comms.len();
+                let mine = words(0x6a09, k as u64, r, count);
+                put_words(&send, at, &mine);
+                put_words(&recv, at, &vec![0xdead_beef; count]);
+                c.synchronize().unwrap();
+                let args = OpArgs {
+                    kind: CollKind::AllReduce,
+                    send: (send.device_ptr() + at as u64 * 4) as *const u8,
+                    recv: (recv.device_ptr() + at as u64 * 4) as *mut u8,
+                    count,
+                    dtype: ferroccl::DataType::Uint32,
+                    op: ReduceOp::Sum,
+                    root: 0,
+                    device_scalar: None,
+                };
+                // SAFETY: both buffers hold max >= at + count words and outlive synchronize.
+                unsafe { c.run_raw(&args).unwrap() };
+                c.synchronize().unwrap();
+                let got = read_words(&recv, at + count);
+                let all: Vec<Vec<u32>> =
+                    (0..n).map(|q| words(0x6a09, k as u64, q, count)).collect();
+                for i in 0..count {
+                    let want = all.iter().fold(0u32, |s, w| s.wrapping_add(w[i]));
+                    assert_eq!(
+                        got[at + i],
+                        want,
+                        "rank {r}, call {k} ({count} words at {at}), word {i}, graphs {graphs}"
+                    );
+                }
+                kept.push(c.kernel_graphs().unwrap());
+            }
+            kept
+        });
+        eprintln!("graphs {graphs}: kept after each call, by rank: {seen:?}");
+        for kept in seen {
+            if !graphs {
+                assert!(kept.iter().all(|&g| g == 0), "{kept:?}");
+                continue;
+            }
+            assert!(kept[0] >= 1, "the first launch made a graph: {kept:?}");
+            // A repeat and new buffers of the same size: the same kernel and grid.
+            assert_eq!(kept[1], kept[0], "{kept:?}");
+            assert_eq!(kept[2], kept[0], "{kept:?}");
+            assert_eq!(kept[3], kept[0], "{kept:?}");
+            assert_eq!(kept[6], kept[5], "{kept:?}");
+            assert_eq!(kept[7], kept[5], "{kept:?}");
+            assert_eq!(kept[8], kept[7], "back to a size seen: {kept:?}");
+            assert!(
+                kept[5] > kept[0],
+                "the peer engine's kernel is another graph: {kept:?}"
+            );
+        }
+    }
+}
+
 /// Sends to oneself inside a group (an all-to-all made of sends and receives, as PyTorch and
 /// nccl-tests issue it: every rank sends to and receives from every rank, itself included), two
 /// ranks on one GPU: the send to oneself is a copy into the matching receive, another operation

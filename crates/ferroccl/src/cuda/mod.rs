@@ -11,6 +11,7 @@
 
 pub mod device;
 pub mod fdpass;
+pub mod graphs;
 pub mod hostpage;
 pub mod mem;
 pub mod nvrtc;
