@@ -355,12 +355,6 @@ pub struct Config {
     /// the work before it; every block still waits for that work before touching memory. 0
     /// launches them the classic way. Ranks may differ.
     pub gpu_early_launch: bool,
-    /// FERROCCL_GPU_GRAPH_LAUNCH (default on): an engine's kernel launched outside a stream
-    /// capture goes through a one-node CUDA graph kept for its kernel and grid, which the
-    /// driver launches in about half the host time of a kernel launch (docs/PERFORMANCE.md
-    /// section 50); such a launch does not start early. 0: every launch is a kernel launch.
-    /// Ranks may differ.
-    pub gpu_graph_launch: bool,
     /// FERROCCL_LAUNCH_SPIN_US (default 200): a call that launches on several GPUs from one
     /// thread (a group over their communicators) hands every GPU's launch but the first to a
     /// helper thread, so the driver's launches run at once rather than in turn; a helper spins
@@ -458,7 +452,6 @@ impl Default for Config {
             gpu_windows_in_process: false,
             gpu_fold_every_type: false,
             gpu_early_launch: true,
-            gpu_graph_launch: true,
             gpu_p2p_kernel: true,
             launch_spin_us: 200,
             job_secret: None,
@@ -729,9 +722,6 @@ impl Config {
         }
         if let Some(v) = get("FERROCCL_GPU_EARLY_LAUNCH") {
             c.gpu_early_launch = parse_bool("FERROCCL_GPU_EARLY_LAUNCH", v)?;
-        }
-        if let Some(v) = get("FERROCCL_GPU_GRAPH_LAUNCH") {
-            c.gpu_graph_launch = parse_bool("FERROCCL_GPU_GRAPH_LAUNCH", v)?;
         }
         if let Some(v) = get("FERROCCL_LAUNCH_SPIN_US") {
             c.launch_spin_us = parse("FERROCCL_LAUNCH_SPIN_US", v)?;
@@ -1651,14 +1641,6 @@ mod tests {
             .iter()
             .any(|(k, _)| k.contains("EARLY")));
         assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_EARLY_LAUNCH", "soon")])).is_err());
-        let kernels = Config::from_vars(&vars(&[("FERROCCL_GPU_GRAPH_LAUNCH", "0")])).unwrap();
-        assert!(!kernels.gpu_graph_launch && Config::default().gpu_graph_launch);
-        // A graph's launch runs the same kernel with the same parameter: ranks may differ.
-        assert!(!kernels
-            .shared_settings()
-            .iter()
-            .any(|(k, _)| k.contains("GRAPH")));
-        assert!(Config::from_vars(&vars(&[("FERROCCL_GPU_GRAPH_LAUNCH", "x")])).is_err());
         let plain = Config::from_vars(&vars(&[("FERROCCL_GPU_P2P_KERNEL", "0")])).unwrap();
         assert!(!plain.gpu_p2p_kernel && Config::default().gpu_p2p_kernel);
         // Both kernels speak the same protocol on the same connections: ranks may differ.

@@ -536,13 +536,6 @@ impl Comm {
         self.backend.cuda().map(|c| c.last_blocks())
     }
 
-    /// GPU communicators: the one-node CUDA graphs this rank keeps to relaunch its kernels
-    /// (one per kernel and grid it launched outside a capture; FERROCCL_GPU_GRAPH_LAUNCH);
-    /// None for host communicators. A diagnostic.
-    pub fn kernel_graphs(&self) -> Option<usize> {
-        self.backend.cuda().map(|c| c.kernel_graphs())
-    }
-
     /// GPU communicators: how many messages moved straight between registered buffers without
     /// staging since creation, after the work queued so far: peers' stores into this rank's
     /// outputs (the peer engine's direct rounds: a block's round from one sender each) and this

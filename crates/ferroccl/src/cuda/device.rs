@@ -473,11 +473,6 @@ impl Kernel<'_> {
         KernelHandle(self.f)
     }
 
-    /// The driver's function, for the graphs that relaunch it (`graphs.rs`).
-    pub(crate) fn raw(&self) -> sys::CUfunction {
-        self.f
-    }
-
     /// How many blocks of `threads` threads the whole GPU keeps resident at once: a launch whose
     /// blocks wait for each other (through peers) must not be larger.
     pub fn resident_blocks(&self, threads: u32) -> Result<u32> {

@@ -11,7 +11,6 @@
 
 pub mod device;
 pub mod fdpass;
-pub mod graphs;
 pub mod hostpage;
 pub mod mem;
 pub mod nvrtc;

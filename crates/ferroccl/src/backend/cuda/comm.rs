@@ -15,7 +15,6 @@ use super::window::Windows;
 use crate::bootstrap::Bootstrap;
 use crate::cuda::cu_ok;
 use crate::cuda::device::{Gpu, KernelHandle, Module};
-use crate::cuda::graphs::KernelGraphs;
 use crate::cuda::mem::{DeviceBuffer, Identity, MemStats};
 use crate::cuda::nvrtc::Image;
 use crate::cuda::pinned::MappedWord;
@@ -33,10 +32,6 @@ pub(super) const BLOCK_THREADS: u32 = kernels::PLAN_EXEC_DEFAULT_THREADS;
 
 pub(crate) struct CudaComm {
     pub gpu: Gpu,
-    /// The one-node graphs that relaunch the engines' kernels outside captures
-    /// (FERROCCL_GPU_GRAPH_LAUNCH; None: off). Before the modules: dropped first, as they name
-    /// the modules' kernels.
-    pub(super) graphs: Option<Mutex<KernelGraphs>>,
     pub(super) module: Module,
     pub stats: Arc<MemStats>,
     /// The copy engine (None: no staging, or FERROCCL_GPU_COPY_ENGINE_BYTES=0). Before the
@@ -410,9 +405,6 @@ impl CudaComm {
         };
         boot.barrier()?;
         Ok(CudaComm {
-            graphs: config
-                .gpu_graph_launch
-                .then(|| Mutex::new(KernelGraphs::new(gpu.clone()))),
             lazy,
             _sweeper: sweeper,
             mapper,
@@ -579,15 +571,6 @@ impl CudaComm {
     pub fn direct_rounds(&self) -> Result<u64, Error> {
         self.drain()?;
         self.status.direct_rounds()
-    }
-
-    /// The one-node graphs this communicator keeps to relaunch its kernels (0 with
-    /// FERROCCL_GPU_GRAPH_LAUNCH off).
-    pub fn kernel_graphs(&self) -> usize {
-        self.graphs
-            .as_ref()
-            .and_then(|g| g.lock().ok().map(|g| g.len()))
-            .unwrap_or(0)
     }
 
     /// Thread blocks of the latest launch (0 before the first, or when it had no lanes).

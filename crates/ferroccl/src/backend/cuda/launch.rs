@@ -554,7 +554,7 @@ impl CudaComm {
             let (run, pull) =
                 self.exchanged_run(info, state, args, exchanged, !windows.is_empty())?;
             drop(windows);
-            self.run_entry(run, args, ops, stream, None, pull, !captured)?;
+            self.run_entry(run, args, ops, stream, None, pull)?;
             if !captured {
                 self.order()?.after(stream)?;
             }
@@ -682,7 +682,7 @@ impl CudaComm {
         };
         drop(windows);
 
-        self.run_entry(run, args, ops, stream, views, pull, !captured)?;
+        self.run_entry(run, args, ops, stream, views, pull)?;
         if !captured {
             self.order()?.after(stream)?;
         }
@@ -770,9 +770,7 @@ impl CudaComm {
             .map_err(|_| Error::Internal("stream order lock poisoned".into()))
     }
 
-    /// Enqueues what `run` says for `args` on `stream`; `graphed`: the kernels may go through
-    /// their graphs (a launch outside a capture).
-    #[allow(clippy::too_many_arguments)]
+    /// Enqueues what `run` says for `args` on `stream`.
     fn run_entry(
         &self,
         run: Run,
@@ -781,7 +779,6 @@ impl CudaComm {
         stream: sys::CUstream,
         views: Option<[u64; PEER_MAX_RANKS]>,
         pull: u64,
-        graphed: bool,
     ) -> Result<(), Error> {
         match run {
             Run::Plan(at) => {
@@ -789,7 +786,7 @@ impl CudaComm {
                 if at.nlanes == 0 {
                     return Ok(());
                 }
-                let param = FcLaunch::new(&at, ops);
+                let mut param = FcLaunch::new(&at, ops);
                 let kernel = self.module.kernel_at(self.plan_fn);
                 let dims = LaunchDims {
                     grid: (at.nlanes, 1, 1),
@@ -797,10 +794,11 @@ impl CudaComm {
                     shared_bytes: 0,
                     overlap_prior: self.overlap_prior,
                 };
+                let mut params = [&mut param as *mut _ as *mut std::ffi::c_void];
                 // SAFETY: the kernel takes one FcLaunch by value; every address in it is device
                 // memory of this GPU or mapped for it, valid while the cache entry (tables), the
                 // caller's buffers (its contract) and the communicator (connections, status) live.
-                unsafe { self.launch_param(kernel, dims, param, stream, graphed) }
+                unsafe { kernel.launch(dims, stream, &mut params) }
             }
             Run::Direct { blocks } => {
                 let (module, kernels, template) = self
@@ -825,7 +823,6 @@ impl CudaComm {
                         DIRECT_THREADS,
                         param,
                         stream,
-                        graphed,
                     )
                 }
             }
@@ -844,7 +841,6 @@ impl CudaComm {
                             form.threads(),
                             param,
                             stream,
-                            graphed,
                         )
                     } else {
                         let param = form.param::<P2P_MAX_STEPS>(ops, head);
@@ -854,7 +850,6 @@ impl CudaComm {
                             form.threads(),
                             param,
                             stream,
-                            graphed,
                         )
                     }
                 }
@@ -894,9 +889,6 @@ impl CudaComm {
                             PEER_THREADS,
                             param,
                             st,
-                            // Beside the copies, on a stream of the copy engine's: launched as a
-                            // kernel (a large operation, where the launch's cost is nothing).
-                            false,
                         )
                     }
                 };
@@ -952,7 +944,6 @@ impl CudaComm {
                         PEER_THREADS,
                         param,
                         stream,
-                        graphed,
                     )
                 }
             }
@@ -964,14 +955,13 @@ impl CudaComm {
     /// # Safety
     /// `kernel` takes exactly one parameter of type `P`, every address in which is valid for
     /// the operation: the communicator's fabric, and the caller's buffers (its contract).
-    unsafe fn launch_engine<P: Copy + PartialEq + Send + 'static>(
+    unsafe fn launch_engine<P>(
         &self,
         kernel: Kernel<'_>,
         blocks: u32,
         threads: u32,
-        param: P,
+        mut param: P,
         stream: sys::CUstream,
-        graphed: bool,
     ) -> Result<(), Error> {
         self.last_blocks.store(blocks, Ordering::Relaxed);
         let dims = LaunchDims {
@@ -980,36 +970,6 @@ impl CudaComm {
             shared_bytes: 0,
             overlap_prior: self.overlap_prior,
         };
-        // SAFETY: the caller's contract.
-        unsafe { self.launch_param(kernel, dims, param, stream, graphed) }
-    }
-
-    /// Launches `kernel` with its one parameter on `stream`: through its one-node graph when
-    /// `graphed` and the communicator keeps graphs (FERROCCL_GPU_GRAPH_LAUNCH), which costs the
-    /// calling thread about half of a kernel launch (docs/PERFORMANCE.md section 50), else as a
-    /// kernel launch (inside a capture, which records launches).
-    ///
-    /// # Safety
-    /// As [`Kernel::launch`]: `kernel` takes exactly one parameter of type `P`, every address in
-    /// which is valid for the operation.
-    unsafe fn launch_param<P: Copy + PartialEq + Send + 'static>(
-        &self,
-        kernel: Kernel<'_>,
-        dims: LaunchDims,
-        mut param: P,
-        stream: sys::CUstream,
-        graphed: bool,
-    ) -> Result<(), Error> {
-        if let (true, Some(graphs)) = (graphed, &self.graphs) {
-            let mut graphs = graphs
-                .lock()
-                .map_err(|_| Error::Internal("kernel graphs lock poisoned".into()))?;
-            // SAFETY: the caller's contract; the modules outlive the graphs (`CudaComm`'s
-            // fields), and `graphed` says the stream is not capturing.
-            if unsafe { graphs.launch(&kernel, dims, stream, &param) }?.is_some() {
-                return Ok(());
-            }
-        }
         let mut params = [&mut param as *mut P as *mut std::ffi::c_void];
         // SAFETY: the caller's contract.
         unsafe { kernel.launch(dims, stream, &mut params) }
