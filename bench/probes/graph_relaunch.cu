@@ -11,15 +11,20 @@
 // Session 38 (one H200, driver 580.159.04): the 34th graph made in the context while a kernel
 // spun waited for that kernel's whole deadline (the driver growing what it keeps for graphs
 // waits for the context); every other call, and 80 live graphs reset and relaunched from two
-// threads, ran without waiting and with their own parameters. ferroccl's graph launches
-// (509db8b, reverted) hung so with two ranks sharing a GPU at their 15th graph each.
+// threads, ran without waiting and with their own parameters. While a make waits, another
+// thread's launch into the context (a kernel's or a graph's) waits too (case 0: 250 ms, until
+// the spin gave up), so making graphs off the launching threads does not help. ferroccl's graph
+// launches (509db8b, reverted) hung so with two ranks sharing a GPU at their 15th graph each.
 //
 //   nvcc -O2 -arch=sm_90 -o graph_relaunch bench/probes/graph_relaunch.cu -lcuda && ./graph_relaunch
+//   ./graph_relaunch graph-setter   # case 0 alone, the spin freed by a graph's launch
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -47,6 +52,7 @@ struct Small { int* out; int v; };
 // A parameter of the engines' size (the direct engine's is 376 bytes): the value to store is
 // spread over it, so a launch that ran with another graph's parameter stores the wrong value.
 struct Big { int* out; int v[92]; };
+__global__ void set_word(int* w) { *(volatile int*)w = 1; }
 __global__ void big(Big p) {
     if (threadIdx.x == 0) { int s = 0; for (int i = 0; i < 92; i++) s += p.v[i]; *p.out = s; }
 }
@@ -76,7 +82,7 @@ static CUgraphExec one_node(CUfunction f, void** params, CUgraph* g, CUgraphNode
     return e;
 }
 
-int main() {
+int main(int argc, char** argv) {
     CK(cuInit(0));
     RK(cudaSetDevice(0));
     RK(cudaFree(0));
@@ -106,6 +112,59 @@ int main() {
         return v[i] == 2 ? "gave up (the call waited for it)" : "released";
     };
     std::printf("spin deadline %lld ms; us per call\n", SPIN_MS);
+
+    // 0. A thread making graphs, blocked by a spinning kernel: does another thread's launch (a
+    // kernel's, or with `graph-setter` a graph's made before) of the kernel that frees the spin
+    // go through? If it does, graphs can be made off the launching threads: such a make waits
+    // only until the context's kernels move on by themselves.
+    {
+        const bool graph_setter = argc > 1 && std::strcmp(argv[1], "graph-setter") == 0;
+        CUfunction fbig = fn((const void*)big), fset = fn((const void*)set_word);
+        CUcontext ctx;
+        CK(cuCtxGetCurrent(&ctx));
+        int* w0 = dwords;
+        void* setp[1] = {&w0};
+        CUgraph gset; CUgraphNode nset;
+        CUgraphExec eset = one_node(fset, setp, &gset, &nset, 1);
+        const int MANY = 96;
+        std::vector<Big> ps(MANY);
+        std::vector<CUgraph> gs(MANY);
+        std::vector<CUgraphNode> ns(MANY);
+        std::vector<CUgraphExec> es(MANY);
+        int* words;
+        CK(cuMemAlloc((CUdeviceptr*)&words, MANY * sizeof(int)));
+        arm();
+        launch_spin(a);
+        std::atomic<int> made{0};
+        double slowest = 0;
+        int slow_i = -1;
+        std::thread maker([&] {
+            CK(cuCtxSetCurrent(ctx));
+            for (int i = 0; i < MANY; i++) {
+                ps[i].out = words + i;
+                for (int k = 0; k < 92; k++) ps[i].v[k] = i;
+                void* pp[1] = {&ps[i]};
+                auto t1 = clk::now();
+                es[i] = one_node(fbig, pp, &gs[i], &ns[i], 1);
+                double m = us_since(t1);
+                if (m > slowest) { slowest = m; slow_i = i; }
+                made++;
+            }
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        int made_then = made.load();
+        auto t0 = clk::now();
+        if (graph_setter) CK(cuGraphLaunch(eset, b));
+        else CK(cuLaunchKernel(fset, 1, 1, 1, 1, 1, 1, 0, b, setp, nullptr));
+        double setter = us_since(t0);
+        maker.join();
+        std::printf("a thread making graphs while a kernel spins: %d made when another thread launched the %s that frees the spin (the launch %.1f us); slowest make %.1f us (graph %d); spin %s\n",
+                    made_then, graph_setter ? "graph" : "kernel", setter, slowest, slow_i, gave_up(0));
+        for (int i = 0; i < MANY; i++) { CK(cuGraphExecDestroy(es[i])); CK(cuGraphDestroy(gs[i])); }
+        CK(cuGraphExecDestroy(eset)); CK(cuGraphDestroy(gset));
+        CK(cuMemFree((CUdeviceptr)words));
+        if (argc > 1) return 0;
+    }
 
     // 1. First: making and first launching many graphs while a kernel of the context spins (a rank
     // sharing the GPU, waiting for this thread's next launch): does any of them wait for it?
