@@ -1,0 +1,199 @@
+// Which driver calls wait for a kernel of their context, on one GPU. ferroccl's kernels wait for
+// each other (ranks sharing a GPU, communicators of one process, a peer whose matching launch
+// this thread makes next), so a call made while one of them spins that waits for every kernel
+// of the context deadlocks until a deadline; `graph_relaunch.cu` found a graph's make to be one.
+// Here a kernel spins on a non-blocking stream (until SPIN_MS, or until the host frees it) while
+// each call that ferroccl makes after a communicator's creation, or might, is timed once, with a
+// fresh spin each: a call that took most of SPIN_MS waited (and the spin says it gave up).
+//
+// Last, CUDA IPC (how ferroccl lends `cudaMalloc` memory between processes): a child process
+// opens and closes a parent's allocation while a kernel of its own context spins.
+//
+//   nvcc -O2 -arch=sm_90 -o driver_waits bench/probes/driver_waits.cu -lcuda && ./driver_waits
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char* s_ = nullptr; cuGetErrorString(r_, &s_); \
+    std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?"); std::exit(1); } } while (0)
+#define RK(x) do { cudaError_t r_ = (x); if (r_ != cudaSuccess) { std::fprintf(stderr, "%s:%d %s: %s\n", \
+    __FILE__, __LINE__, #x, cudaGetErrorString(r_)); std::exit(1); } } while (0)
+
+static const long long SPIN_MS = 300;
+
+struct Spin { volatile int* word; long long ns; int* out; };
+__global__ void spin(Spin p) {
+    long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    while (true) {
+        if (*p.word != 0) { *p.out = 1; return; }
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 > p.ns) { *p.out = 2; return; }
+    }
+}
+
+// A small module for cuModuleLoadData: PTX of one empty kernel (JIT-compiled by the driver).
+static const char* PTX =
+    ".version 8.0\n.target sm_90\n.address_size 64\n"
+    ".visible .entry empty() { ret; }\n";
+
+using clk = std::chrono::steady_clock;
+
+static double spin_while(CUstream a, void** params, int* host_word, int* out, const std::function<void()>& f, bool* waited) {
+    *(volatile int*)host_word = 0;
+    cudaFunction_t fs;
+    RK(cudaGetFuncBySymbol(&fs, (const void*)spin));
+    CK(cuLaunchKernel((CUfunction)fs, 1, 1, 1, 32, 1, 1, 0, a, params, nullptr));
+    auto t0 = clk::now();
+    f();
+    double us = std::chrono::duration<double, std::micro>(clk::now() - t0).count();
+    *(volatile int*)host_word = 1;
+    CK(cuStreamSynchronize(a));
+    int v = 0;
+    CK(cuMemcpyDtoH(&v, (CUdeviceptr)out, 4));
+    *waited = v == 2;
+    return us;
+}
+
+// The child of the IPC case: opens the parent's allocation and closes it, each while a kernel of
+// its own context spins.
+static int ipc_child(int rfd) {
+    CUipcMemHandle handle;
+    if (read(rfd, &handle, sizeof handle) != (ssize_t)sizeof handle) return 1;
+    CK(cuInit(0));
+    RK(cudaSetDevice(0));
+    RK(cudaFree(0));
+    CUstream a;
+    CK(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+    int* host_word;
+    CK(cuMemHostAlloc((void**)&host_word, 64, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+    CUdeviceptr dword;
+    CK(cuMemHostGetDevicePointer(&dword, host_word, 0));
+    int* out;
+    CK(cuMemAlloc((CUdeviceptr*)&out, 64));
+    Spin sp = {(volatile int*)dword, SPIN_MS * 1000000, out};
+    void* params[1] = {&sp};
+    CUdeviceptr p = 0;
+    bool w;
+    double open = spin_while(a, params, host_word, out, [&] {
+        CK(cuIpcOpenMemHandle(&p, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)); }, &w);
+    std::printf("%-42s %10.1f us  %s\n", "cuIpcOpenMemHandle (another process's)", open, w ? "WAITED for the spinning kernel" : "");
+    double close_us = spin_while(a, params, host_word, out, [&] { CK(cuIpcCloseMemHandle(p)); }, &w);
+    std::printf("%-42s %10.1f us  %s\n", "cuIpcCloseMemHandle", close_us, w ? "WAITED for the spinning kernel" : "");
+    std::fflush(stdout);
+    return 0;
+}
+
+int main() {
+    // The IPC case's child first, before this process touches CUDA (fork after would not do).
+    int fds[2];
+    if (pipe(fds) != 0) return 1;
+    std::fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) { close(fds[1]); return ipc_child(fds[0]); }
+    close(fds[0]);
+    CK(cuInit(0));
+    RK(cudaSetDevice(0));
+    RK(cudaFree(0));
+    CUdevice dev;
+    CK(cuCtxGetDevice(&dev));
+    CUstream a;
+    CK(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+    int* host_word;
+    CK(cuMemHostAlloc((void**)&host_word, 64, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+    CUdeviceptr dword;
+    CK(cuMemHostGetDevicePointer(&dword, host_word, 0));
+    int* out;
+    CK(cuMemAlloc((CUdeviceptr*)&out, 64));
+    cudaFunction_t fs;
+    RK(cudaGetFuncBySymbol(&fs, (const void*)spin));
+    Spin sp = {(volatile int*)dword, SPIN_MS * 1000000, out};
+    void* params[1] = {&sp};
+
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t gran = 0;
+    CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CUmemAccessDesc access = {};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+
+    // State the calls share (made by one, undone by a later one).
+    CUdeviceptr plain = 0, va = 0, va2 = 0;
+    CUmemGenericAllocationHandle h = 0, h2 = 0;
+    int fd = -1;
+    void* hostp = nullptr;
+    static char reg[1 << 16];
+    CUevent ev = nullptr;
+    CUstream s2 = nullptr;
+    CUmodule mod = nullptr;
+    CUdeviceptr big = 0;
+
+    struct Call { const char* name; std::function<void()> f; };
+    Call calls[] = {
+        {"cuMemAlloc 1 MiB", [&] { CK(cuMemAlloc(&plain, 1 << 20)); }},
+        {"cuMemFree", [&] { CK(cuMemFree(plain)); }},
+        {"cuMemCreate (fd handle)", [&] { CK(cuMemCreate(&h, gran, &prop, 0)); }},
+        {"cuMemAddressReserve", [&] { CK(cuMemAddressReserve(&va, gran, 0, 0, 0)); }},
+        {"cuMemMap", [&] { CK(cuMemMap(va, gran, 0, h, 0)); }},
+        {"cuMemSetAccess", [&] { CK(cuMemSetAccess(va, gran, &access, 1)); }},
+        {"cuMemExportToShareableHandle", [&] {
+             CK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)); }},
+        {"cuMemImportFromShareableHandle", [&] {
+             CK(cuMemImportFromShareableHandle(&h2, (void*)(long)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)); }},
+        {"cuMemMap + cuMemSetAccess of the import", [&] {
+             CK(cuMemAddressReserve(&va2, gran, 0, 0, 0));
+             CK(cuMemMap(va2, gran, 0, h2, 0));
+             CK(cuMemSetAccess(va2, gran, &access, 1)); }},
+        {"cuMemUnmap of the import", [&] { CK(cuMemUnmap(va2, gran)); }},
+        {"cuMemRelease of the import", [&] { CK(cuMemRelease(h2)); CK(cuMemAddressFree(va2, gran)); close(fd); }},
+        {"cuMemUnmap", [&] { CK(cuMemUnmap(va, gran)); }},
+        {"cuMemRelease", [&] { CK(cuMemRelease(h)); }},
+        {"cuMemAddressFree", [&] { CK(cuMemAddressFree(va, gran)); }},
+        {"cuMemHostAlloc 1 MiB", [&] { CK(cuMemHostAlloc(&hostp, 1 << 20, CU_MEMHOSTALLOC_DEVICEMAP)); }},
+        {"cuMemFreeHost", [&] { CK(cuMemFreeHost(hostp)); }},
+        {"cuMemHostRegister 64 KiB", [&] { CK(cuMemHostRegister(reg, sizeof reg, CU_MEMHOSTREGISTER_DEVICEMAP)); }},
+        {"cuMemHostUnregister", [&] { CK(cuMemHostUnregister(reg)); }},
+        {"cuEventCreate", [&] { CK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING)); }},
+        {"cuEventDestroy", [&] { CK(cuEventDestroy(ev)); }},
+        {"cuStreamCreate", [&] { CK(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING)); }},
+        {"cuStreamDestroy", [&] { CK(cuStreamDestroy(s2)); }},
+        {"cuModuleLoadData (PTX)", [&] { CK(cuModuleLoadData(&mod, PTX)); }},
+        {"cuModuleUnload", [&] { CK(cuModuleUnload(mod)); }},
+        {"cuMemAlloc 256 MiB", [&] { CK(cuMemAlloc(&big, 256 << 20)); }},
+        {"cuMemcpyHtoD 64 B (synchronous)", [&] { static int v[16]; CK(cuMemcpyHtoD(big, v, sizeof v)); }},
+        {"cuMemsetD8 (synchronous)", [&] { CK(cuMemsetD8(big, 0, 64)); }},
+        {"cuMemFree 256 MiB", [&] { CK(cuMemFree(big)); }},
+    };
+    std::printf("spin deadline %lld ms; a call that waited takes most of it\n", SPIN_MS);
+    for (auto& c : calls) {
+        *(volatile int*)host_word = 0;
+        CK(cuLaunchKernel((CUfunction)fs, 1, 1, 1, 32, 1, 1, 0, a, params, nullptr));
+        auto t0 = clk::now();
+        c.f();
+        double us = std::chrono::duration<double, std::micro>(clk::now() - t0).count();
+        *(volatile int*)host_word = 1;
+        CK(cuStreamSynchronize(a));
+        int v = 0;
+        CK(cuMemcpyDtoH(&v, (CUdeviceptr)out, 4));
+        std::printf("%-42s %10.1f us  %s\n", c.name, us, v == 2 ? "WAITED for the spinning kernel" : "");
+    }
+    std::fflush(stdout);
+    CUdeviceptr lent;
+    CK(cuMemAlloc(&lent, 1 << 20));
+    CUipcMemHandle handle;
+    CK(cuIpcGetMemHandle(&handle, lent));
+    if (write(fds[1], &handle, sizeof handle) != (ssize_t)sizeof handle) return 1;
+    int status = 0;
+    waitpid(child, &status, 0);
+    CK(cuMemFree(lent));
+    return status;
+}
