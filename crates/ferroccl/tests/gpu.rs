@@ -4058,6 +4058,91 @@ fn child_p2p_mix() {
     println!("P2P MIX OK rank {r}");
 }
 
+/// A communicator made on a GPU while another communicator's kernel there waits for its peer:
+/// two ranks sharing GPU 0, rank 0's all-reduce launched and waiting for rank 1's, which comes
+/// only after a second pair of ranks has been made on the same GPU. Loading a module waits for
+/// every kernel of the context and holds back every launch into it (docs/RELIABILITY.md, last
+/// section), so a second pair that loaded its own modules waited for rank 0's kernel until its
+/// deadline (20 s here; the all-reduce then failed); the second pair shares the first's modules
+/// (the same images on the same GPU) and loads none. The all-reduce and one on the second pair
+/// are exact. Needs one GPU.
+#[test]
+#[ignore = "needs a GPU: FERROCCL_GPU_TEST=1 cargo test -p ferroccl --test gpu -- --ignored"]
+fn a_communicator_made_while_a_kernel_waits_does_not_wait_for_it() {
+    let Some(first) = ranks_on_one_gpu(2, Config::default()) else {
+        return;
+    };
+    let count = 1000usize;
+    let stats = MemStats::new();
+    let gpu = first[0].gpu().unwrap();
+    let bufs: Vec<(DeviceBuffer, DeviceBuffer)> = (0..2)
+        .map(|r| {
+            let send = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
+            let recv = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
+            put_words(&send, 0, &words(0x5eed, 0, r, count));
+            (send, recv)
+        })
+        .collect();
+    let args = |r: usize| OpArgs {
+        dtype: ferroccl::DataType::Uint32,
+        ..all_reduce_args(&bufs[r].0, &bufs[r].1, count)
+    };
+    // Rank 0's kernel, waiting for rank 1's.
+    // SAFETY: the buffers hold count words and outlive the synchronize below.
+    unsafe { first[0].run_raw(&args(0)).unwrap() };
+    let t = Instant::now();
+    let second = Comm::init_devices(
+        &[Device::Cuda(0), Device::Cuda(0)],
+        &Config {
+            timeout: Duration::from_secs(20),
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let made = t.elapsed();
+    // SAFETY: as above.
+    unsafe { first[1].run_raw(&args(1)).unwrap() };
+    for c in &first {
+        c.synchronize().unwrap();
+    }
+    eprintln!("second pair made in {made:?} while rank 0's kernel waited");
+    assert!(
+        made < Duration::from_secs(10),
+        "making the second pair waited {made:?} for the first pair's kernel"
+    );
+    let sum = |round: u64| -> Vec<u32> {
+        let (a, b) = (
+            words(0x5eed, round, 0, count),
+            words(0x5eed, round, 1, count),
+        );
+        a.iter().zip(&b).map(|(x, y)| x.wrapping_add(*y)).collect()
+    };
+    let want = sum(0);
+    for (r, (_, recv)) in bufs.iter().enumerate() {
+        assert_eq!(read_words(recv, count), want, "the first pair's rank {r}");
+    }
+    // The second pair works too (on the modules it shares).
+    let out: Vec<Vec<u32>> = on_each_rank(&second, |r, c| {
+        let stats = MemStats::new();
+        let gpu = c.gpu().unwrap();
+        let send = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
+        let recv = DeviceBuffer::alloc(gpu, count * 4, &[], &stats).unwrap();
+        put_words(&send, 0, &words(0x5eed, 1, r, count));
+        let a = OpArgs {
+            dtype: ferroccl::DataType::Uint32,
+            ..all_reduce_args(&send, &recv, count)
+        };
+        // SAFETY: as above.
+        unsafe { c.run_raw(&a).unwrap() };
+        c.synchronize().unwrap();
+        read_words(&recv, count)
+    });
+    let want = sum(1);
+    for (r, got) in out.iter().enumerate() {
+        assert_eq!(got, &want, "the second pair's rank {r}");
+    }
+}
+
 /// Three ranks of one GPU made by `Comm::init_rank` in three threads of one process (one
 /// context), each launching as soon as its own communicator exists: a sendrecv ring (LL and
 /// simple) and an all-reduce, exact. They used to hang at the first operation: a rank still

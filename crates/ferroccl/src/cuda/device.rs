@@ -331,8 +331,18 @@ impl Gpu {
         cu_ok("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
     }
 
-    /// Loads a cubin or PTX image (as `nvrtc::compile` returns it) into this GPU's context.
+    /// Loads a cubin or PTX image (as `nvrtc::compile` returns it) into this GPU's context, or
+    /// shares the module of the same image loaded there already in this process (`modules.rs`:
+    /// a load and an unload wait for every kernel of the context).
     pub fn load_module(&self, image: &[u8]) -> Result<Module> {
+        let loaded = LOADED.get_or_load(self.0.ctx as usize, image, || self.load_new(image))?;
+        Ok(Module {
+            gpu: self.clone(),
+            loaded,
+        })
+    }
+
+    fn load_new(&self, image: &[u8]) -> Result<Loaded> {
         self.bind()?;
         // PTX is text the driver reads up to its NUL; a cubin is an ELF image with its own
         // length, and must not be touched.
@@ -348,7 +358,7 @@ impl Gpu {
         cu_ok("cuModuleLoadData", unsafe {
             sys::cuModuleLoadData(&mut module, data.as_ptr().cast())
         })?;
-        Ok(Module {
+        Ok(Loaded {
             gpu: self.clone(),
             module,
         })
@@ -372,15 +382,24 @@ fn attribute(dev: sys::CUdevice, attr: sys::CUdevice_attribute) -> Result<i32> {
     Ok(unsafe { v.assume_init() })
 }
 
-/// Code loaded on one GPU; unloaded on drop.
+/// Code loaded on one GPU; unloaded when the last `Module` of its image there is dropped.
 pub struct Module {
+    gpu: Gpu,
+    loaded: Arc<Loaded>,
+}
+
+/// A module as the driver loaded it, shared by the `Module`s of its image in its context.
+struct Loaded {
     gpu: Gpu,
     module: sys::CUmodule,
 }
 
 // SAFETY: module handles are context-wide, not thread-bound.
-unsafe impl Send for Module {}
-unsafe impl Sync for Module {}
+unsafe impl Send for Loaded {}
+unsafe impl Sync for Loaded {}
+
+/// This process's modules, by context and image.
+static LOADED: super::modules::Shared<Loaded> = super::modules::Shared::new();
 
 impl Module {
     /// The GPU it is loaded on.
@@ -394,7 +413,7 @@ impl Module {
             .map_err(|_| Error::InvalidArgument(format!("kernel name {name:?}")))?;
         let mut f = std::ptr::null_mut();
         cu_ok(&format!("cuModuleGetFunction({name})"), unsafe {
-            sys::cuModuleGetFunction(&mut f, self.module, cname.as_ptr())
+            sys::cuModuleGetFunction(&mut f, self.loaded.module, cname.as_ptr())
         })?;
         Ok(Kernel { f, module: self })
     }
@@ -417,7 +436,7 @@ pub struct KernelHandle(sys::CUfunction);
 unsafe impl Send for KernelHandle {}
 unsafe impl Sync for KernelHandle {}
 
-impl Drop for Module {
+impl Drop for Loaded {
     fn drop(&mut self) {
         let _ = self.gpu.bind();
         let s = unsafe { sys::cuModuleUnload(self.module) };

@@ -13,6 +13,7 @@ pub mod device;
 pub mod fdpass;
 pub mod hostpage;
 pub mod mem;
+mod modules;
 pub mod nvrtc;
 pub mod pinned;
 pub mod stream;
