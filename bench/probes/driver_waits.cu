@@ -10,54 +10,26 @@
 // opens and closes a parent's allocation while a kernel of its own context spins.
 //
 //   nvcc -O2 -arch=sm_90 -o driver_waits bench/probes/driver_waits.cu -lcuda && ./driver_waits
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char* s_ = nullptr; cuGetErrorString(r_, &s_); \
-    std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?"); std::exit(1); } } while (0)
-#define RK(x) do { cudaError_t r_ = (x); if (r_ != cudaSuccess) { std::fprintf(stderr, "%s:%d %s: %s\n", \
-    __FILE__, __LINE__, #x, cudaGetErrorString(r_)); std::exit(1); } } while (0)
-
-static const long long SPIN_MS = 300;
-
-struct Spin { volatile int* word; long long ns; int* out; };
-__global__ void spin(Spin p) {
-    long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    while (true) {
-        if (*p.word != 0) { *p.out = 1; return; }
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 > p.ns) { *p.out = 2; return; }
-    }
-}
+#include "spin.cuh"
 
 // A small module for cuModuleLoadData: PTX of one empty kernel (JIT-compiled by the driver).
 static const char* PTX =
     ".version 8.0\n.target sm_90\n.address_size 64\n"
     ".visible .entry empty() { ret; }\n";
 
-using clk = std::chrono::steady_clock;
-
-static double spin_while(CUstream a, void** params, int* host_word, int* out, const std::function<void()>& f, bool* waited) {
-    *(volatile int*)host_word = 0;
-    cudaFunction_t fs;
-    RK(cudaGetFuncBySymbol(&fs, (const void*)spin));
-    CK(cuLaunchKernel((CUfunction)fs, 1, 1, 1, 32, 1, 1, 0, a, params, nullptr));
+// Times f() while a kernel of the context spins on s, and prints the line of `name`.
+static void timed(Spinner& spinner, CUstream s, const char* name, const std::function<void()>& f) {
+    spinner.arm();
+    spinner.launch(s);
     auto t0 = clk::now();
     f();
-    double us = std::chrono::duration<double, std::micro>(clk::now() - t0).count();
-    *(volatile int*)host_word = 1;
-    CK(cuStreamSynchronize(a));
-    int v = 0;
-    CK(cuMemcpyDtoH(&v, (CUdeviceptr)out, 4));
-    *waited = v == 2;
-    return us;
+    const double us = us_since(t0);
+    spinner.release(0);
+    std::printf("%-42s %10.1f us  %s\n", name, us, spinner.gave_up(0) ? "WAITED for the spinning kernel" : "");
 }
 
 // The child of the IPC case: opens the parent's allocation and closes it, each while a kernel of
@@ -70,21 +42,11 @@ static int ipc_child(int rfd) {
     RK(cudaFree(0));
     CUstream a;
     CK(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
-    int* host_word;
-    CK(cuMemHostAlloc((void**)&host_word, 64, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
-    CUdeviceptr dword;
-    CK(cuMemHostGetDevicePointer(&dword, host_word, 0));
-    int* out;
-    CK(cuMemAlloc((CUdeviceptr*)&out, 64));
-    Spin sp = {(volatile int*)dword, SPIN_MS * 1000000, out};
-    void* params[1] = {&sp};
+    Spinner spinner;
     CUdeviceptr p = 0;
-    bool w;
-    double open = spin_while(a, params, host_word, out, [&] {
-        CK(cuIpcOpenMemHandle(&p, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)); }, &w);
-    std::printf("%-42s %10.1f us  %s\n", "cuIpcOpenMemHandle (another process's)", open, w ? "WAITED for the spinning kernel" : "");
-    double close_us = spin_while(a, params, host_word, out, [&] { CK(cuIpcCloseMemHandle(p)); }, &w);
-    std::printf("%-42s %10.1f us  %s\n", "cuIpcCloseMemHandle", close_us, w ? "WAITED for the spinning kernel" : "");
+    timed(spinner, a, "cuIpcOpenMemHandle (another process's)",
+          [&] { CK(cuIpcOpenMemHandle(&p, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)); });
+    timed(spinner, a, "cuIpcCloseMemHandle", [&] { CK(cuIpcCloseMemHandle(p)); });
     std::fflush(stdout);
     return 0;
 }
@@ -104,16 +66,7 @@ int main() {
     CK(cuCtxGetDevice(&dev));
     CUstream a;
     CK(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
-    int* host_word;
-    CK(cuMemHostAlloc((void**)&host_word, 64, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
-    CUdeviceptr dword;
-    CK(cuMemHostGetDevicePointer(&dword, host_word, 0));
-    int* out;
-    CK(cuMemAlloc((CUdeviceptr*)&out, 64));
-    cudaFunction_t fs;
-    RK(cudaGetFuncBySymbol(&fs, (const void*)spin));
-    Spin sp = {(volatile int*)dword, SPIN_MS * 1000000, out};
-    void* params[1] = {&sp};
+    Spinner spinner;
 
     CUmemAllocationProp prop = {};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -174,18 +127,7 @@ int main() {
         {"cuMemFree 256 MiB", [&] { CK(cuMemFree(big)); }},
     };
     std::printf("spin deadline %lld ms; a call that waited takes most of it\n", SPIN_MS);
-    for (auto& c : calls) {
-        *(volatile int*)host_word = 0;
-        CK(cuLaunchKernel((CUfunction)fs, 1, 1, 1, 32, 1, 1, 0, a, params, nullptr));
-        auto t0 = clk::now();
-        c.f();
-        double us = std::chrono::duration<double, std::micro>(clk::now() - t0).count();
-        *(volatile int*)host_word = 1;
-        CK(cuStreamSynchronize(a));
-        int v = 0;
-        CK(cuMemcpyDtoH(&v, (CUdeviceptr)out, 4));
-        std::printf("%-42s %10.1f us  %s\n", c.name, us, v == 2 ? "WAITED for the spinning kernel" : "");
-    }
+    for (auto& c : calls) timed(spinner, a, c.name, c.f);
     std::fflush(stdout);
     CUdeviceptr lent;
     CK(cuMemAlloc(&lent, 1 << 20));

@@ -9,8 +9,8 @@
 // and each call's cost with nothing running.
 //
 // Session 38 (one H200, driver 580.159.04): the 34th graph made in the context while a kernel
-// spun waited for that kernel's whole deadline (the driver growing what it keeps for graphs
-// waits for the context); every other call, and 80 live graphs reset and relaunched from two
+// spun waited for that kernel's whole deadline (by the look of it, the driver growing what it
+// keeps for graphs); every other call, and 80 live graphs reset and relaunched from two
 // threads, ran without waiting and with their own parameters. While a make waits, another
 // thread's launch into the context (a kernel's or a graph's) waits too (case 0: 250 ms, until
 // the spin gave up), so making graphs off the launching threads does not help. ferroccl's graph
@@ -18,35 +18,13 @@
 //
 //   nvcc -O2 -arch=sm_90 -o graph_relaunch bench/probes/graph_relaunch.cu -lcuda && ./graph_relaunch
 //   ./graph_relaunch graph-setter   # case 0 alone, the spin freed by a graph's launch
-#include <cuda.h>
-#include <cuda_runtime.h>
+// (spin.cuh, beside it, holds what it shares with driver_waits.cu.)
 #include <atomic>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
 
-#define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char* s_ = nullptr; cuGetErrorString(r_, &s_); \
-    std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?"); std::exit(1); } } while (0)
-#define RK(x) do { cudaError_t r_ = (x); if (r_ != cudaSuccess) { std::fprintf(stderr, "%s:%d %s: %s\n", \
-    __FILE__, __LINE__, #x, cudaGetErrorString(r_)); std::exit(1); } } while (0)
-
-static const long long SPIN_MS = 300;
-
-struct Spin { volatile int* word; long long ns; int* out; };
-
-// Spins until *word != 0 or ns have passed; out = 1 if released, 2 if it gave up.
-__global__ void spin(Spin p) {
-    long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    while (true) {
-        if (*p.word != 0) { *p.out = 1; return; }
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 > p.ns) { *p.out = 2; return; }
-    }
-}
+#include "spin.cuh"
 
 struct Small { int* out; int v; };
 // A parameter of the engines' size (the direct engine's is 376 bytes): the value to store is
@@ -58,29 +36,51 @@ __global__ void big(Big p) {
 }
 __global__ void small(Small p) { if (threadIdx.x == 0) *p.out = p.v; }
 
-using clk = std::chrono::steady_clock;
-static double us_since(clk::time_point t0) {
-    return std::chrono::duration<double, std::micro>(clk::now() - t0).count();
-}
-
-static CUfunction fn(const void* k) {
-    cudaFunction_t f;
-    RK(cudaGetFuncBySymbol(&f, k));
-    return (CUfunction)f;
-}
-
-static CUgraphExec one_node(CUfunction f, void** params, CUgraph* g, CUgraphNode* node, int blocks) {
-    CK(cuGraphCreate(g, 0));
+// A one-block launch of f (32 threads) with `params`, as a graph's kernel node takes it.
+static CUDA_KERNEL_NODE_PARAMS node_params(CUfunction f, void** params, int blocks) {
     CUDA_KERNEL_NODE_PARAMS kp = {};
     kp.func = f;
     kp.gridDimX = blocks; kp.gridDimY = 1; kp.gridDimZ = 1;
     kp.blockDimX = 32; kp.blockDimY = 1; kp.blockDimZ = 1;
     kp.kernelParams = params;
+    return kp;
+}
+
+static CUgraphExec one_node(CUfunction f, void** params, CUgraph* g, CUgraphNode* node, int blocks) {
+    CK(cuGraphCreate(g, 0));
+    const CUDA_KERNEL_NODE_PARAMS kp = node_params(f, params, blocks);
     CK(cuGraphAddKernelNode(node, *g, nullptr, 0, &kp));
     CUgraphExec e;
     CK(cuGraphInstantiate(&e, *g, 0));
     return e;
 }
+
+// n one-node graphs of `big`, graph i storing the sum of its parameter's values into word i;
+// destroyed with the set.
+struct BigGraphs {
+    std::vector<Big> ps;
+    std::vector<CUgraph> gs;
+    std::vector<CUgraphNode> ns;
+    std::vector<CUgraphExec> es;
+    int* words = nullptr;
+    explicit BigGraphs(int n) : ps(n), gs(n), ns(n), es(n, nullptr) {
+        CK(cuMemAlloc((CUdeviceptr*)&words, n * sizeof(int)));
+    }
+    // Makes graph i (its parameter's values all i); returns the make's time, us.
+    double make(int i) {
+        ps[i].out = words + i;
+        for (int k = 0; k < 92; k++) ps[i].v[k] = i;
+        void* pp[1] = {&ps[i]};
+        auto t = clk::now();
+        es[i] = one_node(fn((const void*)big), pp, &gs[i], &ns[i], 1);
+        return us_since(t);
+    }
+    ~BigGraphs() {
+        for (size_t i = 0; i < es.size(); i++)
+            if (es[i]) { CK(cuGraphExecDestroy(es[i])); CK(cuGraphDestroy(gs[i])); }
+        CK(cuMemFree((CUdeviceptr)words));
+    }
+};
 
 int main(int argc, char** argv) {
     CK(cuInit(0));
@@ -89,28 +89,17 @@ int main(int argc, char** argv) {
     CUstream a, b;
     CK(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
     CK(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
-    int* host_words;
-    CK(cuMemHostAlloc((void**)&host_words, 64, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+    Spinner spinner;
     int* outs;
     CK(cuMemAlloc((CUdeviceptr*)&outs, 256));
-    CUfunction fspin = fn((const void*)spin), fsmall = fn((const void*)small);
-    auto release = [&](int i) { ((volatile int*)host_words)[i] = 1; };
-    auto arm = [&]() { for (int i = 0; i < 16; i++) ((volatile int*)host_words)[i] = 0; };
-    int* dwords;
-    CK(cuMemHostGetDevicePointer((CUdeviceptr*)&dwords, host_words, 0));
-    Spin sp = {dwords, SPIN_MS * 1000000, outs};
+    CUfunction fspin = spinner.f, fsmall = fn((const void*)small);
+    Spin sp = spinner.at(0);
     void* spin_params[1] = {&sp};
     Small sm = {outs + 8, 5};
     void* small_params[1] = {&sm};
-    auto launch_spin = [&](CUstream s) {
-        CK(cuLaunchKernel(fspin, 1, 1, 1, 32, 1, 1, 0, s, spin_params, nullptr));
-    };
-    auto gave_up = [&](int i) {
-        int v[2];
-        CK(cuCtxSynchronize());
-        CK(cuMemcpyDtoH(v, (CUdeviceptr)outs, 8));
-        return v[i] == 2 ? "gave up (the call waited for it)" : "released";
-    };
+    auto arm = [&]() { spinner.arm(); };
+    auto release = [&](int i) { spinner.release(i); };
+    auto gave_up = [&](int i) { return spinner.ended(i); };
     std::printf("spin deadline %lld ms; us per call\n", SPIN_MS);
 
     // 0. A thread making graphs, blocked by a spinning kernel: does another thread's launch (a
@@ -119,34 +108,24 @@ int main(int argc, char** argv) {
     // only until the context's kernels move on by themselves.
     {
         const bool graph_setter = argc > 1 && std::strcmp(argv[1], "graph-setter") == 0;
-        CUfunction fbig = fn((const void*)big), fset = fn((const void*)set_word);
+        CUfunction fset = fn((const void*)set_word);
         CUcontext ctx;
         CK(cuCtxGetCurrent(&ctx));
-        int* w0 = dwords;
+        int* w0 = spinner.dev;
         void* setp[1] = {&w0};
         CUgraph gset; CUgraphNode nset;
         CUgraphExec eset = one_node(fset, setp, &gset, &nset, 1);
         const int MANY = 96;
-        std::vector<Big> ps(MANY);
-        std::vector<CUgraph> gs(MANY);
-        std::vector<CUgraphNode> ns(MANY);
-        std::vector<CUgraphExec> es(MANY);
-        int* words;
-        CK(cuMemAlloc((CUdeviceptr*)&words, MANY * sizeof(int)));
+        BigGraphs graphs(MANY);
         arm();
-        launch_spin(a);
+        spinner.launch(a);
         std::atomic<int> made{0};
         double slowest = 0;
         int slow_i = -1;
         std::thread maker([&] {
             CK(cuCtxSetCurrent(ctx));
             for (int i = 0; i < MANY; i++) {
-                ps[i].out = words + i;
-                for (int k = 0; k < 92; k++) ps[i].v[k] = i;
-                void* pp[1] = {&ps[i]};
-                auto t1 = clk::now();
-                es[i] = one_node(fbig, pp, &gs[i], &ns[i], 1);
-                double m = us_since(t1);
+                const double m = graphs.make(i);
                 if (m > slowest) { slowest = m; slow_i = i; }
                 made++;
             }
@@ -160,45 +139,30 @@ int main(int argc, char** argv) {
         maker.join();
         std::printf("a thread making graphs while a kernel spins: %d made when another thread launched the %s that frees the spin (the launch %.1f us); slowest make %.1f us (graph %d); spin %s\n",
                     made_then, graph_setter ? "graph" : "kernel", setter, slowest, slow_i, gave_up(0));
-        for (int i = 0; i < MANY; i++) { CK(cuGraphExecDestroy(es[i])); CK(cuGraphDestroy(gs[i])); }
         CK(cuGraphExecDestroy(eset)); CK(cuGraphDestroy(gset));
-        CK(cuMemFree((CUdeviceptr)words));
         if (argc > 1) return 0;
     }
 
     // 1. First: making and first launching many graphs while a kernel of the context spins (a rank
     // sharing the GPU, waiting for this thread's next launch): does any of them wait for it?
     {
-        CUfunction fbig = fn((const void*)big);
         const int MANY = 96;
-        std::vector<Big> ps(MANY);
-        std::vector<CUgraph> gs(MANY);
-        std::vector<CUgraphNode> ns(MANY);
-        std::vector<CUgraphExec> es(MANY);
-        int* words;
-        CK(cuMemAlloc((CUdeviceptr*)&words, MANY * sizeof(int)));
+        BigGraphs graphs(MANY);
         arm();
-        launch_spin(a);
+        spinner.launch(a);
         int slow_make = -1, slow_launch = -1;
         double most_make = 0, most_launch = 0;
         for (int i = 0; i < MANY; i++) {
-            ps[i].out = words + i;
-            for (int k = 0; k < 92; k++) ps[i].v[k] = i;
-            void* pp[1] = {&ps[i]};
-            auto t1 = clk::now();
-            es[i] = one_node(fbig, pp, &gs[i], &ns[i], 1);
-            double m = us_since(t1);
+            const double m = graphs.make(i);
             if (m > most_make) { most_make = m; slow_make = i; }
-            t1 = clk::now();
-            CK(cuGraphLaunch(es[i], b));
+            auto t1 = clk::now();
+            CK(cuGraphLaunch(graphs.es[i], b));
             double l = us_since(t1);
             if (l > most_launch) { most_launch = l; slow_launch = i; }
         }
         release(0);
         std::printf("%d graphs made and launched while a kernel spins: slowest make %.1f us (graph %d), slowest first launch %.1f us (graph %d); spin %s\n",
                     MANY, most_make, slow_make, most_launch, slow_launch, gave_up(0));
-        for (int i = 0; i < MANY; i++) { CK(cuGraphExecDestroy(es[i])); CK(cuGraphDestroy(gs[i])); }
-        CK(cuMemFree((CUdeviceptr)words));
     }
 
     // 2. Many graphs' launches pending at once, as a rank's graph kernels wait for a rank that
@@ -211,13 +175,9 @@ int main(int argc, char** argv) {
         void* pp[GRAPHS][1];
         CUgraph gs[GRAPHS]; CUgraphNode ns[GRAPHS]; CUgraphExec es[GRAPHS];
         CUstream ss[GRAPHS];
-        int* many;
-        CK(cuMemHostAlloc((void**)&many, GRAPHS * sizeof(int), CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
-        int* dmany;
-        CK(cuMemHostGetDevicePointer((CUdeviceptr*)&dmany, many, 0));
+        arm();
         for (int i = 0; i < GRAPHS; i++) {
-            ((volatile int*)many)[i] = 0;
-            ps[i] = {dmany + i, SPIN_MS * 1000000, outs + 16 + i};
+            ps[i] = spinner.at(16 + i);
             pp[i][0] = &ps[i];
             es[i] = one_node(fspin, pp[i], &gs[i], &ns[i], 1);
             if (streams > 1) CK(cuStreamCreate(&ss[i], CU_STREAM_NON_BLOCKING)); else ss[i] = a;
@@ -232,7 +192,7 @@ int main(int argc, char** argv) {
             if (t > most) { most = t; slow = i; }
         }
         double all = us_since(t0);
-        for (int i = 0; i < GRAPHS; i++) ((volatile int*)many)[i] = 1;
+        for (int i = 0; i < GRAPHS; i++) release(16 + i);
         CK(cuCtxSynchronize());
         std::printf("%d graphs' launches pending at once on %d stream(s): all %.1f us, slowest launch %.1f (graph %d)\n",
                     GRAPHS, streams > 1 ? GRAPHS : 1, all, most, slow);
@@ -240,7 +200,6 @@ int main(int argc, char** argv) {
             CK(cuGraphExecDestroy(es[i])); CK(cuGraphDestroy(gs[i]));
             if (streams > 1) CK(cuStreamDestroy(ss[i]));
         }
-        CK(cuMemFreeHost(many));
     }
 
     // 3. Many live graphs, each relaunched and reset, from one thread or two at once (as two
@@ -275,11 +234,7 @@ int main(int argc, char** argv) {
                             if (r == 0) {
                                 es[i] = one_node(fbig, pp, &gs[i], &ns[i], 1);
                             } else if (r % 2 == 0) {
-                                CUDA_KERNEL_NODE_PARAMS kp = {};
-                                kp.func = fbig;
-                                kp.gridDimX = 1; kp.gridDimY = 1; kp.gridDimZ = 1;
-                                kp.blockDimX = 32; kp.blockDimY = 1; kp.blockDimZ = 1;
-                                kp.kernelParams = pp;
+                                const CUDA_KERNEL_NODE_PARAMS kp = node_params(fbig, pp, 1);
                                 CK(cuGraphExecKernelNodeSetParams(es[i], ns[i], &kp));
                             }
                             int v = 0;
@@ -315,7 +270,7 @@ int main(int argc, char** argv) {
         arm();
         CUgraph gsp; CUgraphNode nsp;
         CUgraphExec esp = one_node(fspin, spin_params, &gsp, &nsp, 1);
-        if (rep == 0) launch_spin(a); else CK(cuGraphLaunch(esp, a));
+        if (rep == 0) spinner.launch(a); else CK(cuGraphLaunch(esp, a));
         CUgraph g1; CUgraphNode n1;
         auto t0 = clk::now();
         CUgraphExec e1 = one_node(fsmall, small_params, &g1, &n1, 1);
@@ -341,13 +296,9 @@ int main(int argc, char** argv) {
         CK(cuStreamSynchronize(a));  // uploaded and run once (gives up after SPIN_MS)
         arm();
         CK(cuGraphLaunch(e2, a));
-        Spin sp2 = {dwords + 1, SPIN_MS * 1000000, outs + 1};
+        Spin sp2 = spinner.at(1);
         void* p2[1] = {&sp2};
-        CUDA_KERNEL_NODE_PARAMS kp = {};
-        kp.func = fspin;
-        kp.gridDimX = 1; kp.gridDimY = 1; kp.gridDimZ = 1;
-        kp.blockDimX = 32; kp.blockDimY = 1; kp.blockDimZ = 1;
-        kp.kernelParams = p2;
+        const CUDA_KERNEL_NODE_PARAMS kp = node_params(fspin, p2, 1);
         t0 = clk::now();
         CK(cuGraphExecKernelNodeSetParams(e2, n2, &kp));
         double reset = us_since(t0);
@@ -377,7 +328,7 @@ int main(int argc, char** argv) {
             CK(cuGraphLaunch(e3, b));
             CK(cuStreamSynchronize(b));
             arm();
-            launch_spin(a);
+            spinner.launch(a);
             t0 = clk::now();
             CK(cuGraphExecDestroy(e3));
             double d_done = us_since(t0);
@@ -408,11 +359,7 @@ int main(int argc, char** argv) {
         arm();
         release(0); release(1);
         const int N = 1000;
-        CUDA_KERNEL_NODE_PARAMS ks = {};
-        ks.func = fsmall;
-        ks.gridDimX = 1; ks.gridDimY = 1; ks.gridDimZ = 1;
-        ks.blockDimX = 32; ks.blockDimY = 1; ks.blockDimZ = 1;
-        ks.kernelParams = small_params;
+        const CUDA_KERNEL_NODE_PARAMS ks = node_params(fsmall, small_params, 1);
         t0 = clk::now();
         for (int i = 0; i < N; i++) { sm.v = i; CK(cuGraphExecKernelNodeSetParams(e1, n1, &ks)); }
         CK(cuCtxSynchronize());

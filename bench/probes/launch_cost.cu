@@ -86,25 +86,34 @@ static inline void launch(int d, int si, int grid, int block, int flags) {
 
 static void drain(int d) { CK(cuCtxSetCurrent(g[d].ctx)); CK(cuStreamSynchronize(g[d].s)); }
 
-// One thread: mean us a call on GPU d (or both GPUs alternately: d = 2, a call = one launch to
-// each).
-static double one_thread(int d, int si, int grid, int block, int flags) {
+// The calling thread's mean us of call(i) over N calls, after 300 untimed; drain_queues() runs
+// untimed every 256 calls.
+template <class D, class F> static double mean_us(D drain_queues, F call) {
     auto body = [&](int n) {
         double busy = 0;
         for (int i = 0; i < n; i++) {
-            if (i % 256 == 0) {
-                if (d == 2) { drain(0); drain(1); } else drain(d);
-                if (d != 2) CK(cuCtxSetCurrent(g[d].ctx));
-            }
+            if (i % 256 == 0) drain_queues();
             auto t0 = clk::now();
-            if (d == 2) { launch(0, si, grid, block, flags | 4); launch(1, si, grid, block, flags | 4); }
-            else launch(d, si, grid, block, flags);
+            call(i);
             busy += std::chrono::duration<double, std::micro>(clk::now() - t0).count();
         }
         return busy / n;
     };
     body(300);
     return body(N);
+}
+
+// One thread: mean us a call on GPU d (or both GPUs alternately: d = 2, a call = one launch to
+// each).
+static double one_thread(int d, int si, int grid, int block, int flags) {
+    return mean_us(
+        [&] {
+            if (d == 2) { drain(0); drain(1); } else { drain(d); CK(cuCtxSetCurrent(g[d].ctx)); }
+        },
+        [&](int) {
+            if (d == 2) { launch(0, si, grid, block, flags | 4); launch(1, si, grid, block, flags | 4); }
+            else launch(d, si, grid, block, flags);
+        });
 }
 
 // Two threads at once, thread d on GPU d; returns the slower thread's mean us a call.
@@ -172,20 +181,9 @@ static void handed(int si, int flags, double& mean, double& median) {
     median = t[t.size() / 2];
 }
 
-// One GPU: the caller's mean us of one driver call `f` (the stream drained every 256 calls).
+// One GPU: the caller's mean us of one driver call `f` (GPU 0's stream drained every 256 calls).
 template <class F> static double per_call(F f) {
-    auto body = [&](int n) {
-        double busy = 0;
-        for (int i = 0; i < n; i++) {
-            if (i % 256 == 0) drain(0);
-            auto t0 = clk::now();
-            f(i);
-            busy += std::chrono::duration<double, std::micro>(clk::now() - t0).count();
-        }
-        return busy / n;
-    };
-    body(300);
-    return body(N);
+    return mean_us([] { drain(0); }, f);
 }
 
 // The single driver calls besides a launch that can put work in a stream's order.
